@@ -1,0 +1,48 @@
+# gollm's common commands. `make serve` and `make test` work on a fresh machine: they
+# install what is missing into .deps/ (scripts/deps.sh), build the backend into
+# build/install/backends/gollm/ and write the demo checkpoint if it is missing.
+SHELL := /bin/bash
+ROOT := $(CURDIR)
+BACKENDS := $(ROOT)/build/install/backends
+DEMO := $(ROOT)/model_repository/gpt2/1
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+METRICS_PORT ?= 8002
+
+.PHONY: all deps build demo serve test check unit clean
+
+all: build
+
+deps:
+	@bash scripts/deps.sh
+
+build:
+	cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build build
+	cmake --install build --prefix build/install >/dev/null
+	@echo "backend: $(BACKENDS)/gollm/libtriton_gollm.so"
+
+demo: $(DEMO)/model.safetensors
+
+$(DEMO)/model.safetensors:
+	go run ./cmd/gollm-demo -out $(DEMO)
+
+serve: deps build demo
+	exec .deps/bin/tritonserver --model-repository=$(ROOT)/model_repository \
+	  --backend-directory=$(BACKENDS) --http-port=$(HTTP_PORT) --grpc-port=$(GRPC_PORT) \
+	  --metrics-port=$(METRICS_PORT)
+
+check:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
+	go vet ./...
+	go run $(STATICCHECK) ./...
+
+unit:
+	go test -race -count=1 $$(go list ./... | grep -v /tests)
+
+test: deps build demo check
+	go test -count=1 -timeout 45m ./...
+
+clean:
+	rm -rf build

@@ -1,0 +1,51 @@
+package batchmanager
+
+import "time"
+
+// ModelType is gpt_model_type: how requests are batched.
+type ModelType string
+
+// The model types of TensorRT-LLM's TrtGptModelType.
+const (
+	// V1 runs a static batch in lockstep, padded, until every sequence finishes.
+	V1 ModelType = "V1"
+	// InflightBatching lets requests join and leave at every iteration.
+	InflightBatching ModelType = "inflight_batching"
+	// InflightFusedBatching is in-flight batching with context and generation steps in
+	// one engine call (gollm always fuses them; the name is kept for config compatibility).
+	InflightFusedBatching ModelType = "inflight_fused_batching"
+)
+
+// SchedulerPolicy is batch_scheduler_policy: how requests are admitted.
+type SchedulerPolicy string
+
+// The capacity scheduler policies of TensorRT-LLM.
+const (
+	// MaxUtilization admits as many requests as fit and pauses the newest when the KV
+	// cache runs short.
+	MaxUtilization SchedulerPolicy = "max_utilization"
+	// GuaranteedNoEvict admits a request only when its worst case fits.
+	GuaranteedNoEvict SchedulerPolicy = "guaranteed_no_evict"
+	// StaticBatch admits no new request until the running batch has finished.
+	StaticBatch SchedulerPolicy = "static_batch"
+)
+
+// Config holds a manager's settings; zero fields take the documented defaults.
+type Config struct {
+	// ModelType is gpt_model_type (default inflight_fused_batching).
+	ModelType ModelType
+	// Policy is batch_scheduler_policy (default guaranteed_no_evict).
+	Policy SchedulerPolicy
+	// MaxBatchSize is the most sequences in one iteration (default 64).
+	MaxBatchSize int
+	// MaxNumTokens is the most tokens (prompt and generated) in one iteration; 0: no limit
+	// beyond what the KV cache holds.
+	MaxNumTokens int
+	// EnableChunkedContext splits prompts longer than the token budget over iterations.
+	EnableChunkedContext bool
+	// EnableKVCacheReuse shares the KV blocks of common prompt prefixes.
+	EnableKVCacheReuse bool
+	// IdleWait is how long the loop waits for work when idle before polling again
+	// (default 10ms); Manager.Wake cuts it short.
+	IdleWait time.Duration
+}

@@ -1,0 +1,125 @@
+// Package engine defines the Engine interface — one call per iteration of the batch
+// manager — and the pure-Go CPU reference engine.
+//
+// An engine owns the model weights and a paged KV pool. It keeps no per-request state:
+// everything an iteration needs (new tokens, positions, block tables, sampling
+// parameters) arrives in the Batch, so the batch manager alone decides what runs.
+package engine
+
+// Engine runs iterations of a decoder-only language model.
+type Engine interface {
+	// Info describes the model and the KV pool geometry.
+	Info() Info
+	// Step runs one iteration over every sequence of b: the forward pass of each
+	// sequence's new tokens (their keys and values are written into the KV blocks named
+	// by its block table) and, for sequences with Sample set, the sampling of one token.
+	// The outputs are in the order of b.Seqs. An error fails the whole iteration.
+	Step(b *Batch) ([]Output, error)
+	// Close frees the engine's memory. The engine is unusable afterwards.
+	Close() error
+}
+
+// Info describes a loaded model and the engine's KV pool.
+type Info struct {
+	// Arch names the architecture ("gpt2").
+	Arch string
+	// VocabSize is the number of logits per position.
+	VocabSize int
+	// MaxSeqLen is the longest sequence (prompt plus output) the model can hold.
+	MaxSeqLen int
+	// Layers, KVHeads and HeadDim give the KV cache geometry per token.
+	Layers, KVHeads, HeadDim int
+	// NumBlocks is the number of KV blocks in the pool; block ids are 0..NumBlocks-1.
+	NumBlocks int
+	// TokensPerBlock is the number of token positions one KV block holds.
+	TokensPerBlock int
+	// EndID is the checkpoint's end-of-sequence token, or -1 when it names none.
+	EndID int32
+}
+
+// KVConfig sizes an engine's paged KV pool.
+type KVConfig struct {
+	// NumBlocks is the number of blocks in the pool.
+	NumBlocks int
+	// TokensPerBlock is the number of positions per block (gollm's default is 64).
+	TokensPerBlock int
+}
+
+// Batch is the work of one iteration.
+type Batch struct {
+	// Seqs are the scheduled sequences, context (prompt) and generation steps mixed.
+	Seqs []Sequence
+}
+
+// Sequence is one sequence's share of an iteration.
+type Sequence struct {
+	// ID identifies the sequence (the request ID) in logs and errors.
+	ID uint64
+	// Tokens are the new tokens of this iteration: a prompt chunk, or the one token
+	// sampled in the previous iteration.
+	Tokens []int32
+	// Pos is the position of Tokens[0]: the number of tokens already in the KV cache.
+	Pos int
+	// Blocks is the block table: block Blocks[i] holds positions [i*T, (i+1)*T) where T
+	// is Info.TokensPerBlock. It covers at least Pos+len(Tokens) positions.
+	Blocks []int32
+	// Sample asks for a token after the last of Tokens; it is false for a prompt chunk
+	// that is not the prompt's last.
+	Sample bool
+	// Sampling holds the sampling parameters; used only when Sample is set.
+	Sampling SamplingParams
+	// History is every token of the sequence so far, prompt and generated, Tokens
+	// included; penalties read it.
+	History []int32
+	// NumGenerated is the number of tokens generated before this iteration; min length
+	// and the per-step random stream read it.
+	NumGenerated int
+	// ReturnLogits copies the sampled position's logits (after bias, before penalties)
+	// into Output.Logits.
+	ReturnLogits bool
+	// ContextLogits copies the logits of every position of Tokens into
+	// Output.ContextLogits.
+	ContextLogits bool
+}
+
+// SamplingParams are one sequence's sampling settings. The zero value is greedy.
+type SamplingParams struct {
+	// Temperature divides the logits; 0 means greedy.
+	Temperature float32
+	// TopK keeps the K most likely tokens; 0 means no limit, 1 means greedy.
+	TopK int
+	// TopP keeps the smallest set of tokens whose probability reaches P; 0 or 1 means no limit.
+	TopP float32
+	// Seed starts the sequence's random stream; step n draws from (Seed, n), so the
+	// tokens do not depend on what else is in the batch.
+	Seed uint64
+	// RepetitionPenalty divides positive (multiplies negative) logits of tokens seen in
+	// History; 0 or 1 means none.
+	RepetitionPenalty float32
+	// PresencePenalty is subtracted once from the logit of every token seen in History.
+	PresencePenalty float32
+	// FrequencyPenalty is subtracted from a token's logit once per occurrence in History.
+	FrequencyPenalty float32
+	// MinLength forbids EndID until this many tokens have been generated.
+	MinLength int
+	// EndID is the end-of-sequence token for MinLength; -1 for none.
+	EndID int32
+	// BadWords are token sequences that must not be generated: when a sequence's last
+	// tokens match a bad word's prefix, its final token is masked.
+	BadWords [][]int32
+	// EmbeddingBias is added to the logits (length VocabSize) when not nil.
+	EmbeddingBias []float32
+}
+
+// Output is what one sequence produced in an iteration.
+type Output struct {
+	// Token is the sampled token; -1 when the sequence did not ask for one.
+	Token int32
+	// LogProb is the log-probability of Token under the distribution it was drawn from.
+	LogProb float32
+	// Logits are the sampled position's logits, when asked.
+	Logits []float32
+	// ContextLogits are the logits of every position of Tokens, row-major
+	// [len(Tokens)][VocabSize], when asked.
+	ContextLogits []float32
+}

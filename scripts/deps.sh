@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Installs what gollm needs from the package registries into the project's own folder
+# .deps/ (nothing system-wide): tritonserver (nvidia-pytriton's wheel carries it and its
+# libraries), Triton's Python client, perf_analyzer, and the Hugging Face tokenizers
+# package the tokenizer test compares against. Safe to run again: it does nothing when
+# the pinned versions are in place.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+deps="$root/.deps"
+py="$deps/py"
+
+# Pins. nvidia-pytriton 0.7.0 is the newest release; it bundles tritonserver 2.51.0.
+# perf_analyzer: the `perf-analyzer` package on PyPI is a placeholder with no binary, so
+# it comes from tritonclient's manylinux wheel, and 2.51.0 is the newest whose binary
+# runs on this machine's glibc 2.36 (2.52 and later need glibc 2.38); it also matches
+# the server's version.
+PYTRITON=nvidia-pytriton==0.7.0
+TRITONCLIENT=tritonclient==2.51.0
+TOKENIZERS=tokenizers==0.22.1
+stamp="$deps/.stamp-$PYTRITON-$TRITONCLIENT-$TOKENIZERS"
+
+if [ ! -f "$stamp" ]; then
+  rm -rf "$py" "$deps/pytriton" "$deps/lib" "$deps/bin"
+  mkdir -p "$py" "$deps/lib" "$deps/bin"
+  pip_t() { local t=$1; shift; python3 -m pip install -q --disable-pip-version-check --no-warn-script-location --target "$t" "$@"; }
+  # tritonserver only, in a folder of its own: none of pytriton's Python dependencies are
+  # needed to run it.
+  pip_t "$deps/pytriton" --no-deps "$PYTRITON"
+  # The client with its dependencies, from the manylinux wheel that carries perf_analyzer.
+  pip_t "$py" --only-binary=:all: --platform manylinux1_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_34_x86_64 \
+    --python-version "$(python3 -c 'import sys;print(f"{sys.version_info[0]}{sys.version_info[1]}")')" \
+    "${TRITONCLIENT/==/[all]==}" "$TOKENIZERS"
+  # perf_analyzer links libb64.so.0d and libcudart.so.12 by soname; the tritonserver wheel
+  # carries both under mangled names.
+  libs="$deps/pytriton/nvidia_pytriton.libs"
+  ln -sf "$(ls "$libs"/libb64-*.so.0d)" "$deps/lib/libb64.so.0d"
+  ln -sf "$(ls "$libs"/libcudart-*.so.12*)" "$deps/lib/libcudart.so.12"
+  ln -sf "$deps/pytriton/pytriton/tritonserver/bin/tritonserver" "$deps/bin/tritonserver"
+  cat > "$deps/bin/perf_analyzer" <<EOS
+#!/usr/bin/env bash
+LD_LIBRARY_PATH="$deps/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "$py/bin/perf_analyzer" "\$@"
+EOS
+  chmod +x "$deps/bin/perf_analyzer"
+  touch "$stamp"
+fi
+test -x "$deps/bin/tritonserver"
+"$deps/bin/perf_analyzer" --version >/dev/null
+PYTHONPATH="$py" python3 -c 'import tokenizers, tritonclient.grpc' 
+echo "deps: tritonserver, perf_analyzer, tritonclient and tokenizers in $deps"
