@@ -1,0 +1,214 @@
+package harness
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// prepareRepository writes the model repository of opts into dir: per model a copy of
+// the shipped config.pbtxt, rewritten as the Model asks, and an empty version folder 1/
+// (the weights stay where gpt_model_path points).
+func prepareRepository(root, dir string, opts Options) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("prepare model repository: %w", err)
+	}
+	if opts.Empty {
+		return nil
+	}
+	models := opts.Models
+	if models == nil {
+		models = []Model{{}}
+	}
+	srcPath := filepath.Join(root, shippedModel, "config.pbtxt")
+	src, err := os.ReadFile(srcPath)
+	if err != nil {
+		return fmt.Errorf("prepare model repository: read the shipped config: %w", err)
+	}
+	for _, m := range models {
+		if m.Name == "" {
+			m.Name = "gpt2"
+		}
+		ckpt := m.Checkpoint
+		if ckpt == "" {
+			ckpt = filepath.Join(root, demoCheckpoint)
+			if _, err := os.Stat(filepath.Join(ckpt, "model.safetensors")); err != nil {
+				return fmt.Errorf("demo checkpoint missing in %s (run `make demo`): %w", ckpt, err)
+			}
+		} else if !filepath.IsAbs(ckpt) {
+			ckpt = filepath.Join(root, ckpt)
+		}
+		cfg, err := rewriteConfig(string(src), m, ckpt)
+		if err != nil {
+			return fmt.Errorf("prepare model %s from %s: %w", m.Name, srcPath, err)
+		}
+		mdir := filepath.Join(dir, m.Name)
+		if err := os.MkdirAll(filepath.Join(mdir, "1"), 0o755); err != nil {
+			return fmt.Errorf("prepare model %s: %w", m.Name, err)
+		}
+		if err := os.WriteFile(filepath.Join(mdir, "config.pbtxt"), []byte(cfg), 0o644); err != nil {
+			return fmt.Errorf("prepare model %s: %w", m.Name, err)
+		}
+	}
+	return nil
+}
+
+// rewriteConfig applies m's changes to a config.pbtxt text: the model name, the
+// checkpoint path, the extra parameters, decoupled and the instance count.
+func rewriteConfig(cfg string, m Model, checkpoint string) (string, error) {
+	var err error
+	if cfg, err = setTopLevelName(cfg, m.Name); err != nil {
+		return "", err
+	}
+	params := map[string]string{"gpt_model_path": checkpoint}
+	for k, v := range m.Parameters {
+		params[k] = v
+	}
+	keys := make([]string, 0, len(params))
+	for k := range params {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		cfg = setParameter(cfg, k, params[k])
+	}
+	if m.NonDecoupled {
+		cfg = decoupledRE.ReplaceAllString(cfg, "decoupled: false")
+	}
+	if m.InstanceCount > 0 {
+		if cfg, err = setInstanceCount(cfg, m.InstanceCount); err != nil {
+			return "", err
+		}
+	}
+	return cfg, nil
+}
+
+var (
+	decoupledRE = regexp.MustCompile(`decoupled\s*:\s*true`)
+	// quotedRE matches one protobuf text-format string literal.
+	quotedRE    = `"(?:[^"\\]|\\.)*"`
+	nameFieldRE = regexp.MustCompile(`^name\s*:\s*` + quotedRE)
+	stringValRE = regexp.MustCompile(`string_value\s*:\s*` + quotedRE)
+	countRE     = regexp.MustCompile(`count\s*:\s*\d+`)
+)
+
+// quote writes s as a protobuf text-format string literal.
+func quote(s string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s) + `"`
+}
+
+// scan calls visit with the offset of every byte of cfg that is outside strings and
+// comments, and its nesting depth there.
+func scan(cfg string, visit func(i, depth int) bool) {
+	depth := 0
+	for i := 0; i < len(cfg); i++ {
+		switch c := cfg[i]; c {
+		case '"', '\'':
+			for i++; i < len(cfg) && cfg[i] != c; i++ {
+				if cfg[i] == '\\' {
+					i++
+				}
+			}
+			continue
+		case '#':
+			for i < len(cfg) && cfg[i] != '\n' {
+				i++
+			}
+			continue
+		case '{', '[':
+			if !visit(i, depth) {
+				return
+			}
+			depth++
+			continue
+		case '}', ']':
+			depth--
+		}
+		if !visit(i, depth) {
+			return
+		}
+	}
+}
+
+// setTopLevelName rewrites the model's own `name:` field; without one, Triton takes
+// the folder's name, which is already right.
+func setTopLevelName(cfg, name string) (string, error) {
+	at := -1
+	scan(cfg, func(i, depth int) bool {
+		if depth == 0 && (i == 0 || !isIdent(cfg[i-1])) && nameFieldRE.MatchString(cfg[i:]) {
+			at = i
+			return false
+		}
+		return true
+	})
+	if at < 0 {
+		return cfg, nil
+	}
+	loc := nameFieldRE.FindStringIndex(cfg[at:])
+	return cfg[:at] + "name: " + quote(name) + cfg[at+loc[1]:], nil
+}
+
+func isIdent(c byte) bool {
+	return c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+}
+
+// setParameter sets the string value of the parameter named key, or appends the
+// parameter when the config has none of that name.
+func setParameter(cfg, key, value string) string {
+	keyRE := regexp.MustCompile(`key\s*:\s*` + regexp.QuoteMeta(quote(key)))
+	if loc := keyRE.FindStringIndex(cfg); loc != nil {
+		if v := stringValRE.FindStringIndex(cfg[loc[1]:]); v != nil {
+			start, end := loc[1]+v[0], loc[1]+v[1]
+			return cfg[:start] + "string_value: " + quote(value) + cfg[end:]
+		}
+	}
+	if !strings.HasSuffix(cfg, "\n") {
+		cfg += "\n"
+	}
+	return cfg + fmt.Sprintf("parameters {\n  key: %s\n  value { string_value: %s }\n}\n", quote(key), quote(value))
+}
+
+// setInstanceCount sets the count of the (first) instance_group, adding one of kind
+// KIND_CPU when the config has none.
+func setInstanceCount(cfg string, n int) (string, error) {
+	at := -1
+	scan(cfg, func(i, depth int) bool {
+		if depth == 0 && strings.HasPrefix(cfg[i:], "instance_group") && (i == 0 || !isIdent(cfg[i-1])) {
+			at = i
+			return false
+		}
+		return true
+	})
+	if at < 0 {
+		return cfg + fmt.Sprintf("\ninstance_group [ { count: %d kind: KIND_CPU } ]\n", n), nil
+	}
+	// The group's first message: from the first '{' after the field name to its match.
+	open := strings.IndexByte(cfg[at:], '{')
+	if open < 0 {
+		return "", fmt.Errorf("instance_group at offset %d has no message", at)
+	}
+	open += at
+	end := -1
+	scan(cfg[open:], func(i, depth int) bool {
+		if cfg[open+i] == '}' && depth == 0 {
+			end = open + i
+			return false
+		}
+		return true
+	})
+	if end < 0 {
+		return "", fmt.Errorf("instance_group at offset %d is not closed", at)
+	}
+	block := cfg[open:end]
+	count := "count: " + strconv.Itoa(n)
+	if countRE.MatchString(block) {
+		block = countRE.ReplaceAllString(block, count)
+	} else {
+		block = "{ " + count + " " + block[1:]
+	}
+	return cfg[:open] + block + cfg[end:], nil
+}
