@@ -58,4 +58,7 @@ type Callbacks struct {
 	PollStopSignal func() map[uint64]struct{}
 	// ReturnBatchManagerStats receives the stats JSON of every iteration with work.
 	ReturnBatchManagerStats func(stats string)
+	// IterationStats, optional, receives the same stats as a struct (for metrics,
+	// without parsing the JSON); called right after ReturnBatchManagerStats.
+	IterationStats func(stats Stats)
 }

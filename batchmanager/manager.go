@@ -1,0 +1,515 @@
+package batchmanager
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"gollm/engine"
+	"gollm/kvcache"
+)
+
+// Sentinel errors carried (wrapped) by final error responses; test with errors.Is.
+var (
+	// ErrCancelled ends a request named by PollStopSignal.
+	ErrCancelled = errors.New("request cancelled")
+	// ErrShuttingDown ends every request in flight when the manager shuts down.
+	ErrShuttingDown = errors.New("model is shutting down")
+	// ErrDuplicateID rejects a request whose ID is already in flight.
+	ErrDuplicateID = errors.New("request ID already in flight")
+	// ErrInvalidRequest rejects a request that can never run (bad field values).
+	ErrInvalidRequest = errors.New("invalid request")
+	// ErrEngine ends the requests of an iteration whose engine step failed.
+	ErrEngine = errors.New("engine step failed")
+	// ErrInternal ends the requests in flight when the loop recovered from a panic.
+	ErrInternal = errors.New("batch manager internal error")
+)
+
+// Manager runs the iteration loop of one model instance on its own goroutine.
+type Manager struct {
+	// eng runs the iterations.
+	eng engine.Engine
+	// info is eng.Info(), read once.
+	info engine.Info
+	// cfg is the validated configuration, defaults filled in.
+	cfg Config
+	// cb are the four callbacks (and the optional typed stats one).
+	cb Callbacks
+	// log receives the loop's diagnostics.
+	log *zap.Logger
+	// pool is the KV block bookkeeping.
+	pool *kvcache.Pool
+	// wake cuts an idle wait short (buffered, 1).
+	wake chan struct{}
+	// quit is closed by Shutdown.
+	quit chan struct{}
+	// done is closed when the worker goroutine has exited.
+	done chan struct{}
+	// shutdownOnce makes Shutdown idempotent.
+	shutdownOnce sync.Once
+
+	// byID holds every request the manager has and has not finished (waiting, running,
+	// paused, or finished but held for the end of a V1 batch).
+	byID map[uint64]*request
+	// waiting are accepted requests not admitted yet, in arrival order.
+	waiting []*request
+	// running are admitted requests that hold KV blocks, in admission order.
+	running []*request
+	// paused are requests evicted under max_utilization, by admission order.
+	paused []*request
+	// held are V1 requests that finished before the rest of their batch.
+	held []*request
+	// admitted numbers admissions, to order running and paused.
+	admitted uint64
+	// iter is the iteration counter of the stats.
+	iter uint64
+
+	// sched are the requests of this iteration's batch, in batch order.
+	sched []*request
+	// batch is the engine batch, reused each iteration.
+	batch engine.Batch
+	// slab is the per-iteration backing store of streaming responses.
+	slab responseSlab
+	// it counts this iteration's work for the stats.
+	it iterCounts
+
+	// statsMu guards last.
+	statsMu sync.Mutex
+	// last is the latest stats snapshot.
+	last Stats
+}
+
+// phase is where a request is in its life.
+type phase uint8
+
+const (
+	phaseWaiting phase = iota
+	phaseRunning
+	phasePaused
+	phaseHeld
+	phaseDone
+)
+
+// request is the manager's state of one InferenceRequest.
+type request struct {
+	// req is the client's request.
+	req *InferenceRequest
+	// id is req.ID.
+	id uint64
+	// phase says which list holds the request.
+	phase phase
+	// tokens are the prompt followed by the generated tokens.
+	tokens []int32
+	// promptLen is the prompt's length.
+	promptLen int
+	// maxNew is MaxNewTokens capped by the model's MaxSeqLen.
+	maxNew int
+	// worstBlocks is the most KV blocks the request can need.
+	worstBlocks int
+	// kv is the block table while running; nil otherwise.
+	kv *kvcache.Sequence
+	// computed is the number of leading tokens whose KV is in kv.
+	computed int
+	// generated is the number of tokens generated (the end token excluded).
+	generated int
+	// admitSeq orders admissions (pause victims are the highest).
+	admitSeq uint64
+	// sampling is req.Sampling with EndID set from req.EndID.
+	sampling engine.SamplingParams
+	// cumLogProb is the sum of logProbs.
+	cumLogProb float32
+	// logProbs are the generated tokens' log-probabilities (when asked).
+	logProbs []float32
+	// genLogits are the generated positions' logits (when asked), [generated][vocab].
+	genLogits []float32
+	// ctxLogits are the prompt positions' logits (when asked), [promptLen][vocab].
+	ctxLogits []float32
+	// sent is the number of generated tokens already streamed.
+	sent int
+	// ctxSent says context_logits went out (streaming).
+	ctxSent bool
+	// n is the number of tokens scheduled this iteration.
+	n int
+	// ended says the request finished this iteration.
+	ended bool
+	// failed is the error ending the request this iteration, if any.
+	failed error
+	// resumes counts how many times the request came back from a pause.
+	resumes int
+}
+
+// New validates cfg, sizes the KV pool from eng.Info() and starts the worker goroutine.
+func New(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*Manager, error) {
+	if eng == nil {
+		return nil, errors.New("batchmanager: engine is nil")
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if cb.GetInferenceRequests == nil || cb.SendResponse == nil {
+		return nil, errors.New("batchmanager: callbacks GetInferenceRequests and SendResponse are required")
+	}
+	info := eng.Info()
+	if info.VocabSize <= 0 || info.MaxSeqLen <= 0 {
+		return nil, fmt.Errorf("batchmanager: engine info: VocabSize %d and MaxSeqLen %d must be positive", info.VocabSize, info.MaxSeqLen)
+	}
+	pool, err := kvcache.New(kvcache.Config{NumBlocks: info.NumBlocks, TokensPerBlock: info.TokensPerBlock, EnableReuse: cfg.EnableKVCacheReuse})
+	if err != nil {
+		return nil, fmt.Errorf("batchmanager: KV pool from engine info: %w", err)
+	}
+	m := &Manager{
+		eng:  eng,
+		info: info,
+		cfg:  cfg,
+		cb:   cb,
+		log:  log,
+		pool: pool,
+		wake: make(chan struct{}, 1),
+		quit: make(chan struct{}),
+		done: make(chan struct{}),
+		byID: map[uint64]*request{},
+	}
+	m.last = m.snapshot(time.Now())
+	go m.loop()
+	return m, nil
+}
+
+// withDefaults checks a Config and fills in its zero fields.
+func (c Config) withDefaults() (Config, error) {
+	if c.ModelType == "" {
+		c.ModelType = InflightFusedBatching
+	}
+	switch c.ModelType {
+	case V1, InflightBatching, InflightFusedBatching:
+	default:
+		return c, fmt.Errorf("batchmanager: gpt_model_type %q: want V1, inflight_batching or inflight_fused_batching", c.ModelType)
+	}
+	if c.Policy == "" {
+		c.Policy = GuaranteedNoEvict
+	}
+	switch c.Policy {
+	case MaxUtilization, GuaranteedNoEvict, StaticBatch:
+	default:
+		return c, fmt.Errorf("batchmanager: batch_scheduler_policy %q: want max_utilization, guaranteed_no_evict or static_batch", c.Policy)
+	}
+	if c.MaxBatchSize == 0 {
+		c.MaxBatchSize = 64
+	}
+	if c.MaxBatchSize < 0 {
+		return c, fmt.Errorf("batchmanager: max_batch_size must be positive, got %d", c.MaxBatchSize)
+	}
+	if c.MaxNumTokens < 0 {
+		return c, fmt.Errorf("batchmanager: max_num_tokens must be 0 (no limit) or positive, got %d", c.MaxNumTokens)
+	}
+	if c.ModelType == V1 && c.EnableChunkedContext {
+		return c, errors.New("batchmanager: enable_chunked_context needs in-flight batching, gpt_model_type is V1")
+	}
+	if c.IdleWait == 0 {
+		c.IdleWait = 10 * time.Millisecond
+	}
+	if c.IdleWait < 0 {
+		return c, fmt.Errorf("batchmanager: IdleWait must be positive, got %v", c.IdleWait)
+	}
+	return c, nil
+}
+
+// Wake tells the loop that requests were queued: an idle wait ends now.
+func (m *Manager) Wake() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Shutdown stops the loop: every request in flight (and every request
+// GetInferenceRequests still hands over) gets a final ErrShuttingDown response. It
+// returns once the worker goroutine has exited; later calls return at once.
+func (m *Manager) Shutdown() {
+	m.shutdownOnce.Do(func() { close(m.quit) })
+	<-m.done
+}
+
+// Stats returns the latest stats snapshot (the one last sent to
+// ReturnBatchManagerStats, or the idle state). Safe from any goroutine.
+func (m *Manager) Stats() Stats {
+	m.statsMu.Lock()
+	defer m.statsMu.Unlock()
+	return m.last
+}
+
+// loop is the worker goroutine.
+func (m *Manager) loop() {
+	defer close(m.done)
+	// The engine may hold thread-bound state (a CUDA context); keep it on one thread.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	idle := time.NewTimer(time.Hour)
+	idle.Stop()
+	for {
+		select {
+		case <-m.quit:
+			m.stopAll()
+			return
+		default:
+		}
+		worked, ok := m.safeIterate()
+		if worked {
+			continue
+		}
+		if !ok {
+			// A panic: do not spin hot if it repeats.
+			time.Sleep(m.cfg.IdleWait)
+		}
+		idle.Reset(m.cfg.IdleWait)
+		select {
+		case <-m.quit:
+			idle.Stop()
+			m.stopAll()
+			return
+		case <-m.wake:
+			idle.Stop()
+		case <-idle.C:
+		}
+	}
+}
+
+// safeIterate runs one iteration, turning a panic into final errors for everything in
+// flight and a fresh KV pool. worked says the engine ran; ok is false after a panic.
+func (m *Manager) safeIterate() (worked, ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			m.log.Error("batch manager iteration panicked; failing every request in flight",
+				zap.Any("panic", r), zap.Stack("stack"))
+			m.failAll(fmt.Errorf("%w: %v", ErrInternal, r))
+			worked, ok = false, false
+		}
+	}()
+	return m.iterate(), true
+}
+
+// stopAll ends the loop: everything in flight and everything still queued upstream gets
+// a final ErrShuttingDown.
+func (m *Manager) stopAll() {
+	m.failAll(ErrShuttingDown)
+	reqs := m.getRequests(-1)
+	for _, r := range reqs {
+		if r != nil {
+			m.send(r.ID, nil, true, fmt.Errorf("request %d: %w", r.ID, ErrShuttingDown))
+		}
+	}
+}
+
+// failAll ends every request the manager holds with err and starts a fresh pool, so no
+// bookkeeping survives whatever went wrong.
+func (m *Manager) failAll(err error) {
+	all := make([]*request, 0, len(m.byID))
+	for _, r := range m.byID {
+		all = append(all, r)
+	}
+	m.byID = map[uint64]*request{}
+	m.waiting, m.running, m.paused, m.held, m.sched = nil, nil, nil, nil, nil
+	m.batch.Seqs = m.batch.Seqs[:0]
+	if pool, perr := kvcache.New(kvcache.Config{NumBlocks: m.info.NumBlocks, TokensPerBlock: m.info.TokensPerBlock, EnableReuse: m.cfg.EnableKVCacheReuse}); perr == nil {
+		m.pool = pool
+	}
+	for _, r := range all {
+		r.kv, r.phase = nil, phaseDone
+		m.send(r.id, nil, true, fmt.Errorf("request %d: %w", r.id, err))
+	}
+	m.publishStats(time.Now(), false)
+}
+
+// getRequests calls GetInferenceRequests, containing a panic in it.
+func (m *Manager) getRequests(max int) (reqs []*InferenceRequest) {
+	defer func() {
+		if r := recover(); r != nil {
+			m.log.Error("GetInferenceRequests panicked", zap.Any("panic", r))
+			reqs = nil
+		}
+	}()
+	return m.cb.GetInferenceRequests(max)
+}
+
+// pollStop calls PollStopSignal, if set, containing a panic in it.
+func (m *Manager) pollStop() (ids map[uint64]struct{}) {
+	if m.cb.PollStopSignal == nil {
+		return nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			m.log.Error("PollStopSignal panicked", zap.Any("panic", r))
+			ids = nil
+		}
+	}()
+	return m.cb.PollStopSignal()
+}
+
+// send calls SendResponse, containing a panic in it (one bad response must not take
+// the others down).
+func (m *Manager) send(id uint64, out []Tensor, final bool, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			m.log.Error("SendResponse panicked", zap.Uint64("request", id), zap.Any("panic", r))
+		}
+	}()
+	m.cb.SendResponse(id, out, final, err)
+}
+
+// iterate runs one iteration; it reports whether the engine ran.
+func (m *Manager) iterate() bool {
+	m.intake()
+	m.schedule()
+	if len(m.sched) == 0 {
+		m.applyStops(m.pollStop())
+		return false
+	}
+	m.iter++
+	now := time.Now()
+	m.step()
+	m.applyStops(m.pollStop())
+	m.publishStats(now, true)
+	return true
+}
+
+// intake takes new requests: at most the free request slots, the rest stay queued
+// upstream. Each one is validated and checked for a duplicate ID.
+func (m *Manager) intake() {
+	slots := m.cfg.MaxBatchSize - len(m.byID)
+	if slots < 0 {
+		slots = 0
+	}
+	for _, ir := range m.getRequests(slots) {
+		if ir == nil {
+			m.log.Warn("GetInferenceRequests returned a nil request; skipped")
+			continue
+		}
+		if _, dup := m.byID[ir.ID]; dup {
+			m.send(ir.ID, nil, true, fmt.Errorf("request %d: %w", ir.ID, ErrDuplicateID))
+			continue
+		}
+		r, err := m.newRequest(ir)
+		if err != nil {
+			m.send(ir.ID, nil, true, fmt.Errorf("request %d: %w: %w", ir.ID, ErrInvalidRequest, err))
+			continue
+		}
+		m.byID[r.id] = r
+		m.waiting = append(m.waiting, r)
+	}
+}
+
+// newRequest validates an InferenceRequest against the model and the pool.
+func (m *Manager) newRequest(ir *InferenceRequest) (*request, error) {
+	n := len(ir.InputIDs)
+	if n == 0 {
+		return nil, errors.New("input_ids: the prompt is empty")
+	}
+	for i, t := range ir.InputIDs {
+		if t < 0 || int(t) >= m.info.VocabSize {
+			return nil, fmt.Errorf("input_ids[%d] = %d is outside the vocabulary [0, %d)", i, t, m.info.VocabSize)
+		}
+	}
+	if ir.MaxNewTokens < 1 {
+		return nil, fmt.Errorf("request_output_len: must be at least 1, got %d", ir.MaxNewTokens)
+	}
+	if n >= m.info.MaxSeqLen {
+		return nil, fmt.Errorf("input_ids: a prompt of %d tokens leaves no room under the model's max sequence length %d", n, m.info.MaxSeqLen)
+	}
+	if !m.cfg.EnableChunkedContext && m.cfg.MaxNumTokens > 0 && n > m.cfg.MaxNumTokens {
+		return nil, fmt.Errorf("input_ids: a prompt of %d tokens exceeds max_num_tokens %d (enable_chunked_context splits long prompts)", n, m.cfg.MaxNumTokens)
+	}
+	if b := ir.Sampling.EmbeddingBias; b != nil && len(b) != m.info.VocabSize {
+		return nil, fmt.Errorf("embedding_bias: %d values, the vocabulary has %d", len(b), m.info.VocabSize)
+	}
+	for i, w := range ir.StopWords {
+		if len(w) == 0 {
+			return nil, fmt.Errorf("stop_words_list[%d]: empty stop word", i)
+		}
+	}
+	for i, w := range ir.Sampling.BadWords {
+		if len(w) == 0 {
+			return nil, fmt.Errorf("bad_words_list[%d]: empty bad word", i)
+		}
+	}
+	maxNew := min(ir.MaxNewTokens, m.info.MaxSeqLen-n)
+	// The last generated token is never fed back, so the KV holds n+maxNew-1 positions.
+	worst := m.pool.BlocksFor(n + maxNew - 1)
+	if worst > m.pool.NumBlocks() {
+		return nil, fmt.Errorf("input_ids and request_output_len: %d prompt + %d new tokens need %d KV blocks of %d tokens, the pool has %d",
+			n, maxNew, worst, m.pool.TokensPerBlock(), m.pool.NumBlocks())
+	}
+	r := &request{
+		req:         ir,
+		id:          ir.ID,
+		tokens:      make([]int32, n, n+maxNew),
+		promptLen:   n,
+		maxNew:      maxNew,
+		worstBlocks: worst,
+		sampling:    ir.Sampling,
+	}
+	copy(r.tokens, ir.InputIDs)
+	r.sampling.EndID = ir.EndID
+	if ir.ReturnLogProbs {
+		r.logProbs = make([]float32, 0, maxNew)
+	}
+	if ir.ReturnContextLogits {
+		r.ctxLogits = make([]float32, n*m.info.VocabSize)
+	}
+	return r, nil
+}
+
+// release frees a request's state: its KV blocks, its ID. Called before its final
+// response.
+func (m *Manager) release(r *request) {
+	if r.kv != nil {
+		if err := r.kv.Release(); err != nil {
+			m.log.Error("releasing KV blocks", zap.Uint64("request", r.id), zap.Error(err))
+		}
+		r.kv = nil
+	}
+	delete(m.byID, r.id)
+	r.phase = phaseDone
+}
+
+// applyStops stops the named requests now: state freed, final ErrCancelled response.
+func (m *Manager) applyStops(ids map[uint64]struct{}) {
+	if len(ids) == 0 {
+		return
+	}
+	stopped := false
+	for id := range ids {
+		r, ok := m.byID[id]
+		if !ok {
+			continue
+		}
+		stopped = true
+		m.release(r)
+		m.send(id, nil, true, fmt.Errorf("request %d: %w", id, ErrCancelled))
+	}
+	if stopped {
+		m.waiting = compact(m.waiting)
+		m.running = compact(m.running)
+		m.paused = compact(m.paused)
+		m.held = compact(m.held)
+		m.finishV1Batch()
+	}
+}
+
+// compact drops finished requests from a list, keeping the order.
+func compact(rs []*request) []*request {
+	out := rs[:0]
+	for _, r := range rs {
+		if r.phase != phaseDone {
+			out = append(out, r)
+		}
+	}
+	clear(rs[len(out):])
+	return out
+}

@@ -1,0 +1,177 @@
+package batchmanager
+
+import (
+	"encoding/json"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Stats is one iteration's statistics. Its JSON form (MarshalJSON) uses the seed's
+// field names: the common and paged-KV fields always, then the in-flight fields
+// (Generation Requests, MicroBatch ID) or the V1 fields (Total Generation Tokens,
+// Empty Generation Slots), then gollm's own (Paused Requests, Waiting Requests,
+// Reused KV cache blocks).
+type Stats struct {
+	// Time is when the iteration started.
+	Time time.Time
+	// IterationCounter counts the iterations that ran the engine.
+	IterationCounter uint64
+	// ActiveRequestCount is the number of admitted, unfinished requests (running,
+	// paused, or finished and held for the end of a V1 batch).
+	ActiveRequestCount int
+	// MaxRequestCount is the most requests the manager holds at once (max batch size).
+	MaxRequestCount int
+	// MaxKVCacheBlocks is the size of the KV pool.
+	MaxKVCacheBlocks int
+	// FreeKVCacheBlocks is the number of blocks free (reusable cached blocks included).
+	FreeKVCacheBlocks int
+	// UsedKVCacheBlocks is the number of blocks held by requests.
+	UsedKVCacheBlocks int
+	// TokensPerKVCacheBlock is the number of positions per block.
+	TokensPerKVCacheBlock int
+	// ScheduledRequests is the number of requests in the iteration's batch.
+	ScheduledRequests int
+	// ContextRequests is the number of those in the context phase (including paused
+	// requests recomputing theirs).
+	ContextRequests int
+	// GenerationRequests is the number of those in the generation phase.
+	GenerationRequests int
+	// TotalContextTokens is the number of context tokens in the batch.
+	TotalContextTokens int
+	// TotalGenerationTokens is the number of tokens sampled in the iteration.
+	TotalGenerationTokens int
+	// EmptyGenerationSlots is the number of V1 slots whose sequence already finished.
+	EmptyGenerationSlots int
+	// MicroBatchID is the micro batch of the iteration (gollm runs one: always 0).
+	MicroBatchID int
+	// PausedRequests is the number of requests paused (max_utilization) right now.
+	PausedRequests int
+	// WaitingRequests is the number of accepted requests not admitted yet.
+	WaitingRequests int
+	// ReusedKVCacheBlocks is the total number of blocks reused by prefix since start.
+	ReusedKVCacheBlocks uint64
+	// V1 says the stats come from a V1 manager (selects the JSON fields).
+	V1 bool
+}
+
+// timestampLayout is the seed's "%m-%d-%Y %H:%M:%S".
+const timestampLayout = "01-02-2006 15:04:05"
+
+// statsCommon are the JSON fields every iteration reports.
+type statsCommon struct {
+	Timestamp             string `json:"Timestamp"`
+	IterationCounter      uint64 `json:"Iteration Counter"`
+	ActiveRequestCount    int    `json:"Active Request Count"`
+	MaxRequestCount       int    `json:"Max Request Count"`
+	MaxKVCacheBlocks      int    `json:"Max KV cache blocks"`
+	FreeKVCacheBlocks     int    `json:"Free KV cache blocks"`
+	UsedKVCacheBlocks     int    `json:"Used KV cache blocks"`
+	TokensPerKVCacheBlock int    `json:"Tokens per KV cache block"`
+	ScheduledRequests     int    `json:"Scheduled Requests"`
+	ContextRequests       int    `json:"Context Requests"`
+	TotalContextTokens    int    `json:"Total Context Tokens"`
+}
+
+// statsGollm are gollm's own JSON fields.
+type statsGollm struct {
+	PausedRequests      int    `json:"Paused Requests"`
+	WaitingRequests     int    `json:"Waiting Requests"`
+	ReusedKVCacheBlocks uint64 `json:"Reused KV cache blocks"`
+}
+
+// statsInflight is the JSON of an in-flight batching iteration.
+type statsInflight struct {
+	statsCommon
+	GenerationRequests int `json:"Generation Requests"`
+	MicroBatchID       int `json:"MicroBatch ID"`
+	statsGollm
+}
+
+// statsV1 is the JSON of a V1 iteration.
+type statsV1 struct {
+	statsCommon
+	TotalGenerationTokens int `json:"Total Generation Tokens"`
+	EmptyGenerationSlots  int `json:"Empty Generation Slots"`
+	statsGollm
+}
+
+// MarshalJSON encodes the stats under the seed's names.
+func (s Stats) MarshalJSON() ([]byte, error) {
+	c := statsCommon{
+		Timestamp:             s.Time.Format(timestampLayout),
+		IterationCounter:      s.IterationCounter,
+		ActiveRequestCount:    s.ActiveRequestCount,
+		MaxRequestCount:       s.MaxRequestCount,
+		MaxKVCacheBlocks:      s.MaxKVCacheBlocks,
+		FreeKVCacheBlocks:     s.FreeKVCacheBlocks,
+		UsedKVCacheBlocks:     s.UsedKVCacheBlocks,
+		TokensPerKVCacheBlock: s.TokensPerKVCacheBlock,
+		ScheduledRequests:     s.ScheduledRequests,
+		ContextRequests:       s.ContextRequests,
+		TotalContextTokens:    s.TotalContextTokens,
+	}
+	g := statsGollm{PausedRequests: s.PausedRequests, WaitingRequests: s.WaitingRequests, ReusedKVCacheBlocks: s.ReusedKVCacheBlocks}
+	if s.V1 {
+		return json.Marshal(statsV1{statsCommon: c, TotalGenerationTokens: s.TotalGenerationTokens, EmptyGenerationSlots: s.EmptyGenerationSlots, statsGollm: g})
+	}
+	return json.Marshal(statsInflight{statsCommon: c, GenerationRequests: s.GenerationRequests, MicroBatchID: s.MicroBatchID, statsGollm: g})
+}
+
+// snapshot gathers the stats of the current state and iteration.
+func (m *Manager) snapshot(now time.Time) Stats {
+	ps := m.pool.Stats()
+	return Stats{
+		Time:                  now,
+		IterationCounter:      m.iter,
+		ActiveRequestCount:    len(m.running) + len(m.paused) + len(m.held),
+		MaxRequestCount:       m.cfg.MaxBatchSize,
+		MaxKVCacheBlocks:      ps.Max,
+		FreeKVCacheBlocks:     ps.Free,
+		UsedKVCacheBlocks:     ps.Used,
+		TokensPerKVCacheBlock: m.pool.TokensPerBlock(),
+		ScheduledRequests:     len(m.sched),
+		ContextRequests:       m.it.ctxReqs,
+		GenerationRequests:    m.it.genReqs,
+		TotalContextTokens:    m.it.ctxTokens,
+		TotalGenerationTokens: m.it.genTokens,
+		EmptyGenerationSlots:  m.it.emptySlots,
+		PausedRequests:        len(m.paused),
+		WaitingRequests:       len(m.waiting),
+		ReusedKVCacheBlocks:   ps.Reused,
+		V1:                    m.cfg.ModelType == V1,
+	}
+}
+
+// publishStats records the stats and, for an iteration that ran the engine, hands
+// them to the stats callbacks.
+func (m *Manager) publishStats(now time.Time, worked bool) {
+	s := m.snapshot(now)
+	m.statsMu.Lock()
+	m.last = s
+	m.statsMu.Unlock()
+	if !worked {
+		return
+	}
+	if m.cb.ReturnBatchManagerStats != nil {
+		b, err := s.MarshalJSON()
+		if err != nil {
+			m.log.Error("encoding stats", zap.Error(err))
+		} else {
+			m.callStats(func() { m.cb.ReturnBatchManagerStats(string(b)) })
+		}
+	}
+	if m.cb.IterationStats != nil {
+		m.callStats(func() { m.cb.IterationStats(s) })
+	}
+}
+
+// callStats runs a stats callback, containing a panic in it.
+func (m *Manager) callStats(f func()) {
+	defer func() {
+		if r := recover(); r != nil {
+			m.log.Error("stats callback panicked", zap.Any("panic", r))
+		}
+	}()
+	f()
+}

@@ -1,0 +1,307 @@
+package batchmanager
+
+import (
+	"fmt"
+	"slices"
+
+	"gollm/engine"
+)
+
+// iterCounts are the numbers of one iteration, for the stats.
+type iterCounts struct {
+	// ctxReqs and genReqs count the scheduled context and generation steps.
+	ctxReqs, genReqs int
+	// ctxTokens is the number of context tokens scheduled.
+	ctxTokens int
+	// genTokens is the number of tokens sampled (generation tokens).
+	genTokens int
+	// emptySlots counts V1 slots whose sequence already finished (padding).
+	emptySlots int
+	// pausedNow and resumedNow count this iteration's pauses and resumes.
+	pausedNow, resumedNow int
+}
+
+// step builds the engine batch from m.sched, runs it, and applies the outputs: new
+// tokens, stop conditions, responses.
+func (m *Manager) step() {
+	seqs := m.batch.Seqs[:0]
+	for _, r := range m.sched {
+		start, end := r.computed, r.computed+r.n
+		sample := end == len(r.tokens)
+		if r.n == 1 && r.generated > 0 && sample {
+			m.it.genReqs++
+		} else {
+			m.it.ctxReqs++
+			m.it.ctxTokens += r.n
+		}
+		seqs = append(seqs, engine.Sequence{
+			ID:            r.id,
+			Tokens:        r.tokens[start:end:end],
+			Pos:           start,
+			Blocks:        r.kv.Blocks(),
+			Sample:        sample,
+			Sampling:      r.sampling,
+			History:       r.tokens[:end:end],
+			NumGenerated:  r.generated,
+			ReturnLogits:  r.req.ReturnGenerationLogits,
+			ContextLogits: r.ctxLogits != nil && start < r.promptLen && !r.ctxSent,
+		})
+	}
+	m.batch.Seqs = seqs
+	if m.cfg.ModelType == V1 {
+		m.it.emptySlots = len(m.held)
+	}
+
+	outs, err := m.eng.Step(&m.batch)
+	if err == nil && len(outs) != len(m.sched) {
+		err = fmt.Errorf("engine returned %d outputs for %d sequences", len(outs), len(m.sched))
+	}
+	if err != nil {
+		m.log.Sugar().Errorw("engine step failed; failing the iteration's requests", "requests", len(m.sched), "error", err)
+		for _, r := range m.sched {
+			m.release(r)
+			m.send(r.id, nil, true, fmt.Errorf("request %d: %w: %w", r.id, ErrEngine, err))
+		}
+		m.running = compact(m.running)
+		m.finishV1Batch()
+		return
+	}
+
+	m.slab.reset(len(m.sched))
+	for i, r := range m.sched {
+		m.advance(r, &m.batch.Seqs[i], &outs[i])
+		m.respond(r)
+	}
+	m.running = compact(m.running)
+	m.finishV1Batch()
+}
+
+// advance applies one sequence's output to its request.
+func (m *Manager) advance(r *request, seq *engine.Sequence, out *engine.Output) {
+	vocab := m.info.VocabSize
+	if seq.ContextLogits {
+		rows := min(r.n, r.promptLen-r.computed)
+		if len(out.ContextLogits) < r.n*vocab {
+			r.failed = fmt.Errorf("%w: %d context logits for %d positions of vocabulary %d", ErrEngine, len(out.ContextLogits), r.n, vocab)
+			return
+		}
+		copy(r.ctxLogits[r.computed*vocab:], out.ContextLogits[:rows*vocab])
+	}
+	r.computed += r.n
+	if m.cfg.EnableKVCacheReuse {
+		r.kv.Commit(r.computed)
+	}
+	if !seq.Sample {
+		return
+	}
+	tok := out.Token
+	if tok < 0 || int(tok) >= vocab {
+		r.failed = fmt.Errorf("%w: sampled token %d outside the vocabulary [0, %d)", ErrEngine, tok, vocab)
+		return
+	}
+	m.it.genTokens++
+	if r.req.EndID >= 0 && tok == r.req.EndID {
+		// The end token is not part of the output (as in TensorRT-LLM).
+		r.ended = true
+		return
+	}
+	if r.req.ReturnGenerationLogits {
+		if len(out.Logits) != vocab {
+			r.failed = fmt.Errorf("%w: %d generation logits, vocabulary is %d", ErrEngine, len(out.Logits), vocab)
+			return
+		}
+		r.genLogits = append(r.genLogits, out.Logits...)
+	}
+	r.tokens = append(r.tokens, tok)
+	r.generated++
+	if r.logProbs != nil {
+		r.logProbs = append(r.logProbs, out.LogProb)
+		r.cumLogProb += out.LogProb
+	}
+	if r.generated >= r.maxNew || len(r.tokens) >= m.info.MaxSeqLen || hitsStopWord(r.tokens, r.req.StopWords) {
+		r.ended = true
+	}
+}
+
+// hitsStopWord says whether toks ends with one of the stop words.
+func hitsStopWord(toks []int32, words [][]int32) bool {
+	for _, w := range words {
+		if len(w) <= len(toks) && slices.Equal(toks[len(toks)-len(w):], w) {
+			return true
+		}
+	}
+	return false
+}
+
+// respond sends what a request has to say after an iteration, freeing its state first
+// when the response is final.
+func (m *Manager) respond(r *request) {
+	if r.failed != nil {
+		m.release(r)
+		m.send(r.id, nil, true, fmt.Errorf("request %d: %w", r.id, r.failed))
+		return
+	}
+	if r.ended {
+		if m.cfg.ModelType == V1 {
+			// The slot stays in the batch as padding; the answer goes out with the batch.
+			if err := r.kv.Release(); err != nil {
+				m.log.Sugar().Errorw("releasing KV blocks", "request", r.id, "error", err)
+			}
+			r.kv = nil
+			r.phase = phaseHeld
+			m.held = append(m.held, r)
+			if r.req.Streaming && r.generated > r.sent {
+				m.send(r.id, m.streamOutputs(r), false, nil)
+			}
+			return
+		}
+		m.release(r)
+		if r.req.Streaming {
+			m.send(r.id, m.streamOutputs(r), true, nil)
+		} else {
+			m.send(r.id, m.finalOutputs(r, 0), true, nil)
+		}
+		return
+	}
+	if r.req.Streaming && r.generated > r.sent {
+		m.send(r.id, m.streamOutputs(r), false, nil)
+	}
+}
+
+// finishV1Batch sends the held answers of a V1 batch once none of it runs any more,
+// padded to the batch's longest output.
+func (m *Manager) finishV1Batch() {
+	if m.cfg.ModelType != V1 || len(m.running) > 0 || len(m.held) == 0 {
+		return
+	}
+	longest := 0
+	for _, r := range m.held {
+		longest = max(longest, r.generated)
+	}
+	held := m.held
+	m.held = nil
+	for _, r := range held {
+		if r.phase == phaseDone {
+			continue
+		}
+		m.release(r)
+		if r.req.Streaming {
+			m.send(r.id, m.streamOutputs(r), true, nil)
+			continue
+		}
+		m.send(r.id, m.finalOutputs(r, longest), true, nil)
+	}
+}
+
+// streamOutputs are the tensors of a streaming response: the tokens generated since the
+// last one (usually one; none on the final response after an end token).
+func (m *Manager) streamOutputs(r *request) []Tensor {
+	from, to := r.sent, r.generated
+	r.sent = to
+	gen := r.tokens[r.promptLen+from : r.promptLen+to]
+	plain := r.logProbs == nil && !r.req.ReturnGenerationLogits && (r.ctxLogits == nil || r.ctxSent)
+	if plain {
+		return m.slab.tokens(gen)
+	}
+	out := tokenTensors(gen)
+	out = m.appendExtras(out, r, from, to, !r.ctxSent)
+	r.ctxSent = true
+	return out
+}
+
+// finalOutputs are the tensors of a non-streaming answer: the prompt (unless excluded)
+// and every generated token, padded with PadID to padTo generated tokens (V1).
+// sequence_length counts the real tokens.
+func (m *Manager) finalOutputs(r *request, padTo int) []Tensor {
+	start := 0
+	if r.req.ExcludeInputInOutput {
+		start = r.promptLen
+	}
+	n := len(r.tokens) - start
+	ids := make([]int32, n, n+max(0, padTo-r.generated))
+	copy(ids, r.tokens[start:])
+	if r.req.PadID >= 0 {
+		for range padTo - r.generated {
+			ids = append(ids, r.req.PadID)
+		}
+	}
+	out := []Tensor{
+		{Name: "output_ids", Shape: []int64{1, int64(len(ids))}, Data: ids},
+		{Name: "sequence_length", Shape: []int64{1}, Data: []int32{int32(n)}},
+	}
+	return m.appendExtras(out, r, 0, r.generated, true)
+}
+
+// tokenTensors builds output_ids [1, n] and sequence_length [1] for toks (copied).
+func tokenTensors(toks []int32) []Tensor {
+	ids := slices.Clone(toks)
+	if ids == nil {
+		ids = []int32{}
+	}
+	return []Tensor{
+		{Name: "output_ids", Shape: []int64{1, int64(len(ids))}, Data: ids},
+		{Name: "sequence_length", Shape: []int64{1}, Data: []int32{int32(len(ids))}},
+	}
+}
+
+// appendExtras adds the asked-for log probs and logits of generated tokens [from, to),
+// and the context logits when withCtx.
+func (m *Manager) appendExtras(out []Tensor, r *request, from, to int, withCtx bool) []Tensor {
+	vocab := m.info.VocabSize
+	if r.logProbs != nil {
+		out = append(out,
+			Tensor{Name: "cum_log_probs", Shape: []int64{1}, Data: []float32{r.cumLogProb}},
+			Tensor{Name: "output_log_probs", Shape: []int64{1, int64(to - from)}, Data: slices.Clone(r.logProbs[from:to:to])})
+	}
+	if r.ctxLogits != nil && withCtx {
+		out = append(out, Tensor{Name: "context_logits", Shape: []int64{int64(r.promptLen), int64(vocab)}, Data: r.ctxLogits})
+	}
+	if r.req.ReturnGenerationLogits {
+		out = append(out, Tensor{Name: "generation_logits", Shape: []int64{1, int64(to - from), int64(vocab)},
+			Data: slices.Clone(r.genLogits[from*vocab : to*vocab : to*vocab])})
+	}
+	return out
+}
+
+// responseSlab backs one iteration's plain streaming responses with a few allocations
+// instead of several per response. Each response gets its own capped sub-slices, so a
+// receiver may keep them.
+type responseSlab struct {
+	// i32 backs token and length data.
+	i32 []int32
+	// i64 backs shapes.
+	i64 []int64
+	// ts backs the tensor lists.
+	ts []Tensor
+}
+
+// reset makes room for n responses of one token each (more spill to new slices).
+func (s *responseSlab) reset(n int) {
+	s.i32 = make([]int32, 0, 2*n)
+	s.i64 = make([]int64, 0, 3*n)
+	s.ts = make([]Tensor, 0, 2*n)
+}
+
+// take returns k fresh elements of a slab, capped so appends cannot overlap the next.
+func take[T any](slab *[]T, k int) []T {
+	s := *slab
+	if cap(s)-len(s) < k {
+		return make([]T, k)
+	}
+	n := len(s)
+	*slab = s[:n+k]
+	return s[n : n+k : n+k]
+}
+
+// tokens builds output_ids [1, n] and sequence_length [1] for toks out of the slab.
+func (s *responseSlab) tokens(toks []int32) []Tensor {
+	d := take(&s.i32, len(toks)+1)
+	copy(d, toks)
+	d[len(toks)] = int32(len(toks))
+	sh := take(&s.i64, 3)
+	sh[0], sh[1], sh[2] = 1, int64(len(toks)), 1
+	ts := take(&s.ts, 2)
+	ts[0] = Tensor{Name: "output_ids", Shape: sh[0:2:2], Data: d[:len(toks):len(toks)]}
+	ts[1] = Tensor{Name: "sequence_length", Shape: sh[2:3:3], Data: d[len(toks):]}
+	return ts
+}
