@@ -1,0 +1,215 @@
+package tests
+
+// Through-Triton tests of in-flight batching (issue 3): concurrent streaming requests
+// each get their solo greedy tokens, and a client that disconnects is cancelled and
+// its KV blocks return to the pool, as the backend's metrics show.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"gollm/tests/harness"
+	"gollm/tests/kserve"
+)
+
+// The backend's Prometheus families on Triton's /metrics (gauges, labelled by model and
+// version, one series per model instance).
+const (
+	// metricKVBlocksFree is the number of free KV cache blocks.
+	metricKVBlocksFree = "gollm_kv_blocks_free"
+	// metricKVBlocksUsed is the number of KV cache blocks held by requests.
+	metricKVBlocksUsed = "gollm_kv_blocks_used"
+	// metricActiveRequests is the number of admitted, unfinished requests.
+	metricActiveRequests = "gollm_active_requests"
+)
+
+// metricValue scrapes the metrics page and sums the family's series for the model;
+// found is false when the page has no such series.
+func metricValue(ctx context.Context, s *harness.Server, family string) (sum float64, found bool, err error) {
+	page, err := getBody(ctx, s.HTTP(), s.MetricsURL())
+	if err != nil {
+		return 0, false, err
+	}
+	sc := bufio.NewScanner(bytes.NewReader(page))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, family) {
+			continue
+		}
+		rest := line[len(family):]
+		var labels string
+		switch {
+		case strings.HasPrefix(rest, "{"):
+			end := strings.Index(rest, "}")
+			if end < 0 {
+				return 0, false, fmt.Errorf("metrics line %q: unclosed labels", line)
+			}
+			labels, rest = rest[1:end], rest[end+1:]
+		case strings.HasPrefix(rest, " "):
+		default:
+			continue // a longer family name with this one as its prefix
+		}
+		if strings.Contains(labels, "model=") && !strings.Contains(labels, `model="`+modelName+`"`) {
+			continue
+		}
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			return 0, false, fmt.Errorf("metrics line %q: no value", line)
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			return 0, false, fmt.Errorf("metrics line %q: %w", line, err)
+		}
+		sum += v
+		found = true
+	}
+	return sum, found, sc.Err()
+}
+
+// mustMetric reads a metric that must exist.
+func mustMetric(t *testing.T, ctx context.Context, s *harness.Server, family string) float64 {
+	t.Helper()
+	v, found, err := metricValue(ctx, s, family)
+	if err != nil {
+		t.Fatalf("read %s: %v", family, err)
+	}
+	if !found {
+		t.Fatalf("metric %s is not on %s (the backend must export it)", family, s.MetricsURL())
+	}
+	return v
+}
+
+func TestInflightBatchingThroughTriton(t *testing.T) {
+	s := sharedServer(t)
+	ck := demoCheckpoint(t)
+
+	t.Run("16 concurrent streaming requests each get their solo greedy tokens", func(t *testing.T) {
+		const clients = 16
+		rng := rand.New(rand.NewPCG(16, 3))
+		type job struct {
+			prompt []int32
+			n      int
+			want   []int32
+		}
+		jobs := make([]job, clients)
+		for i := range jobs {
+			prompt := make([]int32, 3+rng.IntN(30))
+			for j := range prompt {
+				prompt[j] = int32(rng.IntN(ck.cfg.VocabSize - 1))
+			}
+			n := 8 + rng.IntN(25)
+			jobs[i] = job{prompt, n, greedyTokens(t, ck.dir, prompt, n)}
+		}
+		ctx := testContext(t, 3*time.Minute)
+		results := make([]streamResult, clients)
+		errs := make([]error, clients)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i, j := range jobs {
+			wg.Go(func() {
+				// One connection per client, as separate clients would have.
+				conn, err := s.Dial()
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				defer conn.Close()
+				<-start
+				results[i], errs[i] = streamInfer(ctx, kserve.NewGRPCInferenceServiceClient(conn), inferRequest(modelName, fmt.Sprintf("concurrent-%d", i), tokenInputs(j.prompt, j.n, true)))
+			})
+		}
+		close(start)
+		wg.Wait()
+		for i, j := range jobs {
+			switch {
+			case errs[i] != nil:
+				t.Errorf("request %d: %v", i, errs[i])
+			case results[i].errMsg != "":
+				t.Errorf("request %d: error response %s", i, results[i].errMsg)
+			case !slices.Equal(results[i].tokens, j.want):
+				t.Errorf("request %d (prompt of %d, %d tokens): got %v, want solo greedy %v", i, len(j.prompt), j.n, results[i].tokens, j.want)
+			case results[i].withTokens != j.n:
+				t.Errorf("request %d: %d responses with tokens, want %d", i, results[i].withTokens, j.n)
+			}
+		}
+	})
+
+	t.Run("a client that disconnects mid-stream is cancelled and its KV blocks freed", func(t *testing.T) {
+		ctx := testContext(t, 2*time.Minute)
+		// Idle first: whatever ran before has finished.
+		waitMetric(t, ctx, s, metricKVBlocksUsed, 0, 30*time.Second)
+		freeIdle := mustMetric(t, ctx, s, metricKVBlocksFree)
+		if freeIdle <= 0 {
+			t.Fatalf("%s = %v when idle, want a positive pool", metricKVBlocksFree, freeIdle)
+		}
+		c := s.Client(t)
+		sctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stream, err := c.ModelStreamInfer(sctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := ck.cfg.MaxPositions - len(tokenPrompt)
+		if err := stream.Send(inferRequest(modelName, "disconnect", tokenInputs(tokenPrompt, n, true))); err != nil {
+			t.Fatal(err)
+		}
+		const seen = 10
+		var first, last time.Time
+		for i := range seen {
+			msg, err := stream.Recv()
+			if err != nil {
+				t.Fatalf("response %d: %v", i, err)
+			}
+			if msg.GetErrorMessage() != "" {
+				t.Fatalf("response %d: error %s", i, msg.GetErrorMessage())
+			}
+			if i == 1 {
+				first = time.Now()
+			}
+			last = time.Now()
+		}
+		if used := mustMetric(t, ctx, s, metricKVBlocksUsed); used <= 0 {
+			t.Errorf("%s = %v mid-generation, want the request's blocks", metricKVBlocksUsed, used)
+		}
+		if active := mustMetric(t, ctx, s, metricActiveRequests); active != 1 {
+			t.Errorf("%s = %v mid-generation, want 1", metricActiveRequests, active)
+		}
+		// Finishing the request would take (n-seen) more steps; a cancelled one frees
+		// its blocks within a few iterations. Allow half the remaining run time.
+		perStep := last.Sub(first) / (seen - 2)
+		limit := min(max(time.Duration(n-seen)*perStep/2, 2*time.Second), 30*time.Second)
+		cancel()
+		t.Logf("step time %v; waiting up to %v for the blocks", perStep, limit)
+		waitMetric(t, ctx, s, metricKVBlocksUsed, 0, limit)
+		waitMetric(t, ctx, s, metricActiveRequests, 0, limit)
+		if free := mustMetric(t, ctx, s, metricKVBlocksFree); free != freeIdle {
+			t.Errorf("%s = %v after the cancellation, want %v as before", metricKVBlocksFree, free, freeIdle)
+		}
+	})
+}
+
+// waitMetric polls a metric until it equals want or the limit passes.
+func waitMetric(t *testing.T, ctx context.Context, s *harness.Server, family string, want float64, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		v := mustMetric(t, ctx, s, family)
+		if v == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %v after %v, want %v", family, v, limit, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
