@@ -3,6 +3,7 @@ package batchmanager
 import (
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 	"time"
@@ -425,6 +426,9 @@ func (m *Manager) newRequest(ir *InferenceRequest) (*request, error) {
 	if !m.cfg.EnableChunkedContext && m.cfg.MaxNumTokens > 0 && n > m.cfg.MaxNumTokens {
 		return nil, fmt.Errorf("input_ids: a prompt of %d tokens exceeds max_num_tokens %d (enable_chunked_context splits long prompts)", n, m.cfg.MaxNumTokens)
 	}
+	if err := checkSampling(ir, m.info.VocabSize); err != nil {
+		return nil, err
+	}
 	if b := ir.Sampling.EmbeddingBias; b != nil && len(b) != m.info.VocabSize {
 		return nil, fmt.Errorf("embedding_bias: %d values, the vocabulary has %d", len(b), m.info.VocabSize)
 	}
@@ -494,22 +498,61 @@ func (m *Manager) applyStops(ids map[uint64]struct{}) {
 		m.send(id, nil, true, fmt.Errorf("request %d: %w", id, ErrCancelled))
 	}
 	if stopped {
-		m.waiting = compact(m.waiting)
-		m.running = compact(m.running)
-		m.paused = compact(m.paused)
-		m.held = compact(m.held)
+		m.waiting = compact(m.waiting, phaseWaiting)
+		m.running = compact(m.running, phaseRunning)
+		m.paused = compact(m.paused, phasePaused)
+		m.held = compact(m.held, phaseHeld)
 		m.finishV1Batch()
 	}
 }
 
-// compact drops finished requests from a list, keeping the order.
-func compact(rs []*request) []*request {
+// compact drops the requests that left a list (their phase is no longer keep),
+// keeping the order.
+func compact(rs []*request, keep phase) []*request {
 	out := rs[:0]
 	for _, r := range rs {
-		if r.phase != phaseDone {
+		if r.phase == keep {
 			out = append(out, r)
 		}
 	}
 	clear(rs[len(out):])
 	return out
+}
+
+// checkSampling rejects sampling settings the engine would refuse, so that one bad
+// request fails alone instead of failing the whole batch's engine step.
+func checkSampling(ir *InferenceRequest, vocab int) error {
+	p := &ir.Sampling
+	finite := func(x float32) bool { return !math.IsNaN(float64(x)) && !math.IsInf(float64(x), 0) }
+	switch {
+	case ir.EndID < -1 || int(ir.EndID) >= vocab:
+		return fmt.Errorf("end_id: %d must be -1 or in [0, %d)", ir.EndID, vocab)
+	case !finite(p.Temperature) || p.Temperature < 0:
+		return fmt.Errorf("temperature: %g must be finite and >= 0", p.Temperature)
+	case p.TopK < 0:
+		return fmt.Errorf("runtime_top_k: %d must be >= 0", p.TopK)
+	case !(p.TopP >= 0 && p.TopP <= 1):
+		return fmt.Errorf("runtime_top_p: %g must be in [0, 1]", p.TopP)
+	case !finite(p.RepetitionPenalty) || p.RepetitionPenalty < 0:
+		return fmt.Errorf("repetition_penalty: %g must be finite and >= 0", p.RepetitionPenalty)
+	case !finite(p.PresencePenalty):
+		return fmt.Errorf("presence_penalty: %g must be finite", p.PresencePenalty)
+	case !finite(p.FrequencyPenalty):
+		return fmt.Errorf("frequency_penalty: %g must be finite", p.FrequencyPenalty)
+	case p.MinLength < 0:
+		return fmt.Errorf("min_length: %d must be >= 0", p.MinLength)
+	}
+	for i, b := range p.EmbeddingBias {
+		if math.IsNaN(float64(b)) || math.IsInf(float64(b), 1) {
+			return fmt.Errorf("embedding_bias[%d]: %g must be finite or -Inf", i, b)
+		}
+	}
+	for i, w := range p.BadWords {
+		for j, t := range w {
+			if t < 0 || int(t) >= vocab {
+				return fmt.Errorf("bad_words_list[%d][%d]: token %d is outside the vocabulary [0, %d)", i, j, t, vocab)
+			}
+		}
+	}
+	return nil
 }

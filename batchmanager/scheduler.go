@@ -74,7 +74,7 @@ func (m *Manager) reserveRunning() {
 			if !errors.Is(err, kvcache.ErrFull) || m.cfg.Policy != MaxUtilization || m.cfg.ModelType == V1 {
 				m.log.Error("KV reservation failed under a guaranteed policy", zap.Uint64("request", r.id), zap.Error(err))
 				m.release(r)
-				m.running = compact(m.running)
+				m.running = compact(m.running, phaseRunning)
 				m.sched = slices.Delete(m.sched, i, i+1)
 				i--
 				m.send(r.id, nil, true, fmt.Errorf("request %d: %w: KV blocks: %w", r.id, ErrInternal, err))
@@ -100,7 +100,7 @@ func (m *Manager) pause(r *request) {
 	}
 	r.kv, r.computed, r.n = nil, 0, 0
 	r.phase = phasePaused
-	m.running = compact(m.running)
+	m.running = compact(m.running, phaseRunning)
 	i, _ := slices.BinarySearchFunc(m.paused, r.admitSeq, func(p *request, s uint64) int { return cmpU64(p.admitSeq, s) })
 	m.paused = slices.Insert(m.paused, i, r)
 	m.it.pausedNow++

@@ -62,7 +62,7 @@ func (m *Manager) step() {
 			m.release(r)
 			m.send(r.id, nil, true, fmt.Errorf("request %d: %w: %w", r.id, ErrEngine, err))
 		}
-		m.running = compact(m.running)
+		m.running = compact(m.running, phaseRunning)
 		m.finishV1Batch()
 		return
 	}
@@ -72,7 +72,7 @@ func (m *Manager) step() {
 		m.advance(r, &m.batch.Seqs[i], &outs[i])
 		m.respond(r)
 	}
-	m.running = compact(m.running)
+	m.running = compact(m.running, phaseRunning)
 	m.finishV1Batch()
 }
 

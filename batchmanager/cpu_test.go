@@ -1,0 +1,369 @@
+package batchmanager
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"gollm/engine"
+	"gollm/model"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// tinyDir is the tiny random GPT-2 checkpoint (vocab 1000, 128 positions).
+const tinyDir = "../testdata/gpt2-tiny"
+
+var (
+	tinyOnce  sync.Once
+	tinyModel *model.GPT2
+	tinyErr   error
+)
+
+// tinyGPT2 loads the checkpoint once; engines share its (read-only) weights.
+func tinyGPT2(t testing.TB) *model.GPT2 {
+	t.Helper()
+	tinyOnce.Do(func() {
+		c, err := model.Open(tinyDir)
+		if err != nil {
+			tinyErr = err
+			return
+		}
+		defer c.Close()
+		tinyModel, tinyErr = model.LoadGPT2(c)
+	})
+	if tinyErr != nil {
+		t.Fatalf("load %s: %v", tinyDir, tinyErr)
+	}
+	return tinyModel
+}
+
+// cpuEngine is a CPU engine on the tiny checkpoint with the given pool.
+func cpuEngine(t testing.TB, blocks, perBlock int) *engine.CPU {
+	t.Helper()
+	e, err := engine.NewCPU(tinyGPT2(t), engine.KVConfig{NumBlocks: blocks, TokensPerBlock: perBlock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	return e
+}
+
+// soloGreedy runs one request straight on a fresh engine, without the manager: the
+// reference its in-flight run must match.
+func soloGreedy(t testing.TB, prompt []int32, maxNew int) []int32 {
+	t.Helper()
+	const T = 8
+	e := cpuEngine(t, 16, T)
+	blocks := make([]int32, 16)
+	for i := range blocks {
+		blocks[i] = int32(i)
+	}
+	hist := slices.Clone(prompt)
+	toks, pos := prompt, 0
+	var out []int32
+	for len(out) < maxNew && len(hist) < e.Info().MaxSeqLen {
+		outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{{ID: 1, Tokens: toks, Pos: pos, Blocks: blocks, Sample: true,
+			Sampling: engine.SamplingParams{EndID: -1}, History: hist, NumGenerated: len(out)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pos += len(toks)
+		tok := outs[0].Token
+		hist = append(hist, tok)
+		out = append(out, tok)
+		toks = hist[len(hist)-1:]
+	}
+	return out
+}
+
+// arrival is a request that the client hands out from a given Get call on.
+type arrival struct {
+	// at is the GetInferenceRequests call from which it is available.
+	at int
+	// req is the request.
+	req *InferenceRequest
+}
+
+// runArrivals runs requests arriving at the given Get calls (iterations) and returns
+// every request's tokens and the typed stats of the run.
+func runArrivals(t *testing.T, eng engine.Engine, cfg Config, arrivals []arrival) (map[uint64][]int32, []Stats) {
+	t.Helper()
+	c := newClient()
+	calls := 0
+	cb := c.callbacks()
+	get := cb.GetInferenceRequests
+	pending := slices.Clone(arrivals)
+	cb.GetInferenceRequests = func(max int) []*InferenceRequest {
+		calls++
+		var now []*InferenceRequest
+		rest := pending[:0]
+		for _, a := range pending {
+			if a.at <= calls {
+				now = append(now, a.req)
+			} else {
+				rest = append(rest, a)
+			}
+		}
+		pending = rest
+		c.add(now...)
+		return get(max)
+	}
+	cfg.IdleWait = 100 * time.Microsecond
+	m, err := New(eng, cfg, cb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Shutdown()
+	c.wait(t, len(arrivals))
+	out := map[uint64][]int32{}
+	for _, a := range arrivals {
+		toks, err := c.tokensOf(t, a.req.ID)
+		if err != nil {
+			t.Fatalf("request %d: %v", a.req.ID, err)
+		}
+		out[a.req.ID] = toks
+	}
+	poolWhole(t, m)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return out, slices.Clone(c.typed)
+}
+
+// probeWorkload is a probe arriving first and 31 requests with random prompt and
+// output lengths arriving at random iterations.
+func probeWorkload(seed uint64, maxPrompt int) []arrival {
+	rng := rand.New(rand.NewPCG(seed, 99))
+	probe := &InferenceRequest{ID: 1000, InputIDs: randPrompt(rng, 12, 1000), MaxNewTokens: 24, EndID: -1, PadID: -1, ExcludeInputInOutput: true}
+	as := []arrival{{at: 1 + rng.IntN(3), req: probe}}
+	for i := range 31 {
+		as = append(as, arrival{at: 1 + rng.IntN(40), req: &InferenceRequest{
+			ID: uint64(i), InputIDs: randPrompt(rng, 1+rng.IntN(maxPrompt), 1000), MaxNewTokens: 1 + rng.IntN(30),
+			EndID: -1, PadID: -1, Streaming: i%2 == 1, ExcludeInputInOutput: true,
+		}})
+	}
+	return as
+}
+
+func TestInflightTokensMatchSoloRuns(t *testing.T) {
+	arrivals := probeWorkload(7, 40)
+	want := map[uint64][]int32{}
+	for _, a := range arrivals {
+		want[a.req.ID] = soloGreedy(t, a.req.InputIDs, a.req.MaxNewTokens)
+	}
+	maxPaused := func(st []Stats) (paused, ctxWithGen int) {
+		for _, s := range st {
+			paused = max(paused, s.PausedRequests)
+			if s.ContextRequests > 0 && s.GenerationRequests > 0 {
+				ctxWithGen++
+			}
+		}
+		return paused, ctxWithGen
+	}
+	cases := []struct {
+		name   string
+		blocks int
+		cfg    Config
+		check  func(t *testing.T, st []Stats)
+	}{
+		{"guaranteed_no_evict with a roomy pool", 256, Config{Policy: GuaranteedNoEvict}, nil},
+		{"max_utilization with a pool so small that requests pause and resume", 24, Config{Policy: MaxUtilization},
+			func(t *testing.T, st []Stats) {
+				if p, _ := maxPaused(st); p == 0 {
+					t.Error("no request was ever paused; the test needs pauses")
+				}
+			}},
+		{"guaranteed_no_evict with the same small pool never pauses", 24, Config{Policy: GuaranteedNoEvict},
+			func(t *testing.T, st []Stats) {
+				if p, _ := maxPaused(st); p != 0 {
+					t.Errorf("%d requests paused under guaranteed_no_evict", p)
+				}
+			}},
+		{"chunked context mixed with generation steps", 256, Config{EnableChunkedContext: true, MaxNumTokens: 16},
+			func(t *testing.T, st []Stats) {
+				if _, mixed := maxPaused(st); mixed == 0 {
+					t.Error("no iteration mixed context chunks with generation steps")
+				}
+				for _, s := range st {
+					if s.TotalContextTokens+s.GenerationRequests > 16 {
+						t.Fatalf("iteration %d ran %d tokens, max_num_tokens is 16", s.IterationCounter, s.TotalContextTokens+s.GenerationRequests)
+					}
+				}
+			}},
+		{"max_utilization with chunked context and a small pool", 24, Config{Policy: MaxUtilization, EnableChunkedContext: true, MaxNumTokens: 16}, nil},
+		{"inflight_batching with prefix reuse on", 64, Config{ModelType: InflightBatching, EnableKVCacheReuse: true}, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, st := runArrivals(t, cpuEngine(t, tc.blocks, 8), tc.cfg, arrivals)
+			if !slices.Equal(got[1000], want[1000]) {
+				t.Errorf("probe: got %v, want %v", got[1000], want[1000])
+			}
+			for id, w := range want {
+				if !slices.Equal(got[id], w) {
+					t.Errorf("request %d: got %v, want %v", id, got[id], w)
+				}
+			}
+			if tc.check != nil {
+				tc.check(t, st)
+			}
+		})
+	}
+}
+
+func TestStaticBatchAdmitsNothingUntilTheBatchFinishes(t *testing.T) {
+	eng := newFake(256, 4)
+	var steps [][]uint64
+	eng.onStep = func(b *engine.Batch) {
+		var ids []uint64
+		for _, s := range b.Seqs {
+			ids = append(ids, s.ID)
+		}
+		steps = append(steps, ids)
+	}
+	rng := rand.New(rand.NewPCG(5, 5))
+	var as []arrival
+	for i := range 12 {
+		as = append(as, arrival{at: 1 + rng.IntN(20), req: &InferenceRequest{ID: uint64(i), InputIDs: randPrompt(rng, 1+rng.IntN(8), 50),
+			MaxNewTokens: 1 + rng.IntN(12), EndID: -1, PadID: -1}})
+	}
+	runArrivals(t, eng, Config{Policy: StaticBatch, MaxBatchSize: 4}, as)
+	eng.mu.Lock()
+	defer eng.mu.Unlock()
+	batches := 0
+	for k := 1; k < len(steps); k++ {
+		prev, cur := steps[k-1], steps[k]
+		newcomer := false
+		for _, id := range cur {
+			if !slices.Contains(prev, id) {
+				newcomer = true
+			}
+		}
+		if !newcomer {
+			continue
+		}
+		batches++
+		// A new batch: nothing of the previous one may run any more.
+		for _, later := range steps[k:] {
+			for _, id := range prev {
+				if slices.Contains(later, id) {
+					t.Fatalf("step %d admitted %v while %d of the batch %v still ran", k, cur, id, prev)
+				}
+			}
+		}
+	}
+	if batches < 2 {
+		t.Errorf("only %d batches formed; the test wants several", batches+1)
+	}
+}
+
+func TestV1PadsAndRunsInLockstep(t *testing.T) {
+	eng := newFake(256, 4)
+	var steps [][]uint64
+	eng.onStep = func(b *engine.Batch) {
+		var ids []uint64
+		for _, s := range b.Seqs {
+			ids = append(ids, s.ID)
+		}
+		steps = append(steps, ids)
+	}
+	c := newClient()
+	finalAt := map[uint64]int{}
+	cb := c.callbacks()
+	send := cb.SendResponse
+	cb.SendResponse = func(id uint64, out []Tensor, final bool, err error) {
+		if final {
+			eng.mu.Lock() // Step has returned; read its counter
+			finalAt[id] = eng.steps
+			eng.mu.Unlock()
+		}
+		send(id, out, final, err)
+	}
+	reqs := []*InferenceRequest{
+		{ID: 1, InputIDs: []int32{1, 2, 3}, MaxNewTokens: 3, EndID: -1, PadID: 49},
+		{ID: 2, InputIDs: []int32{4}, MaxNewTokens: 9, EndID: -1, PadID: 49},
+		{ID: 3, InputIDs: []int32{5, 6}, MaxNewTokens: 6, EndID: -1, PadID: 49, Streaming: true},
+	}
+	c.add(reqs...)
+	m, err := New(eng, Config{ModelType: V1, IdleWait: time.Millisecond}, cb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Shutdown()
+	c.wait(t, 3)
+	// A late request must wait for the whole batch.
+	c.add(&InferenceRequest{ID: 4, InputIDs: []int32{7}, MaxNewTokens: 2, EndID: -1, PadID: 49})
+	c.wait(t, 1)
+
+	t.Run("every answer of a batch goes out at the same iteration", func(t *testing.T) {
+		for id := range uint64(5) {
+			for _, r := range c.responses(id) {
+				if r.err != nil {
+					t.Fatalf("request %d: %v", id, r.err)
+				}
+			}
+		}
+		if finalAt[1] != finalAt[2] || finalAt[2] != finalAt[3] {
+			t.Errorf("finals at steps %v", finalAt)
+		}
+	})
+	t.Run("the batch steps together and shrinks only as members finish", func(t *testing.T) {
+		if !slices.Equal(steps[0], []uint64{1, 2, 3}) {
+			t.Errorf("first step ran %v", steps[0])
+		}
+		for k := 1; k < 9; k++ {
+			want := []uint64{2}
+			if k < 3 {
+				want = []uint64{1, 2, 3}
+			} else if k < 6 {
+				want = []uint64{2, 3}
+			}
+			if !slices.Equal(steps[k], want) {
+				t.Errorf("step %d ran %v, want %v", k, steps[k], want)
+			}
+		}
+		if !slices.Equal(steps[9], []uint64{4}) {
+			t.Errorf("after the batch, step 9 ran %v, want the late request alone", steps[9])
+		}
+	})
+	t.Run("non-streaming outputs are padded with pad_id to the longest", func(t *testing.T) {
+		rs := c.responses(1)
+		ids := tensorByName(t, rs[0].out, "output_ids").Data.([]int32)
+		sl := tensorByName(t, rs[0].out, "sequence_length").Data.([]int32)
+		gen := fakeGenerate([]int32{1, 2, 3}, 3, 50, 128, -1, nil)
+		want := append(append([]int32{1, 2, 3}, gen...), slices.Repeat([]int32{49}, 6)...)
+		if !slices.Equal(ids, want) || sl[0] != 6 {
+			t.Errorf("output_ids %v sequence_length %v, want %v and 6", ids, sl, want)
+		}
+	})
+	t.Run("the stats carry the V1 fields", func(t *testing.T) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		empty := 0
+		for _, s := range c.stats {
+			var f map[string]any
+			if err := json.Unmarshal([]byte(s), &f); err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range []string{"Total Generation Tokens", "Empty Generation Slots", "Scheduled Requests", "Context Requests", "Total Context Tokens"} {
+				if _, ok := f[k]; !ok {
+					t.Fatalf("V1 stats lack %q: %s", k, s)
+				}
+			}
+			if _, ok := f["MicroBatch ID"]; ok {
+				t.Fatalf("V1 stats carry MicroBatch ID: %s", s)
+			}
+			empty = max(empty, int(f["Empty Generation Slots"].(float64)))
+		}
+		if empty != 2 {
+			t.Errorf("most empty generation slots %d, want 2 (requests 1 and 3 finished early)", empty)
+		}
+	})
+}
