@@ -274,6 +274,55 @@ func demoCheckpoint(t testing.TB) checkpointInfo {
 // run once per distinct request.
 var greedyCache sync.Map
 
+// refEngines holds one CPU engine per checkpoint folder, with a KV pool for one
+// sequence of the model's maximum length; greedyTokens runs one sequence at a time.
+var refEngines struct {
+	// mu serialises the runs and guards byDir.
+	mu sync.Mutex
+	// byDir maps a checkpoint folder to its engine.
+	byDir map[string]*refEngine
+}
+
+// refEngine is a loaded reference engine.
+type refEngine struct {
+	// e is the CPU engine.
+	e *engine.CPU
+	// blocks is the block table covering the whole pool.
+	blocks []int32
+}
+
+// tokensPerBlock is the reference engine's KV block size.
+const tokensPerBlock = 64
+
+func loadRefEngine(dir string) (*refEngine, error) {
+	if r, ok := refEngines.byDir[dir]; ok {
+		return r, nil
+	}
+	ck, err := model.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer ck.Close()
+	m, err := model.LoadGPT2(ck)
+	if err != nil {
+		return nil, err
+	}
+	blocks := make([]int32, (m.Config.MaxPositions+tokensPerBlock-1)/tokensPerBlock)
+	for i := range blocks {
+		blocks[i] = int32(i)
+	}
+	e, err := engine.NewCPU(m, engine.KVConfig{NumBlocks: len(blocks), TokensPerBlock: tokensPerBlock})
+	if err != nil {
+		return nil, err
+	}
+	if refEngines.byDir == nil {
+		refEngines.byDir = map[string]*refEngine{}
+	}
+	r := &refEngine{e: e, blocks: blocks}
+	refEngines.byDir[dir] = r
+	return r, nil
+}
+
 // greedyTokens runs the CPU engine on the checkpoint in dir: the prompt, then n-1
 // greedy steps, and returns the n greedy tokens. It does not stop at an end token.
 func greedyTokens(t testing.TB, dir string, prompt []int32, n int) []int32 {
@@ -282,36 +331,22 @@ func greedyTokens(t testing.TB, dir string, prompt []int32, n int) []int32 {
 	if v, ok := greedyCache.Load(key); ok {
 		return v.([]int32)
 	}
-	ck, err := model.Open(dir)
+	refEngines.mu.Lock()
+	defer refEngines.mu.Unlock()
+	r, err := loadRefEngine(dir)
 	if err != nil {
 		t.Fatalf("greedy reference: %v", err)
 	}
-	defer ck.Close()
-	m, err := model.LoadGPT2(ck)
-	if err != nil {
-		t.Fatalf("greedy reference: %v", err)
-	}
-	const perBlock = 64
-	total := len(prompt) + n
-	blocks := make([]int32, (total+perBlock-1)/perBlock)
-	for i := range blocks {
-		blocks[i] = int32(i)
-	}
-	e, err := engine.NewCPU(m, engine.KVConfig{NumBlocks: len(blocks), TokensPerBlock: perBlock})
-	if err != nil {
-		t.Fatalf("greedy reference: %v", err)
-	}
-	defer e.Close()
 	history := append([]int32(nil), prompt...)
 	next := prompt
 	var out []int32
 	for len(out) < n {
 		seq := engine.Sequence{
-			ID: 1, Tokens: next, Pos: len(history) - len(next), Blocks: blocks,
+			ID: 1, Tokens: next, Pos: len(history) - len(next), Blocks: r.blocks,
 			Sample: true, Sampling: engine.SamplingParams{EndID: -1}, History: history,
 			NumGenerated: len(out),
 		}
-		outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{seq}})
+		outs, err := r.e.Step(&engine.Batch{Seqs: []engine.Sequence{seq}})
 		if err != nil {
 			t.Fatalf("greedy reference: step %d: %v", len(out), err)
 		}
