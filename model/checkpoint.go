@@ -141,7 +141,13 @@ func (c *Checkpoint) checkIndex() error {
 	if err != nil {
 		return err
 	}
-	for name, f := range index {
+	names := make([]string, 0, len(index))
+	for name := range index {
+		names = append(names, name)
+	}
+	sort.Strings(names) // the first problem in name order, the same every run
+	for _, name := range names {
+		f := index[name]
 		t, ok := c.tensors[name]
 		if !ok {
 			return fmt.Errorf("tensor %s: model.safetensors.index.json puts it in %s, which does not hold it", name, f)

@@ -386,7 +386,7 @@ func TestBrokenShardIndexesFail(t *testing.T) {
 			`{"weight_map": {"transformer.wte.weight": "../gpt2-tiny/model.safetensors"}}`,
 			[]string{"weight_map[transformer.wte.weight]", "not a file name"}},
 		{"a tensor in the wrong shard is named",
-			`{"weight_map": {"transformer.wte.weight": "model-00002-of-00004.safetensors", "transformer.h.0.ln_1.weight": "model-00001-of-00004.safetensors"}}`,
+			`{"weight_map": {"transformer.wte.weight": "model-00002-of-00004.safetensors", "transformer.h.0.ln_1.weight": "model-00002-of-00004.safetensors"}}`,
 			[]string{"tensor transformer.wte.weight", "model-00002-of-00004.safetensors"}},
 		{"an index without weight_map is refused",
 			`{"metadata": {}}`,

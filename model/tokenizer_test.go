@@ -1,0 +1,258 @@
+package model
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// smallTokenizer builds a tokenizer.json: the 256 byte tokens (id = byte value), then
+// one token per merge in order, then <|endoftext|> as an added token. edit may change
+// the decoded JSON before it is written.
+func smallTokenizer(merges []string, edit func(map[string]any)) []byte {
+	vocab := map[string]any{}
+	for b := range 256 {
+		vocab[string(byteRunes[b])] = b
+	}
+	for i, m := range merges {
+		vocab[strings.Replace(m, " ", "", 1)] = 256 + i
+	}
+	eot := 256 + len(merges)
+	vocab["<|endoftext|>"] = eot
+	f := map[string]any{
+		"version":        "1.0",
+		"added_tokens":   []any{map[string]any{"id": eot, "content": "<|endoftext|>", "special": true}},
+		"normalizer":     nil,
+		"pre_tokenizer":  map[string]any{"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
+		"post_processor": map[string]any{"type": "ByteLevel"},
+		"decoder":        map[string]any{"type": "ByteLevel"},
+		"model":          map[string]any{"type": "BPE", "vocab": vocab, "merges": merges},
+	}
+	if edit != nil {
+		edit(f)
+	}
+	raw, err := json.Marshal(f)
+	if err != nil {
+		panic(err)
+	}
+	return raw
+}
+
+// The test vocabulary's merges; ids are 256 onwards in this order.
+var testMerges = []string{"Ġ t", "h e", "Ġt he", "l l", "ll o", "he llo", "a a", "aa aa"}
+
+func mustTokenizer(t *testing.T, raw []byte) *Tokenizer {
+	t.Helper()
+	tk, err := parseTokenizer(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tk
+}
+
+func TestPreTokenization(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		want     []string
+	}{
+		{"words take their leading space", "Hello world", []string{"Hello", " world"}},
+		{"contractions split off", "don't we'll I'M", []string{"don", "'t", " we", "'ll", " I", "'", "M"}},
+		{"an apostrophe run is punctuation", "''s", []string{"''", "s"}},
+		{"numbers and letters separate", "abc123def", []string{"abc", "123", "def"}},
+		{"punctuation takes one leading space", "a ,.! b", []string{"a", " ,.!", " b"}},
+		{"a space run leaves its last space to the next word", "a   b", []string{"a", "  ", " b"}},
+		{"a newline before a word stands alone", "a\nb", []string{"a", "\n", "b"}},
+		{"mixed whitespace keeps its last character apart", "a \n\tb", []string{"a", " \n", "\t", "b"}},
+		{"trailing whitespace is one token", "a  \n ", []string{"a", "  \n "}},
+		{"a lone trailing space is a token", "a ", []string{"a", " "}},
+		{"non-ASCII letters are letters", " héllo 日本", []string{" héllo", " 日本"}},
+		{"emoji are symbols", "hi 🎉🎉!", []string{"hi", " 🎉🎉!"}},
+		{"other numbers are numbers", "x²½ Ⅷ", []string{"x", "²½", " Ⅷ"}},
+		{"a no-break space is whitespace", "a\u00a0b", []string{"a", "\u00a0", "b"}},
+		{"combining marks are symbols", "e\u0301", []string{"e", "\u0301"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for s := tc.in; len(s) > 0; {
+				n := preTokenEnd(s)
+				got = append(got, s[:n])
+				s = s[n:]
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("split %q = %q, want %q", tc.in, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestEncode(t *testing.T) {
+	tk := mustTokenizer(t, smallTokenizer(testMerges, nil))
+	the, hello, aaaa := int32(258), int32(261), int32(263)
+	for _, tc := range []struct {
+		name, in string
+		want     []int32
+	}{
+		{"merges apply by rank", " the", []int32{the}},
+		{"a word builds from its merges", "hello", []int32{hello}},
+		{"unmerged bytes stay bytes", "hex", []int32{257, 'x'}},
+		{"equal pairs merge leftmost first", "aaa", []int32{262, 'a'}},
+		{"merged pairs merge again", "aaaaa", []int32{aaaa, 'a'}},
+		{"the special token is matched inside words", "hello<|endoftext|>hello", []int32{hello, 264, hello}},
+		{"an empty string has no tokens", "", []int32{}},
+		{"a partial special token is plain text", "<|endoftext", []int32{'<', '|', 'e', 'n', 'd', 'o', 'f', 't', 'e', 'x', 't'}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tk.Encode(tc.in)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("Encode(%q) = %v, want %v", tc.in, got, tc.want)
+			}
+			if back := tk.Decode(got); back != tc.in {
+				t.Errorf("Decode(Encode(%q)) = %q", tc.in, back)
+			}
+		})
+	}
+	t.Run("a very long word encodes quickly", func(t *testing.T) {
+		start := time.Now()
+		ids := tk.Encode(strings.Repeat("a", 200000))
+		if len(ids) != 50000 || ids[0] != aaaa {
+			t.Errorf("%d ids starting %v, want 50000 of %d", len(ids), ids[:2], aaaa)
+		}
+		// The heap makes this a fraction of a second (a few under -race); rescanning every
+		// pair after each merge would take minutes.
+		if d := time.Since(start); d > 20*time.Second {
+			t.Errorf("took %v", d)
+		}
+	})
+	t.Run("lookups find added and byte-level tokens", func(t *testing.T) {
+		if id, ok := tk.TokenID("<|endoftext|>"); !ok || id != 264 {
+			t.Errorf("TokenID(<|endoftext|>) = %d, %v", id, ok)
+		}
+		if id, ok := tk.TokenID("Ġthe"); !ok || id != the {
+			t.Errorf("TokenID(Ġthe) = %d, %v", id, ok)
+		}
+		if _, ok := tk.TokenID("nope"); ok {
+			t.Error("TokenID(nope) found a token")
+		}
+		if tk.VocabSize() != 265 {
+			t.Errorf("VocabSize() = %d, want 265", tk.VocabSize())
+		}
+	})
+}
+
+func TestStreamDecoder(t *testing.T) {
+	tk := mustTokenizer(t, smallTokenizer(testMerges, nil))
+	t.Run("a character split over tokens comes out whole", func(t *testing.T) {
+		d := tk.NewStreamDecoder()
+		var got []string
+		for _, b := range []byte("a日b") { // 日 is three bytes, three byte tokens
+			got = append(got, d.Next(int32(b)))
+		}
+		if want := []string{"a", "", "", "日", "b"}; !slices.Equal(got, want) {
+			t.Errorf("pieces %q, want %q", got, want)
+		}
+		if rest := d.Flush(); rest != "" {
+			t.Errorf("Flush() = %q", rest)
+		}
+	})
+	t.Run("an unfinished character comes out at Flush", func(t *testing.T) {
+		d := tk.NewStreamDecoder()
+		if s := d.Next(0xF0) + d.Next(0x9F); s != "" {
+			t.Errorf("Next gave %q before the character was complete", s)
+		}
+		if rest := d.Flush(); rest != "\xF0\x9F" {
+			t.Errorf("Flush() = %q", rest)
+		}
+	})
+	t.Run("bytes that can never be valid pass through", func(t *testing.T) {
+		d := tk.NewStreamDecoder()
+		if s := d.Next(0x80) + d.Next('a'); s != "\x80a" {
+			t.Errorf("got %q", s)
+		}
+	})
+}
+
+func TestMalformedTokenizers(t *testing.T) {
+	set := func(path string, v any) func(map[string]any) {
+		return func(f map[string]any) {
+			keys := strings.Split(path, ".")
+			m := f
+			for _, k := range keys[:len(keys)-1] {
+				m = m[k].(map[string]any)
+			}
+			if v == nil {
+				delete(m, keys[len(keys)-1])
+			} else {
+				m[keys[len(keys)-1]] = v
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		raw  []byte
+		want string
+	}{
+		{"text that is not JSON fails", []byte(`{"model": `), "invalid JSON"},
+		{"a WordPiece model is refused", smallTokenizer(testMerges, set("model.type", "WordPiece")), `model.type "WordPiece" is not supported`},
+		{"a missing vocab is named", smallTokenizer(testMerges, set("model.vocab", nil)), "model.vocab is missing"},
+		{"a missing pre-tokenizer is named", smallTokenizer(testMerges, set("pre_tokenizer", nil)), "pre_tokenizer: missing"},
+		{"a Whitespace pre-tokenizer is refused", smallTokenizer(testMerges, set("pre_tokenizer", map[string]any{"type": "Whitespace"})), `pre_tokenizer: type "Whitespace"`},
+		{"add_prefix_space is refused", smallTokenizer(testMerges, set("pre_tokenizer.add_prefix_space", true)), "add_prefix_space"},
+		{"a normalizer is refused", smallTokenizer(testMerges, set("normalizer", map[string]any{"type": "NFC"})), "normalizer"},
+		{"another decoder is refused", smallTokenizer(testMerges, set("decoder", map[string]any{"type": "WordPiece"})), `decoder: type "WordPiece"`},
+		{"a merge of unknown tokens is named", smallTokenizer(append(slices.Clone(testMerges), "zz qq"), nil), `model.merges[8] "zz" "qq"`},
+		{"a merge without a space is named", smallTokenizer(testMerges, set("model.merges", []any{"Ġt"})), `model.merges[0]: "Ġt" is not two tokens`},
+		{"a merge that is a number is named", smallTokenizer(testMerges, set("model.merges", []any{7})), "model.merges[0]: 7 is neither"},
+		{"a missing byte token is named", smallTokenizer(testMerges, func(f map[string]any) {
+			delete(f["model"].(map[string]any)["vocab"].(map[string]any), "Ġ")
+		}), "no token for byte 0x20"},
+		{"an added token without an id is named", smallTokenizer(testMerges, set("added_tokens", []any{map[string]any{"content": "x"}})), "added_tokens[0]"},
+		{"an added token that contradicts the vocab is named", smallTokenizer(testMerges, set("added_tokens", []any{map[string]any{"id": 3, "content": "<|endoftext|>"}})), `"<|endoftext|>": id 3`},
+		{"dropout is refused", smallTokenizer(testMerges, set("model.dropout", 0.1)), "model.dropout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseTokenizer(tc.raw)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+	t.Run("a missing file is named", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "tokenizer.json")
+		if _, err := LoadTokenizer(path); err == nil || !strings.Contains(err.Error(), path) {
+			t.Fatalf("err = %v", err)
+		}
+	})
+	t.Run("a file error names the file", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "tokenizer.json")
+		if err := os.WriteFile(path, []byte("[]"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadTokenizer(path); err == nil || !strings.Contains(err.Error(), path) {
+			t.Fatalf("err = %v", err)
+		}
+	})
+}
+
+func TestTokenizerIsSafeForConcurrentUse(t *testing.T) {
+	tk := mustTokenizer(t, smallTokenizer(testMerges, nil))
+	want := tk.Encode("hello the aaaaa hello")
+	done := make(chan []int32)
+	for range 8 {
+		go func() {
+			var got []int32
+			for range 200 {
+				got = tk.Encode("hello the aaaaa hello")
+			}
+			done <- got
+		}()
+	}
+	for range 8 {
+		if got := <-done; !slices.Equal(got, want) {
+			t.Errorf("concurrent Encode = %v, want %v", got, want)
+		}
+	}
+}
