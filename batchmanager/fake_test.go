@@ -166,7 +166,7 @@ type client struct {
 	resp map[uint64][]response
 	// finals counts final responses by ID.
 	finals map[uint64]int
-	// stops are the IDs to report at the next poll.
+	// stops are the IDs to report at every poll until their final response.
 	stops map[uint64]struct{}
 	// stats are the JSON stats received.
 	stats []string
@@ -203,6 +203,7 @@ func (c *client) callbacks() Callbacks {
 			c.resp[id] = append(c.resp[id], response{out, final, err})
 			if final {
 				c.finals[id]++
+				delete(c.stops, id)
 			}
 			c.mu.Unlock()
 			if final {
@@ -215,8 +216,11 @@ func (c *client) callbacks() Callbacks {
 			if len(c.stops) == 0 {
 				return nil
 			}
-			s := c.stops
-			c.stops = map[uint64]struct{}{}
+			// Like a cancelled flag, a stop stays raised until the request has ended.
+			s := make(map[uint64]struct{}, len(c.stops))
+			for id := range c.stops {
+				s[id] = struct{}{}
+			}
 			return s
 		},
 		ReturnBatchManagerStats: func(s string) {
