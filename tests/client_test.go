@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -372,9 +371,8 @@ func excludeInputInOutput(t testing.TB) bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	re := regexp.MustCompile(`key\s*:\s*"exclude_input_in_output"\s*value\s*:?\s*\{\s*string_value\s*:\s*"([^"]*)"`)
-	m := re.FindSubmatch(cfg)
-	return m != nil && strings.EqualFold(string(m[1]), "true")
+	v, ok := harness.ConfigParameter(string(cfg), "exclude_input_in_output")
+	return ok && strings.EqualFold(v, "true")
 }
 
 // wantNonStreaming is the output_ids of a non-streaming response: the generated tokens,

@@ -13,9 +13,11 @@ import (
 	"gollm/tests/kserve"
 )
 
-const sampleConfig = `name: "gpt2"
+const sampleConfig = `# A model with "decoupled: true" in a comment.
+name: "gpt2"
 backend: "gollm"
 max_batch_size: 0
+# parameters { key: "enable_chunked_context" value: { string_value: "true" } }
 model_transaction_policy { decoupled: true }
 input [
   { name: "input_ids" data_type: TYPE_INT32 dims: [ 1, -1 ] }
@@ -37,7 +39,7 @@ func TestRewriteConfig(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.HasPrefix(got, `name: "gpt2_sync"`) {
+		if !strings.Contains(got, "\nname: \"gpt2_sync\"\n") {
 			t.Errorf("name not rewritten:\n%s", got)
 		}
 		if !strings.Contains(got, `name: "input_ids"`) {
@@ -55,7 +57,7 @@ func TestRewriteConfig(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(got, "decoupled: false") || strings.Contains(got, "decoupled: true") {
+		if !strings.Contains(got, "{ decoupled: false }") || !strings.Contains(got, `"decoupled: true" in a comment`) {
 			t.Errorf("decoupled not turned off:\n%s", got)
 		}
 	})
@@ -71,6 +73,26 @@ func TestRewriteConfig(t *testing.T) {
 		}
 		if !strings.Contains(got, `key: "enable_kv_cache_reuse"`) || !strings.Contains(got, `string_value: "tr\"ue"`) {
 			t.Errorf("enable_kv_cache_reuse not appended with escaping:\n%s", got)
+		}
+	})
+	t.Run("sets a parameter that is only in a comment by appending it", func(t *testing.T) {
+		got, err := rewriteConfig(sampleConfig, Model{Name: "gpt2", Parameters: map[string]string{"enable_chunked_context": "false"}}, "/c")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := ConfigParameter(got, "enable_chunked_context"); !ok || v != "false" {
+			t.Errorf("enable_chunked_context = %q, %v; want false:\n%s", v, ok, got)
+		}
+		if !strings.Contains(got, `# parameters { key: "enable_chunked_context" value: { string_value: "true" } }`) {
+			t.Errorf("the comment was edited:\n%s", got)
+		}
+	})
+	t.Run("reads parameters, not comments", func(t *testing.T) {
+		if v, ok := ConfigParameter(sampleConfig, "max_tokens_in_paged_kv_cache"); !ok || v != "4096" {
+			t.Errorf("max_tokens_in_paged_kv_cache = %q, %v; want 4096", v, ok)
+		}
+		if v, ok := ConfigParameter(sampleConfig, "enable_chunked_context"); ok {
+			t.Errorf("enable_chunked_context = %q from a comment; want none", v)
 		}
 	})
 	t.Run("sets the instance count", func(t *testing.T) {

@@ -77,7 +77,11 @@ func rewriteConfig(cfg string, m Model, checkpoint string) (string, error) {
 		cfg = setParameter(cfg, k, params[k])
 	}
 	if m.NonDecoupled {
-		cfg = decoupledRE.ReplaceAllString(cfg, "decoupled: false")
+		loc := decoupledRE.FindStringIndex(maskComments(cfg))
+		if loc == nil {
+			return "", fmt.Errorf("no `decoupled: true` to turn off")
+		}
+		cfg = cfg[:loc[0]] + "decoupled: false" + cfg[loc[1]:]
 	}
 	if m.InstanceCount > 0 {
 		if cfg, err = setInstanceCount(cfg, m.InstanceCount); err != nil {
@@ -92,7 +96,7 @@ var (
 	// quotedRE matches one protobuf text-format string literal.
 	quotedRE    = `"(?:[^"\\]|\\.)*"`
 	nameFieldRE = regexp.MustCompile(`^name\s*:\s*` + quotedRE)
-	stringValRE = regexp.MustCompile(`string_value\s*:\s*` + quotedRE)
+	stringValRE = regexp.MustCompile(`string_value\s*:\s*(` + quotedRE + `)`)
 	countRE     = regexp.MustCompile(`count\s*:\s*\d+`)
 )
 
@@ -156,15 +160,60 @@ func isIdent(c byte) bool {
 	return c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 }
 
+// maskComments returns cfg with every comment's text replaced by spaces, so that
+// searches skip commented-out fields while offsets stay those of cfg.
+func maskComments(cfg string) string {
+	b := []byte(cfg)
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; c {
+		case '"', '\'':
+			for i++; i < len(b) && b[i] != c; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+		case '#':
+			for ; i < len(b) && b[i] != '\n'; i++ {
+				b[i] = ' '
+			}
+		}
+	}
+	return string(b)
+}
+
+// parameterValue finds the string value of the parameter named key; loc is its
+// `string_value: "..."` span in cfg.
+func parameterValue(cfg, key string) (value string, loc []int, ok bool) {
+	masked := maskComments(cfg)
+	keyRE := regexp.MustCompile(`key\s*:\s*` + regexp.QuoteMeta(quote(key)) + `\s*value\s*:?\s*\{\s*`)
+	k := keyRE.FindStringIndex(masked)
+	if k == nil {
+		return "", nil, false
+	}
+	v := stringValRE.FindStringSubmatchIndex(masked[k[1]:])
+	if v == nil || v[0] != 0 {
+		return "", nil, false
+	}
+	lit := cfg[k[1]+v[2] : k[1]+v[3]]
+	value, err := strconv.Unquote(lit)
+	if err != nil {
+		value = lit[1 : len(lit)-1]
+	}
+	return value, []int{k[1] + v[0], k[1] + v[1]}, true
+}
+
+// ConfigParameter returns the string value of the config.pbtxt parameter named key,
+// ignoring commented-out lines.
+func ConfigParameter(cfg, key string) (string, bool) {
+	v, _, ok := parameterValue(cfg, key)
+	return v, ok
+}
+
 // setParameter sets the string value of the parameter named key, or appends the
 // parameter when the config has none of that name.
 func setParameter(cfg, key, value string) string {
-	keyRE := regexp.MustCompile(`key\s*:\s*` + regexp.QuoteMeta(quote(key)))
-	if loc := keyRE.FindStringIndex(cfg); loc != nil {
-		if v := stringValRE.FindStringIndex(cfg[loc[1]:]); v != nil {
-			start, end := loc[1]+v[0], loc[1]+v[1]
-			return cfg[:start] + "string_value: " + quote(value) + cfg[end:]
-		}
+	if _, loc, ok := parameterValue(cfg, key); ok {
+		return cfg[:loc[0]] + "string_value: " + quote(value) + cfg[loc[1]:]
 	}
 	if !strings.HasSuffix(cfg, "\n") {
 		cfg += "\n"
@@ -205,8 +254,8 @@ func setInstanceCount(cfg string, n int) (string, error) {
 	}
 	block := cfg[open:end]
 	count := "count: " + strconv.Itoa(n)
-	if countRE.MatchString(block) {
-		block = countRE.ReplaceAllString(block, count)
+	if loc := countRE.FindStringIndex(maskComments(block)); loc != nil {
+		block = block[:loc[0]] + count + block[loc[1]:]
 	} else {
 		block = "{ " + count + " " + block[1:]
 	}
