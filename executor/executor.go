@@ -1,0 +1,385 @@
+// Package executor is gollm's embedding API, modelled on TensorRT-LLM's Executor: enqueue
+// requests, await their responses (of one request or of any), cancel, read the latest
+// iteration stats. It runs a batchmanager.Manager over an engine and implements the
+// manager's callbacks itself, so no callback code is needed.
+//
+//	ex, _ := executor.New(eng, executor.Config{}, log)
+//	defer ex.Shutdown()
+//	id, _ := ex.Enqueue(executor.Request{InputIDs: prompt, MaxNewTokens: 16})
+//	for done := false; !done; {
+//		rs, _ := ex.AwaitResponses(&id, time.Second)
+//		for _, r := range rs { ...; done = r.Result.IsFinal }
+//	}
+package executor
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"gollm/batchmanager"
+	"gollm/engine"
+)
+
+// Sentinel errors of the Executor; responses carry the batchmanager's errors
+// (batchmanager.ErrCancelled, ErrShuttingDown, ErrInvalidRequest, …).
+var (
+	// ErrShutdown is returned by calls on an executor that was shut down.
+	ErrShutdown = errors.New("executor: shut down")
+	// ErrUnknownRequest names a request ID that is not in flight (or whose responses
+	// have all been taken).
+	ErrUnknownRequest = errors.New("executor: unknown request ID")
+	// ErrQueueFull is returned by Enqueue when MaxQueued requests already wait.
+	ErrQueueFull = errors.New("executor: queue full")
+)
+
+// Config holds an executor's settings.
+type Config struct {
+	// Batch configures the batch manager (model type, scheduler policy, limits).
+	Batch batchmanager.Config
+	// MaxQueued caps the requests waiting for admission; 0 means no limit.
+	MaxQueued int
+}
+
+// Request is one generation request.
+type Request struct {
+	// InputIDs is the prompt's token IDs.
+	InputIDs []int32
+	// MaxNewTokens is the most tokens to generate.
+	MaxNewTokens int
+	// Streaming returns each token as it is generated; otherwise one final result.
+	Streaming bool
+	// Sampling holds the sampling configuration; the zero value is greedy.
+	Sampling engine.SamplingParams
+	// EndID ends generation when sampled (not included in the output); nil means the
+	// model's own end token, -1 means none.
+	EndID *int32
+	// PadID pads V1 outputs; nil means EndID.
+	PadID *int32
+	// StopWords end generation once generated (kept in the output).
+	StopWords [][]int32
+	// Output selects what results carry.
+	Output OutputConfig
+}
+
+// OutputConfig selects the optional parts of a result.
+type OutputConfig struct {
+	// ReturnLogProbs fills CumLogProb and LogProbs.
+	ReturnLogProbs bool
+	// ReturnContextLogits fills ContextLogits.
+	ReturnContextLogits bool
+	// ReturnGenerationLogits fills GenerationLogits.
+	ReturnGenerationLogits bool
+	// ExcludeInputFromOutput leaves the prompt out of a non-streaming result.
+	ExcludeInputFromOutput bool
+}
+
+// Response is one answer for a request: an error (always final) or a Result.
+type Response struct {
+	// RequestID is the ID Enqueue returned.
+	RequestID uint64
+	// Err is non-nil when the request failed or was cancelled; it is the last response.
+	Err error
+	// Result holds the output when Err is nil.
+	Result Result
+}
+
+// IsFinal says whether this is the request's last response.
+func (r Response) IsFinal() bool { return r.Err != nil || r.Result.IsFinal }
+
+// Result is the output part of a response.
+type Result struct {
+	// IsFinal marks the request's last result.
+	IsFinal bool
+	// OutputTokenIDs are the new tokens (streaming) or the whole output (prompt first
+	// unless excluded).
+	OutputTokenIDs []int32
+	// CumLogProb is the sum of the generated tokens' log-probabilities so far.
+	CumLogProb float32
+	// LogProbs are this result's generated tokens' log-probabilities.
+	LogProbs []float32
+	// ContextLogits are the prompt's logits, [len(prompt)][vocab] row-major.
+	ContextLogits []float32
+	// GenerationLogits are this result's generated positions' logits, [n][vocab].
+	GenerationLogits []float32
+}
+
+// Executor runs requests on an engine with in-flight batching.
+type Executor struct {
+	// m is the batch manager.
+	m *batchmanager.Manager
+	// info is the engine's description.
+	info engine.Info
+	// cfg is the executor's configuration.
+	cfg Config
+
+	// mu guards everything below.
+	mu sync.Mutex
+	// nextID is the next request ID to hand out.
+	nextID uint64
+	// queue are enqueued requests not yet taken by the manager.
+	queue []*batchmanager.InferenceRequest
+	// live are the IDs whose final response has not been produced yet.
+	live map[uint64]struct{}
+	// stops are the IDs to report to the manager until they end.
+	stops map[uint64]struct{}
+	// ready are the responses not yet awaited, in arrival order.
+	ready []Response
+	// notify is closed (and replaced) whenever ready grows or the executor closes.
+	notify chan struct{}
+	// closed is set by Shutdown.
+	closed bool
+}
+
+// New starts an executor over eng. The engine stays the caller's to Close after
+// Shutdown.
+func New(eng engine.Engine, cfg Config, log *zap.Logger) (*Executor, error) {
+	if eng == nil {
+		return nil, errors.New("executor: engine is nil")
+	}
+	if cfg.MaxQueued < 0 {
+		return nil, fmt.Errorf("executor: MaxQueued must be 0 (no limit) or positive, got %d", cfg.MaxQueued)
+	}
+	e := &Executor{info: eng.Info(), cfg: cfg, nextID: 1, live: map[uint64]struct{}{}, stops: map[uint64]struct{}{}, notify: make(chan struct{})}
+	m, err := batchmanager.New(eng, cfg.Batch, batchmanager.Callbacks{
+		GetInferenceRequests: e.get,
+		SendResponse:         e.send,
+		PollStopSignal:       e.pollStop,
+	}, log)
+	if err != nil {
+		return nil, fmt.Errorf("executor: %w", err)
+	}
+	e.m = m
+	return e, nil
+}
+
+// Enqueue queues a request and returns its ID. Requests the batch manager rejects
+// (bad values) get an error response rather than an error here.
+func (e *Executor) Enqueue(req Request) (uint64, error) {
+	if len(req.InputIDs) == 0 {
+		return 0, errors.New("executor: Request.InputIDs is empty")
+	}
+	if req.MaxNewTokens < 1 {
+		return 0, fmt.Errorf("executor: Request.MaxNewTokens must be at least 1, got %d", req.MaxNewTokens)
+	}
+	endID := e.info.EndID
+	if req.EndID != nil {
+		endID = *req.EndID
+	}
+	padID := endID
+	if req.PadID != nil {
+		padID = *req.PadID
+	}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return 0, ErrShutdown
+	}
+	if e.cfg.MaxQueued > 0 && len(e.queue) >= e.cfg.MaxQueued {
+		e.mu.Unlock()
+		return 0, fmt.Errorf("%w: %d requests wait", ErrQueueFull, len(e.queue))
+	}
+	id := e.nextID
+	e.nextID++
+	e.queue = append(e.queue, &batchmanager.InferenceRequest{
+		ID:                     id,
+		InputIDs:               slices.Clone(req.InputIDs),
+		MaxNewTokens:           req.MaxNewTokens,
+		Sampling:               req.Sampling,
+		EndID:                  endID,
+		PadID:                  padID,
+		StopWords:              req.StopWords,
+		Streaming:              req.Streaming,
+		ExcludeInputInOutput:   req.Output.ExcludeInputFromOutput,
+		ReturnLogProbs:         req.Output.ReturnLogProbs,
+		ReturnContextLogits:    req.Output.ReturnContextLogits,
+		ReturnGenerationLogits: req.Output.ReturnGenerationLogits,
+	})
+	e.live[id] = struct{}{}
+	e.mu.Unlock()
+	e.m.Wake()
+	return id, nil
+}
+
+// AwaitResponses waits up to timeout (≤ 0: no limit) for responses of request *id, or
+// of any request when id is nil, and returns all that are ready, in order. On timeout
+// it returns none and no error. Awaiting an ID that has no responses to come returns
+// ErrUnknownRequest.
+func (e *Executor) AwaitResponses(id *uint64, timeout time.Duration) ([]Response, error) {
+	var deadline <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		deadline = t.C
+	}
+	e.mu.Lock()
+	for {
+		if got := e.take(id); len(got) > 0 {
+			e.mu.Unlock()
+			return got, nil
+		}
+		if id != nil {
+			if _, ok := e.live[*id]; !ok {
+				e.mu.Unlock()
+				return nil, fmt.Errorf("%w: %d", ErrUnknownRequest, *id)
+			}
+		}
+		if e.closed {
+			e.mu.Unlock()
+			return nil, ErrShutdown
+		}
+		ch := e.notify
+		e.mu.Unlock()
+		select {
+		case <-ch:
+		case <-deadline:
+			return nil, nil
+		}
+		e.mu.Lock()
+	}
+}
+
+// take removes and returns the ready responses of id (all when id is nil). Called with
+// mu held.
+func (e *Executor) take(id *uint64) []Response {
+	if id == nil {
+		got := e.ready
+		e.ready = nil
+		return got
+	}
+	var got []Response
+	rest := e.ready[:0]
+	for _, r := range e.ready {
+		if r.RequestID == *id {
+			got = append(got, r)
+		} else {
+			rest = append(rest, r)
+		}
+	}
+	clear(e.ready[len(rest):])
+	e.ready = rest
+	return got
+}
+
+// Cancel stops a request: it gets a final response carrying batchmanager.ErrCancelled
+// (at the end of the current iteration when it is running).
+func (e *Executor) Cancel(id uint64) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.live[id]; !ok {
+		return fmt.Errorf("%w: %d", ErrUnknownRequest, id)
+	}
+	// Still queued here: answer at once.
+	for i, r := range e.queue {
+		if r.ID == id {
+			e.queue = slices.Delete(e.queue, i, i+1)
+			e.deliver(Response{RequestID: id, Err: fmt.Errorf("request %d: %w", id, batchmanager.ErrCancelled)})
+			return nil
+		}
+	}
+	e.stops[id] = struct{}{}
+	return nil
+}
+
+// Stats returns the latest iteration's statistics.
+func (e *Executor) Stats() batchmanager.Stats { return e.m.Stats() }
+
+// Shutdown stops the executor: every request not finished gets a final response with
+// batchmanager.ErrShuttingDown (still awaitable); later Enqueue calls fail.
+func (e *Executor) Shutdown() {
+	e.mu.Lock()
+	e.closed = true
+	e.mu.Unlock()
+	e.m.Shutdown()
+	e.mu.Lock()
+	close(e.notify)
+	e.notify = make(chan struct{})
+	e.mu.Unlock()
+}
+
+// deliver adds a response and wakes the waiters. Called with mu held.
+func (e *Executor) deliver(r Response) {
+	e.ready = append(e.ready, r)
+	if r.IsFinal() {
+		delete(e.live, r.RequestID)
+		delete(e.stops, r.RequestID)
+	}
+	close(e.notify)
+	e.notify = make(chan struct{})
+}
+
+// get is the manager's GetInferenceRequests.
+func (e *Executor) get(max int) []*batchmanager.InferenceRequest {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := len(e.queue)
+	if max >= 0 && max < n {
+		n = max
+	}
+	if n == 0 {
+		return nil
+	}
+	out := slices.Clone(e.queue[:n])
+	e.queue = slices.Delete(e.queue, 0, n)
+	return out
+}
+
+// pollStop is the manager's PollStopSignal: cancelled IDs stay raised until they end.
+func (e *Executor) pollStop() map[uint64]struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.stops) == 0 {
+		return nil
+	}
+	out := make(map[uint64]struct{}, len(e.stops))
+	for id := range e.stops {
+		out[id] = struct{}{}
+	}
+	return out
+}
+
+// send is the manager's SendResponse: it turns the tensors into a Result.
+func (e *Executor) send(id uint64, outs []batchmanager.Tensor, final bool, err error) {
+	r := Response{RequestID: id, Err: err}
+	if err == nil {
+		r.Result = toResult(outs, final)
+	}
+	e.mu.Lock()
+	e.deliver(r)
+	e.mu.Unlock()
+}
+
+// toResult reads the manager's output tensors.
+func toResult(outs []batchmanager.Tensor, final bool) Result {
+	res := Result{IsFinal: final}
+	n := -1
+	for _, t := range outs {
+		switch t.Name {
+		case "output_ids":
+			res.OutputTokenIDs, _ = t.Data.([]int32)
+		case "sequence_length":
+			if d, ok := t.Data.([]int32); ok && len(d) == 1 {
+				n = int(d[0])
+			}
+		case "cum_log_probs":
+			if d, ok := t.Data.([]float32); ok && len(d) == 1 {
+				res.CumLogProb = d[0]
+			}
+		case "output_log_probs":
+			res.LogProbs, _ = t.Data.([]float32)
+		case "context_logits":
+			res.ContextLogits, _ = t.Data.([]float32)
+		case "generation_logits":
+			res.GenerationLogits, _ = t.Data.([]float32)
+		}
+	}
+	// V1 pads output_ids; sequence_length says how many are real.
+	if n >= 0 && n < len(res.OutputTokenIDs) {
+		res.OutputTokenIDs = res.OutputTokenIDs[:n]
+	}
+	return res
+}
