@@ -39,7 +39,7 @@ func sharedServer(t testing.TB) *harness.Server {
 		t.Fatalf("start the shared tritonserver: %v", shared.err)
 	}
 	if shared.srv.Exited() {
-		t.Fatalf("the shared tritonserver has exited:\n%s", shared.srv.LogTail(32<<10))
+		t.Fatalf("the shared tritonserver has exited (its log follows the test results); last lines:\n%s", shared.srv.LogTail(2<<10))
 	}
 	return shared.srv
 }
