@@ -31,6 +31,28 @@ var (
 )
 
 // Manager runs the iteration loop of one model instance on its own goroutine.
+//
+// Each iteration: GetInferenceRequests(free slots) (new requests are validated; a bad
+// one or an ID already in flight gets a final error at once), scheduling under the
+// model type and policy, one Engine.Step, stop conditions and SendResponse calls,
+// PollStopSignal, and the stats callbacks. Idle, it waits up to Config.IdleWait (Wake
+// cuts it short), still calling GetInferenceRequests and PollStopSignal.
+//
+// Responses: output_ids INT32 [1, n] and sequence_length INT32 [1] (= n). Streaming:
+// each response carries that iteration's new token; the final one carries the last
+// token, or none when the request ended at its end token. Non-streaming: one final
+// response with the prompt (unless ExcludeInputInOutput) and every generated token; in
+// V1 the row is padded with PadID (when ≥ 0) to the batch's longest output and
+// sequence_length counts the real tokens only. On request: cum_log_probs FP32 [1],
+// output_log_probs FP32 [1, n], context_logits FP32 [prompt_len, vocab] (first
+// streaming response, or the final one), generation_logits FP32 [1, n, vocab]. The
+// end token is never part of the output; a stop word is. Tensor data is freshly
+// allocated for every response: the receiver may keep it.
+//
+// A request ends at MaxNewTokens, at EndID, after a stop word, or when it reaches the
+// model's MaxSeqLen. Its KV blocks and ID are freed before its final response. Errors
+// in final responses wrap ErrCancelled, ErrShuttingDown, ErrDuplicateID,
+// ErrInvalidRequest, ErrEngine or ErrInternal.
 type Manager struct {
 	// eng runs the iterations.
 	eng engine.Engine
@@ -145,6 +167,16 @@ type request struct {
 
 // New validates cfg, sizes the KV pool from eng.Info() and starts the worker goroutine.
 func New(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*Manager, error) {
+	m, err := newManager(eng, cfg, cb, log)
+	if err != nil {
+		return nil, err
+	}
+	go m.loop()
+	return m, nil
+}
+
+// newManager builds a manager without starting its loop (benchmarks drive iterate).
+func newManager(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*Manager, error) {
 	if eng == nil {
 		return nil, errors.New("batchmanager: engine is nil")
 	}
@@ -179,7 +211,6 @@ func New(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*Manager
 		byID: map[uint64]*request{},
 	}
 	m.last = m.snapshot(time.Now())
-	go m.loop()
 	return m, nil
 }
 
