@@ -101,8 +101,10 @@ type scratch struct {
 	blockMark []int
 	// stepNo and seqNo number the validation passes for blockStep and blockMark.
 	stepNo, seqNo int
-	// sampler holds the sampling buffers.
-	sampler sampler
+	// samplers hold the sampling buffers, one per goroutine.
+	samplers []*sampler
+	// errs collects the sampling errors of one step, per sequence.
+	errs []error
 }
 
 // buf is a row-major matrix with per-row views, regrown only when too small.
@@ -233,7 +235,6 @@ func NewCPU(m *model.GPT2, kv KVConfig) (*CPU, error) {
 			mlpWT: transpose(l.MLPProjW, I, H), mlpB: l.MLPProjB,
 		}
 	}
-	e.s.sampler.init(V)
 	return e, nil
 }
 
@@ -410,29 +411,52 @@ func (e *CPU) Step(b *Batch) ([]Output, error) {
 	}
 	matmul(s.lmOut, s.lmIn, e.wte, H, V, nil)
 
-	for si := range b.Seqs {
-		sq := &b.Seqs[si]
-		outs[si].Token = -1
-		last := s.lastLogits[si]
-		if last == nil {
-			continue
+	// Sampling reads only its own sequence's row, so sequences are spread over the
+	// goroutines, each with its own sampler buffers.
+	for len(s.samplers) < runtime.GOMAXPROCS(0) {
+		sp := &sampler{}
+		sp.init(V)
+		s.samplers = append(s.samplers, sp)
+	}
+	if cap(s.errs) < len(b.Seqs) {
+		s.errs = make([]error, len(b.Seqs))
+	}
+	errs := s.errs[:len(b.Seqs)]
+	parallelFor(len(b.Seqs), 1, 1, func(w, lo, hi int) {
+		for si := lo; si < hi; si++ {
+			errs[si] = e.finish(&b.Seqs[si], s.lastLogits[si], s.samplers[w], &outs[si])
 		}
-		if !sq.Sample {
-			if sq.ReturnLogits {
-				outs[si].Logits = applyBias(last, sq.Sampling.EmbeddingBias)
-			}
-			continue
-		}
-		tok, lp, logits, err := s.sampler.sample(last, sq)
+	})
+	for _, err := range errs {
 		if err != nil {
-			return nil, fmt.Errorf("engine: sequence %d: %w", sq.ID, err)
-		}
-		outs[si].Token, outs[si].LogProb = tok, lp
-		if sq.ReturnLogits {
-			outs[si].Logits = logits
+			return nil, err
 		}
 	}
 	return outs, nil
+}
+
+// finish fills a sequence's output from its last row's logits: the returned logits
+// and, when it asks for one, the sampled token.
+func (e *CPU) finish(sq *Sequence, last []float32, sp *sampler, out *Output) error {
+	out.Token = -1
+	if last == nil {
+		return nil
+	}
+	if !sq.Sample {
+		if sq.ReturnLogits {
+			out.Logits = applyBias(last, sq.Sampling.EmbeddingBias)
+		}
+		return nil
+	}
+	tok, lp, logits, err := sp.sample(last, sq)
+	if err != nil {
+		return fmt.Errorf("engine: sequence %d: %w", sq.ID, err)
+	}
+	out.Token, out.LogProb = tok, lp
+	if sq.ReturnLogits {
+		out.Logits = logits
+	}
+	return nil
 }
 
 // addRows adds src to dst row by row (the residual connection).
@@ -496,7 +520,7 @@ func (e *CPU) attention(b *Batch, li int) {
 			}
 			var sum float32
 			for t, v := range sc {
-				p := float32(math.Exp(float64(v - best)))
+				p := float32(expFast(float64(v - best)))
 				sc[t] = p
 				sum += p
 			}

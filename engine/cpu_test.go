@@ -15,47 +15,50 @@ const goldenTolerance = 1e-4
 
 func TestLogitsAndGreedyTokensMatchTransformers(t *testing.T) {
 	g := loadGolden(t)
-	for _, dir := range []string{"../testdata/gpt2-tiny", "../testdata/gpt2-tiny-sharded"} {
-		t.Run(strings.TrimPrefix(dir, "../testdata/"), func(t *testing.T) {
-			m := loadGPT2(t, dir)
-			v := m.Config.VocabSize
-			if len(g.promptLogits) != len(g.promptIDs)*v || len(g.decodeLogits) != len(g.greedy)*v {
-				t.Fatalf("golden shapes do not fit vocab %d", v)
-			}
-			// 16 positions per block and a scrambled block table, so that attention
-			// crosses block boundaries through non-contiguous blocks.
-			e := newCPU(t, m, 12, 16)
-			blocks := []int32{7, 2, 11, 0, 5, 9, 3, 1}
-			worst := 0.0
-			out := mustStep(t, e, Sequence{
-				ID: 1, Tokens: g.promptIDs, Blocks: blocks, Sample: true,
-				History: g.promptIDs, ContextLogits: true, ReturnLogits: true,
-			})[0]
-			for i := range g.promptIDs {
-				err := relL2(out.ContextLogits[i*v:(i+1)*v], g.promptLogits[i*v:(i+1)*v])
-				worst = max(worst, err)
-				if err > goldenTolerance {
-					t.Errorf("prompt position %d: relative L2 error %.3g > %g", i, err, goldenTolerance)
+	for _, tc := range kernelPaths(t) {
+		for _, dir := range []string{"../testdata/gpt2-tiny", "../testdata/gpt2-tiny-sharded"} {
+			t.Run(strings.TrimPrefix(dir, "../testdata/")+" with "+tc.name, func(t *testing.T) {
+				tc.use(t)
+				m := loadGPT2(t, dir)
+				v := m.Config.VocabSize
+				if len(g.promptLogits) != len(g.promptIDs)*v || len(g.decodeLogits) != len(g.greedy)*v {
+					t.Fatalf("golden shapes do not fit vocab %d", v)
 				}
-			}
-			history := slices.Clone(g.promptIDs)
-			for step, want := range g.greedy {
-				if out.Token != want {
-					t.Fatalf("greedy token %d = %d, transformers chose %d", step, out.Token, want)
-				}
-				history = append(history, out.Token)
-				out = mustStep(t, e, Sequence{
-					ID: 1, Tokens: []int32{out.Token}, Pos: len(history) - 1, Blocks: blocks,
-					Sample: true, History: history, NumGenerated: step + 1, ReturnLogits: true,
+				// 16 positions per block and a scrambled block table, so that attention
+				// crosses block boundaries through non-contiguous blocks.
+				e := newCPU(t, m, 12, 16)
+				blocks := []int32{7, 2, 11, 0, 5, 9, 3, 1}
+				worst := 0.0
+				out := mustStep(t, e, Sequence{
+					ID: 1, Tokens: g.promptIDs, Blocks: blocks, Sample: true,
+					History: g.promptIDs, ContextLogits: true, ReturnLogits: true,
 				})[0]
-				err := relL2(out.Logits, g.decodeLogits[step*v:(step+1)*v])
-				worst = max(worst, err)
-				if err > goldenTolerance {
-					t.Errorf("decode step %d: relative L2 error %.3g > %g", step, err, goldenTolerance)
+				for i := range g.promptIDs {
+					err := relL2(out.ContextLogits[i*v:(i+1)*v], g.promptLogits[i*v:(i+1)*v])
+					worst = max(worst, err)
+					if err > goldenTolerance {
+						t.Errorf("prompt position %d: relative L2 error %.3g > %g", i, err, goldenTolerance)
+					}
 				}
-			}
-			t.Logf("%s: worst relative L2 error %.3g over %d prompt rows and %d decode steps", dir, worst, len(g.promptIDs), len(g.greedy))
-		})
+				history := slices.Clone(g.promptIDs)
+				for step, want := range g.greedy {
+					if out.Token != want {
+						t.Fatalf("greedy token %d = %d, transformers chose %d", step, out.Token, want)
+					}
+					history = append(history, out.Token)
+					out = mustStep(t, e, Sequence{
+						ID: 1, Tokens: []int32{out.Token}, Pos: len(history) - 1, Blocks: blocks,
+						Sample: true, History: history, NumGenerated: step + 1, ReturnLogits: true,
+					})[0]
+					err := relL2(out.Logits, g.decodeLogits[step*v:(step+1)*v])
+					worst = max(worst, err)
+					if err > goldenTolerance {
+						t.Errorf("decode step %d: relative L2 error %.3g > %g", step, err, goldenTolerance)
+					}
+				}
+				t.Logf("%s with %s: worst relative L2 error %.3g over %d prompt rows and %d decode steps", dir, tc.name, worst, len(g.promptIDs), len(g.greedy))
+			})
+		}
 	}
 }
 
@@ -67,6 +70,15 @@ func smallGPT2(seed uint64) *model.GPT2 {
 }
 
 func TestChunkedPromptMatchesOneStep(t *testing.T) {
+	for _, path := range kernelPaths(t) {
+		t.Run("with "+path.name, func(t *testing.T) {
+			path.use(t)
+			chunkedPromptMatchesOneStep(t)
+		})
+	}
+}
+
+func chunkedPromptMatchesOneStep(t *testing.T) {
 	m := smallGPT2(1)
 	v := m.Config.VocabSize
 	prompt := randomTokens(rand.New(rand.NewPCG(2, 2)), 13, v)
@@ -105,6 +117,15 @@ func TestChunkedPromptMatchesOneStep(t *testing.T) {
 }
 
 func TestBatchMatchesEachSequenceAlone(t *testing.T) {
+	for _, path := range kernelPaths(t) {
+		t.Run("with "+path.name, func(t *testing.T) {
+			path.use(t)
+			batchMatchesEachSequenceAlone(t)
+		})
+	}
+}
+
+func batchMatchesEachSequenceAlone(t *testing.T) {
 	m := smallGPT2(1)
 	v := m.Config.VocabSize
 	rng := rand.New(rand.NewPCG(3, 3))

@@ -203,3 +203,31 @@ func newCPU(t testing.TB, m *model.GPT2, blocks, perBlock int) *CPU {
 	t.Cleanup(func() { _ = e.Close() })
 	return e
 }
+
+// kernelPath names one matmul kernel path and selects it for a test.
+type kernelPath struct {
+	// name describes the path in test names.
+	name string
+	// use selects the path until the test ends.
+	use func(t testing.TB)
+}
+
+// kernelPaths lists the kernel paths this machine can run: the pure-Go loops always,
+// the AVX2 assembly where the CPU has it.
+func kernelPaths(t testing.TB) []kernelPath {
+	t.Helper()
+	choose := func(avx bool) func(t testing.TB) {
+		return func(t testing.TB) {
+			old := useAVX2
+			useAVX2 = avx
+			t.Cleanup(func() { useAVX2 = old })
+		}
+	}
+	paths := []kernelPath{{"the pure-Go kernels", choose(false)}}
+	if useAVX2 {
+		paths = append(paths, kernelPath{"the AVX2 kernels", choose(true)})
+	} else {
+		t.Log("this CPU lacks AVX2/FMA: only the pure-Go kernels are tested")
+	}
+	return paths
+}

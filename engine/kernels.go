@@ -6,11 +6,12 @@ import (
 	"sync"
 )
 
-// The kernels below are plain Go written so that the compiler keeps accumulators in
-// registers and removes bounds checks (every slice is re-sliced to the loop length).
-// Every output element is one accumulator summed over k in order, whichever kernel
-// variant computes it, so a row's result never depends on which other rows share the
-// batch: batched and unbatched runs are bit-identical.
+// The matmuls reduce to dot products of contiguous vectors. On amd64 with AVX2 and FMA
+// they run an assembly kernel (kernels_amd64.s); elsewhere plain Go loops written so
+// that the compiler keeps accumulators in registers and removes bounds checks. Within
+// one path every output element is computed the same way, whichever kernel variant
+// computes it, so a row's result never depends on which other rows share the batch:
+// batched and unbatched runs are bit-identical.
 
 // parallelFor splits [0, n) into at most GOMAXPROCS contiguous chunks whose sizes are
 // multiples of align and at least minChunk, and runs fn on each, the last one on the
@@ -117,13 +118,50 @@ func matmulCols(ys, xs [][]float32, wt []float32, in int, bias []float32, j0, j1
 	}
 }
 
-// dot returns Σ x[k]·w[k], summed in order.
-//
-// Not inlined: inside the large matmul loop the compiler runs out of registers and
-// spills the loop index, which halves the speed.
+// dot returns Σ x[k]·w[k].
+func dot(x, w []float32) float32 {
+	if useAVX2 {
+		s, _, _, _ := dot1x4(x, w, w, w, w)
+		return s
+	}
+	return dotGo(x, w)
+}
+
+// dot1x4 returns the dot products of x with w0..w3. Each output is computed the same
+// way whichever kernel runs it, so results do not depend on how rows are grouped.
+func dot1x4(x, w0, w1, w2, w3 []float32) (s0, s1, s2, s3 float32) {
+	if !useAVX2 {
+		return dot1x4Go(x, w0, w1, w2, w3)
+	}
+	n := len(x)
+	if n == 0 {
+		return 0, 0, 0, 0
+	}
+	// The re-slices check that every row holds n values before the assembly reads them.
+	w0, w1, w2, w3 = w0[:n], w1[:n], w2[:n], w3[:n]
+	var out [4]float32
+	dot4AVX2(&x[0], &w0[0], &w1[0], &w2[0], &w3[0], n, &out)
+	return out[0], out[1], out[2], out[3]
+}
+
+// dot2x4 returns the dot products of x0 and of x1 with w0..w3.
+func dot2x4(x0, x1, w0, w1, w2, w3 []float32) (a0, a1, a2, a3, c0, c1, c2, c3 float32) {
+	if !useAVX2 {
+		return dot2x4Go(x0, x1, w0, w1, w2, w3)
+	}
+	a0, a1, a2, a3 = dot1x4(x0, w0, w1, w2, w3)
+	c0, c1, c2, c3 = dot1x4(x1, w0, w1, w2, w3)
+	return
+}
+
+// The pure-Go kernels sum each output in order, in one accumulator. They are not
+// inlined: inside the large matmul loop the compiler runs out of registers and spills
+// the loop index, which halves their speed.
+
+// dotGo returns Σ x[k]·w[k], summed in order.
 //
 //go:noinline
-func dot(x, w []float32) float32 {
+func dotGo(x, w []float32) float32 {
 	w = w[:len(x)]
 	var s float32
 	for k, v := range x {
@@ -132,13 +170,10 @@ func dot(x, w []float32) float32 {
 	return s
 }
 
-// dot1x4 returns the dot products of x with w0..w3 (each summed in order).
-//
-// Not inlined: inside the large matmul loop the compiler runs out of registers and
-// spills the loop index, which halves the speed.
+// dot1x4Go returns the dot products of x with w0..w3 (each summed in order).
 //
 //go:noinline
-func dot1x4(x, w0, w1, w2, w3 []float32) (s0, s1, s2, s3 float32) {
+func dot1x4Go(x, w0, w1, w2, w3 []float32) (s0, s1, s2, s3 float32) {
 	w0, w1, w2, w3 = w0[:len(x)], w1[:len(x)], w2[:len(x)], w3[:len(x)]
 	for k, v := range x {
 		s0 += v * w0[k]
@@ -149,14 +184,11 @@ func dot1x4(x, w0, w1, w2, w3 []float32) (s0, s1, s2, s3 float32) {
 	return
 }
 
-// dot2x4 returns the dot products of x0 and of x1 with w0..w3, reading each weight
+// dot2x4Go returns the dot products of x0 and of x1 with w0..w3, reading each weight
 // once for both rows.
 //
-// Not inlined: inside the large matmul loop the compiler runs out of registers and
-// spills the loop index, which halves the speed.
-//
 //go:noinline
-func dot2x4(x0, x1, w0, w1, w2, w3 []float32) (a0, a1, a2, a3, c0, c1, c2, c3 float32) {
+func dot2x4Go(x0, x1, w0, w1, w2, w3 []float32) (a0, a1, a2, a3, c0, c1, c2, c3 float32) {
 	x1 = x1[:len(x0)]
 	w0, w1, w2, w3 = w0[:len(x0)], w1[:len(x0)], w2[:len(x0)], w3[:len(x0)]
 	for k, u := range x0 {
@@ -205,6 +237,44 @@ func layerNorm(dst, x, w, b []float32, eps float32) {
 	}
 }
 
+// expFast returns e^x to within a few parts in 10^9, several times faster than
+// math.Exp: sampling takes an exponential of every vocabulary entry, and gelu one of
+// every MLP activation. It is exact enough for float32 results.
+func expFast(x float64) float64 {
+	if !(x >= -708) { // below the smallest normal result, -Inf, and NaN
+		if x != x {
+			return x
+		}
+		return 0
+	}
+	if x > 709 {
+		return math.Inf(1)
+	}
+	// e^x = 2^k · e^y with k = round(x·log2 e) and y = x - k·ln 2 in [-0.347, 0.347].
+	// Adding 1.5·2^52 rounds to an integer, which then sits in the low mantissa bits.
+	const magic = 1.5 * (1 << 52)
+	r := x*math.Log2E + magic
+	k := int64(math.Float64bits(r) - math.Float64bits(magic))
+	y := x - (r-magic)*math.Ln2
+	// e^y from its Taylor series to y^7 (error below 6e-9), in Estrin's scheme so that
+	// the multiplications do not wait on each other.
+	y2 := y * y
+	y4 := y2 * y2
+	p := (1 + y) + y2*(1.0/2+y*(1.0/6)) + y4*((1.0/24+y*(1.0/120))+y2*(1.0/720+y*(1.0/5040)))
+	return p * math.Float64frombits(uint64(k+1023)<<52)
+}
+
+// tanhFast returns tanh(u) through expFast.
+func tanhFast(u float64) float64 {
+	if u > 20 {
+		return 1
+	}
+	if u < -20 {
+		return -1
+	}
+	return 1 - 2/(expFast(2*u)+1)
+}
+
 // activation is a supported MLP nonlinearity.
 type activation int
 
@@ -237,7 +307,7 @@ func (a activation) apply(x []float32) {
 		const c = 0.7978845608028654 // sqrt(2/pi)
 		for i, v := range x {
 			f := float64(v)
-			x[i] = float32(0.5 * f * (1 + math.Tanh(c*(f+0.044715*f*f*f))))
+			x[i] = float32(0.5 * f * (1 + tanhFast(c*(f+0.044715*f*f*f))))
 		}
 	case actGeluErf:
 		for i, v := range x {

@@ -180,7 +180,7 @@ func (s *sampler) pick(w []float32, p *SamplingParams, numGenerated int) (int32,
 		return -1, 0, errAllMasked
 	}
 	if p.Temperature == 0 || p.TopK == 1 {
-		return int32(best), float32(float64(w[best]) - logSumExp(w, 1)), nil
+		return int32(best), float32(float64(w[best]) - logSumExpAt(w, w[best], 1)), nil
 	}
 	scale := 1 / float64(p.Temperature)
 	mx := float64(w[best])
@@ -196,11 +196,11 @@ func (s *sampler) pick(w []float32, p *SamplingParams, numGenerated int) (int32,
 		// No cut: draw over the whole row in index order, without sorting.
 		var z float64
 		for _, l := range w {
-			z += math.Exp((float64(l) - mx) * scale)
+			z += expFast((float64(l) - mx) * scale)
 		}
 		target, cum := u*z, 0.0
 		for i, l := range w {
-			e := math.Exp((float64(l) - mx) * scale)
+			e := expFast((float64(l) - mx) * scale)
 			if e == 0 {
 				continue
 			}
@@ -214,7 +214,7 @@ func (s *sampler) pick(w []float32, p *SamplingParams, numGenerated int) (int32,
 		cands, z := s.nucleus(w, k, useP, float64(p.TopP), mx, scale)
 		target, cum := u*z, 0.0
 		for _, c := range cands {
-			e := math.Exp((float64(c.logit) - mx) * scale)
+			e := expFast((float64(c.logit) - mx) * scale)
 			if e == 0 {
 				continue
 			}
@@ -228,7 +228,7 @@ func (s *sampler) pick(w []float32, p *SamplingParams, numGenerated int) (int32,
 	if tok < 0 {
 		tok = best
 	}
-	return int32(tok), float32(float64(w[tok])*scale - logSumExp(w, scale)), nil
+	return int32(tok), float32(float64(w[tok])*scale - logSumExpAt(w, w[best], scale)), nil
 }
 
 // nucleus returns the candidates left by top-k and top-p, best first, and the sum of
@@ -241,19 +241,19 @@ func (s *sampler) nucleus(w []float32, k int, useP bool, topP, mx, scale float64
 	if k < v {
 		cands = s.top(w, k)
 		for _, c := range cands {
-			total += math.Exp((float64(c.logit) - mx) * scale)
+			total += expFast((float64(c.logit) - mx) * scale)
 		}
 	} else {
 		// No top-k: the nucleus is usually small, so sort a growing head of the row
 		// rather than the whole vocabulary.
 		for _, l := range w {
-			total += math.Exp((float64(l) - mx) * scale)
+			total += expFast((float64(l) - mx) * scale)
 		}
 		for n := min(64, v); ; n = min(n*8, v) {
 			cands = s.top(w, n)
 			var mass float64
 			for _, c := range cands {
-				mass += math.Exp((float64(c.logit) - mx) * scale)
+				mass += expFast((float64(c.logit) - mx) * scale)
 			}
 			if mass >= topP*total || n == v {
 				break
@@ -265,7 +265,7 @@ func (s *sampler) nucleus(w []float32, k int, useP bool, topP, mx, scale float64
 	}
 	var cum float64
 	for i, c := range cands {
-		cum += math.Exp((float64(c.logit) - mx) * scale)
+		cum += expFast((float64(c.logit) - mx) * scale)
 		if cum >= topP*total {
 			return cands[:i+1], cum
 		}
@@ -348,10 +348,15 @@ func argmax(w []float32) int {
 
 // logSumExp returns log Σ exp(w[i]·scale), computed in float64 around the maximum.
 func logSumExp(w []float32, scale float64) float64 {
-	mx := float64(w[argmax(w)])
+	return logSumExpAt(w, w[argmax(w)], scale)
+}
+
+// logSumExpAt is logSumExp for a row whose maximum is known to be top.
+func logSumExpAt(w []float32, top float32, scale float64) float64 {
+	mx := float64(top)
 	var z float64
 	for _, l := range w {
-		z += math.Exp((float64(l) - mx) * scale)
+		z += expFast((float64(l) - mx) * scale)
 	}
 	return mx*scale + math.Log(z)
 }
