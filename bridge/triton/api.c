@@ -84,7 +84,7 @@ TRITONSERVER_Error* gt_response_output(TRITONBACKEND_Response* response, const c
   TRITONSERVER_Error* err =
       p_TRITONBACKEND_ResponseOutput(response, &out, name, datatype, shape, dims);
   if (err != NULL) return err;
-  if (size == 0) return NULL;
+  // An empty output still needs its (empty) buffer: Triton counts the buffers.
   void* buf = NULL;
   int mem = GT_MEMORY_CPU;
   int64_t mem_id = 0;
@@ -94,21 +94,7 @@ TRITONSERVER_Error* gt_response_output(TRITONBACKEND_Response* response, const c
     return p_TRITONSERVER_ErrorNew(GT_ERROR_UNSUPPORTED,
                                    "output buffer is in GPU memory; gollm writes outputs to CPU memory");
   }
-  memcpy(buf, data, size);
-  return NULL;
-}
-
-TRITONSERVER_Error* gt_response_send(TRITONBACKEND_Response* response, uint32_t flags,
-                                     TRITONSERVER_Error* err,
-                                     TRITONBACKEND_ModelInstance* instance,
-                                     TRITONBACKEND_ResponseFactory* factory,
-                                     uint64_t response_start, uint64_t compute_output_start,
-                                     TRITONSERVER_Error** stats_err) {
-  *stats_err = NULL;
-  TRITONSERVER_Error* serr = p_TRITONBACKEND_ResponseSend(response, flags, err);
-  if (serr != NULL || instance == NULL) return serr;
-  *stats_err = p_TRITONBACKEND_ModelInstanceReportResponseStatistics(
-      instance, factory, response_start, compute_output_start, gt_monotonic_ns(), flags, err);
+  if (size > 0) memcpy(buf, data, size);
   return NULL;
 }
 

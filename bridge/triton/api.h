@@ -80,11 +80,6 @@ typedef struct TRITONBACKEND_Response TRITONBACKEND_Response;
      uint64_t exec_start_ns, uint64_t compute_start_ns, uint64_t compute_end_ns,    \
      uint64_t exec_end_ns),                                                         \
     (instance, request, success, exec_start_ns, compute_start_ns, compute_end_ns, exec_end_ns)) \
-  X(TRITONSERVER_Error*, TRITONBACKEND_ModelInstanceReportResponseStatistics,       \
-    (TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_ResponseFactory* factory, \
-     uint64_t response_start, uint64_t compute_output_start, uint64_t response_end, \
-     uint32_t send_flags, TRITONSERVER_Error* error),                               \
-    (instance, factory, response_start, compute_output_start, response_end, send_flags, error)) \
   X(TRITONSERVER_Error*, TRITONBACKEND_RequestId,                                   \
     (TRITONBACKEND_Request* request, const char** id), (request, id))               \
   X(TRITONSERVER_Error*, TRITONBACKEND_RequestInputCount,                           \
@@ -114,6 +109,8 @@ typedef struct TRITONBACKEND_Response TRITONBACKEND_Response;
     (TRITONBACKEND_ResponseFactory* factory, uint32_t send_flags), (factory, send_flags)) \
   X(TRITONSERVER_Error*, TRITONBACKEND_ResponseFactoryIsCancelled,                  \
     (TRITONBACKEND_ResponseFactory* factory, bool* is_cancelled), (factory, is_cancelled)) \
+  X(TRITONSERVER_Error*, TRITONBACKEND_ResponseNew,                                 \
+    (TRITONBACKEND_Response** response, TRITONBACKEND_Request* request), (response, request)) \
   X(TRITONSERVER_Error*, TRITONBACKEND_ResponseNewFromFactory,                      \
     (TRITONBACKEND_Response** response, TRITONBACKEND_ResponseFactory* factory),    \
     (response, factory))                                                            \
@@ -161,16 +158,6 @@ TRITONSERVER_Error* gt_input_copy(TRITONBACKEND_Input* input, uint32_t buffer_co
 TRITONSERVER_Error* gt_response_output(TRITONBACKEND_Response* response, const char* name,
                                        int datatype, const int64_t* shape, uint32_t dims,
                                        const void* data, uint64_t size);
-
-// gt_response_send sends a response and, when instance is not NULL, reports its
-// statistics (response_end is taken after the send), returning a failure to report in
-// *stats_err. The caller keeps err.
-TRITONSERVER_Error* gt_response_send(TRITONBACKEND_Response* response, uint32_t flags,
-                                     TRITONSERVER_Error* err,
-                                     TRITONBACKEND_ModelInstance* instance,
-                                     TRITONBACKEND_ResponseFactory* factory,
-                                     uint64_t response_start, uint64_t compute_output_start,
-                                     TRITONSERVER_Error** stats_err);
 
 // gt_factories_cancelled sets cancelled[i] for each of n factories.
 TRITONSERVER_Error* gt_factories_cancelled(TRITONBACKEND_ResponseFactory** factories,

@@ -7,7 +7,6 @@ package triton
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"unsafe"
 )
@@ -76,29 +75,15 @@ func Cancelled(factories []ResponseFactory, cancelled []bool) error {
 type Response struct {
 	// p is Triton's object.
 	p *C.TRITONBACKEND_Response
-	// f is the factory it came from.
-	f ResponseFactory
-	// start is when the work for it began and outStart when building it began, on Now's
-	// clock, for the response statistics.
-	start, outStart uint64
 }
 
-// ErrStatistics marks an error in reporting a response's statistics: the response
-// itself was sent.
-var ErrStatistics = errors.New("report response statistics")
-
-// NewResponse begins a response on a factory. start is when the work for it began (on
-// Now's clock; 0 means now), for Triton's response statistics.
-func NewResponse(f ResponseFactory, start uint64) (Response, error) {
-	outStart := Now()
-	if start == 0 {
-		start = outStart
-	}
+// NewResponse begins a response on a factory.
+func NewResponse(f ResponseFactory) (Response, error) {
 	var r *C.TRITONBACKEND_Response
 	if err := goError(C.gt_TRITONBACKEND_ResponseNewFromFactory(&r, f.p)); err != nil {
 		return Response{}, fmt.Errorf("new response: %w", err)
 	}
-	return Response{p: r, f: f, start: start, outStart: outStart}, nil
+	return Response{p: r}, nil
 }
 
 // AddOutput adds an output tensor and copies data (its bytes, row-major; BYTES elements
@@ -122,25 +107,15 @@ func (r Response) AddOutput(name string, dtype DataType, shape []int64, data []b
 }
 
 // Send sends the response, with flags (ResponseFinal for the last) and, when err is not
-// nil, as an error response with CodeOf(err)'s code. When instance is not nil the
-// response's statistics are reported to it (decoupled models); a failure to report
-// wraps ErrStatistics. The response is Triton's afterwards, even when Send fails.
-func (r Response) Send(flags uint32, err error, instance *ModelInstance) error {
+// nil, as an error response with CodeOf(err)'s code. The response is Triton's
+// afterwards, even when Send fails.
+func (r Response) Send(flags uint32, err error) error {
 	cerr := cError(err)
 	if cerr != nil {
 		defer C.gt_TRITONSERVER_ErrorDelete(cerr)
 	}
-	var inst *C.TRITONBACKEND_ModelInstance
-	if instance != nil {
-		inst = instance.p
-	}
-	var statsErr *C.TRITONSERVER_Error
-	if serr := goError(C.gt_response_send(r.p, C.uint32_t(flags), cerr, inst, r.f.p,
-		C.uint64_t(r.start), C.uint64_t(r.outStart), &statsErr)); serr != nil {
+	if serr := goError(C.gt_TRITONBACKEND_ResponseSend(r.p, C.uint32_t(flags), cerr)); serr != nil {
 		return fmt.Errorf("send response: %w", serr)
-	}
-	if err := goError(statsErr); err != nil {
-		return fmt.Errorf("%w: %w", ErrStatistics, err)
 	}
 	return nil
 }
@@ -149,6 +124,23 @@ func (r Response) Send(flags uint32, err error, instance *ModelInstance) error {
 func (r Response) Delete() error {
 	if err := goError(C.gt_TRITONBACKEND_ResponseDelete(r.p)); err != nil {
 		return fmt.Errorf("delete response: %w", err)
+	}
+	return nil
+}
+
+// SendRequestError answers a request with err as its one, final response, made from
+// the request itself: for when its response factory cannot be made.
+func SendRequestError(r Request, err error) error {
+	var resp *C.TRITONBACKEND_Response
+	if nerr := goError(C.gt_TRITONBACKEND_ResponseNew(&resp, r.p)); nerr != nil {
+		return fmt.Errorf("new response: %w", nerr)
+	}
+	cerr := cError(err)
+	if cerr != nil {
+		defer C.gt_TRITONSERVER_ErrorDelete(cerr)
+	}
+	if serr := goError(C.gt_TRITONBACKEND_ResponseSend(resp, C.uint32_t(ResponseFinal), cerr)); serr != nil {
+		return fmt.Errorf("send response: %w", serr)
 	}
 	return nil
 }

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"gollm/bridge/triton"
+)
+
+// The backend's global state. tritonserver may unload the library when its last model
+// goes and load it again later; the library is linked with -z nodelete, so the Go
+// runtime and these variables survive, and initialize sets them afresh each time.
+var (
+	// logMu guards backendLog.
+	logMu sync.Mutex
+	// backendLog writes into Triton's log; nil outside Initialize…Finalize.
+	backendLog *zap.Logger
+)
+
+// currentLogger returns the backend's logger, nil when not initialized.
+func currentLogger() *zap.Logger {
+	logMu.Lock()
+	defer logMu.Unlock()
+	return backendLog
+}
+
+// initialize is TRITONBACKEND_Initialize: it finds Triton's functions, checks the API
+// versions and sets up logging.
+func initialize(b triton.Backend) error {
+	if err := triton.Resolve(); err != nil {
+		return err
+	}
+	if err := triton.CheckAPIVersions(); err != nil {
+		return err
+	}
+	log := triton.NewLogger().Named("gollm")
+	name, err := b.Name()
+	if err != nil {
+		return err
+	}
+	logMu.Lock()
+	backendLog = log
+	logMu.Unlock()
+	log.Info("backend initialized", zap.String("backend", name),
+		zap.String("api", fmt.Sprintf("backend %d.%d, server %d.%d", triton.BackendAPIMajor, triton.BackendAPIMinor, triton.ServerAPIMajor, triton.ServerAPIMinor)))
+	return nil
+}
+
+// finalize is TRITONBACKEND_Finalize.
+func finalize(triton.Backend) error {
+	logMu.Lock()
+	log := backendLog
+	backendLog = nil
+	logMu.Unlock()
+	if log != nil {
+		log.Info("backend finalized")
+	}
+	return nil
+}
+
+// errNotInitialized is returned when Triton calls in before TRITONBACKEND_Initialize.
+var errNotInitialized = errors.New("gollm: the backend is not initialized")
+
+// modelInitialize is TRITONBACKEND_ModelInitialize: it reads and checks the
+// configuration and loads the checkpoint once for the model's instances.
+func modelInitialize(m triton.Model) error {
+	log := currentLogger()
+	if log == nil {
+		return errNotInitialized
+	}
+	ms, err := loadModel(m, log)
+	if err != nil {
+		return err
+	}
+	return m.SetState(ms)
+}
+
+// modelFinalize is TRITONBACKEND_ModelFinalize.
+func modelFinalize(m triton.Model) error {
+	ms, _ := m.State().(*modelState)
+	m.ClearState()
+	if ms != nil {
+		ms.log.Info("model unloaded")
+	}
+	return nil
+}
+
+// instanceInitialize is TRITONBACKEND_ModelInstanceInitialize: it builds the engine
+// and batch manager.
+func instanceInitialize(ti triton.ModelInstance) error {
+	m, err := ti.Model()
+	if err != nil {
+		return err
+	}
+	ms, ok := m.State().(*modelState)
+	if !ok {
+		return errors.New("gollm: instance of a model without state")
+	}
+	in, err := newInstance(ms, ti)
+	if err != nil {
+		return err
+	}
+	if err := ti.SetState(in); err != nil {
+		_ = in.close()
+		return err
+	}
+	return nil
+}
+
+// instanceFinalize is TRITONBACKEND_ModelInstanceFinalize: every request still queued
+// or running gets a final error, then everything is freed.
+func instanceFinalize(ti triton.ModelInstance) error {
+	in, _ := ti.State().(*instance)
+	ti.ClearState()
+	if in == nil {
+		return nil
+	}
+	err := in.close()
+	in.log.Info("instance finalized")
+	return err
+}
+
+// instanceExecute is TRITONBACKEND_ModelInstanceExecute. It returns an error only when
+// no request was touched (Triton then answers them all); otherwise the backend owns and
+// answers every request.
+func instanceExecute(ti triton.ModelInstance, reqs []triton.Request) error {
+	in, ok := ti.State().(*instance)
+	if !ok {
+		return errors.New("gollm: execute on an instance without state")
+	}
+	in.execute(reqs)
+	return nil
+}

@@ -1,0 +1,232 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"gollm/batchmanager"
+)
+
+// modelConfig is what gollm reads from a model's config.pbtxt (as Triton's JSON).
+type modelConfig struct {
+	// Name is the model's name.
+	Name string
+	// MaxBatchSize is max_batch_size: the most sequences in one iteration.
+	MaxBatchSize int
+	// Decoupled is model_transaction_policy.decoupled: responses may stream.
+	Decoupled bool
+	// ModelPath is gpt_model_path made absolute: the checkpoint folder.
+	ModelPath string
+	// ModelType is gpt_model_type.
+	ModelType batchmanager.ModelType
+	// Policy is batch_scheduler_policy.
+	Policy batchmanager.SchedulerPolicy
+	// MaxBeamWidth is max_beam_width (only 1 is supported).
+	MaxBeamWidth int
+	// MaxTokensInPagedKVCache is max_tokens_in_paged_kv_cache, the CPU KV pool size in
+	// tokens; 0 means max_batch_size × the model's maximum sequence length.
+	MaxTokensInPagedKVCache int
+	// KVCacheFreeGPUMemFraction is kv_cache_free_gpu_mem_fraction (GPU engine only).
+	KVCacheFreeGPUMemFraction float64
+	// TokensPerBlock is tokens_per_block, the positions per KV block.
+	TokensPerBlock int
+	// EnableKVCacheReuse is enable_kv_cache_reuse.
+	EnableKVCacheReuse bool
+	// EnableChunkedContext is enable_chunked_context.
+	EnableChunkedContext bool
+	// MaxNumTokens is max_num_tokens: the most tokens in one iteration; 0 means no limit.
+	MaxNumTokens int
+	// ExcludeInputInOutput is exclude_input_in_output: leave the prompt out of
+	// non-streaming output_ids and text_output.
+	ExcludeInputInOutput bool
+	// Warnings are things to log that do not stop the load (unknown parameters).
+	Warnings []string
+}
+
+// Defaults of the parameters (TensorRT-LLM's where it has the parameter).
+const (
+	defaultFreeGPUMemFraction = 0.9
+	defaultTokensPerBlock     = 64
+)
+
+// tritonConfig is the part of Triton's JSON model configuration gollm reads.
+type tritonConfig struct {
+	// Name is the model's name.
+	Name string `json:"name"`
+	// MaxBatchSize is max_batch_size.
+	MaxBatchSize int `json:"max_batch_size"`
+	// TransactionPolicy is model_transaction_policy.
+	TransactionPolicy struct {
+		// Decoupled allows any number of responses per request.
+		Decoupled bool `json:"decoupled"`
+	} `json:"model_transaction_policy"`
+	// Parameters are the model's parameters, each with a string_value.
+	Parameters map[string]struct {
+		// StringValue is the parameter's value.
+		StringValue string `json:"string_value"`
+	} `json:"parameters"`
+}
+
+// paramSpec describes one parameter: its name and how to apply its value.
+type paramSpec struct {
+	// name is the parameter's key in config.pbtxt.
+	name string
+	// set parses a value (never "") into the config.
+	set func(c *modelConfig, v string) error
+}
+
+// params are the parameters gollm knows, TensorRT-LLM's names.
+var params = []paramSpec{
+	{"gpt_model_path", func(c *modelConfig, v string) error { c.ModelPath = v; return nil }},
+	{"gpt_model_type", func(c *modelConfig, v string) error {
+		t, err := oneOf(v, batchmanager.V1, batchmanager.InflightBatching, batchmanager.InflightFusedBatching)
+		c.ModelType = t
+		return err
+	}},
+	{"batch_scheduler_policy", func(c *modelConfig, v string) error {
+		p, err := oneOf(v, batchmanager.MaxUtilization, batchmanager.GuaranteedNoEvict, batchmanager.StaticBatch)
+		c.Policy = p
+		return err
+	}},
+	{"max_beam_width", func(c *modelConfig, v string) (err error) {
+		if c.MaxBeamWidth, err = intAtLeast(v, 1); err != nil {
+			return err
+		}
+		if c.MaxBeamWidth > 1 {
+			return fmt.Errorf("%d: beam search is not supported yet; use 1", c.MaxBeamWidth)
+		}
+		return nil
+	}},
+	{"max_tokens_in_paged_kv_cache", func(c *modelConfig, v string) (err error) {
+		c.MaxTokensInPagedKVCache, err = intAtLeast(v, 1)
+		return err
+	}},
+	{"kv_cache_free_gpu_mem_fraction", func(c *modelConfig, v string) error {
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil || math.IsNaN(f) || f <= 0 || f > 1 {
+			return fmt.Errorf("%q: want a fraction f with 0 < f ≤ 1", v)
+		}
+		c.KVCacheFreeGPUMemFraction = f
+		return nil
+	}},
+	{"tokens_per_block", func(c *modelConfig, v string) (err error) {
+		c.TokensPerBlock, err = intAtLeast(v, 1)
+		return err
+	}},
+	{"enable_kv_cache_reuse", func(c *modelConfig, v string) (err error) {
+		c.EnableKVCacheReuse, err = parseBool(v)
+		return err
+	}},
+	{"enable_chunked_context", func(c *modelConfig, v string) (err error) {
+		c.EnableChunkedContext, err = parseBool(v)
+		return err
+	}},
+	{"max_num_tokens", func(c *modelConfig, v string) (err error) {
+		c.MaxNumTokens, err = intAtLeast(v, 0)
+		return err
+	}},
+	{"exclude_input_in_output", func(c *modelConfig, v string) (err error) {
+		c.ExcludeInputInOutput, err = parseBool(v)
+		return err
+	}},
+}
+
+// parseModelConfig reads Triton's JSON model configuration. modelDir is the model's
+// folder in the repository and version the version being loaded: the default
+// gpt_model_path is <modelDir>/<version>, and a relative one is relative to modelDir.
+// A parameter with a bad value fails with a message naming it and what it accepts.
+func parseModelConfig(raw []byte, modelDir string, version uint64) (*modelConfig, error) {
+	var tc tritonConfig
+	if err := json.Unmarshal(raw, &tc); err != nil {
+		return nil, fmt.Errorf("model configuration: %w", err)
+	}
+	c := &modelConfig{
+		Name:                      tc.Name,
+		MaxBatchSize:              tc.MaxBatchSize,
+		Decoupled:                 tc.TransactionPolicy.Decoupled,
+		ModelType:                 batchmanager.InflightFusedBatching,
+		Policy:                    batchmanager.GuaranteedNoEvict,
+		MaxBeamWidth:              1,
+		KVCacheFreeGPUMemFraction: defaultFreeGPUMemFraction,
+		TokensPerBlock:            defaultTokensPerBlock,
+	}
+	if c.MaxBatchSize < 1 {
+		return nil, fmt.Errorf("max_batch_size is %d: it must be at least 1 (gollm's tensors carry a batch dimension, and it bounds the sequences per iteration)", c.MaxBatchSize)
+	}
+	known := map[string]bool{}
+	for _, p := range params {
+		known[p.name] = true
+		v := strings.TrimSpace(tc.Parameters[p.name].StringValue)
+		if v == "" {
+			continue
+		}
+		if strings.HasPrefix(v, "${") {
+			// TensorRT-LLM's config templates leave unset parameters as ${name}.
+			c.Warnings = append(c.Warnings, fmt.Sprintf("parameter %q is the unfilled template value %s; using its default", p.name, v))
+			continue
+		}
+		if err := p.set(c, v); err != nil {
+			return nil, fmt.Errorf("parameter %q: %w", p.name, err)
+		}
+	}
+	var unknown []string
+	for k := range tc.Parameters {
+		if !known[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	sort.Strings(unknown)
+	for _, k := range unknown {
+		c.Warnings = append(c.Warnings, fmt.Sprintf("parameter %q is not one gollm knows; it is ignored", k))
+	}
+	switch {
+	case c.ModelPath == "":
+		c.ModelPath = filepath.Join(modelDir, strconv.FormatUint(version, 10))
+	case !filepath.IsAbs(c.ModelPath):
+		c.ModelPath = filepath.Join(modelDir, c.ModelPath)
+	}
+	if c.ModelType == batchmanager.V1 && c.EnableChunkedContext {
+		return nil, fmt.Errorf(`parameter "enable_chunked_context": chunked context needs in-flight batching, but gpt_model_type is V1`)
+	}
+	return c, nil
+}
+
+// oneOf returns v when it is one of the allowed values.
+func oneOf[T ~string](v string, allowed ...T) (T, error) {
+	names := make([]string, len(allowed))
+	for i, a := range allowed {
+		if string(a) == v {
+			return a, nil
+		}
+		names[i] = string(a)
+	}
+	return "", fmt.Errorf("%q is not one of %s", v, strings.Join(names, ", "))
+}
+
+// intAtLeast parses a decimal integer that must be at least lo.
+func intAtLeast(v string, lo int) (int, error) {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		return 0, fmt.Errorf("%q: want an integer ≥ %d", v, lo)
+	}
+	if n < lo {
+		return 0, fmt.Errorf("%d: want an integer ≥ %d", n, lo)
+	}
+	return n, nil
+}
+
+// parseBool parses true/false (any case) or 1/0.
+func parseBool(v string) (bool, error) {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "true", "1":
+		return true, nil
+	case "false", "0":
+		return false, nil
+	}
+	return false, fmt.Errorf("%q: want true or false", v)
+}

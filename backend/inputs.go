@@ -1,0 +1,544 @@
+package main
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"strings"
+
+	"gollm/batchmanager"
+	"gollm/bridge/triton"
+)
+
+// The input and output tensor names (TensorRT-LLM's, plus the text ones of Triton's
+// generate endpoint).
+const (
+	inInputIDs          = "input_ids"
+	inTextInput         = "text_input"
+	inInputLengths      = "input_lengths"
+	inRequestOutputLen  = "request_output_len"
+	inMaxTokens         = "max_tokens"
+	inEndID             = "end_id"
+	inPadID             = "pad_id"
+	inStreaming         = "streaming"
+	inStream            = "stream"
+	inTemperature       = "temperature"
+	inTopK              = "runtime_top_k"
+	inTopP              = "runtime_top_p"
+	inRandomSeed        = "random_seed"
+	inRepetitionPenalty = "repetition_penalty"
+	inPresencePenalty   = "presence_penalty"
+	inFrequencyPenalty  = "frequency_penalty"
+	inMinLength         = "min_length"
+	inStopWords         = "stop_words_list"
+	inBadWords          = "bad_words_list"
+	inEmbeddingBias     = "embedding_bias"
+	inBeamWidth         = "beam_width"
+	inReturnLogProbs    = "return_log_probs"
+	inReturnCtxLogits   = "return_context_logits"
+	inReturnGenLogits   = "return_generation_logits"
+	inStop              = "stop"
+
+	outOutputIDs      = "output_ids"
+	outSequenceLength = "sequence_length"
+	outCumLogProbs    = "cum_log_probs"
+	outOutputLogProbs = "output_log_probs"
+	outContextLogits  = "context_logits"
+	outGenLogits      = "generation_logits"
+	outTextOutput     = "text_output"
+)
+
+// knownInputs are the inputs parseRequest reads; any other is refused (Triton checks
+// names against config.pbtxt, so this catches a config that declares more).
+var knownInputs = map[string]bool{
+	inInputIDs: true, inTextInput: true, inInputLengths: true, inRequestOutputLen: true,
+	inMaxTokens: true, inEndID: true, inPadID: true, inStreaming: true, inStream: true,
+	inTemperature: true, inTopK: true, inTopP: true, inRandomSeed: true,
+	inRepetitionPenalty: true, inPresencePenalty: true, inFrequencyPenalty: true,
+	inMinLength: true, inStopWords: true, inBadWords: true, inEmbeddingBias: true,
+	inBeamWidth: true, inReturnLogProbs: true, inReturnCtxLogits: true,
+	inReturnGenLogits: true, inStop: true,
+}
+
+// encoder turns text into token ids (the checkpoint's tokenizer).
+type encoder interface {
+	// Encode tokenizes text.
+	Encode(text string) []int32
+}
+
+// limits are what a request is checked against.
+type limits struct {
+	// VocabSize bounds token ids: [0, VocabSize).
+	VocabSize int
+	// MaxSeqLen bounds prompt plus output length.
+	MaxSeqLen int
+	// EndID is the checkpoint's end token, the default end_id; -1 for none.
+	EndID int32
+	// Decoupled says streaming is possible.
+	Decoupled bool
+	// ExcludeInputInOutput is the model's exclude_input_in_output.
+	ExcludeInputInOutput bool
+	// Tokenizer encodes text_input; nil when the checkpoint has no tokenizer.json.
+	Tokenizer encoder
+}
+
+// parsedRequest is a validated request.
+type parsedRequest struct {
+	// Req is the batch manager's request (its ID is set when it is queued).
+	Req batchmanager.InferenceRequest
+	// Text says the response carries text_output.
+	Text bool
+	// Outputs are the outputs the client named; nil means all that apply.
+	Outputs map[string]bool
+	// Stop says the request asks to stop the in-flight requests with its request id
+	// rather than to generate.
+	Stop bool
+}
+
+// inputs indexes a request's tensors by name.
+type inputs map[string]*triton.Tensor
+
+// parseRequest validates a request's inputs (copied out of Triton) and the outputs it
+// asks for, and builds the batch manager's request. Errors name the tensor and the rule.
+func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*parsedRequest, error) {
+	in := inputs{}
+	for i := range tensors {
+		t := &tensors[i]
+		if !knownInputs[t.Name] {
+			return nil, fmt.Errorf("input %q is not one gollm reads", t.Name)
+		}
+		if _, dup := in[t.Name]; dup {
+			return nil, fmt.Errorf("input %q is given twice", t.Name)
+		}
+		in[t.Name] = t
+	}
+	p := &parsedRequest{}
+
+	stop, err := in.flag(inStop)
+	if err != nil {
+		return nil, err
+	}
+	if stop {
+		p.Stop = true
+		return p, nil
+	}
+
+	if len(requested) > 0 {
+		p.Outputs = map[string]bool{}
+		for _, name := range requested {
+			p.Outputs[name] = true
+		}
+	}
+
+	// The prompt.
+	r := &p.Req
+	switch ids, text := in[inInputIDs], in[inTextInput]; {
+	case ids != nil && text != nil:
+		return nil, fmt.Errorf("inputs %q and %q are both given: send one", inInputIDs, inTextInput)
+	case ids != nil:
+		if r.InputIDs, err = in.int32s(inInputIDs); err != nil {
+			return nil, err
+		}
+	case text != nil:
+		s, err := in.text(inTextInput)
+		if err != nil {
+			return nil, err
+		}
+		if lim.Tokenizer == nil {
+			return nil, fmt.Errorf("input %q: the checkpoint has no tokenizer.json, so only %q can be served", inTextInput, inInputIDs)
+		}
+		r.InputIDs = lim.Tokenizer.Encode(s)
+		p.Text = true
+	default:
+		return nil, fmt.Errorf("missing input: one of %q or %q is required", inInputIDs, inTextInput)
+	}
+	if p.Outputs[outTextOutput] && lim.Tokenizer != nil {
+		// A token request may ask for text too. (Without a tokenizer it is left out: the
+		// generate endpoint asks for every output.)
+		p.Text = true
+	}
+	name := inInputIDs
+	if in[inTextInput] != nil {
+		name = inTextInput
+	}
+	if len(r.InputIDs) == 0 {
+		return nil, fmt.Errorf("input %q: the prompt is empty", name)
+	}
+	if in[inInputLengths] != nil {
+		// input_lengths may be shorter than input_ids: the rest is padding, as when a
+		// client pads prompts to a common length.
+		n, err := in.int32Scalar(inInputLengths)
+		if err != nil {
+			return nil, err
+		}
+		if n < 1 || int(n) > len(r.InputIDs) {
+			return nil, fmt.Errorf("input %q: %d must be between 1 and the prompt's length %d", inInputLengths, n, len(r.InputIDs))
+		}
+		r.InputIDs = r.InputIDs[:n]
+	}
+	for i, id := range r.InputIDs {
+		if id < 0 || int(id) >= lim.VocabSize {
+			return nil, fmt.Errorf("input %q: token id %d at position %d is outside the vocabulary [0, %d)", name, id, i, lim.VocabSize)
+		}
+	}
+
+	// The output length.
+	outName, err := in.oneOfNames(inRequestOutputLen, inMaxTokens)
+	if err != nil {
+		return nil, err
+	}
+	if outName == "" {
+		return nil, fmt.Errorf("missing input: one of %q or %q is required", inRequestOutputLen, inMaxTokens)
+	}
+	n, err := in.int32Scalar(outName)
+	if err != nil {
+		return nil, err
+	}
+	if n < 1 {
+		return nil, fmt.Errorf("input %q: must be at least 1, got %d", outName, n)
+	}
+	if len(r.InputIDs)+int(n) > lim.MaxSeqLen {
+		return nil, fmt.Errorf("input %q: prompt length %d + %d exceeds the model's maximum sequence length %d", outName, len(r.InputIDs), n, lim.MaxSeqLen)
+	}
+	r.MaxNewTokens = int(n)
+
+	// Streaming.
+	streamName, err := in.oneOfNames(inStreaming, inStream)
+	if err != nil {
+		return nil, err
+	}
+	if streamName != "" {
+		if r.Streaming, err = in.flag(streamName); err != nil {
+			return nil, err
+		}
+		if r.Streaming && !lim.Decoupled {
+			return nil, fmt.Errorf("input %q: streaming needs a decoupled model (model_transaction_policy { decoupled: true } in config.pbtxt)", streamName)
+		}
+	}
+
+	// End and pad tokens.
+	r.EndID, r.PadID = lim.EndID, lim.EndID
+	if r.EndID, err = in.tokenID(inEndID, r.EndID, lim.VocabSize); err != nil {
+		return nil, err
+	}
+	if r.PadID, err = in.tokenID(inPadID, r.EndID, lim.VocabSize); err != nil {
+		return nil, err
+	}
+
+	if err := in.sampling(p, lim); err != nil {
+		return nil, err
+	}
+
+	// Output options. Naming an output does not ask for it: the generate endpoint
+	// names every output of the model.
+	r.ExcludeInputInOutput = lim.ExcludeInputInOutput
+	if r.ReturnLogProbs, err = in.flag(inReturnLogProbs); err != nil {
+		return nil, err
+	}
+	if r.ReturnContextLogits, err = in.flag(inReturnCtxLogits); err != nil {
+		return nil, err
+	}
+	if r.ReturnGenerationLogits, err = in.flag(inReturnGenLogits); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// sampling reads the sampling inputs into p.Req.
+func (in inputs) sampling(p *parsedRequest, lim limits) error {
+	s := &p.Req.Sampling
+	var err error
+	if s.Temperature, err = in.float32Scalar(inTemperature, 0, func(v float32) bool { return v >= 0 }, "must be ≥ 0"); err != nil {
+		return err
+	}
+	topK, err := in.int32Opt(inTopK, 0)
+	if err != nil {
+		return err
+	}
+	if topK < 0 {
+		return fmt.Errorf("input %q: must be ≥ 0, got %d", inTopK, topK)
+	}
+	s.TopK = int(topK)
+	if s.TopP, err = in.float32Scalar(inTopP, 0, func(v float32) bool { return v >= 0 && v <= 1 }, "must be between 0 and 1"); err != nil {
+		return err
+	}
+	if t := in[inRandomSeed]; t != nil {
+		if err := in.check(inRandomSeed, triton.TypeUint64); err != nil {
+			return err
+		}
+		v, err := in.scalarBytes(inRandomSeed)
+		if err != nil {
+			return err
+		}
+		s.Seed = binary.LittleEndian.Uint64(v)
+	}
+	if s.RepetitionPenalty, err = in.float32Scalar(inRepetitionPenalty, 0, func(v float32) bool { return v >= 0 }, "must be ≥ 0 (0 or 1: none)"); err != nil {
+		return err
+	}
+	finite := func(float32) bool { return true }
+	if s.PresencePenalty, err = in.float32Scalar(inPresencePenalty, 0, finite, ""); err != nil {
+		return err
+	}
+	if s.FrequencyPenalty, err = in.float32Scalar(inFrequencyPenalty, 0, finite, ""); err != nil {
+		return err
+	}
+	minLen, err := in.int32Opt(inMinLength, 0)
+	if err != nil {
+		return err
+	}
+	if minLen < 0 {
+		return fmt.Errorf("input %q: must be ≥ 0, got %d", inMinLength, minLen)
+	}
+	s.MinLength = int(minLen)
+	beam, err := in.int32Opt(inBeamWidth, 1)
+	if err != nil {
+		return err
+	}
+	if beam != 1 {
+		return fmt.Errorf("input %q: %d: beam search is not supported yet; use 1", inBeamWidth, beam)
+	}
+	if p.Req.StopWords, err = in.wordList(inStopWords, lim.VocabSize); err != nil {
+		return err
+	}
+	if s.BadWords, err = in.wordList(inBadWords, lim.VocabSize); err != nil {
+		return err
+	}
+	if t := in[inEmbeddingBias]; t != nil {
+		bias, err := in.float32s(inEmbeddingBias)
+		if err != nil {
+			return err
+		}
+		switch len(bias) {
+		case 0:
+		case lim.VocabSize:
+			for i, b := range bias {
+				if math.IsNaN(float64(b)) || math.IsInf(float64(b), 1) {
+					return fmt.Errorf("input %q: element %d is %v; want a number or -inf", inEmbeddingBias, i, b)
+				}
+			}
+			s.EmbeddingBias = bias
+		default:
+			return fmt.Errorf("input %q: %d values; want one per vocabulary entry (%d) or none", inEmbeddingBias, len(bias), lim.VocabSize)
+		}
+	}
+	return nil
+}
+
+// oneOfNames returns which of two alternative inputs is given ("" for neither), and an
+// error when both are.
+func (in inputs) oneOfNames(a, b string) (string, error) {
+	switch {
+	case in[a] != nil && in[b] != nil:
+		return "", fmt.Errorf("inputs %q and %q are both given: send one", a, b)
+	case in[a] != nil:
+		return a, nil
+	case in[b] != nil:
+		return b, nil
+	}
+	return "", nil
+}
+
+// check verifies a tensor's data type and its batch dimension (1), and that its bytes
+// fit its shape (fixed-size types).
+func (in inputs) check(name string, dtype triton.DataType) error {
+	t := in[name]
+	if t.DataType != dtype {
+		return fmt.Errorf("input %q: expected data type %v, got %v", name, dtype, t.DataType)
+	}
+	if len(t.Shape) == 0 {
+		return fmt.Errorf("input %q: has no batch dimension (shape [])", name)
+	}
+	if t.Shape[0] != 1 {
+		return fmt.Errorf("input %q: batch size %d; gollm takes one sequence per request (batch size 1)", name, t.Shape[0])
+	}
+	if size := dtype.Size(); size > 0 {
+		n := int64(1)
+		for _, d := range t.Shape {
+			if d < 0 {
+				return fmt.Errorf("input %q: shape %v has a negative dimension", name, t.Shape)
+			}
+			n *= d
+		}
+		if int64(len(t.Data)) != n*int64(size) {
+			return fmt.Errorf("input %q: %d bytes for shape %v of %v (want %d)", name, len(t.Data), t.Shape, dtype, n*int64(size))
+		}
+	}
+	return nil
+}
+
+// int32s returns an INT32 tensor's values.
+func (in inputs) int32s(name string) ([]int32, error) {
+	if err := in.check(name, triton.TypeInt32); err != nil {
+		return nil, err
+	}
+	d := in[name].Data
+	v := make([]int32, len(d)/4)
+	for i := range v {
+		v[i] = int32(binary.LittleEndian.Uint32(d[4*i:]))
+	}
+	return v, nil
+}
+
+// float32s returns an FP32 tensor's values.
+func (in inputs) float32s(name string) ([]float32, error) {
+	if err := in.check(name, triton.TypeFP32); err != nil {
+		return nil, err
+	}
+	d := in[name].Data
+	v := make([]float32, len(d)/4)
+	for i := range v {
+		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(d[4*i:]))
+	}
+	return v, nil
+}
+
+// scalarBytes returns the bytes of a tensor that must hold exactly one element (its type
+// already checked).
+func (in inputs) scalarBytes(name string) ([]byte, error) {
+	t := in[name]
+	size := t.DataType.Size()
+	if len(t.Data) != size {
+		return nil, fmt.Errorf("input %q: want one value, got shape %v", name, t.Shape)
+	}
+	return t.Data, nil
+}
+
+// int32Scalar returns the one value of an INT32 input that is present.
+func (in inputs) int32Scalar(name string) (int32, error) {
+	if err := in.check(name, triton.TypeInt32); err != nil {
+		return 0, err
+	}
+	b, err := in.scalarBytes(name)
+	if err != nil {
+		return 0, err
+	}
+	return int32(binary.LittleEndian.Uint32(b)), nil
+}
+
+// int32Opt returns an optional INT32 scalar, def when absent.
+func (in inputs) int32Opt(name string, def int32) (int32, error) {
+	if in[name] == nil {
+		return def, nil
+	}
+	return in.int32Scalar(name)
+}
+
+// float32Scalar returns an optional FP32 scalar (def when absent), which must be finite
+// and satisfy ok (rule describes ok).
+func (in inputs) float32Scalar(name string, def float32, ok func(float32) bool, rule string) (float32, error) {
+	if in[name] == nil {
+		return def, nil
+	}
+	if err := in.check(name, triton.TypeFP32); err != nil {
+		return 0, err
+	}
+	b, err := in.scalarBytes(name)
+	if err != nil {
+		return 0, err
+	}
+	v := math.Float32frombits(binary.LittleEndian.Uint32(b))
+	if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+		return 0, fmt.Errorf("input %q: must be a finite number, got %v", name, v)
+	}
+	if !ok(v) {
+		return 0, fmt.Errorf("input %q: %s, got %v", name, rule, v)
+	}
+	return v, nil
+}
+
+// flag returns an optional BOOL scalar, false when absent.
+func (in inputs) flag(name string) (bool, error) {
+	if in[name] == nil {
+		return false, nil
+	}
+	if err := in.check(name, triton.TypeBool); err != nil {
+		return false, err
+	}
+	b, err := in.scalarBytes(name)
+	if err != nil {
+		return false, err
+	}
+	return b[0] != 0, nil
+}
+
+// tokenID returns an optional token-id scalar (end_id, pad_id): def when absent, else a
+// vocabulary id or -1 for none.
+func (in inputs) tokenID(name string, def int32, vocab int) (int32, error) {
+	v, err := in.int32Opt(name, def)
+	if err != nil {
+		return 0, err
+	}
+	if v < -1 || int(v) >= vocab {
+		return 0, fmt.Errorf("input %q: %d is outside the vocabulary [0, %d) (-1: none)", name, v, vocab)
+	}
+	return v, nil
+}
+
+// text returns the one string of a BYTES input.
+func (in inputs) text(name string) (string, error) {
+	t := in[name]
+	if err := in.check(name, triton.TypeBytes); err != nil {
+		return "", err
+	}
+	d := t.Data
+	if len(d) < 4 {
+		return "", fmt.Errorf("input %q: want one string, got %d bytes", name, len(d))
+	}
+	n := binary.LittleEndian.Uint32(d)
+	if uint64(n) != uint64(len(d)-4) {
+		return "", fmt.Errorf("input %q: want one string (a 4-byte length and %d bytes), got %d bytes", name, n, len(d))
+	}
+	return string(d[4:]), nil
+}
+
+// wordList decodes an optional stop_words_list/bad_words_list in TensorRT-LLM's
+// encoding, shape [1, 2, L]: row 0 holds the words' tokens one after another (padded
+// with anything), row 1 the end offset of each word in row 0, padded with -1.
+func (in inputs) wordList(name string, vocab int) ([][]int32, error) {
+	if in[name] == nil {
+		return nil, nil
+	}
+	v, err := in.int32s(name)
+	if err != nil {
+		return nil, err
+	}
+	shape := in[name].Shape
+	if len(shape) != 3 || shape[1] != 2 {
+		return nil, fmt.Errorf("input %q: shape %v; want [1, 2, L] (row 0 tokens, row 1 end offsets padded with -1)", name, shape)
+	}
+	l := int(shape[2])
+	tokens, offsets := v[:l], v[l:]
+	var words [][]int32
+	prev := int32(0)
+	for i, off := range offsets {
+		if off < 0 {
+			for _, rest := range offsets[i:] {
+				if rest >= 0 {
+					return nil, fmt.Errorf("input %q: offset %d at position %d follows the -1 padding", name, rest, i)
+				}
+			}
+			break
+		}
+		if off <= prev || int(off) > l {
+			return nil, fmt.Errorf("input %q: end offset %d at position %d must be greater than %d and at most %d", name, off, i, prev, l)
+		}
+		word := tokens[prev:off]
+		for _, id := range word {
+			if id < 0 || int(id) >= vocab {
+				return nil, fmt.Errorf("input %q: token id %d is outside the vocabulary [0, %d)", name, id, vocab)
+			}
+		}
+		words = append(words, word)
+		prev = off
+	}
+	return words, nil
+}
+
+// describe names the request's inputs for logs: "input_ids INT32 [1 9], …".
+func describe(tensors []triton.Tensor) string {
+	parts := make([]string, len(tensors))
+	for i, t := range tensors {
+		parts[i] = fmt.Sprintf("%s %v %v", t.Name, t.DataType, t.Shape)
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,552 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+
+	"gollm/batchmanager"
+	"gollm/bridge/triton"
+	"gollm/engine"
+)
+
+// nextID numbers requests for the batch managers: IDs are never reused, so a late stop
+// signal or response can never hit a newer request.
+var nextID atomic.Uint64
+
+// inflight is the backend's state of one request from Execute to its final response.
+type inflight struct {
+	// id is the batch manager's request ID.
+	id uint64
+	// tritonID is the client's request id, for logs and stop requests ("" if none).
+	tritonID string
+	// factory makes the request's responses; deleted after the final one.
+	factory triton.ResponseFactory
+	// streaming says responses carry new tokens as they come.
+	streaming bool
+	// outputs are the outputs the client named; nil means all that apply.
+	outputs map[string]bool
+	// text detokenizes into text_output; nil when the request does not answer in text.
+	text *textState
+	// stop is set by a stop request naming this one.
+	stop atomic.Bool
+	// responses counts the responses sent.
+	responses int
+}
+
+// sendItem is one SendResponse call waiting for the sender goroutine.
+type sendItem struct {
+	// id is the request.
+	id uint64
+	// outputs are the batch manager's tensors.
+	outputs []batchmanager.Tensor
+	// final marks the last response.
+	final bool
+	// err makes it an error response.
+	err error
+}
+
+// instance is one model instance: an engine, its batch manager, and the requests
+// between Triton and the manager.
+type instance struct {
+	// ms is the model.
+	ms *modelState
+	// ti is Triton's instance.
+	ti triton.ModelInstance
+	// name is the instance's name.
+	name string
+	// log carries the model and instance names.
+	log *zap.Logger
+	// eng runs the iterations.
+	eng engine.Engine
+	// mgr is the batch manager.
+	mgr *batchmanager.Manager
+
+	// mu guards queue and inflight.
+	mu sync.Mutex
+	// queue holds requests Execute accepted that the manager has not taken yet.
+	queue []*batchmanager.InferenceRequest
+	// inflight holds every request between Execute and its final response.
+	inflight map[uint64]*inflight
+
+	// sendMu guards sendQ and sendClosed; sendCond signals the sender.
+	sendMu   sync.Mutex
+	sendCond *sync.Cond
+	// sendQ are the responses to send, in order.
+	sendQ []sendItem
+	// sendClosed stops the sender once sendQ is empty.
+	sendClosed bool
+	// senderDone is closed when the sender goroutine exits.
+	senderDone chan struct{}
+
+	// pollFactories and pollCancelled are PollStopSignal's scratch (manager goroutine).
+	pollFactories []triton.ResponseFactory
+	pollCancelled []bool
+	// pollIDs are the IDs of pollFactories.
+	pollIDs []uint64
+}
+
+// newInstance builds the engine and batch manager of an instance.
+func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err error) {
+	name, err := ti.Name()
+	if err != nil {
+		return nil, err
+	}
+	kind, err := ti.Kind()
+	if err != nil {
+		return nil, err
+	}
+	log := ms.log.With(zap.String("instance", name))
+	var eng engine.Engine
+	switch kind {
+	case triton.KindCPU:
+		cpu, err := engine.NewCPU(ms.weights, engine.KVConfig{NumBlocks: ms.kvBlocks(), TokensPerBlock: ms.cfg.TokensPerBlock})
+		if err != nil {
+			return nil, fmt.Errorf("instance %s: %w", name, err)
+		}
+		eng = cpu
+	case triton.KindGPU:
+		device, _ := ti.DeviceID()
+		return nil, triton.Errorf(triton.CodeUnsupported, "instance %s (KIND_GPU, device %d): the GPU engine is not built yet; use instance_group [{ kind: KIND_CPU }]", name, device)
+	default:
+		return nil, triton.Errorf(triton.CodeUnsupported, "instance %s: kind %v is not supported; use KIND_CPU", name, kind)
+	}
+	in := &instance{
+		ms:         ms,
+		ti:         ti,
+		name:       name,
+		log:        log,
+		eng:        eng,
+		inflight:   map[uint64]*inflight{},
+		senderDone: make(chan struct{}),
+	}
+	in.sendCond = sync.NewCond(&in.sendMu)
+	go in.sender()
+	defer func() {
+		if err != nil {
+			in.stopSender()
+			_ = eng.Close()
+		}
+	}()
+	cfg := batchmanager.Config{
+		ModelType:            ms.cfg.ModelType,
+		Policy:               ms.cfg.Policy,
+		MaxBatchSize:         ms.cfg.MaxBatchSize,
+		MaxNumTokens:         ms.cfg.MaxNumTokens,
+		EnableChunkedContext: ms.cfg.EnableChunkedContext,
+		EnableKVCacheReuse:   ms.cfg.EnableKVCacheReuse,
+	}
+	in.mgr, err = batchmanager.New(eng, cfg, batchmanager.Callbacks{
+		GetInferenceRequests:    in.getRequests,
+		SendResponse:            in.sendResponse,
+		PollStopSignal:          in.pollStop,
+		ReturnBatchManagerStats: in.stats,
+	}, log.Named("batchmanager"))
+	if err != nil {
+		return nil, fmt.Errorf("instance %s: %w", name, err)
+	}
+	info := eng.Info()
+	log.Info("instance ready", zap.String("kind", kind.String()), zap.Int("kv_blocks", info.NumBlocks),
+		zap.Int("tokens_per_block", info.TokensPerBlock))
+	return in, nil
+}
+
+// close shuts the batch manager down (every request still in flight or queued gets a
+// final error), waits for the last responses to go out, and frees the engine.
+func (in *instance) close() error {
+	in.mgr.Shutdown()
+	in.stopSender()
+	// Nothing should be left; if something is, it still gets its final response.
+	in.mu.Lock()
+	left := in.inflight
+	in.inflight = map[uint64]*inflight{}
+	in.queue = nil
+	in.mu.Unlock()
+	for _, f := range left {
+		in.log.Warn("request still in flight at shutdown", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID))
+		in.finish(f, nil, triton.Errorf(triton.CodeUnavailable, "model %q is unloading", in.ms.cfg.Name))
+	}
+	return in.eng.Close()
+}
+
+// execute takes a batch of requests from Triton: each is copied, validated and released
+// at once; a good one is queued for the batch manager, a bad one gets its error as its
+// only (final) response.
+func (in *instance) execute(reqs []triton.Request) {
+	start := triton.Now()
+	queued := false
+	for _, r := range reqs {
+		if in.accept(r, start) {
+			queued = true
+		}
+	}
+	if queued {
+		in.mgr.Wake()
+	}
+}
+
+// accept handles one request; it reports whether it was queued. Whatever happens, the
+// request is released exactly once and, unless queued, has had its final response.
+func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
+	ts := triton.Timestamps{ExecStart: start}
+	tritonID := r.ID()
+	var factory triton.ResponseFactory
+	haveFactory := false
+	// handedOver is set once the request's release (and, unless queued, its answer) is
+	// up to a single function: a panic after it must not release the request twice.
+	handedOver := false
+	defer func() {
+		p := recover()
+		if p == nil {
+			return
+		}
+		in.log.Error("panic while accepting a request", zap.String("request_id", tritonID),
+			zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+		if !handedOver {
+			in.reject(r, factory, haveFactory, tritonID, ts, triton.Errorf(triton.CodeInternal, "gollm: internal error: %v", p))
+		}
+	}()
+
+	var err error
+	factory, err = triton.NewResponseFactory(r)
+	if err != nil {
+		in.log.Error("cannot make a response factory", zap.String("request_id", tritonID), zap.Error(err))
+		handedOver = true
+		in.reject(r, factory, false, tritonID, ts, err)
+		return false
+	}
+	haveFactory = true
+	p, err := in.read(r)
+	ts.ComputeStart = triton.Now()
+	if err != nil {
+		handedOver = true
+		in.reject(r, factory, true, tritonID, ts, err)
+		return false
+	}
+	if p.Stop {
+		handedOver = true
+		in.stopRequest(r, factory, tritonID, ts)
+		return false
+	}
+
+	f := &inflight{
+		id:        nextID.Add(1),
+		tritonID:  tritonID,
+		factory:   factory,
+		streaming: p.Req.Streaming,
+		outputs:   p.Outputs,
+	}
+	if p.Text {
+		f.text = &textState{tok: in.ms.tok, stream: in.ms.tok.NewStreamDecoder()}
+	}
+	p.Req.ID = f.id
+	ts.ComputeEnd = triton.Now()
+	ts.ExecEnd = ts.ComputeEnd
+	// Statistics need the request, so they go before the release; from the queueing on,
+	// the batch manager answers the request.
+	if err := in.ti.ReportStatistics(r, true, ts); err != nil {
+		in.log.Debug("report statistics", zap.Error(err))
+	}
+	handedOver = true
+	if err := r.Release(); err != nil {
+		in.log.Error("release request", zap.String("request_id", tritonID), zap.Error(err))
+	}
+	in.ms.track(f)
+	in.mu.Lock()
+	in.inflight[f.id] = f
+	in.queue = append(in.queue, &p.Req)
+	in.mu.Unlock()
+	in.log.Debug("request queued", zap.Uint64("id", f.id), zap.String("request_id", tritonID),
+		zap.Int("prompt", len(p.Req.InputIDs)), zap.Int("max_new_tokens", p.Req.MaxNewTokens),
+		zap.Bool("streaming", f.streaming), zap.Bool("text", f.text != nil))
+	return true
+}
+
+// read copies a request's inputs and validates them.
+func (in *instance) read(r triton.Request) (*parsedRequest, error) {
+	tensors, err := r.Inputs()
+	if err != nil {
+		return nil, err
+	}
+	requested, err := r.RequestedOutputs()
+	if err != nil {
+		return nil, err
+	}
+	p, err := parseRequest(tensors, requested, in.ms.lim)
+	if err != nil {
+		in.log.Debug("request refused", zap.String("request_id", r.ID()), zap.String("inputs", describe(tensors)), zap.Error(err))
+		return nil, triton.WithCode(triton.CodeInvalidArg, err)
+	}
+	return p, nil
+}
+
+// reject answers a request that will not run with err, as its only and final response,
+// and releases it.
+func (in *instance) reject(r triton.Request, factory triton.ResponseFactory, haveFactory bool, tritonID string, ts triton.Timestamps, err error) {
+	if haveFactory {
+		in.sendFinal(factory, err, tritonID)
+		if derr := factory.Delete(); derr != nil {
+			in.log.Error("delete response factory", zap.String("request_id", tritonID), zap.Error(derr))
+		}
+	} else if serr := triton.SendRequestError(r, err); serr != nil {
+		in.log.Error("cannot answer a request", zap.String("request_id", tritonID), zap.NamedError("answer", serr), zap.Error(err))
+	}
+	now := triton.Now()
+	ts.ComputeStart, ts.ComputeEnd, ts.ExecEnd = max(ts.ComputeStart, ts.ExecStart), now, now
+	if serr := in.ti.ReportStatistics(r, false, ts); serr != nil {
+		in.log.Debug("report statistics", zap.Error(serr))
+	}
+	if rerr := r.Release(); rerr != nil {
+		in.log.Error("release request", zap.String("request_id", tritonID), zap.Error(rerr))
+	}
+}
+
+// stopRequest handles a request whose stop input is set: the requests in flight with
+// its request id stop at the next iteration; it is answered with an empty final
+// response.
+func (in *instance) stopRequest(r triton.Request, factory triton.ResponseFactory, tritonID string, ts triton.Timestamps) {
+	if tritonID == "" {
+		in.reject(r, factory, true, tritonID, ts, triton.Errorf(triton.CodeInvalidArg,
+			"input %q: a stop request needs the request id of the request to stop", inStop))
+		return
+	}
+	n := in.ms.stop(tritonID)
+	in.log.Debug("stop request", zap.String("request_id", tritonID), zap.Int("stopping", n))
+	in.sendFinal(factory, nil, tritonID)
+	if err := factory.Delete(); err != nil {
+		in.log.Error("delete response factory", zap.String("request_id", tritonID), zap.Error(err))
+	}
+	ts.ComputeEnd = triton.Now()
+	ts.ExecEnd = ts.ComputeEnd
+	if err := in.ti.ReportStatistics(r, true, ts); err != nil {
+		in.log.Debug("report statistics", zap.Error(err))
+	}
+	if err := r.Release(); err != nil {
+		in.log.Error("release request", zap.String("request_id", tritonID), zap.Error(err))
+	}
+}
+
+// sendFinal sends a response without outputs, with err (nil: success), flagged final.
+func (in *instance) sendFinal(factory triton.ResponseFactory, err error, tritonID string) {
+	resp, nerr := triton.NewResponse(factory)
+	if nerr != nil {
+		in.log.Error("new response", zap.String("request_id", tritonID), zap.Error(nerr))
+		// The flag alone still ends the request for the client.
+		if ferr := factory.SendFlags(triton.ResponseFinal); ferr != nil {
+			in.log.Error("send final flag", zap.String("request_id", tritonID), zap.Error(ferr))
+		}
+		return
+	}
+	if serr := resp.Send(triton.ResponseFinal, err); serr != nil {
+		in.log.Error("send final response", zap.String("request_id", tritonID), zap.Error(serr))
+	}
+}
+
+// getRequests is the batch manager's GetInferenceRequests: it hands over up to max
+// queued requests (max < 0: all).
+func (in *instance) getRequests(max int) []*batchmanager.InferenceRequest {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	n := len(in.queue)
+	if max >= 0 && max < n {
+		n = max
+	}
+	if n == 0 {
+		return nil
+	}
+	out := make([]*batchmanager.InferenceRequest, n)
+	copy(out, in.queue)
+	rest := copy(in.queue, in.queue[n:])
+	clear(in.queue[rest:])
+	in.queue = in.queue[:rest]
+	return out
+}
+
+// sendResponse is the batch manager's SendResponse: it queues the response for the
+// sender goroutine and returns at once.
+func (in *instance) sendResponse(id uint64, outputs []batchmanager.Tensor, final bool, err error) {
+	item := sendItem{id: id, outputs: outputs, final: final, err: err}
+	in.sendMu.Lock()
+	in.sendQ = append(in.sendQ, item)
+	in.sendMu.Unlock()
+	in.sendCond.Signal()
+}
+
+// pollStop is the batch manager's PollStopSignal: the requests whose client cancelled
+// (one crossing into Triton for all of them) or that a stop request named.
+func (in *instance) pollStop() map[uint64]struct{} {
+	var stop map[uint64]struct{}
+	add := func(id uint64) {
+		if stop == nil {
+			stop = map[uint64]struct{}{}
+		}
+		stop[id] = struct{}{}
+	}
+	in.mu.Lock()
+	// The lock is held across the Triton call: the sender deletes a factory only after
+	// taking its request out of inflight under this lock.
+	defer in.mu.Unlock()
+	in.pollIDs, in.pollFactories = in.pollIDs[:0], in.pollFactories[:0]
+	for id, f := range in.inflight {
+		if f.stop.Load() {
+			add(id)
+			continue
+		}
+		in.pollIDs = append(in.pollIDs, id)
+		in.pollFactories = append(in.pollFactories, f.factory)
+	}
+	if len(in.pollFactories) == 0 {
+		return stop
+	}
+	if cap(in.pollCancelled) < len(in.pollFactories) {
+		in.pollCancelled = make([]bool, len(in.pollFactories), 2*len(in.pollFactories))
+	}
+	in.pollCancelled = in.pollCancelled[:len(in.pollFactories)]
+	if err := triton.Cancelled(in.pollFactories, in.pollCancelled); err != nil {
+		in.log.Error("poll cancellation", zap.Error(err))
+		return stop
+	}
+	for i, c := range in.pollCancelled {
+		if c {
+			add(in.pollIDs[i])
+		}
+	}
+	return stop
+}
+
+// stats is the batch manager's ReturnBatchManagerStats: logged at verbose level.
+func (in *instance) stats(s string) {
+	in.log.Debug("batch manager stats", zap.String("stats", s))
+}
+
+// sender sends the queued responses in order, off the batch manager's loop.
+func (in *instance) sender() {
+	defer close(in.senderDone)
+	for {
+		in.sendMu.Lock()
+		for len(in.sendQ) == 0 && !in.sendClosed {
+			in.sendCond.Wait()
+		}
+		if len(in.sendQ) == 0 {
+			in.sendMu.Unlock()
+			return
+		}
+		batch := in.sendQ
+		in.sendQ = nil
+		in.sendMu.Unlock()
+		for _, item := range batch {
+			in.deliver(item)
+		}
+	}
+}
+
+// stopSender lets the sender finish what is queued and waits for it.
+func (in *instance) stopSender() {
+	in.sendMu.Lock()
+	in.sendClosed = true
+	in.sendMu.Unlock()
+	in.sendCond.Broadcast()
+	<-in.senderDone
+}
+
+// deliver sends one response of the batch manager to its request's client.
+func (in *instance) deliver(item sendItem) {
+	in.mu.Lock()
+	f := in.inflight[item.id]
+	if f != nil && item.final {
+		// Out of inflight before the factory goes: pollStop reads factories under mu.
+		delete(in.inflight, item.id)
+	}
+	in.mu.Unlock()
+	if f == nil {
+		in.log.Warn("response for a request that is not in flight", zap.Uint64("id", item.id), zap.Bool("final", item.final), zap.Error(item.err))
+		return
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			in.log.Error("panic while sending a response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID),
+				zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+			if item.final {
+				// The factory may or may not have sent the final flag; try once more.
+				_ = f.factory.SendFlags(triton.ResponseFinal)
+				_ = f.factory.Delete()
+				in.ms.untrack(f)
+			}
+		}
+	}()
+	if item.err != nil || item.final {
+		in.finish(f, item.outputs, responseError(item.err))
+		return
+	}
+	if err := in.respond(f, item.outputs, 0); err != nil {
+		in.log.Error("send response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(err))
+	}
+}
+
+// finish sends a request's final response (outputs, or err) and forgets the request.
+func (in *instance) finish(f *inflight, outputs []batchmanager.Tensor, err error) {
+	if err == nil {
+		err = in.respond(f, outputs, triton.ResponseFinal)
+		if err != nil {
+			// The outputs could not be sent; the client still gets a final answer.
+			in.log.Error("send final response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(err))
+			err = triton.Errorf(triton.CodeInternal, "gollm: sending the response failed: %v", err)
+		}
+	}
+	if err != nil {
+		in.log.Debug("request failed", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(err))
+		in.sendFinal(f.factory, err, f.tritonID)
+	}
+	if derr := f.factory.Delete(); derr != nil {
+		in.log.Error("delete response factory", zap.Uint64("id", f.id), zap.Error(derr))
+	}
+	in.ms.untrack(f)
+	in.log.Debug("request done", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID),
+		zap.Int("responses", f.responses), zap.Bool("error", err != nil))
+}
+
+// respond sends one response with outputs; flags is ResponseFinal for the last. A
+// streaming response with nothing new becomes the final flag alone, or nothing.
+func (in *instance) respond(f *inflight, outputs []batchmanager.Tensor, flags uint32) error {
+	outs, empty, err := convertOutputs(outputs, f.outputs, f.text, f.streaming, flags&triton.ResponseFinal != 0)
+	if err != nil {
+		return err
+	}
+	if f.streaming && empty {
+		if flags == 0 {
+			return nil
+		}
+		return f.factory.SendFlags(flags)
+	}
+	resp, err := triton.NewResponse(f.factory)
+	if err != nil {
+		return err
+	}
+	for _, o := range outs {
+		if err := resp.AddOutput(o.Name, o.DataType, o.Shape, o.Data); err != nil {
+			_ = resp.Delete()
+			return err
+		}
+	}
+	f.responses++
+	return resp.Send(flags, nil)
+}
+
+// responseError gives a batch manager error its Triton code.
+func responseError(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, batchmanager.ErrCancelled):
+		return triton.WithCode(triton.CodeCancelled, err)
+	case errors.Is(err, batchmanager.ErrInvalidRequest), errors.Is(err, batchmanager.ErrDuplicateID):
+		return triton.WithCode(triton.CodeInvalidArg, err)
+	case errors.Is(err, batchmanager.ErrShuttingDown):
+		return triton.WithCode(triton.CodeUnavailable, err)
+	}
+	return triton.WithCode(triton.CodeInternal, err)
+}
