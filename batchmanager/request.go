@@ -36,7 +36,9 @@ type InferenceRequest struct {
 	ReturnGenerationLogits bool
 }
 
-// Tensor is one output tensor of a response.
+// Tensor is one output tensor of a response. Tensors are read-only: the manager shares
+// immutable parts (the shapes and sequence_length of one-token streaming responses)
+// between responses. Data is not reused by the manager, so a receiver may keep it.
 type Tensor struct {
 	// Name is the output's name (output_ids, sequence_length, cum_log_probs, …).
 	Name string

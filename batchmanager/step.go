@@ -267,18 +267,23 @@ func (m *Manager) appendExtras(out []Tensor, r *request, from, to int, withCtx b
 // instead of several per response. Each response gets its own capped sub-slices, so a
 // receiver may keep them.
 type responseSlab struct {
-	// i32 backs token and length data.
+	// i32 backs token data.
 	i32 []int32
-	// i64 backs shapes.
-	i64 []int64
 	// ts backs the tensor lists.
 	ts []Tensor
 }
 
+// Read-only parts shared by one-token streaming responses: their shapes and their
+// sequence_length, boxed once.
+var (
+	shapeOneToken     = []int64{1, 1}
+	shapeOne          = []int64{1}
+	lengthOne     any = []int32{1}
+)
+
 // reset makes room for n responses of one token each (more spill to new slices).
 func (s *responseSlab) reset(n int) {
-	s.i32 = make([]int32, 0, 2*n)
-	s.i64 = make([]int64, 0, 3*n)
+	s.i32 = make([]int32, 0, n)
 	s.ts = make([]Tensor, 0, 2*n)
 }
 
@@ -295,13 +300,13 @@ func take[T any](slab *[]T, k int) []T {
 
 // tokens builds output_ids [1, n] and sequence_length [1] for toks out of the slab.
 func (s *responseSlab) tokens(toks []int32) []Tensor {
-	d := take(&s.i32, len(toks)+1)
-	copy(d, toks)
-	d[len(toks)] = int32(len(toks))
-	sh := take(&s.i64, 3)
-	sh[0], sh[1], sh[2] = 1, int64(len(toks)), 1
+	if len(toks) != 1 {
+		return tokenTensors(toks)
+	}
+	d := take(&s.i32, 1)
+	d[0] = toks[0]
 	ts := take(&s.ts, 2)
-	ts[0] = Tensor{Name: "output_ids", Shape: sh[0:2:2], Data: d[:len(toks):len(toks)]}
-	ts[1] = Tensor{Name: "sequence_length", Shape: sh[2:3:3], Data: d[len(toks):]}
+	ts[0].Name, ts[0].Shape, ts[0].Data = "output_ids", shapeOneToken, d
+	ts[1].Name, ts[1].Shape, ts[1].Data = "sequence_length", shapeOne, lengthOne
 	return ts
 }
