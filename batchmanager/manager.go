@@ -401,6 +401,8 @@ func (m *Manager) iterate() bool {
 	m.schedule()
 	if len(m.sched) == 0 {
 		m.applyStops(m.pollStop())
+		// Keep Stats current (waiting or cancelled requests) without a stats callback.
+		m.publishStats(time.Now(), false)
 		return false
 	}
 	m.iter++
