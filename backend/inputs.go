@@ -86,9 +86,11 @@ type limits struct {
 type parsedRequest struct {
 	// Req is the batch manager's request (its ID is set when it is queued).
 	Req batchmanager.InferenceRequest
-	// Text says the response carries text_output.
+	// Text says the response carries text_output: the prompt came as text_input.
+	// (Asking for text_output is not enough: Triton asks for every output of the
+	// model when the client names none.)
 	Text bool
-	// Outputs are the outputs the client named; nil means all that apply.
+	// Outputs are the outputs the request asks for; nil means all that apply.
 	Outputs map[string]bool
 	// Stop says the request asks to stop the in-flight requests with its request id
 	// rather than to generate.
@@ -151,11 +153,6 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 		p.Text = true
 	default:
 		return nil, fmt.Errorf("missing input: one of %q or %q is required", inInputIDs, inTextInput)
-	}
-	if p.Outputs[outTextOutput] && lim.Tokenizer != nil {
-		// A token request may ask for text too. (Without a tokenizer it is left out: the
-		// generate endpoint asks for every output.)
-		p.Text = true
 	}
 	name := inInputIDs
 	if in[inTextInput] != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -420,7 +421,7 @@ func (in *instance) pollStop() map[uint64]struct{} {
 
 // stats is the batch manager's ReturnBatchManagerStats: logged at verbose level.
 func (in *instance) stats(s string) {
-	in.log.Debug("batch manager stats", zap.String("stats", s))
+	in.log.Debug("batch manager stats", zap.Any("stats", json.RawMessage(s)))
 }
 
 // sender sends the queued responses in order, off the batch manager's loop.

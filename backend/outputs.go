@@ -7,7 +7,6 @@ import (
 
 	"gollm/batchmanager"
 	"gollm/bridge/triton"
-	"gollm/model"
 )
 
 // output is one tensor of a Triton response, serialized.
@@ -25,9 +24,14 @@ type output struct {
 // textState is what a request that answers in text needs.
 type textState struct {
 	// tok detokenizes non-streaming answers.
-	tok *model.Tokenizer
-	// stream detokenizes streaming answers token by token.
-	stream *model.StreamDecoder
+	tok interface{ Decode(ids []int32) string }
+	// stream detokenizes streaming answers token by token (a *model.StreamDecoder).
+	stream interface {
+		// Next adds a token and returns the text it completes.
+		Next(id int32) string
+		// Flush returns what is held back at the end.
+		Flush() string
+	}
 }
 
 // convertOutputs turns the batch manager's tensors for one response into Triton

@@ -1,0 +1,151 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"gollm/batchmanager"
+)
+
+// configJSON builds Triton's JSON model configuration with the given parameters.
+func configJSON(t *testing.T, maxBatch int, decoupled bool, params map[string]string) []byte {
+	t.Helper()
+	ps := map[string]any{}
+	for k, v := range params {
+		ps[k] = map[string]string{"string_value": v}
+	}
+	raw, err := json.Marshal(map[string]any{
+		"name":                     "gpt2",
+		"backend":                  "gollm",
+		"max_batch_size":           maxBatch,
+		"model_transaction_policy": map[string]bool{"decoupled": decoupled},
+		"input":                    []any{map[string]any{"name": "input_ids", "data_type": "TYPE_INT32", "dims": []string{"-1"}}},
+		"parameters":               ps,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+func TestParseModelConfigDefaults(t *testing.T) {
+	c, err := parseModelConfig(configJSON(t, 64, true, nil), "/repo/gpt2", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := modelConfig{
+		Name:                      "gpt2",
+		MaxBatchSize:              64,
+		Decoupled:                 true,
+		ModelPath:                 "/repo/gpt2/1",
+		ModelType:                 batchmanager.InflightFusedBatching,
+		Policy:                    batchmanager.GuaranteedNoEvict,
+		MaxBeamWidth:              1,
+		KVCacheFreeGPUMemFraction: 0.9,
+		TokensPerBlock:            64,
+	}
+	if fmt.Sprint(*c) != fmt.Sprint(want) {
+		t.Errorf("got  %+v\nwant %+v", *c, want)
+	}
+}
+
+func TestParseModelConfigValues(t *testing.T) {
+	c, err := parseModelConfig(configJSON(t, 8, false, map[string]string{
+		"gpt_model_path":                 "ckpt",
+		"gpt_model_type":                 "V1",
+		"batch_scheduler_policy":         "max_utilization",
+		"max_beam_width":                 "1",
+		"max_tokens_in_paged_kv_cache":   "4096",
+		"kv_cache_free_gpu_mem_fraction": "0.5",
+		"tokens_per_block":               "16",
+		"enable_kv_cache_reuse":          "true",
+		"enable_chunked_context":         "${enable_chunked_context}",
+		"max_num_tokens":                 "512",
+		"exclude_input_in_output":        "TRUE",
+		"max_queue_delay_microseconds":   "100",
+		"max_attention_window_size":      "${max_attention_window_size}", // unknown and unfilled
+	}), "/repo/gpt2", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"relative gpt_model_path is under the model folder", c.ModelPath, "/repo/gpt2/ckpt"},
+		{"gpt_model_type", c.ModelType, batchmanager.V1},
+		{"batch_scheduler_policy", c.Policy, batchmanager.MaxUtilization},
+		{"max_tokens_in_paged_kv_cache", c.MaxTokensInPagedKVCache, 4096},
+		{"kv_cache_free_gpu_mem_fraction", c.KVCacheFreeGPUMemFraction, 0.5},
+		{"tokens_per_block", c.TokensPerBlock, 16},
+		{"enable_kv_cache_reuse", c.EnableKVCacheReuse, true},
+		{"max_num_tokens", c.MaxNumTokens, 512},
+		{"exclude_input_in_output", c.ExcludeInputInOutput, true},
+		{"max_batch_size", c.MaxBatchSize, 8},
+		{"decoupled", c.Decoupled, false},
+	}
+	for _, ch := range checks {
+		if ch.got != ch.want {
+			t.Errorf("%s: got %v, want %v", ch.name, ch.got, ch.want)
+		}
+	}
+	warnings := strings.Join(c.Warnings, "\n")
+	for _, w := range []string{`"max_queue_delay_microseconds" is not one gollm knows`, `"enable_chunked_context" is the unfilled template value ${enable_chunked_context}; using its default`, `"max_attention_window_size" is not one gollm knows`} {
+		if !strings.Contains(warnings, w) {
+			t.Errorf("warnings %q lack %q", warnings, w)
+		}
+	}
+
+	abs, err := parseModelConfig(configJSON(t, 8, false, map[string]string{"gpt_model_path": "/models/gpt2"}), "/repo/gpt2", 3)
+	if err != nil || abs.ModelPath != "/models/gpt2" {
+		t.Errorf("absolute gpt_model_path: got %q, %v", abs.ModelPath, err)
+	}
+}
+
+func TestParseModelConfigErrors(t *testing.T) {
+	tests := []struct {
+		name     string
+		maxBatch int
+		params   map[string]string
+		want     string
+	}{
+		{"an unknown model type names the allowed ones", 8, map[string]string{"gpt_model_type": "inflight"},
+			`parameter "gpt_model_type": "inflight" is not one of V1, inflight_batching, inflight_fused_batching`},
+		{"an unknown policy names the allowed ones", 8, map[string]string{"batch_scheduler_policy": "greedy"},
+			`parameter "batch_scheduler_policy": "greedy" is not one of max_utilization, guaranteed_no_evict, static_batch`},
+		{"beam search is refused", 8, map[string]string{"max_beam_width": "4"},
+			`parameter "max_beam_width": 4: beam search is not supported yet`},
+		{"a zero beam width is refused", 8, map[string]string{"max_beam_width": "0"},
+			`parameter "max_beam_width": 0: want an integer ≥ 1`},
+		{"a fraction above 1 is refused", 8, map[string]string{"kv_cache_free_gpu_mem_fraction": "1.5"},
+			`parameter "kv_cache_free_gpu_mem_fraction": "1.5": want a fraction f with 0 < f ≤ 1`},
+		{"a zero fraction is refused", 8, map[string]string{"kv_cache_free_gpu_mem_fraction": "0"},
+			`want a fraction f with 0 < f ≤ 1`},
+		{"a non-number block size is refused", 8, map[string]string{"tokens_per_block": "many"},
+			`parameter "tokens_per_block": "many": want an integer ≥ 1`},
+		{"a bad bool is refused", 8, map[string]string{"enable_kv_cache_reuse": "yes"},
+			`parameter "enable_kv_cache_reuse": "yes": want true or false`},
+		{"a negative token limit is refused", 8, map[string]string{"max_num_tokens": "-1"},
+			`parameter "max_num_tokens": -1: want an integer ≥ 0`},
+		{"a zero KV pool is refused", 8, map[string]string{"max_tokens_in_paged_kv_cache": "0"},
+			`parameter "max_tokens_in_paged_kv_cache": 0: want an integer ≥ 1`},
+		{"chunked context under V1 is refused", 8, map[string]string{"gpt_model_type": "V1", "enable_chunked_context": "true"},
+			`chunked context needs in-flight batching`},
+		{"max_batch_size 0 is refused", 0, nil, `max_batch_size is 0: it must be at least 1`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseModelConfig(configJSON(t, tt.maxBatch, true, tt.params), "/repo/gpt2", 1)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+	t.Run("malformed JSON is refused", func(t *testing.T) {
+		if _, err := parseModelConfig([]byte("{"), "/repo/gpt2", 1); err == nil {
+			t.Fatal("no error")
+		}
+	})
+}

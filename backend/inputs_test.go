@@ -1,0 +1,228 @@
+package main
+
+import (
+	"encoding/binary"
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+
+	"gollm/bridge/triton"
+)
+
+// i32 is an INT32 tensor of shape [1, len(v)].
+func i32(name string, v ...int32) triton.Tensor {
+	return triton.Tensor{Name: name, DataType: triton.TypeInt32, Shape: []int64{1, int64(len(v))}, Data: int32Bytes(v)}
+}
+
+// f32 is an FP32 tensor of shape [1, len(v)].
+func f32(name string, v ...float32) triton.Tensor {
+	return triton.Tensor{Name: name, DataType: triton.TypeFP32, Shape: []int64{1, int64(len(v))}, Data: float32Bytes(v)}
+}
+
+// boolean is a BOOL tensor of shape [1, 1].
+func boolean(name string, v bool) triton.Tensor {
+	b := byte(0)
+	if v {
+		b = 1
+	}
+	return triton.Tensor{Name: name, DataType: triton.TypeBool, Shape: []int64{1, 1}, Data: []byte{b}}
+}
+
+// str is a BYTES tensor of shape [1, 1].
+func str(name, s string) triton.Tensor {
+	return triton.Tensor{Name: name, DataType: triton.TypeBytes, Shape: []int64{1, 1}, Data: bytesElement(s)}
+}
+
+// words is a stop/bad words tensor of shape [1, 2, len(tokens)].
+func words(name string, tokens, offsets []int32) triton.Tensor {
+	t := i32(name, append(append([]int32{}, tokens...), offsets...)...)
+	t.Shape = []int64{1, 2, int64(len(tokens))}
+	return t
+}
+
+// fakeTokenizer encodes each byte as its value.
+type fakeTokenizer struct{}
+
+// Encode returns the bytes of text as token ids.
+func (fakeTokenizer) Encode(text string) []int32 {
+	ids := make([]int32, len(text))
+	for i := range len(text) {
+		ids[i] = int32(text[i])
+	}
+	return ids
+}
+
+// testLimits are the limits of a 1000-token, 64-position model.
+func testLimits() limits {
+	return limits{VocabSize: 1000, MaxSeqLen: 64, EndID: 999, Decoupled: true, Tokenizer: fakeTokenizer{}}
+}
+
+func TestParseRequest(t *testing.T) {
+	seed := triton.Tensor{Name: inRandomSeed, DataType: triton.TypeUint64, Shape: []int64{1, 1}, Data: binary.LittleEndian.AppendUint64(nil, 42)}
+	p, err := parseRequest([]triton.Tensor{
+		i32(inInputIDs, 5, 6, 7, 0), i32(inInputLengths, 3), i32(inRequestOutputLen, 10),
+		i32(inEndID, 7), boolean(inStreaming, true), f32(inTemperature, 0.7), i32(inTopK, 40),
+		f32(inTopP, 0.9), seed, f32(inRepetitionPenalty, 1.2), f32(inPresencePenalty, 0.5),
+		f32(inFrequencyPenalty, -0.5), i32(inMinLength, 2), i32(inBeamWidth, 1),
+		words(inStopWords, []int32{1, 2, 3}, []int32{2, 3, -1}), words(inBadWords, []int32{9, 0}, []int32{1, -1}),
+		boolean(inReturnLogProbs, true), boolean(inReturnGenLogits, true),
+	}, []string{outOutputIDs}, testLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := p.Req
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"input_lengths cuts the padding", r.InputIDs, []int32{5, 6, 7}},
+		{"request_output_len", r.MaxNewTokens, 10},
+		{"end_id", r.EndID, int32(7)},
+		{"pad_id defaults to end_id", r.PadID, int32(7)},
+		{"streaming", r.Streaming, true},
+		{"temperature", r.Sampling.Temperature, float32(0.7)},
+		{"top_k", r.Sampling.TopK, 40},
+		{"top_p", r.Sampling.TopP, float32(0.9)},
+		{"seed", r.Sampling.Seed, uint64(42)},
+		{"repetition_penalty", r.Sampling.RepetitionPenalty, float32(1.2)},
+		{"presence_penalty", r.Sampling.PresencePenalty, float32(0.5)},
+		{"frequency_penalty", r.Sampling.FrequencyPenalty, float32(-0.5)},
+		{"min_length", r.Sampling.MinLength, 2},
+		{"stop words", r.StopWords, [][]int32{{1, 2}, {3}}},
+		{"bad words", r.Sampling.BadWords, [][]int32{{9}}},
+		{"return_log_probs", r.ReturnLogProbs, true},
+		{"return_generation_logits", r.ReturnGenerationLogits, true},
+		{"return_context_logits stays off", r.ReturnContextLogits, false},
+		{"requested outputs", p.Outputs, map[string]bool{outOutputIDs: true}},
+		{"token requests answer in tokens", p.Text, false},
+	}
+	for _, c := range checks {
+		if !reflect.DeepEqual(c.got, c.want) {
+			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
+func TestParseTextRequest(t *testing.T) {
+	lim := testLimits()
+	lim.ExcludeInputInOutput = true
+	p, err := parseRequest([]triton.Tensor{str(inTextInput, "Hi!"), i32(inMaxTokens, 4), boolean(inStream, true)}, nil, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(p.Req.InputIDs, []int32{'H', 'i', '!'}) || p.Req.MaxNewTokens != 4 || !p.Req.Streaming || !p.Text {
+		t.Errorf("got %+v", p)
+	}
+	if !p.Req.ExcludeInputInOutput || p.Req.EndID != 999 || p.Outputs != nil {
+		t.Errorf("defaults: exclude %v, end %d, outputs %v", p.Req.ExcludeInputInOutput, p.Req.EndID, p.Outputs)
+	}
+}
+
+func TestParseStopRequest(t *testing.T) {
+	p, err := parseRequest([]triton.Tensor{boolean(inStop, true)}, nil, testLimits())
+	if err != nil || !p.Stop {
+		t.Fatalf("got %+v, %v; want a stop request", p, err)
+	}
+}
+
+func TestParseRequestErrors(t *testing.T) {
+	prompt := i32(inInputIDs, 1, 2, 3)
+	n := i32(inRequestOutputLen, 4)
+	badBytes := str(inTextInput, "abc")
+	badBytes.Data = badBytes.Data[:5]
+	batch2 := i32(inInputIDs, 1, 2, 3, 4)
+	batch2.Shape = []int64{2, 2}
+	noBatch := i32(inRequestOutputLen, 4)
+	noBatch.Shape = nil
+	lim := testLimits()
+	notDecoupled := lim
+	notDecoupled.Decoupled = false
+	noTokenizer := lim
+	noTokenizer.Tokenizer = nil
+	tests := []struct {
+		name   string
+		inputs []triton.Tensor
+		lim    limits
+		want   string
+	}{
+		{"a request without a prompt", []triton.Tensor{n}, lim,
+			`missing input: one of "input_ids" or "text_input" is required`},
+		{"a request with both prompts", []triton.Tensor{prompt, str(inTextInput, "x"), n}, lim,
+			`inputs "input_ids" and "text_input" are both given: send one`},
+		{"input_ids of the wrong type", []triton.Tensor{f32(inInputIDs, 1, 2), n}, lim,
+			`input "input_ids": expected data type INT32, got FP32`},
+		{"an empty prompt", []triton.Tensor{i32(inInputIDs), n}, lim,
+			`input "input_ids": the prompt is empty`},
+		{"an empty text prompt", []triton.Tensor{str(inTextInput, ""), n}, lim,
+			`input "text_input": the prompt is empty`},
+		{"a token outside the vocabulary", []triton.Tensor{i32(inInputIDs, 1, 2, 1000), n}, lim,
+			`input "input_ids": token id 1000 at position 2 is outside the vocabulary [0, 1000)`},
+		{"a negative token", []triton.Tensor{i32(inInputIDs, -1), n}, lim,
+			`input "input_ids": token id -1 at position 0 is outside the vocabulary [0, 1000)`},
+		{"a batch of two", []triton.Tensor{batch2, n}, lim,
+			`input "input_ids": batch size 2; gollm takes one sequence per request (batch size 1)`},
+		{"input_lengths longer than the prompt", []triton.Tensor{prompt, i32(inInputLengths, 4), n}, lim,
+			`input "input_lengths": 4 must be between 1 and the prompt's length 3`},
+		{"no output length", []triton.Tensor{prompt}, lim,
+			`missing input: one of "request_output_len" or "max_tokens" is required`},
+		{"two output lengths", []triton.Tensor{prompt, n, i32(inMaxTokens, 4)}, lim,
+			`inputs "request_output_len" and "max_tokens" are both given: send one`},
+		{"request_output_len 0", []triton.Tensor{prompt, i32(inRequestOutputLen, 0)}, lim,
+			`input "request_output_len": must be at least 1, got 0`},
+		{"max_tokens beyond the maximum sequence length", []triton.Tensor{prompt, i32(inMaxTokens, 62)}, lim,
+			`input "max_tokens": prompt length 3 + 62 exceeds the model's maximum sequence length 64`},
+		{"two values for a scalar", []triton.Tensor{prompt, i32(inRequestOutputLen, 4, 5)}, lim,
+			`input "request_output_len": want one value, got shape [1 2]`},
+		{"a scalar without a batch dimension", []triton.Tensor{prompt, noBatch}, lim,
+			`input "request_output_len": has no batch dimension`},
+		{"streaming on a non-decoupled model", []triton.Tensor{prompt, n, boolean(inStreaming, true)}, notDecoupled,
+			`input "streaming": streaming needs a decoupled model`},
+		{"both streaming flags", []triton.Tensor{prompt, n, boolean(inStreaming, true), boolean(inStream, true)}, lim,
+			`inputs "streaming" and "stream" are both given: send one`},
+		{"text without a tokenizer", []triton.Tensor{str(inTextInput, "hi"), n}, noTokenizer,
+			`input "text_input": the checkpoint has no tokenizer.json, so only "input_ids" can be served`},
+		{"a malformed string", []triton.Tensor{badBytes, n}, lim,
+			`input "text_input": want one string (a 4-byte length and 3 bytes), got 5 bytes`},
+		{"an end_id outside the vocabulary", []triton.Tensor{prompt, n, i32(inEndID, 1000)}, lim,
+			`input "end_id": 1000 is outside the vocabulary [0, 1000) (-1: none)`},
+		{"a negative temperature", []triton.Tensor{prompt, n, f32(inTemperature, -1)}, lim,
+			`input "temperature": must be ≥ 0, got -1`},
+		{"a NaN temperature", []triton.Tensor{prompt, n, f32(inTemperature, float32(math.NaN()))}, lim,
+			`input "temperature": must be a finite number, got NaN`},
+		{"top_p above 1", []triton.Tensor{prompt, n, f32(inTopP, 1.5)}, lim,
+			`input "runtime_top_p": must be between 0 and 1, got 1.5`},
+		{"a negative top_k", []triton.Tensor{prompt, n, i32(inTopK, -2)}, lim,
+			`input "runtime_top_k": must be ≥ 0, got -2`},
+		{"a negative min_length", []triton.Tensor{prompt, n, i32(inMinLength, -1)}, lim,
+			`input "min_length": must be ≥ 0, got -1`},
+		{"beam search", []triton.Tensor{prompt, n, i32(inBeamWidth, 2)}, lim,
+			`input "beam_width": 2: beam search is not supported yet; use 1`},
+		{"stop words of one row", []triton.Tensor{prompt, n, i32(inStopWords, 1, 2)}, lim,
+			`input "stop_words_list": shape [1 2]; want [1, 2, L]`},
+		{"stop word offsets going back", []triton.Tensor{prompt, n, words(inStopWords, []int32{1, 2, 3}, []int32{2, 1, -1})}, lim,
+			`input "stop_words_list": end offset 1 at position 1 must be greater than 2 and at most 3`},
+		{"a stop word offset past the tokens", []triton.Tensor{prompt, n, words(inStopWords, []int32{1, 2}, []int32{3, -1})}, lim,
+			`input "stop_words_list": end offset 3 at position 0 must be greater than 0 and at most 2`},
+		{"an offset after the padding", []triton.Tensor{prompt, n, words(inBadWords, []int32{1, 2, 3}, []int32{1, -1, 3})}, lim,
+			`input "bad_words_list": offset 3 at position 1 follows the -1 padding`},
+		{"a bad word outside the vocabulary", []triton.Tensor{prompt, n, words(inBadWords, []int32{5000}, []int32{1})}, lim,
+			`input "bad_words_list": token id 5000 is outside the vocabulary [0, 1000)`},
+		{"an embedding bias of the wrong length", []triton.Tensor{prompt, n, f32(inEmbeddingBias, 1, 2)}, lim,
+			`input "embedding_bias": 2 values; want one per vocabulary entry (1000) or none`},
+		{"an input gollm does not read", []triton.Tensor{prompt, n, i32("top_k", 4)}, lim,
+			`input "top_k" is not one gollm reads`},
+		{"an input given twice", []triton.Tensor{prompt, prompt, n}, lim,
+			`input "input_ids" is given twice`},
+		{"an INT32 input with too few bytes", []triton.Tensor{{Name: inInputIDs, DataType: triton.TypeInt32, Shape: []int64{1, 2}, Data: make([]byte, 6)}, n}, lim,
+			`input "input_ids": 6 bytes for shape [1 2] of INT32 (want 8)`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseRequest(tt.inputs, nil, tt.lim)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
