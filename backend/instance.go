@@ -179,14 +179,21 @@ func (in *instance) close() error {
 // only (final) response.
 func (in *instance) execute(reqs []triton.Request) {
 	start := triton.Now()
-	queued := false
+	queued := 0
 	for _, r := range reqs {
 		if in.accept(r, start) {
-			queued = true
+			queued++
 		}
 	}
-	if queued {
-		in.mgr.Wake()
+	if queued == 0 {
+		return
+	}
+	in.mgr.Wake()
+	end := triton.Now()
+	// The batch's work is handing the requests over; the generation is the manager's.
+	ts := triton.Timestamps{ExecStart: start, ComputeStart: start, ComputeEnd: end, ExecEnd: end}
+	if err := in.ti.ReportBatchStatistics(queued, ts); err != nil {
+		in.log.Debug("report batch statistics", zap.Error(err))
 	}
 }
 

@@ -80,6 +80,10 @@ typedef struct TRITONBACKEND_Response TRITONBACKEND_Response;
      uint64_t exec_start_ns, uint64_t compute_start_ns, uint64_t compute_end_ns,    \
      uint64_t exec_end_ns),                                                         \
     (instance, request, success, exec_start_ns, compute_start_ns, compute_end_ns, exec_end_ns)) \
+  X(TRITONSERVER_Error*, TRITONBACKEND_ModelInstanceReportBatchStatistics,          \
+    (TRITONBACKEND_ModelInstance* instance, uint64_t batch_size, uint64_t exec_start_ns, \
+     uint64_t compute_start_ns, uint64_t compute_end_ns, uint64_t exec_end_ns),     \
+    (instance, batch_size, exec_start_ns, compute_start_ns, compute_end_ns, exec_end_ns)) \
   X(TRITONSERVER_Error*, TRITONBACKEND_RequestId,                                   \
     (TRITONBACKEND_Request* request, const char** id), (request, id))               \
   X(TRITONSERVER_Error*, TRITONBACKEND_RequestInputCount,                           \

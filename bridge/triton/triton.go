@@ -313,3 +313,14 @@ func (i ModelInstance) ReportStatistics(r Request, success bool, ts Timestamps) 
 	}
 	return nil
 }
+
+// ReportBatchStatistics records the execution of a batch of n requests (Triton's
+// execution count).
+func (i ModelInstance) ReportBatchStatistics(n int, ts Timestamps) error {
+	err := goError(C.gt_TRITONBACKEND_ModelInstanceReportBatchStatistics(i.p, C.uint64_t(n),
+		C.uint64_t(ts.ExecStart), C.uint64_t(ts.ComputeStart), C.uint64_t(ts.ComputeEnd), C.uint64_t(ts.ExecEnd)))
+	if err != nil {
+		return fmt.Errorf("report batch statistics: %w", err)
+	}
+	return nil
+}
