@@ -178,6 +178,14 @@ func (in *instance) close() error {
 // at once; a good one is queued for the batch manager, a bad one gets its error as its
 // only (final) response.
 func (in *instance) execute(reqs []triton.Request) {
+	// Once a request is touched it is the backend's: a panic must not reach the entry
+	// point, whose error would hand the requests back to Triton. accept contains its
+	// own; this one covers the rest.
+	defer func() {
+		if p := recover(); p != nil {
+			in.log.Error("panic in execute", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+		}
+	}()
 	start := triton.Now()
 	queued := 0
 	for _, r := range reqs {
