@@ -33,8 +33,8 @@ const char* gt_resolve(void) {
 #define GT_LOOKUP(ret, name, params, args)                       \
   *(void**)(&p_##name) = dlsym(RTLD_DEFAULT, #name);            \
   if (p_##name == NULL) return #name;
-  GT_API(GT_LOOKUP)
   GT_LOOKUP(void, TRITONSERVER_ErrorDelete, (), ())
+  GT_API(GT_LOOKUP)
 #undef GT_LOOKUP
   return NULL;
 }

@@ -33,12 +33,14 @@ typedef struct TRITONBACKEND_Response TRITONBACKEND_Response;
 // Triton's enums are C enums, passed as int. Their values are in types.go.
 
 // GT_API lists every function used, as X(return type, name, parameters, arguments).
+// The error functions come first: they are resolved first, so that a missing function
+// later in the list can still be reported as a Triton error.
 #define GT_API(X)                                                                   \
-  X(TRITONSERVER_Error*, TRITONSERVER_ApiVersion, (uint32_t* major, uint32_t* minor), \
-    (major, minor))                                                                 \
   X(TRITONSERVER_Error*, TRITONSERVER_ErrorNew, (int code, const char* msg), (code, msg)) \
   X(int, TRITONSERVER_ErrorCode, (TRITONSERVER_Error* err), (err))                  \
   X(const char*, TRITONSERVER_ErrorMessage, (TRITONSERVER_Error* err), (err))       \
+  X(TRITONSERVER_Error*, TRITONSERVER_ApiVersion, (uint32_t* major, uint32_t* minor), \
+    (major, minor))                                                                 \
   X(bool, TRITONSERVER_LogIsEnabled, (int level), (level))                          \
   X(TRITONSERVER_Error*, TRITONSERVER_LogMessage,                                   \
     (int level, const char* file, int line, const char* msg), (level, file, line, msg)) \
