@@ -2,7 +2,8 @@
 # Installs what gollm needs from the package registries into the project's own folder
 # .deps/ (nothing system-wide): tritonserver (nvidia-pytriton's wheel carries it and its
 # libraries), Triton's Python client, perf_analyzer, and the Hugging Face tokenizers
-# package the tokenizer test compares against. Safe to run again: it does nothing when
+# package the tokenizer test compares against, and the CUDA toolkit wheels that build
+# libgollm_cuda.so. Safe to run again: it does nothing when
 # the pinned versions are in place.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -44,7 +45,25 @@ EOS
   chmod +x "$deps/bin/perf_analyzer"
   touch "$stamp"
 fi
+# The CUDA compiler, runtime and cuBLAS for building libgollm_cuda.so (cuda/), from
+# NVIDIA's wheels, into .deps/cuda/nvidia/cu13 (bin/nvcc, include/, lib/). Pinned to CUDA
+# 13.0, the newest release the device machines' driver (580) runs, so that the library
+# built here loads there. CMake finds nvcc in this folder.
+CUDA_WHEELS=(nvidia-cuda-nvcc==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88
+  nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85 nvidia-cublas==13.0.2.14)
+cuda_stamp="$deps/.stamp-cuda-$(echo "${CUDA_WHEELS[*]}" | md5sum | cut -c1-12)"
+if [ ! -f "$cuda_stamp" ]; then
+  rm -rf "$deps/cuda"
+  python3 -m pip install -q --disable-pip-version-check --no-warn-script-location --no-deps \
+    --only-binary=:all: --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2010_x86_64 --platform manylinux_2_12_x86_64 \
+    --target "$deps/cuda" "${CUDA_WHEELS[@]}"
+  touch "$cuda_stamp"
+fi
+"$deps/cuda/nvidia/cu13/bin/nvcc" --version >/dev/null
+test -f "$deps/cuda/nvidia/cu13/lib/libcublas.so.13"
 test -x "$deps/bin/tritonserver"
 "$deps/bin/perf_analyzer" --version >/dev/null
 PYTHONPATH="$py" python3 -c 'import tokenizers, tritonclient.grpc' 
-echo "deps: tritonserver, perf_analyzer, tritonclient and tokenizers in $deps"
+echo "deps: tritonserver, perf_analyzer, tritonclient, tokenizers and CUDA 13.0 (nvcc, cuBLAS) in $deps"

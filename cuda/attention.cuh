@@ -1,0 +1,334 @@
+// attention.cuh — writing keys and values into the paged KV pool, and causal attention
+// over it: a tiled kernel for prompt chunks (context phase) and a split-K kernel for one
+// query per sequence (generation phase).
+#pragma once
+#include "common.cuh"
+
+namespace gollm {
+
+// qkv_kv_write_kernel: one block per token row r.
+//   qkv:  [n][3*hidden] fp32 from the QKV GEMM; bias [3*hidden] fp32 is added here, and
+//         the query third is scaled by 1/sqrt(head_dim) in place for the attention kernels.
+//   keys and values go to the pool at the row's position: block blocks[seq.blk_off + pos/T],
+//   slot pos%T, page geom.page(block, layer, 0|1, head), [slot][head_dim] within it.
+template <typename T>
+__global__ void qkv_kv_write_kernel(float* __restrict__ qkv, const float* __restrict__ bias,
+                                    T* __restrict__ kv, const int32_t* __restrict__ row_pos,
+                                    const int32_t* __restrict__ row_seq,
+                                    const DevSeq* __restrict__ seqs,
+                                    const int32_t* __restrict__ blocks, KVGeom g, int layer,
+                                    float scale) {
+  int r = blockIdx.x;
+  int hidden = g.heads * g.head_dim;
+  int pos = row_pos[r];
+  int64_t block = blocks[seqs[row_seq[r]].blk_off + pos / g.tokens_per_block];
+  int slot = pos % g.tokens_per_block;
+  float* row = qkv + (int64_t)r * 3 * hidden;
+  for (int c = threadIdx.x; c < 3 * hidden; c += blockDim.x) {
+    float v = row[c] + bias[c];
+    if (c < hidden) {
+      row[c] = v * scale;
+    } else {
+      int kind = c < 2 * hidden ? 0 : 1;
+      int cc = c - (kind + 1) * hidden;
+      int head = cc / g.head_dim, d = cc % g.head_dim;
+      kv[g.page(block, layer, kind, head) + (int64_t)slot * g.head_dim + d] = from_f32<T>(v);
+    }
+  }
+}
+
+template <typename T>
+void qkv_kv_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
+                  const int32_t* row_seq, const DevSeq* seqs, const int32_t* blocks, KVGeom g,
+                  int layer, int n, cudaStream_t stream) {
+  if (n == 0) return;
+  float scale = 1.f / sqrtf((float)g.head_dim);
+  qkv_kv_write_kernel<T><<<n, 256, 0, stream>>>(qkv, bias, kv, row_pos, row_seq, seqs, blocks,
+                                                g, layer, scale);
+  LAUNCH_CHECK("qkv_kv_write_kernel");
+}
+
+// Decode attention: one query row per sequence (its single new token), attending to the
+// positions 0..pos of its sequence. Grid (rows, heads, parts): part p covers positions
+// [p*part_len, (p+1)*part_len); parts past the row's length exit at once. With one active
+// part the block writes the output; with several, each writes its partial (max, sum,
+// unnormalised output) and the last to finish (an atomic ticket per row and head) merges
+// them, so no second launch is needed. Block: kDecodeThreads threads.
+//   qkv:  [N][3*hidden] fp32, queries pre-scaled (qkv_kv_write_kernel)
+//   att:  [N][hidden] T output
+//   dec_rows: [rows] token row of each decode query
+//   partial: [rows][heads][parts][head_dim] fp32; part_ml: [rows][heads][parts][2] fp32
+//   tickets: [rows][heads] int, zero between launches (the merging block resets its own)
+// Dynamic shared memory: head_dim + part_len + kDecodeWarps*head_dim floats.
+constexpr int kDecodeThreads = 128;
+constexpr int kDecodeWarps = kDecodeThreads / 32;
+
+template <typename T>
+__global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
+    const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
+    const int32_t* __restrict__ dec_rows, const int32_t* __restrict__ row_pos,
+    const int32_t* __restrict__ row_seq, const DevSeq* __restrict__ seqs,
+    const int32_t* __restrict__ blocks, KVGeom g, int layer, int part_len,
+    float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets) {
+  using T2 = typename Pair<T>::type;
+  extern __shared__ float smem[];
+  const int D = g.head_dim, D2 = D / 2, hidden = g.heads * D;
+  const int i = blockIdx.x, head = blockIdx.y, part = blockIdx.z, parts = gridDim.z;
+  const int r = dec_rows[i];
+  const int len = row_pos[r] + 1;
+  const int start = part * part_len;
+  if (start >= len) return;
+  const int end = min(len, start + part_len);
+  const int active = (len + part_len - 1) / part_len;
+  const int32_t* table = blocks + seqs[row_seq[r]].blk_off;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+  float* q = smem;              // [D]
+  float* s = q + D;             // [part_len]
+  float* red = s + part_len;    // [kDecodeWarps][D]
+  __shared__ float stat[32];
+  for (int d = threadIdx.x; d < D; d += blockDim.x)
+    q[d] = qkv[(int64_t)r * 3 * hidden + head * D + d];
+  __syncthreads();
+
+  // Scores: a warp per key, lanes over pairs of dimensions.
+  for (int j = start + warp; j < end; j += kDecodeWarps) {
+    const T2* k = reinterpret_cast<const T2*>(
+        kv + g.page(table[j / g.tokens_per_block], layer, 0, head) +
+        (int64_t)(j % g.tokens_per_block) * D);
+    float acc = 0.f;
+    for (int d2 = lane; d2 < D2; d2 += 32) {
+      float2 kf = to_f32x2(k[d2]);
+      acc += q[2 * d2] * kf.x + q[2 * d2 + 1] * kf.y;
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) s[j - start] = acc;
+  }
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < end - start; j += blockDim.x) mx = fmaxf(mx, s[j]);
+  mx = block_max(mx, stat);
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < end - start; j += blockDim.x) {
+    float p = __expf(s[j] - mx);
+    s[j] = p;
+    sum += p;
+  }
+  sum = block_sum(sum, stat);  // its barriers also publish s
+
+  // Weighted values: a warp per key, lanes over pairs of dimensions (D <= 256: 4 pairs).
+  float2 acc[4] = {};
+  for (int j = start + warp; j < end; j += kDecodeWarps) {
+    const T2* v = reinterpret_cast<const T2*>(
+        kv + g.page(table[j / g.tokens_per_block], layer, 1, head) +
+        (int64_t)(j % g.tokens_per_block) * D);
+    float p = s[j - start];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      int d2 = lane + 32 * k;
+      if (d2 < D2) {
+        float2 vf = to_f32x2(v[d2]);
+        acc[k].x += p * vf.x;
+        acc[k].y += p * vf.y;
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    int d2 = lane + 32 * k;
+    if (d2 < D2) {
+      red[warp * D + 2 * d2] = acc[k].x;
+      red[warp * D + 2 * d2 + 1] = acc[k].y;
+    }
+  }
+  __syncthreads();
+  T* out = att + (int64_t)r * hidden + head * D;
+  if (active == 1) {
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      float o = 0.f;
+      for (int w = 0; w < kDecodeWarps; w++) o += red[w * D + d];
+      out[d] = from_f32<T>(o / sum);
+    }
+    return;
+  }
+  int64_t pi = ((int64_t)i * g.heads + head) * parts;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float o = 0.f;
+    for (int w = 0; w < kDecodeWarps; w++) o += red[w * D + d];
+    partial[(pi + part) * D + d] = o;
+  }
+  if (threadIdx.x == 0) {
+    part_ml[(pi + part) * 2] = mx;
+    part_ml[(pi + part) * 2 + 1] = sum;
+  }
+  __threadfence();
+  __syncthreads();
+  __shared__ int last;
+  if (threadIdx.x == 0) {
+    int* t = tickets + (int64_t)i * g.heads + head;
+    last = atomicAdd(t, 1) == active - 1;
+    if (last) *t = 0;  // ready for the next launch
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  float M = -INFINITY;
+  for (int p = 0; p < active; p++) M = fmaxf(M, __ldcg(part_ml + (pi + p) * 2));
+  float S = 0.f;
+  for (int p = 0; p < active; p++)
+    S += __ldcg(part_ml + (pi + p) * 2 + 1) * __expf(__ldcg(part_ml + (pi + p) * 2) - M);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float o = 0.f;
+    for (int p = 0; p < active; p++)
+      o += __ldcg(partial + (pi + p) * D + d) * __expf(__ldcg(part_ml + (pi + p) * 2) - M);
+    out[d] = from_f32<T>(o / S);
+  }
+}
+
+inline size_t decode_smem(int head_dim, int part_len) {
+  return sizeof(float) * (head_dim + part_len + kDecodeWarps * head_dim);
+}
+
+template <typename T>
+void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_rows,
+                      const int32_t* row_pos, const int32_t* row_seq, const DevSeq* seqs,
+                      const int32_t* blocks, KVGeom g, int layer, int rows, int parts,
+                      int part_len, float* partial, float* part_ml, int* tickets,
+                      cudaStream_t stream) {
+  if (rows == 0) return;
+  dim3 grid(rows, g.heads, parts);
+  attention_decode_kernel<T><<<grid, kDecodeThreads, decode_smem(g.head_dim, part_len),
+                               stream>>>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks,
+                                         g, layer, part_len, partial, part_ml, tickets);
+  LAUNCH_CHECK("attention_decode_kernel");
+}
+
+// CtxTile is up to kCtxQ consecutive new tokens of one sequence.
+struct CtxTile {
+  int32_t seq;   // sequence index
+  int32_t row0;  // token row of its first query
+  int32_t n;     // queries in the tile
+  int32_t pos0;  // position of its first query
+};
+
+constexpr int kCtxThreads = 128;
+constexpr int kCtxKeys = 32;  // keys per shared-memory chunk: one per lane in the softmax
+
+__host__ __device__ inline int ctx_queries(int head_dim) { return head_dim <= 128 ? 32 : 16; }
+
+inline size_t ctx_smem(int head_dim) {
+  int Q = ctx_queries(head_dim);
+  return sizeof(float) * (size_t)Q * (head_dim + 1)      // queries
+         + 2 * sizeof(uint16_t) * kCtxKeys * (head_dim + 2)  // keys, values
+         + sizeof(float) * (size_t)Q * (kCtxKeys + 1)     // scores / probabilities
+         + sizeof(float) * (size_t)Q * head_dim           // output accumulators
+         + sizeof(float) * 3 * Q;                         // running max, sum, rescale
+}
+
+// attention_context_kernel: grid (tiles, heads). Causal attention of a tile's queries
+// (positions pos0..pos0+n-1) over its sequence's positions 0..pos0+n-1, read from the pool
+// in chunks of kCtxKeys keys with an online softmax, so prompt chunks after the first see
+// the keys of earlier ones.
+//   qkv: [N][3*hidden] fp32, queries pre-scaled; att: [N][hidden] T output.
+// Shared memory layout in ctx_smem; rows of keys and values are padded by one pair so
+// that lanes reading different keys hit different banks.
+template <typename T>
+__global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
+    const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
+    const CtxTile* __restrict__ tiles, const DevSeq* __restrict__ seqs,
+    const int32_t* __restrict__ blocks, KVGeom g, int layer) {
+  extern __shared__ float smem[];
+  const int D = g.head_dim, hidden = g.heads * D, Q = ctx_queries(D), KD = D + 2;
+  const CtxTile tile = tiles[blockIdx.x];
+  const int head = blockIdx.y;
+  const int32_t* table = blocks + seqs[tile.seq].blk_off;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+  float* qs = smem;                                   // [Q][D+1]
+  T* ks = reinterpret_cast<T*>(qs + Q * (D + 1));     // [kCtxKeys][D+2]
+  T* vs = ks + kCtxKeys * KD;                         // [kCtxKeys][D+2]
+  float* ss = reinterpret_cast<float*>(vs + kCtxKeys * KD);  // [Q][kCtxKeys+1]
+  float* os = ss + Q * (kCtxKeys + 1);                // [Q][D]
+  float* m = os + Q * D;                              // [Q]
+  float* l = m + Q;                                   // [Q]
+  float* al = l + Q;                                  // [Q]
+
+  for (int idx = threadIdx.x; idx < Q * D; idx += blockDim.x) {
+    int i = idx / D, d = idx % D;
+    qs[i * (D + 1) + d] =
+        i < tile.n ? qkv[(int64_t)(tile.row0 + i) * 3 * hidden + head * D + d] : 0.f;
+    os[idx] = 0.f;
+  }
+  for (int i = threadIdx.x; i < Q; i += blockDim.x) {
+    m[i] = -INFINITY;
+    l[i] = 0.f;
+  }
+  const int kend = tile.pos0 + tile.n;
+  for (int c0 = 0; c0 < kend; c0 += kCtxKeys) {
+    const int kc = min(kCtxKeys, kend - c0);
+    __syncthreads();  // the previous chunk's readers are done
+    for (int idx = threadIdx.x; idx < kc * D; idx += blockDim.x) {
+      int j = idx / D, d = idx % D, kp = c0 + j;
+      int64_t base = (int64_t)(kp % g.tokens_per_block) * D + d;
+      int64_t blk = table[kp / g.tokens_per_block];
+      ks[j * KD + d] = kv[g.page(blk, layer, 0, head) + base];
+      vs[j * KD + d] = kv[g.page(blk, layer, 1, head) + base];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < Q * kCtxKeys; idx += blockDim.x) {
+      int i = idx / kCtxKeys, j = idx % kCtxKeys;
+      float sc = -INFINITY;
+      if (i < tile.n && j < kc && c0 + j <= tile.pos0 + i) {
+        sc = 0.f;
+        const float* qi = qs + i * (D + 1);
+        const T* kj = ks + j * KD;
+        for (int d = 0; d < D; d++) sc += qi[d] * to_f32(kj[d]);
+      }
+      ss[i * (kCtxKeys + 1) + j] = sc;
+    }
+    __syncthreads();
+    // Online softmax: a warp per query row, a lane per key of the chunk.
+    for (int i = warp; i < tile.n; i += kCtxThreads / 32) {
+      float sc = ss[i * (kCtxKeys + 1) + lane];
+      float mx = warp_max(sc);
+      float mold = m[i];
+      float mnew = fmaxf(mold, mx);
+      float p = sc == -INFINITY ? 0.f : __expf(sc - mnew);
+      float sum = warp_sum(p);
+      ss[i * (kCtxKeys + 1) + lane] = p;
+      __syncwarp();
+      if (lane == 0) {
+        float a = mold == -INFINITY ? 0.f : __expf(mold - mnew);
+        al[i] = a;
+        l[i] = l[i] * a + sum;
+        m[i] = mnew;
+      }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < tile.n * D; idx += blockDim.x) {
+      int i = idx / D, d = idx % D;
+      float acc = os[idx] * al[i];
+      const float* pi = ss + i * (kCtxKeys + 1);
+      for (int j = 0; j < kc; j++) acc += pi[j] * to_f32(vs[j * KD + d]);
+      os[idx] = acc;
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < tile.n * D; idx += blockDim.x) {
+    int i = idx / D, d = idx % D;
+    att[(int64_t)(tile.row0 + i) * hidden + head * D + d] = from_f32<T>(os[idx] / l[i]);
+  }
+}
+
+template <typename T>
+void attention_context(const float* qkv, T* att, const T* kv, const CtxTile* tiles,
+                       const DevSeq* seqs, const int32_t* blocks, KVGeom g, int layer,
+                       int ntiles, cudaStream_t stream) {
+  if (ntiles == 0) return;
+  dim3 grid(ntiles, g.heads);
+  attention_context_kernel<T><<<grid, kCtxThreads, ctx_smem(g.head_dim), stream>>>(
+      qkv, att, kv, tiles, seqs, blocks, g, layer);
+  LAUNCH_CHECK("attention_context_kernel");
+}
+
+}  // namespace gollm

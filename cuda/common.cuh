@@ -1,0 +1,151 @@
+// common.cuh — errors, element types and block reductions shared by gollm's kernels.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+#include "gollm.h"
+
+namespace gollm {
+
+// Error is thrown inside the library and turned into a gollm_status at the ABI boundary.
+struct Error : std::runtime_error {
+  int32_t code;  // a gollm_code
+  Error(int32_t c, const std::string& msg) : std::runtime_error(msg), code(c) {}
+};
+
+inline void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
+  if (e == cudaSuccess) return;
+  int32_t code = e == cudaErrorMemoryAllocation ? GOLLM_ERR_OUT_OF_MEMORY : GOLLM_ERR_CUDA;
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%s: %s (%s, %s:%d)", what, cudaGetErrorString(e),
+                cudaGetErrorName(e), file, line);
+  throw Error(code, buf);
+}
+
+inline const char* cublas_name(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "CUBLAS_STATUS_UNKNOWN";
+  }
+}
+
+inline void check_cublas(cublasStatus_t s, const char* what, const char* file, int line) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%s: %s (%d, %s:%d)", what, cublas_name(s), (int)s, file,
+                line);
+  throw Error(s == CUBLAS_STATUS_ALLOC_FAILED ? GOLLM_ERR_OUT_OF_MEMORY : GOLLM_ERR_CUBLAS, buf);
+}
+
+#define CUDA_CHECK(x) ::gollm::check_cuda((x), #x, __FILE__, __LINE__)
+#define CUBLAS_CHECK(x) ::gollm::check_cublas((x), #x, __FILE__, __LINE__)
+// LAUNCH_CHECK reports a launch's configuration error at once (execution errors surface
+// at the step's synchronisation).
+#define LAUNCH_CHECK(name) ::gollm::check_cuda(cudaGetLastError(), name, __FILE__, __LINE__)
+
+// Element conversions for the two compute types.
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// Pair conversions for 4-byte loads of two elements.
+__device__ __forceinline__ float2 to_f32x2(__half2 x) { return __half22float2(x); }
+__device__ __forceinline__ float2 to_f32x2(__nv_bfloat162 x) { return __bfloat1622float2(x); }
+template <typename T> struct Pair;
+template <> struct Pair<__half> { using type = __half2; };
+template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// block_sum returns the sum of v over the block to every thread. red needs 32 slots of T;
+// blockDim.x is a multiple of 32.
+template <typename T>
+__device__ __forceinline__ T block_sum(T v, T* red) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // red may still be read by a previous reduction
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = lane < nw ? red[lane] : T(0);
+  return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float* red) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = lane < nw ? red[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+inline int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
+
+// DevSeq is a sequence's step descriptor as the kernels read it (built from gollm_seq).
+struct DevSeq {
+  int32_t blk_off;      // first entry of its block table in the step's block array
+  int32_t pos;          // position of its first new token
+  int32_t ntok;         // new tokens this step
+  int32_t flags;        // gollm_seq_flag bits
+  float temperature;    // 0: greedy
+  int32_t top_k;        // 0: no limit
+  float top_p;          // 0 or 1: no limit
+  float rep;            // repetition penalty; 0 or 1: none
+  float presence;       // presence penalty
+  float frequency;      // frequency penalty
+  int32_t pen_off;      // distinct history tokens and counts
+  int32_t pen_cnt;
+  int32_t mask_off;     // tokens to mask
+  int32_t mask_cnt;
+  int32_t bias_off;     // embedding bias, or -1
+  int32_t ret_row;      // row of the returned-logits buffer, or -1
+  double uniform;       // this step's draw in [0, 1)
+};
+
+// KVGeom locates a (block, layer, K|V, head) page of the pool, laid out
+// [block][layer][2][heads][tokens_per_block][head_dim] so that one head's keys within a
+// block are contiguous.
+struct KVGeom {
+  int layers, heads, head_dim, tokens_per_block;
+  __host__ __device__ __forceinline__ int64_t page(int64_t block, int layer, int kind,
+                                                   int head) const {
+    return (((block * layers + layer) * 2 + kind) * heads + head) * (int64_t)tokens_per_block *
+           head_dim;
+  }
+};
+
+}  // namespace gollm

@@ -1,0 +1,33 @@
+// convert.cuh — checkpoint tensors (F32, F16 or BF16, as stored) to the engine's types.
+#pragma once
+#include "common.cuh"
+
+namespace gollm {
+
+__device__ __forceinline__ float load_any(const void* src, int dtype, int64_t i) {
+  switch (dtype) {
+    case GOLLM_DTYPE_F16: return __half2float(static_cast<const __half*>(src)[i]);
+    case GOLLM_DTYPE_BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(src)[i]);
+    default: return static_cast<const float*>(src)[i];
+  }
+}
+
+// convert_kernel: dst[i] = (D) src[i] for n elements; src holds elements of type dtype.
+// Conversions go through fp32, which holds F16 and BF16 exactly.
+template <typename D>
+__global__ void convert_kernel(const void* __restrict__ src, int dtype, D* __restrict__ dst,
+                               int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    dst[i] = from_f32<D>(load_any(src, dtype, i));
+}
+
+template <typename D>
+void convert(const void* src, int dtype, D* dst, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  int blocks = (int)std::min<int64_t>((n + 255) / 256, 8192);
+  convert_kernel<D><<<blocks, 256, 0, stream>>>(src, dtype, dst, n);
+  LAUNCH_CHECK("convert_kernel");
+}
+
+}  // namespace gollm

@@ -1,0 +1,43 @@
+// embedding.cuh — token + position embedding fused with layer 0's first LayerNorm.
+#pragma once
+#include "layernorm.cuh"
+
+namespace gollm {
+
+// embedding_layernorm_kernel: one block per token row r.
+//   tokens, positions: [n] int32
+//   wte: [vocab][hidden] T;  wpe: [max_positions][hidden] T
+//   h:   [n][hidden] fp32, the residual stream, set to wte[token] + wpe[pos]
+//   xn:  [n][hidden] T, LayerNorm(h) with gamma, beta [hidden] fp32
+// Dynamic shared memory: hidden floats.
+template <typename T>
+__global__ void embedding_layernorm_kernel(const int32_t* __restrict__ tokens,
+                                           const int32_t* __restrict__ positions,
+                                           const T* __restrict__ wte, const T* __restrict__ wpe,
+                                           float* __restrict__ h, T* __restrict__ xn,
+                                           const float* __restrict__ gamma,
+                                           const float* __restrict__ beta, int hidden, float eps) {
+  extern __shared__ float row[];
+  int r = blockIdx.x;
+  const T* te = wte + (int64_t)tokens[r] * hidden;
+  const T* pe = wpe + (int64_t)positions[r] * hidden;
+  float* hr = h + (int64_t)r * hidden;
+  for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
+    float v = to_f32(te[c]) + to_f32(pe[c]);
+    row[c] = v;
+    hr[c] = v;
+  }
+  layernorm_row(row, xn + (int64_t)r * hidden, gamma, beta, hidden, eps);
+}
+
+template <typename T>
+void embedding_layernorm(const int32_t* tokens, const int32_t* positions, const T* wte,
+                         const T* wpe, float* h, T* xn, const float* gamma, const float* beta,
+                         int n, int hidden, float eps, cudaStream_t stream) {
+  if (n == 0) return;
+  embedding_layernorm_kernel<T><<<n, 256, hidden * sizeof(float), stream>>>(
+      tokens, positions, wte, wpe, h, xn, gamma, beta, hidden, eps);
+  LAUNCH_CHECK("embedding_layernorm_kernel");
+}
+
+}  // namespace gollm

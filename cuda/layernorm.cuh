@@ -1,0 +1,78 @@
+// layernorm.cuh — LayerNorm fused with the residual add.
+#pragma once
+#include "common.cuh"
+
+namespace gollm {
+
+// layernorm_row normalises the fp32 row in shared memory (hidden values) into out, with
+// gamma and beta [hidden] fp32: out = (x - mean) / sqrt(var + eps) * gamma + beta, the
+// variance biased as torch's LayerNorm. Called by every thread of the block.
+template <typename T>
+__device__ __forceinline__ void layernorm_row(const float* row, T* __restrict__ out,
+                                              const float* __restrict__ gamma,
+                                              const float* __restrict__ beta, int hidden,
+                                              float eps) {
+  __shared__ float red[32];
+  __syncthreads();
+  float s = 0.f;
+  for (int c = threadIdx.x; c < hidden; c += blockDim.x) s += row[c];
+  float mean = block_sum(s, red) / hidden;
+  float v = 0.f;
+  for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
+    float d = row[c] - mean;
+    v += d * d;
+  }
+  float rstd = rsqrtf(block_sum(v, red) / hidden + eps);
+  for (int c = threadIdx.x; c < hidden; c += blockDim.x)
+    out[c] = from_f32<T>((row[c] - mean) * rstd * gamma[c] + beta[c]);
+}
+
+// residual_layernorm_kernel: one block per row r.
+//   h:    [n][hidden] fp32 residual stream; h += a + bias
+//   a:    [n][hidden] fp32, a projection's output (before its bias)
+//   bias: [hidden] fp32
+//   xn:   [n][hidden] T = LayerNorm(h) with gamma, beta [hidden] fp32
+// Dynamic shared memory: hidden floats.
+template <typename T>
+__global__ void residual_layernorm_kernel(float* __restrict__ h, const float* __restrict__ a,
+                                          const float* __restrict__ bias, T* __restrict__ xn,
+                                          const float* __restrict__ gamma,
+                                          const float* __restrict__ beta, int hidden,
+                                          float eps) {
+  extern __shared__ float row[];
+  int64_t off = (int64_t)blockIdx.x * hidden;
+  for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
+    float v = h[off + c] + a[off + c] + bias[c];
+    row[c] = v;
+    h[off + c] = v;
+  }
+  layernorm_row(row, xn + off, gamma, beta, hidden, eps);
+}
+
+template <typename T>
+void residual_layernorm(float* h, const float* a, const float* bias, T* xn, const float* gamma,
+                        const float* beta, int n, int hidden, float eps, cudaStream_t stream) {
+  if (n == 0) return;
+  residual_layernorm_kernel<T><<<n, 256, hidden * sizeof(float), stream>>>(
+      h, a, bias, xn, gamma, beta, hidden, eps);
+  LAUNCH_CHECK("residual_layernorm_kernel");
+}
+
+// gather_rows_kernel copies rows src[idx[i]] to dst[i]: src, dst [*][width] T.
+template <typename T>
+__global__ void gather_rows_kernel(const T* __restrict__ src, const int32_t* __restrict__ idx,
+                                   T* __restrict__ dst, int width) {
+  const T* s = src + (int64_t)idx[blockIdx.x] * width;
+  T* d = dst + (int64_t)blockIdx.x * width;
+  for (int c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
+}
+
+template <typename T>
+void gather_rows(const T* src, const int32_t* idx, T* dst, int n, int width,
+                 cudaStream_t stream) {
+  if (n == 0) return;
+  gather_rows_kernel<T><<<n, 256, 0, stream>>>(src, idx, dst, width);
+  LAUNCH_CHECK("gather_rows_kernel");
+}
+
+}  // namespace gollm

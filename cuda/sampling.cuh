@@ -1,0 +1,316 @@
+// sampling.cuh — choosing each sequence's next token on the GPU, one block per sequence,
+// with the CPU engine's semantics (engine/sampling.go): bias → repetition, presence and
+// frequency penalties → masks (min length, bad words) → greedy, or temperature → top-k →
+// top-p → a draw with the caller's uniform number, in the order (logit desc, id asc).
+//
+// Top-k, top-p and the draw all ask "which element of the sorted order is the first whose
+// running total (of 1s, or of probabilities) crosses a threshold?". Instead of sorting, a
+// radix select answers it: four 8-bit passes over an order-preserving integer key of the
+// logit narrow it to one logit value, and a scan in id order settles ties.
+#pragma once
+#include "common.cuh"
+
+namespace gollm {
+
+constexpr int kSampleThreads = 512;
+constexpr int kSampleWarps = kSampleThreads / 32;
+
+// SampleScratch is the shared memory of sample_kernel.
+struct SampleScratch {
+  float hist[kSampleWarps][256];  // per-warp radix histograms
+  double bins[256];               // histograms summed over warps
+  double red[32];                 // reductions
+  float fred[32];
+  int ired[32];
+  int ired2[32];
+  int found;                      // search results
+  uint32_t key;
+  int id;
+  double before;
+};
+
+// order_key maps a float to a uint32 that sorts the same way (larger float, larger key).
+__device__ __forceinline__ uint32_t order_key(float f) {
+  uint32_t b = __float_as_uint(f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// Limit restricts a search to the first elements of the sorted order: those with a
+// larger key than key, or the same key and an id at most id.
+struct Limit {
+  bool on;
+  uint32_t key;
+  int id;
+  __device__ __forceinline__ bool admits(uint32_t k, int i) const {
+    return !on || k > key || (k == key && i <= id);
+  }
+};
+
+// Weight is the quantity a search accumulates: 1 per element (count) or its unnormalised
+// probability exp((w - mx) * scale).
+struct Weight {
+  bool mass;
+  float mx, scale;
+  __device__ __forceinline__ float of(float w) const {
+    if (!mass) return 1.f;
+    return w == -INFINITY ? 0.f : __expf((w - mx) * scale);
+  }
+};
+
+__device__ __forceinline__ bool crosses(double x, double thr, bool inclusive) {
+  return inclusive ? x >= thr : x > thr;
+}
+
+// block_exclusive_scan returns the sum of v over the threads before this one, and the
+// block's total in *total.
+__device__ __forceinline__ double block_exclusive_scan(double v, double* red, double* total) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  double incl = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    double u = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += u;
+  }
+  __syncthreads();
+  if (lane == 31) red[warp] = incl;
+  __syncthreads();
+  double base = 0, tot = 0;
+  for (int w = 0; w < nw; w++) {
+    if (w < warp) base += red[w];
+    tot += red[w];
+  }
+  *total = tot;
+  return base + incl - v;
+}
+
+// find_in_id_order finds the first element, in id order, among those with admit(i),
+// whose running weight (starting at before) crosses thr. Each thread scans a contiguous
+// range, so one block scan places every range. Returns the id, or -1.
+template <typename Admit>
+__device__ int find_in_id_order(const float* w, int V, Admit admit, Weight wt, double before,
+                                double thr, bool inclusive, SampleScratch& sm) {
+  int per = (V + blockDim.x - 1) / blockDim.x;
+  int lo = min(V, (int)threadIdx.x * per), hi = min(V, lo + per);
+  double local = 0;
+  for (int i = lo; i < hi; i++)
+    if (admit(i)) local += wt.of(w[i]);
+  double total;
+  double excl = block_exclusive_scan(local, sm.red, &total);
+  if (threadIdx.x == 0) sm.found = -1;
+  __syncthreads();
+  double run = before + excl;
+  if (!crosses(run, thr, inclusive) && crosses(run + local, thr, inclusive)) {
+    for (int i = lo; i < hi; i++) {
+      if (!admit(i)) continue;
+      run += wt.of(w[i]);
+      if (crosses(run, thr, inclusive)) {
+        sm.found = i;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  return sm.found;
+}
+
+// find_sorted finds the first element of the sorted order (logit desc, id asc), among
+// those lim admits, whose running weight crosses thr. On success it returns true and sets
+// sm.key and sm.id.
+__device__ bool find_sorted(const float* w, int V, Limit lim, Weight wt, double thr,
+                            bool inclusive, SampleScratch& sm) {
+  const int warp = threadIdx.x >> 5;
+  uint32_t prefix = 0, mask = 0;
+  double before = 0;
+  for (int pass = 0; pass < 4; pass++) {
+    const int shift = 24 - 8 * pass;
+    for (int i = threadIdx.x; i < kSampleWarps * 256; i += blockDim.x)
+      (&sm.hist[0][0])[i] = 0.f;
+    __syncthreads();
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+      float x = w[i];
+      uint32_t k = order_key(x);
+      if ((k & mask) != prefix || !lim.admits(k, i)) continue;
+      float v = wt.of(x);
+      if (v > 0.f || !wt.mass) atomicAdd(&sm.hist[warp][(k >> shift) & 255], v);
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+      double s = 0;
+      for (int q = 0; q < kSampleWarps; q++) s += sm.hist[q][b];
+      sm.bins[b] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int chosen = -1;
+      double run = before;
+      for (int b = 255; b >= 0; b--) {
+        if (crosses(run + sm.bins[b], thr, inclusive)) {
+          chosen = b;
+          break;
+        }
+        run += sm.bins[b];
+      }
+      sm.found = chosen;
+      sm.before = run;
+    }
+    __syncthreads();
+    if (sm.found < 0) return false;
+    prefix |= (uint32_t)sm.found << shift;
+    mask |= 0xFFu << shift;
+    before = sm.before;
+    __syncthreads();
+  }
+  const uint32_t key = prefix;
+  int id = find_in_id_order(
+      w, V, [&](int i) { return order_key(w[i]) == key && lim.admits(key, i); }, wt, before, thr,
+      inclusive, sm);
+  if (id < 0) return false;
+  if (threadIdx.x == 0) {
+    sm.key = key;
+    sm.id = id;
+  }
+  __syncthreads();
+  return true;
+}
+
+// sum_weight returns the total weight of the elements lim admits.
+__device__ double sum_weight(const float* w, int V, Limit lim, Weight wt, SampleScratch& sm) {
+  double s = 0;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    float x = w[i];
+    if (lim.admits(order_key(x), i)) s += wt.of(x);
+  }
+  return block_sum(s, sm.red);
+}
+
+// sample_kernel: one block per entry e of the step's sampling list.
+//   pen: (token, count) pairs at word sq.pen_off; masks at sq.mask_off; bias at sq.bias_off.
+//   logits: [rows][V] fp32, row samp_row[e] belongs to sequence samp_seq[e]; modified.
+//   retlog: [*][V] fp32, the biased logits of sequences with ret_row >= 0.
+//   out_tok[seq], out_lp[seq]: the token (-1: none asked, -2: every token masked) and its
+//   log-probability under the distribution it was drawn from.
+__global__ void __launch_bounds__(kSampleThreads) sample_kernel(
+    float* __restrict__ logits, const int32_t* __restrict__ samp_seq,
+    const int32_t* __restrict__ samp_row, const DevSeq* __restrict__ seqs,
+    const int32_t* __restrict__ pen, const int32_t* __restrict__ masks, const float* __restrict__ bias,
+    float* __restrict__ retlog, int32_t* __restrict__ out_tok, float* __restrict__ out_lp,
+    int V) {
+  __shared__ SampleScratch sm;
+  const int s = samp_seq[blockIdx.x];
+  if (s < 0) return;  // padding of a graph bucket
+  const DevSeq sq = seqs[s];
+  float* w = logits + (int64_t)samp_row[blockIdx.x] * V;
+  if (sq.bias_off >= 0) {
+    const float* b = bias + sq.bias_off;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) w[i] += b[i];
+  }
+  if (sq.ret_row >= 0) {
+    float* o = retlog + (int64_t)sq.ret_row * V;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) o[i] = w[i];
+  }
+  if (!(sq.flags & GOLLM_SEQ_SAMPLE)) {
+    if (threadIdx.x == 0) out_tok[s] = -1;
+    return;
+  }
+  __syncthreads();
+  const bool useRep = sq.rep != 0.f && sq.rep != 1.f;
+  if (useRep || sq.presence != 0.f || sq.frequency != 0.f) {
+    for (int k = threadIdx.x; k < sq.pen_cnt; k += blockDim.x) {
+      int t = pen[sq.pen_off + 2 * k];
+      float l = w[t];
+      if (useRep) l = l > 0.f ? l / sq.rep : l * sq.rep;
+      l -= sq.presence + sq.frequency * (float)pen[sq.pen_off + 2 * k + 1];
+      w[t] = l;
+    }
+    __syncthreads();
+  }
+  for (int k = threadIdx.x; k < sq.mask_cnt; k += blockDim.x) w[masks[sq.mask_off + k]] = -INFINITY;
+  __syncthreads();
+
+  // First maximum.
+  float bv = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    float x = w[i];
+    if (x > bv) {  // ids rise within a thread, so the first wins ties
+      bv = x;
+      bi = i;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sm.fred[warp] = bv;
+    sm.ired[warp] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int q = 1; q < kSampleWarps; q++)
+      if (sm.fred[q] > sm.fred[0] || (sm.fred[q] == sm.fred[0] && sm.ired[q] < sm.ired[0])) {
+        sm.fred[0] = sm.fred[q];
+        sm.ired[0] = sm.ired[q];
+      }
+  }
+  __syncthreads();
+  const float mx = sm.fred[0];
+  const int best = sm.ired[0];
+  if (mx == -INFINITY || best >= V) {
+    if (threadIdx.x == 0) out_tok[s] = -2;
+    return;
+  }
+  const bool greedy = sq.temperature == 0.f || sq.top_k == 1;
+  const float scale = greedy ? 1.f : 1.f / sq.temperature;
+  const Limit all{false, 0u, 0};
+  const Weight mass{true, mx, scale};
+  const double zall = sum_weight(w, V, all, mass, sm);
+  int tok = best;
+  if (!greedy) {
+    int k = sq.top_k;
+    if (k <= 0 || k > V) k = V;
+    const bool useP = sq.top_p > 0.f && sq.top_p < 1.f;
+    if (k == V && !useP) {
+      // No cut: the draw runs over the whole row in id order.
+      int t = find_in_id_order(w, V, [](int) { return true; }, mass, 0.0, sq.uniform * zall,
+                               false, sm);
+      if (t >= 0) tok = t;
+    } else {
+      Limit lim = all;
+      double z = zall;
+      if (k < V) {
+        const Weight count{false, 0.f, 1.f};
+        if (find_sorted(w, V, all, count, (double)k, true, sm)) {
+          lim = Limit{true, sm.key, sm.id};
+          z = sum_weight(w, V, lim, mass, sm);
+        }
+      }
+      if (useP && find_sorted(w, V, lim, mass, (double)sq.top_p * z, true, sm)) {
+        lim = Limit{true, sm.key, sm.id};
+        z = sum_weight(w, V, lim, mass, sm);
+      }
+      if (find_sorted(w, V, lim, mass, sq.uniform * z, false, sm)) tok = sm.id;
+    }
+  }
+  if (threadIdx.x == 0) {
+    out_tok[s] = tok;
+    out_lp[s] = (float)((double)(w[tok] - mx) * scale - log(zall));
+  }
+}
+
+inline void sample(float* logits, const int32_t* samp_seq, const int32_t* samp_row,
+            const DevSeq* seqs, const int32_t* pen, const int32_t* masks,
+            const float* bias, float* retlog, int32_t* out_tok, float* out_lp, int count, int V,
+            cudaStream_t stream) {
+  if (count == 0) return;
+  sample_kernel<<<count, kSampleThreads, 0, stream>>>(logits, samp_seq, samp_row, seqs, pen,
+                                                     masks, bias, retlog, out_tok,
+                                                     out_lp, V);
+  LAUNCH_CHECK("sample_kernel");
+}
+
+}  // namespace gollm
