@@ -222,6 +222,10 @@ func streamInfer(ctx context.Context, c kserve.GRPCInferenceServiceClient, req *
 	if err := stream.CloseSend(); err != nil {
 		return res, fmt.Errorf("close stream: %w", err)
 	}
+	// End the call the way clients do: wait for the server to close its side.
+	if msg, err := stream.Recv(); err != io.EOF {
+		return res, fmt.Errorf("request %s: after the final response: got %v, %v; want the end of the stream", req.GetId(), msg, err)
+	}
 	return res, nil
 }
 

@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -341,31 +342,60 @@ func TestShutdown(t *testing.T) {
 		}
 	})
 
-	t.Run("SIGINT with a request in flight exits with code 0", func(t *testing.T) {
+	t.Run("SIGINT with a request in flight lets it finish and exits with code 0", func(t *testing.T) {
 		s := harness.Start(t, harness.Options{})
+		ck := demoCheckpoint(t)
+		const n = 200
+		want := greedyTokens(t, ck.dir, tokenPrompt, n)
 		c := s.Client(t)
 		ctx := testContext(t, 2*time.Minute)
 		stream, err := c.ModelStreamInfer(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := stream.Send(inferRequest(modelName, "in-flight", tokenInputs(tokenPrompt, 200, true))); err != nil {
+		if err := stream.Send(inferRequest(modelName, "in-flight", tokenInputs(tokenPrompt, n, true))); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := stream.Recv(); err != nil {
-			t.Fatalf("first response: %v", err)
+		first, err := stream.Recv()
+		if err != nil || first.GetErrorMessage() != "" {
+			t.Fatalf("first response: %v, error %q", err, first.GetErrorMessage())
 		}
-		// Keep reading so the server is not held back by a full stream.
+		tokens, _, _, err := outputInt32(first.GetInferResponse(), "output_ids")
+		if err != nil {
+			t.Fatal(err)
+		}
+		type exit struct {
+			code int
+			err  error
+		}
+		stopped := make(chan exit, 1)
 		go func() {
-			for {
-				if _, err := stream.Recv(); err != nil {
-					return
-				}
-			}
+			code, err := s.Stop()
+			stopped <- exit{code, err}
 		}()
-		code, err := s.Stop()
-		if err != nil || code != 0 {
-			t.Fatalf("Stop = %d, %v; want exit code 0", code, err)
+		// The client reads its request to the end and then ends the call, as clients
+		// do; tritonserver keeps the model until open streams end.
+		res, err := readStream(stream, "in-flight")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.CloseSend(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.Recv(); err != io.EOF {
+			t.Errorf("after the final response: %v, want the end of the stream", err)
+		}
+		tokens = append(tokens, res.tokens...)
+		if res.errMsg != "" || !slices.Equal(tokens, want) {
+			t.Errorf("the request in flight ended with %d tokens, error %q; want all %d greedy tokens", len(tokens), res.errMsg, n)
+		}
+		select {
+		case e := <-stopped:
+			if e.err != nil || e.code != 0 {
+				t.Fatalf("Stop = %d, %v; want exit code 0", e.code, e.err)
+			}
+		case <-time.After(90 * time.Second):
+			t.Fatal("tritonserver did not exit within 90 s of SIGINT")
 		}
 	})
 }

@@ -79,7 +79,8 @@ type Options struct {
 	Flags []string
 	// ReadyTimeout bounds the wait for readiness; zero means DefaultReadyTimeout.
 	ReadyTimeout time.Duration
-	// LogVerbose is tritonserver's --log-verbose level.
+	// LogVerbose is tritonserver's --log-verbose level; zero takes the environment
+	// variable GOLLM_TRITON_LOG_VERBOSE (for debugging a run), else 0.
 	LogVerbose int
 }
 
@@ -226,6 +227,10 @@ func Launch(opts Options) (*Server, error) {
 
 // start runs the process once and waits for readiness.
 func (s *Server) start(bin string, opts Options) error {
+	verbose := opts.LogVerbose
+	if verbose == 0 {
+		verbose, _ = strconv.Atoi(os.Getenv("GOLLM_TRITON_LOG_VERBOSE"))
+	}
 	ports, err := freePorts(3)
 	if err != nil {
 		return fmt.Errorf("launch tritonserver: %w", err)
@@ -239,7 +244,7 @@ func (s *Server) start(bin string, opts Options) error {
 		"--metrics-address=127.0.0.1", "--metrics-port=" + strconv.Itoa(s.MetricsPort),
 		"--allow-gpu-metrics=false",
 		"--exit-timeout-secs=20",
-		"--log-verbose=" + strconv.Itoa(opts.LogVerbose),
+		"--log-verbose=" + strconv.Itoa(verbose),
 	}
 	args = append(args, opts.Flags...)
 	f, err := os.Create(s.LogPath)
