@@ -1,0 +1,244 @@
+package cuda
+
+import (
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+
+	"gollm/engine"
+	"gollm/model"
+)
+
+func TestSplitBatch(t *testing.T) {
+	b := &engine.Batch{Seqs: []engine.Sequence{
+		{Tokens: make([]int32, 10)}, {Tokens: make([]int32, 1)}, {Tokens: make([]int32, 3)},
+	}}
+	tests := []struct {
+		name              string
+		maxTokens, maxSeq int
+		want              [][]piece
+	}{
+		{"a batch within the limits is one call", 100, 10, [][]piece{{{0, 0, 10, true}, {1, 0, 1, true}, {2, 0, 3, true}}}},
+		{"a long prompt is cut into chunks", 4, 10, [][]piece{
+			{{0, 0, 4, false}}, {{0, 4, 8, false}}, {{0, 8, 10, true}, {1, 0, 1, true}, {2, 0, 1, false}}, {{2, 1, 3, true}},
+		}},
+		{"too many sequences start a new call", 100, 2, [][]piece{{{0, 0, 10, true}, {1, 0, 1, true}}, {{2, 0, 3, true}}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := splitBatch(b, tc.maxTokens, tc.maxSeq)
+			if !slices.EqualFunc(got, tc.want, slices.Equal) {
+				t.Fatalf("splitBatch = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func testInfo() engine.Info {
+	return engine.Info{VocabSize: 50, MaxSeqLen: 64, NumBlocks: 8, TokensPerBlock: 4}
+}
+
+func TestBuildFlattensSequences(t *testing.T) {
+	info := testInfo()
+	var p stepPrep
+	p.init(info.VocabSize, info.NumBlocks)
+	bias := make([]float32, info.VocabSize)
+	b := &engine.Batch{Seqs: []engine.Sequence{
+		{ID: 1, Tokens: []int32{1, 2, 3, 4, 5}, Pos: 0, Blocks: []int32{6, 2, 7}, ContextLogits: true, Sample: true,
+			History: []int32{1, 2, 3, 4, 5}, Sampling: engine.SamplingParams{EndID: -1}},
+		{ID: 2, Tokens: []int32{9}, Pos: 6, Blocks: []int32{0, 1, 3}, Sample: true, ReturnLogits: true, NumGenerated: 2,
+			History: []int32{7, 9, 7, 8, 7, 9, 9}, Sampling: engine.SamplingParams{
+				Temperature: 0.5, TopK: 3, TopP: 0.9, Seed: 11, RepetitionPenalty: 1.2, FrequencyPenalty: 0.1,
+				MinLength: 5, EndID: 49, BadWords: [][]int32{{9, 4}, {8, 5}, {6}}, EmbeddingBias: bias}},
+	}}
+	if err := p.validate(b, info); err != nil {
+		t.Fatal(err)
+	}
+	part := splitBatch(b, 100, 10)[0]
+	p.build(b, part, info)
+	if got := p.tokens; !slices.Equal(got, []int32{1, 2, 3, 4, 5, 9}) {
+		t.Errorf("tokens = %v", got)
+	}
+	// Sequence 1 covers positions [0, 5): 2 blocks; sequence 2 positions [0, 7): 2 blocks.
+	if got := p.blocks; !slices.Equal(got, []int32{6, 2, 0, 1}) {
+		t.Errorf("blocks = %v, want only the blocks the positions need", got)
+	}
+	s0, s1 := p.seqs[0], p.seqs[1]
+	if s0.flags != 5 || s1.flags != 3 {
+		t.Errorf("flags = %d, %d; want context+sample (5) and sample+return (3)", s0.flags, s1.flags)
+	}
+	if s0.logits_offset != 0 || s1.logits_offset != 5*50 || p.logitsLen != 6*50 {
+		t.Errorf("logits offsets %d, %d and length %d; want 0, 250, 300", s0.logits_offset, s1.logits_offset, p.logitsLen)
+	}
+	if s0.penalty_count != 0 || s0.mask_count != 0 || s0.bias_offset != -1 {
+		t.Errorf("greedy sequence has penalties %d, masks %d, bias %d", s0.penalty_count, s0.mask_count, s0.bias_offset)
+	}
+	pen := map[int32]int32{}
+	for i := range int(s1.penalty_count) {
+		pen[p.penTok[int(s1.penalty_offset)+i]] = p.penCnt[int(s1.penalty_offset)+i]
+	}
+	if want := map[int32]int32{7: 3, 8: 1, 9: 3}; len(pen) != 3 || pen[7] != want[7] || pen[8] != want[8] || pen[9] != want[9] {
+		t.Errorf("penalty counts = %v, want %v", pen, want)
+	}
+	masks := p.masks[s1.mask_offset : s1.mask_offset+s1.mask_count]
+	// min length masks 49; the history ends with 9, so bad word {9,4} masks 4; {6} always.
+	if !slices.Equal(masks, []int32{49, 4, 6}) {
+		t.Errorf("masks = %v, want [49 4 6]", masks)
+	}
+	if s1.bias_offset != 0 || len(p.bias) != 50 {
+		t.Errorf("bias offset %d, %d biases", s1.bias_offset, len(p.bias))
+	}
+	if u := float64(s1.uniform); !(u >= 0 && u < 1) || u != uniform(11, 2) {
+		t.Errorf("uniform = %g, want uniform(11, 2) = %g", u, uniform(11, 2))
+	}
+	for i := range p.counts {
+		if p.counts[i] != 0 {
+			t.Fatalf("counts[%d] = %d after build; the buffer must be left zero", i, p.counts[i])
+		}
+	}
+}
+
+func TestCollectJoinsChunkedContextLogits(t *testing.T) {
+	info := testInfo()
+	V := info.VocabSize
+	var p stepPrep
+	p.init(V, info.NumBlocks)
+	b := &engine.Batch{Seqs: []engine.Sequence{{ID: 1, Tokens: []int32{1, 2, 3}, Blocks: []int32{0}, ContextLogits: true, Sample: true, ReturnLogits: true, Sampling: engine.SamplingParams{EndID: -1}}}}
+	outs := make([]engine.Output, 1)
+	for i, part := range splitBatch(b, 2, 10) {
+		p.build(b, part, info)
+		logits := make([]float32, p.logitsLen)
+		for j := range logits {
+			logits[j] = float32(i*1000 + j)
+		}
+		p.outTok[0], p.outLP[0] = 42, -0.5
+		p.collect(b, part, logits, outs, V)
+	}
+	o := outs[0]
+	if len(o.ContextLogits) != 3*V || o.ContextLogits[2*V] != 1000 || o.ContextLogits[V] != float32(V) {
+		t.Errorf("context logits not joined in order: len %d", len(o.ContextLogits))
+	}
+	if len(o.Logits) != V || o.Logits[0] != float32(1000+V) {
+		t.Errorf("returned logits should follow the last chunk's context rows")
+	}
+	if o.Token != 42 || o.LogProb != -0.5 {
+		t.Errorf("token %d, log-prob %g", o.Token, o.LogProb)
+	}
+}
+
+func TestValidateRejectsBadSequences(t *testing.T) {
+	info := testInfo()
+	ok := func() engine.Sequence {
+		return engine.Sequence{ID: 7, Tokens: []int32{1, 2}, Pos: 3, Blocks: []int32{4, 5}, Sample: true, Sampling: engine.SamplingParams{EndID: -1}}
+	}
+	tests := []struct {
+		name string
+		mod  func(*engine.Batch)
+		want string
+	}{
+		{"empty tokens", func(b *engine.Batch) { b.Seqs[0].Tokens = nil }, "Tokens is empty"},
+		{"token outside the vocabulary", func(b *engine.Batch) { b.Seqs[0].Tokens[1] = 50 }, "Tokens[1] = 50 is outside the vocabulary"},
+		{"too long", func(b *engine.Batch) { b.Seqs[0].Pos = 63 }, "exceeds the model's maximum sequence length"},
+		{"short block table", func(b *engine.Batch) { b.Seqs[0].Blocks = b.Seqs[0].Blocks[:1] }, "block table has 1 blocks"},
+		{"block outside the pool", func(b *engine.Batch) { b.Seqs[0].Blocks[1] = 8 }, "Blocks[1] = 8 is outside the KV pool"},
+		{"block listed twice", func(b *engine.Batch) { b.Seqs[0].Blocks[1] = 4 }, "lists KV block 4 twice"},
+		{"two sequences write one block", func(b *engine.Batch) {
+			s := ok()
+			s.ID, s.Blocks = 8, []int32{3, 5}
+			b.Seqs = append(b.Seqs, s)
+		}, "writes KV block 5, which sequence 7 also writes"},
+		{"bad top_p", func(b *engine.Batch) { b.Seqs[0].Sampling.TopP = 1.5 }, "top_p 1.5 must be in [0, 1]"},
+		{"short bias", func(b *engine.Batch) { b.Seqs[0].Sampling.EmbeddingBias = []float32{1} }, "embedding_bias has 1 values"},
+		{"history outside the vocabulary", func(b *engine.Batch) { b.Seqs[0].History = []int32{-1} }, "History[0] = -1"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var p stepPrep
+			p.init(info.VocabSize, info.NumBlocks)
+			b := &engine.Batch{Seqs: []engine.Sequence{ok()}}
+			if err := p.validate(b, info); err != nil {
+				t.Fatalf("the unmodified batch fails: %v", err)
+			}
+			tc.mod(b)
+			err := p.validate(b, info)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("validate = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestUniformIsInUnitInterval(t *testing.T) {
+	seen := map[float64]bool{}
+	for n := range 1000 {
+		u := uniform(12345, n)
+		if !(u >= 0 && u < 1) || math.IsNaN(u) {
+			t.Fatalf("uniform(12345, %d) = %g", n, u)
+		}
+		seen[u] = true
+	}
+	if len(seen) < 1000 {
+		t.Errorf("only %d distinct draws in 1000 steps", len(seen))
+	}
+}
+
+func TestMissingLibraryIsAnError(t *testing.T) {
+	ckpt, err := model.Open(filepath.Join("..", "..", "testdata", "gpt2-tiny"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ckpt.Close()
+	_, err = New(ckpt, Options{Library: "/nonexistent/libgollm_cuda.so"})
+	if err == nil || !strings.Contains(err.Error(), "/nonexistent/libgollm_cuda.so") {
+		t.Fatalf("New with a missing library = %v, want an error naming the path", err)
+	}
+}
+
+func TestOptionsAreChecked(t *testing.T) {
+	ckpt, err := model.Open(filepath.Join("..", "..", "testdata", "gpt2-tiny"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ckpt.Close()
+	if _, err := LoadWeights(ckpt, Options{DType: "int8"}); err == nil || !strings.Contains(err.Error(), `data_type "int8"`) {
+		t.Errorf("LoadWeights with dtype int8 = %v", err)
+	}
+	if _, err := NewEngine(&Weights{}, Options{TokensPerBlock: -1}); err == nil || !strings.Contains(err.Error(), "TokensPerBlock -1") {
+		t.Errorf("NewEngine with TokensPerBlock -1 = %v", err)
+	}
+}
+
+// TestBuiltLibraryFailsCleanlyWithoutGPU opens the library CMake built, when there is one:
+// on a machine without a GPU (or without cuBLAS on the loader's path) making an engine
+// must return an error, never crash the process; with a GPU it must work.
+func TestBuiltLibraryFailsCleanlyWithoutGPU(t *testing.T) {
+	path, _ := filepath.Abs(filepath.Join("..", "..", "build", LibraryName))
+	if _, err := os.Stat(path); err != nil {
+		t.Skipf("%s not built", path)
+	}
+	ckpt, err := model.Open(filepath.Join("..", "..", "testdata", "gpt2-tiny"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ckpt.Close()
+	e, err := New(ckpt, Options{Library: path, NumBlocks: 8, TokensPerBlock: 16, MaxTokens: 64, MaxSeqs: 4})
+	if err != nil {
+		var ce *Error
+		if errors.As(err, &ce) && ce.Code != CodeCUDA && ce.Code != CodeOutOfMemory {
+			t.Fatalf("New = %v, want a CUDA error on a machine without a GPU", err)
+		}
+		t.Logf("no GPU engine here: %v", err)
+		return
+	}
+	defer e.Close()
+	runtime.GC()
+	outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{{Tokens: []int32{1, 2, 3}, Blocks: []int32{0}, Sample: true, Sampling: engine.SamplingParams{EndID: -1}}}})
+	if err != nil || len(outs) != 1 || outs[0].Token < 0 {
+		t.Fatalf("Step = %v, %v", outs, err)
+	}
+}

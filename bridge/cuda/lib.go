@@ -1,0 +1,179 @@
+// Package cuda runs gollm's CUDA engine (libgollm_cuda.so, built from cuda/) behind the
+// engine.Engine interface. It is the only Go code that calls cuda/.
+//
+// The library is opened with dlopen when the first GPU engine is made, so a program that
+// imports this package (the Triton backend) loads and runs on a machine with no GPU and no
+// CUDA libraries; only NewEngine fails there, with the loader's message. It is looked up
+// in this order: Options.Library, $GOLLM_CUDA_LIB, the folder of the binary or shared
+// library this package is linked into (the backend's folder under tritonserver), then the
+// dynamic loader's search path.
+package cuda
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../../cuda
+#cgo LDFLAGS: -ldl
+#include <stdlib.h>
+#include "trampoline.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"unsafe"
+)
+
+// LibraryName is the file name of the CUDA engine library.
+const LibraryName = "libgollm_cuda.so"
+
+// EnvLibrary names the environment variable that overrides where the library is found.
+const EnvLibrary = "GOLLM_CUDA_LIB"
+
+// lib holds the opened library's entry points.
+type lib struct {
+	// path is the file that was opened.
+	path string
+	// handle is dlopen's handle.
+	handle unsafe.Pointer
+	// abiVersion … engineDestroy are the gollm_* functions.
+	abiVersion, deviceCount, weightsCreate, weightsRelease unsafe.Pointer
+	engineCreate, step, engineDestroy                      unsafe.Pointer
+}
+
+var (
+	// libMu guards libs.
+	libMu sync.Mutex
+	// libs caches opened libraries by the path asked for ("" for the default search).
+	libs = map[string]*lib{}
+)
+
+// candidates lists where to look for the library, in order.
+func candidates(explicit string) []string {
+	if explicit != "" {
+		return []string{explicit}
+	}
+	var out []string
+	if env := os.Getenv(EnvLibrary); env != "" {
+		out = append(out, env)
+	}
+	if self := C.gollm_self_path(); self != nil {
+		out = append(out, filepath.Join(filepath.Dir(C.GoString(self)), LibraryName))
+	}
+	return append(out, LibraryName)
+}
+
+// openLib opens (once) and checks the engine library.
+func openLib(explicit string) (*lib, error) {
+	libMu.Lock()
+	defer libMu.Unlock()
+	if l, ok := libs[explicit]; ok {
+		return l, nil
+	}
+	var errs []error
+	for _, path := range candidates(explicit) {
+		if path != LibraryName {
+			if _, err := os.Stat(path); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", path, err))
+				continue
+			}
+		}
+		cpath := C.CString(path)
+		h := C.gollm_open(cpath)
+		C.free(unsafe.Pointer(cpath))
+		if h == nil {
+			errs = append(errs, fmt.Errorf("dlopen %s: %s", path, C.GoString(C.gollm_dlerror())))
+			continue
+		}
+		l := &lib{path: path, handle: h}
+		if err := l.resolve(); err != nil {
+			return nil, fmt.Errorf("cuda: %s: %w", path, err)
+		}
+		if v := C.call_abi_version(l.abiVersion); v != C.GOLLM_ABI_VERSION {
+			return nil, fmt.Errorf("cuda: %s has ABI version %d, this build expects %d", path, int(v), C.GOLLM_ABI_VERSION)
+		}
+		libs[explicit] = l
+		return l, nil
+	}
+	return nil, fmt.Errorf("cuda: cannot load %s (set %s to its path): %w", LibraryName, EnvLibrary, errors.Join(errs...))
+}
+
+// resolve looks up every entry point.
+func (l *lib) resolve() error {
+	for _, s := range []struct {
+		name string
+		dst  *unsafe.Pointer
+	}{
+		{"gollm_abi_version", &l.abiVersion},
+		{"gollm_device_count", &l.deviceCount},
+		{"gollm_weights_create", &l.weightsCreate},
+		{"gollm_weights_release", &l.weightsRelease},
+		{"gollm_engine_create", &l.engineCreate},
+		{"gollm_step", &l.step},
+		{"gollm_engine_destroy", &l.engineDestroy},
+	} {
+		cname := C.CString(s.name)
+		p := C.gollm_sym(l.handle, cname)
+		C.free(unsafe.Pointer(cname))
+		if p == nil {
+			return fmt.Errorf("symbol %s not found", s.name)
+		}
+		*s.dst = p
+	}
+	return nil
+}
+
+// Error is an error reported by the CUDA library.
+type Error struct {
+	// Code is the gollm_code.
+	Code int
+	// Op names the call that failed.
+	Op string
+	// Message is the library's description.
+	Message string
+}
+
+// Error codes of gollm.h.
+const (
+	CodeInvalidArgument = 1
+	CodeCUDA            = 2
+	CodeCUBLAS          = 3
+	CodeOutOfMemory     = 4
+	CodeInternal        = 5
+	CodeAllMasked       = 6
+)
+
+func (e *Error) Error() string {
+	kind := map[int]string{CodeInvalidArgument: "invalid argument", CodeCUDA: "CUDA error",
+		CodeCUBLAS: "cuBLAS error", CodeOutOfMemory: "out of memory", CodeInternal: "internal error",
+		CodeAllMasked: "every token masked"}[e.Code]
+	if kind == "" {
+		kind = fmt.Sprintf("code %d", e.Code)
+	}
+	return fmt.Sprintf("cuda: %s: %s: %s", e.Op, kind, e.Message)
+}
+
+// statusErr converts a gollm_status into an error (nil on success).
+func statusErr(op string, code C.int32_t, st *C.gollm_status) error {
+	if code == C.GOLLM_OK {
+		return nil
+	}
+	return &Error{Code: int(code), Op: op, Message: C.GoString(&st.message[0])}
+}
+
+// DeviceCount returns the number of CUDA devices, loading the library from path (""
+// for the default search).
+func DeviceCount(path string) (int, error) {
+	l, err := openLib(path)
+	if err != nil {
+		return 0, err
+	}
+	var n C.int32_t
+	var st C.gollm_status
+	if err := statusErr("gollm_device_count", C.call_device_count(l.deviceCount, &n, &st), &st); err != nil {
+		return 0, err
+	}
+	return int(n), nil
+}

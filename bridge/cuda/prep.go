@@ -1,0 +1,322 @@
+package cuda
+
+/*
+#include "trampoline.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"gollm/engine"
+)
+
+// piece is a run of one sequence's new tokens handled by one library call.
+type piece struct {
+	// seq is the index in Batch.Seqs.
+	seq int
+	// from and to bound the run within the sequence's Tokens.
+	from, to int
+	// last is set on the run that ends the sequence's Tokens: it samples and returns
+	// the last position's logits.
+	last bool
+}
+
+// splitBatch cuts b into library calls of at most maxTokens tokens and maxSeqs
+// sequences, in order; a prompt too long for one call is split into chunks.
+func splitBatch(b *engine.Batch, maxTokens, maxSeqs int) [][]piece {
+	var parts [][]piece
+	var cur []piece
+	curTok := 0
+	for si := range b.Seqs {
+		n := len(b.Seqs[si].Tokens)
+		for from := 0; from < n; {
+			if len(cur) == maxSeqs || curTok == maxTokens {
+				parts = append(parts, cur)
+				cur, curTok = nil, 0
+			}
+			k := min(n-from, maxTokens-curTok)
+			cur = append(cur, piece{seq: si, from: from, to: from + k, last: from+k == n})
+			curTok += k
+			from += k
+		}
+	}
+	if len(cur) > 0 {
+		parts = append(parts, cur)
+	}
+	return parts
+}
+
+// stepPrep holds the flat arrays of one library call, reused between steps.
+type stepPrep struct {
+	// seqs are the per-sequence descriptors.
+	seqs []C.gollm_seq
+	// ids are the sequence IDs, for error messages.
+	ids []uint64
+	// tokens, blocks: new tokens and block tables of all sequences.
+	tokens, blocks []int32
+	// penTok and penCnt are the distinct history tokens with their counts.
+	penTok, penCnt []int32
+	// masks are the tokens to mask (min length, bad words).
+	masks []int32
+	// bias holds the embedding biases.
+	bias []float32
+	// logitsLen is the number of floats of returned logits.
+	logitsLen int
+	// outTok and outLP receive the sampled tokens and log-probabilities.
+	outTok []int32
+	outLP  []float32
+	// counts counts a history's tokens [vocab]; zero between uses.
+	counts []int32
+	// seen lists the distinct tokens counted.
+	seen []int32
+	// blockSeq, blockStep and blockMark detect KV blocks written twice in a step or
+	// listed twice in a table; stepNo and seqNo number the checks.
+	blockSeq, blockStep, blockMark []int
+	stepNo, seqNo                  int
+}
+
+// init sizes the per-vocabulary and per-block buffers.
+func (p *stepPrep) init(vocab, blocks int) {
+	p.counts = make([]int32, vocab)
+	p.blockSeq = make([]int, blocks)
+	p.blockStep = make([]int, blocks)
+	p.blockMark = make([]int, blocks)
+}
+
+// build fills the arrays for the pieces of one call.
+func (p *stepPrep) build(b *engine.Batch, part []piece, info engine.Info) {
+	T, V := info.TokensPerBlock, info.VocabSize
+	p.seqs, p.ids = p.seqs[:0], p.ids[:0]
+	p.tokens, p.blocks = p.tokens[:0], p.blocks[:0]
+	p.penTok, p.penCnt, p.masks, p.bias = p.penTok[:0], p.penCnt[:0], p.masks[:0], p.bias[:0]
+	p.logitsLen = 0
+	for _, pc := range part {
+		sq := &b.Seqs[pc.seq]
+		n := pc.to - pc.from
+		pos := sq.Pos + pc.from
+		need := (pos + n + T - 1) / T
+		d := C.gollm_seq{
+			token_offset: C.int32_t(len(p.tokens)), token_count: C.int32_t(n), pos: C.int32_t(pos),
+			block_offset: C.int32_t(len(p.blocks)), block_count: C.int32_t(need),
+			logits_offset: C.int64_t(p.logitsLen), bias_offset: -1,
+		}
+		p.tokens = append(p.tokens, sq.Tokens[pc.from:pc.to]...)
+		p.blocks = append(p.blocks, sq.Blocks[:need]...)
+		if sq.ContextLogits {
+			d.flags |= C.GOLLM_SEQ_CONTEXT_LOGITS
+			p.logitsLen += n * V
+		}
+		if pc.last && sq.ReturnLogits {
+			d.flags |= C.GOLLM_SEQ_RETURN_LOGITS
+			p.logitsLen += V
+		}
+		sp := &sq.Sampling
+		if pc.last && (sq.Sample || sq.ReturnLogits) && len(sp.EmbeddingBias) > 0 {
+			d.bias_offset = C.int32_t(len(p.bias))
+			p.bias = append(p.bias, sp.EmbeddingBias...)
+		}
+		if pc.last && sq.Sample {
+			d.flags |= C.GOLLM_SEQ_SAMPLE
+			d.temperature = C.float(sp.Temperature)
+			d.top_k = C.int32_t(sp.TopK)
+			d.top_p = C.float(sp.TopP)
+			d.repetition_penalty = C.float(sp.RepetitionPenalty)
+			d.presence_penalty = C.float(sp.PresencePenalty)
+			d.frequency_penalty = C.float(sp.FrequencyPenalty)
+			d.uniform = C.double(uniform(sp.Seed, sq.NumGenerated))
+			d.penalty_offset = C.int32_t(len(p.penTok))
+			if (sp.RepetitionPenalty != 0 && sp.RepetitionPenalty != 1) || sp.PresencePenalty != 0 || sp.FrequencyPenalty != 0 {
+				p.countHistory(sq.History)
+			}
+			d.penalty_count = C.int32_t(len(p.penTok) - int(d.penalty_offset))
+			d.mask_offset = C.int32_t(len(p.masks))
+			if sp.EndID >= 0 && sq.NumGenerated < sp.MinLength {
+				p.masks = append(p.masks, sp.EndID)
+			}
+			for _, word := range sp.BadWords {
+				prefix := word[:len(word)-1]
+				if len(sq.History) >= len(prefix) && slices.Equal(sq.History[len(sq.History)-len(prefix):], prefix) {
+					p.masks = append(p.masks, word[len(word)-1])
+				}
+			}
+			d.mask_count = C.int32_t(len(p.masks) - int(d.mask_offset))
+		}
+		p.seqs = append(p.seqs, d)
+		p.ids = append(p.ids, sq.ID)
+	}
+	p.outTok = slices.Grow(p.outTok[:0], len(part))[:len(part)]
+	p.outLP = slices.Grow(p.outLP[:0], len(part))[:len(part)]
+}
+
+// countHistory appends hist's distinct tokens and their counts to penTok and penCnt.
+func (p *stepPrep) countHistory(hist []int32) {
+	p.seen = p.seen[:0]
+	for _, t := range hist {
+		if p.counts[t] == 0 {
+			p.seen = append(p.seen, t)
+		}
+		p.counts[t]++
+	}
+	for _, t := range p.seen {
+		p.penTok = append(p.penTok, t)
+		p.penCnt = append(p.penCnt, p.counts[t])
+		p.counts[t] = 0
+	}
+}
+
+// collect moves one call's results into outs. Logits slices share the call's buffer,
+// each capped at its own length; context logits of a prompt split over calls are joined.
+func (p *stepPrep) collect(b *engine.Batch, part []piece, logits []float32, outs []engine.Output, V int) {
+	for i, pc := range part {
+		sq := &b.Seqs[pc.seq]
+		o := &outs[pc.seq]
+		off := int(p.seqs[i].logits_offset)
+		if sq.ContextLogits {
+			n := (pc.to - pc.from) * V
+			rows := logits[off : off+n : off+n]
+			if pc.from == 0 && pc.last {
+				o.ContextLogits = rows
+			} else {
+				o.ContextLogits = append(o.ContextLogits, rows...)
+			}
+			off += n
+		}
+		if !pc.last {
+			continue
+		}
+		o.Token = -1
+		if sq.ReturnLogits {
+			o.Logits = logits[off : off+V : off+V]
+		}
+		if sq.Sample {
+			o.Token, o.LogProb = p.outTok[i], p.outLP[i]
+		}
+	}
+}
+
+// validate checks every sequence of b as the CPU engine does, with the same rules and
+// messages, before anything reaches the GPU.
+func (p *stepPrep) validate(b *engine.Batch, info engine.Info) error {
+	p.stepNo++
+	T, V := info.TokensPerBlock, info.VocabSize
+	for si := range b.Seqs {
+		sq := &b.Seqs[si]
+		fail := func(format string, args ...any) error {
+			return fmt.Errorf("cuda: sequence %d: %s", sq.ID, fmt.Sprintf(format, args...))
+		}
+		if len(sq.Tokens) == 0 {
+			return fail("Tokens is empty; every scheduled sequence needs at least one new token")
+		}
+		for i, t := range sq.Tokens {
+			if t < 0 || int(t) >= V {
+				return fail("Tokens[%d] = %d is outside the vocabulary [0, %d)", i, t, V)
+			}
+		}
+		if sq.Pos < 0 {
+			return fail("Pos = %d is negative", sq.Pos)
+		}
+		end := sq.Pos + len(sq.Tokens)
+		if end > info.MaxSeqLen {
+			return fail("Pos %d + %d tokens = %d exceeds the model's maximum sequence length %d", sq.Pos, len(sq.Tokens), end, info.MaxSeqLen)
+		}
+		need := (end + T - 1) / T
+		if len(sq.Blocks) < need {
+			return fail("block table has %d blocks, positions [0, %d) need %d of %d tokens", len(sq.Blocks), end, need, T)
+		}
+		p.seqNo++
+		for i, blk := range sq.Blocks[:need] {
+			if blk < 0 || int(blk) >= info.NumBlocks {
+				return fail("Blocks[%d] = %d is outside the KV pool [0, %d)", i, blk, info.NumBlocks)
+			}
+			if p.blockMark[blk] == p.seqNo {
+				return fail("block table lists KV block %d twice", blk)
+			}
+			p.blockMark[blk] = p.seqNo
+		}
+		for i := sq.Pos / T; i < need; i++ {
+			blk := sq.Blocks[i]
+			if p.blockStep[blk] == p.stepNo && p.blockSeq[blk] != si {
+				return fail("writes KV block %d, which sequence %d also writes in this batch", blk, b.Seqs[p.blockSeq[blk]].ID)
+			}
+			p.blockStep[blk], p.blockSeq[blk] = p.stepNo, si
+		}
+		if sq.Sample || sq.ReturnLogits {
+			if err := checkSampling(&sq.Sampling, V); err != nil {
+				return fail("%v", err)
+			}
+		}
+		if sq.Sample {
+			if sq.NumGenerated < 0 {
+				return fail("NumGenerated = %d is negative", sq.NumGenerated)
+			}
+			for i, t := range sq.History {
+				if t < 0 || int(t) >= V {
+					return fail("History[%d] = %d is outside the vocabulary [0, %d)", i, t, V)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// checkSampling validates sampling parameters for a vocabulary of v tokens, with the
+// CPU engine's rules.
+func checkSampling(p *engine.SamplingParams, v int) error {
+	finite := func(x float32) bool { return !math.IsNaN(float64(x)) && !math.IsInf(float64(x), 0) }
+	switch {
+	case !finite(p.Temperature) || p.Temperature < 0:
+		return fmt.Errorf("temperature %g must be finite and ≥ 0", p.Temperature)
+	case p.TopK < 0:
+		return fmt.Errorf("top_k %d must be ≥ 0", p.TopK)
+	case !(p.TopP >= 0 && p.TopP <= 1):
+		return fmt.Errorf("top_p %g must be in [0, 1]", p.TopP)
+	case !finite(p.RepetitionPenalty) || p.RepetitionPenalty < 0:
+		return fmt.Errorf("repetition_penalty %g must be finite and ≥ 0", p.RepetitionPenalty)
+	case !finite(p.PresencePenalty):
+		return fmt.Errorf("presence_penalty %g must be finite", p.PresencePenalty)
+	case !finite(p.FrequencyPenalty):
+		return fmt.Errorf("frequency_penalty %g must be finite", p.FrequencyPenalty)
+	case p.MinLength < 0:
+		return fmt.Errorf("min_length %d must be ≥ 0", p.MinLength)
+	case p.EndID < -1 || int(p.EndID) >= v:
+		return fmt.Errorf("end_id %d must be -1 or in [0, %d)", p.EndID, v)
+	case len(p.EmbeddingBias) != 0 && len(p.EmbeddingBias) != v:
+		return fmt.Errorf("embedding_bias has %d values, want the vocabulary size %d", len(p.EmbeddingBias), v)
+	}
+	for i, b := range p.EmbeddingBias {
+		if math.IsNaN(float64(b)) || math.IsInf(float64(b), 1) {
+			return fmt.Errorf("embedding_bias[%d] = %g must be finite or -Inf", i, b)
+		}
+	}
+	for i, word := range p.BadWords {
+		if len(word) == 0 {
+			return fmt.Errorf("bad_words[%d] is empty", i)
+		}
+		for j, t := range word {
+			if t < 0 || int(t) >= v {
+				return fmt.Errorf("bad_words[%d][%d] = %d is outside the vocabulary [0, %d)", i, j, t, v)
+			}
+		}
+	}
+	return nil
+}
+
+// mix64 is splitmix64's finaliser, as engine/sampling.go uses it.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// uniform is the draw of step n of the random stream seed. It must stay equal to
+// engine/sampling.go's, so that both engines draw the same numbers.
+func uniform(seed uint64, n int) float64 {
+	x := mix64(mix64(seed+0x9e3779b97f4a7c15) ^ (uint64(n)+1)*0xd1b54a32d192ed03)
+	return float64(x>>11) / (1 << 53)
+}

@@ -1,0 +1,45 @@
+// trampoline.c — see trampoline.h.
+#define _GNU_SOURCE
+#include "trampoline.h"
+
+#include <dlfcn.h>
+#include <stddef.h>
+
+void* gollm_open(const char* path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
+const char* gollm_dlerror(void) { return dlerror(); }
+void* gollm_sym(void* h, const char* name) { return dlsym(h, name); }
+
+// gollm_self_path returns the file this code is linked into (an executable, or the
+// backend's shared library under tritonserver), or NULL.
+const char* gollm_self_path(void) {
+  Dl_info info;
+  if (dladdr((void*)gollm_self_path, &info) && info.dli_fname) return info.dli_fname;
+  return NULL;
+}
+
+int32_t call_abi_version(void* f) { return ((int32_t(*)(void))f)(); }
+
+int32_t call_device_count(void* f, int32_t* n, gollm_status* st) {
+  return ((int32_t(*)(int32_t*, gollm_status*))f)(n, st);
+}
+
+int32_t call_weights_create(void* f, const gollm_weights_params* p, gollm_weights** out,
+                            gollm_status* st) {
+  return ((int32_t(*)(const gollm_weights_params*, gollm_weights**, gollm_status*))f)(p, out, st);
+}
+
+void call_weights_release(void* f, gollm_weights* w) { ((void (*)(gollm_weights*))f)(w); }
+
+int32_t call_engine_create(void* f, gollm_weights* w, const gollm_engine_params* p,
+                           gollm_engine** out, gollm_engine_info* info, gollm_status* st) {
+  return ((int32_t(*)(gollm_weights*, const gollm_engine_params*, gollm_engine**,
+                      gollm_engine_info*, gollm_status*))f)(w, p, out, info, st);
+}
+
+int32_t call_step(void* f, gollm_engine* e, const gollm_step_in* in, gollm_step_out* out,
+                  gollm_status* st) {
+  return ((int32_t(*)(gollm_engine*, const gollm_step_in*, gollm_step_out*, gollm_status*))f)(
+      e, in, out, st);
+}
+
+void call_engine_destroy(void* f, gollm_engine* e) { ((void (*)(gollm_engine*))f)(e); }

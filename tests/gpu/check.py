@@ -1,0 +1,244 @@
+"""GPU engine against Hugging Face transformers, on random-weight GPT-2 checkpoints.
+
+Run on a machine with a GPU, torch and transformers (the device machine), after building
+libgollm_cuda.so and the gollm-gpucheck command:
+
+    python3 tests/gpu/check.py --bin .carry/gollm-gpucheck --lib build/libgollm_cuda.so
+
+It writes two checkpoints with transformers — the GPT-2 124M shape and an odd one (6 heads
+of 80, 5 layers, vocabulary 1,000) — whose weights are rounded to bfloat16 so that both
+engines read exactly the same numbers; makes 64 prompts of mixed lengths; runs
+gollm-gpucheck (each prompt alone, then all 64 as an in-flight batch, with and without
+CUDA graphs, and chunked prefill) in float16 and bfloat16; and runs transformers in
+float32 on the prompt followed by gollm's generated tokens (teacher forcing). It checks:
+
+- prompt and decode-step logits: relative L2 error of every row below 1e-2;
+- greedy tokens: gollm's token at each step is transformers' argmax, unless transformers'
+  top two logits differ by less than 1e-3 there (reported as an accepted divergence);
+- the same tokens from each prompt alone and inside the batch of 64;
+- sampling (odd model, float16): the GPU's sampled tokens agree with the CPU engine's
+  on the same logits in at least 95% of the draws.
+
+It prints a table and exits non-zero on any failure.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+from safetensors.torch import load_file
+from transformers import GPT2Config, GPT2LMHeadModel
+
+TOL_LOGITS = 1e-2
+TOL_GAP = 1e-3
+STEPS = 32
+NPROMPTS = 64
+KLOGITS = 8
+
+
+def make_checkpoint(path, cfg, seed, save_dtypes):
+    """Random GPT-2 with weights rounded to bf16 (exact in fp16 and fp32 too)."""
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():
+        # A wider embedding makes the logits peaked (std ~ sqrt(hidden) * 0.1), so greedy
+        # choices are far apart compared with float16 rounding.
+        model.transformer.wte.weight.normal_(0.0, 0.1)
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    out = {}
+    for name, dt in save_dtypes.items():
+        d = os.path.join(path, name)
+        if not os.path.exists(os.path.join(d, "model.safetensors")):
+            model.to(dt).save_pretrained(d, safe_serialization=True)
+        out[name] = d
+    return out
+
+
+def make_prompts(vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    lengths = [1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 200, 255, 256, 300]
+    while len(lengths) < NPROMPTS:
+        lengths.append(int(torch.randint(1, 300, (1,), generator=g)))
+    # The logit-checked prompts first: a spread of lengths.
+    order = [9, 13, 17, 0, 20, 6, 22, 15] + [i for i in range(NPROMPTS) if i not in (9, 13, 17, 0, 20, 6, 22, 15)]
+    return [torch.randint(0, vocab, (lengths[i],), generator=g).tolist() for i in order]
+
+
+def rel_l2_rows(a, b):
+    """Largest per-row ‖a−b‖/‖b‖."""
+    a = a.double()
+    b = b.double()
+    return float(((a - b).norm(dim=-1) / b.norm(dim=-1)).max())
+
+
+def reference(ckpt, prompts, gen):
+    """transformers fp32 logits on prompt + gollm's fed tokens, per prompt."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        model = GPT2LMHeadModel.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager")
+    except TypeError:
+        model = GPT2LMHeadModel.from_pretrained(ckpt, torch_dtype=torch.float32, attn_implementation="eager")
+    model = model.cuda().eval()
+    refs = []
+    with torch.no_grad():
+        for p, g in zip(prompts, gen):
+            ids = torch.tensor([p + g[:STEPS]], device="cuda")
+            refs.append(model(ids).logits[0].float().cpu())
+    del model
+    torch.cuda.empty_cache()
+    return refs
+
+
+def check_tokens(prompts, gen, refs):
+    """Per prompt: steps whose token is not the reference argmax; those with a top-2 gap
+    under TOL_GAP are accepted divergences, the others failures."""
+    fails, accepted, min_gap = [], [], float("inf")
+    for i, (p, g, r) in enumerate(zip(prompts, gen, refs)):
+        rows = r[len(p) - 1 : len(p) + STEPS]  # the row that chose g[k]
+        top = rows.topk(2, dim=-1).values
+        gaps = (top[:, 0] - top[:, 1]).tolist()
+        am = rows.argmax(dim=-1).tolist()
+        for k in range(STEPS + 1):
+            min_gap = min(min_gap, gaps[k])
+            if g[k] != am[k]:
+                (accepted if gaps[k] < TOL_GAP else fails).append((i, k, g[k], am[k], gaps[k]))
+    return fails, accepted, min_gap
+
+
+def same_tokens(a, b, refs, prompts):
+    """Prompts whose tokens differ between two runs; a difference at a step whose
+    reference gap is under TOL_GAP is accepted."""
+    bad, ok = [], []
+    for i in range(len(a)):
+        if a[i] == b[i]:
+            continue
+        k = next(j for j in range(len(a[i])) if a[i][j] != b[i][j])
+        r = refs[i][len(prompts[i]) - 1 + k]
+        t = r.topk(2).values
+        gap = float(t[0] - t[1])
+        (ok if gap < TOL_GAP else bad).append((i, k, gap))
+    return bad, ok
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True, help="gollm-gpucheck binary")
+    ap.add_argument("--lib", default="", help="libgollm_cuda.so")
+    ap.add_argument("--work", default="/tmp/gollm-gpucheck")
+    ap.add_argument("--json", default="", help="write the results here too")
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    t0 = time.time()
+    shapes = {
+        "gpt2-124M": (GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12),
+                      {"f16": torch.float16, "bf16": torch.bfloat16}),
+        "odd-6x80-5L-v1000": (GPT2Config(vocab_size=1000, n_positions=1024, n_embd=480, n_layer=5, n_head=6,
+                                         bos_token_id=999, eos_token_id=999),
+                              {"f32": torch.float32}),
+    }
+    runs = []  # (model, dtype, ckpt dir, sampling?)
+    for mi, (name, (cfg, saves)) in enumerate(shapes.items()):
+        dirs = make_checkpoint(os.path.join(args.work, name), cfg, 100 + mi, saves)
+        if "f16" in dirs:
+            runs += [(name, "float16", dirs["f16"], False), (name, "bfloat16", dirs["bf16"], False)]
+        else:
+            runs += [(name, "float16", dirs["f32"], True), (name, "bfloat16", dirs["f32"], False)]
+    print(f"checkpoints ready in {time.time() - t0:.1f}s", flush=True)
+
+    rows, failures, notes = [], [], []
+    for name, dtype, ckpt, sampling in runs:
+        vocab = shapes[name][0].vocab_size
+        prompts = make_prompts(vocab, 7)
+        pfile = os.path.join(args.work, f"prompts-{vocab}.json")
+        with open(pfile, "w") as f:
+            json.dump({"prompts": prompts}, f)
+        out = os.path.join(args.work, f"{name}-{dtype}.safetensors")
+        cmd = [args.bin, "-ckpt", ckpt, "-dtype", dtype, "-prompts", pfile, "-out", out,
+               "-steps", str(STEPS), "-logit-prompts", str(KLOGITS)]
+        if args.lib:
+            cmd += ["-lib", args.lib]
+        if sampling:
+            cmd.append("-sampling")
+        t1 = time.time()
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        print(res.stdout, res.stderr, flush=True)
+        label = f"{name} {dtype}"
+        if res.returncode != 0:
+            failures.append(f"{label}: gollm-gpucheck failed ({res.returncode})")
+            rows.append({"run": label, "status": "ERROR"})
+            continue
+        samp = None
+        for line in res.stdout.splitlines():
+            if line.startswith("SAMPLING "):
+                samp = json.loads(line[len("SAMPLING "):])
+        g = load_file(out)
+        gen = {k: g[f"{k}.tokens"].long().tolist() for k in ("single", "batch", "batchlogits")}
+        refs = reference(ckpt, prompts, gen["single"])
+        fails, accepted, min_gap = check_tokens(prompts, gen["single"], refs)
+        row = {"run": label, "gollm_s": round(time.time() - t1, 1)}
+        err = {"prompt": 0.0, "decode": 0.0, "batch_decode": 0.0, "batch_prompt": 0.0, "chunked": 0.0}
+        for i in range(KLOGITS):
+            P = len(prompts[i])
+            r = refs[i]
+            err["prompt"] = max(err["prompt"], rel_l2_rows(g[f"single.prompt_logits.{i}"], r[:P]))
+            err["decode"] = max(err["decode"], rel_l2_rows(g[f"single.decode_logits.{i}"], r[P:P + STEPS]))
+            err["batch_prompt"] = max(err["batch_prompt"], rel_l2_rows(g[f"batchlogits.prompt_logits.{i}"], r[:P]))
+            # The batch fed its own tokens; compare its logits where they match the single run.
+            if gen["batchlogits"][i] == gen["single"][i]:
+                err["batch_decode"] = max(err["batch_decode"], rel_l2_rows(g[f"batchlogits.decode_logits.{i}"], r[P:P + STEPS]))
+            err["chunked"] = max(err["chunked"], rel_l2_rows(g[f"chunked.prompt_logits.{i}"], r[:P]))
+        for k, v in err.items():
+            row[f"relL2_{k}"] = f"{v:.2e}"
+            if not v < TOL_LOGITS:
+                failures.append(f"{label}: {k} logits relative L2 {v:.3e} ≥ {TOL_LOGITS}")
+        ntok = len(prompts) * (STEPS + 1)
+        row["tokens_vs_hf"] = f"{ntok - len(fails) - len(accepted)}/{ntok}"
+        row["accepted_divergences"] = len(accepted)
+        row["min_top2_gap"] = f"{min_gap:.2e}"
+        for f_ in fails:
+            failures.append(f"{label}: prompt {f_[0]} step {f_[1]}: gollm {f_[2]}, transformers {f_[3]} (top-2 gap {f_[4]:.2e})")
+        for a in accepted:
+            notes.append(f"{label}: accepted divergence prompt {a[0]} step {a[1]} (gap {a[4]:.2e})")
+        for k in ("batch", "batchlogits"):
+            bad, ok = same_tokens(gen["single"], gen[k], refs, prompts)
+            row[f"{k}_same"] = f"{len(prompts) - len(bad) - len(ok)}/{len(prompts)}"
+            for b in bad:
+                failures.append(f"{label}: {k}: prompt {b[0]} differs from its single run at step {b[1]} (gap {b[2]:.2e})")
+            for b in ok:
+                notes.append(f"{label}: {k}: prompt {b[0]} differs at step {b[1]}, accepted (gap {b[2]:.2e})")
+        if samp is not None:
+            rate = samp["agree"] / samp["total"]
+            row["sampling_agree"] = f"{samp['agree']}/{samp['total']}"
+            notes.append(f"{label}: sampling vs CPU engine: {json.dumps(samp)}")
+            if rate < 0.95:
+                failures.append(f"{label}: sampling agrees with the CPU engine in {rate:.1%} < 95%")
+        rows.append(row)
+
+    keys = []
+    for r in rows:
+        for k in r:
+            if k not in keys:
+                keys.append(k)
+    print()
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for r in rows:
+        print("| " + " | ".join(str(r.get(k, "")) for k in keys) + " |")
+    for n in notes:
+        print("note:", n)
+    for f_ in failures:
+        print("FAIL:", f_)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "notes": notes, "failures": failures}, f, indent=1)
+    print(f"{len(rows) - len({f.split(':')[0] for f in failures})} passed, {len({f.split(':')[0] for f in failures})} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
