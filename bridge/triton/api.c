@@ -6,20 +6,22 @@
 #include <string.h>
 #include <time.h>
 
-// Values of TRITONSERVER_Error_Code, TRITONSERVER_MemoryType and TRITONSERVER_LogLevel
-// used here.
+// Values of TRITONSERVER_Error_Code, TRITONSERVER_MemoryType and
+// TRITONSERVER_ParameterType used here.
 enum {
   GT_ERROR_INTERNAL = 1,
   GT_ERROR_INVALID_ARG = 3,
   GT_ERROR_UNSUPPORTED = 5,
   GT_MEMORY_CPU = 0,
   GT_MEMORY_CPU_PINNED = 1,
+  GT_PARAMETER_STRING = 0,
 };
 
 #define GT_POINTER(ret, name, params, args) static ret(*p_##name) params;
 GT_API(GT_POINTER)
 #undef GT_POINTER
 static void (*p_TRITONSERVER_ErrorDelete)(TRITONSERVER_Error*);
+static void (*p_TRITONSERVER_ParameterDelete)(TRITONSERVER_Parameter*);
 
 #define GT_DEFINE(ret, name, params, args) \
   ret gt_##name params { return p_##name args; }
@@ -28,6 +30,10 @@ GT_API(GT_DEFINE)
 
 void gt_TRITONSERVER_ErrorDelete(TRITONSERVER_Error* err) { p_TRITONSERVER_ErrorDelete(err); }
 
+void gt_TRITONSERVER_ParameterDelete(TRITONSERVER_Parameter* param) {
+  p_TRITONSERVER_ParameterDelete(param);
+}
+
 const char* gt_resolve(void) {
   // POSIX lets a function pointer take dlsym's object pointer through a cast.
 #define GT_LOOKUP(ret, name, params, args)                       \
@@ -35,6 +41,7 @@ const char* gt_resolve(void) {
   if (p_##name == NULL) return #name;
   GT_LOOKUP(void, TRITONSERVER_ErrorDelete, (), ())
   GT_API(GT_LOOKUP)
+  GT_LOOKUP(void, TRITONSERVER_ParameterDelete, (), ())
 #undef GT_LOOKUP
   return NULL;
 }
@@ -103,6 +110,40 @@ TRITONSERVER_Error* gt_factories_cancelled(TRITONBACKEND_ResponseFactory** facto
   for (size_t i = 0; i < n; i++) {
     cancelled[i] = false;
     TRITONSERVER_Error* err = p_TRITONBACKEND_ResponseFactoryIsCancelled(factories[i], &cancelled[i]);
+    if (err != NULL) return err;
+  }
+  return NULL;
+}
+
+TRITONSERVER_Error* gt_metric_new(TRITONSERVER_MetricFamily* family, const char** names,
+                                  const char** values, size_t n, TRITONSERVER_Metric** metric) {
+  enum { MAX_LABELS = 16 };
+  if (n > MAX_LABELS) {
+    return p_TRITONSERVER_ErrorNew(GT_ERROR_INVALID_ARG, "a metric takes at most 16 labels");
+  }
+  const TRITONSERVER_Parameter* labels[MAX_LABELS];
+  size_t made = 0;
+  TRITONSERVER_Error* err = NULL;
+  for (; made < n; made++) {
+    labels[made] = p_TRITONSERVER_ParameterNew(names[made], GT_PARAMETER_STRING, values[made]);
+    if (labels[made] == NULL) {
+      err = p_TRITONSERVER_ErrorNew(GT_ERROR_INTERNAL, "cannot make a metric label");
+      break;
+    }
+  }
+  if (err == NULL) err = p_TRITONSERVER_MetricNew(metric, family, labels, n);
+  // Triton copies the labels into the metric, so they go at once.
+  for (size_t i = 0; i < made; i++) {
+    p_TRITONSERVER_ParameterDelete((TRITONSERVER_Parameter*)labels[i]);
+  }
+  return err;
+}
+
+TRITONSERVER_Error* gt_metrics_update(TRITONSERVER_Metric** metrics, const double* values,
+                                      const bool* add, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    TRITONSERVER_Error* err = add[i] ? p_TRITONSERVER_MetricIncrement(metrics[i], values[i])
+                                     : p_TRITONSERVER_MetricSet(metrics[i], values[i]);
     if (err != NULL) return err;
   }
   return NULL;

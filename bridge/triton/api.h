@@ -29,6 +29,9 @@ typedef struct TRITONBACKEND_Input TRITONBACKEND_Input;
 typedef struct TRITONBACKEND_Output TRITONBACKEND_Output;
 typedef struct TRITONBACKEND_ResponseFactory TRITONBACKEND_ResponseFactory;
 typedef struct TRITONBACKEND_Response TRITONBACKEND_Response;
+typedef struct TRITONSERVER_Parameter TRITONSERVER_Parameter;
+typedef struct TRITONSERVER_MetricFamily TRITONSERVER_MetricFamily;
+typedef struct TRITONSERVER_Metric TRITONSERVER_Metric;
 
 // Triton's enums are C enums, passed as int. Their values are in types.go.
 
@@ -132,15 +135,34 @@ typedef struct TRITONBACKEND_Response TRITONBACKEND_Response;
     (output, buffer, byte_size, memory_type, memory_type_id))                       \
   X(TRITONSERVER_Error*, TRITONBACKEND_ResponseSend,                                \
     (TRITONBACKEND_Response* response, uint32_t send_flags, TRITONSERVER_Error* error), \
-    (response, send_flags, error))
+    (response, send_flags, error))                                                  \
+  X(TRITONSERVER_Parameter*, TRITONSERVER_ParameterNew,                             \
+    (const char* name, int type, const void* value), (name, type, value))           \
+  X(TRITONSERVER_Error*, TRITONSERVER_MetricFamilyNew,                              \
+    (TRITONSERVER_MetricFamily** family, int kind, const char* name,                \
+     const char* description),                                                      \
+    (family, kind, name, description))                                              \
+  X(TRITONSERVER_Error*, TRITONSERVER_MetricFamilyDelete,                           \
+    (TRITONSERVER_MetricFamily* family), (family))                                  \
+  X(TRITONSERVER_Error*, TRITONSERVER_MetricNew,                                    \
+    (TRITONSERVER_Metric** metric, TRITONSERVER_MetricFamily* family,               \
+     const TRITONSERVER_Parameter** labels, uint64_t label_count),                  \
+    (metric, family, labels, label_count))                                          \
+  X(TRITONSERVER_Error*, TRITONSERVER_MetricDelete, (TRITONSERVER_Metric* metric), (metric)) \
+  X(TRITONSERVER_Error*, TRITONSERVER_MetricSet, (TRITONSERVER_Metric* metric, double value), \
+    (metric, value))                                                                \
+  X(TRITONSERVER_Error*, TRITONSERVER_MetricIncrement,                              \
+    (TRITONSERVER_Metric* metric, double value), (metric, value))
 
 // gt_<name> calls Triton's <name> through the pointer gt_resolve found.
 #define GT_DECLARE(ret, name, params, args) ret gt_##name params;
 GT_API(GT_DECLARE)
 #undef GT_DECLARE
 
-// TRITONSERVER_ErrorDelete returns void, so it stands outside the list.
+// TRITONSERVER_ErrorDelete and TRITONSERVER_ParameterDelete return void, so they stand
+// outside the list.
 void gt_TRITONSERVER_ErrorDelete(TRITONSERVER_Error* err);
+void gt_TRITONSERVER_ParameterDelete(TRITONSERVER_Parameter* param);
 
 // gt_resolve looks every function up; it returns NULL, or the name of the first one the
 // process does not have.
@@ -168,6 +190,16 @@ TRITONSERVER_Error* gt_response_output(TRITONBACKEND_Response* response, const c
 // gt_factories_cancelled sets cancelled[i] for each of n factories.
 TRITONSERVER_Error* gt_factories_cancelled(TRITONBACKEND_ResponseFactory** factories,
                                            size_t n, bool* cancelled);
+
+// gt_metric_new makes a metric of family labelled with n name=value pairs (string
+// labels), deleting the label parameters again.
+TRITONSERVER_Error* gt_metric_new(TRITONSERVER_MetricFamily* family, const char** names,
+                                  const char** values, size_t n, TRITONSERVER_Metric** metric);
+
+// gt_metrics_update applies n updates: metrics[i] is incremented by values[i] when add[i],
+// set to it otherwise. It stops at the first error.
+TRITONSERVER_Error* gt_metrics_update(TRITONSERVER_Metric** metrics, const double* values,
+                                      const bool* add, size_t n);
 
 // gt_monotonic_ns is CLOCK_MONOTONIC in nanoseconds: the clock of std::chrono::steady_clock,
 // which Triton's statistics use.

@@ -1,7 +1,8 @@
 // Package triton is the only Go code that sees Triton's C API. It wraps the server and
 // backend functions gollm calls (declared by the project itself in api.h, looked up in
 // the process at run time) in Go types: Backend, Model, ModelInstance, Request,
-// ResponseFactory, Response, Error, and a zap core that writes into Triton's log.
+// ResponseFactory, Response, Error, MetricFamily and Metric (Prometheus metrics on
+// Triton's /metrics page), and a zap core that writes into Triton's log.
 //
 // Call Resolve once, in TRITONBACKEND_Initialize, before anything else here.
 package triton
