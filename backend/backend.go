@@ -14,17 +14,27 @@ import (
 // goes and load it again later; the library is linked with -z nodelete, so the Go
 // runtime and these variables survive, and initialize sets them afresh each time.
 var (
-	// logMu guards backendLog.
-	logMu sync.Mutex
+	// stateMu guards backendLog and families.
+	stateMu sync.Mutex
 	// backendLog writes into Triton's log; nil outside Initialize…Finalize.
 	backendLog *zap.Logger
+	// families are the backend's metric families; nil outside Initialize…Finalize or
+	// when the server has no metrics.
+	families *metricFamilies
 )
 
 // currentLogger returns the backend's logger, nil when not initialized.
 func currentLogger() *zap.Logger {
-	logMu.Lock()
-	defer logMu.Unlock()
+	stateMu.Lock()
+	defer stateMu.Unlock()
 	return backendLog
+}
+
+// currentFamilies returns the backend's metric families, nil when there are none.
+func currentFamilies() *metricFamilies {
+	stateMu.Lock()
+	defer stateMu.Unlock()
+	return families
 }
 
 // initialize is TRITONBACKEND_Initialize: it finds Triton's functions, checks the API
@@ -41,9 +51,17 @@ func initialize(b triton.Backend) error {
 	if err != nil {
 		return err
 	}
-	logMu.Lock()
+	// Metrics are worth a warning, not a failed backend: a server built without them
+	// refuses the families.
+	fams, err := newMetricFamilies()
+	if err != nil {
+		log.Warn("no gollm_* metrics on /metrics", zap.Error(err))
+		fams = nil
+	}
+	stateMu.Lock()
 	backendLog = log
-	logMu.Unlock()
+	families = fams
+	stateMu.Unlock()
 	log.Info("backend initialized", zap.String("backend", name),
 		zap.String("api", fmt.Sprintf("backend %d.%d, server %d.%d", triton.BackendAPIMajor, triton.BackendAPIMinor, triton.ServerAPIMajor, triton.ServerAPIMinor)))
 	return nil
@@ -51,11 +69,20 @@ func initialize(b triton.Backend) error {
 
 // finalize is TRITONBACKEND_Finalize.
 func finalize(triton.Backend) error {
-	logMu.Lock()
+	stateMu.Lock()
 	log := backendLog
-	backendLog = nil
-	logMu.Unlock()
+	fams := families
+	backendLog, families = nil, nil
+	stateMu.Unlock()
+	// Triton finalizes every model (and so every instance's metrics) first.
+	var err error
+	if fams != nil {
+		err = fams.delete()
+	}
 	if log != nil {
+		if err != nil {
+			log.Warn("delete the metric families", zap.Error(err))
+		}
 		log.Info("backend finalized")
 	}
 	return nil

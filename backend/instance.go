@@ -67,8 +67,10 @@ type instance struct {
 	// mgr is the batch manager.
 	mgr *batchmanager.Manager
 
-	// mu guards queue and inflight.
+	// mu guards queue, inflight and metrics.
 	mu sync.Mutex
+	// metrics are the instance's series on /metrics; nil without metrics.
+	metrics *instanceMetrics
 	// queue holds requests Execute accepted that the manager has not taken yet.
 	queue []*batchmanager.InferenceRequest
 	// inflight holds every request between Execute and its final response.
@@ -126,10 +128,21 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		senderDone: make(chan struct{}),
 	}
 	in.sendCond = sync.NewCond(&in.sendMu)
+	if fams := currentFamilies(); fams != nil {
+		// Metrics are not worth failing the instance for.
+		in.metrics, err = newInstanceMetrics(fams, ms.cfg.Name, ms.version, name, initialValues(eng.Info().NumBlocks), log)
+		if err != nil {
+			log.Warn("the instance has no metrics", zap.Error(err))
+			in.metrics, err = nil, nil
+		}
+	}
 	go in.sender()
 	defer func() {
 		if err != nil {
 			in.stopSender()
+			if merr := in.metrics.close(); merr != nil {
+				log.Warn("delete the instance's metrics", zap.Error(merr))
+			}
 			_ = eng.Close()
 		}
 	}()
@@ -146,6 +159,7 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		SendResponse:            in.sendResponse,
 		PollStopSignal:          in.pollStop,
 		ReturnBatchManagerStats: in.stats,
+		IterationStats:          in.iterationStats,
 	}, log.Named("batchmanager"))
 	if err != nil {
 		return nil, fmt.Errorf("instance %s: %w", name, err)
@@ -170,6 +184,13 @@ func (in *instance) close() error {
 	for _, f := range left {
 		in.log.Warn("request still in flight at shutdown", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID))
 		in.finish(f, nil, triton.Errorf(triton.CodeUnavailable, "model %q is unloading", in.ms.cfg.Name))
+	}
+	in.mu.Lock()
+	merr := in.metrics.close()
+	in.metrics = nil
+	in.mu.Unlock()
+	if merr != nil {
+		in.log.Warn("delete the instance's metrics", zap.Error(merr))
 	}
 	return in.eng.Close()
 }
@@ -439,6 +460,14 @@ func (in *instance) stats(s string) {
 	in.log.Debug("batch manager stats", zap.Any("stats", json.RawMessage(s)))
 }
 
+// iterationStats is the batch manager's IterationStats: it updates the metrics. The
+// requests still in the backend's queue count as queued.
+func (in *instance) iterationStats(s batchmanager.Stats) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.metrics.observe(statsValues(s, len(in.queue)))
+}
+
 // sender sends the queued responses in order, off the batch manager's loop.
 func (in *instance) sender() {
 	defer close(in.senderDone)
@@ -476,6 +505,14 @@ func (in *instance) deliver(item sendItem) {
 	if f != nil && item.final {
 		// Out of inflight before the factory goes: pollStop reads factories under mu.
 		delete(in.inflight, item.id)
+		if len(in.inflight) == 0 {
+			// The manager reports stats only for iterations that ran the engine, so a
+			// request it ended otherwise (cancelled while waiting, a failed iteration)
+			// would leave the gauges as they were. With nothing in flight the manager
+			// holds nothing: the idle values are the truth. Under mu, so a request
+			// accepted after this is not hidden.
+			in.metrics.idle()
+		}
 	}
 	in.mu.Unlock()
 	if f == nil {
