@@ -29,7 +29,7 @@ const (
 	// metricKVBlocksUsed is the number of KV cache blocks held by requests.
 	metricKVBlocksUsed = "gollm_kv_blocks_used"
 	// metricActiveRequests is the number of admitted, unfinished requests.
-	metricActiveRequests = "gollm_active_requests"
+	metricActiveRequests = "gollm_requests_active"
 )
 
 // metricValue scrapes the metrics page and sums the family's series for the model;
