@@ -1,0 +1,209 @@
+"""GPU benchmark: gollm's engine beside Hugging Face transformers and the bandwidth floor.
+
+Run on the GPU machine (torch and transformers there), after building libgollm_cuda.so
+and bench/gpubench:
+
+    python3 bench/gpu_peers.py --gpubench .carry/gpubench --lib .carry/libgollm_cuda.so
+
+It writes random-weight fp16 checkpoints (GPT-2 124M, and the GPT-350M shape of
+FasterTransformer's table: 24 layers, 16 heads of 64, vocabulary 51,200), measures the
+device-to-device copy bandwidth, runs gpubench (the engine alone), then the same
+workloads in transformers (eager `generate`, and `generate` with
+cache_implementation="static", which compiles), and writes every figure as a JSON line
+in BENCH.md's format to bench/results/<date>-gpu-<gpu>.jsonl (and --out), printing a
+table last.
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+MODELS = {
+    "gpt2-124M": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12),
+    "gpt-350M": dict(vocab_size=51200, n_positions=1024, n_embd=1024, n_layer=24, n_head=16),
+}
+WORKLOADS = {
+    "gpt2-124M": ["decode_b1_i128_o128", "tput_b64_i128_o128"],
+    "gpt-350M": ["lat_b1_i128_o8", "lat_b8_i128_o8", "lat_b64_i128_o8", "lat_b1_i512_o32", "lat_b16_i512_o32"],
+}
+# transformers' static cache compiles per shape; only these run it (the rest: eager).
+STATIC = {"decode_b1_i128_o128", "tput_b64_i128_o128", "lat_b1_i128_o8"}
+
+
+def parse(w):
+    kind, rest = w.split("_", 1)
+    b, i, o = map(int, re.match(r"b(\d+)_i(\d+)_o(\d+)", rest).groups())
+    return kind, b, i, o
+
+
+def make_checkpoint(root, name):
+    d = os.path.join(root, name)
+    if not os.path.exists(os.path.join(d, "model.safetensors")):
+        torch.manual_seed(1)
+        m = GPT2LMHeadModel(GPT2Config(**MODELS[name], bos_token_id=0, eos_token_id=0))
+        m.half().save_pretrained(d, safe_serialization=True)
+    return d
+
+
+def copy_bandwidth():
+    """Bytes read plus written per second by a large device-to-device copy (median)."""
+    n = 1 << 30
+    a = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    times = []
+    for _ in range(20):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    times.sort()
+    return 2 * n / times[len(times) // 2]
+
+
+def hf_run(model, b, i, o, static, vocab):
+    ids = torch.randint(0, vocab, (b, i), device="cuda")
+    mask = torch.ones_like(ids)
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None, attention_mask=mask)
+    if static:
+        kw["cache_implementation"] = "static"
+
+    def gen(n):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        torch.cuda.synchronize()
+        assert out.shape[1] == i + n, out.shape
+        return time.perf_counter() - t
+
+    gen(o)  # warm-up (and compilation)
+    gen(o)
+    reps = 3
+    full = sorted(gen(o) for _ in range(reps))[reps // 2]
+    first = sorted(gen(1) for _ in range(reps))[reps // 2]
+    return full, first
+
+
+def figure(kind, b, o, full, first):
+    if kind == "decode":
+        return "ms_per_token", (full - first) * 1e3 / (o - 1)
+    if kind == "tput":
+        return "tokens_per_s", b * o / full
+    return "latency_ms", full * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpubench", required=True)
+    ap.add_argument("--lib", default="")
+    ap.add_argument("--work", default="/tmp/gollm-bench")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--skip-static", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    gpu = torch.cuda.get_device_name()
+    date = datetime.date.today().isoformat()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    commit = commit or os.environ.get("GOLLM_COMMIT", "")
+    base = {"date": date, "commit": commit, "machine": gpu}
+    results = []
+
+    def add(model, workload, impl, metric, value):
+        r = dict(base, model=model, dtype="fp16", workload=workload, impl=impl, metric=metric, value=round(value, 4))
+        results.append(r)
+        print(json.dumps(r), flush=True)
+
+    bw = copy_bandwidth()
+    print(f"device-to-device copy: {bw / 1e12:.2f} TB/s (read + write)", flush=True)
+    for name in MODELS:
+        ckpt = make_checkpoint(args.work, name)
+        cmd = [args.gpubench, "-ckpt", ckpt, "-model", name, "-workloads", ",".join(WORKLOADS[name])]
+        if args.lib:
+            cmd += ["-lib", args.lib]
+        for extra in ([], ["-graphs=false"]):
+            res = subprocess.run(cmd + extra, capture_output=True, text=True)
+            sys.stderr.write(res.stderr)
+            if res.returncode != 0:
+                print(f"gpubench failed on {name}: {res.returncode}", flush=True)
+                continue
+            for line in res.stdout.splitlines():
+                r = json.loads(line)
+                add(r["model"], r["workload"], r["impl"], r["metric"], r["value"])
+        # The floor: weight bytes read once per step (wpe and the KV cache aside), over the
+        # measured bandwidth.
+        cfg = MODELS[name]
+        H, L, V = cfg["n_embd"], cfg["n_layer"], cfg["vocab_size"]
+        weight_bytes = 2 * (V * H + L * 12 * H * H)
+        for w in WORKLOADS[name]:
+            kind, b, i, o = parse(w)
+            step = weight_bytes / bw
+            if kind == "decode":
+                add(name, w, "floor", "ms_per_token", step * 1e3)
+            elif kind == "lat":
+                add(name, w, "floor", "latency_ms", step * o * 1e3)
+            else:
+                add(name, w, "floor", "tokens_per_s", b / step)
+        if args.skip_hf:
+            continue
+        try:
+            model = GPT2LMHeadModel.from_pretrained(ckpt, dtype=torch.float16)
+        except TypeError:
+            model = GPT2LMHeadModel.from_pretrained(ckpt, torch_dtype=torch.float16)
+        model = model.cuda().eval()
+        with torch.no_grad():
+            for w in WORKLOADS[name]:
+                kind, b, i, o = parse(w)
+                for impl, static in (("hf-eager", False), ("hf-static", True)):
+                    if static and (args.skip_static or w not in STATIC):
+                        continue
+                    try:
+                        full, first = hf_run(model, b, i, o, static, cfg["vocab_size"])
+                    except Exception as e:  # a peer failing must not lose the other figures
+                        print(f"{impl} {name} {w}: {type(e).__name__}: {e}", flush=True)
+                        continue
+                    metric, value = figure(kind, b, o, full, first)
+                    add(name, w, impl, metric, value)
+        del model
+        torch.cuda.empty_cache()
+
+    short = re.sub(r"[^a-z0-9]+", "-", gpu.lower().replace("nvidia", "")).strip("-").split("-")[0]
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"{date}-gpu-{short}.jsonl")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    for p in filter(None, [path, args.out]):
+        with open(p, "w") as f:
+            for r in results:
+                f.write(json.dumps(r) + "\n")
+    impls = []
+    for r in results:
+        if r["impl"] not in impls:
+            impls.append(r["impl"])
+    print()
+    print("| model | workload | metric | " + " | ".join(impls) + " |")
+    print("|---|---|---|" + "---|" * len(impls))
+    keys = []
+    for r in results:
+        k = (r["model"], r["workload"], r["metric"])
+        if k not in keys:
+            keys.append(k)
+    for k in keys:
+        vals = {r["impl"]: r["value"] for r in results if (r["model"], r["workload"], r["metric"]) == k}
+        print(f"| {k[0]} | {k[1]} | {k[2]} | " + " | ".join(f"{vals[i]:.4g}" if i in vals else "" for i in impls) + " |")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+// Command gpubench times gollm's GPU engine alone on static batches of random prompts
+// and prints one JSON object per figure (BENCH.md's fields less date, commit and
+// machine, which bench/gpu_peers.py adds):
+//
+//	gpubench -ckpt DIR -model gpt2-124M -workloads decode_b1_i128_o128,tput_b64_i128_o128
+//
+// Workloads: decode_b<B>_i<I>_o<O> reports decode milliseconds per token (the steps
+// after the first token, whose time is the prompt's), tput_… generated tokens per second
+// over the whole run, lat_… the whole run's latency in milliseconds (the FasterTransformer
+// tables). Each is run once to warm up (CUDA graph capture), then -reps times; the
+// median is reported. Sampling is greedy with no end token, so every run generates
+// exactly O tokens per sequence.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"gollm/bridge/cuda"
+	"gollm/engine"
+	"gollm/model"
+)
+
+// workload is a parsed workload name.
+type workload struct {
+	// name is as given.
+	name string
+	// kind is decode, tput or lat.
+	kind string
+	// batch, in and out are the batch size, prompt length and new tokens.
+	batch, in, out int
+}
+
+func parseWorkload(s string) (workload, error) {
+	w := workload{name: s}
+	i := strings.IndexByte(s, '_')
+	if i < 0 {
+		return w, fmt.Errorf("workload %q: want kind_b<B>_i<I>_o<O>", s)
+	}
+	w.kind = s[:i]
+	if _, err := fmt.Sscanf(s[i+1:], "b%d_i%d_o%d", &w.batch, &w.in, &w.out); err != nil || w.batch < 1 || w.in < 1 || w.out < 2 {
+		return w, fmt.Errorf("workload %q: want kind_b<B>_i<I>_o<O> with O ≥ 2", s)
+	}
+	if w.kind != "decode" && w.kind != "tput" && w.kind != "lat" {
+		return w, fmt.Errorf("workload %q: kind %q is not decode, tput or lat", s, w.kind)
+	}
+	return w, nil
+}
+
+func main() {
+	ckptDir := flag.String("ckpt", "", "checkpoint folder")
+	name := flag.String("model", "", "model name for the results")
+	list := flag.String("workloads", "decode_b1_i128_o128", "comma-separated workloads")
+	reps := flag.Int("reps", 5, "timed repetitions per workload")
+	dtype := flag.String("dtype", "float16", "float16 or bfloat16")
+	lib := flag.String("lib", "", "path of libgollm_cuda.so")
+	graphs := flag.Bool("graphs", true, "replay CUDA graphs for decode steps")
+	flag.Parse()
+	if err := run(*ckptDir, *name, *list, *reps, *dtype, *lib, *graphs); err != nil {
+		fmt.Fprintln(os.Stderr, "gpubench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ckptDir, name, list string, reps int, dtype, lib string, graphs bool) error {
+	var ws []workload
+	maxTok, maxSeqs, maxLen := 0, 0, 0
+	for _, s := range strings.Split(list, ",") {
+		w, err := parseWorkload(strings.TrimSpace(s))
+		if err != nil {
+			return err
+		}
+		ws = append(ws, w)
+		maxTok = max(maxTok, w.batch*w.in)
+		maxSeqs = max(maxSeqs, w.batch)
+		maxLen = max(maxLen, w.in+w.out)
+	}
+	ckpt, err := model.Open(ckptDir)
+	if err != nil {
+		return err
+	}
+	defer ckpt.Close()
+	const T = 64
+	perSeq := (maxLen + T - 1) / T
+	eng, err := cuda.New(ckpt, cuda.Options{DType: dtype, Library: lib, TokensPerBlock: T,
+		NumBlocks: perSeq * maxSeqs, MaxTokens: max(maxTok, 8192), MaxSeqs: max(maxSeqs, 64),
+		DisableCUDAGraphs: !graphs})
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+	fmt.Fprintf(os.Stderr, "gpubench: %s on %s, weights %.1f MB\n", name, eng.DeviceName, float64(eng.WeightBytes)/1e6)
+	impl := "gollm-engine"
+	if !graphs {
+		impl = "gollm-engine-nographs"
+	}
+	short := map[string]string{"float16": "fp16", "bfloat16": "bf16"}[dtype]
+	for _, w := range ws {
+		rng := rand.New(rand.NewPCG(uint64(w.batch), uint64(w.in)))
+		prompts := make([][]int32, w.batch)
+		for i := range prompts {
+			prompts[i] = make([]int32, w.in)
+			for j := range prompts[i] {
+				prompts[i][j] = int32(rng.IntN(eng.Info().VocabSize))
+			}
+		}
+		var totals, decodes []float64
+		for r := 0; r <= reps; r++ {
+			total, decode, err := static(eng, prompts, w.out, perSeq)
+			if err != nil {
+				return fmt.Errorf("%s: %w", w.name, err)
+			}
+			if r > 0 { // the first run warms up
+				totals = append(totals, total)
+				decodes = append(decodes, decode)
+			}
+		}
+		total, decode := median(totals), median(decodes)
+		out := map[string]any{"model": name, "dtype": short, "workload": w.name, "impl": impl}
+		switch w.kind {
+		case "decode":
+			out["metric"], out["value"] = "ms_per_token", decode*1e3/float64(w.out-1)
+		case "tput":
+			out["metric"], out["value"] = "tokens_per_s", float64(w.batch*w.out)/total
+		case "lat":
+			out["metric"], out["value"] = "latency_ms", total*1e3
+		}
+		j, _ := json.Marshal(out)
+		fmt.Println(string(j))
+	}
+	return nil
+}
+
+// static runs one static batch: every prompt prefilled in one step (which samples the
+// first token), then out-1 decode steps. It returns the whole time and the decode steps'
+// time, in seconds.
+func static(eng *cuda.Engine, prompts [][]int32, out, perSeq int) (float64, float64, error) {
+	B := len(prompts)
+	seqs := make([]engine.Sequence, B)
+	for i, p := range prompts {
+		blocks := make([]int32, perSeq)
+		for k := range blocks {
+			blocks[k] = int32(i*perSeq + k)
+		}
+		seqs[i] = engine.Sequence{ID: uint64(i), Tokens: p, Blocks: blocks, Sample: true,
+			Sampling: engine.SamplingParams{EndID: -1}, History: p}
+	}
+	start := time.Now()
+	outs, err := eng.Step(&engine.Batch{Seqs: seqs})
+	if err != nil {
+		return 0, 0, err
+	}
+	prefill := time.Now()
+	next := make([]int32, B)
+	for s := 1; s < out; s++ {
+		for i := range seqs {
+			next[i] = outs[i].Token
+			seqs[i].Tokens = next[i : i+1]
+			seqs[i].Pos = len(prompts[i]) + s - 1
+			seqs[i].NumGenerated = s
+		}
+		if outs, err = eng.Step(&engine.Batch{Seqs: seqs}); err != nil {
+			return 0, 0, err
+		}
+	}
+	end := time.Now()
+	return end.Sub(start).Seconds(), end.Sub(prefill).Seconds(), nil
+}
+
+func median(x []float64) float64 {
+	s := slices.Clone(x)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
