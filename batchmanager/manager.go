@@ -3,7 +3,6 @@ package batchmanager
 import (
 	"errors"
 	"fmt"
-	"math"
 	"runtime"
 	"sync"
 	"time"
@@ -462,9 +461,6 @@ func (m *Manager) newRequest(ir *InferenceRequest) (*request, error) {
 	if err := checkSampling(ir, m.info.VocabSize); err != nil {
 		return nil, err
 	}
-	if b := ir.Sampling.EmbeddingBias; b != nil && len(b) != m.info.VocabSize {
-		return nil, fmt.Errorf("embedding_bias: %d values, the vocabulary has %d", len(b), m.info.VocabSize)
-	}
 	for i, w := range ir.StopWords {
 		if len(w) == 0 {
 			return nil, fmt.Errorf("stop_words_list[%d]: empty stop word", i)
@@ -553,39 +549,10 @@ func compact(rs []*request, keep phase) []*request {
 }
 
 // checkSampling rejects sampling settings the engine would refuse, so that one bad
-// request fails alone instead of failing the whole batch's engine step.
+// request fails alone instead of failing the whole batch's engine step. The request's
+// EndID is the one the engine will see.
 func checkSampling(ir *InferenceRequest, vocab int) error {
-	p := &ir.Sampling
-	finite := func(x float32) bool { return !math.IsNaN(float64(x)) && !math.IsInf(float64(x), 0) }
-	switch {
-	case ir.EndID < -1 || int(ir.EndID) >= vocab:
-		return fmt.Errorf("end_id: %d must be -1 or in [0, %d)", ir.EndID, vocab)
-	case !finite(p.Temperature) || p.Temperature < 0:
-		return fmt.Errorf("temperature: %g must be finite and >= 0", p.Temperature)
-	case p.TopK < 0:
-		return fmt.Errorf("runtime_top_k: %d must be >= 0", p.TopK)
-	case !(p.TopP >= 0 && p.TopP <= 1):
-		return fmt.Errorf("runtime_top_p: %g must be in [0, 1]", p.TopP)
-	case !finite(p.RepetitionPenalty) || p.RepetitionPenalty < 0:
-		return fmt.Errorf("repetition_penalty: %g must be finite and >= 0", p.RepetitionPenalty)
-	case !finite(p.PresencePenalty):
-		return fmt.Errorf("presence_penalty: %g must be finite", p.PresencePenalty)
-	case !finite(p.FrequencyPenalty):
-		return fmt.Errorf("frequency_penalty: %g must be finite", p.FrequencyPenalty)
-	case p.MinLength < 0:
-		return fmt.Errorf("min_length: %d must be >= 0", p.MinLength)
-	}
-	for i, b := range p.EmbeddingBias {
-		if math.IsNaN(float64(b)) || math.IsInf(float64(b), 1) {
-			return fmt.Errorf("embedding_bias[%d]: %g must be finite or -Inf", i, b)
-		}
-	}
-	for i, w := range p.BadWords {
-		for j, t := range w {
-			if t < 0 || int(t) >= vocab {
-				return fmt.Errorf("bad_words_list[%d][%d]: token %d is outside the vocabulary [0, %d)", i, j, t, vocab)
-			}
-		}
-	}
-	return nil
+	p := ir.Sampling
+	p.EndID = ir.EndID
+	return p.Validate(vocab)
 }

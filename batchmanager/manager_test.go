@@ -266,7 +266,9 @@ func TestInvalidRequestsGetAClearError(t *testing.T) {
 		{&InferenceRequest{ID: 4, InputIDs: make([]int32, 11), MaxNewTokens: 1}, "exceeds max_num_tokens 10"},
 		{&InferenceRequest{ID: 5, InputIDs: make([]int32, 5), MaxNewTokens: 100}, "the pool has 8"},
 		{&InferenceRequest{ID: 6, InputIDs: []int32{1}, MaxNewTokens: 1, StopWords: [][]int32{{}}}, "stop_words_list[0]: empty"},
-		{&InferenceRequest{ID: 7, InputIDs: []int32{1}, MaxNewTokens: 1, Sampling: engine.SamplingParams{EmbeddingBias: []float32{1}}}, "embedding_bias: 1 values"},
+		{&InferenceRequest{ID: 7, InputIDs: []int32{1}, MaxNewTokens: 1, Sampling: engine.SamplingParams{EmbeddingBias: []float32{1}}}, "embedding_bias has 1 values, want the vocabulary size 50"},
+		{&InferenceRequest{ID: 8, InputIDs: []int32{1}, MaxNewTokens: 1, Sampling: engine.SamplingParams{TopP: 1.5}}, "top_p 1.5 must be in [0, 1]"},
+		{&InferenceRequest{ID: 9, InputIDs: []int32{1}, MaxNewTokens: 1, EndID: 50}, "end_id 50 must be -1 or in [0, 50)"},
 	}
 	for _, tc := range cases {
 		c.add(tc.req)

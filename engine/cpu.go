@@ -596,7 +596,7 @@ func (e *CPU) validate(b *Batch) (int, error) {
 			s.blockStep[blk], s.blockSeq[blk] = s.stepNo, si
 		}
 		if sq.Sample || sq.ReturnLogits {
-			if err := checkSampling(&sq.Sampling, V); err != nil {
+			if err := sq.Sampling.Validate(V); err != nil {
 				return fail("%v", err)
 			}
 		}

@@ -62,8 +62,10 @@ func (s *sampler) sample(raw []float32, sq *Sequence) (int32, float32, []float32
 	return tok, lp, logits, err
 }
 
-// checkSampling validates p for a vocabulary of v tokens.
-func checkSampling(p *SamplingParams, v int) error {
+// Validate checks p for a vocabulary of v tokens. The CPU and GPU engines refuse a
+// sequence whose settings fail it; the batch manager checks requests with it first, so
+// that one bad request fails alone rather than failing a whole batch's step.
+func (p *SamplingParams) Validate(v int) error {
 	finite := func(x float32) bool { return !math.IsNaN(float64(x)) && !math.IsInf(float64(x), 0) }
 	switch {
 	case !finite(p.Temperature) || p.Temperature < 0:
