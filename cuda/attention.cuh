@@ -49,64 +49,84 @@ void qkv_kv_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
 }
 
 // Decode attention: one query row per sequence (its single new token), attending to the
-// positions 0..pos of its sequence. Grid (rows, heads, parts): part p covers positions
-// [p*part_len, (p+1)*part_len); parts past the row's length exit at once. With one active
+// positions 0..pos of its sequence. Grid (rows, heads, splits): a row of length len uses
+// parts = min(splits, ceil(len / kDecodeMinPart)) of them, each covering an equal share
+// of its positions, so short rows take one block and long ones spread over the GPU;
+// blocks past a row's parts exit at once. With one active
 // part the block writes the output; with several, each writes its partial (max, sum,
 // unnormalised output) and the last to finish (an atomic ticket per row and head) merges
-// them, so no second launch is needed. Block: kDecodeThreads threads.
-//   qkv:  [N][3*hidden] fp32, queries pre-scaled (qkv_kv_write_kernel)
+// them, so no second launch is needed. Block: kDecodeThreads threads. Scores: a thread per
+// key, reading the key in 16-byte pieces; values: a thread per (key group, 8 dimensions),
+// so a warp reads whole value rows.
+//   qkv:  [N][3*hidden] fp32, queries pre-scaled
 //   att:  [N][hidden] T output
 //   dec_rows: [rows] token row of each decode query
 //   partial: [rows][heads][parts][head_dim] fp32; part_ml: [rows][heads][parts][2] fp32
 //   tickets: [rows][heads] int, zero between launches (the merging block resets its own)
-// Dynamic shared memory: head_dim + part_len + kDecodeWarps*head_dim floats.
+// head_dim % 8 == 0. Dynamic shared memory: decode_smem(head_dim, part_len).
 constexpr int kDecodeThreads = 128;
-constexpr int kDecodeWarps = kDecodeThreads / 32;
+constexpr int kDecodeMinPart = 64;
+
+// decode_smem: part_len is the most positions one block may cover (max_positions).
+inline size_t decode_smem(int head_dim, int part_len) {
+  int groups = kDecodeThreads / (head_dim / 8);
+  return sizeof(float) * (head_dim + part_len + (size_t)groups * head_dim);
+}
+
+// decode_splits chooses the grid's third dimension: enough blocks for a few per SM.
+inline int decode_splits(int rows, int heads, int sms, int max_len) {
+  int want = (4 * sms + rows * heads - 1) / (rows * heads);
+  int most = (max_len + kDecodeMinPart - 1) / kDecodeMinPart;
+  return std::max(1, std::min({want, most, 16}));
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
     const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
     const int32_t* __restrict__ dec_rows, const int32_t* __restrict__ row_pos,
     const int32_t* __restrict__ row_seq, const DevSeq* __restrict__ seqs,
-    const int32_t* __restrict__ blocks, KVGeom g, int layer, int part_len,
+    const int32_t* __restrict__ blocks, KVGeom g, int layer, int max_len,
     float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets) {
   using T2 = typename Pair<T>::type;
   extern __shared__ float smem[];
-  const int D = g.head_dim, D2 = D / 2, hidden = g.heads * D;
+  const int D = g.head_dim, D8 = D / 8, hidden = g.heads * D;
   const int i = blockIdx.x, head = blockIdx.y, part = blockIdx.z, parts = gridDim.z;
   const int r = dec_rows[i];
   const int len = row_pos[r] + 1;
-  const int start = part * part_len;
-  if (start >= len) return;
-  const int end = min(len, start + part_len);
-  const int active = (len + part_len - 1) / part_len;
+  const int active = min(parts, (len + kDecodeMinPart - 1) / kDecodeMinPart);
+  if (part >= active) return;
+  const int share = (len + active - 1) / active;
+  const int start = part * share;
+  const int end = min(len, start + share);
   const int32_t* table = blocks + seqs[row_seq[r]].blk_off;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int T_ = g.tokens_per_block;
 
-  float* q = smem;              // [D]
-  float* s = q + D;             // [part_len]
-  float* red = s + part_len;    // [kDecodeWarps][D]
+  float* q = smem;            // [D]
+  float* s = q + D;           // [part_len]
+  float* red = s + max_len;   // [groups][D]
   __shared__ float stat[32];
   for (int d = threadIdx.x; d < D; d += blockDim.x)
     q[d] = qkv[(int64_t)r * 3 * hidden + head * D + d];
   __syncthreads();
 
-  // Scores: a warp per key, lanes over pairs of dimensions.
-  for (int j = start + warp; j < end; j += kDecodeWarps) {
-    const T2* k = reinterpret_cast<const T2*>(
-        kv + g.page(table[j / g.tokens_per_block], layer, 0, head) +
-        (int64_t)(j % g.tokens_per_block) * D);
-    float acc = 0.f;
-    for (int d2 = lane; d2 < D2; d2 += 32) {
-      float2 kf = to_f32x2(k[d2]);
-      acc += q[2 * d2] * kf.x + q[2 * d2 + 1] * kf.y;
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) s[j - start] = acc;
-  }
-  __syncthreads();
   float mx = -INFINITY;
-  for (int j = threadIdx.x; j < end - start; j += blockDim.x) mx = fmaxf(mx, s[j]);
+  for (int j = start + threadIdx.x; j < end; j += blockDim.x) {
+    const uint4* k = reinterpret_cast<const uint4*>(
+        kv + g.page(table[j / T_], layer, 0, head) + (int64_t)(j % T_) * D);
+    float acc = 0.f;
+    for (int c = 0; c < D8; c++) {
+      uint4 kv8 = k[c];
+      const T2* k2 = reinterpret_cast<const T2*>(&kv8);
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float2 f = to_f32x2(k2[e]);
+        acc = fmaf(q[c * 8 + 2 * e], f.x, acc);
+        acc = fmaf(q[c * 8 + 2 * e + 1], f.y, acc);
+      }
+    }
+    s[j - start] = acc;
+    mx = fmaxf(mx, acc);
+  }
   mx = block_max(mx, stat);
   float sum = 0.f;
   for (int j = threadIdx.x; j < end - start; j += blockDim.x) {
@@ -116,37 +136,31 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
   }
   sum = block_sum(sum, stat);  // its barriers also publish s
 
-  // Weighted values: a warp per key, lanes over pairs of dimensions (D <= 256: 4 pairs).
-  float2 acc[4] = {};
-  for (int j = start + warp; j < end; j += kDecodeWarps) {
-    const T2* v = reinterpret_cast<const T2*>(
-        kv + g.page(table[j / g.tokens_per_block], layer, 1, head) +
-        (int64_t)(j % g.tokens_per_block) * D);
-    float p = s[j - start];
+  const int groups = blockDim.x / D8;
+  const int grp = threadIdx.x / D8, c = threadIdx.x % D8;
+  float acc[8] = {};
+  if (grp < groups) {
+    for (int j = start + grp; j < end; j += groups) {
+      uint4 v8 = reinterpret_cast<const uint4*>(
+          kv + g.page(table[j / T_], layer, 1, head) + (int64_t)(j % T_) * D)[c];
+      const T2* v2 = reinterpret_cast<const T2*>(&v8);
+      float p = s[j - start];
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-      int d2 = lane + 32 * k;
-      if (d2 < D2) {
-        float2 vf = to_f32x2(v[d2]);
-        acc[k].x += p * vf.x;
-        acc[k].y += p * vf.y;
+      for (int e = 0; e < 4; e++) {
+        float2 f = to_f32x2(v2[e]);
+        acc[2 * e] = fmaf(p, f.x, acc[2 * e]);
+        acc[2 * e + 1] = fmaf(p, f.y, acc[2 * e + 1]);
       }
     }
-  }
 #pragma unroll
-  for (int k = 0; k < 4; k++) {
-    int d2 = lane + 32 * k;
-    if (d2 < D2) {
-      red[warp * D + 2 * d2] = acc[k].x;
-      red[warp * D + 2 * d2 + 1] = acc[k].y;
-    }
+    for (int e = 0; e < 8; e++) red[grp * D + c * 8 + e] = acc[e];
   }
   __syncthreads();
   T* out = att + (int64_t)r * hidden + head * D;
   if (active == 1) {
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
       float o = 0.f;
-      for (int w = 0; w < kDecodeWarps; w++) o += red[w * D + d];
+      for (int w = 0; w < groups; w++) o += red[w * D + d];
       out[d] = from_f32<T>(o / sum);
     }
     return;
@@ -154,7 +168,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
   int64_t pi = ((int64_t)i * g.heads + head) * parts;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float o = 0.f;
-    for (int w = 0; w < kDecodeWarps; w++) o += red[w * D + d];
+    for (int w = 0; w < groups; w++) o += red[w * D + d];
     partial[(pi + part) * D + d] = o;
   }
   if (threadIdx.x == 0) {
@@ -185,21 +199,17 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
   }
 }
 
-inline size_t decode_smem(int head_dim, int part_len) {
-  return sizeof(float) * (head_dim + part_len + kDecodeWarps * head_dim);
-}
-
 template <typename T>
 void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_rows,
                       const int32_t* row_pos, const int32_t* row_seq, const DevSeq* seqs,
-                      const int32_t* blocks, KVGeom g, int layer, int rows, int parts,
-                      int part_len, float* partial, float* part_ml, int* tickets,
+                      const int32_t* blocks, KVGeom g, int layer, int rows, int splits,
+                      int max_len, float* partial, float* part_ml, int* tickets,
                       cudaStream_t stream) {
   if (rows == 0) return;
-  dim3 grid(rows, g.heads, parts);
-  attention_decode_kernel<T><<<grid, kDecodeThreads, decode_smem(g.head_dim, part_len),
+  dim3 grid(rows, g.heads, splits);
+  attention_decode_kernel<T><<<grid, kDecodeThreads, decode_smem(g.head_dim, max_len),
                                stream>>>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks,
-                                         g, layer, part_len, partial, part_ml, tickets);
+                                         g, layer, max_len, partial, part_ml, tickets);
   LAUNCH_CHECK("attention_decode_kernel");
 }
 
@@ -211,10 +221,10 @@ struct CtxTile {
   int32_t pos0;  // position of its first query
 };
 
-constexpr int kCtxThreads = 128;
+constexpr int kCtxThreads = 256;
 constexpr int kCtxKeys = 32;  // keys per shared-memory chunk: one per lane in the softmax
 
-__host__ __device__ inline int ctx_queries(int head_dim) { return head_dim <= 128 ? 32 : 16; }
+__host__ __device__ inline int ctx_queries(int head_dim) { return head_dim <= 128 ? 16 : 8; }
 
 inline size_t ctx_smem(int head_dim) {
   int Q = ctx_queries(head_dim);
@@ -279,10 +289,17 @@ __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
       int i = idx / kCtxKeys, j = idx % kCtxKeys;
       float sc = -INFINITY;
       if (i < tile.n && j < kc && c0 + j <= tile.pos0 + i) {
-        sc = 0.f;
+        // Four partial sums, so the loads and FMAs of one dot product overlap.
+        float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
         const float* qi = qs + i * (D + 1);
         const T* kj = ks + j * KD;
-        for (int d = 0; d < D; d++) sc += qi[d] * to_f32(kj[d]);
+        for (int d = 0; d < D; d += 4) {
+          s0 = fmaf(qi[d], to_f32(kj[d]), s0);
+          s1 = fmaf(qi[d + 1], to_f32(kj[d + 1]), s1);
+          s2 = fmaf(qi[d + 2], to_f32(kj[d + 2]), s2);
+          s3 = fmaf(qi[d + 3], to_f32(kj[d + 3]), s3);
+        }
+        sc = (s0 + s1) + (s2 + s3);
       }
       ss[i * (kCtxKeys + 1) + j] = sc;
     }
@@ -307,10 +324,17 @@ __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
     __syncthreads();
     for (int idx = threadIdx.x; idx < tile.n * D; idx += blockDim.x) {
       int i = idx / D, d = idx % D;
-      float acc = os[idx] * al[i];
       const float* pi = ss + i * (kCtxKeys + 1);
-      for (int j = 0; j < kc; j++) acc += pi[j] * to_f32(vs[j * KD + d]);
-      os[idx] = acc;
+      float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+      int j = 0;
+      for (; j + 4 <= kc; j += 4) {
+        a0 = fmaf(pi[j], to_f32(vs[j * KD + d]), a0);
+        a1 = fmaf(pi[j + 1], to_f32(vs[(j + 1) * KD + d]), a1);
+        a2 = fmaf(pi[j + 2], to_f32(vs[(j + 2) * KD + d]), a2);
+        a3 = fmaf(pi[j + 3], to_f32(vs[(j + 3) * KD + d]), a3);
+      }
+      for (; j < kc; j++) a0 = fmaf(pi[j], to_f32(vs[j * KD + d]), a0);
+      os[idx] = os[idx] * al[i] + ((a0 + a1) + (a2 + a3));
     }
   }
   __syncthreads();

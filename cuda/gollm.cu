@@ -14,6 +14,7 @@
 #include "common.cuh"
 #include "convert.cuh"
 #include "embedding.cuh"
+#include "gemv.cuh"
 #include "layernorm.cuh"
 #include "matmul.cuh"
 #include "sampling.cuh"
@@ -105,14 +106,14 @@ void invalid(const char* fmt, ...) {
 // the rest fp32.
 struct LayerW {
   float *ln1_w, *ln1_b;
-  void* attn_w;  // [hidden][3*hidden]
+  void* attn_w;  // [3*hidden][hidden] (transposed from the checkpoint, as every matrix here)
   float* attn_b;
-  void* proj_w;  // [hidden][hidden]
+  void* proj_w;  // [hidden][hidden]ᵀ
   float* proj_b;
   float *ln2_w, *ln2_b;
-  void* fc_w;  // [hidden][inner]
+  void* fc_w;  // [inner][hidden]
   float* fc_b;
-  void* mlp_w;  // [inner][hidden]
+  void* mlp_w;  // [hidden][inner]
   float* mlp_b;
 };
 
@@ -186,11 +187,12 @@ struct gollm_engine {
   int num_blocks = 0;           // usable KV blocks; block num_blocks is the padding block
   DevMem kv;                    // the pool
   int max_tokens = 0, max_seqs = 0, max_logit_rows = 0;  // step limits
-  int part_len = 128;           // decode attention: keys per split
-  int max_parts = 1;            // decode attention: splits for the longest sequence
+  int sms = 1;                  // multiprocessors, for sizing grids
+  int max_parts = 1;            // decode attention: most splits of one row
   bool graphs = true;           // replay CUDA graphs for decode-only steps
   DevMem h, xn, qkv, att, tmp, fc, fch, xf, logits, retlog;  // activations
   DevMem partial, part_ml, tickets;  // decode attention split-K
+  DevMem greedy_part, greedy_tickets;  // greedy sampling split over the vocabulary
   DevMem din;                   // step inputs
   HostMem hin;                  // step inputs, staged
   DevMem dtok, dlp;             // sampled tokens and log-probabilities
@@ -239,18 +241,22 @@ void check_config(const gollm_model_config& c) {
             c.vocab_size, c.max_positions, c.hidden, c.layers, c.heads, c.inner);
   if (c.head_dim * c.heads != c.hidden)
     invalid("config: head_dim %d × heads %d is not hidden %d", c.head_dim, c.heads, c.hidden);
-  if (c.head_dim % 2 != 0 || c.head_dim > 256)
-    invalid("config: head_dim %d must be even and at most 256", c.head_dim);
+  if (c.head_dim % 8 != 0 || c.head_dim > 256)
+    invalid("config: head_dim %d must be a multiple of 8 and at most 256", c.head_dim);
   if (!(c.layer_norm_eps > 0.f))
     invalid("config: layer_norm_eps %g must be positive", c.layer_norm_eps);
   if (c.activation < GOLLM_ACT_GELU_TANH || c.activation > GOLLM_ACT_RELU)
     invalid("config: activation %d is not a gollm_activation", c.activation);
   if (c.hidden > 12288) invalid("config: hidden %d exceeds 12288", c.hidden);
+  if (c.max_positions > 8192) invalid("config: max_positions %d exceeds 8192", c.max_positions);
 }
 
 // upload copies a host tensor onto the device, converted to dst's type.
+// Matrices named with rows > 0 are [rows][want/rows] in the checkpoint (Conv1D's
+// [in][out]) and are stored transposed, [out][in], the layout of the gemv kernels and of
+// cuBLAS's "TN" products.
 void upload(const gollm_tensor& t, const char* name, int64_t want, bool matrix, int dtype,
-            void* dst, DevMem& staging, cudaStream_t stream) {
+            void* dst, DevMem& staging, cudaStream_t stream, int rows = 0) {
   if (!t.data) invalid("tensor %s: no data", name);
   if (t.numel != want) invalid("tensor %s: %lld elements, the config implies %lld", name,
                                (long long)t.numel, (long long)want);
@@ -261,6 +267,12 @@ void upload(const gollm_tensor& t, const char* name, int64_t want, bool matrix, 
   CUDA_CHECK(cudaMemcpyAsync(staging.p, t.data, bytes, cudaMemcpyHostToDevice, stream));
   if (!matrix)
     convert<float>(staging.p, t.dtype, static_cast<float*>(dst), want, stream);
+  else if (rows > 0 && dtype == GOLLM_DTYPE_BF16)
+    convert_transpose<__nv_bfloat16>(staging.p, t.dtype, static_cast<__nv_bfloat16*>(dst), rows,
+                                     (int)(want / rows), stream);
+  else if (rows > 0)
+    convert_transpose<__half>(staging.p, t.dtype, static_cast<__half*>(dst), rows,
+                              (int)(want / rows), stream);
   else if (dtype == GOLLM_DTYPE_BF16)
     convert<__nv_bfloat16>(staging.p, t.dtype, static_cast<__nv_bfloat16*>(dst), want, stream);
   else
@@ -328,8 +340,10 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
       ptr[k] = base + loff[l].t[k];
       char name[64];
       std::snprintf(name, sizeof name, "h.%d.%s", l, names[k]);
+      // Every layer matrix has `in` rows: hidden, except the MLP's output projection.
+      int rows = !matrix[k] ? 0 : k == GOLLM_MLP_W ? c.inner : c.hidden;
       upload(p->layers[l * GOLLM_LAYER_TENSORS + k], name, sizes[k], matrix[k], p->dtype, ptr[k],
-             staging, stream);
+             staging, stream, rows);
     }
     LayerW& L = w->layers[l];
     L.ln1_w = (float*)ptr[GOLLM_LN1_W];
@@ -389,7 +403,12 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->max_seqs = p->max_seqs;
   e->max_logit_rows = std::max(p->max_logit_rows, p->max_seqs);
   e->geom = KVGeom{c.layers, c.heads, c.head_dim, p->tokens_per_block};
-  e->max_parts = ceil_div(c.max_positions, e->part_len);
+  e->max_parts = 16;
+  {
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, w->device));
+    e->sms = std::max(1, sms);
+  }
   CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&e->blas));
   CUBLAS_CHECK(cublasSetStream(e->blas, e->stream));
@@ -415,6 +434,9 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->part_ml.alloc(dec * c.heads * e->max_parts * 2 * 4, "attention partial stats");
   e->tickets.alloc(dec * c.heads * 4, "attention tickets");
   CUDA_CHECK(cudaMemsetAsync(e->tickets.p, 0, e->tickets.bytes, e->stream));
+  e->greedy_part.alloc(R * kGreedySplits * 3 * 4, "greedy sampling partials");
+  e->greedy_tickets.alloc(R * 4, "greedy sampling tickets");
+  CUDA_CHECK(cudaMemsetAsync(e->greedy_tickets.p, 0, e->greedy_tickets.bytes, e->stream));
   const size_t in_bytes = 4u << 20;
   e->din.alloc(in_bytes, "step inputs");
   e->hin.alloc(in_bytes, "step inputs (host)");
@@ -423,6 +445,10 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->htok.alloc(S * 4, "sampled tokens (host)");
   e->hlp.alloc(S * 4, "log-probabilities (host)");
   // Kernels that need more than 48 KB of shared memory must say so.
+  if (w->dtype == GOLLM_DTYPE_BF16)
+    gemv_allow_smem<__nv_bfloat16>();
+  else
+    gemv_allow_smem<__half>();
   size_t cs = ctx_smem(c.head_dim);
   if (cs > 48 * 1024) {
     if (w->dtype == GOLLM_DTYPE_BF16)
@@ -791,21 +817,55 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   embedding_layernorm<T>(I32(L.row_tok), I32(L.row_pos), static_cast<const T*>(w->wte),
                          static_cast<const T*>(w->wpe), h, xn, w->layers[0].ln1_w,
                          w->layers[0].ln1_b, N, H, eps, st);
+  // Few rows: fused gemv kernels reading the weights once (decode at small batch).
+  const bool small = gemv_fits(N, H) && gemv_fits(N, I) && pl.chunks.size() <= 1 &&
+                     (pl.chunks.empty() || pl.chunks[0].count <= kGemvMaxRows);
   for (int l = 0; l < c.layers; l++) {
     const LayerW& lw = w->layers[l];
-    matmul_xw<T>(e->blas, xn, static_cast<const T*>(lw.attn_w), qkv, N, H, 3 * H);
-    qkv_kv_write<T>(qkv, lw.attn_b, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom, l,
-                    N, st);
+    if (small) {
+      GemvArgs a{};
+      a.n = N;
+      a.h = h;
+      a.eps = eps;
+      // QKV with LayerNorm 1 before and the KV write after.
+      a.w = lw.attn_w, a.bias = lw.attn_b, a.in = H, a.out = 3 * H;
+      a.gamma = lw.ln1_w, a.beta = lw.ln1_b;
+      a.y = qkv, a.kv = kv, a.row_pos = I32(L.row_pos), a.row_seq = I32(L.row_seq);
+      a.seqs = seqs, a.blocks = words, a.geom = e->geom, a.layer = l;
+      a.qscale = 1.f / sqrtf((float)c.head_dim);
+      gemv<T, GEMV_IN_LN, GEMV_OUT_QKV>(a, st);
+    } else {
+      matmul_xwt<T>(e->blas, xn, static_cast<const T*>(lw.attn_w), qkv, N, H, 3 * H);
+      qkv_kv_write<T>(qkv, lw.attn_b, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom,
+                      l, N, st);
+    }
     attention_context<T>(qkv, att, kv, tiles, seqs, words, e->geom, l, (int)pl.tiles.size(), st);
     attention_decode<T>(qkv, att, kv, I32(L.dec_rows), I32(L.row_pos), I32(L.row_seq), seqs,
-                        words, e->geom, l, (int)pl.dec_rows.size(), parts, e->part_len,
+                        words, e->geom, l, (int)pl.dec_rows.size(), parts, c.max_positions,
                         e->partial.as<float>(), e->part_ml.as<float>(), e->tickets.as<int>(), st);
-    matmul_xw<T>(e->blas, att, static_cast<const T*>(lw.proj_w), tmp, N, H, H);
-    residual_layernorm<T>(h, tmp, lw.proj_b, xn, lw.ln2_w, lw.ln2_b, N, H, eps, st);
-    matmul_xw<T>(e->blas, xn, static_cast<const T*>(lw.fc_w), fc, N, H, I);
-    bias_act<T>(fc, lw.fc_b, fch, N, I, c.activation, st);
-    matmul_xw<T>(e->blas, fch, static_cast<const T*>(lw.mlp_w), tmp, N, I, H);
     const bool last = l + 1 == c.layers;
+    if (small) {
+      GemvArgs a{};
+      a.n = N;
+      a.h = h;
+      a.eps = eps;
+      // Attention output projection, added to the residual stream.
+      a.w = lw.proj_w, a.bias = lw.proj_b, a.in = H, a.out = H, a.x = att, a.hout = h;
+      gemv<T, GEMV_IN_T, GEMV_OUT_RESID>(a, st);
+      // MLP up-projection with LayerNorm 2 before and the activation after.
+      a.w = lw.fc_w, a.bias = lw.fc_b, a.in = H, a.out = I, a.gamma = lw.ln2_w,
+      a.beta = lw.ln2_b, a.y = fch, a.act = c.activation;
+      gemv<T, GEMV_IN_LN, GEMV_OUT_ACT>(a, st);
+      // MLP down-projection, added to the residual stream.
+      a.w = lw.mlp_w, a.bias = lw.mlp_b, a.in = I, a.out = H, a.x = fch, a.hout = h;
+      gemv<T, GEMV_IN_T, GEMV_OUT_RESID>(a, st);
+      continue;
+    }
+    matmul_xwt<T>(e->blas, att, static_cast<const T*>(lw.proj_w), tmp, N, H, H);
+    residual_layernorm<T>(h, tmp, lw.proj_b, xn, lw.ln2_w, lw.ln2_b, N, H, eps, st);
+    matmul_xwt<T>(e->blas, xn, static_cast<const T*>(lw.fc_w), fc, N, H, I);
+    bias_act<T>(fc, lw.fc_b, fch, N, I, c.activation, st);
+    matmul_xwt<T>(e->blas, fch, static_cast<const T*>(lw.mlp_w), tmp, N, I, H);
     const LayerW& nx = last ? lw : w->layers[l + 1];
     residual_layernorm<T>(h, tmp, lw.mlp_b, xn, last ? w->lnf_w : nx.ln1_w,
                           last ? w->lnf_b : nx.ln1_b, N, H, eps, st);
@@ -815,8 +875,17 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   float* hlog = e->hlog.as<float>();
   for (size_t ci = 0; ci < pl.chunks.size(); ci++) {
     const Chunk& ch = pl.chunks[ci];
-    gather_rows<T>(xn, I32(L.lrow_src) + ch.first, e->xf.as<T>(), ch.count, H, st);
-    matmul_xwt<T>(e->blas, e->xf.as<T>(), static_cast<const T*>(w->wte), logits, ch.count, H, V);
+    if (small) {
+      // The final LayerNorm is fused into the LM head's gemv.
+      GemvArgs a{};
+      a.n = ch.count, a.h = h, a.idx = I32(L.lrow_src) + ch.first, a.eps = eps;
+      a.gamma = w->lnf_w, a.beta = w->lnf_b, a.w = w->wte, a.in = H, a.out = V, a.y = logits;
+      gemv<T, GEMV_IN_LN, GEMV_OUT_F32>(a, st);
+    } else {
+      gather_rows<T>(xn, I32(L.lrow_src) + ch.first, e->xf.as<T>(), ch.count, H, st);
+      matmul_xwt<T>(e->blas, e->xf.as<T>(), static_cast<const T*>(w->wte), logits, ch.count, H,
+                    V);
+    }
     if (!capture) {
       for (const CopyOut& cp : pl.copies)
         if (cp.chunk == (int)ci && !cp.from_ret)
@@ -825,7 +894,8 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     }
     sample(logits, I32(L.samp_seq) + ch.samp_first, I32(L.samp_row) + ch.samp_first, seqs, words,
            words, reinterpret_cast<const float*>(din), retlog, e->dtok.as<int32_t>(),
-           e->dlp.as<float>(), ch.samp_count, V, st);
+           e->dlp.as<float>(), ch.samp_count, V, e->greedy_part.as<float>(),
+           e->greedy_tickets.as<int>(), st);
     if (!capture) {
       for (const CopyOut& cp : pl.copies)
         if (cp.chunk == (int)ci && cp.from_ret)
@@ -876,7 +946,9 @@ void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out) {
       cudaGraph_t g = nullptr;
       CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
       try {
-        run_forward(e, pl, L, e->max_parts, true);
+        // Replays see other lengths: size the splits for the longest possible row.
+        run_forward(e, pl, L,
+                    decode_splits(bucket, e->w->cfg.heads, e->sms, e->w->cfg.max_positions), true);
       } catch (...) {
         cudaStreamEndCapture(e->stream, &g);
         if (g) cudaGraphDestroy(g);
@@ -892,7 +964,8 @@ void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out) {
     }
     CUDA_CHECK(cudaGraphLaunch(it->second, e->stream));
   } else {
-    int parts = std::max(1, ceil_div(pl.max_len, e->part_len));
+    int parts = decode_splits(std::max<int>(1, (int)pl.dec_rows.size()), e->w->cfg.heads, e->sms,
+                              pl.max_len);
     run_forward(e, pl, L, parts, false);
   }
   CUDA_CHECK(cudaMemcpyAsync(e->htok.p, e->dtok.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));

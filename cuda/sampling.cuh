@@ -182,7 +182,109 @@ __device__ double sum_weight(const float* w, int V, Limit lim, Weight wt, Sample
   return block_sum(s, sm.red);
 }
 
-// sample_kernel: one block per entry e of the step's sampling list.
+// greedy_fast says whether a sequence's token is a plain argmax of its raw logits: greedy,
+// no bias, penalties or masks, no logits returned. Those rows take sample_greedy_kernel.
+__host__ __device__ __forceinline__ bool greedy_fast(const DevSeq& sq) {
+  return (sq.flags & GOLLM_SEQ_SAMPLE) && (sq.temperature == 0.f || sq.top_k == 1) &&
+         sq.bias_off < 0 && sq.pen_cnt == 0 && sq.mask_cnt == 0 && sq.ret_row < 0;
+}
+
+constexpr int kGreedySplits = 16;
+constexpr int kGreedyThreads = 256;
+
+// sample_greedy_kernel: grid (entries, kGreedySplits). Block (e, g) finds the first
+// maximum of its slice of the row and the sum of exp(w - its max); the last block of a
+// row to finish (an atomic ticket, reset by it) merges the slices into the token and its
+// log-probability, -log Σ exp(w - max). Rows that are not greedy_fast exit at once.
+//   part: [entries][kGreedySplits][3] fp32 scratch; tickets: [entries] int, zero between.
+__global__ void __launch_bounds__(kGreedyThreads) sample_greedy_kernel(
+    const float* __restrict__ logits, const int32_t* __restrict__ samp_seq,
+    const int32_t* __restrict__ samp_row, const DevSeq* __restrict__ seqs,
+    float* __restrict__ part, int* __restrict__ tickets, int32_t* __restrict__ out_tok,
+    float* __restrict__ out_lp, int V) {
+  __shared__ float fred[32];
+  __shared__ int ired[32];
+  __shared__ float sred[32];
+  __shared__ int last;
+  const int e = blockIdx.x, g = blockIdx.y;
+  const int s = samp_seq[e];
+  if (s < 0 || !greedy_fast(seqs[s])) return;
+  const float* w = logits + (int64_t)samp_row[e] * V;
+  const int per = (V + kGreedySplits - 1) / kGreedySplits;
+  const int lo = g * per, hi = min(V, lo + per);
+  float bv = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    float x = w[i];
+    if (x > bv) {
+      bv = x;
+      bi = i;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  if (lane == 0) {
+    fred[warp] = bv;
+    ired[warp] = bi;
+  }
+  __syncthreads();
+  bv = fred[0];
+  bi = ired[0];
+  for (int q = 1; q < nw; q++)
+    if (fred[q] > bv || (fred[q] == bv && ired[q] < bi)) {
+      bv = fred[q];
+      bi = ired[q];
+    }
+  float sum = 0.f;
+  if (bv != -INFINITY)
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) sum += __expf(w[i] - bv);
+  sum = block_sum(sum, sred);
+  float* pp = part + ((int64_t)e * kGreedySplits + g) * 3;
+  if (threadIdx.x == 0) {
+    pp[0] = bv;
+    pp[1] = __int_as_float(bi);
+    pp[2] = sum;
+    __threadfence();
+    int t = atomicAdd(tickets + e, 1);
+    last = t == kGreedySplits - 1;
+    if (last) tickets[e] = 0;
+  }
+  __syncthreads();
+  if (!last || threadIdx.x != 0) return;
+  __threadfence();
+  const float* rp = part + (int64_t)e * kGreedySplits * 3;
+  float M = -INFINITY;
+  int best = 0x7fffffff;
+  for (int q = 0; q < kGreedySplits; q++) {
+    float m = __ldcg(rp + q * 3);
+    int id = __float_as_int(__ldcg(rp + q * 3 + 1));
+    if (m > M || (m == M && id < best)) {
+      M = m;
+      best = id;
+    }
+  }
+  if (M == -INFINITY) {
+    out_tok[s] = -2;
+    return;
+  }
+  double z = 0;
+  for (int q = 0; q < kGreedySplits; q++) {
+    float m = __ldcg(rp + q * 3);
+    if (m != -INFINITY) z += (double)__ldcg(rp + q * 3 + 2) * exp((double)m - M);
+  }
+  out_tok[s] = best;
+  out_lp[s] = (float)-log(z);
+}
+
+// sample_kernel: one block per entry e of the step's sampling list; rows that
+// greedy_fast accepts are left to sample_greedy_kernel.
 //   pen: (token, count) pairs at word sq.pen_off; masks at sq.mask_off; bias at sq.bias_off.
 //   logits: [rows][V] fp32, row samp_row[e] belongs to sequence samp_seq[e]; modified.
 //   retlog: [*][V] fp32, the biased logits of sequences with ret_row >= 0.
@@ -198,6 +300,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(
   const int s = samp_seq[blockIdx.x];
   if (s < 0) return;  // padding of a graph bucket
   const DevSeq sq = seqs[s];
+  if (greedy_fast(sq)) return;
   float* w = logits + (int64_t)samp_row[blockIdx.x] * V;
   if (sq.bias_off >= 0) {
     const float* b = bias + sq.bias_off;
@@ -305,8 +408,11 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(
 inline void sample(float* logits, const int32_t* samp_seq, const int32_t* samp_row,
             const DevSeq* seqs, const int32_t* pen, const int32_t* masks,
             const float* bias, float* retlog, int32_t* out_tok, float* out_lp, int count, int V,
-            cudaStream_t stream) {
+            float* greedy_part, int* greedy_tickets, cudaStream_t stream) {
   if (count == 0) return;
+  sample_greedy_kernel<<<dim3(count, kGreedySplits), kGreedyThreads, 0, stream>>>(
+      logits, samp_seq, samp_row, seqs, greedy_part, greedy_tickets, out_tok, out_lp, V);
+  LAUNCH_CHECK("sample_greedy_kernel");
   sample_kernel<<<count, kSampleThreads, 0, stream>>>(logits, samp_seq, samp_row, seqs, pen,
                                                      masks, bias, retlog, out_tok,
                                                      out_lp, V);

@@ -1,0 +1,200 @@
+// gemv.cuh — the projections of steps with few token rows (decode at small batch), where
+// a GEMM is a matrix-vector product bound by reading the weights once. One kernel does a
+// whole projection with its neighbours fused: the LayerNorm before it (recomputed by each
+// block from the fp32 residual stream, a few KB from L2) and the bias with the residual
+// add, the activation, or the KV-cache write after it. That leaves five launches a layer.
+#pragma once
+#include "activation.cuh"
+#include "common.cuh"
+
+namespace gollm {
+
+constexpr int kGemvThreads = 256;
+constexpr int kGemvWarps = kGemvThreads / 32;
+constexpr int kGemvMaxRows = 8;
+
+// What a gemv kernel reads as its input rows x [n][in].
+enum GemvIn {
+  GEMV_IN_LN = 0,  // LayerNorm(h[idx ? idx[r] : r]) with gamma, beta; h fp32 [*][in]
+  GEMV_IN_T = 1    // x [n][in] in T
+};
+
+// What it does with v = x·Wᵀ[o] + bias[o] for row r and output o.
+enum GemvOut {
+  GEMV_OUT_RESID = 0,  // h[r][o] += v                      (fp32 residual stream)
+  GEMV_OUT_ACT = 1,    // y[r][o] = T(act(v))
+  GEMV_OUT_F32 = 2,    // y[r][o] = v                        (fp32; the LM head)
+  GEMV_OUT_QKV = 3     // qkv[r][o] = v (queries scaled), keys and values also to the pool
+};
+
+// GemvArgs gathers a gemv launch's operands.
+struct GemvArgs {
+  const void* w;         // [out][in] T, row-major (the transposed Conv1D weight)
+  const float* bias;     // [out] fp32, or null
+  int n, in, out;        // rows, input width, output width
+  // Input.
+  const float* h;        // GEMV_IN_LN: residual stream [*][in]
+  const int32_t* idx;    // GEMV_IN_LN: row indices into h, or null for 0..n-1
+  const float* gamma;    // GEMV_IN_LN: [in]
+  const float* beta;     // GEMV_IN_LN: [in]
+  float eps;             // GEMV_IN_LN: epsilon
+  const void* x;         // GEMV_IN_T: [n][in] T
+  // Output.
+  float* hout;           // GEMV_OUT_RESID: [n][out]
+  void* y;               // GEMV_OUT_ACT: [n][out] T; GEMV_OUT_F32 / GEMV_OUT_QKV: [n][out] fp32
+  int act;               // GEMV_OUT_ACT: gollm_activation
+  // GEMV_OUT_QKV: the KV pool and where each row's position lives.
+  void* kv;
+  const int32_t* row_pos;
+  const int32_t* row_seq;
+  const DevSeq* seqs;
+  const int32_t* blocks;
+  KVGeom geom;
+  int layer;
+  float qscale;
+};
+
+template <typename T>
+__device__ __forceinline__ void dot8(const uint4& w, const uint4& x, float& acc) {
+  using T2 = typename Pair<T>::type;
+  const T2* a = reinterpret_cast<const T2*>(&w);
+  const T2* b = reinterpret_cast<const T2*>(&x);
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    float2 fa = to_f32x2(a[i]), fb = to_f32x2(b[i]);
+    acc = fmaf(fa.x, fb.x, acc);
+    acc = fmaf(fa.y, fb.y, acc);
+  }
+}
+
+// gemv_store applies the output stage to v for row r, output o.
+template <typename T, int OUT>
+__device__ __forceinline__ void gemv_store(const GemvArgs& a, int r, int o, float v) {
+  if (OUT == GEMV_OUT_RESID) {
+    a.hout[(int64_t)r * a.out + o] += v;
+  } else if (OUT == GEMV_OUT_ACT) {
+    static_cast<T*>(a.y)[(int64_t)r * a.out + o] = from_f32<T>(activate(v, a.act));
+  } else if (OUT == GEMV_OUT_F32) {
+    static_cast<float*>(a.y)[(int64_t)r * a.out + o] = v;
+  } else {  // GEMV_OUT_QKV
+    const int hidden = a.geom.heads * a.geom.head_dim;
+    float* qkv = static_cast<float*>(a.y) + (int64_t)r * a.out;
+    if (o < hidden) {
+      qkv[o] = v * a.qscale;
+      return;
+    }
+    qkv[o] = v;
+    const int pos = a.row_pos[r];
+    const int64_t block = a.blocks[a.seqs[a.row_seq[r]].blk_off + pos / a.geom.tokens_per_block];
+    const int kind = o < 2 * hidden ? 0 : 1;
+    const int cc = o - (kind + 1) * hidden;
+    const int head = cc / a.geom.head_dim, d = cc % a.geom.head_dim;
+    static_cast<T*>(a.kv)[a.geom.page(block, a.layer, kind, head) +
+                          (int64_t)(pos % a.geom.tokens_per_block) * a.geom.head_dim + d] =
+        from_f32<T>(v);
+  }
+}
+
+// gemv_kernel: blocks of kGemvThreads; each warp takes outputs o in turn (grid-stride),
+// its lanes reading W[o] in 16-byte pieces (coalesced), every input row reusing them.
+// Dynamic shared memory: R * in elements of T (the input rows). in % 8 == 0.
+template <typename T, int R, int IN, int OUT>
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
+  extern __shared__ __align__(16) unsigned char gemv_smem[];
+  T* xs = reinterpret_cast<T*>(gemv_smem);  // [R][in]
+  __shared__ float red[32];
+  const int in = a.in, n = a.n;
+  if (IN == GEMV_IN_LN) {
+    for (int r = 0; r < n; r++) {
+      const float* hr = a.h + (int64_t)(a.idx ? a.idx[r] : r) * in;
+      float s = 0.f;
+      for (int c = threadIdx.x; c < in; c += blockDim.x) s += hr[c];
+      float mean = block_sum(s, red) / in;
+      float v = 0.f;
+      for (int c = threadIdx.x; c < in; c += blockDim.x) {
+        float d = hr[c] - mean;
+        v += d * d;
+      }
+      float rstd = rsqrtf(block_sum(v, red) / in + a.eps);
+      for (int c = threadIdx.x; c < in; c += blockDim.x)
+        xs[r * in + c] = from_f32<T>((hr[c] - mean) * rstd * a.gamma[c] + a.beta[c]);
+    }
+  } else {
+    const uint4* src = static_cast<const uint4*>(a.x);
+    uint4* dst = reinterpret_cast<uint4*>(xs);
+    for (int i = threadIdx.x; i < n * in / 8; i += blockDim.x) dst[i] = src[i];
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int chunks = in / 8;
+  for (int o = blockIdx.x * kGemvWarps + warp; o < a.out; o += gridDim.x * kGemvWarps) {
+    const uint4* wrow =
+        reinterpret_cast<const uint4*>(static_cast<const T*>(a.w) + (int64_t)o * in);
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.f;
+#pragma unroll 4
+    for (int c = lane; c < chunks; c += 32) {
+      uint4 wv = __ldg(wrow + c);
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        if (r < n) dot8<T>(wv, reinterpret_cast<const uint4*>(xs + r * in)[c], acc[r]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+    // Lane r finishes row r.
+    float v = 0.f;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+      if (lane == r) v = acc[r];
+    if (lane < n) gemv_store<T, OUT>(a, lane, o, a.bias ? v + a.bias[o] : v);
+  }
+}
+
+inline int gemv_rows(int n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; }
+
+// gemv_fits says whether the gemv path can run n rows of width in.
+inline bool gemv_fits(int n, int in) {
+  return n >= 1 && n <= kGemvMaxRows && in % 8 == 0 && (size_t)gemv_rows(n) * in * 2 <= 96 * 1024;
+}
+
+template <typename T, int R, int IN, int OUT>
+void gemv_launch(const GemvArgs& a, cudaStream_t stream) {
+  size_t smem = (size_t)R * a.in * sizeof(T);
+  // Enough blocks to fill the GPU a few times over; warps loop over the rest.
+  int blocks = std::min(ceil_div(a.out, kGemvWarps), 1024);
+  gemv_kernel<T, R, IN, OUT><<<blocks, kGemvThreads, smem, stream>>>(a);
+  LAUNCH_CHECK("gemv_kernel");
+}
+
+// gemv runs y = x·Wᵀ + bias with the fused input and output, choosing the row count R.
+template <typename T, int IN, int OUT>
+void gemv(const GemvArgs& a, cudaStream_t stream) {
+  switch (gemv_rows(a.n)) {
+    case 1: gemv_launch<T, 1, IN, OUT>(a, stream); break;
+    case 2: gemv_launch<T, 2, IN, OUT>(a, stream); break;
+    case 4: gemv_launch<T, 4, IN, OUT>(a, stream); break;
+    default: gemv_launch<T, 8, IN, OUT>(a, stream); break;
+  }
+}
+
+// gemv_allow_smem lets every gemv kernel use up to 96 KB of dynamic shared memory.
+template <typename T, int IN, int OUT>
+void gemv_allow_smem_one() {
+  const int s = 96 * 1024;
+  CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<T, 1, IN, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, s));
+  CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<T, 2, IN, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, s));
+  CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<T, 4, IN, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, s));
+  CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<T, 8, IN, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, s));
+}
+
+template <typename T>
+void gemv_allow_smem() {
+  gemv_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_QKV>();
+  gemv_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_ACT>();
+  gemv_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_F32>();
+  gemv_allow_smem_one<T, GEMV_IN_T, GEMV_OUT_RESID>();
+}
+
+}  // namespace gollm
