@@ -22,6 +22,8 @@ __device__ __forceinline__ float activate(float x, int act) {
 template <typename T>
 __global__ void bias_act_kernel(const float* __restrict__ x, const float* __restrict__ bias,
                                 T* __restrict__ y, int64_t total, int width, int act) {
+  griddep_launch();
+  griddep_wait();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
        i += (int64_t)gridDim.x * blockDim.x) {
     y[i] = from_f32<T>(activate(x[i] + bias[i % width], act));
@@ -30,12 +32,12 @@ __global__ void bias_act_kernel(const float* __restrict__ x, const float* __rest
 
 template <typename T>
 void bias_act(const float* x, const float* bias, T* y, int n, int width, int act,
-              cudaStream_t stream) {
+              Stream stream) {
   int64_t total = (int64_t)n * width;
   if (total == 0) return;
   int blocks = (int)std::min<int64_t>((total + 255) / 256, 4096);
-  bias_act_kernel<T><<<blocks, 256, 0, stream>>>(x, bias, y, total, width, act);
-  LAUNCH_CHECK("bias_act_kernel");
+  launch("bias_act_kernel", bias_act_kernel<T>, blocks, 256, 0, stream, x, bias, y, total, width,
+         act);
 }
 
 }  // namespace gollm

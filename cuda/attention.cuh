@@ -18,6 +18,8 @@ __global__ void qkv_kv_write_kernel(float* __restrict__ qkv, const float* __rest
                                     const DevSeq* __restrict__ seqs,
                                     const int32_t* __restrict__ blocks, KVGeom g, int layer,
                                     float scale) {
+  griddep_launch();
+  griddep_wait();
   int r = blockIdx.x;
   int hidden = g.heads * g.head_dim;
   int pos = row_pos[r];
@@ -40,12 +42,11 @@ __global__ void qkv_kv_write_kernel(float* __restrict__ qkv, const float* __rest
 template <typename T>
 void qkv_kv_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
                   const int32_t* row_seq, const DevSeq* seqs, const int32_t* blocks, KVGeom g,
-                  int layer, int n, cudaStream_t stream) {
+                  int layer, int n, Stream stream) {
   if (n == 0) return;
   float scale = 1.f / sqrtf((float)g.head_dim);
-  qkv_kv_write_kernel<T><<<n, 256, 0, stream>>>(qkv, bias, kv, row_pos, row_seq, seqs, blocks,
-                                                g, layer, scale);
-  LAUNCH_CHECK("qkv_kv_write_kernel");
+  launch("qkv_kv_write_kernel", qkv_kv_write_kernel<T>, n, 256, 0, stream, qkv, bias, kv, row_pos,
+         row_seq, seqs, blocks, g, layer, scale);
 }
 
 // Decode attention: one query row per sequence (its single new token), attending to the
@@ -65,7 +66,7 @@ void qkv_kv_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
 //   tickets: [rows][heads] int, zero between launches (the merging block resets its own)
 // head_dim % 8 == 0. Dynamic shared memory: decode_smem(head_dim, part_len).
 constexpr int kDecodeThreads = 128;
-constexpr int kDecodeMinPart = 64;
+constexpr int kDecodeMinPart = 128;
 
 // decode_smem: part_len is the most positions one block may cover (max_positions).
 inline size_t decode_smem(int head_dim, int part_len) {
@@ -89,6 +90,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
     float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets) {
   using T2 = typename Pair<T>::type;
   extern __shared__ float smem[];
+  griddep_launch();
+  griddep_wait();
   const int D = g.head_dim, D8 = D / 8, hidden = g.heads * D;
   const int i = blockIdx.x, head = blockIdx.y, part = blockIdx.z, parts = gridDim.z;
   const int r = dec_rows[i];
@@ -204,13 +207,12 @@ void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_
                       const int32_t* row_pos, const int32_t* row_seq, const DevSeq* seqs,
                       const int32_t* blocks, KVGeom g, int layer, int rows, int splits,
                       int max_len, float* partial, float* part_ml, int* tickets,
-                      cudaStream_t stream) {
+                      Stream stream) {
   if (rows == 0) return;
   dim3 grid(rows, g.heads, splits);
-  attention_decode_kernel<T><<<grid, kDecodeThreads, decode_smem(g.head_dim, max_len),
-                               stream>>>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks,
-                                         g, layer, max_len, partial, part_ml, tickets);
-  LAUNCH_CHECK("attention_decode_kernel");
+  launch("attention_decode_kernel", attention_decode_kernel<T>, grid, kDecodeThreads,
+         decode_smem(g.head_dim, max_len), stream, qkv, att, kv, dec_rows, row_pos, row_seq,
+         seqs, blocks, g, layer, max_len, partial, part_ml, tickets);
 }
 
 // CtxTile is up to kCtxQ consecutive new tokens of one sequence.
@@ -248,6 +250,8 @@ __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
     const CtxTile* __restrict__ tiles, const DevSeq* __restrict__ seqs,
     const int32_t* __restrict__ blocks, KVGeom g, int layer) {
   extern __shared__ float smem[];
+  griddep_launch();
+  griddep_wait();
   const int D = g.head_dim, hidden = g.heads * D, Q = ctx_queries(D), KD = D + 2;
   const CtxTile tile = tiles[blockIdx.x];
   const int head = blockIdx.y;
@@ -347,12 +351,11 @@ __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
 template <typename T>
 void attention_context(const float* qkv, T* att, const T* kv, const CtxTile* tiles,
                        const DevSeq* seqs, const int32_t* blocks, KVGeom g, int layer,
-                       int ntiles, cudaStream_t stream) {
+                       int ntiles, Stream stream) {
   if (ntiles == 0) return;
   dim3 grid(ntiles, g.heads);
-  attention_context_kernel<T><<<grid, kCtxThreads, ctx_smem(g.head_dim), stream>>>(
-      qkv, att, kv, tiles, seqs, blocks, g, layer);
-  LAUNCH_CHECK("attention_context_kernel");
+  launch("attention_context_kernel", attention_context_kernel<T>, grid, kCtxThreads,
+         ctx_smem(g.head_dim), stream, qkv, att, kv, tiles, seqs, blocks, g, layer);
 }
 
 }  // namespace gollm

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "gollm.h"
 
@@ -114,6 +115,48 @@ __device__ __forceinline__ float block_max(float v, float* red) {
 }
 
 inline int ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
+
+// Programmatic dependent launch (sm_90): a kernel lets the next one start launching as
+// soon as all its blocks run (griddep_launch), and the next one waits for it to finish
+// (griddep_wait) only when it needs its results, so launch latency and the next kernel's
+// weight prefetch overlap the previous kernel's tail. Both are no-ops on older GPUs and
+// for kernels launched without the attribute.
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Stream is where a launcher enqueues its kernel, and whether it may overlap the previous
+// kernel (programmatic dependent launch).
+struct Stream {
+  cudaStream_t st = nullptr;
+  bool pdl = false;
+  Stream() = default;
+  Stream(cudaStream_t s, bool p = false) : st(s), pdl(p) {}  // NOLINT: implicit on purpose
+};
+
+// launch enqueues kernel k with the PDL attribute when s.pdl is set.
+template <typename... Params, typename... Args>
+void launch(const char* name, void (*k)(Params...), dim3 grid, dim3 block, size_t smem,
+            Stream s, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s.st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = s.pdl ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&cfg, k, std::forward<Args>(args)...), name, __FILE__, __LINE__);
+}
 
 // DevSeq is a sequence's step descriptor as the kernels read it (built from gollm_seq).
 struct DevSeq {

@@ -18,6 +18,8 @@ __global__ void embedding_layernorm_kernel(const int32_t* __restrict__ tokens,
                                            const float* __restrict__ gamma,
                                            const float* __restrict__ beta, int hidden, float eps) {
   extern __shared__ float row[];
+  griddep_launch();
+  griddep_wait();
   int r = blockIdx.x;
   const T* te = wte + (int64_t)tokens[r] * hidden;
   const T* pe = wpe + (int64_t)positions[r] * hidden;
@@ -33,11 +35,11 @@ __global__ void embedding_layernorm_kernel(const int32_t* __restrict__ tokens,
 template <typename T>
 void embedding_layernorm(const int32_t* tokens, const int32_t* positions, const T* wte,
                          const T* wpe, float* h, T* xn, const float* gamma, const float* beta,
-                         int n, int hidden, float eps, cudaStream_t stream) {
+                         int n, int hidden, float eps, Stream stream) {
   if (n == 0) return;
-  embedding_layernorm_kernel<T><<<n, 256, hidden * sizeof(float), stream>>>(
-      tokens, positions, wte, wpe, h, xn, gamma, beta, hidden, eps);
-  LAUNCH_CHECK("embedding_layernorm_kernel");
+  launch("embedding_layernorm_kernel", embedding_layernorm_kernel<T>, n, 256,
+         hidden * sizeof(float), stream, tokens, positions, wte, wpe, h, xn, gamma, beta, hidden,
+         eps);
 }
 
 }  // namespace gollm

@@ -99,11 +99,27 @@ __device__ __forceinline__ void gemv_store(const GemvArgs& a, int r, int o, floa
 // its lanes reading W[o] in 16-byte pieces (coalesced), every input row reusing them.
 // Dynamic shared memory: R * in elements of T (the input rows). in % 8 == 0.
 template <typename T, int R, int IN, int OUT>
-__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, int wpo) {
   extern __shared__ __align__(16) unsigned char gemv_smem[];
   T* xs = reinterpret_cast<T*>(gemv_smem);  // [R][in]
   __shared__ float red[32];
+  __shared__ float part_acc[kGemvWarps][R];
   const int in = a.in, n = a.n;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int opb = kGemvWarps / wpo;  // outputs per block and pass
+  griddep_launch();
+  {
+    // The weights do not depend on the previous kernel: start pulling this block's rows
+    // into L2 before waiting for it.
+    const char* wb = static_cast<const char*>(a.w);
+    const int64_t row_bytes = (int64_t)in * sizeof(T);
+    for (int64_t ob = (int64_t)blockIdx.x * opb; ob < a.out; ob += (int64_t)gridDim.x * opb) {
+      const int64_t bytes = (a.out - ob < opb ? a.out - ob : opb) * row_bytes;
+      for (int64_t b = threadIdx.x * 128; b < bytes; b += kGemvThreads * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + ob * row_bytes + b));
+    }
+  }
+  griddep_wait();
   if (IN == GEMV_IN_LN) {
     for (int r = 0; r < n; r++) {
       const float* hr = a.h + (int64_t)(a.idx ? a.idx[r] : r) * in;
@@ -125,24 +141,46 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
     for (int i = threadIdx.x; i < n * in / 8; i += blockDim.x) dst[i] = src[i];
   }
   __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // wpo warps share an output, each taking every wpo-th 32-chunk stretch of its row, so
+  // that long rows keep enough loads in flight.
+  const int grp = warp / wpo, part = warp % wpo;
   const int chunks = in / 8;
-  for (int o = blockIdx.x * kGemvWarps + warp; o < a.out; o += gridDim.x * kGemvWarps) {
-    const uint4* wrow =
-        reinterpret_cast<const uint4*>(static_cast<const T*>(a.w) + (int64_t)o * in);
+  for (int ob = blockIdx.x * opb; ob < a.out; ob += gridDim.x * opb) {
+    const int o = ob + grp;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.f;
+    if (o < a.out) {
+      const uint4* wrow =
+          reinterpret_cast<const uint4*>(static_cast<const T*>(a.w) + (int64_t)o * in);
 #pragma unroll 4
-    for (int c = lane; c < chunks; c += 32) {
-      uint4 wv = __ldg(wrow + c);
+      for (int c = part * 32 + lane; c < chunks; c += 32 * wpo) {
+        uint4 wv = __ldg(wrow + c);
 #pragma unroll
-      for (int r = 0; r < R; r++) {
-        if (r < n) dot8<T>(wv, reinterpret_cast<const uint4*>(xs + r * in)[c], acc[r]);
+        for (int r = 0; r < R; r++) {
+          if (r < n) dot8<T>(wv, reinterpret_cast<const uint4*>(xs + r * in)[c], acc[r]);
+        }
       }
     }
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+    if (wpo > 1) {
+      if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++) part_acc[warp][r] = acc[r];
+      }
+      __syncthreads();
+      if (part == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          float t = 0.f;
+          for (int p = 0; p < wpo; p++) t += part_acc[warp + p][r];
+          acc[r] = t;
+        }
+      }
+      __syncthreads();
+    }
+    if (part != 0 || o >= a.out) continue;
     // Lane r finishes row r.
     float v = 0.f;
 #pragma unroll
@@ -160,17 +198,21 @@ inline bool gemv_fits(int n, int in) {
 }
 
 template <typename T, int R, int IN, int OUT>
-void gemv_launch(const GemvArgs& a, cudaStream_t stream) {
+void gemv_launch(const GemvArgs& a, Stream stream) {
   size_t smem = (size_t)R * a.in * sizeof(T);
-  // Enough blocks to fill the GPU a few times over; warps loop over the rest.
-  int blocks = std::min(ceil_div(a.out, kGemvWarps), 1024);
-  gemv_kernel<T, R, IN, OUT><<<blocks, kGemvThreads, smem, stream>>>(a);
-  LAUNCH_CHECK("gemv_kernel");
+  // Warps per output: enough that each lane loads about three 16-byte pieces.
+  int chunks = a.in / 8, wpo = 1;
+  while (wpo < kGemvWarps && chunks / (32 * wpo * 2) >= 3) wpo *= 2;
+  // Enough blocks to fill the GPU a few times over; warps loop over the rest. With many
+  // rows each block's LayerNorm prologue costs more, so fewer blocks do more outputs.
+  int cap = (IN == GEMV_IN_LN && R >= 4) ? 512 : 1024;
+  int blocks = std::min(ceil_div(a.out, kGemvWarps / wpo), cap);
+  launch("gemv_kernel", gemv_kernel<T, R, IN, OUT>, blocks, kGemvThreads, smem, stream, a, wpo);
 }
 
 // gemv runs y = x·Wᵀ + bias with the fused input and output, choosing the row count R.
 template <typename T, int IN, int OUT>
-void gemv(const GemvArgs& a, cudaStream_t stream) {
+void gemv(const GemvArgs& a, Stream stream) {
   switch (gemv_rows(a.n)) {
     case 1: gemv_launch<T, 1, IN, OUT>(a, stream); break;
     case 2: gemv_launch<T, 2, IN, OUT>(a, stream); break;

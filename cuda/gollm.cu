@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdarg>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -190,6 +191,7 @@ struct gollm_engine {
   int sms = 1;                  // multiprocessors, for sizing grids
   int max_parts = 1;            // decode attention: most splits of one row
   bool graphs = true;           // replay CUDA graphs for decode-only steps
+  bool pdl = false;             // programmatic dependent launch (sm_90 and later)
   DevMem h, xn, qkv, att, tmp, fc, fch, xf, logits, retlog;  // activations
   DevMem partial, part_ml, tickets;  // decode attention split-K
   DevMem greedy_part, greedy_tickets;  // greedy sampling split over the vocabulary
@@ -408,6 +410,10 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     int sms = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, w->device));
     e->sms = std::max(1, sms);
+    int major = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, w->device));
+    const char* env = std::getenv("GOLLM_CUDA_PDL");
+    e->pdl = major >= 9 && !(env && env[0] == '0');
   }
   CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&e->blas));
@@ -799,7 +805,8 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   const gollm_model_config& c = w->cfg;
   const int N = pl.n, H = c.hidden, I = c.inner, V = c.vocab_size;
   const float eps = c.layer_norm_eps;
-  cudaStream_t st = e->stream;
+  // Kernels after the first may overlap their predecessor's tail (sm_90).
+  const Stream st0(e->stream, false), st(e->stream, e->pdl);
   char* din = e->din.as<char>();
   auto I32 = [&](size_t off) { return reinterpret_cast<const int32_t*>(din + off); };
   const int32_t* words = reinterpret_cast<const int32_t*>(din);
@@ -816,7 +823,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
 
   embedding_layernorm<T>(I32(L.row_tok), I32(L.row_pos), static_cast<const T*>(w->wte),
                          static_cast<const T*>(w->wpe), h, xn, w->layers[0].ln1_w,
-                         w->layers[0].ln1_b, N, H, eps, st);
+                         w->layers[0].ln1_b, N, H, eps, st0);
   // Few rows: fused gemv kernels reading the weights once (decode at small batch).
   const bool small = gemv_fits(N, H) && gemv_fits(N, I) && pl.chunks.size() <= 1 &&
                      (pl.chunks.empty() || pl.chunks[0].count <= kGemvMaxRows);
@@ -890,7 +897,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       for (const CopyOut& cp : pl.copies)
         if (cp.chunk == (int)ci && !cp.from_ret)
           CUDA_CHECK(cudaMemcpyAsync(hlog + cp.dst, logits + (int64_t)cp.row * V,
-                                     (size_t)cp.rows * V * 4, cudaMemcpyDeviceToHost, st));
+                                     (size_t)cp.rows * V * 4, cudaMemcpyDeviceToHost, st.st));
     }
     sample(logits, I32(L.samp_seq) + ch.samp_first, I32(L.samp_row) + ch.samp_first, seqs, words,
            words, reinterpret_cast<const float*>(din), retlog, e->dtok.as<int32_t>(),
@@ -900,7 +907,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       for (const CopyOut& cp : pl.copies)
         if (cp.chunk == (int)ci && cp.from_ret)
           CUDA_CHECK(cudaMemcpyAsync(hlog + cp.dst, retlog + (int64_t)cp.row * V,
-                                     (size_t)cp.rows * V * 4, cudaMemcpyDeviceToHost, st));
+                                     (size_t)cp.rows * V * 4, cudaMemcpyDeviceToHost, st.st));
     }
   }
 }

@@ -40,6 +40,8 @@ __global__ void residual_layernorm_kernel(float* __restrict__ h, const float* __
                                           const float* __restrict__ beta, int hidden,
                                           float eps) {
   extern __shared__ float row[];
+  griddep_launch();
+  griddep_wait();
   int64_t off = (int64_t)blockIdx.x * hidden;
   for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
     float v = h[off + c] + a[off + c] + bias[c];
@@ -51,28 +53,27 @@ __global__ void residual_layernorm_kernel(float* __restrict__ h, const float* __
 
 template <typename T>
 void residual_layernorm(float* h, const float* a, const float* bias, T* xn, const float* gamma,
-                        const float* beta, int n, int hidden, float eps, cudaStream_t stream) {
+                        const float* beta, int n, int hidden, float eps, Stream stream) {
   if (n == 0) return;
-  residual_layernorm_kernel<T><<<n, 256, hidden * sizeof(float), stream>>>(
-      h, a, bias, xn, gamma, beta, hidden, eps);
-  LAUNCH_CHECK("residual_layernorm_kernel");
+  launch("residual_layernorm_kernel", residual_layernorm_kernel<T>, n, 256,
+         hidden * sizeof(float), stream, h, a, bias, xn, gamma, beta, hidden, eps);
 }
 
 // gather_rows_kernel copies rows src[idx[i]] to dst[i]: src, dst [*][width] T.
 template <typename T>
 __global__ void gather_rows_kernel(const T* __restrict__ src, const int32_t* __restrict__ idx,
                                    T* __restrict__ dst, int width) {
+  griddep_launch();
+  griddep_wait();
   const T* s = src + (int64_t)idx[blockIdx.x] * width;
   T* d = dst + (int64_t)blockIdx.x * width;
   for (int c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
 }
 
 template <typename T>
-void gather_rows(const T* src, const int32_t* idx, T* dst, int n, int width,
-                 cudaStream_t stream) {
+void gather_rows(const T* src, const int32_t* idx, T* dst, int n, int width, Stream stream) {
   if (n == 0) return;
-  gather_rows_kernel<T><<<n, 256, 0, stream>>>(src, idx, dst, width);
-  LAUNCH_CHECK("gather_rows_kernel");
+  launch("gather_rows_kernel", gather_rows_kernel<T>, n, 256, 0, stream, src, idx, dst, width);
 }
 
 }  // namespace gollm

@@ -189,7 +189,7 @@ __host__ __device__ __forceinline__ bool greedy_fast(const DevSeq& sq) {
          sq.bias_off < 0 && sq.pen_cnt == 0 && sq.mask_cnt == 0 && sq.ret_row < 0;
 }
 
-constexpr int kGreedySplits = 16;
+constexpr int kGreedySplits = 32;
 constexpr int kGreedyThreads = 256;
 
 // sample_greedy_kernel: grid (entries, kGreedySplits). Block (e, g) finds the first
@@ -206,6 +206,8 @@ __global__ void __launch_bounds__(kGreedyThreads) sample_greedy_kernel(
   __shared__ int ired[32];
   __shared__ float sred[32];
   __shared__ int last;
+  griddep_launch();
+  griddep_wait();
   const int e = blockIdx.x, g = blockIdx.y;
   const int s = samp_seq[e];
   if (s < 0 || !greedy_fast(seqs[s])) return;
@@ -274,13 +276,13 @@ __global__ void __launch_bounds__(kGreedyThreads) sample_greedy_kernel(
     out_tok[s] = -2;
     return;
   }
-  double z = 0;
+  float z = 0.f;
   for (int q = 0; q < kGreedySplits; q++) {
     float m = __ldcg(rp + q * 3);
-    if (m != -INFINITY) z += (double)__ldcg(rp + q * 3 + 2) * exp((double)m - M);
+    if (m != -INFINITY) z += __ldcg(rp + q * 3 + 2) * __expf(m - M);
   }
   out_tok[s] = best;
-  out_lp[s] = (float)-log(z);
+  out_lp[s] = -logf(z);
 }
 
 // sample_kernel: one block per entry e of the step's sampling list; rows that
@@ -297,6 +299,8 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(
     float* __restrict__ retlog, int32_t* __restrict__ out_tok, float* __restrict__ out_lp,
     int V) {
   __shared__ SampleScratch sm;
+  griddep_launch();
+  griddep_wait();
   const int s = samp_seq[blockIdx.x];
   if (s < 0) return;  // padding of a graph bucket
   const DevSeq sq = seqs[s];
@@ -408,15 +412,13 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(
 inline void sample(float* logits, const int32_t* samp_seq, const int32_t* samp_row,
             const DevSeq* seqs, const int32_t* pen, const int32_t* masks,
             const float* bias, float* retlog, int32_t* out_tok, float* out_lp, int count, int V,
-            float* greedy_part, int* greedy_tickets, cudaStream_t stream) {
+            float* greedy_part, int* greedy_tickets, Stream stream) {
   if (count == 0) return;
-  sample_greedy_kernel<<<dim3(count, kGreedySplits), kGreedyThreads, 0, stream>>>(
-      logits, samp_seq, samp_row, seqs, greedy_part, greedy_tickets, out_tok, out_lp, V);
-  LAUNCH_CHECK("sample_greedy_kernel");
-  sample_kernel<<<count, kSampleThreads, 0, stream>>>(logits, samp_seq, samp_row, seqs, pen,
-                                                     masks, bias, retlog, out_tok,
-                                                     out_lp, V);
-  LAUNCH_CHECK("sample_kernel");
+  launch("sample_greedy_kernel", sample_greedy_kernel, dim3(count, kGreedySplits),
+         kGreedyThreads, 0, stream, logits, samp_seq, samp_row, seqs, greedy_part, greedy_tickets,
+         out_tok, out_lp, V);
+  launch("sample_kernel", sample_kernel, count, kSampleThreads, 0, stream, logits, samp_seq,
+         samp_row, seqs, pen, masks, bias, retlog, out_tok, out_lp, V);
 }
 
 }  // namespace gollm
