@@ -113,10 +113,17 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		}
 		eng = cpu
 	case triton.KindGPU:
-		device, _ := ti.DeviceID()
-		return nil, triton.Errorf(triton.CodeUnsupported, "instance %s (KIND_GPU, device %d): the GPU engine is not built yet; use instance_group [{ kind: KIND_CPU }]", name, device)
+		device, err := ti.DeviceID()
+		if err != nil {
+			return nil, err
+		}
+		gpu, err := ms.newGPUEngine(device, log)
+		if err != nil {
+			return nil, fmt.Errorf("instance %s (KIND_GPU, device %d): %w", name, device, err)
+		}
+		eng = gpu
 	default:
-		return nil, triton.Errorf(triton.CodeUnsupported, "instance %s: kind %v is not supported; use KIND_CPU", name, kind)
+		return nil, triton.Errorf(triton.CodeUnsupported, "instance %s: kind %v is not supported; use KIND_CPU or KIND_GPU", name, kind)
 	}
 	in := &instance{
 		ms:         ms,

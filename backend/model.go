@@ -24,6 +24,8 @@ type modelState struct {
 	log *zap.Logger
 	// weights are the checkpoint's weights, read once for all instances.
 	weights *model.GPT2
+	// gpu shares the weights of the model's KIND_GPU instances, one copy per device.
+	gpu gpuShare
 	// tok is the checkpoint's tokenizer; nil when it has no tokenizer.json.
 	tok *model.Tokenizer
 	// lim are the request limits of this model.
