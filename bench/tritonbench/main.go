@@ -1,0 +1,319 @@
+// Command tritonbench drives a running tritonserver serving gollm over streaming gRPC
+// (ModelStreamInfer), for the end-to-end figures (impl "gollm-triton") and check:
+//
+//	tritonbench -addr 127.0.0.1:8001 -model gpt2 -check prompts.json -expect gollm.safetensors
+//	tritonbench -addr 127.0.0.1:8001 -model gpt2 -name gpt2-124M -workloads decode_b1_i128_o128,...
+//
+// -check sends each prompt of the JSON file ({"prompts": [[ids…], …]}) as a streaming
+// greedy request (end_id -1) and compares the streamed tokens with the "single.tokens"
+// that gollm-gpucheck wrote from the engine alone; it exits non-zero on a difference.
+// -workloads runs gpubench's workloads as b concurrent streams, each request its own
+// stream: decode_… reports the median gap between a stream's tokens after the first,
+// tput_… generated tokens per second, lat_… the wall time until the last stream ends.
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"gollm/tests/kserve"
+)
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:8001", "tritonserver gRPC address")
+	modelName := flag.String("model", "gpt2", "model name in the repository")
+	name := flag.String("name", "gpt2-124M", "model name for the results")
+	check := flag.String("check", "", "prompts JSON file to check against -expect")
+	expect := flag.String("expect", "", "gollm-gpucheck output with single.tokens")
+	list := flag.String("workloads", "", "comma-separated workloads")
+	reps := flag.Int("reps", 3, "timed repetitions per workload")
+	vocab := flag.Int("vocab", 50257, "vocabulary size for random prompts")
+	wait := flag.Duration("wait", 120*time.Second, "how long to wait for the model to be ready")
+	flag.Parse()
+	if err := run(*addr, *modelName, *name, *check, *expect, *list, *reps, *vocab, *wait); err != nil {
+		fmt.Fprintln(os.Stderr, "tritonbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(addr, modelName, name, check, expect, list string, reps, vocab int, wait time.Duration) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	c := kserve.NewGRPCInferenceServiceClient(conn)
+	deadline := time.Now().Add(wait)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		r, err := c.ModelReady(ctx, &kserve.ModelReadyRequest{Name: modelName})
+		cancel()
+		if err == nil && r.GetReady() {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("model %s not ready after %v: %v", modelName, wait, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if check != "" {
+		return runCheck(c, modelName, check, expect)
+	}
+	for _, w := range strings.Split(list, ",") {
+		if w == "" {
+			continue
+		}
+		if err := runWorkload(c, modelName, name, w, reps, vocab); err != nil {
+			return fmt.Errorf("%s: %w", w, err)
+		}
+	}
+	return nil
+}
+
+// result is one streamed request's tokens and their arrival times.
+type result struct {
+	// tokens are the streamed output_ids.
+	tokens []int32
+	// times are when each response with tokens arrived.
+	times []time.Time
+}
+
+func int32Tensor(name string, shape []int64, v ...int32) (*kserve.ModelInferRequest_InferInputTensor, []byte) {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(x))
+	}
+	return &kserve.ModelInferRequest_InferInputTensor{Name: name, Datatype: "INT32", Shape: shape}, b
+}
+
+// stream sends one greedy streaming request on its own stream and reads it to the end.
+func stream(c kserve.GRPCInferenceServiceClient, modelName, id string, prompt []int32, out int) (result, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	req := &kserve.ModelInferRequest{ModelName: modelName, Id: id, Parameters: map[string]*kserve.InferParameter{
+		"triton_enable_empty_final_response": {ParameterChoice: &kserve.InferParameter_BoolParam{BoolParam: true}},
+	}}
+	add := func(t *kserve.ModelInferRequest_InferInputTensor, raw []byte) {
+		req.Inputs = append(req.Inputs, t)
+		req.RawInputContents = append(req.RawInputContents, raw)
+	}
+	add(int32Tensor("input_ids", []int64{1, int64(len(prompt))}, prompt...))
+	add(int32Tensor("input_lengths", []int64{1, 1}, int32(len(prompt))))
+	add(int32Tensor("request_output_len", []int64{1, 1}, int32(out)))
+	add(int32Tensor("end_id", []int64{1, 1}, -1))
+	add(&kserve.ModelInferRequest_InferInputTensor{Name: "streaming", Datatype: "BOOL", Shape: []int64{1, 1}}, []byte{1})
+	s, err := c.ModelStreamInfer(ctx)
+	if err != nil {
+		return result{}, err
+	}
+	if err := s.Send(req); err != nil {
+		return result{}, err
+	}
+	var res result
+	for {
+		msg, err := s.Recv()
+		if err != nil {
+			return res, fmt.Errorf("request %s: %w", id, err)
+		}
+		if e := msg.GetErrorMessage(); e != "" {
+			return res, fmt.Errorf("request %s: %s", id, e)
+		}
+		r := msg.GetInferResponse()
+		for i, o := range r.GetOutputs() {
+			if o.GetName() != "output_ids" || i >= len(r.GetRawOutputContents()) {
+				continue
+			}
+			raw := r.GetRawOutputContents()[i]
+			if len(raw) > 0 {
+				res.times = append(res.times, time.Now())
+			}
+			for j := 0; j+4 <= len(raw); j += 4 {
+				res.tokens = append(res.tokens, int32(binary.LittleEndian.Uint32(raw[j:])))
+			}
+		}
+		if p, ok := r.GetParameters()["triton_final_response"]; ok && p.GetBoolParam() {
+			break
+		}
+	}
+	_ = s.CloseSend()
+	if _, err := s.Recv(); err != io.EOF && err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+func runCheck(c kserve.GRPCInferenceServiceClient, modelName, promptsFile, expect string) error {
+	raw, err := os.ReadFile(promptsFile)
+	if err != nil {
+		return err
+	}
+	var pf struct {
+		// Prompts are the token id lists.
+		Prompts [][]int32 `json:"prompts"`
+	}
+	if err := json.Unmarshal(raw, &pf); err != nil {
+		return err
+	}
+	want, steps, err := expectedTokens(expect)
+	if err != nil {
+		return err
+	}
+	// All prompts at once, so that they share iterations as in-flight batching does.
+	results := make([]result, len(pf.Prompts))
+	errs := make([]error, len(pf.Prompts))
+	var wg sync.WaitGroup
+	for i, p := range pf.Prompts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = stream(c, modelName, fmt.Sprint(i), p, steps)
+		}()
+	}
+	wg.Wait()
+	same := 0
+	for i := range pf.Prompts {
+		if errs[i] != nil {
+			return errs[i]
+		}
+		if slices.Equal(results[i].tokens, want[i]) {
+			same++
+		} else {
+			fmt.Printf("prompt %d: triton %v\n          engine %v\n", i, results[i].tokens, want[i])
+		}
+	}
+	fmt.Printf("TRITON streamed tokens equal to the engine's: %d/%d prompts (%d tokens each)\n", same, len(pf.Prompts), steps)
+	if same != len(pf.Prompts) {
+		return fmt.Errorf("%d prompts differ", len(pf.Prompts)-same)
+	}
+	return nil
+}
+
+// expectedTokens reads single.tokens [prompts][steps] (F32) from gollm-gpucheck's
+// safetensors output: an 8-byte header length, a JSON header, then the data.
+func expectedTokens(path string) ([][]int32, int, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(raw) < 8 {
+		return nil, 0, fmt.Errorf("%s: too short for safetensors", path)
+	}
+	hl := int(binary.LittleEndian.Uint64(raw))
+	if hl > len(raw)-8 {
+		return nil, 0, fmt.Errorf("%s: header length %d exceeds the file", path, hl)
+	}
+	var header map[string]json.RawMessage
+	if err := json.Unmarshal(raw[8:8+hl], &header); err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", path, err)
+	}
+	var t struct {
+		// DType is the element type.
+		DType string `json:"dtype"`
+		// Shape is the tensor's shape.
+		Shape []int `json:"shape"`
+		// Offsets bound the data after the header.
+		Offsets [2]int `json:"data_offsets"`
+	}
+	h, ok := header["single.tokens"]
+	if !ok {
+		return nil, 0, fmt.Errorf("%s has no single.tokens", path)
+	}
+	if err := json.Unmarshal(h, &t); err != nil {
+		return nil, 0, err
+	}
+	if t.DType != "F32" || len(t.Shape) != 2 || t.Offsets[1] > len(raw)-8-hl || t.Offsets[1]-t.Offsets[0] != 4*t.Shape[0]*t.Shape[1] {
+		return nil, 0, fmt.Errorf("%s: single.tokens is %s %v at %v", path, t.DType, t.Shape, t.Offsets)
+	}
+	data := raw[8+hl+t.Offsets[0] : 8+hl+t.Offsets[1]]
+	n, steps := t.Shape[0], t.Shape[1]
+	out := make([][]int32, n)
+	for i := range out {
+		for j := 0; j < steps; j++ {
+			out[i] = append(out[i], int32(math.Float32frombits(binary.LittleEndian.Uint32(data[4*(i*steps+j):]))))
+		}
+	}
+	return out, steps, nil
+}
+
+func runWorkload(c kserve.GRPCInferenceServiceClient, modelName, name, w string, reps, vocab int) error {
+	var kind string
+	var b, in, out int
+	i := strings.IndexByte(w, '_')
+	if i < 0 {
+		return fmt.Errorf("want kind_b<B>_i<I>_o<O>")
+	}
+	kind = w[:i]
+	if _, err := fmt.Sscanf(w[i+1:], "b%d_i%d_o%d", &b, &in, &out); err != nil {
+		return err
+	}
+	rng := rand.New(rand.NewPCG(uint64(b), uint64(in)))
+	prompts := make([][]int32, b)
+	for k := range prompts {
+		prompts[k] = make([]int32, in)
+		for j := range prompts[k] {
+			prompts[k][j] = int32(rng.IntN(vocab))
+		}
+	}
+	var walls, gaps []float64
+	for r := 0; r <= reps; r++ {
+		results := make([]result, b)
+		errs := make([]error, b)
+		start := time.Now()
+		var wg sync.WaitGroup
+		for k := range prompts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[k], errs[k] = stream(c, modelName, fmt.Sprintf("%d-%d", r, k), prompts[k], out)
+			}()
+		}
+		wg.Wait()
+		wall := time.Since(start).Seconds()
+		for k := range results {
+			if errs[k] != nil {
+				return errs[k]
+			}
+			if len(results[k].tokens) != out {
+				return fmt.Errorf("stream %d: %d tokens, want %d", k, len(results[k].tokens), out)
+			}
+		}
+		if r == 0 {
+			continue // warm-up
+		}
+		walls = append(walls, wall)
+		for _, res := range results {
+			for j := 1; j < len(res.times); j++ {
+				gaps = append(gaps, res.times[j].Sub(res.times[j-1]).Seconds())
+			}
+		}
+	}
+	slices.Sort(walls)
+	slices.Sort(gaps)
+	wall := walls[len(walls)/2]
+	o := map[string]any{"model": name, "dtype": "fp16", "workload": w, "impl": "gollm-triton"}
+	switch kind {
+	case "decode":
+		o["metric"], o["value"] = "ms_per_token", gaps[len(gaps)/2]*1e3
+	case "tput":
+		o["metric"], o["value"] = "tokens_per_s", float64(b*out)/wall
+	default:
+		o["metric"], o["value"] = "latency_ms", wall*1e3
+	}
+	j, _ := json.Marshal(o)
+	fmt.Println(string(j))
+	return nil
+}
