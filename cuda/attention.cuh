@@ -69,8 +69,8 @@ constexpr int kDecodeThreads = 128;
 constexpr int kDecodeMinPart = 128;
 
 // decode_smem: part_len is the most positions one block may cover (max_positions).
-inline size_t decode_smem(int head_dim, int part_len) {
-  int groups = kDecodeThreads / (head_dim / 8);
+inline size_t decode_smem(int head_dim, int part_len, int threads = kDecodeThreads) {
+  int groups = threads / (head_dim / 8);
   return sizeof(float) * (head_dim + part_len + (size_t)groups * head_dim);
 }
 
@@ -81,19 +81,20 @@ inline int decode_splits(int rows, int heads, int sms, int max_len) {
   return std::max(1, std::min({want, most, 16}));
 }
 
+// decode_attend is the work of one (row i, head, part) of attention_decode_kernel, for
+// any block size that is a multiple of head_dim/8; smem as decode_smem says for it. It is
+// also a phase of decode_step_kernel.
 template <typename T>
-__global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
-    const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
-    const int32_t* __restrict__ dec_rows, const int32_t* __restrict__ row_pos,
-    const int32_t* __restrict__ row_seq, const DevSeq* __restrict__ seqs,
-    const int32_t* __restrict__ blocks, KVGeom g, int layer, int max_len,
-    float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets) {
+__device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att,
+                              const T* __restrict__ kv, const int32_t* __restrict__ dec_rows,
+                              const int32_t* __restrict__ row_pos,
+                              const int32_t* __restrict__ row_seq,
+                              const DevSeq* __restrict__ seqs, const int32_t* __restrict__ blocks,
+                              KVGeom g, int layer, int max_len, float* __restrict__ partial,
+                              float* __restrict__ part_ml, int* __restrict__ tickets, int i,
+                              int head, int part, int parts, float* smem) {
   using T2 = typename Pair<T>::type;
-  extern __shared__ float smem[];
-  griddep_launch();
-  griddep_wait();
   const int D = g.head_dim, D8 = D / 8, hidden = g.heads * D;
-  const int i = blockIdx.x, head = blockIdx.y, part = blockIdx.z, parts = gridDim.z;
   const int r = dec_rows[i];
   const int len = row_pos[r] + 1;
   const int active = min(parts, (len + kDecodeMinPart - 1) / kDecodeMinPart);
@@ -200,6 +201,20 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
       o += __ldcg(partial + (pi + p) * D + d) * __expf(__ldcg(part_ml + (pi + p) * 2) - M);
     out[d] = from_f32<T>(o / S);
   }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
+    const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
+    const int32_t* __restrict__ dec_rows, const int32_t* __restrict__ row_pos,
+    const int32_t* __restrict__ row_seq, const DevSeq* __restrict__ seqs,
+    const int32_t* __restrict__ blocks, KVGeom g, int layer, int max_len,
+    float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets) {
+  extern __shared__ float smem[];
+  griddep_launch();
+  griddep_wait();
+  decode_attend<T>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer, max_len,
+                   partial, part_ml, tickets, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.z, smem);
 }
 
 template <typename T>

@@ -95,31 +95,31 @@ __device__ __forceinline__ void gemv_store(const GemvArgs& a, int r, int o, floa
   }
 }
 
-// gemv_kernel: blocks of kGemvThreads; each warp takes outputs o in turn (grid-stride),
-// its lanes reading W[o] in 16-byte pieces (coalesced), every input row reusing them.
-// Dynamic shared memory: R * in elements of T (the input rows). in % 8 == 0.
+// gemv_prefetch pulls into L2 the weight rows this block will read in gemv_block.
+template <typename T>
+__device__ __forceinline__ void gemv_prefetch(const GemvArgs& a, int wpo) {
+  const int opb = kGemvWarps / wpo;
+  const char* wb = static_cast<const char*>(a.w);
+  const int64_t row_bytes = (int64_t)a.in * sizeof(T);
+  for (int64_t ob = (int64_t)blockIdx.x * opb; ob < a.out; ob += (int64_t)gridDim.x * opb) {
+    const int64_t bytes = (a.out - ob < opb ? a.out - ob : opb) * row_bytes;
+    for (int64_t b = threadIdx.x * 128; b < bytes; b += kGemvThreads * 128)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + ob * row_bytes + b));
+  }
+}
+
+// gemv_block is one block's share of a gemv: its input rows into shared memory (smem,
+// R * in elements of T), then outputs blockIdx.x*opb… in steps of gridDim.x*opb. It is
+// the body of gemv_kernel and a phase of decode_step_kernel. Ends with a barrier, so the
+// caller may reuse smem.
 template <typename T, int R, int IN, int OUT>
-__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, int wpo) {
-  extern __shared__ __align__(16) unsigned char gemv_smem[];
-  T* xs = reinterpret_cast<T*>(gemv_smem);  // [R][in]
+__device__ void gemv_block(const GemvArgs& a, int wpo, unsigned char* smem) {
+  T* xs = reinterpret_cast<T*>(smem);  // [R][in]
   __shared__ float red[32];
   __shared__ float part_acc[kGemvWarps][R];
   const int in = a.in, n = a.n;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int opb = kGemvWarps / wpo;  // outputs per block and pass
-  griddep_launch();
-  {
-    // The weights do not depend on the previous kernel: start pulling this block's rows
-    // into L2 before waiting for it.
-    const char* wb = static_cast<const char*>(a.w);
-    const int64_t row_bytes = (int64_t)in * sizeof(T);
-    for (int64_t ob = (int64_t)blockIdx.x * opb; ob < a.out; ob += (int64_t)gridDim.x * opb) {
-      const int64_t bytes = (a.out - ob < opb ? a.out - ob : opb) * row_bytes;
-      for (int64_t b = threadIdx.x * 128; b < bytes; b += kGemvThreads * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + ob * row_bytes + b));
-    }
-  }
-  griddep_wait();
   if (IN == GEMV_IN_LN) {
     for (int r = 0; r < n; r++) {
       const float* hr = a.h + (int64_t)(a.idx ? a.idx[r] : r) * in;
@@ -188,6 +188,28 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, int wpo)
       if (lane == r) v = acc[r];
     if (lane < n) gemv_store<T, OUT>(a, lane, o, a.bias ? v + a.bias[o] : v);
   }
+  __syncthreads();
+}
+
+// gemv_kernel: blocks of kGemvThreads; each warp group takes outputs in turn (grid-stride),
+// its lanes reading W[o] in 16-byte pieces (coalesced), every input row reusing them.
+// Dynamic shared memory: R * in elements of T (the input rows). in % 8 == 0.
+template <typename T, int R, int IN, int OUT>
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, int wpo) {
+  extern __shared__ __align__(16) unsigned char gemv_smem[];
+  griddep_launch();
+  // The weights do not depend on the previous kernel: start pulling them into L2 before
+  // waiting for it.
+  gemv_prefetch<T>(a, wpo);
+  griddep_wait();
+  gemv_block<T, R, IN, OUT>(a, wpo, gemv_smem);
+}
+
+// gemv_wpo: warps per output, enough that each lane loads about three 16-byte pieces.
+__host__ __device__ inline int gemv_wpo(int in) {
+  int chunks = in / 8, wpo = 1;
+  while (wpo < kGemvWarps && chunks / (32 * wpo * 2) >= 3) wpo *= 2;
+  return wpo;
 }
 
 inline int gemv_rows(int n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; }
@@ -200,9 +222,7 @@ inline bool gemv_fits(int n, int in) {
 template <typename T, int R, int IN, int OUT>
 void gemv_launch(const GemvArgs& a, Stream stream) {
   size_t smem = (size_t)R * a.in * sizeof(T);
-  // Warps per output: enough that each lane loads about three 16-byte pieces.
-  int chunks = a.in / 8, wpo = 1;
-  while (wpo < kGemvWarps && chunks / (32 * wpo * 2) >= 3) wpo *= 2;
+  const int wpo = gemv_wpo(a.in);
   // Enough blocks to fill the GPU a few times over; warps loop over the rest. With many
   // rows each block's LayerNorm prologue costs more, so fewer blocks do more outputs.
   int cap = (IN == GEMV_IN_LN && R >= 4) ? 512 : 1024;

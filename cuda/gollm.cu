@@ -15,6 +15,7 @@
 #include "common.cuh"
 #include "convert.cuh"
 #include "embedding.cuh"
+#include "decode_step.cuh"
 #include "gemv.cuh"
 #include "layernorm.cuh"
 #include "matmul.cuh"
@@ -192,6 +193,8 @@ struct gollm_engine {
   int max_parts = 1;            // decode attention: most splits of one row
   bool graphs = true;           // replay CUDA graphs for decode-only steps
   bool pdl = false;             // programmatic dependent launch (sm_90 and later)
+  bool mega = false;            // run small decode steps as one persistent kernel
+  DevMem step_layers;           // StepLayer[layers] for decode_step_kernel
   DevMem h, xn, qkv, att, tmp, fc, fch, xf, logits, retlog;  // activations
   DevMem partial, part_ml, tickets;  // decode attention split-K
   DevMem greedy_part, greedy_tickets;  // greedy sampling split over the vocabulary
@@ -414,6 +417,25 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, w->device));
     const char* env = std::getenv("GOLLM_CUDA_PDL");
     e->pdl = major >= 9 && !(env && env[0] == '0');
+    // The persistent decode kernel is correct but, measured on an H100, no faster than
+    // the kernel-by-kernel graph (its grid barriers cost about what launches do), so it
+    // is opt-in: GOLLM_CUDA_MEGA=1.
+    const char* menv = std::getenv("GOLLM_CUDA_MEGA");
+    e->mega = menv && menv[0] == '1';
+    int coop = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, w->device));
+    if (!coop) e->mega = false;
+  }
+  {
+    std::vector<StepLayer> tab(c.layers);
+    for (int l = 0; l < c.layers; l++) {
+      const LayerW& L = w->layers[l];
+      tab[l] = StepLayer{L.attn_w, L.proj_w, L.fc_w,  L.mlp_w,  L.attn_b, L.proj_b,
+                         L.fc_b,   L.mlp_b,  L.ln1_w, L.ln1_b, L.ln2_w,  L.ln2_b};
+    }
+    e->step_layers.alloc(tab.size() * sizeof(StepLayer), "layer table");
+    CUDA_CHECK(cudaMemcpy(e->step_layers.p, tab.data(), tab.size() * sizeof(StepLayer),
+                          cudaMemcpyHostToDevice));
   }
   CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&e->blas));
@@ -451,10 +473,13 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->htok.alloc(S * 4, "sampled tokens (host)");
   e->hlp.alloc(S * 4, "log-probabilities (host)");
   // Kernels that need more than 48 KB of shared memory must say so.
-  if (w->dtype == GOLLM_DTYPE_BF16)
+  if (w->dtype == GOLLM_DTYPE_BF16) {
     gemv_allow_smem<__nv_bfloat16>();
-  else
+    step_allow_smem<__nv_bfloat16>();
+  } else {
     gemv_allow_smem<__half>();
+    step_allow_smem<__half>();
+  }
   size_t cs = ctx_smem(c.head_dim);
   if (cs > 48 * 1024) {
     if (w->dtype == GOLLM_DTYPE_BF16)
@@ -821,13 +846,34 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   T* fch = e->fch.as<T>();
   T* kv = e->kv.as<T>();
 
-  embedding_layernorm<T>(I32(L.row_tok), I32(L.row_pos), static_cast<const T*>(w->wte),
-                         static_cast<const T*>(w->wpe), h, xn, w->layers[0].ln1_w,
-                         w->layers[0].ln1_b, N, H, eps, st0);
   // Few rows: fused gemv kernels reading the weights once (decode at small batch).
   const bool small = gemv_fits(N, H) && gemv_fits(N, I) && pl.chunks.size() <= 1 &&
                      (pl.chunks.empty() || pl.chunks[0].count <= kGemvMaxRows);
-  for (int l = 0; l < c.layers; l++) {
+  // Few rows, all decode: the whole step up to the logits in one persistent kernel.
+  const bool mega = small && e->mega && pl.tiles.empty() && (int)pl.dec_rows.size() == N &&
+                    pl.chunks.size() == 1 &&
+                    step_fits(gemv_rows(N), H, I, c.head_dim, c.max_positions);
+  if (mega) {
+    StepArgs sa{};
+    sa.layers = e->step_layers.as<StepLayer>();
+    sa.nlayers = c.layers;
+    sa.wte = w->wte, sa.wpe = w->wpe, sa.lnf_w = w->lnf_w, sa.lnf_b = w->lnf_b;
+    sa.n = N, sa.hidden = H, sa.inner = I, sa.vocab = V, sa.act = c.activation, sa.eps = eps;
+    sa.row_tok = I32(L.row_tok), sa.row_pos = I32(L.row_pos), sa.row_seq = I32(L.row_seq);
+    sa.dec_rows = I32(L.dec_rows), sa.blocks = words, sa.seqs = seqs;
+    sa.h = h, sa.qkv = qkv, sa.att = att, sa.fch = fch, sa.kv = kv, sa.geom = e->geom;
+    sa.partial = e->partial.as<float>(), sa.part_ml = e->part_ml.as<float>();
+    sa.tickets = e->tickets.as<int>();
+    sa.splits = parts, sa.max_len = c.max_positions;
+    sa.lrow_src = I32(L.lrow_src) + pl.chunks[0].first, sa.nlogit = pl.chunks[0].count;
+    sa.logits = e->logits.as<float>();
+    decode_step<T>(sa, e->sms, e->stream);
+  } else {
+    embedding_layernorm<T>(I32(L.row_tok), I32(L.row_pos), static_cast<const T*>(w->wte),
+                           static_cast<const T*>(w->wpe), h, xn, w->layers[0].ln1_w,
+                           w->layers[0].ln1_b, N, H, eps, st0);
+  }
+  for (int l = 0; l < (mega ? 0 : c.layers); l++) {
     const LayerW& lw = w->layers[l];
     if (small) {
       GemvArgs a{};
@@ -882,7 +928,9 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   float* hlog = e->hlog.as<float>();
   for (size_t ci = 0; ci < pl.chunks.size(); ci++) {
     const Chunk& ch = pl.chunks[ci];
-    if (small) {
+    if (mega) {
+      // decode_step_kernel computed the logits.
+    } else if (small) {
       // The final LayerNorm is fused into the LM head's gemv.
       GemvArgs a{};
       a.n = ch.count, a.h = h, a.idx = I32(L.lrow_src) + ch.first, a.eps = eps;
@@ -950,23 +998,36 @@ void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out) {
   if (use_graph) {
     auto it = e->graph_execs.find(bucket);
     if (it == e->graph_execs.end()) {
-      cudaGraph_t g = nullptr;
-      CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
-      try {
-        // Replays see other lengths: size the splits for the longest possible row.
-        run_forward(e, pl, L,
-                    decode_splits(bucket, e->w->cfg.heads, e->sms, e->w->cfg.max_positions), true);
-      } catch (...) {
-        cudaStreamEndCapture(e->stream, &g);
-        if (g) cudaGraphDestroy(g);
-        cudaGetLastError();
-        throw;
-      }
-      CUDA_CHECK(cudaStreamEndCapture(e->stream, &g));
+      // Replays see other lengths: size the splits for the longest possible row. If the
+      // persistent decode kernel cannot be captured, capture the kernel-by-kernel path.
+      const int splits = decode_splits(bucket, e->w->cfg.heads, e->sms, e->w->cfg.max_positions);
       cudaGraphExec_t ex = nullptr;
-      cudaError_t err = cudaGraphInstantiate(&ex, g, 0);
-      cudaGraphDestroy(g);
-      CUDA_CHECK(err);
+      for (int attempt = 0; !ex; attempt++) {
+        cudaGraph_t g = nullptr;
+        CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+        try {
+          run_forward(e, pl, L, splits, true);
+        } catch (...) {
+          cudaStreamEndCapture(e->stream, &g);
+          if (g) cudaGraphDestroy(g);
+          cudaGetLastError();
+          if (attempt == 0 && e->mega) {
+            e->mega = false;
+            continue;
+          }
+          throw;
+        }
+        cudaError_t err = cudaStreamEndCapture(e->stream, &g);
+        if (err == cudaSuccess) err = cudaGraphInstantiate(&ex, g, 0);
+        if (g) cudaGraphDestroy(g);
+        if (err != cudaSuccess && attempt == 0 && e->mega) {
+          cudaGetLastError();
+          e->mega = false;
+          ex = nullptr;
+          continue;
+        }
+        CUDA_CHECK(err);
+      }
       it = e->graph_execs.emplace(bucket, ex).first;
     }
     CUDA_CHECK(cudaGraphLaunch(it->second, e->stream));
