@@ -115,23 +115,34 @@ __device__ __forceinline__ void gemv_prefetch(const GemvArgs& a, int wpo) {
 template <typename T, int R, int IN, int OUT>
 __device__ void gemv_block(const GemvArgs& a, int wpo, unsigned char* smem) {
   T* xs = reinterpret_cast<T*>(smem);  // [R][in]
-  __shared__ float red[32];
   __shared__ float part_acc[kGemvWarps][R];
   const int in = a.in, n = a.n;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int opb = kGemvWarps / wpo;  // outputs per block and pass
   if (IN == GEMV_IN_LN) {
-    for (int r = 0; r < n; r++) {
-      const float* hr = a.h + (int64_t)(a.idx ? a.idx[r] : r) * in;
+    // Warp r takes row r's mean and variance with shuffles alone (R <= kGemvWarps), so
+    // the prologue costs one block barrier instead of two per row.
+    __shared__ float stats[kGemvWarps][2];
+    if (warp < n) {
+      const float* hr = a.h + (int64_t)(a.idx ? a.idx[warp] : warp) * in;
       float s = 0.f;
-      for (int c = threadIdx.x; c < in; c += blockDim.x) s += hr[c];
-      float mean = block_sum(s, red) / in;
+      for (int c = lane; c < in; c += 32) s += hr[c];
+      const float mean = warp_sum(s) / in;
       float v = 0.f;
-      for (int c = threadIdx.x; c < in; c += blockDim.x) {
+      for (int c = lane; c < in; c += 32) {
         float d = hr[c] - mean;
         v += d * d;
       }
-      float rstd = rsqrtf(block_sum(v, red) / in + a.eps);
+      v = warp_sum(v);
+      if (lane == 0) {
+        stats[warp][0] = mean;
+        stats[warp][1] = rsqrtf(v / in + a.eps);
+      }
+    }
+    __syncthreads();
+    for (int r = 0; r < n; r++) {
+      const float* hr = a.h + (int64_t)(a.idx ? a.idx[r] : r) * in;
+      const float mean = stats[r][0], rstd = stats[r][1];
       for (int c = threadIdx.x; c < in; c += blockDim.x)
         xs[r * in + c] = from_f32<T>((hr[c] - mean) * rstd * a.gamma[c] + a.beta[c]);
     }
