@@ -7,7 +7,6 @@ import "C"
 
 import (
 	"fmt"
-	"math"
 	"slices"
 
 	"gollm/engine"
@@ -244,7 +243,7 @@ func (p *stepPrep) validate(b *engine.Batch, info engine.Info) error {
 			p.blockStep[blk], p.blockSeq[blk] = p.stepNo, si
 		}
 		if sq.Sample || sq.ReturnLogits {
-			if err := checkSampling(&sq.Sampling, V); err != nil {
+			if err := sq.Sampling.Validate(V); err != nil {
 				return fail("%v", err)
 			}
 		}
@@ -256,48 +255,6 @@ func (p *stepPrep) validate(b *engine.Batch, info engine.Info) error {
 				if t < 0 || int(t) >= V {
 					return fail("History[%d] = %d is outside the vocabulary [0, %d)", i, t, V)
 				}
-			}
-		}
-	}
-	return nil
-}
-
-// checkSampling validates sampling parameters for a vocabulary of v tokens, with the
-// CPU engine's rules.
-func checkSampling(p *engine.SamplingParams, v int) error {
-	finite := func(x float32) bool { return !math.IsNaN(float64(x)) && !math.IsInf(float64(x), 0) }
-	switch {
-	case !finite(p.Temperature) || p.Temperature < 0:
-		return fmt.Errorf("temperature %g must be finite and ≥ 0", p.Temperature)
-	case p.TopK < 0:
-		return fmt.Errorf("top_k %d must be ≥ 0", p.TopK)
-	case !(p.TopP >= 0 && p.TopP <= 1):
-		return fmt.Errorf("top_p %g must be in [0, 1]", p.TopP)
-	case !finite(p.RepetitionPenalty) || p.RepetitionPenalty < 0:
-		return fmt.Errorf("repetition_penalty %g must be finite and ≥ 0", p.RepetitionPenalty)
-	case !finite(p.PresencePenalty):
-		return fmt.Errorf("presence_penalty %g must be finite", p.PresencePenalty)
-	case !finite(p.FrequencyPenalty):
-		return fmt.Errorf("frequency_penalty %g must be finite", p.FrequencyPenalty)
-	case p.MinLength < 0:
-		return fmt.Errorf("min_length %d must be ≥ 0", p.MinLength)
-	case p.EndID < -1 || int(p.EndID) >= v:
-		return fmt.Errorf("end_id %d must be -1 or in [0, %d)", p.EndID, v)
-	case len(p.EmbeddingBias) != 0 && len(p.EmbeddingBias) != v:
-		return fmt.Errorf("embedding_bias has %d values, want the vocabulary size %d", len(p.EmbeddingBias), v)
-	}
-	for i, b := range p.EmbeddingBias {
-		if math.IsNaN(float64(b)) || math.IsInf(float64(b), 1) {
-			return fmt.Errorf("embedding_bias[%d] = %g must be finite or -Inf", i, b)
-		}
-	}
-	for i, word := range p.BadWords {
-		if len(word) == 0 {
-			return fmt.Errorf("bad_words[%d] is empty", i)
-		}
-		for j, t := range word {
-			if t < 0 || int(t) >= v {
-				return fmt.Errorf("bad_words[%d][%d] = %d is outside the vocabulary [0, %d)", i, j, t, v)
 			}
 		}
 	}
