@@ -41,6 +41,8 @@ type CPU struct {
 	kv []float32
 	// s holds the buffers reused across steps.
 	s scratch
+	// check validates each batch before it runs.
+	check *BatchChecker
 }
 
 // cpuLayer is one transformer block with its Conv1D matrices transposed to [out][in],
@@ -95,12 +97,6 @@ type scratch struct {
 	lastLogits [][]float32
 	// scores are per-worker attention score buffers [MaxSeqLen].
 	scores [][]float32
-	// blockSeq and blockStep detect two sequences writing one KV block in a step.
-	blockSeq, blockStep []int
-	// blockMark detects a block listed twice in one block table.
-	blockMark []int
-	// stepNo and seqNo number the validation passes for blockStep and blockMark.
-	stepNo, seqNo int
 	// samplers hold the sampling buffers, one per goroutine.
 	samplers []*sampler
 	// errs collects the sampling errors of one step, per sequence.
@@ -223,6 +219,7 @@ func NewCPU(m *model.GPT2, kv KVConfig) (*CPU, error) {
 	if e.info.EndID >= int32(V) {
 		e.info.EndID = -1
 	}
+	e.check = NewBatchChecker(e.info, "engine")
 	e.layers = make([]cpuLayer, cfg.Layers)
 	for i := range m.Layers {
 		l := &m.Layers[i]
@@ -308,7 +305,7 @@ func (e *CPU) Step(b *Batch) ([]Output, error) {
 	if b == nil {
 		return nil, errors.New("engine: Step: nil batch")
 	}
-	n, err := e.validate(b)
+	n, err := e.check.Check(b)
 	if err != nil {
 		return nil, err
 	}
@@ -540,77 +537,4 @@ func (e *CPU) attention(b *Batch, li int) {
 			}
 		}
 	})
-}
-
-// validate checks every sequence of b against the model and the KV pool and returns
-// the number of new tokens. Its errors name the sequence ID and the rule broken.
-func (e *CPU) validate(b *Batch) (int, error) {
-	s := &e.s
-	if len(s.blockStep) < e.info.NumBlocks {
-		s.blockSeq = make([]int, e.info.NumBlocks)
-		s.blockStep = make([]int, e.info.NumBlocks)
-		s.blockMark = make([]int, e.info.NumBlocks)
-	}
-	s.stepNo++
-	T, V := e.info.TokensPerBlock, e.info.VocabSize
-	n := 0
-	for si := range b.Seqs {
-		sq := &b.Seqs[si]
-		fail := func(format string, args ...any) (int, error) {
-			return 0, fmt.Errorf("engine: sequence %d: %s", sq.ID, fmt.Sprintf(format, args...))
-		}
-		if len(sq.Tokens) == 0 {
-			return fail("Tokens is empty; every scheduled sequence needs at least one new token")
-		}
-		for i, t := range sq.Tokens {
-			if t < 0 || int(t) >= V {
-				return fail("Tokens[%d] = %d is outside the vocabulary [0, %d)", i, t, V)
-			}
-		}
-		if sq.Pos < 0 {
-			return fail("Pos = %d is negative", sq.Pos)
-		}
-		end := sq.Pos + len(sq.Tokens)
-		if end > e.info.MaxSeqLen {
-			return fail("Pos %d + %d tokens = %d exceeds the model's maximum sequence length %d", sq.Pos, len(sq.Tokens), end, e.info.MaxSeqLen)
-		}
-		need := (end + T - 1) / T
-		if len(sq.Blocks) < need {
-			return fail("block table has %d blocks, positions [0, %d) need %d of %d tokens", len(sq.Blocks), end, need, T)
-		}
-		s.seqNo++
-		for i, blk := range sq.Blocks[:need] {
-			if blk < 0 || int(blk) >= e.info.NumBlocks {
-				return fail("Blocks[%d] = %d is outside the KV pool [0, %d)", i, blk, e.info.NumBlocks)
-			}
-			if s.blockMark[blk] == s.seqNo {
-				return fail("block table lists KV block %d twice", blk)
-			}
-			s.blockMark[blk] = s.seqNo
-		}
-		for i := sq.Pos / T; i < need; i++ {
-			blk := sq.Blocks[i]
-			if s.blockStep[blk] == s.stepNo && s.blockSeq[blk] != si {
-				return fail("writes KV block %d, which sequence %d also writes in this batch", blk, b.Seqs[s.blockSeq[blk]].ID)
-			}
-			s.blockStep[blk], s.blockSeq[blk] = s.stepNo, si
-		}
-		if sq.Sample || sq.ReturnLogits {
-			if err := sq.Sampling.Validate(V); err != nil {
-				return fail("%v", err)
-			}
-		}
-		if sq.Sample {
-			if sq.NumGenerated < 0 {
-				return fail("NumGenerated = %d is negative", sq.NumGenerated)
-			}
-			for i, t := range sq.History {
-				if t < 0 || int(t) >= V {
-					return fail("History[%d] = %d is outside the vocabulary [0, %d)", i, t, V)
-				}
-			}
-		}
-		n += len(sq.Tokens)
-	}
-	return n, nil
 }

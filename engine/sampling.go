@@ -186,7 +186,7 @@ func (s *sampler) pick(w []float32, p *SamplingParams, numGenerated int) (int32,
 	}
 	scale := 1 / float64(p.Temperature)
 	mx := float64(w[best])
-	u := uniform(p.Seed, numGenerated)
+	u := Uniform(p.Seed, numGenerated)
 	v := len(w)
 	k := p.TopK
 	if k <= 0 || k > v {
@@ -373,9 +373,10 @@ func mix64(x uint64) uint64 {
 	return x
 }
 
-// uniform returns the draw in [0, 1) of step n of the random stream seed: a hash of
-// the pair, so any step can be drawn without the ones before it.
-func uniform(seed uint64, n int) float64 {
+// Uniform returns the draw in [0, 1) of step n of the random stream seed: a hash of
+// the pair, so any step can be drawn without the ones before it. Every engine draws its
+// sampling numbers from it, so that they all draw the same.
+func Uniform(seed uint64, n int) float64 {
 	x := mix64(mix64(seed+0x9e3779b97f4a7c15) ^ (uint64(n)+1)*0xd1b54a32d192ed03)
 	return float64(x>>11) / (1 << 53)
 }

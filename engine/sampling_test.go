@@ -77,9 +77,9 @@ func TestUniformDrawsAreUniform(t *testing.T) {
 	const n = 20000
 	var buckets [10]int
 	for i := range n {
-		u := uniform(uint64(i/100), i%100)
+		u := Uniform(uint64(i/100), i%100)
 		if u < 0 || u >= 1 {
-			t.Fatalf("uniform(%d, %d) = %g outside [0, 1)", i/100, i%100, u)
+			t.Fatalf("Uniform(%d, %d) = %g outside [0, 1)", i/100, i%100, u)
 		}
 		buckets[int(u*10)]++
 	}

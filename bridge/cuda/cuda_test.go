@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"errors"
-	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -46,7 +45,7 @@ func testInfo() engine.Info {
 func TestBuildFlattensSequences(t *testing.T) {
 	info := testInfo()
 	var p stepPrep
-	p.init(info.VocabSize, info.NumBlocks)
+	p.init(info.VocabSize)
 	bias := make([]float32, info.VocabSize)
 	b := &engine.Batch{Seqs: []engine.Sequence{
 		{ID: 1, Tokens: []int32{1, 2, 3, 4, 5}, Pos: 0, Blocks: []int32{6, 2, 7}, ContextLogits: true, Sample: true,
@@ -56,7 +55,7 @@ func TestBuildFlattensSequences(t *testing.T) {
 				Temperature: 0.5, TopK: 3, TopP: 0.9, Seed: 11, RepetitionPenalty: 1.2, FrequencyPenalty: 0.1,
 				MinLength: 5, EndID: 49, BadWords: [][]int32{{9, 4}, {8, 5}, {6}}, EmbeddingBias: bias}},
 	}}
-	if err := p.validate(b, info); err != nil {
+	if _, err := engine.NewBatchChecker(info, "cuda").Check(b); err != nil {
 		t.Fatal(err)
 	}
 	part := splitBatch(b, 100, 10)[0]
@@ -93,8 +92,8 @@ func TestBuildFlattensSequences(t *testing.T) {
 	if s1.bias_offset != 0 || len(p.bias) != 50 {
 		t.Errorf("bias offset %d, %d biases", s1.bias_offset, len(p.bias))
 	}
-	if u := float64(s1.uniform); !(u >= 0 && u < 1) || u != uniform(11, 2) {
-		t.Errorf("uniform = %g, want uniform(11, 2) = %g", u, uniform(11, 2))
+	if u := float64(s1.uniform); !(u >= 0 && u < 1) || u != engine.Uniform(11, 2) {
+		t.Errorf("uniform = %g, want engine.Uniform(11, 2) = %g", u, engine.Uniform(11, 2))
 	}
 	for i := range p.counts {
 		if p.counts[i] != 0 {
@@ -107,7 +106,7 @@ func TestCollectJoinsChunkedContextLogits(t *testing.T) {
 	info := testInfo()
 	V := info.VocabSize
 	var p stepPrep
-	p.init(V, info.NumBlocks)
+	p.init(V)
 	b := &engine.Batch{Seqs: []engine.Sequence{{ID: 1, Tokens: []int32{1, 2, 3}, Blocks: []int32{0}, ContextLogits: true, Sample: true, ReturnLogits: true, Sampling: engine.SamplingParams{EndID: -1}}}}
 	outs := make([]engine.Output, 1)
 	for i, part := range splitBatch(b, 2, 10) {
@@ -128,62 +127,6 @@ func TestCollectJoinsChunkedContextLogits(t *testing.T) {
 	}
 	if o.Token != 42 || o.LogProb != -0.5 {
 		t.Errorf("token %d, log-prob %g", o.Token, o.LogProb)
-	}
-}
-
-func TestValidateRejectsBadSequences(t *testing.T) {
-	info := testInfo()
-	ok := func() engine.Sequence {
-		return engine.Sequence{ID: 7, Tokens: []int32{1, 2}, Pos: 3, Blocks: []int32{4, 5}, Sample: true, Sampling: engine.SamplingParams{EndID: -1}}
-	}
-	tests := []struct {
-		name string
-		mod  func(*engine.Batch)
-		want string
-	}{
-		{"empty tokens", func(b *engine.Batch) { b.Seqs[0].Tokens = nil }, "Tokens is empty"},
-		{"token outside the vocabulary", func(b *engine.Batch) { b.Seqs[0].Tokens[1] = 50 }, "Tokens[1] = 50 is outside the vocabulary"},
-		{"too long", func(b *engine.Batch) { b.Seqs[0].Pos = 63 }, "exceeds the model's maximum sequence length"},
-		{"short block table", func(b *engine.Batch) { b.Seqs[0].Blocks = b.Seqs[0].Blocks[:1] }, "block table has 1 blocks"},
-		{"block outside the pool", func(b *engine.Batch) { b.Seqs[0].Blocks[1] = 8 }, "Blocks[1] = 8 is outside the KV pool"},
-		{"block listed twice", func(b *engine.Batch) { b.Seqs[0].Blocks[1] = 4 }, "lists KV block 4 twice"},
-		{"two sequences write one block", func(b *engine.Batch) {
-			s := ok()
-			s.ID, s.Blocks = 8, []int32{3, 5}
-			b.Seqs = append(b.Seqs, s)
-		}, "writes KV block 5, which sequence 7 also writes"},
-		{"bad top_p", func(b *engine.Batch) { b.Seqs[0].Sampling.TopP = 1.5 }, "top_p 1.5 must be in [0, 1]"},
-		{"short bias", func(b *engine.Batch) { b.Seqs[0].Sampling.EmbeddingBias = []float32{1} }, "embedding_bias has 1 values"},
-		{"history outside the vocabulary", func(b *engine.Batch) { b.Seqs[0].History = []int32{-1} }, "History[0] = -1"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			var p stepPrep
-			p.init(info.VocabSize, info.NumBlocks)
-			b := &engine.Batch{Seqs: []engine.Sequence{ok()}}
-			if err := p.validate(b, info); err != nil {
-				t.Fatalf("the unmodified batch fails: %v", err)
-			}
-			tc.mod(b)
-			err := p.validate(b, info)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("validate = %v, want an error containing %q", err, tc.want)
-			}
-		})
-	}
-}
-
-func TestUniformIsInUnitInterval(t *testing.T) {
-	seen := map[float64]bool{}
-	for n := range 1000 {
-		u := uniform(12345, n)
-		if !(u >= 0 && u < 1) || math.IsNaN(u) {
-			t.Fatalf("uniform(12345, %d) = %g", n, u)
-		}
-		seen[u] = true
-	}
-	if len(seen) < 1000 {
-		t.Errorf("only %d distinct draws in 1000 steps", len(seen))
 	}
 }
 

@@ -271,6 +271,8 @@ type Engine struct {
 	closed bool
 	// prep holds the host buffers of one step, reused.
 	prep stepPrep
+	// check validates each batch as every engine does.
+	check *engine.BatchChecker
 	// DeviceName is the GPU's name.
 	DeviceName string
 	// WeightBytes, KVBytes and ScratchBytes are the device memory in use.
@@ -338,7 +340,8 @@ func NewEngine(w *Weights, opts Options) (*Engine, error) {
 	if e.info.EndID >= int32(cfg.VocabSize) {
 		e.info.EndID = -1
 	}
-	e.prep.init(cfg.VocabSize, e.info.NumBlocks)
+	e.prep.init(cfg.VocabSize)
+	e.check = engine.NewBatchChecker(e.info, "cuda")
 	opts.Logger.Info("gpu engine ready", zap.String("device", e.DeviceName), zap.Int("kv_blocks", e.info.NumBlocks),
 		zap.Int("tokens_per_block", e.info.TokensPerBlock), zap.Int64("weight_bytes", e.WeightBytes),
 		zap.Int64("kv_bytes", e.KVBytes), zap.Int64("scratch_bytes", e.ScratchBytes))
@@ -395,7 +398,7 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 	if b == nil {
 		return nil, errors.New("cuda: Step: nil batch")
 	}
-	if err := e.prep.validate(b, e.info); err != nil {
+	if _, err := e.check.Check(b); err != nil {
 		return nil, err
 	}
 	outs := make([]engine.Output, len(b.Seqs))

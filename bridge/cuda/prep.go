@@ -6,7 +6,6 @@ package cuda
 import "C"
 
 import (
-	"fmt"
 	"slices"
 
 	"gollm/engine"
@@ -71,18 +70,11 @@ type stepPrep struct {
 	counts []int32
 	// seen lists the distinct tokens counted.
 	seen []int32
-	// blockSeq, blockStep and blockMark detect KV blocks written twice in a step or
-	// listed twice in a table; stepNo and seqNo number the checks.
-	blockSeq, blockStep, blockMark []int
-	stepNo, seqNo                  int
 }
 
-// init sizes the per-vocabulary and per-block buffers.
-func (p *stepPrep) init(vocab, blocks int) {
+// init sizes the per-vocabulary buffers.
+func (p *stepPrep) init(vocab int) {
 	p.counts = make([]int32, vocab)
-	p.blockSeq = make([]int, blocks)
-	p.blockStep = make([]int, blocks)
-	p.blockMark = make([]int, blocks)
 }
 
 // build fills the arrays for the pieces of one call.
@@ -125,7 +117,7 @@ func (p *stepPrep) build(b *engine.Batch, part []piece, info engine.Info) {
 			d.repetition_penalty = C.float(sp.RepetitionPenalty)
 			d.presence_penalty = C.float(sp.PresencePenalty)
 			d.frequency_penalty = C.float(sp.FrequencyPenalty)
-			d.uniform = C.double(uniform(sp.Seed, sq.NumGenerated))
+			d.uniform = C.double(engine.Uniform(sp.Seed, sq.NumGenerated))
 			d.penalty_offset = C.int32_t(len(p.penTok))
 			if (sp.RepetitionPenalty != 0 && sp.RepetitionPenalty != 1) || sp.PresencePenalty != 0 || sp.FrequencyPenalty != 0 {
 				p.countHistory(sq.History)
@@ -194,86 +186,4 @@ func (p *stepPrep) collect(b *engine.Batch, part []piece, logits []float32, outs
 			o.Token, o.LogProb = p.outTok[i], p.outLP[i]
 		}
 	}
-}
-
-// validate checks every sequence of b as the CPU engine does, with the same rules and
-// messages, before anything reaches the GPU.
-func (p *stepPrep) validate(b *engine.Batch, info engine.Info) error {
-	p.stepNo++
-	T, V := info.TokensPerBlock, info.VocabSize
-	for si := range b.Seqs {
-		sq := &b.Seqs[si]
-		fail := func(format string, args ...any) error {
-			return fmt.Errorf("cuda: sequence %d: %s", sq.ID, fmt.Sprintf(format, args...))
-		}
-		if len(sq.Tokens) == 0 {
-			return fail("Tokens is empty; every scheduled sequence needs at least one new token")
-		}
-		for i, t := range sq.Tokens {
-			if t < 0 || int(t) >= V {
-				return fail("Tokens[%d] = %d is outside the vocabulary [0, %d)", i, t, V)
-			}
-		}
-		if sq.Pos < 0 {
-			return fail("Pos = %d is negative", sq.Pos)
-		}
-		end := sq.Pos + len(sq.Tokens)
-		if end > info.MaxSeqLen {
-			return fail("Pos %d + %d tokens = %d exceeds the model's maximum sequence length %d", sq.Pos, len(sq.Tokens), end, info.MaxSeqLen)
-		}
-		need := (end + T - 1) / T
-		if len(sq.Blocks) < need {
-			return fail("block table has %d blocks, positions [0, %d) need %d of %d tokens", len(sq.Blocks), end, need, T)
-		}
-		p.seqNo++
-		for i, blk := range sq.Blocks[:need] {
-			if blk < 0 || int(blk) >= info.NumBlocks {
-				return fail("Blocks[%d] = %d is outside the KV pool [0, %d)", i, blk, info.NumBlocks)
-			}
-			if p.blockMark[blk] == p.seqNo {
-				return fail("block table lists KV block %d twice", blk)
-			}
-			p.blockMark[blk] = p.seqNo
-		}
-		for i := sq.Pos / T; i < need; i++ {
-			blk := sq.Blocks[i]
-			if p.blockStep[blk] == p.stepNo && p.blockSeq[blk] != si {
-				return fail("writes KV block %d, which sequence %d also writes in this batch", blk, b.Seqs[p.blockSeq[blk]].ID)
-			}
-			p.blockStep[blk], p.blockSeq[blk] = p.stepNo, si
-		}
-		if sq.Sample || sq.ReturnLogits {
-			if err := sq.Sampling.Validate(V); err != nil {
-				return fail("%v", err)
-			}
-		}
-		if sq.Sample {
-			if sq.NumGenerated < 0 {
-				return fail("NumGenerated = %d is negative", sq.NumGenerated)
-			}
-			for i, t := range sq.History {
-				if t < 0 || int(t) >= V {
-					return fail("History[%d] = %d is outside the vocabulary [0, %d)", i, t, V)
-				}
-			}
-		}
-	}
-	return nil
-}
-
-// mix64 is splitmix64's finaliser, as engine/sampling.go uses it.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
-}
-
-// uniform is the draw of step n of the random stream seed. It must stay equal to
-// engine/sampling.go's, so that both engines draw the same numbers.
-func uniform(seed uint64, n int) float64 {
-	x := mix64(mix64(seed+0x9e3779b97f4a7c15) ^ (uint64(n)+1)*0xd1b54a32d192ed03)
-	return float64(x>>11) / (1 << 53)
 }

@@ -1,0 +1,92 @@
+package engine
+
+import "fmt"
+
+// BatchChecker validates batches against an engine's model and KV pool before any of
+// them runs, with the same rules and messages for every engine. It keeps scratch space
+// between calls, so an engine holds one and uses it from its Step goroutine only.
+type BatchChecker struct {
+	// info is the model and pool the batches must fit.
+	info Info
+	// prefix starts every error ("engine", "cuda").
+	prefix string
+	// blockSeq and blockStep detect two sequences writing one KV block in a step.
+	blockSeq, blockStep []int
+	// blockMark detects a block listed twice in one block table.
+	blockMark []int
+	// stepNo and seqNo number the checks, so the marks need no clearing.
+	stepNo, seqNo int
+}
+
+// NewBatchChecker returns a checker for info; its errors start with prefix.
+func NewBatchChecker(info Info, prefix string) *BatchChecker {
+	return &BatchChecker{info: info, prefix: prefix,
+		blockSeq: make([]int, info.NumBlocks), blockStep: make([]int, info.NumBlocks), blockMark: make([]int, info.NumBlocks)}
+}
+
+// Check validates every sequence of b and returns the number of new tokens. Its errors
+// name the sequence ID and the rule broken.
+func (c *BatchChecker) Check(b *Batch) (int, error) {
+	c.stepNo++
+	T, V := c.info.TokensPerBlock, c.info.VocabSize
+	n := 0
+	for si := range b.Seqs {
+		sq := &b.Seqs[si]
+		fail := func(format string, args ...any) (int, error) {
+			return 0, fmt.Errorf("%s: sequence %d: %s", c.prefix, sq.ID, fmt.Sprintf(format, args...))
+		}
+		if len(sq.Tokens) == 0 {
+			return fail("Tokens is empty; every scheduled sequence needs at least one new token")
+		}
+		for i, t := range sq.Tokens {
+			if t < 0 || int(t) >= V {
+				return fail("Tokens[%d] = %d is outside the vocabulary [0, %d)", i, t, V)
+			}
+		}
+		if sq.Pos < 0 {
+			return fail("Pos = %d is negative", sq.Pos)
+		}
+		end := sq.Pos + len(sq.Tokens)
+		if end > c.info.MaxSeqLen {
+			return fail("Pos %d + %d tokens = %d exceeds the model's maximum sequence length %d", sq.Pos, len(sq.Tokens), end, c.info.MaxSeqLen)
+		}
+		need := (end + T - 1) / T
+		if len(sq.Blocks) < need {
+			return fail("block table has %d blocks, positions [0, %d) need %d of %d tokens", len(sq.Blocks), end, need, T)
+		}
+		c.seqNo++
+		for i, blk := range sq.Blocks[:need] {
+			if blk < 0 || int(blk) >= c.info.NumBlocks {
+				return fail("Blocks[%d] = %d is outside the KV pool [0, %d)", i, blk, c.info.NumBlocks)
+			}
+			if c.blockMark[blk] == c.seqNo {
+				return fail("block table lists KV block %d twice", blk)
+			}
+			c.blockMark[blk] = c.seqNo
+		}
+		for i := sq.Pos / T; i < need; i++ {
+			blk := sq.Blocks[i]
+			if c.blockStep[blk] == c.stepNo && c.blockSeq[blk] != si {
+				return fail("writes KV block %d, which sequence %d also writes in this batch", blk, b.Seqs[c.blockSeq[blk]].ID)
+			}
+			c.blockStep[blk], c.blockSeq[blk] = c.stepNo, si
+		}
+		if sq.Sample || sq.ReturnLogits {
+			if err := sq.Sampling.Validate(V); err != nil {
+				return fail("%v", err)
+			}
+		}
+		if sq.Sample {
+			if sq.NumGenerated < 0 {
+				return fail("NumGenerated = %d is negative", sq.NumGenerated)
+			}
+			for i, t := range sq.History {
+				if t < 0 || int(t) >= V {
+					return fail("History[%d] = %d is outside the vocabulary [0, %d)", i, t, V)
+				}
+			}
+		}
+		n += len(sq.Tokens)
+	}
+	return n, nil
+}
