@@ -62,6 +62,7 @@ func initialize(b triton.Backend) error {
 	backendLog = log
 	families = fams
 	stateMu.Unlock()
+	startCPUProfile(log)
 	log.Info("backend initialized", zap.String("backend", name),
 		zap.String("api", fmt.Sprintf("backend %d.%d, server %d.%d", triton.BackendAPIMajor, triton.BackendAPIMinor, triton.ServerAPIMajor, triton.ServerAPIMinor)))
 	return nil
@@ -80,6 +81,7 @@ func finalize(triton.Backend) error {
 		err = fams.delete()
 	}
 	if log != nil {
+		stopCPUProfile(log)
 		if err != nil {
 			log.Warn("delete the metric families", zap.Error(err))
 		}

@@ -44,6 +44,9 @@ type modelConfig struct {
 	// ExcludeInputInOutput is exclude_input_in_output: leave the prompt out of
 	// non-streaming output_ids and text_output.
 	ExcludeInputInOutput bool
+	// ResponseSenders is response_senders: the goroutines per instance that send
+	// responses to Triton (each request's in order).
+	ResponseSenders int
 	// Warnings are things to log that do not stop the load (unknown parameters).
 	Warnings []string
 }
@@ -52,6 +55,9 @@ type modelConfig struct {
 const (
 	defaultFreeGPUMemFraction = 0.9
 	defaultTokensPerBlock     = 64
+	// defaultResponseSenders keeps up with 64 streams at about 1 ms per iteration on an
+	// H100 host (bench/results): Triton spends ~10-20 µs in each ResponseSend.
+	defaultResponseSenders = 4
 )
 
 // tritonConfig is the part of Triton's JSON model configuration gollm reads.
@@ -134,7 +140,19 @@ var params = []paramSpec{
 		c.ExcludeInputInOutput, err = parseBool(v)
 		return err
 	}},
+	{"response_senders", func(c *modelConfig, v string) (err error) {
+		if c.ResponseSenders, err = intAtLeast(v, 1); err != nil {
+			return err
+		}
+		if c.ResponseSenders > maxResponseSenders {
+			return fmt.Errorf("%d: want at most %d", c.ResponseSenders, maxResponseSenders)
+		}
+		return nil
+	}},
 }
+
+// maxResponseSenders bounds response_senders (more goroutines than streams gain nothing).
+const maxResponseSenders = 256
 
 // parseModelConfig reads Triton's JSON model configuration. modelDir is the model's
 // folder in the repository and version the version being loaded: the default
@@ -154,6 +172,7 @@ func parseModelConfig(raw []byte, modelDir string, version uint64) (*modelConfig
 		MaxBeamWidth:              1,
 		KVCacheFreeGPUMemFraction: defaultFreeGPUMemFraction,
 		TokensPerBlock:            defaultTokensPerBlock,
+		ResponseSenders:           defaultResponseSenders,
 	}
 	if c.MaxBatchSize < 1 {
 		return nil, fmt.Errorf("max_batch_size is %d: it must be at least 1 (gollm's tensors carry a batch dimension, and it bounds the sequences per iteration)", c.MaxBatchSize)

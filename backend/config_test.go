@@ -45,6 +45,7 @@ func TestParseModelConfigDefaults(t *testing.T) {
 		MaxBeamWidth:              1,
 		KVCacheFreeGPUMemFraction: 0.9,
 		TokensPerBlock:            64,
+		ResponseSenders:           4,
 	}
 	if fmt.Sprint(*c) != fmt.Sprint(want) {
 		t.Errorf("got  %+v\nwant %+v", *c, want)
@@ -64,6 +65,7 @@ func TestParseModelConfigValues(t *testing.T) {
 		"enable_chunked_context":         "${enable_chunked_context}",
 		"max_num_tokens":                 "512",
 		"exclude_input_in_output":        "TRUE",
+		"response_senders":               "2",
 		"max_queue_delay_microseconds":   "100",
 		"max_attention_window_size":      "${max_attention_window_size}", // unknown and unfilled
 	}), "/repo/gpt2", 3)
@@ -83,6 +85,7 @@ func TestParseModelConfigValues(t *testing.T) {
 		{"enable_kv_cache_reuse", c.EnableKVCacheReuse, true},
 		{"max_num_tokens", c.MaxNumTokens, 512},
 		{"exclude_input_in_output", c.ExcludeInputInOutput, true},
+		{"response_senders", c.ResponseSenders, 2},
 		{"max_batch_size", c.MaxBatchSize, 8},
 		{"decoupled", c.Decoupled, false},
 	}
@@ -133,6 +136,10 @@ func TestParseModelConfigErrors(t *testing.T) {
 			`parameter "max_tokens_in_paged_kv_cache": 0: want an integer ≥ 1`},
 		{"chunked context under V1 is refused", 8, map[string]string{"gpt_model_type": "V1", "enable_chunked_context": "true"},
 			`chunked context needs in-flight batching`},
+		{"zero response senders are refused", 8, map[string]string{"response_senders": "0"},
+			`parameter "response_senders": 0: want an integer ≥ 1`},
+		{"too many response senders are refused", 8, map[string]string{"response_senders": "1000"},
+			`parameter "response_senders": 1000: want at most 256`},
 		{"max_batch_size 0 is refused", 0, nil, `max_batch_size is 0: it must be at least 1`},
 	}
 	for _, tt := range tests {

@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -39,7 +40,18 @@ type inflight struct {
 	responses int
 }
 
-// sendItem is one SendResponse call waiting for the sender goroutine.
+// sender is one sender goroutine's queue.
+type sender struct {
+	// mu guards q and closed; cond signals the goroutine.
+	mu   sync.Mutex
+	cond *sync.Cond
+	// q are the responses to send, in order.
+	q []sendItem
+	// closed stops the goroutine once q is empty.
+	closed bool
+}
+
+// sendItem is one SendResponse call waiting for a sender goroutine.
 type sendItem struct {
 	// id is the request.
 	id uint64
@@ -76,21 +88,21 @@ type instance struct {
 	// inflight holds every request between Execute and its final response.
 	inflight map[uint64]*inflight
 
-	// sendMu guards sendQ and sendClosed; sendCond signals the sender.
-	sendMu   sync.Mutex
-	sendCond *sync.Cond
-	// sendQ are the responses to send, in order.
-	sendQ []sendItem
-	// sendClosed stops the sender once sendQ is empty.
-	sendClosed bool
-	// senderDone is closed when the sender goroutine exits.
-	senderDone chan struct{}
+	// senders each send the responses of the requests whose ID falls to them (ID mod
+	// len), in order: Triton's ResponseSend costs tens of µs (the frontend encodes the
+	// response there), so one goroutine cannot keep up with a batch of 64 streams.
+	senders []*sender
+	// sendersDone is done when every sender goroutine has exited.
+	sendersDone sync.WaitGroup
 
 	// pollFactories and pollCancelled are PollStopSignal's scratch (manager goroutine).
 	pollFactories []triton.ResponseFactory
 	pollCancelled []bool
 	// pollIDs are the IDs of pollFactories.
 	pollIDs []uint64
+
+	// trace records iterations and sender batches (GOLLM_ITER_TRACE); nil when off.
+	trace *iterTrace
 }
 
 // newInstance builds the engine and batch manager of an instance.
@@ -126,15 +138,15 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		return nil, triton.Errorf(triton.CodeUnsupported, "instance %s: kind %v is not supported; use KIND_CPU or KIND_GPU", name, kind)
 	}
 	in := &instance{
-		ms:         ms,
-		ti:         ti,
-		name:       name,
-		log:        log,
-		eng:        eng,
-		inflight:   map[uint64]*inflight{},
-		senderDone: make(chan struct{}),
+		ms:       ms,
+		ti:       ti,
+		name:     name,
+		log:      log,
+		eng:      eng,
+		inflight: map[uint64]*inflight{},
+		senders:  make([]*sender, max(1, ms.cfg.ResponseSenders)),
+		trace:    newIterTrace(name),
 	}
-	in.sendCond = sync.NewCond(&in.sendMu)
 	if fams := currentFamilies(); fams != nil {
 		// Metrics are not worth failing the instance for.
 		in.metrics, err = newInstanceMetrics(fams, ms.cfg.Name, ms.version, name, initialValues(eng.Info().NumBlocks), log)
@@ -143,7 +155,13 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 			in.metrics, err = nil, nil
 		}
 	}
-	go in.sender()
+	for i := range in.senders {
+		sd := &sender{}
+		sd.cond = sync.NewCond(&sd.mu)
+		in.senders[i] = sd
+		in.sendersDone.Add(1)
+		go in.send(sd)
+	}
 	defer func() {
 		if err != nil {
 			in.stopSender()
@@ -162,11 +180,12 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		EnableKVCacheReuse:   ms.cfg.EnableKVCacheReuse,
 	}
 	in.mgr, err = batchmanager.New(eng, cfg, batchmanager.Callbacks{
-		GetInferenceRequests:    in.getRequests,
-		SendResponse:            in.sendResponse,
-		PollStopSignal:          in.pollStop,
-		ReturnBatchManagerStats: in.stats,
-		IterationStats:          in.iterationStats,
+		GetInferenceRequests: in.getRequests,
+		SendResponse:         in.sendResponse,
+		PollStopSignal:       in.pollStop,
+		// No ReturnBatchManagerStats: iterationStats encodes the JSON only when the
+		// verbose log would show it, not every iteration.
+		IterationStats: in.iterationStats,
 	}, log.Named("batchmanager"))
 	if err != nil {
 		return nil, fmt.Errorf("instance %s: %w", name, err)
@@ -198,6 +217,9 @@ func (in *instance) close() error {
 	in.mu.Unlock()
 	if merr != nil {
 		in.log.Warn("delete the instance's metrics", zap.Error(merr))
+	}
+	if terr := in.trace.write(); terr != nil {
+		in.log.Warn("write the iteration trace", zap.Error(terr))
 	}
 	return in.eng.Close()
 }
@@ -414,10 +436,12 @@ func (in *instance) getRequests(max int) []*batchmanager.InferenceRequest {
 // sender goroutine and returns at once.
 func (in *instance) sendResponse(id uint64, outputs []batchmanager.Tensor, final bool, err error) {
 	item := sendItem{id: id, outputs: outputs, final: final, err: err}
-	in.sendMu.Lock()
-	in.sendQ = append(in.sendQ, item)
-	in.sendMu.Unlock()
-	in.sendCond.Signal()
+	// One request's responses all go through one sender, so they stay in order.
+	sd := in.senders[id%uint64(len(in.senders))]
+	sd.mu.Lock()
+	sd.q = append(sd.q, item)
+	sd.mu.Unlock()
+	sd.cond.Signal()
 }
 
 // pollStop is the batch manager's PollStopSignal: the requests whose client cancelled
@@ -462,47 +486,57 @@ func (in *instance) pollStop() map[uint64]struct{} {
 	return stop
 }
 
-// stats is the batch manager's ReturnBatchManagerStats: logged at verbose level.
-func (in *instance) stats(s string) {
-	in.log.Debug("batch manager stats", zap.Any("stats", json.RawMessage(s)))
-}
-
-// iterationStats is the batch manager's IterationStats: it updates the metrics. The
-// requests still in the backend's queue count as queued.
+// iterationStats is the batch manager's IterationStats: it logs the stats as JSON at
+// verbose level and updates the metrics. The requests still in the backend's queue
+// count as queued.
 func (in *instance) iterationStats(s batchmanager.Stats) {
+	in.trace.add('I', s.Time, time.Now(), s.ScheduledRequests, s.TotalContextTokens)
+	if ce := in.log.Check(zap.DebugLevel, "batch manager stats"); ce != nil {
+		b, err := s.MarshalJSON()
+		if err != nil {
+			in.log.Error("encoding stats", zap.Error(err))
+		} else {
+			ce.Write(zap.Any("stats", json.RawMessage(b)))
+		}
+	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.metrics.observe(statsValues(s, len(in.queue)))
 }
 
-// sender sends the queued responses in order, off the batch manager's loop.
-func (in *instance) sender() {
-	defer close(in.senderDone)
+// send is a sender goroutine: it sends sd's queued responses in order, off the batch
+// manager's loop.
+func (in *instance) send(sd *sender) {
+	defer in.sendersDone.Done()
 	for {
-		in.sendMu.Lock()
-		for len(in.sendQ) == 0 && !in.sendClosed {
-			in.sendCond.Wait()
+		sd.mu.Lock()
+		for len(sd.q) == 0 && !sd.closed {
+			sd.cond.Wait()
 		}
-		if len(in.sendQ) == 0 {
-			in.sendMu.Unlock()
+		if len(sd.q) == 0 {
+			sd.mu.Unlock()
 			return
 		}
-		batch := in.sendQ
-		in.sendQ = nil
-		in.sendMu.Unlock()
+		batch := sd.q
+		sd.q = nil
+		sd.mu.Unlock()
+		start := time.Now()
 		for _, item := range batch {
 			in.deliver(item)
 		}
+		in.trace.add('S', start, time.Now(), len(batch), 0)
 	}
 }
 
-// stopSender lets the sender finish what is queued and waits for it.
+// stopSender lets the senders finish what is queued and waits for them.
 func (in *instance) stopSender() {
-	in.sendMu.Lock()
-	in.sendClosed = true
-	in.sendMu.Unlock()
-	in.sendCond.Broadcast()
-	<-in.senderDone
+	for _, sd := range in.senders {
+		sd.mu.Lock()
+		sd.closed = true
+		sd.mu.Unlock()
+		sd.cond.Broadcast()
+	}
+	in.sendersDone.Wait()
 }
 
 // deliver sends one response of the batch manager to its request's client.
