@@ -67,6 +67,7 @@ void qkv_kv_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
 // head_dim % 8 == 0. Dynamic shared memory: decode_smem(head_dim, part_len).
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeMinPart = 128;
+constexpr int kDecodeVUnroll = 8;  // value rows a thread group has in flight
 
 // decode_smem: part_len is the most positions one block may cover (max_positions).
 inline size_t decode_smem(int head_dim, int part_len, int threads = kDecodeThreads) {
@@ -113,19 +114,28 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
     q[d] = qkv[(int64_t)r * 3 * hidden + head * D + d];
   __syncthreads();
 
+  // Each thread's key row is loaded in pieces of up to 8 16-byte loads issued together,
+  // so a row costs one memory round trip instead of one per piece (head_dim 64: one).
   float mx = -INFINITY;
   for (int j = start + threadIdx.x; j < end; j += blockDim.x) {
     const uint4* k = reinterpret_cast<const uint4*>(
         kv + g.page(table[j / T_], layer, 0, head) + (int64_t)(j % T_) * D);
     float acc = 0.f;
-    for (int c = 0; c < D8; c++) {
-      uint4 kv8 = k[c];
-      const T2* k2 = reinterpret_cast<const T2*>(&kv8);
+    for (int c0 = 0; c0 < D8; c0 += 8) {
+      uint4 kk[8];
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        float2 f = to_f32x2(k2[e]);
-        acc = fmaf(q[c * 8 + 2 * e], f.x, acc);
-        acc = fmaf(q[c * 8 + 2 * e + 1], f.y, acc);
+      for (int u = 0; u < 8; u++) kk[u] = k[min(c0 + u, D8 - 1)];
+#pragma unroll
+      for (int u = 0; u < 8; u++) {
+        if (c0 + u >= D8) break;
+        const T2* k2 = reinterpret_cast<const T2*>(&kk[u]);
+        const float* qc = q + (c0 + u) * 8;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          float2 f = to_f32x2(k2[e]);
+          acc = fmaf(qc[2 * e], f.x, acc);
+          acc = fmaf(qc[2 * e + 1], f.y, acc);
+        }
       }
     }
     s[j - start] = acc;
@@ -144,16 +154,34 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   const int grp = threadIdx.x / D8, c = threadIdx.x % D8;
   float acc[8] = {};
   if (grp < groups) {
-    for (int j = start + grp; j < end; j += groups) {
-      uint4 v8 = reinterpret_cast<const uint4*>(
-          kv + g.page(table[j / T_], layer, 1, head) + (int64_t)(j % T_) * D)[c];
-      const T2* v2 = reinterpret_cast<const T2*>(&v8);
-      float p = s[j - start];
+    // kDecodeVUnroll keys per group in flight: their block-table entries, then their value
+    // pieces, are loaded together, so a group pays a round trip per kDecodeVUnroll keys.
+    for (int j0 = start + grp; j0 < end; j0 += kDecodeVUnroll * groups) {
+      // Indices clamped, so every load is issued unconditionally (no branch between
+      // them): first the block-table entries, then the value pieces; keys past the end
+      // weigh 0.
+      uint4 v8[kDecodeVUnroll];
+      float p[kDecodeVUnroll];
+      int64_t blk[kDecodeVUnroll];
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        float2 f = to_f32x2(v2[e]);
-        acc[2 * e] = fmaf(p, f.x, acc[2 * e]);
-        acc[2 * e + 1] = fmaf(p, f.y, acc[2 * e + 1]);
+      for (int u = 0; u < kDecodeVUnroll; u++) blk[u] = table[min(j0 + u * groups, end - 1) / T_];
+#pragma unroll
+      for (int u = 0; u < kDecodeVUnroll; u++) {
+        const int j = min(j0 + u * groups, end - 1);
+        v8[u] = reinterpret_cast<const uint4*>(kv + g.page(blk[u], layer, 1, head) +
+                                               (int64_t)(j % T_) * D)[c];
+        p[u] = s[j - start];
+        if (j0 + u * groups >= end) p[u] = 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kDecodeVUnroll; u++) {
+        const T2* v2 = reinterpret_cast<const T2*>(&v8[u]);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          float2 f = to_f32x2(v2[e]);
+          acc[2 * e] = fmaf(p[u], f.x, acc[2 * e]);
+          acc[2 * e + 1] = fmaf(p[u], f.y, acc[2 * e + 1]);
+        }
       }
     }
 #pragma unroll

@@ -12,6 +12,9 @@ namespace gollm {
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
 constexpr int kGemvMaxRows = 8;
+// LayerNorm prologue rows up to 32 lanes × kGemvLnVec float4 wide stay in registers.
+constexpr int kGemvLnVec = 8;
+constexpr int kGemvUnroll = 4;  // 16-byte weight loads a lane has in flight
 
 // What a gemv kernel reads as its input rows x [n][in].
 enum GemvIn {
@@ -53,6 +56,16 @@ struct GemvArgs {
   int layer;
   float qscale;
 };
+
+// ld_f4_now loads 16 bytes where it stands: the compiler may not sink it into the branch
+// of its first use, so a run of them is issued together.
+__device__ __forceinline__ float4 ld_f4_now(const float4* p) {
+  float4 v;
+  asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(p));
+  return v;
+}
 
 template <typename T>
 __device__ __forceinline__ void dot8(const uint4& w, const uint4& x, float& acc) {
@@ -120,36 +133,94 @@ __device__ void gemv_block(const GemvArgs& a, int wpo, unsigned char* smem) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int opb = kGemvWarps / wpo;  // outputs per block and pass
   if (IN == GEMV_IN_LN) {
-    // Warp r takes row r's mean and variance with shuffles alone (R <= kGemvWarps), so
-    // the prologue costs one block barrier instead of two per row.
-    __shared__ float stats[kGemvWarps][2];
-    if (warp < n) {
-      const float* hr = a.h + (int64_t)(a.idx ? a.idx[warp] : warp) * in;
-      float s = 0.f;
-      for (int c = lane; c < in; c += 32) s += hr[c];
-      const float mean = warp_sum(s) / in;
-      float v = 0.f;
-      for (int c = lane; c < in; c += 32) {
-        float d = hr[c] - mean;
-        v += d * d;
+    if (in <= 32 * 4 * kGemvLnVec) {
+      // Warp r normalizes row r from registers: the row's loads, then gamma's and beta's,
+      // are each issued together (two memory round trips), mean and variance by shuffles.
+      if (warp < n) {
+        const float4* hr =
+            reinterpret_cast<const float4*>(a.h + (int64_t)(a.idx ? a.idx[warp] : warp) * in);
+        const float4* g4 = reinterpret_cast<const float4*>(a.gamma);
+        const float4* b4 = reinterpret_cast<const float4*>(a.beta);
+        const int in4 = in / 4;
+        float4 xv[kGemvLnVec], gv[kGemvLnVec], bv[kGemvLnVec];
+#pragma unroll
+        for (int u = 0; u < kGemvLnVec; u++) xv[u] = ld_f4_now(hr + min(lane + 32 * u, in4 - 1));
+#pragma unroll
+        for (int u = 0; u < kGemvLnVec; u++) gv[u] = ld_f4_now(g4 + min(lane + 32 * u, in4 - 1));
+#pragma unroll
+        for (int u = 0; u < kGemvLnVec; u++) bv[u] = ld_f4_now(b4 + min(lane + 32 * u, in4 - 1));
+        float s = 0.f;
+#pragma unroll
+        for (int u = 0; u < kGemvLnVec; u++) {
+          if (lane + 32 * u >= in4) xv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+          s += (xv[u].x + xv[u].y) + (xv[u].z + xv[u].w);
+        }
+        const float mean = warp_sum(s) / in;
+        float v = 0.f;
+#pragma unroll
+        for (int u = 0; u < kGemvLnVec; u++) {
+          if (lane + 32 * u < in4) {
+            const float dx = xv[u].x - mean, dy = xv[u].y - mean, dz = xv[u].z - mean,
+                        dw = xv[u].w - mean;
+            v += (dx * dx + dy * dy) + (dz * dz + dw * dw);
+          }
+        }
+        const float rstd = rsqrtf(warp_sum(v) / in + a.eps);
+        T* xr = xs + warp * in;
+#pragma unroll
+        for (int u = 0; u < kGemvLnVec; u++) {
+          const int c = lane + 32 * u;
+          const float4 gg = gv[u], bb = bv[u];
+          if (c < in4) {
+            xr[4 * c] = from_f32<T>((xv[u].x - mean) * rstd * gg.x + bb.x);
+            xr[4 * c + 1] = from_f32<T>((xv[u].y - mean) * rstd * gg.y + bb.y);
+            xr[4 * c + 2] = from_f32<T>((xv[u].z - mean) * rstd * gg.z + bb.z);
+            xr[4 * c + 3] = from_f32<T>((xv[u].w - mean) * rstd * gg.w + bb.w);
+          }
+        }
       }
-      v = warp_sum(v);
-      if (lane == 0) {
-        stats[warp][0] = mean;
-        stats[warp][1] = rsqrtf(v / in + a.eps);
+    } else {
+      // Wide rows: warp r takes row r's mean and variance with shuffles alone (R <=
+      // kGemvWarps), so the prologue costs one block barrier instead of two per row.
+      __shared__ float stats[kGemvWarps][2];
+      if (warp < n) {
+        const float* hr = a.h + (int64_t)(a.idx ? a.idx[warp] : warp) * in;
+        float s = 0.f;
+        for (int c = lane; c < in; c += 32) s += hr[c];
+        const float mean = warp_sum(s) / in;
+        float v = 0.f;
+        for (int c = lane; c < in; c += 32) {
+          float d = hr[c] - mean;
+          v += d * d;
+        }
+        v = warp_sum(v);
+        if (lane == 0) {
+          stats[warp][0] = mean;
+          stats[warp][1] = rsqrtf(v / in + a.eps);
+        }
       }
-    }
-    __syncthreads();
-    for (int r = 0; r < n; r++) {
-      const float* hr = a.h + (int64_t)(a.idx ? a.idx[r] : r) * in;
-      const float mean = stats[r][0], rstd = stats[r][1];
-      for (int c = threadIdx.x; c < in; c += blockDim.x)
-        xs[r * in + c] = from_f32<T>((hr[c] - mean) * rstd * a.gamma[c] + a.beta[c]);
+      __syncthreads();
+      for (int r = 0; r < n; r++) {
+        const float* hr = a.h + (int64_t)(a.idx ? a.idx[r] : r) * in;
+        const float mean = stats[r][0], rstd = stats[r][1];
+        for (int c = threadIdx.x; c < in; c += blockDim.x)
+          xs[r * in + c] = from_f32<T>((hr[c] - mean) * rstd * a.gamma[c] + a.beta[c]);
+      }
     }
   } else {
     const uint4* src = static_cast<const uint4*>(a.x);
     uint4* dst = reinterpret_cast<uint4*>(xs);
-    for (int i = threadIdx.x; i < n * in / 8; i += blockDim.x) dst[i] = src[i];
+    // Loads at clamped indices, issued kGemvUnroll at a time before their stores: a
+    // bounds branch between them would make each wait for the one before.
+    const int total = n * in / 8;
+    for (int i0 = threadIdx.x; i0 < total; i0 += kGemvUnroll * blockDim.x) {
+      uint4 v[kGemvUnroll];
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; u++) v[u] = src[min(i0 + u * (int)blockDim.x, total - 1)];
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; u++)
+        if (i0 + u * (int)blockDim.x < total) dst[i0 + u * blockDim.x] = v[u];
+    }
   }
   __syncthreads();
   // wpo warps share an output, each taking every wpo-th 32-chunk stretch of its row, so
@@ -164,12 +235,22 @@ __device__ void gemv_block(const GemvArgs& a, int wpo, unsigned char* smem) {
     if (o < a.out) {
       const uint4* wrow =
           reinterpret_cast<const uint4*>(static_cast<const T*>(a.w) + (int64_t)o * in);
-#pragma unroll 4
-      for (int c = part * 32 + lane; c < chunks; c += 32 * wpo) {
-        uint4 wv = __ldg(wrow + c);
+      // kGemvUnroll pieces per lane in flight together: loads at clamped indices, the
+      // pieces past the row zeroed after loading (a bounds branch before each load would
+      // serialize them; gemv_wpo keeps most rows to one such round).
+      for (int c0 = part * 32 + lane; c0 < chunks; c0 += kGemvUnroll * 32 * wpo) {
+        uint4 wv[kGemvUnroll];
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-          if (r < n) dot8<T>(wv, reinterpret_cast<const uint4*>(xs + r * in)[c], acc[r]);
+        for (int u = 0; u < kGemvUnroll; u++)
+          wv[u] = __ldg(wrow + min(c0 + u * 32 * wpo, chunks - 1));
+#pragma unroll
+        for (int u = 0; u < kGemvUnroll; u++) {
+          const int c = min(c0 + u * 32 * wpo, chunks - 1);
+          if (c0 + u * 32 * wpo >= chunks) wv[u] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+          for (int r = 0; r < R; r++) {
+            if (r < n) dot8<T>(wv[u], reinterpret_cast<const uint4*>(xs + r * in)[c], acc[r]);
+          }
         }
       }
     }

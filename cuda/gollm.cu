@@ -174,6 +174,7 @@ struct Plan {
   std::vector<CopyOut> copies;
   int max_len = 0;             // longest sequence after the step
   bool decode_only = false;    // every sequence: one token, sampled, no logits returned
+  bool all_greedy = false;     // every sequence sampled by sample_greedy_kernel alone
 };
 
 }  // namespace
@@ -203,7 +204,7 @@ struct gollm_engine {
   DevMem dtok, dlp;             // sampled tokens and log-probabilities
   HostMem htok, hlp;            // the same, on the host
   HostMem hlog;                 // returned logits, staged
-  std::map<int, cudaGraphExec_t> graph_execs;  // decode graphs by batch bucket
+  std::map<int, cudaGraphExec_t> graph_execs;  // decode graphs by batch bucket (×2, +1: all greedy)
   gollm_engine_info info{};     // as reported at creation
   Plan plan;                    // reused between steps
 };
@@ -950,7 +951,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     sample(logits, I32(L.samp_seq) + ch.samp_first, I32(L.samp_row) + ch.samp_first, seqs, words,
            words, reinterpret_cast<const float*>(din), retlog, e->dtok.as<int32_t>(),
            e->dlp.as<float>(), ch.samp_count, V, e->greedy_part.as<float>(),
-           e->greedy_tickets.as<int>(), st);
+           e->greedy_tickets.as<int>(), pl.all_greedy, st);
     if (!capture) {
       for (const CopyOut& cp : pl.copies)
         if (cp.chunk == (int)ci && cp.from_ret)
@@ -986,6 +987,9 @@ void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out) {
   fill_plan(e, in, use_graph ? bucket : 0, pl);
   Layout L = layout_fixed(pl);
   fill_var(e, in, pl, L);
+  // Steps whose rows are all plain greedy skip the general sampling kernel's launch.
+  pl.all_greedy = true;
+  for (int s = 0; s < pl.s; s++) pl.all_greedy = pl.all_greedy && greedy_fast(pl.seqs[s]);
   // fill_var ran after the descriptors were sized; the layout's fixed part is unchanged.
   ensure_inputs(e, L.total);
   // Returned logits are staged in pinned memory.
@@ -996,7 +1000,8 @@ void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out) {
   stage(e, pl, L);
   CUDA_CHECK(cudaMemcpyAsync(e->din.p, e->hin.p, L.total, cudaMemcpyHostToDevice, e->stream));
   if (use_graph) {
-    auto it = e->graph_execs.find(bucket);
+    const int key = bucket * 2 + (pl.all_greedy ? 1 : 0);
+    auto it = e->graph_execs.find(key);
     if (it == e->graph_execs.end()) {
       // Replays see other lengths: size the splits for the longest possible row. If the
       // persistent decode kernel cannot be captured, capture the kernel-by-kernel path.
@@ -1028,7 +1033,7 @@ void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out) {
         }
         CUDA_CHECK(err);
       }
-      it = e->graph_execs.emplace(bucket, ex).first;
+      it = e->graph_execs.emplace(key, ex).first;
     }
     CUDA_CHECK(cudaGraphLaunch(it->second, e->stream));
   } else {

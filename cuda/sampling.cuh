@@ -189,8 +189,38 @@ __host__ __device__ __forceinline__ bool greedy_fast(const DevSeq& sq) {
          sq.bias_off < 0 && sq.pen_cnt == 0 && sq.mask_cnt == 0 && sq.ret_row < 0;
 }
 
-constexpr int kGreedySplits = 32;
+constexpr int kGreedySplits = 64;
 constexpr int kGreedyThreads = 256;
+constexpr int kGreedyUnroll = 4;
+
+// greedy_combine folds the slice (m, id, z) — its first maximum m at id and the sum z of
+// exp(w - m) — into (bv, bi, sum): the larger maximum (the lower id on ties) wins and the
+// other sum is rescaled to it. Returns (bv, sum); bi is updated in place.
+__device__ __forceinline__ float2 greedy_combine(float bv, int& bi, float sum, float m, int id,
+                                                 float z) {
+  if (m == -INFINITY) return make_float2(bv, sum);
+  if (bv == -INFINITY) {
+    bi = id;
+    return make_float2(m, z);
+  }
+  if (m > bv || (m == bv && id < bi)) {
+    bi = id;
+    return make_float2(m, z + sum * __expf(bv - m));
+  }
+  return make_float2(bv, sum + z * __expf(m - bv));
+}
+
+// greedy_merge reduces (bv, bi, sum) over the warp with greedy_combine; every lane ends
+// with the warp's result.
+__device__ __forceinline__ void greedy_merge(float& bv, int& bi, float& sum) {
+  for (int o = 16; o > 0; o >>= 1) {
+    float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    float os = __shfl_xor_sync(0xffffffffu, sum, o);
+    float2 r = greedy_combine(bv, bi, sum, ov, oi, os);
+    bv = r.x, sum = r.y;
+  }
+}
 
 // sample_greedy_kernel: grid (entries, kGreedySplits). Block (e, g) finds the first
 // maximum of its slice of the row and the sum of exp(w - its max); the last block of a
@@ -214,42 +244,45 @@ __global__ void __launch_bounds__(kGreedyThreads) sample_greedy_kernel(
   const float* w = logits + (int64_t)samp_row[e] * V;
   const int per = (V + kGreedySplits - 1) / kGreedySplits;
   const int lo = g * per, hi = min(V, lo + per);
-  float bv = -INFINITY;
+  // One pass: each thread keeps its first maximum and the sum of exp(w - that maximum),
+  // rescaled when the maximum grows; its loads are issued kGreedyUnroll at a time.
+  float bv = -INFINITY, sum = 0.f;
   int bi = 0x7fffffff;
-  for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-    float x = w[i];
-    if (x > bv) {
-      bv = x;
-      bi = i;
+  for (int i0 = lo + threadIdx.x; i0 < hi; i0 += kGreedyUnroll * blockDim.x) {
+    float x[kGreedyUnroll];
+#pragma unroll
+    for (int u = 0; u < kGreedyUnroll; u++) {
+      const int i = i0 + u * blockDim.x;
+      x[u] = w[min(i, hi - 1)];  // clamped: every load issued, none behind a branch
+      if (i >= hi) x[u] = -INFINITY;
+    }
+#pragma unroll
+    for (int u = 0; u < kGreedyUnroll; u++) {
+      if (x[u] == -INFINITY) continue;
+      if (x[u] > bv) {
+        sum = sum * __expf(bv - x[u]) + 1.f;  // exp(-inf) = 0 for the first
+        bv = x[u];
+        bi = i0 + u * blockDim.x;
+      } else {
+        sum += __expf(x[u] - bv);
+      }
     }
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > bv || (ov == bv && oi < bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
+  greedy_merge(bv, bi, sum);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   if (lane == 0) {
     fred[warp] = bv;
     ired[warp] = bi;
+    sred[warp] = sum;
   }
   __syncthreads();
-  bv = fred[0];
-  bi = ired[0];
-  for (int q = 1; q < nw; q++)
-    if (fred[q] > bv || (fred[q] == bv && ired[q] < bi)) {
-      bv = fred[q];
-      bi = ired[q];
-    }
-  float sum = 0.f;
-  if (bv != -INFINITY)
-    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) sum += __expf(w[i] - bv);
-  sum = block_sum(sum, sred);
+  if (warp != 0) return;
+  bv = lane < nw ? fred[lane] : -INFINITY;
+  bi = lane < nw ? ired[lane] : 0x7fffffff;
+  sum = lane < nw ? sred[lane] : 0.f;
+  greedy_merge(bv, bi, sum);
   float* pp = part + ((int64_t)e * kGreedySplits + g) * 3;
-  if (threadIdx.x == 0) {
+  if (lane == 0) {
     pp[0] = bv;
     pp[1] = __int_as_float(bi);
     pp[2] = sum;
@@ -258,31 +291,26 @@ __global__ void __launch_bounds__(kGreedyThreads) sample_greedy_kernel(
     last = t == kGreedySplits - 1;
     if (last) tickets[e] = 0;
   }
-  __syncthreads();
-  if (!last || threadIdx.x != 0) return;
+  __syncwarp();
+  if (!last) return;
   __threadfence();
+  // The last block's first warp merges the slices, a lane per slice.
   const float* rp = part + (int64_t)e * kGreedySplits * 3;
-  float M = -INFINITY;
-  int best = 0x7fffffff;
-  for (int q = 0; q < kGreedySplits; q++) {
-    float m = __ldcg(rp + q * 3);
+  bv = -INFINITY, bi = 0x7fffffff, sum = 0.f;
+  for (int q = lane; q < kGreedySplits; q += 32) {
+    float m = __ldcg(rp + q * 3), z = __ldcg(rp + q * 3 + 2);
     int id = __float_as_int(__ldcg(rp + q * 3 + 1));
-    if (m > M || (m == M && id < best)) {
-      M = m;
-      best = id;
-    }
+    float2 acc = greedy_combine(bv, bi, sum, m, id, z);
+    bv = acc.x, sum = acc.y;
   }
-  if (M == -INFINITY) {
+  greedy_merge(bv, bi, sum);
+  if (lane != 0) return;
+  if (bv == -INFINITY) {
     out_tok[s] = -2;
     return;
   }
-  float z = 0.f;
-  for (int q = 0; q < kGreedySplits; q++) {
-    float m = __ldcg(rp + q * 3);
-    if (m != -INFINITY) z += __ldcg(rp + q * 3 + 2) * __expf(m - M);
-  }
-  out_tok[s] = best;
-  out_lp[s] = -logf(z);
+  out_tok[s] = bi;
+  out_lp[s] = -logf(sum);
 }
 
 // sample_kernel: one block per entry e of the step's sampling list; rows that
@@ -412,11 +440,12 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(
 inline void sample(float* logits, const int32_t* samp_seq, const int32_t* samp_row,
             const DevSeq* seqs, const int32_t* pen, const int32_t* masks,
             const float* bias, float* retlog, int32_t* out_tok, float* out_lp, int count, int V,
-            float* greedy_part, int* greedy_tickets, Stream stream) {
+            float* greedy_part, int* greedy_tickets, bool all_greedy, Stream stream) {
   if (count == 0) return;
   launch("sample_greedy_kernel", sample_greedy_kernel, dim3(count, kGreedySplits),
          kGreedyThreads, 0, stream, logits, samp_seq, samp_row, seqs, greedy_part, greedy_tickets,
          out_tok, out_lp, V);
+  if (all_greedy) return;  // sample_kernel would exit at once for every row
   launch("sample_kernel", sample_kernel, count, kSampleThreads, 0, stream, logits, samp_seq,
          samp_row, seqs, pen, masks, bias, retlog, out_tok, out_lp, V);
 }
