@@ -10,6 +10,12 @@
 // -workloads runs gpubench's workloads as b concurrent streams, each request its own
 // stream: decode_… reports the median gap between a stream's tokens after the first,
 // tput_… generated tokens per second, lat_… the wall time until the last stream ends.
+// Walls end at the last final response. -preopen opens every stream before the clock
+// starts, as a client that keeps its streams open would (new streams reach the model
+// over milliseconds, spreading 64 requests over several iterations).
+// -conns N spreads the streams over N gRPC connections (stream k on connection k mod N);
+// -streaming=false asks each request for one final response with all its tokens (impl
+// "gollm-triton-nostream"), to tell the cost of per-token responses from the rest.
 package main
 
 import (
@@ -43,20 +49,42 @@ func main() {
 	reps := flag.Int("reps", 3, "timed repetitions per workload")
 	vocab := flag.Int("vocab", 50257, "vocabulary size for random prompts")
 	wait := flag.Duration("wait", 120*time.Second, "how long to wait for the model to be ready")
+	conns := flag.Int("conns", 1, "gRPC connections the streams are spread over")
+	streaming := flag.Bool("streaming", true, "stream tokens (false: one response per request, impl gollm-triton-nostream)")
+	preopen := flag.Bool("preopen", false, "open every stream before the clock starts (a client that keeps its streams)")
 	flag.Parse()
-	if err := run(*addr, *modelName, *name, *check, *expect, *list, *reps, *vocab, *wait); err != nil {
+	if *conns < 1 {
+		fmt.Fprintln(os.Stderr, "tritonbench: -conns must be at least 1")
+		os.Exit(2)
+	}
+	opts := options{conns: *conns, streaming: *streaming, preopen: *preopen}
+	if err := run(*addr, *modelName, *name, *check, *expect, *list, *reps, *vocab, *wait, opts); err != nil {
 		fmt.Fprintln(os.Stderr, "tritonbench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr, modelName, name, check, expect, list string, reps, vocab int, wait time.Duration) error {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
+// options are the client's settings beside the workloads.
+type options struct {
+	// conns is the number of gRPC connections; stream k uses connection k mod conns.
+	conns int
+	// streaming asks for a response per token; false asks for one final response.
+	streaming bool
+	// preopen opens the streams before the clock starts.
+	preopen bool
+}
+
+func run(addr, modelName, name, check, expect, list string, reps, vocab int, wait time.Duration, opts options) error {
+	var cs []kserve.GRPCInferenceServiceClient
+	for range opts.conns {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		cs = append(cs, kserve.NewGRPCInferenceServiceClient(conn))
 	}
-	defer conn.Close()
-	c := kserve.NewGRPCInferenceServiceClient(conn)
+	c := cs[0]
 	deadline := time.Now().Add(wait)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -77,7 +105,7 @@ func run(addr, modelName, name, check, expect, list string, reps, vocab int, wai
 		if w == "" {
 			continue
 		}
-		if err := runWorkload(c, modelName, name, w, reps, vocab); err != nil {
+		if err := runWorkload(cs, modelName, name, w, reps, vocab, opts); err != nil {
 			return fmt.Errorf("%s: %w", w, err)
 		}
 	}
@@ -90,6 +118,8 @@ type result struct {
 	tokens []int32
 	// times are when each response with tokens arrived.
 	times []time.Time
+	// final is when the final response arrived (the stream's close comes after).
+	final time.Time
 }
 
 func int32Tensor(name string, shape []int64, v ...int32) (*kserve.ModelInferRequest_InferInputTensor, []byte) {
@@ -100,10 +130,20 @@ func int32Tensor(name string, shape []int64, v ...int32) (*kserve.ModelInferRequ
 	return &kserve.ModelInferRequest_InferInputTensor{Name: name, Datatype: "INT32", Shape: shape}, b
 }
 
-// stream sends one greedy streaming request on its own stream and reads it to the end.
-func stream(c kserve.GRPCInferenceServiceClient, modelName, id string, prompt []int32, out int) (result, error) {
+// stream sends one greedy request on its own stream and reads it to the end; streaming
+// asks for each token as it comes, otherwise one response carries them all.
+func stream(c kserve.GRPCInferenceServiceClient, modelName, id string, prompt []int32, out int, streaming bool) (result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	s, err := c.ModelStreamInfer(ctx)
+	if err != nil {
+		return result{}, err
+	}
+	return request(s, modelName, id, prompt, out, streaming)
+}
+
+// request sends one greedy request on an open stream and reads it to the end.
+func request(s kserve.GRPCInferenceService_ModelStreamInferClient, modelName, id string, prompt []int32, out int, streaming bool) (result, error) {
 	req := &kserve.ModelInferRequest{ModelName: modelName, Id: id, Parameters: map[string]*kserve.InferParameter{
 		"triton_enable_empty_final_response": {ParameterChoice: &kserve.InferParameter_BoolParam{BoolParam: true}},
 	}}
@@ -115,11 +155,11 @@ func stream(c kserve.GRPCInferenceServiceClient, modelName, id string, prompt []
 	add(int32Tensor("input_lengths", []int64{1, 1}, int32(len(prompt))))
 	add(int32Tensor("request_output_len", []int64{1, 1}, int32(out)))
 	add(int32Tensor("end_id", []int64{1, 1}, -1))
-	add(&kserve.ModelInferRequest_InferInputTensor{Name: "streaming", Datatype: "BOOL", Shape: []int64{1, 1}}, []byte{1})
-	s, err := c.ModelStreamInfer(ctx)
-	if err != nil {
-		return result{}, err
+	flag := byte(0)
+	if streaming {
+		flag = 1
 	}
+	add(&kserve.ModelInferRequest_InferInputTensor{Name: "streaming", Datatype: "BOOL", Shape: []int64{1, 1}}, []byte{flag})
 	if err := s.Send(req); err != nil {
 		return result{}, err
 	}
@@ -146,6 +186,7 @@ func stream(c kserve.GRPCInferenceServiceClient, modelName, id string, prompt []
 			}
 		}
 		if p, ok := r.GetParameters()["triton_final_response"]; ok && p.GetBoolParam() {
+			res.final = time.Now()
 			break
 		}
 	}
@@ -180,7 +221,7 @@ func runCheck(c kserve.GRPCInferenceServiceClient, modelName, promptsFile, expec
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = stream(c, modelName, fmt.Sprint(i), p, steps)
+			results[i], errs[i] = stream(c, modelName, fmt.Sprint(i), p, steps, true)
 		}()
 	}
 	wg.Wait()
@@ -249,7 +290,7 @@ func expectedTokens(path string) ([][]int32, int, error) {
 	return out, steps, nil
 }
 
-func runWorkload(c kserve.GRPCInferenceServiceClient, modelName, name, w string, reps, vocab int) error {
+func runWorkload(cs []kserve.GRPCInferenceServiceClient, modelName, name, w string, reps, vocab int, opts options) error {
 	var kind string
 	var b, in, out int
 	i := strings.IndexByte(w, '_')
@@ -272,17 +313,41 @@ func runWorkload(c kserve.GRPCInferenceServiceClient, modelName, name, w string,
 	for r := 0; r <= reps; r++ {
 		results := make([]result, b)
 		errs := make([]error, b)
+		var streams []kserve.GRPCInferenceService_ModelStreamInferClient
+		var cancels []context.CancelFunc
+		if opts.preopen {
+			streams = make([]kserve.GRPCInferenceService_ModelStreamInferClient, b)
+			for k := range streams {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+				cancels = append(cancels, cancel)
+				s, err := cs[k%len(cs)].ModelStreamInfer(ctx)
+				if err != nil {
+					return fmt.Errorf("open stream %d: %w", k, err)
+				}
+				streams[k] = s
+			}
+		}
 		start := time.Now()
 		var wg sync.WaitGroup
 		for k := range prompts {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				results[k], errs[k] = stream(c, modelName, fmt.Sprintf("%d-%d", r, k), prompts[k], out)
+				id := fmt.Sprintf("%d-%d", r, k)
+				if streams != nil {
+					results[k], errs[k] = request(streams[k], modelName, id, prompts[k], out, opts.streaming)
+				} else {
+					results[k], errs[k] = stream(cs[k%len(cs)], modelName, id, prompts[k], out, opts.streaming)
+				}
 			}()
 		}
 		wg.Wait()
-		wall := time.Since(start).Seconds()
+		for _, cancel := range cancels {
+			cancel()
+		}
+		// The wall ends with the last final response: closing the streams afterwards is
+		// the client's bookkeeping, not generation.
+		var last time.Time
 		for k := range results {
 			if errs[k] != nil {
 				return errs[k]
@@ -290,7 +355,11 @@ func runWorkload(c kserve.GRPCInferenceServiceClient, modelName, name, w string,
 			if len(results[k].tokens) != out {
 				return fmt.Errorf("stream %d: %d tokens, want %d", k, len(results[k].tokens), out)
 			}
+			if results[k].final.After(last) {
+				last = results[k].final
+			}
 		}
+		wall := last.Sub(start).Seconds()
 		if r == 0 {
 			continue // warm-up
 		}
@@ -304,9 +373,22 @@ func runWorkload(c kserve.GRPCInferenceServiceClient, modelName, name, w string,
 	slices.Sort(walls)
 	slices.Sort(gaps)
 	wall := walls[len(walls)/2]
-	o := map[string]any{"model": name, "dtype": "fp16", "workload": w, "impl": "gollm-triton"}
+	impl := "gollm-triton"
+	if !opts.streaming {
+		impl += "-nostream"
+	}
+	o := map[string]any{"model": name, "dtype": "fp16", "workload": w, "impl": impl}
+	if len(cs) > 1 {
+		o["conns"] = len(cs)
+	}
+	if opts.preopen {
+		o["streams"] = "preopened"
+	}
 	switch kind {
 	case "decode":
+		if len(gaps) == 0 {
+			return fmt.Errorf("no gaps between tokens: decode figures need -streaming")
+		}
 		o["metric"], o["value"] = "ms_per_token", gaps[len(gaps)/2]*1e3
 	case "tput":
 		o["metric"], o["value"] = "tokens_per_s", float64(b*out)/wall

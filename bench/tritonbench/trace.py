@@ -1,0 +1,57 @@
+"""Summarize a GOLLM_ITER_TRACE file (backend/profile.go): one row per burst of work.
+
+    python3 bench/tritonbench/trace.py TRACE...
+
+A burst is a run of iterations and sends with no idle gap over 1 ms (one tritonbench repetition).
+Per burst: iterations, wall from the first iteration's start to the last response sent,
+the median decode iteration (no context tokens) and the median gap between iterations,
+the senders' busy time per response, and how far the last response trailed the last
+iteration (the senders' backlog).
+"""
+import statistics
+import sys
+
+
+def bursts(recs, idle_us=1000):
+    out, cur, last = [], [], None
+    for r in recs:
+        if last is not None and r[1] - last > idle_us:
+            out.append(cur)
+            cur = []
+        cur.append(r)
+        last = max(last or 0, r[2])
+    if cur:
+        out.append(cur)
+    return out
+
+
+def main():
+    for path in sys.argv[1:]:
+        recs = []
+        for line in open(path):
+            if line.startswith("#"):
+                continue
+            k, a, b, n, c = line.split()
+            recs.append((k, float(a), float(b), int(n), int(c)))
+        recs.sort(key=lambda r: r[1])
+        print(f"== {path}")
+        print("iters  wall_ms  ctx_iters  decode_iter_us  gap_us  max_batch  sender_us/resp  backlog_ms")
+        for bu in bursts(recs):
+            it = [r for r in bu if r[0] == "I"]
+            se = [r for r in bu if r[0] == "S"]
+            if not it:
+                continue
+            dec = [r[2] - r[1] for r in it if r[4] == 0]
+            gaps = [it[i + 1][1] - it[i][2] for i in range(len(it) - 1)]
+            nresp = sum(r[3] for r in se)
+            busy = sum(r[2] - r[1] for r in se)
+            end = max(r[2] for r in bu)
+            print("%5d  %7.1f  %9d  %14.1f  %6.1f  %9d  %14.2f  %10.2f" % (
+                len(it), (end - it[0][1]) / 1e3, sum(1 for r in it if r[4] > 0),
+                statistics.median(dec) if dec else -1, statistics.median(gaps) if gaps else -1,
+                max(r[3] for r in it), busy / nresp if nresp else -1,
+                (max(r[2] for r in se) - it[-1][2]) / 1e3 if se else -1))
+
+
+if __name__ == "__main__":
+    main()
