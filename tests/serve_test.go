@@ -132,25 +132,7 @@ func TestServing(t *testing.T) {
 	})
 
 	t.Run("the generate endpoint returns the detokenized greedy text", func(t *testing.T) {
-		const n = 16
-		gen := greedyTokens(t, ck.dir, tokenPrompt, n)
-		want := ck.tok.Decode(gen)
-		if !excludeInputInOutput(t) {
-			want = ck.tok.Decode(append(slices.Clone(tokenPrompt), gen...))
-		}
-		ctx := testContext(t, 2*time.Minute)
-		body, err := postJSON(ctx, s.HTTP(), s.HTTPURL()+"/v2/models/"+modelName+"/generate",
-			map[string]any{"text_input": testPrompt, "max_tokens": n})
-		if err != nil {
-			t.Fatal(err)
-		}
-		g, err := decodeGenerate(body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if *g.TextOutput != want {
-			t.Errorf("text_output %q, want %q", *g.TextOutput, want)
-		}
+		checkGenerate(t, s, ck, 16)
 	})
 
 	t.Run("the generate_stream endpoint streams events that add up to the greedy text", func(t *testing.T) {
@@ -262,24 +244,7 @@ func TestNonDecoupledModel(t *testing.T) {
 	})
 
 	t.Run("the generate endpoint works on the non-decoupled model", func(t *testing.T) {
-		gen := greedyTokens(t, ck.dir, tokenPrompt, n)
-		want := ck.tok.Decode(gen)
-		if !excludeInputInOutput(t) {
-			want = ck.tok.Decode(append(slices.Clone(tokenPrompt), gen...))
-		}
-		ctx := testContext(t, 2*time.Minute)
-		body, err := postJSON(ctx, s.HTTP(), s.HTTPURL()+"/v2/models/"+modelName+"/generate",
-			map[string]any{"text_input": testPrompt, "max_tokens": n})
-		if err != nil {
-			t.Fatal(err)
-		}
-		g, err := decodeGenerate(body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if *g.TextOutput != want {
-			t.Errorf("text_output %q, want %q", *g.TextOutput, want)
-		}
+		checkGenerate(t, s, ck, n)
 	})
 }
 
@@ -410,4 +375,28 @@ func TestShutdown(t *testing.T) {
 			t.Fatal("tritonserver did not exit within 90 s of SIGINT")
 		}
 	})
+}
+
+// checkGenerate asks the generate endpoint for n tokens of testPrompt and checks the
+// text against the CPU engine's greedy tokens, detokenized.
+func checkGenerate(t *testing.T, s *harness.Server, ck checkpointInfo, n int) {
+	t.Helper()
+	gen := greedyTokens(t, ck.dir, tokenPrompt, n)
+	want := ck.tok.Decode(gen)
+	if !excludeInputInOutput(t) {
+		want = ck.tok.Decode(append(slices.Clone(tokenPrompt), gen...))
+	}
+	ctx := testContext(t, 2*time.Minute)
+	body, err := postJSON(ctx, s.HTTP(), s.HTTPURL()+"/v2/models/"+modelName+"/generate",
+		map[string]any{"text_input": testPrompt, "max_tokens": n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := decodeGenerate(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *g.TextOutput != want {
+		t.Errorf("text_output %q, want %q", *g.TextOutput, want)
+	}
 }
