@@ -44,6 +44,9 @@ type modelConfig struct {
 	// ExcludeInputInOutput is exclude_input_in_output: leave the prompt out of
 	// non-streaming output_ids and text_output.
 	ExcludeInputInOutput bool
+	// DataType is data_type: the GPU engine's weight, activation and KV type, "float16" or
+	// "bfloat16"; empty means the checkpoint's own when it is one of them, else float16.
+	DataType string
 	// ResponseSenders is response_senders: the goroutines per instance that send
 	// responses to Triton (each request's in order).
 	ResponseSenders int
@@ -139,6 +142,17 @@ var params = []paramSpec{
 	{"exclude_input_in_output", func(c *modelConfig, v string) (err error) {
 		c.ExcludeInputInOutput, err = parseBool(v)
 		return err
+	}},
+	{"data_type", func(c *modelConfig, v string) error {
+		switch strings.ToLower(strings.TrimSpace(v)) {
+		case "fp16", "float16", "half":
+			c.DataType = "float16"
+		case "bf16", "bfloat16":
+			c.DataType = "bfloat16"
+		default:
+			return fmt.Errorf("%q: want fp16 or bf16 (float16, bfloat16)", v)
+		}
+		return nil
 	}},
 	{"response_senders", func(c *modelConfig, v string) (err error) {
 		if c.ResponseSenders, err = intAtLeast(v, 1); err != nil {

@@ -66,6 +66,7 @@ func TestParseModelConfigValues(t *testing.T) {
 		"max_num_tokens":                 "512",
 		"exclude_input_in_output":        "TRUE",
 		"response_senders":               "2",
+		"data_type":                      "BF16",
 		"max_queue_delay_microseconds":   "100",
 		"max_attention_window_size":      "${max_attention_window_size}", // unknown and unfilled
 	}), "/repo/gpt2", 3)
@@ -86,6 +87,7 @@ func TestParseModelConfigValues(t *testing.T) {
 		{"max_num_tokens", c.MaxNumTokens, 512},
 		{"exclude_input_in_output", c.ExcludeInputInOutput, true},
 		{"response_senders", c.ResponseSenders, 2},
+		{"data_type", c.DataType, "bfloat16"},
 		{"max_batch_size", c.MaxBatchSize, 8},
 		{"decoupled", c.Decoupled, false},
 	}
@@ -140,6 +142,8 @@ func TestParseModelConfigErrors(t *testing.T) {
 			`parameter "response_senders": 0: want an integer ≥ 1`},
 		{"too many response senders are refused", 8, map[string]string{"response_senders": "1000"},
 			`parameter "response_senders": 1000: want at most 256`},
+		{"an unknown data type is refused", 8, map[string]string{"data_type": "fp8"},
+			`parameter "data_type": "fp8": want fp16 or bf16 (float16, bfloat16)`},
 		{"max_batch_size 0 is refused", 0, nil, `max_batch_size is 0: it must be at least 1`},
 	}
 	for _, tt := range tests {

@@ -26,9 +26,12 @@ type gpuShare struct {
 func (ms *modelState) newGPUEngine(device int, log *zap.Logger) (engine.Engine, error) {
 	ms.gpu.mu.Lock()
 	defer ms.gpu.mu.Unlock()
-	dtype := "float16"
-	if ms.weights.Config.DType == "bfloat16" {
-		dtype = "bfloat16"
+	dtype := ms.cfg.DataType
+	if dtype == "" {
+		dtype = "float16"
+		if ms.weights.Config.DType == "bfloat16" {
+			dtype = "bfloat16"
+		}
 	}
 	w := ms.gpu.byDevice[device]
 	if w == nil {
