@@ -220,14 +220,7 @@ func TestInflightTokensMatchSoloRuns(t *testing.T) {
 
 func TestStaticBatchAdmitsNothingUntilTheBatchFinishes(t *testing.T) {
 	eng := newFake(256, 4)
-	var steps [][]uint64
-	eng.onStep = func(b *engine.Batch) {
-		var ids []uint64
-		for _, s := range b.Seqs {
-			ids = append(ids, s.ID)
-		}
-		steps = append(steps, ids)
-	}
+	rec := recordSteps(eng)
 	rng := rand.New(rand.NewPCG(5, 5))
 	var as []arrival
 	for i := range 12 {
@@ -237,6 +230,7 @@ func TestStaticBatchAdmitsNothingUntilTheBatchFinishes(t *testing.T) {
 	runArrivals(t, eng, Config{Policy: StaticBatch, MaxBatchSize: 4}, as)
 	eng.mu.Lock()
 	defer eng.mu.Unlock()
+	steps := *rec
 	batches := 0
 	for k := 1; k < len(steps); k++ {
 		prev, cur := steps[k-1], steps[k]
@@ -266,14 +260,7 @@ func TestStaticBatchAdmitsNothingUntilTheBatchFinishes(t *testing.T) {
 
 func TestV1PadsAndRunsInLockstep(t *testing.T) {
 	eng := newFake(256, 4)
-	var steps [][]uint64
-	eng.onStep = func(b *engine.Batch) {
-		var ids []uint64
-		for _, s := range b.Seqs {
-			ids = append(ids, s.ID)
-		}
-		steps = append(steps, ids)
-	}
+	rec := recordSteps(eng)
 	c := newClient()
 	finalAt := map[uint64]int{}
 	cb := c.callbacks()
@@ -315,6 +302,9 @@ func TestV1PadsAndRunsInLockstep(t *testing.T) {
 		}
 	})
 	t.Run("the batch steps together and shrinks only as members finish", func(t *testing.T) {
+		eng.mu.Lock()
+		steps := *rec
+		eng.mu.Unlock()
 		if !slices.Equal(steps[0], []uint64{1, 2, 3}) {
 			t.Errorf("first step ran %v", steps[0])
 		}
@@ -366,4 +356,17 @@ func TestV1PadsAndRunsInLockstep(t *testing.T) {
 			t.Errorf("most empty generation slots %d, want 2 (requests 1 and 3 finished early)", empty)
 		}
 	})
+}
+
+// recordSteps makes eng record the sequence IDs of every step it runs.
+func recordSteps(eng *fakeEngine) *[][]uint64 {
+	var steps [][]uint64
+	eng.onStep = func(b *engine.Batch) {
+		var ids []uint64
+		for _, s := range b.Seqs {
+			ids = append(ids, s.ID)
+		}
+		steps = append(steps, ids)
+	}
+	return &steps
 }

@@ -408,19 +408,7 @@ func postJSON(ctx context.Context, c *http.Client, url string, body any) ([]byte
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("POST %s: %w", url, err)
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("POST %s: read body: %w", url, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return out, fmt.Errorf("POST %s: %s: %s", url, resp.Status, out)
-	}
-	return out, nil
+	return readResponse(c, req)
 }
 
 // getBody fetches url; a non-200 status is an error carrying the body.
@@ -429,17 +417,22 @@ func getBody(ctx context.Context, c *http.Client, url string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	return readResponse(c, req)
+}
+
+// readResponse sends req and reads the body; a non-200 status is an error carrying it.
+func readResponse(c *http.Client, req *http.Request) ([]byte, error) {
 	resp, err := c.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("GET %s: %w", url, err)
+		return nil, fmt.Errorf("%s %s: %w", req.Method, req.URL, err)
 	}
 	defer resp.Body.Close()
 	out, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, fmt.Errorf("GET %s: read body: %w", url, err)
+		return nil, fmt.Errorf("%s %s: read body: %w", req.Method, req.URL, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return out, fmt.Errorf("GET %s: %s: %s", url, resp.Status, out)
+		return out, fmt.Errorf("%s %s: %s: %s", req.Method, req.URL, resp.Status, out)
 	}
 	return out, nil
 }
