@@ -70,12 +70,9 @@ func smallGPT2(seed uint64) *model.GPT2 {
 }
 
 func TestChunkedPromptMatchesOneStep(t *testing.T) {
-	for _, path := range kernelPaths(t) {
-		t.Run("with "+path.name, func(t *testing.T) {
-			path.use(t)
-			chunkedPromptMatchesOneStep(t)
-		})
-	}
+	forEachKernelPath(t, func(t *testing.T) {
+		chunkedPromptMatchesOneStep(t)
+	})
 }
 
 func chunkedPromptMatchesOneStep(t *testing.T) {
@@ -117,12 +114,9 @@ func chunkedPromptMatchesOneStep(t *testing.T) {
 }
 
 func TestBatchMatchesEachSequenceAlone(t *testing.T) {
-	for _, path := range kernelPaths(t) {
-		t.Run("with "+path.name, func(t *testing.T) {
-			path.use(t)
-			batchMatchesEachSequenceAlone(t)
-		})
-	}
+	forEachKernelPath(t, func(t *testing.T) {
+		batchMatchesEachSequenceAlone(t)
+	})
 }
 
 func batchMatchesEachSequenceAlone(t *testing.T) {

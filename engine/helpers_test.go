@@ -231,3 +231,13 @@ func kernelPaths(t testing.TB) []kernelPath {
 	}
 	return paths
 }
+
+// forEachKernelPath runs f as a subtest with each kernel path in use.
+func forEachKernelPath(t *testing.T, f func(t *testing.T)) {
+	for _, path := range kernelPaths(t) {
+		t.Run("with "+path.name, func(t *testing.T) {
+			path.use(t)
+			f(t)
+		})
+	}
+}

@@ -26,69 +26,63 @@ func sumAbs64(x, w []float32) float64 {
 }
 
 func TestDotKernelsAgree(t *testing.T) {
-	for _, path := range kernelPaths(t) {
-		t.Run("with "+path.name, func(t *testing.T) {
-			path.use(t)
-			rng := rand.New(rand.NewPCG(1, 1))
-			// Lengths around the 8-wide blocks exercise the vector loop and the tail.
-			for n := 0; n <= 70; n++ {
-				x0, x1 := randomLogits(rng, n, 1), randomLogits(rng, n, 1)
-				var w [4][]float32
-				for j := range w {
-					w[j] = randomLogits(rng, n+3, 1) // longer rows: only n values count
+	forEachKernelPath(t, func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(1, 1))
+		// Lengths around the 8-wide blocks exercise the vector loop and the tail.
+		for n := 0; n <= 70; n++ {
+			x0, x1 := randomLogits(rng, n, 1), randomLogits(rng, n, 1)
+			var w [4][]float32
+			for j := range w {
+				w[j] = randomLogits(rng, n+3, 1) // longer rows: only n values count
+			}
+			a := [4]float32{}
+			a[0], a[1], a[2], a[3] = dot1x4(x0, w[0], w[1], w[2], w[3])
+			var b, c [4]float32
+			b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3] = dot2x4(x1, x0, w[0], w[1], w[2], w[3])
+			for j := range w {
+				want := dot64(x0, w[j][:n])
+				if err := math.Abs(float64(a[j]) - want); err > 1e-6*(1+sumAbs64(x0, w[j][:n])) {
+					t.Errorf("n=%d row %d: dot1x4 = %g, float64 reference %g", n, j, a[j], want)
 				}
-				a := [4]float32{}
-				a[0], a[1], a[2], a[3] = dot1x4(x0, w[0], w[1], w[2], w[3])
-				var b, c [4]float32
-				b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3] = dot2x4(x1, x0, w[0], w[1], w[2], w[3])
-				for j := range w {
-					want := dot64(x0, w[j][:n])
-					if err := math.Abs(float64(a[j]) - want); err > 1e-6*(1+sumAbs64(x0, w[j][:n])) {
-						t.Errorf("n=%d row %d: dot1x4 = %g, float64 reference %g", n, j, a[j], want)
-					}
-					if a[j] != c[j] {
-						t.Errorf("n=%d row %d: dot1x4 gives %g but dot2x4's second row %g", n, j, a[j], c[j])
-					}
-					if d := dot(x1, w[j]); d != b[j] {
-						t.Errorf("n=%d row %d: dot gives %g but dot2x4's first row %g", n, j, d, b[j])
-					}
+				if a[j] != c[j] {
+					t.Errorf("n=%d row %d: dot1x4 gives %g but dot2x4's second row %g", n, j, a[j], c[j])
+				}
+				if d := dot(x1, w[j]); d != b[j] {
+					t.Errorf("n=%d row %d: dot gives %g but dot2x4's first row %g", n, j, d, b[j])
 				}
 			}
-		})
-	}
+		}
+	})
 }
 
 func TestMatmulMatchesTheDefinition(t *testing.T) {
-	for _, path := range kernelPaths(t) {
-		t.Run("with "+path.name, func(t *testing.T) {
-			path.use(t)
-			rng := rand.New(rand.NewPCG(2, 2))
-			for _, sz := range [][3]int{{1, 7, 5}, {5, 37, 13}, {33, 64, 130}, {3, 256, 1031}} {
-				n, in, out := sz[0], sz[1], sz[2]
-				var x, y buf
-				x.resize(n, in)
-				y.resize(n, out)
-				copy(x.data, randomLogits(rng, n*in, 1))
-				w := randomLogits(rng, in*out, 1) // [in][out], as checkpoints store it
-				bias := randomLogits(rng, out, 1)
-				matmul(y.rows, x.rows, transpose(w, in, out), in, out, bias)
-				for r := range n {
-					for j := range out {
-						want := float64(bias[j])
-						var scale float64
-						for k := range in {
-							p := float64(x.rows[r][k]) * float64(w[k*out+j])
-							want += p
-							scale += math.Abs(p)
-						}
-						if math.Abs(float64(y.rows[r][j])-want) > 1e-6*(1+scale) {
-							t.Fatalf("%v: y[%d][%d] = %g, want %g", sz, r, j, y.rows[r][j], want)
-						}
+	forEachKernelPath(t, func(t *testing.T) {
+		rng := rand.New(rand.NewPCG(2, 2))
+		for _, sz := range [][3]int{{1, 7, 5}, {5, 37, 13}, {33, 64, 130}, {3, 256, 1031}} {
+			n, in, out := sz[0], sz[1], sz[2]
+			var x, y buf
+			x.resize(n, in)
+			y.resize(n, out)
+			copy(x.data, randomLogits(rng, n*in, 1))
+			w := randomLogits(rng, in*out, 1) // [in][out], as checkpoints store it
+			bias := randomLogits(rng, out, 1)
+			matmul(y.rows, x.rows, transpose(w, in, out), in, out, bias)
+			for r := range n {
+				for j := range out {
+					want := float64(bias[j])
+					var scale float64
+					for k := range in {
+						p := float64(x.rows[r][k]) * float64(w[k*out+j])
+						want += p
+						scale += math.Abs(p)
+					}
+					if math.Abs(float64(y.rows[r][j])-want) > 1e-6*(1+scale) {
+						t.Fatalf("%v: y[%d][%d] = %g, want %g", sz, r, j, y.rows[r][j], want)
 					}
 				}
 			}
-		})
-	}
+		}
+	})
 }
 
 func TestTransposeSwapsRowsAndColumns(t *testing.T) {
