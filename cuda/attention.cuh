@@ -2,6 +2,8 @@
 // over it: a tiled kernel for prompt chunks (context phase) and a split-K kernel for one
 // query per sequence (generation phase).
 #pragma once
+#include <mma.h>
+
 #include "common.cuh"
 
 namespace gollm {
@@ -87,8 +89,7 @@ inline int decode_splits(int rows, int heads, int sms, int max_len) {
 }
 
 // decode_attend is the work of one (row i, head, part) of attention_decode_kernel, for
-// any block size that is a multiple of head_dim/8; smem as decode_smem says for it. It is
-// also a phase of decode_step_kernel.
+// any block size that is a multiple of head_dim/8; smem as decode_smem says for it.
 template <typename T>
 __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att,
                               const T* __restrict__ kv, const int32_t* __restrict__ dec_rows,
@@ -395,12 +396,183 @@ __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
   }
 }
 
+// attention_context_tc_kernel: the context attention of attention_context_kernel on the
+// tensor cores (WMMA 16×16×16, fp32 accumulation), for head_dim % 16 == 0 up to 128.
+// Grid (tiles, heads), kCtxTcThreads threads. A tile's 16 queries (zero rows past tile.n)
+// meet its sequence's keys in chunks of kCtxTcKeys, double-buffered in shared memory by
+// cp.async (the next chunk's copies in flight while this one is computed):
+//   S = Q·Kᵀ [16][kCtxTcKeys] (a warp per 16 keys) → causal mask and online softmax (a
+//   warp per query row) → P in T → P·V [16][D] (a warp per 16 dimensions) → the running
+//   output rescaled and added in fp32.
+// Shared rows are padded by 8 elements (16 bytes) so that WMMA's row loads spread over
+// the banks; layout in ctx_tc_smem.
+constexpr int kCtxTcThreads = 128;
+constexpr int kCtxTcKeys = 64;
+
+inline bool ctx_tc_fits(int head_dim) { return head_dim % 16 == 0 && head_dim <= 128; }
+
+inline size_t ctx_tc_smem(int head_dim) {
+  const int DP = head_dim + 8, Q = 16, KC = kCtxTcKeys;
+  return 2 * (size_t)Q * DP                 // queries (T)
+         + 2 * 2 * 2 * (size_t)KC * DP      // keys and values, two buffers (T)
+         + 4 * (size_t)Q * (KC + 4)         // scores (fp32)
+         + 2 * (size_t)Q * (KC + 8)         // probabilities (T)
+         + 4 * (size_t)Q * (head_dim + 4)   // this chunk's P·V (fp32)
+         + 4 * (size_t)Q * head_dim         // running output (fp32)
+         + 4 * 3 * (size_t)Q;               // running max, sum, rescale
+}
+
+template <typename T>
+__device__ __forceinline__ void ctx_tc_load(const T* __restrict__ kv, const int32_t* table,
+                                            KVGeom g, int layer, int head, int c0, int kend,
+                                            T* ks, T* vs) {
+  const int D = g.head_dim, D8 = D / 8, DP = D + 8;
+  for (int idx = threadIdx.x; idx < kCtxTcKeys * D8; idx += blockDim.x) {
+    const int j = idx / D8, p = idx % D8, kp = c0 + j;
+    const bool ok = kp < kend;
+    const int kq = ok ? kp : c0;  // a valid address; zero-filled below
+    const int64_t blk = table[kq / g.tokens_per_block];
+    const int64_t base = (int64_t)(kq % g.tokens_per_block) * D + p * 8;
+    cp_async16_zfill(ks + j * DP + p * 8, kv + g.page(blk, layer, 0, head) + base, ok ? 16 : 0);
+    cp_async16_zfill(vs + j * DP + p * 8, kv + g.page(blk, layer, 1, head) + base, ok ? 16 : 0);
+  }
+  cp_async_commit();
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kCtxTcThreads) attention_context_tc_kernel(
+    const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
+    const CtxTile* __restrict__ tiles, const DevSeq* __restrict__ seqs,
+    const int32_t* __restrict__ blocks, KVGeom g, int layer) {
+  namespace wm = nvcuda::wmma;
+  extern __shared__ __align__(128) unsigned char ctx_tc_smem_buf[];
+  griddep_launch();
+  griddep_wait();
+  constexpr int Q = 16, KC = kCtxTcKeys;
+  const int D = g.head_dim, DP = D + 8, hidden = g.heads * D;
+  const CtxTile tile = tiles[blockIdx.x];
+  const int head = blockIdx.y;
+  const int32_t* table = blocks + seqs[tile.seq].blk_off;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = kCtxTcThreads / 32;
+
+  T* qs = reinterpret_cast<T*>(ctx_tc_smem_buf);  // [Q][DP]
+  T* kbuf = qs + Q * DP;                           // [2][KC][DP]
+  T* vbuf = kbuf + 2 * KC * DP;                    // [2][KC][DP]
+  float* ss = reinterpret_cast<float*>(vbuf + 2 * KC * DP);  // [Q][KC+4]
+  T* ps = reinterpret_cast<T*>(ss + Q * (KC + 4));           // [Q][KC+8]
+  float* pv = reinterpret_cast<float*>(ps + Q * (KC + 8));   // [Q][D+4]
+  float* os = pv + Q * (D + 4);                              // [Q][D]
+  float* m = os + Q * D;
+  float* l = m + Q;
+  float* al = l + Q;
+
+  const int kend = tile.pos0 + tile.n;
+  const int nchunks = (kend + KC - 1) / KC;
+  ctx_tc_load<T>(kv, table, g, layer, head, 0, kend, kbuf, vbuf);
+  for (int idx = threadIdx.x; idx < Q * D; idx += blockDim.x) {
+    const int i = idx / D, d = idx % D;
+    qs[i * DP + d] = from_f32<T>(
+        i < tile.n ? qkv[(int64_t)(tile.row0 + i) * 3 * hidden + head * D + d] : 0.f);
+    os[idx] = 0.f;
+  }
+  for (int i = threadIdx.x; i < Q; i += blockDim.x) {
+    m[i] = -INFINITY;
+    l[i] = 0.f;
+  }
+  for (int ch = 0; ch < nchunks; ch++) {
+    const int c0 = ch * KC, kc = min(KC, kend - c0);
+    T* ks = kbuf + (ch & 1) * KC * DP;
+    T* vs = vbuf + (ch & 1) * KC * DP;
+    if (ch + 1 < nchunks) {
+      ctx_tc_load<T>(kv, table, g, layer, head, c0 + KC, kend, kbuf + ((ch + 1) & 1) * KC * DP,
+                     vbuf + ((ch + 1) & 1) * KC * DP);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // this chunk's keys and values (and, first, the queries) are in
+    // S = Q·Kᵀ: warp w takes keys 16w…16w+15.
+    for (int f = warp; f < KC / 16; f += nwarps) {
+      wm::fragment<wm::accumulator, 16, 16, 16, float> acc;
+      wm::fill_fragment(acc, 0.f);
+      for (int k = 0; k < D; k += 16) {
+        wm::fragment<wm::matrix_a, 16, 16, 16, T, wm::row_major> fa;
+        wm::fragment<wm::matrix_b, 16, 16, 16, T, wm::col_major> fb;
+        wm::load_matrix_sync(fa, qs + k, DP);
+        wm::load_matrix_sync(fb, ks + f * 16 * DP + k, DP);
+        wm::mma_sync(acc, fa, fb, acc);
+      }
+      wm::store_matrix_sync(ss + f * 16, acc, KC + 4, wm::mem_row_major);
+    }
+    __syncthreads();
+    // Online softmax: a warp per query row, two keys per lane.
+    for (int i = warp; i < Q; i += nwarps) {
+      float sc[KC / 32];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < KC / 32; u++) {
+        const int j = lane + 32 * u;
+        const bool ok = i < tile.n && j < kc && c0 + j <= tile.pos0 + i;
+        sc[u] = ok ? ss[i * (KC + 4) + j] : -INFINITY;
+        mx = fmaxf(mx, sc[u]);
+      }
+      mx = warp_max(mx);
+      const float mold = m[i], mnew = fmaxf(mold, mx);
+      float sum = 0.f;
+#pragma unroll
+      for (int u = 0; u < KC / 32; u++) {
+        const float p = sc[u] == -INFINITY ? 0.f : __expf(sc[u] - mnew);
+        sum += p;
+        ps[i * (KC + 8) + lane + 32 * u] = from_f32<T>(p);
+      }
+      sum = warp_sum(sum);
+      if (lane == 0) {
+        const float a = mold == -INFINITY ? 0.f : __expf(mold - mnew);
+        al[i] = a;
+        l[i] = l[i] * a + sum;
+        m[i] = mnew;
+      }
+    }
+    __syncthreads();
+    // P·V: warp w takes dimensions 16w…16w+15 (and 16(w+4)… for wide heads).
+    for (int f = warp; f < D / 16; f += nwarps) {
+      wm::fragment<wm::accumulator, 16, 16, 16, float> acc;
+      wm::fill_fragment(acc, 0.f);
+#pragma unroll
+      for (int k = 0; k < KC; k += 16) {
+        wm::fragment<wm::matrix_a, 16, 16, 16, T, wm::row_major> fa;
+        wm::fragment<wm::matrix_b, 16, 16, 16, T, wm::row_major> fb;
+        wm::load_matrix_sync(fa, ps + k, KC + 8);
+        wm::load_matrix_sync(fb, vs + k * DP + f * 16, DP);
+        wm::mma_sync(acc, fa, fb, acc);
+      }
+      wm::store_matrix_sync(pv + f * 16, acc, D + 4, wm::mem_row_major);
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < Q * D; idx += blockDim.x) {
+      const int i = idx / D, d = idx % D;
+      os[idx] = os[idx] * al[i] + pv[i * (D + 4) + d];
+    }
+    // The next iteration's first barrier orders these before pv and the buffers are reused.
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < tile.n * D; idx += blockDim.x) {
+    const int i = idx / D, d = idx % D;
+    att[(int64_t)(tile.row0 + i) * hidden + head * D + d] = from_f32<T>(os[idx] / l[i]);
+  }
+}
+
 template <typename T>
 void attention_context(const float* qkv, T* att, const T* kv, const CtxTile* tiles,
                        const DevSeq* seqs, const int32_t* blocks, KVGeom g, int layer,
                        int ntiles, Stream stream) {
   if (ntiles == 0) return;
   dim3 grid(ntiles, g.heads);
+  if (ctx_tc_fits(g.head_dim) && ctx_queries(g.head_dim) == 16) {
+    launch("attention_context_tc_kernel", attention_context_tc_kernel<T>, grid, kCtxTcThreads,
+           ctx_tc_smem(g.head_dim), stream, qkv, att, kv, tiles, seqs, blocks, g, layer);
+    return;
+  }
   launch("attention_context_kernel", attention_context_kernel<T>, grid, kCtxThreads,
          ctx_smem(g.head_dim), stream, qkv, att, kv, tiles, seqs, blocks, g, layer);
 }

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <stdexcept>
@@ -132,6 +133,26 @@ __device__ __forceinline__ void griddep_launch() {
 #endif
 }
 
+// cp.async (sm_80): 16 bytes from global memory into shared memory without passing
+// through registers, cached in L2 only; groups of them are committed and waited on.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// cp_async16_zfill copies src_bytes (0 or 16) and zero-fills the rest of the 16 bytes.
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, int src_bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // Stream is where a launcher enqueues its kernel, and whether it may overlap the previous
 // kernel (programmatic dependent launch).
 struct Stream {
@@ -156,6 +177,17 @@ void launch(const char* name, void (*k)(Params...), dim3 grid, dim3 block, size_
   cfg.attrs = attr;
   cfg.numAttrs = s.pdl ? 1 : 0;
   check_cuda(cudaLaunchKernelEx(&cfg, k, std::forward<Args>(args)...), name, __FILE__, __LINE__);
+}
+
+// dynamic_smem_max is the most dynamic shared memory kernel k may be given on device:
+// the per-block opt-in limit less its static shared memory.
+template <typename K>
+size_t dynamic_smem_max(K k, int device) {
+  int optin = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  cudaFuncAttributes fa{};
+  CUDA_CHECK(cudaFuncGetAttributes(&fa, k));
+  return optin > (int)fa.sharedSizeBytes ? (size_t)optin - fa.sharedSizeBytes : 0;
 }
 
 // DevSeq is a sequence's step descriptor as the kernels read it (built from gollm_seq).

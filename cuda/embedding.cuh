@@ -9,6 +9,7 @@ namespace gollm {
 //   wte: [vocab][hidden] T;  wpe: [max_positions][hidden] T
 //   h:   [n][hidden] fp32, the residual stream, set to wte[token] + wpe[pos]
 //   xn:  [n][hidden] T, LayerNorm(h) with gamma, beta [hidden] fp32
+//   acc: [n][hidden] fixed-point additions to h (fused.cuh), zeroed; or null
 // Dynamic shared memory: hidden floats.
 template <typename T>
 __global__ void embedding_layernorm_kernel(const int32_t* __restrict__ tokens,
@@ -16,7 +17,8 @@ __global__ void embedding_layernorm_kernel(const int32_t* __restrict__ tokens,
                                            const T* __restrict__ wte, const T* __restrict__ wpe,
                                            float* __restrict__ h, T* __restrict__ xn,
                                            const float* __restrict__ gamma,
-                                           const float* __restrict__ beta, int hidden, float eps) {
+                                           const float* __restrict__ beta, int hidden, float eps,
+                                           unsigned long long* __restrict__ acc) {
   extern __shared__ float row[];
   griddep_launch();
   griddep_wait();
@@ -28,6 +30,7 @@ __global__ void embedding_layernorm_kernel(const int32_t* __restrict__ tokens,
     float v = to_f32(te[c]) + to_f32(pe[c]);
     row[c] = v;
     hr[c] = v;
+    if (acc) acc[(int64_t)r * hidden + c] = 0;
   }
   layernorm_row(row, xn + (int64_t)r * hidden, gamma, beta, hidden, eps);
 }
@@ -35,11 +38,12 @@ __global__ void embedding_layernorm_kernel(const int32_t* __restrict__ tokens,
 template <typename T>
 void embedding_layernorm(const int32_t* tokens, const int32_t* positions, const T* wte,
                          const T* wpe, float* h, T* xn, const float* gamma, const float* beta,
-                         int n, int hidden, float eps, Stream stream) {
+                         int n, int hidden, float eps, Stream stream,
+                         unsigned long long* acc = nullptr) {
   if (n == 0) return;
   launch("embedding_layernorm_kernel", embedding_layernorm_kernel<T>, n, 256,
          hidden * sizeof(float), stream, tokens, positions, wte, wpe, h, xn, gamma, beta, hidden,
-         eps);
+         eps, acc);
 }
 
 }  // namespace gollm

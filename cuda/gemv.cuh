@@ -12,9 +12,12 @@ namespace gollm {
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
 constexpr int kGemvMaxRows = 8;
-// LayerNorm prologue rows up to 32 lanes × kGemvLnVec float4 wide stay in registers.
-constexpr int kGemvLnVec = 8;
-constexpr int kGemvUnroll = 4;  // 16-byte weight loads a lane has in flight
+// kFusedRows is the most token rows of a fused decode step (fused.cuh): each row
+// multiplies its atomics.
+constexpr int kFusedRows = 4;
+constexpr int kGemvUnroll = 4;  // 16-byte input loads a lane has in flight
+
+inline __host__ __device__ size_t align_up16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 // What a gemv kernel reads as its input rows x [n][in].
 enum GemvIn {
@@ -30,6 +33,17 @@ enum GemvOut {
   GEMV_OUT_QKV = 3     // qkv[r][o] = v (queries scaled), keys and values also to the pool
 };
 
+// Fixed-point residual additions: kernels whose blocks each add a partial sum to the
+// same residual entries (split over the reduction) add llrint(v · 2^32) to an int64 with
+// atomics. Integer addition is associative, so the result does not depend on the blocks'
+// order (fp32 atomics would make each run differ in the last bits); 2^-32 resolution and a
+// range of ±2^31 are far inside what a residual stream needs.
+constexpr float kFixScale = 4294967296.f;  // 2^32
+__device__ __forceinline__ float fix_value(long long q) { return __ll2float_rn(q) * (1.f / kFixScale); }
+__device__ __forceinline__ void fix_add(unsigned long long* p, float v) {
+  atomicAdd(p, static_cast<unsigned long long>(llrintf(v * kFixScale)));
+}
+
 // GemvArgs gathers a gemv launch's operands.
 struct GemvArgs {
   const void* w;         // [out][in] T, row-major (the transposed Conv1D weight)
@@ -37,6 +51,9 @@ struct GemvArgs {
   int n, in, out;        // rows, input width, output width
   // Input.
   const float* h;        // GEMV_IN_LN: residual stream [*][in]
+  // GEMV_IN_LN: fixed-point additions to h ([*][in], units of 2^-32; see fix_add), or null
+  // (read only with up to kFusedRows rows). GEMV_OUT_RESID: moved into hout, then zeroed.
+  const unsigned long long* acc;
   const int32_t* idx;    // GEMV_IN_LN: row indices into h, or null for 0..n-1
   const float* gamma;    // GEMV_IN_LN: [in]
   const float* beta;     // GEMV_IN_LN: [in]
@@ -84,6 +101,12 @@ __device__ __forceinline__ void dot8(const uint4& w, const uint4& x, float& acc)
 template <typename T, int OUT>
 __device__ __forceinline__ void gemv_store(const GemvArgs& a, int r, int o, float v) {
   if (OUT == GEMV_OUT_RESID) {
+    if (a.acc) {
+      // The fused step's fixed-point additions (fused.cuh) move into h with this write.
+      unsigned long long* z = const_cast<unsigned long long*>(a.acc) + (int64_t)r * a.out + o;
+      v += fix_value(static_cast<long long>(*z));
+      *z = 0;
+    }
     a.hout[(int64_t)r * a.out + o] += v;
   } else if (OUT == GEMV_OUT_ACT) {
     static_cast<T*>(a.y)[(int64_t)r * a.out + o] = from_f32<T>(activate(v, a.act));
@@ -108,74 +131,152 @@ __device__ __forceinline__ void gemv_store(const GemvArgs& a, int r, int o, floa
   }
 }
 
-// gemv_prefetch pulls into L2 the weight rows this block will read in gemv_block.
+// GemvShape is how a gemv launch splits its outputs: a pass is opb consecutive weight
+// rows (opb * in elements, contiguous in [out][in]), staged whole into shared memory; a
+// block takes passes blockIdx.x, blockIdx.x + gridDim.x, … with nst stage buffers, so up
+// to nst passes are in flight. wpo warps share a row when opb < kGemvWarps; each warp
+// takes rpw rows when opb > kGemvWarps.
+struct GemvShape {
+  int opb, wpo, rpw, nst;
+};
+
+// gemv_stage issues the copies of pass k (if the block has one) into stage buffer buf and
+// commits them as one group (an empty group past the last pass keeps the count uniform).
 template <typename T>
-__device__ __forceinline__ void gemv_prefetch(const GemvArgs& a, int wpo) {
-  const int opb = kGemvWarps / wpo;
-  const char* wb = static_cast<const char*>(a.w);
-  const int64_t row_bytes = (int64_t)a.in * sizeof(T);
-  for (int64_t ob = (int64_t)blockIdx.x * opb; ob < a.out; ob += (int64_t)gridDim.x * opb) {
-    const int64_t bytes = (a.out - ob < opb ? a.out - ob : opb) * row_bytes;
-    for (int64_t b = threadIdx.x * 128; b < bytes; b += kGemvThreads * 128)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(wb + ob * row_bytes + b));
+__device__ __forceinline__ void gemv_stage(const GemvArgs& a, const GemvShape& s, int k,
+                                           unsigned char* buf) {
+  const int64_t o0 = ((int64_t)blockIdx.x + (int64_t)k * gridDim.x) * s.opb;
+  if (o0 < a.out) {
+    const int64_t rows = a.out - o0 < s.opb ? a.out - o0 : s.opb;
+    const int pieces = (int)(rows * a.in / 8);
+    const char* src = static_cast<const char*>(a.w) + o0 * a.in * (int64_t)sizeof(T);
+    for (int i = threadIdx.x; i < pieces; i += kGemvThreads)
+      cp_async16(buf + (size_t)i * 16, src + (size_t)i * 16);
+  }
+  cp_async_commit();
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait_rt(int n) {
+  // wait_group takes an immediate: dispatch the run-time count (n < N).
+  if (n <= 0) cp_async_wait<0>();
+  else if (n == 1) cp_async_wait<1>();
+  else if (n == 2) cp_async_wait<2>();
+  else cp_async_wait<3>();
+}
+
+// resid_at is the residual stream's value at (row, c): h plus the fixed-point additions.
+__device__ __forceinline__ float resid_at(const GemvArgs& a, int64_t row, int c) {
+  float v = a.h[row * a.in + c];
+  if (a.acc) v += fix_value(static_cast<long long>(a.acc[row * a.in + c]));
+  return v;
+}
+
+// LnParams is a thread's share of gamma and beta for the block-wide LayerNorm (rows up to
+// kGemvThreads * 4 wide): loaded before the kernel waits for its predecessor.
+struct LnParams {
+  float4 g, b;
+};
+
+template <int IN>
+__device__ __forceinline__ LnParams gemv_ln_params(const GemvArgs& a) {
+  LnParams p{};
+  if (IN == GEMV_IN_LN && a.in <= 4 * kGemvThreads) {
+    const int in4 = a.in / 4, c = min((int)threadIdx.x, in4 - 1);
+    p.g = reinterpret_cast<const float4*>(a.gamma)[c];
+    p.b = reinterpret_cast<const float4*>(a.beta)[c];
+  }
+  return p;
+}
+
+__device__ __forceinline__ longlong2 ld_ll2_now(const longlong2* p) {
+  longlong2 v;
+  asm volatile("ld.global.v2.s64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p));
+  return v;
+}
+
+// block_sums adds each of the R values over the block; every thread gets the R totals.
+template <int R>
+__device__ __forceinline__ void block_sums(float (&v)[R], float (*red)[R]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int r = 0; r < R; r++) v[r] = warp_sum(v[r]);
+  __syncthreads();  // red may still be read by a previous call
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < R; r++) red[warp][r] = v[r];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    float t = 0.f;
+#pragma unroll
+    for (int w = 0; w < kGemvWarps; w++) t += red[w][r];
+    v[r] = t;
   }
 }
 
-// gemv_block is one block's share of a gemv: its input rows into shared memory (smem,
-// R * in elements of T), then outputs blockIdx.x*opb… in steps of gridDim.x*opb. It is
-// the body of gemv_kernel and a phase of decode_step_kernel. Ends with a barrier, so the
-// caller may reuse smem.
-template <typename T, int R, int IN, int OUT>
-__device__ void gemv_block(const GemvArgs& a, int wpo, unsigned char* smem) {
-  T* xs = reinterpret_cast<T*>(smem);  // [R][in]
-  __shared__ float part_acc[kGemvWarps][R];
+// gemv_input fills xs [R][in] T with the block's input rows: LayerNorm of the residual
+// stream (GEMV_IN_LN; h plus acc where set) or a copy of x (GEMV_IN_T). Ends with a
+// barrier.
+template <typename T, int R, int IN>
+__device__ __forceinline__ void gemv_input(const GemvArgs& a, const LnParams& lp, T* xs) {
   const int in = a.in, n = a.n;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int opb = kGemvWarps / wpo;  // outputs per block and pass
   if (IN == GEMV_IN_LN) {
-    if (in <= 32 * 4 * kGemvLnVec) {
-      // Warp r normalizes row r from registers: the row's loads, then gamma's and beta's,
-      // are each issued together (two memory round trips), mean and variance by shuffles.
-      if (warp < n) {
-        const float4* hr =
-            reinterpret_cast<const float4*>(a.h + (int64_t)(a.idx ? a.idx[warp] : warp) * in);
-        const float4* g4 = reinterpret_cast<const float4*>(a.gamma);
-        const float4* b4 = reinterpret_cast<const float4*>(a.beta);
-        const int in4 = in / 4;
-        float4 xv[kGemvLnVec], gv[kGemvLnVec], bv[kGemvLnVec];
+    if (in <= 4 * kGemvThreads) {
+      // Block-wide: thread t holds columns 4t…4t+3 of every row in registers (all loads
+      // issued together: one memory round trip), means and variances by two block sums,
+      // then its gamma and beta (loaded before the wait).
+      __shared__ float red[kGemvWarps][R];
+      const int in4 = in / 4, c = min((int)threadIdx.x, in4 - 1);
+      const bool mine = (int)threadIdx.x < in4;
+      constexpr bool kAcc = R <= kFusedRows;
+      float4 x[R];
+      longlong2 q0[R], q1[R];
 #pragma unroll
-        for (int u = 0; u < kGemvLnVec; u++) xv[u] = ld_f4_now(hr + min(lane + 32 * u, in4 - 1));
-#pragma unroll
-        for (int u = 0; u < kGemvLnVec; u++) gv[u] = ld_f4_now(g4 + min(lane + 32 * u, in4 - 1));
-#pragma unroll
-        for (int u = 0; u < kGemvLnVec; u++) bv[u] = ld_f4_now(b4 + min(lane + 32 * u, in4 - 1));
-        float s = 0.f;
-#pragma unroll
-        for (int u = 0; u < kGemvLnVec; u++) {
-          if (lane + 32 * u >= in4) xv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-          s += (xv[u].x + xv[u].y) + (xv[u].z + xv[u].w);
-        }
-        const float mean = warp_sum(s) / in;
-        float v = 0.f;
-#pragma unroll
-        for (int u = 0; u < kGemvLnVec; u++) {
-          if (lane + 32 * u < in4) {
-            const float dx = xv[u].x - mean, dy = xv[u].y - mean, dz = xv[u].z - mean,
-                        dw = xv[u].w - mean;
-            v += (dx * dx + dy * dy) + (dz * dz + dw * dw);
+      for (int r = 0; r < R; r++) {
+        if (r < n) {
+          const int64_t row = a.idx ? a.idx[r] : r;
+          x[r] = ld_f4_now(reinterpret_cast<const float4*>(a.h + row * in) + c);
+          if (kAcc && a.acc) {
+            const longlong2* q = reinterpret_cast<const longlong2*>(a.acc + row * in) + 2 * c;
+            q0[r] = ld_ll2_now(q);
+            q1[r] = ld_ll2_now(q + 1);
           }
         }
-        const float rstd = rsqrtf(warp_sum(v) / in + a.eps);
-        T* xr = xs + warp * in;
+      }
+      float s[R];
 #pragma unroll
-        for (int u = 0; u < kGemvLnVec; u++) {
-          const int c = lane + 32 * u;
-          const float4 gg = gv[u], bb = bv[u];
-          if (c < in4) {
-            xr[4 * c] = from_f32<T>((xv[u].x - mean) * rstd * gg.x + bb.x);
-            xr[4 * c + 1] = from_f32<T>((xv[u].y - mean) * rstd * gg.y + bb.y);
-            xr[4 * c + 2] = from_f32<T>((xv[u].z - mean) * rstd * gg.z + bb.z);
-            xr[4 * c + 3] = from_f32<T>((xv[u].w - mean) * rstd * gg.w + bb.w);
+      for (int r = 0; r < R; r++) {
+        if (kAcc && r < n && a.acc) {
+          x[r].x += fix_value(q0[r].x);
+          x[r].y += fix_value(q0[r].y);
+          x[r].z += fix_value(q1[r].x);
+          x[r].w += fix_value(q1[r].y);
+        }
+        s[r] = (r < n && mine) ? (x[r].x + x[r].y) + (x[r].z + x[r].w) : 0.f;
+      }
+      block_sums<R>(s, red);
+      float mean[R], v[R];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        mean[r] = s[r] / in;
+        const float dx = x[r].x - mean[r], dy = x[r].y - mean[r], dz = x[r].z - mean[r],
+                    dw = x[r].w - mean[r];
+        v[r] = (r < n && mine) ? (dx * dx + dy * dy) + (dz * dz + dw * dw) : 0.f;
+      }
+      block_sums<R>(v, red);
+      if (mine) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          if (r < n) {
+            const float rstd = rsqrtf(v[r] / in + a.eps);
+            T* xr = xs + r * in + 4 * c;
+            xr[0] = from_f32<T>((x[r].x - mean[r]) * rstd * lp.g.x + lp.b.x);
+            xr[1] = from_f32<T>((x[r].y - mean[r]) * rstd * lp.g.y + lp.b.y);
+            xr[2] = from_f32<T>((x[r].z - mean[r]) * rstd * lp.g.z + lp.b.z);
+            xr[3] = from_f32<T>((x[r].w - mean[r]) * rstd * lp.g.w + lp.b.w);
           }
         }
       }
@@ -184,13 +285,13 @@ __device__ void gemv_block(const GemvArgs& a, int wpo, unsigned char* smem) {
       // kGemvWarps), so the prologue costs one block barrier instead of two per row.
       __shared__ float stats[kGemvWarps][2];
       if (warp < n) {
-        const float* hr = a.h + (int64_t)(a.idx ? a.idx[warp] : warp) * in;
+        const int64_t row = a.idx ? a.idx[warp] : warp;
         float s = 0.f;
-        for (int c = lane; c < in; c += 32) s += hr[c];
+        for (int c = lane; c < in; c += 32) s += resid_at(a, row, c);
         const float mean = warp_sum(s) / in;
         float v = 0.f;
         for (int c = lane; c < in; c += 32) {
-          float d = hr[c] - mean;
+          float d = resid_at(a, row, c) - mean;
           v += d * d;
         }
         v = warp_sum(v);
@@ -201,10 +302,10 @@ __device__ void gemv_block(const GemvArgs& a, int wpo, unsigned char* smem) {
       }
       __syncthreads();
       for (int r = 0; r < n; r++) {
-        const float* hr = a.h + (int64_t)(a.idx ? a.idx[r] : r) * in;
+        const int64_t row = a.idx ? a.idx[r] : r;
         const float mean = stats[r][0], rstd = stats[r][1];
         for (int c = threadIdx.x; c < in; c += blockDim.x)
-          xs[r * in + c] = from_f32<T>((hr[c] - mean) * rstd * a.gamma[c] + a.beta[c]);
+          xs[r * in + c] = from_f32<T>((resid_at(a, row, c) - mean) * rstd * a.gamma[c] + a.beta[c]);
       }
     }
   } else {
@@ -223,132 +324,188 @@ __device__ void gemv_block(const GemvArgs& a, int wpo, unsigned char* smem) {
     }
   }
   __syncthreads();
-  // wpo warps share an output, each taking every wpo-th 32-chunk stretch of its row, so
-  // that long rows keep enough loads in flight.
-  const int grp = warp / wpo, part = warp % wpo;
+}
+
+// gemv_pass computes the opb outputs of one staged pass (weights in wbuf, [opb][in] T)
+// for the R input rows in xs, and stores them. RPW is s.rpw (rows per warp).
+template <typename T, int R, int OUT, int RPW>
+__device__ __forceinline__ void gemv_pass(const GemvArgs& a, const GemvShape& s, int64_t o0,
+                                          const T* xs, const T* wbuf, float (*part_acc)[R]) {
+  const int in = a.in, n = a.n;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int grp = warp / s.wpo, part = warp % s.wpo;
   const int chunks = in / 8;
-  for (int ob = blockIdx.x * opb; ob < a.out; ob += gridDim.x * opb) {
-    const int o = ob + grp;
-    float acc[R];
+  float acc[RPW][R];
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.f;
-    if (o < a.out) {
-      const uint4* wrow =
-          reinterpret_cast<const uint4*>(static_cast<const T*>(a.w) + (int64_t)o * in);
-      // kGemvUnroll pieces per lane in flight together: loads at clamped indices, the
-      // pieces past the row zeroed after loading (a bounds branch before each load would
-      // serialize them; gemv_wpo keeps most rows to one such round).
-      for (int c0 = part * 32 + lane; c0 < chunks; c0 += kGemvUnroll * 32 * wpo) {
-        uint4 wv[kGemvUnroll];
+  for (int i = 0; i < RPW; i++)
 #pragma unroll
-        for (int u = 0; u < kGemvUnroll; u++)
-          wv[u] = __ldg(wrow + min(c0 + u * 32 * wpo, chunks - 1));
+    for (int r = 0; r < R; r++) acc[i][r] = 0.f;
+  const uint4* xw = reinterpret_cast<const uint4*>(xs);
+  const uint4* ww = reinterpret_cast<const uint4*>(wbuf) + (int64_t)grp * RPW * chunks;
+  for (int c = part * 32 + lane; c < chunks; c += 32 * s.wpo) {
+    // The input pieces once per column, reused by the warp's RPW rows.
+    uint4 xv[R];
 #pragma unroll
-        for (int u = 0; u < kGemvUnroll; u++) {
-          const int c = min(c0 + u * 32 * wpo, chunks - 1);
-          if (c0 + u * 32 * wpo >= chunks) wv[u] = make_uint4(0, 0, 0, 0);
+    for (int r = 0; r < R; r++)
+      if (r < n) xv[r] = xw[r * chunks + c];
 #pragma unroll
-          for (int r = 0; r < R; r++) {
-            if (r < n) dot8<T>(wv[u], reinterpret_cast<const uint4*>(xs + r * in)[c], acc[r]);
-          }
-        }
+    for (int i = 0; i < RPW; i++) {
+      const uint4 wv = ww[i * chunks + c];
+#pragma unroll
+      for (int r = 0; r < R; r++)
+        if (r < n) dot8<T>(wv, xv[r], acc[i][r]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < RPW; i++)
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[i][r] = warp_sum(acc[i][r]);
+  if (s.wpo > 1) {
+    // RPW is 1 here: the warps of a row add their partial sums.
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; r++) part_acc[warp][r] = acc[0][r];
+    }
+    __syncthreads();
+    if (part == 0) {
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        float t = 0.f;
+        for (int p = 0; p < s.wpo; p++) t += part_acc[warp + p][r];
+        acc[0][r] = t;
       }
     }
+    if (part != 0) return;
+  }
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
-    if (wpo > 1) {
-      if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < R; r++) part_acc[warp][r] = acc[r];
-      }
-      __syncthreads();
-      if (part == 0) {
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-          float t = 0.f;
-          for (int p = 0; p < wpo; p++) t += part_acc[warp + p][r];
-          acc[r] = t;
-        }
-      }
-      __syncthreads();
-    }
-    if (part != 0 || o >= a.out) continue;
+  for (int i = 0; i < RPW; i++) {
+    const int64_t o = o0 + (int64_t)grp * RPW + i;
+    if (o >= a.out) break;
     // Lane r finishes row r.
     float v = 0.f;
 #pragma unroll
     for (int r = 0; r < R; r++)
-      if (lane == r) v = acc[r];
-    if (lane < n) gemv_store<T, OUT>(a, lane, o, a.bias ? v + a.bias[o] : v);
+      if (lane == r) v = acc[i][r];
+    if (lane < n) gemv_store<T, OUT>(a, lane, (int)o, a.bias ? v + a.bias[o] : v);
   }
-  __syncthreads();
 }
 
-// gemv_kernel: blocks of kGemvThreads; each warp group takes outputs in turn (grid-stride),
-// its lanes reading W[o] in 16-byte pieces (coalesced), every input row reusing them.
-// Dynamic shared memory: R * in elements of T (the input rows). in % 8 == 0.
-template <typename T, int R, int IN, int OUT>
-__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, int wpo) {
+// gemv_kernel: blocks of kGemvThreads. The block's first passes of weight rows are copied
+// into shared memory before it waits for the previous kernel (programmatic dependent
+// launch), so the weight stream overlaps the kernels before it; later passes are copied
+// while earlier ones are computed. Lanes read 16-byte pieces of a row from shared memory,
+// and every input row reuses them.
+// Dynamic shared memory: R * in elements of T (the input rows), then s.nst stage buffers
+// of s.opb * in elements of T. in % 8 == 0.
+template <typename T, int R, int IN, int OUT, int RPW>
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, GemvShape s) {
   extern __shared__ __align__(16) unsigned char gemv_smem[];
+  __shared__ float part_acc[kGemvWarps][R];
   griddep_launch();
-  // The weights do not depend on the previous kernel: start pulling them into L2 before
-  // waiting for it.
-  gemv_prefetch<T>(a, wpo);
+  T* xs = reinterpret_cast<T*>(gemv_smem);
+  unsigned char* stages = gemv_smem + align_up16((size_t)R * a.in * sizeof(T));
+  const size_t stage_bytes = (size_t)s.opb * a.in * sizeof(T);
+  const int64_t passes_all = (a.out + s.opb - 1) / s.opb;
+  const int np = (int)((passes_all - blockIdx.x + gridDim.x - 1) / gridDim.x);
+  // The weights do not depend on the previous kernel.
+  for (int k = 0; k < s.nst; k++) gemv_stage<T>(a, s, k, stages + k * stage_bytes);
+  const LnParams lp = gemv_ln_params<IN>(a);
   griddep_wait();
-  gemv_block<T, R, IN, OUT>(a, wpo, gemv_smem);
+  gemv_input<T, R, IN>(a, lp, xs);
+  for (int k = 0; k < np; k++) {
+    cp_async_wait_rt<4>(s.nst - 1);  // pass k's group has landed
+    __syncthreads();
+    const int64_t o0 = ((int64_t)blockIdx.x + (int64_t)k * gridDim.x) * s.opb;
+    gemv_pass<T, R, OUT, RPW>(a, s, o0, xs,
+                              reinterpret_cast<const T*>(stages + (k % s.nst) * stage_bytes),
+                              part_acc);
+    __syncthreads();  // the buffer's readers are done
+    gemv_stage<T>(a, s, k + s.nst, stages + (k % s.nst) * stage_bytes);
+  }
+  cp_async_wait<0>();
 }
 
-// gemv_wpo: warps per output, enough that each lane loads about three 16-byte pieces.
-__host__ __device__ inline int gemv_wpo(int in) {
-  int chunks = in / 8, wpo = 1;
-  while (wpo < kGemvWarps && chunks / (32 * wpo * 2) >= 3) wpo *= 2;
-  return wpo;
+// gemv_shape sizes a launch: passes of about kGemvStageBytes, at least one per
+// multiprocessor where the outputs allow, rows of a pass a power of two.
+constexpr int kGemvStageBytes = 24 * 1024;
+inline GemvShape gemv_shape(int in, int64_t out, int elem, int sms) {
+  int64_t cap = std::max<int64_t>(1, kGemvStageBytes / ((int64_t)in * elem));
+  cap = std::min<int64_t>(cap, std::max<int64_t>(1, out / sms));
+  int opb = 1;
+  while (opb * 2 <= cap && opb * 2 <= 2 * kGemvWarps) opb *= 2;
+  GemvShape s{};
+  s.opb = opb;
+  s.wpo = opb >= kGemvWarps ? 1 : kGemvWarps / opb;
+  s.rpw = opb >= kGemvWarps ? opb / kGemvWarps : 1;
+  s.nst = 2;
+  return s;
 }
 
 inline int gemv_rows(int n) { return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; }
 
+constexpr size_t kGemvMaxSmem = 200 * 1024;
+
+inline size_t gemv_smem_bytes(int R, int in, const GemvShape& s, int elem) {
+  return align_up16((size_t)R * in * elem) + (size_t)s.nst * s.opb * in * elem;
+}
+
 // gemv_fits says whether the gemv path can run n rows of width in.
 inline bool gemv_fits(int n, int in) {
-  return n >= 1 && n <= kGemvMaxRows && in % 8 == 0 && (size_t)gemv_rows(n) * in * 2 <= 96 * 1024;
+  return n >= 1 && n <= kGemvMaxRows && in % 8 == 0 && (size_t)gemv_rows(n) * in * 2 <= 64 * 1024;
 }
 
 template <typename T, int R, int IN, int OUT>
-void gemv_launch(const GemvArgs& a, Stream stream) {
-  size_t smem = (size_t)R * a.in * sizeof(T);
-  const int wpo = gemv_wpo(a.in);
-  // Enough blocks to fill the GPU a few times over; warps loop over the rest. With many
-  // rows each block's LayerNorm prologue costs more, so fewer blocks do more outputs.
-  int cap = (IN == GEMV_IN_LN && R >= 4) ? 512 : 1024;
-  int blocks = std::min(ceil_div(a.out, kGemvWarps / wpo), cap);
-  launch("gemv_kernel", gemv_kernel<T, R, IN, OUT>, blocks, kGemvThreads, smem, stream, a, wpo);
+void gemv_launch(const GemvArgs& a, int sms, Stream stream) {
+  GemvShape s = gemv_shape(a.in, a.out, (int)sizeof(T), sms);
+  const int64_t passes = (a.out + s.opb - 1) / s.opb;
+  // At most two blocks a multiprocessor, so that the next kernels' blocks find room to
+  // start staging their weights; long outputs (the LM head) keep three passes in flight.
+  const int64_t grid = std::min<int64_t>(passes, 2 * (int64_t)sms);
+  if (passes > 2 * grid) s.nst = 3;
+  while (s.nst > 2 && gemv_smem_bytes(R, a.in, s, sizeof(T)) > kGemvMaxSmem) s.nst--;
+  const size_t smem = gemv_smem_bytes(R, a.in, s, sizeof(T));
+  if (s.rpw >= 2)
+    launch("gemv_kernel", gemv_kernel<T, R, IN, OUT, 2>, (int)grid, kGemvThreads, smem, stream,
+           a, s);
+  else
+    launch("gemv_kernel", gemv_kernel<T, R, IN, OUT, 1>, (int)grid, kGemvThreads, smem, stream,
+           a, s);
 }
 
 // gemv runs y = x·Wᵀ + bias with the fused input and output, choosing the row count R.
 template <typename T, int IN, int OUT>
-void gemv(const GemvArgs& a, Stream stream) {
+void gemv(const GemvArgs& a, int sms, Stream stream) {
   switch (gemv_rows(a.n)) {
-    case 1: gemv_launch<T, 1, IN, OUT>(a, stream); break;
-    case 2: gemv_launch<T, 2, IN, OUT>(a, stream); break;
-    case 4: gemv_launch<T, 4, IN, OUT>(a, stream); break;
-    default: gemv_launch<T, 8, IN, OUT>(a, stream); break;
+    case 1: gemv_launch<T, 1, IN, OUT>(a, sms, stream); break;
+    case 2: gemv_launch<T, 2, IN, OUT>(a, sms, stream); break;
+    case 4: gemv_launch<T, 4, IN, OUT>(a, sms, stream); break;
+    default: gemv_launch<T, 8, IN, OUT>(a, sms, stream); break;
   }
 }
 
-// gemv_allow_smem lets every gemv kernel use up to 96 KB of dynamic shared memory.
+// gemv_allow_smem lets every gemv kernel use up to kGemvMaxSmem of dynamic shared memory,
+// or what the device allows it.
+template <typename T, int IN, int OUT, int RPW>
+void gemv_allow_smem_rpw(int device) {
+  const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  void (*ks[4])(GemvArgs, GemvShape) = {gemv_kernel<T, 1, IN, OUT, RPW>, gemv_kernel<T, 2, IN, OUT, RPW>,
+                                        gemv_kernel<T, 4, IN, OUT, RPW>, gemv_kernel<T, 8, IN, OUT, RPW>};
+  for (auto k : ks)
+    CUDA_CHECK(cudaFuncSetAttribute(k, attr, (int)std::min(kGemvMaxSmem, dynamic_smem_max(k, device))));
+}
+
 template <typename T, int IN, int OUT>
-void gemv_allow_smem_one() {
-  const int s = 96 * 1024;
-  CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<T, 1, IN, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, s));
-  CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<T, 2, IN, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, s));
-  CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<T, 4, IN, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, s));
-  CUDA_CHECK(cudaFuncSetAttribute(gemv_kernel<T, 8, IN, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, s));
+void gemv_allow_smem_one(int device) {
+  gemv_allow_smem_rpw<T, IN, OUT, 1>(device);
+  gemv_allow_smem_rpw<T, IN, OUT, 2>(device);
 }
 
 template <typename T>
-void gemv_allow_smem() {
-  gemv_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_QKV>();
-  gemv_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_ACT>();
-  gemv_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_F32>();
-  gemv_allow_smem_one<T, GEMV_IN_T, GEMV_OUT_RESID>();
+void gemv_allow_smem(int device) {
+  gemv_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_QKV>(device);
+  gemv_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_ACT>(device);
+  gemv_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_F32>(device);
+  gemv_allow_smem_one<T, GEMV_IN_T, GEMV_OUT_RESID>(device);
 }
 
 }  // namespace gollm

@@ -15,7 +15,7 @@
 #include "common.cuh"
 #include "convert.cuh"
 #include "embedding.cuh"
-#include "decode_step.cuh"
+#include "fused.cuh"
 #include "gemv.cuh"
 #include "layernorm.cuh"
 #include "matmul.cuh"
@@ -194,8 +194,9 @@ struct gollm_engine {
   int max_parts = 1;            // decode attention: most splits of one row
   bool graphs = true;           // replay CUDA graphs for decode-only steps
   bool pdl = false;             // programmatic dependent launch (sm_90 and later)
-  bool mega = false;            // run small decode steps as one persistent kernel
-  DevMem step_layers;           // StepLayer[layers] for decode_step_kernel
+  bool fused = true;            // decode-only steps of up to kFusedRows rows: fused.cuh's MLP
+  int mlp_k[3] = {};            // mlp_kernel's units per block for 1, 2 and 4 rows
+  DevMem acc;                   // fixed-point residual additions of fused steps
   DevMem h, xn, qkv, att, tmp, fc, fch, xf, logits, retlog;  // activations
   DevMem partial, part_ml, tickets;  // decode attention split-K
   DevMem greedy_part, greedy_tickets;  // greedy sampling split over the vocabulary
@@ -418,25 +419,9 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, w->device));
     const char* env = std::getenv("GOLLM_CUDA_PDL");
     e->pdl = major >= 9 && !(env && env[0] == '0');
-    // The persistent decode kernel is correct but, measured on an H100, no faster than
-    // the kernel-by-kernel graph (its grid barriers cost about what launches do), so it
-    // is opt-in: GOLLM_CUDA_MEGA=1.
-    const char* menv = std::getenv("GOLLM_CUDA_MEGA");
-    e->mega = menv && menv[0] == '1';
-    int coop = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, w->device));
-    if (!coop) e->mega = false;
-  }
-  {
-    std::vector<StepLayer> tab(c.layers);
-    for (int l = 0; l < c.layers; l++) {
-      const LayerW& L = w->layers[l];
-      tab[l] = StepLayer{L.attn_w, L.proj_w, L.fc_w,  L.mlp_w,  L.attn_b, L.proj_b,
-                         L.fc_b,   L.mlp_b,  L.ln1_w, L.ln1_b, L.ln2_w,  L.ln2_b};
-    }
-    e->step_layers.alloc(tab.size() * sizeof(StepLayer), "layer table");
-    CUDA_CHECK(cudaMemcpy(e->step_layers.p, tab.data(), tab.size() * sizeof(StepLayer),
-                          cudaMemcpyHostToDevice));
+    // GOLLM_CUDA_FUSED=0: decode steps take the five-kernel gemv layer instead.
+    const char* fenv = std::getenv("GOLLM_CUDA_FUSED");
+    e->fused = !(fenv && fenv[0] == '0') && c.hidden % 8 == 0 && c.inner % 8 == 0;
   }
   CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&e->blas));
@@ -462,6 +447,7 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->partial.alloc(dec * c.heads * e->max_parts * c.head_dim * 4, "attention partials");
   e->part_ml.alloc(dec * c.heads * e->max_parts * 2 * 4, "attention partial stats");
   e->tickets.alloc(dec * c.heads * 4, "attention tickets");
+  e->acc.alloc((size_t)kFusedRows * H * 8, "residual additions");
   CUDA_CHECK(cudaMemsetAsync(e->tickets.p, 0, e->tickets.bytes, e->stream));
   e->greedy_part.alloc(R * kGreedySplits * 3 * 4, "greedy sampling partials");
   e->greedy_tickets.alloc(R * 4, "greedy sampling tickets");
@@ -475,11 +461,22 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->hlp.alloc(S * 4, "log-probabilities (host)");
   // Kernels that need more than 48 KB of shared memory must say so.
   if (w->dtype == GOLLM_DTYPE_BF16) {
-    gemv_allow_smem<__nv_bfloat16>();
-    step_allow_smem<__nv_bfloat16>();
+    gemv_allow_smem<__nv_bfloat16>(e->device);
   } else {
-    gemv_allow_smem<__half>();
-    step_allow_smem<__half>();
+    gemv_allow_smem<__half>(e->device);
+  }
+  if (e->fused)
+    e->fused = w->dtype == GOLLM_DTYPE_BF16
+                   ? fused_setup<__nv_bfloat16>(c.hidden, c.inner, e->sms, e->device, e->mlp_k)
+                   : fused_setup<__half>(c.hidden, c.inner, e->sms, e->device, e->mlp_k);
+  if (ctx_tc_fits(c.head_dim)) {
+    const int ts = (int)ctx_tc_smem(c.head_dim);
+    if (w->dtype == GOLLM_DTYPE_BF16)
+      CUDA_CHECK(cudaFuncSetAttribute(attention_context_tc_kernel<__nv_bfloat16>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, ts));
+    else
+      CUDA_CHECK(cudaFuncSetAttribute(attention_context_tc_kernel<__half>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, ts));
   }
   size_t cs = ctx_smem(c.head_dim);
   if (cs > 48 * 1024) {
@@ -493,7 +490,7 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   size_t scratch = e->h.bytes + e->xn.bytes + e->qkv.bytes + e->att.bytes + e->tmp.bytes +
                    e->fc.bytes + e->fch.bytes + e->xf.bytes + e->logits.bytes + e->retlog.bytes +
                    e->partial.bytes + e->part_ml.bytes + e->tickets.bytes + e->din.bytes +
-                   e->dtok.bytes + e->dlp.bytes + e->blas_ws.bytes;
+                   e->dtok.bytes + e->dlp.bytes + e->blas_ws.bytes + e->acc.bytes;
 
   const size_t block_bytes = (size_t)p->tokens_per_block * c.layers * 2 * c.heads * c.head_dim * 2;
   int64_t nb = p->num_blocks;
@@ -850,31 +847,15 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   // Few rows: fused gemv kernels reading the weights once (decode at small batch).
   const bool small = gemv_fits(N, H) && gemv_fits(N, I) && pl.chunks.size() <= 1 &&
                      (pl.chunks.empty() || pl.chunks[0].count <= kGemvMaxRows);
-  // Few rows, all decode: the whole step up to the logits in one persistent kernel.
-  const bool mega = small && e->mega && pl.tiles.empty() && (int)pl.dec_rows.size() == N &&
-                    pl.chunks.size() == 1 &&
-                    step_fits(gemv_rows(N), H, I, c.head_dim, c.max_positions);
-  if (mega) {
-    StepArgs sa{};
-    sa.layers = e->step_layers.as<StepLayer>();
-    sa.nlayers = c.layers;
-    sa.wte = w->wte, sa.wpe = w->wpe, sa.lnf_w = w->lnf_w, sa.lnf_b = w->lnf_b;
-    sa.n = N, sa.hidden = H, sa.inner = I, sa.vocab = V, sa.act = c.activation, sa.eps = eps;
-    sa.row_tok = I32(L.row_tok), sa.row_pos = I32(L.row_pos), sa.row_seq = I32(L.row_seq);
-    sa.dec_rows = I32(L.dec_rows), sa.blocks = words, sa.seqs = seqs;
-    sa.h = h, sa.qkv = qkv, sa.att = att, sa.fch = fch, sa.kv = kv, sa.geom = e->geom;
-    sa.partial = e->partial.as<float>(), sa.part_ml = e->part_ml.as<float>();
-    sa.tickets = e->tickets.as<int>();
-    sa.splits = parts, sa.max_len = c.max_positions;
-    sa.lrow_src = I32(L.lrow_src) + pl.chunks[0].first, sa.nlogit = pl.chunks[0].count;
-    sa.logits = e->logits.as<float>();
-    decode_step<T>(sa, e->sms, e->stream);
-  } else {
-    embedding_layernorm<T>(I32(L.row_tok), I32(L.row_pos), static_cast<const T*>(w->wte),
-                           static_cast<const T*>(w->wpe), h, xn, w->layers[0].ln1_w,
-                           w->layers[0].ln1_b, N, H, eps, st0);
-  }
-  for (int l = 0; l < (mega ? 0 : c.layers); l++) {
+  // Decode-only steps of few rows: three kernels a layer (fused.cuh), the residual
+  // stream's additions in fixed point.
+  const bool fused = small && e->fused && pl.tiles.empty() && (int)pl.dec_rows.size() == N &&
+                     N <= kFusedRows;
+  unsigned long long* acc = fused ? e->acc.as<unsigned long long>() : nullptr;
+  embedding_layernorm<T>(I32(L.row_tok), I32(L.row_pos), static_cast<const T*>(w->wte),
+                         static_cast<const T*>(w->wpe), h, xn, w->layers[0].ln1_w,
+                         w->layers[0].ln1_b, N, H, eps, st0, acc);
+  for (int l = 0; l < c.layers; l++) {
     const LayerW& lw = w->layers[l];
     if (small) {
       GemvArgs a{};
@@ -887,7 +868,8 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       a.y = qkv, a.kv = kv, a.row_pos = I32(L.row_pos), a.row_seq = I32(L.row_seq);
       a.seqs = seqs, a.blocks = words, a.geom = e->geom, a.layer = l;
       a.qscale = 1.f / sqrtf((float)c.head_dim);
-      gemv<T, GEMV_IN_LN, GEMV_OUT_QKV>(a, st);
+      a.acc = acc;
+      gemv<T, GEMV_IN_LN, GEMV_OUT_QKV>(a, e->sms, st);
     } else {
       matmul_xwt<T>(e->blas, xn, static_cast<const T*>(lw.attn_w), qkv, N, H, 3 * H);
       qkv_kv_write<T>(qkv, lw.attn_b, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom,
@@ -897,6 +879,22 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     attention_decode<T>(qkv, att, kv, I32(L.dec_rows), I32(L.row_pos), I32(L.row_seq), seqs,
                         words, e->geom, l, (int)pl.dec_rows.size(), parts, c.max_positions,
                         e->partial.as<float>(), e->part_ml.as<float>(), e->tickets.as<int>(), st);
+    if (fused) {
+      // Output projection; its single writer per entry also moves the last MLP's
+      // fixed-point additions into h.
+      GemvArgs a{};
+      a.n = N, a.w = lw.proj_w, a.bias = lw.proj_b, a.in = H, a.out = H, a.x = att, a.hout = h;
+      a.acc = acc;
+      gemv<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, st);
+      MlpArgs m{};
+      m.w_up = lw.fc_w, m.b_up = lw.fc_b, m.w_down = lw.mlp_w, m.b_down = lw.mlp_b;
+      m.gamma = lw.ln2_w, m.beta = lw.ln2_b, m.eps = eps, m.h = h, m.acc = acc;
+      m.n = N, m.hidden = H, m.inner = I, m.act = c.activation;
+      const int R = gemv_rows(N);
+      m.k = e->mlp_k[R == 1 ? 0 : R == 2 ? 1 : 2];
+      mlp<T>(m, R, st);
+      continue;
+    }
     const bool last = l + 1 == c.layers;
     if (small) {
       GemvArgs a{};
@@ -905,14 +903,14 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       a.eps = eps;
       // Attention output projection, added to the residual stream.
       a.w = lw.proj_w, a.bias = lw.proj_b, a.in = H, a.out = H, a.x = att, a.hout = h;
-      gemv<T, GEMV_IN_T, GEMV_OUT_RESID>(a, st);
+      gemv<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, st);
       // MLP up-projection with LayerNorm 2 before and the activation after.
       a.w = lw.fc_w, a.bias = lw.fc_b, a.in = H, a.out = I, a.gamma = lw.ln2_w,
       a.beta = lw.ln2_b, a.y = fch, a.act = c.activation;
-      gemv<T, GEMV_IN_LN, GEMV_OUT_ACT>(a, st);
+      gemv<T, GEMV_IN_LN, GEMV_OUT_ACT>(a, e->sms, st);
       // MLP down-projection, added to the residual stream.
       a.w = lw.mlp_w, a.bias = lw.mlp_b, a.in = I, a.out = H, a.x = fch, a.hout = h;
-      gemv<T, GEMV_IN_T, GEMV_OUT_RESID>(a, st);
+      gemv<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, st);
       continue;
     }
     matmul_xwt<T>(e->blas, att, static_cast<const T*>(lw.proj_w), tmp, N, H, H);
@@ -929,14 +927,13 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   float* hlog = e->hlog.as<float>();
   for (size_t ci = 0; ci < pl.chunks.size(); ci++) {
     const Chunk& ch = pl.chunks[ci];
-    if (mega) {
-      // decode_step_kernel computed the logits.
-    } else if (small) {
+    if (small) {
       // The final LayerNorm is fused into the LM head's gemv.
       GemvArgs a{};
       a.n = ch.count, a.h = h, a.idx = I32(L.lrow_src) + ch.first, a.eps = eps;
       a.gamma = w->lnf_w, a.beta = w->lnf_b, a.w = w->wte, a.in = H, a.out = V, a.y = logits;
-      gemv<T, GEMV_IN_LN, GEMV_OUT_F32>(a, st);
+      a.acc = acc;
+      gemv<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, st);
     } else {
       gather_rows<T>(xn, I32(L.lrow_src) + ch.first, e->xf.as<T>(), ch.count, H, st);
       matmul_xwt<T>(e->blas, e->xf.as<T>(), static_cast<const T*>(w->wte), logits, ch.count, H,
@@ -1003,36 +1000,23 @@ void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out) {
     const int key = bucket * 2 + (pl.all_greedy ? 1 : 0);
     auto it = e->graph_execs.find(key);
     if (it == e->graph_execs.end()) {
-      // Replays see other lengths: size the splits for the longest possible row. If the
-      // persistent decode kernel cannot be captured, capture the kernel-by-kernel path.
+      // Replays see other lengths: size the splits for the longest possible row.
       const int splits = decode_splits(bucket, e->w->cfg.heads, e->sms, e->w->cfg.max_positions);
       cudaGraphExec_t ex = nullptr;
-      for (int attempt = 0; !ex; attempt++) {
-        cudaGraph_t g = nullptr;
-        CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
-        try {
-          run_forward(e, pl, L, splits, true);
-        } catch (...) {
-          cudaStreamEndCapture(e->stream, &g);
-          if (g) cudaGraphDestroy(g);
-          cudaGetLastError();
-          if (attempt == 0 && e->mega) {
-            e->mega = false;
-            continue;
-          }
-          throw;
-        }
-        cudaError_t err = cudaStreamEndCapture(e->stream, &g);
-        if (err == cudaSuccess) err = cudaGraphInstantiate(&ex, g, 0);
+      cudaGraph_t g = nullptr;
+      CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+      try {
+        run_forward(e, pl, L, splits, true);
+      } catch (...) {
+        cudaStreamEndCapture(e->stream, &g);
         if (g) cudaGraphDestroy(g);
-        if (err != cudaSuccess && attempt == 0 && e->mega) {
-          cudaGetLastError();
-          e->mega = false;
-          ex = nullptr;
-          continue;
-        }
-        CUDA_CHECK(err);
+        cudaGetLastError();
+        throw;
       }
+      cudaError_t err = cudaStreamEndCapture(e->stream, &g);
+      if (err == cudaSuccess) err = cudaGraphInstantiate(&ex, g, 0);
+      if (g) cudaGraphDestroy(g);
+      CUDA_CHECK(err);
       it = e->graph_execs.emplace(key, ex).first;
     }
     CUDA_CHECK(cudaGraphLaunch(it->second, e->stream));

@@ -14,10 +14,18 @@ rm -rf "$work" && mkdir -p "$work/srv" "$work/backends/gollm" "$work/repo/gpt2gp
 tar xJf "$carry/tritonserver.tar.xz" -C "$work/srv"
 cp "$carry/libtriton_gollm.so" "$carry/libgollm_cuda.so" "$work/backends/gollm/"
 ckpt=/tmp/gollm-gpucheck/gpt2-124M/f16
-sed -e 's/kind: KIND_CPU/kind: KIND_GPU/' -e 's|^name: "gpt2"|name: "gpt2gpu"|' \
-    -e "s|^# parameters { key: \"gpt_model_path\" value: { string_value: \"\" } }|parameters { key: \"gpt_model_path\" value: { string_value: \"$ckpt\" } }|" \
-    "$root/model_repository/gpt2/config.pbtxt" > "$work/repo/gpt2gpu/config.pbtxt"
-grep -E "KIND_GPU|gpt_model_path\"" "$work/repo/gpt2gpu/config.pbtxt"
+# gpu_config NAME CHECKPOINT: the demo model's config as a KIND_GPU model on CHECKPOINT.
+gpu_config() {
+  mkdir -p "$work/repo/$1/1"
+  sed -e 's/kind: KIND_CPU/kind: KIND_GPU/' -e "s|^name: \"gpt2\"|name: \"$1\"|" \
+      -e "s|^# parameters { key: \"gpt_model_path\" value: { string_value: \"\" } }|parameters { key: \"gpt_model_path\" value: { string_value: \"$2\" } }|" \
+      "$root/model_repository/gpt2/config.pbtxt" > "$work/repo/$1/config.pbtxt"
+  grep -E "KIND_GPU|gpt_model_path\"" "$work/repo/$1/config.pbtxt"
+}
+gpu_config gpt2gpu "$ckpt"
+# The FasterTransformer table's GPT-350M shape, if bench/gpu_peers.py has written it.
+big=/tmp/gollm-bench/gpt-350M
+[ -d "$big" ] && gpu_config gpt350 "$big"
 "$work/srv/pytriton/tritonserver/bin/tritonserver" --model-repository="$work/repo" \
   --backend-directory="$work/backends" --grpc-port=8001 --http-port=8000 --metrics-port=8002 \
   > "$out/tritonserver.log" 2>&1 &
@@ -27,6 +35,11 @@ rc=0
   -expect /tmp/gollm-gpucheck/gpt2-124M-float16.safetensors || rc=1
 "$carry/tritonbench" -addr 127.0.0.1:8001 -model gpt2gpu -name gpt2-124M \
   -workloads decode_b1_i128_o128,tput_b64_i128_o128 | tee "$out/triton.jsonl" || rc=1
+if [ -d "$big" ]; then
+  "$carry/tritonbench" -addr 127.0.0.1:8001 -model gpt350 -name gpt-350M \
+    -workloads lat_b1_i128_o8,lat_b8_i128_o8,lat_b64_i128_o8,lat_b1_i512_o32,lat_b16_i512_o32 \
+    | tee -a "$out/triton.jsonl" || rc=1
+fi
 kill $pid; wait $pid
 grep -iE "error|gpu engine|instance ready" "$out/tritonserver.log" | head -20
 exit $rc

@@ -1,0 +1,164 @@
+// fused.cuh — the MLP of a decode-only step at small batch in one kernel: LayerNorm 2 →
+// a slice of the inner units → their share of the down-projection, added to the residual
+// stream. A layer of such a step is then four kernels (gemv.cuh's QKV with LayerNorm 1 and
+// the KV write; decode attention; gemv's output projection; this).
+//
+// The blocks split the down-projection over its reduction (the inner units), so they add
+// partial sums to the same residual entries. They do it in fixed point (fix_add into Z):
+// integer addition is associative, so the result does not depend on the blocks' order,
+// where fp32 atomics would make runs differ in the last bits. The residual stream is
+// h + Z: readers take both (resid_at, the LayerNorm prologues), and the next layer's
+// output projection, a single writer per entry, moves Z into h and zeroes it (gemv_store);
+// the embedding kernel zeroes Z at the start of the step. The kernel copies its weights
+// into shared memory before waiting for the previous kernel.
+#pragma once
+#include "attention.cuh"
+#include "gemv.cuh"
+
+namespace gollm {
+
+// MlpArgs: the MLP of n rows, split over blocks of k inner units.
+struct MlpArgs {
+  const void* w_up;      // [inner][hidden] T
+  const float* b_up;     // [inner]
+  const void* w_down;    // [hidden][inner] T
+  const float* b_down;   // [hidden]
+  const float* gamma;    // LayerNorm 2 [hidden]
+  const float* beta;
+  float eps;
+  const float* h;             // residual stream [n][hidden] fp32 (Z is zero when mlp runs)
+  unsigned long long* acc;    // Z [n][hidden], where the partial sums go
+  int n, hidden, inner, act;
+  int k;  // inner units per block, a multiple of 8
+};
+
+inline size_t mlp_smem(int R, int hidden, int k, int elem) {
+  return align_up16((size_t)R * hidden * elem) + 2 * (size_t)k * hidden * elem +
+         (size_t)R * k * 4;
+}
+
+// mlp_kernel: grid ceil(inner / k), kGemvThreads threads. Block b owns inner units
+// j0 = b*k … j0+kk-1: it stages W_up's rows j0… ([kk][hidden], contiguous) and W_down's
+// columns j0… ([hidden][k], a 16-byte multiple per row), then computes
+//   a[r][j] = act(LN2(x_r) · W_up[j] + b_up[j])      (a warp per unit, rounded to T)
+//   x_r[o] += Σ_j W_down[o][j] · a[r][j]  (+ b_down[o] in block 0)   (a thread per o)
+// Dynamic shared memory: mlp_smem.
+template <typename T, int R>
+__global__ void __launch_bounds__(kGemvThreads) mlp_kernel(MlpArgs m) {
+  using T2 = typename Pair<T>::type;
+  extern __shared__ __align__(16) unsigned char mlp_sm[];
+  griddep_launch();
+  const int H = m.hidden, k = m.k, j0 = blockIdx.x * k;
+  const int kk = min(k, m.inner - j0);
+  T* xs = reinterpret_cast<T*>(mlp_sm);
+  T* wu = reinterpret_cast<T*>(mlp_sm + align_up16((size_t)R * H * sizeof(T)));
+  T* wd = wu + (size_t)k * H;
+  float* act = reinterpret_cast<float*>(wd + (size_t)H * k);
+  {
+    const char* src = static_cast<const char*>(m.w_up) + (size_t)j0 * H * sizeof(T);
+    const int pieces = kk * H / 8;
+    for (int i = threadIdx.x; i < pieces; i += kGemvThreads)
+      cp_async16(reinterpret_cast<char*>(wu) + (size_t)i * 16, src + (size_t)i * 16);
+    const int per = kk / 8;
+    const T* wdg = static_cast<const T*>(m.w_down) + j0;
+    for (int i = threadIdx.x; i < H * per; i += kGemvThreads) {
+      const int o = i / per, p = i % per;
+      cp_async16(wd + (size_t)o * k + p * 8, wdg + (size_t)o * m.inner + p * 8);
+    }
+    cp_async_commit();
+  }
+  GemvArgs g{};
+  g.n = m.n, g.in = H, g.h = m.h, g.gamma = m.gamma, g.beta = m.beta, g.eps = m.eps;
+  const LnParams lp = gemv_ln_params<GEMV_IN_LN>(g);
+  griddep_wait();
+  gemv_input<T, R, GEMV_IN_LN>(g, lp, xs);
+  cp_async_wait<0>();
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = m.n;
+  const int chunks = H / 8;
+  const uint4* xw = reinterpret_cast<const uint4*>(xs);
+  for (int j = warp; j < kk; j += kGemvWarps) {
+    float s[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) s[r] = 0.f;
+    const uint4* wr = reinterpret_cast<const uint4*>(wu + (size_t)j * H);
+    for (int c = lane; c < chunks; c += 32) {
+      const uint4 wv = wr[c];
+#pragma unroll
+      for (int r = 0; r < R; r++)
+        if (r < n) dot8<T>(wv, xw[r * chunks + c], s[r]);
+    }
+    float v = 0.f;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      s[r] = warp_sum(s[r]);
+      if (lane == r) v = s[r];
+    }
+    if (lane < n) act[lane * k + j] = to_f32(from_f32<T>(activate(v + m.b_up[j0 + j], m.act)));
+  }
+  __syncthreads();
+  for (int o = threadIdx.x; o < H; o += kGemvThreads) {
+    float s[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) s[r] = 0.f;
+    const uint4* wr = reinterpret_cast<const uint4*>(wd + (size_t)o * k);
+    for (int p = 0; p < kk / 8; p++) {
+      const uint4 wv = wr[p];
+      const T2* w2 = reinterpret_cast<const T2*>(&wv);
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const float2 f = to_f32x2(w2[e]);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          if (r < n) {
+            const float* ar = act + r * k + p * 8 + 2 * e;
+            s[r] = fmaf(f.x, ar[0], s[r]);
+            s[r] = fmaf(f.y, ar[1], s[r]);
+          }
+        }
+      }
+    }
+    const float bias = blockIdx.x == 0 ? m.b_down[o] : 0.f;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+      if (r < n) fix_add(m.acc + (size_t)r * H + o, s[r] + bias);
+  }
+}
+
+// mlp_units picks k: about one block per multiprocessor, within the shared memory a block
+// may have.
+inline int mlp_units(int R, int hidden, int inner, int sms, int elem, size_t smem_max) {
+  int k = ((inner + sms - 1) / sms + 7) / 8 * 8;
+  while (k > 8 && mlp_smem(R, hidden, k, elem) > smem_max) k -= 8;
+  return k;
+}
+
+template <typename T>
+void mlp(const MlpArgs& m, int R, Stream stream) {
+  const int blocks = (m.inner + m.k - 1) / m.k;
+  const size_t smem = mlp_smem(R, m.hidden, m.k, sizeof(T));
+  switch (R) {
+    case 1: launch("mlp_kernel", mlp_kernel<T, 1>, blocks, kGemvThreads, smem, stream, m); break;
+    case 2: launch("mlp_kernel", mlp_kernel<T, 2>, blocks, kGemvThreads, smem, stream, m); break;
+    default: launch("mlp_kernel", mlp_kernel<T, 4>, blocks, kGemvThreads, smem, stream, m); break;
+  }
+}
+
+// fused_setup sizes mlp_kernel's blocks for a model and raises its dynamic shared memory
+// limits; false if it cannot run on this device.
+template <typename T>
+bool fused_setup(int hidden, int inner, int sms, int device, int (&mlp_k)[3]) {
+  const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  const int rows[3] = {1, 2, 4};
+  void (*kernels[3])(MlpArgs) = {mlp_kernel<T, 1>, mlp_kernel<T, 2>, mlp_kernel<T, 4>};
+  for (int i = 0; i < 3; i++) {
+    const size_t mx = dynamic_smem_max(kernels[i], device);
+    mlp_k[i] = mlp_units(rows[i], hidden, inner, sms, sizeof(T), mx);
+    const size_t s = mlp_smem(rows[i], hidden, mlp_k[i], sizeof(T));
+    if (s > mx) return false;
+    CUDA_CHECK(cudaFuncSetAttribute(kernels[i], attr, (int)s));
+  }
+  return true;
+}
+
+}  // namespace gollm
