@@ -409,7 +409,8 @@ __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
 constexpr int kCtxTcThreads = 128;
 constexpr int kCtxTcKeys = 64;
 
-inline bool ctx_tc_fits(int head_dim) { return head_dim % 16 == 0 && head_dim <= 128; }
+// ctx_tc_fits: WMMA's 16-wide steps, and the 16-query tiles the step plan makes.
+inline bool ctx_tc_fits(int head_dim) { return head_dim % 16 == 0 && ctx_queries(head_dim) == 16; }
 
 inline size_t ctx_tc_smem(int head_dim) {
   const int DP = head_dim + 8, Q = 16, KC = kCtxTcKeys;
@@ -568,7 +569,7 @@ void attention_context(const float* qkv, T* att, const T* kv, const CtxTile* til
                        int ntiles, Stream stream) {
   if (ntiles == 0) return;
   dim3 grid(ntiles, g.heads);
-  if (ctx_tc_fits(g.head_dim) && ctx_queries(g.head_dim) == 16) {
+  if (ctx_tc_fits(g.head_dim)) {
     launch("attention_context_tc_kernel", attention_context_tc_kernel<T>, grid, kCtxTcThreads,
            ctx_tc_smem(g.head_dim), stream, qkv, att, kv, tiles, seqs, blocks, g, layer);
     return;

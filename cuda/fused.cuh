@@ -125,6 +125,9 @@ __global__ void __launch_bounds__(kGemvThreads) mlp_kernel(MlpArgs m) {
   }
 }
 
+// mlp_slot is where the k for R rows (1, 2 or 4) is kept.
+inline int mlp_slot(int R) { return R <= 1 ? 0 : R == 2 ? 1 : 2; }
+
 // mlp_units picks k: about one block per multiprocessor, within the shared memory a block
 // may have.
 inline int mlp_units(int R, int hidden, int inner, int sms, int elem, size_t smem_max) {
@@ -149,12 +152,12 @@ void mlp(const MlpArgs& m, int R, Stream stream) {
 template <typename T>
 bool fused_setup(int hidden, int inner, int sms, int device, int (&mlp_k)[3]) {
   const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
-  const int rows[3] = {1, 2, 4};
   void (*kernels[3])(MlpArgs) = {mlp_kernel<T, 1>, mlp_kernel<T, 2>, mlp_kernel<T, 4>};
-  for (int i = 0; i < 3; i++) {
+  for (int R = 1; R <= kFusedRows; R *= 2) {
+    const int i = mlp_slot(R);
     const size_t mx = dynamic_smem_max(kernels[i], device);
-    mlp_k[i] = mlp_units(rows[i], hidden, inner, sms, sizeof(T), mx);
-    const size_t s = mlp_smem(rows[i], hidden, mlp_k[i], sizeof(T));
+    mlp_k[i] = mlp_units(R, hidden, inner, sms, sizeof(T), mx);
+    const size_t s = mlp_smem(R, hidden, mlp_k[i], sizeof(T));
     if (s > mx) return false;
     CUDA_CHECK(cudaFuncSetAttribute(kernels[i], attr, (int)s));
   }

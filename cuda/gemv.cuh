@@ -156,9 +156,9 @@ __device__ __forceinline__ void gemv_stage(const GemvArgs& a, const GemvShape& s
   cp_async_commit();
 }
 
-template <int N>
+// cp_async_wait_rt waits until at most n (0…3) groups are pending; wait_group takes an
+// immediate, so the run-time count is dispatched.
 __device__ __forceinline__ void cp_async_wait_rt(int n) {
-  // wait_group takes an immediate: dispatch the run-time count (n < N).
   if (n <= 0) cp_async_wait<0>();
   else if (n == 1) cp_async_wait<1>();
   else if (n == 2) cp_async_wait<2>();
@@ -413,7 +413,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, GemvShap
   griddep_wait();
   gemv_input<T, R, IN>(a, lp, xs);
   for (int k = 0; k < np; k++) {
-    cp_async_wait_rt<4>(s.nst - 1);  // pass k's group has landed
+    cp_async_wait_rt(s.nst - 1);  // pass k's group has landed
     __syncthreads();
     const int64_t o0 = ((int64_t)blockIdx.x + (int64_t)k * gridDim.x) * s.opb;
     gemv_pass<T, R, OUT, RPW>(a, s, o0, xs,

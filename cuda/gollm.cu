@@ -847,8 +847,8 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   // Few rows: fused gemv kernels reading the weights once (decode at small batch).
   const bool small = gemv_fits(N, H) && gemv_fits(N, I) && pl.chunks.size() <= 1 &&
                      (pl.chunks.empty() || pl.chunks[0].count <= kGemvMaxRows);
-  // Decode-only steps of few rows: three kernels a layer (fused.cuh), the residual
-  // stream's additions in fixed point.
+  // Decode-only steps of few rows: four kernels a layer, the MLP in one (fused.cuh) with
+  // the residual stream's additions in fixed point.
   const bool fused = small && e->fused && pl.tiles.empty() && (int)pl.dec_rows.size() == N &&
                      N <= kFusedRows;
   unsigned long long* acc = fused ? e->acc.as<unsigned long long>() : nullptr;
@@ -879,31 +879,27 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     attention_decode<T>(qkv, att, kv, I32(L.dec_rows), I32(L.row_pos), I32(L.row_seq), seqs,
                         words, e->geom, l, (int)pl.dec_rows.size(), parts, c.max_positions,
                         e->partial.as<float>(), e->part_ml.as<float>(), e->tickets.as<int>(), st);
-    if (fused) {
-      // Output projection; its single writer per entry also moves the last MLP's
-      // fixed-point additions into h.
-      GemvArgs a{};
-      a.n = N, a.w = lw.proj_w, a.bias = lw.proj_b, a.in = H, a.out = H, a.x = att, a.hout = h;
-      a.acc = acc;
-      gemv<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, st);
-      MlpArgs m{};
-      m.w_up = lw.fc_w, m.b_up = lw.fc_b, m.w_down = lw.mlp_w, m.b_down = lw.mlp_b;
-      m.gamma = lw.ln2_w, m.beta = lw.ln2_b, m.eps = eps, m.h = h, m.acc = acc;
-      m.n = N, m.hidden = H, m.inner = I, m.act = c.activation;
-      const int R = gemv_rows(N);
-      m.k = e->mlp_k[R == 1 ? 0 : R == 2 ? 1 : 2];
-      mlp<T>(m, R, st);
-      continue;
-    }
     const bool last = l + 1 == c.layers;
     if (small) {
       GemvArgs a{};
       a.n = N;
       a.h = h;
       a.eps = eps;
-      // Attention output projection, added to the residual stream.
+      // Attention output projection, added to the residual stream; in a fused step its
+      // single writer per entry also moves the last MLP's fixed-point additions into h.
       a.w = lw.proj_w, a.bias = lw.proj_b, a.in = H, a.out = H, a.x = att, a.hout = h;
+      a.acc = acc;
       gemv<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, st);
+      if (fused) {
+        MlpArgs m{};
+        m.w_up = lw.fc_w, m.b_up = lw.fc_b, m.w_down = lw.mlp_w, m.b_down = lw.mlp_b;
+        m.gamma = lw.ln2_w, m.beta = lw.ln2_b, m.eps = eps, m.h = h, m.acc = acc;
+        m.n = N, m.hidden = H, m.inner = I, m.act = c.activation;
+        const int R = gemv_rows(N);
+        m.k = e->mlp_k[mlp_slot(R)];
+        mlp<T>(m, R, st);
+        continue;
+      }
       // MLP up-projection with LayerNorm 2 before and the activation after.
       a.w = lw.fc_w, a.bias = lw.fc_b, a.in = H, a.out = I, a.gamma = lw.ln2_w,
       a.beta = lw.ln2_b, a.y = fch, a.act = c.activation;
