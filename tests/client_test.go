@@ -396,9 +396,8 @@ func testContext(t testing.TB, d time.Duration) context.Context {
 	return ctx
 }
 
-// postJSON posts body to url and returns the response body; a non-200 status is an
-// error carrying the body.
-func postJSON(ctx context.Context, c *http.Client, url string, body any) ([]byte, error) {
+// jsonPost makes a POST of body, marshalled to JSON, to url.
+func jsonPost(ctx context.Context, url string, body any) (*http.Request, error) {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
@@ -408,6 +407,16 @@ func postJSON(ctx context.Context, c *http.Client, url string, body any) ([]byte
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	return req, nil
+}
+
+// postJSON posts body to url and returns the response body; a non-200 status is an
+// error carrying the body.
+func postJSON(ctx context.Context, c *http.Client, url string, body any) ([]byte, error) {
+	req, err := jsonPost(ctx, url, body)
+	if err != nil {
+		return nil, err
+	}
 	return readResponse(c, req)
 }
 
@@ -440,15 +449,10 @@ func readResponse(c *http.Client, req *http.Request) ([]byte, error) {
 // sseEvents posts body to a generate_stream url and returns the data of each
 // server-sent event, in order.
 func sseEvents(ctx context.Context, c *http.Client, url string, body any) ([]string, error) {
-	b, err := json.Marshal(body)
+	req, err := jsonPost(ctx, url, body)
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
 	resp, err := c.Do(req)
 	if err != nil {
