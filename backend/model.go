@@ -65,14 +65,7 @@ func loadModel(m triton.Model, log *zap.Logger) (*modelState, error) {
 		log.Warn(w)
 	}
 
-	ckpt, err := model.Open(cfg.ModelPath)
-	if err != nil {
-		return nil, fmt.Errorf("model %q (gpt_model_path %s): %w", name, cfg.ModelPath, err)
-	}
-	weights, err := model.LoadGPT2(ckpt)
-	if cerr := ckpt.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
+	weights, err := model.LoadGPT2Dir(cfg.ModelPath)
 	if err != nil {
 		return nil, fmt.Errorf("model %q: %w", name, err)
 	}

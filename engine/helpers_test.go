@@ -14,14 +14,9 @@ import (
 // loadGPT2 opens a checkpoint folder and loads it as GPT-2.
 func loadGPT2(t testing.TB, dir string) *model.GPT2 {
 	t.Helper()
-	c, err := model.Open(dir)
+	m, err := model.LoadGPT2Dir(dir)
 	if err != nil {
-		t.Fatalf("open %s: %v", dir, err)
-	}
-	defer c.Close()
-	m, err := model.LoadGPT2(c)
-	if err != nil {
-		t.Fatalf("load %s: %v", dir, err)
+		t.Fatal(err)
 	}
 	return m
 }

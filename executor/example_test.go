@@ -14,13 +14,7 @@ import (
 // Example runs greedy generation on the tiny test checkpoint with the CPU engine:
 // one streaming request, its tokens printed as they arrive.
 func Example() {
-	ckpt, err := model.Open("../testdata/gpt2-tiny")
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	gpt2, err := model.LoadGPT2(ckpt)
-	ckpt.Close()
+	gpt2, err := model.LoadGPT2Dir("../testdata/gpt2-tiny")
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -28,13 +28,7 @@ var (
 func newExecutor(t *testing.T, cfg Config) *Executor {
 	t.Helper()
 	tinyOnce.Do(func() {
-		c, err := model.Open("../testdata/gpt2-tiny")
-		if err != nil {
-			tinyErr = err
-			return
-		}
-		defer c.Close()
-		tinyModel, tinyErr = model.LoadGPT2(c)
+		tinyModel, tinyErr = model.LoadGPT2Dir("../testdata/gpt2-tiny")
 	})
 	if tinyErr != nil {
 		t.Fatal(tinyErr)

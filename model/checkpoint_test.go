@@ -17,16 +17,6 @@ const (
 	shardedDir = "../testdata/gpt2-tiny-sharded"
 )
 
-// openLoad opens dir and loads it as GPT-2, closing the checkpoint.
-func openLoad(dir string) (*GPT2, error) {
-	c, err := Open(dir)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	return LoadGPT2(c)
-}
-
 // tinyTensors returns copies of the tiny checkpoint's tensors, in name order.
 func tinyTensors(t *testing.T) []*Tensor {
 	t.Helper()
@@ -139,11 +129,11 @@ func TestTensorNames(t *testing.T) {
 }
 
 func TestShardedAndSingleFileHoldTheSameWeights(t *testing.T) {
-	single, err := openLoad(tinyDir)
+	single, err := LoadGPT2Dir(tinyDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sharded, err := openLoad(shardedDir)
+	sharded, err := LoadGPT2Dir(shardedDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +154,7 @@ func TestShardedAndSingleFileHoldTheSameWeights(t *testing.T) {
 }
 
 func TestHalfPrecisionCheckpointsLoad(t *testing.T) {
-	want, err := openLoad(tinyDir)
+	want, err := LoadGPT2Dir(tinyDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,7 +353,7 @@ func TestBrokenCheckpointsFail(t *testing.T) {
 			if tc.file != nil {
 				tc.file(dir)
 			}
-			_, err := openLoad(dir)
+			_, err := LoadGPT2Dir(dir)
 			if err == nil {
 				t.Fatal("loaded without error")
 			}
@@ -413,7 +403,7 @@ func TestBrokenShardIndexesFail(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			_, err = openLoad(dir)
+			_, err = LoadGPT2Dir(dir)
 			if err == nil {
 				t.Fatal("loaded without error")
 			}
@@ -434,7 +424,7 @@ func TestTiedLMHeadIsAccepted(t *testing.T) {
 			break
 		}
 	}
-	if _, err := openLoad(writeCheckpoint(t, tinyConfig(t), tensors)); err != nil {
+	if _, err := LoadGPT2Dir(writeCheckpoint(t, tinyConfig(t), tensors)); err != nil {
 		t.Fatal(err)
 	}
 }

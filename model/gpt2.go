@@ -90,6 +90,23 @@ func LoadGPT2(c *Checkpoint) (*GPT2, error) {
 	return m, nil
 }
 
+// LoadGPT2Dir opens the checkpoint folder dir, loads its GPT-2 weights and closes it:
+// for callers that need only the weights (and their Config), not the open checkpoint.
+// Every error names dir once: Open's are wrapped here, LoadGPT2's already name it.
+func LoadGPT2Dir(dir string) (*GPT2, error) {
+	c, err := Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("load gpt2 %s: %w", dir, err)
+	}
+	m, err := LoadGPT2(c)
+	// The weights are copies, so a failed unmap does not spoil them; it is still an
+	// error, since the mapping may be left behind.
+	if cerr := c.Close(); err == nil && cerr != nil {
+		return nil, fmt.Errorf("load gpt2 %s: close: %w", dir, cerr)
+	}
+	return m, err
+}
+
 // fillTensors sets every tagged field of the struct v from the checkpoint, names
 // prefixed by prefix.
 func fillTensors(c *Checkpoint, v reflect.Value, prefix string, dims map[string]int) error {

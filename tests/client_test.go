@@ -301,12 +301,7 @@ func loadRefEngine(dir string) (*refEngine, error) {
 	if r, ok := refEngines.byDir[dir]; ok {
 		return r, nil
 	}
-	ck, err := model.Open(dir)
-	if err != nil {
-		return nil, err
-	}
-	defer ck.Close()
-	m, err := model.LoadGPT2(ck)
+	m, err := model.LoadGPT2Dir(dir)
 	if err != nil {
 		return nil, err
 	}
