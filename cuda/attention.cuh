@@ -90,7 +90,13 @@ inline int decode_splits(int rows, int heads, int sms, int max_len) {
 
 // decode_attend is the work of one (row i, head, part) of attention_decode_kernel, for
 // any block size that is a multiple of head_dim/8; smem as decode_smem says for it.
-template <typename T>
+// It waits for the previous kernel (griddep_wait) itself: the step's indices and the keys
+// and values of the positions before the newest (written by earlier steps, not by the
+// QKV kernel this one follows) are loaded before the wait, so their round trips overlap
+// that kernel. Only the query and the newest position's key and value are read after.
+// kPre turns that prefetch on: it pays for small grids (decode at small batch, where the
+// kernel is all latency) and costs occupancy (its registers) for large ones.
+template <typename T, bool kPre>
 __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att,
                               const T* __restrict__ kv, const int32_t* __restrict__ dec_rows,
                               const int32_t* __restrict__ row_pos,
@@ -115,6 +121,32 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   float* s = q + D;           // [part_len]
   float* red = s + max_len;   // [groups][D]
   __shared__ float stat[32];
+  const int newest = len - 1;  // the position the previous kernel wrote
+
+  // Before the wait: this thread's first key (its first 8 pieces) and its value group's
+  // first kDecodeVUnroll value pieces, where they are older than the newest position.
+  const int jk = start + threadIdx.x;
+  const bool kpre = kPre && jk < end && jk < newest;
+  uint4 kfirst[8];
+  if (kpre) {
+    const uint4* k = reinterpret_cast<const uint4*>(
+        kv + g.page(table[jk / T_], layer, 0, head) + (int64_t)(jk % T_) * D);
+#pragma unroll
+    for (int u = 0; u < 8; u++) kfirst[u] = k[min(u, D8 - 1)];
+  }
+  const int groups = blockDim.x / D8;
+  const int grp = threadIdx.x / D8, c = threadIdx.x % D8;
+  uint4 vfirst[kDecodeVUnroll];
+  if (kPre && grp < groups) {
+#pragma unroll
+    for (int u = 0; u < kDecodeVUnroll; u++) {
+      const int j = min(start + grp + u * groups, end - 1);
+      if (j < newest)
+        vfirst[u] = reinterpret_cast<const uint4*>(kv + g.page(table[j / T_], layer, 1, head) +
+                                                   (int64_t)(j % T_) * D)[c];
+    }
+  }
+  griddep_wait();
   for (int d = threadIdx.x; d < D; d += blockDim.x)
     q[d] = qkv[(int64_t)r * 3 * hidden + head * D + d];
   __syncthreads();
@@ -122,14 +154,19 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   // Each thread's key row is loaded in pieces of up to 8 16-byte loads issued together,
   // so a row costs one memory round trip instead of one per piece (head_dim 64: one).
   float mx = -INFINITY;
-  for (int j = start + threadIdx.x; j < end; j += blockDim.x) {
+  for (int j = jk; j < end; j += blockDim.x) {
     const uint4* k = reinterpret_cast<const uint4*>(
         kv + g.page(table[j / T_], layer, 0, head) + (int64_t)(j % T_) * D);
     float acc = 0.f;
     for (int c0 = 0; c0 < D8; c0 += 8) {
       uint4 kk[8];
+      if (c0 == 0 && j == jk && kpre) {
 #pragma unroll
-      for (int u = 0; u < 8; u++) kk[u] = k[min(c0 + u, D8 - 1)];
+        for (int u = 0; u < 8; u++) kk[u] = kfirst[u];
+      } else {
+#pragma unroll
+        for (int u = 0; u < 8; u++) kk[u] = k[min(c0 + u, D8 - 1)];
+      }
 #pragma unroll
       for (int u = 0; u < 8; u++) {
         if (c0 + u >= D8) break;
@@ -155,8 +192,6 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   }
   sum = block_sum(sum, stat);  // its barriers also publish s
 
-  const int groups = blockDim.x / D8;
-  const int grp = threadIdx.x / D8, c = threadIdx.x % D8;
   float acc[8] = {};
   if (grp < groups) {
     // kDecodeVUnroll keys per group in flight: their block-table entries, then their value
@@ -173,8 +208,11 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
 #pragma unroll
       for (int u = 0; u < kDecodeVUnroll; u++) {
         const int j = min(j0 + u * groups, end - 1);
-        v8[u] = reinterpret_cast<const uint4*>(kv + g.page(blk[u], layer, 1, head) +
-                                               (int64_t)(j % T_) * D)[c];
+        if (kPre && j0 == start + grp && j < newest)
+          v8[u] = vfirst[u];  // loaded before the wait
+        else
+          v8[u] = reinterpret_cast<const uint4*>(kv + g.page(blk[u], layer, 1, head) +
+                                                 (int64_t)(j % T_) * D)[c];
         p[u] = s[j - start];
         if (j0 + u * groups >= end) p[u] = 0.f;
       }
@@ -236,7 +274,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   }
 }
 
-template <typename T>
+template <typename T, bool kPre>
 __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
     const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
     const int32_t* __restrict__ dec_rows, const int32_t* __restrict__ row_pos,
@@ -244,9 +282,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
     const int32_t* __restrict__ blocks, KVGeom g, int layer, int max_len,
     float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets) {
   extern __shared__ float smem[];
-  griddep_launch();
-  griddep_wait();
-  decode_attend<T>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer, max_len,
+  griddep_launch();  // decode_attend waits for the previous kernel itself
+  decode_attend<T, kPre>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer, max_len,
                    partial, part_ml, tickets, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.z, smem);
 }
 
@@ -254,13 +291,14 @@ template <typename T>
 void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_rows,
                       const int32_t* row_pos, const int32_t* row_seq, const DevSeq* seqs,
                       const int32_t* blocks, KVGeom g, int layer, int rows, int splits,
-                      int max_len, float* partial, float* part_ml, int* tickets,
+                      int max_len, float* partial, float* part_ml, int* tickets, bool prefetch,
                       Stream stream) {
   if (rows == 0) return;
   dim3 grid(rows, g.heads, splits);
-  launch("attention_decode_kernel", attention_decode_kernel<T>, grid, kDecodeThreads,
-         decode_smem(g.head_dim, max_len), stream, qkv, att, kv, dec_rows, row_pos, row_seq,
-         seqs, blocks, g, layer, max_len, partial, part_ml, tickets);
+  auto k = prefetch ? attention_decode_kernel<T, true> : attention_decode_kernel<T, false>;
+  launch("attention_decode_kernel", k, grid, kDecodeThreads, decode_smem(g.head_dim, max_len),
+         stream, qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer, max_len,
+         partial, part_ml, tickets);
 }
 
 // CtxTile is up to kCtxQ consecutive new tokens of one sequence.

@@ -97,9 +97,11 @@ __device__ __forceinline__ void dot8(const uint4& w, const uint4& x, float& acc)
   }
 }
 
-// gemv_store applies the output stage to v for row r, output o.
+// gemv_store applies the output stage to v for row r, output o. kvrow (GEMV_OUT_QKV) is
+// where row r's keys sit in the pool for head 0 (gemv_kv_rows).
 template <typename T, int OUT>
-__device__ __forceinline__ void gemv_store(const GemvArgs& a, int r, int o, float v) {
+__device__ __forceinline__ void gemv_store(const GemvArgs& a, const int64_t* kvrow, int r, int o,
+                                           float v) {
   if (OUT == GEMV_OUT_RESID) {
     if (a.acc) {
       // The fused step's fixed-point additions (fused.cuh) move into h with this write.
@@ -120,15 +122,31 @@ __device__ __forceinline__ void gemv_store(const GemvArgs& a, int r, int o, floa
       return;
     }
     qkv[o] = v;
-    const int pos = a.row_pos[r];
-    const int64_t block = a.blocks[a.seqs[a.row_seq[r]].blk_off + pos / a.geom.tokens_per_block];
+    // page(block, layer, kind, head) = page(block, layer, 0, 0) + (kind·heads + head)·T·D.
     const int kind = o < 2 * hidden ? 0 : 1;
     const int cc = o - (kind + 1) * hidden;
     const int head = cc / a.geom.head_dim, d = cc % a.geom.head_dim;
-    static_cast<T*>(a.kv)[a.geom.page(block, a.layer, kind, head) +
-                          (int64_t)(pos % a.geom.tokens_per_block) * a.geom.head_dim + d] =
-        from_f32<T>(v);
+    static_cast<T*>(a.kv)[kvrow[r] +
+                          (int64_t)(kind * a.geom.heads + head) * a.geom.tokens_per_block *
+                              a.geom.head_dim +
+                          d] = from_f32<T>(v);
   }
+}
+
+// gemv_kv_rows fills kvrow[r] (r < n) with the pool offset of row r's key for head 0 —
+// page(block, layer, 0, 0) + slot·head_dim — and rows[r] with its residual-stream row. They
+// come from the step's inputs alone, so the kernels load them before waiting for their
+// predecessor (three dependent loads for the KV block). The caller syncs the block.
+__device__ __forceinline__ void gemv_kv_rows(const GemvArgs& a, bool qkv, int64_t* kvrow,
+                                             int64_t* rows) {
+  const int r = threadIdx.x;
+  if (r >= a.n || r >= kGemvMaxRows) return;
+  rows[r] = a.idx ? a.idx[r] : r;
+  if (!qkv) return;
+  const int T_ = a.geom.tokens_per_block;
+  const int pos = a.row_pos[r];
+  const int64_t block = a.blocks[a.seqs[a.row_seq[r]].blk_off + pos / T_];
+  kvrow[r] = a.geom.page(block, a.layer, 0, 0) + (int64_t)(pos % T_) * a.geom.head_dim;
 }
 
 // GemvShape is how a gemv launch splits its outputs: a pass is opb consecutive weight
@@ -217,10 +235,11 @@ __device__ __forceinline__ void block_sums(float (&v)[R], float (*red)[R]) {
 }
 
 // gemv_input fills xs [R][in] T with the block's input rows: LayerNorm of the residual
-// stream (GEMV_IN_LN; h plus acc where set) or a copy of x (GEMV_IN_T). Ends with a
-// barrier.
+// stream (GEMV_IN_LN; h plus acc where set; rows[r] is row r's index in h, or null for
+// a.idx) or a copy of x (GEMV_IN_T). Ends with a barrier.
 template <typename T, int R, int IN>
-__device__ __forceinline__ void gemv_input(const GemvArgs& a, const LnParams& lp, T* xs) {
+__device__ __forceinline__ void gemv_input(const GemvArgs& a, const LnParams& lp, T* xs,
+                                           const int64_t* rows = nullptr) {
   const int in = a.in, n = a.n;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (IN == GEMV_IN_LN) {
@@ -237,7 +256,7 @@ __device__ __forceinline__ void gemv_input(const GemvArgs& a, const LnParams& lp
 #pragma unroll
       for (int r = 0; r < R; r++) {
         if (r < n) {
-          const int64_t row = a.idx ? a.idx[r] : r;
+          const int64_t row = rows ? rows[r] : a.idx ? a.idx[r] : r;
           x[r] = ld_f4_now(reinterpret_cast<const float4*>(a.h + row * in) + c);
           if (kAcc && a.acc) {
             const longlong2* q = reinterpret_cast<const longlong2*>(a.acc + row * in) + 2 * c;
@@ -285,7 +304,7 @@ __device__ __forceinline__ void gemv_input(const GemvArgs& a, const LnParams& lp
       // kGemvWarps), so the prologue costs one block barrier instead of two per row.
       __shared__ float stats[kGemvWarps][2];
       if (warp < n) {
-        const int64_t row = a.idx ? a.idx[warp] : warp;
+        const int64_t row = rows ? rows[warp] : a.idx ? a.idx[warp] : warp;
         float s = 0.f;
         for (int c = lane; c < in; c += 32) s += resid_at(a, row, c);
         const float mean = warp_sum(s) / in;
@@ -302,7 +321,7 @@ __device__ __forceinline__ void gemv_input(const GemvArgs& a, const LnParams& lp
       }
       __syncthreads();
       for (int r = 0; r < n; r++) {
-        const int64_t row = a.idx ? a.idx[r] : r;
+        const int64_t row = rows ? rows[r] : a.idx ? a.idx[r] : r;
         const float mean = stats[r][0], rstd = stats[r][1];
         for (int c = threadIdx.x; c < in; c += blockDim.x)
           xs[r * in + c] = from_f32<T>((resid_at(a, row, c) - mean) * rstd * a.gamma[c] + a.beta[c]);
@@ -330,7 +349,8 @@ __device__ __forceinline__ void gemv_input(const GemvArgs& a, const LnParams& lp
 // for the R input rows in xs, and stores them. RPW is s.rpw (rows per warp).
 template <typename T, int R, int OUT, int RPW>
 __device__ __forceinline__ void gemv_pass(const GemvArgs& a, const GemvShape& s, int64_t o0,
-                                          const T* xs, const T* wbuf, float (*part_acc)[R]) {
+                                          const T* xs, const T* wbuf, float (*part_acc)[R],
+                                          const int64_t* kvrow) {
   const int in = a.in, n = a.n;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int grp = warp / s.wpo, part = warp % s.wpo;
@@ -386,7 +406,7 @@ __device__ __forceinline__ void gemv_pass(const GemvArgs& a, const GemvShape& s,
 #pragma unroll
     for (int r = 0; r < R; r++)
       if (lane == r) v = acc[i][r];
-    if (lane < n) gemv_store<T, OUT>(a, lane, (int)o, a.bias ? v + a.bias[o] : v);
+    if (lane < n) gemv_store<T, OUT>(a, kvrow, lane, (int)o, a.bias ? v + a.bias[o] : v);
   }
 }
 
@@ -401,6 +421,7 @@ template <typename T, int R, int IN, int OUT, int RPW>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, GemvShape s) {
   extern __shared__ __align__(16) unsigned char gemv_smem[];
   __shared__ float part_acc[kGemvWarps][R];
+  __shared__ int64_t kvrow[kGemvMaxRows], rows[kGemvMaxRows];
   griddep_launch();
   T* xs = reinterpret_cast<T*>(gemv_smem);
   unsigned char* stages = gemv_smem + align_up16((size_t)R * a.in * sizeof(T));
@@ -410,15 +431,17 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, GemvShap
   // The weights do not depend on the previous kernel.
   for (int k = 0; k < s.nst; k++) gemv_stage<T>(a, s, k, stages + k * stage_bytes);
   const LnParams lp = gemv_ln_params<IN>(a);
+  gemv_kv_rows(a, OUT == GEMV_OUT_QKV, kvrow, rows);
+  __syncthreads();
   griddep_wait();
-  gemv_input<T, R, IN>(a, lp, xs);
+  gemv_input<T, R, IN>(a, lp, xs, rows);
   for (int k = 0; k < np; k++) {
     cp_async_wait_rt(s.nst - 1);  // pass k's group has landed
     __syncthreads();
     const int64_t o0 = ((int64_t)blockIdx.x + (int64_t)k * gridDim.x) * s.opb;
     gemv_pass<T, R, OUT, RPW>(a, s, o0, xs,
                               reinterpret_cast<const T*>(stages + (k % s.nst) * stage_bytes),
-                              part_acc);
+                              part_acc, kvrow);
     __syncthreads();  // the buffer's readers are done
     gemv_stage<T>(a, s, k + s.nst, stages + (k % s.nst) * stage_bytes);
   }

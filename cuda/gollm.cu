@@ -878,7 +878,8 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     attention_context<T>(qkv, att, kv, tiles, seqs, words, e->geom, l, (int)pl.tiles.size(), st);
     attention_decode<T>(qkv, att, kv, I32(L.dec_rows), I32(L.row_pos), I32(L.row_seq), seqs,
                         words, e->geom, l, (int)pl.dec_rows.size(), parts, c.max_positions,
-                        e->partial.as<float>(), e->part_ml.as<float>(), e->tickets.as<int>(), st);
+                        e->partial.as<float>(), e->part_ml.as<float>(), e->tickets.as<int>(),
+                        small, st);
     const bool last = l + 1 == c.layers;
     if (small) {
       GemvArgs a{};
