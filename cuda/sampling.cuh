@@ -237,11 +237,12 @@ __global__ void __launch_bounds__(kGreedyThreads) sample_greedy_kernel(
   __shared__ float sred[32];
   __shared__ int last;
   griddep_launch();
-  griddep_wait();
+  // The step's inputs before the wait (dependent loads that overlap the LM head).
   const int e = blockIdx.x, g = blockIdx.y;
   const int s = samp_seq[e];
   if (s < 0 || !greedy_fast(seqs[s])) return;
   const float* w = logits + (int64_t)samp_row[e] * V;
+  griddep_wait();
   const int per = (V + kGreedySplits - 1) / kGreedySplits;
   const int lo = g * per, hi = min(V, lo + per);
   // One pass: each thread keeps its first maximum and the sum of exp(w - that maximum),
@@ -328,12 +329,13 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(
     int V) {
   __shared__ SampleScratch sm;
   griddep_launch();
-  griddep_wait();
+  // The step's inputs before the wait (dependent loads that overlap the LM head).
   const int s = samp_seq[blockIdx.x];
   if (s < 0) return;  // padding of a graph bucket
   const DevSeq sq = seqs[s];
   if (greedy_fast(sq)) return;
   float* w = logits + (int64_t)samp_row[blockIdx.x] * V;
+  griddep_wait();
   if (sq.bias_off >= 0) {
     const float* b = bias + sq.bias_off;
     for (int i = threadIdx.x; i < V; i += blockDim.x) w[i] += b[i];
