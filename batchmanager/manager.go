@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -98,6 +99,9 @@ type Manager struct {
 	slab responseSlab
 	// it counts this iteration's work for the stats.
 	it iterCounts
+
+	// statsEnc encodes the stats JSON of ReturnBatchManagerStats.
+	statsEnc statsEncoder
 
 	// statsMu guards last.
 	statsMu sync.Mutex
@@ -536,10 +540,28 @@ func (m *Manager) applyStops(ids map[uint64]struct{}) {
 }
 
 // compact drops the requests that left a list (their phase is no longer keep),
-// keeping the order.
+// keeping the order. It moves as few entries as it can, since every pointer store
+// costs a write barrier while the garbage collector marks: the entries before the first
+// departure stay put, and when only leading entries left (the oldest requests finish
+// first when outputs are alike) the list is resliced past them, moving none.
 func compact(rs []*request, keep phase) []*request {
-	out := rs[:0]
-	for _, r := range rs {
+	gone := 0 // the first entry that left
+	for gone < len(rs) && rs[gone].phase == keep {
+		gone++
+	}
+	if gone == len(rs) {
+		return rs
+	}
+	next := gone + 1 // the first entry after it that stays
+	for next < len(rs) && rs[next].phase != keep {
+		next++
+	}
+	if gone == 0 && next < len(rs) && !slices.ContainsFunc(rs[next:], func(r *request) bool { return r.phase != keep }) {
+		clear(rs[:next])
+		return rs[next:]
+	}
+	out := rs[:gone]
+	for _, r := range rs[next:] {
 		if r.phase == keep {
 			out = append(out, r)
 		}

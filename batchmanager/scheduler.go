@@ -100,7 +100,14 @@ func (m *Manager) pause(r *request) {
 	}
 	r.kv, r.computed, r.n = nil, 0, 0
 	r.phase = phasePaused
-	m.running = compact(m.running, phaseRunning)
+	if n := len(m.running); n > 0 && m.running[n-1] == r {
+		// The usual victim: dropping it moves nothing (a compaction per pause would
+		// make a run of pauses quadratic in the running requests).
+		m.running[n-1] = nil
+		m.running = m.running[:n-1]
+	} else {
+		m.running = compact(m.running, phaseRunning)
+	}
 	i, _ := slices.BinarySearchFunc(m.paused, r.admitSeq, func(p *request, s uint64) int { return cmpU64(p.admitSeq, s) })
 	m.paused = slices.Insert(m.paused, i, r)
 	m.it.pausedNow++

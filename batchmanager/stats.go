@@ -1,6 +1,7 @@
 package batchmanager
 
 import (
+	"bytes"
 	"encoding/json"
 	"time"
 
@@ -98,8 +99,17 @@ type statsV1 struct {
 
 // MarshalJSON encodes the stats under the seed's names.
 func (s Stats) MarshalJSON() ([]byte, error) {
-	c := statsCommon{
-		Timestamp:             s.Time.Format(timestampLayout),
+	stamp := s.Time.Format(timestampLayout)
+	if s.V1 {
+		return json.Marshal(s.v1JSON(stamp))
+	}
+	return json.Marshal(s.inflightJSON(stamp))
+}
+
+// common are the fields every iteration reports, with the timestamp formatted.
+func (s *Stats) common(stamp string) statsCommon {
+	return statsCommon{
+		Timestamp:             stamp,
 		IterationCounter:      s.IterationCounter,
 		ActiveRequestCount:    s.ActiveRequestCount,
 		MaxRequestCount:       s.MaxRequestCount,
@@ -111,11 +121,65 @@ func (s Stats) MarshalJSON() ([]byte, error) {
 		ContextRequests:       s.ContextRequests,
 		TotalContextTokens:    s.TotalContextTokens,
 	}
-	g := statsGollm{PausedRequests: s.PausedRequests, WaitingRequests: s.WaitingRequests, ReusedKVCacheBlocks: s.ReusedKVCacheBlocks}
-	if s.V1 {
-		return json.Marshal(statsV1{statsCommon: c, TotalGenerationTokens: s.TotalGenerationTokens, EmptyGenerationSlots: s.EmptyGenerationSlots, statsGollm: g})
+}
+
+// gollm are gollm's own fields.
+func (s *Stats) gollm() statsGollm {
+	return statsGollm{PausedRequests: s.PausedRequests, WaitingRequests: s.WaitingRequests, ReusedKVCacheBlocks: s.ReusedKVCacheBlocks}
+}
+
+// inflightJSON is the JSON form of an in-flight batching iteration.
+func (s *Stats) inflightJSON(stamp string) statsInflight {
+	return statsInflight{statsCommon: s.common(stamp), GenerationRequests: s.GenerationRequests, MicroBatchID: s.MicroBatchID, statsGollm: s.gollm()}
+}
+
+// v1JSON is the JSON form of a V1 iteration.
+func (s *Stats) v1JSON(stamp string) statsV1 {
+	return statsV1{statsCommon: s.common(stamp), TotalGenerationTokens: s.TotalGenerationTokens, EmptyGenerationSlots: s.EmptyGenerationSlots, statsGollm: s.gollm()}
+}
+
+// statsEncoder writes the stats JSON of every iteration (the bytes of MarshalJSON)
+// into one reused buffer, formatting the timestamp, which counts seconds, once a
+// second.
+type statsEncoder struct {
+	// buf receives the JSON.
+	buf bytes.Buffer
+	// enc encodes into buf; nil until first used.
+	enc *json.Encoder
+	// inflight and v1 are the values encoded, reused so that no copy is boxed.
+	inflight statsInflight
+	// v1 is the V1 form.
+	v1 statsV1
+	// sec is the Unix second that stamp formats.
+	sec int64
+	// loc is the location that stamp is formatted in.
+	loc *time.Location
+	// stamp is the formatted timestamp of sec; "" before the first.
+	stamp string
+}
+
+// encode returns the stats JSON of s; the bytes are valid until the next call.
+func (e *statsEncoder) encode(s *Stats) ([]byte, error) {
+	if e.enc == nil {
+		e.enc = json.NewEncoder(&e.buf)
 	}
-	return json.Marshal(statsInflight{statsCommon: c, GenerationRequests: s.GenerationRequests, MicroBatchID: s.MicroBatchID, statsGollm: g})
+	if sec, loc := s.Time.Unix(), s.Time.Location(); sec != e.sec || loc != e.loc || e.stamp == "" {
+		e.sec, e.loc, e.stamp = sec, loc, s.Time.Format(timestampLayout)
+	}
+	e.buf.Reset()
+	var err error
+	if s.V1 {
+		e.v1 = s.v1JSON(e.stamp)
+		err = e.enc.Encode(&e.v1)
+	} else {
+		e.inflight = s.inflightJSON(e.stamp)
+		err = e.enc.Encode(&e.inflight)
+	}
+	if err != nil {
+		return nil, err
+	}
+	// Encode ends the value with a newline; MarshalJSON does not.
+	return bytes.TrimSuffix(e.buf.Bytes(), []byte("\n")), nil
 }
 
 // snapshot gathers the stats of the current state and iteration.
@@ -154,7 +218,7 @@ func (m *Manager) publishStats(now time.Time, worked bool) {
 		return
 	}
 	if m.cb.ReturnBatchManagerStats != nil {
-		b, err := s.MarshalJSON()
+		b, err := m.statsEnc.encode(&s)
 		if err != nil {
 			m.log.Error("encoding stats", zap.Error(err))
 		} else {

@@ -2,6 +2,7 @@ package batchmanager
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 
 	"gollm/engine"
@@ -24,30 +25,7 @@ type iterCounts struct {
 // step builds the engine batch from m.sched, runs it, and applies the outputs: new
 // tokens, stop conditions, responses.
 func (m *Manager) step() {
-	seqs := m.batch.Seqs[:0]
-	for _, r := range m.sched {
-		start, end := r.computed, r.computed+r.n
-		sample := end == len(r.tokens)
-		if r.n == 1 && r.generated > 0 && sample {
-			m.it.genReqs++
-		} else {
-			m.it.ctxReqs++
-			m.it.ctxTokens += r.n
-		}
-		seqs = append(seqs, engine.Sequence{
-			ID:            r.id,
-			Tokens:        r.tokens[start:end:end],
-			Pos:           start,
-			Blocks:        r.kv.Blocks(),
-			Sample:        sample,
-			Sampling:      r.sampling,
-			History:       r.tokens[:end:end],
-			NumGenerated:  r.generated,
-			ReturnLogits:  r.req.ReturnGenerationLogits,
-			ContextLogits: r.ctxLogits != nil && start < r.promptLen && !r.ctxSent,
-		})
-	}
-	m.batch.Seqs = seqs
+	m.fillBatch()
 	if m.cfg.ModelType == V1 {
 		m.it.emptySlots = len(m.held)
 	}
@@ -67,13 +45,45 @@ func (m *Manager) step() {
 		return
 	}
 
-	m.slab.reset(len(m.sched))
 	for i, r := range m.sched {
 		m.advance(r, &m.batch.Seqs[i], &outs[i])
 		m.respond(r)
 	}
 	m.running = compact(m.running, phaseRunning)
 	m.finishV1Batch()
+}
+
+// fillBatch writes this iteration's engine batch from m.sched into the reused
+// m.batch.Seqs, field by field: appending whole Sequence values copies them through a
+// temporary and, while the garbage collector marks, through its bulk write barrier.
+func (m *Manager) fillBatch() {
+	n := len(m.sched)
+	if cap(m.batch.Seqs) < n {
+		m.batch.Seqs = make([]engine.Sequence, n, max(n, 2*cap(m.batch.Seqs)))
+	}
+	seqs := m.batch.Seqs[:n]
+	for i, r := range m.sched {
+		start, end := r.computed, r.computed+r.n
+		sample := end == len(r.tokens)
+		if r.n == 1 && r.generated > 0 && sample {
+			m.it.genReqs++
+		} else {
+			m.it.ctxReqs++
+			m.it.ctxTokens += r.n
+		}
+		s := &seqs[i]
+		s.ID = r.id
+		s.Tokens = r.tokens[start:end:end]
+		s.Pos = start
+		s.Blocks = r.kv.Blocks()
+		s.Sample = sample
+		s.Sampling = r.sampling
+		s.History = r.tokens[:end:end]
+		s.NumGenerated = r.generated
+		s.ReturnLogits = r.req.ReturnGenerationLogits
+		s.ContextLogits = r.ctxLogits != nil && start < r.promptLen && !r.ctxSent
+	}
+	m.batch.Seqs = seqs
 }
 
 // advance applies one sequence's output to its request.
@@ -263,15 +273,35 @@ func (m *Manager) appendExtras(out []Tensor, r *request, from, to int, withCtx b
 	return out
 }
 
-// responseSlab backs one iteration's plain streaming responses with a few allocations
-// instead of several per response. Each response gets its own capped sub-slices, so a
-// receiver may keep them.
+// responseSlab backs one-token streaming responses (output_ids [1, 1] and
+// sequence_length [1], the bulk of the responses) with a few allocations per batch
+// instead of one or more per response: at hundreds of sequences, per-response
+// allocations set how often the garbage collector runs. Its blocks are carved across
+// iterations and never reused, so each response still gets its own token element,
+// output_ids header and tensor list (capped, so appends cannot reach the next one): a
+// receiver may keep them. What a receiver keeps holds on to its block: under 1 KiB
+// for an output_ids, 14 KiB for a tensor list.
 type responseSlab struct {
-	// i32 backs token data.
+	// i32 holds the tokens of the current box chunk, one element per response.
 	i32 []int32
+	// box is the current chunk of output_ids headers, header j over i32[j], boxed as
+	// one non-addressable array value. Index(j).Interface() yields an interface
+	// holding header j; for such a value reflect points the interface at the header
+	// where it is instead of boxing a copy (an allocation per response). Correctness
+	// does not depend on that, only the allocation count, which
+	// TestOneTokenResponsesEachOwnTheirData checks.
+	box reflect.Value
+	// used is the number of the chunk's headers handed out.
+	used int
 	// ts backs the tensor lists.
 	ts []Tensor
 }
+
+// boxChunk is the number of output_ids headers boxed per allocation.
+const boxChunk = 32
+
+// tensorBlock is the number of tensors allocated at a time.
+const tensorBlock = 256
 
 // Read-only parts shared by one-token streaming responses: their shapes and their
 // sequence_length, boxed once.
@@ -281,32 +311,37 @@ var (
 	lengthOne     any = []int32{1}
 )
 
-// reset makes room for n responses of one token each (more spill to new slices).
-func (s *responseSlab) reset(n int) {
-	s.i32 = make([]int32, 0, n)
-	s.ts = make([]Tensor, 0, 2*n)
-}
-
-// take returns k fresh elements of a slab, capped so appends cannot overlap the next.
-func take[T any](slab *[]T, k int) []T {
-	s := *slab
-	if cap(s)-len(s) < k {
-		return make([]T, k)
+// newChunk starts a chunk of boxChunk token elements and their boxed headers.
+func (s *responseSlab) newChunk() {
+	s.i32 = make([]int32, boxChunk)
+	// Filled here, then boxed (copied) once by ValueOf.
+	var c [boxChunk][]int32
+	for j := range c {
+		c[j] = s.i32[j : j+1 : j+1]
 	}
-	n := len(s)
-	*slab = s[:n+k]
-	return s[n : n+k : n+k]
+	s.box = reflect.ValueOf(c)
+	s.used = 0
 }
 
-// tokens builds output_ids [1, n] and sequence_length [1] for toks out of the slab.
+// tokens builds output_ids [1, n] and sequence_length [1] for toks (copied), out of the
+// slab when toks is one token.
 func (s *responseSlab) tokens(toks []int32) []Tensor {
 	if len(toks) != 1 {
 		return tokenTensors(toks)
 	}
-	d := take(&s.i32, 1)
-	d[0] = toks[0]
-	ts := take(&s.ts, 2)
-	ts[0].Name, ts[0].Shape, ts[0].Data = "output_ids", shapeOneToken, d
+	if s.used == len(s.i32) {
+		s.newChunk()
+	}
+	j := s.used
+	s.used++
+	s.i32[j] = toks[0]
+	if cap(s.ts)-len(s.ts) < 2 {
+		s.ts = make([]Tensor, 0, tensorBlock)
+	}
+	n := len(s.ts)
+	s.ts = s.ts[:n+2]
+	ts := s.ts[n : n+2 : n+2]
+	ts[0].Name, ts[0].Shape, ts[0].Data = "output_ids", shapeOneToken, s.box.Index(j).Interface()
 	ts[1].Name, ts[1].Shape, ts[1].Data = "sequence_length", shapeOne, lengthOne
 	return ts
 }
