@@ -114,11 +114,14 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     gpu = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
-    commit = commit or os.environ.get("GOLLM_COMMIT", "")
+    # GOLLM_COMMIT names the build that runs (the device machine's copy of the tree may
+    # carry older git metadata than the library it was handed); git is the fallback.
+    commit = os.environ.get("GOLLM_COMMIT", "")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        except OSError:
+            commit = ""
     base = {"date": date, "commit": commit, "machine": gpu}
     results = []
 
