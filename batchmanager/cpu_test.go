@@ -30,17 +30,9 @@ var (
 // tinyGPT2 loads the checkpoint once; engines share its (read-only) weights.
 func tinyGPT2(t testing.TB) *model.GPT2 {
 	t.Helper()
-	tinyOnce.Do(func() {
-		c, err := model.Open(tinyDir)
-		if err != nil {
-			tinyErr = err
-			return
-		}
-		defer c.Close()
-		tinyModel, tinyErr = model.LoadGPT2(c)
-	})
+	tinyOnce.Do(func() { tinyModel, tinyErr = model.LoadGPT2Dir(tinyDir) })
 	if tinyErr != nil {
-		t.Fatalf("load %s: %v", tinyDir, tinyErr)
+		t.Fatal(tinyErr)
 	}
 	return tinyModel
 }
