@@ -36,7 +36,7 @@ __global__ void qkv_kv_write_kernel(float* __restrict__ qkv, const float* __rest
       int kind = c < 2 * hidden ? 0 : 1;
       int cc = c - (kind + 1) * hidden;
       int head = cc / g.head_dim, d = cc % g.head_dim;
-      kv[g.page(block, layer, kind, head) + (int64_t)slot * g.head_dim + d] = from_f32<T>(v);
+      kv[g.at(block, layer, kind, head, slot) + d] = from_f32<T>(v);
     }
   }
 }
@@ -122,6 +122,10 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   float* red = s + max_len;   // [groups][D]
   __shared__ float stat[32];
   const int newest = len - 1;  // the position the previous kernel wrote
+  // kv_row: position j's key (kind 0) or value (kind 1) for this head, in 16-byte pieces.
+  auto kv_row = [&](int kind, int64_t blk, int j) {
+    return reinterpret_cast<const uint4*>(kv + g.at(blk, layer, kind, head, j % T_));
+  };
 
   // Before the wait: this thread's first key (its first 8 pieces) and its value group's
   // first kDecodeVUnroll value pieces, where they are older than the newest position.
@@ -129,8 +133,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   const bool kpre = kPre && jk < end && jk < newest;
   uint4 kfirst[8];
   if (kpre) {
-    const uint4* k = reinterpret_cast<const uint4*>(
-        kv + g.page(table[jk / T_], layer, 0, head) + (int64_t)(jk % T_) * D);
+    const uint4* k = kv_row(0, table[jk / T_], jk);
 #pragma unroll
     for (int u = 0; u < 8; u++) kfirst[u] = k[min(u, D8 - 1)];
   }
@@ -141,9 +144,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
 #pragma unroll
     for (int u = 0; u < kDecodeVUnroll; u++) {
       const int j = min(start + grp + u * groups, end - 1);
-      if (j < newest)
-        vfirst[u] = reinterpret_cast<const uint4*>(kv + g.page(table[j / T_], layer, 1, head) +
-                                                   (int64_t)(j % T_) * D)[c];
+      if (j < newest) vfirst[u] = kv_row(1, table[j / T_], j)[c];
     }
   }
   griddep_wait();
@@ -155,8 +156,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   // so a row costs one memory round trip instead of one per piece (head_dim 64: one).
   float mx = -INFINITY;
   for (int j = jk; j < end; j += blockDim.x) {
-    const uint4* k = reinterpret_cast<const uint4*>(
-        kv + g.page(table[j / T_], layer, 0, head) + (int64_t)(j % T_) * D);
+    const uint4* k = kv_row(0, table[j / T_], j);
     float acc = 0.f;
     for (int c0 = 0; c0 < D8; c0 += 8) {
       uint4 kk[8];
@@ -211,8 +211,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
         if (kPre && j0 == start + grp && j < newest)
           v8[u] = vfirst[u];  // loaded before the wait
         else
-          v8[u] = reinterpret_cast<const uint4*>(kv + g.page(blk[u], layer, 1, head) +
-                                                 (int64_t)(j % T_) * D)[c];
+          v8[u] = kv_row(1, blk[u], j)[c];
         p[u] = s[j - start];
         if (j0 + u * groups >= end) p[u] = 0.f;
       }
@@ -283,8 +282,9 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
     float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets) {
   extern __shared__ float smem[];
   griddep_launch();  // decode_attend waits for the previous kernel itself
-  decode_attend<T, kPre>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer, max_len,
-                   partial, part_ml, tickets, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.z, smem);
+  decode_attend<T, kPre>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer,
+                         max_len, partial, part_ml, tickets, blockIdx.x, blockIdx.y, blockIdx.z,
+                         gridDim.z, smem);
 }
 
 template <typename T>

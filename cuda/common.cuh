@@ -218,8 +218,17 @@ struct KVGeom {
   int layers, heads, head_dim, tokens_per_block;
   __host__ __device__ __forceinline__ int64_t page(int64_t block, int layer, int kind,
                                                    int head) const {
-    return (((block * layers + layer) * 2 + kind) * heads + head) * (int64_t)tokens_per_block *
-           head_dim;
+    return (block * layers + layer) * 2 * heads * (int64_t)tokens_per_block * head_dim +
+           head_off(kind, head);
+  }
+  // head_off is page(block, layer, kind, head) - page(block, layer, 0, 0).
+  __host__ __device__ __forceinline__ int64_t head_off(int kind, int head) const {
+    return ((int64_t)kind * heads + head) * tokens_per_block * head_dim;
+  }
+  // at is where position slot's head_dim values start within page(block, layer, kind, head).
+  __host__ __device__ __forceinline__ int64_t at(int64_t block, int layer, int kind, int head,
+                                                 int slot) const {
+    return page(block, layer, kind, head) + (int64_t)slot * head_dim;
   }
 };
 

@@ -122,14 +122,10 @@ __device__ __forceinline__ void gemv_store(const GemvArgs& a, const int64_t* kvr
       return;
     }
     qkv[o] = v;
-    // page(block, layer, kind, head) = page(block, layer, 0, 0) + (kind·heads + head)·T·D.
     const int kind = o < 2 * hidden ? 0 : 1;
     const int cc = o - (kind + 1) * hidden;
     const int head = cc / a.geom.head_dim, d = cc % a.geom.head_dim;
-    static_cast<T*>(a.kv)[kvrow[r] +
-                          (int64_t)(kind * a.geom.heads + head) * a.geom.tokens_per_block *
-                              a.geom.head_dim +
-                          d] = from_f32<T>(v);
+    static_cast<T*>(a.kv)[kvrow[r] + a.geom.head_off(kind, head) + d] = from_f32<T>(v);
   }
 }
 
@@ -146,7 +142,7 @@ __device__ __forceinline__ void gemv_kv_rows(const GemvArgs& a, bool qkv, int64_
   const int T_ = a.geom.tokens_per_block;
   const int pos = a.row_pos[r];
   const int64_t block = a.blocks[a.seqs[a.row_seq[r]].blk_off + pos / T_];
-  kvrow[r] = a.geom.page(block, a.layer, 0, 0) + (int64_t)(pos % T_) * a.geom.head_dim;
+  kvrow[r] = a.geom.at(block, a.layer, 0, 0, pos % T_);
 }
 
 // GemvShape is how a gemv launch splits its outputs: a pass is opb consecutive weight
