@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdarg>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -389,6 +390,8 @@ void destroy_engine(gollm_engine* e) {
   release_weights(w);
 }
 
+void warmup(gollm_engine* e, gollm_engine_info& inf);
+
 void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine** out,
                    gollm_engine_info* info) {
   if (!w || !p || !out) invalid("gollm_engine_create: weights, params and out must not be NULL");
@@ -433,15 +436,17 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
 
   const size_t N = e->max_tokens, S = e->max_seqs, R = e->max_logit_rows;
   const size_t H = c.hidden, I = c.inner, V = c.vocab_size;
+  // GEMM operands hold gemm_rows(max) rows: cuBLAS runs on padded row counts.
+  const size_t NG = gemm_rows((int)N), RG = gemm_rows((int)R);
   e->h.alloc(N * H * 4, "residual stream");
-  e->xn.alloc(N * H * 2, "LayerNorm output");
-  e->qkv.alloc(N * 3 * H * 4, "QKV");
-  e->att.alloc(N * H * 2, "attention output");
-  e->tmp.alloc(N * H * 4, "projection output");
-  e->fc.alloc(N * I * 4, "MLP inner");
-  e->fch.alloc(N * I * 2, "MLP activation");
-  e->xf.alloc(R * H * 2, "LM head input");
-  e->logits.alloc(R * V * 4, "logits");
+  e->xn.alloc(NG * H * 2, "LayerNorm output");
+  e->qkv.alloc(NG * 3 * H * 4, "QKV");
+  e->att.alloc(NG * H * 2, "attention output");
+  e->tmp.alloc(NG * H * 4, "projection output");
+  e->fc.alloc(NG * I * 4, "MLP inner");
+  e->fch.alloc(NG * I * 2, "MLP activation");
+  e->xf.alloc(RG * H * 2, "LM head input");
+  e->logits.alloc(RG * V * 4, "logits");
   e->retlog.alloc(R * V * 4, "returned logits");
   const size_t dec = std::min(N, S);
   e->partial.alloc(dec * c.heads * e->max_parts * c.head_dim * 4, "attention partials");
@@ -520,6 +525,7 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   inf.scratch_bytes = (int64_t)scratch;
   std::snprintf(inf.device_name, sizeof inf.device_name, "%s", prop.name);
   CUDA_CHECK(cudaStreamSynchronize(e->stream));
+  if (p->warmup) warmup(e.get(), inf);
   if (info) *info = inf;
   *out = e.release();
 }
@@ -827,6 +833,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   gollm_weights* w = e->w;
   const gollm_model_config& c = w->cfg;
   const int N = pl.n, H = c.hidden, I = c.inner, V = c.vocab_size;
+  const int NG = gemm_rows(N);  // cuBLAS's row count (the rows past N are never read)
   const float eps = c.layer_norm_eps;
   // Kernels after the first may overlap their predecessor's tail (sm_90).
   const Stream st0(e->stream, false), st(e->stream, e->pdl);
@@ -871,7 +878,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       a.acc = acc;
       gemv<T, GEMV_IN_LN, GEMV_OUT_QKV>(a, e->sms, st);
     } else {
-      matmul_xwt<T>(e->blas, xn, static_cast<const T*>(lw.attn_w), qkv, N, H, 3 * H);
+      matmul_xwt<T>(e->blas, xn, static_cast<const T*>(lw.attn_w), qkv, NG, H, 3 * H);
       qkv_kv_write<T>(qkv, lw.attn_b, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom,
                       l, N, st);
     }
@@ -910,11 +917,11 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       gemv<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, st);
       continue;
     }
-    matmul_xwt<T>(e->blas, att, static_cast<const T*>(lw.proj_w), tmp, N, H, H);
+    matmul_xwt<T>(e->blas, att, static_cast<const T*>(lw.proj_w), tmp, NG, H, H);
     residual_layernorm<T>(h, tmp, lw.proj_b, xn, lw.ln2_w, lw.ln2_b, N, H, eps, st);
-    matmul_xwt<T>(e->blas, xn, static_cast<const T*>(lw.fc_w), fc, N, H, I);
+    matmul_xwt<T>(e->blas, xn, static_cast<const T*>(lw.fc_w), fc, NG, H, I);
     bias_act<T>(fc, lw.fc_b, fch, N, I, c.activation, st);
-    matmul_xwt<T>(e->blas, fch, static_cast<const T*>(lw.mlp_w), tmp, N, I, H);
+    matmul_xwt<T>(e->blas, fch, static_cast<const T*>(lw.mlp_w), tmp, NG, I, H);
     const LayerW& nx = last ? lw : w->layers[l + 1];
     residual_layernorm<T>(h, tmp, lw.mlp_b, xn, last ? w->lnf_w : nx.ln1_w,
                           last ? w->lnf_b : nx.ln1_b, N, H, eps, st);
@@ -933,8 +940,8 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       gemv<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, st);
     } else {
       gather_rows<T>(xn, I32(L.lrow_src) + ch.first, e->xf.as<T>(), ch.count, H, st);
-      matmul_xwt<T>(e->blas, e->xf.as<T>(), static_cast<const T*>(w->wte), logits, ch.count, H,
-                    V);
+      matmul_xwt<T>(e->blas, e->xf.as<T>(), static_cast<const T*>(w->wte), logits,
+                    gemm_rows(ch.count), H, V);
     }
     if (!capture) {
       for (const CopyOut& cp : pl.copies)
@@ -1042,6 +1049,87 @@ void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out) {
   const int V = e->w->cfg.vocab_size;
   for (const CopyOut& cp : pl.copies)
     std::memcpy(out->logits + cp.dst, e->hlog.as<float>() + cp.dst, (size_t)cp.rows * V * 4);
+}
+
+// warmup_gemms calls cuBLAS once on every padded row count a step can use (layer 0's four
+// GEMMs, the LM head), so that no step of a served model pays a shape's first call.
+template <typename T>
+int warmup_gemms(gollm_engine* e) {
+  const gollm_model_config& c = e->w->cfg;
+  const LayerW& lw = e->w->layers[0];
+  const int H = c.hidden, I = c.inner, V = c.vocab_size;
+  // Inputs zeroed: the calls compute on them.
+  CUDA_CHECK(cudaMemsetAsync(e->xn.p, 0, e->xn.bytes, e->stream));
+  CUDA_CHECK(cudaMemsetAsync(e->att.p, 0, e->att.bytes, e->stream));
+  CUDA_CHECK(cudaMemsetAsync(e->fch.p, 0, e->fch.bytes, e->stream));
+  CUDA_CHECK(cudaMemsetAsync(e->xf.p, 0, e->xf.bytes, e->stream));
+  int shapes = 0;
+  const int top = gemm_rows(e->max_tokens);
+  for (int m = 16; m <= top; m = gemm_rows(m + 1)) {
+    matmul_xwt<T>(e->blas, e->xn.as<T>(), static_cast<const T*>(lw.attn_w), e->qkv.as<float>(), m, H, 3 * H);
+    matmul_xwt<T>(e->blas, e->att.as<T>(), static_cast<const T*>(lw.proj_w), e->tmp.as<float>(), m, H, H);
+    matmul_xwt<T>(e->blas, e->xn.as<T>(), static_cast<const T*>(lw.fc_w), e->fc.as<float>(), m, H, I);
+    matmul_xwt<T>(e->blas, e->fch.as<T>(), static_cast<const T*>(lw.mlp_w), e->tmp.as<float>(), m, I, H);
+    shapes += 4;
+  }
+  const int rtop = gemm_rows(e->max_logit_rows);
+  for (int m = 16; m <= rtop; m = gemm_rows(m + 1)) {
+    matmul_xwt<T>(e->blas, e->xf.as<T>(), static_cast<const T*>(e->w->wte), e->logits.as<float>(), m, H, V);
+    shapes++;
+  }
+  return shapes;
+}
+
+// warmup readies a new engine for serving: every cuBLAS shape once, one prompt step and
+// one sampled step (the first launch of each kernel loads it), and the decode graph of
+// every batch bucket, greedy and sampled. Its steps use KV block 0 at position 0 onwards;
+// nothing has been stored in the pool yet.
+void warmup(gollm_engine* e, gollm_engine_info& inf) {
+  const auto t0 = std::chrono::steady_clock::now();
+  DeviceGuard dg(e->device);
+  const gollm_model_config& c = e->w->cfg;
+  inf.warmup_gemm_shapes =
+      e->w->dtype == GOLLM_DTYPE_BF16 ? warmup_gemms<__nv_bfloat16>(e) : warmup_gemms<__half>(e);
+  const int T = e->geom.tokens_per_block;
+  std::vector<gollm_seq> seqs;
+  std::vector<int32_t> tokens, blocks;
+  std::vector<int32_t> otok(e->max_seqs);
+  std::vector<float> olp(e->max_seqs);
+  // run: b sequences of k tokens from position 0, greedy or sampled at temperature 1.
+  auto run = [&](int b, int k, bool greedy) {
+    const int nblk = (k + T - 1) / T;
+    seqs.assign(b, gollm_seq{});
+    tokens.assign((size_t)b * k, 0);
+    blocks.assign(nblk, 0);
+    for (int i = 0; i < nblk; i++) blocks[i] = i;
+    for (int s = 0; s < b; s++) {
+      gollm_seq& q = seqs[s];
+      q.token_offset = s * k, q.token_count = k;
+      q.block_offset = 0, q.block_count = nblk;
+      q.flags = GOLLM_SEQ_SAMPLE;
+      q.temperature = greedy ? 0.f : 1.f;
+      q.bias_offset = -1;
+      q.uniform = 0.5;
+    }
+    gollm_step_in in{};
+    in.num_seqs = b, in.seqs = seqs.data();
+    in.num_tokens = (int32_t)tokens.size(), in.tokens = tokens.data();
+    in.num_block_ids = nblk, in.block_ids = blocks.data();
+    gollm_step_out o{};
+    o.tokens = otok.data(), o.log_probs = olp.data();
+    step(e, &in, &o);
+  };
+  // A prompt through cuBLAS (more than kGemvMaxRows tokens) where the limits allow.
+  const int k = std::min({16, e->max_tokens, c.max_positions, T * e->num_blocks});
+  run(1, k, false);
+  const int top = std::min(e->max_seqs, e->max_tokens);
+  for (int b = 1;; b = std::min(2 * b, top)) {
+    run(b, 1, true);
+    run(b, 1, false);
+    if (b == top) break;
+  }
+  inf.warmup_graphs = (int32_t)e->graph_execs.size();
+  inf.warmup_ms = std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 1
+#define GOLLM_ABI_VERSION 2
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -108,6 +108,9 @@ typedef struct gollm_engine_params {
   int32_t max_seqs;           /* most sequences in one step */
   int32_t max_logit_rows;     /* LM-head rows computed at once (context logits come in chunks) */
   int32_t cuda_graphs;        /* nonzero: replay CUDA graphs for decode-only steps */
+  int32_t warmup;             /* nonzero: before returning, call every padded cuBLAS shape
+                                 once, run a prompt step and capture every decode graph
+                                 (writes KV block 0; the pool is unused yet) */
 } gollm_engine_params;
 
 /* gollm_engine_info describes a created engine. */
@@ -118,6 +121,9 @@ typedef struct gollm_engine_info {
   int64_t kv_bytes;         /* device bytes of the KV pool */
   int64_t scratch_bytes;    /* device bytes of activations and step buffers */
   char device_name[256];    /* cudaDeviceProp.name */
+  int32_t warmup_gemm_shapes; /* cuBLAS shapes the warm-up called */
+  int32_t warmup_graphs;      /* decode graphs it captured */
+  float warmup_ms;            /* its wall time */
 } gollm_engine_info;
 
 /* Flags of gollm_seq.flags. */

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"time"
 	"unsafe"
 
 	"go.uber.org/zap"
@@ -42,6 +43,10 @@ type Options struct {
 	MaxLogitRows int
 	// DisableCUDAGraphs runs decode steps kernel by kernel instead of replaying graphs.
 	DisableCUDAGraphs bool
+	// SkipWarmup returns the engine without its warm-up (every padded cuBLAS shape called
+	// once, every decode graph captured; well under a second). Served engines warm up:
+	// otherwise the first step of each new token count or batch bucket pays milliseconds.
+	SkipWarmup bool
 	// Library is the path of libgollm_cuda.so; "" searches as the package doc says.
 	Library string
 	// Logger receives load and sizing messages; nil discards them.
@@ -277,6 +282,9 @@ type Engine struct {
 	DeviceName string
 	// WeightBytes, KVBytes and ScratchBytes are the device memory in use.
 	WeightBytes, KVBytes, ScratchBytes int64
+	// WarmupGEMMShapes and WarmupGraphs count what the warm-up readied, in WarmupTime.
+	WarmupGEMMShapes, WarmupGraphs int
+	WarmupTime                     time.Duration
 }
 
 // New loads ckpt and makes one engine on it; the weights go with the engine.
@@ -316,6 +324,9 @@ func NewEngine(w *Weights, opts Options) (*Engine, error) {
 		if !opts.DisableCUDAGraphs {
 			p.cuda_graphs = 1
 		}
+		if !opts.SkipWarmup {
+			p.warmup = 1
+		}
 		var info C.gollm_engine_info
 		var st C.gollm_status
 		err = statusErr("gollm_engine_create", C.call_engine_create(e.lib.engineCreate, w.ptr, &p, &e.ptr, &info, &st), &st)
@@ -324,6 +335,8 @@ func NewEngine(w *Weights, opts Options) (*Engine, error) {
 			e.WeightBytes, e.KVBytes, e.ScratchBytes = int64(info.weight_bytes), int64(info.kv_bytes), int64(info.scratch_bytes)
 			e.info.NumBlocks = int(info.num_blocks)
 			e.info.TokensPerBlock = int(info.tokens_per_block)
+			e.WarmupGEMMShapes, e.WarmupGraphs = int(info.warmup_gemm_shapes), int(info.warmup_graphs)
+			e.WarmupTime = time.Duration(float64(info.warmup_ms) * float64(time.Millisecond))
 		}
 	})
 	if err != nil {
@@ -344,7 +357,9 @@ func NewEngine(w *Weights, opts Options) (*Engine, error) {
 	e.check = engine.NewBatchChecker(e.info, "cuda")
 	opts.Logger.Info("gpu engine ready", zap.String("device", e.DeviceName), zap.Int("kv_blocks", e.info.NumBlocks),
 		zap.Int("tokens_per_block", e.info.TokensPerBlock), zap.Int64("weight_bytes", e.WeightBytes),
-		zap.Int64("kv_bytes", e.KVBytes), zap.Int64("scratch_bytes", e.ScratchBytes))
+		zap.Int64("kv_bytes", e.KVBytes), zap.Int64("scratch_bytes", e.ScratchBytes),
+		zap.Int("warmup_gemm_shapes", e.WarmupGEMMShapes), zap.Int("warmup_graphs", e.WarmupGraphs),
+		zap.Duration("warmup", e.WarmupTime))
 	return e, nil
 }
 
