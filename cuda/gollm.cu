@@ -196,6 +196,10 @@ struct gollm_engine {
   bool graphs = true;           // replay CUDA graphs for decode-only steps
   bool pdl = false;             // programmatic dependent launch (sm_90 and later)
   bool fused = true;            // decode-only steps of up to kFusedRows rows: fused.cuh's MLP
+  // Most rows on the gemv path (GOLLM_CUDA_GEMV_ROWS). Past 4 rows cuBLAS's padded GEMMs
+  // win (H200, decode ms/token at 8 rows: GPT-2 0.65 gemv vs 0.60-0.62, GPT-350M 1.49 vs
+  // 1.21-1.23); at 4 and fewer the gemv kernels do (GPT-350M 1.10 vs 1.20).
+  int gemv_rows_max = kFusedRows;
   int mlp_k[3] = {};            // mlp_kernel's units per block for 1, 2 and 4 rows
   DevMem acc;                   // fixed-point residual additions of fused steps
   DevMem h, xn, qkv, att, tmp, fc, fch, xf, logits, retlog;  // activations
@@ -425,6 +429,9 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     // GOLLM_CUDA_FUSED=0: decode steps take the five-kernel gemv layer instead.
     const char* fenv = std::getenv("GOLLM_CUDA_FUSED");
     e->fused = !(fenv && fenv[0] == '0') && c.hidden % 8 == 0 && c.inner % 8 == 0;
+    // GOLLM_CUDA_GEMV_ROWS=n (0..kGemvMaxRows): steps of more rows take cuBLAS instead.
+    if (const char* genv = std::getenv("GOLLM_CUDA_GEMV_ROWS"))
+      e->gemv_rows_max = std::clamp(std::atoi(genv), 0, kGemvMaxRows);
   }
   CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&e->blas));
@@ -852,7 +859,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   T* kv = e->kv.as<T>();
 
   // Few rows: fused gemv kernels reading the weights once (decode at small batch).
-  const bool small = gemv_fits(N, H) && gemv_fits(N, I) && pl.chunks.size() <= 1 &&
+  const bool small = N <= e->gemv_rows_max && gemv_fits(N, H) && gemv_fits(N, I) && pl.chunks.size() <= 1 &&
                      (pl.chunks.empty() || pl.chunks[0].count <= kGemvMaxRows);
   // Decode-only steps of few rows: four kernels a layer, the MLP in one (fused.cuh) with
   // the residual stream's additions in fixed point.
