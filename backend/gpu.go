@@ -29,7 +29,7 @@ func (ms *modelState) newGPUEngine(device int, log *zap.Logger) (engine.Engine, 
 	dtype := ms.cfg.DataType
 	if dtype == "" {
 		dtype = "float16"
-		if ms.weights.Config.DType == "bfloat16" {
+		if ms.ckpt.DType == "bfloat16" {
 			dtype = "bfloat16"
 		}
 	}

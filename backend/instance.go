@@ -119,7 +119,11 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 	var eng engine.Engine
 	switch kind {
 	case triton.KindCPU:
-		cpu, err := engine.NewCPU(ms.weights, engine.KVConfig{NumBlocks: ms.kvBlocks(), TokensPerBlock: ms.cfg.TokensPerBlock})
+		w, err := ms.cpuModel()
+		if err != nil {
+			return nil, fmt.Errorf("instance %s: %w", name, err)
+		}
+		cpu, err := engine.NewCPU(w, engine.KVConfig{NumBlocks: ms.kvBlocks(), TokensPerBlock: ms.cfg.TokensPerBlock})
 		if err != nil {
 			return nil, fmt.Errorf("instance %s: %w", name, err)
 		}

@@ -22,8 +22,15 @@ type modelState struct {
 	version uint64
 	// log carries the model's name.
 	log *zap.Logger
-	// weights are the checkpoint's weights, read once for all instances.
-	weights *model.GPT2
+	// ckpt is the checkpoint's config.json. The weights are read by the instances as
+	// their kind needs them: float32 copies for KIND_CPU (cpuModel), device copies for
+	// KIND_GPU (gpu), so a GPU-only model neither converts them on the CPU nor keeps them
+	// in host memory.
+	ckpt model.Config
+	// cpuMu guards cpuWeights.
+	cpuMu sync.Mutex
+	// cpuWeights are the KIND_CPU instances' float32 weights, loaded by the first one.
+	cpuWeights *model.GPT2
 	// gpu shares the weights of the model's KIND_GPU instances, one copy per device.
 	gpu gpuShare
 	// tok is the checkpoint's tokenizer; nil when it has no tokenizer.json.
@@ -65,9 +72,17 @@ func loadModel(m triton.Model, log *zap.Logger) (*modelState, error) {
 		log.Warn(w)
 	}
 
-	weights, err := model.LoadGPT2Dir(cfg.ModelPath)
+	// The config and the tensor index only: the weights wait for an instance.
+	ckpt, err := model.Open(cfg.ModelPath)
 	if err != nil {
 		return nil, fmt.Errorf("model %q: %w", name, err)
+	}
+	mc := ckpt.Config
+	if err := ckpt.Close(); err != nil {
+		return nil, fmt.Errorf("model %q: %s: %w", name, cfg.ModelPath, err)
+	}
+	if mc.Arch != "gpt2" {
+		return nil, fmt.Errorf("model %q: %s: model_type is %q, not gpt2", name, cfg.ModelPath, mc.Arch)
 	}
 	tok, err := model.LoadTokenizer(filepath.Join(cfg.ModelPath, "tokenizer.json"))
 	switch {
@@ -76,20 +91,20 @@ func loadModel(m triton.Model, log *zap.Logger) (*modelState, error) {
 		tok = nil
 	case err != nil:
 		return nil, fmt.Errorf("model %q: %w", name, err)
-	case tok.VocabSize() > weights.Config.VocabSize:
+	case tok.VocabSize() > mc.VocabSize:
 		log.Warn("the tokenizer has more tokens than the model's vocabulary; prompts using them are refused",
-			zap.Int("tokenizer", tok.VocabSize()), zap.Int("model", weights.Config.VocabSize))
+			zap.Int("tokenizer", tok.VocabSize()), zap.Int("model", mc.VocabSize))
 	}
 	ms := &modelState{
 		cfg:     cfg,
 		version: version,
 		log:     log,
-		weights: weights,
+		ckpt:    mc,
 		tok:     tok,
 		lim: limits{
-			VocabSize:            weights.Config.VocabSize,
-			MaxSeqLen:            weights.Config.MaxPositions,
-			EndID:                weights.Config.EOSID,
+			VocabSize:            mc.VocabSize,
+			MaxSeqLen:            mc.MaxPositions,
+			EndID:                mc.EOSID,
 			Decoupled:            cfg.Decoupled,
 			ExcludeInputInOutput: cfg.ExcludeInputInOutput,
 		},
@@ -103,12 +118,27 @@ func loadModel(m triton.Model, log *zap.Logger) (*modelState, error) {
 	}
 	log.Info("model loaded",
 		zap.String("gpt_model_path", cfg.ModelPath), zap.Uint64("version", version),
-		zap.Int("layers", weights.Config.Layers), zap.Int("hidden", weights.Config.Hidden),
-		zap.Int("vocab", weights.Config.VocabSize), zap.Int("max_seq_len", weights.Config.MaxPositions),
+		zap.Int("layers", mc.Layers), zap.Int("hidden", mc.Hidden),
+		zap.Int("vocab", mc.VocabSize), zap.Int("max_seq_len", mc.MaxPositions),
 		zap.String("gpt_model_type", string(cfg.ModelType)), zap.String("batch_scheduler_policy", string(cfg.Policy)),
 		zap.Int("max_batch_size", cfg.MaxBatchSize), zap.Bool("decoupled", cfg.Decoupled),
 		zap.Bool("tokenizer", tok != nil))
 	return ms, nil
+}
+
+// cpuModel returns the float32 weights of the KIND_CPU instances, loading them on the
+// first call.
+func (ms *modelState) cpuModel() (*model.GPT2, error) {
+	ms.cpuMu.Lock()
+	defer ms.cpuMu.Unlock()
+	if ms.cpuWeights == nil {
+		w, err := model.LoadGPT2Dir(ms.cfg.ModelPath)
+		if err != nil {
+			return nil, err
+		}
+		ms.cpuWeights = w
+	}
+	return ms.cpuWeights, nil
 }
 
 // kvBlocks is the number of KV blocks of an instance's CPU pool:
