@@ -494,7 +494,7 @@ func (in *instance) pollStop() map[uint64]struct{} {
 // verbose level and updates the metrics. The requests still in the backend's queue
 // count as queued.
 func (in *instance) iterationStats(s batchmanager.Stats) {
-	in.trace.add('I', s.Time, time.Now(), s.ScheduledRequests, s.TotalContextTokens)
+	in.trace.add('I', s.Time, time.Now(), s.ScheduledRequests, s.TotalContextTokens, s.EngineTime)
 	if ce := in.log.Check(zap.DebugLevel, "batch manager stats"); ce != nil {
 		b, err := s.MarshalJSON()
 		if err != nil {
@@ -528,7 +528,7 @@ func (in *instance) send(sd *sender) {
 		for _, item := range batch {
 			in.deliver(item)
 		}
-		in.trace.add('S', start, time.Now(), len(batch), 0)
+		in.trace.add('S', start, time.Now(), len(batch), 0, 0)
 	}
 }
 

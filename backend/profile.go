@@ -17,8 +17,8 @@ import (
 //   - GOLLM_CPU_PROFILE=path: a Go CPU profile of the whole process's Go code from
 //     TRITONBACKEND_Initialize to TRITONBACKEND_Finalize (go tool pprof reads it).
 //   - GOLLM_ITER_TRACE=path: one line per engine iteration and per sender batch, written
-//     at instance finalize: when each iteration started and ended, its batch size, and
-//     how long the sender took over each batch of responses.
+//     at instance finalize: when each iteration started and ended, its batch size, how long
+//     its engine step took, and how long the sender took over each batch of responses.
 const (
 	envCPUProfile = "GOLLM_CPU_PROFILE"
 	envIterTrace  = "GOLLM_ITER_TRACE"
@@ -83,6 +83,8 @@ type traceRec struct {
 	n int32
 	// ctx is the iteration's context tokens (0 for a sender batch).
 	ctx int32
+	// eng is the iteration's engine step in nanoseconds (0 for a sender batch).
+	eng int64
 }
 
 // iterTrace records iterations and sender batches in memory; nil when tracing is off.
@@ -108,14 +110,14 @@ func newIterTrace(instance string) *iterTrace {
 	return &iterTrace{path: path + "." + instance, t0: time.Now(), recs: make([]traceRec, 0, 4096)}
 }
 
-// add records one span; a nil trace records nothing.
-func (t *iterTrace) add(kind byte, start, end time.Time, n, ctx int) {
+// add records one span (eng: an iteration's engine step); a nil trace records nothing.
+func (t *iterTrace) add(kind byte, start, end time.Time, n, ctx int, eng time.Duration) {
 	if t == nil {
 		return
 	}
 	t.mu.Lock()
 	if len(t.recs) < traceCap {
-		t.recs = append(t.recs, traceRec{kind: kind, start: start.Sub(t.t0).Nanoseconds(), end: end.Sub(t.t0).Nanoseconds(), n: int32(n), ctx: int32(ctx)})
+		t.recs = append(t.recs, traceRec{kind: kind, start: start.Sub(t.t0).Nanoseconds(), end: end.Sub(t.t0).Nanoseconds(), n: int32(n), ctx: int32(ctx), eng: eng.Nanoseconds()})
 	}
 	t.mu.Unlock()
 }
@@ -132,9 +134,9 @@ func (t *iterTrace) write() error {
 		return fmt.Errorf("iteration trace %s: %w", t.path, err)
 	}
 	w := bufio.NewWriter(f)
-	fmt.Fprintln(w, "# kind start_us end_us n ctx (I: iteration, n scheduled, ctx context tokens; S: sender batch, n responses)")
+	fmt.Fprintln(w, "# kind start_us end_us n ctx engine_us (I: iteration, n scheduled, ctx context tokens, engine_us its Engine.Step; S: sender batch, n responses)")
 	for _, r := range t.recs {
-		fmt.Fprintf(w, "%c %.1f %.1f %d %d\n", r.kind, float64(r.start)/1e3, float64(r.end)/1e3, r.n, r.ctx)
+		fmt.Fprintf(w, "%c %.1f %.1f %d %d %.1f\n", r.kind, float64(r.start)/1e3, float64(r.end)/1e3, r.n, r.ctx, float64(r.eng)/1e3)
 	}
 	if err := w.Flush(); err != nil {
 		_ = f.Close()

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"gollm/engine"
 )
 
 func TestPrefixReuseOfAThreeBlockPrefix(t *testing.T) {
@@ -160,5 +162,24 @@ func TestStatsJSONHasEverySeedField(t *testing.T) {
 	first := c.typed[0]
 	if first.ContextRequests != 4 || first.TotalContextTokens != 16 || first.UsedKVCacheBlocks != 4 {
 		t.Errorf("first iteration: %+v, want 4 contexts of 4 tokens in 4 blocks", first)
+	}
+}
+
+func TestStatsEngineTimeIsTheStep(t *testing.T) {
+	eng := newFake(32, 8)
+	const pause = 3 * time.Millisecond
+	eng.onStep = func(*engine.Batch) { time.Sleep(pause) }
+	_, c := start(t, eng, Config{MaxBatchSize: 4})
+	c.add(&InferenceRequest{ID: 1, InputIDs: []int32{1, 2, 3}, MaxNewTokens: 3, EndID: -1, PadID: -1})
+	c.wait(t, 1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.typed) == 0 {
+		t.Fatal("no iteration stats")
+	}
+	for k, s := range c.typed {
+		if s.EngineTime < pause || s.EngineTime > time.Since(s.Time) {
+			t.Errorf("iteration %d: EngineTime %v, want at least the step's %v and at most the iteration's %v", k, s.EngineTime, pause, time.Since(s.Time))
+		}
 	}
 }

@@ -52,6 +52,10 @@ type Stats struct {
 	WaitingRequests int
 	// ReusedKVCacheBlocks is the total number of blocks reused by prefix since start.
 	ReusedKVCacheBlocks uint64
+	// EngineTime is the wall time of the iteration's Engine.Step; the rest of the
+	// iteration is the manager's and its callbacks'. Not in the JSON (the seed has no
+	// such field); IterationStats callbacks and traces read it.
+	EngineTime time.Duration
 	// V1 says the stats come from a V1 manager (selects the JSON fields).
 	V1 bool
 }
@@ -203,6 +207,7 @@ func (m *Manager) snapshot(now time.Time) Stats {
 		PausedRequests:        len(m.paused),
 		WaitingRequests:       len(m.waiting),
 		ReusedKVCacheBlocks:   ps.Reused,
+		EngineTime:            m.it.engine,
 		V1:                    m.cfg.ModelType == V1,
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"time"
 
 	"gollm/engine"
 )
@@ -20,6 +21,8 @@ type iterCounts struct {
 	emptySlots int
 	// pausedNow and resumedNow count this iteration's pauses and resumes.
 	pausedNow, resumedNow int
+	// engine is the wall time of the iteration's Engine.Step.
+	engine time.Duration
 }
 
 // step builds the engine batch from m.sched, runs it, and applies the outputs: new
@@ -30,7 +33,9 @@ func (m *Manager) step() {
 		m.it.emptySlots = len(m.held)
 	}
 
+	t0 := time.Now()
 	outs, err := m.eng.Step(&m.batch)
+	m.it.engine = time.Since(t0)
 	if err == nil && len(outs) != len(m.sched) {
 		err = fmt.Errorf("engine returned %d outputs for %d sequences", len(outs), len(m.sched))
 	}
