@@ -18,10 +18,8 @@ import (
 type sampler struct {
 	// work is the processed logits row [vocab].
 	work []float32
-	// counts counts each token's occurrences in History [vocab]; zero between calls.
-	counts []int32
-	// seen lists the distinct tokens of History, to reset counts.
-	seen []int32
+	// hist counts History's tokens for the penalties.
+	hist TokenCounts
 	// cand holds top-k / top-p candidates, best first.
 	cand []candidate
 }
@@ -37,7 +35,7 @@ type candidate struct {
 // init sizes the buffers for a vocabulary.
 func (s *sampler) init(vocab int) {
 	s.work = make([]float32, vocab)
-	s.counts = make([]int32, vocab)
+	s.hist = NewTokenCounts(vocab)
 }
 
 // errAllMasked is returned when penalties and masks leave no token to choose.
@@ -132,14 +130,7 @@ func (s *sampler) applyPenalties(w []float32, p *SamplingParams, hist []int32) {
 	if !useRep && p.PresencePenalty == 0 && p.FrequencyPenalty == 0 {
 		return
 	}
-	s.seen = s.seen[:0]
-	for _, t := range hist {
-		if s.counts[t] == 0 {
-			s.seen = append(s.seen, t)
-		}
-		s.counts[t]++
-	}
-	for _, t := range s.seen {
+	s.hist.Each(hist, func(t, n int32) {
 		l := w[t]
 		if useRep {
 			if l > 0 {
@@ -148,10 +139,8 @@ func (s *sampler) applyPenalties(w []float32, p *SamplingParams, hist []int32) {
 				l *= rep
 			}
 		}
-		l -= p.PresencePenalty + p.FrequencyPenalty*float32(s.counts[t])
-		w[t] = l
-		s.counts[t] = 0
-	}
+		w[t] = l - (p.PresencePenalty + p.FrequencyPenalty*float32(n))
+	})
 }
 
 // applyMinLength masks EndID while fewer than MinLength tokens have been generated.

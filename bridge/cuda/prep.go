@@ -66,15 +66,13 @@ type stepPrep struct {
 	// outTok and outLP receive the sampled tokens and log-probabilities.
 	outTok []int32
 	outLP  []float32
-	// counts counts a history's tokens [vocab]; zero between uses.
-	counts []int32
-	// seen lists the distinct tokens counted.
-	seen []int32
+	// hist counts a history's tokens for the penalties.
+	hist engine.TokenCounts
 }
 
 // init sizes the per-vocabulary buffers.
 func (p *stepPrep) init(vocab int) {
-	p.counts = make([]int32, vocab)
+	p.hist = engine.NewTokenCounts(vocab)
 }
 
 // build fills the arrays for the pieces of one call.
@@ -120,7 +118,10 @@ func (p *stepPrep) build(b *engine.Batch, part []piece, info engine.Info) {
 			d.uniform = C.double(engine.Uniform(sp.Seed, sq.NumGenerated))
 			d.penalty_offset = C.int32_t(len(p.penTok))
 			if (sp.RepetitionPenalty != 0 && sp.RepetitionPenalty != 1) || sp.PresencePenalty != 0 || sp.FrequencyPenalty != 0 {
-				p.countHistory(sq.History)
+				p.hist.Each(sq.History, func(t, n int32) {
+					p.penTok = append(p.penTok, t)
+					p.penCnt = append(p.penCnt, n)
+				})
 			}
 			d.penalty_count = C.int32_t(len(p.penTok) - int(d.penalty_offset))
 			d.mask_offset = C.int32_t(len(p.masks))
@@ -140,22 +141,6 @@ func (p *stepPrep) build(b *engine.Batch, part []piece, info engine.Info) {
 	}
 	p.outTok = slices.Grow(p.outTok[:0], len(part))[:len(part)]
 	p.outLP = slices.Grow(p.outLP[:0], len(part))[:len(part)]
-}
-
-// countHistory appends hist's distinct tokens and their counts to penTok and penCnt.
-func (p *stepPrep) countHistory(hist []int32) {
-	p.seen = p.seen[:0]
-	for _, t := range hist {
-		if p.counts[t] == 0 {
-			p.seen = append(p.seen, t)
-		}
-		p.counts[t]++
-	}
-	for _, t := range p.seen {
-		p.penTok = append(p.penTok, t)
-		p.penCnt = append(p.penCnt, p.counts[t])
-		p.counts[t] = 0
-	}
 }
 
 // collect moves one call's results into outs. Logits slices share the call's buffer,
