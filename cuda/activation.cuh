@@ -17,49 +17,41 @@ __device__ __forceinline__ float activate(float x, int act) {
   }
 }
 
-// bias_act_kernel: y[r][c] = act(x[r][c] + bias[c]) for x [n][width] fp32, bias [width] fp32,
-// y [n][width] T. Grid-stride over the n*width elements.
-template <typename T>
+// bias_act_kernel: y[r][c] = act(x[r][c] + bias[c]) for x [n][width] fp32, bias [width]
+// fp32, y [n][width] T. Grid (n, ceil(width / W / 256)), 256 threads; a thread takes W
+// consecutive elements (W = 4: 16-byte loads and 8-byte stores, for width % 4 == 0).
+template <typename T, int W>
 __global__ void bias_act_kernel(const float* __restrict__ x, const float* __restrict__ bias,
-                                T* __restrict__ y, int64_t total, int width, int act) {
+                                T* __restrict__ y, int width, int act) {
+  static_assert(W == 1 || W == 4, "W is 1 or 4");
   griddep_launch();
-  griddep_wait();
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    y[i] = from_f32<T>(activate(x[i] + bias[i % width], act));
+  const int c = W * (blockIdx.y * blockDim.x + threadIdx.x);
+  if (c >= width) return;
+  const int64_t off = (int64_t)blockIdx.x * width + c;
+  if constexpr (W == 4) {
+    const float4 b = *reinterpret_cast<const float4*>(bias + c);
+    griddep_wait();
+    const float4 v = *reinterpret_cast<const float4*>(x + off);
+    alignas(8) T out[4] = {from_f32<T>(activate(v.x + b.x, act)), from_f32<T>(activate(v.y + b.y, act)),
+                           from_f32<T>(activate(v.z + b.z, act)), from_f32<T>(activate(v.w + b.w, act))};
+    *reinterpret_cast<uint2*>(y + off) = *reinterpret_cast<const uint2*>(out);
+  } else {
+    const float b = bias[c];
+    griddep_wait();
+    y[off] = from_f32<T>(activate(x[off] + b, act));
   }
-}
-
-// bias_act4_kernel: the same for width % 4 == 0, four elements a thread (16-byte loads,
-// 8-byte stores) and no 64-bit modulo. Grid (ceil(width / 4 / 256), n), 256 threads.
-template <typename T>
-__global__ void bias_act4_kernel(const float* __restrict__ x, const float* __restrict__ bias,
-                                 T* __restrict__ y, int width, int act) {
-  griddep_launch();
-  const int c4 = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c4 * 4 >= width) return;
-  const float4 b = reinterpret_cast<const float4*>(bias)[c4];
-  griddep_wait();
-  const int64_t off = (int64_t)blockIdx.y * width + 4 * c4;
-  const float4 v = *reinterpret_cast<const float4*>(x + off);
-  alignas(8) T out[4] = {from_f32<T>(activate(v.x + b.x, act)), from_f32<T>(activate(v.y + b.y, act)),
-                         from_f32<T>(activate(v.z + b.z, act)), from_f32<T>(activate(v.w + b.w, act))};
-  *reinterpret_cast<uint2*>(y + off) = *reinterpret_cast<const uint2*>(out);
 }
 
 template <typename T>
 void bias_act(const float* x, const float* bias, T* y, int n, int width, int act,
               Stream stream) {
-  int64_t total = (int64_t)n * width;
-  if (total == 0) return;
-  if (width % 4 == 0 && n <= 65535) {
-    launch("bias_act4_kernel", bias_act4_kernel<T>, dim3((width / 4 + 255) / 256, n), 256, 0,
+  if ((int64_t)n * width == 0) return;
+  if (width % 4 == 0)
+    launch("bias_act_kernel", bias_act_kernel<T, 4>, dim3(n, (width / 4 + 255) / 256), 256, 0,
            stream, x, bias, y, width, act);
-    return;
-  }
-  int blocks = (int)std::min<int64_t>((total + 255) / 256, 4096);
-  launch("bias_act_kernel", bias_act_kernel<T>, blocks, 256, 0, stream, x, bias, y, total, width,
-         act);
+  else
+    launch("bias_act_kernel", bias_act_kernel<T, 1>, dim3(n, (width + 255) / 256), 256, 0, stream,
+           x, bias, y, width, act);
 }
 
 }  // namespace gollm
