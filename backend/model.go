@@ -72,7 +72,8 @@ func loadModel(m triton.Model, log *zap.Logger) (*modelState, error) {
 		log.Warn(w)
 	}
 
-	// The config and the tensor index only: the weights wait for an instance.
+	// The config (Open refuses a model_type other than gpt2) and the tensor index only:
+	// the weights wait for an instance.
 	ckpt, err := model.Open(cfg.ModelPath)
 	if err != nil {
 		return nil, fmt.Errorf("model %q: %w", name, err)
@@ -80,9 +81,6 @@ func loadModel(m triton.Model, log *zap.Logger) (*modelState, error) {
 	mc := ckpt.Config
 	if err := ckpt.Close(); err != nil {
 		return nil, fmt.Errorf("model %q: %s: %w", name, cfg.ModelPath, err)
-	}
-	if mc.Arch != "gpt2" {
-		return nil, fmt.Errorf("model %q: %s: model_type is %q, not gpt2", name, cfg.ModelPath, mc.Arch)
 	}
 	tok, err := model.LoadTokenizer(filepath.Join(cfg.ModelPath, "tokenizer.json"))
 	switch {
