@@ -32,9 +32,8 @@ __global__ void bias_act_kernel(const float* __restrict__ x, const float* __rest
     const float4 b = *reinterpret_cast<const float4*>(bias + c);
     griddep_wait();
     const float4 v = *reinterpret_cast<const float4*>(x + off);
-    alignas(8) T out[4] = {from_f32<T>(activate(v.x + b.x, act)), from_f32<T>(activate(v.y + b.y, act)),
-                           from_f32<T>(activate(v.z + b.z, act)), from_f32<T>(activate(v.w + b.w, act))};
-    *reinterpret_cast<uint2*>(y + off) = *reinterpret_cast<const uint2*>(out);
+    store4(y + off, activate(v.x + b.x, act), activate(v.y + b.y, act), activate(v.z + b.z, act),
+           activate(v.w + b.w, act));
   } else {
     const float b = bias[c];
     griddep_wait();

@@ -59,8 +59,7 @@ __global__ void qkv_kv_write_kernel(float* __restrict__ qkv, const float* __rest
   const int head = cc / g.head_dim, d = cc % g.head_dim;
   T* dst = kv + g.at(block, layer, kind, head, pos % g.tokens_per_block) + d;
   if constexpr (W == 4) {
-    alignas(8) T out[4] = {from_f32<T>(v[0]), from_f32<T>(v[1]), from_f32<T>(v[2]), from_f32<T>(v[3])};
-    *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(out);
+    store4(dst, v[0], v[1], v[2], v[3]);
   } else {
     dst[0] = from_f32<T>(v[0]);
   }

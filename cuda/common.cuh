@@ -72,6 +72,14 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
   return __float2bfloat16_rn(x);
 }
 
+// store4 converts four values to T (2-byte) and stores them with one 8-byte store; dst is
+// 8-byte aligned.
+template <typename T>
+__device__ __forceinline__ void store4(T* dst, float a, float b, float c, float d) {
+  alignas(8) T out[4] = {from_f32<T>(a), from_f32<T>(b), from_f32<T>(c), from_f32<T>(d)};
+  *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(out);
+}
+
 // Pair conversions for 4-byte loads of two elements.
 __device__ __forceinline__ float2 to_f32x2(__half2 x) { return __half22float2(x); }
 __device__ __forceinline__ float2 to_f32x2(__nv_bfloat162 x) { return __bfloat1622float2(x); }

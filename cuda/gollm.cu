@@ -833,6 +833,35 @@ void stage(gollm_engine* e, const Plan& pl, const Layout& L) {
   put(L.var, pl.words.data(), pl.words.size() * 4);
 }
 
+// A step's cuBLAS calls on the engine's buffers, for m rows (gemm_rows of the step's): a
+// layer's QKV, output projection, MLP up and MLP down, and the LM head over xf. forward
+// and the warm-up both make them, so the warm-up meets exactly a step's shapes.
+template <typename T>
+void gemm_qkv(gollm_engine* e, const LayerW& lw, int m) {
+  const int H = e->w->cfg.hidden;
+  matmul_xwt<T>(e->blas, e->xn.as<T>(), static_cast<const T*>(lw.attn_w), e->qkv.as<float>(), m, H, 3 * H);
+}
+template <typename T>
+void gemm_proj(gollm_engine* e, const LayerW& lw, int m) {
+  const int H = e->w->cfg.hidden;
+  matmul_xwt<T>(e->blas, e->att.as<T>(), static_cast<const T*>(lw.proj_w), e->tmp.as<float>(), m, H, H);
+}
+template <typename T>
+void gemm_up(gollm_engine* e, const LayerW& lw, int m) {
+  const int H = e->w->cfg.hidden, I = e->w->cfg.inner;
+  matmul_xwt<T>(e->blas, e->xn.as<T>(), static_cast<const T*>(lw.fc_w), e->fc.as<float>(), m, H, I);
+}
+template <typename T>
+void gemm_down(gollm_engine* e, const LayerW& lw, int m) {
+  const int H = e->w->cfg.hidden, I = e->w->cfg.inner;
+  matmul_xwt<T>(e->blas, e->fch.as<T>(), static_cast<const T*>(lw.mlp_w), e->tmp.as<float>(), m, I, H);
+}
+template <typename T>
+void gemm_lm_head(gollm_engine* e, int m) {
+  const int H = e->w->cfg.hidden, V = e->w->cfg.vocab_size;
+  matmul_xwt<T>(e->blas, e->xf.as<T>(), static_cast<const T*>(e->w->wte), e->logits.as<float>(), m, H, V);
+}
+
 // forward enqueues the whole step on the engine's stream: the layers, then per chunk the
 // LM head, the sampling and (eager mode) the logits copies. In graph mode it is captured.
 template <typename T>
@@ -885,7 +914,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       a.acc = acc;
       gemv<T, GEMV_IN_LN, GEMV_OUT_QKV>(a, e->sms, st);
     } else {
-      matmul_xwt<T>(e->blas, xn, static_cast<const T*>(lw.attn_w), qkv, NG, H, 3 * H);
+      gemm_qkv<T>(e, lw, NG);
       qkv_kv_write<T>(qkv, lw.attn_b, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom,
                       l, N, st);
     }
@@ -924,11 +953,11 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       gemv<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, st);
       continue;
     }
-    matmul_xwt<T>(e->blas, att, static_cast<const T*>(lw.proj_w), tmp, NG, H, H);
+    gemm_proj<T>(e, lw, NG);
     residual_layernorm<T>(h, tmp, lw.proj_b, xn, lw.ln2_w, lw.ln2_b, N, H, eps, st);
-    matmul_xwt<T>(e->blas, xn, static_cast<const T*>(lw.fc_w), fc, NG, H, I);
+    gemm_up<T>(e, lw, NG);
     bias_act<T>(fc, lw.fc_b, fch, N, I, c.activation, st);
-    matmul_xwt<T>(e->blas, fch, static_cast<const T*>(lw.mlp_w), tmp, NG, I, H);
+    gemm_down<T>(e, lw, NG);
     const LayerW& nx = last ? lw : w->layers[l + 1];
     residual_layernorm<T>(h, tmp, lw.mlp_b, xn, last ? w->lnf_w : nx.ln1_w,
                           last ? w->lnf_b : nx.ln1_b, N, H, eps, st);
@@ -947,8 +976,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       gemv<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, st);
     } else {
       gather_rows<T>(xn, I32(L.lrow_src) + ch.first, e->xf.as<T>(), ch.count, H, st);
-      matmul_xwt<T>(e->blas, e->xf.as<T>(), static_cast<const T*>(w->wte), logits,
-                    gemm_rows(ch.count), H, V);
+      gemm_lm_head<T>(e, gemm_rows(ch.count));
     }
     if (!capture) {
       for (const CopyOut& cp : pl.copies)
@@ -1062,9 +1090,7 @@ void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out) {
 // GEMMs, the LM head), so that no step of a served model pays a shape's first call.
 template <typename T>
 int warmup_gemms(gollm_engine* e) {
-  const gollm_model_config& c = e->w->cfg;
   const LayerW& lw = e->w->layers[0];
-  const int H = c.hidden, I = c.inner, V = c.vocab_size;
   // Inputs zeroed: the calls compute on them.
   CUDA_CHECK(cudaMemsetAsync(e->xn.p, 0, e->xn.bytes, e->stream));
   CUDA_CHECK(cudaMemsetAsync(e->att.p, 0, e->att.bytes, e->stream));
@@ -1073,15 +1099,15 @@ int warmup_gemms(gollm_engine* e) {
   int shapes = 0;
   const int top = gemm_rows(e->max_tokens);
   for (int m = 16; m <= top; m = gemm_rows(m + 1)) {
-    matmul_xwt<T>(e->blas, e->xn.as<T>(), static_cast<const T*>(lw.attn_w), e->qkv.as<float>(), m, H, 3 * H);
-    matmul_xwt<T>(e->blas, e->att.as<T>(), static_cast<const T*>(lw.proj_w), e->tmp.as<float>(), m, H, H);
-    matmul_xwt<T>(e->blas, e->xn.as<T>(), static_cast<const T*>(lw.fc_w), e->fc.as<float>(), m, H, I);
-    matmul_xwt<T>(e->blas, e->fch.as<T>(), static_cast<const T*>(lw.mlp_w), e->tmp.as<float>(), m, I, H);
+    gemm_qkv<T>(e, lw, m);
+    gemm_proj<T>(e, lw, m);
+    gemm_up<T>(e, lw, m);
+    gemm_down<T>(e, lw, m);
     shapes += 4;
   }
   const int rtop = gemm_rows(e->max_logit_rows);
   for (int m = 16; m <= rtop; m = gemm_rows(m + 1)) {
-    matmul_xwt<T>(e->blas, e->xf.as<T>(), static_cast<const T*>(e->w->wte), e->logits.as<float>(), m, H, V);
+    gemm_lm_head<T>(e, m);
     shapes++;
   }
   return shapes;

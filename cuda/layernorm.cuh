@@ -102,11 +102,8 @@ __global__ void __launch_bounds__(256) residual_layernorm4_kernel(
     if (c < h4) {
       const float4 g = reinterpret_cast<const float4*>(gamma)[c];
       const float4 b = reinterpret_cast<const float4*>(beta)[c];
-      alignas(8) T out[4] = {from_f32<T>((x[k].x - mean) * rstd * g.x + b.x),
-                             from_f32<T>((x[k].y - mean) * rstd * g.y + b.y),
-                             from_f32<T>((x[k].z - mean) * rstd * g.z + b.z),
-                             from_f32<T>((x[k].w - mean) * rstd * g.w + b.w)};
-      reinterpret_cast<uint2*>(xn + off)[c] = *reinterpret_cast<const uint2*>(out);
+      store4(xn + off + 4 * c, (x[k].x - mean) * rstd * g.x + b.x, (x[k].y - mean) * rstd * g.y + b.y,
+             (x[k].z - mean) * rstd * g.z + b.z, (x[k].w - mean) * rstd * g.w + b.w);
     }
   }
 }
