@@ -8,61 +8,41 @@
 
 namespace gollm {
 
-// qkv_kv_write_kernel: the QKV GEMM's epilogue. Grid (n, ceil(3·hidden / W / 256)), 256
-// threads; a thread takes W consecutive elements of row blockIdx.x (W = 4: 16-byte loads
-// and 8-byte pool stores, for head_dim % 4 == 0; else W = 1).
+// qkv_kv_write_kernel: the QKV GEMM's epilogue. Grid (n, ceil(3·hidden / 4 / 256)), 256
+// threads; a thread takes 4 consecutive elements of row blockIdx.x (16-byte loads and
+// 8-byte pool stores: head_dim is a multiple of 8, which engine creation enforces, so the
+// four never straddle a head or the q/k/v thirds).
 //   qkv:  [n][3*hidden] fp32 from the QKV GEMM; bias [3*hidden] fp32 is added here, and
 //         the query third is scaled by 1/sqrt(head_dim) in place for the attention kernels.
 //   keys and values go to the pool at the row's position: block blocks[seq.blk_off + pos/T],
 //   slot pos%T, page geom.page(block, layer, 0|1, head), [slot][head_dim] within it.
 // The bias and the row's block-table lookups come before the wait for the GEMM.
-template <typename T, int W>
+template <typename T>
 __global__ void qkv_kv_write_kernel(float* __restrict__ qkv, const float* __restrict__ bias,
                                     T* __restrict__ kv, const int32_t* __restrict__ row_pos,
                                     const int32_t* __restrict__ row_seq,
                                     const DevSeq* __restrict__ seqs,
                                     const int32_t* __restrict__ blocks, KVGeom g, int layer,
                                     float scale) {
-  static_assert(W == 1 || W == 4, "W is 1 or 4");
   griddep_launch();
   const int r = blockIdx.x, hidden = g.heads * g.head_dim;
-  const int c = W * (blockIdx.y * blockDim.x + threadIdx.x);
+  const int c = 4 * (blockIdx.y * blockDim.x + threadIdx.x);
   if (c >= 3 * hidden) return;
-  float v[W], b[W];
-  if constexpr (W == 4) {
-    const float4 b4 = *reinterpret_cast<const float4*>(bias + c);
-    b[0] = b4.x, b[1] = b4.y, b[2] = b4.z, b[3] = b4.w;
-  } else {
-    b[0] = bias[c];
-  }
+  const float4 b = *reinterpret_cast<const float4*>(bias + c);
   const int pos = row_pos[r];
   const int64_t block = blocks[seqs[row_seq[r]].blk_off + pos / g.tokens_per_block];
   griddep_wait();
-  float* rp = qkv + (int64_t)r * 3 * hidden + c;
-  if constexpr (W == 4) {
-    const float4 v4 = *reinterpret_cast<const float4*>(rp);
-    v[0] = v4.x, v[1] = v4.y, v[2] = v4.z, v[3] = v4.w;
-  } else {
-    v[0] = rp[0];
-  }
-#pragma unroll
-  for (int e = 0; e < W; e++) v[e] += b[e];
+  float4* rp = reinterpret_cast<float4*>(qkv + (int64_t)r * 3 * hidden + c);
+  float4 v = *rp;
+  v.x += b.x, v.y += b.y, v.z += b.z, v.w += b.w;
   if (c < hidden) {
-    if constexpr (W == 4)
-      *reinterpret_cast<float4*>(rp) = make_float4(v[0] * scale, v[1] * scale, v[2] * scale, v[3] * scale);
-    else
-      rp[0] = v[0] * scale;
+    *rp = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
     return;
   }
   const int kind = c < 2 * hidden ? 0 : 1;
   const int cc = c - (kind + 1) * hidden;
   const int head = cc / g.head_dim, d = cc % g.head_dim;
-  T* dst = kv + g.at(block, layer, kind, head, pos % g.tokens_per_block) + d;
-  if constexpr (W == 4) {
-    store4(dst, v[0], v[1], v[2], v[3]);
-  } else {
-    dst[0] = from_f32<T>(v[0]);
-  }
+  store4(kv + g.at(block, layer, kind, head, pos % g.tokens_per_block) + d, v.x, v.y, v.z, v.w);
 }
 
 template <typename T>
@@ -72,13 +52,8 @@ void qkv_kv_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
   if (n == 0) return;
   const float scale = 1.f / sqrtf((float)g.head_dim);
   const int hidden = g.heads * g.head_dim;
-  if (g.head_dim % 4 == 0) {
-    launch("qkv_kv_write_kernel", qkv_kv_write_kernel<T, 4>, dim3(n, (3 * hidden / 4 + 255) / 256),
-           256, 0, stream, qkv, bias, kv, row_pos, row_seq, seqs, blocks, g, layer, scale);
-  } else {
-    launch("qkv_kv_write_kernel", qkv_kv_write_kernel<T, 1>, dim3(n, (3 * hidden + 255) / 256),
-           256, 0, stream, qkv, bias, kv, row_pos, row_seq, seqs, blocks, g, layer, scale);
-  }
+  launch("qkv_kv_write_kernel", qkv_kv_write_kernel<T>, dim3(n, (3 * hidden / 4 + 255) / 256), 256,
+         0, stream, qkv, bias, kv, row_pos, row_seq, seqs, blocks, g, layer, scale);
 }
 
 // Decode attention: one query row per sequence (its single new token), attending to the

@@ -5,8 +5,8 @@ libgollm_cuda.so and the gollm-gpucheck command:
 
     python3 tests/gpu/check.py --bin .carry/gollm-gpucheck --lib build/libgollm_cuda.so
 
-It writes two checkpoints with transformers — the GPT-2 124M shape and an odd one (6 heads
-of 80, 5 layers, vocabulary 1,000) — whose weights are rounded to bfloat16 so that both
+It writes three checkpoints with transformers — the GPT-2 124M shape, an odd one (6 heads
+of 80, 5 layers, vocabulary 1,000) and one whose MLP is 1,002 wide — whose weights are rounded to bfloat16 so that both
 engines read exactly the same numbers; makes 64 prompts of mixed lengths; runs
 gollm-gpucheck (each prompt alone, then all 64 as an in-flight batch, with and without
 CUDA graphs, and chunked prefill) in float16 and bfloat16; and runs transformers in
@@ -140,6 +140,13 @@ def main():
         "odd-6x80-5L-v1000": (GPT2Config(vocab_size=1000, n_positions=1024, n_embd=480, n_layer=5, n_head=6,
                                          bos_token_id=999, eos_token_id=999),
                               {"f32": torch.float32}),
+        # An MLP width that is not a multiple of 8 (nor of 4): the gemv kernels refuse it,
+        # so decode steps take the cuBLAS path, and bias + GELU its one-element-a-thread
+        # kernel.
+        "inner1002-4x64-2L-v1000": (GPT2Config(vocab_size=1000, n_positions=1024, n_embd=256, n_layer=2,
+                                               n_head=4, n_inner=1002, bos_token_id=999,
+                                               eos_token_id=999),
+                                    {"f32": torch.float32}),
     }
     runs = []  # (model, dtype, ckpt dir, sampling?)
     for mi, (name, (cfg, saves)) in enumerate(shapes.items()):
@@ -147,7 +154,8 @@ def main():
         if "f16" in dirs:
             runs += [(name, "float16", dirs["f16"], False), (name, "bfloat16", dirs["bf16"], False)]
         else:
-            runs += [(name, "float16", dirs["f32"], True), (name, "bfloat16", dirs["f32"], False)]
+            sampling = name.startswith("odd")  # one sampled run is enough
+            runs += [(name, "float16", dirs["f32"], sampling), (name, "bfloat16", dirs["f32"], False)]
     print(f"checkpoints ready in {time.time() - t0:.1f}s", flush=True)
 
     rows, failures, notes = [], [], []
