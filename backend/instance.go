@@ -119,11 +119,11 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 	var eng engine.Engine
 	switch kind {
 	case triton.KindCPU:
-		w, err := ms.cpuModel()
+		w, err := ms.cpuWeights()
 		if err != nil {
 			return nil, fmt.Errorf("instance %s: %w", name, err)
 		}
-		cpu, err := engine.NewCPU(w, engine.KVConfig{NumBlocks: ms.kvBlocks(), TokensPerBlock: ms.cfg.TokensPerBlock})
+		cpu, err := engine.NewCPUFrom(w, engine.KVConfig{NumBlocks: ms.kvBlocks(), TokensPerBlock: ms.cfg.TokensPerBlock})
 		if err != nil {
 			return nil, fmt.Errorf("instance %s: %w", name, err)
 		}

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"gollm/bridge/triton"
+	"gollm/engine"
 	"gollm/model"
 )
 
@@ -23,14 +24,14 @@ type modelState struct {
 	// log carries the model's name.
 	log *zap.Logger
 	// ckpt is the checkpoint's config.json. The weights are read by the instances as
-	// their kind needs them: float32 copies for KIND_CPU (cpuModel), device copies for
+	// their kind needs them: float32 copies for KIND_CPU (cpuWeights), device copies for
 	// KIND_GPU (gpu), so a GPU-only model neither converts them on the CPU nor keeps them
 	// in host memory.
 	ckpt model.Config
-	// cpuMu guards cpuWeights.
+	// cpuMu guards cpu.
 	cpuMu sync.Mutex
-	// cpuWeights are the KIND_CPU instances' float32 weights, loaded by the first one.
-	cpuWeights *model.GPT2
+	// cpu holds the weights every KIND_CPU instance's engine runs on, loaded by the first.
+	cpu *engine.CPUWeights
 	// gpu shares the weights of the model's KIND_GPU instances, one copy per device.
 	gpu gpuShare
 	// tok is the checkpoint's tokenizer; nil when it has no tokenizer.json.
@@ -124,19 +125,24 @@ func loadModel(m triton.Model, log *zap.Logger) (*modelState, error) {
 	return ms, nil
 }
 
-// cpuModel returns the float32 weights of the KIND_CPU instances, loading them on the
-// first call.
-func (ms *modelState) cpuModel() (*model.GPT2, error) {
+// cpuWeights returns the weights of the KIND_CPU instances, loading them on the first
+// call. The float32 checkpoint is dropped once they are built: they keep transposed
+// copies of its layer matrices, so keeping it too would hold those twice.
+func (ms *modelState) cpuWeights() (*engine.CPUWeights, error) {
 	ms.cpuMu.Lock()
 	defer ms.cpuMu.Unlock()
-	if ms.cpuWeights == nil {
-		w, err := model.LoadGPT2Dir(ms.cfg.ModelPath)
+	if ms.cpu == nil {
+		m, err := model.LoadGPT2Dir(ms.cfg.ModelPath)
 		if err != nil {
 			return nil, err
 		}
-		ms.cpuWeights = w
+		w, err := engine.NewCPUWeights(m)
+		if err != nil {
+			return nil, fmt.Errorf("load gpt2 %s: %w", ms.cfg.ModelPath, err)
+		}
+		ms.cpu = w
 	}
-	return ms.cpuWeights, nil
+	return ms.cpu, nil
 }
 
 // kvBlocks is the number of KV blocks of an instance's CPU pool:

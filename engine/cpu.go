@@ -16,7 +16,8 @@ import (
 // Step is meant to be called from one goroutine at a time (the batch manager's worker);
 // a mutex serialises concurrent calls, so they are safe but do not run in parallel.
 // The scratch buffers of one Step are reused by the next, so a steady decode loop
-// allocates little besides the returned outputs.
+// allocates little besides the returned outputs. Engines made by NewCPUFrom on one
+// CPUWeights step in parallel: each has its own mutex, KV pool and scratch.
 type CPU struct {
 	// mu serialises Step and Close.
 	mu sync.Mutex
@@ -24,6 +25,30 @@ type CPU struct {
 	closed bool
 	// info is what Info returns.
 	info Info
+	// w holds the weights, shared with the other engines made on them; read-only.
+	w *CPUWeights
+	// kv is the paged KV pool, laid out [block][layer][K,V][kv head][slot][head dim]
+	// so that one head's keys within a block are contiguous for attention.
+	kv []float32
+	// s holds the buffers reused across steps.
+	s scratch
+	// check validates each batch before it runs.
+	check *BatchChecker
+}
+
+// CPUWeights is a GPT-2 model prepared for the CPU engine, built once by NewCPUWeights
+// and shared by every engine NewCPUFrom makes on it: several instances of one model
+// then hold one copy of the weights, not one each.
+//
+// It is never written after NewCPUWeights returns (Step only reads it), so any number
+// of engines may use it concurrently from different goroutines.
+//
+// It holds its own transposed copies of each layer's four matrices (attn.c_attn,
+// attn.c_proj, mlp.c_fc and mlp.c_proj weights) and does not reference the model's,
+// so a caller that drops the *model.GPT2 lets those be collected. It does reference,
+// without copying, the model's WTE, WPE, LNFW, LNFB and each layer's LN1W, LN1B, LN2W,
+// LN2B and biases (AttnB, ProjB, FCB, MLPProjB): the caller must not modify those.
+type CPUWeights struct {
 	// cfg holds the model's hyperparameters.
 	cfg model.Config
 	// act is the MLP nonlinearity.
@@ -36,13 +61,6 @@ type CPU struct {
 	lnfW, lnfB []float32
 	// layers hold the transformer blocks with their matrices transposed.
 	layers []cpuLayer
-	// kv is the paged KV pool, laid out [block][layer][K,V][kv head][slot][head dim]
-	// so that one head's keys within a block are contiguous for attention.
-	kv []float32
-	// s holds the buffers reused across steps.
-	s scratch
-	// check validates each batch before it runs.
-	check *BatchChecker
 }
 
 // cpuLayer is one transformer block with its Conv1D matrices transposed to [out][in],
@@ -131,30 +149,30 @@ func (b *buf) resize(n, w int) {
 const maxKVFloats = 1 << 36
 
 // NewCPU builds a CPU engine over m's weights with a KV pool of kv.NumBlocks blocks of
-// kv.TokensPerBlock positions. It keeps m's embeddings and LayerNorm weights and
-// repacks the layer matrices (transposed), so m's layer matrices may be dropped
-// afterwards. It checks every weight's length against m.Config.
+// kv.TokensPerBlock positions: NewCPUWeights then NewCPUFrom, for a caller that runs
+// one engine on the model.
 func NewCPU(m *model.GPT2, kv KVConfig) (*CPU, error) {
+	w, err := NewCPUWeights(m)
+	if err != nil {
+		return nil, err
+	}
+	return NewCPUFrom(w, kv)
+}
+
+// NewCPUWeights checks m against its config (the hyperparameters, the activation and
+// every tensor's length, naming the tensor that does not fit) and prepares its weights
+// for the CPU engine. What the result keeps of m is listed on CPUWeights.
+func NewCPUWeights(m *model.GPT2) (*CPUWeights, error) {
 	if m == nil {
-		return nil, errors.New("engine: NewCPU: nil model")
+		return nil, errors.New("engine: NewCPUWeights: nil model")
 	}
 	cfg := m.Config
 	if err := checkConfig(cfg); err != nil {
-		return nil, fmt.Errorf("engine: NewCPU: %w", err)
+		return nil, fmt.Errorf("engine: NewCPUWeights: %w", err)
 	}
 	act, ok := parseActivation(cfg.Activation)
 	if !ok {
-		return nil, fmt.Errorf("engine: NewCPU: activation_function %q is not supported (gelu_new, gelu_pytorch_tanh, gelu_fast, gelu, relu)", cfg.Activation)
-	}
-	if kv.NumBlocks < 1 {
-		return nil, fmt.Errorf("engine: NewCPU: KVConfig.NumBlocks is %d, must be at least 1", kv.NumBlocks)
-	}
-	if kv.TokensPerBlock < 1 {
-		return nil, fmt.Errorf("engine: NewCPU: KVConfig.TokensPerBlock is %d, must be at least 1", kv.TokensPerBlock)
-	}
-	perBlock := int64(kv.TokensPerBlock) * int64(cfg.Layers) * 2 * int64(cfg.KVHeads) * int64(cfg.HeadDim)
-	if perBlock > maxKVFloats || int64(kv.NumBlocks) > maxKVFloats/perBlock {
-		return nil, fmt.Errorf("engine: NewCPU: KV pool of %d blocks × %d floats exceeds %d floats", kv.NumBlocks, perBlock, int64(maxKVFloats))
+		return nil, fmt.Errorf("engine: NewCPUWeights: activation_function %q is not supported (gelu_new, gelu_pytorch_tanh, gelu_fast, gelu, relu)", cfg.Activation)
 	}
 
 	H, I, V := cfg.Hidden, cfg.Inner, cfg.VocabSize
@@ -169,7 +187,7 @@ func NewCPU(m *model.GPT2, kv KVConfig) (*CPU, error) {
 		{"ln_f.bias", m.LNFB, H},
 	}
 	if len(m.Layers) != cfg.Layers {
-		return nil, fmt.Errorf("engine: NewCPU: model has %d layers, config says n_layer=%d", len(m.Layers), cfg.Layers)
+		return nil, fmt.Errorf("engine: NewCPUWeights: model has %d layers, config says n_layer=%d", len(m.Layers), cfg.Layers)
 	}
 	for i := range m.Layers {
 		l := &m.Layers[i]
@@ -189,41 +207,15 @@ func NewCPU(m *model.GPT2, kv KVConfig) (*CPU, error) {
 	}
 	for _, c := range checks {
 		if len(c.got) != c.want {
-			return nil, fmt.Errorf("engine: NewCPU: tensor %s has %d values, want %d for the config", c.name, len(c.got), c.want)
+			return nil, fmt.Errorf("engine: NewCPUWeights: tensor %s has %d values, want %d for the config", c.name, len(c.got), c.want)
 		}
 	}
 
-	e := &CPU{
-		info: Info{
-			Arch:           cfg.Arch,
-			VocabSize:      V,
-			MaxSeqLen:      cfg.MaxPositions,
-			Layers:         cfg.Layers,
-			KVHeads:        cfg.KVHeads,
-			HeadDim:        cfg.HeadDim,
-			NumBlocks:      kv.NumBlocks,
-			TokensPerBlock: kv.TokensPerBlock,
-			EndID:          cfg.EOSID,
-		},
-		cfg:  cfg,
-		act:  act,
-		wte:  m.WTE,
-		wpe:  m.WPE,
-		lnfW: m.LNFW,
-		lnfB: m.LNFB,
-		kv:   make([]float32, int64(kv.NumBlocks)*perBlock),
-	}
-	if e.info.Arch == "" {
-		e.info.Arch = "gpt2"
-	}
-	if e.info.EndID >= int32(V) {
-		e.info.EndID = -1
-	}
-	e.check = NewBatchChecker(e.info, "engine")
-	e.layers = make([]cpuLayer, cfg.Layers)
+	w := &CPUWeights{cfg: cfg, act: act, wte: m.WTE, wpe: m.WPE, lnfW: m.LNFW, lnfB: m.LNFB,
+		layers: make([]cpuLayer, cfg.Layers)}
 	for i := range m.Layers {
 		l := &m.Layers[i]
-		e.layers[i] = cpuLayer{
+		w.layers[i] = cpuLayer{
 			ln1W: l.LN1W, ln1B: l.LN1B,
 			attnWT: transpose(l.AttnW, H, 3*H), attnB: l.AttnB,
 			projWT: transpose(l.ProjW, H, H), projB: l.ProjB,
@@ -232,6 +224,48 @@ func NewCPU(m *model.GPT2, kv KVConfig) (*CPU, error) {
 			mlpWT: transpose(l.MLPProjW, I, H), mlpB: l.MLPProjB,
 		}
 	}
+	return w, nil
+}
+
+// NewCPUFrom builds a CPU engine on shared weights with its own KV pool of
+// kv.NumBlocks blocks of kv.TokensPerBlock positions.
+func NewCPUFrom(w *CPUWeights, kv KVConfig) (*CPU, error) {
+	if w == nil {
+		return nil, errors.New("engine: NewCPUFrom: nil weights")
+	}
+	cfg := w.cfg
+	if kv.NumBlocks < 1 {
+		return nil, fmt.Errorf("engine: NewCPUFrom: KVConfig.NumBlocks is %d, must be at least 1", kv.NumBlocks)
+	}
+	if kv.TokensPerBlock < 1 {
+		return nil, fmt.Errorf("engine: NewCPUFrom: KVConfig.TokensPerBlock is %d, must be at least 1", kv.TokensPerBlock)
+	}
+	perBlock := int64(kv.TokensPerBlock) * int64(cfg.Layers) * 2 * int64(cfg.KVHeads) * int64(cfg.HeadDim)
+	if perBlock > maxKVFloats || int64(kv.NumBlocks) > maxKVFloats/perBlock {
+		return nil, fmt.Errorf("engine: NewCPUFrom: KV pool of %d blocks × %d floats exceeds %d floats", kv.NumBlocks, perBlock, int64(maxKVFloats))
+	}
+	e := &CPU{
+		info: Info{
+			Arch:           cfg.Arch,
+			VocabSize:      cfg.VocabSize,
+			MaxSeqLen:      cfg.MaxPositions,
+			Layers:         cfg.Layers,
+			KVHeads:        cfg.KVHeads,
+			HeadDim:        cfg.HeadDim,
+			NumBlocks:      kv.NumBlocks,
+			TokensPerBlock: kv.TokensPerBlock,
+			EndID:          cfg.EOSID,
+		},
+		w:  w,
+		kv: make([]float32, int64(kv.NumBlocks)*perBlock),
+	}
+	if e.info.Arch == "" {
+		e.info.Arch = "gpt2"
+	}
+	if e.info.EndID >= int32(cfg.VocabSize) {
+		e.info.EndID = -1
+	}
+	e.check = NewBatchChecker(e.info, "engine")
 	return e, nil
 }
 
@@ -276,12 +310,13 @@ func transpose(w []float32, rows, cols int) []float32 {
 // Info describes the model and the KV pool.
 func (e *CPU) Info() Info { return e.info }
 
-// Close frees the KV pool and the repacked weights; later Steps fail.
+// Close frees the KV pool and drops the engine's reference to its weights, which are
+// freed once nothing else holds them; later Steps fail.
 func (e *CPU) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.closed = true
-	e.kv, e.layers, e.wte, e.wpe = nil, nil, nil, nil
+	e.kv, e.w = nil, nil
 	e.s = scratch{}
 	return nil
 }
@@ -289,7 +324,7 @@ func (e *CPU) Close() error {
 // kvBase returns the offset in the pool of slot 0 of (block, layer, kind, head), where
 // kind is 0 for keys and 1 for values.
 func (e *CPU) kvBase(block, layer, kind, head int) int {
-	return (((block*e.cfg.Layers+layer)*2+kind)*e.cfg.KVHeads + head) * e.info.TokensPerBlock * e.cfg.HeadDim
+	return (((block*e.w.cfg.Layers+layer)*2+kind)*e.w.cfg.KVHeads + head) * e.info.TokensPerBlock * e.w.cfg.HeadDim
 }
 
 // Step runs one iteration: the forward pass of every sequence's new tokens, all
@@ -313,7 +348,7 @@ func (e *CPU) Step(b *Batch) ([]Output, error) {
 	if n == 0 {
 		return outs, nil
 	}
-	cfg := e.cfg
+	cfg := e.w.cfg
 	H, V := cfg.Hidden, cfg.VocabSize
 	s := &e.s
 
@@ -333,14 +368,14 @@ func (e *CPU) Step(b *Batch) ([]Output, error) {
 	s.fc.resize(n, cfg.Inner)
 	for r, ri := range s.rows {
 		tok := int(b.Seqs[ri.seq].Tokens[ri.pos-b.Seqs[ri.seq].Pos])
-		h, te, pe := s.h.rows[r], e.wte[tok*H:(tok+1)*H], e.wpe[ri.pos*H:(ri.pos+1)*H]
+		h, te, pe := s.h.rows[r], e.w.wte[tok*H:(tok+1)*H], e.w.wpe[ri.pos*H:(ri.pos+1)*H]
 		for j := range h {
 			h[j] = te[j] + pe[j]
 		}
 	}
 
-	for li := range e.layers {
-		l := &e.layers[li]
+	for li := range e.w.layers {
+		l := &e.w.layers[li]
 		for r := range s.rows {
 			layerNorm(s.xn.rows[r], s.h.rows[r], l.ln1W, l.ln1B, cfg.LayerNormEps)
 		}
@@ -355,7 +390,7 @@ func (e *CPU) Step(b *Batch) ([]Output, error) {
 		matmul(s.fc.rows, s.xn.rows, l.fcWT, H, cfg.Inner, l.fcB)
 		parallelFor(n, 1, max(1, 4096/cfg.Inner), func(_, lo, hi int) {
 			for r := lo; r < hi; r++ {
-				e.act.apply(s.fc.rows[r])
+				e.w.act.apply(s.fc.rows[r])
 			}
 		})
 		matmul(s.tmp.rows, s.fc.rows, l.mlpWT, cfg.Inner, H, l.mlpB)
@@ -393,20 +428,20 @@ func (e *CPU) Step(b *Batch) ([]Output, error) {
 			outs[si].ContextLogits = out
 			for i := range sq.Tokens {
 				s.lmIn = append(s.lmIn, s.hf.rows[len(s.lmIn)])
-				layerNorm(s.lmIn[len(s.lmIn)-1], s.h.rows[r0+i], e.lnfW, e.lnfB, cfg.LayerNormEps)
+				layerNorm(s.lmIn[len(s.lmIn)-1], s.h.rows[r0+i], e.w.lnfW, e.w.lnfB, cfg.LayerNormEps)
 				s.lmOut = append(s.lmOut, out[i*V:(i+1)*V:(i+1)*V])
 			}
 			s.lastLogits[si] = s.lmOut[len(s.lmOut)-1]
 		case sq.Sample || sq.ReturnLogits:
 			s.lmIn = append(s.lmIn, s.hf.rows[len(s.lmIn)])
-			layerNorm(s.lmIn[len(s.lmIn)-1], s.h.rows[r0+len(sq.Tokens)-1], e.lnfW, e.lnfB, cfg.LayerNormEps)
+			layerNorm(s.lmIn[len(s.lmIn)-1], s.h.rows[r0+len(sq.Tokens)-1], e.w.lnfW, e.w.lnfB, cfg.LayerNormEps)
 			s.lmOut = append(s.lmOut, s.logits.rows[k])
 			s.lastLogits[si] = s.logits.rows[k]
 			k++
 		}
 		r0 += len(sq.Tokens)
 	}
-	matmul(s.lmOut, s.lmIn, e.wte, H, V, nil)
+	matmul(s.lmOut, s.lmIn, e.w.wte, H, V, nil)
 
 	// Sampling reads only its own sequence's row, so sequences are spread over the
 	// goroutines, each with its own sampler buffers.
@@ -469,12 +504,12 @@ func addRows(dst, src [][]float32) {
 // writeKV stores the keys and values of layer li of every new token in its sequence's
 // KV blocks.
 func (e *CPU) writeKV(b *Batch, li int) {
-	H, D, T := e.cfg.Hidden, e.cfg.HeadDim, e.info.TokensPerBlock
+	H, D, T := e.w.cfg.Hidden, e.w.cfg.HeadDim, e.info.TokensPerBlock
 	for r, ri := range e.s.rows {
 		blk := int(b.Seqs[ri.seq].Blocks[ri.pos/T])
 		slot := ri.pos % T
 		qkv := e.s.qkv.rows[r]
-		for h := 0; h < e.cfg.KVHeads; h++ {
+		for h := 0; h < e.w.cfg.KVHeads; h++ {
 			kb := e.kvBase(blk, li, 0, h) + slot*D
 			vb := e.kvBase(blk, li, 1, h) + slot*D
 			copy(e.kv[kb:kb+D], qkv[H+h*D:H+(h+1)*D])
@@ -488,7 +523,7 @@ func (e *CPU) writeKV(b *Batch, li int) {
 // pairs are spread over the goroutines; each reads its sequence's blocks in order.
 func (e *CPU) attention(b *Batch, li int) {
 	s := &e.s
-	heads, D, T := e.cfg.Heads, e.cfg.HeadDim, e.info.TokensPerBlock
+	heads, D, T := e.w.cfg.Heads, e.w.cfg.HeadDim, e.info.TokensPerBlock
 	workers := runtime.GOMAXPROCS(0)
 	for len(s.scores) < workers {
 		s.scores = append(s.scores, make([]float32, e.info.MaxSeqLen))
