@@ -161,6 +161,62 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// Bulk copies (sm_90's TMA, cp.async.bulk): one instruction copies a contiguous range of
+// global memory (16-byte aligned, a multiple of 16 bytes) into shared memory and reports
+// its bytes to an mbarrier, which completes its phase once the expected bytes arrived and
+// its one arrival (mbar_expect_tx) was made. A block then stages its weights with a few
+// instructions instead of a 16-byte cp.async per thread and piece, whose issue alone took
+// several µs a kernel. Callers keep cp.async where kBulk is false (older GPUs, or
+// GOLLM_CUDA_BULK=0); on them these functions do nothing.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr bool kBulk = true;
+#else
+constexpr bool kBulk = false;
+#endif
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// mbar_init readies barrier bar for one arrival a phase; call from one thread, then
+// __syncthreads before anyone uses it.
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the copy engine
+#endif
+}
+// mbar_expect_tx is the phase's arrival, announcing bytes to come (from one thread).
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+// bulk_copy copies bytes from gmem to smem, counted on bar.
+__device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, unsigned bytes,
+                                          uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_u32(smem)),
+      "l"(gmem), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+#endif
+}
+// mbar_wait waits for bar's phase of the given parity (0 for its first use) to complete.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned done = 0;
+  while (!done)
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+#endif
+}
+
 // Stream is where a launcher enqueues its kernel, and whether it may overlap the previous
 // kernel (programmatic dependent launch).
 struct Stream {

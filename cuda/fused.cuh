@@ -10,7 +10,8 @@
 // h + Z: readers take both (resid_at, the LayerNorm prologues), and the next layer's
 // output projection, a single writer per entry, moves Z into h and zeroes it (gemv_store);
 // the embedding kernel zeroes Z at the start of the step. The kernel copies its weights
-// into shared memory before waiting for the previous kernel.
+// into shared memory (bulk copies on sm_90, else cp.async) before waiting for the
+// previous kernel.
 #pragma once
 #include "attention.cuh"
 #include "gemv.cuh"
@@ -30,6 +31,7 @@ struct MlpArgs {
   unsigned long long* acc;    // Z [n][hidden], where the partial sums go
   int n, hidden, inner, act;
   int k;  // inner units per block, a multiple of 8
+  bool bulk;  // stage the weights with bulk copies (sm_90)
 };
 
 inline size_t mlp_smem(int R, int hidden, int k, int elem) {
@@ -54,7 +56,21 @@ __global__ void __launch_bounds__(kGemvThreads) mlp_kernel(MlpArgs m) {
   T* wu = reinterpret_cast<T*>(mlp_sm + align_up16((size_t)R * H * sizeof(T)));
   T* wd = wu + (size_t)k * H;
   float* act = reinterpret_cast<float*>(wd + (size_t)H * k);
-  {
+  __shared__ uint64_t bar;
+  const bool bulk = kBulk && m.bulk;
+  if (bulk) {
+    // W_up's slice is one range; W_down's is a row piece of kk units per output.
+    if (threadIdx.x == 0) mbar_init(&bar);
+    __syncthreads();
+    const T* wdg = static_cast<const T*>(m.w_down) + j0;
+    const unsigned row = kk * sizeof(T);
+    if (threadIdx.x == 0) {
+      mbar_expect_tx(&bar, 2u * H * row);
+      bulk_copy(wu, static_cast<const T*>(m.w_up) + (size_t)j0 * H, H * row, &bar);
+    }
+    for (int o = threadIdx.x; o < H; o += kGemvThreads)
+      bulk_copy(wd + (size_t)o * k, wdg + (size_t)o * m.inner, row, &bar);
+  } else {
     const char* src = static_cast<const char*>(m.w_up) + (size_t)j0 * H * sizeof(T);
     const int pieces = kk * H / 8;
     for (int i = threadIdx.x; i < pieces; i += kGemvThreads)
@@ -72,7 +88,10 @@ __global__ void __launch_bounds__(kGemvThreads) mlp_kernel(MlpArgs m) {
   const LnParams lp = gemv_ln_params<GEMV_IN_LN>(g);
   griddep_wait();
   gemv_input<T, R, GEMV_IN_LN>(g, lp, xs);
-  cp_async_wait<0>();
+  if (bulk)
+    mbar_wait(&bar, 0);
+  else
+    cp_async_wait<0>();
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n = m.n;
   const int chunks = H / 8;

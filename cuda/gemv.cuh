@@ -72,6 +72,7 @@ struct GemvArgs {
   KVGeom geom;
   int layer;
   float qscale;
+  bool bulk;             // stage the weights with bulk copies (sm_90)
 };
 
 // ld_f4_now loads 16 bytes where it stands: the compiler may not sink it into the branch
@@ -153,17 +154,28 @@ __device__ __forceinline__ void gemv_kv_rows(const GemvArgs& a, bool qkv, int64_
 struct GemvShape {
   int opb, wpo, rpw, nst;
 };
+constexpr int kGemvMaxStages = 3;  // nst is 2 or 3
 
 // gemv_stage issues the copies of pass k (if the block has one) into stage buffer buf and
 // commits them as one group (an empty group past the last pass keeps the count uniform).
+// With bars (bulk copies), thread 0 issues the pass as one copy counted on
+// bars[k % s.nst] instead; rows past the output are then left as they are (never stored).
 template <typename T>
 __device__ __forceinline__ void gemv_stage(const GemvArgs& a, const GemvShape& s, int k,
-                                           unsigned char* buf) {
+                                           unsigned char* buf, uint64_t* bars) {
   const int64_t o0 = ((int64_t)blockIdx.x + (int64_t)k * gridDim.x) * s.opb;
+  const int64_t rows = a.out - o0 < s.opb ? a.out - o0 : s.opb;
+  const char* src = static_cast<const char*>(a.w) + o0 * a.in * (int64_t)sizeof(T);
+  if (bars) {
+    if (o0 < a.out && threadIdx.x == 0) {
+      const unsigned bytes = (unsigned)(rows * a.in * (int64_t)sizeof(T));
+      mbar_expect_tx(&bars[k % s.nst], bytes);
+      bulk_copy(buf, src, bytes, &bars[k % s.nst]);
+    }
+    return;
+  }
   if (o0 < a.out) {
-    const int64_t rows = a.out - o0 < s.opb ? a.out - o0 : s.opb;
     const int pieces = (int)(rows * a.in / 8);
-    const char* src = static_cast<const char*>(a.w) + o0 * a.in * (int64_t)sizeof(T);
     for (int i = threadIdx.x; i < pieces; i += kGemvThreads)
       cp_async16(buf + (size_t)i * 16, src + (size_t)i * 16);
   }
@@ -424,22 +436,31 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, GemvShap
   const size_t stage_bytes = (size_t)s.opb * a.in * sizeof(T);
   const int64_t passes_all = (a.out + s.opb - 1) / s.opb;
   const int np = (int)((passes_all - blockIdx.x + gridDim.x - 1) / gridDim.x);
+  __shared__ uint64_t bar_mem[kGemvMaxStages];
+  uint64_t* bars = kBulk && a.bulk ? bar_mem : nullptr;
+  if (bars) {
+    if (threadIdx.x < s.nst) mbar_init(&bars[threadIdx.x]);
+    __syncthreads();
+  }
   // The weights do not depend on the previous kernel.
-  for (int k = 0; k < s.nst; k++) gemv_stage<T>(a, s, k, stages + k * stage_bytes);
+  for (int k = 0; k < s.nst; k++) gemv_stage<T>(a, s, k, stages + k * stage_bytes, bars);
   const LnParams lp = gemv_ln_params<IN>(a);
   gemv_kv_rows(a, OUT == GEMV_OUT_QKV, kvrow, rows);
   __syncthreads();
   griddep_wait();
   gemv_input<T, R, IN>(a, lp, xs, rows);
   for (int k = 0; k < np; k++) {
-    cp_async_wait_rt(s.nst - 1);  // pass k's group has landed
+    if (bars)
+      mbar_wait(&bars[k % s.nst], (k / s.nst) & 1);  // the buffer's (k / nst)-th fill
+    else
+      cp_async_wait_rt(s.nst - 1);  // pass k's group has landed
     __syncthreads();
     const int64_t o0 = ((int64_t)blockIdx.x + (int64_t)k * gridDim.x) * s.opb;
     gemv_pass<T, R, OUT, RPW>(a, s, o0, xs,
                               reinterpret_cast<const T*>(stages + (k % s.nst) * stage_bytes),
                               part_acc, kvrow);
     __syncthreads();  // the buffer's readers are done
-    gemv_stage<T>(a, s, k + s.nst, stages + (k % s.nst) * stage_bytes);
+    gemv_stage<T>(a, s, k + s.nst, stages + (k % s.nst) * stage_bytes, bars);
   }
   cp_async_wait<0>();
 }

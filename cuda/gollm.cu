@@ -195,6 +195,7 @@ struct gollm_engine {
   int max_parts = 1;            // decode attention: most splits of one row
   bool graphs = true;           // replay CUDA graphs for decode-only steps
   bool pdl = false;             // programmatic dependent launch (sm_90 and later)
+  bool bulk = false;            // gemv and MLP weights staged by bulk copies (sm_90 and later)
   bool fused = true;            // decode-only steps of up to kFusedRows rows: fused.cuh's MLP
   // Most rows on the gemv path (GOLLM_CUDA_GEMV_ROWS). Past 4 rows cuBLAS's padded GEMMs
   // win (H200, decode ms/token at 8 rows: GPT-2 0.65 gemv vs 0.60-0.62, GPT-350M 1.49 vs
@@ -426,6 +427,9 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, w->device));
     const char* env = std::getenv("GOLLM_CUDA_PDL");
     e->pdl = major >= 9 && !(env && env[0] == '0');
+    // GOLLM_CUDA_BULK=0: the gemv and MLP kernels stage weights with cp.async instead.
+    const char* benv = std::getenv("GOLLM_CUDA_BULK");
+    e->bulk = major >= 9 && !(benv && benv[0] == '0');
     // GOLLM_CUDA_FUSED=0: decode steps take the five-kernel gemv layer instead.
     const char* fenv = std::getenv("GOLLM_CUDA_FUSED");
     e->fused = !(fenv && fenv[0] == '0') && c.hidden % 8 == 0 && c.inner % 8 == 0;
@@ -902,6 +906,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     const LayerW& lw = w->layers[l];
     if (small) {
       GemvArgs a{};
+      a.bulk = e->bulk;
       a.n = N;
       a.h = h;
       a.eps = eps;
@@ -926,6 +931,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     const bool last = l + 1 == c.layers;
     if (small) {
       GemvArgs a{};
+      a.bulk = e->bulk;
       a.n = N;
       a.h = h;
       a.eps = eps;
@@ -936,6 +942,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       gemv<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, st);
       if (fused) {
         MlpArgs m{};
+        m.bulk = e->bulk;
         m.w_up = lw.fc_w, m.b_up = lw.fc_b, m.w_down = lw.mlp_w, m.b_down = lw.mlp_b;
         m.gamma = lw.ln2_w, m.beta = lw.ln2_b, m.eps = eps, m.h = h, m.acc = acc;
         m.n = N, m.hidden = H, m.inner = I, m.act = c.activation;
@@ -970,6 +977,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     if (small) {
       // The final LayerNorm is fused into the LM head's gemv.
       GemvArgs a{};
+      a.bulk = e->bulk;
       a.n = ch.count, a.h = h, a.idx = I32(L.lrow_src) + ch.first, a.eps = eps;
       a.gamma = w->lnf_w, a.beta = w->lnf_b, a.w = w->wte, a.in = H, a.out = V, a.y = logits;
       a.acc = acc;
