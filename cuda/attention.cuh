@@ -39,10 +39,8 @@ __global__ void qkv_kv_write_kernel(float* __restrict__ qkv, const float* __rest
     *rp = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
     return;
   }
-  const int kind = c < 2 * hidden ? 0 : 1;
-  const int cc = c - (kind + 1) * hidden;
-  const int head = cc / g.head_dim, d = cc % g.head_dim;
-  store4(kv + g.at(block, layer, kind, head, pos % g.tokens_per_block) + d, v.x, v.y, v.z, v.w);
+  store4(kv + g.at(block, layer, 0, 0, pos % g.tokens_per_block) + g.kv_col(c), v.x, v.y, v.z,
+         v.w);
 }
 
 template <typename T>
@@ -373,11 +371,11 @@ __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
     const int kc = min(kCtxKeys, kend - c0);
     __syncthreads();  // the previous chunk's readers are done
     for (int idx = threadIdx.x; idx < kc * D; idx += blockDim.x) {
-      int j = idx / D, d = idx % D, kp = c0 + j;
-      int64_t base = (int64_t)(kp % g.tokens_per_block) * D + d;
-      int64_t blk = table[kp / g.tokens_per_block];
-      ks[j * KD + d] = kv[g.page(blk, layer, 0, head) + base];
-      vs[j * KD + d] = kv[g.page(blk, layer, 1, head) + base];
+      const int j = idx / D, d = idx % D, kp = c0 + j;
+      const int64_t blk = table[kp / g.tokens_per_block];
+      const int slot = kp % g.tokens_per_block;
+      ks[j * KD + d] = kv[g.at(blk, layer, 0, head, slot) + d];
+      vs[j * KD + d] = kv[g.at(blk, layer, 1, head, slot) + d];
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < Q * kCtxKeys; idx += blockDim.x) {
@@ -476,9 +474,9 @@ __device__ __forceinline__ void ctx_tc_load(const T* __restrict__ kv, const int3
     const bool ok = kp < kend;
     const int kq = ok ? kp : c0;  // a valid address; zero-filled below
     const int64_t blk = table[kq / g.tokens_per_block];
-    const int64_t base = (int64_t)(kq % g.tokens_per_block) * D + p * 8;
-    cp_async16_zfill(ks + j * DP + p * 8, kv + g.page(blk, layer, 0, head) + base, ok ? 16 : 0);
-    cp_async16_zfill(vs + j * DP + p * 8, kv + g.page(blk, layer, 1, head) + base, ok ? 16 : 0);
+    const int slot = kq % g.tokens_per_block;
+    cp_async16_zfill(ks + j * DP + p * 8, kv + g.at(blk, layer, 0, head, slot) + p * 8, ok ? 16 : 0);
+    cp_async16_zfill(vs + j * DP + p * 8, kv + g.at(blk, layer, 1, head, slot) + p * 8, ok ? 16 : 0);
   }
   cp_async_commit();
 }

@@ -141,19 +141,24 @@ __device__ __forceinline__ void griddep_launch() {
 #endif
 }
 
+// smem_u32 is a shared-memory pointer as the 32-bit address PTX's shared operands take.
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
 // cp.async (sm_80): 16 bytes from global memory into shared memory without passing
 // through registers, cached in L2 only; groups of them are committed and waited on.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(smem)), "l"(gmem)
+               : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
 // cp_async16_zfill copies src_bytes (0 or 16) and zero-fills the rest of the 16 bytes.
 __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(smem)), "l"(gmem),
+               "r"(src_bytes)
                : "memory");
 }
 template <int N>
@@ -174,9 +179,6 @@ constexpr bool kBulk = true;
 constexpr bool kBulk = false;
 #endif
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
 // mbar_init readies barrier bar for one arrival a phase; call from one thread, then
 // __syncthreads before anyone uses it.
 __device__ __forceinline__ void mbar_init(uint64_t* bar) {
@@ -293,6 +295,14 @@ struct KVGeom {
   __host__ __device__ __forceinline__ int64_t at(int64_t block, int layer, int kind, int head,
                                                  int slot) const {
     return page(block, layer, kind, head) + (int64_t)slot * head_dim;
+  }
+  // kv_col is where column c of a QKV row goes, for a key or value column (hidden <= c <
+  // 3·hidden), relative to at(block, layer, 0, 0, slot).
+  __host__ __device__ __forceinline__ int64_t kv_col(int c) const {
+    const int hidden = heads * head_dim;
+    const int kind = c < 2 * hidden ? 0 : 1;
+    const int cc = c - (kind + 1) * hidden;
+    return head_off(kind, cc / head_dim) + cc % head_dim;
   }
 };
 

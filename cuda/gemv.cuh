@@ -123,10 +123,7 @@ __device__ __forceinline__ void gemv_store(const GemvArgs& a, const int64_t* kvr
       return;
     }
     qkv[o] = v;
-    const int kind = o < 2 * hidden ? 0 : 1;
-    const int cc = o - (kind + 1) * hidden;
-    const int head = cc / a.geom.head_dim, d = cc % a.geom.head_dim;
-    static_cast<T*>(a.kv)[kvrow[r] + a.geom.head_off(kind, head) + d] = from_f32<T>(v);
+    static_cast<T*>(a.kv)[kvrow[r] + a.geom.kv_col(o)] = from_f32<T>(v);
   }
 }
 
@@ -250,6 +247,8 @@ __device__ __forceinline__ void gemv_input(const GemvArgs& a, const LnParams& lp
                                            const int64_t* rows = nullptr) {
   const int in = a.in, n = a.n;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // row_of is input row r's row in h.
+  auto row_of = [&](int r) -> int64_t { return rows ? rows[r] : a.idx ? a.idx[r] : r; };
   if (IN == GEMV_IN_LN) {
     if (in <= 4 * kGemvThreads) {
       // Block-wide: thread t holds columns 4t…4t+3 of every row in registers (all loads
@@ -264,7 +263,7 @@ __device__ __forceinline__ void gemv_input(const GemvArgs& a, const LnParams& lp
 #pragma unroll
       for (int r = 0; r < R; r++) {
         if (r < n) {
-          const int64_t row = rows ? rows[r] : a.idx ? a.idx[r] : r;
+          const int64_t row = row_of(r);
           x[r] = ld_f4_now(reinterpret_cast<const float4*>(a.h + row * in) + c);
           if (kAcc && a.acc) {
             const longlong2* q = reinterpret_cast<const longlong2*>(a.acc + row * in) + 2 * c;
@@ -312,7 +311,7 @@ __device__ __forceinline__ void gemv_input(const GemvArgs& a, const LnParams& lp
       // kGemvWarps), so the prologue costs one block barrier instead of two per row.
       __shared__ float stats[kGemvWarps][2];
       if (warp < n) {
-        const int64_t row = rows ? rows[warp] : a.idx ? a.idx[warp] : warp;
+        const int64_t row = row_of(warp);
         float s = 0.f;
         for (int c = lane; c < in; c += 32) s += resid_at(a, row, c);
         const float mean = warp_sum(s) / in;
@@ -329,7 +328,7 @@ __device__ __forceinline__ void gemv_input(const GemvArgs& a, const LnParams& lp
       }
       __syncthreads();
       for (int r = 0; r < n; r++) {
-        const int64_t row = rows ? rows[r] : a.idx ? a.idx[r] : r;
+        const int64_t row = row_of(r);
         const float mean = stats[r][0], rstd = stats[r][1];
         for (int c = threadIdx.x; c < in; c += blockDim.x)
           xs[r * in + c] = from_f32<T>((resid_at(a, row, c) - mean) * rstd * a.gamma[c] + a.beta[c]);

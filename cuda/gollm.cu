@@ -425,14 +425,16 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     e->sms = std::max(1, sms);
     int major = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, w->device));
-    const char* env = std::getenv("GOLLM_CUDA_PDL");
-    e->pdl = major >= 9 && !(env && env[0] == '0');
+    // off(name): the variable turns a default-on feature off by starting with '0'.
+    auto off = [](const char* name) {
+      const char* v = std::getenv(name);
+      return v && v[0] == '0';
+    };
+    e->pdl = major >= 9 && !off("GOLLM_CUDA_PDL");
     // GOLLM_CUDA_BULK=0: the gemv and MLP kernels stage weights with cp.async instead.
-    const char* benv = std::getenv("GOLLM_CUDA_BULK");
-    e->bulk = major >= 9 && !(benv && benv[0] == '0');
+    e->bulk = major >= 9 && !off("GOLLM_CUDA_BULK");
     // GOLLM_CUDA_FUSED=0: decode steps take the five-kernel gemv layer instead.
-    const char* fenv = std::getenv("GOLLM_CUDA_FUSED");
-    e->fused = !(fenv && fenv[0] == '0') && c.hidden % 8 == 0 && c.inner % 8 == 0;
+    e->fused = !off("GOLLM_CUDA_FUSED") && c.hidden % 8 == 0 && c.inner % 8 == 0;
     // GOLLM_CUDA_GEMV_ROWS=n (0..kGemvMaxRows): steps of more rows take cuBLAS instead.
     if (const char* genv = std::getenv("GOLLM_CUDA_GEMV_ROWS"))
       e->gemv_rows_max = std::clamp(std::atoi(genv), 0, kGemvMaxRows);
@@ -902,21 +904,22 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   embedding_layernorm<T>(I32(L.row_tok), I32(L.row_pos), static_cast<const T*>(w->wte),
                          static_cast<const T*>(w->wpe), h, xn, w->layers[0].ln1_w,
                          w->layers[0].ln1_b, N, H, eps, st0, acc);
+  // gemv_args holds what every gemv of the step shares: n rows over the residual stream.
+  auto gemv_args = [&](int n) {
+    GemvArgs a{};
+    a.bulk = e->bulk, a.n = n, a.h = h, a.eps = eps, a.acc = acc;
+    return a;
+  };
   for (int l = 0; l < c.layers; l++) {
     const LayerW& lw = w->layers[l];
     if (small) {
-      GemvArgs a{};
-      a.bulk = e->bulk;
-      a.n = N;
-      a.h = h;
-      a.eps = eps;
+      GemvArgs a = gemv_args(N);
       // QKV with LayerNorm 1 before and the KV write after.
       a.w = lw.attn_w, a.bias = lw.attn_b, a.in = H, a.out = 3 * H;
       a.gamma = lw.ln1_w, a.beta = lw.ln1_b;
       a.y = qkv, a.kv = kv, a.row_pos = I32(L.row_pos), a.row_seq = I32(L.row_seq);
       a.seqs = seqs, a.blocks = words, a.geom = e->geom, a.layer = l;
       a.qscale = 1.f / sqrtf((float)c.head_dim);
-      a.acc = acc;
       gemv<T, GEMV_IN_LN, GEMV_OUT_QKV>(a, e->sms, st);
     } else {
       gemm_qkv<T>(e, lw, NG);
@@ -930,15 +933,10 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
                         small, st);
     const bool last = l + 1 == c.layers;
     if (small) {
-      GemvArgs a{};
-      a.bulk = e->bulk;
-      a.n = N;
-      a.h = h;
-      a.eps = eps;
+      GemvArgs a = gemv_args(N);
       // Attention output projection, added to the residual stream; in a fused step its
       // single writer per entry also moves the last MLP's fixed-point additions into h.
       a.w = lw.proj_w, a.bias = lw.proj_b, a.in = H, a.out = H, a.x = att, a.hout = h;
-      a.acc = acc;
       gemv<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, st);
       if (fused) {
         MlpArgs m{};
@@ -976,11 +974,9 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     const Chunk& ch = pl.chunks[ci];
     if (small) {
       // The final LayerNorm is fused into the LM head's gemv.
-      GemvArgs a{};
-      a.bulk = e->bulk;
-      a.n = ch.count, a.h = h, a.idx = I32(L.lrow_src) + ch.first, a.eps = eps;
+      GemvArgs a = gemv_args(ch.count);
+      a.idx = I32(L.lrow_src) + ch.first;
       a.gamma = w->lnf_w, a.beta = w->lnf_b, a.w = w->wte, a.in = H, a.out = V, a.y = logits;
-      a.acc = acc;
       gemv<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, st);
     } else {
       gather_rows<T>(xn, I32(L.lrow_src) + ch.first, e->xf.as<T>(), ch.count, H, st);
