@@ -112,7 +112,7 @@ func modelFinalize(m triton.Model) error {
 	ms, _ := m.State().(*modelState)
 	m.ClearState()
 	if ms != nil {
-		ms.releaseGPU()
+		ms.weights.Release()
 		ms.log.Info("model unloaded")
 	}
 	return nil

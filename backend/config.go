@@ -50,6 +50,9 @@ type modelConfig struct {
 	// ResponseSenders is response_senders: the goroutines per instance that send
 	// responses to Triton (each request's in order).
 	ResponseSenders int
+	// MaxSeqLen is max_seq_len: the longest sequence (prompt and output) served; 0 means
+	// the model's maximum positions, at most defaultMaxSeqLen.
+	MaxSeqLen int
 	// Warnings are things to log that do not stop the load (unknown parameters).
 	Warnings []string
 }
@@ -61,6 +64,10 @@ const (
 	// defaultResponseSenders keeps up with 64 streams at about 1 ms per iteration on an
 	// H100 host (bench/results): Triton spends ~10-20 µs in each ResponseSend.
 	defaultResponseSenders = 4
+	// defaultMaxSeqLen caps the longest sequence of a model whose context is longer, so
+	// that a default KV pool and the GPU's decode attention stay modest; max_seq_len raises
+	// it (the GPU engine serves up to 32768).
+	defaultMaxSeqLen = 8192
 )
 
 // tritonConfig is the part of Triton's JSON model configuration gollm reads.
@@ -153,6 +160,10 @@ var params = []paramSpec{
 			return fmt.Errorf("%q: want fp16 or bf16 (float16, bfloat16)", v)
 		}
 		return nil
+	}},
+	{"max_seq_len", func(c *modelConfig, v string) (err error) {
+		c.MaxSeqLen, err = intAtLeast(v, 2)
+		return err
 	}},
 	{"response_senders", func(c *modelConfig, v string) (err error) {
 		if c.ResponseSenders, err = intAtLeast(v, 1); err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"gollm/batchmanager"
 	"gollm/bridge/triton"
+	"gollm/model"
 )
 
 // The input and output tensor names (TensorRT-LLM's, plus the text ones of Triton's
@@ -72,8 +73,11 @@ type limits struct {
 	VocabSize int
 	// MaxSeqLen bounds prompt plus output length.
 	MaxSeqLen int
-	// EndID is the checkpoint's end token, the default end_id; -1 for none.
-	EndID int32
+	// EndIDs are the checkpoint's end tokens (generation_config.json's, else config.json's),
+	// the default when a request gives no end_id; empty for none.
+	EndIDs []int32
+	// Gen holds generation_config.json's sampling defaults.
+	Gen model.Generation
 	// Decoupled says streaming is possible.
 	Decoupled bool
 	// ExcludeInputInOutput is the model's exclude_input_in_output.
@@ -213,12 +217,24 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 		}
 	}
 
-	// End and pad tokens.
-	r.EndID, r.PadID = lim.EndID, lim.EndID
-	if r.EndID, err = in.tokenID(inEndID, r.EndID, lim.VocabSize); err != nil {
-		return nil, err
+	// End and pad tokens: end_id names one end token (or, -1, none) instead of the
+	// checkpoint's; pad_id defaults to the first end token.
+	r.EndIDs = lim.EndIDs
+	if in[inEndID] != nil {
+		id, err := in.tokenID(inEndID, -1, lim.VocabSize)
+		if err != nil {
+			return nil, err
+		}
+		r.EndIDs = nil
+		if id >= 0 {
+			r.EndIDs = []int32{id}
+		}
 	}
-	if r.PadID, err = in.tokenID(inPadID, r.EndID, lim.VocabSize); err != nil {
+	pad := int32(-1)
+	if len(r.EndIDs) > 0 {
+		pad = r.EndIDs[0]
+	}
+	if r.PadID, err = in.tokenID(inPadID, pad, lim.VocabSize); err != nil {
 		return nil, err
 	}
 
@@ -241,14 +257,20 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 	return p, nil
 }
 
-// sampling reads the sampling inputs into p.Req.
+// sampling reads the sampling inputs into p.Req. Where the checkpoint samples by default
+// (generation_config.json's do_sample), its temperature, top-k, top-p and repetition
+// penalty are the defaults of the inputs; otherwise decoding is greedy unless asked.
 func (in inputs) sampling(p *parsedRequest, lim limits) error {
 	s := &p.Req.Sampling
+	var def model.Generation
+	if lim.Gen.Sample {
+		def = lim.Gen
+	}
 	var err error
-	if s.Temperature, err = in.float32Scalar(inTemperature, 0, func(v float32) bool { return v >= 0 }, "must be ≥ 0"); err != nil {
+	if s.Temperature, err = in.float32Scalar(inTemperature, def.Temperature, func(v float32) bool { return v >= 0 }, "must be ≥ 0"); err != nil {
 		return err
 	}
-	topK, err := in.int32Opt(inTopK, 0)
+	topK, err := in.int32Opt(inTopK, int32(def.TopK))
 	if err != nil {
 		return err
 	}
@@ -256,7 +278,7 @@ func (in inputs) sampling(p *parsedRequest, lim limits) error {
 		return fmt.Errorf("input %q: must be ≥ 0, got %d", inTopK, topK)
 	}
 	s.TopK = int(topK)
-	if s.TopP, err = in.float32Scalar(inTopP, 0, func(v float32) bool { return v >= 0 && v <= 1 }, "must be between 0 and 1"); err != nil {
+	if s.TopP, err = in.float32Scalar(inTopP, def.TopP, func(v float32) bool { return v >= 0 && v <= 1 }, "must be between 0 and 1"); err != nil {
 		return err
 	}
 	if t := in[inRandomSeed]; t != nil {
@@ -269,7 +291,7 @@ func (in inputs) sampling(p *parsedRequest, lim limits) error {
 		}
 		s.Seed = binary.LittleEndian.Uint64(v)
 	}
-	if s.RepetitionPenalty, err = in.float32Scalar(inRepetitionPenalty, 0, func(v float32) bool { return v >= 0 }, "must be ≥ 0 (0 or 1: none)"); err != nil {
+	if s.RepetitionPenalty, err = in.float32Scalar(inRepetitionPenalty, def.RepetitionPenalty, func(v float32) bool { return v >= 0 }, "must be ≥ 0 (0 or 1: none)"); err != nil {
 		return err
 	}
 	finite := func(float32) bool { return true }

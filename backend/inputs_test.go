@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -55,7 +56,7 @@ func (fakeTokenizer) Encode(text string) []int32 {
 
 // testLimits are the limits of a 1000-token, 64-position model.
 func testLimits() limits {
-	return limits{VocabSize: 1000, MaxSeqLen: 64, EndID: 999, Decoupled: true, Tokenizer: fakeTokenizer{}}
+	return limits{VocabSize: 1000, MaxSeqLen: 64, EndIDs: []int32{999}, Decoupled: true, Tokenizer: fakeTokenizer{}}
 }
 
 func TestParseRequest(t *testing.T) {
@@ -78,7 +79,7 @@ func TestParseRequest(t *testing.T) {
 	}{
 		{"input_lengths cuts the padding", r.InputIDs, []int32{5, 6, 7}},
 		{"request_output_len", r.MaxNewTokens, 10},
-		{"end_id", r.EndID, int32(7)},
+		{"end_id", r.EndIDs, []int32{7}},
 		{"pad_id defaults to end_id", r.PadID, int32(7)},
 		{"streaming", r.Streaming, true},
 		{"temperature", r.Sampling.Temperature, float32(0.7)},
@@ -114,8 +115,8 @@ func TestParseTextRequest(t *testing.T) {
 	if !reflect.DeepEqual(p.Req.InputIDs, []int32{'H', 'i', '!'}) || p.Req.MaxNewTokens != 4 || !p.Req.Streaming || !p.Text {
 		t.Errorf("got %+v", p)
 	}
-	if !p.Req.ExcludeInputInOutput || p.Req.EndID != 999 || p.Outputs != nil {
-		t.Errorf("defaults: exclude %v, end %d, outputs %v", p.Req.ExcludeInputInOutput, p.Req.EndID, p.Outputs)
+	if !p.Req.ExcludeInputInOutput || !slices.Equal(p.Req.EndIDs, []int32{999}) || p.Req.PadID != 999 || p.Outputs != nil {
+		t.Errorf("defaults: exclude %v, end %v, pad %d, outputs %v", p.Req.ExcludeInputInOutput, p.Req.EndIDs, p.Req.PadID, p.Outputs)
 	}
 }
 

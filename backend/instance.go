@@ -14,6 +14,7 @@ import (
 	"gollm/batchmanager"
 	"gollm/bridge/triton"
 	"gollm/engine"
+	"gollm/engines"
 )
 
 // nextID numbers requests for the batch managers: IDs are never reused, so a late stop
@@ -32,6 +33,8 @@ type inflight struct {
 	streaming bool
 	// outputs are the outputs the client named; nil means all that apply.
 	outputs map[string]bool
+	// asked are the optional outputs the request asked for.
+	asked askedOutputs
 	// text detokenizes into text_output; nil when the request does not answer in text.
 	text *textState
 	// stop is set by a stop request naming this one.
@@ -55,8 +58,8 @@ type sender struct {
 type sendItem struct {
 	// id is the request.
 	id uint64
-	// outputs are the batch manager's tensors.
-	outputs []batchmanager.Tensor
+	// res is the batch manager's result.
+	res batchmanager.Result
 	// final marks the last response.
 	final bool
 	// err makes it an error response.
@@ -116,30 +119,25 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		return nil, err
 	}
 	log := ms.log.With(zap.String("instance", name))
-	var eng engine.Engine
+	var ek engines.Kind
+	device := 0
 	switch kind {
 	case triton.KindCPU:
-		w, err := ms.cpuWeights()
-		if err != nil {
-			return nil, fmt.Errorf("instance %s: %w", name, err)
-		}
-		cpu, err := engine.NewCPUFrom(w, engine.KVConfig{NumBlocks: ms.kvBlocks(), TokensPerBlock: ms.cfg.TokensPerBlock})
-		if err != nil {
-			return nil, fmt.Errorf("instance %s: %w", name, err)
-		}
-		eng = cpu
+		ek = engines.CPU
 	case triton.KindGPU:
-		device, err := ti.DeviceID()
-		if err != nil {
+		ek = engines.GPU
+		if device, err = ti.DeviceID(); err != nil {
 			return nil, err
 		}
-		gpu, err := ms.newGPUEngine(device, log)
-		if err != nil {
-			return nil, fmt.Errorf("instance %s (KIND_GPU, device %d): %w", name, device, err)
-		}
-		eng = gpu
 	default:
 		return nil, triton.Errorf(triton.CodeUnsupported, "instance %s: kind %v is not supported; use KIND_CPU or KIND_GPU", name, kind)
+	}
+	eng, err := ms.weights.NewEngine(ek, device, ms.engineSettings(log))
+	if err != nil {
+		if ek == engines.GPU {
+			return nil, fmt.Errorf("instance %s (KIND_GPU, device %d): %w", name, device, err)
+		}
+		return nil, fmt.Errorf("instance %s: %w", name, err)
 	}
 	in := &instance{
 		ms:       ms,
@@ -213,7 +211,7 @@ func (in *instance) close() error {
 	in.mu.Unlock()
 	for _, f := range left {
 		in.log.Warn("request still in flight at shutdown", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID))
-		in.finish(f, nil, triton.Errorf(triton.CodeUnavailable, "model %q is unloading", in.ms.cfg.Name))
+		in.finish(f, &batchmanager.Result{}, triton.Errorf(triton.CodeUnavailable, "model %q is unloading", in.ms.cfg.Name))
 	}
 	in.mu.Lock()
 	merr := in.metrics.close()
@@ -309,6 +307,8 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 		factory:   factory,
 		streaming: p.Req.Streaming,
 		outputs:   p.Outputs,
+		asked: askedOutputs{logProbs: p.Req.ReturnLogProbs, contextLogits: p.Req.ReturnContextLogits,
+			generationLogits: p.Req.ReturnGenerationLogits},
 	}
 	if p.Text {
 		f.text = &textState{tok: in.ms.tok, stream: in.ms.tok.NewStreamDecoder()}
@@ -438,8 +438,8 @@ func (in *instance) getRequests(max int) []*batchmanager.InferenceRequest {
 
 // sendResponse is the batch manager's SendResponse: it queues the response for the
 // sender goroutine and returns at once.
-func (in *instance) sendResponse(id uint64, outputs []batchmanager.Tensor, final bool, err error) {
-	item := sendItem{id: id, outputs: outputs, final: final, err: err}
+func (in *instance) sendResponse(id uint64, res batchmanager.Result, final bool, err error) {
+	item := sendItem{id: id, res: res, final: final, err: err}
 	// One request's responses all go through one sender, so they stay in order.
 	sd := in.senders[id%uint64(len(in.senders))]
 	sd.mu.Lock()
@@ -577,18 +577,18 @@ func (in *instance) deliver(item sendItem) {
 		}
 	}()
 	if item.err != nil || item.final {
-		in.finish(f, item.outputs, responseError(item.err))
+		in.finish(f, &item.res, responseError(item.err))
 		return
 	}
-	if err := in.respond(f, item.outputs, 0); err != nil {
+	if err := in.respond(f, &item.res, 0); err != nil {
 		in.log.Error("send response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(err))
 	}
 }
 
-// finish sends a request's final response (outputs, or err) and forgets the request.
-func (in *instance) finish(f *inflight, outputs []batchmanager.Tensor, err error) {
+// finish sends a request's final response (res, or err) and forgets the request.
+func (in *instance) finish(f *inflight, res *batchmanager.Result, err error) {
 	if err == nil {
-		err = in.respond(f, outputs, triton.ResponseFinal)
+		err = in.respond(f, res, triton.ResponseFinal)
 		if err != nil {
 			// The outputs could not be sent; the client still gets a final answer.
 			in.log.Error("send final response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(err))
@@ -607,13 +607,10 @@ func (in *instance) finish(f *inflight, outputs []batchmanager.Tensor, err error
 		zap.Int("responses", f.responses), zap.Bool("error", err != nil))
 }
 
-// respond sends one response with outputs; flags is ResponseFinal for the last. A
+// respond sends one response with res's outputs; flags is ResponseFinal for the last. A
 // streaming response with nothing new becomes the final flag alone, or nothing.
-func (in *instance) respond(f *inflight, outputs []batchmanager.Tensor, flags uint32) error {
-	outs, empty, err := convertOutputs(outputs, f.outputs, f.text, f.streaming, flags&triton.ResponseFinal != 0)
-	if err != nil {
-		return err
-	}
+func (in *instance) respond(f *inflight, res *batchmanager.Result, flags uint32) error {
+	outs, empty := convertOutputs(res, in.ms.lim.VocabSize, f.asked, f.outputs, f.text, f.streaming, flags&triton.ResponseFinal != 0)
 	if f.streaming && empty {
 		if flags == 0 {
 			return nil

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/binary"
-	"fmt"
 	"math"
 
 	"gollm/batchmanager"
@@ -34,35 +33,40 @@ type textState struct {
 	}
 }
 
-// convertOutputs turns the batch manager's tensors for one response into Triton
-// outputs: each gets the batch dimension, only the outputs in want are kept (nil: all),
-// and text_output is added when text is not nil. empty reports a response with no new
-// token and no text (a streaming request's last, after its end token).
-func convertOutputs(tensors []batchmanager.Tensor, want map[string]bool, text *textState, streaming, final bool) (outs []output, empty bool, err error) {
-	var ids []int32
-	seqLen := -1
-	for _, t := range tensors {
-		switch t.Name {
-		case outOutputIDs:
-			ids, _ = t.Data.([]int32)
-		case outSequenceLength:
-			if v, ok := t.Data.([]int32); ok && len(v) == 1 {
-				seqLen = int(v[0])
-			}
+// askedOutputs are the optional outputs a request asked for.
+type askedOutputs struct {
+	// logProbs: cum_log_probs and output_log_probs.
+	logProbs bool
+	// contextLogits: context_logits.
+	contextLogits bool
+	// generationLogits: generation_logits.
+	generationLogits bool
+}
+
+// convertOutputs turns the batch manager's result for one response into Triton outputs,
+// each with the batch dimension: output_ids [1, 1, n] (beam 1), sequence_length [1, 1],
+// and what the request asked for; only the outputs in want are kept (nil: all), and
+// text_output is added when text is not nil. empty reports a response with no new token
+// and no text (a streaming request's last, after its end token).
+func convertOutputs(res *batchmanager.Result, vocab int, asked askedOutputs, want map[string]bool, text *textState, streaming, final bool) (outs []output, empty bool) {
+	add := func(name string, dt triton.DataType, data []byte, shape ...int64) {
+		if want == nil || want[name] {
+			outs = append(outs, output{Name: name, DataType: dt, Shape: shape, Data: data})
 		}
-		if want != nil && !want[t.Name] {
-			continue
-		}
-		o := output{Name: t.Name, Shape: append([]int64{1}, t.Shape...)}
-		switch d := t.Data.(type) {
-		case []int32:
-			o.DataType, o.Data = triton.TypeInt32, int32Bytes(d)
-		case []float32:
-			o.DataType, o.Data = triton.TypeFP32, float32Bytes(d)
-		default:
-			return nil, false, fmt.Errorf("output %q: unexpected data %T from the batch manager", t.Name, t.Data)
-		}
-		outs = append(outs, o)
+	}
+	ids := res.Tokens
+	add(outOutputIDs, triton.TypeInt32, int32Bytes(ids), 1, 1, int64(len(ids)))
+	add(outSequenceLength, triton.TypeInt32, int32Bytes([]int32{int32(res.Length)}), 1, 1)
+	if asked.logProbs {
+		add(outCumLogProbs, triton.TypeFP32, float32Bytes([]float32{res.CumLogProb}), 1, 1)
+		add(outOutputLogProbs, triton.TypeFP32, float32Bytes(res.LogProbs), 1, 1, int64(len(res.LogProbs)))
+	}
+	if asked.contextLogits && res.ContextLogits != nil {
+		add(outContextLogits, triton.TypeFP32, float32Bytes(res.ContextLogits), 1, int64(res.PromptLen), int64(vocab))
+	}
+	if asked.generationLogits {
+		rows := int64(len(res.GenerationLogits) / max(1, vocab))
+		add(outGenLogits, triton.TypeFP32, float32Bytes(res.GenerationLogits), 1, 1, rows, int64(vocab))
 	}
 	empty = len(ids) == 0
 	if text != nil && (want == nil || want[outTextOutput]) {
@@ -75,16 +79,13 @@ func convertOutputs(tensors []batchmanager.Tensor, want map[string]bool, text *t
 				s += text.stream.Flush()
 			}
 		} else {
-			if seqLen >= 0 && seqLen < len(ids) {
-				// V1 pads output_ids past the sequence's end.
-				ids = ids[:seqLen]
-			}
-			s = text.tok.Decode(ids)
+			// V1 pads output_ids past the sequence's end.
+			s = text.tok.Decode(ids[:res.Length])
 		}
 		empty = empty && s == ""
 		outs = append(outs, output{Name: outTextOutput, DataType: triton.TypeBytes, Shape: []int64{1, 1}, Data: bytesElement(s)})
 	}
-	return outs, empty, nil
+	return outs, empty
 }
 
 // int32Bytes serializes little-endian.

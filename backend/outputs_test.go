@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/binary"
-	"fmt"
 	"math"
 	"reflect"
 	"testing"
@@ -57,20 +56,17 @@ func decodeBytes(t *testing.T, b []byte) string {
 }
 
 func TestConvertOutputs(t *testing.T) {
-	tensors := []batchmanager.Tensor{
-		{Name: outOutputIDs, Shape: []int64{1, 3}, Data: []int32{1, 2, 3}},
-		{Name: outSequenceLength, Shape: []int64{1}, Data: []int32{3}},
-		{Name: outCumLogProbs, Shape: []int64{1}, Data: []float32{-1.5}},
-	}
-	t.Run("every output gets the batch dimension", func(t *testing.T) {
-		outs, empty, err := convertOutputs(tensors, nil, nil, false, true)
-		if err != nil || empty {
-			t.Fatalf("err %v, empty %v", err, empty)
+	res := &batchmanager.Result{Tokens: []int32{1, 2, 3}, Length: 3, CumLogProb: -1.5, LogProbs: []float32{-0.5, -0.5, -0.5}}
+	t.Run("every output gets the batch dimension, the optional ones when asked", func(t *testing.T) {
+		outs, empty := convertOutputs(res, 10, askedOutputs{logProbs: true}, nil, nil, false, true)
+		if empty {
+			t.Fatal("empty")
 		}
 		want := []output{
 			{outOutputIDs, triton.TypeInt32, []int64{1, 1, 3}, int32Bytes([]int32{1, 2, 3})},
 			{outSequenceLength, triton.TypeInt32, []int64{1, 1}, int32Bytes([]int32{3})},
 			{outCumLogProbs, triton.TypeFP32, []int64{1, 1}, float32Bytes([]float32{-1.5})},
+			{outOutputLogProbs, triton.TypeFP32, []int64{1, 1, 3}, float32Bytes([]float32{-0.5, -0.5, -0.5})},
 		}
 		if !reflect.DeepEqual(outs, want) {
 			t.Errorf("got %+v\nwant %+v", outs, want)
@@ -78,12 +74,25 @@ func TestConvertOutputs(t *testing.T) {
 		if math.Float32frombits(binary.LittleEndian.Uint32(outs[2].Data)) != -1.5 {
 			t.Error("FP32 bytes do not round-trip")
 		}
+		if outs, _ := convertOutputs(res, 10, askedOutputs{}, nil, nil, false, true); len(outs) != 2 {
+			t.Errorf("%d outputs for a request that asked for none of the optional ones, want 2", len(outs))
+		}
+	})
+	t.Run("logits carry their shapes", func(t *testing.T) {
+		r := &batchmanager.Result{Tokens: []int32{4, 5}, Length: 2, PromptLen: 3, Generated: 2,
+			ContextLogits: make([]float32, 3*10), GenerationLogits: make([]float32, 2*10)}
+		outs, _ := convertOutputs(r, 10, askedOutputs{contextLogits: true, generationLogits: true}, nil, nil, false, true)
+		if len(outs) != 4 || !reflect.DeepEqual(outs[2].Shape, []int64{1, 3, 10}) || !reflect.DeepEqual(outs[3].Shape, []int64{1, 1, 2, 10}) {
+			t.Errorf("got %+v", outs)
+		}
+		none := &batchmanager.Result{Tokens: []int32{}, GenerationLogits: []float32{}}
+		outs, _ = convertOutputs(none, 10, askedOutputs{generationLogits: true}, nil, nil, true, true)
+		if !reflect.DeepEqual(outs[2].Shape, []int64{1, 1, 0, 10}) {
+			t.Errorf("no new token: generation_logits shape %v, want [1 1 0 10]", outs[2].Shape)
+		}
 	})
 	t.Run("only the requested outputs are kept", func(t *testing.T) {
-		outs, _, err := convertOutputs(tensors, map[string]bool{outSequenceLength: true, outTextOutput: true}, &textState{tok: &fakeText{bytes: "abcd"}}, false, true)
-		if err != nil {
-			t.Fatal(err)
-		}
+		outs, _ := convertOutputs(res, 10, askedOutputs{logProbs: true}, map[string]bool{outSequenceLength: true, outTextOutput: true}, &textState{tok: &fakeText{bytes: "abcd"}}, false, true)
 		if len(outs) != 2 || outs[0].Name != outSequenceLength || outs[1].Name != outTextOutput {
 			t.Fatalf("got %+v", outs)
 		}
@@ -92,14 +101,8 @@ func TestConvertOutputs(t *testing.T) {
 		}
 	})
 	t.Run("non-streaming text stops at sequence_length", func(t *testing.T) {
-		padded := []batchmanager.Tensor{
-			{Name: outOutputIDs, Shape: []int64{1, 4}, Data: []int32{1, 2, 0, 0}},
-			{Name: outSequenceLength, Shape: []int64{1}, Data: []int32{2}},
-		}
-		outs, _, err := convertOutputs(padded, nil, &textState{tok: &fakeText{bytes: "xyz"}}, false, true)
-		if err != nil {
-			t.Fatal(err)
-		}
+		padded := &batchmanager.Result{Tokens: []int32{1, 2, 0, 0}, Length: 2}
+		outs, _ := convertOutputs(padded, 10, askedOutputs{}, nil, &textState{tok: &fakeText{bytes: "xyz"}}, false, true)
 		if s := decodeBytes(t, outs[len(outs)-1].Data); s != "yz" {
 			t.Errorf("text %q, want yz", s)
 		}
@@ -109,9 +112,9 @@ func TestConvertOutputs(t *testing.T) {
 		text := &textState{stream: &fakeText{bytes: "a\xc3\xa9"}}
 		var got []string
 		for _, id := range []int32{0, 1, 2} {
-			outs, empty, err := convertOutputs([]batchmanager.Tensor{{Name: outOutputIDs, Shape: []int64{1, 1}, Data: []int32{id}}}, nil, text, true, false)
-			if err != nil || empty {
-				t.Fatalf("err %v, empty %v", err, empty)
+			outs, empty := convertOutputs(&batchmanager.Result{Tokens: []int32{id}, Length: 1}, 10, askedOutputs{}, nil, text, true, false)
+			if empty {
+				t.Fatal("empty")
 			}
 			got = append(got, decodeBytes(t, outs[len(outs)-1].Data))
 		}
@@ -120,42 +123,15 @@ func TestConvertOutputs(t *testing.T) {
 		}
 	})
 	t.Run("a final streaming response with nothing new is empty", func(t *testing.T) {
-		none := []batchmanager.Tensor{{Name: outOutputIDs, Shape: []int64{1, 0}, Data: []int32{}}}
-		_, empty, err := convertOutputs(none, nil, &textState{stream: &fakeText{bytes: "a"}}, true, true)
-		if err != nil || !empty {
-			t.Fatalf("err %v, empty %v; want empty", err, empty)
+		none := &batchmanager.Result{Tokens: []int32{}}
+		_, empty := convertOutputs(none, 10, askedOutputs{}, nil, &textState{stream: &fakeText{bytes: "a"}}, true, true)
+		if !empty {
+			t.Fatal("not empty")
 		}
 		held := &fakeText{bytes: "\xc3", pending: []byte{0xc3}}
-		outs, empty, err := convertOutputs(none, nil, &textState{stream: held}, true, true)
-		if err != nil || empty || decodeBytes(t, outs[len(outs)-1].Data) != "\xc3" {
-			t.Fatalf("held-back bytes must be flushed on the final response: err %v, empty %v, %+v", err, empty, outs)
+		outs, empty := convertOutputs(none, 10, askedOutputs{}, nil, &textState{stream: held}, true, true)
+		if empty || decodeBytes(t, outs[len(outs)-1].Data) != "\xc3" {
+			t.Fatalf("held-back bytes must be flushed on the final response: empty %v, %+v", empty, outs)
 		}
 	})
-	t.Run("unexpected data is an error", func(t *testing.T) {
-		if _, _, err := convertOutputs([]batchmanager.Tensor{{Name: "x", Shape: []int64{1}, Data: []int64{1}}}, nil, nil, false, true); err == nil {
-			t.Fatal("no error")
-		}
-	})
-}
-
-func TestResponseError(t *testing.T) {
-	tests := []struct {
-		err  error
-		want triton.Code
-	}{
-		{fmt.Errorf("request 1: %w", batchmanager.ErrCancelled), triton.CodeCancelled},
-		{fmt.Errorf("request 1: %w: bad", batchmanager.ErrInvalidRequest), triton.CodeInvalidArg},
-		{fmt.Errorf("request 1: %w", batchmanager.ErrDuplicateID), triton.CodeInvalidArg},
-		{fmt.Errorf("request 1: %w", batchmanager.ErrShuttingDown), triton.CodeUnavailable},
-		{fmt.Errorf("request 1: %w", batchmanager.ErrEngine), triton.CodeInternal},
-	}
-	for _, tt := range tests {
-		err := responseError(tt.err)
-		if triton.CodeOf(err) != tt.want || err.Error() != tt.err.Error() {
-			t.Errorf("%v: got code %v, message %q; want %v and the same message", tt.err, triton.CodeOf(err), err, tt.want)
-		}
-	}
-	if responseError(nil) != nil {
-		t.Error("nil became an error")
-	}
 }

@@ -38,19 +38,17 @@ var (
 // PollStopSignal, and the stats callbacks. Idle, it waits up to Config.IdleWait (Wake
 // cuts it short), still calling GetInferenceRequests and PollStopSignal.
 //
-// Responses: output_ids INT32 [1, n] and sequence_length INT32 [1] (= n). Streaming:
-// each response carries that iteration's new token; the final one carries the last
-// token, or none when the request ended at its end token. Non-streaming: one final
-// response with the prompt (unless ExcludeInputInOutput) and every generated token; in
-// V1 the row is padded with PadID (when ≥ 0) to the batch's longest output and
-// sequence_length counts the real tokens only. On request: cum_log_probs FP32 [1],
-// output_log_probs FP32 [1, n], context_logits FP32 [prompt_len, vocab] (first
-// streaming response, or the final one), generation_logits FP32 [1, n, vocab]. The
-// end token is never part of the output; a stop word is. Tensor data is freshly
-// allocated for every response: the receiver may keep it.
+// Responses carry a Result. Streaming: each response carries that iteration's new
+// token; the final one carries the last token, or none when the request ended at its
+// end token. Non-streaming: one final response with the prompt (unless
+// ExcludeInputInOutput) and every generated token; in V1 the row is padded with PadID
+// (when ≥ 0) to the batch's longest output and Length counts the real tokens only. On
+// request: log-probabilities, context logits (first streaming response, or the final
+// one) and generation logits. The end token is never part of the output; a stop word
+// is.
 //
-// A request ends at MaxNewTokens, at EndID, after a stop word, or when it reaches the
-// model's MaxSeqLen. Its KV blocks and ID are freed before its final response. Errors
+// A request ends at MaxNewTokens, at one of its EndIDs, after a stop word, or when it
+// reaches the model's MaxSeqLen. Its KV blocks and ID are freed before its final response. Errors
 // in final responses wrap ErrCancelled, ErrShuttingDown, ErrDuplicateID,
 // ErrInvalidRequest, ErrEngine or ErrInternal.
 type Manager struct {
@@ -95,8 +93,6 @@ type Manager struct {
 	sched []*request
 	// batch is the engine batch, reused each iteration.
 	batch engine.Batch
-	// slab is the per-iteration backing store of streaming responses.
-	slab responseSlab
 	// it counts this iteration's work for the stats.
 	it iterCounts
 
@@ -144,7 +140,7 @@ type request struct {
 	generated int
 	// admitSeq orders admissions (pause victims are the highest).
 	admitSeq uint64
-	// sampling is req.Sampling with EndID set from req.EndID.
+	// sampling is req.Sampling with EndIDs set from req.EndIDs.
 	sampling engine.SamplingParams
 	// cumLogProb is the sum of logProbs.
 	cumLogProb float32
@@ -166,6 +162,8 @@ type request struct {
 	failed error
 	// resumes counts how many times the request came back from a pause.
 	resumes int
+	// finish is why the request ended, once it has.
+	finish FinishReason
 }
 
 // New validates cfg, sizes the KV pool from eng.Info() and starts the worker goroutine.
@@ -337,7 +335,7 @@ func (m *Manager) stopAll() {
 	reqs := m.getRequests(-1)
 	for _, r := range reqs {
 		if r != nil {
-			m.send(r.ID, nil, true, fmt.Errorf("request %d: %w", r.ID, ErrShuttingDown))
+			m.send(r.ID, Result{}, true, fmt.Errorf("request %d: %w", r.ID, ErrShuttingDown))
 		}
 	}
 }
@@ -357,7 +355,7 @@ func (m *Manager) failAll(err error) {
 	}
 	for _, r := range all {
 		r.kv, r.phase = nil, phaseDone
-		m.send(r.id, nil, true, fmt.Errorf("request %d: %w", r.id, err))
+		m.send(r.id, Result{}, true, fmt.Errorf("request %d: %w", r.id, err))
 	}
 	m.publishStats(time.Now(), false)
 }
@@ -389,13 +387,13 @@ func (m *Manager) pollStop() (ids map[uint64]struct{}) {
 
 // send calls SendResponse, containing a panic in it (one bad response must not take
 // the others down).
-func (m *Manager) send(id uint64, out []Tensor, final bool, err error) {
+func (m *Manager) send(id uint64, res Result, final bool, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			m.log.Error("SendResponse panicked", zap.Uint64("request", id), zap.Any("panic", r))
 		}
 	}()
-	m.cb.SendResponse(id, out, final, err)
+	m.cb.SendResponse(id, res, final, err)
 }
 
 // iterate runs one iteration; it reports whether the engine ran.
@@ -429,12 +427,12 @@ func (m *Manager) intake() {
 			continue
 		}
 		if _, dup := m.byID[ir.ID]; dup {
-			m.send(ir.ID, nil, true, fmt.Errorf("request %d: %w", ir.ID, ErrDuplicateID))
+			m.send(ir.ID, Result{}, true, fmt.Errorf("request %d: %w", ir.ID, ErrDuplicateID))
 			continue
 		}
 		r, err := m.newRequest(ir)
 		if err != nil {
-			m.send(ir.ID, nil, true, fmt.Errorf("request %d: %w: %w", ir.ID, ErrInvalidRequest, err))
+			m.send(ir.ID, Result{}, true, fmt.Errorf("request %d: %w: %w", ir.ID, ErrInvalidRequest, err))
 			continue
 		}
 		m.byID[r.id] = r
@@ -492,7 +490,7 @@ func (m *Manager) newRequest(ir *InferenceRequest) (*request, error) {
 		sampling:    ir.Sampling,
 	}
 	copy(r.tokens, ir.InputIDs)
-	r.sampling.EndID = ir.EndID
+	r.sampling.EndIDs = ir.EndIDs
 	if ir.ReturnLogProbs {
 		r.logProbs = make([]float32, 0, maxNew)
 	}
@@ -528,7 +526,7 @@ func (m *Manager) applyStops(ids map[uint64]struct{}) {
 		}
 		stopped = true
 		m.release(r)
-		m.send(id, nil, true, fmt.Errorf("request %d: %w", id, ErrCancelled))
+		m.send(id, Result{}, true, fmt.Errorf("request %d: %w", id, ErrCancelled))
 	}
 	if stopped {
 		m.waiting = compact(m.waiting, phaseWaiting)
@@ -570,11 +568,10 @@ func compact(rs []*request, keep phase) []*request {
 	return out
 }
 
-// checkSampling rejects sampling settings the engine would refuse, so that one bad
-// request fails alone instead of failing the whole batch's engine step. The request's
-// EndID is the one the engine will see.
+// checkSampling validates a request's sampling settings, once, at admission: engines
+// do not check them again each step. The request's EndIDs are the ones the engine sees.
 func checkSampling(ir *InferenceRequest, vocab int) error {
 	p := ir.Sampling
-	p.EndID = ir.EndID
+	p.EndIDs = ir.EndIDs
 	return p.Validate(vocab)
 }

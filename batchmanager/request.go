@@ -17,8 +17,9 @@ type InferenceRequest struct {
 	// Sampling holds the sampling configuration (temperature, top-k/p, penalties, seed,
 	// min length, bad words, embedding bias).
 	Sampling engine.SamplingParams
-	// EndID stops generation when sampled; -1 for none.
-	EndID int32
+	// EndIDs stop generation when one is sampled (the model's end-of-sequence tokens, or
+	// the request's end_id); empty for none.
+	EndIDs []int32
 	// PadID fills output_ids past a sequence's end in V1's padded batches; -1 for none.
 	PadID int32
 	// StopWords are token sequences that end generation once generated (they are kept
@@ -26,26 +27,75 @@ type InferenceRequest struct {
 	StopWords [][]int32
 	// Streaming sends each token as it is generated; otherwise one response at the end.
 	Streaming bool
-	// ExcludeInputInOutput leaves the prompt out of output_ids.
+	// ExcludeInputInOutput leaves the prompt out of a non-streaming Result.Tokens.
 	ExcludeInputInOutput bool
-	// ReturnLogProbs adds cum_log_probs and output_log_probs.
+	// ReturnLogProbs fills Result.CumLogProb and LogProbs.
 	ReturnLogProbs bool
-	// ReturnContextLogits adds context_logits.
+	// ReturnContextLogits fills Result.ContextLogits.
 	ReturnContextLogits bool
-	// ReturnGenerationLogits adds generation_logits.
+	// ReturnGenerationLogits fills Result.GenerationLogits.
 	ReturnGenerationLogits bool
 }
 
-// Tensor is one output tensor of a response. Tensors are read-only: the manager shares
-// immutable parts (the shapes and sequence_length of one-token streaming responses)
-// between responses. Data is not reused by the manager, so a receiver may keep it.
-type Tensor struct {
-	// Name is the output's name (output_ids, sequence_length, cum_log_probs, …).
-	Name string
-	// Shape is the tensor's shape.
-	Shape []int64
-	// Data is []int32 or []float32, row-major.
-	Data any
+// FinishReason says why a request ended.
+type FinishReason uint8
+
+const (
+	// NotFinished marks a response that is not the request's last.
+	NotFinished FinishReason = iota
+	// FinishedEndID: an end token was sampled (it is not part of the output).
+	FinishedEndID
+	// FinishedStopWord: a stop word was generated (it is part of the output).
+	FinishedStopWord
+	// FinishedLength: MaxNewTokens were generated, or the model's maximum sequence
+	// length was reached.
+	FinishedLength
+)
+
+// String names the reason as TensorRT-LLM's FinishReason does.
+func (f FinishReason) String() string {
+	switch f {
+	case FinishedEndID:
+		return "END_ID"
+	case FinishedStopWord:
+		return "STOP_WORDS"
+	case FinishedLength:
+		return "LENGTH"
+	}
+	return "NOT_FINISHED"
+}
+
+// Result is the content of one response. Its slices are read-only views of the
+// request's own append-only buffers, which the manager never writes again where a view
+// reaches (each is capped at its end): a receiver may keep them without copying.
+type Result struct {
+	// Tokens are, streaming, the tokens generated since the previous response (usually
+	// one; none in a final response after the end token); otherwise the whole output —
+	// the prompt unless ExcludeInputInOutput, then every generated token — padded in V1
+	// batches with PadID to the batch's longest output.
+	Tokens []int32
+	// Length is the number of real tokens in Tokens (sequence_length): less than
+	// len(Tokens) only when V1 padding follows them.
+	Length int
+	// CumLogProb is the sum of the log-probabilities of every token generated so far
+	// (ReturnLogProbs).
+	CumLogProb float32
+	// LogProbs are the log-probabilities of this response's generated tokens
+	// (ReturnLogProbs; nil otherwise).
+	LogProbs []float32
+	// ContextLogits are the prompt's logits [PromptLen][vocab], in the first streaming
+	// response or the final one (ReturnContextLogits; nil otherwise and in later
+	// responses).
+	ContextLogits []float32
+	// GenerationLogits are the logits of this response's generated positions [n][vocab]
+	// (ReturnGenerationLogits; nil otherwise).
+	GenerationLogits []float32
+	// PromptLen is the prompt's length in tokens.
+	PromptLen int
+	// Generated is the number of tokens generated so far (the end token excluded).
+	Generated int
+	// Finish says why the request ended, in its final response; NotFinished before.
+	Finish FinishReason
 }
 
 // Callbacks connect the manager to whatever serves the requests (Triton, the Executor).
@@ -53,9 +103,10 @@ type Tensor struct {
 type Callbacks struct {
 	// GetInferenceRequests returns at most max new requests (max < 0: no limit).
 	GetInferenceRequests func(max int) []*InferenceRequest
-	// SendResponse delivers a request's outputs; err != nil always comes with final.
-	// The manager has freed all of the request's state before a final response.
-	SendResponse func(id uint64, outputs []Tensor, final bool, err error)
+	// SendResponse delivers a request's result; err != nil always comes with final (and
+	// an empty result). The manager has freed all of the request's state before a final
+	// response.
+	SendResponse func(id uint64, res Result, final bool, err error)
 	// PollStopSignal returns the IDs of requests to stop now.
 	PollStopSignal func() map[uint64]struct{}
 	// ReturnBatchManagerStats receives the stats JSON of every iteration with work.

@@ -77,7 +77,7 @@ func (m *Manager) reserveRunning() {
 				m.running = compact(m.running, phaseRunning)
 				m.sched = slices.Delete(m.sched, i, i+1)
 				i--
-				m.send(r.id, nil, true, fmt.Errorf("request %d: %w: KV blocks: %w", r.id, ErrInternal, err))
+				m.send(r.id, Result{}, true, fmt.Errorf("request %d: %w: KV blocks: %w", r.id, ErrInternal, err))
 				break
 			}
 			victim := m.running[len(m.running)-1]

@@ -2,7 +2,6 @@ package batchmanager
 
 import (
 	"fmt"
-	"reflect"
 	"slices"
 	"time"
 
@@ -43,7 +42,7 @@ func (m *Manager) step() {
 		m.log.Sugar().Errorw("engine step failed; failing the iteration's requests", "requests", len(m.sched), "error", err)
 		for _, r := range m.sched {
 			m.release(r)
-			m.send(r.id, nil, true, fmt.Errorf("request %d: %w: %w", r.id, ErrEngine, err))
+			m.send(r.id, Result{}, true, fmt.Errorf("request %d: %w: %w", r.id, ErrEngine, err))
 		}
 		m.running = compact(m.running, phaseRunning)
 		m.finishV1Batch()
@@ -115,9 +114,9 @@ func (m *Manager) advance(r *request, seq *engine.Sequence, out *engine.Output) 
 		return
 	}
 	m.it.genTokens++
-	if r.req.EndID >= 0 && tok == r.req.EndID {
+	if slices.Contains(r.req.EndIDs, tok) {
 		// The end token is not part of the output (as in TensorRT-LLM).
-		r.ended = true
+		r.ended, r.finish = true, FinishedEndID
 		return
 	}
 	if r.req.ReturnGenerationLogits {
@@ -133,8 +132,11 @@ func (m *Manager) advance(r *request, seq *engine.Sequence, out *engine.Output) 
 		r.logProbs = append(r.logProbs, out.LogProb)
 		r.cumLogProb += out.LogProb
 	}
-	if r.generated >= r.maxNew || len(r.tokens) >= m.info.MaxSeqLen || hitsStopWord(r.tokens, r.req.StopWords) {
-		r.ended = true
+	switch {
+	case hitsStopWord(r.tokens, r.req.StopWords):
+		r.ended, r.finish = true, FinishedStopWord
+	case r.generated >= r.maxNew || len(r.tokens) >= m.info.MaxSeqLen:
+		r.ended, r.finish = true, FinishedLength
 	}
 }
 
@@ -153,7 +155,7 @@ func hitsStopWord(toks []int32, words [][]int32) bool {
 func (m *Manager) respond(r *request) {
 	if r.failed != nil {
 		m.release(r)
-		m.send(r.id, nil, true, fmt.Errorf("request %d: %w", r.id, r.failed))
+		m.send(r.id, Result{}, true, fmt.Errorf("request %d: %w", r.id, r.failed))
 		return
 	}
 	if r.ended {
@@ -166,20 +168,20 @@ func (m *Manager) respond(r *request) {
 			r.phase = phaseHeld
 			m.held = append(m.held, r)
 			if r.req.Streaming && r.generated > r.sent {
-				m.send(r.id, m.streamOutputs(r), false, nil)
+				m.send(r.id, m.streamResult(r), false, nil)
 			}
 			return
 		}
 		m.release(r)
 		if r.req.Streaming {
-			m.send(r.id, m.streamOutputs(r), true, nil)
+			m.send(r.id, m.streamResult(r), true, nil)
 		} else {
-			m.send(r.id, m.finalOutputs(r, 0), true, nil)
+			m.send(r.id, m.finalResult(r, 0), true, nil)
 		}
 		return
 	}
 	if r.req.Streaming && r.generated > r.sent {
-		m.send(r.id, m.streamOutputs(r), false, nil)
+		m.send(r.id, m.streamResult(r), false, nil)
 	}
 }
 
@@ -201,152 +203,63 @@ func (m *Manager) finishV1Batch() {
 		}
 		m.release(r)
 		if r.req.Streaming {
-			m.send(r.id, m.streamOutputs(r), true, nil)
+			m.send(r.id, m.streamResult(r), true, nil)
 			continue
 		}
-		m.send(r.id, m.finalOutputs(r, longest), true, nil)
+		m.send(r.id, m.finalResult(r, longest), true, nil)
 	}
 }
 
-// streamOutputs are the tensors of a streaming response: the tokens generated since the
-// last one (usually one; none on the final response after an end token).
-func (m *Manager) streamOutputs(r *request) []Tensor {
+// streamResult is a streaming response: the tokens generated since the last one
+// (usually one; none on the final response after an end token), with what the request
+// asked for of them.
+func (m *Manager) streamResult(r *request) Result {
 	from, to := r.sent, r.generated
 	r.sent = to
-	gen := r.tokens[r.promptLen+from : r.promptLen+to]
-	plain := r.logProbs == nil && !r.req.ReturnGenerationLogits && (r.ctxLogits == nil || r.ctxSent)
-	if plain {
-		return m.slab.tokens(gen)
-	}
-	out := tokenTensors(gen)
-	out = m.appendExtras(out, r, from, to, !r.ctxSent)
+	res := Result{Tokens: r.tokens[r.promptLen+from : r.promptLen+to : r.promptLen+to], Length: to - from}
+	m.addExtras(&res, r, from, to, !r.ctxSent)
 	r.ctxSent = true
-	return out
+	return res
 }
 
-// finalOutputs are the tensors of a non-streaming answer: the prompt (unless excluded)
-// and every generated token, padded with PadID to padTo generated tokens (V1).
-// sequence_length counts the real tokens.
-func (m *Manager) finalOutputs(r *request, padTo int) []Tensor {
+// finalResult is a non-streaming answer: the prompt (unless excluded) and every
+// generated token, padded with PadID to padTo generated tokens (V1). Length counts the
+// real tokens.
+func (m *Manager) finalResult(r *request, padTo int) Result {
 	start := 0
 	if r.req.ExcludeInputInOutput {
 		start = r.promptLen
 	}
 	n := len(r.tokens) - start
-	ids := make([]int32, n, n+max(0, padTo-r.generated))
-	copy(ids, r.tokens[start:])
-	if r.req.PadID >= 0 {
-		for range padTo - r.generated {
+	ids := r.tokens[start:len(r.tokens):len(r.tokens)]
+	if pad := padTo - r.generated; pad > 0 && r.req.PadID >= 0 {
+		ids = make([]int32, n, n+pad)
+		copy(ids, r.tokens[start:])
+		for range pad {
 			ids = append(ids, r.req.PadID)
 		}
 	}
-	out := []Tensor{
-		{Name: "output_ids", Shape: []int64{1, int64(len(ids))}, Data: ids},
-		{Name: "sequence_length", Shape: []int64{1}, Data: []int32{int32(n)}},
-	}
-	return m.appendExtras(out, r, 0, r.generated, true)
+	res := Result{Tokens: ids, Length: n}
+	m.addExtras(&res, r, 0, r.generated, true)
+	return res
 }
 
-// tokenTensors builds output_ids [1, n] and sequence_length [1] for toks (copied).
-func tokenTensors(toks []int32) []Tensor {
-	ids := slices.Clone(toks)
-	if ids == nil {
-		ids = []int32{}
-	}
-	return []Tensor{
-		{Name: "output_ids", Shape: []int64{1, int64(len(ids))}, Data: ids},
-		{Name: "sequence_length", Shape: []int64{1}, Data: []int32{int32(len(ids))}},
-	}
-}
-
-// appendExtras adds the asked-for log probs and logits of generated tokens [from, to),
-// and the context logits when withCtx.
-func (m *Manager) appendExtras(out []Tensor, r *request, from, to int, withCtx bool) []Tensor {
+// addExtras fills the counts, the finish reason and the asked-for log probs and logits
+// of generated tokens [from, to), and the context logits when withCtx.
+func (m *Manager) addExtras(res *Result, r *request, from, to int, withCtx bool) {
 	vocab := m.info.VocabSize
+	res.PromptLen, res.Generated, res.Finish = r.promptLen, r.generated, r.finish
 	if r.logProbs != nil {
-		out = append(out,
-			Tensor{Name: "cum_log_probs", Shape: []int64{1}, Data: []float32{r.cumLogProb}},
-			Tensor{Name: "output_log_probs", Shape: []int64{1, int64(to - from)}, Data: slices.Clone(r.logProbs[from:to:to])})
+		res.CumLogProb = r.cumLogProb
+		res.LogProbs = r.logProbs[from:to:to]
 	}
 	if r.ctxLogits != nil && withCtx {
-		out = append(out, Tensor{Name: "context_logits", Shape: []int64{int64(r.promptLen), int64(vocab)}, Data: r.ctxLogits})
+		res.ContextLogits = r.ctxLogits
 	}
 	if r.req.ReturnGenerationLogits {
-		out = append(out, Tensor{Name: "generation_logits", Shape: []int64{1, int64(to - from), int64(vocab)},
-			Data: slices.Clone(r.genLogits[from*vocab : to*vocab : to*vocab])})
+		res.GenerationLogits = r.genLogits[from*vocab : to*vocab : to*vocab]
+		if res.GenerationLogits == nil {
+			res.GenerationLogits = []float32{}
+		}
 	}
-	return out
-}
-
-// responseSlab backs one-token streaming responses (output_ids [1, 1] and
-// sequence_length [1], the bulk of the responses) with a few allocations per batch
-// instead of one or more per response: at hundreds of sequences, per-response
-// allocations set how often the garbage collector runs. Its blocks are carved across
-// iterations and never reused, so each response still gets its own token element,
-// output_ids header and tensor list (capped, so appends cannot reach the next one): a
-// receiver may keep them. What a receiver keeps holds on to its block: under 1 KiB
-// for an output_ids, 14 KiB for a tensor list.
-type responseSlab struct {
-	// i32 holds the tokens of the current box chunk, one element per response.
-	i32 []int32
-	// box is the current chunk of output_ids headers, header j over i32[j], boxed as
-	// one non-addressable array value. Index(j).Interface() yields an interface
-	// holding header j; for such a value reflect points the interface at the header
-	// where it is instead of boxing a copy (an allocation per response). Correctness
-	// does not depend on that, only the allocation count, which
-	// TestOneTokenResponsesEachOwnTheirData checks.
-	box reflect.Value
-	// used is the number of the chunk's headers handed out.
-	used int
-	// ts backs the tensor lists.
-	ts []Tensor
-}
-
-// boxChunk is the number of output_ids headers boxed per allocation.
-const boxChunk = 32
-
-// tensorBlock is the number of tensors allocated at a time.
-const tensorBlock = 256
-
-// Read-only parts shared by one-token streaming responses: their shapes and their
-// sequence_length, boxed once.
-var (
-	shapeOneToken     = []int64{1, 1}
-	shapeOne          = []int64{1}
-	lengthOne     any = []int32{1}
-)
-
-// newChunk starts a chunk of boxChunk token elements and their boxed headers.
-func (s *responseSlab) newChunk() {
-	s.i32 = make([]int32, boxChunk)
-	// Filled here, then boxed (copied) once by ValueOf.
-	var c [boxChunk][]int32
-	for j := range c {
-		c[j] = s.i32[j : j+1 : j+1]
-	}
-	s.box = reflect.ValueOf(c)
-	s.used = 0
-}
-
-// tokens builds output_ids [1, n] and sequence_length [1] for toks (copied), out of the
-// slab when toks is one token.
-func (s *responseSlab) tokens(toks []int32) []Tensor {
-	if len(toks) != 1 {
-		return tokenTensors(toks)
-	}
-	if s.used == len(s.i32) {
-		s.newChunk()
-	}
-	j := s.used
-	s.used++
-	s.i32[j] = toks[0]
-	if cap(s.ts)-len(s.ts) < 2 {
-		s.ts = make([]Tensor, 0, tensorBlock)
-	}
-	n := len(s.ts)
-	s.ts = s.ts[:n+2]
-	ts := s.ts[n : n+2 : n+2]
-	ts[0].Name, ts[0].Shape, ts[0].Data = "output_ids", shapeOneToken, s.box.Index(j).Interface()
-	ts[1].Name, ts[1].Shape, ts[1].Data = "sequence_length", shapeOne, lengthOne
-	return ts
 }

@@ -2,9 +2,14 @@ package engine
 
 import "fmt"
 
-// BatchChecker validates batches against an engine's model and KV pool before any of
-// them runs, with the same rules and messages for every engine. It keeps scratch space
-// between calls, so an engine holds one and uses it from its Step goroutine only.
+// BatchChecker validates the structure of batches against an engine's model and KV pool
+// before any of them runs — new tokens in the vocabulary, positions in the model, block
+// tables inside the pool and not shared by two writers — with the same rules and
+// messages for every engine, in time proportional to the new tokens and blocks. A
+// request's settings and history are the batch manager's to validate, once, when it
+// admits the request (SamplingParams.Validate); they are not checked again each step.
+// It keeps scratch space between calls, so an engine holds one and uses it from its Step
+// goroutine only.
 type BatchChecker struct {
 	// info is the model and pool the batches must fit.
 	info Info
@@ -70,21 +75,6 @@ func (c *BatchChecker) Check(b *Batch) (int, error) {
 				return fail("writes KV block %d, which sequence %d also writes in this batch", blk, b.Seqs[c.blockSeq[blk]].ID)
 			}
 			c.blockStep[blk], c.blockSeq[blk] = c.stepNo, si
-		}
-		if sq.Sample || sq.ReturnLogits {
-			if err := sq.Sampling.Validate(V); err != nil {
-				return fail("%v", err)
-			}
-		}
-		if sq.Sample {
-			if sq.NumGenerated < 0 {
-				return fail("NumGenerated = %d is negative", sq.NumGenerated)
-			}
-			for i, t := range sq.History {
-				if t < 0 || int(t) >= V {
-					return fail("History[%d] = %d is outside the vocabulary [0, %d)", i, t, V)
-				}
-			}
 		}
 		n += len(sq.Tokens)
 	}

@@ -1,5 +1,8 @@
 // Package engine defines the Engine interface — one call per iteration of the batch
-// manager — and the pure-Go CPU reference engine.
+// manager — and what every engine shares: the batch and its sequences, the sampling
+// rules and their random stream (rules.go), token counting for the penalties, and the
+// structural check of a batch. The engines themselves are engine/cpu (pure Go, the
+// reference) and bridge/cuda (the GPU).
 //
 // An engine owns the model weights and a paged KV pool. It keeps no per-request state:
 // everything an iteration needs (new tokens, positions, block tables, sampling
@@ -21,8 +24,6 @@ type Engine interface {
 
 // Info describes a loaded model and the engine's KV pool.
 type Info struct {
-	// Arch names the architecture ("gpt2").
-	Arch string
 	// VocabSize is the number of logits per position.
 	VocabSize int
 	// MaxSeqLen is the longest sequence (prompt plus output) the model can hold.
@@ -33,8 +34,8 @@ type Info struct {
 	NumBlocks int
 	// TokensPerBlock is the number of token positions one KV block holds.
 	TokensPerBlock int
-	// EndID is the checkpoint's end-of-sequence token, or -1 when it names none.
-	EndID int32
+	// EndIDs are the checkpoint's end-of-sequence tokens; empty when it names none.
+	EndIDs []int32
 }
 
 // KVConfig sizes an engine's paged KV pool.
@@ -43,6 +44,9 @@ type KVConfig struct {
 	NumBlocks int
 	// TokensPerBlock is the number of positions per block (gollm's default is 64).
 	TokensPerBlock int
+	// MaxSeqLen is the longest sequence the engine serves; 0 means the model's maximum
+	// positions.
+	MaxSeqLen int
 }
 
 // Batch is the work of one iteration.
@@ -100,10 +104,10 @@ type SamplingParams struct {
 	PresencePenalty float32
 	// FrequencyPenalty is subtracted from a token's logit once per occurrence in History.
 	FrequencyPenalty float32
-	// MinLength forbids EndID until this many tokens have been generated.
+	// MinLength forbids every token of EndIDs until this many tokens have been generated.
 	MinLength int
-	// EndID is the end-of-sequence token for MinLength; -1 for none.
-	EndID int32
+	// EndIDs are the end-of-sequence tokens MinLength masks.
+	EndIDs []int32
 	// BadWords are token sequences that must not be generated: when a sequence's last
 	// tokens match a bad word's prefix, its final token is masked.
 	BadWords [][]int32

@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"gollm/engine"
+	"gollm/engine/cpu"
 	"gollm/executor"
 	"gollm/model"
 )
@@ -14,12 +15,12 @@ import (
 // Example runs greedy generation on the tiny test checkpoint with the CPU engine:
 // one streaming request, its tokens printed as they arrive.
 func Example() {
-	gpt2, err := model.LoadGPT2Dir("../testdata/gpt2-tiny")
+	m, err := model.LoadFloat32("../testdata/gpt2-tiny")
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	eng, err := engine.NewCPU(gpt2, engine.KVConfig{NumBlocks: 64, TokensPerBlock: 16})
+	eng, err := cpu.NewFromModel(m, engine.KVConfig{NumBlocks: 64, TokensPerBlock: 16})
 	if err != nil {
 		fmt.Println(err)
 		return

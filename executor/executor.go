@@ -56,9 +56,9 @@ type Request struct {
 	// Sampling holds the sampling configuration; the zero value is greedy.
 	Sampling engine.SamplingParams
 	// EndID ends generation when sampled (not included in the output); nil means the
-	// model's own end token, -1 means none.
+	// model's own end tokens, -1 means none.
 	EndID *int32
-	// PadID pads V1 outputs; nil means EndID.
+	// PadID pads V1 outputs; nil means the (first) end token.
 	PadID *int32
 	// StopWords end generation once generated (kept in the output).
 	StopWords [][]int32
@@ -106,6 +106,8 @@ type Result struct {
 	ContextLogits []float32
 	// GenerationLogits are this result's generated positions' logits, [n][vocab].
 	GenerationLogits []float32
+	// FinishReason says why the request ended (in its final result).
+	FinishReason batchmanager.FinishReason
 }
 
 // Executor runs requests on an engine with in-flight batching.
@@ -166,11 +168,17 @@ func (e *Executor) Enqueue(req Request) (uint64, error) {
 	if req.MaxNewTokens < 1 {
 		return 0, fmt.Errorf("executor: Request.MaxNewTokens must be at least 1, got %d", req.MaxNewTokens)
 	}
-	endID := e.info.EndID
+	endIDs := e.info.EndIDs
 	if req.EndID != nil {
-		endID = *req.EndID
+		endIDs = nil
+		if *req.EndID >= 0 {
+			endIDs = []int32{*req.EndID}
+		}
 	}
-	padID := endID
+	padID := int32(-1)
+	if len(endIDs) > 0 {
+		padID = endIDs[0]
+	}
 	if req.PadID != nil {
 		padID = *req.PadID
 	}
@@ -190,7 +198,7 @@ func (e *Executor) Enqueue(req Request) (uint64, error) {
 		InputIDs:               slices.Clone(req.InputIDs),
 		MaxNewTokens:           req.MaxNewTokens,
 		Sampling:               req.Sampling,
-		EndID:                  endID,
+		EndIDs:                 endIDs,
 		PadID:                  padID,
 		StopWords:              req.StopWords,
 		Streaming:              req.Streaming,
@@ -342,44 +350,22 @@ func (e *Executor) pollStop() map[uint64]struct{} {
 	return out
 }
 
-// send is the manager's SendResponse: it turns the tensors into a Result.
-func (e *Executor) send(id uint64, outs []batchmanager.Tensor, final bool, err error) {
+// send is the manager's SendResponse: it turns the manager's result into a Result.
+func (e *Executor) send(id uint64, res batchmanager.Result, final bool, err error) {
 	r := Response{RequestID: id, Err: err}
 	if err == nil {
-		r.Result = toResult(outs, final)
+		r.Result = Result{
+			IsFinal: final,
+			// V1 pads the tokens; Length says how many are real.
+			OutputTokenIDs:   res.Tokens[:res.Length],
+			CumLogProb:       res.CumLogProb,
+			LogProbs:         res.LogProbs,
+			ContextLogits:    res.ContextLogits,
+			GenerationLogits: res.GenerationLogits,
+			FinishReason:     res.Finish,
+		}
 	}
 	e.mu.Lock()
 	e.deliver(r)
 	e.mu.Unlock()
-}
-
-// toResult reads the manager's output tensors.
-func toResult(outs []batchmanager.Tensor, final bool) Result {
-	res := Result{IsFinal: final}
-	n := -1
-	for _, t := range outs {
-		switch t.Name {
-		case "output_ids":
-			res.OutputTokenIDs, _ = t.Data.([]int32)
-		case "sequence_length":
-			if d, ok := t.Data.([]int32); ok && len(d) == 1 {
-				n = int(d[0])
-			}
-		case "cum_log_probs":
-			if d, ok := t.Data.([]float32); ok && len(d) == 1 {
-				res.CumLogProb = d[0]
-			}
-		case "output_log_probs":
-			res.LogProbs, _ = t.Data.([]float32)
-		case "context_logits":
-			res.ContextLogits, _ = t.Data.([]float32)
-		case "generation_logits":
-			res.GenerationLogits, _ = t.Data.([]float32)
-		}
-	}
-	// V1 pads output_ids; sequence_length says how many are real.
-	if n >= 0 && n < len(res.OutputTokenIDs) {
-		res.OutputTokenIDs = res.OutputTokenIDs[:n]
-	}
-	return res
 }

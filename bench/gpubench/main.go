@@ -90,7 +90,7 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs bool) e
 	perSeq := (maxLen + T - 1) / T
 	eng, err := cuda.New(ckpt, cuda.Options{DType: dtype, Library: lib, TokensPerBlock: T,
 		NumBlocks: perSeq * maxSeqs, MaxTokens: max(maxTok, 8192), MaxSeqs: max(maxSeqs, 64),
-		DisableCUDAGraphs: !graphs})
+		DisableCUDAGraphs: !graphs, Tuning: cuda.TuningFromEnv()})
 	if err != nil {
 		return err
 	}
@@ -149,7 +149,7 @@ func static(eng *cuda.Engine, prompts [][]int32, out, perSeq int) (float64, floa
 			blocks[k] = int32(i*perSeq + k)
 		}
 		seqs[i] = engine.Sequence{ID: uint64(i), Tokens: p, Blocks: blocks, Sample: true,
-			Sampling: engine.SamplingParams{EndID: -1}, History: p}
+			Sampling: engine.SamplingParams{}, History: p}
 	}
 	start := time.Now()
 	outs, err := eng.Step(&engine.Batch{Seqs: seqs})

@@ -1,13 +1,17 @@
-"""GPU engine against Hugging Face transformers, on random-weight GPT-2 checkpoints.
+"""GPU engine against Hugging Face transformers, on random-weight GPT-2 and LLaMA-family
+checkpoints.
 
 Run on a machine with a GPU, torch and transformers (the device machine), after building
 libgollm_cuda.so and the gollm-gpucheck command:
 
     python3 tests/gpu/check.py --bin .carry/gollm-gpucheck --lib build/libgollm_cuda.so
 
-It writes three checkpoints with transformers — the GPT-2 124M shape, an odd one (6 heads
-of 80, 5 layers, vocabulary 1,000) and one whose MLP is 1,002 wide — whose weights are rounded to bfloat16 so that both
-engines read exactly the same numbers; makes 64 prompts of mixed lengths; runs
+It writes checkpoints with transformers — GPT-2: the 124M shape, an odd one (6 heads of
+80, 5 layers, vocabulary 1,000) and one whose MLP is 1,002 wide; the LLaMA family: the
+TinyLlama-1.1B shape, a Llama-3 shape with llama3 rope scaling and a 128,256 vocabulary, a
+Qwen2 shape (q/k/v biases, tied embeddings), a Mistral shape whose sliding window is
+shorter than most prompts, and an odd one (hidden 640, 10 heads, 2 KV heads) — whose
+weights are rounded to bfloat16 so that both engines read exactly the same numbers; makes 64 prompts of mixed lengths; runs
 gollm-gpucheck (each prompt alone, then all 64 as an in-flight batch, with and without
 CUDA graphs, and chunked prefill) in float16 and bfloat16; and runs transformers in
 float32 on the prompt followed by gollm's generated tokens (teacher forcing). It checks:
@@ -30,7 +34,8 @@ import time
 
 import torch
 from safetensors.torch import load_file
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig,
+                          Qwen2Config)
 
 TOL_LOGITS = 1e-2
 TOL_GAP = 1e-3
@@ -40,14 +45,18 @@ KLOGITS = 8
 
 
 def make_checkpoint(path, cfg, seed, save_dtypes):
-    """Random GPT-2 with weights rounded to bf16 (exact in fp16 and fp32 too)."""
+    """Random model with weights rounded to bf16 (exact in fp16 and fp32 too)."""
     torch.manual_seed(seed)
-    model = GPT2LMHeadModel(cfg).eval()
+    model = AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():
-        # A wider embedding makes the logits peaked (std ~ sqrt(hidden) * 0.1), so greedy
-        # choices are far apart compared with float16 rounding.
-        model.transformer.wte.weight.normal_(0.0, 0.1)
-        for p in model.parameters():
+        # A wider embedding (and LM head) makes the logits peaked (std ~ sqrt(hidden) *
+        # 0.1), so greedy choices are far apart compared with float16 rounding.
+        model.get_input_embeddings().weight.normal_(0.0, 0.1)
+        if not cfg.tie_word_embeddings:
+            model.get_output_embeddings().weight.normal_(0.0, 0.1)
+        for name, p in model.named_parameters():
+            if name.endswith("bias") and "norm" not in name and "ln_" not in name:
+                p.normal_(0.0, 0.02)  # biases are zero at initialisation: make them count
             p.copy_(p.to(torch.bfloat16).to(torch.float32))
     out = {}
     for name, dt in save_dtypes.items():
@@ -80,9 +89,9 @@ def reference(ckpt, prompts, gen):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     try:
-        model = GPT2LMHeadModel.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager")
+        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager")
     except TypeError:
-        model = GPT2LMHeadModel.from_pretrained(ckpt, torch_dtype=torch.float32, attn_implementation="eager")
+        model = AutoModelForCausalLM.from_pretrained(ckpt, torch_dtype=torch.float32, attn_implementation="eager")
     model = model.cuda().eval()
     refs = []
     with torch.no_grad():
@@ -147,6 +156,36 @@ def main():
                                                n_head=4, n_inner=1002, bos_token_id=999,
                                                eos_token_id=999),
                                     {"f32": torch.float32}),
+        "tinyllama-1.1B": (LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                                       num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+                                       max_position_embeddings=2048, rms_norm_eps=1e-5, bos_token_id=1,
+                                       eos_token_id=2, tie_word_embeddings=False),
+                           {"f16": torch.float16, "bf16": torch.bfloat16}),
+        "llama3-4L-v128256": (LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                                          num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=8,
+                                          max_position_embeddings=131072, rms_norm_eps=1e-5,
+                                          bos_token_id=128000, eos_token_id=[128001, 128008, 128009],
+                                          rope_theta=500000.0, tie_word_embeddings=True,
+                                          rope_scaling={"rope_type": "llama3", "factor": 32.0,
+                                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                        "original_max_position_embeddings": 8192}),
+                              {"f32": torch.float32}),
+        "qwen2-4L-896": (Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                                     num_hidden_layers=4, num_attention_heads=14, num_key_value_heads=2,
+                                     max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                                     tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645),
+                         {"f32": torch.float32}),
+        "mistral-4L-w128": (MistralConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                                          num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                                          max_position_embeddings=4096, sliding_window=128, rms_norm_eps=1e-5,
+                                          rope_theta=10000.0, bos_token_id=1, eos_token_id=2,
+                                          tie_word_embeddings=False),
+                            {"f32": torch.float32}),
+        "llama-odd-640x10h2kv": (LlamaConfig(vocab_size=1000, hidden_size=640, intermediate_size=1728,
+                                             num_hidden_layers=3, num_attention_heads=10, num_key_value_heads=2,
+                                             max_position_embeddings=1024, rms_norm_eps=1e-6, bos_token_id=1,
+                                             eos_token_id=2, tie_word_embeddings=False),
+                                 {"f32": torch.float32}),
     }
     runs = []  # (model, dtype, ckpt dir, sampling?)
     for mi, (name, (cfg, saves)) in enumerate(shapes.items()):
@@ -154,7 +193,7 @@ def main():
         if "f16" in dirs:
             runs += [(name, "float16", dirs["f16"], False), (name, "bfloat16", dirs["bf16"], False)]
         else:
-            sampling = name.startswith("odd")  # one sampled run is enough
+            sampling = "odd" in name  # a sampled run per family is enough
             runs += [(name, "float16", dirs["f32"], sampling), (name, "bfloat16", dirs["f32"], False)]
     print(f"checkpoints ready in {time.time() - t0:.1f}s", flush=True)
 

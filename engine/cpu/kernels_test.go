@@ -1,6 +1,7 @@
-package engine
+package cpu
 
 import (
+	"gollm/model"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -64,15 +65,15 @@ func TestMatmulMatchesTheDefinition(t *testing.T) {
 			x.resize(n, in)
 			y.resize(n, out)
 			copy(x.data, randomLogits(rng, n*in, 1))
-			w := randomLogits(rng, in*out, 1) // [in][out], as checkpoints store it
+			w := randomLogits(rng, in*out, 1) // [out][in], the canonical layout
 			bias := randomLogits(rng, out, 1)
-			matmul(y.rows, x.rows, transpose(w, in, out), in, out, bias)
+			matmul(y.rows, x.rows, w, in, out, bias)
 			for r := range n {
 				for j := range out {
 					want := float64(bias[j])
 					var scale float64
 					for k := range in {
-						p := float64(x.rows[r][k]) * float64(w[k*out+j])
+						p := float64(x.rows[r][k]) * float64(w[j*in+k])
 						want += p
 						scale += math.Abs(p)
 					}
@@ -83,17 +84,6 @@ func TestMatmulMatchesTheDefinition(t *testing.T) {
 			}
 		}
 	})
-}
-
-func TestTransposeSwapsRowsAndColumns(t *testing.T) {
-	w := []float32{1, 2, 3, 4, 5, 6} // [2][3]
-	got := transpose(w, 2, 3)
-	want := []float32{1, 4, 2, 5, 3, 6}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("transpose = %v, want %v", got, want)
-		}
-	}
 }
 
 func TestParallelForCoversEveryIndexOnce(t *testing.T) {
@@ -148,19 +138,18 @@ func TestActivationsMatchTheirDefinitions(t *testing.T) {
 	xs := []float32{-6, -2, -0.5, 0, 0.3, 1, 3, 8}
 	for _, tc := range []struct {
 		name string
+		act  model.Activation
 		want func(x float64) float64
 	}{
-		{"gelu_new", func(x float64) float64 {
+		{"gelu_new", model.ActGeluTanh, func(x float64) float64 {
 			return 0.5 * x * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x)))
 		}},
-		{"gelu", func(x float64) float64 { return 0.5 * x * (1 + math.Erf(x/math.Sqrt2)) }},
-		{"relu", func(x float64) float64 { return max(x, 0) }},
+		{"gelu", model.ActGeluErf, func(x float64) float64 { return 0.5 * x * (1 + math.Erf(x/math.Sqrt2)) }},
+		{"relu", model.ActReLU, func(x float64) float64 { return max(x, 0) }},
+		{"silu", model.ActSiLU, func(x float64) float64 { return x / (1 + math.Exp(-x)) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			act, ok := parseActivation(tc.name)
-			if !ok {
-				t.Fatalf("%s not supported", tc.name)
-			}
+			act := activationOf(tc.act)
 			got := append([]float32(nil), xs...)
 			act.apply(got)
 			for i, x := range xs {
@@ -187,6 +176,37 @@ func TestLayerNormMatchesTheDefinition(t *testing.T) {
 		want := (float64(x[i])-mean)/math.Sqrt(vari+1e-5)*float64(w[i]) + float64(b[i])
 		if math.Abs(float64(got[i])-want) > 1e-6 {
 			t.Errorf("layerNorm[%d] = %g, want %g", i, got[i], want)
+		}
+	}
+}
+
+func TestRMSNormMatchesTheDefinition(t *testing.T) {
+	x := []float32{1, -2, 3, 4, 10}
+	w := []float32{1, 0.5, 2, 1, 1}
+	got := make([]float32, len(x))
+	rmsNorm(got, x, w, 1e-6)
+	var ms float64
+	for _, v := range x {
+		ms += float64(v) * float64(v)
+	}
+	ms /= float64(len(x))
+	for i := range x {
+		want := float64(x[i]) / math.Sqrt(ms+1e-6) * float64(w[i])
+		if math.Abs(float64(got[i])-want) > 1e-6 {
+			t.Errorf("rmsNorm[%d] = %g, want %g", i, got[i], want)
+		}
+	}
+}
+
+func TestGatedActivationMultipliesTheUpProjection(t *testing.T) {
+	gate, up := []float32{-1, 0.5, 2}, []float32{3, -4, 0.25}
+	got := make([]float32, 3)
+	gatedApply(actSiLU, got, gate, up)
+	for i := range gate {
+		g := float64(gate[i])
+		want := g / (1 + math.Exp(-g)) * float64(up[i])
+		if math.Abs(float64(got[i])-want) > 1e-6 {
+			t.Errorf("gated[%d] = %g, want %g", i, got[i], want)
 		}
 	}
 }

@@ -1,25 +1,39 @@
-package engine
+package cpu
 
 import (
-	"math"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
+	"gollm/engine"
 	"gollm/model"
 )
 
 // goldenTolerance is the largest relative L2 error allowed against transformers.
 const goldenTolerance = 1e-4
 
+// fixtures are the checkpoints of testdata/ with transformers' golden outputs.
+var fixtures = []struct {
+	// dir is the checkpoint folder, golden the reference file, both in testdata/.
+	dir, golden string
+}{
+	{"gpt2-tiny", "gpt2-tiny-golden.safetensors"},
+	{"gpt2-tiny-sharded", "gpt2-tiny-golden.safetensors"},
+	{"llama-tiny", "llama-tiny-golden.safetensors"},
+	{"llama3-tiny", "llama3-tiny-golden.safetensors"},
+	{"qwen2-tiny", "qwen2-tiny-golden.safetensors"},
+	{"mistral-tiny", "mistral-tiny-golden.safetensors"},
+}
+
 func TestLogitsAndGreedyTokensMatchTransformers(t *testing.T) {
-	g := loadGolden(t)
 	for _, tc := range kernelPaths(t) {
-		for _, dir := range []string{"../testdata/gpt2-tiny", "../testdata/gpt2-tiny-sharded"} {
-			t.Run(strings.TrimPrefix(dir, "../testdata/")+" with "+tc.name, func(t *testing.T) {
+		for _, fx := range fixtures {
+			t.Run(fx.dir+" with "+tc.name, func(t *testing.T) {
 				tc.use(t)
-				m := loadGPT2(t, dir)
+				g := loadGolden(t, "../../testdata/"+fx.golden)
+				m := loadModel(t, "../../testdata/"+fx.dir)
 				v := m.Config.VocabSize
 				if len(g.promptLogits) != len(g.promptIDs)*v || len(g.decodeLogits) != len(g.greedy)*v {
 					t.Fatalf("golden shapes do not fit vocab %d", v)
@@ -56,7 +70,7 @@ func TestLogitsAndGreedyTokensMatchTransformers(t *testing.T) {
 						t.Errorf("decode step %d: relative L2 error %.3g > %g", step, err, goldenTolerance)
 					}
 				}
-				t.Logf("%s with %s: worst relative L2 error %.3g over %d prompt rows and %d decode steps", dir, tc.name, worst, len(g.promptIDs), len(g.greedy))
+				t.Logf("%s with %s: worst relative L2 error %.3g over %d prompt rows and %d decode steps", fx.dir, tc.name, worst, len(g.promptIDs), len(g.greedy))
 			})
 		}
 	}
@@ -65,7 +79,7 @@ func TestLogitsAndGreedyTokensMatchTransformers(t *testing.T) {
 // smallGPT2 is the random model most engine tests run (vocab 300, 64 positions,
 // hidden 64, 2 layers, 4 heads): big enough to have several heads, layers and blocks,
 // small enough for -race.
-func smallGPT2(seed uint64) *model.GPT2 {
+func smallGPT2(seed uint64) *model.Float32 {
 	return randomGPT2(300, 64, 64, 2, 4, seed)
 }
 
@@ -219,9 +233,9 @@ func TestStepComputesOnlyTheLogitsItReturns(t *testing.T) {
 func TestInfoDescribesModelAndPool(t *testing.T) {
 	m := smallGPT2(1)
 	e := newCPU(t, m, 10, 16)
-	want := Info{Arch: "gpt2", VocabSize: 300, MaxSeqLen: 64, Layers: 2, KVHeads: 4, HeadDim: 16,
-		NumBlocks: 10, TokensPerBlock: 16, EndID: 299}
-	if got := e.Info(); got != want {
+	want := engine.Info{VocabSize: 300, MaxSeqLen: 64, Layers: 2, KVHeads: 4, HeadDim: 16,
+		NumBlocks: 10, TokensPerBlock: 16, EndIDs: []int32{299}}
+	if got := e.Info(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Info() = %+v, want %+v", got, want)
 	}
 	if got, want := len(e.kv), 10*16*2*2*4*16; got != want {
@@ -229,40 +243,41 @@ func TestInfoDescribesModelAndPool(t *testing.T) {
 	}
 }
 
-func TestNewCPURejectsBadModelsAndPools(t *testing.T) {
+func TestNewRejectsBadModelsAndPools(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		mutate func(m *model.GPT2, kv *KVConfig)
+		mutate func(m *model.Float32, kv *KVConfig)
 		want   string
 	}{
-		{"no blocks", func(_ *model.GPT2, kv *KVConfig) { kv.NumBlocks = 0 }, "NumBlocks"},
-		{"no tokens per block", func(_ *model.GPT2, kv *KVConfig) { kv.TokensPerBlock = -1 }, "TokensPerBlock"},
-		{"a pool too large", func(_ *model.GPT2, kv *KVConfig) { kv.NumBlocks = 1 << 40 }, "exceeds"},
-		{"a short tensor", func(m *model.GPT2, _ *KVConfig) { m.Layers[1].FCB = m.Layers[1].FCB[1:] }, "h.1.mlp.c_fc.bias"},
-		{"a short embedding", func(m *model.GPT2, _ *KVConfig) { m.WPE = m.WPE[:10] }, "wpe.weight"},
-		{"a missing layer", func(m *model.GPT2, _ *KVConfig) { m.Layers = m.Layers[:1] }, "n_layer"},
-		{"heads not dividing hidden", func(m *model.GPT2, _ *KVConfig) { m.Config.HeadDim = 15 }, "HeadDim"},
-		{"grouped KV heads", func(m *model.GPT2, _ *KVConfig) { m.Config.KVHeads = 2 }, "KVHeads"},
-		{"an unknown activation", func(m *model.GPT2, _ *KVConfig) { m.Config.Activation = "swish" }, "swish"},
-		{"another architecture", func(m *model.GPT2, _ *KVConfig) { m.Config.Arch = "llama" }, "llama"},
-		{"a zero epsilon", func(m *model.GPT2, _ *KVConfig) { m.Config.LayerNormEps = 0 }, "layer_norm_epsilon"},
+		{"no blocks", func(_ *model.Float32, kv *KVConfig) { kv.NumBlocks = 0 }, "NumBlocks"},
+		{"no tokens per block", func(_ *model.Float32, kv *KVConfig) { kv.TokensPerBlock = -1 }, "TokensPerBlock"},
+		{"a pool too large", func(_ *model.Float32, kv *KVConfig) { kv.NumBlocks = 1 << 40 }, "exceeds"},
+		{"a short tensor", func(m *model.Float32, _ *KVConfig) { m.Layers[1][model.RoleUpBias] = m.Layers[1][model.RoleUpBias][1:] }, "layer 1 up_bias has 255 values"},
+		{"a short embedding", func(m *model.Float32, _ *KVConfig) { m.Model[model.RolePosEmbed] = m.Model[model.RolePosEmbed][:10] }, "pos_embed"},
+		{"a missing layer", func(m *model.Float32, _ *KVConfig) { m.Layers = m.Layers[:1] }, "1 layers, its config 2"},
+		{"a role the architecture lacks", func(m *model.Float32, _ *KVConfig) { m.Model[model.RoleLMHead] = m.Model[model.RoleEmbed] }, "lm_head is set"},
+		{"kv heads not dividing heads", func(m *model.Float32, _ *KVConfig) { m.Config.KVHeads = 3 }, "kv_heads 3"},
+		{"a zero epsilon", func(m *model.Float32, _ *KVConfig) { m.Config.NormEps = 0 }, "epsilon"},
+		{"odd rotary dimensions", func(m *model.Float32, _ *KVConfig) {
+			m.Config.Positions, m.Config.Rope = model.RotaryPositions, model.Rope{Theta: 1e4, Dim: 15}
+		}, "rotary dimensions 15"},
 	} {
 		t.Run("refuses "+tc.name, func(t *testing.T) {
 			m := smallGPT2(1)
 			kv := KVConfig{NumBlocks: 4, TokensPerBlock: 16}
 			tc.mutate(m, &kv)
-			e, err := NewCPU(m, kv)
+			e, err := NewFromModel(m, kv)
 			if err == nil {
 				e.Close()
-				t.Fatalf("NewCPU succeeded, want an error naming %q", tc.want)
+				t.Fatalf("NewFromModel succeeded, want an error naming %q", tc.want)
 			}
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %q does not name %q", err, tc.want)
 			}
 		})
 	}
-	if _, err := NewCPU(nil, KVConfig{NumBlocks: 1, TokensPerBlock: 1}); err == nil {
-		t.Error("NewCPU(nil) succeeded")
+	if _, err := NewFromModel(nil, KVConfig{NumBlocks: 1, TokensPerBlock: 1}); err == nil {
+		t.Error("NewFromModel(nil) succeeded")
 	}
 }
 
@@ -270,9 +285,8 @@ func TestBadSequencesAreRejectedByName(t *testing.T) {
 	m := smallGPT2(1) // vocab 300, 64 positions
 	good := func() Sequence {
 		return Sequence{ID: 42, Tokens: []int32{1, 2, 3}, Pos: 2, Blocks: []int32{0}, Sample: true,
-			History: []int32{9, 9, 1, 2, 3}, Sampling: SamplingParams{Temperature: 1, EndID: -1}}
+			History: []int32{9, 9, 1, 2, 3}, Sampling: SamplingParams{Temperature: 1}}
 	}
-	nan := float32(math.NaN())
 	for _, tc := range []struct {
 		name   string
 		mutate func(s *Sequence)
@@ -287,24 +301,6 @@ func TestBadSequencesAreRejectedByName(t *testing.T) {
 		{"a block id beyond the pool", func(s *Sequence) { s.Blocks = []int32{4} }, "Blocks[0] = 4 is outside the KV pool"},
 		{"a negative block id", func(s *Sequence) { s.Blocks = []int32{-2} }, "Blocks[0] = -2 is outside the KV pool"},
 		{"a block listed twice", func(s *Sequence) { s.Pos = 15; s.Blocks = []int32{1, 1} }, "lists KV block 1 twice"},
-		{"a negative temperature", func(s *Sequence) { s.Sampling.Temperature = -1 }, "temperature"},
-		{"a NaN temperature", func(s *Sequence) { s.Sampling.Temperature = nan }, "temperature"},
-		{"a negative top_k", func(s *Sequence) { s.Sampling.TopK = -3 }, "top_k"},
-		{"top_p above one", func(s *Sequence) { s.Sampling.TopP = 1.5 }, "top_p"},
-		{"a negative repetition penalty", func(s *Sequence) { s.Sampling.RepetitionPenalty = -1 }, "repetition_penalty"},
-		{"a NaN presence penalty", func(s *Sequence) { s.Sampling.PresencePenalty = nan }, "presence_penalty"},
-		{"an infinite frequency penalty", func(s *Sequence) { s.Sampling.FrequencyPenalty = float32(math.Inf(1)) }, "frequency_penalty"},
-		{"a negative min length", func(s *Sequence) { s.Sampling.MinLength = -1 }, "min_length"},
-		{"an end id beyond the vocabulary", func(s *Sequence) { s.Sampling.EndID = 300 }, "end_id 300"},
-		{"an embedding bias of the wrong length", func(s *Sequence) { s.Sampling.EmbeddingBias = make([]float32, 299) }, "embedding_bias has 299 values"},
-		{"a NaN in the embedding bias", func(s *Sequence) {
-			s.Sampling.EmbeddingBias = make([]float32, 300)
-			s.Sampling.EmbeddingBias[7] = nan
-		}, "embedding_bias[7]"},
-		{"an empty bad word", func(s *Sequence) { s.Sampling.BadWords = [][]int32{{5}, {}} }, "bad_words[1] is empty"},
-		{"a bad word beyond the vocabulary", func(s *Sequence) { s.Sampling.BadWords = [][]int32{{5, 301}} }, "bad_words[0][1] = 301"},
-		{"a history token beyond the vocabulary", func(s *Sequence) { s.History[0] = 1000 }, "History[0] = 1000"},
-		{"a negative generated count", func(s *Sequence) { s.NumGenerated = -1 }, "NumGenerated = -1"},
 	} {
 		t.Run("rejects "+tc.name, func(t *testing.T) {
 			e := newCPU(t, m, 4, 16)

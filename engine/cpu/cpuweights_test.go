@@ -1,4 +1,4 @@
-package engine
+package cpu
 
 import (
 	"fmt"
@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"gollm/engine/enginetest"
 	"gollm/model"
 )
 
@@ -22,7 +23,7 @@ type generation struct {
 
 // generate runs a prompt and then decode steps on e, sampling with sp. It returns an
 // error rather than failing the test, so that it can run on any goroutine.
-func generate(e *CPU, prompt []int32, steps int, sp SamplingParams) (generation, error) {
+func generate(e *Engine, prompt []int32, steps int, sp SamplingParams) (generation, error) {
 	var g generation
 	blocks := []int32{0, 1, 2, 3, 4, 5, 6, 7}
 	history := slices.Clone(prompt)
@@ -63,7 +64,11 @@ func TestEnginesOnSharedWeightsStepConcurrently(t *testing.T) {
 		want[i] = g
 	}
 
-	w, err := NewCPUWeights(m)
+	snapshot := enginetest.Random(m.Config, 1) // the same seed: equal to m
+	if !reflect.DeepEqual(snapshot, m) {
+		t.Fatal("the snapshot differs from the model")
+	}
+	w, err := NewWeights(m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +76,7 @@ func TestEnginesOnSharedWeightsStepConcurrently(t *testing.T) {
 	errs := make([]error, len(prompts))
 	var wg sync.WaitGroup
 	for i := range prompts {
-		e, err := NewCPUFrom(w, KVConfig{NumBlocks: 8, TokensPerBlock: 4})
+		e, err := New(w, KVConfig{NumBlocks: 8, TokensPerBlock: 4})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,37 +101,33 @@ func TestEnginesOnSharedWeightsStepConcurrently(t *testing.T) {
 			}
 		}
 	}
-	// Steps only read the weights: the transposed copies still equal fresh ones (and
-	// -race reports any write racing the other engine's reads).
-	fresh, err := NewCPUWeights(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(w, fresh) {
+	// Steps only read the weights, which are the model's own slices (and -race reports
+	// any write racing the other engine's reads).
+	if !reflect.DeepEqual(snapshot, m) {
 		t.Error("stepping engines changed their shared weights")
 	}
 }
 
-func TestNewCPUWeightsNamesAMisshapenTensor(t *testing.T) {
+func TestNewWeightsNamesAMisshapenRole(t *testing.T) {
 	for _, tc := range []struct {
-		mutate func(m *model.GPT2)
+		mutate func(m *model.Float32)
 		want   string
 	}{
-		{func(m *model.GPT2) { m.Layers[0].AttnW = m.Layers[0].AttnW[:100] }, "tensor h.0.attn.c_attn.weight has 100 values, want 12288"},
-		{func(m *model.GPT2) { m.Layers[1].MLPProjW = append(m.Layers[1].MLPProjW, 0) }, "tensor h.1.mlp.c_proj.weight has 16385 values, want 16384"},
-		{func(m *model.GPT2) { m.LNFB = nil }, "tensor ln_f.bias has 0 values, want 64"},
+		{func(m *model.Float32) { m.Layers[0][model.RoleQKV] = m.Layers[0][model.RoleQKV][:100] }, "layer 0 qkv has 100 values, want 192×64"},
+		{func(m *model.Float32) { m.Layers[1][model.RoleDown] = append(m.Layers[1][model.RoleDown], 0) }, "layer 1 down has 16385 values, want 64×256"},
+		{func(m *model.Float32) { m.Model[model.RoleFinalNormBias] = nil }, "final_norm_bias has 0 values, want 64×1"},
 	} {
 		m := smallGPT2(1)
 		tc.mutate(m)
-		w, err := NewCPUWeights(m)
+		w, err := NewWeights(m)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("NewCPUWeights = %p, %v; want an error with %q", w, err, tc.want)
+			t.Errorf("NewWeights = %p, %v; want an error with %q", w, err, tc.want)
 		}
 	}
-	if _, err := NewCPUWeights(nil); err == nil {
-		t.Error("NewCPUWeights(nil) succeeded")
+	if _, err := NewWeights(nil); err == nil {
+		t.Error("NewWeights(nil) succeeded")
 	}
-	if _, err := NewCPUFrom(nil, KVConfig{NumBlocks: 1, TokensPerBlock: 1}); err == nil {
-		t.Error("NewCPUFrom(nil) succeeded")
+	if _, err := New(nil, KVConfig{NumBlocks: 1, TokensPerBlock: 1}); err == nil {
+		t.Error("New(nil) succeeded")
 	}
 }

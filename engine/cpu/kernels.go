@@ -1,9 +1,11 @@
-package engine
+package cpu
 
 import (
 	"math"
 	"runtime"
 	"sync"
+
+	"gollm/model"
 )
 
 // The matmuls reduce to dot products of contiguous vectors. On amd64 with AVX2 and FMA
@@ -275,7 +277,7 @@ func tanhFast(u float64) float64 {
 	return 1 - 2/(expFast(2*u)+1)
 }
 
-// activation is a supported MLP nonlinearity.
+// activation is an MLP nonlinearity the engine computes.
 type activation int
 
 const (
@@ -285,40 +287,65 @@ const (
 	actGeluErf
 	// actReLU is "relu".
 	actReLU
+	// actSiLU is x · sigmoid(x) ("silu"), the LLaMA family's.
+	actSiLU
 )
 
-// parseActivation maps config.json's activation_function to a kernel.
-func parseActivation(name string) (activation, bool) {
-	switch name {
-	case "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "":
-		return actGeluTanh, true
-	case "gelu":
-		return actGeluErf, true
-	case "relu":
-		return actReLU, true
+// activationOf maps the descriptor's activation to a kernel.
+func activationOf(a model.Activation) activation {
+	switch a {
+	case model.ActGeluErf:
+		return actGeluErf
+	case model.ActReLU:
+		return actReLU
+	case model.ActSiLU:
+		return actSiLU
 	}
-	return 0, false
+	return actGeluTanh
+}
+
+// of returns the activation of one value.
+func (a activation) of(v float32) float32 {
+	f := float64(v)
+	switch a {
+	case actGeluErf:
+		return float32(0.5 * f * (1 + math.Erf(f/math.Sqrt2)))
+	case actReLU:
+		return max(v, 0)
+	case actSiLU:
+		return float32(f / (1 + expFast(-f)))
+	}
+	const c = 0.7978845608028654 // sqrt(2/pi)
+	return float32(0.5 * f * (1 + tanhFast(c*(f+0.044715*f*f*f))))
 }
 
 // apply runs the activation over x in place.
 func (a activation) apply(x []float32) {
-	switch a {
-	case actGeluTanh:
-		const c = 0.7978845608028654 // sqrt(2/pi)
-		for i, v := range x {
-			f := float64(v)
-			x[i] = float32(0.5 * f * (1 + tanhFast(c*(f+0.044715*f*f*f))))
-		}
-	case actGeluErf:
-		for i, v := range x {
-			f := float64(v)
-			x[i] = float32(0.5 * f * (1 + math.Erf(f/math.Sqrt2)))
-		}
-	case actReLU:
-		for i, v := range x {
-			if v < 0 {
-				x[i] = 0
-			}
-		}
+	for i, v := range x {
+		x[i] = a.of(v)
+	}
+}
+
+// gatedApply writes act(gate[j]) · up[j] into dst (the gated MLP's hidden units).
+func gatedApply(a activation, dst, gate, up []float32) {
+	up = up[:len(gate)]
+	dst = dst[:len(gate)]
+	for j, g := range gate {
+		dst[j] = a.of(g) * up[j]
+	}
+}
+
+// rmsNorm writes x / sqrt(mean(x²) + eps) · w into dst, the mean of squares accumulated
+// in float64 so that it is exact to float32 precision.
+func rmsNorm(dst, x, w []float32, eps float32) {
+	n := len(x)
+	dst, w = dst[:n], w[:n]
+	var ss float64
+	for _, v := range x {
+		ss += float64(v) * float64(v)
+	}
+	s := float32(1 / math.Sqrt(ss/float64(n)+float64(eps)))
+	for i, v := range x {
+		dst[i] = w[i] * (v * s)
 	}
 }
