@@ -178,9 +178,10 @@ struct gollm_engine {
   bool pdl = false;               // programmatic dependent launch (sm_90 and later)
   bool bulk = false;              // gemv and MLP weights staged by bulk copies (sm_90 and later)
   bool fused = true;              // decode-only steps of up to kFusedRows rows: fused.cuh's MLP
-  // Most rows on the gemv path (GOLLM_CUDA_GEMV_ROWS). Past 4 rows cuBLAS's padded GEMMs
-  // win (H200, decode ms/token at 8 rows: GPT-2 0.65 gemv vs 0.60-0.62, GPT-350M 1.49 vs
-  // 1.21-1.23); at 4 and fewer the gemv kernels do (GPT-350M 1.10 vs 1.20).
+  // Most rows on the gemv path (gollm_engine_params.gemv_rows; 0 for models wider than
+  // 1024, engine.cu). Past 4 rows cuBLAS's padded GEMMs win (H200, decode ms/token at 8
+  // rows: GPT-2 0.65 gemv vs 0.60-0.62, GPT-350M 1.49 vs 1.21-1.23); at 4 and fewer the
+  // gemv kernels do (GPT-350M 1.10 vs 1.20).
   int gemv_rows_max = gollm::kFusedRows;
   int mlp_k[3] = {};              // mlp_kernel's units per block for 1, 2 and 4 rows
   gollm::DevMem acc;              // fixed-point residual additions of fused steps
