@@ -1,0 +1,235 @@
+package tests
+
+// Shutdown under load (issue 11): SIGTERM while streams are generating, with an exit
+// timeout shorter than the streams, must end every stream with a final response and
+// exit cleanly; a request Triton's core refuses must not hold the server up at exit.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"gollm/tests/harness"
+	"gollm/tests/kserve"
+)
+
+// heapCorruptionRE matches what glibc (with MALLOC_CHECK_=3) and the C++ runtime print
+// when the heap is corrupted or a thread dies under an exiting process.
+var heapCorruptionRE = regexp.MustCompile(`malloc|free\(\)|double free|corrupted|terminate called|Aborted|Signal \((6|11)\)|SIGSEGV|fatal error:|panic:|ASSERTION FAILED`)
+
+// streamOutcome is how one stream ended.
+type streamOutcome struct {
+	// tokens counts the tokens received.
+	tokens int
+	// final says a response marked final (or an error response) arrived.
+	final bool
+	// errMsg is the error response's message, "" if none.
+	errMsg string
+	// recvErr is the error that ended the stream before a final response, if any.
+	recvErr error
+}
+
+// sigtermRound starts a server with --exit-timeout-secs=3, opens streams that each
+// want far more tokens than the server can make in 3 s, waits until every stream has
+// its first token, sends SIGTERM, and checks that every stream gets a final response,
+// the server exits with code 0 well before the harness's kill, and the log shows no
+// heap corruption.
+func sigtermRound(t *testing.T, streams int) {
+	s, err := harness.Launch(harness.Options{
+		ExitTimeout: 3 * time.Second,
+		Env:         []string{"MALLOC_CHECK_=3"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	defer func() {
+		if t.Failed() {
+			t.Logf("tritonserver log (%s):\n%s", s.LogPath, s.LogTail(64<<10))
+		}
+	}()
+	conn, err := s.Dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := kserve.NewGRPCInferenceServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	// 1000 tokens take the demo model minutes at 16 streams on a CPU.
+	const n = 1000
+	outcomes := make([]streamOutcome, streams)
+	started := make(chan int, streams)
+	var wg sync.WaitGroup
+	for i := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outcomes[i] = runStream(ctx, c, fmt.Sprintf("sigterm-%d", i), n, started)
+		}()
+	}
+	for range streams {
+		select {
+		case <-started:
+		case <-ctx.Done():
+			t.Fatalf("not every stream started: %v", ctx.Err())
+		}
+	}
+	sent := time.Now()
+	code, err := s.StopWith(syscall.SIGTERM)
+	took := time.Since(sent)
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("after SIGTERM: %v", err)
+	}
+	if code != 0 {
+		t.Errorf("tritonserver exited with code %d after SIGTERM, want 0", code)
+	}
+	t.Logf("exited %v after SIGTERM", took.Round(time.Millisecond))
+
+	for i, o := range outcomes {
+		switch {
+		case o.recvErr != nil:
+			t.Errorf("stream %d: no final response after %d tokens: %v", i, o.tokens, o.recvErr)
+		case !o.final:
+			t.Errorf("stream %d: ended without a final response after %d tokens", i, o.tokens)
+		case o.errMsg != "" && !strings.Contains(o.errMsg, "shutting down"):
+			t.Errorf("stream %d: final error %q does not say the server is shutting down", i, o.errMsg)
+		}
+	}
+	if m := heapCorruptionRE.FindString(s.Log()); m != "" {
+		t.Errorf("the server log shows %q", m)
+	}
+}
+
+// runStream sends one streaming request for n tokens, signals started at its first
+// token, and reads to its final response; then it half-closes the stream and reads it
+// to the end, as Triton's clients do.
+func runStream(ctx context.Context, c kserve.GRPCInferenceServiceClient, id string, n int, started chan<- int) (o streamOutcome) {
+	stream, err := c.ModelStreamInfer(ctx)
+	if err != nil {
+		o.recvErr = err
+		started <- 0
+		return o
+	}
+	if err := stream.Send(inferRequest(modelName, id, tokenInputs(tokenPrompt, n, true))); err != nil {
+		o.recvErr = err
+		started <- 0
+		return o
+	}
+	signalled := false
+	defer func() {
+		if !signalled {
+			started <- 0
+		}
+	}()
+	for !o.final {
+		msg, err := stream.Recv()
+		if err != nil {
+			o.recvErr = err
+			return o
+		}
+		if e := msg.GetErrorMessage(); e != "" {
+			o.errMsg, o.final = e, true
+			break
+		}
+		r := msg.GetInferResponse()
+		ids, _, ok, err := outputInt32(r, "output_ids")
+		if err != nil {
+			o.recvErr = err
+			return o
+		}
+		if ok {
+			o.tokens += len(ids)
+		}
+		if o.tokens > 0 && !signalled {
+			signalled = true
+			started <- 0
+		}
+		o.final = isFinal(r)
+	}
+	if err := stream.CloseSend(); err != nil {
+		return o
+	}
+	if _, err := stream.Recv(); err != nil && !errors.Is(err, io.EOF) {
+		// The server may be gone by now; the final response is what counts.
+		return o
+	}
+	return o
+}
+
+func TestSIGTERMWithStreamsInFlight(t *testing.T) {
+	demoCheckpoint(t)
+	const rounds, streams = 10, 16
+	for round := 1; round <= rounds; round++ {
+		t.Run(fmt.Sprintf("round %d", round), func(t *testing.T) {
+			sigtermRound(t, streams)
+		})
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+func TestUnloadWithStreamsInFlight(t *testing.T) {
+	s := harness.Start(t, harness.Options{
+		Flags: []string{"--model-control-mode=explicit", "--load-model=" + modelName},
+		Env:   []string{"MALLOC_CHECK_=3"},
+	})
+	ck := demoCheckpoint(t)
+	c := s.Client(t)
+	ctx := testContext(t, 2*time.Minute)
+	const streams = 4
+	outcomes := make([]streamOutcome, streams)
+	started := make(chan int, streams)
+	var wg sync.WaitGroup
+	for i := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outcomes[i] = runStream(ctx, c, fmt.Sprintf("unload-%d", i), 1000, started)
+		}()
+	}
+	for range streams {
+		<-started
+	}
+	if _, err := c.RepositoryModelUnload(ctx, &kserve.RepositoryModelUnloadRequest{ModelName: modelName}); err != nil {
+		t.Fatalf("unload: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the streams did not end within 30 s of the unload")
+	}
+	for i, o := range outcomes {
+		if o.recvErr != nil || !strings.Contains(o.errMsg, "unloading") {
+			t.Errorf("stream %d: after %d tokens: error response %q, stream error %v; want a final error saying the model is unloading", i, o.tokens, o.errMsg, o.recvErr)
+		}
+	}
+	waitModelState(t, ctx, c, false)
+	if _, err := c.RepositoryModelLoad(ctx, &kserve.RepositoryModelLoadRequest{ModelName: modelName}); err != nil {
+		t.Fatalf("load again: %v", err)
+	}
+	if err := s.WaitModelReady(ctx, c, modelName); err != nil {
+		t.Fatal(err)
+	}
+	want := greedyTokens(t, ck.dir, tokenPrompt, 6)
+	res, err := streamInfer(ctx, c, inferRequest(modelName, "after-unload", tokenInputs(tokenPrompt, 6, true)))
+	if err != nil || res.errMsg != "" || !slices.Equal(res.tokens, want) {
+		t.Fatalf("after the reload: tokens %v, %v, error %q; want %v", res.tokens, err, res.errMsg, want)
+	}
+	if m := heapCorruptionRE.FindString(s.Log()); m != "" {
+		t.Errorf("the server log shows %q", m)
+	}
+}
