@@ -9,6 +9,11 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+# gollm ends its requests in flight at once when the server stops (shutdown_grace_secs
+# 0), so a short exit timeout costs nothing; it bounds the wait for a model that
+# tritonserver 2.51's gRPC frontend keeps alive after a cancelled stream (README, Known
+# limits), which would otherwise hold every exit for 30 s.
+EXIT_TIMEOUT ?= 5
 
 .PHONY: all deps build demo serve test check unit clean
 
@@ -31,7 +36,7 @@ $(DEMO)/model.safetensors:
 serve: deps build demo
 	exec .deps/bin/tritonserver --model-repository=$(ROOT)/model_repository \
 	  --backend-directory=$(BACKENDS) --http-port=$(HTTP_PORT) --grpc-port=$(GRPC_PORT) \
-	  --metrics-port=$(METRICS_PORT)
+	  --metrics-port=$(METRICS_PORT) --exit-timeout-secs=$(EXIT_TIMEOUT)
 
 check:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
