@@ -398,6 +398,28 @@ func describeExit(ps *os.ProcessState) string {
 	return ps.String()
 }
 
+// RSS returns the server process's resident set size in bytes (VmRSS of
+// /proc/<pid>/status).
+func (s *Server) RSS() (int64, error) {
+	if s.cmd == nil || s.cmd.Process == nil || s.Exited() {
+		return 0, errors.New("rss: tritonserver is not running")
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
+	if err != nil {
+		return 0, fmt.Errorf("rss: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("rss: %q: %w", line, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("rss: no VmRSS in /proc/<pid>/status")
+}
+
 // HTTPURL is the base URL of the HTTP endpoint, such as http://127.0.0.1:41234.
 func (s *Server) HTTPURL() string { return "http://127.0.0.1:" + strconv.Itoa(s.HTTPPort) }
 
