@@ -222,6 +222,7 @@ func (in *instance) close() error {
 	in.queue = nil
 	in.mu.Unlock()
 	for _, f := range left {
+		requestEnded()
 		in.log.Warn("request still in flight at shutdown", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID))
 		in.finish(f, nil, triton.Errorf(triton.CodeUnavailable, "model %q is unloading", in.ms.cfg.Name))
 	}
@@ -341,6 +342,7 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 		in.log.Error("release request", zap.String("request_id", tritonID), zap.Error(err))
 	}
 	in.ms.track(f)
+	requestStarted()
 	in.mu.Lock()
 	in.inflight[f.id] = f
 	in.queue = append(in.queue, &p.Req)
@@ -586,6 +588,7 @@ func (in *instance) deliver(item sendItem) {
 	if f != nil && item.final {
 		// Out of inflight before the factory goes: pollStop reads factories under mu.
 		delete(in.inflight, item.id)
+		requestEnded()
 		if len(in.inflight) == 0 {
 			// The manager reports stats only for iterations that ran the engine, so a
 			// request it ended otherwise (cancelled while waiting, a failed iteration)
