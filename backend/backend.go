@@ -64,6 +64,9 @@ func initialize(b triton.Backend) error {
 	stateMu.Unlock()
 	startCPUProfile(log)
 	configureMemory(log)
+	// A process that exits with instances loaded (tritonserver's exit timeout expired)
+	// ends without running destructors under the backend's goroutines (shutdown.go).
+	triton.GuardExit()
 	log.Info("backend initialized", zap.String("backend", name),
 		zap.String("api", fmt.Sprintf("backend %d.%d, server %d.%d", triton.BackendAPIMajor, triton.BackendAPIMinor, triton.ServerAPIMajor, triton.ServerAPIMinor)))
 	return nil
@@ -142,6 +145,9 @@ func instanceInitialize(ti triton.ModelInstance) error {
 			_ = in.close()
 		}
 	}
+	if err == nil {
+		triton.InstanceLoaded()
+	}
 	if err != nil {
 		// What the instance built is garbage now; the model's share goes at its unload.
 		releaseMemory(ms.log, "a failed instance load")
@@ -158,6 +164,7 @@ func instanceFinalize(ti triton.ModelInstance) error {
 		return nil
 	}
 	err := in.close()
+	triton.InstanceUnloaded()
 	in.log.Info("instance finalized")
 	return err
 }
