@@ -9,8 +9,18 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+# gollm ends its requests in flight at once when the server stops (shutdown_grace_secs
+# 0), so a short exit timeout costs nothing; it bounds the wait for a model that
+# tritonserver 2.51's gRPC frontend keeps alive after a cancelled stream (README, Known
+# limits), which would otherwise hold every exit for 30 s.
+EXIT_TIMEOUT ?= 5
 
-.PHONY: all deps build demo serve test check unit clean
+# FUZZ lists the fuzz targets (package:Target) that `make fuzz` runs for FUZZTIME each,
+# from their seed corpora (and the inputs go test keeps in its cache between runs).
+FUZZ := ./model:FuzzOpen
+FUZZTIME ?= 20s
+
+.PHONY: all deps build demo serve test check unit fuzz clean
 
 all: build
 
@@ -31,7 +41,7 @@ $(DEMO)/model.safetensors:
 serve: deps build demo
 	exec .deps/bin/tritonserver --model-repository=$(ROOT)/model_repository \
 	  --backend-directory=$(BACKENDS) --http-port=$(HTTP_PORT) --grpc-port=$(GRPC_PORT) \
-	  --metrics-port=$(METRICS_PORT)
+	  --metrics-port=$(METRICS_PORT) --exit-timeout-secs=$(EXIT_TIMEOUT)
 
 check:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
@@ -41,8 +51,15 @@ check:
 unit:
 	go test -race -count=1 $$(go list ./... | grep -v /tests)
 
+fuzz:
+	@for t in $(FUZZ); do pkg=$${t%%:*}; name=$${t##*:}; \
+	  echo "fuzz $$name ($$pkg, $(FUZZTIME))"; \
+	  go test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=50x $$pkg || exit 1; \
+	done
+
 test: deps build demo check
 	go test -count=1 -timeout 45m ./...
+	$(MAKE) --no-print-directory fuzz
 
 clean:
 	rm -rf build

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"gollm/batchmanager"
 )
@@ -53,6 +54,10 @@ type modelConfig struct {
 	// MaxSeqLen is max_seq_len: the longest sequence (prompt and output) served; 0 means
 	// the model's maximum positions, at most defaultMaxSeqLen.
 	MaxSeqLen int
+	// ShutdownGrace is shutdown_grace_secs: how long the requests in flight may go on
+	// once the server is shutting down or the model unloading, before they end with an
+	// error; 0 ends them at once.
+	ShutdownGrace time.Duration
 	// Warnings are things to log that do not stop the load (unknown parameters).
 	Warnings []string
 }
@@ -174,7 +179,19 @@ var params = []paramSpec{
 		}
 		return nil
 	}},
+	{"shutdown_grace_secs", func(c *modelConfig, v string) error {
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil || math.IsNaN(f) || f < 0 || f > maxShutdownGrace.Seconds() {
+			return fmt.Errorf("%q: want seconds s with 0 ≤ s ≤ %g (keep it below tritonserver's --exit-timeout-secs)", v, maxShutdownGrace.Seconds())
+		}
+		c.ShutdownGrace = time.Duration(f * float64(time.Second))
+		return nil
+	}},
 }
+
+// maxShutdownGrace bounds shutdown_grace_secs: an hour is longer than any exit timeout
+// worth having.
+const maxShutdownGrace = time.Hour
 
 // maxResponseSenders bounds response_senders (more goroutines than streams gain nothing).
 const maxResponseSenders = 256

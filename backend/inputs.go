@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"unicode/utf8"
 
 	"gollm/batchmanager"
 	"gollm/bridge/triton"
@@ -507,7 +508,29 @@ func (in inputs) text(name string) (string, error) {
 	if uint64(n) != uint64(len(d)-4) {
 		return "", fmt.Errorf("input %q: want one string (a 4-byte length and %d bytes), got %d bytes", name, n, len(d))
 	}
-	return string(d[4:]), nil
+	text := d[4:]
+	if at := invalidUTF8(text); at >= 0 {
+		// The tokenizer would map the bytes to tokens anyway; a client that sends Latin-1
+		// or binary by mistake should hear so instead of getting an answer to garbage.
+		return "", fmt.Errorf("input %q: not valid UTF-8: byte offset %d (of %d) starts an invalid sequence (byte 0x%02x); send the text as UTF-8", name, at, len(text), text[at])
+	}
+	return string(text), nil
+}
+
+// invalidUTF8 returns the offset of the first byte of b that is not part of a valid
+// UTF-8 encoding, or -1 when b is valid UTF-8.
+func invalidUTF8(b []byte) int {
+	if utf8.Valid(b) {
+		return -1
+	}
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && size == 1 {
+			return i
+		}
+		i += size
+	}
+	return -1
 }
 
 // wordList decodes an optional stop_words_list/bad_words_list in TensorRT-LLM's

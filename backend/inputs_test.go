@@ -105,6 +105,22 @@ func TestParseRequest(t *testing.T) {
 	}
 }
 
+func TestInvalidUTF8(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int
+	}{
+		{"", -1}, {"plain", -1}, {"caf\u00e9 \u65e5\u672c \U0001F600", -1},
+		{"\uFFFD is a valid character", -1},
+		{"\xff", 0}, {"ab\xc3", 2}, {"ab\xc3(", 2}, {"\u00e9\x80", 2},
+		{"\xed\xa0\x80 surrogate", 0}, {"\xc0\xaf overlong", 0},
+	} {
+		if got := invalidUTF8([]byte(tc.in)); got != tc.want {
+			t.Errorf("invalidUTF8(%q) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
+
 func TestParseTextRequest(t *testing.T) {
 	lim := testLimits()
 	lim.ExcludeInputInOutput = true
@@ -183,6 +199,12 @@ func TestParseRequestErrors(t *testing.T) {
 			`inputs "streaming" and "stream" are both given: send one`},
 		{"text without a tokenizer", []triton.Tensor{str(inTextInput, "hi"), n}, noTokenizer,
 			`input "text_input": the checkpoint has no tokenizer.json, so only "input_ids" can be served`},
+		{"text that is not UTF-8", []triton.Tensor{str(inTextInput, "caf\xc3 \xff\xfe not utf-8 \x80\xc3\x28"), n}, lim,
+			`input "text_input": not valid UTF-8: byte offset 3 (of 21) starts an invalid sequence (byte 0xc3)`},
+		{"text with a stray continuation byte", []triton.Tensor{str(inTextInput, "ok \u00e9\x80"), n}, lim,
+			`input "text_input": not valid UTF-8: byte offset 5 (of 6) starts an invalid sequence (byte 0x80)`},
+		{"text ending in a cut character", []triton.Tensor{str(inTextInput, "caf\xc3"), n}, lim,
+			`input "text_input": not valid UTF-8: byte offset 3 (of 4) starts an invalid sequence (byte 0xc3)`},
 		{"a malformed string", []triton.Tensor{badBytes, n}, lim,
 			`input "text_input": want one string (a 4-byte length and 3 bytes), got 5 bytes`},
 		{"an end_id outside the vocabulary", []triton.Tensor{prompt, n, i32(inEndID, 1000)}, lim,

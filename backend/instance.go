@@ -39,6 +39,9 @@ type inflight struct {
 	text *textState
 	// stop is set by a stop request naming this one.
 	stop atomic.Bool
+	// departing is set when the request is ended because the model is going away: its
+	// final error then says so.
+	departing atomic.Bool
 	// responses counts the responses sent.
 	responses int
 }
@@ -106,6 +109,8 @@ type instance struct {
 
 	// trace records iterations and sender batches (GOLLM_ITER_TRACE); nil when off.
 	trace *iterTrace
+	// away sees the server stopping or the model unloading (shutdown.go).
+	away *departure
 }
 
 // newInstance builds the engine and batch manager of an instance.
@@ -119,6 +124,10 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		return nil, err
 	}
 	log := ms.log.With(zap.String("instance", name))
+	away, err := newDeparture(ti, ms, log)
+	if err != nil {
+		return nil, fmt.Errorf("instance %s: %w", name, err)
+	}
 	var ek engines.Kind
 	device := 0
 	switch kind {
@@ -148,6 +157,7 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		inflight: map[uint64]*inflight{},
 		senders:  make([]*sender, max(1, ms.cfg.ResponseSenders)),
 		trace:    newIterTrace(name),
+		away:     away,
 	}
 	if fams := currentFamilies(); fams != nil {
 		// Metrics are not worth failing the instance for.
@@ -210,6 +220,7 @@ func (in *instance) close() error {
 	in.queue = nil
 	in.mu.Unlock()
 	for _, f := range left {
+		requestEnded()
 		in.log.Warn("request still in flight at shutdown", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID))
 		in.finish(f, &batchmanager.Result{}, triton.Errorf(triton.CodeUnavailable, "model %q is unloading", in.ms.cfg.Name))
 	}
@@ -288,6 +299,11 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 		return false
 	}
 	haveFactory = true
+	if l := in.away.left(); l != nil {
+		handedOver = true
+		in.reject(r, factory, true, tritonID, ts, l.err)
+		return false
+	}
 	p, err := in.read(r)
 	ts.ComputeStart = triton.Now()
 	if err != nil {
@@ -326,6 +342,7 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 		in.log.Error("release request", zap.String("request_id", tritonID), zap.Error(err))
 	}
 	in.ms.track(f)
+	requestStarted()
 	in.mu.Lock()
 	in.inflight[f.id] = f
 	in.queue = append(in.queue, &p.Req)
@@ -459,11 +476,32 @@ func (in *instance) pollStop() map[uint64]struct{} {
 		stop[id] = struct{}{}
 	}
 	in.mu.Lock()
+	busy := len(in.inflight) > 0
+	in.mu.Unlock()
+	// Asked outside the lock: Execute and the senders need not wait for Triton's answer.
+	ending := in.away.due(time.Now(), busy)
+	in.mu.Lock()
 	// The lock is held across the Triton call: the sender deletes a factory only after
 	// taking its request out of inflight under this lock.
 	defer in.mu.Unlock()
+	if ending != nil {
+		// Requests the manager has not taken yet end here, without an engine step.
+		for _, r := range in.queue {
+			if f := in.inflight[r.ID]; f != nil {
+				f.departing.Store(true)
+			}
+			in.sendResponse(r.ID, batchmanager.Result{}, true, ending.err)
+		}
+		clear(in.queue)
+		in.queue = in.queue[:0]
+	}
 	in.pollIDs, in.pollFactories = in.pollIDs[:0], in.pollFactories[:0]
 	for id, f := range in.inflight {
+		if ending != nil {
+			f.departing.Store(true)
+			add(id)
+			continue
+		}
 		if f.stop.Load() {
 			add(id)
 			continue
@@ -550,6 +588,7 @@ func (in *instance) deliver(item sendItem) {
 	if f != nil && item.final {
 		// Out of inflight before the factory goes: pollStop reads factories under mu.
 		delete(in.inflight, item.id)
+		requestEnded()
 		if len(in.inflight) == 0 {
 			// The manager reports stats only for iterations that ran the engine, so a
 			// request it ended otherwise (cancelled while waiting, a failed iteration)
@@ -593,6 +632,11 @@ func (in *instance) finish(f *inflight, res *batchmanager.Result, err error) {
 			// The outputs could not be sent; the client still gets a final answer.
 			in.log.Error("send final response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(err))
 			err = triton.Errorf(triton.CodeInternal, "gollm: sending the response failed: %v", err)
+		}
+	}
+	if err != nil && f.departing.Load() {
+		if l := in.away.left(); l != nil {
+			err = l.err
 		}
 	}
 	if err != nil {
