@@ -1,6 +1,7 @@
 # gollm's common commands. `make serve` and `make test` work on a fresh machine: they
 # install what is missing into .deps/ (scripts/deps.sh), build the backend into
-# build/install/backends/gollm/ and write the demo checkpoint if it is missing.
+# build/install/backends/gollm/ and write the demo checkpoint if it is missing. Each
+# set-up step prints one line (scripts/step.sh); VERBOSE=1 shows their whole output.
 SHELL := /bin/bash
 ROOT := $(CURDIR)
 BACKENDS := $(ROOT)/build/install/backends
@@ -15,6 +16,17 @@ METRICS_PORT ?= 8002
 # limits), which would otherwise hold every exit for 30 s.
 EXIT_TIMEOUT ?= 5
 
+# GOLLM_CUDA: whether the CUDA engine (cuda/ → libgollm_cuda.so) and the CUDA wheels its
+# compiler comes from are built and installed: 1, 0, or auto — only on a machine with an
+# NVIDIA driver (scripts/cuda.sh). `make test` defaults to 1, so that CI, which has no GPU,
+# still compiles every .cu file; everything else defaults to auto.
+test: CUDA_DEFAULT := 1
+cuda = $(shell GOLLM_CUDA=$(or $(GOLLM_CUDA),$(CUDA_DEFAULT),auto) bash scripts/cuda.sh)
+# tritonserver's flags on a machine without a GPU: no GPU metrics (NVML and DCGM are
+# absent, and it would say so in two error lines) and no pinned host memory pool (it
+# needs the CUDA driver; gollm's tensors are all in ordinary host memory).
+CPU_SERVER_FLAGS := --allow-gpu-metrics=false --pinned-memory-pool-byte-size=0
+
 # FUZZ lists the fuzz targets (package:Target) that `make fuzz` runs for FUZZTIME each,
 # from their seed corpora (and the inputs go test keeps in its cache between runs).
 FUZZ := ./model:FuzzOpen
@@ -25,23 +37,28 @@ FUZZTIME ?= 20s
 all: build
 
 deps:
-	@bash scripts/deps.sh
+	@GOLLM_CUDA=$(cuda) bash scripts/deps.sh
 
-build:
-	cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-	cmake --build build
-	cmake --install build --prefix build/install >/dev/null
-	@echo "backend: $(BACKENDS)/gollm/libtriton_gollm.so"
+build: $(if $(filter 1,$(cuda)),deps)
+	@c=$(cuda); bash scripts/step.sh "build: build/install/backends/gollm/libtriton_gollm.so$$( [ $$c = 1 ] && echo ' and libgollm_cuda.so')" \
+	  bash -c 'cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DGOLLM_CUDA='$$c' && cmake --build build && cmake --install build --prefix build/install'
 
 demo: $(DEMO)/model.safetensors
 
-$(DEMO)/model.safetensors:
-	go run ./cmd/gollm-demo -out $(DEMO)
+# After the backend's build: -trimpath as there, so that the two share Go's build cache
+# (the standard library is compiled once on a fresh machine).
+$(DEMO)/model.safetensors: | build
+	@bash scripts/step.sh "demo: the random-weight gpt2 checkpoint in model_repository/gpt2/1" go run -trimpath ./cmd/gollm-demo -out $(DEMO)
 
-serve: deps build demo
-	exec .deps/bin/tritonserver --model-repository=$(ROOT)/model_repository \
+# The downloads of scripts/deps.sh go on while Go compiles, unless the build needs them
+# (nvcc, from the CUDA wheels).
+serve:
+	@$(MAKE) --no-print-directory -j3 deps build demo
+	@echo "serve: tritonserver (HTTP :$(HTTP_PORT), gRPC :$(GRPC_PORT), metrics :$(METRICS_PORT)); ready once it logs \"Started HTTPService\"; Ctrl-C stops it"
+	@exec .deps/bin/tritonserver --model-repository=$(ROOT)/model_repository \
 	  --backend-directory=$(BACKENDS) --http-port=$(HTTP_PORT) --grpc-port=$(GRPC_PORT) \
-	  --metrics-port=$(METRICS_PORT) --exit-timeout-secs=$(EXIT_TIMEOUT)
+	  --metrics-port=$(METRICS_PORT) --exit-timeout-secs=$(EXIT_TIMEOUT) \
+	  $(if $(filter 0,$(cuda)),$(CPU_SERVER_FLAGS))
 
 check:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }

@@ -2,13 +2,31 @@
 # Installs what gollm needs from the package registries into the project's own folder
 # .deps/ (nothing system-wide): tritonserver (nvidia-pytriton's wheel carries it and its
 # libraries), Triton's Python client, perf_analyzer, and the Hugging Face tokenizers
-# package the tokenizer test compares against, and the CUDA toolkit wheels that build
-# libgollm_cuda.so. Safe to run again: it does nothing when
-# the pinned versions are in place.
+# package the tokenizer test compares against, and — where the CUDA engine is built
+# (scripts/cuda.sh: GOLLM_CUDA=1, or auto on a machine with an NVIDIA driver) — the CUDA
+# toolkit wheels that build libgollm_cuda.so. Safe to run again: it does nothing when the
+# pinned versions are in place. One line per step; pip's own output only on failure.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 deps="$root/.deps"
 py="$deps/py"
+cuda=$(bash "$root/scripts/cuda.sh")
+# pip runs as root on CI and in containers; installing into --target folders is what
+# these runs mean to do, so its warning about root is noise. No pip cache: nothing is
+# written outside .deps (the README says what is).
+pip_q() { python3 -m pip install -q --disable-pip-version-check --no-warn-script-location --root-user-action=ignore --no-cache-dir "$@"; }
+# step LABEL COMMAND…: runs COMMAND with its output kept, printed only on failure.
+step() {
+  local label=$1 start=$SECONDS out
+  shift
+  if ! out=$("$@" 2>&1); then
+    printf '%s\n' "$out" >&2
+    echo "deps: $label: FAILED" >&2
+    return 1
+  fi
+  echo "deps: $label ($((SECONDS - start)) s)"
+}
+did=0
 
 # Pins. nvidia-pytriton 0.7.0 is the newest release; it bundles tritonserver 2.51.0.
 # perf_analyzer: the `perf-analyzer` package on PyPI is a placeholder with no binary, so
@@ -21,14 +39,15 @@ TOKENIZERS=tokenizers==0.22.1
 stamp="$deps/.stamp-$PYTRITON-$TRITONCLIENT-$TOKENIZERS"
 
 if [ ! -f "$stamp" ]; then
+  did=1
   rm -rf "$py" "$deps/pytriton" "$deps/lib" "$deps/bin"
   mkdir -p "$py" "$deps/lib" "$deps/bin"
-  pip_t() { local t=$1; shift; python3 -m pip install -q --disable-pip-version-check --no-warn-script-location --target "$t" "$@"; }
   # tritonserver only, in a folder of its own: none of pytriton's Python dependencies are
   # needed to run it.
-  pip_t "$deps/pytriton" --no-deps "$PYTRITON"
+  step "tritonserver 2.51.0 ($PYTRITON) into .deps/pytriton" pip_q --target "$deps/pytriton" --no-deps "$PYTRITON"
   # The client with its dependencies, from the manylinux wheel that carries perf_analyzer.
-  pip_t "$py" --only-binary=:all: --platform manylinux1_x86_64 --platform manylinux2014_x86_64 \
+  step "perf_analyzer, Triton's Python client and tokenizers into .deps/py" \
+    pip_q --target "$py" --only-binary=:all: --platform manylinux1_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_34_x86_64 \
     --python-version "$(python3 -c 'import sys;print(f"{sys.version_info[0]}{sys.version_info[1]}")')" \
     "${TRITONCLIENT/==/[all]==}" "$TOKENIZERS"
@@ -52,18 +71,25 @@ fi
 CUDA_WHEELS=(nvidia-cuda-nvcc==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88
   nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85 nvidia-cublas==13.0.2.14)
 cuda_stamp="$deps/.stamp-cuda-$(echo "${CUDA_WHEELS[*]}" | md5sum | cut -c1-12)"
-if [ ! -f "$cuda_stamp" ]; then
+if [ "$cuda" = 1 ] && [ ! -f "$cuda_stamp" ]; then
+  did=1
   rm -rf "$deps/cuda"
-  python3 -m pip install -q --disable-pip-version-check --no-warn-script-location --no-deps \
-    --only-binary=:all: --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 \
+  step "CUDA 13.0 nvcc, runtime and cuBLAS (839 MB) into .deps/cuda" \
+    pip_q --no-deps --only-binary=:all: --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2010_x86_64 --platform manylinux_2_12_x86_64 \
     --target "$deps/cuda" "${CUDA_WHEELS[@]}"
   touch "$cuda_stamp"
 fi
-"$deps/cuda/nvidia/cu13/bin/nvcc" --version >/dev/null
-test -f "$deps/cuda/nvidia/cu13/lib/libcublas.so.13"
 test -x "$deps/bin/tritonserver"
-"$deps/bin/perf_analyzer" --version >/dev/null
-PYTHONPATH="$py" python3 -c 'import tokenizers, tritonclient.grpc' 
-echo "deps: tritonserver, perf_analyzer, tritonclient, tokenizers and CUDA 13.0 (nvcc, cuBLAS) in $deps"
+"$deps/bin/perf_analyzer" --version >/dev/null 2>&1
+PYTHONPATH="$py" python3 -c 'import tokenizers, tritonclient.grpc'
+what="tritonserver 2.51.0, perf_analyzer, tritonclient, tokenizers"
+if [ "$cuda" = 1 ]; then
+  "$deps/cuda/nvidia/cu13/bin/nvcc" --version >/dev/null
+  test -f "$deps/cuda/nvidia/cu13/lib/libcublas.so.13"
+  what="$what, CUDA 13.0"
+else
+  what="$what; no CUDA (no NVIDIA driver here; GOLLM_CUDA=1 installs it)"
+fi
+if [ $did = 0 ]; then echo "deps: in place in .deps ($what)"; fi
