@@ -21,6 +21,9 @@ var (
 	// families are the backend's metric families; nil outside Initialize…Finalize or
 	// when the server has no metrics.
 	families *metricFamilies
+	// gauges are the process-wide series (the Go runtime's memory, the GPUs); nil
+	// outside Initialize…Finalize or when the server has no metrics.
+	gauges *processGauges
 )
 
 // currentLogger returns the backend's logger, nil when not initialized.
@@ -58,9 +61,17 @@ func initialize(b triton.Backend) error {
 		log.Warn("no gollm_* metrics on /metrics", zap.Error(err))
 		fams = nil
 	}
+	var pg *processGauges
+	if fams != nil {
+		if pg, err = startProcessGauges(log); err != nil {
+			log.Warn("no process-wide gollm_* gauges on /metrics", zap.Error(err))
+			pg = nil
+		}
+	}
 	stateMu.Lock()
 	backendLog = log
 	families = fams
+	gauges = pg
 	stateMu.Unlock()
 	startCPUProfile(log)
 	configureMemory(log)
@@ -77,12 +88,13 @@ func finalize(triton.Backend) error {
 	stateMu.Lock()
 	log := backendLog
 	fams := families
-	backendLog, families = nil, nil
+	pg := gauges
+	backendLog, families, gauges = nil, nil, nil
 	stateMu.Unlock()
 	// Triton finalizes every model (and so every instance's metrics) first.
-	var err error
+	err := pg.stop()
 	if fams != nil {
-		err = fams.delete()
+		err = errors.Join(err, fams.delete())
 	}
 	if log != nil {
 		stopCPUProfile(log)

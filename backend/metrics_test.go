@@ -2,6 +2,8 @@ package main
 
 import (
 	"os"
+	"runtime"
+	"runtime/metrics"
 	"strings"
 	"testing"
 
@@ -211,7 +213,9 @@ func TestMetricDefinitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	seen := map[string]bool{}
-	for id, d := range metricDefs {
+	all := append(append(metricDefs[:0:0], metricDefs[:]...), runtimeDefs...)
+	all = append(all, gpuDefs()...)
+	for id, d := range all {
 		t.Run(d.name, func(t *testing.T) {
 			if !strings.HasPrefix(d.name, "gollm_") {
 				t.Errorf("metric %d: name %q lacks the gollm_ prefix", id, d.name)
@@ -231,4 +235,21 @@ func TestMetricDefinitions(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestReadRuntime(t *testing.T) {
+	keep := make([]byte, 8<<20)
+	v := readRuntime(make([]metrics.Sample, len(runtimeSamples)))
+	if v[0] < float64(len(keep)) {
+		t.Errorf("Go heap %v bytes with 8 MiB live", v[0])
+	}
+	runtime.GC()
+	v = readRuntime(make([]metrics.Sample, len(runtimeSamples)))
+	if v[1] < float64(len(keep)) || v[1] > 2*v[0] {
+		t.Errorf("live heap %v bytes after a collection, with 8 MiB live and %v bytes of objects", v[1], v[0])
+	}
+	if v[2] < v[0] {
+		t.Errorf("the runtime holds %v bytes, less than its heap objects' %v", v[2], v[0])
+	}
+	runtime.KeepAlive(keep)
 }
