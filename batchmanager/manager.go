@@ -28,6 +28,9 @@ var (
 	ErrEngine = errors.New("engine step failed")
 	// ErrInternal ends the requests in flight when the loop recovered from a panic.
 	ErrInternal = errors.New("batch manager internal error")
+	// ErrEngineBroken ends every request once a step failed and the engine could not
+	// recover (engine.Recoverer): the instance serves nothing more.
+	ErrEngineBroken = errors.New("the engine failed and cannot recover; reload the model")
 )
 
 // Manager runs the iteration loop of one model instance on its own goroutine.
@@ -99,10 +102,13 @@ type Manager struct {
 	// statsEnc encodes the stats JSON of ReturnBatchManagerStats.
 	statsEnc statsEncoder
 
-	// statsMu guards last.
+	// statsMu guards last and broken.
 	statsMu sync.Mutex
 	// last is the latest stats snapshot.
 	last Stats
+	// broken is set, wrapping ErrEngineBroken, once the engine could not recover from a
+	// failed step.
+	broken error
 }
 
 // phase is where a request is in its life.
@@ -396,8 +402,25 @@ func (m *Manager) send(id uint64, res Result, final bool, err error) {
 	m.cb.SendResponse(id, res, final, err)
 }
 
+// Broken returns the error (wrapping ErrEngineBroken) that ended the engine, nil while
+// it serves.
+func (m *Manager) Broken() error {
+	m.statsMu.Lock()
+	defer m.statsMu.Unlock()
+	return m.broken
+}
+
 // iterate runs one iteration; it reports whether the engine ran.
 func (m *Manager) iterate() bool {
+	if err := m.Broken(); err != nil {
+		// Nothing runs any more: every new request ends at once.
+		for _, r := range m.getRequests(-1) {
+			if r != nil {
+				m.send(r.ID, Result{}, true, fmt.Errorf("request %d: %w", r.ID, err))
+			}
+		}
+		return false
+	}
 	m.intake()
 	m.schedule()
 	if len(m.sched) == 0 {

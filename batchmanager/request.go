@@ -114,4 +114,8 @@ type Callbacks struct {
 	// IterationStats, optional, receives the same stats as a struct (for metrics,
 	// without parsing the JSON); called right after ReturnBatchManagerStats.
 	IterationStats func(stats Stats)
+	// EngineFailed, optional, is called once, on the manager's goroutine, when a step
+	// failed and the engine could not recover (engine.Recoverer): every request in flight
+	// has had its final error, and every later one gets ErrEngineBroken at once.
+	EngineFailed func(err error)
 }

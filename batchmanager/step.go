@@ -46,6 +46,7 @@ func (m *Manager) step() {
 		}
 		m.running = compact(m.running, phaseRunning)
 		m.finishV1Batch()
+		m.recoverEngine(err)
 		return
 	}
 
@@ -261,5 +262,36 @@ func (m *Manager) addExtras(res *Result, r *request, from, to int, withCtx bool)
 		if res.GenerationLogits == nil {
 			res.GenerationLogits = []float32{}
 		}
+	}
+}
+
+// recoverEngine lets an engine that can (engine.Recoverer) check and restore itself
+// after a failed step. One that cannot recover ends the instance: everything in flight
+// gets a final error wrapping ErrEngineBroken, and so does every later request.
+func (m *Manager) recoverEngine(cause error) {
+	rec, ok := m.eng.(engine.Recoverer)
+	if !ok {
+		return
+	}
+	rerr := rec.Recover(cause)
+	if rerr == nil {
+		m.log.Sugar().Warnw("the engine recovered from the failed step; serving on", "error", cause)
+		return
+	}
+	broken := fmt.Errorf("%w: %w (after: %w)", ErrEngineBroken, rerr, cause)
+	m.log.Sugar().Errorw("the engine cannot recover from the failed step; the instance serves nothing more", "error", broken)
+	m.statsMu.Lock()
+	m.broken = broken
+	m.statsMu.Unlock()
+	m.failAll(broken)
+	if m.cb.EngineFailed != nil {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					m.log.Sugar().Errorw("EngineFailed panicked", "panic", r)
+				}
+			}()
+			m.cb.EngineFailed(broken)
+		}()
 	}
 }

@@ -22,6 +22,16 @@ type Engine interface {
 	Close() error
 }
 
+// Recoverer is implemented by an engine that can check and restore itself after a Step
+// failed (a CUDA error). Recover returns nil when the engine is fit to run steps again —
+// whatever the failed step left half done, such as counters of split reductions, is
+// reset, so that no later step computes a wrong answer from it — or an error when it
+// cannot be (a lost CUDA context); the engine must not be stepped after that.
+type Recoverer interface {
+	// Recover readies the engine after Step returned cause.
+	Recover(cause error) error
+}
+
 // Info describes a loaded model and the engine's KV pool.
 type Info struct {
 	// VocabSize is the number of logits per position.
