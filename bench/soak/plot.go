@@ -29,7 +29,7 @@ type panel struct {
 const (
 	plotW, panelH       = 900.0, 200.0
 	marginL, marginR    = 70.0, 20.0
-	marginT, panelGap   = 40.0, 45.0
+	marginT, panelGap   = 55.0, 45.0
 	legendW, axisTicks  = 150.0, 4
 	innerW              = plotW - marginL - marginR - legendW
 	innerH              = panelH - 30
@@ -85,7 +85,7 @@ func plot(r report, samples []sample) string {
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="%s"/>`+"\n", plotBackgroundColor)
 	title := fmt.Sprintf("soak: %s, %d in flight, %s, %s — %s, %s; %d requests, %d failed",
 		r.cfg.label, r.cfg.concurrency, streamWord(r.cfg.streaming), r.cfg.duration, r.machine, r.cfg.commit, r.done, r.failed)
-	fmt.Fprintf(&b, `<text x="%.0f" y="22" %s font-size="13">%s</text>`+"\n", marginL, fontAttr, html.EscapeString(title))
+	fmt.Fprintf(&b, `<text x="%.0f" y="22" font-family="sans-serif" font-size="13">%s</text>`+"\n", marginL, html.EscapeString(title))
 	for k, p := range panels {
 		top := marginT + float64(k)*(panelH+panelGap)
 		drawPanel(&b, p, samples, top, tMax, r.loadS)
@@ -125,7 +125,7 @@ func drawPanel(b *strings.Builder, p panel, samples []sample, top, tMax, loadEnd
 		fmt.Fprintf(b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#eee"/>`, marginL, marginL+innerW, y(v), y(v))
 		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" %s text-anchor="end">%s</text>`+"\n", marginL-6, y(v)+4, fontAttr, tick(v))
 		t := tMax * float64(i) / axisTicks
-		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" %s text-anchor="middle">%.1f min</text>`+"\n", x(t), top+innerH+15, fontAttr, t/60)
+		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" %s text-anchor="middle">%s min</text>`+"\n", x(t), top+innerH+15, fontAttr, tick(t/60))
 	}
 	fmt.Fprintf(b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" %s/>`+"\n", x(loadEnd), x(loadEnd), top, top+innerH, loadEndDash)
 	for k, c := range p.curves {

@@ -99,8 +99,20 @@ func TestSummaryAndPlot(t *testing.T) {
 		if err != nil {
 			t.Fatalf("the plot is not well-formed XML: %v", err)
 		}
-		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "polyline" {
+		se, ok := tok.(xml.StartElement)
+		if !ok {
+			continue
+		}
+		if se.Name.Local == "polyline" {
 			polylines++
+		}
+		// Go's decoder accepts a repeated attribute; SVG renderers do not.
+		seen := map[string]bool{}
+		for _, a := range se.Attr {
+			if seen[a.Name.Local] {
+				t.Errorf("<%s> repeats the attribute %s", se.Name.Local, a.Name.Local)
+			}
+			seen[a.Name.Local] = true
 		}
 	}
 	// memory 4, requests 2, KV 2, throughput 2 (no GPU panel).
