@@ -33,6 +33,16 @@ func currentLogger() *zap.Logger {
 	return backendLog
 }
 
+// currentGPUGauges returns the per-GPU gauges, nil when there are none.
+func currentGPUGauges() *gpuGauges {
+	stateMu.Lock()
+	defer stateMu.Unlock()
+	if gauges == nil {
+		return nil
+	}
+	return gauges.gpu
+}
+
 // currentFamilies returns the backend's metric families, nil when there are none.
 func currentFamilies() *metricFamilies {
 	stateMu.Lock()

@@ -34,6 +34,13 @@ type modelConfig struct {
 	MaxTokensInPagedKVCache int
 	// KVCacheFreeGPUMemFraction is kv_cache_free_gpu_mem_fraction (GPU engine only).
 	KVCacheFreeGPUMemFraction float64
+	// GPUMemoryUtilization is gpu_memory_utilization: the share of a GPU's total memory
+	// the model may hold there, weights included (vLLM's meaning); 0 when not set, and
+	// then kv_cache_free_gpu_mem_fraction sizes the KV pool.
+	GPUMemoryUtilization float64
+	// GPUInstances counts the model's KIND_GPU instances on each device (instance_group),
+	// among which gpu_memory_utilization's share is split.
+	GPUInstances map[int]int
 	// TokensPerBlock is tokens_per_block, the positions per KV block.
 	TokensPerBlock int
 	// EnableKVCacheReuse is enable_kv_cache_reuse.
@@ -86,6 +93,16 @@ type tritonConfig struct {
 		// Decoupled allows any number of responses per request.
 		Decoupled bool `json:"decoupled"`
 	} `json:"model_transaction_policy"`
+	// InstanceGroup are the model's instance groups, as Triton completed them (a
+	// KIND_GPU group lists its GPUs).
+	InstanceGroup []struct {
+		// Kind is KIND_CPU, KIND_GPU, ….
+		Kind string `json:"kind"`
+		// Count is the group's instances per listed GPU (or in all, off the GPU).
+		Count int `json:"count"`
+		// GPUs are the group's devices.
+		GPUs []int `json:"gpus"`
+	} `json:"instance_group"`
 	// Parameters are the model's parameters, each with a string_value.
 	Parameters map[string]struct {
 		// StringValue is the parameter's value.
@@ -133,6 +150,14 @@ var params = []paramSpec{
 			return fmt.Errorf("%q: want a fraction f with 0 < f ≤ 1", v)
 		}
 		c.KVCacheFreeGPUMemFraction = f
+		return nil
+	}},
+	{"gpu_memory_utilization", func(c *modelConfig, v string) error {
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil || math.IsNaN(f) || f <= 0 || f > 1 {
+			return fmt.Errorf("%q: want a fraction f of the GPU's total memory with 0 < f ≤ 1", v)
+		}
+		c.GPUMemoryUtilization = f
 		return nil
 	}},
 	{"tokens_per_block", func(c *modelConfig, v string) (err error) {
@@ -250,6 +275,20 @@ func parseModelConfig(raw []byte, modelDir string, version uint64) (*modelConfig
 		c.ModelPath = filepath.Join(modelDir, strconv.FormatUint(version, 10))
 	case !filepath.IsAbs(c.ModelPath):
 		c.ModelPath = filepath.Join(modelDir, c.ModelPath)
+	}
+	if c.GPUMemoryUtilization > 0 {
+		if v := strings.TrimSpace(tc.Parameters["kv_cache_free_gpu_mem_fraction"].StringValue); v != "" && !strings.HasPrefix(v, "${") {
+			c.Warnings = append(c.Warnings, `parameter "kv_cache_free_gpu_mem_fraction" is ignored: gpu_memory_utilization sizes the GPU memory`)
+		}
+	}
+	c.GPUInstances = map[int]int{}
+	for _, g := range tc.InstanceGroup {
+		if g.Kind != "KIND_GPU" {
+			continue
+		}
+		for _, d := range g.GPUs {
+			c.GPUInstances[d] += max(1, g.Count)
+		}
 	}
 	if c.ModelType == batchmanager.V1 && c.EnableChunkedContext {
 		return nil, fmt.Errorf(`parameter "enable_chunked_context": chunked context needs in-flight batching, but gpt_model_type is V1`)

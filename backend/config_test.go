@@ -47,6 +47,7 @@ func TestParseModelConfigDefaults(t *testing.T) {
 		KVCacheFreeGPUMemFraction: 0.9,
 		TokensPerBlock:            64,
 		ResponseSenders:           4,
+		GPUInstances:              map[int]int{},
 	}
 	if fmt.Sprint(*c) != fmt.Sprint(want) {
 		t.Errorf("got  %+v\nwant %+v", *c, want)
@@ -131,6 +132,10 @@ func TestParseModelConfigErrors(t *testing.T) {
 			`parameter "kv_cache_free_gpu_mem_fraction": "1.5": want a fraction f with 0 < f ≤ 1`},
 		{"a zero fraction is refused", 8, map[string]string{"kv_cache_free_gpu_mem_fraction": "0"},
 			`want a fraction f with 0 < f ≤ 1`},
+		{"a GPU memory utilization above 1 is refused", 8, map[string]string{"gpu_memory_utilization": "90%"},
+			`parameter "gpu_memory_utilization": "90%": want a fraction f of the GPU's total memory with 0 < f ≤ 1`},
+		{"a zero GPU memory utilization is refused", 8, map[string]string{"gpu_memory_utilization": "0"},
+			`parameter "gpu_memory_utilization": "0": want a fraction`},
 		{"a non-number block size is refused", 8, map[string]string{"tokens_per_block": "many"},
 			`parameter "tokens_per_block": "many": want an integer ≥ 1`},
 		{"a bad bool is refused", 8, map[string]string{"enable_kv_cache_reuse": "yes"},
@@ -164,6 +169,35 @@ func TestParseModelConfigErrors(t *testing.T) {
 	t.Run("malformed JSON is refused", func(t *testing.T) {
 		if _, err := parseModelConfig([]byte("{"), "/repo/gpt2", 1); err == nil {
 			t.Fatal("no error")
+		}
+	})
+}
+
+func TestGPUMemoryUtilization(t *testing.T) {
+	t.Run("it is read, and kv_cache_free_gpu_mem_fraction beside it is ignored with a warning", func(t *testing.T) {
+		c, err := parseModelConfig(configJSON(t, 8, true, map[string]string{
+			"gpu_memory_utilization": "0.45", "kv_cache_free_gpu_mem_fraction": "0.9"}), "/repo/gpt2", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.GPUMemoryUtilization != 0.45 {
+			t.Errorf("GPUMemoryUtilization %v, want 0.45", c.GPUMemoryUtilization)
+		}
+		if w := strings.Join(c.Warnings, "\n"); !strings.Contains(w, `"kv_cache_free_gpu_mem_fraction" is ignored`) {
+			t.Errorf("warnings %q", w)
+		}
+	})
+	t.Run("the instances on each GPU are counted from instance_group", func(t *testing.T) {
+		raw := []byte(`{"name": "m", "max_batch_size": 4, "instance_group": [
+			{"kind": "KIND_GPU", "count": 2, "gpus": [0, 1]},
+			{"kind": "KIND_GPU", "count": 1, "gpus": [1]},
+			{"kind": "KIND_CPU", "count": 3}]}`)
+		c, err := parseModelConfig(raw, "/repo/m", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[int]int{0: 2, 1: 3}; fmt.Sprint(c.GPUInstances) != fmt.Sprint(want) {
+			t.Errorf("GPUInstances %v, want %v", c.GPUInstances, want)
 		}
 	})
 }

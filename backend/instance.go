@@ -111,6 +111,11 @@ type instance struct {
 	trace *iterTrace
 	// away sees the server stopping or the model unloading (shutdown.go).
 	away *departure
+	// gpu is the instance's GPU and the memory its engine holds; UUID "" off the GPU.
+	gpu engines.GPUUse
+	// broken is set (wrapping batchmanager.ErrEngineBroken) once the engine failed a step
+	// and could not recover: the instance is not ready, and refuses every request.
+	broken atomic.Pointer[error]
 }
 
 // newInstance builds the engine and batch manager of an instance.
@@ -159,6 +164,12 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		trace:    newIterTrace(name),
 		away:     away,
 	}
+	if u, ok := engines.GPUOf(eng); ok {
+		in.gpu = u
+		log.Info("instance on GPU", zap.Int("gpu", u.Ordinal), zap.String("name", u.Name), zap.String("uuid", u.UUID),
+			zap.Int64("weight_bytes", u.Weights), zap.Int64("kv_bytes", u.KV), zap.Int64("scratch_bytes", u.Scratch))
+		currentGPUGauges().attach(ms.cfg.Name, name, u)
+	}
 	if fams := currentFamilies(); fams != nil {
 		// Metrics are not worth failing the instance for.
 		in.metrics, err = newInstanceMetrics(fams, ms.cfg.Name, ms.version, name, initialValues(eng.Info().NumBlocks), log)
@@ -176,6 +187,7 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 	}
 	defer func() {
 		if err != nil {
+			currentGPUGauges().detach(name, in.gpu.UUID)
 			in.stopSender()
 			if merr := in.metrics.close(); merr != nil {
 				log.Warn("delete the instance's metrics", zap.Error(merr))
@@ -198,6 +210,7 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		// No ReturnBatchManagerStats: iterationStats encodes the JSON only when the
 		// verbose log would show it, not every iteration.
 		IterationStats: in.iterationStats,
+		EngineFailed:   in.engineFailed,
 	}, log.Named("batchmanager"))
 	if err != nil {
 		return nil, fmt.Errorf("instance %s: %w", name, err)
@@ -234,6 +247,7 @@ func (in *instance) close() error {
 	if terr := in.trace.write(); terr != nil {
 		in.log.Warn("write the iteration trace", zap.Error(terr))
 	}
+	currentGPUGauges().detach(in.name, in.gpu.UUID)
 	return in.eng.Close()
 }
 
@@ -302,6 +316,11 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 	if l := in.away.left(); l != nil {
 		handedOver = true
 		in.reject(r, factory, true, tritonID, ts, l.err)
+		return false
+	}
+	if b := in.broken.Load(); b != nil {
+		handedOver = true
+		in.reject(r, factory, true, tritonID, ts, in.notReady(*b))
 		return false
 	}
 	p, err := in.read(r)
@@ -543,7 +562,30 @@ func (in *instance) iterationStats(s batchmanager.Stats) {
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	in.metrics.observe(statsValues(s, len(in.queue)))
+	v := statsValues(s, len(in.queue))
+	if in.broken.Load() != nil {
+		// The iteration whose step broke the engine reports after EngineFailed.
+		v[metricInstanceReady] = 0
+	}
+	in.metrics.observe(v)
+}
+
+// engineFailed is the batch manager's EngineFailed: the engine failed a step and cannot
+// recover. The instance reports itself not ready — an error in the log, 0 on
+// gollm_instance_ready — and refuses every request from now on; the model must be
+// reloaded (or the server restarted) to serve again.
+func (in *instance) engineFailed(err error) {
+	in.broken.Store(&err)
+	in.log.Error("instance not ready: its engine failed and cannot recover; every request is refused until the model is reloaded",
+		zap.Error(err))
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.metrics.notReady()
+}
+
+// notReady is the error of a request refused by a broken instance.
+func (in *instance) notReady(err error) error {
+	return triton.Errorf(triton.CodeUnavailable, "instance %s of model %q is not ready: %v", in.name, in.ms.cfg.Name, err)
 }
 
 // send is a sender goroutine: it sends sd's queued responses in order, off the batch
@@ -684,7 +726,7 @@ func responseError(err error) error {
 		return triton.WithCode(triton.CodeCancelled, err)
 	case errors.Is(err, batchmanager.ErrInvalidRequest), errors.Is(err, batchmanager.ErrDuplicateID):
 		return triton.WithCode(triton.CodeInvalidArg, err)
-	case errors.Is(err, batchmanager.ErrShuttingDown):
+	case errors.Is(err, batchmanager.ErrShuttingDown), errors.Is(err, batchmanager.ErrEngineBroken):
 		return triton.WithCode(triton.CodeUnavailable, err)
 	}
 	return triton.WithCode(triton.CodeInternal, err)

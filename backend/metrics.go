@@ -27,6 +27,7 @@ const (
 	metricTokensPerIteration
 	metricIterations
 	metricKVBlocksReused
+	metricInstanceReady
 	numMetrics
 )
 
@@ -61,6 +62,8 @@ var metricDefs = [numMetrics]metricDef{
 		"Iterations of the batch manager that ran the engine"},
 	metricKVBlocksReused: {"gollm_kv_blocks_reused", triton.MetricCounter,
 		"KV cache blocks reused from shared prompt prefixes instead of computed"},
+	metricInstanceReady: {"gollm_instance_ready", triton.MetricGauge,
+		"1 while the instance serves; 0 once its engine failed and could not recover (it refuses every request)"},
 }
 
 // metricValues are the values of one instance's series. Counters hold the batch
@@ -86,6 +89,8 @@ func statsValues(s batchmanager.Stats, queued int) metricValues {
 	}
 	v[metricIterations] = float64(s.IterationCounter)
 	v[metricKVBlocksReused] = float64(s.ReusedKVCacheBlocks)
+	// An iteration ran, so the engine serves: a broken one never reports again.
+	v[metricInstanceReady] = 1
 	return v
 }
 
@@ -95,6 +100,7 @@ func initialValues(kvBlocks int) metricValues {
 	var v metricValues
 	v[metricKVBlocksFree] = float64(kvBlocks)
 	v[metricKVBlocksMax] = float64(kvBlocks)
+	v[metricInstanceReady] = 1
 	return v
 }
 
@@ -243,6 +249,17 @@ func (im *instanceMetrics) idle() {
 		return
 	}
 	im.observe(idleValues(im.last))
+}
+
+// notReady shows an instance whose engine cannot recover: idle (the manager has ended
+// every request) and not ready.
+func (im *instanceMetrics) notReady() {
+	if im == nil {
+		return
+	}
+	v := idleValues(im.last)
+	v[metricInstanceReady] = 0
+	im.observe(v)
 }
 
 // close removes the instance's series from /metrics.

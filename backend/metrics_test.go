@@ -9,6 +9,7 @@ import (
 
 	"gollm/batchmanager"
 	"gollm/bridge/triton"
+	"gollm/engines"
 )
 
 // busyStats are the stats of an iteration in full flight.
@@ -45,6 +46,7 @@ func TestStatsValues(t *testing.T) {
 			metricTokensPerIteration: 17 + 3,
 			metricIterations:         41,
 			metricKVBlocksReused:     9,
+			metricInstanceReady:      1,
 		}
 		if got != want {
 			t.Errorf("got  %v\nwant %v", got, want)
@@ -81,11 +83,12 @@ func TestIdleValues(t *testing.T) {
 		metricKVBlocksMax:    100,
 		metricIterations:     41,
 		metricKVBlocksReused: 9,
+		metricInstanceReady:  1,
 	}
 	if got != want {
 		t.Errorf("got  %v\nwant %v", got, want)
 	}
-	if init := initialValues(100); init[metricKVBlocksFree] != 100 || init[metricKVBlocksMax] != 100 || init[metricKVBlocksUsed] != 0 {
+	if init := initialValues(100); init[metricKVBlocksFree] != 100 || init[metricKVBlocksMax] != 100 || init[metricKVBlocksUsed] != 0 || init[metricInstanceReady] != 1 {
 		t.Errorf("initial values %v: want an empty pool of 100", init)
 	}
 }
@@ -201,6 +204,7 @@ func TestMetricSeriesFollowTheStats(t *testing.T) {
 		metricKVBlocksMax:    10,
 		metricIterations:     7,
 		metricKVBlocksReused: 4 + 3,
+		metricInstanceReady:  1,
 	}
 	if series != want {
 		t.Errorf("after the run: got  %v\nwant %v", series, want)
@@ -252,4 +256,22 @@ func TestReadRuntime(t *testing.T) {
 		t.Errorf("the runtime holds %v bytes, less than its heap objects' %v", v[2], v[0])
 	}
 	runtime.KeepAlive(keep)
+}
+
+func TestGPUUsersCountSharedWeightsOnce(t *testing.T) {
+	u := gpuUsers{weights: map[string]int64{}, instances: map[string]engines.GPUUse{}, models: map[string]string{}}
+	u.add("gpt2", "gpt2_0_0", engines.GPUUse{Weights: 100, KV: 1000, Scratch: 10})
+	u.add("gpt2", "gpt2_0_1", engines.GPUUse{Weights: 100, KV: 1000, Scratch: 10})
+	u.add("llama", "llama_0_0", engines.GPUUse{Weights: 500, KV: 3000, Scratch: 30})
+	if got, want := u.own(), [3]float64{600, 5000, 50}; got != want {
+		t.Errorf("three instances of two models: %v, want %v (each model's weights once)", got, want)
+	}
+	u.remove("gpt2_0_0")
+	if got, want := u.own(), [3]float64{600, 4000, 40}; got != want {
+		t.Errorf("with one gpt2 instance left: %v, want %v", got, want)
+	}
+	u.remove("gpt2_0_1")
+	if got, want := u.own(), [3]float64{500, 3000, 30}; got != want {
+		t.Errorf("with gpt2 gone: %v, want %v", got, want)
+	}
 }

@@ -133,13 +133,15 @@ func loadModel(m triton.Model, log *zap.Logger) (*modelState, error) {
 // engineSettings are what an instance's engine is sized with.
 func (ms *modelState) engineSettings(log *zap.Logger) engines.Settings {
 	return engines.Settings{
-		DataType:       ms.cfg.DataType,
-		TokensPerBlock: ms.cfg.TokensPerBlock,
-		KVTokens:       ms.cfg.MaxTokensInPagedKVCache,
-		KVFreeFraction: ms.cfg.KVCacheFreeGPUMemFraction,
-		MaxSeqs:        ms.cfg.MaxBatchSize,
-		MaxSeqLen:      ms.lim.MaxSeqLen,
-		Logger:         log,
+		DataType:          ms.cfg.DataType,
+		TokensPerBlock:    ms.cfg.TokensPerBlock,
+		KVTokens:          ms.cfg.MaxTokensInPagedKVCache,
+		KVFreeFraction:    ms.cfg.KVCacheFreeGPUMemFraction,
+		GPUMemUtilization: ms.cfg.GPUMemoryUtilization,
+		GPUInstances:      func(device int) int { return ms.cfg.GPUInstances[device] },
+		MaxSeqs:           ms.cfg.MaxBatchSize,
+		MaxSeqLen:         ms.lim.MaxSeqLen,
+		Logger:            log,
 	}
 }
 

@@ -41,6 +41,13 @@ func TestAFailedStepLetsTheEngineRecover(t *testing.T) {
 	if rs := c.responses(1); len(rs) != 1 || !errors.Is(rs[0].err, ErrEngine) || errors.Is(rs[0].err, ErrEngineBroken) {
 		t.Fatalf("the failed step's request: got %+v, want one final ErrEngine", rs)
 	}
+	c.add(&InferenceRequest{ID: 2, InputIDs: []int32{1, 2, 3}, MaxNewTokens: 3, PadID: -1})
+	c.wait(t, 1)
+	got, err := c.tokensOf(t, 2)
+	if err != nil || len(got) != 6 {
+		t.Fatalf("after the recovery: %v, %v; want the prompt and 3 tokens", got, err)
+	}
+	// The failed request's answer goes out before Recover runs; the next one's after.
 	eng.mu.Lock()
 	causes := eng.causes
 	eng.mu.Unlock()
@@ -49,12 +56,6 @@ func TestAFailedStepLetsTheEngineRecover(t *testing.T) {
 	}
 	if err := m.Broken(); err != nil {
 		t.Fatalf("Broken() = %v after a recovery", err)
-	}
-	c.add(&InferenceRequest{ID: 2, InputIDs: []int32{1, 2, 3}, MaxNewTokens: 3, PadID: -1})
-	c.wait(t, 1)
-	got, err := c.tokensOf(t, 2)
-	if err != nil || len(got) != 6 {
-		t.Fatalf("after the recovery: %v, %v; want the prompt and 3 tokens", got, err)
 	}
 	poolWhole(t, m)
 }

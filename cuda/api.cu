@@ -71,8 +71,22 @@ int32_t gollm_engine_create(gollm_weights* w, const gollm_engine_params* params,
 
 int32_t gollm_step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out,
                    gollm_status* status) {
-  return guarded(status, [&] { step(e, in, out); });
+  return guarded(status, [&] {
+    if (!e) invalid("gollm_step: engine is NULL");
+    e->steps++;
+    step(e, in, out, e->fail.step > 0 && e->steps == e->fail.step);
+  });
 }
+
+int32_t gollm_engine_reset(gollm_engine* e, gollm_status* status) {
+  return guarded(status, [&] { reset_engine(e); });
+}
+
+int32_t gollm_device_describe(int32_t device, gollm_device_info* out, gollm_status* status) {
+  return guarded(status, [&] { device_info(device, out); });
+}
+
+int64_t gollm_weights_bytes(const gollm_weights* w) { return w ? (int64_t)w->arena.bytes : 0; }
 
 void gollm_engine_destroy(gollm_engine* e) {
   try {

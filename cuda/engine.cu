@@ -36,6 +36,8 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
             c.max_positions);
   if (p->gemv_rows < -1 || p->gemv_rows > kGemvMaxRows)
     invalid("gemv_rows %d must be -1 or in [0, %d]", p->gemv_rows, kGemvMaxRows);
+  if (p->mem_budget < 0) invalid("mem_budget %lld must not be negative", (long long)p->mem_budget);
+  const FailStep fail = fail_step_from_env();
   DeviceGuard dg(w->device);
   const Dims d(c);
   std::unique_ptr<gollm_engine, void (*)(gollm_engine*)> e(new gollm_engine, destroy_engine);
@@ -43,6 +45,7 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->w = w;
   e->device = w->device;
   e->graphs = p->cuda_graphs != 0;
+  e->fail = fail;
   e->max_tokens = p->max_tokens;
   e->max_seqs = p->max_seqs;
   e->max_logit_rows = std::max(p->max_logit_rows, p->max_seqs);
@@ -112,7 +115,30 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   const size_t block_bytes =
       (size_t)p->tokens_per_block * c.layers * 2 * c.kv_heads * c.head_dim * 2;
   int64_t nb = p->num_blocks;
-  if (nb == 0) {
+  if (nb == 0 && p->mem_budget > 0) {
+    // gpu_memory_utilization: the pool gets what the scratch leaves of the budget.
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const int64_t left = p->mem_budget - (int64_t)scratch;
+    nb = left / (int64_t)block_bytes - 1;
+    char buf[384];
+    if (nb < 1) {
+      std::snprintf(buf, sizeof buf,
+                    "KV pool: a budget of %lld bytes less %zu bytes of scratch buffers holds no "
+                    "block of %zu bytes",
+                    (long long)p->mem_budget, scratch, block_bytes);
+      throw Error(GOLLM_ERR_OUT_OF_MEMORY, buf);
+    }
+    nb = std::min<int64_t>(nb, 1 << 30);
+    if ((size_t)(nb + 1) * block_bytes > free_b) {
+      std::snprintf(buf, sizeof buf,
+                    "KV pool: %zu bytes (a budget of %lld bytes less %zu bytes of scratch) but "
+                    "%zu bytes are free on device %d",
+                    (size_t)(nb + 1) * block_bytes, (long long)p->mem_budget, scratch, free_b,
+                    w->device);
+      throw Error(GOLLM_ERR_OUT_OF_MEMORY, buf);
+    }
+  } else if (nb == 0) {
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     nb = (int64_t)((double)free_b * p->kv_free_fraction / (double)block_bytes) - 1;

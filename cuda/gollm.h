@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 3
+#define GOLLM_ABI_VERSION 4
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -158,6 +158,12 @@ typedef struct gollm_engine_params {
   int32_t tuning_off;         /* gollm_tuning bits: kernel paths to turn off (A/B tests) */
   int32_t gemv_rows;          /* most token rows on the gemv path, 0..8; -1: the default (4,
                                  past which cuBLAS's GEMMs win) */
+  int64_t mem_budget;         /* > 0 with num_blocks 0: the engine's scratch buffers and KV
+                                 pool together take at most this many device bytes (the
+                                 pool gets what the scratch leaves; kv_free_fraction is not
+                                 used); creation fails with GOLLM_ERR_OUT_OF_MEMORY, naming
+                                 the sizes, when that leaves no KV block or more than the
+                                 device has free */
 } gollm_engine_params;
 
 /* Kernel paths gollm_engine_params.tuning_off turns off. Each is on by default where the
@@ -237,6 +243,15 @@ typedef struct gollm_step_out {
   int64_t logits_len;  /* floats in logits */
 } gollm_step_out;
 
+/* gollm_device_info describes a device, for logs, metrics and memory sizing. */
+typedef struct gollm_device_info {
+  char name[256];       /* cudaDeviceProp.name */
+  char uuid[48];        /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as NVML and nvidia-smi */
+  char pci_bus_id[32];  /* "0000:3b:00.0" */
+  int64_t free_bytes;   /* cudaMemGetInfo at the call */
+  int64_t total_bytes;
+} gollm_device_info;
+
 typedef struct gollm_weights gollm_weights;
 typedef struct gollm_engine gollm_engine;
 
@@ -246,6 +261,9 @@ GOLLM_API int32_t gollm_abi_version(void);
 /* gollm_device_count stores the number of CUDA devices. */
 GOLLM_API int32_t gollm_device_count(int32_t* count, gollm_status* status);
 
+/* gollm_device_describe describes a device (making its primary context current). */
+GOLLM_API int32_t gollm_device_describe(int32_t device, gollm_device_info* out, gollm_status* status);
+
 /* gollm_weights_create copies and converts a checkpoint's weights onto a GPU. The host
  * tensors may be freed once it returns. The caller holds one reference. */
 GOLLM_API int32_t gollm_weights_create(const gollm_weights_params* params, gollm_weights** out,
@@ -254,6 +272,9 @@ GOLLM_API int32_t gollm_weights_create(const gollm_weights_params* params, gollm
 /* gollm_weights_release drops a reference; the last one frees the device memory. */
 GOLLM_API void gollm_weights_release(gollm_weights* w);
 
+/* gollm_weights_bytes returns the device bytes of w's arena (0 for NULL). */
+GOLLM_API int64_t gollm_weights_bytes(const gollm_weights* w);
+
 /* gollm_engine_create makes an engine on w (taking a reference to it). */
 GOLLM_API int32_t gollm_engine_create(gollm_weights* w, const gollm_engine_params* params,
                             gollm_engine** out, gollm_engine_info* info, gollm_status* status);
@@ -261,6 +282,20 @@ GOLLM_API int32_t gollm_engine_create(gollm_weights* w, const gollm_engine_param
 /* gollm_step runs one iteration. Not safe to call concurrently on one engine. */
 GOLLM_API int32_t gollm_step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out,
                    gollm_status* status);
+
+/* gollm_engine_reset readies an engine after a gollm_step that failed: it waits for the
+ * failed step's work, clears a pending error, ends a capture left open and zeroes the
+ * counters that split reductions leave set when a step is cut short, so that no later step
+ * computes from them. GOLLM_ERR_CUDA means the CUDA context is lost (a sticky error, such
+ * as an illegal address or a trap): the engine cannot serve again; destroy it.
+ *
+ * Debugging switches, read when an engine or allocation is made: GOLLM_CUDA_FAIL_STEP=N
+ * makes the engine's Nth gollm_step fail once, with a real failing CUDA call after its
+ * forward pass is enqueued (gollm_engine_reset then recovers); GOLLM_CUDA_FAIL_STEP=N:lost
+ * makes a kernel of that step trap instead, which loses the context.
+ * GOLLM_CUDA_FAIL_ALLOC=TEXT fails, with GOLLM_ERR_OUT_OF_MEMORY, every device allocation
+ * whose purpose contains TEXT ("weights", "KV pool", "logits", …). */
+GOLLM_API int32_t gollm_engine_reset(gollm_engine* e, gollm_status* status);
 
 /* gollm_engine_destroy frees an engine and its reference to the weights. */
 GOLLM_API void gollm_engine_destroy(gollm_engine* e);

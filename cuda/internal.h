@@ -8,6 +8,7 @@
 //   plan.cu     checking a step's descriptor and laying out its device inputs
 //   forward.cu  every kernel launch: the forward pass, sampling, the warm-up GEMMs
 //   step.cu     one step end to end, CUDA graphs (capture and replay) and the warm-up
+//   faults.cu   the fault-injection switches, the reset after a failed step, device info
 //   api.cu      the C ABI: each entry point turns exceptions into a gollm_status
 #pragma once
 
@@ -80,6 +81,13 @@ struct LayerW {
   const float* up_b;                // [inner or 2·inner]
   const void* down_w;               // [hidden][inner]
   const float* down_b;              // [hidden]
+};
+
+// FailStep is GOLLM_CUDA_FAIL_STEP: the engine's step that fails (0: none), and whether
+// it loses the context (a trapping kernel) rather than failing one call.
+struct FailStep {
+  int step = 0;
+  bool lost = false;
 };
 
 // Shape of one model: the sizes every file derives from gollm_model_config.
@@ -196,6 +204,8 @@ struct gollm_engine {
   std::map<int, cudaGraphExec_t> graph_execs;  // decode graphs by batch bucket (×2, +1: all greedy)
   gollm_engine_info info{};       // as reported at creation
   gollm::Plan plan;               // reused between steps
+  gollm::FailStep fail;           // GOLLM_CUDA_FAIL_STEP, read at creation
+  int64_t steps = 0;              // gollm_step calls so far (the warm-up's not counted)
 };
 
 namespace gollm {
@@ -223,7 +233,15 @@ int warmup_gemms(gollm_engine* e);
 void setup_kernels(gollm_engine* e);
 
 // step.cu
-void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out);
+// step runs one step; inject makes it fail after its forward pass is enqueued (faults.cu).
+void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out, bool inject = false);
 void warmup(gollm_engine* e, gollm_engine_info& inf);
+
+// faults.cu
+FailStep fail_step_from_env();
+void maybe_fail_alloc(size_t n, const char* what);
+[[noreturn]] void inject_step_fault(gollm_engine* e);
+void reset_engine(gollm_engine* e);
+void device_info(int32_t device, gollm_device_info* out);
 
 }  // namespace gollm

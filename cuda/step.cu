@@ -19,7 +19,7 @@ int bucket_for(gollm_engine* e, int s) {
 
 }  // namespace
 
-void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out) {
+void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out, bool inject) {
   if (!e || !in || !out) invalid("gollm_step: engine, in and out must not be NULL");
   if (in->num_seqs > 0 && (!out->tokens || !out->log_probs))
     invalid("gollm_step: out.tokens and out.log_probs must not be NULL");
@@ -73,6 +73,8 @@ void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out) {
                               pl.max_len);
     run_forward(e, pl, L, parts, false);
   }
+  // With the forward pass enqueued and running: the injected fault (GOLLM_CUDA_FAIL_STEP).
+  if (inject) inject_step_fault(e);
   CUDA_CHECK(cudaMemcpyAsync(e->htok.p, e->dtok.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
   CUDA_CHECK(cudaMemcpyAsync(e->hlp.p, e->dlp.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
   CUDA_CHECK(cudaStreamSynchronize(e->stream));

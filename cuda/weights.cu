@@ -12,6 +12,7 @@ namespace gollm {
 void DevMem::alloc(size_t n, const char* what) {
   reset();
   if (n == 0) return;
+  maybe_fail_alloc(n, what);
   cudaError_t e = cudaMalloc(&p, n);
   if (e != cudaSuccess) {
     cudaGetLastError();

@@ -54,6 +54,13 @@ type Settings struct {
 	KVTokens int
 	// KVFreeFraction is the share of the GPU's free memory the KV pool takes.
 	KVFreeFraction float64
+	// GPUMemUtilization, when positive, is the share of the GPU's total memory the model
+	// may hold, weights included (gpu_memory_utilization; gpuShare), and KVFreeFraction is
+	// not used.
+	GPUMemUtilization float64
+	// GPUInstances gives the number of the model's instances on a device (for
+	// GPUMemUtilization's split); nil or a result below 1 counts 1.
+	GPUInstances func(device int) int
 	// MaxSeqs is the most sequences in one step (max_batch_size).
 	MaxSeqs int
 	// MaxSeqLen is the longest sequence served (at most the model's positions).
@@ -137,7 +144,16 @@ func (m *Model) newCPU(s Settings) (engine.Engine, error) {
 		tokens = m.defaultCPUTokens(s)
 	}
 	blocks := (tokens + s.TokensPerBlock - 1) / s.TokensPerBlock
-	return cpu.New(w, engine.KVConfig{NumBlocks: blocks, TokensPerBlock: s.TokensPerBlock, MaxSeqLen: s.MaxSeqLen})
+	e, err := cpu.New(w, engine.KVConfig{NumBlocks: blocks, TokensPerBlock: s.TokensPerBlock, MaxSeqLen: s.MaxSeqLen})
+	if err != nil {
+		return nil, err
+	}
+	fe, err := withFaults(e)
+	if err != nil {
+		_ = e.Close()
+		return nil, err
+	}
+	return fe, nil
 }
 
 // defaultCPUTokens sizes a CPU pool that nobody sized: MaxSeqs sequences of MaxSeqLen,
@@ -209,8 +225,27 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 	}
 	opts := cuda.Options{Device: device, DType: dtype, TokensPerBlock: s.TokensPerBlock,
 		KVFreeFraction: s.KVFreeFraction, MaxSeqs: s.MaxSeqs, MaxSeqLen: s.MaxSeqLen, Logger: s.Logger}
-	if s.KVTokens > 0 {
+	switch {
+	case s.KVTokens > 0:
 		opts.NumBlocks = (s.KVTokens + s.TokensPerBlock - 1) / s.TokensPerBlock
+	case s.GPUMemUtilization > 0:
+		dev, err := cuda.Device("", device)
+		if err != nil {
+			return nil, fmt.Errorf("GPU engine on device %d: %w", device, err)
+		}
+		n := 1
+		if s.GPUInstances != nil {
+			n = max(1, s.GPUInstances(device))
+		}
+		g := gpuShare{Utilization: s.GPUMemUtilization, Total: dev.Total, Weights: w.Bytes(), Instances: n}
+		per, err := g.perInstance()
+		if err == nil {
+			err = g.checkFree(per, dev.Free, gpuHolders(dev.UUID))
+		}
+		if err != nil {
+			return nil, fmt.Errorf("GPU engine on device %d (%s, %s): %w", device, dev.Name, dev.UUID, err)
+		}
+		opts.MemBudget = per
 	}
 	e, err := cuda.NewEngine(w, opts)
 	if err != nil {

@@ -180,3 +180,28 @@ func TestBuiltLibraryFailsCleanlyWithoutGPU(t *testing.T) {
 		t.Fatalf("Step = %v, %v", outs, err)
 	}
 }
+
+// TestBuiltLibraryDescribesDevicesOrFailsCleanly calls ABI 4's gollm_device_describe on
+// the built library: without a GPU an error, with one a name, a UUID in NVML's form and
+// the memory.
+func TestBuiltLibraryDescribesDevicesOrFailsCleanly(t *testing.T) {
+	path, _ := filepath.Abs(filepath.Join("..", "..", "build", LibraryName))
+	if _, err := os.Stat(path); err != nil {
+		t.Skipf("%s not built", path)
+	}
+	d, err := Device(path, 0)
+	var ce *Error
+	if err != nil && !errors.As(err, &ce) {
+		t.Skipf("the library does not load here (cuBLAS not on the loader's path?): %v", err)
+	}
+	if err != nil {
+		if ce.Code != CodeCUDA {
+			t.Fatalf("Device = %v, want a CUDA error on a machine without a GPU", err)
+		}
+		t.Logf("no GPU here: %v", err)
+		return
+	}
+	if d.Name == "" || len(d.UUID) != 40 || d.UUID[:4] != "GPU-" || d.Total <= 0 || d.Free <= 0 || d.Free > d.Total {
+		t.Errorf("Device(0) = %+v", d)
+	}
+}

@@ -35,6 +35,10 @@ type Options struct {
 	// KVFreeFraction is the share of the GPU memory left free after the weights and the
 	// scratch buffers that the KV pool takes (kv_cache_free_gpu_mem_fraction, default 0.9).
 	KVFreeFraction float64
+	// MemBudget, when positive (and NumBlocks 0), bounds the engine's scratch buffers and
+	// KV pool together, in bytes: the pool gets what the scratch leaves, and
+	// KVFreeFraction is not used (gpu_memory_utilization; engines sizes it).
+	MemBudget int64
 	// MaxTokens is the most new tokens one library call handles (default 8192); larger
 	// batches are split into several calls.
 	MaxTokens int
@@ -270,6 +274,12 @@ func LoadWeights(ckpt *model.Checkpoint, opts Options) (*Weights, error) {
 // Config returns the model's configuration.
 func (w *Weights) Config() model.Config { return w.cfg }
 
+// Bytes returns the device memory the weights take.
+func (w *Weights) Bytes() int64 { return int64(C.call_weights_bytes(w.lib.weightsBytes, w.ptr)) }
+
+// Device returns the CUDA ordinal the weights are on.
+func (w *Weights) Device() int { return w.device }
+
 // Release drops the caller's reference; the memory goes when the engines on w are closed
 // too. Calling it again does nothing.
 func (w *Weights) Release() {
@@ -298,6 +308,8 @@ type Engine struct {
 	check *engine.BatchChecker
 	// DeviceName is the GPU's name.
 	DeviceName string
+	// Device describes the GPU (its memory as at the engine's creation).
+	Device DeviceInfo
 	// WeightBytes, KVBytes and ScratchBytes are the device memory in use.
 	WeightBytes, KVBytes, ScratchBytes int64
 	// WarmupGEMMShapes and WarmupGraphs count what the warm-up readied, in WarmupTime.
@@ -331,13 +343,15 @@ func NewEngine(w *Weights, opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("cuda: NewEngine: MaxTokens %d, MaxSeqs %d and MaxLogitRows %d must be at least 1", opts.MaxTokens, opts.MaxSeqs, opts.MaxLogitRows)
 	case opts.MaxSeqLen < 0:
 		return nil, fmt.Errorf("cuda: NewEngine: MaxSeqLen %d must not be negative", opts.MaxSeqLen)
+	case opts.MemBudget < 0:
+		return nil, fmt.Errorf("cuda: NewEngine: MemBudget %d must not be negative", opts.MemBudget)
 	}
 	e := &Engine{lib: w.lib, opts: opts}
 	p := C.gollm_engine_params{
 		tokens_per_block: C.int32_t(opts.TokensPerBlock), num_blocks: C.int32_t(opts.NumBlocks),
 		kv_free_fraction: C.float(opts.KVFreeFraction), max_tokens: C.int32_t(opts.MaxTokens),
 		max_seqs: C.int32_t(opts.MaxSeqs), max_logit_rows: C.int32_t(opts.MaxLogitRows),
-		max_seq_len: C.int32_t(opts.MaxSeqLen), gemv_rows: -1,
+		max_seq_len: C.int32_t(opts.MaxSeqLen), gemv_rows: -1, mem_budget: C.int64_t(opts.MemBudget),
 	}
 	if !opts.DisableCUDAGraphs {
 		p.cuda_graphs = 1
@@ -367,6 +381,12 @@ func NewEngine(w *Weights, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e.DeviceName = C.GoString(&info.device_name[0])
+	e.Device = DeviceInfo{Ordinal: w.device, Name: e.DeviceName}
+	var d C.gollm_device_info
+	if err := statusErr("gollm_device_describe", C.call_device_info(e.lib.deviceInfo, C.int32_t(w.device), &d, &st), &st); err == nil {
+		e.Device.UUID, e.Device.PCIBusID = C.GoString(&d.uuid[0]), C.GoString(&d.pci_bus_id[0])
+		e.Device.Free, e.Device.Total = int64(d.free_bytes), int64(d.total_bytes)
+	}
 	e.WeightBytes, e.KVBytes, e.ScratchBytes = int64(info.weight_bytes), int64(info.kv_bytes), int64(info.scratch_bytes)
 	e.WarmupGEMMShapes, e.WarmupGraphs = int(info.warmup_gemm_shapes), int(info.warmup_graphs)
 	e.WarmupTime = time.Duration(float64(info.warmup_ms) * float64(time.Millisecond))
@@ -379,7 +399,7 @@ func NewEngine(w *Weights, opts Options) (*Engine, error) {
 	}
 	e.prep.init(cfg.VocabSize)
 	e.check = engine.NewBatchChecker(e.info, "cuda")
-	opts.Logger.Info("gpu engine ready", zap.String("device", e.DeviceName), zap.Int("kv_blocks", e.info.NumBlocks),
+	opts.Logger.Info("gpu engine ready", zap.String("device", e.DeviceName), zap.String("uuid", e.Device.UUID), zap.Int("kv_blocks", e.info.NumBlocks),
 		zap.Int("tokens_per_block", e.info.TokensPerBlock), zap.Int("max_seq_len", e.info.MaxSeqLen),
 		zap.Int64("weight_bytes", e.WeightBytes), zap.Int64("kv_bytes", e.KVBytes), zap.Int64("scratch_bytes", e.ScratchBytes),
 		zap.Int("warmup_gemm_shapes", e.WarmupGEMMShapes), zap.Int("warmup_graphs", e.WarmupGraphs),
@@ -389,6 +409,24 @@ func NewEngine(w *Weights, opts Options) (*Engine, error) {
 
 // Info describes the model and the KV pool.
 func (e *Engine) Info() engine.Info { return e.info }
+
+// Recover readies the engine after a failed Step (engine.Recoverer): the library waits
+// for the failed step's work and resets what it left half done. An error means the CUDA
+// context is lost; the engine must not be stepped again.
+func (e *Engine) Recover(cause error) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return errors.New("cuda: Recover on a closed engine")
+	}
+	var st C.gollm_status
+	if err := statusErr("gollm_engine_reset", C.call_engine_reset(e.lib.engineReset, e.ptr, &st), &st); err != nil {
+		e.opts.Logger.Error("gpu engine lost", zap.String("device", e.DeviceName), zap.NamedError("cause", cause), zap.Error(err))
+		return err
+	}
+	e.opts.Logger.Warn("gpu engine recovered from a failed step", zap.String("device", e.DeviceName), zap.Error(cause))
+	return nil
+}
 
 // Close frees the engine's device memory and its reference to the weights.
 func (e *Engine) Close() error {

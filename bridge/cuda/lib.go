@@ -41,6 +41,7 @@ type lib struct {
 	// abiVersion … engineDestroy are the gollm_* functions.
 	abiVersion, deviceCount, weightsCreate, weightsRelease unsafe.Pointer
 	engineCreate, step, engineDestroy                      unsafe.Pointer
+	engineReset, deviceInfo, weightsBytes                  unsafe.Pointer
 }
 
 var (
@@ -113,6 +114,9 @@ func (l *lib) resolve() error {
 		{"gollm_engine_create", &l.engineCreate},
 		{"gollm_step", &l.step},
 		{"gollm_engine_destroy", &l.engineDestroy},
+		{"gollm_engine_reset", &l.engineReset},
+		{"gollm_device_describe", &l.deviceInfo},
+		{"gollm_weights_bytes", &l.weightsBytes},
 	} {
 		cname := C.CString(s.name)
 		p := C.gollm_sym(l.handle, cname)
@@ -176,4 +180,34 @@ func DeviceCount(path string) (int, error) {
 		return 0, err
 	}
 	return int(n), nil
+}
+
+// DeviceInfo describes a CUDA device.
+type DeviceInfo struct {
+	// Ordinal is the CUDA device ordinal.
+	Ordinal int
+	// Name is the device's name ("NVIDIA H100 80GB HBM3").
+	Name string
+	// UUID is "GPU-…", as NVML and nvidia-smi show it.
+	UUID string
+	// PCIBusID is the device's PCI address.
+	PCIBusID string
+	// Free and Total are its memory in bytes when asked.
+	Free, Total int64
+}
+
+// Device describes CUDA device ordinal (making its primary context current), loading
+// the library from path ("" for the default search).
+func Device(path string, ordinal int) (DeviceInfo, error) {
+	l, err := openLib(path)
+	if err != nil {
+		return DeviceInfo{}, err
+	}
+	var d C.gollm_device_info
+	var st C.gollm_status
+	if err := statusErr("gollm_device_describe", C.call_device_info(l.deviceInfo, C.int32_t(ordinal), &d, &st), &st); err != nil {
+		return DeviceInfo{}, err
+	}
+	return DeviceInfo{Ordinal: ordinal, Name: C.GoString(&d.name[0]), UUID: C.GoString(&d.uuid[0]),
+		PCIBusID: C.GoString(&d.pci_bus_id[0]), Free: int64(d.free_bytes), Total: int64(d.total_bytes)}, nil
 }

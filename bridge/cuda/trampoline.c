@@ -43,3 +43,12 @@ int32_t call_step(void* f, gollm_engine* e, const gollm_step_in* in, gollm_step_
 }
 
 void call_engine_destroy(void* f, gollm_engine* e) { ((void (*)(gollm_engine*))f)(e); }
+int32_t call_engine_reset(void* f, gollm_engine* e, gollm_status* st) {
+  return ((int32_t(*)(gollm_engine*, gollm_status*))f)(e, st);
+}
+int32_t call_device_info(void* f, int32_t device, gollm_device_info* out, gollm_status* st) {
+  return ((int32_t(*)(int32_t, gollm_device_info*, gollm_status*))f)(device, out, st);
+}
+int64_t call_weights_bytes(void* f, const gollm_weights* w) {
+  return ((int64_t(*)(const gollm_weights*))f)(w);
+}
