@@ -45,6 +45,9 @@ type Config struct {
 	EnableChunkedContext bool
 	// EnableKVCacheReuse shares the KV blocks of common prompt prefixes.
 	EnableKVCacheReuse bool
+	// MaxBeamWidth is the widest beam search accepted (max_beam_width); 0: no limit
+	// beyond MaxBatchSize.
+	MaxBeamWidth int
 	// IdleWait is how long the loop waits for work when idle before polling again
 	// (default 10ms); Manager.Wake cuts it short.
 	IdleWait time.Duration
