@@ -141,17 +141,19 @@ func (t *textOut) push(ids []int32, final bool) string {
 		return ""
 	}
 	t.held += s
-	if at := firstStop(t.held, t.stops); at >= 0 {
+	// pend is where the earliest stop string that may still complete starts; a match
+	// stands once none can start before it.
+	pend := len(t.held)
+	if !final {
+		pend -= stopPrefix(t.held, t.stops)
+	}
+	if at := firstStop(t.held, t.stops); at >= 0 && at <= pend {
 		out := t.held[:at]
 		t.held, t.stopped = "", true
 		return out
 	}
-	keep := 0
-	if !final {
-		keep = stopPrefix(t.held, t.stops)
-	}
-	out := t.held[:len(t.held)-keep]
-	t.held = t.held[len(t.held)-keep:]
+	out := t.held[:pend]
+	t.held = t.held[pend:]
 	return out
 }
 

@@ -222,6 +222,7 @@ type branch struct {
 
 // branches lists r's branches, the embedded one first (the slice is r's own).
 func (r *request) branches() []*branch { return r.all }
+
 // New validates cfg, sizes the KV pool from eng.Info() and starts the worker goroutine.
 func New(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*Manager, error) {
 	m, err := newManager(eng, cfg, cb, log)
@@ -258,15 +259,15 @@ func newManager(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*
 	m := &Manager{
 		sampler: engine.NewSampler(info.VocabSize),
 		eng:     eng,
-		info: info,
-		cfg:  cfg,
-		cb:   cb,
-		log:  log,
-		pool: pool,
-		wake: make(chan struct{}, 1),
-		quit: make(chan struct{}),
-		done: make(chan struct{}),
-		byID: map[uint64]*request{},
+		info:    info,
+		cfg:     cfg,
+		cb:      cb,
+		log:     log,
+		pool:    pool,
+		wake:    make(chan struct{}, 1),
+		quit:    make(chan struct{}),
+		done:    make(chan struct{}),
+		byID:    map[uint64]*request{},
 	}
 	m.last = m.snapshot(time.Now())
 	return m, nil
