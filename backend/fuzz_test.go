@@ -93,7 +93,7 @@ func FuzzParseRequest(f *testing.F) {
 			t.Fatal("accepted an empty prompt")
 		case r.MaxNewTokens < 1 || len(r.InputIDs)+r.MaxNewTokens > lim.MaxSeqLen:
 			t.Fatalf("accepted %d + %d tokens", len(r.InputIDs), r.MaxNewTokens)
-		case r.BeamWidth < 1 || r.BeamWidth > lim.MaxBeamWidth || r.NumReturnSequences < 1:
+		case r.BeamWidth < 1 || r.BeamWidth > lim.MaxBeamWidth || r.NumReturnSequences < 0:
 			t.Fatalf("accepted beam width %d, %d sequences", r.BeamWidth, r.NumReturnSequences)
 		case r.BeamWidth > 1 && r.NumReturnSequences > r.BeamWidth:
 			t.Fatalf("accepted %d sequences of %d beams", r.NumReturnSequences, r.BeamWidth)

@@ -543,17 +543,20 @@ func (in inputs) search(p *parsedRequest, lim limits) error {
 		return fmt.Errorf("input %q: %d must be between 1 and the model's max_beam_width %d", inBeamWidth, beam, maxBeam)
 	}
 	r.BeamWidth = int(beam)
-	n, err := in.int32Opt(inNumReturnSeqs, 1)
-	if err != nil {
-		return err
+	// Absent, beam search returns all its beams (TensorRT-LLM's unset numReturnSequences).
+	if in[inNumReturnSeqs] != nil {
+		n, err := in.int32Scalar(inNumReturnSeqs)
+		if err != nil {
+			return err
+		}
+		if n < 1 {
+			return fmt.Errorf("input %q: must be at least 1, got %d", inNumReturnSeqs, n)
+		}
+		if beam > 1 && n > beam {
+			return fmt.Errorf("input %q: %d exceeds %q %d (beam search returns at most its beams)", inNumReturnSeqs, n, inBeamWidth, beam)
+		}
+		r.NumReturnSequences = int(n)
 	}
-	if n < 1 {
-		return fmt.Errorf("input %q: must be at least 1, got %d", inNumReturnSeqs, n)
-	}
-	if beam > 1 && n > beam {
-		return fmt.Errorf("input %q: %d exceeds %q %d (beam search returns at most its beams)", inNumReturnSeqs, n, inBeamWidth, beam)
-	}
-	r.NumReturnSequences = int(n)
 	penName, err := in.oneOfNames(inLenPenalty, inLengthPenalty)
 	if err != nil {
 		return err

@@ -2,7 +2,8 @@ package main
 
 import (
 	"strings"
-	"unicode/utf8"
+
+	"gollm/model"
 )
 
 // Text answers. text_output is always valid UTF-8: a token that ends inside a
@@ -29,91 +30,13 @@ type detokenizer interface {
 	NewStream() tokenStream
 }
 
-// utf8Tail is how a byte sequence starting at b[0] reads: size, the bytes of a valid
-// character or of its maximal invalid subpart; complete, whether those size bytes are
-// a whole character; truncated, whether b ends inside what could still become one.
-func utf8Tail(b []byte) (size int, complete, truncated bool) {
-	c := b[0]
-	if c < 0x80 {
-		return 1, true, false
-	}
-	n, lo, hi := 0, byte(0x80), byte(0xBF)
-	switch {
-	case c >= 0xC2 && c <= 0xDF:
-		n = 2
-	case c == 0xE0:
-		n, lo = 3, 0xA0
-	case c >= 0xE1 && c <= 0xEC, c == 0xEE, c == 0xEF:
-		n = 3
-	case c == 0xED:
-		n, hi = 3, 0x9F
-	case c == 0xF0:
-		n, lo = 4, 0x90
-	case c >= 0xF1 && c <= 0xF3:
-		n = 4
-	case c == 0xF4:
-		n, hi = 4, 0x8F
-	default:
-		return 1, false, false
-	}
-	k := 1
-	for ; k < n; k++ {
-		if k >= len(b) {
-			return k, false, true
-		}
-		if k == 1 && (b[1] < lo || b[1] > hi) || k > 1 && (b[k] < 0x80 || b[k] > 0xBF) {
-			return k, false, false
-		}
-	}
-	return n, true, false
-}
-
-// utf8Stream makes a byte stream valid UTF-8 as it comes.
-type utf8Stream struct {
-	// pending holds the bytes of a character not complete yet.
-	pending []byte
-}
-
-// push adds text and returns its valid part: complete characters, U+FFFD for what can
-// never complete; an incomplete character at the end stays pending (all of it when
-// final).
-func (u *utf8Stream) push(s string, final bool) string {
-	if len(u.pending) == 0 && utf8.ValidString(s) {
-		return s
-	}
-	b := append(u.pending, s...)
-	var sb strings.Builder
-	i := 0
-	for i < len(b) {
-		size, complete, truncated := utf8Tail(b[i:])
-		switch {
-		case complete:
-			sb.Write(b[i : i+size])
-		case truncated && !final:
-			u.pending = append(u.pending[:0:0], b[i:]...)
-			return sb.String()
-		default:
-			sb.WriteRune(utf8.RuneError)
-		}
-		i += size
-	}
-	u.pending = u.pending[:0]
-	return sb.String()
-}
-
-// validUTF8 is s with what can never be a character replaced by U+FFFD.
-func validUTF8(s string) string {
-	var u utf8Stream
-	return u.push(s, true)
-}
-
 // textOut turns one sequence's generated tokens into text_output as they come: valid
 // UTF-8, cut before the first stop string.
 type textOut struct {
 	// dec detokenizes token by token.
 	dec tokenStream
 	// utf holds incomplete characters.
-	utf utf8Stream
+	utf model.UTF8Stream
 	// stops are the stop strings.
 	stops []string
 	// held is text withheld because a stop string may start there.
@@ -136,7 +59,7 @@ func (t *textOut) push(ids []int32, final bool) string {
 	if final {
 		sb.WriteString(t.dec.Flush())
 	}
-	s := t.utf.push(sb.String(), final)
+	s := t.utf.Push(sb.String(), final)
 	if t.stopped {
 		return ""
 	}
@@ -187,13 +110,13 @@ func stopPrefix(s string, stops []string) int {
 // stop string that starts past the first prompt tokens (the prompt, when the answer
 // includes it, is never searched).
 func wholeText(d detokenizer, ids []int32, prompt int, stops []string) string {
-	s := validUTF8(d.Decode(ids))
+	s := model.ValidUTF8(d.Decode(ids))
 	if len(stops) == 0 {
 		return s
 	}
 	from := 0
 	if prompt > 0 {
-		if p := validUTF8(d.Decode(ids[:min(prompt, len(ids))])); strings.HasPrefix(s, p) {
+		if p := model.ValidUTF8(d.Decode(ids[:min(prompt, len(ids))])); strings.HasPrefix(s, p) {
 			from = len(p)
 		}
 	}
