@@ -48,6 +48,9 @@ type Config struct {
 	// MaxBeamWidth is the widest beam search accepted (max_beam_width); 0: no limit
 	// beyond MaxBatchSize.
 	MaxBeamWidth int
+	// BatchedLogitsPostProcessor serves the requests with BatchedPostProcessing; a
+	// request asking for it without one is refused.
+	BatchedLogitsPostProcessor BatchedLogitsPostProcessor
 	// IdleWait is how long the loop waits for work when idle before polling again
 	// (default 10ms); Manager.Wake cuts it short.
 	IdleWait time.Duration

@@ -739,6 +739,9 @@ func (m *Manager) checkGroup(ir *InferenceRequest) (width int, beams bool, err e
 	case ir.TopPResetID < -1 || int(ir.TopPResetID) >= m.info.VocabSize:
 		return 0, false, fmt.Errorf("runtime_top_p_reset_ids: %d is outside the vocabulary [0, %d) (-1: none)", ir.TopPResetID, m.info.VocabSize)
 	}
+	if ir.BatchedPostProcessing && m.cfg.BatchedLogitsPostProcessor == nil {
+		return 0, false, errors.New("logits post-processor: the request asks for the batched one, and none is configured")
+	}
 	width = max(1, ir.BeamWidth)
 	beams = width > 1
 	if beams {

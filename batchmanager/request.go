@@ -79,7 +79,17 @@ type InferenceRequest struct {
 	// is chosen: the logits come back from the engine (after the embedding bias) and the
 	// manager samples or scores them with the engine's rules (engine.Sampler).
 	LogitsPostProcessor LogitsPostProcessor
+	// BatchedPostProcessing hands the request's logits to Config's
+	// BatchedLogitsPostProcessor, with those of every other such request of the
+	// iteration, in one call.
+	BatchedPostProcessing bool
 }
+
+// BatchedLogitsPostProcessor changes the logits of every sequence of an iteration whose
+// request asked for it, in one call (TensorRT-LLM's LogitsPostProcessorBatched): the
+// request IDs, the logits rows to change in place, and each sequence's tokens so far,
+// index by index. Called from the manager's goroutine.
+type BatchedLogitsPostProcessor func(ids []uint64, logits [][]float32, tokens [][]int32)
 
 // TextStopper decides on conditions over a sequence's text, which the manager cannot
 // see. It is called from the manager's goroutine only.

@@ -57,6 +57,7 @@ func (m *Manager) step() {
 		return
 	}
 
+	m.batchedPostProcess(outs)
 	for i, ref := range m.refs {
 		m.advance(ref.r, ref.b, &m.batch.Seqs[i], &outs[i])
 	}
@@ -72,7 +73,43 @@ func (m *Manager) step() {
 // hostSampled says whether the manager, not the engine, chooses r's tokens from the
 // logits the engine returns: beam search, and requests with a logits post-processor.
 func (r *request) hostSampled() bool {
-	return r.beams || r.req.LogitsPostProcessor != nil
+	return r.beams || r.req.LogitsPostProcessor != nil || r.req.BatchedPostProcessing
+}
+
+// batchedPostProcess hands the iteration's logits of the requests with
+// BatchedPostProcessing to the batched post-processor, in one call; a panic in it fails
+// those requests.
+func (m *Manager) batchedPostProcess(outs []engine.Output) {
+	pp := m.cfg.BatchedLogitsPostProcessor
+	if pp == nil {
+		return
+	}
+	var ids []uint64
+	var logits [][]float32
+	var tokens [][]int32
+	var reqs []*request
+	for i, ref := range m.refs {
+		if ref.r.req.BatchedPostProcessing && m.batch.Seqs[i].ReturnLogits && len(outs[i].Logits) == m.info.VocabSize {
+			if ref.r.req.ReturnGenerationLogits && !ref.r.beams {
+				ref.b.rawLogits = slices.Clone(outs[i].Logits)
+			}
+			ids = append(ids, ref.r.id)
+			logits = append(logits, outs[i].Logits)
+			tokens = append(tokens, ref.b.tokens[:len(ref.b.tokens):len(ref.b.tokens)])
+			reqs = append(reqs, ref.r)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			for _, r := range reqs {
+				r.failed = fmt.Errorf("%w: batched logits post-processor panicked: %v", ErrEngine, p)
+			}
+		}
+	}()
+	pp(ids, logits, tokens)
 }
 
 // samplingFor is r's sampling with b's own random stream and runtime top-p.
@@ -257,7 +294,7 @@ func (r *request) initialTopP() float32 {
 func (m *Manager) hostSample(r *request, b *branch, seq *engine.Sequence) (int32, float32, error) {
 	w := b.logits
 	b.logits = nil
-	if r.req.ReturnGenerationLogits {
+	if r.req.ReturnGenerationLogits && !r.req.BatchedPostProcessing {
 		b.rawLogits = slices.Clone(w)
 	}
 	if pp := r.req.LogitsPostProcessor; pp != nil {
