@@ -17,7 +17,7 @@ EXIT_TIMEOUT ?= 5
 
 # FUZZ lists the fuzz targets (package:Target) that `make fuzz` runs for FUZZTIME each,
 # from their seed corpora (and the inputs go test keeps in its cache between runs).
-FUZZ := ./model:FuzzOpen ./backend:FuzzParseRequest ./backend:FuzzWordList ./backend:FuzzStopStrings
+FUZZ := ./model:FuzzOpen ./model:FuzzTokenizer ./backend:FuzzParseRequest ./backend:FuzzWordList ./backend:FuzzStopStrings
 FUZZTIME ?= 20s
 
 .PHONY: all deps build demo serve test check unit fuzz clean

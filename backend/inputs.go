@@ -96,8 +96,10 @@ var knownInputs = map[string]bool{
 
 // encoder turns text into token ids (the checkpoint's tokenizer).
 type encoder interface {
-	// Encode tokenizes text.
+	// Encode tokenizes text as it is (words: stop, bad and bias words).
 	Encode(text string) []int32
+	// EncodePrompt tokenizes a prompt with what the checkpoint puts around one (BOS).
+	EncodePrompt(text string) []int32
 }
 
 // maxTextWords bounds the strings of stop_words, bad_words and embedding_bias_words,
@@ -201,7 +203,7 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 		if lim.Tokenizer == nil {
 			return nil, fmt.Errorf("input %q: the checkpoint has no tokenizer.json, so only %q can be served", inTextInput, inInputIDs)
 		}
-		r.InputIDs = lim.Tokenizer.Encode(s)
+		r.InputIDs = lim.Tokenizer.EncodePrompt(s)
 		p.Text = true
 	default:
 		return nil, fmt.Errorf("missing input: one of %q or %q is required", inInputIDs, inTextInput)

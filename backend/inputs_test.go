@@ -59,6 +59,9 @@ func (fakeTokenizer) Encode(text string) []int32 {
 	return ids
 }
 
+// EncodePrompt is Encode: the fake puts nothing around a prompt.
+func (f fakeTokenizer) EncodePrompt(text string) []int32 { return f.Encode(text) }
+
 // testLimits are the limits of a 1000-token, 64-position model.
 func testLimits() limits {
 	return limits{VocabSize: 1000, MaxSeqLen: 64, EndIDs: []int32{999}, Decoupled: true, Tokenizer: fakeTokenizer{}}

@@ -742,11 +742,12 @@ type tokenText struct {
 	t *model.Tokenizer
 }
 
-// Decode joins the tokens' text.
-func (t tokenText) Decode(ids []int32) string { return t.t.Decode(ids) }
+// Decode is the tokens' text without special tokens (BOS, chat markers), as the
+// TensorRT-LLM backend's postprocessing and transformers' pipelines show it.
+func (t tokenText) Decode(ids []int32) string { return t.t.DecodeText(ids) }
 
-// NewStream starts a token-by-token decoder.
-func (t tokenText) NewStream() tokenStream { return t.t.NewStreamDecoder() }
+// NewStream starts a token-by-token decoder, without special tokens.
+func (t tokenText) NewStream() tokenStream { return t.t.NewTextStreamDecoder() }
 
 // responseError gives a batch manager error its Triton code.
 func responseError(err error) error {
