@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"gollm/tests/harness"
-	"gollm/tests/kserve"
+	"gollm/kserve"
 )
 
 // The backend's Prometheus families on Triton's /metrics (gauges, labelled by model and

@@ -21,7 +21,7 @@ import (
 	"gollm/engine"
 	"gollm/model"
 	"gollm/tests/harness"
-	"gollm/tests/kserve"
+	"gollm/kserve"
 )
 
 // Response parameters Triton uses for decoupled models.

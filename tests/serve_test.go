@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"gollm/tests/harness"
-	"gollm/tests/kserve"
+	"gollm/kserve"
 )
 
 // tokenPrompt is the token prompt of the token tests: "Hello, my name is" in GPT-2's
