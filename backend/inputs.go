@@ -38,6 +38,8 @@ const (
 	inReturnCtxLogits   = "return_context_logits"
 	inReturnGenLogits   = "return_generation_logits"
 	inStop              = "stop"
+	inReturnNumInput    = "return_num_input_tokens"
+	inReturnNumOutput   = "return_num_output_tokens"
 
 	outOutputIDs      = "output_ids"
 	outSequenceLength = "sequence_length"
@@ -46,6 +48,8 @@ const (
 	outContextLogits  = "context_logits"
 	outGenLogits      = "generation_logits"
 	outTextOutput     = "text_output"
+	outNumInput       = "num_input_tokens"
+	outNumOutput      = "num_output_tokens"
 )
 
 // knownInputs are the inputs parseRequest reads; any other is refused (Triton checks
@@ -57,7 +61,7 @@ var knownInputs = map[string]bool{
 	inRepetitionPenalty: true, inPresencePenalty: true, inFrequencyPenalty: true,
 	inMinLength: true, inStopWords: true, inBadWords: true, inEmbeddingBias: true,
 	inBeamWidth: true, inReturnLogProbs: true, inReturnCtxLogits: true,
-	inReturnGenLogits: true, inStop: true,
+	inReturnGenLogits: true, inStop: true, inReturnNumInput: true, inReturnNumOutput: true,
 }
 
 // encoder turns text into token ids (the checkpoint's tokenizer).
@@ -95,6 +99,8 @@ type parsedRequest struct {
 	// Stop says the request asks to stop the in-flight requests with its request id
 	// rather than to generate.
 	Stop bool
+	// Counts are the token counts the request asks for; nil for none.
+	Counts *tokenCounts
 }
 
 // inputs indexes a request's tensors by name.
@@ -237,6 +243,16 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 	}
 	if r.ReturnGenerationLogits, err = in.flag(inReturnGenLogits); err != nil {
 		return nil, err
+	}
+	c := tokenCounts{Prompt: len(r.InputIDs), PromptInOutput: !r.ExcludeInputInOutput}
+	if c.Input, err = in.flag(inReturnNumInput); err != nil {
+		return nil, err
+	}
+	if c.Output, err = in.flag(inReturnNumOutput); err != nil {
+		return nil, err
+	}
+	if c.Input || c.Output {
+		p.Counts = &c
 	}
 	return p, nil
 }

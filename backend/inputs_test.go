@@ -226,3 +226,29 @@ func TestParseRequestErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestTokenCountInputs checks that return_num_input_tokens and return_num_output_tokens
+// ask for the counts, with the prompt's length and where output_ids puts it.
+func TestTokenCountInputs(t *testing.T) {
+	base := []triton.Tensor{i32(inInputIDs, 1, 2, 3, 4), i32(inRequestOutputLen, 2)}
+	p, err := parseRequest(base, nil, testLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Counts != nil {
+		t.Errorf("counts %+v without asking for them", p.Counts)
+	}
+	lim := testLimits()
+	lim.ExcludeInputInOutput = true
+	p, err = parseRequest(append(base, boolean(inReturnNumInput, true), boolean(inReturnNumOutput, false)), nil, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (tokenCounts{Input: true, Prompt: 4}); p.Counts == nil || *p.Counts != want {
+		t.Errorf("counts %+v, want %+v", p.Counts, want)
+	}
+	_, err = parseRequest(append(base, i32(inReturnNumOutput, 1)), nil, testLimits())
+	if err == nil || !strings.Contains(err.Error(), inReturnNumOutput) {
+		t.Errorf("an INT32 %s: error %v, want one naming it", inReturnNumOutput, err)
+	}
+}

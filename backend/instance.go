@@ -34,6 +34,8 @@ type inflight struct {
 	outputs map[string]bool
 	// text detokenizes into text_output; nil when the request does not answer in text.
 	text *textState
+	// counts are the token counts the request asked for; nil for none.
+	counts *tokenCounts
 	// stop is set by a stop request naming this one.
 	stop atomic.Bool
 	// responses counts the responses sent.
@@ -309,6 +311,7 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 		factory:   factory,
 		streaming: p.Req.Streaming,
 		outputs:   p.Outputs,
+		counts:    p.Counts,
 	}
 	if p.Text {
 		f.text = &textState{tok: in.ms.tok, stream: in.ms.tok.NewStreamDecoder()}
@@ -613,6 +616,16 @@ func (in *instance) respond(f *inflight, outputs []batchmanager.Tensor, flags ui
 	outs, empty, err := convertOutputs(outputs, f.outputs, f.text, f.streaming, flags&triton.ResponseFinal != 0)
 	if err != nil {
 		return err
+	}
+	if f.counts != nil {
+		for _, o := range f.counts.outputs(outputs, f.streaming) {
+			if f.outputs == nil || f.outputs[o.Name] {
+				outs = append(outs, o)
+			}
+		}
+		// The first response always goes out, so that the prompt's count arrives even
+		// when the request ends at once with its end token.
+		empty = empty && f.responses > 0
 	}
 	if f.streaming && empty {
 		if flags == 0 {

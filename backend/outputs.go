@@ -112,3 +112,48 @@ func bytesElement(s string) []byte {
 	copy(b[4:], s)
 	return b
 }
+
+// tokenCounts are the token counts a request asked for (return_num_input_tokens,
+// return_num_output_tokens: the names Triton's OpenAI frontend uses) and what they are
+// counted from.
+type tokenCounts struct {
+	// Input adds num_input_tokens, the prompt's length in tokens, to every response.
+	Input bool
+	// Output adds num_output_tokens: the tokens generated in this response (streaming)
+	// or in all (otherwise); the end token is not counted, as output_ids leaves it out.
+	Output bool
+	// Prompt is the prompt's length in tokens.
+	Prompt int
+	// PromptInOutput says non-streaming output_ids start with the prompt.
+	PromptInOutput bool
+}
+
+// outputs returns the count outputs c asks for, INT32 [1, 1], for a response made of
+// the batch manager's tensors.
+func (c *tokenCounts) outputs(tensors []batchmanager.Tensor, streaming bool) []output {
+	var outs []output
+	if c.Input {
+		outs = append(outs, output{Name: outNumInput, DataType: triton.TypeInt32, Shape: []int64{1, 1}, Data: int32Bytes([]int32{int32(c.Prompt)})})
+	}
+	if c.Output {
+		n, seqLen := 0, -1
+		for _, t := range tensors {
+			switch d := t.Data.(type) {
+			case []int32:
+				if t.Name == outOutputIDs {
+					n = len(d)
+				} else if t.Name == outSequenceLength && len(d) == 1 {
+					seqLen = int(d[0])
+				}
+			}
+		}
+		if seqLen >= 0 && seqLen < n {
+			n = seqLen // V1 pads output_ids past the sequence's end
+		}
+		if !streaming && c.PromptInOutput {
+			n = max(0, n-c.Prompt)
+		}
+		outs = append(outs, output{Name: outNumOutput, DataType: triton.TypeInt32, Shape: []int64{1, 1}, Data: int32Bytes([]int32{int32(n)})})
+	}
+	return outs
+}

@@ -159,3 +159,54 @@ func TestResponseError(t *testing.T) {
 		t.Error("nil became an error")
 	}
 }
+
+// TestTokenCounts checks num_input_tokens and num_output_tokens: per response when
+// streaming, all generated tokens otherwise (the prompt taken off when output_ids
+// carries it, V1 padding not counted).
+func TestTokenCounts(t *testing.T) {
+	value := func(outs []output, name string) int32 {
+		t.Helper()
+		for _, o := range outs {
+			if o.Name == name {
+				if o.DataType != triton.TypeInt32 || !reflect.DeepEqual(o.Shape, []int64{1, 1}) || len(o.Data) != 4 {
+					t.Fatalf("%s: type %v shape %v, %d bytes; want INT32 [1, 1]", name, o.DataType, o.Shape, len(o.Data))
+				}
+				return int32(binary.LittleEndian.Uint32(o.Data))
+			}
+		}
+		t.Fatalf("no output %s in %v", name, outs)
+		return 0
+	}
+	ids := func(v ...int32) []batchmanager.Tensor {
+		return []batchmanager.Tensor{
+			{Name: outOutputIDs, Shape: []int64{1, int64(len(v))}, Data: v},
+			{Name: outSequenceLength, Shape: []int64{1}, Data: []int32{int32(len(v))}},
+		}
+	}
+	c := &tokenCounts{Input: true, Output: true, Prompt: 3, PromptInOutput: true}
+	outs := c.outputs(ids(7), true)
+	if got := value(outs, outNumInput); got != 3 {
+		t.Errorf("streaming num_input_tokens = %d, want 3", got)
+	}
+	if got := value(outs, outNumOutput); got != 1 {
+		t.Errorf("streaming num_output_tokens = %d, want 1", got)
+	}
+	if got := value(c.outputs(ids(), true), outNumOutput); got != 0 {
+		t.Errorf("streaming end-token response: num_output_tokens = %d, want 0", got)
+	}
+	if got := value(c.outputs(ids(1, 2, 3, 7, 8), false), outNumOutput); got != 2 {
+		t.Errorf("non-streaming with the prompt: num_output_tokens = %d, want 2", got)
+	}
+	excl := &tokenCounts{Output: true, Prompt: 3}
+	outs = excl.outputs(ids(7, 8), false)
+	if got := value(outs, outNumOutput); got != 2 || len(outs) != 1 {
+		t.Errorf("non-streaming without the prompt: num_output_tokens = %d (%d outputs), want 2 (1)", got, len(outs))
+	}
+	padded := []batchmanager.Tensor{
+		{Name: outOutputIDs, Shape: []int64{1, 4}, Data: []int32{7, 8, 0, 0}},
+		{Name: outSequenceLength, Shape: []int64{1}, Data: []int32{2}},
+	}
+	if got := value(excl.outputs(padded, false), outNumOutput); got != 2 {
+		t.Errorf("V1-padded: num_output_tokens = %d, want 2", got)
+	}
+}
