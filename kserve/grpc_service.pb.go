@@ -1,9 +1,9 @@
 // gollm's copy of the KServe v2 inference protocol over gRPC, as Triton serves it.
 //
-// Written for gollm (its OpenAI server, tests and benchmarks) from the published protocol (the KServe
-// "open inference protocol" and Triton's extensions to it): only the services and
-// messages gollm uses are declared, and of ModelConfig only the fields gollm reads
-// (protobuf skips the others). Service, method and message names and field
+// Written for gollm (its OpenAI server, tests and benchmarks) from the published
+// protocol (the KServe "open inference protocol" and Triton's extensions to it): only
+// the services and messages gollm uses are declared, and of ModelConfig only the
+// fields gollm reads (protobuf skips the others). Service, method and message names and field
 // numbers are those of the protocol, so these stubs talk to any Triton server.
 // Regenerate the Go code with gen.sh after an edit.
 
