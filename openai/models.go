@@ -1,0 +1,232 @@
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"gollm/kserve"
+	"gollm/model"
+)
+
+// modelTTL is how long a model's description is used before Triton is asked again (a
+// model may be reloaded with another configuration under explicit model control).
+const modelTTL = 5 * time.Second
+
+// modelInfo is what the frontend knows of one Triton model.
+type modelInfo struct {
+	// name is the model's name, its OpenAI id.
+	name string
+	// decoupled says the model may stream (model_transaction_policy).
+	decoupled bool
+	// inputs and outputs are the tensor names the model's configuration declares.
+	inputs, outputs map[string]bool
+	// checkpoint is the checkpoint folder, "" when the frontend cannot tell it.
+	checkpoint string
+	// chat is the chat template; nil with chatErr saying why.
+	chat *ChatTemplate
+	// chatErr is why there is no chat template.
+	chatErr error
+	// tok is the checkpoint's tokenizer (token texts for logprobs, prompt lengths);
+	// nil with tokErr saying why.
+	tok *model.Tokenizer
+	// tokErr is why there is no tokenizer.
+	tokErr error
+	// vocab is the model's vocabulary size (config.json), 0 when unknown.
+	vocab int
+	// maxSeqLen is the model's longest sequence (config.json), 0 when unknown.
+	maxSeqLen int
+	// fetched is when the description was read from Triton.
+	fetched time.Time
+	// created is when the frontend first saw the model, for /v1/models.
+	created int64
+}
+
+// checkpointFiles are what the frontend reads from one checkpoint folder, shared by the
+// models that serve it.
+type checkpointFiles struct {
+	// chat and chatErr are the chat template or why there is none.
+	chat    *ChatTemplate
+	chatErr error
+	// tok and tokErr are the tokenizer or why there is none.
+	tok    *model.Tokenizer
+	tokErr error
+	// vocab and maxSeqLen are from config.json (0 when unknown).
+	vocab, maxSeqLen int
+}
+
+// registry describes Triton's models to the handlers, caching what it read.
+type registry struct {
+	// client is Triton's gRPC client.
+	client kserve.GRPCInferenceServiceClient
+	// repository is the model repository's folder on this host ("" if not given), for
+	// checkpoints given as relative paths or left to the default.
+	repository string
+	// overrides map model names to checkpoint folders, before anything Triton says.
+	overrides map[string]string
+	// log receives diagnostics.
+	log *zap.Logger
+
+	// mu guards models and files.
+	mu sync.Mutex
+	// models are the descriptions by model name.
+	models map[string]*modelInfo
+	// files are the checkpoint folders' contents by folder.
+	files map[string]*checkpointFiles
+}
+
+// lookup returns the description of a ready model, from the cache while it is fresh.
+func (r *registry) lookup(ctx context.Context, name string) (*modelInfo, *APIError) {
+	if name == "" {
+		return nil, invalid("model", "missing \"model\": name one of GET /v1/models")
+	}
+	r.mu.Lock()
+	mi := r.models[name]
+	r.mu.Unlock()
+	if mi != nil && time.Since(mi.fetched) < modelTTL {
+		return mi, nil
+	}
+	ready, err := r.client.ModelReady(ctx, &kserve.ModelReadyRequest{Name: name})
+	if err != nil {
+		api := fromTriton("ask Triton whether the model is ready", err)
+		if api.Status == 503 || api.Status == 500 {
+			return nil, api
+		}
+		return nil, modelNotFound(name)
+	}
+	if !ready.Ready {
+		return nil, modelNotFound(name)
+	}
+	cfg, err := r.client.ModelConfig(ctx, &kserve.ModelConfigRequest{Name: name})
+	if err != nil {
+		return nil, fromTriton("read the model's configuration from Triton", err)
+	}
+	version := ""
+	idx, err := r.client.RepositoryIndex(ctx, &kserve.RepositoryIndexRequest{Ready: true})
+	if err == nil {
+		for _, m := range idx.Models {
+			if m.Name == name {
+				version = m.Version
+			}
+		}
+	}
+	next := r.describe(cfg.Config, version)
+	r.mu.Lock()
+	if mi != nil {
+		next.created = mi.created
+	}
+	r.models[name] = next
+	r.mu.Unlock()
+	return next, nil
+}
+
+// describe builds a model's description from its configuration.
+func (r *registry) describe(cfg *kserve.ModelConfig, version string) *modelInfo {
+	mi := &modelInfo{name: cfg.GetName(), inputs: map[string]bool{}, outputs: map[string]bool{},
+		fetched: time.Now(), created: time.Now().Unix()}
+	mi.decoupled = cfg.GetModelTransactionPolicy().GetDecoupled()
+	for _, in := range cfg.GetInput() {
+		mi.inputs[in.GetName()] = true
+	}
+	for _, out := range cfg.GetOutput() {
+		mi.outputs[out.GetName()] = true
+	}
+	mi.checkpoint = r.checkpointDir(mi.name, cfg.GetParameters()["gpt_model_path"].GetStringValue(), version)
+	if mi.checkpoint == "" {
+		why := fmt.Errorf("the frontend does not know where model %q's checkpoint is: give gollm-openai -model-repository (the folder tritonserver serves) or -checkpoint %s=FOLDER", mi.name, mi.name)
+		mi.chatErr, mi.tokErr = why, why
+		return mi
+	}
+	f := r.checkpointFiles(mi.checkpoint)
+	mi.chat, mi.chatErr, mi.tok, mi.tokErr, mi.vocab, mi.maxSeqLen = f.chat, f.chatErr, f.tok, f.tokErr, f.vocab, f.maxSeqLen
+	return mi
+}
+
+// checkpointDir finds a model's checkpoint folder as the backend does: gpt_model_path
+// when absolute, else relative to the model's folder in the repository, whose version
+// folder is the default. An override comes first. "" when it cannot be told.
+func (r *registry) checkpointDir(name, param, version string) string {
+	if dir, ok := r.overrides[name]; ok {
+		return dir
+	}
+	if filepath.IsAbs(param) {
+		return param
+	}
+	if r.repository == "" {
+		return ""
+	}
+	if param == "" {
+		if version == "" {
+			version = "1"
+		}
+		param = version
+	}
+	return filepath.Join(r.repository, name, param)
+}
+
+// checkpointFiles reads (once per folder) the chat template, tokenizer and sizes.
+func (r *registry) checkpointFiles(dir string) *checkpointFiles {
+	r.mu.Lock()
+	f := r.files[dir]
+	r.mu.Unlock()
+	if f != nil {
+		return f
+	}
+	f = &checkpointFiles{}
+	f.chat, f.chatErr = LoadChatTemplate(dir)
+	if f.chatErr != nil && !errors.Is(f.chatErr, ErrNoChatTemplate) {
+		r.log.Warn("chat template unreadable", zap.String("checkpoint", dir), zap.Error(f.chatErr))
+	}
+	f.tok, f.tokErr = model.LoadTokenizer(filepath.Join(dir, "tokenizer.json"))
+	if f.tokErr != nil {
+		r.log.Warn("tokenizer unreadable: no logprobs for this model", zap.String("checkpoint", dir), zap.Error(f.tokErr))
+	}
+	if raw, err := os.ReadFile(filepath.Join(dir, "config.json")); err == nil {
+		var c struct {
+			// VocabSize is the model's vocabulary size.
+			VocabSize int `json:"vocab_size"`
+			// NPositions is GPT-2's longest sequence.
+			NPositions int `json:"n_positions"`
+			// MaxPositionEmbeddings is LLaMA's longest sequence.
+			MaxPositionEmbeddings int `json:"max_position_embeddings"`
+		}
+		if json.Unmarshal(raw, &c) == nil {
+			f.vocab, f.maxSeqLen = c.VocabSize, max(c.NPositions, c.MaxPositionEmbeddings)
+		}
+	}
+	r.mu.Lock()
+	r.files[dir] = f
+	r.mu.Unlock()
+	return f
+}
+
+// list returns the ready models that take text (text_input → text_output).
+func (r *registry) list(ctx context.Context) ([]*modelInfo, *APIError) {
+	idx, err := r.client.RepositoryIndex(ctx, &kserve.RepositoryIndexRequest{Ready: true})
+	if err != nil {
+		return nil, fromTriton("list Triton's models", err)
+	}
+	var out []*modelInfo
+	seen := map[string]bool{}
+	for _, m := range idx.Models {
+		if seen[m.Name] {
+			continue
+		}
+		seen[m.Name] = true
+		mi, api := r.lookup(ctx, m.Name)
+		if api != nil {
+			continue // unloaded in between, or not ready
+		}
+		if mi.inputs[inTextInput] && mi.outputs[outTextOutput] {
+			out = append(out, mi)
+		}
+	}
+	return out, nil
+}
