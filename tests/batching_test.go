@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"gollm/tests/harness"
 	"gollm/kserve"
+	"gollm/tests/harness"
 )
 
 // The backend's Prometheus families on Triton's /metrics (gauges, labelled by model and

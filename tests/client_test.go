@@ -19,9 +19,9 @@ import (
 	"time"
 
 	"gollm/engine"
+	"gollm/kserve"
 	"gollm/model"
 	"gollm/tests/harness"
-	"gollm/kserve"
 )
 
 // Response parameters Triton uses for decoupled models.

@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"gollm/tests/harness"
 	"gollm/kserve"
+	"gollm/tests/harness"
 )
 
 // tokenPrompt is the token prompt of the token tests: "Hello, my name is" in GPT-2's
