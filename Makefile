@@ -9,6 +9,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+OPENAI_PORT ?= 9000
 
 .PHONY: all deps build demo serve test check unit clean
 
@@ -23,15 +24,15 @@ build:
 	cmake --install build --prefix build/install >/dev/null
 	@echo "backend: $(BACKENDS)/gollm/libtriton_gollm.so"
 
-demo: $(DEMO)/model.safetensors
+# A demo written before it had a tokenizer_config.json is written again (the same weights).
+demo:
+	@test -f $(DEMO)/model.safetensors -a -f $(DEMO)/tokenizer_config.json || go run ./cmd/gollm-demo -out $(DEMO)
 
-$(DEMO)/model.safetensors:
-	go run ./cmd/gollm-demo -out $(DEMO)
-
+# tritonserver and, beside it, the OpenAI-compatible server (scripts/serve.sh).
 serve: deps build demo
-	exec .deps/bin/tritonserver --model-repository=$(ROOT)/model_repository \
-	  --backend-directory=$(BACKENDS) --http-port=$(HTTP_PORT) --grpc-port=$(GRPC_PORT) \
-	  --metrics-port=$(METRICS_PORT)
+	go build -o build/gollm-openai ./cmd/gollm-openai
+	HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) \
+	  OPENAI_PORT=$(OPENAI_PORT) exec bash scripts/serve.sh
 
 check:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }

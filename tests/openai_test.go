@@ -21,19 +21,11 @@ import (
 	"gollm/tests/harness"
 )
 
-// chatTemplateConfig is the tokenizer_config.json the chat model's checkpoint gets:
-// SmolLM's published ChatML template, with GPT-2's end token as eos.
-const chatTemplateConfig = `{
-  "bos_token": "<|endoftext|>",
-  "eos_token": "<|endoftext|>",
-  "chat_template": "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-}
-`
-
 // TestOpenAI runs the official openai Python package (tests/openai/test_openai.py)
 // against gollm's OpenAI server in front of a real tritonserver serving two models: the
-// demo checkpoint as it is (no chat template) and the same weights with a chat template.
-// Then no request of the server may be left running.
+// demo checkpoint as it is (its tokenizer_config.json has a ChatML template) and the
+// same weights without a tokenizer_config.json, so without a chat template. Then no
+// request of the server may be left running.
 func TestOpenAI(t *testing.T) {
 	root, err := harness.Root()
 	if err != nil {
@@ -47,17 +39,17 @@ func TestOpenAI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The chat model's checkpoint: the demo's files, linked, and a tokenizer config.
-	chatDir := t.TempDir()
+	if _, err := os.Stat(filepath.Join(demo, "tokenizer_config.json")); err != nil {
+		t.Fatalf("the demo checkpoint has no tokenizer_config.json (run `make demo`): %v", err)
+	}
+	// The plain model's checkpoint: the demo's files, linked, but no tokenizer config.
+	plainDir := t.TempDir()
 	for _, f := range []string{"config.json", "model.safetensors", "tokenizer.json"} {
-		if err := os.Symlink(filepath.Join(demo, f), filepath.Join(chatDir, f)); err != nil {
+		if err := os.Symlink(filepath.Join(demo, f), filepath.Join(plainDir, f)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(chatDir, "tokenizer_config.json"), []byte(chatTemplateConfig), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	srv := harness.Start(t, harness.Options{Models: []harness.Model{{Name: "gpt2"}, {Name: "gpt2chat", Checkpoint: chatDir}}})
+	srv := harness.Start(t, harness.Options{Models: []harness.Model{{Name: "gpt2"}, {Name: "gpt2plain", Checkpoint: plainDir}}})
 
 	conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30)))
@@ -77,8 +69,8 @@ func TestOpenAI(t *testing.T) {
 		"PYTHONPATH="+pyDir,
 		"GOLLM_OPENAI_URL="+hs.URL+"/v1",
 		"GOLLM_METRICS_URL="+srv.MetricsURL(),
-		"GOLLM_MODEL=gpt2",
-		"GOLLM_CHAT_MODEL=gpt2chat",
+		"GOLLM_MODEL=gpt2plain",
+		"GOLLM_CHAT_MODEL=gpt2",
 	)
 	out, err := cmd.CombinedOutput()
 	t.Logf("test_openai.py:\n%s", out)

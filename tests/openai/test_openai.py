@@ -5,8 +5,8 @@ names them:
 
   GOLLM_OPENAI_URL   the server's /v1 URL
   GOLLM_METRICS_URL  tritonserver's /metrics URL
-  GOLLM_MODEL        a model without a chat template (the demo checkpoint)
-  GOLLM_CHAT_MODEL   the same weights with a chat template (tokenizer_config.json)
+  GOLLM_MODEL        a model without a chat template (the demo weights alone)
+  GOLLM_CHAT_MODEL   the demo checkpoint, with its chat template (tokenizer_config.json)
 
 The demo checkpoint's weights are random, so the tests check structure, counts and
 consistency (greedy answers repeat; a stop string cuts an answer exactly where it
