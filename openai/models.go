@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -80,23 +81,50 @@ type registry struct {
 	models map[string]*modelInfo
 	// files are the checkpoint folders' contents by folder.
 	files map[string]*checkpointFiles
+	// refreshing marks the models being refreshed in the background.
+	refreshing map[string]bool
 }
 
-// lookup returns the description of a ready model, from the cache while it is fresh.
+// lookup returns the description of a ready model. A cached one is returned at once;
+// when it is older than modelTTL it is refreshed in the background, off the request's
+// path (a model unloaded meanwhile fails in Triton with its own "unknown model" error).
 func (r *registry) lookup(ctx context.Context, name string) (*modelInfo, *APIError) {
 	if name == "" {
 		return nil, invalid("model", "missing \"model\": name one of GET /v1/models")
 	}
 	r.mu.Lock()
 	mi := r.models[name]
+	stale := mi != nil && time.Since(mi.fetched) >= modelTTL && !r.refreshing[name]
+	if stale {
+		r.refreshing[name] = true
+	}
 	r.mu.Unlock()
-	if mi != nil && time.Since(mi.fetched) < modelTTL {
+	if mi != nil {
+		if stale {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				if _, api := r.fetch(ctx, name); api != nil && api.Status == http.StatusNotFound {
+					r.mu.Lock()
+					delete(r.models, name)
+					r.mu.Unlock()
+				}
+				r.mu.Lock()
+				delete(r.refreshing, name)
+				r.mu.Unlock()
+			}()
+		}
 		return mi, nil
 	}
+	return r.fetch(ctx, name)
+}
+
+// fetch reads a model's description from Triton and caches it.
+func (r *registry) fetch(ctx context.Context, name string) (*modelInfo, *APIError) {
 	ready, err := r.client.ModelReady(ctx, &kserve.ModelReadyRequest{Name: name})
 	if err != nil {
 		api := fromTriton("ask Triton whether the model is ready", err)
-		if api.Status == 503 || api.Status == 500 {
+		if api.Status == http.StatusServiceUnavailable || api.Status == http.StatusInternalServerError {
 			return nil, api
 		}
 		return nil, modelNotFound(name)
@@ -119,8 +147,8 @@ func (r *registry) lookup(ctx context.Context, name string) (*modelInfo, *APIErr
 	}
 	next := r.describe(cfg.Config, version)
 	r.mu.Lock()
-	if mi != nil {
-		next.created = mi.created
+	if old := r.models[name]; old != nil {
+		next.created = old.created
 	}
 	r.models[name] = next
 	r.mu.Unlock()

@@ -69,7 +69,7 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{triton: cfg.Triton, log: log, mux: http.NewServeMux(),
 		models: &registry{client: cfg.Triton, repository: cfg.ModelRepository, overrides: cfg.Checkpoints, log: log,
-			models: map[string]*modelInfo{}, files: map[string]*checkpointFiles{}}}
+			models: map[string]*modelInfo{}, files: map[string]*checkpointFiles{}, refreshing: map[string]bool{}}}
 	s.mux.HandleFunc("GET /health", s.health)
 	s.mux.HandleFunc("GET /v1/models", s.listModels)
 	s.mux.HandleFunc("GET /v1/models/{model...}", s.getModel)
