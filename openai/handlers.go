@@ -192,6 +192,17 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api)
 		return
 	}
+	if req.TopLogprobs != nil {
+		k := *req.TopLogprobs
+		if k < 0 || k > maxTopLogprobs {
+			writeError(w, invalid("top_logprobs", "top_logprobs must be between 0 and %d, got %d", maxTopLogprobs, k))
+			return
+		}
+		if !req.Logprobs {
+			writeError(w, invalid("top_logprobs", "top_logprobs needs \"logprobs\": true"))
+			return
+		}
+	}
 	prompt, api := chatPrompt(mi, &req)
 	if api != nil {
 		writeError(w, api)
@@ -215,16 +226,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if req.TopLogprobs != nil {
-		k := *req.TopLogprobs
-		if k < 0 || k > maxTopLogprobs {
-			writeError(w, invalid("top_logprobs", "top_logprobs must be between 0 and %d, got %d", maxTopLogprobs, k))
-			return
-		}
-		if !req.Logprobs {
-			writeError(w, invalid("top_logprobs", "top_logprobs needs \"logprobs\": true"))
-			return
-		}
-		base.topLogprobs = k
+		base.topLogprobs = *req.TopLogprobs
 	}
 	if req.Logprobs {
 		if api := needTokenizer(mi, "logprobs"); api != nil {

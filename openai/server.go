@@ -157,7 +157,13 @@ func decodeBody(r *http.Request, v any) *APIError {
 	if err := json.Unmarshal(body, v); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
-			return invalid(te.Field, "field %q: %v", te.Field, err)
+			// Field is the path through embedded structs; the last name is the JSON's.
+			field := te.Field[strings.LastIndex(te.Field, ".")+1:]
+			return invalid(field, "field %q: %v", field, err)
+		}
+		var fe *fieldError
+		if errors.As(err, &fe) {
+			return invalid(fe.field, "%v", fe)
 		}
 		return invalid("", "the request body is not valid JSON: %v", err)
 	}

@@ -8,6 +8,17 @@ import (
 
 // The request and response bodies of the OpenAI API, the fields gollm reads or writes.
 
+// fieldError is a field's value that its own decoder refused.
+type fieldError struct {
+	// field is the request field's name.
+	field string
+	// msg says what is wrong.
+	msg string
+}
+
+// Error names the field.
+func (e *fieldError) Error() string { return fmt.Sprintf("field %q: %s", e.field, e.msg) }
+
 // StopList is "stop": one string or a list of strings.
 type StopList []string
 
@@ -20,7 +31,7 @@ func (s *StopList) UnmarshalJSON(b []byte) error {
 	}
 	var many []string
 	if err := json.Unmarshal(b, &many); err != nil {
-		return fmt.Errorf("want a string or a list of strings")
+		return &fieldError{"stop", "want a string or a list of strings"}
 	}
 	*s = many
 	return nil
@@ -104,12 +115,12 @@ func (c *MessageContent) UnmarshalJSON(b []byte) error {
 	}
 	var parts []ContentPart
 	if err := json.Unmarshal(b, &parts); err != nil {
-		return fmt.Errorf("want a string or a list of content parts")
+		return &fieldError{"messages", "a message's content must be a string or a list of content parts"}
 	}
 	var sb strings.Builder
 	for i, p := range parts {
 		if p.Type != "text" {
-			return fmt.Errorf("content part %d has type %q; this model takes only \"text\"", i, p.Type)
+			return &fieldError{"messages", fmt.Sprintf("content part %d has type %q; this model takes only \"text\"", i, p.Type)}
 		}
 		sb.WriteString(p.Text)
 	}
