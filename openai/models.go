@@ -53,11 +53,13 @@ type modelInfo struct {
 // checkpointFiles are what the frontend reads from one checkpoint folder, shared by the
 // models that serve it.
 type checkpointFiles struct {
-	// chat and chatErr are the chat template or why there is none.
-	chat    *ChatTemplate
+	// chat is the chat template, nil when there is none.
+	chat *ChatTemplate
+	// chatErr is why there is no chat template.
 	chatErr error
-	// tok and tokErr are the tokenizer or why there is none.
-	tok    *model.Tokenizer
+	// tok is the tokenizer, nil when it is unreadable.
+	tok *model.Tokenizer
+	// tokErr is why there is no tokenizer.
 	tokErr error
 	// vocab and maxSeqLen are from config.json (0 when unknown).
 	vocab, maxSeqLen int

@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -276,49 +277,73 @@ func choiceParams(base *genParams, i int, id string, n int) *genParams {
 	return &p
 }
 
-// generation runs n choices and delivers their pieces on one channel.
+// generation runs the n choices of a request and hands their pieces to the handler.
+// One choice runs in the handler's own goroutine (no hand-off per token: a frontend on a
+// busy machine pays for every goroutine wake-up); several run one goroutine each and
+// meet on a channel.
 type generation struct {
-	// pieces carry every choice's pieces; closed when all choices ended.
-	pieces chan piece
-	// cancel stops every choice.
+	// ctx is the request's context; cancel ends every choice.
+	ctx    context.Context
 	cancel context.CancelFunc
-	// done is closed when every choice's goroutine has returned.
-	done chan struct{}
+	// runners are the choices.
+	runners []*choiceRunner
 }
 
-// start runs the n choices of base on mi, each as its own Triton request.
+// start prepares the n choices of base on mi, each its own Triton request; each runs them.
 func (s *Server) start(ctx context.Context, mi *modelInfo, base *genParams, n int, id string) *generation {
 	ctx, cancel := context.WithCancel(ctx)
-	g := &generation{pieces: make(chan piece, 16*n), cancel: cancel, done: make(chan struct{})}
-	var wg sync.WaitGroup
+	g := &generation{ctx: ctx, cancel: cancel}
 	for i := range n {
+		g.runners = append(g.runners, &choiceRunner{client: s.triton, mi: mi, p: choiceParams(base, i, id, n), index: i, log: s.log})
+	}
+	return g
+}
+
+// each runs the choices and calls f with every piece (a choice's pieces in order) until
+// all choices ended or f returns false; then every choice still running is cancelled,
+// and each returns once all of them have.
+func (g *generation) each(f func(piece) bool) {
+	defer g.cancel()
+	if len(g.runners) == 1 {
+		stopped := false
+		c := g.runners[0]
+		c.emit = func(pc piece) {
+			if !stopped && !f(pc) {
+				stopped = true
+				g.cancel()
+			}
+		}
+		c.run(g.ctx)
+		return
+	}
+	pieces := make(chan piece, 16*len(g.runners))
+	var wg sync.WaitGroup
+	for _, c := range g.runners {
+		c.emit = func(pc piece) {
+			select {
+			case pieces <- pc:
+			case <-g.ctx.Done():
+			}
+		}
 		wg.Add(1)
-		c := &choiceRunner{client: s.triton, mi: mi, p: choiceParams(base, i, id, n), index: i, log: s.log,
-			emit: func(pc piece) {
-				select {
-				case g.pieces <- pc:
-				case <-ctx.Done():
-				}
-			}}
 		go func() {
 			defer wg.Done()
-			c.run(ctx)
+			c.run(g.ctx)
 		}()
 	}
 	go func() {
 		wg.Wait()
-		close(g.pieces)
-		close(g.done)
+		close(pieces)
 	}()
-	return g
-}
-
-// stop cancels the choices still running and waits for their goroutines.
-func (g *generation) stop() {
-	g.cancel()
-	for range g.pieces {
+	for pc := range pieces {
+		if !f(pc) {
+			g.cancel()
+			break
+		}
 	}
-	<-g.done
+	for range pieces {
+		// Drain until every choice's goroutine has returned.
+	}
 }
 
 // choiceResult is one choice, collected.
@@ -335,11 +360,12 @@ type choiceResult struct {
 
 // collect reads every piece of g into n results, or returns the first error.
 func collect(g *generation, n int) ([]choiceResult, *APIError) {
-	defer g.stop()
 	res := make([]choiceResult, n)
-	for pc := range g.pieces {
+	var fail *APIError
+	g.each(func(pc piece) bool {
 		if pc.err != nil {
-			return nil, pc.err
+			fail = pc.err
+			return false
 		}
 		c := &res[pc.index]
 		c.text.WriteString(pc.text)
@@ -347,6 +373,10 @@ func collect(g *generation, n int) ([]choiceResult, *APIError) {
 		if pc.finish != "" {
 			c.finish, c.prompt, c.completion = pc.finish, pc.promptTokens, pc.completionTokens
 		}
+		return true
+	})
+	if fail != nil {
+		return nil, fail
 	}
 	return res, nil
 }
@@ -372,6 +402,8 @@ type sseWriter struct {
 	flush func()
 	// started says the headers went out.
 	started bool
+	// buf holds one event while it is built, reused.
+	buf bytes.Buffer
 }
 
 // start sends the headers of an event stream.
@@ -386,11 +418,14 @@ func (e *sseWriter) start(id string) {
 
 // event writes one data event holding v as JSON.
 func (e *sseWriter) event(v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
+	e.buf.Reset()
+	e.buf.WriteString("data: ")
+	// Encode adds a newline; one more ends the event.
+	if err := json.NewEncoder(&e.buf).Encode(v); err != nil {
 		return err
 	}
-	if _, err := fmt.Fprintf(e.w, "data: %s\n\n", b); err != nil {
+	e.buf.WriteByte('\n')
+	if _, err := e.w.Write(e.buf.Bytes()); err != nil {
 		return err
 	}
 	e.flush()
@@ -417,18 +452,19 @@ func newSSE(w http.ResponseWriter) *sseWriter {
 // backend refuses at once gets a plain error response with its status.
 func streamPieces(w http.ResponseWriter, g *generation, id string, n int, includeUsage bool,
 	chunk func(pc piece) any, usageChunk func(u *Usage) any) {
-	defer g.stop()
 	sse := newSSE(w)
 	res := make([]choiceResult, n)
-	for pc := range g.pieces {
+	failed, gone := false, false
+	g.each(func(pc piece) bool {
 		if pc.err != nil {
+			failed = true
 			if !sse.started {
 				writeError(w, pc.err)
-				return
+				return false
 			}
 			// Too late for a status: the error goes as an event, as OpenAI does.
 			_ = sse.event(errorBody{Error: errorJSON{Message: pc.err.Message, Type: pc.err.Type}})
-			return
+			return false
 		}
 		if !sse.started {
 			sse.start(id)
@@ -436,9 +472,12 @@ func streamPieces(w http.ResponseWriter, g *generation, id string, n int, includ
 		if pc.finish != "" {
 			res[pc.index].prompt, res[pc.index].completion = pc.promptTokens, pc.completionTokens
 		}
-		if err := sse.event(chunk(pc)); err != nil {
-			return // the client went away; stop cancels the requests
-		}
+		// A failed write means the client went away: stop, which cancels the requests.
+		gone = sse.event(chunk(pc)) != nil
+		return !gone
+	})
+	if failed || gone {
+		return
 	}
 	if !sse.started {
 		sse.start(id)

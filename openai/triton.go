@@ -57,9 +57,9 @@ type genParams struct {
 	bias []float32
 	// stop are the stop strings.
 	stop []string
-	// logprobs asks for the chosen tokens' log-probabilities; topLogprobs for this many
-	// alternatives too.
-	logprobs    bool
+	// logprobs asks for the chosen tokens' log-probabilities.
+	logprobs bool
+	// topLogprobs asks for this many alternatives per token too.
 	topLogprobs int
 	// requestID is the Triton request id.
 	requestID string
@@ -108,9 +108,10 @@ type piece struct {
 
 // tensor is one input with its raw little-endian contents.
 type tensor struct {
-	// name, datatype and shape describe it.
+	// name and datatype are the input's name and type.
 	name, datatype string
-	shape          []int64
+	// shape is its shape, batch dimension first.
+	shape []int64
 	// raw is its contents.
 	raw []byte
 }
@@ -317,6 +318,8 @@ func (c *choiceRunner) run(ctx context.Context) {
 		idsSeen    int
 		first      = true
 		lastFinish string
+		// failure is the error response, reported once the stream has ended.
+		failure *APIError
 	)
 	emit := func(pc piece) {
 		pc.index, pc.first = c.index, first
@@ -354,7 +357,10 @@ func (c *choiceRunner) run(ctx context.Context) {
 				c.log.Debug("request cancelled", zap.String("request_id", c.p.requestID))
 				return
 			case errors.Is(err, io.EOF):
-				if lastFinish == "" {
+				switch {
+				case failure != nil:
+					emit(piece{err: failure})
+				case lastFinish == "":
 					emit(piece{err: &APIError{Status: http.StatusBadGateway, Type: "server_error", Message: "Triton closed the stream before the request's final response"}})
 				}
 				return
@@ -370,9 +376,11 @@ func (c *choiceRunner) run(ctx context.Context) {
 			continue // read the stream to its end after the final response
 		}
 		if m := msg.GetErrorMessage(); m != "" {
-			emit(piece{err: tritonRequestError(m, first)})
-			cancel()
-			return
+			// An error is the request's final response: read the stream to its end
+			// rather than cancel it (tritonserver 2.51 keeps a model busy when a stream
+			// is cancelled after its final response), then report it.
+			failure, lastFinish = tritonRequestError(m, first), "error"
+			continue
 		}
 		r, err := decodeResponse(msg.GetInferResponse())
 		if err != nil {
@@ -414,7 +422,10 @@ func (c *choiceRunner) run(ctx context.Context) {
 				emit(pc)
 			}
 			finish("stop")
-			cancel() // the request may still be generating: stop it in Triton
+			if r.final {
+				continue // over anyway: read the stream to its end
+			}
+			cancel() // the request is still generating: stop it in Triton
 			return
 		}
 		if r.final {

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -69,7 +70,21 @@ func run() error {
 	repo := flag.String("model-repository", "", "the model repository tritonserver serves (on this host), where checkpoints given by relative or default paths are found")
 	flag.Var(checkpoints, "checkpoint", "MODEL=FOLDER: the checkpoint folder of a model, overriding its gpt_model_path (repeatable)")
 	verbose := flag.Bool("v", false, "log every request")
+	cpuProfile := flag.String("cpuprofile", "", "write a Go CPU profile of the whole run to this file (read it with go tool pprof)")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			_ = f.Close()
+		}()
+	}
 
 	zcfg := zap.NewProductionConfig()
 	if *verbose {
@@ -86,8 +101,11 @@ func run() error {
 		}
 	}
 
+	// Static, large flow-control windows: gRPC then skips its bandwidth-delay pings,
+	// which a stream of one small response per token would otherwise keep sending.
 	conn, err := grpc.NewClient(*triton, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30)),
+		grpc.WithInitialWindowSize(64<<20), grpc.WithInitialConnWindowSize(256<<20))
 	if err != nil {
 		return fmt.Errorf("dial Triton at %s: %w", *triton, err)
 	}
