@@ -169,6 +169,58 @@ class Completions(unittest.TestCase):
         self.assertEqual(r.choices[0].text, "The" * 4)  # token 464 is "The"
         self.assertGreater(lp.choices[0].logprobs.token_logprobs[0], -0.01)
 
+    def test_finish_reason_stop_at_the_end_token(self):
+        # The end token (50256) biased up: the model ends at once, which is "stop" with
+        # nothing generated, not "length".
+        for stream in (False, True):
+            if stream:
+                chunks = list(client.completions.create(model=MODEL, prompt="Hello", max_tokens=5, temperature=0,
+                                                        logit_bias={"50256": 100}, stream=True,
+                                                        stream_options={"include_usage": True}))
+                reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+                self.assertEqual(reasons, ["stop"])
+                self.assertEqual("".join(c.choices[0].text for c in chunks if c.choices), "")
+                self.assertEqual(chunks[-1].usage.completion_tokens, 0)
+            else:
+                r = client.completions.create(model=MODEL, prompt="Hello", max_tokens=5, temperature=0,
+                                              logit_bias={"50256": 100})
+                self.assertEqual(r.choices[0].finish_reason, "stop")
+                self.assertEqual(r.choices[0].text, "")
+                self.assertEqual(r.usage.completion_tokens, 0)
+
+    def test_penalties(self):
+        # Greedy decoding on the random demo weights repeats tokens; a presence or
+        # frequency penalty of 2 must change the answer and repeat fewer of them.
+        def tokens(**kw):
+            r = client.completions.create(model=MODEL, prompt="Hello", max_tokens=24, temperature=0, logprobs=0, **kw)
+            self.assertEqual(r.choices[0].finish_reason, "length")
+            return r.choices[0].logprobs.tokens
+
+        def repeats(toks):
+            return len(toks) - len(set(toks))
+
+        plain = tokens()
+        self.assertGreater(repeats(plain), 0, plain)
+        for kw in (dict(presence_penalty=2), dict(frequency_penalty=2)):
+            got = tokens(**kw)
+            self.assertNotEqual(got, plain, kw)
+            self.assertLess(repeats(got), repeats(plain), (kw, got))
+        # A negative penalty favours what was seen: never fewer repeats than none.
+        self.assertGreaterEqual(repeats(tokens(frequency_penalty=-2)), repeats(plain))
+
+    def test_top_p(self):
+        greedy = client.completions.create(model=MODEL, prompt="Hello", max_tokens=8, temperature=0)
+        # top_p 0 keeps the most likely token alone: greedy, whatever the temperature.
+        r = client.completions.create(model=MODEL, prompt="Hello", max_tokens=8, temperature=1.5, top_p=0, seed=5)
+        self.assertEqual(r.choices[0].text, greedy.choices[0].text)
+        # A small nucleus at temperature 1 with a seed repeats itself and differs from
+        # the unrestricted draw of the same seed (the random weights' distribution is flat).
+        a = client.completions.create(model=MODEL, prompt="Hello", max_tokens=8, temperature=1, top_p=0.05, seed=5)
+        b = client.completions.create(model=MODEL, prompt="Hello", max_tokens=8, temperature=1, top_p=0.05, seed=5)
+        full = client.completions.create(model=MODEL, prompt="Hello", max_tokens=8, temperature=1, seed=5)
+        self.assertEqual(a.choices[0].text, b.choices[0].text)
+        self.assertNotEqual(a.choices[0].text, full.choices[0].text)
+
     def test_request_id_passed_through(self):
         status, body, headers = post("/completions", json.dumps(
             {"model": MODEL, "prompt": "x", "max_tokens": 1}).encode(), {"X-Request-Id": "my-req-17"})
