@@ -64,6 +64,19 @@ for c in $CONCURRENCY; do
   done
 done
 
+# The same comparison without aiperf's own load on the machine, and with the CPU time
+# each server spends per token: abload sends the same greedy requests to Triton over
+# gRPC (as gollm-openai does) and to gollm-openai, in alternating phases.
+go build -o build/abload ./bench/openai/abload
+api_pid=$(pgrep -f "build/gollm-openai -triton 127.0.0.1:$GRPC_PORT")
+triton_pid=$(pgrep -f "tritonserver .*--grpc-port=$GRPC_PORT")
+for c in $CONCURRENCY; do
+  echo "bench: abload, concurrency $c"
+  build/abload -triton "127.0.0.1:$GRPC_PORT" -openai "http://127.0.0.1:$OPENAI_PORT" -concurrency "$c" \
+    -requests $((16 * c)) -rounds $((2 * ROUNDS + 2)) -max-tokens "$OSL" \
+    -openai-pid "$api_pid" -triton-pid "$triton_pid" >>"$out/abload.jsonl" 2>>"$out/abload.log"
+done
+
 python3 bench/openai/summarize.py "$out" "$(git rev-parse --short HEAD)" "$ISL" "$OSL" \
   >"bench/results/$(date -u +%F)-openai-cpu.jsonl"
 echo "bench: wrote bench/results/$(date -u +%F)-openai-cpu.jsonl"

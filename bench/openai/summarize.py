@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Turns bench/openai/run.sh's aiperf exports into BENCH.md's JSON lines (stdout) and a
-table (stderr): per implementation and concurrency, the median over rounds of aiperf's
-per-run TTFT (p50 and p99), ITL (p50 and p99) and output throughput, then the OpenAI
-frontend's overhead against Triton directly.
+"""Turns bench/openai/run.sh's aiperf exports and abload lines into BENCH.md's JSON lines
+(stdout) and a table (stderr): per implementation and concurrency, the median over
+rounds of aiperf's per-run TTFT (p50 and p99), ITL (p50 and p99) and output throughput,
+then the OpenAI frontend's overhead against Triton directly; then abload's A/B figures
+(Triton over gRPC against gollm-openai) with each server's CPU time per token.
 
 usage: summarize.py ARTIFACT_DIR COMMIT ISL OSL
 """
@@ -59,6 +60,29 @@ def main():
             print(json.dumps({**base, "workload": f"aiperf_c{c}_i{isl}_o{osl}", "impl": "gollm-openai-overhead",
                               "metric": metric, "value": round(v, 3)}))
         print(f"c={c}: the OpenAI frontend adds {added:+.2f} ms to the median TTFT and costs {loss:+.1f}% of throughput", file=sys.stderr)
+    ab = art / "abload.jsonl"
+    if not ab.exists():
+        return
+    for line in ab.read_text().splitlines():
+        d = json.loads(line)
+        wl = f"abload_c{d['concurrency']}_w{d['prompt_words']}_o{d['max_tokens']}"
+        rows = [("gollm-triton-grpc", k, d[f"triton-grpc.{k}"]) for k in ("ttft_ms", "ttft_ms_p99", "itl_ms", "itl_ms_p99", "tokens_per_s")]
+        rows += [("gollm-openai", k, d[f"openai.{k}"]) for k in ("ttft_ms", "ttft_ms_p99", "itl_ms", "itl_ms_p99", "tokens_per_s")]
+        rows += [("gollm-openai-overhead", k, d[k]) for k in ("ttft_ms_added", "itl_ms_added", "tokens_per_s_loss_pct")]
+        # CPU time per token generated: the frontend's own, and tritonserver's on each path.
+        if "openai.openai_cpu_us_per_token" in d:
+            rows.append(("gollm-openai", "frontend_cpu_us_per_token", d["openai.openai_cpu_us_per_token"]))
+        for path, impl in (("triton-grpc", "gollm-triton-grpc"), ("openai", "gollm-openai")):
+            if f"{path}.triton_cpu_us_per_token" in d:
+                rows.append((impl, "tritonserver_cpu_us_per_token", d[f"{path}.triton_cpu_us_per_token"]))
+        for impl, metric, v in rows:
+            print(json.dumps({**base, "workload": wl, "impl": impl, "metric": metric, "value": round(v, 3), "rounds": d["rounds"]}))
+        print(f"abload c={d['concurrency']} ({d['rounds']} rounds of {d['requests']}): TTFT p50 {d['triton-grpc.ttft_ms']:.2f} -> {d['openai.ttft_ms']:.2f} ms "
+              f"({d['ttft_ms_added']:+.2f}), ITL p50 {d['triton-grpc.itl_ms']:.2f} -> {d['openai.itl_ms']:.2f} ms, "
+              f"{d['triton-grpc.tokens_per_s']:.0f} -> {d['openai.tokens_per_s']:.0f} tok/s ({d['tokens_per_s_loss_pct']:+.1f}% lost); "
+              f"CPU per token: gollm-openai {d.get('openai.openai_cpu_us_per_token', float('nan')):.0f} us, "
+              f"tritonserver {d.get('triton-grpc.triton_cpu_us_per_token', float('nan')):.0f} us direct, "
+              f"{d.get('openai.triton_cpu_us_per_token', float('nan')):.0f} us behind gollm-openai", file=sys.stderr)
 
 
 if __name__ == "__main__":
