@@ -10,8 +10,18 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 OPENAI_PORT ?= 9000
+# gollm ends its requests in flight at once when the server stops (shutdown_grace_secs
+# 0), so a short exit timeout costs nothing; it bounds the wait for a model that
+# tritonserver 2.51's gRPC frontend keeps alive after a cancelled stream (README, Known
+# limits), which would otherwise hold every exit for 30 s.
+EXIT_TIMEOUT ?= 5
 
-.PHONY: all deps build demo serve test check unit clean
+# FUZZ lists the fuzz targets (package:Target) that `make fuzz` runs for FUZZTIME each,
+# from their seed corpora (and the inputs go test keeps in its cache between runs).
+FUZZ := ./model:FuzzOpen ./backend:FuzzParseRequest ./backend:FuzzWordList ./backend:FuzzStopStrings
+FUZZTIME ?= 20s
+
+.PHONY: all deps build demo serve test check unit fuzz clean
 
 all: build
 
@@ -32,7 +42,7 @@ demo:
 serve: deps build demo
 	go build -o build/gollm-openai ./cmd/gollm-openai
 	HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) \
-	  OPENAI_PORT=$(OPENAI_PORT) exec bash scripts/serve.sh
+	  OPENAI_PORT=$(OPENAI_PORT) EXIT_TIMEOUT=$(EXIT_TIMEOUT) exec bash scripts/serve.sh
 
 check:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
@@ -42,8 +52,15 @@ check:
 unit:
 	go test -race -count=1 $$(go list ./... | grep -v /tests)
 
+fuzz:
+	@for t in $(FUZZ); do pkg=$${t%%:*}; name=$${t##*:}; \
+	  echo "fuzz $$name ($$pkg, $(FUZZTIME))"; \
+	  go test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) -fuzzminimizetime=50x $$pkg || exit 1; \
+	done
+
 test: deps build demo check
 	go test -count=1 -timeout 45m ./...
+	$(MAKE) --no-print-directory fuzz
 
 clean:
 	rm -rf build

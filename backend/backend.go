@@ -63,6 +63,10 @@ func initialize(b triton.Backend) error {
 	families = fams
 	stateMu.Unlock()
 	startCPUProfile(log)
+	configureMemory(log)
+	// A process that exits with instances loaded (tritonserver's exit timeout expired)
+	// ends without running destructors under the backend's goroutines (shutdown.go).
+	triton.GuardExit()
 	log.Info("backend initialized", zap.String("backend", name),
 		zap.String("api", fmt.Sprintf("backend %d.%d, server %d.%d", triton.BackendAPIMajor, triton.BackendAPIMinor, triton.ServerAPIMajor, triton.ServerAPIMinor)))
 	return nil
@@ -101,10 +105,13 @@ func modelInitialize(m triton.Model) error {
 		return errNotInitialized
 	}
 	ms, err := loadModel(m, log)
-	if err != nil {
-		return err
+	if err == nil {
+		err = m.SetState(ms)
 	}
-	return m.SetState(ms)
+	if err != nil {
+		releaseMemory(log, "a failed model load")
+	}
+	return err
 }
 
 // modelFinalize is TRITONBACKEND_ModelFinalize.
@@ -112,8 +119,11 @@ func modelFinalize(m triton.Model) error {
 	ms, _ := m.State().(*modelState)
 	m.ClearState()
 	if ms != nil {
-		ms.releaseGPU()
-		ms.log.Info("model unloaded")
+		log := ms.log
+		ms.weights.Release()
+		log.Info("model unloaded")
+		// ms is dead from here (nothing references it), so this returns its memory.
+		releaseMemory(log, "the model's unload")
 	}
 	return nil
 }
@@ -130,14 +140,19 @@ func instanceInitialize(ti triton.ModelInstance) error {
 		return errors.New("gollm: instance of a model without state")
 	}
 	in, err := newInstance(ms, ti)
+	if err == nil {
+		if err = ti.SetState(in); err != nil {
+			_ = in.close()
+		}
+	}
+	if err == nil {
+		triton.InstanceLoaded()
+	}
 	if err != nil {
-		return err
+		// What the instance built is garbage now; the model's share goes at its unload.
+		releaseMemory(ms.log, "a failed instance load")
 	}
-	if err := ti.SetState(in); err != nil {
-		_ = in.close()
-		return err
-	}
-	return nil
+	return err
 }
 
 // instanceFinalize is TRITONBACKEND_ModelInstanceFinalize: every request still queued
@@ -149,6 +164,7 @@ func instanceFinalize(ti triton.ModelInstance) error {
 		return nil
 	}
 	err := in.close()
+	triton.InstanceUnloaded()
 	in.log.Info("instance finalized")
 	return err
 }

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"gollm/batchmanager"
 )
@@ -26,7 +27,7 @@ type modelConfig struct {
 	ModelType batchmanager.ModelType
 	// Policy is batch_scheduler_policy.
 	Policy batchmanager.SchedulerPolicy
-	// MaxBeamWidth is max_beam_width (only 1 is supported).
+	// MaxBeamWidth is max_beam_width: the widest beam search a request may ask for.
 	MaxBeamWidth int
 	// MaxTokensInPagedKVCache is max_tokens_in_paged_kv_cache, the CPU KV pool size in
 	// tokens; 0 means max_batch_size × the model's maximum sequence length.
@@ -50,6 +51,13 @@ type modelConfig struct {
 	// ResponseSenders is response_senders: the goroutines per instance that send
 	// responses to Triton (each request's in order).
 	ResponseSenders int
+	// MaxSeqLen is max_seq_len: the longest sequence (prompt and output) served; 0 means
+	// the model's maximum positions, at most defaultMaxSeqLen.
+	MaxSeqLen int
+	// ShutdownGrace is shutdown_grace_secs: how long the requests in flight may go on
+	// once the server is shutting down or the model unloading, before they end with an
+	// error; 0 ends them at once.
+	ShutdownGrace time.Duration
 	// Warnings are things to log that do not stop the load (unknown parameters).
 	Warnings []string
 }
@@ -61,6 +69,10 @@ const (
 	// defaultResponseSenders keeps up with 64 streams at about 1 ms per iteration on an
 	// H100 host (bench/results): Triton spends ~10-20 µs in each ResponseSend.
 	defaultResponseSenders = 4
+	// defaultMaxSeqLen caps the longest sequence of a model whose context is longer, so
+	// that a default KV pool and the GPU's decode attention stay modest; max_seq_len raises
+	// it (the GPU engine serves up to 32768).
+	defaultMaxSeqLen = 8192
 )
 
 // tritonConfig is the part of Triton's JSON model configuration gollm reads.
@@ -105,9 +117,6 @@ var params = []paramSpec{
 	{"max_beam_width", func(c *modelConfig, v string) (err error) {
 		if c.MaxBeamWidth, err = intAtLeast(v, 1); err != nil {
 			return err
-		}
-		if c.MaxBeamWidth > 1 {
-			return fmt.Errorf("%d: beam search is not supported yet; use 1", c.MaxBeamWidth)
 		}
 		return nil
 	}},
@@ -154,6 +163,10 @@ var params = []paramSpec{
 		}
 		return nil
 	}},
+	{"max_seq_len", func(c *modelConfig, v string) (err error) {
+		c.MaxSeqLen, err = intAtLeast(v, 2)
+		return err
+	}},
 	{"response_senders", func(c *modelConfig, v string) (err error) {
 		if c.ResponseSenders, err = intAtLeast(v, 1); err != nil {
 			return err
@@ -163,7 +176,19 @@ var params = []paramSpec{
 		}
 		return nil
 	}},
+	{"shutdown_grace_secs", func(c *modelConfig, v string) error {
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil || math.IsNaN(f) || f < 0 || f > maxShutdownGrace.Seconds() {
+			return fmt.Errorf("%q: want seconds s with 0 ≤ s ≤ %g (keep it below tritonserver's --exit-timeout-secs)", v, maxShutdownGrace.Seconds())
+		}
+		c.ShutdownGrace = time.Duration(f * float64(time.Second))
+		return nil
+	}},
 }
+
+// maxShutdownGrace bounds shutdown_grace_secs: an hour is longer than any exit timeout
+// worth having.
+const maxShutdownGrace = time.Hour
 
 // maxResponseSenders bounds response_senders (more goroutines than streams gain nothing).
 const maxResponseSenders = 256

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"gollm/batchmanager"
 )
@@ -66,6 +67,7 @@ func TestParseModelConfigValues(t *testing.T) {
 		"max_num_tokens":                 "512",
 		"exclude_input_in_output":        "TRUE",
 		"response_senders":               "2",
+		"shutdown_grace_secs":            "2.5",
 		"data_type":                      "BF16",
 		"max_queue_delay_microseconds":   "100",
 		"max_attention_window_size":      "${max_attention_window_size}", // unknown and unfilled
@@ -87,6 +89,7 @@ func TestParseModelConfigValues(t *testing.T) {
 		{"max_num_tokens", c.MaxNumTokens, 512},
 		{"exclude_input_in_output", c.ExcludeInputInOutput, true},
 		{"response_senders", c.ResponseSenders, 2},
+		{"shutdown_grace_secs", c.ShutdownGrace, 2500 * time.Millisecond},
 		{"data_type", c.DataType, "bfloat16"},
 		{"max_batch_size", c.MaxBatchSize, 8},
 		{"decoupled", c.Decoupled, false},
@@ -120,8 +123,6 @@ func TestParseModelConfigErrors(t *testing.T) {
 			`parameter "gpt_model_type": "inflight" is not one of V1, inflight_batching, inflight_fused_batching`},
 		{"an unknown policy names the allowed ones", 8, map[string]string{"batch_scheduler_policy": "greedy"},
 			`parameter "batch_scheduler_policy": "greedy" is not one of max_utilization, guaranteed_no_evict, static_batch`},
-		{"beam search is refused", 8, map[string]string{"max_beam_width": "4"},
-			`parameter "max_beam_width": 4: beam search is not supported yet`},
 		{"a zero beam width is refused", 8, map[string]string{"max_beam_width": "0"},
 			`parameter "max_beam_width": 0: want an integer ≥ 1`},
 		{"a fraction above 1 is refused", 8, map[string]string{"kv_cache_free_gpu_mem_fraction": "1.5"},
@@ -142,6 +143,10 @@ func TestParseModelConfigErrors(t *testing.T) {
 			`parameter "response_senders": 0: want an integer ≥ 1`},
 		{"too many response senders are refused", 8, map[string]string{"response_senders": "1000"},
 			`parameter "response_senders": 1000: want at most 256`},
+		{"a negative shutdown grace is refused", 8, map[string]string{"shutdown_grace_secs": "-1"},
+			`parameter "shutdown_grace_secs": "-1": want seconds s with 0 ≤ s ≤ 3600`},
+		{"a shutdown grace that is not a number is refused", 8, map[string]string{"shutdown_grace_secs": "soon"},
+			`parameter "shutdown_grace_secs": "soon": want seconds`},
 		{"an unknown data type is refused", 8, map[string]string{"data_type": "fp8"},
 			`parameter "data_type": "fp8": want fp16 or bf16 (float16, bfloat16)`},
 		{"max_batch_size 0 is refused", 0, nil, `max_batch_size is 0: it must be at least 1`},

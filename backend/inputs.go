@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"unicode/utf8"
 
 	"gollm/batchmanager"
 	"gollm/bridge/triton"
+	"gollm/model"
 )
 
 // The input and output tensor names (TensorRT-LLM's, plus the text ones of Triton's
@@ -38,6 +40,22 @@ const (
 	inReturnCtxLogits   = "return_context_logits"
 	inReturnGenLogits   = "return_generation_logits"
 	inStop              = "stop"
+	inExcludeInput      = "exclude_input_in_output"
+	inNumReturnSeqs     = "num_return_sequences"
+	inLenPenalty        = "len_penalty"
+	inLengthPenalty     = "length_penalty"
+	inEarlyStopping     = "early_stopping"
+	inDiversityRate     = "beam_search_diversity_rate"
+	inTopPDecay         = "runtime_top_p_decay"
+	inTopPMin           = "runtime_top_p_min"
+	inTopPResetIDs      = "runtime_top_p_reset_ids"
+	inTopKAlias         = "top_k"
+	inTopPAlias         = "top_p"
+	inReturnPerf        = "return_perf_metrics"
+	inStopText          = "stop_words"
+	inBadText           = "bad_words"
+	inBiasWords         = "embedding_bias_words"
+	inBiasWeights       = "embedding_bias_weights"
 	inReturnNumInput    = "return_num_input_tokens"
 	inReturnNumOutput   = "return_num_output_tokens"
 
@@ -48,8 +66,21 @@ const (
 	outContextLogits  = "context_logits"
 	outGenLogits      = "generation_logits"
 	outTextOutput     = "text_output"
-	outNumInput       = "num_input_tokens"
-	outNumOutput      = "num_output_tokens"
+	outSequenceIndex  = "sequence_index"
+	outBatchIndex     = "batch_index"
+
+	outKVAllocNewBlocks         = "kv_cache_alloc_new_blocks"
+	outKVReusedBlocks           = "kv_cache_reused_blocks"
+	outKVAllocTotalBlocks       = "kv_cache_alloc_total_blocks"
+	outArrivalTime              = "arrival_time_ns"
+	outFirstScheduledTime       = "first_scheduled_time_ns"
+	outFirstTokenTime           = "first_token_time_ns"
+	outLastTokenTime            = "last_token_time_ns"
+	outAcceptanceRate           = "acceptance_rate"
+	outTotalAcceptedDraftTokens = "total_accepted_draft_tokens"
+	outTotalDraftTokens         = "total_draft_tokens"
+	outNumInput                 = "num_input_tokens"
+	outNumOutput                = "num_output_tokens"
 )
 
 // knownInputs are the inputs parseRequest reads; any other is refused (Triton checks
@@ -61,7 +92,11 @@ var knownInputs = map[string]bool{
 	inRepetitionPenalty: true, inPresencePenalty: true, inFrequencyPenalty: true,
 	inMinLength: true, inStopWords: true, inBadWords: true, inEmbeddingBias: true,
 	inBeamWidth: true, inReturnLogProbs: true, inReturnCtxLogits: true,
-	inReturnGenLogits: true, inStop: true, inReturnNumInput: true, inReturnNumOutput: true,
+	inReturnGenLogits: true, inStop: true, inExcludeInput: true, inNumReturnSeqs: true,
+	inLenPenalty: true, inLengthPenalty: true, inEarlyStopping: true, inDiversityRate: true,
+	inTopPDecay: true, inTopPMin: true, inTopPResetIDs: true, inTopKAlias: true, inTopPAlias: true,
+	inReturnPerf: true, inStopText: true, inBadText: true, inBiasWords: true, inBiasWeights: true,
+	inReturnNumInput: true, inReturnNumOutput: true,
 }
 
 // encoder turns text into token ids (the checkpoint's tokenizer).
@@ -70,18 +105,32 @@ type encoder interface {
 	Encode(text string) []int32
 }
 
+// maxTextWords bounds the strings of stop_words, bad_words and embedding_bias_words,
+// and maxTextWordBytes each one's length: the stop strings are searched in the text
+// after every token.
+const (
+	maxTextWords     = 256
+	maxTextWordBytes = 1024
+)
+
 // limits are what a request is checked against.
 type limits struct {
 	// VocabSize bounds token ids: [0, VocabSize).
 	VocabSize int
 	// MaxSeqLen bounds prompt plus output length.
 	MaxSeqLen int
-	// EndID is the checkpoint's end token, the default end_id; -1 for none.
-	EndID int32
+	// EndIDs are the checkpoint's end tokens (generation_config.json's, else config.json's),
+	// the default when a request gives no end_id; empty for none.
+	EndIDs []int32
+	// Gen holds generation_config.json's sampling defaults.
+	Gen model.Generation
 	// Decoupled says streaming is possible.
 	Decoupled bool
-	// ExcludeInputInOutput is the model's exclude_input_in_output.
+	// ExcludeInputInOutput is the model's exclude_input_in_output (the default of the
+	// input of that name).
 	ExcludeInputInOutput bool
+	// MaxBeamWidth is the model's max_beam_width.
+	MaxBeamWidth int
 	// Tokenizer encodes text_input; nil when the checkpoint has no tokenizer.json.
 	Tokenizer encoder
 }
@@ -99,6 +148,10 @@ type parsedRequest struct {
 	// Stop says the request asks to stop the in-flight requests with its request id
 	// rather than to generate.
 	Stop bool
+	// StopStrings are the stop_words strings, matched on the generated text.
+	StopStrings []string
+	// Perf says the request asked for the perf metrics outputs.
+	Perf bool
 	// Counts are the token counts the request asks for; nil for none.
 	Counts *tokenCounts
 }
@@ -219,12 +272,24 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 		}
 	}
 
-	// End and pad tokens.
-	r.EndID, r.PadID = lim.EndID, lim.EndID
-	if r.EndID, err = in.tokenID(inEndID, r.EndID, lim.VocabSize); err != nil {
-		return nil, err
+	// End and pad tokens: end_id names one end token (or, -1, none) instead of the
+	// checkpoint's; pad_id defaults to the first end token.
+	r.EndIDs = lim.EndIDs
+	if in[inEndID] != nil {
+		id, err := in.tokenID(inEndID, -1, lim.VocabSize)
+		if err != nil {
+			return nil, err
+		}
+		r.EndIDs = nil
+		if id >= 0 {
+			r.EndIDs = []int32{id}
+		}
 	}
-	if r.PadID, err = in.tokenID(inPadID, r.EndID, lim.VocabSize); err != nil {
+	pad := int32(-1)
+	if len(r.EndIDs) > 0 {
+		pad = r.EndIDs[0]
+	}
+	if r.PadID, err = in.tokenID(inPadID, pad, lim.VocabSize); err != nil {
 		return nil, err
 	}
 
@@ -235,6 +300,15 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 	// Output options. Naming an output does not ask for it: the generate endpoint
 	// names every output of the model.
 	r.ExcludeInputInOutput = lim.ExcludeInputInOutput
+	if in[inExcludeInput] != nil {
+		if r.ExcludeInputInOutput, err = in.flag(inExcludeInput); err != nil {
+			return nil, err
+		}
+	}
+	if p.Perf, err = in.flag(inReturnPerf); err != nil {
+		return nil, err
+	}
+	r.ReturnPerfMetrics = p.Perf
 	if r.ReturnLogProbs, err = in.flag(inReturnLogProbs); err != nil {
 		return nil, err
 	}
@@ -244,7 +318,13 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 	if r.ReturnGenerationLogits, err = in.flag(inReturnGenLogits); err != nil {
 		return nil, err
 	}
-	c := tokenCounts{Prompt: len(r.InputIDs), PromptInOutput: !r.ExcludeInputInOutput}
+	if r.BeamWidth > 1 && r.ReturnGenerationLogits {
+		return nil, fmt.Errorf("input %q: not available with beam search (%q %d)", inReturnGenLogits, inBeamWidth, r.BeamWidth)
+	}
+	if err := in.textWords(p, lim); err != nil {
+		return nil, err
+	}
+	var c tokenCounts
 	if c.Input, err = in.flag(inReturnNumInput); err != nil {
 		return nil, err
 	}
@@ -257,23 +337,158 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 	return p, nil
 }
 
-// sampling reads the sampling inputs into p.Req.
-func (in inputs) sampling(p *parsedRequest, lim limits) error {
-	s := &p.Req.Sampling
+// textWords reads the text-level inputs of TensorRT-LLM's ensemble: stop_words (stop
+// strings, matched on the text), bad_words and embedding_bias_words with
+// embedding_bias_weights (each string tokenized as its preprocessing model does).
+func (in inputs) textWords(p *parsedRequest, lim limits) error {
+	r := &p.Req
 	var err error
-	if s.Temperature, err = in.float32Scalar(inTemperature, 0, func(v float32) bool { return v >= 0 }, "must be ≥ 0"); err != nil {
+	if p.StopStrings, err = in.strings(inStopText); err != nil {
 		return err
 	}
-	topK, err := in.int32Opt(inTopK, 0)
+	bad, err := in.strings(inBadText)
 	if err != nil {
 		return err
 	}
-	if topK < 0 {
-		return fmt.Errorf("input %q: must be ≥ 0, got %d", inTopK, topK)
+	words, err := in.strings(inBiasWords)
+	if err != nil {
+		return err
+	}
+	if (in[inBiasWords] == nil) != (in[inBiasWeights] == nil) {
+		return fmt.Errorf("inputs %q and %q go together: send both or neither", inBiasWords, inBiasWeights)
+	}
+	if len(p.StopStrings)+len(bad)+len(words) > 0 && lim.Tokenizer == nil {
+		return fmt.Errorf("inputs %q, %q and %q need the checkpoint's tokenizer.json, which it does not have", inStopText, inBadText, inBiasWords)
+	}
+	for _, w := range bad {
+		ids := lim.Tokenizer.Encode(w)
+		if len(ids) == 0 {
+			continue
+		}
+		for i, id := range ids {
+			if id < 0 || int(id) >= lim.VocabSize {
+				return fmt.Errorf("input %q: %q tokenizes to id %d at %d, outside the vocabulary [0, %d)", inBadText, w, id, i, lim.VocabSize)
+			}
+		}
+		r.Sampling.BadWords = append(r.Sampling.BadWords, ids)
+	}
+	if in[inBiasWords] != nil {
+		weights, err := in.float32s(inBiasWeights)
+		if err != nil {
+			return err
+		}
+		if len(weights) != len(words) {
+			return fmt.Errorf("input %q: %d weights for %d %q; want one per word", inBiasWeights, len(weights), len(words), inBiasWords)
+		}
+		if r.Sampling.EmbeddingBias != nil {
+			return fmt.Errorf("inputs %q and %q are both given: send one", inEmbeddingBias, inBiasWords)
+		}
+		bias := make([]float32, lim.VocabSize)
+		for i, w := range words {
+			if !(weights[i] > -math.MaxFloat32 && weights[i] < math.MaxFloat32) {
+				return fmt.Errorf("input %q: weight %d is %v; want a finite number", inBiasWeights, i, weights[i])
+			}
+			for _, id := range lim.Tokenizer.Encode(w) {
+				if id >= 0 && int(id) < lim.VocabSize {
+					bias[id] += weights[i]
+				}
+			}
+		}
+		r.Sampling.EmbeddingBias = bias
+	}
+	return nil
+}
+
+// strings returns an optional BYTES input of strings, any shape after the batch
+// dimension ([1, n] or [1, 1, n]); nil when absent. Each must be valid UTF-8 and
+// non-empty, at most maxTextWords of at most maxTextWordBytes bytes.
+func (in inputs) strings(name string) ([]string, error) {
+	t := in[name]
+	if t == nil {
+		return nil, nil
+	}
+	if err := in.check(name, triton.TypeBytes); err != nil {
+		return nil, err
+	}
+	d := t.Data
+	var out []string
+	for len(d) > 0 {
+		if len(d) < 4 {
+			return nil, fmt.Errorf("input %q: %d bytes left after %d strings, too few for a length", name, len(d), len(out))
+		}
+		n := binary.LittleEndian.Uint32(d)
+		if uint64(n) > uint64(len(d)-4) {
+			return nil, fmt.Errorf("input %q: string %d claims %d bytes, %d are left", name, len(out), n, len(d)-4)
+		}
+		w := d[4 : 4+n]
+		d = d[4+n:]
+		switch {
+		case len(out) == maxTextWords:
+			return nil, fmt.Errorf("input %q: more than %d strings", name, maxTextWords)
+		case n == 0:
+			return nil, fmt.Errorf("input %q: string %d is empty", name, len(out))
+		case n > maxTextWordBytes:
+			return nil, fmt.Errorf("input %q: string %d has %d bytes, the most is %d", name, len(out), n, maxTextWordBytes)
+		}
+		if at := invalidUTF8(w); at >= 0 {
+			return nil, fmt.Errorf("input %q: string %d is not valid UTF-8 (byte offset %d)", name, len(out), at)
+		}
+		out = append(out, string(w))
+	}
+	if n := numElements(t.Shape); n != int64(len(out)) {
+		return nil, fmt.Errorf("input %q: shape %v holds %d strings, the data %d", name, t.Shape, n, len(out))
+	}
+	return out, nil
+}
+
+// numElements is the number of elements of a shape (-1 for a negative dimension).
+func numElements(shape []int64) int64 {
+	n := int64(1)
+	for _, d := range shape {
+		if d < 0 {
+			return -1
+		}
+		n *= d
+	}
+	return n
+}
+
+// sampling reads the sampling inputs into p.Req. Where the checkpoint samples by default
+// (generation_config.json's do_sample), its temperature, top-k, top-p and repetition
+// penalty are the defaults of the inputs; otherwise decoding is greedy unless asked.
+func (in inputs) sampling(p *parsedRequest, lim limits) error {
+	s := &p.Req.Sampling
+	var def model.Generation
+	if lim.Gen.Sample {
+		def = lim.Gen
+	}
+	var err error
+	if s.Temperature, err = in.float32Scalar(inTemperature, def.Temperature, func(v float32) bool { return v >= 0 }, "must be ≥ 0"); err != nil {
+		return err
+	}
+	topKName, err := in.oneOfNames(inTopK, inTopKAlias)
+	if err != nil {
+		return err
+	}
+	topK := int32(def.TopK)
+	if topKName != "" {
+		if topK, err = in.int32Scalar(topKName); err != nil {
+			return err
+		}
+		if topK < 0 {
+			return fmt.Errorf("input %q: must be ≥ 0, got %d", topKName, topK)
+		}
 	}
 	s.TopK = int(topK)
-	if s.TopP, err = in.float32Scalar(inTopP, 0, func(v float32) bool { return v >= 0 && v <= 1 }, "must be between 0 and 1"); err != nil {
+	topPName, err := in.oneOfNames(inTopP, inTopPAlias)
+	if err != nil {
 		return err
+	}
+	s.TopP = def.TopP
+	if topPName != "" {
+		if s.TopP, err = in.float32Scalar(topPName, def.TopP, func(v float32) bool { return v >= 0 && v <= 1 }, "must be between 0 and 1"); err != nil {
+			return err
+		}
 	}
 	if t := in[inRandomSeed]; t != nil {
 		if err := in.check(inRandomSeed, triton.TypeUint64); err != nil {
@@ -285,7 +500,7 @@ func (in inputs) sampling(p *parsedRequest, lim limits) error {
 		}
 		s.Seed = binary.LittleEndian.Uint64(v)
 	}
-	if s.RepetitionPenalty, err = in.float32Scalar(inRepetitionPenalty, 0, func(v float32) bool { return v >= 0 }, "must be ≥ 0 (0 or 1: none)"); err != nil {
+	if s.RepetitionPenalty, err = in.float32Scalar(inRepetitionPenalty, def.RepetitionPenalty, func(v float32) bool { return v >= 0 }, "must be ≥ 0 (0 or 1: none)"); err != nil {
 		return err
 	}
 	finite := func(float32) bool { return true }
@@ -303,12 +518,8 @@ func (in inputs) sampling(p *parsedRequest, lim limits) error {
 		return fmt.Errorf("input %q: must be ≥ 0, got %d", inMinLength, minLen)
 	}
 	s.MinLength = int(minLen)
-	beam, err := in.int32Opt(inBeamWidth, 1)
-	if err != nil {
+	if err := in.search(p, lim); err != nil {
 		return err
-	}
-	if beam != 1 {
-		return fmt.Errorf("input %q: %d: beam search is not supported yet; use 1", inBeamWidth, beam)
 	}
 	if p.Req.StopWords, err = in.wordList(inStopWords, lim.VocabSize); err != nil {
 		return err
@@ -333,6 +544,82 @@ func (in inputs) sampling(p *parsedRequest, lim limits) error {
 		default:
 			return fmt.Errorf("input %q: %d values; want one per vocabulary entry (%d) or none", inEmbeddingBias, len(bias), lim.VocabSize)
 		}
+	}
+	return nil
+}
+
+// search reads beam search, num_return_sequences and the runtime top-p decay.
+func (in inputs) search(p *parsedRequest, lim limits) error {
+	r := &p.Req
+	beam, err := in.int32Opt(inBeamWidth, 1)
+	if err != nil {
+		return err
+	}
+	maxBeam := max(1, lim.MaxBeamWidth)
+	if beam < 1 || int(beam) > maxBeam {
+		return fmt.Errorf("input %q: %d must be between 1 and the model's max_beam_width %d", inBeamWidth, beam, maxBeam)
+	}
+	r.BeamWidth = int(beam)
+	// Absent, beam search returns all its beams (TensorRT-LLM's unset numReturnSequences).
+	if in[inNumReturnSeqs] != nil {
+		n, err := in.int32Scalar(inNumReturnSeqs)
+		if err != nil {
+			return err
+		}
+		if n < 1 {
+			return fmt.Errorf("input %q: must be at least 1, got %d", inNumReturnSeqs, n)
+		}
+		if beam > 1 && n > beam {
+			return fmt.Errorf("input %q: %d exceeds %q %d (beam search returns at most its beams)", inNumReturnSeqs, n, inBeamWidth, beam)
+		}
+		r.NumReturnSequences = int(n)
+	}
+	penName, err := in.oneOfNames(inLenPenalty, inLengthPenalty)
+	if err != nil {
+		return err
+	}
+	finite := func(float32) bool { return true }
+	if penName != "" {
+		if r.LengthPenalty, err = in.float32Scalar(penName, 0, finite, ""); err != nil {
+			return err
+		}
+	}
+	r.EarlyStopping = 1
+	if t := in[inEarlyStopping]; t != nil {
+		switch t.DataType {
+		case triton.TypeBool:
+			es, err := in.flag(inEarlyStopping)
+			if err != nil {
+				return err
+			}
+			r.EarlyStopping = 0
+			if es {
+				r.EarlyStopping = 1
+			}
+		default:
+			v, err := in.int32Scalar(inEarlyStopping)
+			if err != nil {
+				return fmt.Errorf("%w (BOOL also works: true is 1, false 0)", err)
+			}
+			r.EarlyStopping = int(v)
+		}
+	}
+	if r.DiversityRate, err = in.float32Scalar(inDiversityRate, 0, finite, ""); err != nil {
+		return err
+	}
+	if in[inTopPDecay] != nil || in[inTopPMin] != nil || in[inTopPResetIDs] != nil {
+		unit := func(v float32) bool { return v > 0 && v <= 1 }
+		if r.TopPDecay, err = in.float32Scalar(inTopPDecay, 1, unit, "must be in (0, 1]"); err != nil {
+			return err
+		}
+		if r.TopPMin, err = in.float32Scalar(inTopPMin, 1e-6, unit, "must be in (0, 1]"); err != nil {
+			return err
+		}
+		if r.TopPResetID, err = in.tokenID(inTopPResetIDs, -1, lim.VocabSize); err != nil {
+			return err
+		}
+	} else {
+		r.TopPResetID = -1
 	}
 	return nil
 }
@@ -501,7 +788,29 @@ func (in inputs) text(name string) (string, error) {
 	if uint64(n) != uint64(len(d)-4) {
 		return "", fmt.Errorf("input %q: want one string (a 4-byte length and %d bytes), got %d bytes", name, n, len(d))
 	}
-	return string(d[4:]), nil
+	text := d[4:]
+	if at := invalidUTF8(text); at >= 0 {
+		// The tokenizer would map the bytes to tokens anyway; a client that sends Latin-1
+		// or binary by mistake should hear so instead of getting an answer to garbage.
+		return "", fmt.Errorf("input %q: not valid UTF-8: byte offset %d (of %d) starts an invalid sequence (byte 0x%02x); send the text as UTF-8", name, at, len(text), text[at])
+	}
+	return string(text), nil
+}
+
+// invalidUTF8 returns the offset of the first byte of b that is not part of a valid
+// UTF-8 encoding, or -1 when b is valid UTF-8.
+func invalidUTF8(b []byte) int {
+	if utf8.Valid(b) {
+		return -1
+	}
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && size == 1 {
+			return i
+		}
+		i += size
+	}
+	return -1
 }
 
 // wordList decodes an optional stop_words_list/bad_words_list in TensorRT-LLM's

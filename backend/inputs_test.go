@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -31,7 +32,12 @@ func boolean(name string, v bool) triton.Tensor {
 
 // str is a BYTES tensor of shape [1, 1].
 func str(name, s string) triton.Tensor {
-	return triton.Tensor{Name: name, DataType: triton.TypeBytes, Shape: []int64{1, 1}, Data: bytesElement(s)}
+	return triton.Tensor{Name: name, DataType: triton.TypeBytes, Shape: []int64{1, 1}, Data: bytesElements([]string{s})}
+}
+
+// strs is a BYTES tensor of strings, shape [1, len(v)].
+func strs(name string, v ...string) triton.Tensor {
+	return triton.Tensor{Name: name, DataType: triton.TypeBytes, Shape: []int64{1, int64(len(v))}, Data: bytesElements(v)}
 }
 
 // words is a stop/bad words tensor of shape [1, 2, len(tokens)].
@@ -55,7 +61,7 @@ func (fakeTokenizer) Encode(text string) []int32 {
 
 // testLimits are the limits of a 1000-token, 64-position model.
 func testLimits() limits {
-	return limits{VocabSize: 1000, MaxSeqLen: 64, EndID: 999, Decoupled: true, Tokenizer: fakeTokenizer{}}
+	return limits{VocabSize: 1000, MaxSeqLen: 64, EndIDs: []int32{999}, Decoupled: true, Tokenizer: fakeTokenizer{}}
 }
 
 func TestParseRequest(t *testing.T) {
@@ -78,7 +84,7 @@ func TestParseRequest(t *testing.T) {
 	}{
 		{"input_lengths cuts the padding", r.InputIDs, []int32{5, 6, 7}},
 		{"request_output_len", r.MaxNewTokens, 10},
-		{"end_id", r.EndID, int32(7)},
+		{"end_id", r.EndIDs, []int32{7}},
 		{"pad_id defaults to end_id", r.PadID, int32(7)},
 		{"streaming", r.Streaming, true},
 		{"temperature", r.Sampling.Temperature, float32(0.7)},
@@ -104,6 +110,22 @@ func TestParseRequest(t *testing.T) {
 	}
 }
 
+func TestInvalidUTF8(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int
+	}{
+		{"", -1}, {"plain", -1}, {"caf\u00e9 \u65e5\u672c \U0001F600", -1},
+		{"\uFFFD is a valid character", -1},
+		{"\xff", 0}, {"ab\xc3", 2}, {"ab\xc3(", 2}, {"\u00e9\x80", 2},
+		{"\xed\xa0\x80 surrogate", 0}, {"\xc0\xaf overlong", 0},
+	} {
+		if got := invalidUTF8([]byte(tc.in)); got != tc.want {
+			t.Errorf("invalidUTF8(%q) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
+
 func TestParseTextRequest(t *testing.T) {
 	lim := testLimits()
 	lim.ExcludeInputInOutput = true
@@ -114,8 +136,8 @@ func TestParseTextRequest(t *testing.T) {
 	if !reflect.DeepEqual(p.Req.InputIDs, []int32{'H', 'i', '!'}) || p.Req.MaxNewTokens != 4 || !p.Req.Streaming || !p.Text {
 		t.Errorf("got %+v", p)
 	}
-	if !p.Req.ExcludeInputInOutput || p.Req.EndID != 999 || p.Outputs != nil {
-		t.Errorf("defaults: exclude %v, end %d, outputs %v", p.Req.ExcludeInputInOutput, p.Req.EndID, p.Outputs)
+	if !p.Req.ExcludeInputInOutput || !slices.Equal(p.Req.EndIDs, []int32{999}) || p.Req.PadID != 999 || p.Outputs != nil {
+		t.Errorf("defaults: exclude %v, end %v, pad %d, outputs %v", p.Req.ExcludeInputInOutput, p.Req.EndIDs, p.Req.PadID, p.Outputs)
 	}
 }
 
@@ -139,6 +161,8 @@ func TestParseRequestErrors(t *testing.T) {
 	notDecoupled := lim
 	notDecoupled.Decoupled = false
 	noTokenizer := lim
+	beams := lim
+	beams.MaxBeamWidth = 4
 	noTokenizer.Tokenizer = nil
 	tests := []struct {
 		name   string
@@ -182,6 +206,12 @@ func TestParseRequestErrors(t *testing.T) {
 			`inputs "streaming" and "stream" are both given: send one`},
 		{"text without a tokenizer", []triton.Tensor{str(inTextInput, "hi"), n}, noTokenizer,
 			`input "text_input": the checkpoint has no tokenizer.json, so only "input_ids" can be served`},
+		{"text that is not UTF-8", []triton.Tensor{str(inTextInput, "caf\xc3 \xff\xfe not utf-8 \x80\xc3\x28"), n}, lim,
+			`input "text_input": not valid UTF-8: byte offset 3 (of 21) starts an invalid sequence (byte 0xc3)`},
+		{"text with a stray continuation byte", []triton.Tensor{str(inTextInput, "ok \u00e9\x80"), n}, lim,
+			`input "text_input": not valid UTF-8: byte offset 5 (of 6) starts an invalid sequence (byte 0x80)`},
+		{"text ending in a cut character", []triton.Tensor{str(inTextInput, "caf\xc3"), n}, lim,
+			`input "text_input": not valid UTF-8: byte offset 3 (of 4) starts an invalid sequence (byte 0xc3)`},
 		{"a malformed string", []triton.Tensor{badBytes, n}, lim,
 			`input "text_input": want one string (a 4-byte length and 3 bytes), got 5 bytes`},
 		{"an end_id outside the vocabulary", []triton.Tensor{prompt, n, i32(inEndID, 1000)}, lim,
@@ -196,8 +226,46 @@ func TestParseRequestErrors(t *testing.T) {
 			`input "runtime_top_k": must be ≥ 0, got -2`},
 		{"a negative min_length", []triton.Tensor{prompt, n, i32(inMinLength, -1)}, lim,
 			`input "min_length": must be ≥ 0, got -1`},
-		{"beam search", []triton.Tensor{prompt, n, i32(inBeamWidth, 2)}, lim,
-			`input "beam_width": 2: beam search is not supported yet; use 1`},
+		{"a beam wider than the model's", []triton.Tensor{prompt, n, i32(inBeamWidth, 2)}, lim,
+			`input "beam_width": 2 must be between 1 and the model's max_beam_width 1`},
+		{"a zero beam width", []triton.Tensor{prompt, n, i32(inBeamWidth, 0)}, beams,
+			`input "beam_width": 0 must be between 1 and the model's max_beam_width 4`},
+		{"more sequences than beams", []triton.Tensor{prompt, n, i32(inBeamWidth, 2), i32(inNumReturnSeqs, 3)}, beams,
+			`input "num_return_sequences": 3 exceeds "beam_width" 2`},
+		{"no sequences", []triton.Tensor{prompt, n, i32(inNumReturnSeqs, 0)}, lim,
+			`input "num_return_sequences": must be at least 1, got 0`},
+		{"generation logits of beams", []triton.Tensor{prompt, n, i32(inBeamWidth, 2), boolean(inReturnGenLogits, true)}, beams,
+			`input "return_generation_logits": not available with beam search`},
+		{"a NaN length penalty", []triton.Tensor{prompt, n, f32(inLenPenalty, float32(math.NaN()))}, lim,
+			`input "len_penalty": must be a finite number, got NaN`},
+		{"both length penalties", []triton.Tensor{prompt, n, f32(inLenPenalty, 1), f32(inLengthPenalty, 1)}, lim,
+			`inputs "len_penalty" and "length_penalty" are both given: send one`},
+		{"early stopping as FP32", []triton.Tensor{prompt, n, f32(inEarlyStopping, 1)}, lim,
+			`input "early_stopping": expected data type INT32, got FP32 (BOOL also works`},
+		{"a top-p decay of zero", []triton.Tensor{prompt, n, f32(inTopPDecay, 0)}, lim,
+			`input "runtime_top_p_decay": must be in (0, 1], got 0`},
+		{"a top-p minimum above one", []triton.Tensor{prompt, n, f32(inTopPMin, 1.5)}, lim,
+			`input "runtime_top_p_min": must be in (0, 1], got 1.5`},
+		{"a top-p reset id outside the vocabulary", []triton.Tensor{prompt, n, i32(inTopPResetIDs, 1000)}, lim,
+			`input "runtime_top_p_reset_ids": 1000 is outside the vocabulary [0, 1000) (-1: none)`},
+		{"both top_k names", []triton.Tensor{prompt, n, i32(inTopK, 1), i32(inTopKAlias, 2)}, lim,
+			`inputs "runtime_top_k" and "top_k" are both given: send one`},
+		{"exclude_input_in_output as INT32", []triton.Tensor{prompt, n, i32(inExcludeInput, 1)}, lim,
+			`input "exclude_input_in_output": expected data type BOOL, got INT32`},
+		{"an empty stop string", []triton.Tensor{prompt, n, strs(inStopText, "ok", "")}, lim,
+			`input "stop_words": string 1 is empty`},
+		{"a stop string that is not UTF-8", []triton.Tensor{prompt, n, strs(inStopText, "a\xff")}, lim,
+			`input "stop_words": string 0 is not valid UTF-8 (byte offset 1)`},
+		{"a truncated string list", []triton.Tensor{prompt, n, {Name: inBadText, DataType: triton.TypeBytes, Shape: []int64{1, 1}, Data: []byte{9, 0, 0, 0, 'a'}}}, lim,
+			`input "bad_words": string 0 claims 9 bytes, 1 are left`},
+		{"a string list shorter than its shape", []triton.Tensor{prompt, n, func() triton.Tensor { t := strs(inStopText, "a"); t.Shape = []int64{1, 2}; return t }()}, lim,
+			`input "stop_words": shape [1 2] holds 2 strings, the data 1`},
+		{"bias words without weights", []triton.Tensor{prompt, n, strs(inBiasWords, "a")}, lim,
+			`inputs "embedding_bias_words" and "embedding_bias_weights" go together`},
+		{"bias weights that do not match the words", []triton.Tensor{prompt, n, strs(inBiasWords, "a", "b"), f32(inBiasWeights, 1)}, lim,
+			`input "embedding_bias_weights": 1 weights for 2 "embedding_bias_words"`},
+		{"stop strings without a tokenizer", []triton.Tensor{prompt, n, strs(inStopText, "x")}, noTokenizer,
+			`need the checkpoint's tokenizer.json`},
 		{"stop words of one row", []triton.Tensor{prompt, n, i32(inStopWords, 1, 2)}, lim,
 			`input "stop_words_list": shape [1 2]; want [1, 2, L]`},
 		{"stop word offsets going back", []triton.Tensor{prompt, n, words(inStopWords, []int32{1, 2, 3}, []int32{2, 1, -1})}, lim,
@@ -210,8 +278,8 @@ func TestParseRequestErrors(t *testing.T) {
 			`input "bad_words_list": token id 5000 is outside the vocabulary [0, 1000)`},
 		{"an embedding bias of the wrong length", []triton.Tensor{prompt, n, f32(inEmbeddingBias, 1, 2)}, lim,
 			`input "embedding_bias": 2 values; want one per vocabulary entry (1000) or none`},
-		{"an input gollm does not read", []triton.Tensor{prompt, n, i32("top_k", 4)}, lim,
-			`input "top_k" is not one gollm reads`},
+		{"an input gollm does not read", []triton.Tensor{prompt, n, i32("lora_task_id", 4)}, lim,
+			`input "lora_task_id" is not one gollm reads`},
 		{"an input given twice", []triton.Tensor{prompt, prompt, n}, lim,
 			`input "input_ids" is given twice`},
 		{"an INT32 input with too few bytes", []triton.Tensor{{Name: inInputIDs, DataType: triton.TypeInt32, Shape: []int64{1, 2}, Data: make([]byte, 6)}, n}, lim,
@@ -227,8 +295,57 @@ func TestParseRequestErrors(t *testing.T) {
 	}
 }
 
+func TestParseTheTensorRTLLMRequestInputs(t *testing.T) {
+	lim := testLimits()
+	lim.MaxBeamWidth = 4
+	lim.ExcludeInputInOutput = false
+	p, err := parseRequest([]triton.Tensor{
+		str(inTextInput, "abc"), i32(inMaxTokens, 5), i32(inBeamWidth, 4), i32(inNumReturnSeqs, 2),
+		f32(inLengthPenalty, 0.5), boolean(inEarlyStopping, false), f32(inDiversityRate, -0.5),
+		i32(inTopKAlias, 3), f32(inTopPAlias, 0.5), boolean(inExcludeInput, true), boolean(inReturnPerf, true),
+		strs(inStopText, "xy", "END"), strs(inBadText, "q"), strs(inBiasWords, "ab", "b"), f32(inBiasWeights, 1, 2),
+	}, nil, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := p.Req
+	bias := make([]float32, 1000)
+	bias['a'], bias['b'] = 1, 3
+	for _, c := range []struct {
+		name      string
+		got, want any
+	}{
+		{"beam_width", r.BeamWidth, 4},
+		{"num_return_sequences", r.NumReturnSequences, 2},
+		{"length_penalty", r.LengthPenalty, float32(0.5)},
+		{"early_stopping false", r.EarlyStopping, 0},
+		{"diversity", r.DiversityRate, float32(-0.5)},
+		{"top_k", r.Sampling.TopK, 3},
+		{"top_p", r.Sampling.TopP, float32(0.5)},
+		{"exclude_input_in_output overrides the model's", r.ExcludeInputInOutput, true},
+		{"return_perf_metrics", r.ReturnPerfMetrics, true},
+		{"stop strings", p.StopStrings, []string{"xy", "END"}},
+		{"bad words, tokenized", r.Sampling.BadWords, [][]int32{{'q'}}},
+		{"bias words, tokenized and weighted", r.Sampling.EmbeddingBias, bias},
+		{"no top-p decay", r.TopPDecay, float32(0)},
+		{"no top-p reset", r.TopPResetID, int32(-1)},
+	} {
+		if !reflect.DeepEqual(c.got, c.want) {
+			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	p, err = parseRequest([]triton.Tensor{i32(inInputIDs, 1), i32(inRequestOutputLen, 2), f32(inTopPDecay, 0.5), i32(inTopPResetIDs, 7),
+		i32(inEarlyStopping, 2)}, nil, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := p.Req; r.TopPDecay != 0.5 || r.TopPMin != 1e-6 || r.TopPResetID != 7 || r.EarlyStopping != 2 {
+		t.Errorf("decay %g, min %g, reset %d, early stopping %d", r.TopPDecay, r.TopPMin, r.TopPResetID, r.EarlyStopping)
+	}
+}
+
 // TestTokenCountInputs checks that return_num_input_tokens and return_num_output_tokens
-// ask for the counts, with the prompt's length and where output_ids puts it.
+// ask for the counts, and only as BOOL.
 func TestTokenCountInputs(t *testing.T) {
 	base := []triton.Tensor{i32(inInputIDs, 1, 2, 3, 4), i32(inRequestOutputLen, 2)}
 	p, err := parseRequest(base, nil, testLimits())
@@ -238,13 +355,11 @@ func TestTokenCountInputs(t *testing.T) {
 	if p.Counts != nil {
 		t.Errorf("counts %+v without asking for them", p.Counts)
 	}
-	lim := testLimits()
-	lim.ExcludeInputInOutput = true
-	p, err = parseRequest(append(base, boolean(inReturnNumInput, true), boolean(inReturnNumOutput, false)), nil, lim)
+	p, err = parseRequest(append(base, boolean(inReturnNumInput, true), boolean(inReturnNumOutput, false)), nil, testLimits())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (tokenCounts{Input: true, Prompt: 4}); p.Counts == nil || *p.Counts != want {
+	if want := (tokenCounts{Input: true}); p.Counts == nil || *p.Counts != want {
 		t.Errorf("counts %+v, want %+v", p.Counts, want)
 	}
 	_, err = parseRequest(append(base, i32(inReturnNumOutput, 1)), nil, testLimits())

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +15,8 @@ import (
 	"gollm/batchmanager"
 	"gollm/bridge/triton"
 	"gollm/engine"
+	"gollm/engines"
+	"gollm/model"
 )
 
 // nextID numbers requests for the batch managers: IDs are never reused, so a late stop
@@ -30,14 +33,13 @@ type inflight struct {
 	factory triton.ResponseFactory
 	// streaming says responses carry new tokens as they come.
 	streaming bool
-	// outputs are the outputs the client named; nil means all that apply.
-	outputs map[string]bool
-	// text detokenizes into text_output; nil when the request does not answer in text.
-	text *textState
-	// counts are the token counts the request asked for; nil for none.
-	counts *tokenCounts
+	// spec says what the request's responses carry (outputs, text).
+	spec outputSpec
 	// stop is set by a stop request naming this one.
 	stop atomic.Bool
+	// departing is set when the request is ended because the model is going away: its
+	// final error then says so.
+	departing atomic.Bool
 	// responses counts the responses sent.
 	responses int
 }
@@ -57,8 +59,8 @@ type sender struct {
 type sendItem struct {
 	// id is the request.
 	id uint64
-	// outputs are the batch manager's tensors.
-	outputs []batchmanager.Tensor
+	// res is the batch manager's result.
+	res batchmanager.Result
 	// final marks the last response.
 	final bool
 	// err makes it an error response.
@@ -105,6 +107,8 @@ type instance struct {
 
 	// trace records iterations and sender batches (GOLLM_ITER_TRACE); nil when off.
 	trace *iterTrace
+	// away sees the server stopping or the model unloading (shutdown.go).
+	away *departure
 }
 
 // newInstance builds the engine and batch manager of an instance.
@@ -118,30 +122,29 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		return nil, err
 	}
 	log := ms.log.With(zap.String("instance", name))
-	var eng engine.Engine
+	away, err := newDeparture(ti, ms, log)
+	if err != nil {
+		return nil, fmt.Errorf("instance %s: %w", name, err)
+	}
+	var ek engines.Kind
+	device := 0
 	switch kind {
 	case triton.KindCPU:
-		w, err := ms.cpuWeights()
-		if err != nil {
-			return nil, fmt.Errorf("instance %s: %w", name, err)
-		}
-		cpu, err := engine.NewCPUFrom(w, engine.KVConfig{NumBlocks: ms.kvBlocks(), TokensPerBlock: ms.cfg.TokensPerBlock})
-		if err != nil {
-			return nil, fmt.Errorf("instance %s: %w", name, err)
-		}
-		eng = cpu
+		ek = engines.CPU
 	case triton.KindGPU:
-		device, err := ti.DeviceID()
-		if err != nil {
+		ek = engines.GPU
+		if device, err = ti.DeviceID(); err != nil {
 			return nil, err
 		}
-		gpu, err := ms.newGPUEngine(device, log)
-		if err != nil {
-			return nil, fmt.Errorf("instance %s (KIND_GPU, device %d): %w", name, device, err)
-		}
-		eng = gpu
 	default:
 		return nil, triton.Errorf(triton.CodeUnsupported, "instance %s: kind %v is not supported; use KIND_CPU or KIND_GPU", name, kind)
+	}
+	eng, err := ms.weights.NewEngine(ek, device, ms.engineSettings(log))
+	if err != nil {
+		if ek == engines.GPU {
+			return nil, fmt.Errorf("instance %s (KIND_GPU, device %d): %w", name, device, err)
+		}
+		return nil, fmt.Errorf("instance %s: %w", name, err)
 	}
 	in := &instance{
 		ms:       ms,
@@ -152,6 +155,7 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		inflight: map[uint64]*inflight{},
 		senders:  make([]*sender, max(1, ms.cfg.ResponseSenders)),
 		trace:    newIterTrace(name),
+		away:     away,
 	}
 	if fams := currentFamilies(); fams != nil {
 		// Metrics are not worth failing the instance for.
@@ -184,11 +188,13 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		MaxNumTokens:         ms.cfg.MaxNumTokens,
 		EnableChunkedContext: ms.cfg.EnableChunkedContext,
 		EnableKVCacheReuse:   ms.cfg.EnableKVCacheReuse,
+		MaxBeamWidth:         ms.cfg.MaxBeamWidth,
 	}
 	in.mgr, err = batchmanager.New(eng, cfg, batchmanager.Callbacks{
 		GetInferenceRequests: in.getRequests,
 		SendResponse:         in.sendResponse,
 		PollStopSignal:       in.pollStop,
+		PollEndSignal:        in.pollEnd,
 		// No ReturnBatchManagerStats: iterationStats encodes the JSON only when the
 		// verbose log would show it, not every iteration.
 		IterationStats: in.iterationStats,
@@ -214,8 +220,9 @@ func (in *instance) close() error {
 	in.queue = nil
 	in.mu.Unlock()
 	for _, f := range left {
+		requestEnded()
 		in.log.Warn("request still in flight at shutdown", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID))
-		in.finish(f, nil, triton.Errorf(triton.CodeUnavailable, "model %q is unloading", in.ms.cfg.Name))
+		in.finish(f, &batchmanager.Result{}, triton.Errorf(triton.CodeUnavailable, "model %q is unloading", in.ms.cfg.Name))
 	}
 	in.mu.Lock()
 	merr := in.metrics.close()
@@ -292,6 +299,11 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 		return false
 	}
 	haveFactory = true
+	if l := in.away.left(); l != nil {
+		handedOver = true
+		in.reject(r, factory, true, tritonID, ts, l.err)
+		return false
+	}
 	p, err := in.read(r)
 	ts.ComputeStart = triton.Now()
 	if err != nil {
@@ -310,12 +322,25 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 		tritonID:  tritonID,
 		factory:   factory,
 		streaming: p.Req.Streaming,
-		outputs:   p.Outputs,
-		counts:    p.Counts,
+		spec: outputSpec{
+			vocab: in.ms.lim.VocabSize,
+			asked: askedOutputs{logProbs: p.Req.ReturnLogProbs, contextLogits: p.Req.ReturnContextLogits,
+				generationLogits: p.Req.ReturnGenerationLogits, perf: p.Perf,
+				sequences: p.Req.BeamWidth <= 1 && p.Req.NumReturnSequences > 1},
+			want:           p.Outputs,
+			streaming:      p.Req.Streaming,
+			padID:          p.Req.PadID,
+			promptInOutput: !p.Req.ExcludeInputInOutput,
+			counts:         p.Counts,
+		},
 	}
 	if p.Text {
-		f.text = &textState{tok: in.ms.tok, stream: in.ms.tok.NewStreamDecoder()}
+		f.spec.text = &textState{d: tokenText{in.ms.tok}, stops: p.StopStrings}
 	}
+	if len(p.StopStrings) > 0 {
+		p.Req.TextStop = &textStopper{d: tokenText{in.ms.tok}, stops: p.StopStrings}
+	}
+	p.Req.Arrival = time.Now()
 	p.Req.ID = f.id
 	ts.ComputeEnd = triton.Now()
 	ts.ExecEnd = ts.ComputeEnd
@@ -329,13 +354,14 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 		in.log.Error("release request", zap.String("request_id", tritonID), zap.Error(err))
 	}
 	in.ms.track(f)
+	requestStarted()
 	in.mu.Lock()
 	in.inflight[f.id] = f
 	in.queue = append(in.queue, &p.Req)
 	in.mu.Unlock()
 	in.log.Debug("request queued", zap.Uint64("id", f.id), zap.String("request_id", tritonID),
 		zap.Int("prompt", len(p.Req.InputIDs)), zap.Int("max_new_tokens", p.Req.MaxNewTokens),
-		zap.Bool("streaming", f.streaming), zap.Bool("text", f.text != nil))
+		zap.Bool("streaming", f.streaming), zap.Bool("text", f.spec.text != nil))
 	return true
 }
 
@@ -441,8 +467,8 @@ func (in *instance) getRequests(max int) []*batchmanager.InferenceRequest {
 
 // sendResponse is the batch manager's SendResponse: it queues the response for the
 // sender goroutine and returns at once.
-func (in *instance) sendResponse(id uint64, outputs []batchmanager.Tensor, final bool, err error) {
-	item := sendItem{id: id, outputs: outputs, final: final, err: err}
+func (in *instance) sendResponse(id uint64, res batchmanager.Result, final bool, err error) {
+	item := sendItem{id: id, res: res, final: final, err: err}
 	// One request's responses all go through one sender, so they stay in order.
 	sd := in.senders[id%uint64(len(in.senders))]
 	sd.mu.Lock()
@@ -462,13 +488,34 @@ func (in *instance) pollStop() map[uint64]struct{} {
 		stop[id] = struct{}{}
 	}
 	in.mu.Lock()
+	busy := len(in.inflight) > 0
+	in.mu.Unlock()
+	// Asked outside the lock: Execute and the senders need not wait for Triton's answer.
+	ending := in.away.due(time.Now(), busy)
+	in.mu.Lock()
 	// The lock is held across the Triton call: the sender deletes a factory only after
 	// taking its request out of inflight under this lock.
 	defer in.mu.Unlock()
+	if ending != nil {
+		// Requests the manager has not taken yet end here, without an engine step.
+		for _, r := range in.queue {
+			if f := in.inflight[r.ID]; f != nil {
+				f.departing.Store(true)
+			}
+			in.sendResponse(r.ID, batchmanager.Result{}, true, ending.err)
+		}
+		clear(in.queue)
+		in.queue = in.queue[:0]
+	}
 	in.pollIDs, in.pollFactories = in.pollIDs[:0], in.pollFactories[:0]
 	for id, f := range in.inflight {
-		if f.stop.Load() {
+		if ending != nil {
+			f.departing.Store(true)
 			add(id)
+			continue
+		}
+		if f.stop.Load() {
+			// A stop request ends it with a normal final response (pollEnd).
 			continue
 		}
 		in.pollIDs = append(in.pollIDs, id)
@@ -491,6 +538,24 @@ func (in *instance) pollStop() map[uint64]struct{} {
 		}
 	}
 	return stop
+}
+
+// pollEnd is the batch manager's PollEndSignal: the requests a stop request named,
+// which end as TensorRT-LLM's do, with a normal final response carrying what they
+// generated.
+func (in *instance) pollEnd() map[uint64]struct{} {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	var ids map[uint64]struct{}
+	for id, f := range in.inflight {
+		if f.stop.Load() {
+			if ids == nil {
+				ids = map[uint64]struct{}{}
+			}
+			ids[id] = struct{}{}
+		}
+	}
+	return ids
 }
 
 // iterationStats is the batch manager's IterationStats: it logs the stats as JSON at
@@ -553,6 +618,7 @@ func (in *instance) deliver(item sendItem) {
 	if f != nil && item.final {
 		// Out of inflight before the factory goes: pollStop reads factories under mu.
 		delete(in.inflight, item.id)
+		requestEnded()
 		if len(in.inflight) == 0 {
 			// The manager reports stats only for iterations that ran the engine, so a
 			// request it ended otherwise (cancelled while waiting, a failed iteration)
@@ -580,22 +646,27 @@ func (in *instance) deliver(item sendItem) {
 		}
 	}()
 	if item.err != nil || item.final {
-		in.finish(f, item.outputs, responseError(item.err))
+		in.finish(f, &item.res, responseError(clientError(item.err, f)))
 		return
 	}
-	if err := in.respond(f, item.outputs, 0); err != nil {
+	if err := in.respond(f, &item.res, 0); err != nil {
 		in.log.Error("send response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(err))
 	}
 }
 
-// finish sends a request's final response (outputs, or err) and forgets the request.
-func (in *instance) finish(f *inflight, outputs []batchmanager.Tensor, err error) {
+// finish sends a request's final response (res, or err) and forgets the request.
+func (in *instance) finish(f *inflight, res *batchmanager.Result, err error) {
 	if err == nil {
-		err = in.respond(f, outputs, triton.ResponseFinal)
+		err = in.respond(f, res, triton.ResponseFinal)
 		if err != nil {
 			// The outputs could not be sent; the client still gets a final answer.
 			in.log.Error("send final response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(err))
 			err = triton.Errorf(triton.CodeInternal, "gollm: sending the response failed: %v", err)
+		}
+	}
+	if err != nil && f.departing.Load() {
+		if l := in.away.left(); l != nil {
+			err = l.err
 		}
 	}
 	if err != nil {
@@ -610,19 +681,11 @@ func (in *instance) finish(f *inflight, outputs []batchmanager.Tensor, err error
 		zap.Int("responses", f.responses), zap.Bool("error", err != nil))
 }
 
-// respond sends one response with outputs; flags is ResponseFinal for the last. A
+// respond sends one response with res's outputs; flags is ResponseFinal for the last. A
 // streaming response with nothing new becomes the final flag alone, or nothing.
-func (in *instance) respond(f *inflight, outputs []batchmanager.Tensor, flags uint32) error {
-	outs, empty, err := convertOutputs(outputs, f.outputs, f.text, f.streaming, flags&triton.ResponseFinal != 0)
-	if err != nil {
-		return err
-	}
-	if f.counts != nil {
-		for _, o := range f.counts.outputs(outputs, f.streaming) {
-			if f.outputs == nil || f.outputs[o.Name] {
-				outs = append(outs, o)
-			}
-		}
+func (in *instance) respond(f *inflight, res *batchmanager.Result, flags uint32) error {
+	outs, empty := convertOutputs(res, &f.spec, flags&triton.ResponseFinal != 0)
+	if f.spec.counts != nil {
 		// The first response always goes out, so that the prompt's count arrives even
 		// when the request ends at once with its end token.
 		empty = empty && f.responses > 0
@@ -646,6 +709,50 @@ func (in *instance) respond(f *inflight, outputs []batchmanager.Tensor, flags ui
 	f.responses++
 	return resp.Send(flags, nil)
 }
+
+// clientError names the client's request id in a batch manager error, in place of the
+// backend's own request number ("request 7: …" becomes `request "abc": …`, or "request:
+// …" when the client gave no id).
+func clientError(err error, f *inflight) error {
+	if err == nil {
+		return nil
+	}
+	msg, ok := strings.CutPrefix(err.Error(), fmt.Sprintf("request %d: ", f.id))
+	if !ok {
+		return err
+	}
+	name := "request: "
+	if f.tritonID != "" {
+		name = fmt.Sprintf("request %q: ", f.tritonID)
+	}
+	return &renamedError{msg: name + msg, err: err}
+}
+
+// renamedError is an error with a new message that still unwraps to the original.
+type renamedError struct {
+	// msg is the message.
+	msg string
+	// err is the original error.
+	err error
+}
+
+// Error returns the new message.
+func (e *renamedError) Error() string { return e.msg }
+
+// Unwrap returns the original error.
+func (e *renamedError) Unwrap() error { return e.err }
+
+// tokenText adapts the checkpoint's tokenizer to what text answers need.
+type tokenText struct {
+	// t is the tokenizer.
+	t *model.Tokenizer
+}
+
+// Decode joins the tokens' text.
+func (t tokenText) Decode(ids []int32) string { return t.t.Decode(ids) }
+
+// NewStream starts a token-by-token decoder.
+func (t tokenText) NewStream() tokenStream { return t.t.NewStreamDecoder() }
 
 // responseError gives a batch manager error its Triton code.
 func responseError(err error) error {

@@ -10,12 +10,12 @@ import (
 	"go.uber.org/zap"
 
 	"gollm/bridge/triton"
-	"gollm/engine"
+	"gollm/engines"
 	"gollm/model"
 )
 
-// modelState is one loaded model: its configuration and the weights and tokenizer its
-// instances share.
+// modelState is one loaded model: its configuration, the engines' shared weights and the
+// tokenizer its instances share.
 type modelState struct {
 	// cfg is the parsed configuration.
 	cfg *modelConfig
@@ -23,17 +23,11 @@ type modelState struct {
 	version uint64
 	// log carries the model's name.
 	log *zap.Logger
-	// ckpt is the checkpoint's config.json. The weights are read by the instances as
-	// their kind needs them: float32 copies for KIND_CPU (cpuWeights), device copies for
-	// KIND_GPU (gpu), so a GPU-only model neither converts them on the CPU nor keeps them
-	// in host memory.
-	ckpt model.Config
-	// cpuMu guards cpu.
-	cpuMu sync.Mutex
-	// cpu holds the weights every KIND_CPU instance's engine runs on, loaded by the first.
-	cpu *engine.CPUWeights
-	// gpu shares the weights of the model's KIND_GPU instances, one copy per device.
-	gpu gpuShare
+	// weights is the checkpoint, its descriptor read and its tensors checked at load; the
+	// weights are read by the instances as their kind needs them (a float32 copy for
+	// KIND_CPU, device copies for KIND_GPU), so a GPU-only model neither converts them on
+	// the CPU nor keeps them in host memory.
+	weights *engines.Model
 	// tok is the checkpoint's tokenizer; nil when it has no tokenizer.json.
 	tok *model.Tokenizer
 	// lim are the request limits of this model.
@@ -46,7 +40,8 @@ type modelState struct {
 	byTritonID map[string]map[*inflight]struct{}
 }
 
-// loadModel reads the model's configuration and loads its checkpoint and tokenizer.
+// loadModel reads the model's configuration, checks its checkpoint and loads its
+// tokenizer and generation defaults.
 func loadModel(m triton.Model, log *zap.Logger) (*modelState, error) {
 	name, err := m.Name()
 	if err != nil {
@@ -73,15 +68,23 @@ func loadModel(m triton.Model, log *zap.Logger) (*modelState, error) {
 		log.Warn(w)
 	}
 
-	// The config (Open refuses a model_type other than gpt2) and the tensor index only:
-	// the weights wait for an instance.
-	ckpt, err := model.Open(cfg.ModelPath)
+	// The config and the tensors' names, dtypes and shapes only: the weights wait for an
+	// instance.
+	weights, err := engines.Open(cfg.ModelPath)
 	if err != nil {
 		return nil, fmt.Errorf("model %q: %w", name, err)
 	}
-	mc := ckpt.Config
-	if err := ckpt.Close(); err != nil {
-		return nil, fmt.Errorf("model %q: %s: %w", name, cfg.ModelPath, err)
+	mc := weights.Config()
+	maxLen := min(mc.MaxPositions, defaultMaxSeqLen)
+	if cfg.MaxSeqLen > 0 {
+		if cfg.MaxSeqLen > mc.MaxPositions {
+			return nil, triton.WithCode(triton.CodeInvalidArg, fmt.Errorf("model %q: parameter \"max_seq_len\": %d exceeds the checkpoint's %d positions", name, cfg.MaxSeqLen, mc.MaxPositions))
+		}
+		maxLen = cfg.MaxSeqLen
+	}
+	gen, err := model.LoadGeneration(cfg.ModelPath, mc.VocabSize)
+	if err != nil {
+		return nil, fmt.Errorf("model %q: %w", name, err)
 	}
 	tok, err := model.LoadTokenizer(filepath.Join(cfg.ModelPath, "tokenizer.json"))
 	switch {
@@ -98,62 +101,47 @@ func loadModel(m triton.Model, log *zap.Logger) (*modelState, error) {
 		cfg:     cfg,
 		version: version,
 		log:     log,
-		ckpt:    mc,
+		weights: weights,
 		tok:     tok,
 		lim: limits{
 			VocabSize:            mc.VocabSize,
-			MaxSeqLen:            mc.MaxPositions,
-			EndID:                mc.EOSID,
+			MaxSeqLen:            maxLen,
+			EndIDs:               mc.EOSIDs,
+			Gen:                  gen,
 			Decoupled:            cfg.Decoupled,
 			ExcludeInputInOutput: cfg.ExcludeInputInOutput,
+			MaxBeamWidth:         cfg.MaxBeamWidth,
 		},
 		byTritonID: map[string]map[*inflight]struct{}{},
+	}
+	if gen.EOSIDs != nil {
+		ms.lim.EndIDs = gen.EOSIDs
 	}
 	if tok != nil {
 		ms.lim.Tokenizer = tok
 	}
-	if ms.lim.EndID >= int32(ms.lim.VocabSize) {
-		ms.lim.EndID = -1
-	}
 	log.Info("model loaded",
 		zap.String("gpt_model_path", cfg.ModelPath), zap.Uint64("version", version),
-		zap.Int("layers", mc.Layers), zap.Int("hidden", mc.Hidden),
-		zap.Int("vocab", mc.VocabSize), zap.Int("max_seq_len", mc.MaxPositions),
+		zap.String("family", mc.Family), zap.String("model_type", mc.ModelType),
+		zap.Int("layers", mc.Layers), zap.Int("hidden", mc.Hidden), zap.Int("heads", mc.Heads), zap.Int("kv_heads", mc.KVHeads),
+		zap.Int("vocab", mc.VocabSize), zap.Int("max_seq_len", maxLen),
 		zap.String("gpt_model_type", string(cfg.ModelType)), zap.String("batch_scheduler_policy", string(cfg.Policy)),
 		zap.Int("max_batch_size", cfg.MaxBatchSize), zap.Bool("decoupled", cfg.Decoupled),
 		zap.Bool("tokenizer", tok != nil))
 	return ms, nil
 }
 
-// cpuWeights returns the weights of the KIND_CPU instances, loading them on the first
-// call. The float32 checkpoint is dropped once they are built: they keep transposed
-// copies of its layer matrices, so keeping it too would hold those twice.
-func (ms *modelState) cpuWeights() (*engine.CPUWeights, error) {
-	ms.cpuMu.Lock()
-	defer ms.cpuMu.Unlock()
-	if ms.cpu == nil {
-		m, err := model.LoadGPT2Dir(ms.cfg.ModelPath)
-		if err != nil {
-			return nil, err
-		}
-		w, err := engine.NewCPUWeights(m)
-		if err != nil {
-			return nil, fmt.Errorf("load gpt2 %s: %w", ms.cfg.ModelPath, err)
-		}
-		ms.cpu = w
+// engineSettings are what an instance's engine is sized with.
+func (ms *modelState) engineSettings(log *zap.Logger) engines.Settings {
+	return engines.Settings{
+		DataType:       ms.cfg.DataType,
+		TokensPerBlock: ms.cfg.TokensPerBlock,
+		KVTokens:       ms.cfg.MaxTokensInPagedKVCache,
+		KVFreeFraction: ms.cfg.KVCacheFreeGPUMemFraction,
+		MaxSeqs:        ms.cfg.MaxBatchSize,
+		MaxSeqLen:      ms.lim.MaxSeqLen,
+		Logger:         log,
 	}
-	return ms.cpu, nil
-}
-
-// kvBlocks is the number of KV blocks of an instance's CPU pool:
-// max_tokens_in_paged_kv_cache (default max_batch_size × the maximum sequence length)
-// in blocks of tokens_per_block, rounded up.
-func (ms *modelState) kvBlocks() int {
-	tokens := ms.cfg.MaxTokensInPagedKVCache
-	if tokens == 0 {
-		tokens = ms.cfg.MaxBatchSize * ms.lim.MaxSeqLen
-	}
-	return (tokens + ms.cfg.TokensPerBlock - 1) / ms.cfg.TokensPerBlock
 }
 
 // track records an in-flight request under its Triton request id.

@@ -47,7 +47,7 @@ const benchOutputLen = 128
 // with `active` sequences in flight and an engine that returns at once.
 func schedBench(b *testing.B, active int) {
 	const prompt, tpb = 16, 16
-	eng := &instantEngine{info: engine.Info{Arch: "instant", VocabSize: 50000, MaxSeqLen: 4096, NumBlocks: active * 12, TokensPerBlock: tpb, EndID: -1}}
+	eng := &instantEngine{info: engine.Info{VocabSize: 50000, MaxSeqLen: 4096, NumBlocks: active * 12, TokensPerBlock: tpb}}
 	next := uint64(0)
 	var finished int
 	newReq := func(out int) *InferenceRequest {
@@ -56,7 +56,7 @@ func schedBench(b *testing.B, active int) {
 		for i := range p {
 			p[i] = int32(next+uint64(i)) % 50000
 		}
-		return &InferenceRequest{ID: next, InputIDs: p, MaxNewTokens: out, EndID: -1, PadID: -1, Streaming: true}
+		return &InferenceRequest{ID: next, InputIDs: p, MaxNewTokens: out, PadID: -1, Streaming: true}
 	}
 	var queue []*InferenceRequest
 	// Stagger the first requests' lengths so that finishes spread over the iterations.
@@ -73,7 +73,7 @@ func schedBench(b *testing.B, active int) {
 			queue = queue[n:]
 			return out
 		},
-		SendResponse: func(id uint64, out []Tensor, final bool, err error) {
+		SendResponse: func(id uint64, out Result, final bool, err error) {
 			if err != nil {
 				panic(err)
 			}

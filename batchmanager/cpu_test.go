@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"gollm/engine"
+	"gollm/engine/cpu"
 	"gollm/model"
 )
 
@@ -23,14 +24,14 @@ const tinyDir = "../testdata/gpt2-tiny"
 
 var (
 	tinyOnce  sync.Once
-	tinyModel *model.GPT2
+	tinyModel *model.Float32
 	tinyErr   error
 )
 
 // tinyGPT2 loads the checkpoint once; engines share its (read-only) weights.
-func tinyGPT2(t testing.TB) *model.GPT2 {
+func tinyGPT2(t testing.TB) *model.Float32 {
 	t.Helper()
-	tinyOnce.Do(func() { tinyModel, tinyErr = model.LoadGPT2Dir(tinyDir) })
+	tinyOnce.Do(func() { tinyModel, tinyErr = model.LoadFloat32(tinyDir) })
 	if tinyErr != nil {
 		t.Fatal(tinyErr)
 	}
@@ -38,9 +39,9 @@ func tinyGPT2(t testing.TB) *model.GPT2 {
 }
 
 // cpuEngine is a CPU engine on the tiny checkpoint with the given pool.
-func cpuEngine(t testing.TB, blocks, perBlock int) *engine.CPU {
+func cpuEngine(t testing.TB, blocks, perBlock int) *cpu.Engine {
 	t.Helper()
-	e, err := engine.NewCPU(tinyGPT2(t), engine.KVConfig{NumBlocks: blocks, TokensPerBlock: perBlock})
+	e, err := cpu.NewFromModel(tinyGPT2(t), engine.KVConfig{NumBlocks: blocks, TokensPerBlock: perBlock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +64,7 @@ func soloGreedy(t testing.TB, prompt []int32, maxNew int) []int32 {
 	var out []int32
 	for len(out) < maxNew && len(hist) < e.Info().MaxSeqLen {
 		outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{{ID: 1, Tokens: toks, Pos: pos, Blocks: blocks, Sample: true,
-			Sampling: engine.SamplingParams{EndID: -1}, History: hist, NumGenerated: len(out)}}})
+			Sampling: engine.SamplingParams{}, History: hist, NumGenerated: len(out)}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -133,12 +134,12 @@ func runArrivals(t *testing.T, eng engine.Engine, cfg Config, arrivals []arrival
 // output lengths arriving at random iterations.
 func probeWorkload(seed uint64, maxPrompt int) []arrival {
 	rng := rand.New(rand.NewPCG(seed, 99))
-	probe := &InferenceRequest{ID: 1000, InputIDs: randPrompt(rng, 12, 1000), MaxNewTokens: 24, EndID: -1, PadID: -1, ExcludeInputInOutput: true}
+	probe := &InferenceRequest{ID: 1000, InputIDs: randPrompt(rng, 12, 1000), MaxNewTokens: 24, PadID: -1, ExcludeInputInOutput: true}
 	as := []arrival{{at: 1 + rng.IntN(3), req: probe}}
 	for i := range 31 {
 		as = append(as, arrival{at: 1 + rng.IntN(40), req: &InferenceRequest{
 			ID: uint64(i), InputIDs: randPrompt(rng, 1+rng.IntN(maxPrompt), 1000), MaxNewTokens: 1 + rng.IntN(30),
-			EndID: -1, PadID: -1, Streaming: i%2 == 1, ExcludeInputInOutput: true,
+			PadID: -1, Streaming: i%2 == 1, ExcludeInputInOutput: true,
 		}})
 	}
 	return as
@@ -217,7 +218,7 @@ func TestStaticBatchAdmitsNothingUntilTheBatchFinishes(t *testing.T) {
 	var as []arrival
 	for i := range 12 {
 		as = append(as, arrival{at: 1 + rng.IntN(20), req: &InferenceRequest{ID: uint64(i), InputIDs: randPrompt(rng, 1+rng.IntN(8), 50),
-			MaxNewTokens: 1 + rng.IntN(12), EndID: -1, PadID: -1}})
+			MaxNewTokens: 1 + rng.IntN(12), PadID: -1}})
 	}
 	runArrivals(t, eng, Config{Policy: StaticBatch, MaxBatchSize: 4}, as)
 	eng.mu.Lock()
@@ -257,7 +258,7 @@ func TestV1PadsAndRunsInLockstep(t *testing.T) {
 	finalAt := map[uint64]int{}
 	cb := c.callbacks()
 	send := cb.SendResponse
-	cb.SendResponse = func(id uint64, out []Tensor, final bool, err error) {
+	cb.SendResponse = func(id uint64, out Result, final bool, err error) {
 		if final {
 			eng.mu.Lock() // Step has returned; read its counter
 			finalAt[id] = eng.steps
@@ -266,9 +267,9 @@ func TestV1PadsAndRunsInLockstep(t *testing.T) {
 		send(id, out, final, err)
 	}
 	reqs := []*InferenceRequest{
-		{ID: 1, InputIDs: []int32{1, 2, 3}, MaxNewTokens: 3, EndID: -1, PadID: 49},
-		{ID: 2, InputIDs: []int32{4}, MaxNewTokens: 9, EndID: -1, PadID: 49},
-		{ID: 3, InputIDs: []int32{5, 6}, MaxNewTokens: 6, EndID: -1, PadID: 49, Streaming: true},
+		{ID: 1, InputIDs: []int32{1, 2, 3}, MaxNewTokens: 3, PadID: 49},
+		{ID: 2, InputIDs: []int32{4}, MaxNewTokens: 9, PadID: 49},
+		{ID: 3, InputIDs: []int32{5, 6}, MaxNewTokens: 6, PadID: 49, Streaming: true},
 	}
 	c.add(reqs...)
 	m, err := New(eng, Config{ModelType: V1, IdleWait: time.Millisecond}, cb, nil)
@@ -278,7 +279,7 @@ func TestV1PadsAndRunsInLockstep(t *testing.T) {
 	defer m.Shutdown()
 	c.wait(t, 3)
 	// A late request must wait for the whole batch.
-	c.add(&InferenceRequest{ID: 4, InputIDs: []int32{7}, MaxNewTokens: 2, EndID: -1, PadID: 49})
+	c.add(&InferenceRequest{ID: 4, InputIDs: []int32{7}, MaxNewTokens: 2, PadID: 49})
 	c.wait(t, 1)
 
 	t.Run("every answer of a batch goes out at the same iteration", func(t *testing.T) {
@@ -317,11 +318,10 @@ func TestV1PadsAndRunsInLockstep(t *testing.T) {
 	})
 	t.Run("non-streaming outputs are padded with pad_id to the longest", func(t *testing.T) {
 		rs := c.responses(1)
-		ids := tensorByName(t, rs[0].out, "output_ids").Data.([]int32)
-		sl := tensorByName(t, rs[0].out, "sequence_length").Data.([]int32)
+		ids, sl := rs[0].out.Tokens, rs[0].out.Length
 		gen := fakeGenerate([]int32{1, 2, 3}, 3, 50, 128, -1, nil)
 		want := append(append([]int32{1, 2, 3}, gen...), slices.Repeat([]int32{49}, 6)...)
-		if !slices.Equal(ids, want) || sl[0] != 6 {
+		if !slices.Equal(ids, want) || sl != 6 {
 			t.Errorf("output_ids %v sequence_length %v, want %v and 6", ids, sl, want)
 		}
 	})

@@ -36,8 +36,8 @@ type fakeEngine struct {
 
 // newFake makes a fake engine with vocab 50, max sequence length 128.
 func newFake(numBlocks, tpb int) *fakeEngine {
-	f := &fakeEngine{info: engine.Info{Arch: "fake", VocabSize: 50, MaxSeqLen: 128, Layers: 1, KVHeads: 1, HeadDim: 1,
-		NumBlocks: numBlocks, TokensPerBlock: tpb, EndID: -1}}
+	f := &fakeEngine{info: engine.Info{VocabSize: 50, MaxSeqLen: 128, Layers: 1, KVHeads: 1, HeadDim: 1,
+		NumBlocks: numBlocks, TokensPerBlock: tpb}}
 	f.kv = make([][]int32, numBlocks)
 	for i := range f.kv {
 		f.kv[i] = slices.Repeat([]int32{-1}, tpb)
@@ -148,8 +148,8 @@ func (f *fakeEngine) Step(b *engine.Batch) ([]engine.Output, error) {
 
 // response is one SendResponse call.
 type response struct {
-	// out are the tensors.
-	out []Tensor
+	// out is the result.
+	out Result
 	// final is the final flag.
 	final bool
 	// err is the error.
@@ -198,7 +198,7 @@ func (c *client) callbacks() Callbacks {
 			c.queue = slices.Clone(c.queue[n:])
 			return out
 		},
-		SendResponse: func(id uint64, out []Tensor, final bool, err error) {
+		SendResponse: func(id uint64, out Result, final bool, err error) {
 			c.mu.Lock()
 			c.resp[id] = append(c.resp[id], response{out, final, err})
 			if final {
@@ -284,25 +284,12 @@ func (c *client) tokensOf(t *testing.T, id uint64) ([]int32, error) {
 		if r.err != nil {
 			return toks, r.err
 		}
-		ids := tensorByName(t, r.out, "output_ids").Data.([]int32)
-		sl := tensorByName(t, r.out, "sequence_length").Data.([]int32)
-		if int(sl[0]) > len(ids) {
-			t.Fatalf("request %d: sequence_length %d > %d output ids", id, sl[0], len(ids))
+		if r.out.Length > len(r.out.Tokens) {
+			t.Fatalf("request %d: Length %d > %d tokens", id, r.out.Length, len(r.out.Tokens))
 		}
-		toks = append(toks, ids[:sl[0]]...)
+		toks = append(toks, r.out.Tokens[:r.out.Length]...)
 	}
 	return toks, nil
-}
-
-func tensorByName(t *testing.T, ts []Tensor, name string) Tensor {
-	t.Helper()
-	for _, x := range ts {
-		if x.Name == name {
-			return x
-		}
-	}
-	t.Fatalf("no %s tensor among %d", name, len(ts))
-	return Tensor{}
 }
 
 // start makes a manager over eng with a fresh client.

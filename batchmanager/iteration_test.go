@@ -38,7 +38,7 @@ func poison(v reflect.Value) {
 func TestFillBatchRewritesEveryFieldOfAReusedSlot(t *testing.T) {
 	m, err := newManager(newFake(32, 4), Config{}, Callbacks{
 		GetInferenceRequests: func(int) []*InferenceRequest { return nil },
-		SendResponse:         func(uint64, []Tensor, bool, error) {},
+		SendResponse:         func(uint64, Result, bool, error) {},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -54,11 +54,11 @@ func TestFillBatchRewritesEveryFieldOfAReusedSlot(t *testing.T) {
 	}
 	// One request mid-generation with every sampling and output option set, one whose
 	// prompt is in its second chunk, all defaults.
-	gen := mk(1, []int32{1, 2, 3}, InferenceRequest{EndID: 9, Streaming: true, ReturnGenerationLogits: true,
+	gen := mk(1, []int32{1, 2, 3}, InferenceRequest{EndIDs: []int32{9}, Streaming: true, ReturnGenerationLogits: true,
 		Sampling: engine.SamplingParams{Temperature: 0.7, TopK: 5, TopP: 0.9, Seed: 3, BadWords: [][]int32{{4, 5}}, EmbeddingBias: make([]float32, 50)}})
 	gen.tokens = append(gen.tokens, 11, 12)
 	gen.generated, gen.computed, gen.n = 2, 4, 1
-	ctx := mk(2, []int32{5, 6, 7, 8, 9, 10}, InferenceRequest{EndID: -1, ReturnContextLogits: true})
+	ctx := mk(2, []int32{5, 6, 7, 8, 9, 10}, InferenceRequest{ReturnContextLogits: true})
 	ctx.computed, ctx.n = 4, 2
 	for _, r := range []*request{gen, ctx} {
 		if err := r.kv.Reserve(r.computed + r.n); err != nil {
@@ -93,65 +93,36 @@ func TestFillBatchRewritesEveryFieldOfAReusedSlot(t *testing.T) {
 	}
 }
 
-func TestOneTokenResponsesEachOwnTheirData(t *testing.T) {
-	var s responseSlab
-	type sent struct {
-		tok int32
-		out []Tensor
+func TestStreamedResultsAreCappedViewsThatNeverChange(t *testing.T) {
+	m, c := start(t, newFake(64, 4), Config{})
+	_ = m
+	const n = 40
+	c.add(&InferenceRequest{ID: 1, InputIDs: []int32{1, 2, 3}, MaxNewTokens: n, PadID: -1, Streaming: true, ReturnLogProbs: true})
+	c.wait(t, 1)
+	rs := c.responses(1)
+	// Each response's token and log-probability as they are now: a later step would have
+	// changed an earlier response's view had the manager reused its memory.
+	want := fakeGenerate([]int32{1, 2, 3}, n, 50, 128, -1, nil)
+	if len(rs) != n {
+		t.Fatalf("%d responses, want %d", len(rs), n)
 	}
-	var all []sent
-	// Enough responses for several box chunks and tensor blocks, and a few that are not
-	// one token long.
-	for i := range tensorBlock + 3*boxChunk {
-		tok := int32(i)
-		if i%100 == 7 {
-			tok := []int32{tok, -tok}
-			out := s.tokens(tok)
-			if got, ok := out[0].Data.([]int32); !ok || !slices.Equal(got, tok) || !slices.Equal(out[0].Shape, []int64{1, 2}) {
-				t.Fatalf("two tokens: output_ids %+v, want %v", out[0], tok)
-			}
-			continue
+	for i, r := range rs {
+		res := r.out
+		if len(res.Tokens) != 1 || res.Tokens[0] != want[i] || res.Length != 1 {
+			t.Fatalf("response %d: tokens %v (length %d), want [%d]", i, res.Tokens, res.Length, want[i])
 		}
-		all = append(all, sent{tok, s.tokens([]int32{tok})})
-	}
-	seen := map[*int32]bool{}
-	for _, r := range all {
-		if len(r.out) != 2 || cap(r.out) != 2 {
-			t.Fatalf("token %d: %d tensors (cap %d), want output_ids and sequence_length, capped", r.tok, len(r.out), cap(r.out))
+		if cap(res.Tokens) != 1 || cap(res.LogProbs) != 1 {
+			t.Fatalf("response %d: views of capacity %d and %d, want 1: a receiver's append would reach the next token", i, cap(res.Tokens), cap(res.LogProbs))
 		}
-		ids, ok := r.out[0].Data.([]int32)
-		if r.out[0].Name != "output_ids" || !ok || !slices.Equal(ids, []int32{r.tok}) || !slices.Equal(r.out[0].Shape, []int64{1, 1}) {
-			t.Fatalf("token %d: output_ids %+v, want [%d] of shape [1 1]", r.tok, r.out[0], r.tok)
+		if res.PromptLen != 3 || res.Generated != i+1 {
+			t.Errorf("response %d: counts %d prompt, %d generated; want 3 and %d", i, res.PromptLen, res.Generated, i+1)
 		}
-		if seen[&ids[0]] {
-			t.Fatalf("token %d: output_ids shares its data with another response", r.tok)
-		}
-		seen[&ids[0]] = true
-		if n, ok := r.out[1].Data.([]int32); r.out[1].Name != "sequence_length" || !ok || !slices.Equal(n, []int32{1}) || !slices.Equal(r.out[1].Shape, []int64{1}) {
-			t.Fatalf("token %d: sequence_length %+v, want [1] of shape [1]", r.tok, r.out[1])
+		if final := i == n-1; r.final != final || (res.Finish == NotFinished) == final {
+			t.Errorf("response %d: final %v, finish %v", i, r.final, res.Finish)
 		}
 	}
-	// A receiver that appends to what it got must not reach another response.
-	for _, r := range all {
-		_ = append(r.out[0].Data.([]int32), -1)
-		_ = append(r.out, Tensor{Name: "appended"})
-	}
-	for _, r := range all {
-		if ids := r.out[0].Data.([]int32); ids[0] != r.tok || r.out[1].Name != "sequence_length" {
-			t.Fatalf("token %d: another response's append changed this one to %+v", r.tok, r.out)
-		}
-	}
-
-	// The point of the slab: a batch of one-token responses costs a few allocations,
-	// not one or more per response.
-	const n = 256
-	allocs := testing.AllocsPerRun(20, func() {
-		for i := range n {
-			s.tokens([]int32{int32(i)})
-		}
-	})
-	if limit := float64(2 + 2*n/boxChunk); allocs > limit {
-		t.Errorf("%v allocations for %d one-token responses, want at most %v", allocs, n, limit)
+	if rs[n-1].out.Finish != FinishedLength {
+		t.Errorf("finish reason %v, want LENGTH", rs[n-1].out.Finish)
 	}
 }
 

@@ -20,10 +20,10 @@ func TestPrefixReuseOfAThreeBlockPrefix(t *testing.T) {
 	want := soloGreedy(t, second, 10)
 
 	m, c := start(t, cpuEngine(t, 32, T), Config{EnableKVCacheReuse: true})
-	c.add(&InferenceRequest{ID: 1, InputIDs: first, MaxNewTokens: 4, EndID: -1, PadID: -1})
+	c.add(&InferenceRequest{ID: 1, InputIDs: first, MaxNewTokens: 4, PadID: -1})
 	c.wait(t, 1)
 	before := m.Stats().ReusedKVCacheBlocks
-	c.add(&InferenceRequest{ID: 2, InputIDs: second, MaxNewTokens: 10, EndID: -1, PadID: -1, ExcludeInputInOutput: true})
+	c.add(&InferenceRequest{ID: 2, InputIDs: second, MaxNewTokens: 10, PadID: -1, ExcludeInputInOutput: true})
 	c.wait(t, 1)
 	got, err := c.tokensOf(t, 2)
 	if err != nil {
@@ -69,7 +69,7 @@ func TestThousandRandomRequestsWithCancellationsLeaveNothingBehind(t *testing.T)
 		if rng.IntN(4) == 0 {
 			prompt = append(slices.Clone(shared), prompt...)
 		}
-		c.add(&InferenceRequest{ID: uint64(i), InputIDs: prompt, MaxNewTokens: 1 + rng.IntN(8), EndID: int32(rng.IntN(1000)), PadID: -1, Streaming: rng.IntN(2) == 0})
+		c.add(&InferenceRequest{ID: uint64(i), InputIDs: prompt, MaxNewTokens: 1 + rng.IntN(8), EndIDs: []int32{int32(rng.IntN(1000))}, PadID: -1, Streaming: rng.IntN(2) == 0})
 		if rng.IntN(5) == 0 {
 			c.stop(uint64(i - rng.IntN(min(i+1, 40))))
 			cancelled++
@@ -107,7 +107,7 @@ func TestThousandRandomRequestsWithCancellationsLeaveNothingBehind(t *testing.T)
 func TestStatsJSONHasEverySeedField(t *testing.T) {
 	m, c := start(t, cpuEngine(t, 32, 8), Config{MaxBatchSize: 8})
 	for i := range 4 {
-		c.add(&InferenceRequest{ID: uint64(i), InputIDs: []int32{1, 2, 3, int32(i)}, MaxNewTokens: 5, EndID: -1, PadID: -1})
+		c.add(&InferenceRequest{ID: uint64(i), InputIDs: []int32{1, 2, 3, int32(i)}, MaxNewTokens: 5, PadID: -1})
 	}
 	c.wait(t, 4)
 	poolWhole(t, m)
@@ -170,7 +170,7 @@ func TestStatsEngineTimeIsTheStep(t *testing.T) {
 	const pause = 3 * time.Millisecond
 	eng.onStep = func(*engine.Batch) { time.Sleep(pause) }
 	_, c := start(t, eng, Config{MaxBatchSize: 4})
-	c.add(&InferenceRequest{ID: 1, InputIDs: []int32{1, 2, 3}, MaxNewTokens: 3, EndID: -1, PadID: -1})
+	c.add(&InferenceRequest{ID: 1, InputIDs: []int32{1, 2, 3}, MaxNewTokens: 3, PadID: -1})
 	c.wait(t, 1)
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -56,7 +56,7 @@ func TestManagerOutputsMatchSoloGeneration(t *testing.T) {
 			for i := range 20 {
 				reqs = append(reqs, &InferenceRequest{
 					ID: uint64(i + 1), InputIDs: randPrompt(rng, 1+rng.IntN(12), 50), MaxNewTokens: 1 + rng.IntN(10),
-					EndID: -1, PadID: -1, Streaming: i%2 == 0, ExcludeInputInOutput: i%3 == 0,
+					PadID: -1, Streaming: i%2 == 0, ExcludeInputInOutput: i%3 == 0,
 				})
 			}
 			c.add(reqs...)
@@ -103,10 +103,10 @@ func TestStopConditions(t *testing.T) {
 		}
 	}
 	c.add(
-		&InferenceRequest{ID: 1, InputIDs: prompt, MaxNewTokens: 20, EndID: endID, PadID: -1, ExcludeInputInOutput: true},
-		&InferenceRequest{ID: 2, InputIDs: prompt, MaxNewTokens: 20, EndID: -1, PadID: -1, StopWords: [][]int32{stop}, ExcludeInputInOutput: true},
-		&InferenceRequest{ID: 3, InputIDs: randPrompt(rand.New(rand.NewPCG(3, 3)), 120, 50), MaxNewTokens: 50, EndID: -1, PadID: -1, ExcludeInputInOutput: true},
-		&InferenceRequest{ID: 4, InputIDs: prompt, MaxNewTokens: 20, EndID: endID, PadID: -1, Streaming: true},
+		&InferenceRequest{ID: 1, InputIDs: prompt, MaxNewTokens: 20, EndIDs: []int32{endID}, PadID: -1, ExcludeInputInOutput: true},
+		&InferenceRequest{ID: 2, InputIDs: prompt, MaxNewTokens: 20, PadID: -1, StopWords: [][]int32{stop}, ExcludeInputInOutput: true},
+		&InferenceRequest{ID: 3, InputIDs: randPrompt(rand.New(rand.NewPCG(3, 3)), 120, 50), MaxNewTokens: 50, PadID: -1, ExcludeInputInOutput: true},
+		&InferenceRequest{ID: 4, InputIDs: prompt, MaxNewTokens: 20, EndIDs: []int32{endID}, PadID: -1, Streaming: true},
 	)
 	c.wait(t, 4)
 	check := func(id uint64, want []int32) {
@@ -128,7 +128,7 @@ func TestStopConditions(t *testing.T) {
 		check(4, solo[:endAt])
 		rs := c.responses(4)
 		last := rs[len(rs)-1]
-		if !last.final || len(tensorByName(t, last.out, "output_ids").Data.([]int32)) != 0 {
+		if !last.final || len(last.out.Tokens) != 0 {
 			t.Errorf("final response: %+v", last)
 		}
 		if len(rs) != endAt+1 {
@@ -141,9 +141,9 @@ func TestDuplicateIDRejectedAndReusableAfterFinal(t *testing.T) {
 	eng := newFake(64, 4)
 	eng.delay = 2 * time.Millisecond
 	m, c := start(t, eng, Config{})
-	c.add(&InferenceRequest{ID: 7, InputIDs: []int32{1, 2}, MaxNewTokens: 30, EndID: -1, PadID: -1})
+	c.add(&InferenceRequest{ID: 7, InputIDs: []int32{1, 2}, MaxNewTokens: 30, PadID: -1})
 	eventually(t, "request 7 runs", func() bool { return m.Stats().ActiveRequestCount == 1 })
-	c.add(&InferenceRequest{ID: 7, InputIDs: []int32{3}, MaxNewTokens: 1, EndID: -1, PadID: -1})
+	c.add(&InferenceRequest{ID: 7, InputIDs: []int32{3}, MaxNewTokens: 1, PadID: -1})
 	c.wait(t, 1)
 	rs := c.responses(7)
 	if len(rs) != 1 || !rs[0].final || !errors.Is(rs[0].err, ErrDuplicateID) {
@@ -151,11 +151,11 @@ func TestDuplicateIDRejectedAndReusableAfterFinal(t *testing.T) {
 	}
 	c.wait(t, 1)
 	// Now the first has finished: the ID may be used again.
-	c.add(&InferenceRequest{ID: 7, InputIDs: []int32{3}, MaxNewTokens: 2, EndID: -1, PadID: -1, ExcludeInputInOutput: true})
+	c.add(&InferenceRequest{ID: 7, InputIDs: []int32{3}, MaxNewTokens: 2, PadID: -1, ExcludeInputInOutput: true})
 	c.wait(t, 1)
 	rs = c.responses(7)
 	last := rs[len(rs)-1]
-	if last.err != nil || !slices.Equal(tensorByName(t, last.out, "output_ids").Data.([]int32), fakeGenerate([]int32{3}, 2, 50, 128, -1, nil)) {
+	if last.err != nil || !slices.Equal(last.out.Tokens, fakeGenerate([]int32{3}, 2, 50, 128, -1, nil)) {
 		t.Fatalf("reused ID: got %+v", last)
 	}
 	poolWhole(t, m)
@@ -166,7 +166,7 @@ func TestCancellationFreesEveryBlock(t *testing.T) {
 	eng.delay = time.Millisecond
 	m, c := start(t, eng, Config{})
 	for i := range 5 {
-		c.add(&InferenceRequest{ID: uint64(i), InputIDs: []int32{1, 2, 3, 4, 5}, MaxNewTokens: 25, EndID: -1, PadID: -1, Streaming: true})
+		c.add(&InferenceRequest{ID: uint64(i), InputIDs: []int32{1, 2, 3, 4, 5}, MaxNewTokens: 25, PadID: -1, Streaming: true})
 	}
 	eventually(t, "every request has streamed a token", func() bool {
 		c.mu.Lock()
@@ -202,12 +202,12 @@ func TestEngineErrorFailsTheBatchAndTheLoopGoesOn(t *testing.T) {
 	eng.mu.Lock()
 	eng.failNext = true
 	eng.mu.Unlock()
-	c.add(&InferenceRequest{ID: 1, InputIDs: []int32{1}, MaxNewTokens: 3, EndID: -1, PadID: -1})
+	c.add(&InferenceRequest{ID: 1, InputIDs: []int32{1}, MaxNewTokens: 3, PadID: -1})
 	c.wait(t, 1)
 	if rs := c.responses(1); len(rs) != 1 || !errors.Is(rs[0].err, ErrEngine) {
 		t.Fatalf("got %+v, want one final ErrEngine", rs)
 	}
-	c.add(&InferenceRequest{ID: 2, InputIDs: []int32{1}, MaxNewTokens: 3, EndID: -1, PadID: -1})
+	c.add(&InferenceRequest{ID: 2, InputIDs: []int32{1}, MaxNewTokens: 3, PadID: -1})
 	c.wait(t, 1)
 	if rs := c.responses(2); len(rs) != 1 || rs[0].err != nil {
 		t.Fatalf("after the failure: got %+v, want a good answer", rs)
@@ -221,12 +221,12 @@ func TestPanicInTheLoopFailsRequestsAndTheLoopGoesOn(t *testing.T) {
 	eng.mu.Lock()
 	eng.panicNext = true
 	eng.mu.Unlock()
-	c.add(&InferenceRequest{ID: 1, InputIDs: []int32{1}, MaxNewTokens: 3, EndID: -1, PadID: -1})
+	c.add(&InferenceRequest{ID: 1, InputIDs: []int32{1}, MaxNewTokens: 3, PadID: -1})
 	c.wait(t, 1)
 	if rs := c.responses(1); len(rs) != 1 || !errors.Is(rs[0].err, ErrInternal) {
 		t.Fatalf("got %+v, want one final ErrInternal", rs)
 	}
-	c.add(&InferenceRequest{ID: 2, InputIDs: []int32{1}, MaxNewTokens: 3, EndID: -1, PadID: -1})
+	c.add(&InferenceRequest{ID: 2, InputIDs: []int32{1}, MaxNewTokens: 3, PadID: -1})
 	c.wait(t, 1)
 	if rs := c.responses(2); len(rs) != 1 || rs[0].err != nil {
 		t.Fatalf("after the panic: got %+v", rs)
@@ -239,7 +239,7 @@ func TestShutdownFailsEveryRequestInFlight(t *testing.T) {
 	eng.delay = time.Millisecond
 	m, c := start(t, eng, Config{MaxBatchSize: 2})
 	for i := range 4 {
-		c.add(&InferenceRequest{ID: uint64(i), InputIDs: []int32{1}, MaxNewTokens: 100, EndID: -1, PadID: -1})
+		c.add(&InferenceRequest{ID: uint64(i), InputIDs: []int32{1}, MaxNewTokens: 100, PadID: -1})
 	}
 	eventually(t, "two requests run", func() bool { return m.Stats().ActiveRequestCount == 2 })
 	m.Shutdown()
@@ -268,7 +268,7 @@ func TestInvalidRequestsGetAClearError(t *testing.T) {
 		{&InferenceRequest{ID: 6, InputIDs: []int32{1}, MaxNewTokens: 1, StopWords: [][]int32{{}}}, "stop_words_list[0]: empty"},
 		{&InferenceRequest{ID: 7, InputIDs: []int32{1}, MaxNewTokens: 1, Sampling: engine.SamplingParams{EmbeddingBias: []float32{1}}}, "embedding_bias has 1 values, want the vocabulary size 50"},
 		{&InferenceRequest{ID: 8, InputIDs: []int32{1}, MaxNewTokens: 1, Sampling: engine.SamplingParams{TopP: 1.5}}, "top_p 1.5 must be in [0, 1]"},
-		{&InferenceRequest{ID: 9, InputIDs: []int32{1}, MaxNewTokens: 1, EndID: 50}, "end_id 50 must be -1 or in [0, 50)"},
+		{&InferenceRequest{ID: 9, InputIDs: []int32{1}, MaxNewTokens: 1, EndIDs: []int32{50}}, "end_id 50 must be in [0, 50)"},
 	}
 	for _, tc := range cases {
 		c.add(tc.req)

@@ -5,13 +5,13 @@ and bench/gpubench:
 
     python3 bench/gpu_peers.py --gpubench .carry/gpubench --lib .carry/libgollm_cuda.so
 
-It writes random-weight fp16 checkpoints (GPT-2 124M, and the GPT-350M shape of
-FasterTransformer's table: 24 layers, 16 heads of 64, vocabulary 51,200), measures the
-device-to-device copy bandwidth, runs gpubench (the engine alone), then the same
-workloads in transformers (eager `generate`, and `generate` with
-cache_implementation="static", which compiles), and writes every figure as a JSON line
-in BENCH.md's format to bench/results/<date>-gpu-<gpu>.jsonl (and --out), printing a
-table last.
+It writes random-weight fp16 checkpoints (GPT-2 124M; the GPT-350M shape of
+FasterTransformer's table: 24 layers, 16 heads of 64, vocabulary 51,200; the TinyLlama-1.1B
+and Llama-2-7B shapes — pick with --models), measures the device-to-device copy bandwidth,
+runs gpubench (the engine alone), then the same workloads in transformers (eager
+`generate`, and `generate` with cache_implementation="static", which compiles), and writes
+every figure as a JSON line in BENCH.md's format to bench/results/<date>-gpu-<gpu>.jsonl
+(appending; and --out), printing a table last.
 """
 import argparse
 import datetime
@@ -23,15 +23,27 @@ import sys
 import time
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
 MODELS = {
-    "gpt2-124M": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12),
-    "gpt-350M": dict(vocab_size=51200, n_positions=1024, n_embd=1024, n_layer=24, n_head=16),
+    "gpt2-124M": GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
+                            bos_token_id=0, eos_token_id=0),
+    "gpt-350M": GPT2Config(vocab_size=51200, n_positions=1024, n_embd=1024, n_layer=24, n_head=16,
+                           bos_token_id=0, eos_token_id=0),
+    "tinyllama-1.1B": LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                                  num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+                                  max_position_embeddings=2048, rms_norm_eps=1e-5, bos_token_id=1,
+                                  eos_token_id=2, tie_word_embeddings=False),
+    "llama2-7B": LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                             num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                             max_position_embeddings=4096, rms_norm_eps=1e-5, bos_token_id=1,
+                             eos_token_id=2, tie_word_embeddings=False),
 }
 WORKLOADS = {
     "gpt2-124M": ["decode_b1_i128_o128", "tput_b64_i128_o128"],
     "gpt-350M": ["lat_b1_i128_o8", "lat_b8_i128_o8", "lat_b64_i128_o8", "lat_b1_i512_o32", "lat_b16_i512_o32"],
+    "tinyllama-1.1B": ["decode_b1_i128_o128", "tput_b64_i128_o128"],
+    "llama2-7B": ["decode_b1_i128_o128", "tput_b64_i128_o128"],
 }
 # transformers' static cache compiles per shape; only these run it (the rest: eager).
 STATIC = {"decode_b1_i128_o128", "tput_b64_i128_o128", "lat_b1_i128_o8"}
@@ -45,11 +57,33 @@ def parse(w):
 
 def make_checkpoint(root, name):
     d = os.path.join(root, name)
-    if not os.path.exists(os.path.join(d, "model.safetensors")):
+    if not os.path.exists(os.path.join(d, "config.json")):
         torch.manual_seed(1)
-        m = GPT2LMHeadModel(GPT2Config(**MODELS[name], bos_token_id=0, eos_token_id=0))
-        m.half().save_pretrained(d, safe_serialization=True)
+        # Made on the GPU in fp16: a 7B model initialised on the CPU in fp32 takes minutes.
+        with torch.device("cuda"):
+            m = AutoModelForCausalLM.from_config(MODELS[name], torch_dtype=torch.float16)
+        m.save_pretrained(d, safe_serialization=True)
+        del m
+        torch.cuda.empty_cache()
     return d
+
+
+def step_bytes(name, ctx):
+    """Bytes a decode step reads at least: every weight once (the embedding only by the
+    rows it looks up, unless it is the tied LM head) and the KV cache of ctx positions."""
+    cfg = MODELS[name]
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(cfg)
+    total = sum(p.numel() for p in m.parameters())
+    if not cfg.tie_word_embeddings:
+        total -= m.get_input_embeddings().weight.numel()
+    if hasattr(cfg, "n_positions"):
+        total -= cfg.n_positions * cfg.n_embd  # wpe: one row a token
+        layers, kv_width = cfg.n_layer, cfg.n_embd
+    else:
+        layers = cfg.num_hidden_layers
+        kv_width = cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    return 2 * total + 2 * 2 * layers * kv_width * ctx
 
 
 def copy_bandwidth():
@@ -110,6 +144,7 @@ def main():
     ap.add_argument("--out", default="")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-static", action="store_true")
+    ap.add_argument("--models", default="gpt2-124M,gpt-350M", help="comma-separated: " + ",".join(MODELS))
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     gpu = torch.cuda.get_device_name()
@@ -132,7 +167,7 @@ def main():
 
     bw = copy_bandwidth()
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s (read + write)", flush=True)
-    for name in MODELS:
+    for name in args.models.split(","):
         ckpt = make_checkpoint(args.work, name)
         cmd = [args.gpubench, "-ckpt", ckpt, "-model", name, "-workloads", ",".join(WORKLOADS[name])]
         if args.lib:
@@ -146,14 +181,12 @@ def main():
             for line in res.stdout.splitlines():
                 r = json.loads(line)
                 add(r["model"], r["workload"], r["impl"], r["metric"], r["value"])
-        # The floor: weight bytes read once per step (wpe and the KV cache aside), over the
-        # measured bandwidth.
+        # The floor: the bytes a step must read (weights once, the KV cache of the
+        # sequences' mean length), over the measured bandwidth.
         cfg = MODELS[name]
-        H, L, V = cfg["n_embd"], cfg["n_layer"], cfg["vocab_size"]
-        weight_bytes = 2 * (V * H + L * 12 * H * H)
         for w in WORKLOADS[name]:
             kind, b, i, o = parse(w)
-            step = weight_bytes / bw
+            step = step_bytes(name, b * (i + o // 2)) / bw
             if kind == "decode":
                 add(name, w, "floor", "ms_per_token", step * 1e3)
             elif kind == "lat":
@@ -163,9 +196,9 @@ def main():
         if args.skip_hf:
             continue
         try:
-            model = GPT2LMHeadModel.from_pretrained(ckpt, dtype=torch.float16)
+            model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float16)
         except TypeError:
-            model = GPT2LMHeadModel.from_pretrained(ckpt, torch_dtype=torch.float16)
+            model = AutoModelForCausalLM.from_pretrained(ckpt, torch_dtype=torch.float16)
         model = model.cuda().eval()
         with torch.no_grad():
             for w in WORKLOADS[name]:
@@ -174,7 +207,7 @@ def main():
                     if static and (args.skip_static or w not in STATIC):
                         continue
                     try:
-                        full, first = hf_run(model, b, i, o, static, cfg["vocab_size"])
+                        full, first = hf_run(model, b, i, o, static, cfg.vocab_size)
                     except Exception as e:  # a peer failing must not lose the other figures
                         print(f"{impl} {name} {w}: {type(e).__name__}: {e}", flush=True)
                         continue
@@ -187,7 +220,7 @@ def main():
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"{date}-gpu-{short}.jsonl")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     for p in filter(None, [path, args.out]):
-        with open(p, "w") as f:
+        with open(p, "a") as f:
             for r in results:
                 f.write(json.dumps(r) + "\n")
     impls = []

@@ -8,14 +8,15 @@
 
 namespace gollm {
 
-// qkv_kv_write_kernel: the QKV GEMM's epilogue. Grid (n, ceil(3·hidden / 4 / 256)), 256
-// threads; a thread takes 4 consecutive elements of row blockIdx.x (16-byte loads and
-// 8-byte pool stores: head_dim is a multiple of 8, which engine creation enforces, so the
-// four never straddle a head or the q/k/v thirds).
-//   qkv:  [n][3*hidden] fp32 from the QKV GEMM; bias [3*hidden] fp32 is added here, and
-//         the query third is scaled by 1/sqrt(head_dim) in place for the attention kernels.
+// qkv_kv_write_kernel: the QKV GEMM's epilogue without rotary positions. Grid (n,
+// ceil(qkv_width / 4 / 256)), 256 threads; a thread takes 4 consecutive elements of row
+// blockIdx.x (16-byte loads and 8-byte pool stores: head_dim is a multiple of 8, which
+// engine creation enforces, so the four never straddle a head or the q/k/v parts).
+//   qkv:  [n][qkv_width] fp32 from the QKV GEMM, queries then keys then values; bias
+//         [qkv_width] fp32 (or null) is added here, and the queries are scaled by
+//         1/sqrt(head_dim) in place for the attention kernels.
 //   keys and values go to the pool at the row's position: block blocks[seq.blk_off + pos/T],
-//   slot pos%T, page geom.page(block, layer, 0|1, head), [slot][head_dim] within it.
+//   slot pos%T, page geom.page(block, layer, 0|1, kv head), [slot][head_dim] within it.
 // The bias and the row's block-table lookups come before the wait for the GEMM.
 template <typename T>
 __global__ void qkv_kv_write_kernel(float* __restrict__ qkv, const float* __restrict__ bias,
@@ -25,17 +26,17 @@ __global__ void qkv_kv_write_kernel(float* __restrict__ qkv, const float* __rest
                                     const int32_t* __restrict__ blocks, KVGeom g, int layer,
                                     float scale) {
   griddep_launch();
-  const int r = blockIdx.x, hidden = g.heads * g.head_dim;
+  const int r = blockIdx.x, width = g.qkv_width();
   const int c = 4 * (blockIdx.y * blockDim.x + threadIdx.x);
-  if (c >= 3 * hidden) return;
-  const float4 b = *reinterpret_cast<const float4*>(bias + c);
+  if (c >= width) return;
+  const float4 b = bias ? *reinterpret_cast<const float4*>(bias + c) : make_float4(0.f, 0.f, 0.f, 0.f);
   const int pos = row_pos[r];
   const int64_t block = blocks[seqs[row_seq[r]].blk_off + pos / g.tokens_per_block];
   griddep_wait();
-  float4* rp = reinterpret_cast<float4*>(qkv + (int64_t)r * 3 * hidden + c);
+  float4* rp = reinterpret_cast<float4*>(qkv + (int64_t)r * width + c);
   float4 v = *rp;
   v.x += b.x, v.y += b.y, v.z += b.z, v.w += b.w;
-  if (c < hidden) {
+  if (c < g.q_width()) {
     *rp = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
     return;
   }
@@ -43,19 +44,80 @@ __global__ void qkv_kv_write_kernel(float* __restrict__ qkv, const float* __rest
          v.w);
 }
 
+// qkv_rope_write_kernel: the QKV epilogue with rotary positions. One block of 256 threads
+// per row blockIdx.x; a thread takes one dimension pair (i, i + rope_dim/2) of one query
+// or key head at a time (rotate_half's pairing), rotated by the angle
+// inv_freq[i] · pos computed in fp32 as transformers does, then cos and sin; dimensions
+// past rope_dim and the values pass unrotated.
+//   qkv:  [n][qkv_width] fp32, bias [qkv_width] fp32 or null added first; the rotated,
+//         scaled queries are written back in place; keys and values go to the pool as in
+//         qkv_kv_write_kernel.
+//   inv_freq: [rope_dim/2] fp32.
+template <typename T>
+__global__ void qkv_rope_write_kernel(float* __restrict__ qkv, const float* __restrict__ bias,
+                                      T* __restrict__ kv, const int32_t* __restrict__ row_pos,
+                                      const int32_t* __restrict__ row_seq,
+                                      const DevSeq* __restrict__ seqs,
+                                      const int32_t* __restrict__ blocks, KVGeom g, int layer,
+                                      float scale, const float* __restrict__ inv_freq,
+                                      int rope_dim) {
+  griddep_launch();
+  const int r = blockIdx.x, D = g.head_dim, half = rope_dim / 2;
+  const int pos = row_pos[r];
+  const int64_t base =
+      g.at(blocks[seqs[row_seq[r]].blk_off + pos / g.tokens_per_block], layer, 0, 0,
+           pos % g.tokens_per_block);
+  griddep_wait();
+  float* row = qkv + (int64_t)r * g.qkv_width();
+  const int qk_heads = g.heads + g.kv_heads;
+  // Rotated pairs of the query and key heads; then the unrotated rest of every column.
+  const int pairs = qk_heads * half;
+  for (int k = threadIdx.x; k < pairs; k += blockDim.x) {
+    const int h = k / half, i = k % half;
+    const int c0 = h * D + i, c1 = c0 + half;
+    float a = row[c0], b = row[c1];
+    if (bias) a += bias[c0], b += bias[c1];
+    float sn, cs;
+    sincosf(inv_freq[i] * (float)pos, &sn, &cs);
+    const float x0 = a * cs - b * sn, x1 = b * cs + a * sn;
+    if (h < g.heads) {
+      row[c0] = x0 * scale;
+      row[c1] = x1 * scale;
+    } else {
+      kv[base + g.kv_col(c0)] = from_f32<T>(x0);
+      kv[base + g.kv_col(c1)] = from_f32<T>(x1);
+    }
+  }
+  const int width = g.qkv_width();
+  for (int c = threadIdx.x; c < width; c += blockDim.x) {
+    const int h = c / D, d = c % D;
+    if (h < qk_heads && d < rope_dim) continue;  // rotated above
+    const float v = row[c] + (bias ? bias[c] : 0.f);
+    if (h < g.heads)
+      row[c] = v * scale;
+    else
+      kv[base + g.kv_col(c)] = from_f32<T>(v);
+  }
+}
+
 template <typename T>
 void qkv_kv_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
                   const int32_t* row_seq, const DevSeq* seqs, const int32_t* blocks, KVGeom g,
-                  int layer, int n, Stream stream) {
+                  int layer, int n, const float* inv_freq, int rope_dim, Stream stream) {
   if (n == 0) return;
   const float scale = 1.f / sqrtf((float)g.head_dim);
-  const int hidden = g.heads * g.head_dim;
-  launch("qkv_kv_write_kernel", qkv_kv_write_kernel<T>, dim3(n, (3 * hidden / 4 + 255) / 256), 256,
-         0, stream, qkv, bias, kv, row_pos, row_seq, seqs, blocks, g, layer, scale);
+  if (inv_freq) {
+    launch("qkv_rope_write_kernel", qkv_rope_write_kernel<T>, n, 256, 0, stream, qkv, bias, kv,
+           row_pos, row_seq, seqs, blocks, g, layer, scale, inv_freq, rope_dim);
+    return;
+  }
+  launch("qkv_kv_write_kernel", qkv_kv_write_kernel<T>, dim3(n, (g.qkv_width() / 4 + 255) / 256),
+         256, 0, stream, qkv, bias, kv, row_pos, row_seq, seqs, blocks, g, layer, scale);
 }
 
 // Decode attention: one query row per sequence (its single new token), attending to the
-// positions 0..pos of its sequence. Grid (rows, heads, splits): a row of length len uses
+// positions 0..pos of its sequence (the last window of them in a layer with a sliding
+// window), through its query head's KV head. Grid (rows, heads, splits): a row of length len uses
 // parts = min(splits, ceil(len / kDecodeMinPart)) of them, each covering an equal share
 // of its positions, so short rows take one block and long ones spread over the GPU;
 // blocks past a row's parts exit at once. With one active
@@ -64,8 +126,8 @@ void qkv_kv_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
 // them, so no second launch is needed. Block: kDecodeThreads threads. Scores: a thread per
 // key, reading the key in 16-byte pieces; values: a thread per (key group, 8 dimensions),
 // so a warp reads whole value rows.
-//   qkv:  [N][3*hidden] fp32, queries pre-scaled
-//   att:  [N][hidden] T output
+//   qkv:  [N][qkv_width] fp32, queries pre-scaled
+//   att:  [N][heads·head_dim] T output
 //   dec_rows: [rows] token row of each decode query
 //   partial: [rows][heads][parts][head_dim] fp32; part_ml: [rows][heads][parts][2] fp32
 //   tickets: [rows][heads] int, zero between launches (the merging block resets its own)
@@ -75,7 +137,6 @@ void qkv_kv_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
 // head_dim 64), so rows up to 256 long take one block and no merge (H100, 124M b1 decode:
 // 0.45 -> 0.42 ms/token against 128 and 128).
 constexpr int kDecodeThreads = 256;
-constexpr int kDecodeMinPart = 256;
 constexpr int kDecodeVUnroll = 8;  // value rows a thread group has in flight
 
 // decode_smem: part_len is the most positions one block may cover (max_positions).
@@ -84,12 +145,6 @@ inline size_t decode_smem(int head_dim, int part_len, int threads = kDecodeThrea
   return sizeof(float) * (head_dim + part_len + (size_t)groups * head_dim);
 }
 
-// decode_splits chooses the grid's third dimension: enough blocks for a few per SM.
-inline int decode_splits(int rows, int heads, int sms, int max_len) {
-  int want = (4 * sms + rows * heads - 1) / (rows * heads);
-  int most = (max_len + kDecodeMinPart - 1) / kDecodeMinPart;
-  return std::max(1, std::min({want, most, 16}));
-}
 
 // decode_attend is the work of one (row i, head, part) of attention_decode_kernel, for
 // any block size that is a multiple of head_dim/8; smem as decode_smem says for it.
@@ -105,17 +160,20 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
                               const int32_t* __restrict__ row_pos,
                               const int32_t* __restrict__ row_seq,
                               const DevSeq* __restrict__ seqs, const int32_t* __restrict__ blocks,
-                              KVGeom g, int layer, int max_len, float* __restrict__ partial,
-                              float* __restrict__ part_ml, int* __restrict__ tickets, int i,
-                              int head, int part, int parts, float* smem) {
+                              KVGeom g, int layer, int window, int max_len,
+                              float* __restrict__ partial, float* __restrict__ part_ml,
+                              int* __restrict__ tickets, int i, int head, int part, int parts,
+                              float* smem) {
   using T2 = typename Pair<T>::type;
-  const int D = g.head_dim, D8 = D / 8, hidden = g.heads * D;
+  const int D = g.head_dim, D8 = D / 8;
+  const int kvh = g.kv_head(head);
   const int r = dec_rows[i];
   const int len = row_pos[r] + 1;
-  const int active = min(parts, (len + kDecodeMinPart - 1) / kDecodeMinPart);
+  const int lo = window > 0 ? max(0, len - window) : 0;  // the first position attended
+  const int active = min(parts, (len - lo + kDecodeMinPart - 1) / kDecodeMinPart);
   if (part >= active) return;
-  const int share = (len + active - 1) / active;
-  const int start = part * share;
+  const int share = (len - lo + active - 1) / active;
+  const int start = lo + part * share;
   const int end = min(len, start + share);
   const int32_t* table = blocks + seqs[row_seq[r]].blk_off;
   const int T_ = g.tokens_per_block;
@@ -127,7 +185,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   const int newest = len - 1;  // the position the previous kernel wrote
   // kv_row: position j's key (kind 0) or value (kind 1) for this head, in 16-byte pieces.
   auto kv_row = [&](int kind, int64_t blk, int j) {
-    return reinterpret_cast<const uint4*>(kv + g.at(blk, layer, kind, head, j % T_));
+    return reinterpret_cast<const uint4*>(kv + g.at(blk, layer, kind, kvh, j % T_));
   };
 
   // Before the wait: this thread's first key (its first 8 pieces) and its value group's
@@ -152,7 +210,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   }
   griddep_wait();
   for (int d = threadIdx.x; d < D; d += blockDim.x)
-    q[d] = qkv[(int64_t)r * 3 * hidden + head * D + d];
+    q[d] = qkv[(int64_t)r * g.qkv_width() + head * D + d];
   __syncthreads();
 
   // Each thread's key row is loaded in pieces of up to 8 16-byte loads issued together,
@@ -233,7 +291,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
     for (int e = 0; e < 8; e++) red[grp * D + c * 8 + e] = acc[e];
   }
   __syncthreads();
-  T* out = att + (int64_t)r * hidden + head * D;
+  T* out = att + (int64_t)r * g.q_width() + head * D;
   if (active == 1) {
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
       float o = 0.f;
@@ -281,41 +339,32 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
     const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
     const int32_t* __restrict__ dec_rows, const int32_t* __restrict__ row_pos,
     const int32_t* __restrict__ row_seq, const DevSeq* __restrict__ seqs,
-    const int32_t* __restrict__ blocks, KVGeom g, int layer, int max_len,
+    const int32_t* __restrict__ blocks, KVGeom g, int layer, int window, int max_len,
     float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets) {
   extern __shared__ float smem[];
   griddep_launch();  // decode_attend waits for the previous kernel itself
   decode_attend<T, kPre>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer,
-                         max_len, partial, part_ml, tickets, blockIdx.x, blockIdx.y, blockIdx.z,
-                         gridDim.z, smem);
+                         window, max_len, partial, part_ml, tickets, blockIdx.x, blockIdx.y,
+                         blockIdx.z, gridDim.z, smem);
 }
 
 template <typename T>
 void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_rows,
                       const int32_t* row_pos, const int32_t* row_seq, const DevSeq* seqs,
-                      const int32_t* blocks, KVGeom g, int layer, int rows, int splits,
-                      int max_len, float* partial, float* part_ml, int* tickets, bool prefetch,
-                      Stream stream) {
+                      const int32_t* blocks, KVGeom g, int layer, int window, int rows,
+                      int splits, int max_len, float* partial, float* part_ml, int* tickets,
+                      bool prefetch, Stream stream) {
   if (rows == 0) return;
   dim3 grid(rows, g.heads, splits);
   auto k = prefetch ? attention_decode_kernel<T, true> : attention_decode_kernel<T, false>;
   launch("attention_decode_kernel", k, grid, kDecodeThreads, decode_smem(g.head_dim, max_len),
-         stream, qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer, max_len,
+         stream, qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer, window, max_len,
          partial, part_ml, tickets);
 }
-
-// CtxTile is up to kCtxQ consecutive new tokens of one sequence.
-struct CtxTile {
-  int32_t seq;   // sequence index
-  int32_t row0;  // token row of its first query
-  int32_t n;     // queries in the tile
-  int32_t pos0;  // position of its first query
-};
 
 constexpr int kCtxThreads = 256;
 constexpr int kCtxKeys = 32;  // keys per shared-memory chunk: one per lane in the softmax
 
-__host__ __device__ inline int ctx_queries(int head_dim) { return head_dim <= 128 ? 16 : 8; }
 
 inline size_t ctx_smem(int head_dim) {
   int Q = ctx_queries(head_dim);
@@ -327,23 +376,24 @@ inline size_t ctx_smem(int head_dim) {
 }
 
 // attention_context_kernel: grid (tiles, heads). Causal attention of a tile's queries
-// (positions pos0..pos0+n-1) over its sequence's positions 0..pos0+n-1, read from the pool
-// in chunks of kCtxKeys keys with an online softmax, so prompt chunks after the first see
-// the keys of earlier ones.
-//   qkv: [N][3*hidden] fp32, queries pre-scaled; att: [N][hidden] T output.
+// (positions pos0..pos0+n-1) over its sequence's positions 0..pos0+n-1 (a query at p sees
+// p-window+1..p when window > 0), read from the pool through the head's KV head in chunks
+// of kCtxKeys keys with an online softmax, so prompt chunks after the first see the keys
+// of earlier ones.
+//   qkv: [N][qkv_width] fp32, queries pre-scaled; att: [N][heads·head_dim] T output.
 // Shared memory layout in ctx_smem; rows of keys and values are padded by one pair so
 // that lanes reading different keys hit different banks.
 template <typename T>
 __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
     const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
     const CtxTile* __restrict__ tiles, const DevSeq* __restrict__ seqs,
-    const int32_t* __restrict__ blocks, KVGeom g, int layer) {
+    const int32_t* __restrict__ blocks, KVGeom g, int layer, int window) {
   extern __shared__ float smem[];
   griddep_launch();
   griddep_wait();
-  const int D = g.head_dim, hidden = g.heads * D, Q = ctx_queries(D), KD = D + 2;
+  const int D = g.head_dim, Q = ctx_queries(D), KD = D + 2;
   const CtxTile tile = tiles[blockIdx.x];
-  const int head = blockIdx.y;
+  const int head = blockIdx.y, kvh = g.kv_head(head);
   const int32_t* table = blocks + seqs[tile.seq].blk_off;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
@@ -359,7 +409,7 @@ __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
   for (int idx = threadIdx.x; idx < Q * D; idx += blockDim.x) {
     int i = idx / D, d = idx % D;
     qs[i * (D + 1) + d] =
-        i < tile.n ? qkv[(int64_t)(tile.row0 + i) * 3 * hidden + head * D + d] : 0.f;
+        i < tile.n ? qkv[(int64_t)(tile.row0 + i) * g.qkv_width() + head * D + d] : 0.f;
     os[idx] = 0.f;
   }
   for (int i = threadIdx.x; i < Q; i += blockDim.x) {
@@ -367,21 +417,23 @@ __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
     l[i] = 0.f;
   }
   const int kend = tile.pos0 + tile.n;
-  for (int c0 = 0; c0 < kend; c0 += kCtxKeys) {
+  const int kstart = window > 0 ? max(0, tile.pos0 - window + 1) : 0;
+  for (int c0 = kstart; c0 < kend; c0 += kCtxKeys) {
     const int kc = min(kCtxKeys, kend - c0);
     __syncthreads();  // the previous chunk's readers are done
     for (int idx = threadIdx.x; idx < kc * D; idx += blockDim.x) {
       const int j = idx / D, d = idx % D, kp = c0 + j;
       const int64_t blk = table[kp / g.tokens_per_block];
       const int slot = kp % g.tokens_per_block;
-      ks[j * KD + d] = kv[g.at(blk, layer, 0, head, slot) + d];
-      vs[j * KD + d] = kv[g.at(blk, layer, 1, head, slot) + d];
+      ks[j * KD + d] = kv[g.at(blk, layer, 0, kvh, slot) + d];
+      vs[j * KD + d] = kv[g.at(blk, layer, 1, kvh, slot) + d];
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < Q * kCtxKeys; idx += blockDim.x) {
       int i = idx / kCtxKeys, j = idx % kCtxKeys;
       float sc = -INFINITY;
-      if (i < tile.n && j < kc && c0 + j <= tile.pos0 + i) {
+      if (i < tile.n && j < kc && c0 + j <= tile.pos0 + i &&
+          (window <= 0 || c0 + j > tile.pos0 + i - window)) {
         // Four partial sums, so the loads and FMAs of one dot product overlap.
         float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
         const float* qi = qs + i * (D + 1);
@@ -433,7 +485,7 @@ __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
   __syncthreads();
   for (int idx = threadIdx.x; idx < tile.n * D; idx += blockDim.x) {
     int i = idx / D, d = idx % D;
-    att[(int64_t)(tile.row0 + i) * hidden + head * D + d] = from_f32<T>(os[idx] / l[i]);
+    att[(int64_t)(tile.row0 + i) * g.q_width() + head * D + d] = from_f32<T>(os[idx] / l[i]);
   }
 }
 
@@ -466,7 +518,7 @@ inline size_t ctx_tc_smem(int head_dim) {
 
 template <typename T>
 __device__ __forceinline__ void ctx_tc_load(const T* __restrict__ kv, const int32_t* table,
-                                            KVGeom g, int layer, int head, int c0, int kend,
+                                            KVGeom g, int layer, int kvh, int c0, int kend,
                                             T* ks, T* vs) {
   const int D = g.head_dim, D8 = D / 8, DP = D + 8;
   for (int idx = threadIdx.x; idx < kCtxTcKeys * D8; idx += blockDim.x) {
@@ -475,8 +527,8 @@ __device__ __forceinline__ void ctx_tc_load(const T* __restrict__ kv, const int3
     const int kq = ok ? kp : c0;  // a valid address; zero-filled below
     const int64_t blk = table[kq / g.tokens_per_block];
     const int slot = kq % g.tokens_per_block;
-    cp_async16_zfill(ks + j * DP + p * 8, kv + g.at(blk, layer, 0, head, slot) + p * 8, ok ? 16 : 0);
-    cp_async16_zfill(vs + j * DP + p * 8, kv + g.at(blk, layer, 1, head, slot) + p * 8, ok ? 16 : 0);
+    cp_async16_zfill(ks + j * DP + p * 8, kv + g.at(blk, layer, 0, kvh, slot) + p * 8, ok ? 16 : 0);
+    cp_async16_zfill(vs + j * DP + p * 8, kv + g.at(blk, layer, 1, kvh, slot) + p * 8, ok ? 16 : 0);
   }
   cp_async_commit();
 }
@@ -485,15 +537,15 @@ template <typename T>
 __global__ void __launch_bounds__(kCtxTcThreads) attention_context_tc_kernel(
     const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
     const CtxTile* __restrict__ tiles, const DevSeq* __restrict__ seqs,
-    const int32_t* __restrict__ blocks, KVGeom g, int layer) {
+    const int32_t* __restrict__ blocks, KVGeom g, int layer, int window) {
   namespace wm = nvcuda::wmma;
   extern __shared__ __align__(128) unsigned char ctx_tc_smem_buf[];
   griddep_launch();
   griddep_wait();
   constexpr int Q = 16, KC = kCtxTcKeys;
-  const int D = g.head_dim, DP = D + 8, hidden = g.heads * D;
+  const int D = g.head_dim, DP = D + 8;
   const CtxTile tile = tiles[blockIdx.x];
-  const int head = blockIdx.y;
+  const int head = blockIdx.y, kvh = g.kv_head(head);
   const int32_t* table = blocks + seqs[tile.seq].blk_off;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = kCtxTcThreads / 32;
 
@@ -509,12 +561,13 @@ __global__ void __launch_bounds__(kCtxTcThreads) attention_context_tc_kernel(
   float* al = l + Q;
 
   const int kend = tile.pos0 + tile.n;
-  const int nchunks = (kend + KC - 1) / KC;
-  ctx_tc_load<T>(kv, table, g, layer, head, 0, kend, kbuf, vbuf);
+  const int kstart = window > 0 ? max(0, tile.pos0 - window + 1) : 0;
+  const int nchunks = (kend - kstart + KC - 1) / KC;
+  ctx_tc_load<T>(kv, table, g, layer, kvh, kstart, kend, kbuf, vbuf);
   for (int idx = threadIdx.x; idx < Q * D; idx += blockDim.x) {
     const int i = idx / D, d = idx % D;
     qs[i * DP + d] = from_f32<T>(
-        i < tile.n ? qkv[(int64_t)(tile.row0 + i) * 3 * hidden + head * D + d] : 0.f);
+        i < tile.n ? qkv[(int64_t)(tile.row0 + i) * g.qkv_width() + head * D + d] : 0.f);
     os[idx] = 0.f;
   }
   for (int i = threadIdx.x; i < Q; i += blockDim.x) {
@@ -522,11 +575,11 @@ __global__ void __launch_bounds__(kCtxTcThreads) attention_context_tc_kernel(
     l[i] = 0.f;
   }
   for (int ch = 0; ch < nchunks; ch++) {
-    const int c0 = ch * KC, kc = min(KC, kend - c0);
+    const int c0 = kstart + ch * KC, kc = min(KC, kend - c0);
     T* ks = kbuf + (ch & 1) * KC * DP;
     T* vs = vbuf + (ch & 1) * KC * DP;
     if (ch + 1 < nchunks) {
-      ctx_tc_load<T>(kv, table, g, layer, head, c0 + KC, kend, kbuf + ((ch + 1) & 1) * KC * DP,
+      ctx_tc_load<T>(kv, table, g, layer, kvh, c0 + KC, kend, kbuf + ((ch + 1) & 1) * KC * DP,
                      vbuf + ((ch + 1) & 1) * KC * DP);
       cp_async_wait<1>();
     } else {
@@ -554,7 +607,8 @@ __global__ void __launch_bounds__(kCtxTcThreads) attention_context_tc_kernel(
 #pragma unroll
       for (int u = 0; u < KC / 32; u++) {
         const int j = lane + 32 * u;
-        const bool ok = i < tile.n && j < kc && c0 + j <= tile.pos0 + i;
+        const bool ok = i < tile.n && j < kc && c0 + j <= tile.pos0 + i &&
+                        (window <= 0 || c0 + j > tile.pos0 + i - window);
         sc[u] = ok ? ss[i * (KC + 4) + j] : -INFINITY;
         mx = fmaxf(mx, sc[u]);
       }
@@ -600,23 +654,23 @@ __global__ void __launch_bounds__(kCtxTcThreads) attention_context_tc_kernel(
   __syncthreads();
   for (int idx = threadIdx.x; idx < tile.n * D; idx += blockDim.x) {
     const int i = idx / D, d = idx % D;
-    att[(int64_t)(tile.row0 + i) * hidden + head * D + d] = from_f32<T>(os[idx] / l[i]);
+    att[(int64_t)(tile.row0 + i) * g.q_width() + head * D + d] = from_f32<T>(os[idx] / l[i]);
   }
 }
 
 template <typename T>
 void attention_context(const float* qkv, T* att, const T* kv, const CtxTile* tiles,
                        const DevSeq* seqs, const int32_t* blocks, KVGeom g, int layer,
-                       int ntiles, Stream stream) {
+                       int window, int ntiles, Stream stream) {
   if (ntiles == 0) return;
   dim3 grid(ntiles, g.heads);
   if (ctx_tc_fits(g.head_dim)) {
     launch("attention_context_tc_kernel", attention_context_tc_kernel<T>, grid, kCtxTcThreads,
-           ctx_tc_smem(g.head_dim), stream, qkv, att, kv, tiles, seqs, blocks, g, layer);
+           ctx_tc_smem(g.head_dim), stream, qkv, att, kv, tiles, seqs, blocks, g, layer, window);
     return;
   }
   launch("attention_context_kernel", attention_context_kernel<T>, grid, kCtxThreads,
-         ctx_smem(g.head_dim), stream, qkv, att, kv, tiles, seqs, blocks, g, layer);
+         ctx_smem(g.head_dim), stream, qkv, att, kv, tiles, seqs, blocks, g, layer, window);
 }
 
 }  // namespace gollm

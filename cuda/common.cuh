@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "gollm.h"
+#include "sizes.h"
 
 namespace gollm {
 
@@ -277,32 +278,53 @@ struct DevSeq {
   double uniform;       // this step's draw in [0, 1)
 };
 
-// KVGeom locates a (block, layer, K|V, head) page of the pool, laid out
-// [block][layer][2][heads][tokens_per_block][head_dim] so that one head's keys within a
-// block are contiguous.
+// greedy_fast says whether a sequence's token is a plain argmax of its raw logits: greedy,
+// no bias, penalties or masks, no logits returned. Those rows take sample_greedy_kernel.
+__host__ __device__ __forceinline__ bool greedy_fast(const DevSeq& sq) {
+  return (sq.flags & GOLLM_SEQ_SAMPLE) && (sq.temperature == 0.f || sq.top_k == 1) &&
+         sq.bias_off < 0 && sq.pen_cnt == 0 && sq.mask_cnt == 0 && sq.ret_row < 0;
+}
+
+// CtxTile is up to ctx_queries(head_dim) consecutive new tokens of one sequence.
+struct CtxTile {
+  int32_t seq;   // sequence index
+  int32_t row0;  // token row of its first query
+  int32_t n;     // queries in the tile
+  int32_t pos0;  // position of its first query
+};
+
+// KVGeom locates a (block, layer, K|V, kv head) page of the pool, laid out
+// [block][layer][2][kv_heads][tokens_per_block][head_dim] so that one head's keys within a
+// block are contiguous. Query head h reads KV head h / (heads / kv_heads).
 struct KVGeom {
-  int layers, heads, head_dim, tokens_per_block;
+  int layers, heads, kv_heads, head_dim, tokens_per_block;
   __host__ __device__ __forceinline__ int64_t page(int64_t block, int layer, int kind,
                                                    int head) const {
-    return (block * layers + layer) * 2 * heads * (int64_t)tokens_per_block * head_dim +
+    return (block * layers + layer) * 2 * kv_heads * (int64_t)tokens_per_block * head_dim +
            head_off(kind, head);
   }
   // head_off is page(block, layer, kind, head) - page(block, layer, 0, 0).
   __host__ __device__ __forceinline__ int64_t head_off(int kind, int head) const {
-    return ((int64_t)kind * heads + head) * tokens_per_block * head_dim;
+    return ((int64_t)kind * kv_heads + head) * tokens_per_block * head_dim;
   }
   // at is where position slot's head_dim values start within page(block, layer, kind, head).
   __host__ __device__ __forceinline__ int64_t at(int64_t block, int layer, int kind, int head,
                                                  int slot) const {
     return page(block, layer, kind, head) + (int64_t)slot * head_dim;
   }
-  // kv_col is where column c of a QKV row goes, for a key or value column (hidden <= c <
-  // 3·hidden), relative to at(block, layer, 0, 0, slot).
+  // kv_head is the KV head query head h reads.
+  __host__ __device__ __forceinline__ int kv_head(int h) const { return h / (heads / kv_heads); }
+  // q_width and qkv_width are a QKV row's query part and whole width.
+  __host__ __device__ __forceinline__ int q_width() const { return heads * head_dim; }
+  __host__ __device__ __forceinline__ int qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
+  // kv_col is where column c of a QKV row goes, for a key or value column (q_width <= c <
+  // qkv_width), relative to at(block, layer, 0, 0, slot).
   __host__ __device__ __forceinline__ int64_t kv_col(int c) const {
-    const int hidden = heads * head_dim;
-    const int kind = c < 2 * hidden ? 0 : 1;
-    const int cc = c - (kind + 1) * hidden;
-    return head_off(kind, cc / head_dim) + cc % head_dim;
+    const int kvw = kv_heads * head_dim;
+    const int cc = c - q_width();
+    const int kind = cc < kvw ? 0 : 1;
+    const int k = cc - kind * kvw;
+    return head_off(kind, k / head_dim) + k % head_dim;
   }
 };
 

@@ -1,4 +1,4 @@
-// embedding.cuh — token + position embedding fused with layer 0's first LayerNorm.
+// embedding.cuh — token (+ learned position) embedding fused with layer 0's first norm.
 #pragma once
 #include "layernorm.cuh"
 
@@ -6,9 +6,10 @@ namespace gollm {
 
 // embedding_layernorm_kernel: one block per token row r.
 //   tokens, positions: [n] int32
-//   wte: [vocab][hidden] T;  wpe: [max_positions][hidden] T
-//   h:   [n][hidden] fp32, the residual stream, set to wte[token] + wpe[pos]
-//   xn:  [n][hidden] T, LayerNorm(h) with gamma, beta [hidden] fp32
+//   wte: [vocab][hidden] T;  wpe: [max_positions][hidden] T, or null (rotary positions)
+//   h:   [n][hidden] fp32, the residual stream, set to wte[token] (+ wpe[pos])
+//   xn:  [n][hidden] T, norm(h) with gamma [hidden] fp32 and beta [hidden] fp32 or null
+//        (LayerNorm, or RMSNorm when rms)
 //   acc: [n][hidden] fixed-point additions to h (fused.cuh), zeroed; or null
 // Dynamic shared memory: hidden floats.
 template <typename T>
@@ -18,32 +19,32 @@ __global__ void embedding_layernorm_kernel(const int32_t* __restrict__ tokens,
                                            float* __restrict__ h, T* __restrict__ xn,
                                            const float* __restrict__ gamma,
                                            const float* __restrict__ beta, int hidden, float eps,
-                                           unsigned long long* __restrict__ acc) {
+                                           bool rms, unsigned long long* __restrict__ acc) {
   extern __shared__ float row[];
   griddep_launch();
   griddep_wait();
   int r = blockIdx.x;
   const T* te = wte + (int64_t)tokens[r] * hidden;
-  const T* pe = wpe + (int64_t)positions[r] * hidden;
+  const T* pe = wpe ? wpe + (int64_t)positions[r] * hidden : nullptr;
   float* hr = h + (int64_t)r * hidden;
   for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
-    float v = to_f32(te[c]) + to_f32(pe[c]);
+    float v = to_f32(te[c]) + (pe ? to_f32(pe[c]) : 0.f);
     row[c] = v;
     hr[c] = v;
     if (acc) acc[(int64_t)r * hidden + c] = 0;
   }
-  layernorm_row(row, xn + (int64_t)r * hidden, gamma, beta, hidden, eps);
+  layernorm_row(row, xn + (int64_t)r * hidden, gamma, beta, hidden, eps, rms);
 }
 
 template <typename T>
 void embedding_layernorm(const int32_t* tokens, const int32_t* positions, const T* wte,
                          const T* wpe, float* h, T* xn, const float* gamma, const float* beta,
-                         int n, int hidden, float eps, Stream stream,
+                         int n, int hidden, float eps, bool rms, Stream stream,
                          unsigned long long* acc = nullptr) {
   if (n == 0) return;
   launch("embedding_layernorm_kernel", embedding_layernorm_kernel<T>, n, 256,
          hidden * sizeof(float), stream, tokens, positions, wte, wpe, h, xn, gamma, beta, hidden,
-         eps, acc);
+         eps, rms, acc);
 }
 
 }  // namespace gollm

@@ -1,8 +1,8 @@
 // gemv.cuh — the projections of steps with few token rows (decode at small batch), where
 // a GEMM is a matrix-vector product bound by reading the weights once. One kernel does a
-// whole projection with its neighbours fused: the LayerNorm before it (recomputed by each
-// block from the fp32 residual stream, a few KB from L2) and the bias with the residual
-// add, the activation, or the KV-cache write after it. That leaves five launches a layer.
+// whole projection with its neighbours fused: the norm before it (LayerNorm or RMSNorm,
+// recomputed by each block from the fp32 residual stream, a few KB from L2) and the bias
+// with the residual add, the activation, or the KV-cache write after it.
 #pragma once
 #include "activation.cuh"
 #include "common.cuh"
@@ -11,17 +11,13 @@ namespace gollm {
 
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
-constexpr int kGemvMaxRows = 8;
-// kFusedRows is the most token rows of a fused decode step (fused.cuh): each row
-// multiplies its atomics.
-constexpr int kFusedRows = 4;
 constexpr int kGemvUnroll = 4;  // 16-byte input loads a lane has in flight
 
 inline __host__ __device__ size_t align_up16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 // What a gemv kernel reads as its input rows x [n][in].
 enum GemvIn {
-  GEMV_IN_LN = 0,  // LayerNorm(h[idx ? idx[r] : r]) with gamma, beta; h fp32 [*][in]
+  GEMV_IN_LN = 0,  // norm(h[idx ? idx[r] : r]) with gamma, beta (LayerNorm; RMSNorm if rms)
   GEMV_IN_T = 1    // x [n][in] in T
 };
 
@@ -56,8 +52,9 @@ struct GemvArgs {
   const unsigned long long* acc;
   const int32_t* idx;    // GEMV_IN_LN: row indices into h, or null for 0..n-1
   const float* gamma;    // GEMV_IN_LN: [in]
-  const float* beta;     // GEMV_IN_LN: [in]
+  const float* beta;     // GEMV_IN_LN: [in], or null (RMSNorm)
   float eps;             // GEMV_IN_LN: epsilon
+  bool rms;              // GEMV_IN_LN: RMSNorm instead of LayerNorm
   const void* x;         // GEMV_IN_T: [n][in] T
   // Output.
   float* hout;           // GEMV_OUT_RESID: [n][out]
@@ -116,9 +113,8 @@ __device__ __forceinline__ void gemv_store(const GemvArgs& a, const int64_t* kvr
   } else if (OUT == GEMV_OUT_F32) {
     static_cast<float*>(a.y)[(int64_t)r * a.out + o] = v;
   } else {  // GEMV_OUT_QKV
-    const int hidden = a.geom.heads * a.geom.head_dim;
     float* qkv = static_cast<float*>(a.y) + (int64_t)r * a.out;
-    if (o < hidden) {
+    if (o < a.geom.q_width()) {
       qkv[o] = v * a.qscale;
       return;
     }
@@ -207,7 +203,7 @@ __device__ __forceinline__ LnParams gemv_ln_params(const GemvArgs& a) {
   if (IN == GEMV_IN_LN && a.in <= 4 * kGemvThreads) {
     const int in4 = a.in / 4, c = min((int)threadIdx.x, in4 - 1);
     p.g = reinterpret_cast<const float4*>(a.gamma)[c];
-    p.b = reinterpret_cast<const float4*>(a.beta)[c];
+    p.b = a.beta ? reinterpret_cast<const float4*>(a.beta)[c] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   return p;
 }
@@ -281,9 +277,9 @@ __device__ __forceinline__ void gemv_input(const GemvArgs& a, const LnParams& lp
           x[r].z += fix_value(q1[r].x);
           x[r].w += fix_value(q1[r].y);
         }
-        s[r] = (r < n && mine) ? (x[r].x + x[r].y) + (x[r].z + x[r].w) : 0.f;
+        s[r] = (r < n && mine && !a.rms) ? (x[r].x + x[r].y) + (x[r].z + x[r].w) : 0.f;
       }
-      block_sums<R>(s, red);
+      if (!a.rms) block_sums<R>(s, red);
       float mean[R], v[R];
 #pragma unroll
       for (int r = 0; r < R; r++) {
@@ -313,7 +309,8 @@ __device__ __forceinline__ void gemv_input(const GemvArgs& a, const LnParams& lp
       if (warp < n) {
         const int64_t row = row_of(warp);
         float s = 0.f;
-        for (int c = lane; c < in; c += 32) s += resid_at(a, row, c);
+        if (!a.rms)
+          for (int c = lane; c < in; c += 32) s += resid_at(a, row, c);
         const float mean = warp_sum(s) / in;
         float v = 0.f;
         for (int c = lane; c < in; c += 32) {
@@ -331,7 +328,8 @@ __device__ __forceinline__ void gemv_input(const GemvArgs& a, const LnParams& lp
         const int64_t row = row_of(r);
         const float mean = stats[r][0], rstd = stats[r][1];
         for (int c = threadIdx.x; c < in; c += blockDim.x)
-          xs[r * in + c] = from_f32<T>((resid_at(a, row, c) - mean) * rstd * a.gamma[c] + a.beta[c]);
+          xs[r * in + c] = from_f32<T>((resid_at(a, row, c) - mean) * rstd * a.gamma[c] +
+                                       (a.beta ? a.beta[c] : 0.f));
       }
     }
   } else {

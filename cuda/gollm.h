@@ -1,4 +1,7 @@
-/* gollm.h — the C ABI of libgollm_cuda.so, gollm's CUDA engine for GPT-2.
+/* gollm.h — the C ABI of libgollm_cuda.so, gollm's CUDA engine for decoder-only language
+ * models described by a gollm_model_config (GPT-2 and the LLaMA family: LayerNorm or
+ * RMSNorm, learned or rotary positions, multi-head, multi-query or grouped-query attention
+ * with an optional sliding window, a plain or gated MLP, a tied or separate LM head).
  *
  * Every function reports failure through a gollm_status {code, message} and returns the
  * code; none aborts or exits, and no C++ exception crosses it. Objects:
@@ -29,7 +32,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 2
+#define GOLLM_ABI_VERSION 4
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -52,51 +55,89 @@ enum gollm_dtype { GOLLM_DTYPE_F32 = 0, GOLLM_DTYPE_F16 = 1, GOLLM_DTYPE_BF16 = 
 enum gollm_activation {
   GOLLM_ACT_GELU_TANH = 0, /* gelu_new, gelu_pytorch_tanh, gelu_fast */
   GOLLM_ACT_GELU_ERF = 1,  /* gelu */
-  GOLLM_ACT_RELU = 2       /* relu */
+  GOLLM_ACT_RELU = 2,      /* relu */
+  GOLLM_ACT_SILU = 3       /* silu (swish) */
 };
 
-/* gollm_model_config is GPT-2's hyperparameters. */
+enum gollm_norm {
+  GOLLM_NORM_LAYER = 0, /* (x - mean) / sqrt(var + eps) * w + b */
+  GOLLM_NORM_RMS = 1    /* x / sqrt(mean(x^2) + eps) * w, no bias */
+};
+
+enum gollm_positions {
+  GOLLM_POS_LEARNED = 0, /* a position embedding added to the token embedding */
+  GOLLM_POS_ROTARY = 1   /* queries and keys rotated by rope_inv_freq * position */
+};
+
+/* gollm_model_config is the architecture descriptor (model.Config in Go). */
 typedef struct gollm_model_config {
-  int32_t vocab_size;    /* tokens */
-  int32_t max_positions; /* n_positions */
-  int32_t hidden;        /* n_embd */
-  int32_t layers;        /* n_layer */
-  int32_t heads;         /* n_head */
-  int32_t head_dim;      /* hidden / heads; even, at most 256 */
-  int32_t inner;         /* MLP width */
-  int32_t activation;    /* a gollm_activation */
-  float layer_norm_eps;  /* layer_norm_epsilon */
+  int32_t vocab_size;        /* tokens */
+  int32_t max_positions;     /* longest sequence */
+  int32_t hidden;            /* model width */
+  int32_t layers;            /* transformer blocks */
+  int32_t heads;             /* query heads */
+  int32_t kv_heads;          /* key/value heads; divides heads */
+  int32_t head_dim;          /* a multiple of 8, at most 256 */
+  int32_t inner;             /* MLP units (the gate's and the up-projection's each when gated) */
+  int32_t norm;              /* a gollm_norm, for every norm of the model */
+  float norm_eps;            /* the norms' epsilon */
+  int32_t positions;         /* a gollm_positions */
+  int32_t rope_dim;          /* rotated dimensions of a head (rotary): even, at most head_dim;
+                                dimension i pairs with i + rope_dim/2 */
+  int32_t activation;        /* a gollm_activation */
+  int32_t gated_mlp;         /* nonzero: act(gate(x)) * up(x) -> down */
+  int32_t tied_head;         /* nonzero: the LM head is the token embedding */
+  int32_t sliding_window;    /* > 0: a query attends to the last sliding_window positions
+                                (its own included) in the layers from window_from_layer on */
+  int32_t window_from_layer; /* the first layer with the sliding window */
 } gollm_model_config;
 
-/* gollm_tensor is one checkpoint tensor in host memory (the mapped file). */
+/* gollm_role is the part a weight plays (model.Role in Go, the same order). Matrices are
+ * [out][in] in these terms; vectors (norms, biases) [n]:
+ *   EMBED [vocab][hidden]; POS_EMBED [max_positions][hidden] (learned positions only);
+ *   FINAL_NORM, FINAL_NORM_BIAS [hidden]; LM_HEAD [vocab][hidden] (untied only);
+ *   per layer: ATTN_NORM, ATTN_NORM_BIAS [hidden]; QKV [(heads+2*kv_heads)*head_dim][hidden]
+ *   (the query rows, then the key rows, then the value rows) and QKV_BIAS;
+ *   OUT [hidden][heads*head_dim] and OUT_BIAS [hidden]; MLP_NORM, MLP_NORM_BIAS [hidden];
+ *   UP [inner or, gated, 2*inner][hidden] (the gate's rows first) and UP_BIAS;
+ *   DOWN [hidden][inner] and DOWN_BIAS [hidden].
+ * The *_NORM_BIAS roles exist under LayerNorm only; a bias role is absent when the model
+ * has none (every bias of a role is given, or none). */
+enum gollm_role {
+  GOLLM_ROLE_EMBED = 0, GOLLM_ROLE_POS_EMBED, GOLLM_ROLE_FINAL_NORM, GOLLM_ROLE_FINAL_NORM_BIAS,
+  GOLLM_ROLE_LM_HEAD,
+  GOLLM_ROLE_ATTN_NORM, GOLLM_ROLE_ATTN_NORM_BIAS, GOLLM_ROLE_QKV, GOLLM_ROLE_QKV_BIAS,
+  GOLLM_ROLE_OUT, GOLLM_ROLE_OUT_BIAS, GOLLM_ROLE_MLP_NORM, GOLLM_ROLE_MLP_NORM_BIAS,
+  GOLLM_ROLE_UP, GOLLM_ROLE_UP_BIAS, GOLLM_ROLE_DOWN, GOLLM_ROLE_DOWN_BIAS,
+  GOLLM_ROLES
+};
+#define GOLLM_FIRST_LAYER_ROLE GOLLM_ROLE_ATTN_NORM
+
+/* gollm_tensor is one stored piece of a weight, in host memory (the mapped file). */
 typedef struct gollm_tensor {
-  const void* data; /* little-endian elements, row-major */
-  int64_t numel;    /* element count, checked against the config */
-  int32_t dtype;    /* a gollm_dtype */
+  const void* data;   /* little-endian elements */
+  int64_t rows;       /* rows of the weight this piece holds */
+  int64_t cols;       /* the weight's columns (1 for a vector) */
+  int32_t dtype;      /* a gollm_dtype */
+  int32_t transposed; /* nonzero: stored [cols][rows] (GPT-2's Conv1D) instead of [rows][cols] */
 } gollm_tensor;
 
-/* The tensors of one layer, in this order in gollm_weights_params.layers. Matrices keep
- * the checkpoint's Conv1D layout [in][out]. */
-enum gollm_layer_tensor {
-  GOLLM_LN1_W, GOLLM_LN1_B,   /* [hidden] */
-  GOLLM_ATTN_W, GOLLM_ATTN_B, /* [hidden][3*hidden], [3*hidden] */
-  GOLLM_PROJ_W, GOLLM_PROJ_B, /* [hidden][hidden], [hidden] */
-  GOLLM_LN2_W, GOLLM_LN2_B,   /* [hidden] */
-  GOLLM_FC_W, GOLLM_FC_B,     /* [hidden][inner], [inner] */
-  GOLLM_MLP_W, GOLLM_MLP_B,   /* [inner][hidden], [hidden] */
-  GOLLM_LAYER_TENSORS
-};
+/* gollm_weight tags a piece with its role and layer. A role's pieces (the query, key and
+ * value projections of a fused QKV, say) are given one after another, in row order. */
+typedef struct gollm_weight {
+  int32_t role;      /* a gollm_role */
+  int32_t layer;     /* the layer of a per-layer role; -1 for the model's own */
+  gollm_tensor part; /* the piece */
+} gollm_weight;
 
 /* gollm_weights_params describes a checkpoint to copy onto a GPU. */
 typedef struct gollm_weights_params {
-  int32_t device;            /* CUDA device ordinal */
-  int32_t dtype;             /* GOLLM_DTYPE_F16 or GOLLM_DTYPE_BF16: weights, activations, KV */
-  gollm_model_config config; /* hyperparameters */
-  gollm_tensor wte;          /* [vocab][hidden]; also the tied LM head */
-  gollm_tensor wpe;          /* [max_positions][hidden] */
-  gollm_tensor lnf_w;        /* [hidden] */
-  gollm_tensor lnf_b;        /* [hidden] */
-  const gollm_tensor* layers; /* config.layers * GOLLM_LAYER_TENSORS, layer-major */
+  int32_t device;              /* CUDA device ordinal */
+  int32_t dtype;               /* GOLLM_DTYPE_F16 or GOLLM_DTYPE_BF16: weights, activations, KV */
+  gollm_model_config config;   /* the architecture */
+  const float* rope_inv_freq;  /* [rope_dim/2] rotary frequencies (rotary positions only) */
+  int32_t num_weights;         /* entries of weights */
+  const gollm_weight* weights; /* every piece of every role the architecture has */
 } gollm_weights_params;
 
 /* gollm_engine_params sizes an engine. */
@@ -111,7 +152,21 @@ typedef struct gollm_engine_params {
   int32_t warmup;             /* nonzero: before returning, call every padded cuBLAS shape
                                  once, run a prompt step and capture every decode graph
                                  (writes KV block 0; the pool is unused yet) */
+  int32_t max_seq_len;        /* longest sequence served, at most the model's max_positions
+                                 and 32768 (decode attention holds a row's scores in shared
+                                 memory); 0: the model's max_positions, at most 8192 */
+  int32_t tuning_off;         /* gollm_tuning bits: kernel paths to turn off (A/B tests) */
+  int32_t gemv_rows;          /* most token rows on the gemv path, 0..8; -1: the default (4,
+                                 past which cuBLAS's GEMMs win) */
 } gollm_engine_params;
+
+/* Kernel paths gollm_engine_params.tuning_off turns off. Each is on by default where the
+ * GPU has it; turning one off keeps results within rounding (batch invariance holds). */
+enum gollm_tuning {
+  GOLLM_TUNING_NO_PDL = 1,   /* programmatic dependent launch (sm_90) */
+  GOLLM_TUNING_NO_BULK = 2,  /* bulk (TMA) copies of the gemv and MLP weights (sm_90) */
+  GOLLM_TUNING_NO_FUSED = 4  /* the one-kernel MLP of decode steps of up to 4 rows */
+};
 
 /* gollm_engine_info describes a created engine. */
 typedef struct gollm_engine_info {
@@ -124,6 +179,7 @@ typedef struct gollm_engine_info {
   int32_t warmup_gemm_shapes; /* cuBLAS shapes the warm-up called */
   int32_t warmup_graphs;      /* decode graphs it captured */
   float warmup_ms;            /* its wall time */
+  int32_t max_seq_len;        /* the longest sequence the engine serves */
 } gollm_engine_info;
 
 /* Flags of gollm_seq.flags. */
@@ -170,6 +226,10 @@ typedef struct gollm_step_in {
   const int32_t* mask_tokens;    /* tokens to mask */
   int64_t num_bias;              /* length of bias */
   const float* bias;             /* embedding biases */
+  int32_t num_block_copies;      /* entries of block_copies */
+  const int32_t* block_copies;   /* [num_block_copies][2]: (src, dst) KV blocks, each in
+                                    [0, num_blocks), copied whole, in order, before the
+                                    forward pass (the copy-on-write of beams) */
 } gollm_step_in;
 
 /* gollm_step_out receives a step's results in host memory the caller owns. */

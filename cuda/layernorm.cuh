@@ -1,22 +1,26 @@
-// layernorm.cuh — LayerNorm fused with the residual add.
+// layernorm.cuh — the norms (LayerNorm, RMSNorm) fused with the residual add.
 #pragma once
 #include "common.cuh"
 
 namespace gollm {
 
 // layernorm_row normalises the fp32 row in shared memory (hidden values) into out, with
-// gamma and beta [hidden] fp32: out = (x - mean) / sqrt(var + eps) * gamma + beta, the
-// variance biased as torch's LayerNorm. Called by every thread of the block.
+// gamma [hidden] fp32 and beta [hidden] fp32 or null: LayerNorm, out = (x - mean) /
+// sqrt(var + eps) * gamma + beta with the variance biased as torch's; or, when rms,
+// RMSNorm, out = x / sqrt(mean(x²) + eps) * gamma. Called by every thread of the block.
 template <typename T>
 __device__ __forceinline__ void layernorm_row(const float* row, T* __restrict__ out,
                                               const float* __restrict__ gamma,
                                               const float* __restrict__ beta, int hidden,
-                                              float eps) {
+                                              float eps, bool rms) {
   __shared__ float red[32];
   __syncthreads();
-  float s = 0.f;
-  for (int c = threadIdx.x; c < hidden; c += blockDim.x) s += row[c];
-  float mean = block_sum(s, red) / hidden;
+  float mean = 0.f;
+  if (!rms) {
+    float s = 0.f;
+    for (int c = threadIdx.x; c < hidden; c += blockDim.x) s += row[c];
+    mean = block_sum(s, red) / hidden;
+  }
   float v = 0.f;
   for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
     float d = row[c] - mean;
@@ -24,31 +28,32 @@ __device__ __forceinline__ void layernorm_row(const float* row, T* __restrict__ 
   }
   float rstd = rsqrtf(block_sum(v, red) / hidden + eps);
   for (int c = threadIdx.x; c < hidden; c += blockDim.x)
-    out[c] = from_f32<T>((row[c] - mean) * rstd * gamma[c] + beta[c]);
+    out[c] = from_f32<T>((row[c] - mean) * rstd * gamma[c] + (beta ? beta[c] : 0.f));
 }
 
 // residual_layernorm_kernel: one block per row r.
 //   h:    [n][hidden] fp32 residual stream; h += a + bias
 //   a:    [n][hidden] fp32, a projection's output (before its bias)
-//   bias: [hidden] fp32
-//   xn:   [n][hidden] T = LayerNorm(h) with gamma, beta [hidden] fp32
+//   bias: [hidden] fp32, or null
+//   xn:   [n][hidden] T = norm(h) with gamma [hidden] fp32 and beta [hidden] fp32 or null
+//         (LayerNorm, or RMSNorm when rms)
 // Dynamic shared memory: hidden floats.
 template <typename T>
 __global__ void residual_layernorm_kernel(float* __restrict__ h, const float* __restrict__ a,
                                           const float* __restrict__ bias, T* __restrict__ xn,
                                           const float* __restrict__ gamma,
                                           const float* __restrict__ beta, int hidden,
-                                          float eps) {
+                                          float eps, bool rms) {
   extern __shared__ float row[];
   griddep_launch();
   griddep_wait();
   int64_t off = (int64_t)blockIdx.x * hidden;
   for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
-    float v = h[off + c] + a[off + c] + bias[c];
+    float v = h[off + c] + a[off + c] + (bias ? bias[c] : 0.f);
     row[c] = v;
     h[off + c] = v;
   }
-  layernorm_row(row, xn + off, gamma, beta, hidden, eps);
+  layernorm_row(row, xn + off, gamma, beta, hidden, eps, rms);
 }
 
 // residual_layernorm4_kernel: the same for hidden % 4 == 0 up to 4 * 4 * 256, the row in
@@ -59,7 +64,7 @@ template <typename T>
 __global__ void __launch_bounds__(256) residual_layernorm4_kernel(
     float* __restrict__ h, const float* __restrict__ a, const float* __restrict__ bias,
     T* __restrict__ xn, const float* __restrict__ gamma, const float* __restrict__ beta,
-    int hidden, float eps) {
+    int hidden, float eps, bool rms) {
   __shared__ float red[32];
   griddep_launch();
   const int h4 = hidden / 4;
@@ -68,7 +73,7 @@ __global__ void __launch_bounds__(256) residual_layernorm4_kernel(
 #pragma unroll
   for (int k = 0; k < kLn4Max; k++) {
     const int c = threadIdx.x + k * 256;
-    if (c < h4) bv[k] = reinterpret_cast<const float4*>(bias)[c];
+    if (c < h4) bv[k] = bias ? reinterpret_cast<const float4*>(bias)[c] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   griddep_wait();
   float4 x[kLn4Max];
@@ -85,7 +90,7 @@ __global__ void __launch_bounds__(256) residual_layernorm4_kernel(
       s += (x[k].x + x[k].y) + (x[k].z + x[k].w);
     }
   }
-  const float mean = block_sum(s, red) / hidden;
+  const float mean = rms ? 0.f : block_sum(s, red) / hidden;
   float v = 0.f;
 #pragma unroll
   for (int k = 0; k < kLn4Max; k++) {
@@ -101,7 +106,7 @@ __global__ void __launch_bounds__(256) residual_layernorm4_kernel(
     const int c = threadIdx.x + k * 256;
     if (c < h4) {
       const float4 g = reinterpret_cast<const float4*>(gamma)[c];
-      const float4 b = reinterpret_cast<const float4*>(beta)[c];
+      const float4 b = beta ? reinterpret_cast<const float4*>(beta)[c] : make_float4(0.f, 0.f, 0.f, 0.f);
       store4(xn + off + 4 * c, (x[k].x - mean) * rstd * g.x + b.x, (x[k].y - mean) * rstd * g.y + b.y,
              (x[k].z - mean) * rstd * g.z + b.z, (x[k].w - mean) * rstd * g.w + b.w);
     }
@@ -110,15 +115,16 @@ __global__ void __launch_bounds__(256) residual_layernorm4_kernel(
 
 template <typename T>
 void residual_layernorm(float* h, const float* a, const float* bias, T* xn, const float* gamma,
-                        const float* beta, int n, int hidden, float eps, Stream stream) {
+                        const float* beta, int n, int hidden, float eps, bool rms,
+                        Stream stream) {
   if (n == 0) return;
   if (hidden % 4 == 0 && hidden <= 4 * kLn4Max * 256) {
     launch("residual_layernorm4_kernel", residual_layernorm4_kernel<T>, n, 256, 0, stream, h, a,
-           bias, xn, gamma, beta, hidden, eps);
+           bias, xn, gamma, beta, hidden, eps, rms);
     return;
   }
   launch("residual_layernorm_kernel", residual_layernorm_kernel<T>, n, 256,
-         hidden * sizeof(float), stream, h, a, bias, xn, gamma, beta, hidden, eps);
+         hidden * sizeof(float), stream, h, a, bias, xn, gamma, beta, hidden, eps, rms);
 }
 
 // gather_rows_kernel copies rows src[idx[i]] to dst[i]: src, dst [*][width] T.

@@ -4,21 +4,6 @@
 
 namespace gollm {
 
-// gemm_rows rounds a GEMM's row count up to one of a few sizes — 16, then eight a power-of-two
-// octave, multiples of 16 — so that cuBLAS meets a bounded set of shapes. Its first call on
-// a new shape costs milliseconds (about 9 ms a step of GPT-2's five GEMM shapes on an H200,
-// lazy or eager module loading alike), and in-flight batching gives nearly every mixed
-// prompt/decode step a new token count. The extra rows (at most an eighth) are computed
-// from whatever the input buffer holds there and never read; buffers are sized for
-// gemm_rows(max rows). create_engine's warm-up calls every size once.
-inline int gemm_rows(int n) {
-  if (n <= 16) return 16;
-  int p = 16;
-  while (p * 2 <= n) p *= 2;
-  const int step = p / 8 > 16 ? p / 8 : 16;
-  return (n + step - 1) / step * step;
-}
-
 template <typename T> constexpr cudaDataType_t cuda_type();
 template <> constexpr cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
 template <> constexpr cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }

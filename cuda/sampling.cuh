@@ -182,14 +182,6 @@ __device__ double sum_weight(const float* w, int V, Limit lim, Weight wt, Sample
   return block_sum(s, sm.red);
 }
 
-// greedy_fast says whether a sequence's token is a plain argmax of its raw logits: greedy,
-// no bias, penalties or masks, no logits returned. Those rows take sample_greedy_kernel.
-__host__ __device__ __forceinline__ bool greedy_fast(const DevSeq& sq) {
-  return (sq.flags & GOLLM_SEQ_SAMPLE) && (sq.temperature == 0.f || sq.top_k == 1) &&
-         sq.bias_off < 0 && sq.pen_cnt == 0 && sq.mask_cnt == 0 && sq.ret_row < 0;
-}
-
-constexpr int kGreedySplits = 64;
 constexpr int kGreedyThreads = 256;
 constexpr int kGreedyUnroll = 4;
 

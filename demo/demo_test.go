@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -91,10 +92,11 @@ func TestWriteGPT2Checkpoint(t *testing.T) {
 			}
 			defer c.Close()
 			wantDType := map[string]string{"F16": "float16", "F32": "float32", "BF16": "bfloat16"}[tc.stDType]
-			want := model.Config{Arch: "gpt2", VocabSize: 50257, MaxPositions: 64, Hidden: 64, Layers: 2, Heads: 4,
-				KVHeads: 4, HeadDim: 16, Inner: 256, LayerNormEps: 1e-5, Activation: "gelu_new",
-				BOSID: 50256, EOSID: 50256, DType: wantDType}
-			if c.Config != want {
+			want := model.Config{Family: "gpt2", ModelType: "gpt2", VocabSize: 50257, MaxPositions: 64, Hidden: 64,
+				Layers: 2, Heads: 4, KVHeads: 4, HeadDim: 16, Inner: 256, Norm: model.LayerNorm, NormEps: 1e-5,
+				Positions: model.LearnedPositions, QKVBias: true, OutBias: true, MLPBias: true, Act: model.ActGeluTanh,
+				TiedHead: true, BOSID: 50256, EOSIDs: []int32{50256}, DType: wantDType}
+			if !reflect.DeepEqual(c.Config, want) {
 				t.Errorf("config\n got %+v\nwant %+v", c.Config, want)
 			}
 			for _, name := range c.Names() {
@@ -102,7 +104,7 @@ func TestWriteGPT2Checkpoint(t *testing.T) {
 					t.Errorf("%s is %s, want %s", name, tensor.DType, tc.stDType)
 				}
 			}
-			m, err := model.LoadGPT2(c)
+			m, err := c.Float32Weights()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -119,10 +121,10 @@ func TestWriteGPT2Checkpoint(t *testing.T) {
 					t.Errorf("%s: mean %.3f std %.3f, want about %.3f and %.3f", name, gotMean, gotStd, mean, std)
 				}
 			}
-			checkSpread("wte", m.WTE, 0, 0.3)
-			checkSpread("h.1.mlp.c_fc.weight", m.Layers[1].FCW, 0, 0.3)
-			checkSpread("h.0.ln_1.weight", m.Layers[0].LN1W, 1, 0.1)
-			checkSpread("ln_f.bias", m.LNFB, 0, 0.1)
+			checkSpread("wte", m.Model[model.RoleEmbed], 0, 0.3)
+			checkSpread("h.1.mlp.c_fc.weight", m.Layers[1][model.RoleUp], 0, 0.3)
+			checkSpread("h.0.ln_1.weight", m.Layers[0][model.RoleAttnNorm], 1, 0.1)
+			checkSpread("ln_f.bias", m.Model[model.RoleFinalNormBias], 0, 0.1)
 			if _, err := model.LoadTokenizer(filepath.Join(dir, "tokenizer.json")); err != nil {
 				t.Fatal(err)
 			}

@@ -2,9 +2,14 @@ package engine
 
 import "fmt"
 
-// BatchChecker validates batches against an engine's model and KV pool before any of
-// them runs, with the same rules and messages for every engine. It keeps scratch space
-// between calls, so an engine holds one and uses it from its Step goroutine only.
+// BatchChecker validates the structure of batches against an engine's model and KV pool
+// before any of them runs — new tokens in the vocabulary, positions in the model, block
+// tables inside the pool and not shared by two writers — with the same rules and
+// messages for every engine, in time proportional to the new tokens and blocks. A
+// request's settings and history are the batch manager's to validate, once, when it
+// admits the request (SamplingParams.Validate); they are not checked again each step.
+// It keeps scratch space between calls, so an engine holds one and uses it from its Step
+// goroutine only.
 type BatchChecker struct {
 	// info is the model and pool the batches must fit.
 	info Info
@@ -29,6 +34,27 @@ func NewBatchChecker(info Info, prefix string) *BatchChecker {
 func (c *BatchChecker) Check(b *Batch) (int, error) {
 	c.stepNo++
 	T, V := c.info.TokensPerBlock, c.info.VocabSize
+	if len(b.BlockCopies) > 0 {
+		if len(b.Seqs) == 0 {
+			return 0, fmt.Errorf("%s: %d block copies in a batch without sequences", c.prefix, len(b.BlockCopies))
+		}
+		// Marks with a number of their own: the sequences' checks below reuse blockMark.
+		c.seqNo++
+		for i, cp := range b.BlockCopies {
+			for _, blk := range [2]int32{cp.Src, cp.Dst} {
+				if blk < 0 || int(blk) >= c.info.NumBlocks {
+					return 0, fmt.Errorf("%s: block copy %d (%d -> %d): block %d is outside the KV pool [0, %d)", c.prefix, i, cp.Src, cp.Dst, blk, c.info.NumBlocks)
+				}
+			}
+			if cp.Src == cp.Dst {
+				return 0, fmt.Errorf("%s: block copy %d copies block %d onto itself", c.prefix, i, cp.Src)
+			}
+			if c.blockMark[cp.Dst] == c.seqNo {
+				return 0, fmt.Errorf("%s: block copy %d writes block %d, which an earlier copy of the batch also writes", c.prefix, i, cp.Dst)
+			}
+			c.blockMark[cp.Dst] = c.seqNo
+		}
+	}
 	n := 0
 	for si := range b.Seqs {
 		sq := &b.Seqs[si]
@@ -70,21 +96,6 @@ func (c *BatchChecker) Check(b *Batch) (int, error) {
 				return fail("writes KV block %d, which sequence %d also writes in this batch", blk, b.Seqs[c.blockSeq[blk]].ID)
 			}
 			c.blockStep[blk], c.blockSeq[blk] = c.stepNo, si
-		}
-		if sq.Sample || sq.ReturnLogits {
-			if err := sq.Sampling.Validate(V); err != nil {
-				return fail("%v", err)
-			}
-		}
-		if sq.Sample {
-			if sq.NumGenerated < 0 {
-				return fail("NumGenerated = %d is negative", sq.NumGenerated)
-			}
-			for i, t := range sq.History {
-				if t < 0 || int(t) >= V {
-					return fail("History[%d] = %d is outside the vocabulary [0, %d)", i, t, V)
-				}
-			}
 		}
 		n += len(sq.Tokens)
 	}

@@ -1,5 +1,8 @@
 // Package engine defines the Engine interface — one call per iteration of the batch
-// manager — and the pure-Go CPU reference engine.
+// manager — and what every engine shares: the batch and its sequences, the sampling
+// rules and their random stream (rules.go), token counting for the penalties, and the
+// structural check of a batch. The engines themselves are engine/cpu (pure Go, the
+// reference) and bridge/cuda (the GPU).
 //
 // An engine owns the model weights and a paged KV pool. It keeps no per-request state:
 // everything an iteration needs (new tokens, positions, block tables, sampling
@@ -21,8 +24,6 @@ type Engine interface {
 
 // Info describes a loaded model and the engine's KV pool.
 type Info struct {
-	// Arch names the architecture ("gpt2").
-	Arch string
 	// VocabSize is the number of logits per position.
 	VocabSize int
 	// MaxSeqLen is the longest sequence (prompt plus output) the model can hold.
@@ -33,8 +34,8 @@ type Info struct {
 	NumBlocks int
 	// TokensPerBlock is the number of token positions one KV block holds.
 	TokensPerBlock int
-	// EndID is the checkpoint's end-of-sequence token, or -1 when it names none.
-	EndID int32
+	// EndIDs are the checkpoint's end-of-sequence tokens; empty when it names none.
+	EndIDs []int32
 }
 
 // KVConfig sizes an engine's paged KV pool.
@@ -43,12 +44,28 @@ type KVConfig struct {
 	NumBlocks int
 	// TokensPerBlock is the number of positions per block (gollm's default is 64).
 	TokensPerBlock int
+	// MaxSeqLen is the longest sequence the engine serves; 0 means the model's maximum
+	// positions.
+	MaxSeqLen int
 }
 
 // Batch is the work of one iteration.
 type Batch struct {
 	// Seqs are the scheduled sequences, context (prompt) and generation steps mixed.
 	Seqs []Sequence
+	// BlockCopies are whole KV blocks to copy, in order, before the forward pass: the
+	// copy-on-write of beams (sequences sharing their prompt's blocks) that diverge
+	// inside a shared block. A batch with copies has at least one sequence.
+	BlockCopies []BlockCopy
+}
+
+// BlockCopy copies one KV block of the pool onto another: every layer's keys and
+// values, every position.
+type BlockCopy struct {
+	// Src is the block read.
+	Src int32
+	// Dst is the block written; no two copies of a batch write one block.
+	Dst int32
 }
 
 // Sequence is one sequence's share of an iteration.
@@ -74,8 +91,8 @@ type Sequence struct {
 	// NumGenerated is the number of tokens generated before this iteration; min length
 	// and the per-step random stream read it.
 	NumGenerated int
-	// ReturnLogits copies the sampled position's logits (after bias, before penalties)
-	// into Output.Logits.
+	// ReturnLogits copies the last position's logits (after the embedding bias, before
+	// the penalties and masks) into Output.Logits, with or without Sample.
 	ReturnLogits bool
 	// ContextLogits copies the logits of every position of Tokens into
 	// Output.ContextLogits.
@@ -100,10 +117,10 @@ type SamplingParams struct {
 	PresencePenalty float32
 	// FrequencyPenalty is subtracted from a token's logit once per occurrence in History.
 	FrequencyPenalty float32
-	// MinLength forbids EndID until this many tokens have been generated.
+	// MinLength forbids every token of EndIDs until this many tokens have been generated.
 	MinLength int
-	// EndID is the end-of-sequence token for MinLength; -1 for none.
-	EndID int32
+	// EndIDs are the end-of-sequence tokens MinLength masks.
+	EndIDs []int32
 	// BadWords are token sequences that must not be generated: when a sequence's last
 	// tokens match a bad word's prefix, its final token is masked.
 	BadWords [][]int32

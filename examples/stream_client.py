@@ -2,6 +2,9 @@
 
     PYTHONPATH=.deps/py python3 examples/stream_client.py "Hello, my name is" 16
 
+GOLLM_MODEL names the model (default austen, the demo model); its tokenizer is read from
+model_repository/<model>/1/tokenizer.json.
+
 The tensors are the TensorRT-LLM backend's: input_ids, input_lengths,
 request_output_len, streaming; each response carries the new output_ids.
 """
@@ -16,7 +19,8 @@ from tokenizers import Tokenizer
 url = os.environ.get("GOLLM_GRPC_URL", "localhost:8001")
 prompt = sys.argv[1] if len(sys.argv) > 1 else "Hello, my name is"
 max_tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 16
-tok = Tokenizer.from_file("model_repository/gpt2/1/tokenizer.json")
+model = os.environ.get("GOLLM_MODEL", "austen")
+tok = Tokenizer.from_file(f"model_repository/{model}/1/tokenizer.json")
 ids = np.array([tok.encode(prompt).ids], dtype=np.int32)
 
 
@@ -35,7 +39,7 @@ inputs = [
 results = queue.Queue()
 client = grpcclient.InferenceServerClient(url)
 client.start_stream(callback=lambda result, error: results.put((result, error)))
-client.async_stream_infer("gpt2", inputs, request_id="1", enable_empty_final_response=True)
+client.async_stream_infer(model, inputs, request_id="1", enable_empty_final_response=True)
 tokens = []
 while True:
     result, error = results.get(timeout=60)

@@ -43,7 +43,30 @@ type Config struct {
 	Batch batchmanager.Config
 	// MaxQueued caps the requests waiting for admission; 0 means no limit.
 	MaxQueued int
+	// LogitsPostProcessors are the named logits post-processors requests may pick
+	// (Request.LogitsPostProcessorName), as TensorRT-LLM's LogitsPostProcessorConfig.
+	LogitsPostProcessors map[string]LogitsPostProcessor
+	// LogitsPostProcessorBatched serves, in one call per iteration, the requests that
+	// name BatchedPostProcessorName.
+	LogitsPostProcessorBatched LogitsPostProcessorBatched
 }
+
+// BatchedPostProcessorName is the name a request gives to use
+// Config.LogitsPostProcessorBatched.
+const BatchedPostProcessorName = "batched"
+
+// LogitsPostProcessor changes one sequence's logits before its token is chosen (the
+// seed's logits post-processor): the request ID, the logits row [vocab] to change in
+// place (after the embedding bias, before the penalties), the sequence's tokens so far
+// (prompt and generated; read-only), and the request's ClientID (nil when unset). It is
+// called on the executor's worker goroutine and must not block for long. A request
+// with a post-processor has its logits copied back from the engine and its tokens
+// chosen by the engine's rules on the host (beam search scores them there anyway).
+type LogitsPostProcessor func(reqID uint64, logits []float32, tokens []int32, clientID *uint64)
+
+// LogitsPostProcessorBatched is the batched variant: every sequence of an iteration
+// whose request named BatchedPostProcessorName, in one call, index by index.
+type LogitsPostProcessorBatched func(reqIDs []uint64, logits [][]float32, tokens [][]int32, clientIDs []*uint64)
 
 // Request is one generation request.
 type Request struct {
@@ -56,14 +79,32 @@ type Request struct {
 	// Sampling holds the sampling configuration; the zero value is greedy.
 	Sampling engine.SamplingParams
 	// EndID ends generation when sampled (not included in the output); nil means the
-	// model's own end token, -1 means none.
+	// model's own end tokens, -1 means none.
 	EndID *int32
-	// PadID pads V1 outputs; nil means EndID.
+	// PadID pads V1 outputs; nil means the (first) end token.
 	PadID *int32
 	// StopWords end generation once generated (kept in the output).
 	StopWords [][]int32
 	// Output selects what results carry.
 	Output OutputConfig
+	// BeamWidth > 1 runs beam search (Result.Beams).
+	BeamWidth int
+	// NumReturnSequences: sampling, this many sequences (Result.SequenceIndex); beam
+	// search, the best this many beams (0: all).
+	NumReturnSequences int
+	// LengthPenalty, EarlyStopping and DiversityRate steer beam search
+	// (batchmanager.InferenceRequest's fields of those names).
+	LengthPenalty float32
+	// EarlyStopping: 1 stops once BeamWidth beams finished; 0 transformers' heuristic;
+	// other values never early (0 in a Request means the default, 1).
+	EarlyStopping *int
+	// DiversityRate is beam_search_diversity_rate.
+	DiversityRate float32
+	// LogitsPostProcessorName picks one of Config.LogitsPostProcessors, or
+	// BatchedPostProcessorName; "" for none.
+	LogitsPostProcessorName string
+	// ClientID is handed to the post-processor.
+	ClientID *uint64
 }
 
 // OutputConfig selects the optional parts of a result.
@@ -106,6 +147,15 @@ type Result struct {
 	ContextLogits []float32
 	// GenerationLogits are this result's generated positions' logits, [n][vocab].
 	GenerationLogits []float32
+	// FinishReason says why the request ended (in its final result).
+	FinishReason batchmanager.FinishReason
+	// Beams are a beam search's beams, best first once finished (OutputTokenIDs and
+	// CumLogProb are the first's).
+	Beams []batchmanager.BeamResult
+	// SequenceIndex is the sequence of this result (NumReturnSequences).
+	SequenceIndex int
+	// IsSequenceFinal marks the last result of SequenceIndex.
+	IsSequenceFinal bool
 }
 
 // Executor runs requests on an engine with in-flight batching.
@@ -133,6 +183,8 @@ type Executor struct {
 	notify chan struct{}
 	// closed is set by Shutdown.
 	closed bool
+	// clients are the ClientIDs of requests in flight that have one.
+	clients map[uint64]*uint64
 }
 
 // New starts an executor over eng. The engine stays the caller's to Close after
@@ -144,8 +196,21 @@ func New(eng engine.Engine, cfg Config, log *zap.Logger) (*Executor, error) {
 	if cfg.MaxQueued < 0 {
 		return nil, fmt.Errorf("executor: MaxQueued must be 0 (no limit) or positive, got %d", cfg.MaxQueued)
 	}
-	e := &Executor{info: eng.Info(), cfg: cfg, nextID: 1, live: map[uint64]struct{}{}, stops: map[uint64]struct{}{}, notify: make(chan struct{})}
-	m, err := batchmanager.New(eng, cfg.Batch, batchmanager.Callbacks{
+	e := &Executor{info: eng.Info(), cfg: cfg, nextID: 1, live: map[uint64]struct{}{}, stops: map[uint64]struct{}{}, notify: make(chan struct{}),
+		clients: map[uint64]*uint64{}}
+	batch := cfg.Batch
+	if pp := cfg.LogitsPostProcessorBatched; pp != nil {
+		batch.BatchedLogitsPostProcessor = func(ids []uint64, logits [][]float32, tokens [][]int32) {
+			clients := make([]*uint64, len(ids))
+			e.mu.Lock()
+			for i, id := range ids {
+				clients[i] = e.clients[id]
+			}
+			e.mu.Unlock()
+			pp(ids, logits, tokens, clients)
+		}
+	}
+	m, err := batchmanager.New(eng, batch, batchmanager.Callbacks{
 		GetInferenceRequests: e.get,
 		SendResponse:         e.send,
 		PollStopSignal:       e.pollStop,
@@ -166,13 +231,40 @@ func (e *Executor) Enqueue(req Request) (uint64, error) {
 	if req.MaxNewTokens < 1 {
 		return 0, fmt.Errorf("executor: Request.MaxNewTokens must be at least 1, got %d", req.MaxNewTokens)
 	}
-	endID := e.info.EndID
+	endIDs := e.info.EndIDs
 	if req.EndID != nil {
-		endID = *req.EndID
+		endIDs = nil
+		if *req.EndID >= 0 {
+			endIDs = []int32{*req.EndID}
+		}
 	}
-	padID := endID
+	padID := int32(-1)
+	if len(endIDs) > 0 {
+		padID = endIDs[0]
+	}
 	if req.PadID != nil {
 		padID = *req.PadID
+	}
+	var pp batchmanager.LogitsPostProcessor
+	batched := false
+	switch name := req.LogitsPostProcessorName; {
+	case name == "":
+	case name == BatchedPostProcessorName:
+		if e.cfg.LogitsPostProcessorBatched == nil {
+			return 0, errors.New("executor: Request.LogitsPostProcessorName is the batched one, and Config has no LogitsPostProcessorBatched")
+		}
+		batched = true
+	default:
+		f := e.cfg.LogitsPostProcessors[name]
+		if f == nil {
+			return 0, fmt.Errorf("executor: Request.LogitsPostProcessorName %q is not in Config.LogitsPostProcessors", name)
+		}
+		client := req.ClientID
+		pp = func(id uint64, logits []float32, tokens []int32) { f(id, logits, tokens, client) }
+	}
+	early := 1
+	if req.EarlyStopping != nil {
+		early = *req.EarlyStopping
 	}
 	e.mu.Lock()
 	if e.closed {
@@ -190,7 +282,7 @@ func (e *Executor) Enqueue(req Request) (uint64, error) {
 		InputIDs:               slices.Clone(req.InputIDs),
 		MaxNewTokens:           req.MaxNewTokens,
 		Sampling:               req.Sampling,
-		EndID:                  endID,
+		EndIDs:                 endIDs,
 		PadID:                  padID,
 		StopWords:              req.StopWords,
 		Streaming:              req.Streaming,
@@ -198,8 +290,19 @@ func (e *Executor) Enqueue(req Request) (uint64, error) {
 		ReturnLogProbs:         req.Output.ReturnLogProbs,
 		ReturnContextLogits:    req.Output.ReturnContextLogits,
 		ReturnGenerationLogits: req.Output.ReturnGenerationLogits,
+		BeamWidth:              req.BeamWidth,
+		NumReturnSequences:     req.NumReturnSequences,
+		LengthPenalty:          req.LengthPenalty,
+		EarlyStopping:          early,
+		DiversityRate:          req.DiversityRate,
+		TopPResetID:            -1,
+		LogitsPostProcessor:    pp,
+		BatchedPostProcessing:  batched,
 	})
 	e.live[id] = struct{}{}
+	if req.ClientID != nil {
+		e.clients[id] = req.ClientID
+	}
 	e.mu.Unlock()
 	e.m.Wake()
 	return id, nil
@@ -307,6 +410,7 @@ func (e *Executor) deliver(r Response) {
 	if r.IsFinal() {
 		delete(e.live, r.RequestID)
 		delete(e.stops, r.RequestID)
+		delete(e.clients, r.RequestID)
 	}
 	close(e.notify)
 	e.notify = make(chan struct{})
@@ -342,44 +446,25 @@ func (e *Executor) pollStop() map[uint64]struct{} {
 	return out
 }
 
-// send is the manager's SendResponse: it turns the tensors into a Result.
-func (e *Executor) send(id uint64, outs []batchmanager.Tensor, final bool, err error) {
+// send is the manager's SendResponse: it turns the manager's result into a Result.
+func (e *Executor) send(id uint64, res batchmanager.Result, final bool, err error) {
 	r := Response{RequestID: id, Err: err}
 	if err == nil {
-		r.Result = toResult(outs, final)
+		r.Result = Result{
+			IsFinal: final,
+			// V1 pads the tokens; Length says how many are real.
+			OutputTokenIDs:   res.Tokens[:res.Length],
+			CumLogProb:       res.CumLogProb,
+			LogProbs:         res.LogProbs,
+			ContextLogits:    res.ContextLogits,
+			GenerationLogits: res.GenerationLogits,
+			FinishReason:     res.Finish,
+			Beams:            res.Beams,
+			SequenceIndex:    res.SequenceIndex,
+			IsSequenceFinal:  res.SequenceFinal || final,
+		}
 	}
 	e.mu.Lock()
 	e.deliver(r)
 	e.mu.Unlock()
-}
-
-// toResult reads the manager's output tensors.
-func toResult(outs []batchmanager.Tensor, final bool) Result {
-	res := Result{IsFinal: final}
-	n := -1
-	for _, t := range outs {
-		switch t.Name {
-		case "output_ids":
-			res.OutputTokenIDs, _ = t.Data.([]int32)
-		case "sequence_length":
-			if d, ok := t.Data.([]int32); ok && len(d) == 1 {
-				n = int(d[0])
-			}
-		case "cum_log_probs":
-			if d, ok := t.Data.([]float32); ok && len(d) == 1 {
-				res.CumLogProb = d[0]
-			}
-		case "output_log_probs":
-			res.LogProbs, _ = t.Data.([]float32)
-		case "context_logits":
-			res.ContextLogits, _ = t.Data.([]float32)
-		case "generation_logits":
-			res.GenerationLogits, _ = t.Data.([]float32)
-		}
-	}
-	// V1 pads output_ids; sequence_length says how many are real.
-	if n >= 0 && n < len(res.OutputTokenIDs) {
-		res.OutputTokenIDs = res.OutputTokenIDs[:n]
-	}
-	return res
 }

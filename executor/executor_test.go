@@ -11,6 +11,7 @@ import (
 
 	"gollm/batchmanager"
 	"gollm/engine"
+	"gollm/engine/cpu"
 	"gollm/model"
 )
 
@@ -20,7 +21,7 @@ func TestMain(m *testing.M) {
 
 var (
 	tinyOnce  sync.Once
-	tinyModel *model.GPT2
+	tinyModel *model.Float32
 	tinyErr   error
 )
 
@@ -28,12 +29,12 @@ var (
 func newExecutor(t *testing.T, cfg Config) *Executor {
 	t.Helper()
 	tinyOnce.Do(func() {
-		tinyModel, tinyErr = model.LoadGPT2Dir("../testdata/gpt2-tiny")
+		tinyModel, tinyErr = model.LoadFloat32("../testdata/gpt2-tiny")
 	})
 	if tinyErr != nil {
 		t.Fatal(tinyErr)
 	}
-	eng, err := engine.NewCPU(tinyModel, engine.KVConfig{NumBlocks: 64, TokensPerBlock: 8})
+	eng, err := cpu.NewFromModel(tinyModel, engine.KVConfig{NumBlocks: 64, TokensPerBlock: 8})
 	if err != nil {
 		t.Fatal(err)
 	}

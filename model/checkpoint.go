@@ -11,17 +11,18 @@ import (
 	"strings"
 )
 
-// hfPrefix is the prefix transformers' GPT2LMHeadModel puts on the base model's tensor
-// names; checkpoints saved from the bare GPT2Model (OpenAI's original gpt2) lack it.
-const hfPrefix = "transformer."
-
 // Checkpoint is an open Hugging Face checkpoint folder: its config and its memory-mapped
 // safetensors weights.
 type Checkpoint struct {
 	// Dir is the checkpoint folder; tokenizer.json is read from it.
 	Dir string
-	// Config holds the hyperparameters from config.json.
+	// Config is the architecture descriptor read from config.json.
 	Config Config
+	// fam is the loader of the checkpoint's architecture.
+	fam *family
+	// fields maps descriptor fields to the config.json fields they came from, for
+	// messages.
+	fields map[string]string
 	// files are the mapped weight files (one, or one per shard).
 	files []*stFile
 	// tensors indexes every tensor of every file by its stored name.
@@ -36,11 +37,11 @@ func Open(dir string) (_ *Checkpoint, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open checkpoint: %w", err)
 	}
-	cfg, err := parseConfig(raw)
+	cfg, fam, fields, err := parseConfig(raw)
 	if err != nil {
 		return nil, fmt.Errorf("open checkpoint: %s: %w", cfgPath, err)
 	}
-	c := &Checkpoint{Dir: dir, Config: cfg, tensors: map[string]*Tensor{}}
+	c := &Checkpoint{Dir: dir, Config: cfg, fam: fam, fields: fields, tensors: map[string]*Tensor{}}
 	defer func() {
 		if err != nil {
 			c.Close()
@@ -68,7 +69,7 @@ func Open(dir string) (_ *Checkpoint, err error) {
 	}
 	if c.Config.DType == "" {
 		// Older configs (OpenAI's gpt2) name no dtype: take the embedding's.
-		if t, err := c.Tensor("wte.weight"); err == nil {
+		if t, err := c.Tensor(fam.names(&c.Config, RoleEmbed, -1)[0].name); err == nil {
 			c.Config.DType = torchDTypes[t.DType]
 		}
 	}
@@ -161,19 +162,21 @@ func (c *Checkpoint) checkIndex() error {
 	return nil
 }
 
-// Tensor returns the named tensor. HF's "transformer." prefix is optional: "wte.weight"
-// and "transformer.wte.weight" find the same tensor whichever way the file names it.
-// The tensor's Data is valid until Close.
+// Tensor returns the named tensor. The architecture's base-model prefix is optional:
+// "wte.weight" and "transformer.wte.weight" find the same tensor of a GPT-2 checkpoint
+// whichever way the file names it. The tensor's Data is valid until Close.
 func (c *Checkpoint) Tensor(name string) (*Tensor, error) {
 	if t, ok := c.tensors[name]; ok {
 		return t, nil
 	}
-	alt := hfPrefix + name
-	if rest, ok := strings.CutPrefix(name, hfPrefix); ok {
-		alt = rest
-	}
-	if t, ok := c.tensors[alt]; ok {
-		return t, nil
+	if c.fam != nil && c.fam.prefix != "" {
+		alt := c.fam.prefix + name
+		if rest, ok := strings.CutPrefix(name, c.fam.prefix); ok {
+			alt = rest
+		}
+		if t, ok := c.tensors[alt]; ok {
+			return t, nil
+		}
 	}
 	return nil, fmt.Errorf("tensor %s: %w in %s", name, ErrTensorNotFound, c.Dir)
 }
@@ -201,151 +204,3 @@ func (c *Checkpoint) Close() error {
 
 // torchDTypes maps safetensors dtypes to the torch names config.json uses.
 var torchDTypes = map[string]string{"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
-
-// supportedArchs are the model_type values gollm loads.
-var supportedArchs = map[string]bool{"gpt2": true}
-
-// supportedActivations are the activation_function values of GPT-2 checkpoints that
-// gollm's engines implement: the tanh approximation of GELU (under two names) and the
-// exact erf form.
-var supportedActivations = map[string]bool{"gelu_new": true, "gelu_pytorch_tanh": true, "gelu": true}
-
-// parseConfig reads a GPT-2 style config.json. Fields HF's GPT2Config gives defaults to
-// (n_inner, layer_norm_epsilon, activation_function, the token ids, the dtype) may be
-// absent; the shape fields may not.
-func parseConfig(raw []byte) (Config, error) {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return Config{}, fmt.Errorf("invalid JSON: %w", err)
-	}
-	p := configParser{m: m}
-	var c Config
-	c.Arch = p.str("model_type", "")
-	if c.Arch == "" {
-		p.fail("model_type", errors.New("missing (a string like \"gpt2\" is required)"))
-	} else if !supportedArchs[c.Arch] {
-		p.fail("model_type", fmt.Errorf("%q is not supported (supported: gpt2)", c.Arch))
-	}
-	c.VocabSize = p.positive("vocab_size", 0)
-	c.MaxPositions = p.positive("n_positions", 0)
-	c.Hidden = p.positive("n_embd", 0)
-	c.Layers = p.positive("n_layer", 0)
-	c.Heads = p.positive("n_head", 0)
-	c.Inner = p.positive("n_inner", 4*c.Hidden)
-	c.LayerNormEps = float32(p.number("layer_norm_epsilon", 1e-5))
-	c.Activation = p.str("activation_function", "gelu_new")
-	c.BOSID = p.tokenID("bos_token_id")
-	c.EOSID = p.tokenID("eos_token_id")
-	if _, ok := m["torch_dtype"]; ok {
-		c.DType = p.str("torch_dtype", "")
-	} else {
-		c.DType = p.str("dtype", "")
-	}
-	if p.err != nil {
-		return Config{}, p.err
-	}
-	switch {
-	case !supportedActivations[c.Activation]:
-		return Config{}, fmt.Errorf("field activation_function: %q is not supported (supported: gelu_new, gelu_pytorch_tanh, gelu)", c.Activation)
-	case c.EOSID >= int32(c.VocabSize):
-		return Config{}, fmt.Errorf("field eos_token_id: %d is not below vocab_size %d", c.EOSID, c.VocabSize)
-	case c.BOSID >= int32(c.VocabSize):
-		return Config{}, fmt.Errorf("field bos_token_id: %d is not below vocab_size %d", c.BOSID, c.VocabSize)
-	case c.Hidden%c.Heads != 0:
-		return Config{}, fmt.Errorf("field n_embd: %d is not a multiple of n_head %d", c.Hidden, c.Heads)
-	case !(c.LayerNormEps > 0):
-		return Config{}, fmt.Errorf("field layer_norm_epsilon: must be positive, got %g", c.LayerNormEps)
-	case c.DType == "auto":
-		c.DType = "" // no stored type named; Open takes the weights'
-	case c.DType != "" && c.DType != "float32" && c.DType != "float16" && c.DType != "bfloat16":
-		return Config{}, fmt.Errorf("field torch_dtype: %q is not float32, float16 or bfloat16", c.DType)
-	}
-	c.KVHeads = c.Heads
-	c.HeadDim = c.Hidden / c.Heads
-	return c, nil
-}
-
-// configParser reads typed fields from config.json, keeping the first error, which names
-// the field.
-type configParser struct {
-	// m is the decoded top-level object.
-	m map[string]json.RawMessage
-	// err is the first error met.
-	err error
-}
-
-// fail records err for field name unless an error is already recorded.
-func (p *configParser) fail(name string, err error) {
-	if p.err == nil {
-		p.err = fmt.Errorf("field %s: %w", name, err)
-	}
-}
-
-// get returns the field's raw value, or nil when it is absent or null.
-func (p *configParser) get(name string) json.RawMessage {
-	v, ok := p.m[name]
-	if !ok || string(v) == "null" {
-		return nil
-	}
-	return v
-}
-
-// positive reads a positive integer; def is used when the field is absent or null, and
-// def 0 makes it required.
-func (p *configParser) positive(name string, def int) int {
-	v := p.get(name)
-	if v == nil {
-		if def == 0 {
-			p.fail(name, errors.New("missing (a positive integer is required)"))
-		}
-		return def
-	}
-	var n int
-	if err := json.Unmarshal(v, &n); err != nil || n <= 0 {
-		p.fail(name, fmt.Errorf("must be a positive integer, got %s", v))
-		return def
-	}
-	return n
-}
-
-// number reads a float, def when absent.
-func (p *configParser) number(name string, def float64) float64 {
-	v := p.get(name)
-	if v == nil {
-		return def
-	}
-	var f float64
-	if err := json.Unmarshal(v, &f); err != nil {
-		p.fail(name, fmt.Errorf("must be a number, got %s", v))
-		return def
-	}
-	return f
-}
-
-// str reads a string, def when absent.
-func (p *configParser) str(name, def string) string {
-	v := p.get(name)
-	if v == nil {
-		return def
-	}
-	var s string
-	if err := json.Unmarshal(v, &s); err != nil {
-		p.fail(name, fmt.Errorf("must be a string, got %s", v))
-		return def
-	}
-	return s
-}
-
-// tokenID reads an optional non-negative token id; -1 when absent or null.
-func (p *configParser) tokenID(name string) int32 {
-	v := p.get(name)
-	if v == nil {
-		return -1
-	}
-	var n int32
-	if err := json.Unmarshal(v, &n); err != nil || n < 0 {
-		p.fail(name, fmt.Errorf("must be a non-negative integer or null, got %s", v))
-		return -1
-	}
-	return n
-}

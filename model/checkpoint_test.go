@@ -88,10 +88,11 @@ func TestOpenReadsTheConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	want := Config{Arch: "gpt2", VocabSize: 1000, MaxPositions: 128, Hidden: 64, Layers: 2, Heads: 4,
-		KVHeads: 4, HeadDim: 16, Inner: 256, LayerNormEps: 1e-5, Activation: "gelu_new",
-		BOSID: 0, EOSID: 999, DType: "float32"}
-	if c.Config != want {
+	want := Config{Family: "gpt2", ModelType: "gpt2", VocabSize: 1000, MaxPositions: 128, Hidden: 64, Layers: 2,
+		Heads: 4, KVHeads: 4, HeadDim: 16, Inner: 256, Norm: LayerNorm, NormEps: 1e-5, Positions: LearnedPositions,
+		QKVBias: true, OutBias: true, MLPBias: true, Act: ActGeluTanh, TiedHead: true,
+		BOSID: 0, EOSIDs: []int32{999}, DType: "float32"}
+	if !reflect.DeepEqual(c.Config, want) {
 		t.Errorf("config\n got %+v\nwant %+v", c.Config, want)
 	}
 }
@@ -129,11 +130,11 @@ func TestTensorNames(t *testing.T) {
 }
 
 func TestShardedAndSingleFileHoldTheSameWeights(t *testing.T) {
-	single, err := LoadGPT2Dir(tinyDir)
+	single, err := LoadFloat32(tinyDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sharded, err := LoadGPT2Dir(shardedDir)
+	sharded, err := LoadFloat32(shardedDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,19 +143,20 @@ func TestShardedAndSingleFileHoldTheSameWeights(t *testing.T) {
 	}
 	// Spot-check that real data arrived: the fixture's LayerNorm scales are 1 ± 0.1·N(0,1).
 	var sum float64
-	for _, v := range single.Layers[1].LN2W {
+	ln2 := single.Layers[1][RoleMLPNorm]
+	for _, v := range ln2 {
 		sum += float64(v)
 	}
-	if mean := sum / float64(len(single.Layers[1].LN2W)); math.Abs(mean-1) > 0.1 {
+	if mean := sum / float64(len(ln2)); math.Abs(mean-1) > 0.1 {
 		t.Errorf("mean of h.1.ln_2.weight = %g, want about 1", mean)
 	}
-	if len(single.WTE) != 1000*64 || len(single.Layers[0].FCW) != 64*256 {
-		t.Errorf("sizes: wte %d, h.0.mlp.c_fc.weight %d", len(single.WTE), len(single.Layers[0].FCW))
+	if len(single.Model[RoleEmbed]) != 1000*64 || len(single.Layers[0][RoleUp]) != 64*256 {
+		t.Errorf("sizes: wte %d, h.0.mlp.c_fc.weight %d", len(single.Model[RoleEmbed]), len(single.Layers[0][RoleUp]))
 	}
 }
 
 func TestHalfPrecisionCheckpointsLoad(t *testing.T) {
-	want, err := LoadGPT2Dir(tinyDir)
+	want, err := LoadFloat32(tinyDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +180,7 @@ func TestHalfPrecisionCheckpointsLoad(t *testing.T) {
 			if c.Config.DType != tc.configDType {
 				t.Errorf("Config.DType = %q, want %q", c.Config.DType, tc.configDType)
 			}
-			got, err := LoadGPT2(c)
+			got, err := c.Float32Weights()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -201,9 +203,9 @@ func TestHalfPrecisionCheckpointsLoad(t *testing.T) {
 					t.Errorf("%s: no value was rounded; the conversion did not happen", name)
 				}
 			}
-			check("wte.weight", got.WTE, want.WTE)
-			check("h.1.attn.c_attn.weight", got.Layers[1].AttnW, want.Layers[1].AttnW)
-			check("ln_f.bias", got.LNFB, want.LNFB)
+			check("wte.weight", got.Model[RoleEmbed], want.Model[RoleEmbed])
+			check("h.1.attn.c_attn.weight", got.Layers[1][RoleQKV], want.Layers[1][RoleQKV])
+			check("ln_f.bias", got.Model[RoleFinalNormBias], want.Model[RoleFinalNormBias])
 		})
 	}
 }
@@ -280,11 +282,24 @@ func TestBrokenCheckpointsFail(t *testing.T) {
 		{name: "a non-float dtype names the tensor and the accepted dtypes",
 			tensors: replace("transformer.ln_f.weight", "I32", []int{64}),
 			want:    []string{"transformer.ln_f.weight", "dtype I32", "expected F32, F16 or BF16"}},
-		{name: "an untied lm_head is refused",
-			tensors: func(ts []*Tensor) []*Tensor {
-				return append(ts, &Tensor{Name: "lm_head.weight", DType: "F32", Shape: []int{1000, 64}, Data: make([]byte, 4*64000)})
-			},
-			want: []string{"lm_head.weight", "differs from wte.weight"}},
+		{name: "an untied head without lm_head.weight names it",
+			config: setConfig("tie_word_embeddings", false),
+			want:   []string{"lm_head.weight", "not found"}},
+		{name: "more layers in the config than in the files name the field and the layers present",
+			config: setConfig("n_layer", 1000),
+			want:   []string{"field n_layer", "1000", "h.0 … h.1 (2 layers)"}},
+		{name: "a layer count beyond any model is refused before any allocation",
+			config: setConfig("n_layer", 100000000),
+			want:   []string{"field n_layer", "100000000 is outside [1, 1024]"}},
+		{name: "fewer layers in the config than in the files are refused",
+			config: setConfig("n_layer", 1),
+			want:   []string{"field n_layer", "1,", "(2 layers)"}},
+		{name: "an absurd vocabulary is refused before any allocation",
+			config: setConfig("vocab_size", 1<<40),
+			want:   []string{"field vocab_size", "outside [1, 4194304]"}},
+		{name: "an unsupported GPT-2 option is named",
+			config: setConfig("scale_attn_by_inverse_layer_idx", true),
+			want:   []string{"field scale_attn_by_inverse_layer_idx", "not supported"}},
 		{name: "a truncated file is caught by the header check",
 			file: rewriteFile(func(raw []byte) []byte { return raw[:len(raw)-100] }),
 			want: []string{"model.safetensors", "outside the", "truncated"}},
@@ -313,14 +328,14 @@ func TestBrokenCheckpointsFail(t *testing.T) {
 			config: setConfig("n_head", "four"),
 			want:   []string{"field n_head", "positive integer"}},
 		{name: "an unsupported model_type is named",
-			config: setConfig("model_type", "llama"),
-			want:   []string{"field model_type", `"llama" is not supported`}},
-		{name: "a missing model_type is named",
-			config: setConfig("model_type", nil),
-			want:   []string{"field model_type", "missing"}},
+			config: setConfig("model_type", "bert"),
+			want:   []string{"field model_type", `"bert" is not supported`, "gpt2, llama, mistral, qwen2"}},
+		{name: "a missing model_type with an unknown architecture is named",
+			config: func(m map[string]any) { delete(m, "model_type"); m["architectures"] = []string{"BertModel"} },
+			want:   []string{"field architectures", "BertModel"}},
 		{name: "an unsupported activation is named",
-			config: setConfig("activation_function", "swish"),
-			want:   []string{"field activation_function", "swish"}},
+			config: setConfig("activation_function", "tanh"),
+			want:   []string{"field activation_function", "tanh"}},
 		{name: "heads that do not divide the width are named",
 			config: setConfig("n_head", 5),
 			want:   []string{"field n_embd", "multiple of n_head"}},
@@ -353,7 +368,7 @@ func TestBrokenCheckpointsFail(t *testing.T) {
 			if tc.file != nil {
 				tc.file(dir)
 			}
-			_, err := LoadGPT2Dir(dir)
+			_, err := LoadFloat32(dir)
 			if err == nil {
 				t.Fatal("loaded without error")
 			}
@@ -403,7 +418,7 @@ func TestBrokenShardIndexesFail(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			_, err = LoadGPT2Dir(dir)
+			_, err = LoadFloat32(dir)
 			if err == nil {
 				t.Fatal("loaded without error")
 			}
@@ -416,17 +431,50 @@ func TestBrokenShardIndexesFail(t *testing.T) {
 	}
 }
 
-func TestTiedLMHeadIsAccepted(t *testing.T) {
-	tensors := tinyTensors(t)
-	for _, x := range tensors {
-		if x.Name == "transformer.wte.weight" {
-			tensors = append(tensors, &Tensor{Name: "lm_head.weight", DType: x.DType, Shape: x.Shape, Data: x.Data})
-			break
+func TestLMHead(t *testing.T) {
+	// withHead adds an lm_head.weight holding scale × the embedding.
+	withHead := func(scale float32) []*Tensor {
+		tensors := tinyTensors(t)
+		for _, x := range tensors {
+			if x.Name == "transformer.wte.weight" {
+				v, err := x.Float32()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range v {
+					v[i] *= scale
+				}
+				head, err := NewFloatTensor("lm_head.weight", x.DType, x.Shape, v)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return append(tensors, head)
+			}
 		}
+		t.Fatal("no embedding")
+		return nil
 	}
-	if _, err := LoadGPT2Dir(writeCheckpoint(t, tinyConfig(t), tensors)); err != nil {
-		t.Fatal(err)
-	}
+	t.Run("a tied head is the embedding, whatever lm_head.weight holds", func(t *testing.T) {
+		m, err := LoadFloat32(writeCheckpoint(t, tinyConfig(t), withHead(2)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Model[RoleLMHead] != nil || &m.LMHead()[0] != &m.Model[RoleEmbed][0] {
+			t.Error("a tied model loaded a separate head")
+		}
+	})
+	t.Run("an untied head is read from lm_head.weight", func(t *testing.T) {
+		cfg := tinyConfig(t)
+		cfg["tie_word_embeddings"] = false
+		m, err := LoadFloat32(writeCheckpoint(t, cfg, withHead(2)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		head, embed := m.LMHead(), m.Model[RoleEmbed]
+		if len(head) != len(embed) || head[5] != 2*embed[5] || head[len(head)-1] != 2*embed[len(embed)-1] {
+			t.Error("the untied head is not lm_head.weight")
+		}
+	})
 }
 
 func TestGoldenIntegersRead(t *testing.T) {

@@ -4,11 +4,11 @@
 # either one exiting) stops both. Ports come from the environment, as make passes them.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-: "${HTTP_PORT:=8000}" "${GRPC_PORT:=8001}" "${METRICS_PORT:=8002}" "${OPENAI_PORT:=9000}"
+: "${HTTP_PORT:=8000}" "${GRPC_PORT:=8001}" "${METRICS_PORT:=8002}" "${OPENAI_PORT:=9000}" "${EXIT_TIMEOUT:=5}"
 
 "$root/.deps/bin/tritonserver" --model-repository="$root/model_repository" \
   --backend-directory="$root/build/install/backends" --http-port="$HTTP_PORT" \
-  --grpc-port="$GRPC_PORT" --metrics-port="$METRICS_PORT" &
+  --grpc-port="$GRPC_PORT" --metrics-port="$METRICS_PORT" --exit-timeout-secs="$EXIT_TIMEOUT" &
 triton=$!
 # The OpenAI server reads each model's chat template and tokenizer from its checkpoint
 # folder, found through the model repository as tritonserver finds it.

@@ -1,6 +1,9 @@
 package tests
 
 import (
+	"bytes"
+	"io"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -25,20 +28,25 @@ func TestBadInput(t *testing.T) {
 		inputs []tensor
 		// tensor must be named in the error message.
 		tensor string
+		// detail, when set, must be in the error message too.
+		detail string
 	}{
-		{"a request without input_ids or text_input is refused", []tensor{lengths(5), outLen(4), boolean("streaming", true)}, "input_ids"},
-		{"FP32 input_ids are refused", []tensor{float32s("input_ids", []int64{1, 5}, 1, 2, 3, 4, 5), lengths(5), outLen(4)}, "input_ids"},
-		{"an empty prompt is refused", []tensor{int32s("input_ids", []int64{1, 0}), lengths(0), outLen(4)}, "input_ids"},
-		{"a token id equal to the vocabulary size is refused", []tensor{ids(15496, vocab, 11), lengths(3), outLen(4)}, "input_ids"},
-		{"a negative token id is refused", []tensor{ids(15496, -1, 11), lengths(3), outLen(4)}, "input_ids"},
-		{"request_output_len 0 is refused", []tensor{ids(prompt...), lengths(int32(len(prompt))), outLen(0)}, "request_output_len"},
-		{"request_output_len -3 is refused", []tensor{ids(prompt...), lengths(int32(len(prompt))), outLen(-3)}, "request_output_len"},
-		{"request_output_len beyond the maximum sequence length is refused", []tensor{ids(prompt...), lengths(int32(len(prompt))), outLen(int32(maxLen))}, "request_output_len"},
+		{"a request without input_ids or text_input is refused", []tensor{lengths(5), outLen(4), boolean("streaming", true)}, "input_ids", ""},
+		{"FP32 input_ids are refused", []tensor{float32s("input_ids", []int64{1, 5}, 1, 2, 3, 4, 5), lengths(5), outLen(4)}, "input_ids", ""},
+		{"an empty prompt is refused", []tensor{int32s("input_ids", []int64{1, 0}), lengths(0), outLen(4)}, "input_ids", ""},
+		{"a token id equal to the vocabulary size is refused", []tensor{ids(15496, vocab, 11), lengths(3), outLen(4)}, "input_ids", ""},
+		{"a negative token id is refused", []tensor{ids(15496, -1, 11), lengths(3), outLen(4)}, "input_ids", ""},
+		{"request_output_len 0 is refused", []tensor{ids(prompt...), lengths(int32(len(prompt))), outLen(0)}, "request_output_len", ""},
+		{"request_output_len -3 is refused", []tensor{ids(prompt...), lengths(int32(len(prompt))), outLen(-3)}, "request_output_len", ""},
+		{"request_output_len beyond the maximum sequence length is refused", []tensor{ids(prompt...), lengths(int32(len(prompt))), outLen(int32(maxLen))}, "request_output_len", ""},
 		{"a batch of 2 is refused", []tensor{
 			int32s("input_ids", []int64{2, 3}, 15496, 11, 616, 15496, 11, 616),
 			int32s("input_lengths", []int64{2, 1}, 3, 3), int32s("request_output_len", []int64{2, 1}, 4, 4),
-		}, "input_ids"},
-		{"an empty text_input is refused", []tensor{text("text_input", ""), int32s("max_tokens", []int64{1, 1}, 4)}, "text_input"},
+		}, "input_ids", ""},
+		{"an empty text_input is refused", []tensor{text("text_input", ""), int32s("max_tokens", []int64{1, 1}, 4)}, "text_input", ""},
+		{"a text_input that is not UTF-8 is refused at its first bad byte", []tensor{
+			text("text_input", "caf\xc3 \xff\xfe not utf-8 \x80\xc3\x28"), int32s("max_tokens", []int64{1, 1}, 4),
+		}, "text_input", "not valid UTF-8: byte offset 3"},
 	}
 	good := greedyTokens(t, ck.dir, prompt, 4)
 	for _, tc := range cases {
@@ -54,6 +62,9 @@ func TestBadInput(t *testing.T) {
 			if !strings.Contains(res.errMsg, tc.tensor) {
 				t.Errorf("error %q does not name %s", res.errMsg, tc.tensor)
 			}
+			if !strings.Contains(res.errMsg, tc.detail) {
+				t.Errorf("error %q does not say %q", res.errMsg, tc.detail)
+			}
 			t.Logf("error: %s", res.errMsg)
 			// The server keeps serving.
 			res, err = streamInfer(ctx, c, inferRequest(modelName, "good", tokenInputs(prompt, 4, true)))
@@ -62,4 +73,26 @@ func TestBadInput(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("the generate endpoint refuses a text_input that is not UTF-8", func(t *testing.T) {
+		ctx := testContext(t, time.Minute)
+		// Raw bytes: encoding/json would replace the invalid ones.
+		body := []byte("{\"text_input\": \"caf\xc3 \xff\xfe not utf-8 \x80\xc3\x28\", \"max_tokens\": 4}")
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.HTTPURL()+"/v2/models/"+modelName+"/generate", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := s.HTTP().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "text_input") || !strings.Contains(string(b), "byte offset 3") {
+			t.Errorf("got %s %s, want 400 naming text_input and byte offset 3", resp.Status, b)
+		}
+	})
 }

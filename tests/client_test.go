@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"gollm/engine"
+	"gollm/engine/cpu"
 	"gollm/kserve"
 	"gollm/model"
 	"gollm/tests/harness"
@@ -289,7 +290,7 @@ var refEngines struct {
 // refEngine is a loaded reference engine.
 type refEngine struct {
 	// e is the CPU engine.
-	e *engine.CPU
+	e *cpu.Engine
 	// blocks is the block table covering the whole pool.
 	blocks []int32
 }
@@ -301,7 +302,7 @@ func loadRefEngine(dir string) (*refEngine, error) {
 	if r, ok := refEngines.byDir[dir]; ok {
 		return r, nil
 	}
-	m, err := model.LoadGPT2Dir(dir)
+	m, err := model.LoadFloat32(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -309,7 +310,7 @@ func loadRefEngine(dir string) (*refEngine, error) {
 	for i := range blocks {
 		blocks[i] = int32(i)
 	}
-	e, err := engine.NewCPU(m, engine.KVConfig{NumBlocks: len(blocks), TokensPerBlock: tokensPerBlock})
+	e, err := cpu.NewFromModel(m, engine.KVConfig{NumBlocks: len(blocks), TokensPerBlock: tokensPerBlock})
 	if err != nil {
 		return nil, err
 	}
@@ -341,7 +342,7 @@ func greedyTokens(t testing.TB, dir string, prompt []int32, n int) []int32 {
 	for len(out) < n {
 		seq := engine.Sequence{
 			ID: 1, Tokens: next, Pos: len(history) - len(next), Blocks: r.blocks,
-			Sample: true, Sampling: engine.SamplingParams{EndID: -1}, History: history,
+			Sample: true, Sampling: engine.SamplingParams{}, History: history,
 			NumGenerated: len(out),
 		}
 		outs, err := r.e.Step(&engine.Batch{Seqs: []engine.Sequence{seq}})

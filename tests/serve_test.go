@@ -319,8 +319,44 @@ func TestShutdown(t *testing.T) {
 		}
 	})
 
-	t.Run("SIGINT with a request in flight lets it finish and exits with code 0", func(t *testing.T) {
+	t.Run("SIGINT with a request in flight ends it at once with an error and exits with code 0", func(t *testing.T) {
 		s := harness.Start(t, harness.Options{})
+		c := s.Client(t)
+		ctx := testContext(t, 2*time.Minute)
+		stream, err := c.ModelStreamInfer(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Far more tokens than the demo model makes before the server is gone.
+		if err := stream.Send(inferRequest(modelName, "cut-short", tokenInputs(tokenPrompt, 1000, true))); err != nil {
+			t.Fatal(err)
+		}
+		if first, err := stream.Recv(); err != nil || first.GetErrorMessage() != "" {
+			t.Fatalf("first response: %v, error %q", err, first.GetErrorMessage())
+		}
+		stopped := make(chan error, 1)
+		go func() {
+			code, err := s.Stop()
+			if err == nil && code != 0 {
+				err = fmt.Errorf("exit code %d, want 0", code)
+			}
+			stopped <- err
+		}()
+		res, err := readStream(stream, "cut-short")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(res.errMsg, "shutting down") {
+			t.Errorf("the request in flight ended after %d more tokens with error %q, want one saying the server is shutting down", len(res.tokens), res.errMsg)
+		}
+		_ = stream.CloseSend()
+		if err := <-stopped; err != nil {
+			t.Fatalf("Stop: %v", err)
+		}
+	})
+
+	t.Run("SIGINT with a request in flight lets it finish within shutdown_grace_secs and exits with code 0", func(t *testing.T) {
+		s := harness.Start(t, harness.Options{Models: []harness.Model{{Parameters: map[string]string{"shutdown_grace_secs": "15"}}}})
 		ck := demoCheckpoint(t)
 		const n = 200
 		want := greedyTokens(t, ck.dir, tokenPrompt, n)

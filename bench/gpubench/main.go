@@ -61,14 +61,15 @@ func main() {
 	dtype := flag.String("dtype", "float16", "float16 or bfloat16")
 	lib := flag.String("lib", "", "path of libgollm_cuda.so")
 	graphs := flag.Bool("graphs", true, "replay CUDA graphs for decode steps")
+	warmup := flag.Bool("warmup", true, "warm the engine up at creation (false: fewer kernels for a profiler)")
 	flag.Parse()
-	if err := run(*ckptDir, *name, *list, *reps, *dtype, *lib, *graphs); err != nil {
+	if err := run(*ckptDir, *name, *list, *reps, *dtype, *lib, *graphs, *warmup); err != nil {
 		fmt.Fprintln(os.Stderr, "gpubench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ckptDir, name, list string, reps int, dtype, lib string, graphs bool) error {
+func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup bool) error {
 	var ws []workload
 	maxTok, maxSeqs, maxLen := 0, 0, 0
 	for _, s := range strings.Split(list, ",") {
@@ -90,7 +91,7 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs bool) e
 	perSeq := (maxLen + T - 1) / T
 	eng, err := cuda.New(ckpt, cuda.Options{DType: dtype, Library: lib, TokensPerBlock: T,
 		NumBlocks: perSeq * maxSeqs, MaxTokens: max(maxTok, 8192), MaxSeqs: max(maxSeqs, 64),
-		DisableCUDAGraphs: !graphs})
+		DisableCUDAGraphs: !graphs, SkipWarmup: !warmup, Tuning: cuda.TuningFromEnv()})
 	if err != nil {
 		return err
 	}
@@ -149,7 +150,7 @@ func static(eng *cuda.Engine, prompts [][]int32, out, perSeq int) (float64, floa
 			blocks[k] = int32(i*perSeq + k)
 		}
 		seqs[i] = engine.Sequence{ID: uint64(i), Tokens: p, Blocks: blocks, Sample: true,
-			Sampling: engine.SamplingParams{EndID: -1}, History: p}
+			Sampling: engine.SamplingParams{}, History: p}
 	}
 	start := time.Now()
 	outs, err := eng.Step(&engine.Batch{Seqs: seqs})

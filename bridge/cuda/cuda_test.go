@@ -49,11 +49,11 @@ func TestBuildFlattensSequences(t *testing.T) {
 	bias := make([]float32, info.VocabSize)
 	b := &engine.Batch{Seqs: []engine.Sequence{
 		{ID: 1, Tokens: []int32{1, 2, 3, 4, 5}, Pos: 0, Blocks: []int32{6, 2, 7}, ContextLogits: true, Sample: true,
-			History: []int32{1, 2, 3, 4, 5}, Sampling: engine.SamplingParams{EndID: -1}},
+			History: []int32{1, 2, 3, 4, 5}, Sampling: engine.SamplingParams{}},
 		{ID: 2, Tokens: []int32{9}, Pos: 6, Blocks: []int32{0, 1, 3}, Sample: true, ReturnLogits: true, NumGenerated: 2,
 			History: []int32{7, 9, 7, 8, 7, 9, 9}, Sampling: engine.SamplingParams{
 				Temperature: 0.5, TopK: 3, TopP: 0.9, Seed: 11, RepetitionPenalty: 1.2, FrequencyPenalty: 0.1,
-				MinLength: 5, EndID: 49, BadWords: [][]int32{{9, 4}, {8, 5}, {6}}, EmbeddingBias: bias}},
+				MinLength: 5, EndIDs: []int32{49}, BadWords: [][]int32{{9, 4}, {8, 5}, {6}}, EmbeddingBias: bias}},
 	}}
 	if _, err := engine.NewBatchChecker(info, "cuda").Check(b); err != nil {
 		t.Fatal(err)
@@ -102,7 +102,7 @@ func TestCollectJoinsChunkedContextLogits(t *testing.T) {
 	V := info.VocabSize
 	var p stepPrep
 	p.init(V)
-	b := &engine.Batch{Seqs: []engine.Sequence{{ID: 1, Tokens: []int32{1, 2, 3}, Blocks: []int32{0}, ContextLogits: true, Sample: true, ReturnLogits: true, Sampling: engine.SamplingParams{EndID: -1}}}}
+	b := &engine.Batch{Seqs: []engine.Sequence{{ID: 1, Tokens: []int32{1, 2, 3}, Blocks: []int32{0}, ContextLogits: true, Sample: true, ReturnLogits: true, Sampling: engine.SamplingParams{}}}}
 	outs := make([]engine.Output, 1)
 	for i, part := range splitBatch(b, 2, 10) {
 		p.build(b, part, info)
@@ -175,7 +175,7 @@ func TestBuiltLibraryFailsCleanlyWithoutGPU(t *testing.T) {
 	}
 	defer e.Close()
 	runtime.GC()
-	outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{{Tokens: []int32{1, 2, 3}, Blocks: []int32{0}, Sample: true, Sampling: engine.SamplingParams{EndID: -1}}}})
+	outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{{Tokens: []int32{1, 2, 3}, Blocks: []int32{0}, Sample: true, Sampling: engine.SamplingParams{}}}})
 	if err != nil || len(outs) != 1 || outs[0].Token < 0 {
 		t.Fatalf("Step = %v, %v", outs, err)
 	}

@@ -8,7 +8,9 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"time"
 	"unsafe"
@@ -41,16 +43,55 @@ type Options struct {
 	// MaxLogitRows is how many LM-head rows are computed at once (default MaxSeqs);
 	// context logits of longer prompts come in several passes.
 	MaxLogitRows int
+	// MaxSeqLen is the longest sequence the engine serves: at most the model's maximum
+	// positions and 32768 (decode attention keeps a row's scores in shared memory); 0
+	// means the model's maximum, at most 8192.
+	MaxSeqLen int
 	// DisableCUDAGraphs runs decode steps kernel by kernel instead of replaying graphs.
 	DisableCUDAGraphs bool
 	// SkipWarmup returns the engine without its warm-up (every padded cuBLAS shape called
 	// once, every decode graph captured; well under a second). Served engines warm up:
 	// otherwise the first step of each new token count or batch bucket pays milliseconds.
 	SkipWarmup bool
+	// Tuning turns kernel paths off, for A/B tests; the zero value keeps every path the
+	// GPU has.
+	Tuning Tuning
 	// Library is the path of libgollm_cuda.so; "" searches as the package doc says.
 	Library string
 	// Logger receives load and sizing messages; nil discards them.
 	Logger *zap.Logger
+}
+
+// Tuning selects the CUDA engine's kernel paths (gollm_engine_params.tuning_off and
+// gemv_rows). The paths give the same results within rounding; these exist to measure
+// one against another.
+type Tuning struct {
+	// NoPDL turns programmatic dependent launch off (sm_90 and later use it).
+	NoPDL bool
+	// NoBulk stages the decode kernels' weights with cp.async instead of bulk (TMA) copies.
+	NoBulk bool
+	// NoFused runs decode steps' MLP as two gemv kernels instead of one.
+	NoFused bool
+	// GemvRows is the most token rows on the gemv path (0..8); 0 keeps the default (4),
+	// and a negative value turns the gemv path off.
+	GemvRows int
+}
+
+// TuningFromEnv reads the debugging switches GOLLM_CUDA_PDL=0, GOLLM_CUDA_BULK=0,
+// GOLLM_CUDA_FUSED=0 and GOLLM_CUDA_GEMV_ROWS=n, so that benchmarks and the GPU checks can
+// compare kernel paths without a rebuild. The backend never reads them.
+func TuningFromEnv() Tuning {
+	off := func(name string) bool { v := os.Getenv(name); return v != "" && v[0] == '0' }
+	t := Tuning{NoPDL: off("GOLLM_CUDA_PDL"), NoBulk: off("GOLLM_CUDA_BULK"), NoFused: off("GOLLM_CUDA_FUSED")}
+	if v := os.Getenv("GOLLM_CUDA_GEMV_ROWS"); v != "" {
+		if n, err := strconv.Atoi(v); err == nil {
+			t.GemvRows = n
+			if n == 0 {
+				t.GemvRows = -1
+			}
+		}
+	}
+	return t
 }
 
 // withDefaults fills the zero fields.
@@ -103,19 +144,6 @@ func tensorDType(name string) (C.int32_t, bool) {
 	return 0, false
 }
 
-// activationCode maps config.json's activation_function to gollm_activation.
-func activationCode(name string) (C.int32_t, error) {
-	switch name {
-	case "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "":
-		return C.GOLLM_ACT_GELU_TANH, nil
-	case "gelu":
-		return C.GOLLM_ACT_GELU_ERF, nil
-	case "relu":
-		return C.GOLLM_ACT_RELU, nil
-	}
-	return 0, fmt.Errorf("activation_function %q is not supported (gelu_new, gelu_pytorch_tanh, gelu_fast, gelu, relu)", name)
-}
-
 // Weights are a checkpoint's weights on one GPU, shared by every engine made on them
 // (the instances of a model on one device). They are freed when Release has been called
 // and every engine on them is closed.
@@ -134,15 +162,53 @@ type Weights struct {
 	once sync.Once
 }
 
-// layerTensors are the per-layer tensor names in gollm.h's order.
-var layerTensors = [C.GOLLM_LAYER_TENSORS]string{
-	"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-	"attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-	"mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
+// The C ABI's enums follow the model package's (checked at build time by the array
+// sizes below, which fail to compile if the counts drift apart).
+var (
+	_ [int(C.GOLLM_ROLES) - int(model.NumRoles)]struct{}
+	_ [int(model.NumRoles) - int(C.GOLLM_ROLES)]struct{}
+	_ [int(C.GOLLM_FIRST_LAYER_ROLE) - int(model.FirstLayerRole)]struct{}
+	_ [int(model.FirstLayerRole) - int(C.GOLLM_FIRST_LAYER_ROLE)]struct{}
+)
+
+// descriptor translates the model's descriptor into gollm_model_config.
+func descriptor(c *model.Config) C.gollm_model_config {
+	b := func(v bool) C.int32_t {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	d := C.gollm_model_config{
+		vocab_size: C.int32_t(c.VocabSize), max_positions: C.int32_t(c.MaxPositions), hidden: C.int32_t(c.Hidden),
+		layers: C.int32_t(c.Layers), heads: C.int32_t(c.Heads), kv_heads: C.int32_t(c.KVHeads),
+		head_dim: C.int32_t(c.HeadDim), inner: C.int32_t(c.Inner), norm_eps: C.float(c.NormEps),
+		gated_mlp: b(c.GatedMLP), tied_head: b(c.TiedHead),
+		sliding_window: C.int32_t(c.SlidingWindow), window_from_layer: C.int32_t(c.WindowFromLayer),
+	}
+	if c.Norm == model.RMSNorm {
+		d.norm = C.GOLLM_NORM_RMS
+	}
+	if c.Positions == model.RotaryPositions {
+		d.positions = C.GOLLM_POS_ROTARY
+		d.rope_dim = C.int32_t(c.Rope.Dim)
+	}
+	switch c.Act {
+	case model.ActGeluErf:
+		d.activation = C.GOLLM_ACT_GELU_ERF
+	case model.ActReLU:
+		d.activation = C.GOLLM_ACT_RELU
+	case model.ActSiLU:
+		d.activation = C.GOLLM_ACT_SILU
+	default:
+		d.activation = C.GOLLM_ACT_GELU_TANH
+	}
+	return d
 }
 
-// LoadWeights copies ckpt's GPT-2 weights onto opts.Device, converted to opts.DType.
-// The checkpoint may be closed afterwards. Only Device, DType, Library and Logger of
+// LoadWeights copies ckpt's weights onto opts.Device, converted to opts.DType: every
+// role of the checkpoint's architecture, as model.Checkpoint.Weights resolves and checks
+// them. The checkpoint may be closed afterwards. Only Device, DType, Library and Logger of
 // opts are read.
 func LoadWeights(ckpt *model.Checkpoint, opts Options) (*Weights, error) {
 	opts = opts.withDefaults()
@@ -150,19 +216,13 @@ func LoadWeights(ckpt *model.Checkpoint, opts Options) (*Weights, error) {
 		return nil, errors.New("cuda: LoadWeights: nil checkpoint")
 	}
 	cfg := ckpt.Config
-	if cfg.Arch != "gpt2" {
-		return nil, fmt.Errorf("cuda: load %s: model_type %q is not gpt2", ckpt.Dir, cfg.Arch)
-	}
 	dt, err := dtypeCode(opts.DType)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
 	}
-	act, err := activationCode(cfg.Activation)
+	ws, err := ckpt.Weights()
 	if err != nil {
 		return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
-	}
-	if cfg.KVHeads != cfg.Heads {
-		return nil, fmt.Errorf("cuda: load %s: KVHeads %d differs from n_head %d", ckpt.Dir, cfg.KVHeads, cfg.Heads)
 	}
 	l, err := openLib(opts.Library)
 	if err != nil {
@@ -170,78 +230,40 @@ func LoadWeights(ckpt *model.Checkpoint, opts Options) (*Weights, error) {
 	}
 	var pin runtime.Pinner
 	defer pin.Unpin()
-	tensor := func(name string, shape ...int) (C.gollm_tensor, error) {
-		t, err := ckpt.Tensor(name)
-		if err != nil {
-			return C.gollm_tensor{}, err
-		}
-		code, ok := tensorDType(t.DType)
-		if !ok {
-			return C.gollm_tensor{}, fmt.Errorf("tensor %s: dtype %s, expected F32, F16 or BF16", name, t.DType)
-		}
-		want := 1
-		for _, d := range shape {
-			want *= d
-		}
-		if len(t.Shape) != len(shape) || t.NumElements() != want {
-			return C.gollm_tensor{}, fmt.Errorf("tensor %s: shape %v, expected %v", name, t.Shape, shape)
-		}
-		for i := range shape {
-			if t.Shape[i] != shape[i] {
-				return C.gollm_tensor{}, fmt.Errorf("tensor %s: shape %v, expected %v", name, t.Shape, shape)
+	var parts []C.gollm_weight
+	for _, w := range ws {
+		for _, p := range w.Parts {
+			code, ok := tensorDType(p.Tensor.DType)
+			if !ok || len(p.Tensor.Data) == 0 {
+				return nil, fmt.Errorf("cuda: load %s: %s: dtype %s with %d bytes", ckpt.Dir, &w, p.Tensor.DType, len(p.Tensor.Data))
 			}
-		}
-		if len(t.Data) == 0 {
-			return C.gollm_tensor{}, fmt.Errorf("tensor %s: no data", name)
-		}
-		pin.Pin(&t.Data[0])
-		return C.gollm_tensor{data: unsafe.Pointer(&t.Data[0]), numel: C.int64_t(want), dtype: code}, nil
-	}
-	H, I, V, P := cfg.Hidden, cfg.Inner, cfg.VocabSize, cfg.MaxPositions
-	p := &C.gollm_weights_params{device: C.int32_t(opts.Device), dtype: dt}
-	p.config = C.gollm_model_config{
-		vocab_size: C.int32_t(V), max_positions: C.int32_t(P), hidden: C.int32_t(H),
-		layers: C.int32_t(cfg.Layers), heads: C.int32_t(cfg.Heads), head_dim: C.int32_t(cfg.HeadDim),
-		inner: C.int32_t(I), activation: act, layer_norm_eps: C.float(cfg.LayerNormEps),
-	}
-	var errs []error
-	add := func(dst *C.gollm_tensor, name string, shape ...int) {
-		t, err := tensor(name, shape...)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		*dst = t
-	}
-	add(&p.wte, "wte.weight", V, H)
-	add(&p.wpe, "wpe.weight", P, H)
-	add(&p.lnf_w, "ln_f.weight", H)
-	add(&p.lnf_b, "ln_f.bias", H)
-	layers := make([]C.gollm_tensor, cfg.Layers*C.GOLLM_LAYER_TENSORS)
-	shapes := [C.GOLLM_LAYER_TENSORS][]int{{H}, {H}, {H, 3 * H}, {3 * H}, {H, H}, {H}, {H}, {H}, {H, I}, {I}, {I, H}, {H}}
-	for li := 0; li < cfg.Layers; li++ {
-		for k, name := range layerTensors {
-			add(&layers[li*C.GOLLM_LAYER_TENSORS+k], fmt.Sprintf("h.%d.%s", li, name), shapes[k]...)
+			pin.Pin(&p.Tensor.Data[0])
+			t := C.gollm_tensor{data: unsafe.Pointer(&p.Tensor.Data[0]), rows: C.int64_t(p.Rows),
+				cols: C.int64_t(w.Cols), dtype: code}
+			if p.Transposed {
+				t.transposed = 1
+			}
+			parts = append(parts, C.gollm_weight{role: C.int32_t(w.Role), layer: C.int32_t(w.Layer), part: t})
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
+	p := &C.gollm_weights_params{device: C.int32_t(opts.Device), dtype: dt, config: descriptor(&cfg),
+		num_weights: C.int32_t(len(parts))}
+	if len(parts) > 0 {
+		pin.Pin(&parts[0])
+		p.weights = &parts[0]
 	}
-	if head, err := ckpt.Tensor("lm_head.weight"); err == nil {
-		// GPT-2 ties the LM head to wte; an untied head would be silently ignored.
-		wte, _ := ckpt.Tensor("wte.weight")
-		if head.DType != wte.DType || string(head.Data) != string(wte.Data) {
-			return nil, fmt.Errorf("cuda: load %s: tensor lm_head.weight differs from wte.weight; only a tied LM head is supported", ckpt.Dir)
-		}
+	if cfg.Positions == model.RotaryPositions {
+		inv := cfg.Rope.InvFreq()
+		pin.Pin(&inv[0])
+		p.rope_inv_freq = (*C.float)(unsafe.Pointer(&inv[0]))
 	}
-	pin.Pin(&layers[0])
-	p.layers = &layers[0]
 	var w *C.gollm_weights
 	var st C.gollm_status
 	if err := statusErr("gollm_weights_create", C.call_weights_create(l.weightsCreate, p, &w, &st), &st); err != nil {
 		return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
 	}
 	opts.Logger.Info("gpu weights loaded", zap.String("checkpoint", ckpt.Dir), zap.Int("device", opts.Device),
-		zap.String("dtype", opts.DType), zap.String("library", l.path))
+		zap.String("dtype", opts.DType), zap.String("family", cfg.Family), zap.String("library", l.path))
 	return &Weights{lib: l, ptr: w, cfg: cfg, device: opts.Device, dtype: opts.DType}, nil
 }
 
@@ -254,9 +276,9 @@ func (w *Weights) Release() {
 	w.once.Do(func() { C.call_weights_release(w.lib.weightsRelease, w.ptr) })
 }
 
-// Engine is a GPU engine: engine.Engine over the CUDA library. Every library call runs
-// on one goroutine locked to its OS thread, so the CUDA stream and device binding stay
-// with one thread; Step may be called from any goroutine, one at a time.
+// Engine is a GPU engine: engine.Engine over the CUDA library. Each library call sets its
+// device itself and an engine is used by one call at a time (Step and Close take its
+// mutex), so any goroutine may call it; one iteration is one cgo call.
 type Engine struct {
 	// lib is the library in use.
 	lib *lib
@@ -266,17 +288,13 @@ type Engine struct {
 	info engine.Info
 	// opts are the options with defaults filled.
 	opts Options
-	// calls carries work to the locked goroutine.
-	calls chan func()
-	// done is closed when the locked goroutine exits.
-	done chan struct{}
 	// mu serialises Step and Close.
 	mu sync.Mutex
 	// closed is set by Close.
 	closed bool
 	// prep holds the host buffers of one step, reused.
 	prep stepPrep
-	// check validates each batch as every engine does.
+	// check validates each batch's structure as every engine does.
 	check *engine.BatchChecker
 	// DeviceName is the GPU's name.
 	DeviceName string
@@ -311,76 +329,62 @@ func NewEngine(w *Weights, opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("cuda: NewEngine: KVFreeFraction %g must be in (0, 1]", opts.KVFreeFraction)
 	case opts.MaxTokens < 1 || opts.MaxSeqs < 1 || opts.MaxLogitRows < 1:
 		return nil, fmt.Errorf("cuda: NewEngine: MaxTokens %d, MaxSeqs %d and MaxLogitRows %d must be at least 1", opts.MaxTokens, opts.MaxSeqs, opts.MaxLogitRows)
+	case opts.MaxSeqLen < 0:
+		return nil, fmt.Errorf("cuda: NewEngine: MaxSeqLen %d must not be negative", opts.MaxSeqLen)
 	}
-	e := &Engine{lib: w.lib, opts: opts, calls: make(chan func()), done: make(chan struct{})}
-	go e.loop()
-	var err error
-	e.call(func() {
-		p := C.gollm_engine_params{
-			tokens_per_block: C.int32_t(opts.TokensPerBlock), num_blocks: C.int32_t(opts.NumBlocks),
-			kv_free_fraction: C.float(opts.KVFreeFraction), max_tokens: C.int32_t(opts.MaxTokens),
-			max_seqs: C.int32_t(opts.MaxSeqs), max_logit_rows: C.int32_t(opts.MaxLogitRows),
-		}
-		if !opts.DisableCUDAGraphs {
-			p.cuda_graphs = 1
-		}
-		if !opts.SkipWarmup {
-			p.warmup = 1
-		}
-		var info C.gollm_engine_info
-		var st C.gollm_status
-		err = statusErr("gollm_engine_create", C.call_engine_create(e.lib.engineCreate, w.ptr, &p, &e.ptr, &info, &st), &st)
-		if err == nil {
-			e.DeviceName = C.GoString(&info.device_name[0])
-			e.WeightBytes, e.KVBytes, e.ScratchBytes = int64(info.weight_bytes), int64(info.kv_bytes), int64(info.scratch_bytes)
-			e.info.NumBlocks = int(info.num_blocks)
-			e.info.TokensPerBlock = int(info.tokens_per_block)
-			e.WarmupGEMMShapes, e.WarmupGraphs = int(info.warmup_gemm_shapes), int(info.warmup_graphs)
-			e.WarmupTime = time.Duration(float64(info.warmup_ms) * float64(time.Millisecond))
-		}
-	})
-	if err != nil {
-		close(e.calls)
-		<-e.done
+	e := &Engine{lib: w.lib, opts: opts}
+	p := C.gollm_engine_params{
+		tokens_per_block: C.int32_t(opts.TokensPerBlock), num_blocks: C.int32_t(opts.NumBlocks),
+		kv_free_fraction: C.float(opts.KVFreeFraction), max_tokens: C.int32_t(opts.MaxTokens),
+		max_seqs: C.int32_t(opts.MaxSeqs), max_logit_rows: C.int32_t(opts.MaxLogitRows),
+		max_seq_len: C.int32_t(opts.MaxSeqLen), gemv_rows: -1,
+	}
+	if !opts.DisableCUDAGraphs {
+		p.cuda_graphs = 1
+	}
+	if !opts.SkipWarmup {
+		p.warmup = 1
+	}
+	t := opts.Tuning
+	if t.NoPDL {
+		p.tuning_off |= C.GOLLM_TUNING_NO_PDL
+	}
+	if t.NoBulk {
+		p.tuning_off |= C.GOLLM_TUNING_NO_BULK
+	}
+	if t.NoFused {
+		p.tuning_off |= C.GOLLM_TUNING_NO_FUSED
+	}
+	switch {
+	case t.GemvRows < 0:
+		p.gemv_rows = 0
+	case t.GemvRows > 0:
+		p.gemv_rows = C.int32_t(t.GemvRows)
+	}
+	var info C.gollm_engine_info
+	var st C.gollm_status
+	if err := statusErr("gollm_engine_create", C.call_engine_create(e.lib.engineCreate, w.ptr, &p, &e.ptr, &info, &st), &st); err != nil {
 		return nil, err
 	}
+	e.DeviceName = C.GoString(&info.device_name[0])
+	e.WeightBytes, e.KVBytes, e.ScratchBytes = int64(info.weight_bytes), int64(info.kv_bytes), int64(info.scratch_bytes)
+	e.WarmupGEMMShapes, e.WarmupGraphs = int(info.warmup_gemm_shapes), int(info.warmup_graphs)
+	e.WarmupTime = time.Duration(float64(info.warmup_ms) * float64(time.Millisecond))
 	cfg := w.cfg
-	e.info.Arch = "gpt2"
-	e.info.VocabSize = cfg.VocabSize
-	e.info.MaxSeqLen = cfg.MaxPositions
-	e.info.Layers, e.info.KVHeads, e.info.HeadDim = cfg.Layers, cfg.KVHeads, cfg.HeadDim
-	e.info.EndID = cfg.EOSID
-	if e.info.EndID >= int32(cfg.VocabSize) {
-		e.info.EndID = -1
+	e.info = engine.Info{
+		VocabSize: cfg.VocabSize, MaxSeqLen: int(info.max_seq_len),
+		Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim,
+		NumBlocks: int(info.num_blocks), TokensPerBlock: int(info.tokens_per_block),
+		EndIDs: cfg.EOSIDs,
 	}
 	e.prep.init(cfg.VocabSize)
 	e.check = engine.NewBatchChecker(e.info, "cuda")
 	opts.Logger.Info("gpu engine ready", zap.String("device", e.DeviceName), zap.Int("kv_blocks", e.info.NumBlocks),
-		zap.Int("tokens_per_block", e.info.TokensPerBlock), zap.Int64("weight_bytes", e.WeightBytes),
-		zap.Int64("kv_bytes", e.KVBytes), zap.Int64("scratch_bytes", e.ScratchBytes),
+		zap.Int("tokens_per_block", e.info.TokensPerBlock), zap.Int("max_seq_len", e.info.MaxSeqLen),
+		zap.Int64("weight_bytes", e.WeightBytes), zap.Int64("kv_bytes", e.KVBytes), zap.Int64("scratch_bytes", e.ScratchBytes),
 		zap.Int("warmup_gemm_shapes", e.WarmupGEMMShapes), zap.Int("warmup_graphs", e.WarmupGraphs),
 		zap.Duration("warmup", e.WarmupTime))
 	return e, nil
-}
-
-// loop runs the library calls on one locked OS thread until calls is closed.
-func (e *Engine) loop() {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	defer close(e.done)
-	for f := range e.calls {
-		f()
-	}
-}
-
-// call runs f on the locked goroutine and waits for it.
-func (e *Engine) call(f func()) {
-	ch := make(chan struct{})
-	e.calls <- func() {
-		defer close(ch)
-		f()
-	}
-	<-ch
 }
 
 // Info describes the model and the KV pool.
@@ -394,10 +398,8 @@ func (e *Engine) Close() error {
 		return nil
 	}
 	e.closed = true
-	e.call(func() { C.call_engine_destroy(e.lib.engineDestroy, e.ptr) })
+	C.call_engine_destroy(e.lib.engineDestroy, e.ptr)
 	e.ptr = nil
-	close(e.calls)
-	<-e.done
 	return nil
 }
 
@@ -420,8 +422,13 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 	if len(b.Seqs) == 0 {
 		return outs, nil
 	}
-	for _, part := range splitBatch(b, e.opts.MaxTokens, e.opts.MaxSeqs) {
-		if err := e.runPart(b, part, outs); err != nil {
+	for i, part := range splitBatch(b, e.opts.MaxTokens, e.opts.MaxSeqs) {
+		// The block copies go with the first call, ahead of every forward pass.
+		var copies []engine.BlockCopy
+		if i == 0 {
+			copies = b.BlockCopies
+		}
+		if err := e.runPart(b, part, copies, outs); err != nil {
 			return nil, err
 		}
 	}
@@ -429,9 +436,13 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 }
 
 // runPart runs one library call over pieces of b's sequences and fills their outputs.
-func (e *Engine) runPart(b *engine.Batch, part []piece, outs []engine.Output) error {
+func (e *Engine) runPart(b *engine.Batch, part []piece, copies []engine.BlockCopy, outs []engine.Output) error {
 	p := &e.prep
 	p.build(b, part, e.info)
+	p.copies = p.copies[:0]
+	for _, c := range copies {
+		p.copies = append(p.copies, c.Src, c.Dst)
+	}
 	var pin runtime.Pinner
 	defer pin.Unpin()
 	ptr := func(n int, first unsafe.Pointer) unsafe.Pointer {
@@ -456,15 +467,15 @@ func (e *Engine) runPart(b *engine.Batch, part []piece, outs []engine.Output) er
 	in.penalty_counts = (*C.int32_t)(ptr(len(p.penCnt), unsafe.Pointer(unsafe.SliceData(p.penCnt))))
 	in.mask_tokens = (*C.int32_t)(ptr(len(p.masks), unsafe.Pointer(unsafe.SliceData(p.masks))))
 	in.bias = (*C.float)(ptr(len(p.bias), unsafe.Pointer(unsafe.SliceData(p.bias))))
+	in.num_block_copies = C.int32_t(len(p.copies) / 2)
+	in.block_copies = (*C.int32_t)(ptr(len(p.copies), unsafe.Pointer(unsafe.SliceData(p.copies))))
 	logits := make([]float32, p.logitsLen)
 	out := &C.gollm_step_out{logits_len: C.int64_t(len(logits))}
 	out.tokens = (*C.int32_t)(ptr(len(p.outTok), unsafe.Pointer(unsafe.SliceData(p.outTok))))
 	out.log_probs = (*C.float)(ptr(len(p.outLP), unsafe.Pointer(unsafe.SliceData(p.outLP))))
 	out.logits = (*C.float)(ptr(len(logits), unsafe.Pointer(unsafe.SliceData(logits))))
 	var st C.gollm_status
-	var code C.int32_t
-	e.call(func() { code = C.call_step(e.lib.step, e.ptr, in, out, &st) })
-	if err := statusErr("gollm_step", code, &st); err != nil {
+	if err := statusErr("gollm_step", C.call_step(e.lib.step, e.ptr, in, out, &st), &st); err != nil {
 		var ce *Error
 		if errors.As(err, &ce) && ce.Code == CodeAllMasked {
 			return fmt.Errorf("cuda: %s (sequence IDs of this call: %v)", ce.Message, p.ids)

@@ -68,6 +68,8 @@ type stepPrep struct {
 	outLP  []float32
 	// hist counts a history's tokens for the penalties.
 	hist engine.TokenCounts
+	// copies are the call's KV block copies, (src, dst) pairs.
+	copies []int32
 }
 
 // init sizes the per-vocabulary buffers.
@@ -125,15 +127,7 @@ func (p *stepPrep) build(b *engine.Batch, part []piece, info engine.Info) {
 			}
 			d.penalty_count = C.int32_t(len(p.penTok) - int(d.penalty_offset))
 			d.mask_offset = C.int32_t(len(p.masks))
-			if sp.EndID >= 0 && sq.NumGenerated < sp.MinLength {
-				p.masks = append(p.masks, sp.EndID)
-			}
-			for _, word := range sp.BadWords {
-				prefix := word[:len(word)-1]
-				if len(sq.History) >= len(prefix) && slices.Equal(sq.History[len(sq.History)-len(prefix):], prefix) {
-					p.masks = append(p.masks, word[len(word)-1])
-				}
-			}
+			p.masks = engine.AppendMasks(p.masks, sq)
 			d.mask_count = C.int32_t(len(p.masks) - int(d.mask_offset))
 		}
 		p.seqs = append(p.seqs, d)

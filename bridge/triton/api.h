@@ -20,6 +20,7 @@
 
 // Opaque handles owned by Triton.
 typedef struct TRITONSERVER_Error TRITONSERVER_Error;
+typedef struct TRITONSERVER_Server TRITONSERVER_Server;
 typedef struct TRITONSERVER_Message TRITONSERVER_Message;
 typedef struct TRITONBACKEND_Backend TRITONBACKEND_Backend;
 typedef struct TRITONBACKEND_Model TRITONBACKEND_Model;
@@ -64,6 +65,14 @@ typedef struct TRITONSERVER_Metric TRITONSERVER_Metric;
   X(TRITONSERVER_Error*, TRITONBACKEND_ModelConfig,                                 \
     (TRITONBACKEND_Model* model, uint32_t config_version, TRITONSERVER_Message** config), \
     (model, config_version, config))                                                \
+  X(TRITONSERVER_Error*, TRITONBACKEND_ModelServer,                                 \
+    (TRITONBACKEND_Model* model, TRITONSERVER_Server** server), (model, server))    \
+  X(TRITONSERVER_Error*, TRITONSERVER_ServerIsLive, (TRITONSERVER_Server* server, bool* live), \
+    (server, live))                                                                 \
+  X(TRITONSERVER_Error*, TRITONSERVER_ServerModelIsReady,                           \
+    (TRITONSERVER_Server* server, const char* model_name, int64_t model_version,    \
+     bool* ready),                                                                  \
+    (server, model_name, model_version, ready))                                     \
   X(TRITONSERVER_Error*, TRITONBACKEND_ModelState, (TRITONBACKEND_Model* model, void** state), \
     (model, state))                                                                 \
   X(TRITONSERVER_Error*, TRITONBACKEND_ModelSetState, (TRITONBACKEND_Model* model, void* state), \

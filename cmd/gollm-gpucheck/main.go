@@ -25,6 +25,8 @@ import (
 
 	"gollm/bridge/cuda"
 	"gollm/engine"
+	"gollm/engine/cpu"
+	"gollm/engine/enginetest"
 	"gollm/model"
 )
 
@@ -133,7 +135,8 @@ func run(o options) error {
 	perSeq := (longest + o.steps + 1 + T - 1) / T
 	numBlocks := perSeq*len(pf.Prompts) + 64
 	t0 := time.Now()
-	eng, err := cuda.New(ckpt, cuda.Options{DType: o.dtype, TokensPerBlock: T, NumBlocks: numBlocks, Library: o.lib})
+	eng, err := cuda.New(ckpt, cuda.Options{DType: o.dtype, TokensPerBlock: T, NumBlocks: numBlocks, Library: o.lib,
+		Tuning: cuda.TuningFromEnv()})
 	if err != nil {
 		return err
 	}
@@ -214,7 +217,7 @@ func run(o options) error {
 			to := min(from+7, len(p))
 			outs, err := eng.Step(&engine.Batch{Seqs: []engine.Sequence{{
 				ID: uint64(i), Tokens: p[from:to], Pos: from, Blocks: blocks, ContextLogits: true,
-				Sample: to == len(p), History: p[:to], Sampling: engine.SamplingParams{EndID: -1},
+				Sample: to == len(p), History: p[:to], Sampling: engine.SamplingParams{},
 			}}})
 			if err != nil {
 				return fmt.Errorf("chunked prompt %d: %w", i, err)
@@ -283,7 +286,7 @@ func runBatch(eng engine.Engine, runs []*seqRun, steps int, logits func(int) boo
 				continue
 			}
 			want := logits(i)
-			sq := engine.Sequence{ID: uint64(i), Blocks: r.blocks, Sample: true, Sampling: engine.SamplingParams{EndID: -1}}
+			sq := engine.Sequence{ID: uint64(i), Blocks: r.blocks, Sample: true, Sampling: engine.SamplingParams{}}
 			if len(r.gen) == 0 {
 				sq.Tokens, sq.Pos, sq.ContextLogits = r.prompt, 0, want
 				r.hist = append([]int32(nil), r.prompt...)
@@ -338,16 +341,16 @@ type samplingCase struct {
 // compareSampling runs the CPU engine beside the GPU engine, teacher-forced on the CPU
 // engine's tokens, and prints the share of steps whose sampled tokens agree.
 func compareSampling(ckpt *model.Checkpoint, gpu *cuda.Engine, prompts [][]int32, pool *blockPool, perSeq int) error {
-	m, err := model.LoadGPT2(ckpt)
+	m, err := ckpt.Float32Weights()
 	if err != nil {
 		return err
 	}
 	info := gpu.Info()
-	cpu, err := engine.NewCPU(m, engine.KVConfig{NumBlocks: info.NumBlocks, TokensPerBlock: info.TokensPerBlock})
+	ref, err := cpu.NewFromModel(m, engine.KVConfig{NumBlocks: info.NumBlocks, TokensPerBlock: info.TokensPerBlock, MaxSeqLen: info.MaxSeqLen})
 	if err != nil {
 		return err
 	}
-	defer cpu.Close()
+	defer ref.Close()
 	V := info.VocabSize
 	rng := rand.New(rand.NewPCG(7, 8))
 	bias := make([]float32, V)
@@ -366,7 +369,7 @@ func compareSampling(ckpt *model.Checkpoint, gpu *cuda.Engine, prompts [][]int32
 		{"repetition 1.3", engine.SamplingParams{Temperature: 0.7, RepetitionPenalty: 1.3, Seed: 8}},
 		{"presence+frequency", engine.SamplingParams{Temperature: 1, PresencePenalty: 0.5, FrequencyPenalty: 0.3, Seed: 9}},
 		{"greedy repetition 2", engine.SamplingParams{RepetitionPenalty: 2}},
-		{"min length", engine.SamplingParams{Temperature: 1, MinLength: 20, EndID: int32(V - 1), Seed: 10}},
+		{"min length", engine.SamplingParams{Temperature: 1, MinLength: 20, EndIDs: []int32{int32(V - 1)}, Seed: 10}},
 		{"bad words", engine.SamplingParams{Temperature: 1, Seed: 11, BadWords: [][]int32{{5}, {7, 9}, {int32(V - 2)}}}},
 		{"bias", engine.SamplingParams{Temperature: 1, Seed: 12, EmbeddingBias: bias}},
 		{"greedy bias", engine.SamplingParams{EmbeddingBias: bias}},
@@ -404,7 +407,7 @@ func compareSampling(ckpt *model.Checkpoint, gpu *cuda.Engine, prompts [][]int32
 			}
 			b.Seqs = append(b.Seqs, sq)
 		}
-		co, err := cpu.Step(&b)
+		co, err := ref.Step(&b)
 		if err != nil {
 			return fmt.Errorf("cpu step %d: %w", s, err)
 		}
@@ -419,7 +422,7 @@ func compareSampling(ckpt *model.Checkpoint, gpu *cuda.Engine, prompts [][]int32
 				perCase[i]++
 				maxLP = max(maxLP, math.Abs(float64(co[i].LogProb-gouts[i].LogProb)))
 			}
-			maxLogit = max(maxLogit, relL2(gouts[i].Logits, co[i].Logits))
+			maxLogit = max(maxLogit, enginetest.RelL2(gouts[i].Logits, co[i].Logits))
 			seqs[i].hist = append(seqs[i].hist, co[i].Token)
 			seqs[i].gen++
 		}
@@ -433,24 +436,4 @@ func compareSampling(ckpt *model.Checkpoint, gpu *cuda.Engine, prompts [][]int32
 	j, _ := json.Marshal(res)
 	fmt.Printf("SAMPLING %s\n", j)
 	return nil
-}
-
-// relL2 returns ‖a−b‖/‖b‖ (+Inf when b is empty and a is not, or lengths differ).
-func relL2(a, b []float32) float64 {
-	if len(a) != len(b) {
-		return math.Inf(1)
-	}
-	var num, den float64
-	for i := range a {
-		if math.IsInf(float64(b[i]), 0) && a[i] == b[i] {
-			continue
-		}
-		d := float64(a[i]) - float64(b[i])
-		num += d * d
-		den += float64(b[i]) * float64(b[i])
-	}
-	if den == 0 {
-		return math.Sqrt(num)
-	}
-	return math.Sqrt(num / den)
 }

@@ -2,17 +2,19 @@
 # End to end on the GPU machine: tritonserver (from the nvidia-pytriton wheel, carried as
 # .carry/tritonserver.tar.xz) serving a KIND_GPU instance of gollm answers streaming
 # requests with the same tokens as the engine alone, then the same workloads as gpubench
-# through it (impl gollm-triton). Run after tests/gpu/check.py, whose checkpoint, prompts
-# and engine tokens it reuses:
-#   bash tests/gpu/triton_e2e.sh .carry OUTDIR
+# through it (impl gollm-triton), for GPT-2 124M and the TinyLlama-1.1B shape. Run after
+# tests/gpu/check.py (at least --only gpt2-124M,tinyllama-1.1B --dtypes float16), whose
+# checkpoints, prompts and engine tokens it reuses:
+#   bash tests/gpu/triton_e2e.sh .carry OUTDIR [BINDIR]
+# BINDIR (default .carry) holds libtriton_gollm.so, libgollm_cuda.so and tritonbench.
 set -uo pipefail
-carry=$1 out=$2
+carry=$1 out=$2 bin=${3:-$1}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 source "$root/tests/gpu/env.sh"
 work=/tmp/gollm-e2e
 rm -rf "$work" && mkdir -p "$work/srv" "$work/backends/gollm" "$work/repo/gpt2gpu/1"
 tar xJf "$carry/tritonserver.tar.xz" -C "$work/srv"
-cp "$carry/libtriton_gollm.so" "$carry/libgollm_cuda.so" "$work/backends/gollm/"
+cp "$bin/libtriton_gollm.so" "$bin/libgollm_cuda.so" "$work/backends/gollm/"
 ckpt=/tmp/gollm-gpucheck/gpt2-124M/f16
 # gpu_config NAME CHECKPOINT: the demo model's config as a KIND_GPU model on CHECKPOINT.
 gpu_config() {
@@ -23,6 +25,8 @@ gpu_config() {
   grep -E "KIND_GPU|gpt_model_path\"" "$work/repo/$1/config.pbtxt"
 }
 gpu_config gpt2gpu "$ckpt"
+llama=/tmp/gollm-gpucheck/tinyllama-1.1B/f16
+[ -d "$llama" ] && gpu_config tinyllama "$llama"
 # The FasterTransformer table's GPT-350M shape, if bench/gpu_peers.py has written it.
 big=/tmp/gollm-bench/gpt-350M
 [ -d "$big" ] && gpu_config gpt350 "$big"
@@ -31,12 +35,18 @@ big=/tmp/gollm-bench/gpt-350M
   > "$out/tritonserver.log" 2>&1 &
 pid=$!
 rc=0
-"$carry/tritonbench" -addr 127.0.0.1:8001 -model gpt2gpu -check /tmp/gollm-gpucheck/prompts-50257.json \
+"$bin/tritonbench" -addr 127.0.0.1:8001 -model gpt2gpu -check /tmp/gollm-gpucheck/prompts-50257.json \
   -expect /tmp/gollm-gpucheck/gpt2-124M-float16.safetensors || rc=1
-"$carry/tritonbench" -addr 127.0.0.1:8001 -model gpt2gpu -name gpt2-124M \
+"$bin/tritonbench" -addr 127.0.0.1:8001 -model gpt2gpu -name gpt2-124M \
   -workloads decode_b1_i128_o128,tput_b64_i128_o128 | tee "$out/triton.jsonl" || rc=1
+if [ -d "$llama" ]; then
+  "$bin/tritonbench" -addr 127.0.0.1:8001 -model tinyllama -vocab 32000 -check /tmp/gollm-gpucheck/prompts-32000.json \
+    -expect /tmp/gollm-gpucheck/tinyllama-1.1B-float16.safetensors || rc=1
+  "$bin/tritonbench" -addr 127.0.0.1:8001 -model tinyllama -vocab 32000 -name tinyllama-1.1B \
+    -workloads decode_b1_i128_o128,tput_b64_i128_o128 | tee -a "$out/triton.jsonl" || rc=1
+fi
 if [ -d "$big" ]; then
-  "$carry/tritonbench" -addr 127.0.0.1:8001 -model gpt350 -name gpt-350M \
+  "$bin/tritonbench" -addr 127.0.0.1:8001 -model gpt350 -name gpt-350M \
     -workloads lat_b1_i128_o8,lat_b8_i128_o8,lat_b64_i128_o8,lat_b1_i512_o32,lat_b16_i512_o32 \
     | tee -a "$out/triton.jsonl" || rc=1
 fi

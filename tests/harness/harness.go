@@ -82,7 +82,15 @@ type Options struct {
 	// LogVerbose is tritonserver's --log-verbose level; zero takes the environment
 	// variable GOLLM_TRITON_LOG_VERBOSE (for debugging a run), else 0.
 	LogVerbose int
+	// ExitTimeout is tritonserver's --exit-timeout-secs; zero means DefaultExitTimeout.
+	ExitTimeout time.Duration
+	// Env are extra environment variables of the server process ("NAME=value"), such
+	// as MALLOC_CHECK_=3 or GOMEMLIMIT.
+	Env []string
 }
+
+// DefaultExitTimeout is the harness's --exit-timeout-secs, lower than Triton's 30 s.
+const DefaultExitTimeout = 20 * time.Second
 
 // Server is a running tritonserver.
 type Server struct {
@@ -231,6 +239,10 @@ func (s *Server) start(bin string, opts Options) error {
 	if verbose == 0 {
 		verbose, _ = strconv.Atoi(os.Getenv("GOLLM_TRITON_LOG_VERBOSE"))
 	}
+	exitTimeout := opts.ExitTimeout
+	if exitTimeout == 0 {
+		exitTimeout = DefaultExitTimeout
+	}
 	ports, err := freePorts(3)
 	if err != nil {
 		return fmt.Errorf("launch tritonserver: %w", err)
@@ -243,7 +255,7 @@ func (s *Server) start(bin string, opts Options) error {
 		"--grpc-address=127.0.0.1", "--grpc-port=" + strconv.Itoa(s.GRPCPort),
 		"--metrics-address=127.0.0.1", "--metrics-port=" + strconv.Itoa(s.MetricsPort),
 		"--allow-gpu-metrics=false",
-		"--exit-timeout-secs=20",
+		"--exit-timeout-secs=" + strconv.Itoa(int(exitTimeout/time.Second)),
 		"--log-verbose=" + strconv.Itoa(verbose),
 	}
 	args = append(args, opts.Flags...)
@@ -255,6 +267,7 @@ func (s *Server) start(bin string, opts Options) error {
 	fmt.Fprintf(f, "$ %s %s\n", bin, strings.Join(args, " "))
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = s.tmp
+	cmd.Env = append(os.Environ(), opts.Env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	// Kill the server if the test process dies without stopping it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -328,7 +341,10 @@ func (s *Server) kill() {
 // killed by a signal reports 128 plus the signal number. If the server has not exited
 // after a minute it is killed and Stop returns an error. Stop may be called again: it
 // returns the same code.
-func (s *Server) Stop() (int, error) {
+func (s *Server) Stop() (int, error) { return s.StopWith(os.Interrupt) }
+
+// StopWith is Stop with another signal, such as SIGTERM (what an orchestrator sends).
+func (s *Server) StopWith(sig os.Signal) (int, error) {
 	select {
 	case <-s.done:
 	default:
@@ -336,14 +352,14 @@ func (s *Server) Stop() (int, error) {
 		// to --exit-timeout-secs, so idle keep-alive connections would delay every stop.
 		s.http.CloseIdleConnections()
 		http.DefaultClient.CloseIdleConnections()
-		if err := s.cmd.Process.Signal(os.Interrupt); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		if err := s.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 			return -1, fmt.Errorf("stop tritonserver: %w", err)
 		}
 		select {
 		case <-s.done:
 		case <-time.After(stopTimeout):
 			s.kill()
-			return -1, fmt.Errorf("stop tritonserver: still running %v after SIGINT; killed", stopTimeout)
+			return -1, fmt.Errorf("stop tritonserver: still running %v after %v; killed", stopTimeout, sig)
 		}
 	}
 	return exitCode(s.cmd.ProcessState), nil
@@ -380,6 +396,28 @@ func describeExit(ps *os.ProcessState) string {
 		return "no exit status"
 	}
 	return ps.String()
+}
+
+// RSS returns the server process's resident set size in bytes (VmRSS of
+// /proc/<pid>/status).
+func (s *Server) RSS() (int64, error) {
+	if s.cmd == nil || s.cmd.Process == nil || s.Exited() {
+		return 0, errors.New("rss: tritonserver is not running")
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
+	if err != nil {
+		return 0, fmt.Errorf("rss: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("rss: %q: %w", line, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("rss: no VmRSS in /proc/<pid>/status")
 }
 
 // HTTPURL is the base URL of the HTTP endpoint, such as http://127.0.0.1:41234.

@@ -1,0 +1,84 @@
+// api.cu — the C ABI of gollm.h: each entry point runs its work under guarded, which turns
+// every exception (gollm::Error with its code, std::bad_alloc, anything else) into a
+// gollm_status, so that nothing crosses the ABI or aborts the process.
+#include <cstdio>
+
+#include "internal.h"
+
+using namespace gollm;
+
+namespace {
+
+void fill_status(gollm_status* st, int32_t code, const char* msg) {
+  if (!st) return;
+  st->code = code;
+  std::snprintf(st->message, sizeof st->message, "%s", msg);
+}
+
+// guarded runs f, turning exceptions into a status.
+template <typename F>
+int32_t guarded(gollm_status* st, F&& f) {
+  try {
+    f();
+    fill_status(st, GOLLM_OK, "");
+    return GOLLM_OK;
+  } catch (const Error& e) {
+    fill_status(st, e.code, e.what());
+    return e.code;
+  } catch (const std::bad_alloc&) {
+    fill_status(st, GOLLM_ERR_OUT_OF_MEMORY, "host memory exhausted");
+    return GOLLM_ERR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    fill_status(st, GOLLM_ERR_INTERNAL, e.what());
+    return GOLLM_ERR_INTERNAL;
+  } catch (...) {
+    fill_status(st, GOLLM_ERR_INTERNAL, "unknown C++ exception");
+    return GOLLM_ERR_INTERNAL;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t gollm_abi_version(void) { return GOLLM_ABI_VERSION; }
+
+int32_t gollm_device_count(int32_t* count, gollm_status* status) {
+  return guarded(status, [&] {
+    if (!count) invalid("gollm_device_count: count is NULL");
+    int n = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&n));
+    *count = n;
+  });
+}
+
+int32_t gollm_weights_create(const gollm_weights_params* params, gollm_weights** out,
+                             gollm_status* status) {
+  return guarded(status, [&] { create_weights(params, out); });
+}
+
+void gollm_weights_release(gollm_weights* w) {
+  try {
+    release_weights(w);
+  } catch (...) {
+  }
+}
+
+int32_t gollm_engine_create(gollm_weights* w, const gollm_engine_params* params,
+                            gollm_engine** out, gollm_engine_info* info, gollm_status* status) {
+  return guarded(status, [&] { create_engine(w, params, out, info); });
+}
+
+int32_t gollm_step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out,
+                   gollm_status* status) {
+  return guarded(status, [&] { step(e, in, out); });
+}
+
+void gollm_engine_destroy(gollm_engine* e) {
+  try {
+    destroy_engine(e);
+  } catch (...) {
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,147 @@
+// engine.cu — creating an engine on shared weights (stream, cuBLAS, scratch buffers sized
+// for the step limits, the paged KV pool, the kernels' shared-memory limits, the warm-up)
+// and destroying it.
+#include <memory>
+
+#include "internal.h"
+
+namespace gollm {
+
+void destroy_engine(gollm_engine* e) {
+  if (!e) return;
+  cudaSetDevice(e->device);
+  if (e->stream) cudaStreamSynchronize(e->stream);
+  for (auto& g : e->graph_execs) cudaGraphExecDestroy(g.second);
+  if (e->blas) cublasDestroy(e->blas);
+  gollm_weights* w = e->w;
+  cudaStream_t s = e->stream;
+  delete e;  // frees the buffers before the stream goes
+  if (s) cudaStreamDestroy(s);
+  release_weights(w);
+}
+
+void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine** out,
+                   gollm_engine_info* info) {
+  if (!w || !p || !out) invalid("gollm_engine_create: weights, params and out must not be NULL");
+  if (p->tokens_per_block < 1) invalid("tokens_per_block %d must be at least 1", p->tokens_per_block);
+  if (p->num_blocks < 0) invalid("num_blocks %d must not be negative", p->num_blocks);
+  if (p->num_blocks == 0 && !(p->kv_free_fraction > 0.f && p->kv_free_fraction <= 1.f))
+    invalid("kv_free_fraction %g must be in (0, 1] when num_blocks is 0", p->kv_free_fraction);
+  if (p->max_tokens < 1 || p->max_seqs < 1 || p->max_logit_rows < 1)
+    invalid("max_tokens %d, max_seqs %d and max_logit_rows %d must be at least 1", p->max_tokens,
+            p->max_seqs, p->max_logit_rows);
+  const gollm_model_config& c = w->cfg;
+  if (p->max_seq_len < 0 || p->max_seq_len > c.max_positions || p->max_seq_len > 32768)
+    invalid("max_seq_len %d must be in [0, min(max_positions %d, 32768)]", p->max_seq_len,
+            c.max_positions);
+  if (p->gemv_rows < -1 || p->gemv_rows > kGemvMaxRows)
+    invalid("gemv_rows %d must be -1 or in [0, %d]", p->gemv_rows, kGemvMaxRows);
+  DeviceGuard dg(w->device);
+  const Dims d(c);
+  std::unique_ptr<gollm_engine, void (*)(gollm_engine*)> e(new gollm_engine, destroy_engine);
+  w->refs.fetch_add(1);
+  e->w = w;
+  e->device = w->device;
+  e->graphs = p->cuda_graphs != 0;
+  e->max_tokens = p->max_tokens;
+  e->max_seqs = p->max_seqs;
+  e->max_logit_rows = std::max(p->max_logit_rows, p->max_seqs);
+  e->max_len = p->max_seq_len > 0 ? p->max_seq_len : std::min(c.max_positions, 8192);
+  e->geom = KVGeom{c.layers, c.heads, c.kv_heads, c.head_dim, p->tokens_per_block};
+  e->max_parts = 16;
+  {
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, w->device));
+    e->sms = std::max(1, sms);
+    int major = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, w->device));
+    e->pdl = major >= 9 && !(p->tuning_off & GOLLM_TUNING_NO_PDL);
+    e->bulk = major >= 9 && !(p->tuning_off & GOLLM_TUNING_NO_BULK);
+    e->fused = !(p->tuning_off & GOLLM_TUNING_NO_FUSED) && c.hidden % 8 == 0 && c.inner % 8 == 0;
+    // The gemv kernels beat cuBLAS's GEMMs on narrow models only (H100, decode b1: GPT-2
+    // 124M 0.31 ms/token against 0.36, GPT-350M faster too; the TinyLlama-1.1B shape,
+    // hidden 2048, 2.00 against 1.44): their weight streams reach 0.7-1.1 TB/s, which
+    // small matrices hide behind launch costs and large ones do not.
+    e->gemv_rows_max = c.hidden <= 1024 ? kFusedRows : 0;
+    if (p->gemv_rows >= 0) e->gemv_rows_max = p->gemv_rows;
+  }
+  CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
+  CUBLAS_CHECK(cublasCreate(&e->blas));
+  CUBLAS_CHECK(cublasSetStream(e->blas, e->stream));
+  const size_t ws = 32u << 20;
+  e->blas_ws.alloc(ws, "cuBLAS workspace");
+  CUBLAS_CHECK(cublasSetWorkspace(e->blas, e->blas_ws.p, ws));
+  CUBLAS_CHECK(cublasSetMathMode(e->blas, CUBLAS_DEFAULT_MATH));
+
+  const size_t N = e->max_tokens, S = e->max_seqs, R = e->max_logit_rows;
+  // GEMM operands hold gemm_rows(max) rows: cuBLAS runs on padded row counts.
+  const size_t NG = gemm_rows((int)N), RG = gemm_rows((int)R);
+  e->h.alloc(N * d.H * 4, "residual stream");
+  e->xn.alloc(NG * d.H * 2, "norm output");
+  e->qkv.alloc(NG * d.qkv * 4, "QKV");
+  e->att.alloc(NG * d.att * 2, "attention output");
+  e->tmp.alloc(NG * d.H * 4, "projection output");
+  e->fc.alloc(NG * d.up * 4, "MLP inner");
+  e->fch.alloc(NG * d.I * 2, "MLP activation");
+  e->xf.alloc(RG * d.H * 2, "LM head input");
+  e->logits.alloc(RG * d.V * 4, "logits");
+  e->retlog.alloc(R * d.V * 4, "returned logits");
+  const size_t dec = std::min(N, S);
+  e->partial.alloc(dec * c.heads * e->max_parts * c.head_dim * 4, "attention partials");
+  e->part_ml.alloc(dec * c.heads * e->max_parts * 2 * 4, "attention partial stats");
+  e->tickets.alloc(dec * c.heads * 4, "attention tickets");
+  e->acc.alloc((size_t)kFusedRows * d.H * 8, "residual additions");
+  CUDA_CHECK(cudaMemsetAsync(e->tickets.p, 0, e->tickets.bytes, e->stream));
+  e->greedy_part.alloc(R * kGreedySplits * 3 * 4, "greedy sampling partials");
+  e->greedy_tickets.alloc(R * 4, "greedy sampling tickets");
+  CUDA_CHECK(cudaMemsetAsync(e->greedy_tickets.p, 0, e->greedy_tickets.bytes, e->stream));
+  const size_t in_bytes = 4u << 20;
+  e->din.alloc(in_bytes, "step inputs");
+  e->hin.alloc(in_bytes, "step inputs (host)");
+  e->dtok.alloc(S * 4, "sampled tokens");
+  e->dlp.alloc(S * 4, "log-probabilities");
+  e->htok.alloc(S * 4, "sampled tokens (host)");
+  e->hlp.alloc(S * 4, "log-probabilities (host)");
+  setup_kernels(e.get());
+  size_t scratch = e->h.bytes + e->xn.bytes + e->qkv.bytes + e->att.bytes + e->tmp.bytes +
+                   e->fc.bytes + e->fch.bytes + e->xf.bytes + e->logits.bytes + e->retlog.bytes +
+                   e->partial.bytes + e->part_ml.bytes + e->tickets.bytes + e->din.bytes +
+                   e->dtok.bytes + e->dlp.bytes + e->blas_ws.bytes + e->acc.bytes;
+
+  // A block holds, for every layer, the keys and values of the KV heads only.
+  const size_t block_bytes =
+      (size_t)p->tokens_per_block * c.layers * 2 * c.kv_heads * c.head_dim * 2;
+  int64_t nb = p->num_blocks;
+  if (nb == 0) {
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    nb = (int64_t)((double)free_b * p->kv_free_fraction / (double)block_bytes) - 1;
+    if (nb < 1) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "KV pool: %.0f%% of the %zu free bytes holds no block of %zu bytes",
+                    p->kv_free_fraction * 100, free_b, block_bytes);
+      throw Error(GOLLM_ERR_OUT_OF_MEMORY, buf);
+    }
+    nb = std::min<int64_t>(nb, 1 << 30);
+  }
+  e->num_blocks = (int)nb;
+  e->kv.alloc((size_t)(nb + 1) * block_bytes, "KV pool");  // + the padding block
+
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, e->device));
+  gollm_engine_info& inf = e->info;
+  inf.num_blocks = e->num_blocks;
+  inf.tokens_per_block = p->tokens_per_block;
+  inf.weight_bytes = (int64_t)w->arena.bytes;
+  inf.kv_bytes = (int64_t)e->kv.bytes;
+  inf.scratch_bytes = (int64_t)scratch;
+  inf.max_seq_len = e->max_len;
+  std::snprintf(inf.device_name, sizeof inf.device_name, "%s", prop.name);
+  CUDA_CHECK(cudaStreamSynchronize(e->stream));
+  if (p->warmup) warmup(e.get(), inf);
+  if (info) *info = inf;
+  *out = e.release();
+}
+
+}  // namespace gollm

@@ -1,0 +1,285 @@
+// forward.cu — the forward pass of one step, driven by the architecture descriptor, and
+// every other kernel launch (sampling, the warm-up's GEMMs, the kernels' set-up). The one
+// file that includes the kernels: each is compiled, registered and given its shared-memory
+// limit here alone.
+//
+// A layer is: norm → QKV projection (+ bias) → rotary on queries and keys where the model
+// has it → keys and values into the paged pool → causal attention (through each query
+// head's KV head, within the layer's sliding window) → output projection (+ bias) into the
+// residual stream → norm → MLP (act(up), or act(gate) · up) → down projection into the
+// residual stream. Few rows take the gemv kernels with their neighbours fused; decode steps
+// of up to kFusedRows rows take the one-kernel MLP; the rest take cuBLAS.
+#include "activation.cuh"
+#include "attention.cuh"
+#include "embedding.cuh"
+#include "fused.cuh"
+#include "gemv.cuh"
+#include "internal.h"
+#include "layernorm.cuh"
+#include "matmul.cuh"
+#include "sampling.cuh"
+
+namespace gollm {
+
+namespace {
+
+// A step's cuBLAS calls on the engine's buffers, for m rows (gemm_rows of the step's): a
+// layer's QKV, output projection, MLP up and MLP down, and the LM head over xf. forward
+// and the warm-up both make them, so the warm-up meets exactly a step's shapes.
+template <typename T>
+void gemm_qkv(gollm_engine* e, const LayerW& lw, int m) {
+  const Dims d(e->w->cfg);
+  matmul_xwt<T>(e->blas, e->xn.as<T>(), static_cast<const T*>(lw.qkv_w), e->qkv.as<float>(), m, d.H, d.qkv);
+}
+template <typename T>
+void gemm_proj(gollm_engine* e, const LayerW& lw, int m) {
+  const Dims d(e->w->cfg);
+  matmul_xwt<T>(e->blas, e->att.as<T>(), static_cast<const T*>(lw.out_w), e->tmp.as<float>(), m, d.att, d.H);
+}
+template <typename T>
+void gemm_up(gollm_engine* e, const LayerW& lw, int m) {
+  const Dims d(e->w->cfg);
+  matmul_xwt<T>(e->blas, e->xn.as<T>(), static_cast<const T*>(lw.up_w), e->fc.as<float>(), m, d.H, d.up);
+}
+template <typename T>
+void gemm_down(gollm_engine* e, const LayerW& lw, int m) {
+  const Dims d(e->w->cfg);
+  matmul_xwt<T>(e->blas, e->fch.as<T>(), static_cast<const T*>(lw.down_w), e->tmp.as<float>(), m, d.I, d.H);
+}
+template <typename T>
+void gemm_lm_head(gollm_engine* e, int m) {
+  const Dims d(e->w->cfg);
+  matmul_xwt<T>(e->blas, e->xf.as<T>(), static_cast<const T*>(e->w->lm_head), e->logits.as<float>(), m, d.H, d.V);
+}
+
+// forward enqueues the whole step on the engine's stream: the layers, then per chunk the
+// LM head, the sampling and (eager mode) the logits copies. In graph mode it is captured.
+template <typename T>
+void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool capture) {
+  gollm_weights* w = e->w;
+  const gollm_model_config& c = w->cfg;
+  const Dims d(c);
+  const int N = pl.n, H = d.H, V = d.V;
+  const int NG = gemm_rows(N);  // cuBLAS's row count (the rows past N are never read)
+  const float eps = c.norm_eps;
+  const bool rms = c.norm == GOLLM_NORM_RMS;
+  const float* inv_freq = c.positions == GOLLM_POS_ROTARY ? w->inv_freq : nullptr;
+  // Kernels after the first may overlap their predecessor's tail (sm_90).
+  const Stream st0(e->stream, false), st(e->stream, e->pdl);
+  char* din = e->din.as<char>();
+  auto I32 = [&](size_t off) { return reinterpret_cast<const int32_t*>(din + off); };
+  const int32_t* words = reinterpret_cast<const int32_t*>(din);
+  const DevSeq* seqs = reinterpret_cast<const DevSeq*>(din + L.seqs);
+  const CtxTile* tiles = reinterpret_cast<const CtxTile*>(din + L.tiles);
+  float* h = e->h.as<float>();
+  T* xn = e->xn.as<T>();
+  float* qkv = e->qkv.as<float>();
+  T* att = e->att.as<T>();
+  float* tmp = e->tmp.as<float>();
+  float* fc = e->fc.as<float>();
+  T* fch = e->fch.as<T>();
+  T* kv = e->kv.as<T>();
+
+  // Few rows: fused gemv kernels reading the weights once (decode at small batch).
+  const bool small = N <= e->gemv_rows_max && gemv_fits(N, H) && gemv_fits(N, d.I) &&
+                     gemv_fits(N, d.att) && pl.chunks.size() <= 1 &&
+                     (pl.chunks.empty() || pl.chunks[0].count <= kGemvMaxRows);
+  // Decode-only steps of few rows: four kernels a layer (five with rotary), the MLP in one
+  // (fused.cuh) with the residual stream's additions in fixed point.
+  const bool fused = small && e->fused && pl.tiles.empty() && (int)pl.dec_rows.size() == N &&
+                     N <= kFusedRows;
+  unsigned long long* acc = fused ? e->acc.as<unsigned long long>() : nullptr;
+  embedding_layernorm<T>(I32(L.row_tok), I32(L.row_pos), static_cast<const T*>(w->embed),
+                         static_cast<const T*>(w->pos), h, xn, w->layers[0].norm1_w,
+                         w->layers[0].norm1_b, N, H, eps, rms, st0, acc);
+  // gemv_args holds what every gemv of the step shares: n rows over the residual stream.
+  auto gemv_args = [&](int n) {
+    GemvArgs a{};
+    a.bulk = e->bulk, a.n = n, a.h = h, a.eps = eps, a.rms = rms, a.acc = acc;
+    return a;
+  };
+  for (int l = 0; l < c.layers; l++) {
+    const LayerW& lw = w->layers[l];
+    const int window = c.sliding_window > 0 && l >= c.window_from_layer ? c.sliding_window : 0;
+    if (small) {
+      GemvArgs a = gemv_args(N);
+      // QKV with the attention norm before; without rotary positions the KV write after,
+      // with them qkv_kv_write rotates and writes (the bias is added here).
+      a.w = lw.qkv_w, a.bias = lw.qkv_b, a.in = H, a.out = d.qkv;
+      a.gamma = lw.norm1_w, a.beta = lw.norm1_b, a.y = qkv;
+      if (inv_freq) {
+        gemv<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, st);
+        qkv_kv_write<T>(qkv, nullptr, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom,
+                        l, N, inv_freq, c.rope_dim, st);
+      } else {
+        a.kv = kv, a.row_pos = I32(L.row_pos), a.row_seq = I32(L.row_seq);
+        a.seqs = seqs, a.blocks = words, a.geom = e->geom, a.layer = l;
+        a.qscale = 1.f / sqrtf((float)c.head_dim);
+        gemv<T, GEMV_IN_LN, GEMV_OUT_QKV>(a, e->sms, st);
+      }
+    } else {
+      gemm_qkv<T>(e, lw, NG);
+      qkv_kv_write<T>(qkv, lw.qkv_b, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom,
+                      l, N, inv_freq, c.rope_dim, st);
+    }
+    attention_context<T>(qkv, att, kv, tiles, seqs, words, e->geom, l, window,
+                         (int)pl.tiles.size(), st);
+    attention_decode<T>(qkv, att, kv, I32(L.dec_rows), I32(L.row_pos), I32(L.row_seq), seqs,
+                        words, e->geom, l, window, (int)pl.dec_rows.size(), parts, e->max_len,
+                        e->partial.as<float>(), e->part_ml.as<float>(), e->tickets.as<int>(),
+                        small, st);
+    const bool last = l + 1 == c.layers;
+    if (small) {
+      GemvArgs a = gemv_args(N);
+      // Attention output projection, added to the residual stream; in a fused step its
+      // single writer per entry also moves the last MLP's fixed-point additions into h.
+      a.w = lw.out_w, a.bias = lw.out_b, a.in = d.att, a.out = H, a.x = att, a.hout = h;
+      gemv<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, st);
+      if (fused) {
+        MlpArgs m{};
+        m.bulk = e->bulk;
+        m.w_up = lw.up_w, m.b_up = lw.up_b, m.w_down = lw.down_w, m.b_down = lw.down_b;
+        m.gamma = lw.norm2_w, m.beta = lw.norm2_b, m.eps = eps, m.rms = rms, m.h = h, m.acc = acc;
+        m.n = N, m.hidden = H, m.inner = d.I, m.act = c.activation, m.gated = c.gated_mlp != 0;
+        const int R = gemv_rows(N);
+        m.k = e->mlp_k[mlp_slot(R)];
+        mlp<T>(m, R, st);
+        continue;
+      }
+      // MLP up-projection with the MLP norm before and the activation after (a gated MLP
+      // takes its gate and up outputs in fp32, then gated_act).
+      a.w = lw.up_w, a.bias = lw.up_b, a.in = H, a.out = d.up, a.gamma = lw.norm2_w,
+      a.beta = lw.norm2_b, a.act = c.activation;
+      if (c.gated_mlp) {
+        a.y = fc;
+        gemv<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, st);
+        gated_act<T>(fc, nullptr, fch, N, d.I, c.activation, st);
+      } else {
+        a.y = fch;
+        gemv<T, GEMV_IN_LN, GEMV_OUT_ACT>(a, e->sms, st);
+      }
+      // MLP down-projection, added to the residual stream.
+      a = gemv_args(N);
+      a.w = lw.down_w, a.bias = lw.down_b, a.in = d.I, a.out = H, a.x = fch, a.hout = h;
+      gemv<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, st);
+      continue;
+    }
+    gemm_proj<T>(e, lw, NG);
+    residual_layernorm<T>(h, tmp, lw.out_b, xn, lw.norm2_w, lw.norm2_b, N, H, eps, rms, st);
+    gemm_up<T>(e, lw, NG);
+    if (c.gated_mlp)
+      gated_act<T>(fc, lw.up_b, fch, N, d.I, c.activation, st);
+    else
+      bias_act<T>(fc, lw.up_b, fch, N, d.I, c.activation, st);
+    gemm_down<T>(e, lw, NG);
+    const LayerW& nx = last ? lw : w->layers[l + 1];
+    residual_layernorm<T>(h, tmp, lw.down_b, xn, last ? w->final_w : nx.norm1_w,
+                          last ? w->final_b : nx.norm1_b, N, H, eps, rms, st);
+  }
+  float* logits = e->logits.as<float>();
+  float* retlog = e->retlog.as<float>();
+  float* hlog = e->hlog.as<float>();
+  for (size_t ci = 0; ci < pl.chunks.size(); ci++) {
+    const Chunk& ch = pl.chunks[ci];
+    if (small) {
+      // The final norm is fused into the LM head's gemv.
+      GemvArgs a = gemv_args(ch.count);
+      a.idx = I32(L.lrow_src) + ch.first;
+      a.gamma = w->final_w, a.beta = w->final_b, a.w = w->lm_head, a.in = H, a.out = V, a.y = logits;
+      gemv<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, st);
+    } else {
+      gather_rows<T>(xn, I32(L.lrow_src) + ch.first, e->xf.as<T>(), ch.count, H, st);
+      gemm_lm_head<T>(e, gemm_rows(ch.count));
+    }
+    if (!capture) {
+      for (const CopyOut& cp : pl.copies)
+        if (cp.chunk == (int)ci && !cp.from_ret)
+          CUDA_CHECK(cudaMemcpyAsync(hlog + cp.dst, logits + (int64_t)cp.row * V,
+                                     (size_t)cp.rows * V * 4, cudaMemcpyDeviceToHost, st.st));
+    }
+    sample(logits, I32(L.samp_seq) + ch.samp_first, I32(L.samp_row) + ch.samp_first, seqs, words,
+           words, reinterpret_cast<const float*>(din), retlog, e->dtok.as<int32_t>(),
+           e->dlp.as<float>(), ch.samp_count, V, e->greedy_part.as<float>(),
+           e->greedy_tickets.as<int>(), pl.all_greedy, st);
+    if (!capture) {
+      for (const CopyOut& cp : pl.copies)
+        if (cp.chunk == (int)ci && cp.from_ret)
+          CUDA_CHECK(cudaMemcpyAsync(hlog + cp.dst, retlog + (int64_t)cp.row * V,
+                                     (size_t)cp.rows * V * 4, cudaMemcpyDeviceToHost, st.st));
+    }
+  }
+}
+
+// warmup_gemms_t calls cuBLAS once on every padded row count a step can use (layer 0's
+// four GEMMs, the LM head), so that no step of a served model pays a shape's first call.
+template <typename T>
+int warmup_gemms_t(gollm_engine* e) {
+  const LayerW& lw = e->w->layers[0];
+  // Inputs zeroed: the calls compute on them.
+  CUDA_CHECK(cudaMemsetAsync(e->xn.p, 0, e->xn.bytes, e->stream));
+  CUDA_CHECK(cudaMemsetAsync(e->att.p, 0, e->att.bytes, e->stream));
+  CUDA_CHECK(cudaMemsetAsync(e->fch.p, 0, e->fch.bytes, e->stream));
+  CUDA_CHECK(cudaMemsetAsync(e->xf.p, 0, e->xf.bytes, e->stream));
+  int shapes = 0;
+  const int top = gemm_rows(e->max_tokens);
+  for (int m = 16; m <= top; m = gemm_rows(m + 1)) {
+    gemm_qkv<T>(e, lw, m);
+    gemm_proj<T>(e, lw, m);
+    gemm_up<T>(e, lw, m);
+    gemm_down<T>(e, lw, m);
+    shapes += 4;
+  }
+  const int rtop = gemm_rows(e->max_logit_rows);
+  for (int m = 16; m <= rtop; m = gemm_rows(m + 1)) {
+    gemm_lm_head<T>(e, m);
+    shapes++;
+  }
+  return shapes;
+}
+
+// setup_kernels_t raises the dynamic shared-memory limits of the kernels that need more
+// than 48 KB and sizes the fused MLP for the model (turning it off where it cannot run).
+template <typename T>
+void setup_kernels_t(gollm_engine* e) {
+  const gollm_model_config& c = e->w->cfg;
+  const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  gemv_allow_smem<T>(e->device);
+  if (e->fused)
+    e->fused = fused_setup<T>(c.hidden, c.inner, c.gated_mlp != 0, e->sms, e->device, e->mlp_k);
+  if (ctx_tc_fits(c.head_dim))
+    CUDA_CHECK(cudaFuncSetAttribute(attention_context_tc_kernel<T>, attr, (int)ctx_tc_smem(c.head_dim)));
+  if (const size_t cs = ctx_smem(c.head_dim); cs > 48 * 1024)
+    CUDA_CHECK(cudaFuncSetAttribute(attention_context_kernel<T>, attr, (int)cs));
+  // Decode attention holds a row's scores: its limit follows the longest sequence served.
+  const size_t ds = decode_smem(c.head_dim, e->max_len);
+  if (ds > 48 * 1024) {
+    if (ds > dynamic_smem_max(attention_decode_kernel<T, true>, e->device))
+      invalid("max_seq_len %d: decode attention needs %zu bytes of shared memory, more than the "
+              "device allows a block",
+              e->max_len, ds);
+    CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<T, true>, attr, (int)ds));
+    CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<T, false>, attr, (int)ds));
+  }
+}
+
+}  // namespace
+
+void run_forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool capture) {
+  if (e->w->dtype == GOLLM_DTYPE_BF16)
+    forward<__nv_bfloat16>(e, pl, L, parts, capture);
+  else
+    forward<__half>(e, pl, L, parts, capture);
+}
+
+int warmup_gemms(gollm_engine* e) {
+  return e->w->dtype == GOLLM_DTYPE_BF16 ? warmup_gemms_t<__nv_bfloat16>(e) : warmup_gemms_t<__half>(e);
+}
+
+void setup_kernels(gollm_engine* e) {
+  if (e->w->dtype == GOLLM_DTYPE_BF16)
+    setup_kernels_t<__nv_bfloat16>(e);
+  else
+    setup_kernels_t<__half>(e);
+}
+
+}  // namespace gollm

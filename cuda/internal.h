@@ -1,0 +1,229 @@
+// internal.h — what the engine's files share: device and pinned memory, the weights and
+// engine objects behind gollm.h's handles, the step plan, and the functions each file
+// gives the others. The kernels themselves are included by forward.cu alone (and
+// convert.cuh by weights.cu), so each kernel is compiled, registered and configured once.
+//
+//   weights.cu  the weight arena and the upload of role-tagged tensors
+//   engine.cu   engine creation (buffers, the KV pool, tuning switches) and destruction
+//   plan.cu     checking a step's descriptor and laying out its device inputs
+//   forward.cu  every kernel launch: the forward pass, sampling, the warm-up GEMMs
+//   step.cu     one step end to end, CUDA graphs (capture and replay) and the warm-up
+//   api.cu      the C ABI: each entry point turns exceptions into a gollm_status
+#pragma once
+
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <map>
+#include <vector>
+
+#include "common.cuh"
+#include "gollm.h"
+#include "sizes.h"
+
+namespace gollm {
+
+// DevMem is a device allocation freed with its owner.
+struct DevMem {
+  void* p = nullptr;
+  size_t bytes = 0;
+  DevMem() = default;
+  DevMem(const DevMem&) = delete;
+  DevMem& operator=(const DevMem&) = delete;
+  ~DevMem() { reset(); }
+  void alloc(size_t n, const char* what);
+  void reset() {
+    if (p) cudaFree(p);
+    p = nullptr;
+    bytes = 0;
+  }
+  template <typename T> T* as() const { return static_cast<T*>(p); }
+};
+
+// HostMem is a pinned host allocation, so that copies are asynchronous and capturable.
+struct HostMem {
+  void* p = nullptr;
+  size_t bytes = 0;
+  HostMem() = default;
+  HostMem(const HostMem&) = delete;
+  HostMem& operator=(const HostMem&) = delete;
+  ~HostMem() { reset(); }
+  void alloc(size_t n, const char* what);
+  void reset() {
+    if (p) cudaFreeHost(p);
+    p = nullptr;
+    bytes = 0;
+  }
+  template <typename T> T* as() const { return static_cast<T*>(p); }
+};
+
+// DeviceGuard makes dev current for the calling thread for one ABI call.
+struct DeviceGuard {
+  explicit DeviceGuard(int dev) { CUDA_CHECK(cudaSetDevice(dev)); }
+};
+
+inline size_t align_up(size_t n, size_t a = 256) { return (n + a - 1) / a * a; }
+
+// invalid throws GOLLM_ERR_INVALID_ARGUMENT with a printf-style message.
+[[noreturn]] void invalid(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// LayerW points at one layer's weights in the arena: matrices [out][in] in the compute
+// type, vectors fp32; an absent bias (or LayerNorm bias under RMSNorm) is null.
+struct LayerW {
+  const float *norm1_w, *norm1_b;  // the norm before attention [hidden]
+  const void* qkv_w;                // [qkv_width][hidden]
+  const float* qkv_b;               // [qkv_width]
+  const void* out_w;                // [hidden][heads·head_dim]
+  const float* out_b;               // [hidden]
+  const float *norm2_w, *norm2_b;   // the norm before the MLP [hidden]
+  const void* up_w;                 // [inner or 2·inner][hidden], the gate's rows first
+  const float* up_b;                // [inner or 2·inner]
+  const void* down_w;               // [hidden][inner]
+  const float* down_b;              // [hidden]
+};
+
+// Shape of one model: the sizes every file derives from gollm_model_config.
+struct Dims {
+  int H, V, P, L;        // hidden, vocabulary, positions, layers
+  int heads, kv_heads, D;
+  int I, up;             // MLP units, and the first projection's width (2·I when gated)
+  int qkv, att;          // QKV and attention-output widths
+  explicit Dims(const gollm_model_config& c)
+      : H(c.hidden), V(c.vocab_size), P(c.max_positions), L(c.layers), heads(c.heads),
+        kv_heads(c.kv_heads), D(c.head_dim), I(c.inner), up(c.gated_mlp ? 2 * c.inner : c.inner),
+        qkv((c.heads + 2 * c.kv_heads) * c.head_dim), att(c.heads * c.head_dim) {}
+};
+
+// role_shape is a role's [rows, cols] under c (cols 1 for vectors), or false when the
+// architecture has no such role (model.Config.Shape in Go).
+bool role_shape(const gollm_model_config& c, int role, int64_t& rows, int64_t& cols);
+
+}  // namespace gollm
+
+// gollm_weights: one device arena holding every weight, shared by engines (refcounted).
+struct gollm_weights {
+  std::atomic<int> refs{1};    // engines and the creator
+  int device = 0;              // CUDA ordinal
+  int dtype = GOLLM_DTYPE_F16; // compute type
+  gollm_model_config cfg{};    // the architecture
+  gollm::DevMem arena;         // all weights
+  const void* embed = nullptr;     // [vocab][hidden]
+  const void* pos = nullptr;       // [max_positions][hidden], or null (rotary)
+  const float* final_w = nullptr;  // [hidden]
+  const float* final_b = nullptr;  // [hidden], or null (RMSNorm)
+  const void* lm_head = nullptr;   // [vocab][hidden]: embed when tied
+  const float* inv_freq = nullptr; // [rope_dim/2] rotary frequencies, or null
+  std::vector<gollm::LayerW> layers;  // per layer
+};
+
+namespace gollm {
+
+// Offsets of one step's inputs in the device input buffer, in bytes. The arrays whose
+// sizes depend only on the counts come first, so a graph bucket always finds them at the
+// same places; block tables, penalties, masks and biases follow and are addressed by word
+// offsets stored in DevSeq.
+struct Layout {
+  size_t row_tok, row_pos, row_seq, dec_rows, tiles, seqs, lrow_src, samp_seq, samp_row;
+  size_t var;    // start of the variable part
+  size_t total;  // bytes used
+};
+
+// Chunk is one pass of the LM head over at most max_logit_rows rows.
+struct Chunk {
+  int first, count;            // rows of the logit-row list
+  int samp_first, samp_count;  // entries of the sampling list
+  int ret_count;               // returned-logits rows
+};
+
+// CopyOut is a D2H copy into the logits staging buffer.
+struct CopyOut {
+  int chunk;        // after which chunk's LM head
+  bool from_ret;    // from the returned-logits buffer, else from the logits buffer
+  int row;          // first row in that buffer
+  int rows;         // rows
+  int64_t dst;      // float offset in the caller's logits
+};
+
+// Plan is one step, checked and laid out on the host.
+struct Plan {
+  int n = 0, s = 0;  // tokens and sequences (padded in graph mode)
+  std::vector<int32_t> row_tok, row_pos, row_seq, dec_rows, lrow_src, samp_seq, samp_row;
+  std::vector<CtxTile> tiles;
+  std::vector<DevSeq> seqs;
+  std::vector<int32_t> words;  // the variable part, in 4-byte words
+  std::vector<Chunk> chunks;
+  std::vector<CopyOut> copies;
+  int max_len = 0;             // longest sequence after the step
+  bool decode_only = false;    // every sequence: one token, sampled, no logits returned
+  bool all_greedy = false;     // every sequence sampled by sample_greedy_kernel alone
+};
+
+}  // namespace gollm
+
+// gollm_engine: everything one model instance needs besides the weights.
+struct gollm_engine {
+  gollm_weights* w = nullptr;     // shared weights (one reference held)
+  int device = 0;                 // CUDA ordinal
+  cudaStream_t stream = nullptr;  // all work of the engine
+  cublasHandle_t blas = nullptr;  // bound to stream
+  gollm::DevMem blas_ws;          // cuBLAS workspace, fixed so that capture allocates nothing
+  gollm::KVGeom geom{};           // pool geometry
+  int num_blocks = 0;             // usable KV blocks; block num_blocks is the padding block
+  gollm::DevMem kv;               // the pool
+  int max_tokens = 0, max_seqs = 0, max_logit_rows = 0;  // step limits
+  int max_len = 0;                // longest sequence served (max_seq_len)
+  int sms = 1;                    // multiprocessors, for sizing grids
+  int max_parts = 1;              // decode attention: most splits of one row
+  bool graphs = true;             // replay CUDA graphs for decode-only steps
+  bool pdl = false;               // programmatic dependent launch (sm_90 and later)
+  bool bulk = false;              // gemv and MLP weights staged by bulk copies (sm_90 and later)
+  bool fused = true;              // decode-only steps of up to kFusedRows rows: fused.cuh's MLP
+  // Most rows on the gemv path (gollm_engine_params.gemv_rows; 0 for models wider than
+  // 1024, engine.cu). Past 4 rows cuBLAS's padded GEMMs win (H200, decode ms/token at 8
+  // rows: GPT-2 0.65 gemv vs 0.60-0.62, GPT-350M 1.49 vs 1.21-1.23); at 4 and fewer the
+  // gemv kernels do (GPT-350M 1.10 vs 1.20).
+  int gemv_rows_max = gollm::kFusedRows;
+  int mlp_k[3] = {};              // mlp_kernel's units per block for 1, 2 and 4 rows
+  gollm::DevMem acc;              // fixed-point residual additions of fused steps
+  gollm::DevMem h, xn, qkv, att, tmp, fc, fch, xf, logits, retlog;  // activations
+  gollm::DevMem partial, part_ml, tickets;      // decode attention split-K
+  gollm::DevMem greedy_part, greedy_tickets;    // greedy sampling split over the vocabulary
+  gollm::DevMem din;              // step inputs
+  gollm::HostMem hin;             // step inputs, staged
+  gollm::DevMem dtok, dlp;        // sampled tokens and log-probabilities
+  gollm::HostMem htok, hlp;       // the same, on the host
+  gollm::HostMem hlog;            // returned logits, staged
+  std::map<int, cudaGraphExec_t> graph_execs;  // decode graphs by batch bucket (×2, +1: all greedy)
+  gollm_engine_info info{};       // as reported at creation
+  gollm::Plan plan;               // reused between steps
+};
+
+namespace gollm {
+
+// weights.cu
+void create_weights(const gollm_weights_params* p, gollm_weights** out);
+void release_weights(gollm_weights* w);
+
+// engine.cu
+void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine** out,
+                   gollm_engine_info* info);
+void destroy_engine(gollm_engine* e);
+
+// plan.cu
+void build_plan(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, Plan& pl);
+void fill_plan(gollm_engine* e, const gollm_step_in* in, int bucket, Plan& pl);
+Layout layout_fixed(const Plan& pl);
+void fill_var(gollm_engine* e, const gollm_step_in* in, Plan& pl, Layout& L);
+void ensure_inputs(gollm_engine* e, size_t bytes);
+void stage(gollm_engine* e, const Plan& pl, const Layout& L);
+
+// forward.cu
+void run_forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool capture);
+int warmup_gemms(gollm_engine* e);
+void setup_kernels(gollm_engine* e);
+
+// step.cu
+void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out);
+void warmup(gollm_engine* e, gollm_engine_info& inf);
+
+}  // namespace gollm

@@ -1,0 +1,54 @@
+// sizes.h — the launch shapes and limits that host code outside the kernels' files needs
+// too (step planning, buffer sizing), so that it does not include the kernels.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define GOLLM_HD __host__ __device__
+#else
+#define GOLLM_HD
+#endif
+
+namespace gollm {
+
+// gemm_rows rounds a GEMM's row count up to one of a few sizes — 16, then eight a power-of-two
+// octave, multiples of 16 — so that cuBLAS meets a bounded set of shapes. Its first call on
+// a new shape costs milliseconds (about 9 ms a step of GPT-2's five GEMM shapes on an H200,
+// lazy or eager module loading alike), and in-flight batching gives nearly every mixed
+// prompt/decode step a new token count. The extra rows (at most an eighth) are computed
+// from whatever the input buffer holds there and never read; buffers are sized for
+// gemm_rows(max rows). create_engine's warm-up calls every size once.
+inline int gemm_rows(int n) {
+  if (n <= 16) return 16;
+  int p = 16;
+  while (p * 2 <= n) p *= 2;
+  const int step = p / 8 > 16 ? p / 8 : 16;
+  return (n + step - 1) / step * step;
+}
+
+// ctx_queries is the number of consecutive queries of one sequence a context-attention
+// tile holds.
+GOLLM_HD inline int ctx_queries(int head_dim) { return head_dim <= 128 ? 16 : 8; }
+
+// kDecodeMinPart is the fewest positions a split of decode attention covers.
+constexpr int kDecodeMinPart = 256;
+
+// decode_splits chooses decode attention's splits per row and head: enough blocks for a
+// few per SM.
+inline int decode_splits(int rows, int heads, int sms, int max_len) {
+  int want = (4 * sms + rows * heads - 1) / (rows * heads);
+  int most = (max_len + kDecodeMinPart - 1) / kDecodeMinPart;
+  return std::max(1, std::min({want, most, 16}));
+}
+
+// kGemvMaxRows is the most token rows the gemv kernels take.
+constexpr int kGemvMaxRows = 8;
+// kFusedRows is the most token rows of a fused decode step (fused.cuh): each row
+// multiplies its atomics.
+constexpr int kFusedRows = 4;
+// kGreedySplits is the number of slices greedy sampling splits a row into.
+constexpr int kGreedySplits = 64;
+
+}  // namespace gollm

@@ -1,0 +1,173 @@
+// step.cu — one step end to end: the plan, the inputs staged and copied in one transfer,
+// the forward pass run eagerly or, for a decode-only step, replayed from the CUDA graph of
+// its batch bucket (captured on first use or in the warm-up), the results copied back; and
+// the warm-up a new engine runs before it serves.
+#include <chrono>
+#include <cstring>
+
+#include "internal.h"
+
+namespace gollm {
+
+namespace {
+
+int bucket_for(gollm_engine* e, int s) {
+  int b = 1;
+  while (b < s) b <<= 1;
+  return std::min(b, e->max_seqs);
+}
+
+// copy_blocks runs a step's KV block copies (beams that diverge inside a shared block get
+// a copy of it before writing there): one device-to-device copy per block, queued on the
+// engine's stream ahead of the step's own work, which is stream-ordered after them. They
+// are not part of any captured graph. Every id is checked before the first copy.
+void copy_blocks(gollm_engine* e, const gollm_step_in* in) {
+  const int n = in->num_block_copies;
+  if (n == 0) return;
+  if (n < 0 || !in->block_copies) invalid("step: %d block copies, block_copies %s", n,
+                                          in->block_copies ? "given" : "NULL");
+  for (int i = 0; i < 2 * n; i++) {
+    const int32_t id = in->block_copies[i];
+    if (id < 0 || id >= e->num_blocks)
+      invalid("step: block copy %d: block %d outside the pool [0, %d)", i / 2, id, e->num_blocks);
+  }
+  // A block is page(1, 0, 0, 0) elements of 2 bytes (fp16 or bf16), as engine.cu sizes it.
+  const size_t bytes = (size_t)e->geom.page(1, 0, 0, 0) * 2;
+  char* kv = static_cast<char*>(e->kv.p);
+  for (int i = 0; i < n; i++) {
+    const size_t src = (size_t)in->block_copies[2 * i], dst = (size_t)in->block_copies[2 * i + 1];
+    CUDA_CHECK(cudaMemcpyAsync(kv + dst * bytes, kv + src * bytes, bytes, cudaMemcpyDeviceToDevice,
+                               e->stream));
+  }
+}
+
+}  // namespace
+
+void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out) {
+  if (!e || !in || !out) invalid("gollm_step: engine, in and out must not be NULL");
+  if (in->num_seqs > 0 && (!out->tokens || !out->log_probs))
+    invalid("gollm_step: out.tokens and out.log_probs must not be NULL");
+  DeviceGuard dg(e->device);
+  copy_blocks(e, in);
+  Plan& pl = e->plan;
+  build_plan(e, in, out->logits ? out->logits_len : 0, pl);
+  if (pl.s == 0) return;
+  const int bucket = e->graphs && pl.decode_only ? bucket_for(e, pl.s) : 0;
+  const bool use_graph = bucket > 0 && bucket <= e->max_tokens;
+  fill_plan(e, in, use_graph ? bucket : 0, pl);
+  Layout L = layout_fixed(pl);
+  fill_var(e, in, pl, L);
+  // Steps whose rows are all plain greedy skip the general sampling kernel's launch.
+  pl.all_greedy = true;
+  for (int s = 0; s < pl.s; s++) pl.all_greedy = pl.all_greedy && greedy_fast(pl.seqs[s]);
+  // fill_var ran after the descriptors were sized; the layout's fixed part is unchanged.
+  ensure_inputs(e, L.total);
+  // Returned logits are staged in pinned memory.
+  int64_t log_need = 0;
+  for (const CopyOut& cp : pl.copies)
+    log_need = std::max<int64_t>(log_need, cp.dst + (int64_t)cp.rows * e->w->cfg.vocab_size);
+  if ((size_t)log_need * 4 > e->hlog.bytes) e->hlog.alloc(align_up((size_t)log_need * 4, 1 << 20), "logits (host)");
+  stage(e, pl, L);
+  CUDA_CHECK(cudaMemcpyAsync(e->din.p, e->hin.p, L.total, cudaMemcpyHostToDevice, e->stream));
+  if (use_graph) {
+    const int key = bucket * 2 + (pl.all_greedy ? 1 : 0);
+    auto it = e->graph_execs.find(key);
+    if (it == e->graph_execs.end()) {
+      // Replays see other lengths: size the splits for the longest possible row.
+      const int splits = decode_splits(bucket, e->w->cfg.heads, e->sms, e->max_len);
+      cudaGraphExec_t ex = nullptr;
+      cudaGraph_t g = nullptr;
+      CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+      try {
+        run_forward(e, pl, L, splits, true);
+      } catch (...) {
+        cudaStreamEndCapture(e->stream, &g);
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        throw;
+      }
+      cudaError_t err = cudaStreamEndCapture(e->stream, &g);
+      if (err == cudaSuccess) err = cudaGraphInstantiate(&ex, g, 0);
+      if (g) cudaGraphDestroy(g);
+      CUDA_CHECK(err);
+      it = e->graph_execs.emplace(key, ex).first;
+    }
+    CUDA_CHECK(cudaGraphLaunch(it->second, e->stream));
+  } else {
+    int parts = decode_splits(std::max<int>(1, (int)pl.dec_rows.size()), e->w->cfg.heads, e->sms,
+                              pl.max_len);
+    run_forward(e, pl, L, parts, false);
+  }
+  CUDA_CHECK(cudaMemcpyAsync(e->htok.p, e->dtok.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
+  CUDA_CHECK(cudaMemcpyAsync(e->hlp.p, e->dlp.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
+  CUDA_CHECK(cudaStreamSynchronize(e->stream));
+  const int32_t* tok = e->htok.as<int32_t>();
+  const float* lp = e->hlp.as<float>();
+  for (int s = 0; s < pl.s; s++) {
+    const bool sample = in->seqs[s].flags & GOLLM_SEQ_SAMPLE;
+    if (sample && tok[s] == -2) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "sequence %d: every token is masked (bad words, min length and bias leave "
+                    "no choice)", s);
+      throw Error(GOLLM_ERR_ALL_MASKED, buf);
+    }
+    out->tokens[s] = sample ? tok[s] : -1;
+    out->log_probs[s] = sample ? lp[s] : 0.f;
+  }
+  const int V = e->w->cfg.vocab_size;
+  for (const CopyOut& cp : pl.copies)
+    std::memcpy(out->logits + cp.dst, e->hlog.as<float>() + cp.dst, (size_t)cp.rows * V * 4);
+}
+
+// warmup readies a new engine for serving: every cuBLAS shape once, one prompt step and
+// one sampled step (the first launch of each kernel loads it), and the decode graph of
+// every batch bucket, greedy and sampled. Its steps use KV block 0 at position 0 onwards;
+// nothing has been stored in the pool yet.
+void warmup(gollm_engine* e, gollm_engine_info& inf) {
+  const auto t0 = std::chrono::steady_clock::now();
+  DeviceGuard dg(e->device);
+  inf.warmup_gemm_shapes = warmup_gemms(e);
+  const int T = e->geom.tokens_per_block;
+  std::vector<gollm_seq> seqs;
+  std::vector<int32_t> tokens, blocks;
+  std::vector<int32_t> otok(e->max_seqs);
+  std::vector<float> olp(e->max_seqs);
+  // run: b sequences of k tokens from position 0, greedy or sampled at temperature 1.
+  auto run = [&](int b, int k, bool greedy) {
+    const int nblk = (k + T - 1) / T;
+    seqs.assign(b, gollm_seq{});
+    tokens.assign((size_t)b * k, 0);
+    blocks.assign(nblk, 0);
+    for (int i = 0; i < nblk; i++) blocks[i] = i;
+    for (int s = 0; s < b; s++) {
+      gollm_seq& q = seqs[s];
+      q.token_offset = s * k, q.token_count = k;
+      q.block_offset = 0, q.block_count = nblk;
+      q.flags = GOLLM_SEQ_SAMPLE;
+      q.temperature = greedy ? 0.f : 1.f;
+      q.bias_offset = -1;
+      q.uniform = 0.5;
+    }
+    gollm_step_in in{};
+    in.num_seqs = b, in.seqs = seqs.data();
+    in.num_tokens = (int32_t)tokens.size(), in.tokens = tokens.data();
+    in.num_block_ids = nblk, in.block_ids = blocks.data();
+    gollm_step_out o{};
+    o.tokens = otok.data(), o.log_probs = olp.data();
+    step(e, &in, &o);
+  };
+  // A prompt through cuBLAS (more than kGemvMaxRows tokens) where the limits allow.
+  const int k = std::min({16, e->max_tokens, e->max_len, T * e->num_blocks});
+  run(1, k, false);
+  const int top = std::min(e->max_seqs, e->max_tokens);
+  for (int b = 1;; b = std::min(2 * b, top)) {
+    run(b, 1, true);
+    run(b, 1, false);
+    if (b == top) break;
+  }
+  inf.warmup_graphs = (int32_t)e->graph_execs.size();
+  inf.warmup_ms = std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace gollm

@@ -1,0 +1,520 @@
+// Package cpu is gollm's pure-Go reference engine: a float32 forward pass over a paged KV
+// pool, and sampling, with the matmuls spread over GOMAXPROCS goroutines. It runs any
+// architecture model.Config describes — LayerNorm or RMSNorm, learned or rotary
+// positions, multi-head, multi-query or grouped-query attention with an optional sliding
+// window, a plain or gated MLP, a tied or separate LM head — from the descriptor alone.
+package cpu
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"slices"
+	"sync"
+
+	"gollm/engine"
+	"gollm/model"
+)
+
+// Engine is the CPU engine.
+//
+// Step is meant to be called from one goroutine at a time (the batch manager's worker);
+// a mutex serialises concurrent calls, so they are safe but do not run in parallel.
+// The scratch buffers of one Step are reused by the next, so a steady decode loop
+// allocates little besides the returned outputs. Engines made by New on one Weights
+// step in parallel: each has its own mutex, KV pool and scratch.
+type Engine struct {
+	// mu serialises Step and Close.
+	mu sync.Mutex
+	// closed is set by Close.
+	closed bool
+	// info is what Info returns.
+	info engine.Info
+	// w holds the weights, shared with the other engines made on them; read-only.
+	w *Weights
+	// kv is the paged KV pool, laid out [block][layer][K,V][kv head][slot][head dim]
+	// so that one head's keys within a block are contiguous for attention.
+	kv []float32
+	// s holds the buffers reused across steps.
+	s scratch
+	// check validates each batch's structure before it runs.
+	check *engine.BatchChecker
+}
+
+// rowInfo places one new token of the batch.
+type rowInfo struct {
+	// seq is the index of its sequence in Batch.Seqs.
+	seq int
+	// pos is its position in the sequence.
+	pos int
+}
+
+// scratch holds one step's working buffers; they grow to the largest batch seen.
+type scratch struct {
+	// rows places each token row of the step.
+	rows []rowInfo
+	// h is the residual stream [N][hidden].
+	h buf
+	// xn is a norm's output [N][hidden].
+	xn buf
+	// qkv is the fused projection [N][QKVWidth].
+	qkv buf
+	// att is the attention output [N][heads·head_dim].
+	att buf
+	// tmp is a projection output before the residual add [N][hidden].
+	tmp buf
+	// up is the MLP's first projection [N][inner, or 2·inner when gated].
+	up buf
+	// act is the gated MLP's activation [N][inner] (the plain MLP activates up in place).
+	act buf
+	// hf holds the final norm of the rows whose logits are needed [M][hidden].
+	hf buf
+	// logits holds the logits of rows that are sampled but not returned as context
+	// logits [M][vocab].
+	logits buf
+	// lmIn and lmOut are the row views the LM head reads and writes this step.
+	lmIn, lmOut [][]float32
+	// lastLogits is, per sequence, its last row's logits (nil when not computed).
+	lastLogits [][]float32
+	// scores are per-worker attention score buffers [MaxSeqLen].
+	scores [][]float32
+	// samplers hold the sampling buffers, one per goroutine.
+	samplers []*engine.Sampler
+	// errs collects the sampling errors of one step, per sequence.
+	errs []error
+}
+
+// buf is a row-major matrix with per-row views, regrown only when too small.
+type buf struct {
+	// data holds the rows back to back.
+	data []float32
+	// rows are views of data, one per row.
+	rows [][]float32
+}
+
+// resize makes b hold n rows of width w, reusing its memory when it is big enough.
+func (b *buf) resize(n, w int) {
+	if cap(b.data) < n*w {
+		b.data = make([]float32, n*w)
+	}
+	b.data = b.data[:n*w]
+	if cap(b.rows) < n {
+		b.rows = make([][]float32, n)
+	}
+	b.rows = b.rows[:n]
+	for i := range b.rows {
+		b.rows[i] = b.data[i*w : (i+1)*w : (i+1)*w]
+	}
+}
+
+// maxKVFloats caps the KV pool (2^36 floats, 256 GiB) so that a wrong size fails with
+// an error instead of an allocation panic.
+const maxKVFloats = 1 << 36
+
+// NewFromModel builds an engine over m's weights with a KV pool of kv.NumBlocks blocks
+// of kv.TokensPerBlock positions: NewWeights then New, for a caller that runs one engine
+// on the model.
+func NewFromModel(m *model.Float32, kv engine.KVConfig) (*Engine, error) {
+	w, err := NewWeights(m)
+	if err != nil {
+		return nil, err
+	}
+	return New(w, kv)
+}
+
+// New builds a CPU engine on shared weights with its own KV pool of kv.NumBlocks blocks
+// of kv.TokensPerBlock positions.
+func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
+	if w == nil {
+		return nil, errors.New("cpu: New: nil weights")
+	}
+	cfg := &w.cfg
+	if kv.NumBlocks < 1 {
+		return nil, fmt.Errorf("cpu: New: KVConfig.NumBlocks is %d, must be at least 1", kv.NumBlocks)
+	}
+	if kv.TokensPerBlock < 1 {
+		return nil, fmt.Errorf("cpu: New: KVConfig.TokensPerBlock is %d, must be at least 1", kv.TokensPerBlock)
+	}
+	maxLen := cfg.MaxPositions
+	if kv.MaxSeqLen != 0 {
+		if kv.MaxSeqLen < 1 || kv.MaxSeqLen > cfg.MaxPositions {
+			return nil, fmt.Errorf("cpu: New: KVConfig.MaxSeqLen %d must be in [1, %d] (the model's positions)", kv.MaxSeqLen, cfg.MaxPositions)
+		}
+		maxLen = kv.MaxSeqLen
+	}
+	perBlock := int64(kv.TokensPerBlock) * int64(cfg.Layers) * 2 * int64(cfg.KVHeads) * int64(cfg.HeadDim)
+	if perBlock > maxKVFloats || int64(kv.NumBlocks) > maxKVFloats/perBlock {
+		return nil, fmt.Errorf("cpu: New: KV pool of %d blocks × %d floats exceeds %d floats", kv.NumBlocks, perBlock, int64(maxKVFloats))
+	}
+	e := &Engine{
+		info: engine.Info{
+			VocabSize:      cfg.VocabSize,
+			MaxSeqLen:      maxLen,
+			Layers:         cfg.Layers,
+			KVHeads:        cfg.KVHeads,
+			HeadDim:        cfg.HeadDim,
+			NumBlocks:      kv.NumBlocks,
+			TokensPerBlock: kv.TokensPerBlock,
+			EndIDs:         cfg.EOSIDs,
+		},
+		w:  w,
+		kv: make([]float32, int64(kv.NumBlocks)*perBlock),
+	}
+	e.check = engine.NewBatchChecker(e.info, "cpu")
+	return e, nil
+}
+
+// Info describes the model and the pool.
+func (e *Engine) Info() engine.Info { return e.info }
+
+// Close frees the KV pool and drops the engine's reference to its weights, which are
+// freed once nothing else holds them; later Steps fail.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.closed = true
+	e.kv, e.w = nil, nil
+	e.s = scratch{}
+	return nil
+}
+
+// kvBase returns the offset in the pool of slot 0 of (block, layer, kind, kv head),
+// where kind is 0 for keys and 1 for values.
+func (e *Engine) kvBase(block, layer, kind, head int) int {
+	return (((block*e.w.cfg.Layers+layer)*2+kind)*e.w.cfg.KVHeads + head) * e.info.TokensPerBlock * e.w.cfg.HeadDim
+}
+
+// Step runs one iteration: the forward pass of every sequence's new tokens, all
+// batched into each matmul, the KV writes, the LM head for the rows whose logits are
+// needed, and sampling. A malformed batch fails the whole step before anything is
+// written to the KV pool.
+func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, errors.New("cpu: Step on a closed engine")
+	}
+	if b == nil {
+		return nil, errors.New("cpu: Step: nil batch")
+	}
+	n, err := e.check.Check(b)
+	if err != nil {
+		return nil, err
+	}
+	// Copy-on-write of KV blocks (beams that diverge inside a shared block) comes first:
+	// the forward pass may write the copies.
+	e.copyBlocks(b.BlockCopies)
+	outs := make([]engine.Output, len(b.Seqs))
+	if n == 0 {
+		return outs, nil
+	}
+	w := e.w
+	cfg := &w.cfg
+	H, V := cfg.Hidden, cfg.VocabSize
+	s := &e.s
+
+	// Place every new token and embed it.
+	s.rows = s.rows[:0]
+	for si := range b.Seqs {
+		sq := &b.Seqs[si]
+		for i := range sq.Tokens {
+			s.rows = append(s.rows, rowInfo{seq: si, pos: sq.Pos + i})
+		}
+	}
+	s.h.resize(n, H)
+	s.xn.resize(n, H)
+	s.qkv.resize(n, cfg.QKVWidth())
+	s.att.resize(n, cfg.AttnWidth())
+	s.tmp.resize(n, H)
+	upW, _, _ := cfg.Shape(model.RoleUp)
+	s.up.resize(n, upW)
+	if cfg.GatedMLP {
+		s.act.resize(n, cfg.Inner)
+	}
+	for r, ri := range s.rows {
+		tok := int(b.Seqs[ri.seq].Tokens[ri.pos-b.Seqs[ri.seq].Pos])
+		h, te := s.h.rows[r], w.embed[tok*H:(tok+1)*H]
+		copy(h, te)
+		if w.pos != nil {
+			pe := w.pos[ri.pos*H : (ri.pos+1)*H]
+			for j := range h {
+				h[j] += pe[j]
+			}
+		}
+	}
+
+	act := s.up.rows
+	if cfg.GatedMLP {
+		act = s.act.rows
+	}
+	for li := range w.layers {
+		l := &w.layers[li]
+		e.normRows(s.xn.rows, s.h.rows, l.attnNorm, l.attnNormB)
+		matmul(s.qkv.rows, s.xn.rows, l.qkv, H, cfg.QKVWidth(), l.qkvB)
+		if cfg.Positions == model.RotaryPositions {
+			e.rotate()
+		}
+		e.writeKV(b, li)
+		e.attention(b, li)
+		matmul(s.tmp.rows, s.att.rows, l.out, cfg.AttnWidth(), H, l.outB)
+		addRows(s.h.rows, s.tmp.rows)
+		e.normRows(s.xn.rows, s.h.rows, l.mlpNorm, l.mlpNormB)
+		matmul(s.up.rows, s.xn.rows, l.up, H, upW, l.upB)
+		parallelFor(n, 1, max(1, 4096/cfg.Inner), func(_, lo, hi int) {
+			for r := lo; r < hi; r++ {
+				if cfg.GatedMLP {
+					gatedApply(w.act, act[r], s.up.rows[r][:cfg.Inner], s.up.rows[r][cfg.Inner:])
+				} else {
+					w.act.apply(act[r])
+				}
+			}
+		})
+		matmul(s.tmp.rows, act, l.down, cfg.Inner, H, l.downB)
+		addRows(s.h.rows, s.tmp.rows)
+	}
+
+	// The LM head runs only on the rows whose logits someone reads: every row of a
+	// sequence that asks for context logits (written straight into its output), and
+	// the last row of the others that sample or return logits.
+	m, mScratch := 0, 0
+	for si := range b.Seqs {
+		sq := &b.Seqs[si]
+		switch {
+		case sq.ContextLogits:
+			m += len(sq.Tokens)
+		case sq.Sample || sq.ReturnLogits:
+			m++
+			mScratch++
+		}
+	}
+	s.hf.resize(m, H)
+	s.logits.resize(mScratch, V)
+	s.lmIn, s.lmOut = s.lmIn[:0], s.lmOut[:0]
+	if cap(s.lastLogits) < len(b.Seqs) {
+		s.lastLogits = make([][]float32, len(b.Seqs))
+	}
+	s.lastLogits = s.lastLogits[:len(b.Seqs)]
+	r0, k := 0, 0
+	for si := range b.Seqs {
+		sq := &b.Seqs[si]
+		s.lastLogits[si] = nil
+		switch {
+		case sq.ContextLogits:
+			out := make([]float32, len(sq.Tokens)*V)
+			outs[si].ContextLogits = out
+			for i := range sq.Tokens {
+				s.lmIn = append(s.lmIn, s.hf.rows[len(s.lmIn)])
+				e.norm(s.lmIn[len(s.lmIn)-1], s.h.rows[r0+i], w.finalNorm, w.finalNormB)
+				s.lmOut = append(s.lmOut, out[i*V:(i+1)*V:(i+1)*V])
+			}
+			s.lastLogits[si] = s.lmOut[len(s.lmOut)-1]
+		case sq.Sample || sq.ReturnLogits:
+			s.lmIn = append(s.lmIn, s.hf.rows[len(s.lmIn)])
+			e.norm(s.lmIn[len(s.lmIn)-1], s.h.rows[r0+len(sq.Tokens)-1], w.finalNorm, w.finalNormB)
+			s.lmOut = append(s.lmOut, s.logits.rows[k])
+			s.lastLogits[si] = s.logits.rows[k]
+			k++
+		}
+		r0 += len(sq.Tokens)
+	}
+	matmul(s.lmOut, s.lmIn, w.lmHead, H, V, nil)
+
+	// Sampling reads only its own sequence's row, so sequences are spread over the
+	// goroutines, each with its own sampler buffers.
+	for len(s.samplers) < runtime.GOMAXPROCS(0) {
+		s.samplers = append(s.samplers, engine.NewSampler(V))
+	}
+	if cap(s.errs) < len(b.Seqs) {
+		s.errs = make([]error, len(b.Seqs))
+	}
+	errs := s.errs[:len(b.Seqs)]
+	parallelFor(len(b.Seqs), 1, 1, func(w, lo, hi int) {
+		for si := lo; si < hi; si++ {
+			errs[si] = e.finish(&b.Seqs[si], s.lastLogits[si], s.samplers[w], &outs[si])
+		}
+	})
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return outs, nil
+}
+
+// copyBlocks copies whole KV blocks of the pool, in order (a block is contiguous: every
+// layer's keys and values of every KV head).
+func (e *Engine) copyBlocks(copies []engine.BlockCopy) {
+	if len(copies) == 0 {
+		return
+	}
+	size := e.kvBase(1, 0, 0, 0)
+	for _, c := range copies {
+		src, dst := int(c.Src)*size, int(c.Dst)*size
+		copy(e.kv[dst:dst+size], e.kv[src:src+size])
+	}
+}
+
+// norm writes the model's norm of x (weight g, bias b where it has one) into dst.
+func (e *Engine) norm(dst, x, g, b []float32) {
+	if e.w.cfg.Norm == model.RMSNorm {
+		rmsNorm(dst, x, g, e.w.cfg.NormEps)
+	} else {
+		layerNorm(dst, x, g, b, e.w.cfg.NormEps)
+	}
+}
+
+// normRows applies norm to every row.
+func (e *Engine) normRows(dst, x [][]float32, g, b []float32) {
+	for r := range x {
+		e.norm(dst[r], x[r], g, b)
+	}
+}
+
+// rotate applies the rotary embedding to the query and key heads of every row, at the
+// row's position: dimension i of a head pairs with i + Dim/2 (rotate_half).
+func (e *Engine) rotate() {
+	cfg := &e.w.cfg
+	D, half := cfg.HeadDim, cfg.Rope.Dim/2
+	heads := cfg.Heads + cfg.KVHeads // the query heads, then the key heads
+	inv := e.w.invFreq
+	for r, ri := range e.s.rows {
+		row := e.s.qkv.rows[r]
+		pos := float32(ri.pos)
+		for i := range half {
+			// The angle as transformers computes it: a float32 product, then cos and sin.
+			ang := float64(inv[i] * pos)
+			c, sn := float32(math.Cos(ang)), float32(math.Sin(ang))
+			for h := range heads {
+				x := row[h*D : h*D+2*half]
+				a, b := x[i], x[i+half]
+				x[i] = a*c - b*sn
+				x[i+half] = b*c + a*sn
+			}
+		}
+	}
+}
+
+// finish fills a sequence's output from its last row's logits: the returned logits
+// and, when it asks for one, the sampled token.
+func (e *Engine) finish(sq *engine.Sequence, last []float32, sp *engine.Sampler, out *engine.Output) error {
+	out.Token = -1
+	if last == nil {
+		return nil
+	}
+	if !sq.Sample {
+		if sq.ReturnLogits {
+			out.Logits = slices.Clone(last)
+			engine.AddBias(out.Logits, sq.Sampling.EmbeddingBias)
+		}
+		return nil
+	}
+	tok, lp, logits, err := sp.Sample(last, sq)
+	if err != nil {
+		return fmt.Errorf("cpu: sequence %d: %w", sq.ID, err)
+	}
+	out.Token, out.LogProb = tok, lp
+	if sq.ReturnLogits {
+		out.Logits = logits
+	}
+	return nil
+}
+
+// addRows adds src to dst row by row (the residual connection).
+func addRows(dst, src [][]float32) {
+	for r, d := range dst {
+		sr := src[r][:len(d)]
+		for j := range d {
+			d[j] += sr[j]
+		}
+	}
+}
+
+// writeKV stores the keys and values of layer li of every new token in its sequence's
+// KV blocks.
+func (e *Engine) writeKV(b *engine.Batch, li int) {
+	cfg := &e.w.cfg
+	D, T := cfg.HeadDim, e.info.TokensPerBlock
+	kOff, vOff := cfg.Heads*D, (cfg.Heads+cfg.KVHeads)*D
+	for r, ri := range e.s.rows {
+		blk := int(b.Seqs[ri.seq].Blocks[ri.pos/T])
+		slot := ri.pos % T
+		qkv := e.s.qkv.rows[r]
+		for h := range cfg.KVHeads {
+			kb := e.kvBase(blk, li, 0, h) + slot*D
+			vb := e.kvBase(blk, li, 1, h) + slot*D
+			copy(e.kv[kb:kb+D], qkv[kOff+h*D:kOff+(h+1)*D])
+			copy(e.kv[vb:vb+D], qkv[vOff+h*D:vOff+(h+1)*D])
+		}
+	}
+}
+
+// attention computes, for every new token and query head, causal softmax attention over
+// its sequence's cached keys and values of the head's KV head (query head h reads KV
+// head h / (heads / kv_heads)), at positions from the layer's window start to pos, into
+// s.att. The (token, head) pairs are spread over the goroutines; each reads its
+// sequence's blocks in order.
+func (e *Engine) attention(b *engine.Batch, li int) {
+	s := &e.s
+	cfg := &e.w.cfg
+	heads, D, T := cfg.Heads, cfg.HeadDim, e.info.TokensPerBlock
+	group := cfg.Heads / cfg.KVHeads
+	window := cfg.LayerWindow(li)
+	workers := runtime.GOMAXPROCS(0)
+	for len(s.scores) < workers {
+		s.scores = append(s.scores, make([]float32, e.info.MaxSeqLen))
+	}
+	scale := float32(1 / math.Sqrt(float64(D)))
+	// The work of a row grows with its position; weigh chunks by a typical length.
+	minItems := max(1, 8192/max(1, D*(s.rows[len(s.rows)-1].pos+1)))
+	parallelFor(len(s.rows)*heads, 1, minItems, func(w, lo, hi int) {
+		scores := s.scores[w]
+		for it := lo; it < hi; it++ {
+			r, h := it/heads, it%heads
+			kvh := h / group
+			ri := s.rows[r]
+			blocks := b.Seqs[ri.seq].Blocks
+			q := s.qkv.rows[r][h*D : (h+1)*D]
+			first := 0
+			if window > 0 {
+				first = max(0, ri.pos-window+1)
+			}
+			sc := scores[first : ri.pos+1]
+			best := float32(math.Inf(-1))
+			for t := first; t <= ri.pos; {
+				base := e.kvBase(int(blocks[t/T]), li, 0, kvh)
+				slot := t % T
+				cnt := min(T-slot, ri.pos+1-t)
+				keys := e.kv[base+slot*D : base+(slot+cnt)*D]
+				for j := range cnt {
+					v := dot(q, keys[j*D:(j+1)*D]) * scale
+					sc[t-first+j] = v
+					best = max(best, v)
+				}
+				t += cnt
+			}
+			var sum float32
+			for i, v := range sc {
+				p := float32(expFast(float64(v - best)))
+				sc[i] = p
+				sum += p
+			}
+			out := s.att.rows[r][h*D : (h+1)*D]
+			clear(out)
+			for t := first; t <= ri.pos; {
+				base := e.kvBase(int(blocks[t/T]), li, 1, kvh)
+				slot := t % T
+				cnt := min(T-slot, ri.pos+1-t)
+				vals := e.kv[base+slot*D : base+(slot+cnt)*D]
+				for j := range cnt {
+					axpy(out, sc[t-first+j], vals[j*D:(j+1)*D])
+				}
+				t += cnt
+			}
+			inv := 1 / sum
+			for j := range out {
+				out[j] *= inv
+			}
+		}
+	})
+}

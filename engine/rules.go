@@ -1,0 +1,98 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"slices"
+)
+
+// The sampling rules every engine follows. A sequence's logits pass through, in order:
+// the embedding bias; the repetition, presence and frequency penalties over its
+// History; the masks (every end token while fewer than MinLength tokens have been
+// generated, and the last token of each bad word whose other tokens end the history);
+// then either greedy choice (Temperature 0 or TopK 1) or temperature → top-k → top-p →
+// a draw. The draw reads Uniform(Seed, NumGenerated), a counter-based random stream, so
+// a sequence's tokens depend only on its own parameters and history, never on the rest
+// of the batch. The CPU engine implements the rules in Go (engine/cpu), the GPU engine
+// in CUDA, with the masks decided here for both.
+
+// Validate checks p for a vocabulary of v tokens. The CPU and GPU engines refuse a
+// sequence whose settings fail it; the batch manager checks requests with it first, so
+// that one bad request fails alone rather than failing a whole batch's step.
+func (p *SamplingParams) Validate(v int) error {
+	finite := func(x float32) bool { return !math.IsNaN(float64(x)) && !math.IsInf(float64(x), 0) }
+	switch {
+	case !finite(p.Temperature) || p.Temperature < 0:
+		return fmt.Errorf("temperature %g must be finite and ≥ 0", p.Temperature)
+	case p.TopK < 0:
+		return fmt.Errorf("top_k %d must be ≥ 0", p.TopK)
+	case !(p.TopP >= 0 && p.TopP <= 1):
+		return fmt.Errorf("top_p %g must be in [0, 1]", p.TopP)
+	case !finite(p.RepetitionPenalty) || p.RepetitionPenalty < 0:
+		return fmt.Errorf("repetition_penalty %g must be finite and ≥ 0", p.RepetitionPenalty)
+	case !finite(p.PresencePenalty):
+		return fmt.Errorf("presence_penalty %g must be finite", p.PresencePenalty)
+	case !finite(p.FrequencyPenalty):
+		return fmt.Errorf("frequency_penalty %g must be finite", p.FrequencyPenalty)
+	case p.MinLength < 0:
+		return fmt.Errorf("min_length %d must be ≥ 0", p.MinLength)
+	case len(p.EmbeddingBias) != 0 && len(p.EmbeddingBias) != v:
+		return fmt.Errorf("embedding_bias has %d values, want the vocabulary size %d", len(p.EmbeddingBias), v)
+	}
+	for _, id := range p.EndIDs {
+		if id < 0 || int(id) >= v {
+			return fmt.Errorf("end_id %d must be in [0, %d)", id, v)
+		}
+	}
+	for i, b := range p.EmbeddingBias {
+		if math.IsNaN(float64(b)) || math.IsInf(float64(b), 1) {
+			return fmt.Errorf("embedding_bias[%d] = %g must be finite or -Inf", i, b)
+		}
+	}
+	for i, word := range p.BadWords {
+		if len(word) == 0 {
+			return fmt.Errorf("bad_words[%d] is empty", i)
+		}
+		for j, t := range word {
+			if t < 0 || int(t) >= v {
+				return fmt.Errorf("bad_words[%d][%d] = %d is outside the vocabulary [0, %d)", i, j, t, v)
+			}
+		}
+	}
+	return nil
+}
+
+// AppendMasks appends the tokens the masks forbid at sq's next token: the end tokens
+// while fewer than MinLength tokens have been generated, and the last token of every bad
+// word whose other tokens end the history (a one-token bad word always).
+func AppendMasks(dst []int32, sq *Sequence) []int32 {
+	p := &sq.Sampling
+	if sq.NumGenerated < p.MinLength {
+		dst = append(dst, p.EndIDs...)
+	}
+	for _, word := range p.BadWords {
+		prefix := word[:len(word)-1]
+		if len(sq.History) >= len(prefix) && slices.Equal(sq.History[len(sq.History)-len(prefix):], prefix) {
+			dst = append(dst, word[len(word)-1])
+		}
+	}
+	return dst
+}
+
+// mix64 is splitmix64's finaliser: a bijection of uint64 with full avalanche.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// Uniform returns the draw in [0, 1) of step n of the random stream seed: a hash of
+// the pair, so any step can be drawn without the ones before it. Every engine draws its
+// sampling numbers from it, so that they all draw the same.
+func Uniform(seed uint64, n int) float64 {
+	x := mix64(mix64(seed+0x9e3779b97f4a7c15) ^ (uint64(n)+1)*0xd1b54a32d192ed03)
+	return float64(x>>11) / (1 << 53)
+}

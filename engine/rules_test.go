@@ -1,0 +1,81 @@
+package engine
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+func TestValidateNamesTheBrokenSetting(t *testing.T) {
+	nan := float32(math.NaN())
+	for _, tc := range []struct {
+		name   string
+		mutate func(p *SamplingParams)
+		want   string
+	}{
+		{"a negative temperature", func(p *SamplingParams) { p.Temperature = -1 }, "temperature"},
+		{"a NaN temperature", func(p *SamplingParams) { p.Temperature = nan }, "temperature"},
+		{"a negative top_k", func(p *SamplingParams) { p.TopK = -3 }, "top_k"},
+		{"top_p above one", func(p *SamplingParams) { p.TopP = 1.5 }, "top_p"},
+		{"a negative repetition penalty", func(p *SamplingParams) { p.RepetitionPenalty = -1 }, "repetition_penalty"},
+		{"a NaN presence penalty", func(p *SamplingParams) { p.PresencePenalty = nan }, "presence_penalty"},
+		{"an infinite frequency penalty", func(p *SamplingParams) { p.FrequencyPenalty = float32(math.Inf(1)) }, "frequency_penalty"},
+		{"a negative min length", func(p *SamplingParams) { p.MinLength = -1 }, "min_length"},
+		{"an end id beyond the vocabulary", func(p *SamplingParams) { p.EndIDs = []int32{2, 300} }, "end_id 300"},
+		{"an embedding bias of the wrong length", func(p *SamplingParams) { p.EmbeddingBias = make([]float32, 299) }, "embedding_bias has 299 values"},
+		{"a NaN in the embedding bias", func(p *SamplingParams) {
+			p.EmbeddingBias = make([]float32, 300)
+			p.EmbeddingBias[7] = nan
+		}, "embedding_bias[7]"},
+		{"an empty bad word", func(p *SamplingParams) { p.BadWords = [][]int32{{5}, {}} }, "bad_words[1] is empty"},
+		{"a bad word beyond the vocabulary", func(p *SamplingParams) { p.BadWords = [][]int32{{5, 301}} }, "bad_words[0][1] = 301"},
+	} {
+		t.Run("refuses "+tc.name, func(t *testing.T) {
+			p := SamplingParams{Temperature: 1, EndIDs: []int32{2}}
+			if err := p.Validate(300); err != nil {
+				t.Fatalf("the good settings fail: %v", err)
+			}
+			tc.mutate(&p)
+			err := p.Validate(300)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Validate = %v, want an error naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestAppendMasks(t *testing.T) {
+	sq := Sequence{History: []int32{4, 7, 9}, NumGenerated: 1,
+		Sampling: SamplingParams{MinLength: 2, EndIDs: []int32{5, 6}, BadWords: [][]int32{{3}, {7, 9, 11}, {9, 12}, {8, 13}}}}
+	got := AppendMasks(nil, &sq)
+	want := []int32{5, 6, 3, 11, 12}
+	if len(got) != len(want) {
+		t.Fatalf("masks %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("masks %v, want %v", got, want)
+		}
+	}
+	sq.NumGenerated = 2
+	if got := AppendMasks(nil, &sq); len(got) != 3 {
+		t.Errorf("after min length: masks %v, want the bad words' 3, 11, 12 only", got)
+	}
+}
+
+func TestUniformDrawsAreUniform(t *testing.T) {
+	const n = 20000
+	var buckets [10]int
+	for i := range n {
+		u := Uniform(uint64(i/100), i%100)
+		if u < 0 || u >= 1 {
+			t.Fatalf("Uniform(%d, %d) = %g outside [0, 1)", i/100, i%100, u)
+		}
+		buckets[int(u*10)]++
+	}
+	for b, c := range buckets {
+		if c < n/10-300 || c > n/10+300 {
+			t.Errorf("bucket %d holds %d of %d draws, want about %d", b, c, n, n/10)
+		}
+	}
+}

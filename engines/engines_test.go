@@ -1,0 +1,129 @@
+package engines
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"gollm/engine"
+	"gollm/engine/cpu"
+)
+
+// settings are small CPU engine settings.
+var settings = Settings{TokensPerBlock: 16, MaxSeqs: 4, MaxSeqLen: 128}
+
+func TestCPUEnginesShareOneCopyOfTheWeights(t *testing.T) {
+	m, err := Open("../testdata/gpt2-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two instances start at once, as Triton may create them.
+	got := make([]engine.Engine, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range got {
+		wg.Go(func() { got[i], errs[i] = m.NewEngine(CPU, 0, settings) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer got[i].Close()
+	}
+	if m.cpu == nil || got[0] == got[1] {
+		t.Fatal("the engines are not two engines on one model's weights")
+	}
+	w := m.cpu
+	if e, err := m.NewEngine(CPU, 0, settings); err != nil || m.cpu != w {
+		t.Errorf("a third engine reloaded the weights (%v)", err)
+	} else {
+		e.Close()
+	}
+	info := got[0].Info()
+	if info.TokensPerBlock != 16 || info.MaxSeqLen != 128 || info.NumBlocks != 32 {
+		t.Errorf("info %+v: want 16 positions a block, 128 positions, 4×128/16 = 32 blocks", info)
+	}
+}
+
+func TestTheDefaultCPUPoolFitsInAQuarterOfTheMemory(t *testing.T) {
+	m, err := Open("../testdata/llama-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	perToken := int64(m.cfg.Layers * 2 * m.cfg.KVHeads * m.cfg.HeadDim * 4)
+	total, err := memTotal()
+	if err != nil {
+		t.Skip("no /proc/meminfo:", err)
+	}
+	s := settings
+	s.MaxSeqs = 1 << 30 // far beyond what fits
+	got := int64(m.defaultCPUTokens(s))
+	if got*perToken > total/4 || got < int64(s.MaxSeqLen) {
+		t.Errorf("%d tokens of %d bytes for a machine of %d bytes", got, perToken, total)
+	}
+	s.MaxSeqs = 2
+	if got := m.defaultCPUTokens(s); got != 2*128 {
+		t.Errorf("%d tokens for 2 sequences of 128, want 256", got)
+	}
+}
+
+func TestABadCheckpointFailsAtOpenNamingTheProblem(t *testing.T) {
+	raw, err := os.ReadFile("../testdata/gpt2-tiny/config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tensors, err := os.ReadFile("../testdata/gpt2-tiny/model.safetensors")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, from, to, want string
+	}{
+		{"an MLP width the tensors do not have", `"n_inner": null`, `"n_inner": 128`, "h.0.mlp.c_fc.weight"},
+		{"an epsilon that overflows float32", `"layer_norm_epsilon": 1e-05`, `"layer_norm_epsilon": 1e300`, "field layer_norm_epsilon"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			config := strings.Replace(string(raw), tc.from, tc.to, 1)
+			if config == string(raw) {
+				t.Fatalf("config.json has no %s", tc.from)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(config), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "model.safetensors"), tensors, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			m, err := Open(dir)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), dir) {
+				t.Fatalf("Open = %v, %v; want an error naming %s and %q", m, err, dir, tc.want)
+			}
+		})
+	}
+}
+
+func TestEveryFixtureRunsOnTheCPU(t *testing.T) {
+	for _, dir := range []string{"gpt2-tiny", "llama-tiny", "llama3-tiny", "qwen2-tiny", "mistral-tiny"} {
+		t.Run(dir, func(t *testing.T) {
+			m, err := Open(filepath.Join("..", "testdata", dir))
+			if err != nil {
+				t.Fatal(err)
+			}
+			e, err := m.NewEngine(CPU, 0, settings)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			if _, ok := e.(*cpu.Engine); !ok {
+				t.Fatalf("%T is not the CPU engine", e)
+			}
+			outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{{Tokens: []int32{1, 2, 3}, Blocks: []int32{0}, Sample: true}}})
+			if err != nil || outs[0].Token < 0 {
+				t.Fatalf("Step = %v, %v", outs, err)
+			}
+		})
+	}
+}
