@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,8 +44,13 @@ type modelInfo struct {
 	tokErr error
 	// vocab is the model's vocabulary size (config.json), 0 when unknown.
 	vocab int
-	// maxSeqLen is the model's longest sequence (config.json), 0 when unknown.
+	// maxSeqLen is the longest sequence the backend serves (config.json's positions,
+	// bounded by the model's max_seq_len parameter), 0 when unknown.
 	maxSeqLen int
+	// samples says the checkpoint's generation_config.json samples by default
+	// (do_sample), so the backend applies its temperature and top-p to requests that
+	// leave them out.
+	samples bool
 	// fetched is when the description was read from Triton.
 	fetched time.Time
 	// created is when the frontend first saw the model, for /v1/models.
@@ -63,6 +70,8 @@ type checkpointFiles struct {
 	tokErr error
 	// vocab and maxSeqLen are from config.json (0 when unknown).
 	vocab, maxSeqLen int
+	// samples is generation_config.json's do_sample.
+	samples bool
 }
 
 // registry describes Triton's models to the handlers, caching what it read.
@@ -175,7 +184,8 @@ func (r *registry) describe(cfg *kserve.ModelConfig, version string) *modelInfo 
 		return mi
 	}
 	f := r.checkpointFiles(mi.checkpoint)
-	mi.chat, mi.chatErr, mi.tok, mi.tokErr, mi.vocab, mi.maxSeqLen = f.chat, f.chatErr, f.tok, f.tokErr, f.vocab, f.maxSeqLen
+	mi.chat, mi.chatErr, mi.tok, mi.tokErr, mi.vocab, mi.samples = f.chat, f.chatErr, f.tok, f.tokErr, f.vocab, f.samples
+	mi.maxSeqLen = servedSeqLen(f.maxSeqLen, cfg.GetParameters()["max_seq_len"].GetStringValue())
 	return mi
 }
 
@@ -231,10 +241,31 @@ func (r *registry) checkpointFiles(dir string) *checkpointFiles {
 			f.vocab, f.maxSeqLen = c.VocabSize, max(c.NPositions, c.MaxPositionEmbeddings)
 		}
 	}
+	if gen, err := model.LoadGeneration(dir, f.vocab); err != nil {
+		r.log.Warn("generation_config.json unreadable: OpenAI's sampling defaults apply", zap.String("checkpoint", dir), zap.Error(err))
+	} else {
+		f.samples = gen.Sample
+	}
 	r.mu.Lock()
 	r.files[dir] = f
 	r.mu.Unlock()
 	return f
+}
+
+// backendMaxSeqLen is the backend's default bound on max_seq_len (backend/config.go's
+// defaultMaxSeqLen), which a checkpoint with more positions is served at.
+const backendMaxSeqLen = 8192
+
+// servedSeqLen is the longest sequence the backend serves for a checkpoint of positions
+// positions (0: unknown) and the model's max_seq_len parameter ("" when absent).
+func servedSeqLen(positions int, param string) int {
+	if positions <= 0 {
+		return 0
+	}
+	if n, err := strconv.Atoi(strings.TrimSpace(param)); err == nil && n > 0 {
+		return min(positions, n)
+	}
+	return min(positions, backendMaxSeqLen)
 }
 
 // list returns the ready models that take text (text_input → text_output).

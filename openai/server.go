@@ -188,7 +188,7 @@ func requestID(r *http.Request) (string, *APIError) {
 // params validates the fields completions and chat share and returns the settings
 // every choice starts from, and n.
 func (s *Server) params(mi *modelInfo, f *samplingFields, maxTokens *int, maxTokensName string) (*genParams, int, *APIError) {
-	p := &genParams{temperature: 1, topP: 1}
+	p := &genParams{}
 	n := 1
 	if f.N != nil {
 		n = *f.N
@@ -207,18 +207,23 @@ func (s *Server) params(mi *modelInfo, f *samplingFields, maxTokens *int, maxTok
 		if !(t >= 0 && t <= 2) {
 			return nil, 0, invalid("temperature", "temperature must be between 0 and 2, got %v", t)
 		}
-		p.temperature = float32(t)
+		p.temperature = ptr(float32(t))
 	}
 	if f.TopP != nil {
 		tp := *f.TopP
 		if !(tp >= 0 && tp <= 1) {
 			return nil, 0, invalid("top_p", "top_p must be between 0 and 1, got %v", tp)
 		}
-		p.topP = float32(tp)
+		p.topP = ptr(float32(tp))
 		if tp == 0 {
 			// The smallest nucleus is the most likely token alone: greedy, exactly.
-			p.temperature = 0
+			p.temperature = ptr(float32(0))
 		}
+	}
+	if p.temperature == nil && !mi.samples {
+		// OpenAI's default temperature, where the checkpoint does not say to sample
+		// (the backend would decode greedily); a checkpoint that does gives its own.
+		p.temperature = ptr(float32(1))
 	}
 	for name, v := range map[string]*float64{"presence_penalty": f.PresencePenalty, "frequency_penalty": f.FrequencyPenalty} {
 		if v != nil && !(*v >= -2 && *v <= 2) {
@@ -489,6 +494,9 @@ func streamPieces(w http.ResponseWriter, g *generation, id string, n int, includ
 	}
 	sse.done()
 }
+
+// ptr returns a pointer to v.
+func ptr[T any](v T) *T { return &v }
 
 // finishPtr returns a pointer to the reason, nil for "".
 func finishPtr(reason string) *string {

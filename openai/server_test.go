@@ -147,28 +147,92 @@ func TestStatuses(t *testing.T) {
 	}
 }
 
-// TestBuildRequest checks the tensors a choice sends: text, max_tokens, stream, the
-// sampling inputs only when they differ from the backend's defaults, and a refusal
-// when the model lacks an input.
+// TestBuildRequest checks the tensors a choice sends: text, max_tokens and stream;
+// temperature whenever it is set (0 too: a model's default may be to sample); the seed
+// and top_p only when sampling; and a refusal when the model lacks an input.
 func TestBuildRequest(t *testing.T) {
 	resp, _ := (&fakeTriton{}).ModelConfig(context.Background(), &kserve.ModelConfigRequest{Name: "m"})
 	r := &registry{overrides: map[string]string{}}
 	mi := r.describe(resp.Config, "1")
-	req, err := buildRequest(mi, &genParams{prompt: "hi", maxTokens: 3, temperature: 0.5, topP: 1, seed: 9, requestID: "x"})
-	if err != nil {
-		t.Fatal(err)
+	for _, c := range []struct {
+		name   string
+		p      genParams
+		inputs string
+	}{
+		{"sampling at a temperature", genParams{temperature: ptr(float32(0.5)), seed: 9}, "text_input,max_tokens,stream,temperature,random_seed"},
+		{"with a nucleus", genParams{temperature: ptr(float32(0.5)), topP: ptr(float32(0.9)), seed: 9}, "text_input,max_tokens,stream,temperature,random_seed,runtime_top_p"},
+		{"greedy sends temperature 0 and no seed", genParams{temperature: ptr(float32(0)), topP: ptr(float32(0.9))}, "text_input,max_tokens,stream,temperature"},
+		{"the model's defaults send only the seed", genParams{seed: 9}, "text_input,max_tokens,stream,random_seed"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := c.p
+			p.prompt, p.maxTokens, p.requestID = "hi", 3, "x"
+			req, err := buildRequest(mi, &p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, in := range req.Inputs {
+				names = append(names, in.Name)
+			}
+			if got := strings.Join(names, ","); got != c.inputs {
+				t.Errorf("inputs %s, want %s", got, c.inputs)
+			}
+			if string(req.RawInputContents[0][4:]) != "hi" || req.Id != "x" {
+				t.Errorf("text_input %q, id %q", req.RawInputContents[0], req.Id)
+			}
+		})
 	}
-	var names []string
-	for _, in := range req.Inputs {
-		names = append(names, in.Name)
-	}
-	if got := strings.Join(names, ","); got != "text_input,max_tokens,stream,temperature,random_seed" {
-		t.Errorf("inputs %s", got)
-	}
-	if string(req.RawInputContents[0][4:]) != "hi" || req.Id != "x" {
-		t.Errorf("text_input %q, id %q", req.RawInputContents[0], req.Id)
-	}
-	if _, err := buildRequest(mi, &genParams{prompt: "hi", maxTokens: 3, presence: 1, topP: 1}); err == nil || !strings.Contains(err.Error(), "presence_penalty") {
+	if _, err := buildRequest(mi, &genParams{prompt: "hi", maxTokens: 3, presence: 1}); err == nil || !strings.Contains(err.Error(), "presence_penalty") {
 		t.Errorf("a model without presence_penalty: %v", err)
+	}
+}
+
+// TestSamplingDefaults checks what a request that leaves temperature out gets:
+// OpenAI's 1 on a checkpoint that decodes greedily by default, the checkpoint's own
+// defaults (nothing sent) on one whose generation_config.json samples; and that top_p 0
+// is greedy.
+func TestSamplingDefaults(t *testing.T) {
+	s := New(Config{Triton: &fakeTriton{}})
+	temp := func(mi *modelInfo, f samplingFields) *float32 {
+		t.Helper()
+		p, _, api := s.params(mi, &f, nil, "max_tokens")
+		if api != nil {
+			t.Fatal(api)
+		}
+		return p.temperature
+	}
+	if got := temp(&modelInfo{}, samplingFields{}); got == nil || *got != 1 {
+		t.Errorf("greedy checkpoint, no temperature: %v, want 1", got)
+	}
+	if got := temp(&modelInfo{samples: true}, samplingFields{}); got != nil {
+		t.Errorf("sampling checkpoint, no temperature: %v, want none sent", *got)
+	}
+	if got := temp(&modelInfo{samples: true}, samplingFields{Temperature: ptr(0.0)}); got == nil || *got != 0 {
+		t.Errorf("sampling checkpoint, temperature 0: %v, want 0", got)
+	}
+	if got := temp(&modelInfo{samples: true}, samplingFields{TopP: ptr(0.0)}); got == nil || *got != 0 {
+		t.Errorf("top_p 0: temperature %v, want 0 (greedy)", got)
+	}
+}
+
+// TestServedSeqLen checks the longest sequence the frontend assumes the backend serves.
+func TestServedSeqLen(t *testing.T) {
+	for _, c := range []struct {
+		positions int
+		param     string
+		want      int
+	}{
+		{1024, "", 1024},
+		{131072, "", 8192},
+		{131072, "32768", 32768},
+		{1024, "4096", 1024},
+		{1024, "256", 256},
+		{1024, "junk", 1024},
+		{0, "256", 0},
+	} {
+		if got := servedSeqLen(c.positions, c.param); got != c.want {
+			t.Errorf("servedSeqLen(%d, %q) = %d, want %d", c.positions, c.param, got, c.want)
+		}
 	}
 }

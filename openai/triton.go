@@ -45,10 +45,11 @@ type genParams struct {
 	prompt string
 	// maxTokens bounds the generated tokens.
 	maxTokens int
-	// temperature is the sampling temperature; 0 is greedy.
-	temperature float32
-	// topP is the nucleus; 1 means none.
-	topP float32
+	// temperature is the sampling temperature, 0 greedy; nil leaves it to the model's
+	// default (its generation_config.json's).
+	temperature *float32
+	// topP is the nucleus; nil leaves it to the model's default.
+	topP *float32
 	// seed is the sampling seed.
 	seed uint64
 	// presence and frequency are the penalties.
@@ -142,17 +143,20 @@ func buildRequest(mi *modelInfo, p *genParams) (*kserve.ModelInferRequest, error
 		}
 	}
 	f32 := func(v float32) []byte { return binary.LittleEndian.AppendUint32(nil, math.Float32bits(v)) }
-	if p.temperature != 0 {
-		if err := add(inTemperature, "FP32", one, f32(p.temperature)); err != nil {
-			return nil, err
-		}
-		if err := add(inSeed, "UINT64", one, binary.LittleEndian.AppendUint64(nil, p.seed)); err != nil {
+	// Greedy (temperature 0) is sent too: the model's default may be to sample.
+	if p.temperature != nil {
+		if err := add(inTemperature, "FP32", one, f32(*p.temperature)); err != nil {
 			return nil, err
 		}
 	}
-	if p.topP != 1 && p.temperature != 0 {
-		if err := add(inTopP, "FP32", one, f32(p.topP)); err != nil {
+	if p.temperature == nil || *p.temperature != 0 {
+		if err := add(inSeed, "UINT64", one, binary.LittleEndian.AppendUint64(nil, p.seed)); err != nil {
 			return nil, err
+		}
+		if p.topP != nil {
+			if err := add(inTopP, "FP32", one, f32(*p.topP)); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if p.presence != 0 {
