@@ -22,10 +22,10 @@ import (
 )
 
 // TestOpenAI runs the official openai Python package (tests/openai/test_openai.py)
-// against gollm's OpenAI server in front of a real tritonserver serving two models: the
-// demo checkpoint as it is (its tokenizer_config.json has a ChatML template) and the
-// same weights without a tokenizer_config.json, so without a chat template. Then no
-// request of the server may be left running.
+// against gollm's OpenAI server in front of a real tritonserver serving three models:
+// the gpt2 demo checkpoint as it is (its tokenizer_config.json has a ChatML template),
+// the same weights without a tokenizer_config.json, so without a chat template, and the
+// trained austen demo model. Then no request of the server may be left running.
 func TestOpenAI(t *testing.T) {
 	root, err := harness.Root()
 	if err != nil {
@@ -49,7 +49,8 @@ func TestOpenAI(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	srv := harness.Start(t, harness.Options{Models: []harness.Model{{Name: "gpt2"}, {Name: "gpt2plain", Checkpoint: plainDir}}})
+	srv := harness.Start(t, harness.Options{Models: []harness.Model{{Name: "gpt2"}, {Name: "gpt2plain", Checkpoint: plainDir},
+		{Name: "austen", Checkpoint: "model_repository/austen/1"}}})
 
 	conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30)))
@@ -71,6 +72,7 @@ func TestOpenAI(t *testing.T) {
 		"GOLLM_METRICS_URL="+srv.MetricsURL(),
 		"GOLLM_MODEL=gpt2plain",
 		"GOLLM_CHAT_MODEL=gpt2",
+		"GOLLM_AUSTEN_MODEL=austen",
 	)
 	out, err := cmd.CombinedOutput()
 	t.Logf("test_openai.py:\n%s", out)

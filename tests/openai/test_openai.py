@@ -7,10 +7,12 @@ names them:
   GOLLM_METRICS_URL  tritonserver's /metrics URL
   GOLLM_MODEL        a model without a chat template (the demo weights alone)
   GOLLM_CHAT_MODEL   the demo checkpoint, with its chat template (tokenizer_config.json)
+  GOLLM_AUSTEN_MODEL the austen demo model (trained weights, its own chat template and a
+                     generation_config.json that samples at temperature 0.8, top-p 0.95)
 
-The demo checkpoint's weights are random, so the tests check structure, counts and
+The gpt2 demo checkpoint's weights are random, so most tests check structure, counts and
 consistency (greedy answers repeat; a stop string cuts an answer exactly where it
-appears), not meaning.
+appears), not meaning; the austen tests check a trained model's chat end to end.
 """
 import json
 import math
@@ -27,6 +29,7 @@ URL = os.environ["GOLLM_OPENAI_URL"]
 METRICS = os.environ["GOLLM_METRICS_URL"]
 MODEL = os.environ["GOLLM_MODEL"]
 CHAT = os.environ["GOLLM_CHAT_MODEL"]
+AUSTEN = os.environ["GOLLM_AUSTEN_MODEL"]
 
 client = openai.OpenAI(base_url=URL, api_key="unused", max_retries=0, timeout=120)
 
@@ -298,6 +301,38 @@ class Chat(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError) as cm:
             client.chat.completions.create(model=CHAT, messages=[], max_tokens=2)
         self.assertIn("messages", str(cm.exception))
+
+
+class Austen(unittest.TestCase):
+    MSGS = [{"role": "user", "content": "Will you dance with me, Mr. Darcy?"}]
+    # austen's template: the user's words quoted, then the reply's quotation mark opened.
+    RENDERED = '"Will you dance with me, Mr. Darcy?" said she.\n"'
+
+    def test_chat_answers_and_ends_itself(self):
+        r = client.chat.completions.create(model=AUSTEN, messages=self.MSGS, max_tokens=40, temperature=0)
+        text = r.choices[0].message.content
+        # The trained model closes the quotation and then emits its end token.
+        self.assertEqual(r.choices[0].finish_reason, "stop", text)
+        self.assertTrue(text.endswith('"'), text)
+        self.assertLess(r.usage.completion_tokens, 40)
+        self.assertGreater(len(text.split()), 2, text)
+        c = client.completions.create(model=AUSTEN, prompt=self.RENDERED, max_tokens=40, temperature=0)
+        self.assertEqual(c.choices[0].text, text)
+        self.assertEqual(c.usage.prompt_tokens, r.usage.prompt_tokens)
+        # The closing quotation mark as a stop string: the same words without it.
+        s = client.chat.completions.create(model=AUSTEN, messages=self.MSGS, max_tokens=40, temperature=0, stop=['"'])
+        self.assertEqual(s.choices[0].message.content, text[:text.index('"')])
+        self.assertEqual(s.choices[0].finish_reason, "stop")
+
+    def test_sampling_defaults_are_the_checkpoints(self):
+        # No temperature: the backend samples with generation_config.json's 0.8 and 0.95,
+        # the same draw as asking for them.
+        kw = dict(model=AUSTEN, messages=self.MSGS, max_tokens=24, seed=11)
+        default = client.chat.completions.create(**kw).choices[0].message.content
+        explicit = client.chat.completions.create(temperature=0.8, top_p=0.95, **kw).choices[0].message.content
+        greedy = client.chat.completions.create(temperature=0, **kw).choices[0].message.content
+        self.assertEqual(default, explicit)
+        self.assertNotEqual(default, greedy)
 
 
 class Errors(unittest.TestCase):
