@@ -325,7 +325,8 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 		spec: outputSpec{
 			vocab: in.ms.lim.VocabSize,
 			asked: askedOutputs{logProbs: p.Req.ReturnLogProbs, contextLogits: p.Req.ReturnContextLogits,
-				generationLogits: p.Req.ReturnGenerationLogits, perf: p.Perf,
+				generationLogits: p.GenerationLogits, perf: p.Perf,
+				tokenLogprobs: p.TopLogprobs >= 0, topLogprobs: max(p.TopLogprobs, 0),
 				sequences: p.Req.BeamWidth <= 1 && p.Req.NumReturnSequences > 1},
 			want:           p.Outputs,
 			streaming:      p.Req.Streaming,

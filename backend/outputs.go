@@ -52,6 +52,10 @@ type askedOutputs struct {
 	contextLogits bool
 	// generationLogits: generation_logits.
 	generationLogits bool
+	// tokenLogprobs: token_logprobs, top_logprobs and top_logprob_ids.
+	tokenLogprobs bool
+	// topLogprobs is the alternatives per token in top_logprobs and top_logprob_ids.
+	topLogprobs int
 	// perf: the perf metrics outputs (return_perf_metrics).
 	perf bool
 	// sequences: sequence_index (num_return_sequences > 1).
@@ -142,6 +146,13 @@ func convertOutputs(res *batchmanager.Result, spec *outputSpec, final bool) (out
 	if spec.asked.generationLogits {
 		rows := int64(len(res.GenerationLogits)) / max(1, vocab)
 		add(outGenLogits, triton.TypeFP32, float32Bytes(res.GenerationLogits), 1, 1, rows, vocab)
+	}
+	if k := spec.asked.topLogprobs; spec.asked.tokenLogprobs && res.Beams == nil {
+		lps, ids, tops := topLogprobs(res, spec.vocab, k)
+		rows := int64(len(lps))
+		add(outTokenLogprobs, triton.TypeFP32, float32Bytes(lps), 1, rows)
+		add(outTopLogprobs, triton.TypeFP32, float32Bytes(tops), 1, rows, int64(k))
+		add(outTopLogprobIDs, triton.TypeInt32, int32Bytes(ids), 1, rows, int64(k))
 	}
 	if spec.asked.sequences || want[outSequenceIndex] {
 		add(outSequenceIndex, triton.TypeInt32, int32Bytes([]int32{int32(res.SequenceIndex)}), 1, 1)
