@@ -45,21 +45,3 @@ func TestStopMatcher(t *testing.T) {
 		}
 	}
 }
-
-// TestTopKAndLogSumExp checks the logprob helpers against hand values.
-func TestTopKAndLogSumExp(t *testing.T) {
-	row := []float32{1, 5, 3, 5, -2}
-	if got := topK(row, 3); len(got) != 3 || got[0] != 1 || got[1] != 3 || got[2] != 2 {
-		t.Errorf("topK = %v, want [1 3 2]", got)
-	}
-	if got := topK(row, 0); got != nil {
-		t.Errorf("topK(0) = %v", got)
-	}
-	if got := topK(row, 9); len(got) != 5 || got[4] != 4 {
-		t.Errorf("topK(9) = %v", got)
-	}
-	lse := logSumExp([]float32{0, 0})
-	if d := lse - 0.6931471805599453; d > 1e-12 || d < -1e-12 {
-		t.Errorf("logSumExp(0, 0) = %v, want ln 2", lse)
-	}
-}

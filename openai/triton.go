@@ -19,24 +19,26 @@ import (
 
 // The model's tensors the frontend uses (backend/README.md describes them).
 const (
-	inTextInput       = "text_input"
-	inMaxTokens       = "max_tokens"
-	inStream          = "stream"
-	inTemperature     = "temperature"
-	inTopP            = "runtime_top_p"
-	inSeed            = "random_seed"
-	inPresence        = "presence_penalty"
-	inFrequency       = "frequency_penalty"
-	inEmbeddingBias   = "embedding_bias"
-	inReturnGenLogits = "return_generation_logits"
-	inReturnNumInput  = "return_num_input_tokens"
-	inReturnNumOutput = "return_num_output_tokens"
+	inTextInput         = "text_input"
+	inMaxTokens         = "max_tokens"
+	inStream            = "stream"
+	inTemperature       = "temperature"
+	inTopP              = "runtime_top_p"
+	inSeed              = "random_seed"
+	inPresence          = "presence_penalty"
+	inFrequency         = "frequency_penalty"
+	inEmbeddingBias     = "embedding_bias"
+	inReturnTopLogprobs = "return_top_logprobs"
+	inReturnNumInput    = "return_num_input_tokens"
+	inReturnNumOutput   = "return_num_output_tokens"
 
-	outTextOutput = "text_output"
-	outOutputIDs  = "output_ids"
-	outGenLogits  = "generation_logits"
-	outNumInput   = "num_input_tokens"
-	outNumOutput  = "num_output_tokens"
+	outTextOutput    = "text_output"
+	outOutputIDs     = "output_ids"
+	outTokenLogprobs = "token_logprobs"
+	outTopLogprobs   = "top_logprobs"
+	outTopLogprobIDs = "top_logprob_ids"
+	outNumInput      = "num_input_tokens"
+	outNumOutput     = "num_output_tokens"
 )
 
 // genParams are one choice's generation settings, validated.
@@ -184,10 +186,10 @@ func buildRequest(mi *modelInfo, p *genParams) (*kserve.ModelInferRequest, error
 		outs = append(outs, outNumInput, outNumOutput)
 	}
 	if p.logprobs {
-		if err := add(inReturnGenLogits, "BOOL", one, []byte{1}); err != nil {
+		if err := add(inReturnTopLogprobs, "INT32", one, binary.LittleEndian.AppendUint32(nil, uint32(p.topLogprobs))); err != nil {
 			return nil, err
 		}
-		outs = append(outs, outGenLogits)
+		outs = append(outs, outTokenLogprobs, outTopLogprobs, outTopLogprobIDs)
 	}
 	req := &kserve.ModelInferRequest{
 		ModelName: mi.name,
@@ -214,8 +216,12 @@ type response struct {
 	text string
 	// ids are output_ids.
 	ids []int32
-	// logits are generation_logits, one row per id.
-	logits []float32
+	// logprobs are token_logprobs: the log-probability of each generated token of the
+	// response, which are the last len(logprobs) of ids.
+	logprobs []float32
+	// topLogprobs and topIDs are top_logprobs and top_logprob_ids: k per token, best first.
+	topLogprobs []float32
+	topIDs      []int32
 	// numInput and numOutput are the counts; -1 when absent.
 	numInput, numOutput int
 	// final says it is the request's last response.
@@ -249,10 +255,13 @@ func decodeResponse(r *kserve.ModelInferResponse) (*response, error) {
 			for ; len(b) >= 4; b = b[4:] {
 				out.ids = append(out.ids, int32(binary.LittleEndian.Uint32(b)))
 			}
-		case outGenLogits:
-			out.logits = make([]float32, len(b)/4)
-			for j := range out.logits {
-				out.logits[j] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*j:]))
+		case outTokenLogprobs:
+			out.logprobs = float32s(b)
+		case outTopLogprobs:
+			out.topLogprobs = float32s(b)
+		case outTopLogprobIDs:
+			for ; len(b) >= 4; b = b[4:] {
+				out.topIDs = append(out.topIDs, int32(binary.LittleEndian.Uint32(b)))
 			}
 		case outNumInput, outNumOutput:
 			if len(b) < 4 {
@@ -466,24 +475,24 @@ func tritonRequestError(msg string, first bool) *APIError {
 	return &APIError{Status: http.StatusInternalServerError, Type: "server_error", Message: msg}
 }
 
-// tokenLogprobs computes the log-probabilities of a response's tokens from its
-// generation logits: a log-softmax over the vocabulary, exactly.
+// tokenLogprobs reads the log-probabilities of a response's generated tokens and
+// their alternatives from the backend's token_logprobs, top_logprobs and
+// top_logprob_ids (backend/README.md: a log-softmax of the model's logits, in float64).
 func (c *choiceRunner) tokenLogprobs(r *response) ([]tokenInfo, error) {
-	n := len(r.ids)
-	if len(r.logits) == 0 || len(r.logits)%n != 0 {
-		return nil, fmt.Errorf("generation_logits has %d values for %d tokens", len(r.logits), n)
+	n, k := len(r.logprobs), c.p.topLogprobs
+	switch {
+	case n > len(r.ids):
+		return nil, fmt.Errorf("token_logprobs has %d values for %d tokens", n, len(r.ids))
+	case len(r.topLogprobs) != n*k || len(r.topIDs) != n*k:
+		return nil, fmt.Errorf("top_logprobs and top_logprob_ids have %d and %d values for %d tokens of %d alternatives", len(r.topLogprobs), len(r.topIDs), n, k)
 	}
-	vocab := len(r.logits) / n
+	ids := r.ids[len(r.ids)-n:]
 	out := make([]tokenInfo, n)
-	for i, id := range r.ids {
-		row := r.logits[i*vocab : (i+1)*vocab]
-		if id < 0 || int(id) >= vocab {
-			return nil, fmt.Errorf("token %d outside generation_logits' %d columns", id, vocab)
-		}
-		lse := logSumExp(row)
-		out[i] = tokenInfo{id: id, text: c.tokenText(id), logprob: float64(row[id]) - lse}
-		for _, j := range topK(row, c.p.topLogprobs) {
-			out[i].top = append(out[i].top, altToken{text: c.tokenText(int32(j)), logprob: float64(row[j]) - lse})
+	for i, id := range ids {
+		out[i] = tokenInfo{id: id, text: c.tokenText(id), logprob: float64(r.logprobs[i])}
+		for j := range k {
+			alt := r.topIDs[i*k+j]
+			out[i].top = append(out[i].top, altToken{text: c.tokenText(alt), logprob: float64(r.topLogprobs[i*k+j])})
 		}
 	}
 	return out, nil
@@ -494,42 +503,11 @@ func (c *choiceRunner) tokenText(id int32) string {
 	return c.mi.tok.Decode([]int32{id})
 }
 
-// logSumExp is log Σ exp(row), computed stably in float64.
-func logSumExp(row []float32) float64 {
-	m := math.Inf(-1)
-	for _, v := range row {
-		m = max(m, float64(v))
+// float32s reads little-endian FP32 values.
+func float32s(b []byte) []float32 {
+	out := make([]float32, len(b)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 	}
-	if math.IsInf(m, -1) {
-		return m
-	}
-	var s float64
-	for _, v := range row {
-		s += math.Exp(float64(v) - m)
-	}
-	return m + math.Log(s)
-}
-
-// topK returns the indexes of the k largest values, largest first (ties: lower index).
-func topK(row []float32, k int) []int {
-	if k <= 0 {
-		return nil
-	}
-	best := make([]int, 0, k+1)
-	for j, v := range row {
-		if len(best) == k && v <= row[best[k-1]] {
-			continue
-		}
-		i := len(best)
-		for i > 0 && v > row[best[i-1]] {
-			i--
-		}
-		best = append(best, 0)
-		copy(best[i+1:], best[i:])
-		best[i] = j
-		if len(best) > k {
-			best = best[:k]
-		}
-	}
-	return best
+	return out
 }
