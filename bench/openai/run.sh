@@ -77,6 +77,9 @@ for c in $CONCURRENCY; do
     -openai-pid "$api_pid" -triton-pid "$triton_pid" >>"$out/abload.jsonl" 2>>"$out/abload.log"
 done
 
-python3 bench/openai/summarize.py "$out" "$(git rev-parse --short HEAD)" "$ISL" "$OSL" \
-  >"bench/results/$(date -u +%F)-openai-cpu.jsonl"
-echo "bench: wrote bench/results/$(date -u +%F)-openai-cpu.jsonl"
+# One file per run: a second run on the same day names its commit.
+commit=$(git rev-parse --short HEAD)
+result="bench/results/$(date -u +%F)-openai-cpu.jsonl"
+[ -e "$result" ] && result="bench/results/$(date -u +%F)-openai-$commit-cpu.jsonl"
+python3 bench/openai/summarize.py "$out" "$commit" "$ISL" "$OSL" >"$result"
+echo "bench: wrote $result"
