@@ -9,6 +9,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+OPENAI_PORT ?= 9000
 # gollm ends its requests in flight at once when the server stops (shutdown_grace_secs
 # 0), so a short exit timeout costs nothing; it bounds the wait for a model that
 # tritonserver 2.51's gRPC frontend keeps alive after a cancelled stream (README, Known
@@ -33,15 +34,15 @@ build:
 	cmake --install build --prefix build/install >/dev/null
 	@echo "backend: $(BACKENDS)/gollm/libtriton_gollm.so"
 
-demo: $(DEMO)/model.safetensors
+# A demo written before it had a tokenizer_config.json is written again (the same weights).
+demo:
+	@test -f $(DEMO)/model.safetensors -a -f $(DEMO)/tokenizer_config.json || go run ./cmd/gollm-demo -out $(DEMO)
 
-$(DEMO)/model.safetensors:
-	go run ./cmd/gollm-demo -out $(DEMO)
-
+# tritonserver and, beside it, the OpenAI-compatible server (scripts/serve.sh).
 serve: deps build demo
-	exec .deps/bin/tritonserver --model-repository=$(ROOT)/model_repository \
-	  --backend-directory=$(BACKENDS) --http-port=$(HTTP_PORT) --grpc-port=$(GRPC_PORT) \
-	  --metrics-port=$(METRICS_PORT) --exit-timeout-secs=$(EXIT_TIMEOUT)
+	go build -o build/gollm-openai ./cmd/gollm-openai
+	HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) \
+	  OPENAI_PORT=$(OPENAI_PORT) EXIT_TIMEOUT=$(EXIT_TIMEOUT) exec bash scripts/serve.sh
 
 check:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }

@@ -56,6 +56,9 @@ const (
 	inBadText           = "bad_words"
 	inBiasWords         = "embedding_bias_words"
 	inBiasWeights       = "embedding_bias_weights"
+	inReturnNumInput    = "return_num_input_tokens"
+	inReturnNumOutput   = "return_num_output_tokens"
+	inReturnTopLogprobs = "return_top_logprobs"
 
 	outOutputIDs      = "output_ids"
 	outSequenceLength = "sequence_length"
@@ -77,6 +80,11 @@ const (
 	outAcceptanceRate           = "acceptance_rate"
 	outTotalAcceptedDraftTokens = "total_accepted_draft_tokens"
 	outTotalDraftTokens         = "total_draft_tokens"
+	outNumInput                 = "num_input_tokens"
+	outNumOutput                = "num_output_tokens"
+	outTokenLogprobs            = "token_logprobs"
+	outTopLogprobs              = "top_logprobs"
+	outTopLogprobIDs            = "top_logprob_ids"
 )
 
 // knownInputs are the inputs parseRequest reads; any other is refused (Triton checks
@@ -92,7 +100,11 @@ var knownInputs = map[string]bool{
 	inLenPenalty: true, inLengthPenalty: true, inEarlyStopping: true, inDiversityRate: true,
 	inTopPDecay: true, inTopPMin: true, inTopPResetIDs: true, inTopKAlias: true, inTopPAlias: true,
 	inReturnPerf: true, inStopText: true, inBadText: true, inBiasWords: true, inBiasWeights: true,
+	inReturnNumInput: true, inReturnNumOutput: true, inReturnTopLogprobs: true,
 }
+
+// maxTopLogprobs bounds return_top_logprobs (OpenAI's top_logprobs allows 20).
+const maxTopLogprobs = 20
 
 // encoder turns text into token ids (the checkpoint's tokenizer).
 type encoder interface {
@@ -149,6 +161,13 @@ type parsedRequest struct {
 	StopStrings []string
 	// Perf says the request asked for the perf metrics outputs.
 	Perf bool
+	// Counts are the token counts the request asks for; nil for none.
+	Counts *tokenCounts
+	// GenerationLogits says the client asked for generation_logits (Req's flag is also
+	// set for TopLogprobs, which are computed from them).
+	GenerationLogits bool
+	// TopLogprobs is return_top_logprobs: -1 for none, else the alternatives per token.
+	TopLogprobs int
 }
 
 // inputs indexes a request's tensors by name.
@@ -310,14 +329,38 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 	if r.ReturnContextLogits, err = in.flag(inReturnCtxLogits); err != nil {
 		return nil, err
 	}
-	if r.ReturnGenerationLogits, err = in.flag(inReturnGenLogits); err != nil {
+	if p.GenerationLogits, err = in.flag(inReturnGenLogits); err != nil {
 		return nil, err
 	}
+	k, err := in.int32Opt(inReturnTopLogprobs, -1)
+	if err != nil {
+		return nil, err
+	}
+	if k < -1 || k > maxTopLogprobs || int(k) > lim.VocabSize {
+		return nil, fmt.Errorf("input %q: must be between -1 (none) and %d, got %d", inReturnTopLogprobs, min(maxTopLogprobs, lim.VocabSize), k)
+	}
+	if k >= 0 && r.BeamWidth > 1 {
+		return nil, fmt.Errorf("input %q: not available with beam search (%q %d)", inReturnTopLogprobs, inBeamWidth, r.BeamWidth)
+	}
+	p.TopLogprobs = int(k)
+	// Top log-probabilities are computed from the generation logits, off the engine's
+	// loop, as the responses are made.
+	r.ReturnGenerationLogits = p.GenerationLogits || k >= 0
 	if r.BeamWidth > 1 && r.ReturnGenerationLogits {
 		return nil, fmt.Errorf("input %q: not available with beam search (%q %d)", inReturnGenLogits, inBeamWidth, r.BeamWidth)
 	}
 	if err := in.textWords(p, lim); err != nil {
 		return nil, err
+	}
+	var c tokenCounts
+	if c.Input, err = in.flag(inReturnNumInput); err != nil {
+		return nil, err
+	}
+	if c.Output, err = in.flag(inReturnNumOutput); err != nil {
+		return nil, err
+	}
+	if c.Input || c.Output {
+		p.Counts = &c
 	}
 	return p, nil
 }

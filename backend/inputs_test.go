@@ -346,3 +346,68 @@ func TestParseTheTensorRTLLMRequestInputs(t *testing.T) {
 		t.Errorf("decay %g, min %g, reset %d, early stopping %d", r.TopPDecay, r.TopPMin, r.TopPResetID, r.EarlyStopping)
 	}
 }
+
+// TestTokenCountInputs checks that return_num_input_tokens and return_num_output_tokens
+// ask for the counts, and only as BOOL.
+func TestTokenCountInputs(t *testing.T) {
+	base := []triton.Tensor{i32(inInputIDs, 1, 2, 3, 4), i32(inRequestOutputLen, 2)}
+	p, err := parseRequest(base, nil, testLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Counts != nil {
+		t.Errorf("counts %+v without asking for them", p.Counts)
+	}
+	p, err = parseRequest(append(base, boolean(inReturnNumInput, true), boolean(inReturnNumOutput, false)), nil, testLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (tokenCounts{Input: true}); p.Counts == nil || *p.Counts != want {
+		t.Errorf("counts %+v, want %+v", p.Counts, want)
+	}
+	_, err = parseRequest(append(base, i32(inReturnNumOutput, 1)), nil, testLimits())
+	if err == nil || !strings.Contains(err.Error(), inReturnNumOutput) {
+		t.Errorf("an INT32 %s: error %v, want one naming it", inReturnNumOutput, err)
+	}
+}
+
+// TestTopLogprobsInput checks return_top_logprobs: absent is none; k asks for the
+// generation logits internally without sending generation_logits; out-of-range values,
+// another type and beam search are refused, naming the input.
+func TestTopLogprobsInput(t *testing.T) {
+	base := []triton.Tensor{i32(inInputIDs, 1, 2, 3), i32(inRequestOutputLen, 2)}
+	p, err := parseRequest(base, nil, testLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.TopLogprobs != -1 || p.Req.ReturnGenerationLogits {
+		t.Errorf("absent: top %d, generation logits %v; want -1, false", p.TopLogprobs, p.Req.ReturnGenerationLogits)
+	}
+	p, err = parseRequest(append(base, i32(inReturnTopLogprobs, 3)), nil, testLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.TopLogprobs != 3 || !p.Req.ReturnGenerationLogits || p.GenerationLogits {
+		t.Errorf("3: top %d, engine logits %v, generation_logits sent %v; want 3, true, false", p.TopLogprobs, p.Req.ReturnGenerationLogits, p.GenerationLogits)
+	}
+	lim := testLimits()
+	lim.MaxBeamWidth = 4
+	for _, c := range []struct {
+		name   string
+		extra  []triton.Tensor
+		lim    limits
+		errHas string
+	}{
+		{"above 20", []triton.Tensor{i32(inReturnTopLogprobs, 21)}, testLimits(), `input "return_top_logprobs": must be between -1 (none) and 20, got 21`},
+		{"below -1", []triton.Tensor{i32(inReturnTopLogprobs, -2)}, testLimits(), `got -2`},
+		{"FP32", []triton.Tensor{f32(inReturnTopLogprobs, 2)}, testLimits(), `input "return_top_logprobs": expected data type INT32, got FP32`},
+		{"with beams", []triton.Tensor{i32(inReturnTopLogprobs, 2), i32(inBeamWidth, 2)}, lim, `input "return_top_logprobs": not available with beam search`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := parseRequest(append(slices.Clone(base), c.extra...), nil, c.lim)
+			if err == nil || !strings.Contains(err.Error(), c.errHas) {
+				t.Errorf("error %v, want one containing %q", err, c.errHas)
+			}
+		})
+	}
+}

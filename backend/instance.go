@@ -325,12 +325,14 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 		spec: outputSpec{
 			vocab: in.ms.lim.VocabSize,
 			asked: askedOutputs{logProbs: p.Req.ReturnLogProbs, contextLogits: p.Req.ReturnContextLogits,
-				generationLogits: p.Req.ReturnGenerationLogits, perf: p.Perf,
+				generationLogits: p.GenerationLogits, perf: p.Perf,
+				tokenLogprobs: p.TopLogprobs >= 0, topLogprobs: max(p.TopLogprobs, 0),
 				sequences: p.Req.BeamWidth <= 1 && p.Req.NumReturnSequences > 1},
 			want:           p.Outputs,
 			streaming:      p.Req.Streaming,
 			padID:          p.Req.PadID,
 			promptInOutput: !p.Req.ExcludeInputInOutput,
+			counts:         p.Counts,
 		},
 	}
 	if p.Text {
@@ -684,6 +686,11 @@ func (in *instance) finish(f *inflight, res *batchmanager.Result, err error) {
 // streaming response with nothing new becomes the final flag alone, or nothing.
 func (in *instance) respond(f *inflight, res *batchmanager.Result, flags uint32) error {
 	outs, empty := convertOutputs(res, &f.spec, flags&triton.ResponseFinal != 0)
+	if f.spec.counts != nil {
+		// The first response always goes out, so that the prompt's count arrives even
+		// when the request ends at once with its end token.
+		empty = empty && f.responses > 0
+	}
 	if f.streaming && empty {
 		if flags == 0 {
 			return nil

@@ -52,6 +52,10 @@ type askedOutputs struct {
 	contextLogits bool
 	// generationLogits: generation_logits.
 	generationLogits bool
+	// tokenLogprobs: token_logprobs, top_logprobs and top_logprob_ids.
+	tokenLogprobs bool
+	// topLogprobs is the alternatives per token in top_logprobs and top_logprob_ids.
+	topLogprobs int
 	// perf: the perf metrics outputs (return_perf_metrics).
 	perf bool
 	// sequences: sequence_index (num_return_sequences > 1).
@@ -74,6 +78,8 @@ type outputSpec struct {
 	padID int32
 	// promptInOutput says non-streaming output_ids begin with the prompt.
 	promptInOutput bool
+	// counts are the token counts asked for; nil for none.
+	counts *tokenCounts
 }
 
 // convertOutputs turns the batch manager's result for one response into Triton outputs,
@@ -141,6 +147,13 @@ func convertOutputs(res *batchmanager.Result, spec *outputSpec, final bool) (out
 		rows := int64(len(res.GenerationLogits)) / max(1, vocab)
 		add(outGenLogits, triton.TypeFP32, float32Bytes(res.GenerationLogits), 1, 1, rows, vocab)
 	}
+	if k := spec.asked.topLogprobs; spec.asked.tokenLogprobs && res.Beams == nil {
+		lps, ids, tops := topLogprobs(res, spec.vocab, k)
+		rows := int64(len(lps))
+		add(outTokenLogprobs, triton.TypeFP32, float32Bytes(lps), 1, rows)
+		add(outTopLogprobs, triton.TypeFP32, float32Bytes(tops), 1, rows, int64(k))
+		add(outTopLogprobIDs, triton.TypeInt32, int32Bytes(ids), 1, rows, int64(k))
+	}
 	if spec.asked.sequences || want[outSequenceIndex] {
 		add(outSequenceIndex, triton.TypeInt32, int32Bytes([]int32{int32(res.SequenceIndex)}), 1, 1)
 	}
@@ -149,6 +162,14 @@ func convertOutputs(res *batchmanager.Result, spec *outputSpec, final bool) (out
 	}
 	if spec.asked.perf && res.Perf != nil {
 		addPerf(add, res.Perf)
+	}
+	if c := spec.counts; c != nil {
+		if c.Input {
+			add(outNumInput, triton.TypeInt32, int32Bytes([]int32{int32(res.PromptLen)}), 1, 1)
+		}
+		if c.Output {
+			add(outNumOutput, triton.TypeInt32, int32Bytes([]int32{int32(c.generated(res, spec.streaming))}), 1, 1)
+		}
 	}
 	empty = true
 	for _, b := range beams {
@@ -221,4 +242,24 @@ func bytesElements(ss []string) []byte {
 		b = append(b, s...)
 	}
 	return b
+}
+
+// tokenCounts are the token counts a request asked for (return_num_input_tokens,
+// return_num_output_tokens: the names Triton's OpenAI frontend uses).
+type tokenCounts struct {
+	// Input adds num_input_tokens, the prompt's length in tokens, to every response.
+	Input bool
+	// Output adds num_output_tokens: the tokens generated in this response (streaming)
+	// or in all (otherwise); the end token is not counted, as output_ids leaves it out.
+	Output bool
+}
+
+// generated is num_output_tokens for res. A streaming response of one sequence counts
+// its new tokens; otherwise (the whole answer, or a beam search's streamed beams, which
+// repeat every token) it is the sequence's generated tokens so far.
+func (c *tokenCounts) generated(res *batchmanager.Result, streaming bool) int {
+	if streaming && res.Beams == nil {
+		return res.Length
+	}
+	return res.Generated
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -219,4 +220,112 @@ func TestStopStringsEndTheText(t *testing.T) {
 			t.Error("a changed beam kept its old text")
 		}
 	})
+}
+
+// TestTokenCounts checks num_input_tokens and num_output_tokens: per response when
+// streaming, all generated tokens otherwise (the prompt and V1 padding not counted),
+// the generated tokens so far for streamed beams, and only those named.
+func TestTokenCounts(t *testing.T) {
+	value := func(outs []output, name string) int32 {
+		t.Helper()
+		for _, o := range outs {
+			if o.Name == name {
+				if o.DataType != triton.TypeInt32 || !reflect.DeepEqual(o.Shape, []int64{1, 1}) || len(o.Data) != 4 {
+					t.Fatalf("%s: type %v shape %v, %d bytes; want INT32 [1, 1]", name, o.DataType, o.Shape, len(o.Data))
+				}
+				return int32(binary.LittleEndian.Uint32(o.Data))
+			}
+		}
+		t.Fatalf("no output %s in %v", name, outs)
+		return 0
+	}
+	counted := func(streaming bool, want map[string]bool) *outputSpec {
+		s := spec(askedOutputs{}, want, nil, streaming)
+		s.counts = &tokenCounts{Input: true, Output: true}
+		return s
+	}
+	outs, _ := convertOutputs(&batchmanager.Result{Tokens: []int32{7}, Length: 1, PromptLen: 3, Generated: 5}, counted(true, nil), false)
+	if got := value(outs, outNumInput); got != 3 {
+		t.Errorf("streaming num_input_tokens = %d, want 3", got)
+	}
+	if got := value(outs, outNumOutput); got != 1 {
+		t.Errorf("streaming num_output_tokens = %d, want 1 (this response's token)", got)
+	}
+	outs, _ = convertOutputs(&batchmanager.Result{Tokens: []int32{}, PromptLen: 3, Generated: 5}, counted(true, nil), true)
+	if got := value(outs, outNumOutput); got != 0 {
+		t.Errorf("streaming end-token response: num_output_tokens = %d, want 0", got)
+	}
+	whole := &batchmanager.Result{Tokens: []int32{1, 2, 3, 7, 8}, Length: 5, PromptLen: 3, Generated: 2}
+	outs, _ = convertOutputs(whole, counted(false, nil), true)
+	if got := value(outs, outNumOutput); got != 2 {
+		t.Errorf("non-streaming with the prompt: num_output_tokens = %d, want 2", got)
+	}
+	padded := &batchmanager.Result{Tokens: []int32{7, 8, 0, 0}, Length: 2, PromptLen: 3, Generated: 2}
+	outs, _ = convertOutputs(padded, counted(false, map[string]bool{outNumOutput: true}), true)
+	if got := value(outs, outNumOutput); got != 2 || len(outs) != 1 {
+		t.Errorf("V1-padded, only num_output_tokens named: %d (%d outputs), want 2 (1)", got, len(outs))
+	}
+	beams := &batchmanager.Result{Tokens: []int32{7, 8, 9}, Length: 3, PromptLen: 3, Generated: 3,
+		Beams: []batchmanager.BeamResult{{Tokens: []int32{7, 8, 9}}, {Tokens: []int32{7, 8, 6}}}}
+	outs, _ = convertOutputs(beams, counted(true, nil), false)
+	if got := value(outs, outNumOutput); got != 3 {
+		t.Errorf("streamed beams: num_output_tokens = %d, want 3 (every token so far)", got)
+	}
+}
+
+// TestTopLogprobs checks token_logprobs, top_logprobs and top_logprob_ids against a
+// log-softmax computed here: the generated tokens' rows only (a non-streaming answer
+// begins with the prompt), the k best ids best first with ties to the lower id, and no
+// generation_logits unless asked.
+func TestTopLogprobs(t *testing.T) {
+	row0 := []float32{0, 1, 2, 3, 3, 0, 0, 0, 0, -1} // ids 3 and 4 tie
+	row1 := []float32{5, 0, 0, 0, 0, 0, 0, 0, 0, 4}
+	res := &batchmanager.Result{Tokens: []int32{7, 8, 4, 9}, Length: 4, PromptLen: 2, Generated: 2,
+		GenerationLogits: append(slices.Clone(row0), row1...)}
+	s := spec(askedOutputs{tokenLogprobs: true, topLogprobs: 2}, nil, nil, false)
+	outs, _ := convertOutputs(res, s, true)
+	byName := map[string]output{}
+	for _, o := range outs {
+		byName[o.Name] = o
+	}
+	if _, ok := byName[outGenLogits]; ok {
+		t.Error("generation_logits sent without being asked")
+	}
+	lse := func(row []float32) float64 {
+		var z float64
+		for _, v := range row {
+			z += math.Exp(float64(v))
+		}
+		return math.Log(z)
+	}
+	f32s := func(o output) []float32 {
+		v := make([]float32, len(o.Data)/4)
+		for i := range v {
+			v[i] = math.Float32frombits(binary.LittleEndian.Uint32(o.Data[4*i:]))
+		}
+		return v
+	}
+	wantLP := []float32{float32(3 - lse(row0)), float32(4 - lse(row1))} // tokens 4 and 9
+	if o := byName[outTokenLogprobs]; !reflect.DeepEqual(o.Shape, []int64{1, 2}) || !reflect.DeepEqual(f32s(o), wantLP) {
+		t.Errorf("token_logprobs %v %v, want [1 2] %v", o.Shape, f32s(o), wantLP)
+	}
+	if o := byName[outTopLogprobIDs]; !reflect.DeepEqual(o.Shape, []int64{1, 2, 2}) || !reflect.DeepEqual(o.Data, int32Bytes([]int32{3, 4, 0, 9})) {
+		t.Errorf("top_logprob_ids %v %v, want [1 2 2] [3 4 0 9]", o.Shape, o.Data)
+	}
+	wantTop := []float32{float32(3 - lse(row0)), float32(3 - lse(row0)), float32(5 - lse(row1)), float32(4 - lse(row1))}
+	if o := byName[outTopLogprobs]; !reflect.DeepEqual(o.Shape, []int64{1, 2, 2}) || !reflect.DeepEqual(f32s(o), wantTop) {
+		t.Errorf("top_logprobs %v %v, want [1 2 2] %v", o.Shape, f32s(o), wantTop)
+	}
+
+	// Streaming, k 0: this response's one token, no alternatives.
+	one := &batchmanager.Result{Tokens: []int32{9}, Length: 1, Generated: 2, GenerationLogits: slices.Clone(row1)}
+	outs, _ = convertOutputs(one, spec(askedOutputs{tokenLogprobs: true}, nil, nil, true), false)
+	for _, o := range outs {
+		if o.Name == outTopLogprobIDs && (!reflect.DeepEqual(o.Shape, []int64{1, 1, 0}) || len(o.Data) != 0) {
+			t.Errorf("k 0: top_logprob_ids %v %v, want [1 1 0] and nothing", o.Shape, o.Data)
+		}
+		if o.Name == outTokenLogprobs && !reflect.DeepEqual(f32s(o), wantLP[1:]) {
+			t.Errorf("streaming: token_logprobs %v, want %v", f32s(o), wantLP[1:])
+		}
+	}
 }

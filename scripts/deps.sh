@@ -61,9 +61,20 @@ if [ ! -f "$cuda_stamp" ]; then
     --target "$deps/cuda" "${CUDA_WHEELS[@]}"
   touch "$cuda_stamp"
 fi
+# The official openai Python package, for the OpenAI server's tests (tests/openai), in a
+# folder of its own with its own stamp: adding it never touches the installs above.
+OPENAI_PY=openai==3.51.0
+openai_stamp="$deps/.stamp-pyopenai-$OPENAI_PY"
+if [ ! -f "$openai_stamp" ]; then
+  rm -rf "$deps/pyopenai"
+  python3 -m pip install -q --disable-pip-version-check --no-warn-script-location \
+    --target "$deps/pyopenai" "$OPENAI_PY"
+  touch "$openai_stamp"
+fi
 "$deps/cuda/nvidia/cu13/bin/nvcc" --version >/dev/null
 test -f "$deps/cuda/nvidia/cu13/lib/libcublas.so.13"
 test -x "$deps/bin/tritonserver"
 "$deps/bin/perf_analyzer" --version >/dev/null
 PYTHONPATH="$py" python3 -c 'import tokenizers, tritonclient.grpc' 
-echo "deps: tritonserver, perf_analyzer, tritonclient, tokenizers and CUDA 13.0 (nvcc, cuBLAS) in $deps"
+PYTHONPATH="$deps/pyopenai" python3 -c 'import openai' 
+echo "deps: tritonserver, perf_analyzer, tritonclient, tokenizers, openai and CUDA 13.0 (nvcc, cuBLAS) in $deps"

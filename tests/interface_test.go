@@ -17,8 +17,8 @@ import (
 	"unicode/utf8"
 
 	"gollm/engine"
+	"gollm/kserve"
 	"gollm/model"
-	"gollm/tests/kserve"
 )
 
 // outputFP32 decodes an FP32 output of a response.
