@@ -10,6 +10,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+OPENAI_PORT ?= 9000
 # gollm ends its requests in flight at once when the server stops (shutdown_grace_secs
 # 0), so a short exit timeout costs nothing; it bounds the wait for a model that
 # tritonserver 2.51's gRPC frontend keeps alive after a cancelled stream (README, Known
@@ -29,7 +30,7 @@ CPU_SERVER_FLAGS := --allow-gpu-metrics=false --pinned-memory-pool-byte-size=0
 
 # FUZZ lists the fuzz targets (package:Target) that `make fuzz` runs for FUZZTIME each,
 # from their seed corpora (and the inputs go test keeps in its cache between runs).
-FUZZ := ./model:FuzzOpen
+FUZZ := ./model:FuzzOpen ./model:FuzzTokenizer ./backend:FuzzParseRequest ./backend:FuzzWordList ./backend:FuzzStopStrings
 FUZZTIME ?= 20s
 
 .PHONY: all deps build demo serve test check unit fuzz clean
@@ -43,22 +44,22 @@ build: $(if $(filter 1,$(cuda)),deps)
 	@c=$(cuda); bash scripts/step.sh "build: build/install/backends/gollm/libtriton_gollm.so$$( [ $$c = 1 ] && echo ' and libgollm_cuda.so')" \
 	  bash -c 'cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DGOLLM_CUDA='$$c' && cmake --build build && cmake --install build --prefix build/install'
 
-demo: $(DEMO)/model.safetensors
+# A demo written before it had a tokenizer_config.json is written again (the same
+# weights). After the backend's build: -trimpath as there, so that the two share Go's
+# build cache (the standard library is compiled once on a fresh machine).
+demo: | build
+	@test -f $(DEMO)/model.safetensors -a -f $(DEMO)/tokenizer_config.json || \
+	  bash scripts/step.sh "demo: the random-weight gpt2 checkpoint in model_repository/gpt2/1" go run -trimpath ./cmd/gollm-demo -out $(DEMO)
 
-# After the backend's build: -trimpath as there, so that the two share Go's build cache
-# (the standard library is compiled once on a fresh machine).
-$(DEMO)/model.safetensors: | build
-	@bash scripts/step.sh "demo: the random-weight gpt2 checkpoint in model_repository/gpt2/1" go run -trimpath ./cmd/gollm-demo -out $(DEMO)
-
-# The downloads of scripts/deps.sh go on while Go compiles, unless the build needs them
+# tritonserver and, beside it, the OpenAI-compatible server (scripts/serve.sh). The
+# downloads of scripts/deps.sh go on while Go compiles, unless the build needs them
 # (nvcc, from the CUDA wheels).
 serve:
 	@$(MAKE) --no-print-directory -j3 deps build demo
-	@echo "serve: tritonserver (HTTP :$(HTTP_PORT), gRPC :$(GRPC_PORT), metrics :$(METRICS_PORT)); ready once it logs \"Started HTTPService\"; Ctrl-C stops it"
-	@exec .deps/bin/tritonserver --model-repository=$(ROOT)/model_repository \
-	  --backend-directory=$(BACKENDS) --http-port=$(HTTP_PORT) --grpc-port=$(GRPC_PORT) \
-	  --metrics-port=$(METRICS_PORT) --exit-timeout-secs=$(EXIT_TIMEOUT) \
-	  $(if $(filter 0,$(cuda)),$(CPU_SERVER_FLAGS))
+	@bash scripts/step.sh "build: build/gollm-openai" go build -trimpath -o build/gollm-openai ./cmd/gollm-openai
+	@HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) \
+	  OPENAI_PORT=$(OPENAI_PORT) EXIT_TIMEOUT=$(EXIT_TIMEOUT) \
+	  TRITON_FLAGS="$(if $(filter 0,$(cuda)),$(CPU_SERVER_FLAGS))" exec bash scripts/serve.sh
 
 check:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }

@@ -27,7 +27,7 @@ type modelConfig struct {
 	ModelType batchmanager.ModelType
 	// Policy is batch_scheduler_policy.
 	Policy batchmanager.SchedulerPolicy
-	// MaxBeamWidth is max_beam_width (only 1 is supported).
+	// MaxBeamWidth is max_beam_width: the widest beam search a request may ask for.
 	MaxBeamWidth int
 	// MaxTokensInPagedKVCache is max_tokens_in_paged_kv_cache, the CPU KV pool size in
 	// tokens; 0 means max_batch_size × the model's maximum sequence length.
@@ -134,9 +134,6 @@ var params = []paramSpec{
 	{"max_beam_width", func(c *modelConfig, v string) (err error) {
 		if c.MaxBeamWidth, err = intAtLeast(v, 1); err != nil {
 			return err
-		}
-		if c.MaxBeamWidth > 1 {
-			return fmt.Errorf("%d: beam search is not supported yet; use 1", c.MaxBeamWidth)
 		}
 		return nil
 	}},

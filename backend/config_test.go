@@ -124,8 +124,6 @@ func TestParseModelConfigErrors(t *testing.T) {
 			`parameter "gpt_model_type": "inflight" is not one of V1, inflight_batching, inflight_fused_batching`},
 		{"an unknown policy names the allowed ones", 8, map[string]string{"batch_scheduler_policy": "greedy"},
 			`parameter "batch_scheduler_policy": "greedy" is not one of max_utilization, guaranteed_no_evict, static_batch`},
-		{"beam search is refused", 8, map[string]string{"max_beam_width": "4"},
-			`parameter "max_beam_width": 4: beam search is not supported yet`},
 		{"a zero beam width is refused", 8, map[string]string{"max_beam_width": "0"},
 			`parameter "max_beam_width": 0: want an integer ≥ 1`},
 		{"a fraction above 1 is refused", 8, map[string]string{"kv_cache_free_gpu_mem_fraction": "1.5"},

@@ -40,6 +40,25 @@ const (
 	inReturnCtxLogits   = "return_context_logits"
 	inReturnGenLogits   = "return_generation_logits"
 	inStop              = "stop"
+	inExcludeInput      = "exclude_input_in_output"
+	inNumReturnSeqs     = "num_return_sequences"
+	inLenPenalty        = "len_penalty"
+	inLengthPenalty     = "length_penalty"
+	inEarlyStopping     = "early_stopping"
+	inDiversityRate     = "beam_search_diversity_rate"
+	inTopPDecay         = "runtime_top_p_decay"
+	inTopPMin           = "runtime_top_p_min"
+	inTopPResetIDs      = "runtime_top_p_reset_ids"
+	inTopKAlias         = "top_k"
+	inTopPAlias         = "top_p"
+	inReturnPerf        = "return_perf_metrics"
+	inStopText          = "stop_words"
+	inBadText           = "bad_words"
+	inBiasWords         = "embedding_bias_words"
+	inBiasWeights       = "embedding_bias_weights"
+	inReturnNumInput    = "return_num_input_tokens"
+	inReturnNumOutput   = "return_num_output_tokens"
+	inReturnTopLogprobs = "return_top_logprobs"
 
 	outOutputIDs      = "output_ids"
 	outSequenceLength = "sequence_length"
@@ -48,6 +67,24 @@ const (
 	outContextLogits  = "context_logits"
 	outGenLogits      = "generation_logits"
 	outTextOutput     = "text_output"
+	outSequenceIndex  = "sequence_index"
+	outBatchIndex     = "batch_index"
+
+	outKVAllocNewBlocks         = "kv_cache_alloc_new_blocks"
+	outKVReusedBlocks           = "kv_cache_reused_blocks"
+	outKVAllocTotalBlocks       = "kv_cache_alloc_total_blocks"
+	outArrivalTime              = "arrival_time_ns"
+	outFirstScheduledTime       = "first_scheduled_time_ns"
+	outFirstTokenTime           = "first_token_time_ns"
+	outLastTokenTime            = "last_token_time_ns"
+	outAcceptanceRate           = "acceptance_rate"
+	outTotalAcceptedDraftTokens = "total_accepted_draft_tokens"
+	outTotalDraftTokens         = "total_draft_tokens"
+	outNumInput                 = "num_input_tokens"
+	outNumOutput                = "num_output_tokens"
+	outTokenLogprobs            = "token_logprobs"
+	outTopLogprobs              = "top_logprobs"
+	outTopLogprobIDs            = "top_logprob_ids"
 )
 
 // knownInputs are the inputs parseRequest reads; any other is refused (Triton checks
@@ -59,14 +96,31 @@ var knownInputs = map[string]bool{
 	inRepetitionPenalty: true, inPresencePenalty: true, inFrequencyPenalty: true,
 	inMinLength: true, inStopWords: true, inBadWords: true, inEmbeddingBias: true,
 	inBeamWidth: true, inReturnLogProbs: true, inReturnCtxLogits: true,
-	inReturnGenLogits: true, inStop: true,
+	inReturnGenLogits: true, inStop: true, inExcludeInput: true, inNumReturnSeqs: true,
+	inLenPenalty: true, inLengthPenalty: true, inEarlyStopping: true, inDiversityRate: true,
+	inTopPDecay: true, inTopPMin: true, inTopPResetIDs: true, inTopKAlias: true, inTopPAlias: true,
+	inReturnPerf: true, inStopText: true, inBadText: true, inBiasWords: true, inBiasWeights: true,
+	inReturnNumInput: true, inReturnNumOutput: true, inReturnTopLogprobs: true,
 }
+
+// maxTopLogprobs bounds return_top_logprobs (OpenAI's top_logprobs allows 20).
+const maxTopLogprobs = 20
 
 // encoder turns text into token ids (the checkpoint's tokenizer).
 type encoder interface {
-	// Encode tokenizes text.
+	// Encode tokenizes text as it is (words: stop, bad and bias words).
 	Encode(text string) []int32
+	// EncodePrompt tokenizes a prompt with what the checkpoint puts around one (BOS).
+	EncodePrompt(text string) []int32
 }
+
+// maxTextWords bounds the strings of stop_words, bad_words and embedding_bias_words,
+// and maxTextWordBytes each one's length: the stop strings are searched in the text
+// after every token.
+const (
+	maxTextWords     = 256
+	maxTextWordBytes = 1024
+)
 
 // limits are what a request is checked against.
 type limits struct {
@@ -81,8 +135,11 @@ type limits struct {
 	Gen model.Generation
 	// Decoupled says streaming is possible.
 	Decoupled bool
-	// ExcludeInputInOutput is the model's exclude_input_in_output.
+	// ExcludeInputInOutput is the model's exclude_input_in_output (the default of the
+	// input of that name).
 	ExcludeInputInOutput bool
+	// MaxBeamWidth is the model's max_beam_width.
+	MaxBeamWidth int
 	// Tokenizer encodes text_input; nil when the checkpoint has no tokenizer.json.
 	Tokenizer encoder
 }
@@ -100,6 +157,17 @@ type parsedRequest struct {
 	// Stop says the request asks to stop the in-flight requests with its request id
 	// rather than to generate.
 	Stop bool
+	// StopStrings are the stop_words strings, matched on the generated text.
+	StopStrings []string
+	// Perf says the request asked for the perf metrics outputs.
+	Perf bool
+	// Counts are the token counts the request asks for; nil for none.
+	Counts *tokenCounts
+	// GenerationLogits says the client asked for generation_logits (Req's flag is also
+	// set for TopLogprobs, which are computed from them).
+	GenerationLogits bool
+	// TopLogprobs is return_top_logprobs: -1 for none, else the alternatives per token.
+	TopLogprobs int
 }
 
 // inputs indexes a request's tensors by name.
@@ -154,7 +222,7 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 		if lim.Tokenizer == nil {
 			return nil, fmt.Errorf("input %q: the checkpoint has no tokenizer.json, so only %q can be served", inTextInput, inInputIDs)
 		}
-		r.InputIDs = lim.Tokenizer.Encode(s)
+		r.InputIDs = lim.Tokenizer.EncodePrompt(s)
 		p.Text = true
 	default:
 		return nil, fmt.Errorf("missing input: one of %q or %q is required", inInputIDs, inTextInput)
@@ -246,16 +314,171 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 	// Output options. Naming an output does not ask for it: the generate endpoint
 	// names every output of the model.
 	r.ExcludeInputInOutput = lim.ExcludeInputInOutput
+	if in[inExcludeInput] != nil {
+		if r.ExcludeInputInOutput, err = in.flag(inExcludeInput); err != nil {
+			return nil, err
+		}
+	}
+	if p.Perf, err = in.flag(inReturnPerf); err != nil {
+		return nil, err
+	}
+	r.ReturnPerfMetrics = p.Perf
 	if r.ReturnLogProbs, err = in.flag(inReturnLogProbs); err != nil {
 		return nil, err
 	}
 	if r.ReturnContextLogits, err = in.flag(inReturnCtxLogits); err != nil {
 		return nil, err
 	}
-	if r.ReturnGenerationLogits, err = in.flag(inReturnGenLogits); err != nil {
+	if p.GenerationLogits, err = in.flag(inReturnGenLogits); err != nil {
 		return nil, err
 	}
+	k, err := in.int32Opt(inReturnTopLogprobs, -1)
+	if err != nil {
+		return nil, err
+	}
+	if k < -1 || k > maxTopLogprobs || int(k) > lim.VocabSize {
+		return nil, fmt.Errorf("input %q: must be between -1 (none) and %d, got %d", inReturnTopLogprobs, min(maxTopLogprobs, lim.VocabSize), k)
+	}
+	if k >= 0 && r.BeamWidth > 1 {
+		return nil, fmt.Errorf("input %q: not available with beam search (%q %d)", inReturnTopLogprobs, inBeamWidth, r.BeamWidth)
+	}
+	p.TopLogprobs = int(k)
+	// Top log-probabilities are computed from the generation logits, off the engine's
+	// loop, as the responses are made.
+	r.ReturnGenerationLogits = p.GenerationLogits || k >= 0
+	if r.BeamWidth > 1 && r.ReturnGenerationLogits {
+		return nil, fmt.Errorf("input %q: not available with beam search (%q %d)", inReturnGenLogits, inBeamWidth, r.BeamWidth)
+	}
+	if err := in.textWords(p, lim); err != nil {
+		return nil, err
+	}
+	var c tokenCounts
+	if c.Input, err = in.flag(inReturnNumInput); err != nil {
+		return nil, err
+	}
+	if c.Output, err = in.flag(inReturnNumOutput); err != nil {
+		return nil, err
+	}
+	if c.Input || c.Output {
+		p.Counts = &c
+	}
 	return p, nil
+}
+
+// textWords reads the text-level inputs of TensorRT-LLM's ensemble: stop_words (stop
+// strings, matched on the text), bad_words and embedding_bias_words with
+// embedding_bias_weights (each string tokenized as its preprocessing model does).
+func (in inputs) textWords(p *parsedRequest, lim limits) error {
+	r := &p.Req
+	var err error
+	if p.StopStrings, err = in.strings(inStopText); err != nil {
+		return err
+	}
+	bad, err := in.strings(inBadText)
+	if err != nil {
+		return err
+	}
+	words, err := in.strings(inBiasWords)
+	if err != nil {
+		return err
+	}
+	if (in[inBiasWords] == nil) != (in[inBiasWeights] == nil) {
+		return fmt.Errorf("inputs %q and %q go together: send both or neither", inBiasWords, inBiasWeights)
+	}
+	if len(p.StopStrings)+len(bad)+len(words) > 0 && lim.Tokenizer == nil {
+		return fmt.Errorf("inputs %q, %q and %q need the checkpoint's tokenizer.json, which it does not have", inStopText, inBadText, inBiasWords)
+	}
+	for _, w := range bad {
+		ids := lim.Tokenizer.Encode(w)
+		if len(ids) == 0 {
+			continue
+		}
+		for i, id := range ids {
+			if id < 0 || int(id) >= lim.VocabSize {
+				return fmt.Errorf("input %q: %q tokenizes to id %d at %d, outside the vocabulary [0, %d)", inBadText, w, id, i, lim.VocabSize)
+			}
+		}
+		r.Sampling.BadWords = append(r.Sampling.BadWords, ids)
+	}
+	if in[inBiasWords] != nil {
+		weights, err := in.float32s(inBiasWeights)
+		if err != nil {
+			return err
+		}
+		if len(weights) != len(words) {
+			return fmt.Errorf("input %q: %d weights for %d %q; want one per word", inBiasWeights, len(weights), len(words), inBiasWords)
+		}
+		if r.Sampling.EmbeddingBias != nil {
+			return fmt.Errorf("inputs %q and %q are both given: send one", inEmbeddingBias, inBiasWords)
+		}
+		bias := make([]float32, lim.VocabSize)
+		for i, w := range words {
+			if !(weights[i] > -math.MaxFloat32 && weights[i] < math.MaxFloat32) {
+				return fmt.Errorf("input %q: weight %d is %v; want a finite number", inBiasWeights, i, weights[i])
+			}
+			for _, id := range lim.Tokenizer.Encode(w) {
+				if id >= 0 && int(id) < lim.VocabSize {
+					bias[id] += weights[i]
+				}
+			}
+		}
+		r.Sampling.EmbeddingBias = bias
+	}
+	return nil
+}
+
+// strings returns an optional BYTES input of strings, any shape after the batch
+// dimension ([1, n] or [1, 1, n]); nil when absent. Each must be valid UTF-8 and
+// non-empty, at most maxTextWords of at most maxTextWordBytes bytes.
+func (in inputs) strings(name string) ([]string, error) {
+	t := in[name]
+	if t == nil {
+		return nil, nil
+	}
+	if err := in.check(name, triton.TypeBytes); err != nil {
+		return nil, err
+	}
+	d := t.Data
+	var out []string
+	for len(d) > 0 {
+		if len(d) < 4 {
+			return nil, fmt.Errorf("input %q: %d bytes left after %d strings, too few for a length", name, len(d), len(out))
+		}
+		n := binary.LittleEndian.Uint32(d)
+		if uint64(n) > uint64(len(d)-4) {
+			return nil, fmt.Errorf("input %q: string %d claims %d bytes, %d are left", name, len(out), n, len(d)-4)
+		}
+		w := d[4 : 4+n]
+		d = d[4+n:]
+		switch {
+		case len(out) == maxTextWords:
+			return nil, fmt.Errorf("input %q: more than %d strings", name, maxTextWords)
+		case n == 0:
+			return nil, fmt.Errorf("input %q: string %d is empty", name, len(out))
+		case n > maxTextWordBytes:
+			return nil, fmt.Errorf("input %q: string %d has %d bytes, the most is %d", name, len(out), n, maxTextWordBytes)
+		}
+		if at := invalidUTF8(w); at >= 0 {
+			return nil, fmt.Errorf("input %q: string %d is not valid UTF-8 (byte offset %d)", name, len(out), at)
+		}
+		out = append(out, string(w))
+	}
+	if n := numElements(t.Shape); n != int64(len(out)) {
+		return nil, fmt.Errorf("input %q: shape %v holds %d strings, the data %d", name, t.Shape, n, len(out))
+	}
+	return out, nil
+}
+
+// numElements is the number of elements of a shape (-1 for a negative dimension).
+func numElements(shape []int64) int64 {
+	n := int64(1)
+	for _, d := range shape {
+		if d < 0 {
+			return -1
+		}
+		n *= d
+	}
+	return n
 }
 
 // sampling reads the sampling inputs into p.Req. Where the checkpoint samples by default
@@ -271,16 +494,29 @@ func (in inputs) sampling(p *parsedRequest, lim limits) error {
 	if s.Temperature, err = in.float32Scalar(inTemperature, def.Temperature, func(v float32) bool { return v >= 0 }, "must be ≥ 0"); err != nil {
 		return err
 	}
-	topK, err := in.int32Opt(inTopK, int32(def.TopK))
+	topKName, err := in.oneOfNames(inTopK, inTopKAlias)
 	if err != nil {
 		return err
 	}
-	if topK < 0 {
-		return fmt.Errorf("input %q: must be ≥ 0, got %d", inTopK, topK)
+	topK := int32(def.TopK)
+	if topKName != "" {
+		if topK, err = in.int32Scalar(topKName); err != nil {
+			return err
+		}
+		if topK < 0 {
+			return fmt.Errorf("input %q: must be ≥ 0, got %d", topKName, topK)
+		}
 	}
 	s.TopK = int(topK)
-	if s.TopP, err = in.float32Scalar(inTopP, def.TopP, func(v float32) bool { return v >= 0 && v <= 1 }, "must be between 0 and 1"); err != nil {
+	topPName, err := in.oneOfNames(inTopP, inTopPAlias)
+	if err != nil {
 		return err
+	}
+	s.TopP = def.TopP
+	if topPName != "" {
+		if s.TopP, err = in.float32Scalar(topPName, def.TopP, func(v float32) bool { return v >= 0 && v <= 1 }, "must be between 0 and 1"); err != nil {
+			return err
+		}
 	}
 	if t := in[inRandomSeed]; t != nil {
 		if err := in.check(inRandomSeed, triton.TypeUint64); err != nil {
@@ -310,12 +546,8 @@ func (in inputs) sampling(p *parsedRequest, lim limits) error {
 		return fmt.Errorf("input %q: must be ≥ 0, got %d", inMinLength, minLen)
 	}
 	s.MinLength = int(minLen)
-	beam, err := in.int32Opt(inBeamWidth, 1)
-	if err != nil {
+	if err := in.search(p, lim); err != nil {
 		return err
-	}
-	if beam != 1 {
-		return fmt.Errorf("input %q: %d: beam search is not supported yet; use 1", inBeamWidth, beam)
 	}
 	if p.Req.StopWords, err = in.wordList(inStopWords, lim.VocabSize); err != nil {
 		return err
@@ -340,6 +572,82 @@ func (in inputs) sampling(p *parsedRequest, lim limits) error {
 		default:
 			return fmt.Errorf("input %q: %d values; want one per vocabulary entry (%d) or none", inEmbeddingBias, len(bias), lim.VocabSize)
 		}
+	}
+	return nil
+}
+
+// search reads beam search, num_return_sequences and the runtime top-p decay.
+func (in inputs) search(p *parsedRequest, lim limits) error {
+	r := &p.Req
+	beam, err := in.int32Opt(inBeamWidth, 1)
+	if err != nil {
+		return err
+	}
+	maxBeam := max(1, lim.MaxBeamWidth)
+	if beam < 1 || int(beam) > maxBeam {
+		return fmt.Errorf("input %q: %d must be between 1 and the model's max_beam_width %d", inBeamWidth, beam, maxBeam)
+	}
+	r.BeamWidth = int(beam)
+	// Absent, beam search returns all its beams (TensorRT-LLM's unset numReturnSequences).
+	if in[inNumReturnSeqs] != nil {
+		n, err := in.int32Scalar(inNumReturnSeqs)
+		if err != nil {
+			return err
+		}
+		if n < 1 {
+			return fmt.Errorf("input %q: must be at least 1, got %d", inNumReturnSeqs, n)
+		}
+		if beam > 1 && n > beam {
+			return fmt.Errorf("input %q: %d exceeds %q %d (beam search returns at most its beams)", inNumReturnSeqs, n, inBeamWidth, beam)
+		}
+		r.NumReturnSequences = int(n)
+	}
+	penName, err := in.oneOfNames(inLenPenalty, inLengthPenalty)
+	if err != nil {
+		return err
+	}
+	finite := func(float32) bool { return true }
+	if penName != "" {
+		if r.LengthPenalty, err = in.float32Scalar(penName, 0, finite, ""); err != nil {
+			return err
+		}
+	}
+	r.EarlyStopping = 1
+	if t := in[inEarlyStopping]; t != nil {
+		switch t.DataType {
+		case triton.TypeBool:
+			es, err := in.flag(inEarlyStopping)
+			if err != nil {
+				return err
+			}
+			r.EarlyStopping = 0
+			if es {
+				r.EarlyStopping = 1
+			}
+		default:
+			v, err := in.int32Scalar(inEarlyStopping)
+			if err != nil {
+				return fmt.Errorf("%w (BOOL also works: true is 1, false 0)", err)
+			}
+			r.EarlyStopping = int(v)
+		}
+	}
+	if r.DiversityRate, err = in.float32Scalar(inDiversityRate, 0, finite, ""); err != nil {
+		return err
+	}
+	if in[inTopPDecay] != nil || in[inTopPMin] != nil || in[inTopPResetIDs] != nil {
+		unit := func(v float32) bool { return v > 0 && v <= 1 }
+		if r.TopPDecay, err = in.float32Scalar(inTopPDecay, 1, unit, "must be in (0, 1]"); err != nil {
+			return err
+		}
+		if r.TopPMin, err = in.float32Scalar(inTopPMin, 1e-6, unit, "must be in (0, 1]"); err != nil {
+			return err
+		}
+		if r.TopPResetID, err = in.tokenID(inTopPResetIDs, -1, lim.VocabSize); err != nil {
+			return err
+		}
+	} else {
+		r.TopPResetID = -1
 	}
 	return nil
 }

@@ -32,7 +32,12 @@ func boolean(name string, v bool) triton.Tensor {
 
 // str is a BYTES tensor of shape [1, 1].
 func str(name, s string) triton.Tensor {
-	return triton.Tensor{Name: name, DataType: triton.TypeBytes, Shape: []int64{1, 1}, Data: bytesElement(s)}
+	return triton.Tensor{Name: name, DataType: triton.TypeBytes, Shape: []int64{1, 1}, Data: bytesElements([]string{s})}
+}
+
+// strs is a BYTES tensor of strings, shape [1, len(v)].
+func strs(name string, v ...string) triton.Tensor {
+	return triton.Tensor{Name: name, DataType: triton.TypeBytes, Shape: []int64{1, int64(len(v))}, Data: bytesElements(v)}
 }
 
 // words is a stop/bad words tensor of shape [1, 2, len(tokens)].
@@ -53,6 +58,9 @@ func (fakeTokenizer) Encode(text string) []int32 {
 	}
 	return ids
 }
+
+// EncodePrompt is Encode: the fake puts nothing around a prompt.
+func (f fakeTokenizer) EncodePrompt(text string) []int32 { return f.Encode(text) }
 
 // testLimits are the limits of a 1000-token, 64-position model.
 func testLimits() limits {
@@ -156,6 +164,8 @@ func TestParseRequestErrors(t *testing.T) {
 	notDecoupled := lim
 	notDecoupled.Decoupled = false
 	noTokenizer := lim
+	beams := lim
+	beams.MaxBeamWidth = 4
 	noTokenizer.Tokenizer = nil
 	tests := []struct {
 		name   string
@@ -219,8 +229,46 @@ func TestParseRequestErrors(t *testing.T) {
 			`input "runtime_top_k": must be ≥ 0, got -2`},
 		{"a negative min_length", []triton.Tensor{prompt, n, i32(inMinLength, -1)}, lim,
 			`input "min_length": must be ≥ 0, got -1`},
-		{"beam search", []triton.Tensor{prompt, n, i32(inBeamWidth, 2)}, lim,
-			`input "beam_width": 2: beam search is not supported yet; use 1`},
+		{"a beam wider than the model's", []triton.Tensor{prompt, n, i32(inBeamWidth, 2)}, lim,
+			`input "beam_width": 2 must be between 1 and the model's max_beam_width 1`},
+		{"a zero beam width", []triton.Tensor{prompt, n, i32(inBeamWidth, 0)}, beams,
+			`input "beam_width": 0 must be between 1 and the model's max_beam_width 4`},
+		{"more sequences than beams", []triton.Tensor{prompt, n, i32(inBeamWidth, 2), i32(inNumReturnSeqs, 3)}, beams,
+			`input "num_return_sequences": 3 exceeds "beam_width" 2`},
+		{"no sequences", []triton.Tensor{prompt, n, i32(inNumReturnSeqs, 0)}, lim,
+			`input "num_return_sequences": must be at least 1, got 0`},
+		{"generation logits of beams", []triton.Tensor{prompt, n, i32(inBeamWidth, 2), boolean(inReturnGenLogits, true)}, beams,
+			`input "return_generation_logits": not available with beam search`},
+		{"a NaN length penalty", []triton.Tensor{prompt, n, f32(inLenPenalty, float32(math.NaN()))}, lim,
+			`input "len_penalty": must be a finite number, got NaN`},
+		{"both length penalties", []triton.Tensor{prompt, n, f32(inLenPenalty, 1), f32(inLengthPenalty, 1)}, lim,
+			`inputs "len_penalty" and "length_penalty" are both given: send one`},
+		{"early stopping as FP32", []triton.Tensor{prompt, n, f32(inEarlyStopping, 1)}, lim,
+			`input "early_stopping": expected data type INT32, got FP32 (BOOL also works`},
+		{"a top-p decay of zero", []triton.Tensor{prompt, n, f32(inTopPDecay, 0)}, lim,
+			`input "runtime_top_p_decay": must be in (0, 1], got 0`},
+		{"a top-p minimum above one", []triton.Tensor{prompt, n, f32(inTopPMin, 1.5)}, lim,
+			`input "runtime_top_p_min": must be in (0, 1], got 1.5`},
+		{"a top-p reset id outside the vocabulary", []triton.Tensor{prompt, n, i32(inTopPResetIDs, 1000)}, lim,
+			`input "runtime_top_p_reset_ids": 1000 is outside the vocabulary [0, 1000) (-1: none)`},
+		{"both top_k names", []triton.Tensor{prompt, n, i32(inTopK, 1), i32(inTopKAlias, 2)}, lim,
+			`inputs "runtime_top_k" and "top_k" are both given: send one`},
+		{"exclude_input_in_output as INT32", []triton.Tensor{prompt, n, i32(inExcludeInput, 1)}, lim,
+			`input "exclude_input_in_output": expected data type BOOL, got INT32`},
+		{"an empty stop string", []triton.Tensor{prompt, n, strs(inStopText, "ok", "")}, lim,
+			`input "stop_words": string 1 is empty`},
+		{"a stop string that is not UTF-8", []triton.Tensor{prompt, n, strs(inStopText, "a\xff")}, lim,
+			`input "stop_words": string 0 is not valid UTF-8 (byte offset 1)`},
+		{"a truncated string list", []triton.Tensor{prompt, n, {Name: inBadText, DataType: triton.TypeBytes, Shape: []int64{1, 1}, Data: []byte{9, 0, 0, 0, 'a'}}}, lim,
+			`input "bad_words": string 0 claims 9 bytes, 1 are left`},
+		{"a string list shorter than its shape", []triton.Tensor{prompt, n, func() triton.Tensor { t := strs(inStopText, "a"); t.Shape = []int64{1, 2}; return t }()}, lim,
+			`input "stop_words": shape [1 2] holds 2 strings, the data 1`},
+		{"bias words without weights", []triton.Tensor{prompt, n, strs(inBiasWords, "a")}, lim,
+			`inputs "embedding_bias_words" and "embedding_bias_weights" go together`},
+		{"bias weights that do not match the words", []triton.Tensor{prompt, n, strs(inBiasWords, "a", "b"), f32(inBiasWeights, 1)}, lim,
+			`input "embedding_bias_weights": 1 weights for 2 "embedding_bias_words"`},
+		{"stop strings without a tokenizer", []triton.Tensor{prompt, n, strs(inStopText, "x")}, noTokenizer,
+			`need the checkpoint's tokenizer.json`},
 		{"stop words of one row", []triton.Tensor{prompt, n, i32(inStopWords, 1, 2)}, lim,
 			`input "stop_words_list": shape [1 2]; want [1, 2, L]`},
 		{"stop word offsets going back", []triton.Tensor{prompt, n, words(inStopWords, []int32{1, 2, 3}, []int32{2, 1, -1})}, lim,
@@ -233,8 +281,8 @@ func TestParseRequestErrors(t *testing.T) {
 			`input "bad_words_list": token id 5000 is outside the vocabulary [0, 1000)`},
 		{"an embedding bias of the wrong length", []triton.Tensor{prompt, n, f32(inEmbeddingBias, 1, 2)}, lim,
 			`input "embedding_bias": 2 values; want one per vocabulary entry (1000) or none`},
-		{"an input gollm does not read", []triton.Tensor{prompt, n, i32("top_k", 4)}, lim,
-			`input "top_k" is not one gollm reads`},
+		{"an input gollm does not read", []triton.Tensor{prompt, n, i32("lora_task_id", 4)}, lim,
+			`input "lora_task_id" is not one gollm reads`},
 		{"an input given twice", []triton.Tensor{prompt, prompt, n}, lim,
 			`input "input_ids" is given twice`},
 		{"an INT32 input with too few bytes", []triton.Tensor{{Name: inInputIDs, DataType: triton.TypeInt32, Shape: []int64{1, 2}, Data: make([]byte, 6)}, n}, lim,
@@ -245,6 +293,120 @@ func TestParseRequestErrors(t *testing.T) {
 			_, err := parseRequest(tt.inputs, nil, tt.lim)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("got %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseTheTensorRTLLMRequestInputs(t *testing.T) {
+	lim := testLimits()
+	lim.MaxBeamWidth = 4
+	lim.ExcludeInputInOutput = false
+	p, err := parseRequest([]triton.Tensor{
+		str(inTextInput, "abc"), i32(inMaxTokens, 5), i32(inBeamWidth, 4), i32(inNumReturnSeqs, 2),
+		f32(inLengthPenalty, 0.5), boolean(inEarlyStopping, false), f32(inDiversityRate, -0.5),
+		i32(inTopKAlias, 3), f32(inTopPAlias, 0.5), boolean(inExcludeInput, true), boolean(inReturnPerf, true),
+		strs(inStopText, "xy", "END"), strs(inBadText, "q"), strs(inBiasWords, "ab", "b"), f32(inBiasWeights, 1, 2),
+	}, nil, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := p.Req
+	bias := make([]float32, 1000)
+	bias['a'], bias['b'] = 1, 3
+	for _, c := range []struct {
+		name      string
+		got, want any
+	}{
+		{"beam_width", r.BeamWidth, 4},
+		{"num_return_sequences", r.NumReturnSequences, 2},
+		{"length_penalty", r.LengthPenalty, float32(0.5)},
+		{"early_stopping false", r.EarlyStopping, 0},
+		{"diversity", r.DiversityRate, float32(-0.5)},
+		{"top_k", r.Sampling.TopK, 3},
+		{"top_p", r.Sampling.TopP, float32(0.5)},
+		{"exclude_input_in_output overrides the model's", r.ExcludeInputInOutput, true},
+		{"return_perf_metrics", r.ReturnPerfMetrics, true},
+		{"stop strings", p.StopStrings, []string{"xy", "END"}},
+		{"bad words, tokenized", r.Sampling.BadWords, [][]int32{{'q'}}},
+		{"bias words, tokenized and weighted", r.Sampling.EmbeddingBias, bias},
+		{"no top-p decay", r.TopPDecay, float32(0)},
+		{"no top-p reset", r.TopPResetID, int32(-1)},
+	} {
+		if !reflect.DeepEqual(c.got, c.want) {
+			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	p, err = parseRequest([]triton.Tensor{i32(inInputIDs, 1), i32(inRequestOutputLen, 2), f32(inTopPDecay, 0.5), i32(inTopPResetIDs, 7),
+		i32(inEarlyStopping, 2)}, nil, lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := p.Req; r.TopPDecay != 0.5 || r.TopPMin != 1e-6 || r.TopPResetID != 7 || r.EarlyStopping != 2 {
+		t.Errorf("decay %g, min %g, reset %d, early stopping %d", r.TopPDecay, r.TopPMin, r.TopPResetID, r.EarlyStopping)
+	}
+}
+
+// TestTokenCountInputs checks that return_num_input_tokens and return_num_output_tokens
+// ask for the counts, and only as BOOL.
+func TestTokenCountInputs(t *testing.T) {
+	base := []triton.Tensor{i32(inInputIDs, 1, 2, 3, 4), i32(inRequestOutputLen, 2)}
+	p, err := parseRequest(base, nil, testLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Counts != nil {
+		t.Errorf("counts %+v without asking for them", p.Counts)
+	}
+	p, err = parseRequest(append(base, boolean(inReturnNumInput, true), boolean(inReturnNumOutput, false)), nil, testLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (tokenCounts{Input: true}); p.Counts == nil || *p.Counts != want {
+		t.Errorf("counts %+v, want %+v", p.Counts, want)
+	}
+	_, err = parseRequest(append(base, i32(inReturnNumOutput, 1)), nil, testLimits())
+	if err == nil || !strings.Contains(err.Error(), inReturnNumOutput) {
+		t.Errorf("an INT32 %s: error %v, want one naming it", inReturnNumOutput, err)
+	}
+}
+
+// TestTopLogprobsInput checks return_top_logprobs: absent is none; k asks for the
+// generation logits internally without sending generation_logits; out-of-range values,
+// another type and beam search are refused, naming the input.
+func TestTopLogprobsInput(t *testing.T) {
+	base := []triton.Tensor{i32(inInputIDs, 1, 2, 3), i32(inRequestOutputLen, 2)}
+	p, err := parseRequest(base, nil, testLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.TopLogprobs != -1 || p.Req.ReturnGenerationLogits {
+		t.Errorf("absent: top %d, generation logits %v; want -1, false", p.TopLogprobs, p.Req.ReturnGenerationLogits)
+	}
+	p, err = parseRequest(append(base, i32(inReturnTopLogprobs, 3)), nil, testLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.TopLogprobs != 3 || !p.Req.ReturnGenerationLogits || p.GenerationLogits {
+		t.Errorf("3: top %d, engine logits %v, generation_logits sent %v; want 3, true, false", p.TopLogprobs, p.Req.ReturnGenerationLogits, p.GenerationLogits)
+	}
+	lim := testLimits()
+	lim.MaxBeamWidth = 4
+	for _, c := range []struct {
+		name   string
+		extra  []triton.Tensor
+		lim    limits
+		errHas string
+	}{
+		{"above 20", []triton.Tensor{i32(inReturnTopLogprobs, 21)}, testLimits(), `input "return_top_logprobs": must be between -1 (none) and 20, got 21`},
+		{"below -1", []triton.Tensor{i32(inReturnTopLogprobs, -2)}, testLimits(), `got -2`},
+		{"FP32", []triton.Tensor{f32(inReturnTopLogprobs, 2)}, testLimits(), `input "return_top_logprobs": expected data type INT32, got FP32`},
+		{"with beams", []triton.Tensor{i32(inReturnTopLogprobs, 2), i32(inBeamWidth, 2)}, lim, `input "return_top_logprobs": not available with beam search`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := parseRequest(append(slices.Clone(base), c.extra...), nil, c.lim)
+			if err == nil || !strings.Contains(err.Error(), c.errHas) {
+				t.Errorf("error %v, want one containing %q", err, c.errHas)
 			}
 		})
 	}

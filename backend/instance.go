@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"gollm/bridge/triton"
 	"gollm/engine"
 	"gollm/engines"
+	"gollm/model"
 )
 
 // nextID numbers requests for the batch managers: IDs are never reused, so a late stop
@@ -31,12 +33,8 @@ type inflight struct {
 	factory triton.ResponseFactory
 	// streaming says responses carry new tokens as they come.
 	streaming bool
-	// outputs are the outputs the client named; nil means all that apply.
-	outputs map[string]bool
-	// asked are the optional outputs the request asked for.
-	asked askedOutputs
-	// text detokenizes into text_output; nil when the request does not answer in text.
-	text *textState
+	// spec says what the request's responses carry (outputs, text).
+	spec outputSpec
 	// stop is set by a stop request naming this one.
 	stop atomic.Bool
 	// departing is set when the request is ended because the model is going away: its
@@ -202,11 +200,13 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		MaxNumTokens:         ms.cfg.MaxNumTokens,
 		EnableChunkedContext: ms.cfg.EnableChunkedContext,
 		EnableKVCacheReuse:   ms.cfg.EnableKVCacheReuse,
+		MaxBeamWidth:         ms.cfg.MaxBeamWidth,
 	}
 	in.mgr, err = batchmanager.New(eng, cfg, batchmanager.Callbacks{
 		GetInferenceRequests: in.getRequests,
 		SendResponse:         in.sendResponse,
 		PollStopSignal:       in.pollStop,
+		PollEndSignal:        in.pollEnd,
 		// No ReturnBatchManagerStats: iterationStats encodes the JSON only when the
 		// verbose log would show it, not every iteration.
 		IterationStats: in.iterationStats,
@@ -341,13 +341,26 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 		tritonID:  tritonID,
 		factory:   factory,
 		streaming: p.Req.Streaming,
-		outputs:   p.Outputs,
-		asked: askedOutputs{logProbs: p.Req.ReturnLogProbs, contextLogits: p.Req.ReturnContextLogits,
-			generationLogits: p.Req.ReturnGenerationLogits},
+		spec: outputSpec{
+			vocab: in.ms.lim.VocabSize,
+			asked: askedOutputs{logProbs: p.Req.ReturnLogProbs, contextLogits: p.Req.ReturnContextLogits,
+				generationLogits: p.GenerationLogits, perf: p.Perf,
+				tokenLogprobs: p.TopLogprobs >= 0, topLogprobs: max(p.TopLogprobs, 0),
+				sequences: p.Req.BeamWidth <= 1 && p.Req.NumReturnSequences > 1},
+			want:           p.Outputs,
+			streaming:      p.Req.Streaming,
+			padID:          p.Req.PadID,
+			promptInOutput: !p.Req.ExcludeInputInOutput,
+			counts:         p.Counts,
+		},
 	}
 	if p.Text {
-		f.text = &textState{tok: in.ms.tok, stream: in.ms.tok.NewStreamDecoder()}
+		f.spec.text = &textState{d: tokenText{in.ms.tok}, stops: p.StopStrings}
 	}
+	if len(p.StopStrings) > 0 {
+		p.Req.TextStop = &textStopper{d: tokenText{in.ms.tok}, stops: p.StopStrings}
+	}
+	p.Req.Arrival = time.Now()
 	p.Req.ID = f.id
 	ts.ComputeEnd = triton.Now()
 	ts.ExecEnd = ts.ComputeEnd
@@ -368,7 +381,7 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 	in.mu.Unlock()
 	in.log.Debug("request queued", zap.Uint64("id", f.id), zap.String("request_id", tritonID),
 		zap.Int("prompt", len(p.Req.InputIDs)), zap.Int("max_new_tokens", p.Req.MaxNewTokens),
-		zap.Bool("streaming", f.streaming), zap.Bool("text", f.text != nil))
+		zap.Bool("streaming", f.streaming), zap.Bool("text", f.spec.text != nil))
 	return true
 }
 
@@ -522,7 +535,7 @@ func (in *instance) pollStop() map[uint64]struct{} {
 			continue
 		}
 		if f.stop.Load() {
-			add(id)
+			// A stop request ends it with a normal final response (pollEnd).
 			continue
 		}
 		in.pollIDs = append(in.pollIDs, id)
@@ -545,6 +558,24 @@ func (in *instance) pollStop() map[uint64]struct{} {
 		}
 	}
 	return stop
+}
+
+// pollEnd is the batch manager's PollEndSignal: the requests a stop request named,
+// which end as TensorRT-LLM's do, with a normal final response carrying what they
+// generated.
+func (in *instance) pollEnd() map[uint64]struct{} {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	var ids map[uint64]struct{}
+	for id, f := range in.inflight {
+		if f.stop.Load() {
+			if ids == nil {
+				ids = map[uint64]struct{}{}
+			}
+			ids[id] = struct{}{}
+		}
+	}
+	return ids
 }
 
 // iterationStats is the batch manager's IterationStats: it logs the stats as JSON at
@@ -658,7 +689,7 @@ func (in *instance) deliver(item sendItem) {
 		}
 	}()
 	if item.err != nil || item.final {
-		in.finish(f, &item.res, responseError(item.err))
+		in.finish(f, &item.res, responseError(clientError(item.err, f)))
 		return
 	}
 	if err := in.respond(f, &item.res, 0); err != nil {
@@ -696,7 +727,12 @@ func (in *instance) finish(f *inflight, res *batchmanager.Result, err error) {
 // respond sends one response with res's outputs; flags is ResponseFinal for the last. A
 // streaming response with nothing new becomes the final flag alone, or nothing.
 func (in *instance) respond(f *inflight, res *batchmanager.Result, flags uint32) error {
-	outs, empty := convertOutputs(res, in.ms.lim.VocabSize, f.asked, f.outputs, f.text, f.streaming, flags&triton.ResponseFinal != 0)
+	outs, empty := convertOutputs(res, &f.spec, flags&triton.ResponseFinal != 0)
+	if f.spec.counts != nil {
+		// The first response always goes out, so that the prompt's count arrives even
+		// when the request ends at once with its end token.
+		empty = empty && f.responses > 0
+	}
 	if f.streaming && empty {
 		if flags == 0 {
 			return nil
@@ -716,6 +752,51 @@ func (in *instance) respond(f *inflight, res *batchmanager.Result, flags uint32)
 	f.responses++
 	return resp.Send(flags, nil)
 }
+
+// clientError names the client's request id in a batch manager error, in place of the
+// backend's own request number ("request 7: …" becomes `request "abc": …`, or "request:
+// …" when the client gave no id).
+func clientError(err error, f *inflight) error {
+	if err == nil {
+		return nil
+	}
+	msg, ok := strings.CutPrefix(err.Error(), fmt.Sprintf("request %d: ", f.id))
+	if !ok {
+		return err
+	}
+	name := "request: "
+	if f.tritonID != "" {
+		name = fmt.Sprintf("request %q: ", f.tritonID)
+	}
+	return &renamedError{msg: name + msg, err: err}
+}
+
+// renamedError is an error with a new message that still unwraps to the original.
+type renamedError struct {
+	// msg is the message.
+	msg string
+	// err is the original error.
+	err error
+}
+
+// Error returns the new message.
+func (e *renamedError) Error() string { return e.msg }
+
+// Unwrap returns the original error.
+func (e *renamedError) Unwrap() error { return e.err }
+
+// tokenText adapts the checkpoint's tokenizer to what text answers need.
+type tokenText struct {
+	// t is the tokenizer.
+	t *model.Tokenizer
+}
+
+// Decode is the tokens' text without special tokens (BOS, chat markers), as the
+// TensorRT-LLM backend's postprocessing and transformers' pipelines show it.
+func (t tokenText) Decode(ids []int32) string { return t.t.DecodeText(ids) }
+
+// NewStream starts a token-by-token decoder, without special tokens.
+func (t tokenText) NewStream() tokenStream { return t.t.NewTextStreamDecoder() }
 
 // responseError gives a batch manager error its Triton code.
 func responseError(err error) error {

@@ -110,6 +110,7 @@ func loadModel(m triton.Model, log *zap.Logger) (*modelState, error) {
 			Gen:                  gen,
 			Decoupled:            cfg.Decoupled,
 			ExcludeInputInOutput: cfg.ExcludeInputInOutput,
+			MaxBeamWidth:         cfg.MaxBeamWidth,
 		},
 		byTritonID: map[string]map[*inflight]struct{}{},
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/binary"
 	"math"
+	"time"
 
 	"gollm/batchmanager"
 	"gollm/bridge/triton"
@@ -22,15 +23,25 @@ type output struct {
 
 // textState is what a request that answers in text needs.
 type textState struct {
-	// tok detokenizes non-streaming answers.
-	tok interface{ Decode(ids []int32) string }
-	// stream detokenizes streaming answers token by token (a *model.StreamDecoder).
-	stream interface {
-		// Next adds a token and returns the text it completes.
-		Next(id int32) string
-		// Flush returns what is held back at the end.
-		Flush() string
+	// d detokenizes.
+	d detokenizer
+	// stops are the request's stop strings.
+	stops []string
+	// seqs hold each streamed sequence's text state, by sequence index.
+	seqs map[int]*textOut
+}
+
+// stream returns sequence seq's streaming text state.
+func (t *textState) stream(seq int) *textOut {
+	o := t.seqs[seq]
+	if o == nil {
+		o = newTextOut(t.d, t.stops)
+		if t.seqs == nil {
+			t.seqs = map[int]*textOut{}
+		}
+		t.seqs[seq] = o
 	}
+	return o
 }
 
 // askedOutputs are the optional outputs a request asked for.
@@ -41,51 +52,167 @@ type askedOutputs struct {
 	contextLogits bool
 	// generationLogits: generation_logits.
 	generationLogits bool
+	// tokenLogprobs: token_logprobs, top_logprobs and top_logprob_ids.
+	tokenLogprobs bool
+	// topLogprobs is the alternatives per token in top_logprobs and top_logprob_ids.
+	topLogprobs int
+	// perf: the perf metrics outputs (return_perf_metrics).
+	perf bool
+	// sequences: sequence_index (num_return_sequences > 1).
+	sequences bool
+}
+
+// outputSpec is what a request's responses carry.
+type outputSpec struct {
+	// vocab is the vocabulary size (logits shapes).
+	vocab int
+	// asked are the optional outputs asked for.
+	asked askedOutputs
+	// want are the outputs the client named; nil means all.
+	want map[string]bool
+	// text makes text_output; nil when the request does not answer in text.
+	text *textState
+	// streaming says responses carry new tokens (beams: every generated token).
+	streaming bool
+	// padID pads the beams of output_ids to one length.
+	padID int32
+	// promptInOutput says non-streaming output_ids begin with the prompt.
+	promptInOutput bool
+	// counts are the token counts asked for; nil for none.
+	counts *tokenCounts
 }
 
 // convertOutputs turns the batch manager's result for one response into Triton outputs,
-// each with the batch dimension: output_ids [1, 1, n] (beam 1), sequence_length [1, 1],
-// and what the request asked for; only the outputs in want are kept (nil: all), and
-// text_output is added when text is not nil. empty reports a response with no new token
-// and no text (a streaming request's last, after its end token).
-func convertOutputs(res *batchmanager.Result, vocab int, asked askedOutputs, want map[string]bool, text *textState, streaming, final bool) (outs []output, empty bool) {
+// each with the batch dimension: output_ids [1, beams, n], sequence_length [1, beams],
+// and what the request asked for; only the outputs the client named are kept (all when
+// it named none; batch_index only when named), and text_output [beams] (TensorRT-LLM's
+// flattened shape) is added for text requests. empty reports a response with no new
+// token and no text (a streaming request's last, after its end token).
+func convertOutputs(res *batchmanager.Result, spec *outputSpec, final bool) (outs []output, empty bool) {
+	want := spec.want
 	add := func(name string, dt triton.DataType, data []byte, shape ...int64) {
 		if want == nil || want[name] {
 			outs = append(outs, output{Name: name, DataType: dt, Shape: shape, Data: data})
 		}
 	}
-	ids := res.Tokens
-	add(outOutputIDs, triton.TypeInt32, int32Bytes(ids), 1, 1, int64(len(ids)))
-	add(outSequenceLength, triton.TypeInt32, int32Bytes([]int32{int32(res.Length)}), 1, 1)
-	if asked.logProbs {
-		add(outCumLogProbs, triton.TypeFP32, float32Bytes([]float32{res.CumLogProb}), 1, 1)
-		add(outOutputLogProbs, triton.TypeFP32, float32Bytes(res.LogProbs), 1, 1, int64(len(res.LogProbs)))
+	vocab := int64(spec.vocab)
+	beams := res.Beams
+	if beams == nil {
+		beams = []batchmanager.BeamResult{{Tokens: res.Tokens[:res.Length], CumLogProb: res.CumLogProb, LogProbs: res.LogProbs}}
 	}
-	if asked.contextLogits && res.ContextLogits != nil {
-		add(outContextLogits, triton.TypeFP32, float32Bytes(res.ContextLogits), 1, int64(res.PromptLen), int64(vocab))
+	W := int64(len(beams))
+	if len(res.Beams) == 0 && res.Beams != nil {
+		W = 0
 	}
-	if asked.generationLogits {
-		rows := int64(len(res.GenerationLogits) / max(1, vocab))
-		add(outGenLogits, triton.TypeFP32, float32Bytes(res.GenerationLogits), 1, 1, rows, int64(vocab))
-	}
-	empty = len(ids) == 0
-	if text != nil && (want == nil || want[outTextOutput]) {
-		var s string
-		if streaming {
-			for _, id := range ids {
-				s += text.stream.Next(id)
-			}
-			if final {
-				s += text.stream.Flush()
-			}
-		} else {
-			// V1 pads output_ids past the sequence's end.
-			s = text.tok.Decode(ids[:res.Length])
+	if res.Beams == nil {
+		// One sequence: its tokens as they are (V1 pads them past Length).
+		add(outOutputIDs, triton.TypeInt32, int32Bytes(res.Tokens), 1, 1, int64(len(res.Tokens)))
+		add(outSequenceLength, triton.TypeInt32, int32Bytes([]int32{int32(res.Length)}), 1, 1)
+	} else {
+		longest := 0
+		for _, b := range beams {
+			longest = max(longest, len(b.Tokens))
 		}
-		empty = empty && s == ""
-		outs = append(outs, output{Name: outTextOutput, DataType: triton.TypeBytes, Shape: []int64{1, 1}, Data: bytesElement(s)})
+		ids := make([]int32, 0, len(beams)*longest)
+		lens := make([]int32, len(beams))
+		for i, b := range beams {
+			ids = append(ids, b.Tokens...)
+			for range longest - len(b.Tokens) {
+				ids = append(ids, max(spec.padID, 0))
+			}
+			lens[i] = int32(len(b.Tokens))
+		}
+		add(outOutputIDs, triton.TypeInt32, int32Bytes(ids), 1, W, int64(longest))
+		add(outSequenceLength, triton.TypeInt32, int32Bytes(lens), 1, W)
+	}
+	if spec.asked.logProbs {
+		cums := make([]float32, len(beams))
+		longest := 0
+		for i, b := range beams {
+			cums[i] = b.CumLogProb
+			longest = max(longest, len(b.LogProbs))
+		}
+		lps := make([]float32, 0, len(beams)*longest)
+		for _, b := range beams {
+			lps = append(lps, b.LogProbs...)
+			lps = append(lps, make([]float32, longest-len(b.LogProbs))...)
+		}
+		add(outCumLogProbs, triton.TypeFP32, float32Bytes(cums), 1, W)
+		add(outOutputLogProbs, triton.TypeFP32, float32Bytes(lps), 1, W, int64(longest))
+	}
+	if spec.asked.contextLogits && res.ContextLogits != nil {
+		add(outContextLogits, triton.TypeFP32, float32Bytes(res.ContextLogits), 1, int64(res.PromptLen), vocab)
+	}
+	if spec.asked.generationLogits {
+		rows := int64(len(res.GenerationLogits)) / max(1, vocab)
+		add(outGenLogits, triton.TypeFP32, float32Bytes(res.GenerationLogits), 1, 1, rows, vocab)
+	}
+	if k := spec.asked.topLogprobs; spec.asked.tokenLogprobs && res.Beams == nil {
+		lps, ids, tops := topLogprobs(res, spec.vocab, k)
+		rows := int64(len(lps))
+		add(outTokenLogprobs, triton.TypeFP32, float32Bytes(lps), 1, rows)
+		add(outTopLogprobs, triton.TypeFP32, float32Bytes(tops), 1, rows, int64(k))
+		add(outTopLogprobIDs, triton.TypeInt32, int32Bytes(ids), 1, rows, int64(k))
+	}
+	if spec.asked.sequences || want[outSequenceIndex] {
+		add(outSequenceIndex, triton.TypeInt32, int32Bytes([]int32{int32(res.SequenceIndex)}), 1, 1)
+	}
+	if want[outBatchIndex] {
+		add(outBatchIndex, triton.TypeInt32, int32Bytes([]int32{0}), 1, 1)
+	}
+	if spec.asked.perf && res.Perf != nil {
+		addPerf(add, res.Perf)
+	}
+	if c := spec.counts; c != nil {
+		if c.Input {
+			add(outNumInput, triton.TypeInt32, int32Bytes([]int32{int32(res.PromptLen)}), 1, 1)
+		}
+		if c.Output {
+			add(outNumOutput, triton.TypeInt32, int32Bytes([]int32{int32(c.generated(res, spec.streaming))}), 1, 1)
+		}
+	}
+	empty = true
+	for _, b := range beams {
+		empty = empty && len(b.Tokens) == 0
+	}
+	if spec.text != nil && (want == nil || want[outTextOutput]) {
+		texts := make([]string, len(beams))
+		for i, b := range beams {
+			switch {
+			case spec.streaming && res.Beams == nil:
+				texts[i] = spec.text.stream(res.SequenceIndex).push(b.Tokens, final || res.SequenceFinal)
+			case spec.promptInOutput && !spec.streaming:
+				texts[i] = wholeText(spec.text.d, b.Tokens, res.PromptLen, spec.text.stops)
+			default:
+				texts[i] = wholeText(spec.text.d, b.Tokens, 0, spec.text.stops)
+			}
+			empty = empty && texts[i] == ""
+		}
+		outs = append(outs, output{Name: outTextOutput, DataType: triton.TypeBytes, Shape: []int64{W}, Data: bytesElements(texts)})
 	}
 	return outs, empty
+}
+
+// addPerf adds the perf metrics outputs (TensorRT-LLM's names and types; gollm has no
+// speculative decoding, so its three outputs are 0).
+func addPerf(add func(string, triton.DataType, []byte, ...int64), p *batchmanager.PerfMetrics) {
+	ns := func(t time.Time) []byte {
+		v := int64(0)
+		if !t.IsZero() {
+			v = t.UnixNano()
+		}
+		return binary.LittleEndian.AppendUint64(nil, uint64(v))
+	}
+	add(outKVAllocNewBlocks, triton.TypeInt32, int32Bytes([]int32{int32(p.NewBlocks)}), 1, 1)
+	add(outKVReusedBlocks, triton.TypeInt32, int32Bytes([]int32{int32(p.ReusedBlocks)}), 1, 1)
+	add(outKVAllocTotalBlocks, triton.TypeInt32, int32Bytes([]int32{int32(p.NewBlocks + p.ReusedBlocks)}), 1, 1)
+	add(outArrivalTime, triton.TypeInt64, ns(p.Arrival), 1, 1)
+	add(outFirstScheduledTime, triton.TypeInt64, ns(p.FirstScheduled), 1, 1)
+	add(outFirstTokenTime, triton.TypeInt64, ns(p.FirstToken), 1, 1)
+	add(outLastTokenTime, triton.TypeInt64, ns(p.LastToken), 1, 1)
+	add(outAcceptanceRate, triton.TypeFP32, float32Bytes([]float32{0}), 1, 1)
+	add(outTotalAcceptedDraftTokens, triton.TypeInt32, int32Bytes([]int32{0}), 1, 1)
+	add(outTotalDraftTokens, triton.TypeInt32, int32Bytes([]int32{0}), 1, 1)
 }
 
 // int32Bytes serializes little-endian.
@@ -106,10 +233,33 @@ func float32Bytes(v []float32) []byte {
 	return b
 }
 
-// bytesElement serializes one BYTES element: a 4-byte little-endian length, then s.
-func bytesElement(s string) []byte {
-	b := make([]byte, 4+len(s))
-	binary.LittleEndian.PutUint32(b, uint32(len(s)))
-	copy(b[4:], s)
+// bytesElements serializes BYTES elements: each a 4-byte little-endian length, then
+// its bytes.
+func bytesElements(ss []string) []byte {
+	var b []byte
+	for _, s := range ss {
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(s)))
+		b = append(b, s...)
+	}
 	return b
+}
+
+// tokenCounts are the token counts a request asked for (return_num_input_tokens,
+// return_num_output_tokens: the names Triton's OpenAI frontend uses).
+type tokenCounts struct {
+	// Input adds num_input_tokens, the prompt's length in tokens, to every response.
+	Input bool
+	// Output adds num_output_tokens: the tokens generated in this response (streaming)
+	// or in all (otherwise); the end token is not counted, as output_ids leaves it out.
+	Output bool
+}
+
+// generated is num_output_tokens for res. A streaming response of one sequence counts
+// its new tokens; otherwise (the whole answer, or a beam search's streamed beams, which
+// repeat every token) it is the sequence's generated tokens so far.
+func (c *tokenCounts) generated(res *batchmanager.Result, streaming bool) int {
+	if streaming && res.Beams == nil {
+		return res.Length
+	}
+	return res.Generated
 }

@@ -45,6 +45,12 @@ type Config struct {
 	EnableChunkedContext bool
 	// EnableKVCacheReuse shares the KV blocks of common prompt prefixes.
 	EnableKVCacheReuse bool
+	// MaxBeamWidth is the widest beam search accepted (max_beam_width); 0: no limit
+	// beyond MaxBatchSize.
+	MaxBeamWidth int
+	// BatchedLogitsPostProcessor serves the requests with BatchedPostProcessing; a
+	// request asking for it without one is refused.
+	BatchedLogitsPostProcessor BatchedLogitsPostProcessor
 	// IdleWait is how long the loop waits for work when idle before polling again
 	// (default 10ms); Manager.Wake cuts it short.
 	IdleWait time.Duration

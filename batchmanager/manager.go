@@ -3,6 +3,7 @@ package batchmanager
 import (
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"slices"
 	"sync"
@@ -94,6 +95,14 @@ type Manager struct {
 
 	// sched are the requests of this iteration's batch, in batch order.
 	sched []*request
+	// refs name the request and branch of each sequence of the batch.
+	refs []seqRef
+	// sampler chooses the tokens of host-sampled requests and scores beams.
+	sampler *engine.Sampler
+	// topScratch is beam search's top-k scratch.
+	topScratch []tokLP
+	// now is when the current iteration started.
+	now time.Time
 	// batch is the engine batch, reused each iteration.
 	batch engine.Batch
 	// it counts this iteration's work for the stats.
@@ -122,55 +131,103 @@ const (
 	phaseDone
 )
 
-// request is the manager's state of one InferenceRequest.
+// request is the manager's state of one InferenceRequest. Its embedded branch is its
+// sequence — the only one, or the first of a beam search's beams or of its sampled
+// sequences (num_return_sequences), whose other branches are in forks.
 type request struct {
+	branch
 	// req is the client's request.
 	req *InferenceRequest
 	// id is req.ID.
 	id uint64
 	// phase says which list holds the request.
 	phase phase
-	// tokens are the prompt followed by the generated tokens.
-	tokens []int32
 	// promptLen is the prompt's length.
 	promptLen int
 	// maxNew is MaxNewTokens capped by the model's MaxSeqLen.
 	maxNew int
-	// worstBlocks is the most KV blocks the request can need.
+	// worstBlocks is the most KV blocks the request can need (all its branches).
 	worstBlocks int
+	// admitSeq orders admissions (pause victims are the highest).
+	admitSeq uint64
+	// sampling is req.Sampling with EndIDs set from req.EndIDs.
+	sampling engine.SamplingParams
+	// ctxLogits are the prompt positions' logits (when asked), [promptLen][vocab].
+	ctxLogits []float32
+	// ctxSent says context_logits went out once (streaming).
+	ctxSent bool
+	// failed is the error ending the request this iteration, if any.
+	failed error
+	// resumes counts how many times the request came back from a pause.
+	resumes int
+
+	// width is the most engine sequences the request runs at once: its beam width or
+	// its number of sampled sequences; 1 for a plain request.
+	width int
+	// beams says the request runs beam search (BeamWidth > 1).
+	beams bool
+	// forkAt is where a group's branches start writing KV of their own: the prompt's
+	// length for beams (the first branch computes the prompt and its logits start the
+	// search), one less for sampled sequences (each computes the last prompt token and
+	// draws its own first token).
+	forkAt int
+	// forked says a group's branches exist (its prompt is computed up to forkAt).
+	forked bool
+	// forks are the branches besides the embedded one.
+	forks []*branch
+	// search is a beam request's finished hypotheses and settings.
+	search *beamSearch
+	// perf holds the request's timings and KV counts (ReturnPerfMetrics).
+	perf PerfMetrics
+	// complete says the whole request finished this iteration (every branch ended, or
+	// the beam search is done).
+	complete bool
+	// all lists the branches: the embedded one, then forks.
+	all []*branch
+}
+
+// branch is one sequence of a request.
+type branch struct {
+	// tokens are the prompt followed by the generated tokens.
+	tokens []int32
 	// kv is the block table while running; nil otherwise.
 	kv *kvcache.Sequence
 	// computed is the number of leading tokens whose KV is in kv.
 	computed int
 	// generated is the number of tokens generated (the end token excluded).
 	generated int
-	// admitSeq orders admissions (pause victims are the highest).
-	admitSeq uint64
-	// sampling is req.Sampling with EndIDs set from req.EndIDs.
-	sampling engine.SamplingParams
-	// cumLogProb is the sum of logProbs.
+	// cumLogProb is the sum of logProbs (a beam's score before the length penalty).
 	cumLogProb float32
-	// logProbs are the generated tokens' log-probabilities (when asked).
+	// logProbs are the generated tokens' log-probabilities (when asked; beams always).
 	logProbs []float32
 	// genLogits are the generated positions' logits (when asked), [generated][vocab].
 	genLogits []float32
-	// ctxLogits are the prompt positions' logits (when asked), [promptLen][vocab].
-	ctxLogits []float32
 	// sent is the number of generated tokens already streamed.
 	sent int
-	// ctxSent says context_logits went out (streaming).
-	ctxSent bool
 	// n is the number of tokens scheduled this iteration.
 	n int
-	// ended says the request finished this iteration.
+	// ended says the branch finished (this iteration or before).
 	ended bool
-	// failed is the error ending the request this iteration, if any.
-	failed error
-	// resumes counts how many times the request came back from a pause.
-	resumes int
-	// finish is why the request ended, once it has.
+	// finish is why the branch ended, once it has.
 	finish FinishReason
+	// index is the branch's sequence index (num_return_sequences).
+	index int
+	// seed is the branch's random stream.
+	seed uint64
+	// topP is the branch's runtime top-p (runtime_top_p_decay moves it each step).
+	topP float32
+	// replied says the branch's last response went out (a group's branch ends alone).
+	replied bool
+	// logits are the last position's logits this iteration, for the manager to sample
+	// or score (host-sampled requests); nil otherwise.
+	logits []float32
+	// rawLogits are logits as the engine returned them, before a post-processor
+	// (ReturnGenerationLogits of a host-sampled request).
+	rawLogits []float32
 }
+
+// branches lists r's branches, the embedded one first (the slice is r's own).
+func (r *request) branches() []*branch { return r.all }
 
 // New validates cfg, sizes the KV pool from eng.Info() and starts the worker goroutine.
 func New(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*Manager, error) {
@@ -206,16 +263,17 @@ func newManager(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*
 		return nil, fmt.Errorf("batchmanager: KV pool from engine info: %w", err)
 	}
 	m := &Manager{
-		eng:  eng,
-		info: info,
-		cfg:  cfg,
-		cb:   cb,
-		log:  log,
-		pool: pool,
-		wake: make(chan struct{}, 1),
-		quit: make(chan struct{}),
-		done: make(chan struct{}),
-		byID: map[uint64]*request{},
+		sampler: engine.NewSampler(info.VocabSize),
+		eng:     eng,
+		info:    info,
+		cfg:     cfg,
+		cb:      cb,
+		log:     log,
+		pool:    pool,
+		wake:    make(chan struct{}, 1),
+		quit:    make(chan struct{}),
+		done:    make(chan struct{}),
+		byID:    map[uint64]*request{},
 	}
 	m.last = m.snapshot(time.Now())
 	return m, nil
@@ -360,7 +418,10 @@ func (m *Manager) failAll(err error) {
 		m.pool = pool
 	}
 	for _, r := range all {
-		r.kv, r.phase = nil, phaseDone
+		for _, b := range r.branches() {
+			b.kv = nil
+		}
+		r.phase = phaseDone
 		m.send(r.id, Result{}, true, fmt.Errorf("request %d: %w", r.id, err))
 	}
 	m.publishStats(time.Now(), false)
@@ -391,6 +452,20 @@ func (m *Manager) pollStop() (ids map[uint64]struct{}) {
 	return m.cb.PollStopSignal()
 }
 
+// pollEnd calls PollEndSignal, if set, containing a panic in it.
+func (m *Manager) pollEnd() (ids map[uint64]struct{}) {
+	if m.cb.PollEndSignal == nil {
+		return nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			m.log.Error("PollEndSignal panicked", zap.Any("panic", r))
+			ids = nil
+		}
+	}()
+	return m.cb.PollEndSignal()
+}
+
 // send calls SendResponse, containing a panic in it (one bad response must not take
 // the others down).
 func (m *Manager) send(id uint64, res Result, final bool, err error) {
@@ -412,6 +487,7 @@ func (m *Manager) Broken() error {
 
 // iterate runs one iteration; it reports whether the engine ran.
 func (m *Manager) iterate() bool {
+	m.now = time.Now()
 	if err := m.Broken(); err != nil {
 		// Nothing runs any more: every new request ends at once.
 		for _, r := range m.getRequests(-1) {
@@ -424,6 +500,7 @@ func (m *Manager) iterate() bool {
 	m.intake()
 	m.schedule()
 	if len(m.sched) == 0 {
+		m.applyEnds(m.pollEnd())
 		m.applyStops(m.pollStop())
 		// Keep Stats current (waiting or cancelled requests) without a stats callback.
 		m.publishStats(time.Now(), false)
@@ -432,6 +509,7 @@ func (m *Manager) iterate() bool {
 	m.iter++
 	now := time.Now()
 	m.step()
+	m.applyEnds(m.pollEnd())
 	m.applyStops(m.pollStop())
 	m.publishStats(now, true)
 	return true
@@ -496,26 +574,53 @@ func (m *Manager) newRequest(ir *InferenceRequest) (*request, error) {
 			return nil, fmt.Errorf("bad_words_list[%d]: empty bad word", i)
 		}
 	}
+	width, beams, err := m.checkGroup(ir)
+	if err != nil {
+		return nil, err
+	}
 	maxNew := min(ir.MaxNewTokens, m.info.MaxSeqLen-n)
 	// The last generated token is never fed back, so the KV holds n+maxNew-1 positions.
 	worst := m.pool.BlocksFor(n + maxNew - 1)
+	forkAt := n
+	if width > 1 {
+		// A group shares its prompt's blocks up to the fork, then each branch may hold
+		// its own copy of every later block.
+		if !beams {
+			forkAt = n - 1
+		}
+		shared := forkAt / m.pool.TokensPerBlock()
+		worst = shared + width*(worst-shared)
+	}
 	if worst > m.pool.NumBlocks() {
-		return nil, fmt.Errorf("input_ids and request_output_len: %d prompt + %d new tokens need %d KV blocks of %d tokens, the pool has %d",
-			n, maxNew, worst, m.pool.TokensPerBlock(), m.pool.NumBlocks())
+		return nil, fmt.Errorf("input_ids and request_output_len: %d prompt + %d new tokens need %d KV blocks of %d tokens (%d sequences), the pool has %d",
+			n, maxNew, worst, m.pool.TokensPerBlock(), width, m.pool.NumBlocks())
 	}
 	r := &request{
 		req:         ir,
 		id:          ir.ID,
-		tokens:      make([]int32, n, n+maxNew),
 		promptLen:   n,
 		maxNew:      maxNew,
 		worstBlocks: worst,
 		sampling:    ir.Sampling,
+		width:       width,
+		beams:       beams,
+		forkAt:      forkAt,
 	}
+	r.tokens = make([]int32, n, n+maxNew)
+	r.all = []*branch{&r.branch}
 	copy(r.tokens, ir.InputIDs)
 	r.sampling.EndIDs = ir.EndIDs
-	if ir.ReturnLogProbs {
+	r.seed = r.sampling.Seed
+	r.topP = r.initialTopP()
+	if ir.ReturnLogProbs || beams {
 		r.logProbs = make([]float32, 0, maxNew)
+	}
+	if beams {
+		r.search = &beamSearch{}
+	}
+	r.perf.Arrival = ir.Arrival
+	if r.perf.Arrival.IsZero() {
+		r.perf.Arrival = m.now
 	}
 	if ir.ReturnContextLogits {
 		r.ctxLogits = make([]float32, n*m.info.VocabSize)
@@ -526,14 +631,60 @@ func (m *Manager) newRequest(ir *InferenceRequest) (*request, error) {
 // release frees a request's state: its KV blocks, its ID. Called before its final
 // response.
 func (m *Manager) release(r *request) {
-	if r.kv != nil {
-		if err := r.kv.Release(); err != nil {
-			m.log.Error("releasing KV blocks", zap.Uint64("request", r.id), zap.Error(err))
-		}
-		r.kv = nil
-	}
+	m.releaseKV(r)
 	delete(m.byID, r.id)
 	r.phase = phaseDone
+}
+
+// releaseKV gives back the KV blocks of every branch of r.
+func (m *Manager) releaseKV(r *request) {
+	for _, b := range r.branches() {
+		if b.kv != nil {
+			if err := b.kv.Release(); err != nil {
+				m.log.Error("releasing KV blocks", zap.Uint64("request", r.id), zap.Error(err))
+			}
+			b.kv = nil
+		}
+	}
+}
+
+// applyEnds ends the named requests now as if they had finished (PollEndSignal): a
+// waiting one answers with nothing generated; a running one with what it has, its beams
+// ranked as at the length limit.
+func (m *Manager) applyEnds(ids map[uint64]struct{}) {
+	if len(ids) == 0 {
+		return
+	}
+	ended := false
+	for id := range ids {
+		r, ok := m.byID[id]
+		if !ok || r.phase == phaseHeld {
+			continue
+		}
+		ended = true
+		for _, b := range r.branches() {
+			if !b.ended {
+				b.ended, b.finish = true, FinishedCancelled
+			}
+		}
+		if r.beams && r.forked {
+			for _, b := range r.branches() {
+				if b.kv != nil {
+					r.search.addHyp(hyp{tokens: b.tokens[r.promptLen:], logProbs: b.logProbs, cum: b.cumLogProb,
+						score: lengthPenalty(b.cumLogProb, b.generated, r.req.LengthPenalty), finish: FinishedCancelled}, r.width)
+				}
+			}
+		}
+		r.complete = true
+		m.release(r)
+		m.sendLast(r, 0)
+	}
+	if ended {
+		m.waiting = compact(m.waiting, phaseWaiting)
+		m.running = compact(m.running, phaseRunning)
+		m.paused = compact(m.paused, phasePaused)
+		m.finishV1Batch()
+	}
 }
 
 // applyStops stops the named requests now: state freed, final ErrCancelled response.
@@ -589,6 +740,50 @@ func compact(rs []*request, keep phase) []*request {
 	}
 	clear(rs[len(out):])
 	return out
+}
+
+// checkGroup validates a request's beam search and sequence settings and returns how
+// many engine sequences it runs at once and whether it is a beam search.
+func (m *Manager) checkGroup(ir *InferenceRequest) (width int, beams bool, err error) {
+	finite := func(x float32) bool { return !math.IsNaN(float64(x)) && !math.IsInf(float64(x), 0) }
+	switch {
+	case ir.BeamWidth < 0:
+		return 0, false, fmt.Errorf("beam_width: %d must be at least 1", ir.BeamWidth)
+	case ir.NumReturnSequences < 0:
+		return 0, false, fmt.Errorf("num_return_sequences: %d must be at least 1", ir.NumReturnSequences)
+	case !finite(ir.LengthPenalty):
+		return 0, false, fmt.Errorf("len_penalty: %g must be finite", ir.LengthPenalty)
+	case !finite(ir.DiversityRate):
+		return 0, false, fmt.Errorf("beam_search_diversity_rate: %g must be finite", ir.DiversityRate)
+	case ir.TopPDecay != 0 && !(ir.TopPDecay > 0 && ir.TopPDecay <= 1):
+		return 0, false, fmt.Errorf("runtime_top_p_decay: %g must be in (0, 1]", ir.TopPDecay)
+	case ir.TopPDecay != 0 && !(ir.TopPMin > 0 && ir.TopPMin <= 1):
+		return 0, false, fmt.Errorf("runtime_top_p_min: %g must be in (0, 1]", ir.TopPMin)
+	case ir.TopPResetID < -1 || int(ir.TopPResetID) >= m.info.VocabSize:
+		return 0, false, fmt.Errorf("runtime_top_p_reset_ids: %d is outside the vocabulary [0, %d) (-1: none)", ir.TopPResetID, m.info.VocabSize)
+	}
+	if ir.BatchedPostProcessing && m.cfg.BatchedLogitsPostProcessor == nil {
+		return 0, false, errors.New("logits post-processor: the request asks for the batched one, and none is configured")
+	}
+	width = max(1, ir.BeamWidth)
+	beams = width > 1
+	if beams {
+		if ir.NumReturnSequences > width {
+			return 0, false, fmt.Errorf("num_return_sequences: %d exceeds beam_width %d (beam search returns at most its beams)", ir.NumReturnSequences, width)
+		}
+		if ir.ReturnGenerationLogits {
+			return 0, false, errors.New("return_generation_logits: not available with beam search (beam_width > 1)")
+		}
+		if m.cfg.MaxBeamWidth > 0 && width > m.cfg.MaxBeamWidth {
+			return 0, false, fmt.Errorf("beam_width: %d exceeds the model's max_beam_width %d", width, m.cfg.MaxBeamWidth)
+		}
+	} else {
+		width = max(1, ir.NumReturnSequences)
+	}
+	if width > m.cfg.MaxBatchSize {
+		return 0, false, fmt.Errorf("beam_width or num_return_sequences: %d sequences exceed max_batch_size %d (each one is a sequence of the batch)", width, m.cfg.MaxBatchSize)
+	}
+	return width, beams, nil
 }
 
 // checkSampling validates a request's sampling settings, once, at admission: engines

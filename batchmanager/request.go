@@ -4,7 +4,11 @@
 // signals, report stats).
 package batchmanager
 
-import "gollm/engine"
+import (
+	"time"
+
+	"gollm/engine"
+)
 
 // InferenceRequest is one generation request as the manager sees it.
 type InferenceRequest struct {
@@ -35,6 +39,86 @@ type InferenceRequest struct {
 	ReturnContextLogits bool
 	// ReturnGenerationLogits fills Result.GenerationLogits.
 	ReturnGenerationLogits bool
+	// ReturnPerfMetrics fills Result.Perf.
+	ReturnPerfMetrics bool
+	// Arrival is when the request arrived (Result.Perf.Arrival); zero: when the manager
+	// took it.
+	Arrival time.Time
+
+	// BeamWidth > 1 runs beam search with that many beams (0 and 1: none).
+	BeamWidth int
+	// NumReturnSequences is, for sampling, the number of sequences to generate from the
+	// prompt (each with its SequenceIndex); for beam search, the number of best beams to
+	// return (0: BeamWidth). 0 and 1 mean one.
+	NumReturnSequences int
+	// LengthPenalty divides a finished beam's cumulative log-probability by
+	// length^LengthPenalty to rank it (TensorRT-LLM's len_penalty; 0: none).
+	LengthPenalty float32
+	// EarlyStopping ends a beam search once BeamWidth beams have finished (1, the
+	// default as TensorRT-LLM's); 0 stops when no running beam can beat the finished
+	// ones (transformers' heuristic); any other value never stops early.
+	EarlyStopping int
+	// DiversityRate adds DiversityRate × k to the k-th best continuation of each beam
+	// (from 0) when ranking candidates (beam_search_diversity_rate; negative values
+	// favour diverse siblings, Li et al. 2016).
+	DiversityRate float32
+	// TopPDecay, when positive, multiplies the runtime top-p after every generated
+	// token, down to TopPMin (runtime_top_p_decay, runtime_top_p_min; Krishna et al.
+	// 2022), and TopPResetID (≥ 0) sets it back to the request's top-p when generated.
+	TopPDecay float32
+	// TopPMin is the lowest runtime top-p under TopPDecay.
+	TopPMin float32
+	// TopPResetID resets the runtime top-p when generated; -1: none.
+	TopPResetID int32
+
+	// TextStop, when set, sees each sequence's generated tokens after every token and
+	// ends the sequence when it says so (stop strings matched on the text); the sequence
+	// then finishes with FinishedStopWord.
+	TextStop TextStopper
+	// LogitsPostProcessor, when set, may change each sequence's logits before its token
+	// is chosen: the logits come back from the engine (after the embedding bias) and the
+	// manager samples or scores them with the engine's rules (engine.Sampler).
+	LogitsPostProcessor LogitsPostProcessor
+	// BatchedPostProcessing hands the request's logits to Config's
+	// BatchedLogitsPostProcessor, with those of every other such request of the
+	// iteration, in one call.
+	BatchedPostProcessing bool
+}
+
+// BatchedLogitsPostProcessor changes the logits of every sequence of an iteration whose
+// request asked for it, in one call (TensorRT-LLM's LogitsPostProcessorBatched): the
+// request IDs, the logits rows to change in place, and each sequence's tokens so far,
+// index by index. Called from the manager's goroutine.
+type BatchedLogitsPostProcessor func(ids []uint64, logits [][]float32, tokens [][]int32)
+
+// TextStopper decides on conditions over a sequence's text, which the manager cannot
+// see. It is called from the manager's goroutine only.
+type TextStopper interface {
+	// Stopped reports whether the sequence index seq must end with the generated tokens
+	// it has now (every one so far, the prompt excluded). Beams may change from one call
+	// to the next.
+	Stopped(seq int, generated []int32) bool
+}
+
+// LogitsPostProcessor changes the logits of a request's sequences (TensorRT-LLM's
+// logits post-processor). It is called from the manager's goroutine, once per sequence
+// and step, with the request ID, the logits row [vocab] to change in place, and the
+// tokens of the sequence so far (prompt and generated, read-only).
+type LogitsPostProcessor func(id uint64, logits []float32, tokens []int32)
+
+// PerfMetrics are a request's timings and KV counts (TensorRT-LLM's request perf
+// metrics).
+type PerfMetrics struct {
+	// Arrival is when the request arrived.
+	Arrival time.Time
+	// FirstScheduled is when it was first scheduled.
+	FirstScheduled time.Time
+	// FirstToken and LastToken are when its first and latest tokens were generated.
+	FirstToken, LastToken time.Time
+	// ReusedBlocks counts the KV blocks it took from shared prompt prefixes.
+	ReusedBlocks int
+	// NewBlocks counts the KV blocks allocated for it (copies for beams included).
+	NewBlocks int
 }
 
 // FinishReason says why a request ended.
@@ -50,6 +134,9 @@ const (
 	// FinishedLength: MaxNewTokens were generated, or the model's maximum sequence
 	// length was reached.
 	FinishedLength
+	// FinishedCancelled: a stop signal ended the request before it finished (it returns
+	// what it had generated).
+	FinishedCancelled
 )
 
 // String names the reason as TensorRT-LLM's FinishReason does.
@@ -61,6 +148,8 @@ func (f FinishReason) String() string {
 		return "STOP_WORDS"
 	case FinishedLength:
 		return "LENGTH"
+	case FinishedCancelled:
+		return "CANCELLED"
 	}
 	return "NOT_FINISHED"
 }
@@ -95,6 +184,34 @@ type Result struct {
 	// Generated is the number of tokens generated so far (the end token excluded).
 	Generated int
 	// Finish says why the request ended, in its final response; NotFinished before.
+	// With several sequences, why this response's sequence ended, in its last response.
+	Finish FinishReason
+	// Beams holds, for beam search, one entry per beam in order (best first once
+	// finished); the fields above then describe Beams[0]. Streaming, each response
+	// carries every generated token of the current beams (they change as the search
+	// goes on); the final one the finished beams.
+	Beams []BeamResult
+	// SequenceIndex is the sequence this response belongs to (num_return_sequences
+	// when sampling; 0 otherwise).
+	SequenceIndex int
+	// SequenceFinal marks the last response of SequenceIndex.
+	SequenceFinal bool
+	// Perf holds the request's timings and KV counts (ReturnPerfMetrics; nil otherwise).
+	Perf *PerfMetrics
+}
+
+// BeamResult is one beam of a beam search's response.
+type BeamResult struct {
+	// Tokens are the beam's tokens: the generated ones (streaming, or with
+	// ExcludeInputInOutput), else the prompt and the generated ones.
+	Tokens []int32
+	// CumLogProb is the sum of the beam's log-probabilities.
+	CumLogProb float32
+	// LogProbs are the log-probabilities of the beam's generated tokens (ReturnLogProbs).
+	LogProbs []float32
+	// Score is CumLogProb after the length penalty, which ranks finished beams.
+	Score float32
+	// Finish says why the beam ended (END_ID, STOP_WORDS, LENGTH).
 	Finish FinishReason
 }
 
@@ -107,8 +224,13 @@ type Callbacks struct {
 	// an empty result). The manager has freed all of the request's state before a final
 	// response.
 	SendResponse func(id uint64, res Result, final bool, err error)
-	// PollStopSignal returns the IDs of requests to stop now.
+	// PollStopSignal returns the IDs of requests to stop now (cancelled: a final error
+	// response wrapping ErrCancelled).
 	PollStopSignal func() map[uint64]struct{}
+	// PollEndSignal, optional, returns the IDs of requests to end now as if they had
+	// finished: a normal final response with what they generated, FinishedCancelled
+	// (TensorRT-LLM's stop input).
+	PollEndSignal func() map[uint64]struct{}
 	// ReturnBatchManagerStats receives the stats JSON of every iteration with work.
 	ReturnBatchManagerStats func(stats string)
 	// IterationStats, optional, receives the same stats as a struct (for metrics,

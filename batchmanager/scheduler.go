@@ -8,15 +8,31 @@ import (
 
 	"go.uber.org/zap"
 
+	"gollm/engine"
 	"gollm/kvcache"
 )
 
-// schedule picks this iteration's work into m.sched, each request's token count in
-// r.n, with its KV blocks reserved. Running requests come first (generation steps cost
-// one token each; contexts take what the token budget leaves), then admissions:
+// Groups. A request of several sequences — a beam search, or several sampled sequences
+// (num_return_sequences) — is a group: its first branch computes the prompt (up to
+// forkAt), then it forks into its branches, which share the prompt's KV blocks and get
+// a block of their own only when they write into a shared one (copy-on-write,
+// kvcache.Sequence.Writable, run by the engine from Batch.BlockCopies). Its branches
+// are scheduled together, one token each per iteration; a group counts its width
+// against max_batch_size. Under every policy a group is admitted only when its worst
+// case fits (the prompt's shared blocks once, plus every branch's own blocks), and it is
+// never paused: max_utilization pauses single-sequence requests only, and keeps the
+// groups' worst cases out of what it admits singles into. Requests of different beam
+// widths run side by side in one batch: the engine sees only sequences, so nothing needs
+// reconfiguring (the executor seed waits for every request of one width to finish
+// before it starts another width; gollm does not).
+
+// schedule picks this iteration's work into m.sched, each branch's token count in its
+// n, with its KV blocks reserved. Running requests come first (generation steps cost
+// one token per branch; contexts take what the token budget leaves), then admissions:
 // paused requests before new ones, in order, stopping at the first that does not fit.
 func (m *Manager) schedule() {
 	m.sched = m.sched[:0]
+	m.batch.BlockCopies = m.batch.BlockCopies[:0]
 	m.it = iterCounts{}
 	budget := m.cfg.MaxNumTokens
 	if budget == 0 {
@@ -27,11 +43,7 @@ func (m *Manager) schedule() {
 	batchEmpty := len(m.running) == 0 && len(m.held) == 0
 
 	for _, r := range m.running {
-		n := 1
-		if !v1 || r.generated == 0 {
-			n = m.chunk(r, len(r.tokens)-r.computed, budget)
-		}
-		r.n = n
+		n := m.planRunning(r, budget, v1)
 		if n == 0 {
 			continue
 		}
@@ -44,6 +56,40 @@ func (m *Manager) schedule() {
 		return
 	}
 	m.admit(budget)
+}
+
+// planRunning sets the token counts of a running request's branches for this iteration
+// and returns their sum (0: not scheduled).
+func (m *Manager) planRunning(r *request, budget int, v1 bool) int {
+	if !r.forked {
+		// One sequence: a plain request, or a group's first branch on its prompt.
+		limit := len(r.tokens)
+		if r.width > 1 && !r.beams {
+			limit = r.forkAt
+		}
+		n := 1
+		if !v1 || r.generated == 0 {
+			n = m.chunk(r, limit-r.computed, budget)
+		}
+		r.n = n
+		return n
+	}
+	// A forked group: every live branch feeds its last token, all or none.
+	total := 0
+	for _, b := range r.branches() {
+		b.n = 0
+		if !b.ended && b.kv != nil {
+			b.n = len(b.tokens) - b.computed
+			total += b.n
+		}
+	}
+	if total > budget {
+		for _, b := range r.branches() {
+			b.n = 0
+		}
+		return 0
+	}
+	return total
 }
 
 // chunk is how many of a running request's remaining tokens fit the budget: a
@@ -59,19 +105,21 @@ func (m *Manager) chunk(r *request, remaining, budget int) int {
 	return 0
 }
 
-// reserveRunning grows the block tables of the scheduled running requests. Under
-// max_utilization a shortage pauses the most recently admitted requests until the rest
-// fit; the guaranteed policies never run short (a shortage there is a bookkeeping bug
-// and fails the request rather than the loop).
+// reserveRunning grows the block tables of the scheduled running requests' branches
+// and gives each the blocks it writes (copy-on-write). Under max_utilization a shortage
+// pauses the most recently admitted single-sequence requests until the rest fit; the
+// guaranteed policies (and groups under every policy) never run short (a shortage there
+// is a bookkeeping bug and fails the request rather than the loop).
 func (m *Manager) reserveRunning() {
 	for i := 0; i < len(m.sched); i++ {
 		r := m.sched[i]
 		for {
-			err := r.kv.Reserve(r.computed + r.n)
+			err := m.reserve(r)
 			if err == nil {
 				break
 			}
-			if !errors.Is(err, kvcache.ErrFull) || m.cfg.Policy != MaxUtilization || m.cfg.ModelType == V1 {
+			victim := m.pauseVictim()
+			if !errors.Is(err, kvcache.ErrFull) || m.cfg.Policy != MaxUtilization || m.cfg.ModelType == V1 || victim == nil {
 				m.log.Error("KV reservation failed under a guaranteed policy", zap.Uint64("request", r.id), zap.Error(err))
 				m.release(r)
 				m.running = compact(m.running, phaseRunning)
@@ -80,20 +128,63 @@ func (m *Manager) reserveRunning() {
 				m.send(r.id, Result{}, true, fmt.Errorf("request %d: %w: KV blocks: %w", r.id, ErrInternal, err))
 				break
 			}
-			victim := m.running[len(m.running)-1]
 			m.pause(victim)
-			if n := len(m.sched); n > 0 && m.sched[n-1] == victim {
-				m.sched = m.sched[:n-1]
+			if j := slices.Index(m.sched, victim); j >= 0 {
+				m.sched = slices.Delete(m.sched, j, j+1)
+				if j < i {
+					i--
+				}
 			}
 			if victim == r {
+				i--
 				break
 			}
 		}
 	}
 }
 
-// pause evicts a running request (the most recently admitted): its blocks go back to
-// the pool and it will recompute its whole context when resumed.
+// reserve gives every scheduled branch of r the blocks its new tokens need, each its
+// own: a shared block about to be written is replaced by a copy (queued in
+// m.batch.BlockCopies). On an error some branches may hold more blocks than before,
+// which a retry reuses.
+func (m *Manager) reserve(r *request) error {
+	tpb := m.pool.TokensPerBlock()
+	for _, b := range r.branches() {
+		if b.n == 0 || b.kv == nil {
+			continue
+		}
+		before := len(b.kv.Blocks())
+		if err := b.kv.Reserve(b.computed + b.n); err != nil {
+			return err
+		}
+		r.perf.NewBlocks += len(b.kv.Blocks()) - before
+		for blk := b.computed / tpb; blk <= (b.computed+b.n-1)/tpb; blk++ {
+			src, dst, copied, err := b.kv.Writable(blk * tpb)
+			if err != nil {
+				return err
+			}
+			if copied {
+				r.perf.NewBlocks++
+				m.batch.BlockCopies = append(m.batch.BlockCopies, engine.BlockCopy{Src: src, Dst: dst})
+			}
+		}
+	}
+	return nil
+}
+
+// pauseVictim is the request max_utilization pauses next: the most recently admitted
+// single-sequence request (groups are never paused), or nil.
+func (m *Manager) pauseVictim() *request {
+	for i := len(m.running) - 1; i >= 0; i-- {
+		if r := m.running[i]; r.width == 1 {
+			return r
+		}
+	}
+	return nil
+}
+
+// pause evicts a running single-sequence request: its blocks go back to the pool and
+// it will recompute its whole context when resumed.
 func (m *Manager) pause(r *request) {
 	if err := r.kv.Release(); err != nil {
 		m.log.Error("releasing KV blocks of a paused request", zap.Uint64("request", r.id), zap.Error(err))
@@ -125,12 +216,47 @@ func cmpU64(a, b uint64) int {
 	return 0
 }
 
-// reservedBlocks is what the guaranteed policies keep back: every running request's
-// worst case minus the blocks it already holds.
+// guaranteed says whether r's worst case is kept back for it: under the guaranteed
+// policies every request's, under max_utilization (in-flight) a group's only.
+func (m *Manager) guaranteed(r *request) bool {
+	return !(m.cfg.Policy == MaxUtilization && m.cfg.ModelType != V1) || r.width > 1
+}
+
+// reservedBlocks is what the guaranteed requests keep back: each one's worst case
+// minus the blocks it already holds.
 func (m *Manager) reservedBlocks() int {
 	n := 0
 	for _, r := range m.running {
-		n += r.worstBlocks - len(r.kv.Blocks())
+		if m.guaranteed(r) {
+			n += max(0, r.worstBlocks-r.heldBlocks())
+		}
+	}
+	return n
+}
+
+// heldBlocks counts the distinct KV blocks r's branches hold.
+func (r *request) heldBlocks() int {
+	if !r.forked {
+		if r.kv == nil {
+			return 0
+		}
+		return len(r.kv.Blocks())
+	}
+	var ids []int32
+	for _, b := range r.branches() {
+		if b.kv != nil {
+			ids = append(ids, b.kv.Blocks()...)
+		}
+	}
+	slices.Sort(ids)
+	return len(slices.Compact(ids))
+}
+
+// runningSeqs counts the engine sequences the running requests may use at once.
+func (m *Manager) runningSeqs() int {
+	n := 0
+	for _, r := range m.running {
+		n += r.width
 	}
 	return n
 }
@@ -138,15 +264,12 @@ func (m *Manager) reservedBlocks() int {
 // admit moves paused (max_utilization) and waiting requests into the batch while they
 // fit the batch size, the token budget and the KV pool under the policy.
 func (m *Manager) admit(budget int) {
-	maxUtil := m.cfg.Policy == MaxUtilization && m.cfg.ModelType != V1
-	reserved := 0
-	if !maxUtil {
-		reserved = m.reservedBlocks()
-	}
+	reserved := m.reservedBlocks()
+	seqs := m.runningSeqs()
 	tpb := m.pool.TokensPerBlock()
 	admittedWaiting := 0
 	for {
-		if len(m.running) >= m.cfg.MaxBatchSize || budget == 0 {
+		if budget == 0 {
 			break
 		}
 		var r *request
@@ -158,6 +281,9 @@ func (m *Manager) admit(budget int) {
 		} else {
 			break
 		}
+		if seqs+r.width > m.cfg.MaxBatchSize {
+			break
+		}
 		// Context logits need every prompt position computed, so no prefix reuse then.
 		useCache := m.cfg.EnableKVCacheReuse && r.ctxLogits == nil
 		matched, idle := 0, 0
@@ -165,37 +291,56 @@ func (m *Manager) admit(budget int) {
 			matched, idle = m.pool.Match(r.tokens[:r.promptLen])
 		}
 		reusedTok := matched * tpb
-		n := m.chunk(r, len(r.tokens)-reusedTok, budget)
-		if n == 0 {
+		limit := len(r.tokens)
+		if r.width > 1 && !r.beams {
+			limit = r.forkAt
+		}
+		n := 0
+		if reusedTok < limit {
+			n = m.chunk(r, limit-reusedTok, budget)
+			if n == 0 {
+				break
+			}
+		} else if budget < r.width {
+			// A group whose prompt up to the fork is all reused forks at once: every
+			// branch feeds the last prompt token.
 			break
 		}
+		guar := m.guaranteed(r)
 		var need int
-		if maxUtil {
-			need = m.pool.BlocksFor(reusedTok+n) - matched
-			if need+idle > m.pool.Free() {
-				break
-			}
-		} else {
+		if guar {
 			need = r.worstBlocks - matched
-			if need+idle > m.pool.Free()-reserved {
-				break
-			}
+		} else {
+			need = m.pool.BlocksFor(reusedTok+n) - matched
+		}
+		if need+idle > m.pool.Free()-reserved {
+			break
 		}
 		r.kv = m.pool.Add(r.tokens[:r.promptLen], useCache)
 		r.computed = r.kv.ReusedTokens()
-		if err := r.kv.Reserve(r.computed + n); err != nil {
+		r.perf.ReusedBlocks = len(r.kv.Blocks())
+		r.n = n
+		if n == 0 {
+			m.forkSamples(r)
+		}
+		if err := m.reserve(r); err != nil {
 			// Match said it fits; undo and leave the request where it was.
 			m.log.Error("KV reservation failed after the fit check", zap.Uint64("request", r.id), zap.Error(err))
-			_ = r.kv.Release()
-			r.kv, r.computed = nil, 0
+			m.dropBranches(r)
 			break
 		}
-		if !maxUtil {
-			reserved += r.worstBlocks - len(r.kv.Blocks())
+		if guar {
+			reserved += max(0, r.worstBlocks-r.heldBlocks())
+		}
+		if n == 0 {
+			n = r.width
 		}
 		budget -= min(n, budget)
-		r.n = n
+		seqs += r.width
 		r.phase = phaseRunning
+		if r.perf.FirstScheduled.IsZero() {
+			r.perf.FirstScheduled = m.now
+		}
 		if fromPaused {
 			m.paused = m.paused[1:]
 			r.resumes++
@@ -215,4 +360,19 @@ func (m *Manager) admit(budget int) {
 		clear(m.waiting[n:])
 		m.waiting = m.waiting[:n]
 	}
+}
+
+// dropBranches releases the KV of every branch of r and forgets its forks, leaving it
+// as it was before admission.
+func (m *Manager) dropBranches(r *request) {
+	for _, b := range r.branches() {
+		if b.kv != nil {
+			_ = b.kv.Release()
+			b.kv = nil
+		}
+	}
+	r.forks, r.forked = nil, false
+	r.all = r.all[:1]
+	r.computed, r.n = 0, 0
+	r.tokens = r.tokens[:r.promptLen]
 }

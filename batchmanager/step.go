@@ -24,8 +24,16 @@ type iterCounts struct {
 	engine time.Duration
 }
 
+// seqRef names the request and branch of one engine sequence of the batch.
+type seqRef struct {
+	// r is the request.
+	r *request
+	// b is its branch.
+	b *branch
+}
+
 // step builds the engine batch from m.sched, runs it, and applies the outputs: new
-// tokens, stop conditions, responses.
+// tokens, stop conditions, beam selection, responses.
 func (m *Manager) step() {
 	m.fillBatch()
 	if m.cfg.ModelType == V1 {
@@ -35,8 +43,8 @@ func (m *Manager) step() {
 	t0 := time.Now()
 	outs, err := m.eng.Step(&m.batch)
 	m.it.engine = time.Since(t0)
-	if err == nil && len(outs) != len(m.sched) {
-		err = fmt.Errorf("engine returned %d outputs for %d sequences", len(outs), len(m.sched))
+	if err == nil && len(outs) != len(m.refs) {
+		err = fmt.Errorf("engine returned %d outputs for %d sequences", len(outs), len(m.refs))
 	}
 	if err != nil {
 		m.log.Sugar().Errorw("engine step failed; failing the iteration's requests", "requests", len(m.sched), "error", err)
@@ -50,95 +58,269 @@ func (m *Manager) step() {
 		return
 	}
 
-	for i, r := range m.sched {
-		m.advance(r, &m.batch.Seqs[i], &outs[i])
+	m.batchedPostProcess(outs)
+	for i, ref := range m.refs {
+		m.advance(ref.r, ref.b, &m.batch.Seqs[i], &outs[i])
+	}
+	for _, r := range m.sched {
+		m.afterStep(r)
 		m.respond(r)
 	}
+	clear(m.refs)
 	m.running = compact(m.running, phaseRunning)
 	m.finishV1Batch()
+}
+
+// hostSampled says whether the manager, not the engine, chooses r's tokens from the
+// logits the engine returns: beam search, and requests with a logits post-processor.
+func (r *request) hostSampled() bool {
+	return r.beams || r.req.LogitsPostProcessor != nil || r.req.BatchedPostProcessing
+}
+
+// batchedPostProcess hands the iteration's logits of the requests with
+// BatchedPostProcessing to the batched post-processor, in one call; a panic in it fails
+// those requests.
+func (m *Manager) batchedPostProcess(outs []engine.Output) {
+	pp := m.cfg.BatchedLogitsPostProcessor
+	if pp == nil {
+		return
+	}
+	var ids []uint64
+	var logits [][]float32
+	var tokens [][]int32
+	var reqs []*request
+	for i, ref := range m.refs {
+		if ref.r.req.BatchedPostProcessing && m.batch.Seqs[i].ReturnLogits && len(outs[i].Logits) == m.info.VocabSize {
+			if ref.r.req.ReturnGenerationLogits && !ref.r.beams {
+				ref.b.rawLogits = slices.Clone(outs[i].Logits)
+			}
+			ids = append(ids, ref.r.id)
+			logits = append(logits, outs[i].Logits)
+			tokens = append(tokens, ref.b.tokens[:len(ref.b.tokens):len(ref.b.tokens)])
+			reqs = append(reqs, ref.r)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			for _, r := range reqs {
+				r.failed = fmt.Errorf("%w: batched logits post-processor panicked: %v", ErrEngine, p)
+			}
+		}
+	}()
+	pp(ids, logits, tokens)
+}
+
+// samplingFor is r's sampling with b's own random stream and runtime top-p.
+func (r *request) samplingFor(b *branch) engine.SamplingParams {
+	p := r.sampling
+	p.Seed, p.TopP = b.seed, b.topP
+	return p
 }
 
 // fillBatch writes this iteration's engine batch from m.sched into the reused
 // m.batch.Seqs, field by field: appending whole Sequence values copies them through a
 // temporary and, while the garbage collector marks, through its bulk write barrier.
 func (m *Manager) fillBatch() {
-	n := len(m.sched)
+	n := 0
+	for _, r := range m.sched {
+		for _, b := range r.branches() {
+			if b.n > 0 {
+				n++
+			}
+		}
+	}
 	if cap(m.batch.Seqs) < n {
 		m.batch.Seqs = make([]engine.Sequence, n, max(n, 2*cap(m.batch.Seqs)))
 	}
 	seqs := m.batch.Seqs[:n]
-	for i, r := range m.sched {
-		start, end := r.computed, r.computed+r.n
-		sample := end == len(r.tokens)
-		if r.n == 1 && r.generated > 0 && sample {
-			m.it.genReqs++
-		} else {
-			m.it.ctxReqs++
-			m.it.ctxTokens += r.n
+	m.refs = slices.Grow(m.refs[:0], n)
+	i := 0
+	for _, r := range m.sched {
+		for _, b := range r.branches() {
+			if b.n == 0 {
+				continue
+			}
+			start, end := b.computed, b.computed+b.n
+			last := end == len(b.tokens)
+			if b.n == 1 && b.generated > 0 && last {
+				m.it.genReqs++
+			} else {
+				m.it.ctxReqs++
+				m.it.ctxTokens += b.n
+			}
+			s := &seqs[i]
+			s.ID = r.id
+			s.Tokens = b.tokens[start:end:end]
+			s.Pos = start
+			s.Blocks = b.kv.Blocks()
+			s.Sampling = r.samplingFor(b)
+			s.History = b.tokens[:end:end]
+			s.NumGenerated = b.generated
+			if r.hostSampled() {
+				s.Sample = false
+				s.ReturnLogits = last
+			} else {
+				s.Sample = last
+				s.ReturnLogits = r.req.ReturnGenerationLogits
+			}
+			s.ContextLogits = b == &r.branch && r.ctxLogits != nil && start < r.promptLen && !r.ctxSent
+			m.refs = append(m.refs, seqRef{r, b})
+			i++
 		}
-		s := &seqs[i]
-		s.ID = r.id
-		s.Tokens = r.tokens[start:end:end]
-		s.Pos = start
-		s.Blocks = r.kv.Blocks()
-		s.Sample = sample
-		s.Sampling = r.sampling
-		s.History = r.tokens[:end:end]
-		s.NumGenerated = r.generated
-		s.ReturnLogits = r.req.ReturnGenerationLogits
-		s.ContextLogits = r.ctxLogits != nil && start < r.promptLen && !r.ctxSent
 	}
 	m.batch.Seqs = seqs
 }
 
-// advance applies one sequence's output to its request.
-func (m *Manager) advance(r *request, seq *engine.Sequence, out *engine.Output) {
+// advance applies one branch's output: the computed positions, the context logits, and
+// for a sampled branch its new token and stop conditions. A host-sampled branch keeps
+// its logits for afterStep.
+func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engine.Output) {
 	vocab := m.info.VocabSize
 	if seq.ContextLogits {
-		rows := min(r.n, r.promptLen-r.computed)
-		if len(out.ContextLogits) < r.n*vocab {
-			r.failed = fmt.Errorf("%w: %d context logits for %d positions of vocabulary %d", ErrEngine, len(out.ContextLogits), r.n, vocab)
+		rows := min(b.n, r.promptLen-b.computed)
+		if len(out.ContextLogits) < b.n*vocab {
+			r.failed = fmt.Errorf("%w: %d context logits for %d positions of vocabulary %d", ErrEngine, len(out.ContextLogits), b.n, vocab)
 			return
 		}
-		copy(r.ctxLogits[r.computed*vocab:], out.ContextLogits[:rows*vocab])
+		copy(r.ctxLogits[b.computed*vocab:], out.ContextLogits[:rows*vocab])
 	}
-	r.computed += r.n
+	b.computed += b.n
 	if m.cfg.EnableKVCacheReuse {
-		r.kv.Commit(r.computed)
+		b.kv.Commit(b.computed)
 	}
-	if !seq.Sample {
+	if r.hostSampled() {
+		if seq.ReturnLogits {
+			if len(out.Logits) != vocab {
+				r.failed = fmt.Errorf("%w: %d logits, vocabulary is %d", ErrEngine, len(out.Logits), vocab)
+				return
+			}
+			b.logits = out.Logits
+		}
+		if r.beams {
+			return
+		}
+	}
+	if !seq.Sample && !(r.hostSampled() && seq.ReturnLogits) {
 		return
 	}
-	tok := out.Token
+	tok, lp := out.Token, out.LogProb
+	if r.hostSampled() {
+		var err error
+		if tok, lp, err = m.hostSample(r, b, seq); err != nil {
+			r.failed = fmt.Errorf("%w: %w", ErrEngine, err)
+			return
+		}
+	}
 	if tok < 0 || int(tok) >= vocab {
 		r.failed = fmt.Errorf("%w: sampled token %d outside the vocabulary [0, %d)", ErrEngine, tok, vocab)
 		return
 	}
 	m.it.genTokens++
+	m.tokenTimes(r)
 	if slices.Contains(r.req.EndIDs, tok) {
 		// The end token is not part of the output (as in TensorRT-LLM).
-		r.ended, r.finish = true, FinishedEndID
+		b.ended, b.finish = true, FinishedEndID
 		return
 	}
 	if r.req.ReturnGenerationLogits {
-		if len(out.Logits) != vocab {
-			r.failed = fmt.Errorf("%w: %d generation logits, vocabulary is %d", ErrEngine, len(out.Logits), vocab)
+		logits := out.Logits
+		if r.hostSampled() {
+			logits = b.rawLogits
+		}
+		if len(logits) != vocab {
+			r.failed = fmt.Errorf("%w: %d generation logits, vocabulary is %d", ErrEngine, len(logits), vocab)
 			return
 		}
-		r.genLogits = append(r.genLogits, out.Logits...)
+		b.genLogits = append(b.genLogits, logits...)
 	}
-	r.tokens = append(r.tokens, tok)
-	r.generated++
-	if r.logProbs != nil {
-		r.logProbs = append(r.logProbs, out.LogProb)
-		r.cumLogProb += out.LogProb
+	b.tokens = append(b.tokens, tok)
+	b.generated++
+	if b.logProbs != nil {
+		b.logProbs = append(b.logProbs, lp)
+		b.cumLogProb += lp
 	}
+	m.decayTopP(r, b, tok)
+	m.checkStop(r, b)
+}
+
+// tokenTimes records the first and latest token times (perf metrics).
+func (m *Manager) tokenTimes(r *request) {
+	if r.perf.FirstToken.IsZero() {
+		r.perf.FirstToken = m.now
+	}
+	r.perf.LastToken = m.now
+}
+
+// checkStop ends b after a stop word, a stop string, or at its length limit.
+func (m *Manager) checkStop(r *request, b *branch) {
 	switch {
-	case hitsStopWord(r.tokens, r.req.StopWords):
-		r.ended, r.finish = true, FinishedStopWord
-	case r.generated >= r.maxNew || len(r.tokens) >= m.info.MaxSeqLen:
-		r.ended, r.finish = true, FinishedLength
+	case hitsStopWord(b.tokens, r.req.StopWords):
+		b.ended, b.finish = true, FinishedStopWord
+	case r.req.TextStop != nil && r.req.TextStop.Stopped(b.index, b.tokens[r.promptLen:]):
+		b.ended, b.finish = true, FinishedStopWord
+	case b.generated >= r.maxNew || len(b.tokens) >= m.info.MaxSeqLen:
+		b.ended, b.finish = true, FinishedLength
 	}
+}
+
+// decayTopP moves b's runtime top-p after token tok (TensorRT-LLM's runtime top-p
+// decay: back to the request's top-p at the reset token, else times the decay, not
+// below the minimum).
+func (m *Manager) decayTopP(r *request, b *branch, tok int32) {
+	d := r.req.TopPDecay
+	if d <= 0 {
+		return
+	}
+	if tok == r.req.TopPResetID {
+		b.topP = r.initialTopP()
+		return
+	}
+	b.topP = max(b.topP*d, r.req.TopPMin)
+}
+
+// initialTopP is the runtime top-p a branch starts from: the request's top-p, and
+// under a decay 1 where the request sets none (0: no limit).
+func (r *request) initialTopP() float32 {
+	if r.req.TopPDecay > 0 && (r.sampling.TopP == 0 || r.sampling.TopP > 1) {
+		return 1
+	}
+	return r.sampling.TopP
+}
+
+// hostSample chooses b's token from the logits the engine returned, after r's logits
+// post-processor, with the engine's rules.
+func (m *Manager) hostSample(r *request, b *branch, seq *engine.Sequence) (int32, float32, error) {
+	w := b.logits
+	b.logits = nil
+	if r.req.ReturnGenerationLogits && !r.req.BatchedPostProcessing {
+		b.rawLogits = slices.Clone(w)
+	}
+	if pp := r.req.LogitsPostProcessor; pp != nil {
+		if err := m.callPostProcessor(pp, r.id, w, b.tokens); err != nil {
+			return -1, 0, err
+		}
+	}
+	m.sampler.Process(w, seq)
+	tok, lp, err := m.sampler.Pick(w, &seq.Sampling, seq.NumGenerated)
+	if err != nil {
+		return -1, 0, fmt.Errorf("request %d: %w", r.id, err)
+	}
+	return tok, lp, nil
+}
+
+// callPostProcessor runs a logits post-processor, turning a panic in it into an error
+// for its request.
+func (m *Manager) callPostProcessor(pp LogitsPostProcessor, id uint64, logits []float32, tokens []int32) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("logits post-processor panicked: %v", p)
+		}
+	}()
+	pp(id, logits, tokens[:len(tokens):len(tokens)])
+	return nil
 }
 
 // hitsStopWord says whether toks ends with one of the stop words.
@@ -151,6 +333,67 @@ func hitsStopWord(toks []int32, words [][]int32) bool {
 	return false
 }
 
+// afterStep moves a request on after its branches advanced: a group whose prompt is
+// computed forks, a beam search selects its next beams, and the request is complete
+// when it has nothing left to generate.
+func (m *Manager) afterStep(r *request) {
+	if r.failed != nil {
+		return
+	}
+	switch {
+	case r.beams:
+		if r.logits != nil && (r.forked || r.computed == r.promptLen) {
+			m.beamStep(r)
+		}
+	case r.width > 1:
+		if !r.forked && r.computed >= r.forkAt {
+			m.forkSamples(r)
+			return
+		}
+		if r.forked {
+			r.complete = true
+			for _, b := range r.forks {
+				r.complete = r.complete && b.ended
+			}
+			r.complete = r.complete && r.ended
+		}
+	default:
+		r.complete = r.ended
+	}
+}
+
+// forkSamples makes a sampled group's branches once its prompt is computed up to
+// forkAt: the first branch keeps its blocks, each other one shares them, and each
+// feeds the rest of the prompt (the last token) and draws from its own stream.
+func (m *Manager) forkSamples(r *request) {
+	for i := 1; i < r.width; i++ {
+		kv, err := r.kv.Fork()
+		if err != nil {
+			r.failed = fmt.Errorf("%w: fork: %w", ErrInternal, err)
+			return
+		}
+		b := &branch{tokens: make([]int32, r.promptLen, r.promptLen+r.maxNew), kv: kv, computed: r.computed,
+			index: i, seed: branchSeed(r.sampling.Seed, i), topP: r.initialTopP()}
+		copy(b.tokens, r.tokens[:r.promptLen])
+		if r.req.ReturnLogProbs {
+			b.logProbs = make([]float32, 0, r.maxNew)
+		}
+		r.forks = append(r.forks, b)
+	}
+	r.forked = true
+	r.all = append(r.all[:1], r.forks...)
+	for _, b := range r.branches() {
+		b.n = len(b.tokens) - b.computed
+	}
+}
+
+// branchSeed is the random stream of sequence i of a request seeded seed: the seed
+// itself for the first, so one sequence draws as a request without
+// num_return_sequences does.
+func branchSeed(seed uint64, i int) uint64 {
+	return seed + uint64(i)*0x9e3779b97f4a7c15
+}
+
 // respond sends what a request has to say after an iteration, freeing its state first
 // when the response is final.
 func (m *Manager) respond(r *request) {
@@ -159,30 +402,82 @@ func (m *Manager) respond(r *request) {
 		m.send(r.id, Result{}, true, fmt.Errorf("request %d: %w", r.id, r.failed))
 		return
 	}
-	if r.ended {
-		if m.cfg.ModelType == V1 {
-			// The slot stays in the batch as padding; the answer goes out with the batch.
-			if err := r.kv.Release(); err != nil {
-				m.log.Sugar().Errorw("releasing KV blocks", "request", r.id, "error", err)
-			}
-			r.kv = nil
-			r.phase = phaseHeld
-			m.held = append(m.held, r)
-			if r.req.Streaming && r.generated > r.sent {
-				m.send(r.id, m.streamResult(r), false, nil)
-			}
-			return
+	if r.complete {
+		m.complete(r)
+		return
+	}
+	switch {
+	case r.beams:
+		if r.req.Streaming && r.forked && r.generated > r.sent {
+			r.sent = r.generated
+			m.send(r.id, m.beamResult(r, false), false, nil)
 		}
-		m.release(r)
-		if r.req.Streaming {
-			m.send(r.id, m.streamResult(r), true, nil)
-		} else {
-			m.send(r.id, m.finalResult(r, 0), true, nil)
+	case r.width > 1:
+		for _, b := range r.branches() {
+			if b.replied {
+				continue
+			}
+			if b.ended {
+				// One sequence finished; the request goes on.
+				if b.kv != nil {
+					_ = b.kv.Release()
+					b.kv = nil
+				}
+				b.replied = true
+				m.send(r.id, m.branchResult(r, b, true), false, nil)
+			} else if r.req.Streaming && b.generated > b.sent {
+				m.send(r.id, m.branchResult(r, b, false), false, nil)
+			}
+		}
+	default:
+		if r.req.Streaming && r.generated > r.sent {
+			m.send(r.id, m.streamResult(r, &r.branch), false, nil)
+		}
+	}
+}
+
+// complete ends a request that finished: in V1 it waits, as padding, for the end of
+// its batch; otherwise its state is freed and its last responses go out.
+func (m *Manager) complete(r *request) {
+	if m.cfg.ModelType == V1 {
+		// The slot stays in the batch as padding; the answer goes out with the batch.
+		m.releaseKV(r)
+		r.phase = phaseHeld
+		m.held = append(m.held, r)
+		if r.width == 1 && r.req.Streaming && r.generated > r.sent {
+			m.send(r.id, m.streamResult(r, &r.branch), false, nil)
 		}
 		return
 	}
-	if r.req.Streaming && r.generated > r.sent {
-		m.send(r.id, m.streamResult(r), false, nil)
+	m.release(r)
+	m.sendLast(r, 0)
+}
+
+// sendLast sends a finished request's last responses (its state already freed), the
+// last of them final; padTo pads a plain non-streaming answer (V1).
+func (m *Manager) sendLast(r *request, padTo int) {
+	switch {
+	case r.beams:
+		m.send(r.id, m.beamResult(r, true), true, nil)
+	case r.width > 1:
+		var last []*branch
+		for _, b := range r.branches() {
+			if !b.replied {
+				last = append(last, b)
+			}
+		}
+		for i, b := range last {
+			b.replied = true
+			m.send(r.id, m.branchResult(r, b, true), i == len(last)-1, nil)
+		}
+		if len(last) == 0 {
+			// Every sequence has had its last response: the flag alone ends the request.
+			m.send(r.id, Result{SequenceFinal: true, PromptLen: r.promptLen, Perf: m.perf(r)}, true, nil)
+		}
+	case r.req.Streaming:
+		m.send(r.id, m.streamResult(r, &r.branch), true, nil)
+	default:
+		m.send(r.id, m.finalResult(r, &r.branch, padTo), true, nil)
 	}
 }
 
@@ -203,66 +498,91 @@ func (m *Manager) finishV1Batch() {
 			continue
 		}
 		m.release(r)
-		if r.req.Streaming {
-			m.send(r.id, m.streamResult(r), true, nil)
-			continue
-		}
-		m.send(r.id, m.finalResult(r, longest), true, nil)
+		m.sendLast(r, longest)
 	}
 }
 
-// streamResult is a streaming response: the tokens generated since the last one
+// branchResult is a response of one sequence of a sampled group: streaming, its new
+// tokens; at its end (last), streaming its last new tokens, else its whole output.
+func (m *Manager) branchResult(r *request, b *branch, last bool) Result {
+	var res Result
+	if r.req.Streaming {
+		res = m.streamResult(r, b)
+	} else {
+		res = m.finalResult(r, b, 0)
+	}
+	res.SequenceIndex, res.SequenceFinal = b.index, last
+	if !last {
+		res.Finish = NotFinished
+	}
+	return res
+}
+
+// streamResult is a streaming response: the tokens b generated since its last one
 // (usually one; none on the final response after an end token), with what the request
 // asked for of them.
-func (m *Manager) streamResult(r *request) Result {
-	from, to := r.sent, r.generated
-	r.sent = to
-	res := Result{Tokens: r.tokens[r.promptLen+from : r.promptLen+to : r.promptLen+to], Length: to - from}
-	m.addExtras(&res, r, from, to, !r.ctxSent)
+func (m *Manager) streamResult(r *request, b *branch) Result {
+	from, to := b.sent, b.generated
+	b.sent = to
+	res := Result{Tokens: b.tokens[r.promptLen+from : r.promptLen+to : r.promptLen+to], Length: to - from}
+	m.addExtras(&res, r, b, from, to, true)
 	r.ctxSent = true
 	return res
 }
 
-// finalResult is a non-streaming answer: the prompt (unless excluded) and every
-// generated token, padded with PadID to padTo generated tokens (V1). Length counts the
-// real tokens.
-func (m *Manager) finalResult(r *request, padTo int) Result {
+// finalResult is a non-streaming answer: the prompt (unless excluded) and every token
+// b generated, padded with PadID to padTo generated tokens (V1). Length counts the real
+// tokens.
+func (m *Manager) finalResult(r *request, b *branch, padTo int) Result {
 	start := 0
 	if r.req.ExcludeInputInOutput {
 		start = r.promptLen
 	}
-	n := len(r.tokens) - start
-	ids := r.tokens[start:len(r.tokens):len(r.tokens)]
-	if pad := padTo - r.generated; pad > 0 && r.req.PadID >= 0 {
+	n := len(b.tokens) - start
+	ids := b.tokens[start:len(b.tokens):len(b.tokens)]
+	if pad := padTo - b.generated; pad > 0 && r.req.PadID >= 0 {
 		ids = make([]int32, n, n+pad)
-		copy(ids, r.tokens[start:])
+		copy(ids, b.tokens[start:])
 		for range pad {
 			ids = append(ids, r.req.PadID)
 		}
 	}
 	res := Result{Tokens: ids, Length: n}
-	m.addExtras(&res, r, 0, r.generated, true)
+	m.addExtras(&res, r, b, 0, b.generated, true)
+	r.ctxSent = true
 	return res
 }
 
 // addExtras fills the counts, the finish reason and the asked-for log probs and logits
-// of generated tokens [from, to), and the context logits when withCtx.
-func (m *Manager) addExtras(res *Result, r *request, from, to int, withCtx bool) {
+// of b's generated tokens [from, to), and the context logits when withCtx. Context
+// logits go with every response that asks (as TensorRT-LLM's do when streaming).
+func (m *Manager) addExtras(res *Result, r *request, b *branch, from, to int, withCtx bool) {
 	vocab := m.info.VocabSize
-	res.PromptLen, res.Generated, res.Finish = r.promptLen, r.generated, r.finish
-	if r.logProbs != nil {
-		res.CumLogProb = r.cumLogProb
-		res.LogProbs = r.logProbs[from:to:to]
+	res.PromptLen, res.Generated, res.Finish = r.promptLen, b.generated, b.finish
+	res.SequenceIndex = b.index
+	if b.logProbs != nil {
+		res.CumLogProb = b.cumLogProb
+		res.LogProbs = b.logProbs[from:to:to]
 	}
 	if r.ctxLogits != nil && withCtx {
 		res.ContextLogits = r.ctxLogits
 	}
 	if r.req.ReturnGenerationLogits {
-		res.GenerationLogits = r.genLogits[from*vocab : to*vocab : to*vocab]
+		res.GenerationLogits = b.genLogits[from*vocab : to*vocab : to*vocab]
 		if res.GenerationLogits == nil {
 			res.GenerationLogits = []float32{}
 		}
 	}
+	res.Perf = m.perf(r)
+}
+
+// perf is r's perf metrics for a response, when asked.
+func (m *Manager) perf(r *request) *PerfMetrics {
+	if !r.req.ReturnPerfMetrics {
+		return nil
+	}
+	p := r.perf
+	return &p
 }
 
 // recoverEngine lets an engine that can (engine.Recoverer) check and restore itself

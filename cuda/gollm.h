@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 4
+#define GOLLM_ABI_VERSION 5
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -232,6 +232,10 @@ typedef struct gollm_step_in {
   const int32_t* mask_tokens;    /* tokens to mask */
   int64_t num_bias;              /* length of bias */
   const float* bias;             /* embedding biases */
+  int32_t num_block_copies;      /* entries of block_copies */
+  const int32_t* block_copies;   /* [num_block_copies][2]: (src, dst) KV blocks, each in
+                                    [0, num_blocks), copied whole, in order, before the
+                                    forward pass (the copy-on-write of beams) */
 } gollm_step_in;
 
 /* gollm_step_out receives a step's results in host memory the caller owns. */

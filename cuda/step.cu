@@ -17,6 +17,30 @@ int bucket_for(gollm_engine* e, int s) {
   return std::min(b, e->max_seqs);
 }
 
+// copy_blocks runs a step's KV block copies (beams that diverge inside a shared block get
+// a copy of it before writing there): one device-to-device copy per block, queued on the
+// engine's stream ahead of the step's own work, which is stream-ordered after them. They
+// are not part of any captured graph. Every id is checked before the first copy.
+void copy_blocks(gollm_engine* e, const gollm_step_in* in) {
+  const int n = in->num_block_copies;
+  if (n == 0) return;
+  if (n < 0 || !in->block_copies) invalid("step: %d block copies, block_copies %s", n,
+                                          in->block_copies ? "given" : "NULL");
+  for (int i = 0; i < 2 * n; i++) {
+    const int32_t id = in->block_copies[i];
+    if (id < 0 || id >= e->num_blocks)
+      invalid("step: block copy %d: block %d outside the pool [0, %d)", i / 2, id, e->num_blocks);
+  }
+  // A block is page(1, 0, 0, 0) elements of 2 bytes (fp16 or bf16), as engine.cu sizes it.
+  const size_t bytes = (size_t)e->geom.page(1, 0, 0, 0) * 2;
+  char* kv = static_cast<char*>(e->kv.p);
+  for (int i = 0; i < n; i++) {
+    const size_t src = (size_t)in->block_copies[2 * i], dst = (size_t)in->block_copies[2 * i + 1];
+    CUDA_CHECK(cudaMemcpyAsync(kv + dst * bytes, kv + src * bytes, bytes, cudaMemcpyDeviceToDevice,
+                               e->stream));
+  }
+}
+
 }  // namespace
 
 void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out, bool inject) {
@@ -24,6 +48,7 @@ void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out, bool in
   if (in->num_seqs > 0 && (!out->tokens || !out->log_probs))
     invalid("gollm_step: out.tokens and out.log_probs must not be NULL");
   DeviceGuard dg(e->device);
+  copy_blocks(e, in);
   Plan& pl = e->plan;
   build_plan(e, in, out->logits ? out->logits_len : 0, pl);
   if (pl.s == 0) return;

@@ -136,9 +136,10 @@ func product(shape []int) int {
 }
 
 // WriteGPT2Checkpoint writes a random-weight GPT-2 in Hugging Face's format into dir:
-// config.json, tokenizer.json (GPT-2's real vocabulary) and model.safetensors (tied LM
-// head, so no lm_head.weight, as save_pretrained writes it). model.safetensors is
-// written last, so its presence means the folder is complete.
+// config.json, tokenizer.json (GPT-2's real vocabulary), tokenizer_config.json (with a
+// chat template, ChatTemplate) and model.safetensors (tied LM head, so no
+// lm_head.weight, as save_pretrained writes it). model.safetensors is written last, so
+// its presence means the folder is complete.
 func WriteGPT2Checkpoint(dir string, o Options) error {
 	o, err := o.WithDefaults()
 	if err != nil {
@@ -155,6 +156,9 @@ func WriteGPT2Checkpoint(dir string, o Options) error {
 		return fmt.Errorf("write demo checkpoint: %w", err)
 	}
 	if err := WriteGPT2Tokenizer(filepath.Join(dir, "tokenizer.json")); err != nil {
+		return fmt.Errorf("write demo checkpoint: %w", err)
+	}
+	if err := WriteTokenizerConfig(filepath.Join(dir, "tokenizer_config.json")); err != nil {
 		return fmt.Errorf("write demo checkpoint: %w", err)
 	}
 	tensors, err := randomWeights(o)
@@ -227,4 +231,27 @@ func configJSON(o Options) map[string]any {
 		"use_cache":                       true,
 		"vocab_size":                      VocabSize,
 	}
+}
+
+// ChatTemplate is the demo's chat template: ChatML, as SmolLM-Instruct publishes it.
+// GPT-2 has none (it is not a chat model); the demo carries one so that the OpenAI
+// server's /v1/chat/completions can be tried on it.
+const ChatTemplate = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+
+// WriteTokenizerConfig writes the demo's tokenizer_config.json: GPT-2's special token
+// as bos and eos, and ChatTemplate.
+func WriteTokenizerConfig(path string) error {
+	cfg := map[string]any{
+		"tokenizer_class":  "GPT2Tokenizer",
+		"bos_token":        "<|endoftext|>",
+		"eos_token":        "<|endoftext|>",
+		"unk_token":        "<|endoftext|>",
+		"model_max_length": 1024,
+		"chat_template":    ChatTemplate,
+	}
+	raw, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		return fmt.Errorf("tokenizer config: %w", err)
+	}
+	return writeFileAtomic(path, append(raw, '\n'))
 }

@@ -128,6 +128,9 @@ func TestWriteGPT2Checkpoint(t *testing.T) {
 			if _, err := model.LoadTokenizer(filepath.Join(dir, "tokenizer.json")); err != nil {
 				t.Fatal(err)
 			}
+			if _, err := os.Stat(filepath.Join(dir, "tokenizer_config.json")); err != nil {
+				t.Errorf("no tokenizer_config.json: %v", err)
+			}
 		})
 	}
 	t.Run("the same seed writes the same file and another seed a different one", func(t *testing.T) {
@@ -200,5 +203,28 @@ func TestDefaultsAreTheDocumentedShape(t *testing.T) {
 	if want := (Options{Layers: 4, Hidden: 256, Heads: 4, Positions: 1024, DType: "float16", Seed: 0}); o.Layers != want.Layers ||
 		o.Hidden != want.Hidden || o.Heads != want.Heads || o.Positions != want.Positions || o.DType != want.DType {
 		t.Errorf("defaults %+v, want %+v", o, want)
+	}
+}
+
+// TestTokenizerConfigHasChatTemplate checks the demo's tokenizer_config.json: GPT-2's
+// special token as eos, and the ChatML template rendering a conversation.
+func TestTokenizerConfigHasChatTemplate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokenizer_config.json")
+	if err := WriteTokenizerConfig(path); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg["eos_token"] != "<|endoftext|>" || cfg["chat_template"] != ChatTemplate {
+		t.Errorf("tokenizer_config.json = %s", raw)
+	}
+	if !strings.Contains(ChatTemplate, "'\n'") {
+		t.Errorf("the template's newlines should be real newlines inside Jinja strings, as the published JSON decodes: %q", ChatTemplate)
 	}
 }

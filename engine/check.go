@@ -34,6 +34,27 @@ func NewBatchChecker(info Info, prefix string) *BatchChecker {
 func (c *BatchChecker) Check(b *Batch) (int, error) {
 	c.stepNo++
 	T, V := c.info.TokensPerBlock, c.info.VocabSize
+	if len(b.BlockCopies) > 0 {
+		if len(b.Seqs) == 0 {
+			return 0, fmt.Errorf("%s: %d block copies in a batch without sequences", c.prefix, len(b.BlockCopies))
+		}
+		// Marks with a number of their own: the sequences' checks below reuse blockMark.
+		c.seqNo++
+		for i, cp := range b.BlockCopies {
+			for _, blk := range [2]int32{cp.Src, cp.Dst} {
+				if blk < 0 || int(blk) >= c.info.NumBlocks {
+					return 0, fmt.Errorf("%s: block copy %d (%d -> %d): block %d is outside the KV pool [0, %d)", c.prefix, i, cp.Src, cp.Dst, blk, c.info.NumBlocks)
+				}
+			}
+			if cp.Src == cp.Dst {
+				return 0, fmt.Errorf("%s: block copy %d copies block %d onto itself", c.prefix, i, cp.Src)
+			}
+			if c.blockMark[cp.Dst] == c.seqNo {
+				return 0, fmt.Errorf("%s: block copy %d writes block %d, which an earlier copy of the batch also writes", c.prefix, i, cp.Dst)
+			}
+			c.blockMark[cp.Dst] = c.seqNo
+		}
+	}
 	n := 0
 	for si := range b.Seqs {
 		sq := &b.Seqs[si]

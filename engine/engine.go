@@ -63,6 +63,19 @@ type KVConfig struct {
 type Batch struct {
 	// Seqs are the scheduled sequences, context (prompt) and generation steps mixed.
 	Seqs []Sequence
+	// BlockCopies are whole KV blocks to copy, in order, before the forward pass: the
+	// copy-on-write of beams (sequences sharing their prompt's blocks) that diverge
+	// inside a shared block. A batch with copies has at least one sequence.
+	BlockCopies []BlockCopy
+}
+
+// BlockCopy copies one KV block of the pool onto another: every layer's keys and
+// values, every position.
+type BlockCopy struct {
+	// Src is the block read.
+	Src int32
+	// Dst is the block written; no two copies of a batch write one block.
+	Dst int32
 }
 
 // Sequence is one sequence's share of an iteration.
@@ -88,8 +101,8 @@ type Sequence struct {
 	// NumGenerated is the number of tokens generated before this iteration; min length
 	// and the per-step random stream read it.
 	NumGenerated int
-	// ReturnLogits copies the sampled position's logits (after bias, before penalties)
-	// into Output.Logits.
+	// ReturnLogits copies the last position's logits (after the embedding bias, before
+	// the penalties and masks) into Output.Logits, with or without Sample.
 	ReturnLogits bool
 	// ContextLogits copies the logits of every position of Tokens into
 	// Output.ContextLogits.

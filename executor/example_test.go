@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"go.uber.org/zap"
@@ -69,4 +70,65 @@ func Example() {
 	// tokens [532] final false
 	// tokens [188] final false
 	// tokens [258] final true
+}
+
+// Example_logitsPostProcessor bans a token through a named logits post-processor (the
+// seed's LogitsPostProcessorConfig) and, for a second request, through the batched one.
+func Example_logitsPostProcessor() {
+	m, err := model.LoadFloat32("../testdata/gpt2-tiny")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	eng, err := cpu.NewFromModel(m, engine.KVConfig{NumBlocks: 64, TokensPerBlock: 16})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer eng.Close()
+
+	ban := func(logits []float32, tok int32) { logits[tok] = float32(math.Inf(-1)) }
+	ex, err := executor.New(eng, executor.Config{
+		LogitsPostProcessors: map[string]executor.LogitsPostProcessor{
+			// Never the token greedy decoding starts with here (611).
+			"no-611": func(_ uint64, logits []float32, _ []int32, _ *uint64) { ban(logits, 611) },
+		},
+		LogitsPostProcessorBatched: func(_ []uint64, logits [][]float32, _ [][]int32, clients []*uint64) {
+			for i := range logits {
+				if clients[i] != nil {
+					ban(logits[i], int32(*clients[i])) // the client ID names the token to ban
+				}
+			}
+		},
+	}, zap.NewNop())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer ex.Shutdown()
+
+	noEnd, client := int32(-1), uint64(611)
+	for _, req := range []executor.Request{
+		{LogitsPostProcessorName: ""},
+		{LogitsPostProcessorName: "no-611"},
+		{LogitsPostProcessorName: executor.BatchedPostProcessorName, ClientID: &client},
+	} {
+		req.InputIDs, req.MaxNewTokens, req.EndID = []int32{464, 268, 758, 218}, 3, &noEnd
+		req.Output.ExcludeInputFromOutput = true
+		id, err := ex.Enqueue(req)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		rs, err := ex.AwaitResponses(&id, 10*time.Second)
+		if err != nil || len(rs) != 1 || rs[0].Err != nil {
+			fmt.Println(err, rs)
+			return
+		}
+		fmt.Printf("%q: %v\n", req.LogitsPostProcessorName, rs[0].Result.OutputTokenIDs)
+	}
+	// Output:
+	// "": [611 344 445]
+	// "no-611": [279 513 205]
+	// "batched": [279 513 205]
 }

@@ -43,7 +43,30 @@ type Config struct {
 	Batch batchmanager.Config
 	// MaxQueued caps the requests waiting for admission; 0 means no limit.
 	MaxQueued int
+	// LogitsPostProcessors are the named logits post-processors requests may pick
+	// (Request.LogitsPostProcessorName), as TensorRT-LLM's LogitsPostProcessorConfig.
+	LogitsPostProcessors map[string]LogitsPostProcessor
+	// LogitsPostProcessorBatched serves, in one call per iteration, the requests that
+	// name BatchedPostProcessorName.
+	LogitsPostProcessorBatched LogitsPostProcessorBatched
 }
+
+// BatchedPostProcessorName is the name a request gives to use
+// Config.LogitsPostProcessorBatched.
+const BatchedPostProcessorName = "batched"
+
+// LogitsPostProcessor changes one sequence's logits before its token is chosen (the
+// seed's logits post-processor): the request ID, the logits row [vocab] to change in
+// place (after the embedding bias, before the penalties), the sequence's tokens so far
+// (prompt and generated; read-only), and the request's ClientID (nil when unset). It is
+// called on the executor's worker goroutine and must not block for long. A request
+// with a post-processor has its logits copied back from the engine and its tokens
+// chosen by the engine's rules on the host (beam search scores them there anyway).
+type LogitsPostProcessor func(reqID uint64, logits []float32, tokens []int32, clientID *uint64)
+
+// LogitsPostProcessorBatched is the batched variant: every sequence of an iteration
+// whose request named BatchedPostProcessorName, in one call, index by index.
+type LogitsPostProcessorBatched func(reqIDs []uint64, logits [][]float32, tokens [][]int32, clientIDs []*uint64)
 
 // Request is one generation request.
 type Request struct {
@@ -64,6 +87,24 @@ type Request struct {
 	StopWords [][]int32
 	// Output selects what results carry.
 	Output OutputConfig
+	// BeamWidth > 1 runs beam search (Result.Beams).
+	BeamWidth int
+	// NumReturnSequences: sampling, this many sequences (Result.SequenceIndex); beam
+	// search, the best this many beams (0: all).
+	NumReturnSequences int
+	// LengthPenalty, EarlyStopping and DiversityRate steer beam search
+	// (batchmanager.InferenceRequest's fields of those names).
+	LengthPenalty float32
+	// EarlyStopping: 1 stops once BeamWidth beams finished; 0 transformers' heuristic;
+	// other values never early (0 in a Request means the default, 1).
+	EarlyStopping *int
+	// DiversityRate is beam_search_diversity_rate.
+	DiversityRate float32
+	// LogitsPostProcessorName picks one of Config.LogitsPostProcessors, or
+	// BatchedPostProcessorName; "" for none.
+	LogitsPostProcessorName string
+	// ClientID is handed to the post-processor.
+	ClientID *uint64
 }
 
 // OutputConfig selects the optional parts of a result.
@@ -108,6 +149,13 @@ type Result struct {
 	GenerationLogits []float32
 	// FinishReason says why the request ended (in its final result).
 	FinishReason batchmanager.FinishReason
+	// Beams are a beam search's beams, best first once finished (OutputTokenIDs and
+	// CumLogProb are the first's).
+	Beams []batchmanager.BeamResult
+	// SequenceIndex is the sequence of this result (NumReturnSequences).
+	SequenceIndex int
+	// IsSequenceFinal marks the last result of SequenceIndex.
+	IsSequenceFinal bool
 }
 
 // Executor runs requests on an engine with in-flight batching.
@@ -135,6 +183,8 @@ type Executor struct {
 	notify chan struct{}
 	// closed is set by Shutdown.
 	closed bool
+	// clients are the ClientIDs of requests in flight that have one.
+	clients map[uint64]*uint64
 }
 
 // New starts an executor over eng. The engine stays the caller's to Close after
@@ -146,8 +196,21 @@ func New(eng engine.Engine, cfg Config, log *zap.Logger) (*Executor, error) {
 	if cfg.MaxQueued < 0 {
 		return nil, fmt.Errorf("executor: MaxQueued must be 0 (no limit) or positive, got %d", cfg.MaxQueued)
 	}
-	e := &Executor{info: eng.Info(), cfg: cfg, nextID: 1, live: map[uint64]struct{}{}, stops: map[uint64]struct{}{}, notify: make(chan struct{})}
-	m, err := batchmanager.New(eng, cfg.Batch, batchmanager.Callbacks{
+	e := &Executor{info: eng.Info(), cfg: cfg, nextID: 1, live: map[uint64]struct{}{}, stops: map[uint64]struct{}{}, notify: make(chan struct{}),
+		clients: map[uint64]*uint64{}}
+	batch := cfg.Batch
+	if pp := cfg.LogitsPostProcessorBatched; pp != nil {
+		batch.BatchedLogitsPostProcessor = func(ids []uint64, logits [][]float32, tokens [][]int32) {
+			clients := make([]*uint64, len(ids))
+			e.mu.Lock()
+			for i, id := range ids {
+				clients[i] = e.clients[id]
+			}
+			e.mu.Unlock()
+			pp(ids, logits, tokens, clients)
+		}
+	}
+	m, err := batchmanager.New(eng, batch, batchmanager.Callbacks{
 		GetInferenceRequests: e.get,
 		SendResponse:         e.send,
 		PollStopSignal:       e.pollStop,
@@ -182,6 +245,27 @@ func (e *Executor) Enqueue(req Request) (uint64, error) {
 	if req.PadID != nil {
 		padID = *req.PadID
 	}
+	var pp batchmanager.LogitsPostProcessor
+	batched := false
+	switch name := req.LogitsPostProcessorName; {
+	case name == "":
+	case name == BatchedPostProcessorName:
+		if e.cfg.LogitsPostProcessorBatched == nil {
+			return 0, errors.New("executor: Request.LogitsPostProcessorName is the batched one, and Config has no LogitsPostProcessorBatched")
+		}
+		batched = true
+	default:
+		f := e.cfg.LogitsPostProcessors[name]
+		if f == nil {
+			return 0, fmt.Errorf("executor: Request.LogitsPostProcessorName %q is not in Config.LogitsPostProcessors", name)
+		}
+		client := req.ClientID
+		pp = func(id uint64, logits []float32, tokens []int32) { f(id, logits, tokens, client) }
+	}
+	early := 1
+	if req.EarlyStopping != nil {
+		early = *req.EarlyStopping
+	}
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -206,8 +290,19 @@ func (e *Executor) Enqueue(req Request) (uint64, error) {
 		ReturnLogProbs:         req.Output.ReturnLogProbs,
 		ReturnContextLogits:    req.Output.ReturnContextLogits,
 		ReturnGenerationLogits: req.Output.ReturnGenerationLogits,
+		BeamWidth:              req.BeamWidth,
+		NumReturnSequences:     req.NumReturnSequences,
+		LengthPenalty:          req.LengthPenalty,
+		EarlyStopping:          early,
+		DiversityRate:          req.DiversityRate,
+		TopPResetID:            -1,
+		LogitsPostProcessor:    pp,
+		BatchedPostProcessing:  batched,
 	})
 	e.live[id] = struct{}{}
+	if req.ClientID != nil {
+		e.clients[id] = req.ClientID
+	}
 	e.mu.Unlock()
 	e.m.Wake()
 	return id, nil
@@ -315,6 +410,7 @@ func (e *Executor) deliver(r Response) {
 	if r.IsFinal() {
 		delete(e.live, r.RequestID)
 		delete(e.stops, r.RequestID)
+		delete(e.clients, r.RequestID)
 	}
 	close(e.notify)
 	e.notify = make(chan struct{})
@@ -363,6 +459,9 @@ func (e *Executor) send(id uint64, res batchmanager.Result, final bool, err erro
 			ContextLogits:    res.ContextLogits,
 			GenerationLogits: res.GenerationLogits,
 			FinishReason:     res.Finish,
+			Beams:            res.Beams,
+			SequenceIndex:    res.SequenceIndex,
+			IsSequenceFinal:  res.SequenceFinal || final,
 		}
 	}
 	e.mu.Lock()

@@ -16,7 +16,12 @@
 //     engine writes them. It takes all the blocks it needs or none (ErrFull).
 //  4. Commit tells the pool how many positions the engine has computed; with reuse, every
 //     full prompt block among them becomes findable by later sequences.
-//  5. Release gives the table back. A block no other sequence holds becomes free; a
+//  5. Fork starts a sequence that shares every block of another (the beams of one prompt,
+//     or the several samples of one request): each block gains a holder. A block held by
+//     more than one sequence is read-only; Writable gives a sequence its own block before
+//     it writes a position there (copy-on-write), and says which block the engine must
+//     copy into it first.
+//  6. Release gives the table back. A block no other sequence holds becomes free; a
 //     findable one stays in the cache as "reusable free", still counted free, and is
 //     evicted least recently used first when a Reserve needs a block and no plain free
 //     block is left. The Sequence is unusable afterwards (ErrReleased).
@@ -378,6 +383,61 @@ func (s *Sequence) Commit(n int) {
 		s.keyed++
 		s.chainKey, s.parent, s.parentGen = key, id, p.blocks[id].gen
 	}
+}
+
+// Fork starts a sequence that shares every block of s: the same table, each block with
+// one more holder. The fork takes nothing from Free. Shared blocks must not be written:
+// see Writable.
+func (s *Sequence) Fork() (*Sequence, error) {
+	p := s.pool
+	if p == nil {
+		return nil, ErrReleased
+	}
+	f := *s
+	f.table = slices.Clone(s.table)
+	for _, id := range f.table {
+		p.blocks[id].ref++
+	}
+	p.live++
+	return &f, nil
+}
+
+// Shared says whether the block holding position pos is held by other sequences too
+// (a write there needs Writable's copy). Positions past the table are not shared.
+func (s *Sequence) Shared(pos int) bool {
+	if s.pool == nil || pos < 0 {
+		return false
+	}
+	i := pos / s.pool.tpb
+	return i < len(s.table) && s.pool.blocks[s.table[i]].ref > 1
+}
+
+// Writable makes the block holding position pos (inside the table) the sequence's own,
+// so that the engine may write there. A block other sequences hold too is replaced in
+// the table by a fresh one, and copied reports the copy the engine must run before the
+// write (src onto dst); the shared block loses this holder. ErrFull when no block is
+// free (nothing changes).
+func (s *Sequence) Writable(pos int) (src, dst int32, copied bool, err error) {
+	p := s.pool
+	if p == nil {
+		return 0, 0, false, ErrReleased
+	}
+	i := pos / p.tpb
+	if pos < 0 || i >= len(s.table) {
+		return 0, 0, false, fmt.Errorf("kvcache: Writable(%d): the table covers %d positions", pos, len(s.table)*p.tpb)
+	}
+	old := s.table[i]
+	if p.blocks[old].ref <= 1 {
+		return 0, 0, false, nil
+	}
+	if p.Free() == 0 {
+		return 0, 0, false, fmt.Errorf("%w: need 1 for a copy-on-write, 0 free", ErrFull)
+	}
+	id := p.take()
+	// ref > 1: other holders keep it, so it never becomes free here.
+	p.blocks[old].ref--
+	s.table[i] = id
+	return old, id, true, nil
 }
 
 // Release gives the sequence's blocks back. Blocks are released last first, so a

@@ -295,3 +295,74 @@ func TestRandomWorkloadLeavesThePoolWhole(t *testing.T) {
 		t.Fatal("the workload never reused a block")
 	}
 }
+
+func TestForkSharesBlocksAndCopiesOnWrite(t *testing.T) {
+	p := newPool(t, 8, 4, false)
+	root := p.Add(seq(0, 6), false)
+	if err := root.Reserve(6); err != nil { // blocks for positions 0-5: two
+		t.Fatal(err)
+	}
+	a, err := root.Fork()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := root.Fork()
+	if got := p.Free(); got != 6 {
+		t.Fatalf("forks took blocks: %d free, want 6", got)
+	}
+	if err := root.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Free(); got != 6 {
+		t.Fatalf("releasing the root freed shared blocks: %d free, want 6", got)
+	}
+	if !a.Shared(5) || a.Shared(8) {
+		t.Errorf("Shared(5) = %v, Shared(8) = %v; want true, false", a.Shared(5), a.Shared(8))
+	}
+	// a writes position 6 (block 1, shared with b): it gets a copy.
+	src, dst, copied, err := a.Writable(6)
+	if err != nil || !copied || src != b.Blocks()[1] || dst == src {
+		t.Fatalf("a.Writable(6) = %d, %d, %v, %v; want a copy of b's block %d", src, dst, copied, err, b.Blocks()[1])
+	}
+	if a.Blocks()[1] != dst || a.Blocks()[0] != b.Blocks()[0] {
+		t.Errorf("a's table %v after the copy, b's %v", a.Blocks(), b.Blocks())
+	}
+	// b is now the last holder of the old block: it writes in place.
+	if _, _, copied, err := b.Writable(6); err != nil || copied {
+		t.Errorf("b.Writable(6): copied %v, err %v; want in place", copied, err)
+	}
+	if got := p.Free(); got != 5 {
+		t.Errorf("%d free after one copy, want 5", got)
+	}
+	for _, s := range []*Sequence{a, b} {
+		if err := s.Release(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := p.Stats(); st.Free != 8 || st.Sequences != 0 {
+		t.Errorf("after releasing everything: %+v", st)
+	}
+}
+
+func TestWritableWhenThePoolIsFull(t *testing.T) {
+	p := newPool(t, 2, 4, false)
+	root := p.Add(seq(0, 6), false)
+	if err := root.Reserve(6); err != nil {
+		t.Fatal(err)
+	}
+	f, _ := root.Fork()
+	if _, _, _, err := f.Writable(6); !errors.Is(err, ErrFull) {
+		t.Errorf("Writable with no free block: %v, want ErrFull", err)
+	}
+	if f.Blocks()[1] != root.Blocks()[1] {
+		t.Error("a failed Writable changed the table")
+	}
+	if _, _, _, err := f.Writable(9); err == nil {
+		t.Error("Writable past the table succeeded")
+	}
+	_ = f.Release()
+	_ = root.Release()
+	if _, err := f.Fork(); !errors.Is(err, ErrReleased) {
+		t.Errorf("Fork of a released sequence: %v, want ErrReleased", err)
+	}
+}

@@ -158,18 +158,19 @@ func TestStreamDecoder(t *testing.T) {
 			t.Errorf("Flush() = %q", rest)
 		}
 	})
-	t.Run("an unfinished character comes out at Flush", func(t *testing.T) {
+	t.Run("an unfinished character comes out at Flush as U+FFFD", func(t *testing.T) {
 		d := tk.NewStreamDecoder()
 		if s := d.Next(0xF0) + d.Next(0x9F); s != "" {
 			t.Errorf("Next gave %q before the character was complete", s)
 		}
-		if rest := d.Flush(); rest != "\xF0\x9F" {
+		// One U+FFFD for the maximal invalid sequence, as Rust's from_utf8_lossy.
+		if rest := d.Flush(); rest != "\uFFFD" {
 			t.Errorf("Flush() = %q", rest)
 		}
 	})
-	t.Run("bytes that can never be valid pass through", func(t *testing.T) {
+	t.Run("bytes that can never be valid become U+FFFD", func(t *testing.T) {
 		d := tk.NewStreamDecoder()
-		if s := d.Next(0x80) + d.Next('a'); s != "\x80a" {
+		if s := d.Next(0x80) + d.Next('a'); s != "\uFFFDa" {
 			t.Errorf("got %q", s)
 		}
 	})
@@ -198,10 +199,20 @@ func TestMalformedTokenizers(t *testing.T) {
 		{"text that is not JSON fails", []byte(`{"model": `), "invalid JSON"},
 		{"a WordPiece model is refused", smallTokenizer(testMerges, set("model.type", "WordPiece")), `model.type "WordPiece" is not supported`},
 		{"a missing vocab is named", smallTokenizer(testMerges, set("model.vocab", nil)), "model.vocab is missing"},
-		{"a missing pre-tokenizer is named", smallTokenizer(testMerges, set("pre_tokenizer", nil)), "pre_tokenizer: missing"},
 		{"a Whitespace pre-tokenizer is refused", smallTokenizer(testMerges, set("pre_tokenizer", map[string]any{"type": "Whitespace"})), `pre_tokenizer: type "Whitespace"`},
-		{"add_prefix_space is refused", smallTokenizer(testMerges, set("pre_tokenizer.add_prefix_space", true)), "add_prefix_space"},
-		{"a normalizer is refused", smallTokenizer(testMerges, set("normalizer", map[string]any{"type": "NFC"})), "normalizer"},
+		{"a pre-tokenizer inside a Sequence is named", smallTokenizer(testMerges, set("pre_tokenizer", map[string]any{"type": "Sequence", "pretokenizers": []any{
+			map[string]any{"type": "ByteLevel"}, map[string]any{"type": "Punctuation"}}})), `pre_tokenizer.pretokenizers[1]: type "Punctuation"`},
+		{"a BERT normalizer is refused", smallTokenizer(testMerges, set("normalizer", map[string]any{"type": "BertNormalizer"})), `normalizer: type "BertNormalizer"`},
+		{"an inverted Split is refused", smallTokenizer(testMerges, set("pre_tokenizer", map[string]any{"type": "Split", "pattern": map[string]any{"String": " "}, "behavior": "Isolated", "invert": true})), "invert"},
+		{"a Split behavior is named", smallTokenizer(testMerges, set("pre_tokenizer", map[string]any{"type": "Split", "pattern": map[string]any{"String": " "}, "behavior": "Sideways"})), `behavior "Sideways"`},
+		{"a lookbehind is refused", smallTokenizer(testMerges, set("pre_tokenizer", map[string]any{"type": "Split", "pattern": map[string]any{"Regex": `(?<=a)b`}, "behavior": "Isolated"})), "lookaround"},
+		{"a bad expression is named", smallTokenizer(testMerges, set("pre_tokenizer", map[string]any{"type": "Split", "pattern": map[string]any{"Regex": `[a`}, "behavior": "Isolated"})), `pattern "[a"`},
+		{"a BERT post-processor is refused", smallTokenizer(testMerges, set("post_processor", map[string]any{"type": "BertProcessing"})), `post_processor: type "BertProcessing"`},
+		{"a template without $A is named", smallTokenizer(testMerges, set("post_processor", map[string]any{"type": "TemplateProcessing", "single": []any{}})), "no $A"},
+		{"a template's unknown special token is named", smallTokenizer(testMerges, set("post_processor", map[string]any{"type": "TemplateProcessing",
+			"single": []any{map[string]any{"SpecialToken": map[string]any{"id": "<s>"}}, map[string]any{"Sequence": map[string]any{"id": "A"}}}})), `special token "<s>" is not in special_tokens`},
+		{"an unknown unk_token is named", smallTokenizer(testMerges, set("model.unk_token", "<unk>")), `model.unk_token "<unk>"`},
+		{"a Metaspace replacement of two characters is refused", smallTokenizer(testMerges, set("pre_tokenizer", map[string]any{"type": "Metaspace", "replacement": "__"})), "one-character replacement"},
 		{"another decoder is refused", smallTokenizer(testMerges, set("decoder", map[string]any{"type": "WordPiece"})), `decoder: type "WordPiece"`},
 		{"a merge of unknown tokens is named", smallTokenizer(append(slices.Clone(testMerges), "zz qq"), nil), `model.merges[8] "zz" "qq"`},
 		{"a merge without a space is named", smallTokenizer(testMerges, set("model.merges", []any{"Ġt"})), `model.merges[0]: "Ġt" is not two tokens`},

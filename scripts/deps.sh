@@ -81,10 +81,21 @@ if [ "$cuda" = 1 ] && [ ! -f "$cuda_stamp" ]; then
     --target "$deps/cuda" "${CUDA_WHEELS[@]}"
   touch "$cuda_stamp"
 fi
+# The official openai Python package, for the OpenAI server's tests (tests/openai), in a
+# folder of its own with its own stamp: adding it never touches the installs above.
+OPENAI_PY=openai==3.51.0
+openai_stamp="$deps/.stamp-pyopenai-$OPENAI_PY"
+if [ ! -f "$openai_stamp" ]; then
+  did=1
+  rm -rf "$deps/pyopenai"
+  step "the openai package ($OPENAI_PY) into .deps/pyopenai" pip_q --target "$deps/pyopenai" "$OPENAI_PY"
+  touch "$openai_stamp"
+fi
 test -x "$deps/bin/tritonserver"
 "$deps/bin/perf_analyzer" --version >/dev/null 2>&1
 PYTHONPATH="$py" python3 -c 'import tokenizers, tritonclient.grpc'
-what="tritonserver 2.51.0, perf_analyzer, tritonclient, tokenizers"
+PYTHONPATH="$deps/pyopenai" python3 -c 'import openai'
+what="tritonserver 2.51.0, perf_analyzer, tritonclient, tokenizers, openai"
 if [ "$cuda" = 1 ]; then
   "$deps/cuda/nvidia/cu13/bin/nvcc" --version >/dev/null
   test -f "$deps/cuda/nvidia/cu13/lib/libcublas.so.13"

@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"gollm/kserve"
 	"gollm/tests/harness"
-	"gollm/tests/kserve"
 )
 
 // The backend's Prometheus families on Triton's /metrics (gauges, labelled by model and

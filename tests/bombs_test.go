@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"gollm/kserve"
 	"gollm/tests/harness"
-	"gollm/tests/kserve"
 )
 
 // bomb is a copy of the demo checkpoint with one file changed.

@@ -20,9 +20,9 @@ import (
 
 	"gollm/engine"
 	"gollm/engine/cpu"
+	"gollm/kserve"
 	"gollm/model"
 	"gollm/tests/harness"
-	"gollm/tests/kserve"
 )
 
 // Response parameters Triton uses for decoupled models.

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"gollm/kserve"
 	"gollm/tests/harness"
-	"gollm/tests/kserve"
 )
 
 // badCheckpoint is a copy of the demo checkpoint spoilt one way.

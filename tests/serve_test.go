@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"gollm/kserve"
 	"gollm/tests/harness"
-	"gollm/tests/kserve"
 )
 
 // tokenPrompt is the token prompt of the token tests: "Hello, my name is" in GPT-2's

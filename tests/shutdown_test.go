@@ -22,8 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"gollm/kserve"
 	"gollm/tests/harness"
-	"gollm/tests/kserve"
 )
 
 // heapCorruptionRE matches what glibc (with MALLOC_CHECK_=3) and the C++ runtime print

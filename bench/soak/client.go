@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"gollm/tests/kserve"
+	"gollm/kserve"
 )
 
 // client sends the soak's requests to one tritonserver.

@@ -36,7 +36,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"gollm/tests/kserve"
+	"gollm/kserve"
 )
 
 func main() {

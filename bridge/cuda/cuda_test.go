@@ -181,7 +181,7 @@ func TestBuiltLibraryFailsCleanlyWithoutGPU(t *testing.T) {
 	}
 }
 
-// TestBuiltLibraryDescribesDevicesOrFailsCleanly calls ABI 4's gollm_device_describe on
+// TestBuiltLibraryDescribesDevicesOrFailsCleanly calls ABI 5's gollm_device_describe on
 // the built library: without a GPU an error, with one a name, a UUID in NVML's form and
 // the memory.
 func TestBuiltLibraryDescribesDevicesOrFailsCleanly(t *testing.T) {

@@ -460,8 +460,13 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 	if len(b.Seqs) == 0 {
 		return outs, nil
 	}
-	for _, part := range splitBatch(b, e.opts.MaxTokens, e.opts.MaxSeqs) {
-		if err := e.runPart(b, part, outs); err != nil {
+	for i, part := range splitBatch(b, e.opts.MaxTokens, e.opts.MaxSeqs) {
+		// The block copies go with the first call, ahead of every forward pass.
+		var copies []engine.BlockCopy
+		if i == 0 {
+			copies = b.BlockCopies
+		}
+		if err := e.runPart(b, part, copies, outs); err != nil {
 			return nil, err
 		}
 	}
@@ -469,9 +474,13 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 }
 
 // runPart runs one library call over pieces of b's sequences and fills their outputs.
-func (e *Engine) runPart(b *engine.Batch, part []piece, outs []engine.Output) error {
+func (e *Engine) runPart(b *engine.Batch, part []piece, copies []engine.BlockCopy, outs []engine.Output) error {
 	p := &e.prep
 	p.build(b, part, e.info)
+	p.copies = p.copies[:0]
+	for _, c := range copies {
+		p.copies = append(p.copies, c.Src, c.Dst)
+	}
 	var pin runtime.Pinner
 	defer pin.Unpin()
 	ptr := func(n int, first unsafe.Pointer) unsafe.Pointer {
@@ -496,6 +505,8 @@ func (e *Engine) runPart(b *engine.Batch, part []piece, outs []engine.Output) er
 	in.penalty_counts = (*C.int32_t)(ptr(len(p.penCnt), unsafe.Pointer(unsafe.SliceData(p.penCnt))))
 	in.mask_tokens = (*C.int32_t)(ptr(len(p.masks), unsafe.Pointer(unsafe.SliceData(p.masks))))
 	in.bias = (*C.float)(ptr(len(p.bias), unsafe.Pointer(unsafe.SliceData(p.bias))))
+	in.num_block_copies = C.int32_t(len(p.copies) / 2)
+	in.block_copies = (*C.int32_t)(ptr(len(p.copies), unsafe.Pointer(unsafe.SliceData(p.copies))))
 	logits := make([]float32, p.logitsLen)
 	out := &C.gollm_step_out{logits_len: C.int64_t(len(logits))}
 	out.tokens = (*C.int32_t)(ptr(len(p.outTok), unsafe.Pointer(unsafe.SliceData(p.outTok))))

@@ -68,6 +68,8 @@ type stepPrep struct {
 	outLP  []float32
 	// hist counts a history's tokens for the penalties.
 	hist engine.TokenCounts
+	// copies are the call's KV block copies, (src, dst) pairs.
+	copies []int32
 }
 
 // init sizes the per-vocabulary buffers.

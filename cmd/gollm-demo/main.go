@@ -64,6 +64,7 @@ func run(out string, o demo.Options) error {
 	fmt.Printf("  config.json        GPT-2: %d layers, hidden %d, %d heads, %d positions, vocabulary %d\n",
 		o.Layers, o.Hidden, o.Heads, o.Positions, demo.VocabSize)
 	fmt.Printf("  tokenizer.json     GPT-2's real byte-level BPE (50257 tokens, 50000 merges)\n")
+	fmt.Printf("  tokenizer_config.json  a ChatML chat template (for the OpenAI server's chat endpoint)\n")
 	fmt.Printf("  model.safetensors  %.1fM parameters, %s, %.1f MB\n", float64(params)/1e6, o.DType, float64(st.Size())/1e6)
 	fmt.Printf("The weights are RANDOM (seed %d): the model runs like GPT-2 but its text is gibberish.\n", o.Seed)
 	fmt.Printf("Point gpt_model_path at a real GPT-2 checkpoint folder for real text.\n")

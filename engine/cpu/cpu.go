@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"sync"
 
 	"gollm/engine"
@@ -79,7 +80,7 @@ type scratch struct {
 	// scores are per-worker attention score buffers [MaxSeqLen].
 	scores [][]float32
 	// samplers hold the sampling buffers, one per goroutine.
-	samplers []*sampler
+	samplers []*engine.Sampler
 	// errs collects the sampling errors of one step, per sequence.
 	errs []error
 }
@@ -201,6 +202,9 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Copy-on-write of KV blocks (beams that diverge inside a shared block) comes first:
+	// the forward pass may write the copies.
+	e.copyBlocks(b.BlockCopies)
 	outs := make([]engine.Output, len(b.Seqs))
 	if n == 0 {
 		return outs, nil
@@ -319,9 +323,7 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 	// Sampling reads only its own sequence's row, so sequences are spread over the
 	// goroutines, each with its own sampler buffers.
 	for len(s.samplers) < runtime.GOMAXPROCS(0) {
-		sp := &sampler{}
-		sp.init(V)
-		s.samplers = append(s.samplers, sp)
+		s.samplers = append(s.samplers, engine.NewSampler(V))
 	}
 	if cap(s.errs) < len(b.Seqs) {
 		s.errs = make([]error, len(b.Seqs))
@@ -338,6 +340,19 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 		}
 	}
 	return outs, nil
+}
+
+// copyBlocks copies whole KV blocks of the pool, in order (a block is contiguous: every
+// layer's keys and values of every KV head).
+func (e *Engine) copyBlocks(copies []engine.BlockCopy) {
+	if len(copies) == 0 {
+		return
+	}
+	size := e.kvBase(1, 0, 0, 0)
+	for _, c := range copies {
+		src, dst := int(c.Src)*size, int(c.Dst)*size
+		copy(e.kv[dst:dst+size], e.kv[src:src+size])
+	}
 }
 
 // norm writes the model's norm of x (weight g, bias b where it has one) into dst.
@@ -382,18 +397,19 @@ func (e *Engine) rotate() {
 
 // finish fills a sequence's output from its last row's logits: the returned logits
 // and, when it asks for one, the sampled token.
-func (e *Engine) finish(sq *engine.Sequence, last []float32, sp *sampler, out *engine.Output) error {
+func (e *Engine) finish(sq *engine.Sequence, last []float32, sp *engine.Sampler, out *engine.Output) error {
 	out.Token = -1
 	if last == nil {
 		return nil
 	}
 	if !sq.Sample {
 		if sq.ReturnLogits {
-			out.Logits = applyBias(last, sq.Sampling.EmbeddingBias)
+			out.Logits = slices.Clone(last)
+			engine.AddBias(out.Logits, sq.Sampling.EmbeddingBias)
 		}
 		return nil
 	}
-	tok, lp, logits, err := sp.sample(last, sq)
+	tok, lp, logits, err := sp.Sample(last, sq)
 	if err != nil {
 		return fmt.Errorf("cpu: sequence %d: %w", sq.ID, err)
 	}

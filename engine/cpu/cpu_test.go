@@ -365,3 +365,55 @@ func TestBadSequencesAreRejectedByName(t *testing.T) {
 		}
 	})
 }
+
+func TestBlockCopiesForkASequence(t *testing.T) {
+	m := smallGPT2(3)
+	e := newCPU(t, m, 4, 4)
+	// Six prompt tokens fill block 0 and half of block 1.
+	mustStep(t, e, Sequence{ID: 1, Tokens: []int32{1, 2, 3, 4, 5, 6}, Blocks: []int32{0, 1}})
+	// A fork continues in a copy of block 1; the original then continues in block 1.
+	forkOut, err := e.Step(&Batch{
+		Seqs:        []Sequence{{ID: 2, Tokens: []int32{7}, Pos: 6, Blocks: []int32{0, 2}, ReturnLogits: true}},
+		BlockCopies: []BlockCopy{{Src: 1, Dst: 2}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig := mustStep(t, e, Sequence{ID: 1, Tokens: []int32{7}, Pos: 6, Blocks: []int32{0, 1}, ReturnLogits: true})
+	if !slices.Equal(forkOut[0].Logits, orig[0].Logits) {
+		t.Error("the fork's logits in a copied block differ from the original's")
+	}
+	// Without the copy the fork reads an empty block 3 and must differ.
+	blank := mustStep(t, e, Sequence{ID: 3, Tokens: []int32{7}, Pos: 6, Blocks: []int32{0, 3}, ReturnLogits: true})
+	if slices.Equal(blank[0].Logits, orig[0].Logits) {
+		t.Error("a sequence over an uncopied block gave the original's logits: the test shows nothing")
+	}
+}
+
+func TestBadBlockCopiesAreRejected(t *testing.T) {
+	m := smallGPT2(1)
+	seq := Sequence{ID: 1, Tokens: []int32{1}, Blocks: []int32{0}}
+	for _, tc := range []struct {
+		name   string
+		copies []BlockCopy
+		seqs   []Sequence
+		want   string
+	}{
+		{"a source outside the pool", []BlockCopy{{Src: 4, Dst: 1}}, []Sequence{seq}, "block 4 is outside the KV pool"},
+		{"a negative destination", []BlockCopy{{Src: 1, Dst: -1}}, []Sequence{seq}, "block -1 is outside the KV pool"},
+		{"a copy onto itself", []BlockCopy{{Src: 2, Dst: 2}}, []Sequence{seq}, "onto itself"},
+		{"two copies onto one block", []BlockCopy{{Src: 1, Dst: 2}, {Src: 3, Dst: 2}}, []Sequence{seq}, "an earlier copy"},
+		{"copies without sequences", []BlockCopy{{Src: 1, Dst: 2}}, nil, "without sequences"},
+	} {
+		t.Run("rejects "+tc.name, func(t *testing.T) {
+			e := newCPU(t, m, 4, 16)
+			before := slices.Clone(e.kv)
+			if _, err := e.Step(&Batch{Seqs: tc.seqs, BlockCopies: tc.copies}); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want one with %q", err, tc.want)
+			}
+			if !slices.Equal(before, e.kv) {
+				t.Error("a rejected batch changed the KV pool")
+			}
+		})
+	}
+}

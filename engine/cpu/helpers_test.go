@@ -21,6 +21,8 @@ type (
 	Output = engine.Output
 	// KVConfig is engine.KVConfig.
 	KVConfig = engine.KVConfig
+	// BlockCopy is engine.BlockCopy.
+	BlockCopy = engine.BlockCopy
 )
 
 // loadModel loads a checkpoint folder in float32.
@@ -135,4 +137,13 @@ func forEachKernelPath(t *testing.T, f func(t *testing.T)) {
 			f(t)
 		})
 	}
+}
+
+// randomLogits returns n logits with a spread like a real model's.
+func randomLogits(rng *rand.Rand, n int, std float64) []float32 {
+	l := make([]float32, n)
+	for i := range l {
+		l[i] = float32(rng.NormFloat64() * std)
+	}
+	return l
 }

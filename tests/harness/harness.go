@@ -26,7 +26,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"gollm/tests/kserve"
+	"gollm/kserve"
 )
 
 // Paths below the repository root.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"gollm/tests/kserve"
+	"gollm/kserve"
 )
 
 const sampleConfig = `# A model with "decoupled: true" in a comment.

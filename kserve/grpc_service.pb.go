@@ -1,8 +1,9 @@
 // gollm's copy of the KServe v2 inference protocol over gRPC, as Triton serves it.
 //
-// Written for gollm's integration tests from the published protocol (the KServe
-// "open inference protocol" and Triton's extensions to it): only the services and
-// messages the tests use are declared. Service, method and message names and field
+// Written for gollm (its OpenAI server, tests and benchmarks) from the published
+// protocol (the KServe "open inference protocol" and Triton's extensions to it): only
+// the services and messages gollm uses are declared, and of ModelConfig only the
+// fields gollm reads (protobuf skips the others). Service, method and message names and field
 // numbers are those of the protocol, so these stubs talk to any Triton server.
 // Regenerate the Go code with gen.sh after an edit.
 
@@ -1009,6 +1010,425 @@ func (x *ModelStreamInferResponse) GetInferResponse() *ModelInferResponse {
 	return nil
 }
 
+type ModelConfigRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the model's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// version is the model's version; empty means the one Triton picks.
+	Version       string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelConfigRequest) Reset() {
+	*x = ModelConfigRequest{}
+	mi := &file_grpc_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelConfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelConfigRequest) ProtoMessage() {}
+
+func (x *ModelConfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_grpc_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelConfigRequest.ProtoReflect.Descriptor instead.
+func (*ModelConfigRequest) Descriptor() ([]byte, []int) {
+	return file_grpc_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ModelConfigRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ModelConfigRequest) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+type ModelConfigResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// config is the model's configuration.
+	Config        *ModelConfig `protobuf:"bytes,1,opt,name=config,proto3" json:"config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelConfigResponse) Reset() {
+	*x = ModelConfigResponse{}
+	mi := &file_grpc_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelConfigResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelConfigResponse) ProtoMessage() {}
+
+func (x *ModelConfigResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_grpc_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelConfigResponse.ProtoReflect.Descriptor instead.
+func (*ModelConfigResponse) Descriptor() ([]byte, []int) {
+	return file_grpc_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ModelConfigResponse) GetConfig() *ModelConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+// ModelConfig is the part of Triton's model configuration that gollm reads.
+type ModelConfig struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the model's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// platform is the model's platform, for the frameworks that have one.
+	Platform string `protobuf:"bytes,2,opt,name=platform,proto3" json:"platform,omitempty"`
+	// max_batch_size is the largest batch the model takes (0: no batch dimension).
+	MaxBatchSize int32 `protobuf:"varint,4,opt,name=max_batch_size,json=maxBatchSize,proto3" json:"max_batch_size,omitempty"`
+	// input are the model's inputs.
+	Input []*ModelInput `protobuf:"bytes,5,rep,name=input,proto3" json:"input,omitempty"`
+	// output are the model's outputs.
+	Output []*ModelOutput `protobuf:"bytes,6,rep,name=output,proto3" json:"output,omitempty"`
+	// parameters are the model's string parameters, by key.
+	Parameters map[string]*ModelParameter `protobuf:"bytes,14,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// backend is the backend that serves the model, such as "gollm".
+	Backend string `protobuf:"bytes,17,opt,name=backend,proto3" json:"backend,omitempty"`
+	// model_transaction_policy says whether the model is decoupled.
+	ModelTransactionPolicy *ModelTransactionPolicy `protobuf:"bytes,19,opt,name=model_transaction_policy,json=modelTransactionPolicy,proto3" json:"model_transaction_policy,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
+}
+
+func (x *ModelConfig) Reset() {
+	*x = ModelConfig{}
+	mi := &file_grpc_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelConfig) ProtoMessage() {}
+
+func (x *ModelConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_grpc_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelConfig.ProtoReflect.Descriptor instead.
+func (*ModelConfig) Descriptor() ([]byte, []int) {
+	return file_grpc_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ModelConfig) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ModelConfig) GetPlatform() string {
+	if x != nil {
+		return x.Platform
+	}
+	return ""
+}
+
+func (x *ModelConfig) GetMaxBatchSize() int32 {
+	if x != nil {
+		return x.MaxBatchSize
+	}
+	return 0
+}
+
+func (x *ModelConfig) GetInput() []*ModelInput {
+	if x != nil {
+		return x.Input
+	}
+	return nil
+}
+
+func (x *ModelConfig) GetOutput() []*ModelOutput {
+	if x != nil {
+		return x.Output
+	}
+	return nil
+}
+
+func (x *ModelConfig) GetParameters() map[string]*ModelParameter {
+	if x != nil {
+		return x.Parameters
+	}
+	return nil
+}
+
+func (x *ModelConfig) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *ModelConfig) GetModelTransactionPolicy() *ModelTransactionPolicy {
+	if x != nil {
+		return x.ModelTransactionPolicy
+	}
+	return nil
+}
+
+// ModelInput is one input of a model's configuration.
+type ModelInput struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the input's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// dims is its shape without the batch dimension; -1 is variable.
+	Dims []int64 `protobuf:"varint,4,rep,packed,name=dims,proto3" json:"dims,omitempty"`
+	// optional says a request may leave the input out.
+	Optional      bool `protobuf:"varint,8,opt,name=optional,proto3" json:"optional,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelInput) Reset() {
+	*x = ModelInput{}
+	mi := &file_grpc_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelInput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelInput) ProtoMessage() {}
+
+func (x *ModelInput) ProtoReflect() protoreflect.Message {
+	mi := &file_grpc_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelInput.ProtoReflect.Descriptor instead.
+func (*ModelInput) Descriptor() ([]byte, []int) {
+	return file_grpc_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ModelInput) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ModelInput) GetDims() []int64 {
+	if x != nil {
+		return x.Dims
+	}
+	return nil
+}
+
+func (x *ModelInput) GetOptional() bool {
+	if x != nil {
+		return x.Optional
+	}
+	return false
+}
+
+// ModelOutput is one output of a model's configuration.
+type ModelOutput struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the output's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// dims is its shape without the batch dimension; -1 is variable.
+	Dims          []int64 `protobuf:"varint,3,rep,packed,name=dims,proto3" json:"dims,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelOutput) Reset() {
+	*x = ModelOutput{}
+	mi := &file_grpc_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelOutput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelOutput) ProtoMessage() {}
+
+func (x *ModelOutput) ProtoReflect() protoreflect.Message {
+	mi := &file_grpc_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelOutput.ProtoReflect.Descriptor instead.
+func (*ModelOutput) Descriptor() ([]byte, []int) {
+	return file_grpc_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ModelOutput) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ModelOutput) GetDims() []int64 {
+	if x != nil {
+		return x.Dims
+	}
+	return nil
+}
+
+// ModelParameter is one value of a model's parameters.
+type ModelParameter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// string_value is the parameter's value.
+	StringValue   string `protobuf:"bytes,1,opt,name=string_value,json=stringValue,proto3" json:"string_value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelParameter) Reset() {
+	*x = ModelParameter{}
+	mi := &file_grpc_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelParameter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelParameter) ProtoMessage() {}
+
+func (x *ModelParameter) ProtoReflect() protoreflect.Message {
+	mi := &file_grpc_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelParameter.ProtoReflect.Descriptor instead.
+func (*ModelParameter) Descriptor() ([]byte, []int) {
+	return file_grpc_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ModelParameter) GetStringValue() string {
+	if x != nil {
+		return x.StringValue
+	}
+	return ""
+}
+
+// ModelTransactionPolicy is how a model answers requests.
+type ModelTransactionPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// decoupled says a request may get any number of responses.
+	Decoupled     bool `protobuf:"varint,1,opt,name=decoupled,proto3" json:"decoupled,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelTransactionPolicy) Reset() {
+	*x = ModelTransactionPolicy{}
+	mi := &file_grpc_service_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelTransactionPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelTransactionPolicy) ProtoMessage() {}
+
+func (x *ModelTransactionPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_grpc_service_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelTransactionPolicy.ProtoReflect.Descriptor instead.
+func (*ModelTransactionPolicy) Descriptor() ([]byte, []int) {
+	return file_grpc_service_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ModelTransactionPolicy) GetDecoupled() bool {
+	if x != nil {
+		return x.Decoupled
+	}
+	return false
+}
+
 // ModelRepositoryParameter is one load or unload parameter.
 type ModelRepositoryParameter struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1025,7 +1445,7 @@ type ModelRepositoryParameter struct {
 
 func (x *ModelRepositoryParameter) Reset() {
 	*x = ModelRepositoryParameter{}
-	mi := &file_grpc_service_proto_msgTypes[15]
+	mi := &file_grpc_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1037,7 +1457,7 @@ func (x *ModelRepositoryParameter) String() string {
 func (*ModelRepositoryParameter) ProtoMessage() {}
 
 func (x *ModelRepositoryParameter) ProtoReflect() protoreflect.Message {
-	mi := &file_grpc_service_proto_msgTypes[15]
+	mi := &file_grpc_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1050,7 +1470,7 @@ func (x *ModelRepositoryParameter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelRepositoryParameter.ProtoReflect.Descriptor instead.
 func (*ModelRepositoryParameter) Descriptor() ([]byte, []int) {
-	return file_grpc_service_proto_rawDescGZIP(), []int{15}
+	return file_grpc_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ModelRepositoryParameter) GetParameterChoice() isModelRepositoryParameter_ParameterChoice {
@@ -1136,7 +1556,7 @@ type RepositoryIndexRequest struct {
 
 func (x *RepositoryIndexRequest) Reset() {
 	*x = RepositoryIndexRequest{}
-	mi := &file_grpc_service_proto_msgTypes[16]
+	mi := &file_grpc_service_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1568,7 @@ func (x *RepositoryIndexRequest) String() string {
 func (*RepositoryIndexRequest) ProtoMessage() {}
 
 func (x *RepositoryIndexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grpc_service_proto_msgTypes[16]
+	mi := &file_grpc_service_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +1581,7 @@ func (x *RepositoryIndexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryIndexRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexRequest) Descriptor() ([]byte, []int) {
-	return file_grpc_service_proto_rawDescGZIP(), []int{16}
+	return file_grpc_service_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RepositoryIndexRequest) GetRepositoryName() string {
@@ -1188,7 +1608,7 @@ type RepositoryIndexResponse struct {
 
 func (x *RepositoryIndexResponse) Reset() {
 	*x = RepositoryIndexResponse{}
-	mi := &file_grpc_service_proto_msgTypes[17]
+	mi := &file_grpc_service_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1200,7 +1620,7 @@ func (x *RepositoryIndexResponse) String() string {
 func (*RepositoryIndexResponse) ProtoMessage() {}
 
 func (x *RepositoryIndexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grpc_service_proto_msgTypes[17]
+	mi := &file_grpc_service_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1213,7 +1633,7 @@ func (x *RepositoryIndexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryIndexResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexResponse) Descriptor() ([]byte, []int) {
-	return file_grpc_service_proto_rawDescGZIP(), []int{17}
+	return file_grpc_service_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RepositoryIndexResponse) GetModels() []*RepositoryIndexResponse_ModelIndex {
@@ -1237,7 +1657,7 @@ type RepositoryModelLoadRequest struct {
 
 func (x *RepositoryModelLoadRequest) Reset() {
 	*x = RepositoryModelLoadRequest{}
-	mi := &file_grpc_service_proto_msgTypes[18]
+	mi := &file_grpc_service_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1249,7 +1669,7 @@ func (x *RepositoryModelLoadRequest) String() string {
 func (*RepositoryModelLoadRequest) ProtoMessage() {}
 
 func (x *RepositoryModelLoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grpc_service_proto_msgTypes[18]
+	mi := &file_grpc_service_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1262,7 +1682,7 @@ func (x *RepositoryModelLoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelLoadRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryModelLoadRequest) Descriptor() ([]byte, []int) {
-	return file_grpc_service_proto_rawDescGZIP(), []int{18}
+	return file_grpc_service_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RepositoryModelLoadRequest) GetRepositoryName() string {
@@ -1294,7 +1714,7 @@ type RepositoryModelLoadResponse struct {
 
 func (x *RepositoryModelLoadResponse) Reset() {
 	*x = RepositoryModelLoadResponse{}
-	mi := &file_grpc_service_proto_msgTypes[19]
+	mi := &file_grpc_service_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1306,7 +1726,7 @@ func (x *RepositoryModelLoadResponse) String() string {
 func (*RepositoryModelLoadResponse) ProtoMessage() {}
 
 func (x *RepositoryModelLoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grpc_service_proto_msgTypes[19]
+	mi := &file_grpc_service_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1319,7 +1739,7 @@ func (x *RepositoryModelLoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelLoadResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryModelLoadResponse) Descriptor() ([]byte, []int) {
-	return file_grpc_service_proto_rawDescGZIP(), []int{19}
+	return file_grpc_service_proto_rawDescGZIP(), []int{26}
 }
 
 type RepositoryModelUnloadRequest struct {
@@ -1336,7 +1756,7 @@ type RepositoryModelUnloadRequest struct {
 
 func (x *RepositoryModelUnloadRequest) Reset() {
 	*x = RepositoryModelUnloadRequest{}
-	mi := &file_grpc_service_proto_msgTypes[20]
+	mi := &file_grpc_service_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1348,7 +1768,7 @@ func (x *RepositoryModelUnloadRequest) String() string {
 func (*RepositoryModelUnloadRequest) ProtoMessage() {}
 
 func (x *RepositoryModelUnloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_grpc_service_proto_msgTypes[20]
+	mi := &file_grpc_service_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1361,7 +1781,7 @@ func (x *RepositoryModelUnloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelUnloadRequest.ProtoReflect.Descriptor instead.
 func (*RepositoryModelUnloadRequest) Descriptor() ([]byte, []int) {
-	return file_grpc_service_proto_rawDescGZIP(), []int{20}
+	return file_grpc_service_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RepositoryModelUnloadRequest) GetRepositoryName() string {
@@ -1393,7 +1813,7 @@ type RepositoryModelUnloadResponse struct {
 
 func (x *RepositoryModelUnloadResponse) Reset() {
 	*x = RepositoryModelUnloadResponse{}
-	mi := &file_grpc_service_proto_msgTypes[21]
+	mi := &file_grpc_service_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1405,7 +1825,7 @@ func (x *RepositoryModelUnloadResponse) String() string {
 func (*RepositoryModelUnloadResponse) ProtoMessage() {}
 
 func (x *RepositoryModelUnloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_grpc_service_proto_msgTypes[21]
+	mi := &file_grpc_service_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1418,7 +1838,7 @@ func (x *RepositoryModelUnloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepositoryModelUnloadResponse.ProtoReflect.Descriptor instead.
 func (*RepositoryModelUnloadResponse) Descriptor() ([]byte, []int) {
-	return file_grpc_service_proto_rawDescGZIP(), []int{21}
+	return file_grpc_service_proto_rawDescGZIP(), []int{28}
 }
 
 // TensorMetadata describes one input or output.
@@ -1436,7 +1856,7 @@ type ModelMetadataResponse_TensorMetadata struct {
 
 func (x *ModelMetadataResponse_TensorMetadata) Reset() {
 	*x = ModelMetadataResponse_TensorMetadata{}
-	mi := &file_grpc_service_proto_msgTypes[22]
+	mi := &file_grpc_service_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +1868,7 @@ func (x *ModelMetadataResponse_TensorMetadata) String() string {
 func (*ModelMetadataResponse_TensorMetadata) ProtoMessage() {}
 
 func (x *ModelMetadataResponse_TensorMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_grpc_service_proto_msgTypes[22]
+	mi := &file_grpc_service_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1504,7 +1924,7 @@ type ModelInferRequest_InferInputTensor struct {
 
 func (x *ModelInferRequest_InferInputTensor) Reset() {
 	*x = ModelInferRequest_InferInputTensor{}
-	mi := &file_grpc_service_proto_msgTypes[23]
+	mi := &file_grpc_service_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1516,7 +1936,7 @@ func (x *ModelInferRequest_InferInputTensor) String() string {
 func (*ModelInferRequest_InferInputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferInputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_grpc_service_proto_msgTypes[23]
+	mi := &file_grpc_service_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1580,7 +2000,7 @@ type ModelInferRequest_InferRequestedOutputTensor struct {
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) Reset() {
 	*x = ModelInferRequest_InferRequestedOutputTensor{}
-	mi := &file_grpc_service_proto_msgTypes[24]
+	mi := &file_grpc_service_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1592,7 +2012,7 @@ func (x *ModelInferRequest_InferRequestedOutputTensor) String() string {
 func (*ModelInferRequest_InferRequestedOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferRequest_InferRequestedOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_grpc_service_proto_msgTypes[24]
+	mi := &file_grpc_service_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +2061,7 @@ type ModelInferResponse_InferOutputTensor struct {
 
 func (x *ModelInferResponse_InferOutputTensor) Reset() {
 	*x = ModelInferResponse_InferOutputTensor{}
-	mi := &file_grpc_service_proto_msgTypes[28]
+	mi := &file_grpc_service_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +2073,7 @@ func (x *ModelInferResponse_InferOutputTensor) String() string {
 func (*ModelInferResponse_InferOutputTensor) ProtoMessage() {}
 
 func (x *ModelInferResponse_InferOutputTensor) ProtoReflect() protoreflect.Message {
-	mi := &file_grpc_service_proto_msgTypes[28]
+	mi := &file_grpc_service_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1721,7 +2141,7 @@ type RepositoryIndexResponse_ModelIndex struct {
 
 func (x *RepositoryIndexResponse_ModelIndex) Reset() {
 	*x = RepositoryIndexResponse_ModelIndex{}
-	mi := &file_grpc_service_proto_msgTypes[31]
+	mi := &file_grpc_service_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1733,7 +2153,7 @@ func (x *RepositoryIndexResponse_ModelIndex) String() string {
 func (*RepositoryIndexResponse_ModelIndex) ProtoMessage() {}
 
 func (x *RepositoryIndexResponse_ModelIndex) ProtoReflect() protoreflect.Message {
-	mi := &file_grpc_service_proto_msgTypes[31]
+	mi := &file_grpc_service_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1746,7 +2166,7 @@ func (x *RepositoryIndexResponse_ModelIndex) ProtoReflect() protoreflect.Message
 
 // Deprecated: Use RepositoryIndexResponse_ModelIndex.ProtoReflect.Descriptor instead.
 func (*RepositoryIndexResponse_ModelIndex) Descriptor() ([]byte, []int) {
-	return file_grpc_service_proto_rawDescGZIP(), []int{17, 0}
+	return file_grpc_service_proto_rawDescGZIP(), []int{24, 0}
 }
 
 func (x *RepositoryIndexResponse_ModelIndex) GetName() string {
@@ -1890,7 +2310,38 @@ const file_grpc_service_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x19.inference.InferParameterR\x05value:\x028\x01\"\x85\x01\n" +
 	"\x18ModelStreamInferResponse\x12#\n" +
 	"\rerror_message\x18\x01 \x01(\tR\ferrorMessage\x12D\n" +
-	"\x0einfer_response\x18\x02 \x01(\v2\x1d.inference.ModelInferResponseR\rinferResponse\"\xba\x01\n" +
+	"\x0einfer_response\x18\x02 \x01(\v2\x1d.inference.ModelInferResponseR\rinferResponse\"B\n" +
+	"\x12ModelConfigRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\"E\n" +
+	"\x13ModelConfigResponse\x12.\n" +
+	"\x06config\x18\x01 \x01(\v2\x16.inference.ModelConfigR\x06config\"\xd9\x03\n" +
+	"\vModelConfig\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\bplatform\x18\x02 \x01(\tR\bplatform\x12$\n" +
+	"\x0emax_batch_size\x18\x04 \x01(\x05R\fmaxBatchSize\x12+\n" +
+	"\x05input\x18\x05 \x03(\v2\x15.inference.ModelInputR\x05input\x12.\n" +
+	"\x06output\x18\x06 \x03(\v2\x16.inference.ModelOutputR\x06output\x12F\n" +
+	"\n" +
+	"parameters\x18\x0e \x03(\v2&.inference.ModelConfig.ParametersEntryR\n" +
+	"parameters\x12\x18\n" +
+	"\abackend\x18\x11 \x01(\tR\abackend\x12[\n" +
+	"\x18model_transaction_policy\x18\x13 \x01(\v2!.inference.ModelTransactionPolicyR\x16modelTransactionPolicy\x1aX\n" +
+	"\x0fParametersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
+	"\x05value\x18\x02 \x01(\v2\x19.inference.ModelParameterR\x05value:\x028\x01\"P\n" +
+	"\n" +
+	"ModelInput\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04dims\x18\x04 \x03(\x03R\x04dims\x12\x1a\n" +
+	"\boptional\x18\b \x01(\bR\boptional\"5\n" +
+	"\vModelOutput\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04dims\x18\x03 \x03(\x03R\x04dims\"3\n" +
+	"\x0eModelParameter\x12!\n" +
+	"\fstring_value\x18\x01 \x01(\tR\vstringValue\"6\n" +
+	"\x16ModelTransactionPolicy\x12\x1c\n" +
+	"\tdecoupled\x18\x01 \x01(\bR\tdecoupled\"\xba\x01\n" +
 	"\x18ModelRepositoryParameter\x12\x1f\n" +
 	"\n" +
 	"bool_param\x18\x01 \x01(\bH\x00R\tboolParam\x12!\n" +
@@ -1932,7 +2383,7 @@ const file_grpc_service_proto_rawDesc = "" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x129\n" +
 	"\x05value\x18\x02 \x01(\v2#.inference.ModelRepositoryParameterR\x05value:\x028\x01\"\x1f\n" +
-	"\x1dRepositoryModelUnloadResponse2\x8b\a\n" +
+	"\x1dRepositoryModelUnloadResponse2\xdb\a\n" +
 	"\x14GRPCInferenceService\x12K\n" +
 	"\n" +
 	"ServerLive\x12\x1c.inference.ServerLiveRequest\x1a\x1d.inference.ServerLiveResponse\"\x00\x12N\n" +
@@ -1940,13 +2391,14 @@ const file_grpc_service_proto_rawDesc = "" +
 	"\n" +
 	"ModelReady\x12\x1c.inference.ModelReadyRequest\x1a\x1d.inference.ModelReadyResponse\"\x00\x12W\n" +
 	"\x0eServerMetadata\x12 .inference.ServerMetadataRequest\x1a!.inference.ServerMetadataResponse\"\x00\x12T\n" +
-	"\rModelMetadata\x12\x1f.inference.ModelMetadataRequest\x1a .inference.ModelMetadataResponse\"\x00\x12K\n" +
+	"\rModelMetadata\x12\x1f.inference.ModelMetadataRequest\x1a .inference.ModelMetadataResponse\"\x00\x12N\n" +
+	"\vModelConfig\x12\x1d.inference.ModelConfigRequest\x1a\x1e.inference.ModelConfigResponse\"\x00\x12K\n" +
 	"\n" +
 	"ModelInfer\x12\x1c.inference.ModelInferRequest\x1a\x1d.inference.ModelInferResponse\"\x00\x12[\n" +
 	"\x10ModelStreamInfer\x12\x1c.inference.ModelInferRequest\x1a#.inference.ModelStreamInferResponse\"\x00(\x010\x01\x12Z\n" +
 	"\x0fRepositoryIndex\x12!.inference.RepositoryIndexRequest\x1a\".inference.RepositoryIndexResponse\"\x00\x12f\n" +
 	"\x13RepositoryModelLoad\x12%.inference.RepositoryModelLoadRequest\x1a&.inference.RepositoryModelLoadResponse\"\x00\x12l\n" +
-	"\x15RepositoryModelUnload\x12'.inference.RepositoryModelUnloadRequest\x1a(.inference.RepositoryModelUnloadResponse\"\x00B\x14Z\x12gollm/tests/kserveb\x06proto3"
+	"\x15RepositoryModelUnload\x12'.inference.RepositoryModelUnloadRequest\x1a(.inference.RepositoryModelUnloadResponse\"\x00B\x0eZ\fgollm/kserveb\x06proto3"
 
 var (
 	file_grpc_service_proto_rawDescOnce sync.Once
@@ -1960,7 +2412,7 @@ func file_grpc_service_proto_rawDescGZIP() []byte {
 	return file_grpc_service_proto_rawDescData
 }
 
-var file_grpc_service_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_grpc_service_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_grpc_service_proto_goTypes = []any{
 	(*ServerLiveRequest)(nil),                            // 0: inference.ServerLiveRequest
 	(*ServerLiveResponse)(nil),                           // 1: inference.ServerLiveResponse
@@ -1977,75 +2429,91 @@ var file_grpc_service_proto_goTypes = []any{
 	(*ModelInferRequest)(nil),                            // 12: inference.ModelInferRequest
 	(*ModelInferResponse)(nil),                           // 13: inference.ModelInferResponse
 	(*ModelStreamInferResponse)(nil),                     // 14: inference.ModelStreamInferResponse
-	(*ModelRepositoryParameter)(nil),                     // 15: inference.ModelRepositoryParameter
-	(*RepositoryIndexRequest)(nil),                       // 16: inference.RepositoryIndexRequest
-	(*RepositoryIndexResponse)(nil),                      // 17: inference.RepositoryIndexResponse
-	(*RepositoryModelLoadRequest)(nil),                   // 18: inference.RepositoryModelLoadRequest
-	(*RepositoryModelLoadResponse)(nil),                  // 19: inference.RepositoryModelLoadResponse
-	(*RepositoryModelUnloadRequest)(nil),                 // 20: inference.RepositoryModelUnloadRequest
-	(*RepositoryModelUnloadResponse)(nil),                // 21: inference.RepositoryModelUnloadResponse
-	(*ModelMetadataResponse_TensorMetadata)(nil),         // 22: inference.ModelMetadataResponse.TensorMetadata
-	(*ModelInferRequest_InferInputTensor)(nil),           // 23: inference.ModelInferRequest.InferInputTensor
-	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 24: inference.ModelInferRequest.InferRequestedOutputTensor
-	nil, // 25: inference.ModelInferRequest.ParametersEntry
-	nil, // 26: inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	nil, // 27: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	(*ModelInferResponse_InferOutputTensor)(nil), // 28: inference.ModelInferResponse.InferOutputTensor
-	nil, // 29: inference.ModelInferResponse.ParametersEntry
-	nil, // 30: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	(*RepositoryIndexResponse_ModelIndex)(nil), // 31: inference.RepositoryIndexResponse.ModelIndex
-	nil, // 32: inference.RepositoryModelLoadRequest.ParametersEntry
-	nil, // 33: inference.RepositoryModelUnloadRequest.ParametersEntry
+	(*ModelConfigRequest)(nil),                           // 15: inference.ModelConfigRequest
+	(*ModelConfigResponse)(nil),                          // 16: inference.ModelConfigResponse
+	(*ModelConfig)(nil),                                  // 17: inference.ModelConfig
+	(*ModelInput)(nil),                                   // 18: inference.ModelInput
+	(*ModelOutput)(nil),                                  // 19: inference.ModelOutput
+	(*ModelParameter)(nil),                               // 20: inference.ModelParameter
+	(*ModelTransactionPolicy)(nil),                       // 21: inference.ModelTransactionPolicy
+	(*ModelRepositoryParameter)(nil),                     // 22: inference.ModelRepositoryParameter
+	(*RepositoryIndexRequest)(nil),                       // 23: inference.RepositoryIndexRequest
+	(*RepositoryIndexResponse)(nil),                      // 24: inference.RepositoryIndexResponse
+	(*RepositoryModelLoadRequest)(nil),                   // 25: inference.RepositoryModelLoadRequest
+	(*RepositoryModelLoadResponse)(nil),                  // 26: inference.RepositoryModelLoadResponse
+	(*RepositoryModelUnloadRequest)(nil),                 // 27: inference.RepositoryModelUnloadRequest
+	(*RepositoryModelUnloadResponse)(nil),                // 28: inference.RepositoryModelUnloadResponse
+	(*ModelMetadataResponse_TensorMetadata)(nil),         // 29: inference.ModelMetadataResponse.TensorMetadata
+	(*ModelInferRequest_InferInputTensor)(nil),           // 30: inference.ModelInferRequest.InferInputTensor
+	(*ModelInferRequest_InferRequestedOutputTensor)(nil), // 31: inference.ModelInferRequest.InferRequestedOutputTensor
+	nil, // 32: inference.ModelInferRequest.ParametersEntry
+	nil, // 33: inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	nil, // 34: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	(*ModelInferResponse_InferOutputTensor)(nil), // 35: inference.ModelInferResponse.InferOutputTensor
+	nil, // 36: inference.ModelInferResponse.ParametersEntry
+	nil, // 37: inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	nil, // 38: inference.ModelConfig.ParametersEntry
+	(*RepositoryIndexResponse_ModelIndex)(nil), // 39: inference.RepositoryIndexResponse.ModelIndex
+	nil, // 40: inference.RepositoryModelLoadRequest.ParametersEntry
+	nil, // 41: inference.RepositoryModelUnloadRequest.ParametersEntry
 }
 var file_grpc_service_proto_depIdxs = []int32{
-	22, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	22, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
-	25, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
-	23, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
-	24, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
-	29, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
-	28, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
+	29, // 0: inference.ModelMetadataResponse.inputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	29, // 1: inference.ModelMetadataResponse.outputs:type_name -> inference.ModelMetadataResponse.TensorMetadata
+	32, // 2: inference.ModelInferRequest.parameters:type_name -> inference.ModelInferRequest.ParametersEntry
+	30, // 3: inference.ModelInferRequest.inputs:type_name -> inference.ModelInferRequest.InferInputTensor
+	31, // 4: inference.ModelInferRequest.outputs:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor
+	36, // 5: inference.ModelInferResponse.parameters:type_name -> inference.ModelInferResponse.ParametersEntry
+	35, // 6: inference.ModelInferResponse.outputs:type_name -> inference.ModelInferResponse.InferOutputTensor
 	13, // 7: inference.ModelStreamInferResponse.infer_response:type_name -> inference.ModelInferResponse
-	31, // 8: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
-	32, // 9: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
-	33, // 10: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
-	26, // 11: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
-	11, // 12: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
-	27, // 13: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
-	10, // 14: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 15: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 16: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	30, // 17: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
-	11, // 18: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
-	10, // 19: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
-	10, // 20: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
-	15, // 21: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	15, // 22: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
-	0,  // 23: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
-	2,  // 24: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
-	4,  // 25: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
-	6,  // 26: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
-	8,  // 27: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
-	12, // 28: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
-	12, // 29: inference.GRPCInferenceService.ModelStreamInfer:input_type -> inference.ModelInferRequest
-	16, // 30: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
-	18, // 31: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
-	20, // 32: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
-	1,  // 33: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
-	3,  // 34: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
-	5,  // 35: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
-	7,  // 36: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
-	9,  // 37: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
-	13, // 38: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
-	14, // 39: inference.GRPCInferenceService.ModelStreamInfer:output_type -> inference.ModelStreamInferResponse
-	17, // 40: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
-	19, // 41: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
-	21, // 42: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
-	33, // [33:43] is the sub-list for method output_type
-	23, // [23:33] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	17, // 8: inference.ModelConfigResponse.config:type_name -> inference.ModelConfig
+	18, // 9: inference.ModelConfig.input:type_name -> inference.ModelInput
+	19, // 10: inference.ModelConfig.output:type_name -> inference.ModelOutput
+	38, // 11: inference.ModelConfig.parameters:type_name -> inference.ModelConfig.ParametersEntry
+	21, // 12: inference.ModelConfig.model_transaction_policy:type_name -> inference.ModelTransactionPolicy
+	39, // 13: inference.RepositoryIndexResponse.models:type_name -> inference.RepositoryIndexResponse.ModelIndex
+	40, // 14: inference.RepositoryModelLoadRequest.parameters:type_name -> inference.RepositoryModelLoadRequest.ParametersEntry
+	41, // 15: inference.RepositoryModelUnloadRequest.parameters:type_name -> inference.RepositoryModelUnloadRequest.ParametersEntry
+	33, // 16: inference.ModelInferRequest.InferInputTensor.parameters:type_name -> inference.ModelInferRequest.InferInputTensor.ParametersEntry
+	11, // 17: inference.ModelInferRequest.InferInputTensor.contents:type_name -> inference.InferTensorContents
+	34, // 18: inference.ModelInferRequest.InferRequestedOutputTensor.parameters:type_name -> inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry
+	10, // 19: inference.ModelInferRequest.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 20: inference.ModelInferRequest.InferInputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 21: inference.ModelInferRequest.InferRequestedOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	37, // 22: inference.ModelInferResponse.InferOutputTensor.parameters:type_name -> inference.ModelInferResponse.InferOutputTensor.ParametersEntry
+	11, // 23: inference.ModelInferResponse.InferOutputTensor.contents:type_name -> inference.InferTensorContents
+	10, // 24: inference.ModelInferResponse.ParametersEntry.value:type_name -> inference.InferParameter
+	10, // 25: inference.ModelInferResponse.InferOutputTensor.ParametersEntry.value:type_name -> inference.InferParameter
+	20, // 26: inference.ModelConfig.ParametersEntry.value:type_name -> inference.ModelParameter
+	22, // 27: inference.RepositoryModelLoadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	22, // 28: inference.RepositoryModelUnloadRequest.ParametersEntry.value:type_name -> inference.ModelRepositoryParameter
+	0,  // 29: inference.GRPCInferenceService.ServerLive:input_type -> inference.ServerLiveRequest
+	2,  // 30: inference.GRPCInferenceService.ServerReady:input_type -> inference.ServerReadyRequest
+	4,  // 31: inference.GRPCInferenceService.ModelReady:input_type -> inference.ModelReadyRequest
+	6,  // 32: inference.GRPCInferenceService.ServerMetadata:input_type -> inference.ServerMetadataRequest
+	8,  // 33: inference.GRPCInferenceService.ModelMetadata:input_type -> inference.ModelMetadataRequest
+	15, // 34: inference.GRPCInferenceService.ModelConfig:input_type -> inference.ModelConfigRequest
+	12, // 35: inference.GRPCInferenceService.ModelInfer:input_type -> inference.ModelInferRequest
+	12, // 36: inference.GRPCInferenceService.ModelStreamInfer:input_type -> inference.ModelInferRequest
+	23, // 37: inference.GRPCInferenceService.RepositoryIndex:input_type -> inference.RepositoryIndexRequest
+	25, // 38: inference.GRPCInferenceService.RepositoryModelLoad:input_type -> inference.RepositoryModelLoadRequest
+	27, // 39: inference.GRPCInferenceService.RepositoryModelUnload:input_type -> inference.RepositoryModelUnloadRequest
+	1,  // 40: inference.GRPCInferenceService.ServerLive:output_type -> inference.ServerLiveResponse
+	3,  // 41: inference.GRPCInferenceService.ServerReady:output_type -> inference.ServerReadyResponse
+	5,  // 42: inference.GRPCInferenceService.ModelReady:output_type -> inference.ModelReadyResponse
+	7,  // 43: inference.GRPCInferenceService.ServerMetadata:output_type -> inference.ServerMetadataResponse
+	9,  // 44: inference.GRPCInferenceService.ModelMetadata:output_type -> inference.ModelMetadataResponse
+	16, // 45: inference.GRPCInferenceService.ModelConfig:output_type -> inference.ModelConfigResponse
+	13, // 46: inference.GRPCInferenceService.ModelInfer:output_type -> inference.ModelInferResponse
+	14, // 47: inference.GRPCInferenceService.ModelStreamInfer:output_type -> inference.ModelStreamInferResponse
+	24, // 48: inference.GRPCInferenceService.RepositoryIndex:output_type -> inference.RepositoryIndexResponse
+	26, // 49: inference.GRPCInferenceService.RepositoryModelLoad:output_type -> inference.RepositoryModelLoadResponse
+	28, // 50: inference.GRPCInferenceService.RepositoryModelUnload:output_type -> inference.RepositoryModelUnloadResponse
+	40, // [40:51] is the sub-list for method output_type
+	29, // [29:40] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_grpc_service_proto_init() }
@@ -2060,7 +2528,7 @@ func file_grpc_service_proto_init() {
 		(*InferParameter_DoubleParam)(nil),
 		(*InferParameter_Uint64Param)(nil),
 	}
-	file_grpc_service_proto_msgTypes[15].OneofWrappers = []any{
+	file_grpc_service_proto_msgTypes[22].OneofWrappers = []any{
 		(*ModelRepositoryParameter_BoolParam)(nil),
 		(*ModelRepositoryParameter_Int64Param)(nil),
 		(*ModelRepositoryParameter_StringParam)(nil),
@@ -2072,7 +2540,7 @@ func file_grpc_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_grpc_service_proto_rawDesc), len(file_grpc_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   34,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,8 +1,9 @@
 // gollm's copy of the KServe v2 inference protocol over gRPC, as Triton serves it.
 //
-// Written for gollm's integration tests from the published protocol (the KServe
-// "open inference protocol" and Triton's extensions to it): only the services and
-// messages the tests use are declared. Service, method and message names and field
+// Written for gollm (its OpenAI server, tests and benchmarks) from the published
+// protocol (the KServe "open inference protocol" and Triton's extensions to it): only
+// the services and messages gollm uses are declared, and of ModelConfig only the
+// fields gollm reads (protobuf skips the others). Service, method and message names and field
 // numbers are those of the protocol, so these stubs talk to any Triton server.
 // Regenerate the Go code with gen.sh after an edit.
 
@@ -32,6 +33,7 @@ const (
 	GRPCInferenceService_ModelReady_FullMethodName            = "/inference.GRPCInferenceService/ModelReady"
 	GRPCInferenceService_ServerMetadata_FullMethodName        = "/inference.GRPCInferenceService/ServerMetadata"
 	GRPCInferenceService_ModelMetadata_FullMethodName         = "/inference.GRPCInferenceService/ModelMetadata"
+	GRPCInferenceService_ModelConfig_FullMethodName           = "/inference.GRPCInferenceService/ModelConfig"
 	GRPCInferenceService_ModelInfer_FullMethodName            = "/inference.GRPCInferenceService/ModelInfer"
 	GRPCInferenceService_ModelStreamInfer_FullMethodName      = "/inference.GRPCInferenceService/ModelStreamInfer"
 	GRPCInferenceService_RepositoryIndex_FullMethodName       = "/inference.GRPCInferenceService/RepositoryIndex"
@@ -56,6 +58,8 @@ type GRPCInferenceServiceClient interface {
 	ServerMetadata(ctx context.Context, in *ServerMetadataRequest, opts ...grpc.CallOption) (*ServerMetadataResponse, error)
 	// ModelMetadata lists a model's versions, inputs and outputs.
 	ModelMetadata(ctx context.Context, in *ModelMetadataRequest, opts ...grpc.CallOption) (*ModelMetadataResponse, error)
+	// ModelConfig returns a model's configuration (config.pbtxt as Triton completed it).
+	ModelConfig(ctx context.Context, in *ModelConfigRequest, opts ...grpc.CallOption) (*ModelConfigResponse, error)
 	// ModelInfer runs one request and returns its one response (non-decoupled models).
 	ModelInfer(ctx context.Context, in *ModelInferRequest, opts ...grpc.CallOption) (*ModelInferResponse, error)
 	// ModelStreamInfer carries any number of requests and their responses; a decoupled
@@ -121,6 +125,16 @@ func (c *gRPCInferenceServiceClient) ModelMetadata(ctx context.Context, in *Mode
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ModelMetadataResponse)
 	err := c.cc.Invoke(ctx, GRPCInferenceService_ModelMetadata_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gRPCInferenceServiceClient) ModelConfig(ctx context.Context, in *ModelConfigRequest, opts ...grpc.CallOption) (*ModelConfigResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ModelConfigResponse)
+	err := c.cc.Invoke(ctx, GRPCInferenceService_ModelConfig_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -197,6 +211,8 @@ type GRPCInferenceServiceServer interface {
 	ServerMetadata(context.Context, *ServerMetadataRequest) (*ServerMetadataResponse, error)
 	// ModelMetadata lists a model's versions, inputs and outputs.
 	ModelMetadata(context.Context, *ModelMetadataRequest) (*ModelMetadataResponse, error)
+	// ModelConfig returns a model's configuration (config.pbtxt as Triton completed it).
+	ModelConfig(context.Context, *ModelConfigRequest) (*ModelConfigResponse, error)
 	// ModelInfer runs one request and returns its one response (non-decoupled models).
 	ModelInfer(context.Context, *ModelInferRequest) (*ModelInferResponse, error)
 	// ModelStreamInfer carries any number of requests and their responses; a decoupled
@@ -232,6 +248,9 @@ func (UnimplementedGRPCInferenceServiceServer) ServerMetadata(context.Context, *
 }
 func (UnimplementedGRPCInferenceServiceServer) ModelMetadata(context.Context, *ModelMetadataRequest) (*ModelMetadataResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ModelMetadata not implemented")
+}
+func (UnimplementedGRPCInferenceServiceServer) ModelConfig(context.Context, *ModelConfigRequest) (*ModelConfigResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ModelConfig not implemented")
 }
 func (UnimplementedGRPCInferenceServiceServer) ModelInfer(context.Context, *ModelInferRequest) (*ModelInferResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ModelInfer not implemented")
@@ -359,6 +378,24 @@ func _GRPCInferenceService_ModelMetadata_Handler(srv interface{}, ctx context.Co
 	return interceptor(ctx, in, info, handler)
 }
 
+func _GRPCInferenceService_ModelConfig_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ModelConfigRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GRPCInferenceServiceServer).ModelConfig(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GRPCInferenceService_ModelConfig_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GRPCInferenceServiceServer).ModelConfig(ctx, req.(*ModelConfigRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _GRPCInferenceService_ModelInfer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ModelInferRequest)
 	if err := dec(in); err != nil {
@@ -464,6 +501,10 @@ var GRPCInferenceService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ModelMetadata",
 			Handler:    _GRPCInferenceService_ModelMetadata_Handler,
+		},
+		{
+			MethodName: "ModelConfig",
+			Handler:    _GRPCInferenceService_ModelConfig_Handler,
 		},
 		{
 			MethodName: "ModelInfer",

@@ -1,23 +1,24 @@
-package cpu
+package engine
 
 import (
 	"errors"
 	"math"
 	"slices"
-
-	"gollm/engine"
 )
 
-// Sampling turns one row of logits into a token, following engine's rules (rules.go
-// there): bias, penalties, masks, then greedy or temperature → top-k → top-p → a draw
-// from engine.Uniform.
+// Sampling turns one row of logits into a token, following the rules of rules.go: bias,
+// penalties, masks, then greedy or temperature → top-k → top-p → a draw from Uniform.
+// The CPU engine samples with it, and so does the batch manager for the sequences whose
+// logits it takes back from any engine (beam search, logits post-processors), so that
+// both follow the rules with the same code.
 
-// sampler holds the buffers sampling reuses between sequences and steps.
-type sampler struct {
+// Sampler holds the buffers sampling reuses between sequences and steps. One goroutine
+// uses a Sampler at a time.
+type Sampler struct {
 	// work is the processed logits row [vocab].
 	work []float32
 	// hist counts History's tokens for the penalties.
-	hist engine.TokenCounts
+	hist TokenCounts
 	// cand holds top-k / top-p candidates, best first.
 	cand []candidate
 	// masks holds the tokens the masks forbid at this step.
@@ -32,38 +33,43 @@ type candidate struct {
 	logit float32
 }
 
-// init sizes the buffers for a vocabulary.
-func (s *sampler) init(vocab int) {
-	s.work = make([]float32, vocab)
-	s.hist = engine.NewTokenCounts(vocab)
+// NewSampler makes a sampler for a vocabulary of vocab tokens.
+func NewSampler(vocab int) *Sampler {
+	return &Sampler{work: make([]float32, vocab), hist: NewTokenCounts(vocab)}
 }
 
 // errAllMasked is returned when penalties and masks leave no token to choose.
 var errAllMasked = errors.New("every token is masked (bad words, min length and bias leave no choice)")
 
-// sample chooses a token from the raw logits row of sq's last position. It returns the
+// Sample chooses a token from the raw logits row of sq's last position. It returns the
 // token, its log-probability, and a copy of the biased logits when sq.ReturnLogits is
 // set. raw is not modified.
-func (s *sampler) sample(raw []float32, sq *engine.Sequence) (int32, float32, []float32, error) {
+func (s *Sampler) Sample(raw []float32, sq *Sequence) (int32, float32, []float32, error) {
 	p := &sq.Sampling
 	w := s.work[:len(raw)]
 	copy(w, raw)
-	addBias(w, p.EmbeddingBias)
+	AddBias(w, p.EmbeddingBias)
 	var logits []float32
 	if sq.ReturnLogits {
 		logits = slices.Clone(w)
 	}
-	s.applyPenalties(w, p, sq.History)
-	s.masks = engine.AppendMasks(s.masks[:0], sq)
-	for _, t := range s.masks {
-		w[t] = float32(math.Inf(-1))
-	}
-	tok, lp, err := s.pick(w, p, sq.NumGenerated)
+	s.Process(w, sq)
+	tok, lp, err := s.Pick(w, p, sq.NumGenerated)
 	return tok, lp, logits, err
 }
 
-// addBias adds bias to w when bias is set.
-func addBias(w, bias []float32) {
+// Process applies, in place, what follows the bias in the rules to a row of biased
+// logits: the penalties over sq.History, then the masks (min length, bad words).
+func (s *Sampler) Process(w []float32, sq *Sequence) {
+	s.applyPenalties(w, &sq.Sampling, sq.History)
+	s.masks = AppendMasks(s.masks[:0], sq)
+	for _, t := range s.masks {
+		w[t] = float32(math.Inf(-1))
+	}
+}
+
+// AddBias adds bias to w when bias is set (len(bias) is len(w) or 0).
+func AddBias(w, bias []float32) {
 	if len(bias) == 0 {
 		return
 	}
@@ -73,17 +79,25 @@ func addBias(w, bias []float32) {
 	}
 }
 
-// applyBias returns a copy of raw with bias added.
-func applyBias(raw, bias []float32) []float32 {
-	w := slices.Clone(raw)
-	addBias(w, bias)
-	return w
+// LogSoftmax writes log softmax(w·scale) into dst (len(w)), computed in float64 around
+// the maximum; -Inf logits stay -Inf. It returns false when every entry is -Inf or NaN
+// (nothing to choose).
+func LogSoftmax(dst, w []float32, scale float64) bool {
+	best := argmax(w)
+	if math.IsInf(float64(w[best]), -1) || math.IsNaN(float64(w[best])) {
+		return false
+	}
+	lse := logSumExpAt(w, w[best], scale)
+	for i, l := range w {
+		dst[i] = float32(float64(l)*scale - lse)
+	}
+	return true
 }
 
 // applyPenalties applies the repetition penalty (divide a positive logit, multiply a
 // negative one), then the presence penalty (once per distinct token) and the frequency
 // penalty (once per occurrence) to every token of hist.
-func (s *sampler) applyPenalties(w []float32, p *engine.SamplingParams, hist []int32) {
+func (s *Sampler) applyPenalties(w []float32, p *SamplingParams, hist []int32) {
 	rep := p.RepetitionPenalty
 	useRep := rep != 0 && rep != 1
 	if !useRep && p.PresencePenalty == 0 && p.FrequencyPenalty == 0 {
@@ -102,11 +116,11 @@ func (s *sampler) applyPenalties(w []float32, p *engine.SamplingParams, hist []i
 	})
 }
 
-// pick chooses the token from the processed logits w. Greedy takes the first maximum
+// Pick chooses the token from the processed logits w (after Process). Greedy takes the first maximum
 // and reports its log-softmax at temperature 1; otherwise the logits are divided by the
 // temperature, cut to the top k, cut to the nucleus of mass top_p, and one token is
 // drawn; its log-probability is the log-softmax of the whole temperature-scaled row.
-func (s *sampler) pick(w []float32, p *engine.SamplingParams, numGenerated int) (int32, float32, error) {
+func (s *Sampler) Pick(w []float32, p *SamplingParams, numGenerated int) (int32, float32, error) {
 	best := argmax(w)
 	if math.IsInf(float64(w[best]), -1) || math.IsNaN(float64(w[best])) {
 		return -1, 0, errAllMasked
@@ -116,7 +130,7 @@ func (s *sampler) pick(w []float32, p *engine.SamplingParams, numGenerated int) 
 	}
 	scale := 1 / float64(p.Temperature)
 	mx := float64(w[best])
-	u := engine.Uniform(p.Seed, numGenerated)
+	u := Uniform(p.Seed, numGenerated)
 	v := len(w)
 	k := p.TopK
 	if k <= 0 || k > v {
@@ -128,11 +142,11 @@ func (s *sampler) pick(w []float32, p *engine.SamplingParams, numGenerated int) 
 		// No cut: draw over the whole row in index order, without sorting.
 		var z float64
 		for _, l := range w {
-			z += expFast((float64(l) - mx) * scale)
+			z += ExpFast((float64(l) - mx) * scale)
 		}
 		target, cum := u*z, 0.0
 		for i, l := range w {
-			e := expFast((float64(l) - mx) * scale)
+			e := ExpFast((float64(l) - mx) * scale)
 			if e == 0 {
 				continue
 			}
@@ -146,7 +160,7 @@ func (s *sampler) pick(w []float32, p *engine.SamplingParams, numGenerated int) 
 		cands, z := s.nucleus(w, k, useP, float64(p.TopP), mx, scale)
 		target, cum := u*z, 0.0
 		for _, c := range cands {
-			e := expFast((float64(c.logit) - mx) * scale)
+			e := ExpFast((float64(c.logit) - mx) * scale)
 			if e == 0 {
 				continue
 			}
@@ -166,26 +180,26 @@ func (s *sampler) pick(w []float32, p *engine.SamplingParams, numGenerated int) 
 // nucleus returns the candidates left by top-k and top-p, best first, and the sum of
 // their unnormalised probabilities exp((logit-mx)·scale). Top-p keeps the smallest
 // prefix whose share of the top-k mass reaches topP (at least one token).
-func (s *sampler) nucleus(w []float32, k int, useP bool, topP, mx, scale float64) ([]candidate, float64) {
+func (s *Sampler) nucleus(w []float32, k int, useP bool, topP, mx, scale float64) ([]candidate, float64) {
 	v := len(w)
 	var cands []candidate
 	var total float64
 	if k < v {
 		cands = s.top(w, k)
 		for _, c := range cands {
-			total += expFast((float64(c.logit) - mx) * scale)
+			total += ExpFast((float64(c.logit) - mx) * scale)
 		}
 	} else {
 		// No top-k: the nucleus is usually small, so sort a growing head of the row
 		// rather than the whole vocabulary.
 		for _, l := range w {
-			total += expFast((float64(l) - mx) * scale)
+			total += ExpFast((float64(l) - mx) * scale)
 		}
 		for n := min(64, v); ; n = min(n*8, v) {
 			cands = s.top(w, n)
 			var mass float64
 			for _, c := range cands {
-				mass += expFast((float64(c.logit) - mx) * scale)
+				mass += ExpFast((float64(c.logit) - mx) * scale)
 			}
 			if mass >= topP*total || n == v {
 				break
@@ -197,7 +211,7 @@ func (s *sampler) nucleus(w []float32, k int, useP bool, topP, mx, scale float64
 	}
 	var cum float64
 	for i, c := range cands {
-		cum += expFast((float64(c.logit) - mx) * scale)
+		cum += ExpFast((float64(c.logit) - mx) * scale)
 		if cum >= topP*total {
 			return cands[:i+1], cum
 		}
@@ -212,7 +226,7 @@ func better(a, b candidate) bool {
 }
 
 // top returns the n best tokens of w, best first, in s.cand.
-func (s *sampler) top(w []float32, n int) []candidate {
+func (s *Sampler) top(w []float32, n int) []candidate {
 	c := s.cand[:0]
 	if n*8 >= len(w) {
 		for i, l := range w {
@@ -288,7 +302,7 @@ func logSumExpAt(w []float32, top float32, scale float64) float64 {
 	mx := float64(top)
 	var z float64
 	for _, l := range w {
-		z += expFast((float64(l) - mx) * scale)
+		z += ExpFast((float64(l) - mx) * scale)
 	}
 	return mx*scale + math.Log(z)
 }

@@ -1,0 +1,341 @@
+package batchmanager
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"gollm/engine"
+)
+
+// Beam search runs in the manager, on any engine: each beam is a sequence whose last
+// position's logits the engine returns (Sequence.ReturnLogits, after the embedding
+// bias), and the manager scores them with the engine's rules — penalties and masks
+// (engine.Sampler.Process), the temperature when one is set, then log-softmax — and
+// selects the next beams as TensorRT-LLM's beam search kernels do (after transformers'
+// BeamSearchScorer):
+//
+//   - each live beam proposes its 2W best continuations (W: the beam width), scored by
+//     the beam's cumulative log-probability plus the token's; a continuation's rank k
+//     among its beam's (from 0) adds DiversityRate × k to the key it is ranked by (not
+//     to its score);
+//   - the 2W best keys of all beams are visited in order: an end token among the first
+//     W finishes its beam as a hypothesis, scored cum / length^LengthPenalty (length:
+//     the generated tokens with the end token); when W hypotheses are kept a better
+//     one replaces the worst, and a worse one stops the visit under EarlyStopping 1;
+//     other tokens continue as the next live beams until W are chosen;
+//   - the search is done when W hypotheses are kept and EarlyStopping is 1, or, under
+//     other values, when the worst hypothesis beats the best key this step could still
+//     reach (its length the generated tokens plus one, or MaxNewTokens under "never"
+//     with a positive length penalty); or at the length limit, where the live beams
+//     compete with the hypotheses for the W places.
+//
+// A beam that generates a stop word or a stop string finishes as a hypothesis with its
+// tokens. Beams fork from their parents' KV blocks (kvcache.Sequence.Fork); a child
+// that writes into a block its parent shares gets a copy (engine.Batch.BlockCopies).
+//
+// Cost on the GPU: every beam's logits row (vocabulary × 4 bytes, 200 KB for GPT-2) is
+// copied to the host each step and scored there, and a beam step cannot replay a CUDA
+// graph (it returns logits). A top-2W selection on the GPU would copy 2W (token, score)
+// pairs per beam instead — about 64 bytes at width 4, some 3000× less — and keep decode
+// steps in graphs; the host work (a pass over the vocabulary per beam) would go too.
+
+// beamSearch is a beam request's search state.
+type beamSearch struct {
+	// hyps are the finished hypotheses, at most the beam width, best first.
+	hyps []hyp
+	// cands is scratch for the candidates of a step.
+	cands []beamCand
+}
+
+// hyp is a finished beam.
+type hyp struct {
+	// tokens are its generated tokens (the end token excluded).
+	tokens []int32
+	// logProbs are their log-probabilities (an end token's last).
+	logProbs []float32
+	// cum is the sum of logProbs.
+	cum float32
+	// score is cum after the length penalty.
+	score float32
+	// finish is why it ended.
+	finish FinishReason
+}
+
+// beamCand is one continuation of a live beam.
+type beamCand struct {
+	// beam is the parent's index in the request's branches.
+	beam int
+	// tok is the token.
+	tok int32
+	// lp is the token's log-probability.
+	lp float32
+	// cum is the parent's cumulative log-probability plus lp.
+	cum float32
+	// key ranks the candidates: cum plus the diversity term.
+	key float32
+}
+
+// lengthPenalty is TensorRT-LLM's applyLengthPenalty: score / length^penalty.
+func lengthPenalty(cum float32, length int, penalty float32) float32 {
+	if penalty == 0 || length <= 0 {
+		return cum
+	}
+	return float32(float64(cum) / math.Pow(float64(length), float64(penalty)))
+}
+
+// addHyp keeps a finished beam if there is room or it beats the worst kept one; it
+// reports whether it was kept.
+func (s *beamSearch) addHyp(h hyp, width int) bool {
+	if len(s.hyps) == width {
+		if h.score <= s.hyps[width-1].score {
+			return false
+		}
+		s.hyps = s.hyps[:width-1]
+	}
+	i, _ := slices.BinarySearchFunc(s.hyps, h.score, func(x hyp, sc float32) int {
+		// Best first; a new hypothesis goes after those of equal score.
+		if x.score >= sc {
+			return -1
+		}
+		return 1
+	})
+	s.hyps = slices.Insert(s.hyps, i, h)
+	return true
+}
+
+// beamStep scores the live beams' logits and selects the next beams (see the top of
+// this file). The first step starts from the prompt's logits alone.
+func (m *Manager) beamStep(r *request) {
+	W := r.width
+	s := r.search
+	s.cands = s.cands[:0]
+	beams := r.branches()
+	scale := 1.0
+	if t := r.sampling.Temperature; t > 0 {
+		scale = 1 / float64(t)
+	}
+	for i, b := range beams {
+		w := b.logits
+		b.logits = nil
+		if w == nil {
+			r.failed = fmt.Errorf("%w: beam %d has no logits", ErrInternal, i)
+			return
+		}
+		if pp := r.req.LogitsPostProcessor; pp != nil {
+			if err := m.callPostProcessor(pp, r.id, w, b.tokens); err != nil {
+				r.failed = fmt.Errorf("%w: %w", ErrEngine, err)
+				return
+			}
+		}
+		seq := engine.Sequence{Sampling: r.sampling, History: b.tokens, NumGenerated: b.generated}
+		m.sampler.Process(w, &seq)
+		if !engine.LogSoftmax(w, w, scale) {
+			r.failed = fmt.Errorf("%w: beam %d: every token is masked (bad words, min length and bias leave no choice)", ErrEngine, i)
+			return
+		}
+		for k, c := range topK(w, 2*W, &m.topScratch) {
+			cum := b.cumLogProb + c.lp
+			s.cands = append(s.cands, beamCand{beam: i, tok: c.tok, lp: c.lp, cum: cum, key: cum + r.req.DiversityRate*float32(k)})
+		}
+	}
+	slices.SortStableFunc(s.cands, func(a, b beamCand) int {
+		switch {
+		case a.key > b.key:
+			return -1
+		case a.key < b.key:
+			return 1
+		}
+		return 0
+	})
+	top := s.cands[:min(len(s.cands), 2*W)]
+	m.it.genTokens += len(beams)
+	m.tokenTimes(r)
+
+	genLen := r.generated + 1 // every live beam has generated as many tokens
+	var next []beamCand
+	for i, c := range top {
+		if slices.Contains(r.req.EndIDs, c.tok) {
+			if i >= W {
+				continue
+			}
+			p := beams[c.beam]
+			h := hyp{tokens: p.tokens[r.promptLen:len(p.tokens):len(p.tokens)], cum: c.cum,
+				logProbs: append(slices.Clip(p.logProbs), c.lp), score: lengthPenalty(c.cum, genLen, r.req.LengthPenalty), finish: FinishedEndID}
+			if !s.addHyp(h, W) && r.req.EarlyStopping == 1 {
+				break
+			}
+			continue
+		}
+		next = append(next, c)
+		if len(next) == W {
+			break
+		}
+	}
+	done := len(next) == 0
+	if len(s.hyps) == W {
+		if r.req.EarlyStopping == 1 {
+			done = true
+		} else if len(top) > 0 {
+			l := genLen
+			if r.req.EarlyStopping != 0 && r.req.LengthPenalty > 0 {
+				l = r.maxNew
+			}
+			done = done || s.hyps[W-1].score >= lengthPenalty(top[0].key, l, r.req.LengthPenalty)
+		}
+	}
+
+	// The next beams, each a fork of its parent; then the parents go.
+	children := make([]*branch, 0, len(next))
+	for k, c := range next {
+		p := beams[c.beam]
+		kv, err := p.kv.Fork()
+		if err != nil {
+			r.failed = fmt.Errorf("%w: fork a beam: %w", ErrInternal, err)
+			return
+		}
+		toks := make([]int32, len(p.tokens), len(p.tokens)+1+max(0, r.maxNew-p.generated-1))
+		copy(toks, p.tokens)
+		b := &branch{tokens: append(toks, c.tok), kv: kv, computed: p.computed, generated: p.generated + 1,
+			cumLogProb: c.cum, logProbs: append(slices.Clone(p.logProbs), c.lp), index: k, seed: p.seed, topP: p.topP,
+			sent: p.sent}
+		children = append(children, b)
+	}
+	for _, p := range beams {
+		if p.kv != nil {
+			_ = p.kv.Release()
+			p.kv = nil
+		}
+	}
+	live := children[:0]
+	for _, b := range children {
+		m.checkStop(r, b)
+		switch {
+		case b.ended && b.finish == FinishedStopWord:
+			s.addHyp(hyp{tokens: b.tokens[r.promptLen:], logProbs: b.logProbs, cum: b.cumLogProb,
+				score: lengthPenalty(b.cumLogProb, b.generated, r.req.LengthPenalty), finish: FinishedStopWord}, W)
+			_ = b.kv.Release()
+			b.kv = nil
+		case b.ended:
+			done = true // the length limit: every live beam is as long
+			live = append(live, b)
+		default:
+			live = append(live, b)
+		}
+	}
+	if len(live) == 0 {
+		done = true
+	}
+	if done {
+		for _, b := range live {
+			s.addHyp(hyp{tokens: b.tokens[r.promptLen:], logProbs: b.logProbs, cum: b.cumLogProb,
+				score: lengthPenalty(b.cumLogProb, b.generated, r.req.LengthPenalty), finish: FinishedLength}, W)
+			if b.kv != nil {
+				_ = b.kv.Release()
+				b.kv = nil
+			}
+		}
+		r.complete = true
+	}
+	// The embedded branch is the first beam (or, with none left, an empty husk).
+	if len(live) > 0 {
+		r.branch = *live[0]
+		r.forks = live[1:]
+	} else {
+		r.branch = branch{tokens: r.tokens[:r.promptLen:r.promptLen], generated: genLen, sent: r.sent}
+		r.forks = nil
+	}
+	r.forked = true
+	r.all = append(r.all[:1], r.forks...)
+	if !done {
+		return
+	}
+	r.generated = genLen
+}
+
+// tokLP is a token with its log-probability.
+type tokLP struct {
+	// tok is the token.
+	tok int32
+	// lp is its log-probability.
+	lp float32
+}
+
+// topK returns the k best entries of w (ties: the lower token first), best first, in
+// *scratch.
+func topK(w []float32, k int, scratch *[]tokLP) []tokLP {
+	c := (*scratch)[:0]
+	worse := func(a, b tokLP) bool { return a.lp < b.lp || (a.lp == b.lp && a.tok > b.tok) }
+	for i, l := range w {
+		if math.IsInf(float64(l), -1) {
+			continue
+		}
+		x := tokLP{int32(i), l}
+		if len(c) < k {
+			c = append(c, x)
+			// Keep the worst at the end once full: a simple insertion keeps c sorted.
+			for j := len(c) - 1; j > 0 && worse(c[j-1], c[j]); j-- {
+				c[j-1], c[j] = c[j], c[j-1]
+			}
+			continue
+		}
+		if !worse(c[k-1], x) {
+			continue
+		}
+		c[k-1] = x
+		for j := k - 1; j > 0 && worse(c[j-1], c[j]); j-- {
+			c[j-1], c[j] = c[j], c[j-1]
+		}
+	}
+	*scratch = c
+	return c
+}
+
+// beamResult is a beam request's response: streaming, every generated token of the
+// current beams (final: the finished beams); otherwise the finished beams, the best
+// NumReturnSequences (or all) of them, each with the prompt unless excluded.
+func (m *Manager) beamResult(r *request, final bool) Result {
+	var beams []BeamResult
+	if final {
+		n := len(r.search.hyps)
+		if k := r.req.NumReturnSequences; k > 0 && k < n {
+			n = k
+		}
+		for _, h := range r.search.hyps[:n] {
+			toks := h.tokens
+			if !r.req.Streaming && !r.req.ExcludeInputInOutput {
+				toks = append(slices.Clone(r.tokens[:r.promptLen]), h.tokens...)
+			}
+			br := BeamResult{Tokens: toks, CumLogProb: h.cum, Score: h.score, Finish: h.finish}
+			if r.req.ReturnLogProbs {
+				br.LogProbs = h.logProbs
+			}
+			beams = append(beams, br)
+		}
+	} else {
+		for _, b := range r.branches() {
+			if b.kv == nil && !b.ended {
+				continue
+			}
+			br := BeamResult{Tokens: b.tokens[r.promptLen:len(b.tokens):len(b.tokens)], CumLogProb: b.cumLogProb,
+				Score: b.cumLogProb}
+			if r.req.ReturnLogProbs {
+				br.LogProbs = b.logProbs
+			}
+			beams = append(beams, br)
+		}
+	}
+	res := Result{Beams: beams, PromptLen: r.promptLen, Generated: r.generated}
+	if len(beams) > 0 {
+		res.Tokens, res.Length, res.CumLogProb, res.LogProbs = beams[0].Tokens, len(beams[0].Tokens), beams[0].CumLogProb, beams[0].LogProbs
+		if final {
+			res.Finish = beams[0].Finish
+		}
+	}
+	if r.ctxLogits != nil {
+		res.ContextLogits = r.ctxLogits
+		r.ctxSent = true
+	}
+	res.Perf = m.perf(r)
+	return res
+}

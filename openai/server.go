@@ -1,0 +1,524 @@
+package openai
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"gollm/kserve"
+)
+
+// Limits of a request.
+const (
+	// maxBodyBytes bounds a request body.
+	maxBodyBytes = 16 << 20
+	// maxN bounds n (OpenAI's limit).
+	maxN = 128
+	// maxStops bounds the stop strings (OpenAI's limit).
+	maxStops = 4
+	// defaultCompletionTokens is max_tokens' default for completions (OpenAI's).
+	defaultCompletionTokens = 16
+)
+
+// Config configures a Server.
+type Config struct {
+	// Triton is the gRPC client of the tritonserver that serves the models.
+	Triton kserve.GRPCInferenceServiceClient
+	// ModelRepository is the model repository's folder on this host, where checkpoints
+	// given by relative paths (or by default) are found; "" when unknown.
+	ModelRepository string
+	// Checkpoints map model names to checkpoint folders, overriding what Triton's
+	// configuration says.
+	Checkpoints map[string]string
+	// Log receives diagnostics; nil means none.
+	Log *zap.Logger
+}
+
+// Server is the OpenAI-compatible HTTP API.
+type Server struct {
+	// triton is Triton's gRPC client.
+	triton kserve.GRPCInferenceServiceClient
+	// models describes Triton's models.
+	models *registry
+	// log receives diagnostics.
+	log *zap.Logger
+	// mux routes the requests.
+	mux *http.ServeMux
+	// wg counts the requests in progress, for Wait.
+	wg sync.WaitGroup
+}
+
+// New makes a Server.
+func New(cfg Config) *Server {
+	log := cfg.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	s := &Server{triton: cfg.Triton, log: log, mux: http.NewServeMux(),
+		models: &registry{client: cfg.Triton, repository: cfg.ModelRepository, overrides: cfg.Checkpoints, log: log,
+			models: map[string]*modelInfo{}, files: map[string]*checkpointFiles{}, refreshing: map[string]bool{}}}
+	s.mux.HandleFunc("GET /health", s.health)
+	s.mux.HandleFunc("GET /v1/models", s.listModels)
+	s.mux.HandleFunc("GET /v1/models/{model...}", s.getModel)
+	s.mux.HandleFunc("POST /v1/completions", s.completions)
+	s.mux.HandleFunc("POST /v1/chat/completions", s.chat)
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &APIError{Status: http.StatusNotFound, Type: "invalid_request_error",
+			Message: fmt.Sprintf("no route %s %s: gollm serves GET /v1/models, POST /v1/completions, POST /v1/chat/completions and GET /health", r.Method, r.URL.Path)})
+	})
+	return s
+}
+
+// ServeHTTP serves the API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.wg.Add(1)
+	defer s.wg.Done()
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			s.log.Error("handler panicked", zap.Any("panic", v), zap.String("path", r.URL.Path))
+			writeError(w, &APIError{Status: http.StatusInternalServerError, Type: "server_error", Message: fmt.Sprintf("internal error: %v", v)})
+		}
+	}()
+	s.mux.ServeHTTP(w, r)
+}
+
+// Wait waits for the requests in progress (after the HTTP server stopped taking new ones).
+func (s *Server) Wait() { s.wg.Wait() }
+
+// health answers 200 when Triton is ready, else 503.
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	res, err := s.triton.ServerReady(ctx, &kserve.ServerReadyRequest{})
+	if err != nil || !res.Ready {
+		msg := "Triton is not ready"
+		if err != nil {
+			msg = fmt.Sprintf("Triton is not reachable: %v", err)
+		}
+		writeError(w, &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: msg})
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// listModels answers GET /v1/models: Triton's ready models that take text.
+func (s *Server) listModels(w http.ResponseWriter, r *http.Request) {
+	models, api := s.models.list(r.Context())
+	if api != nil {
+		writeError(w, api)
+		return
+	}
+	out := ModelList{Object: "list", Data: []Model{}}
+	for _, m := range models {
+		out.Data = append(out.Data, Model{ID: m.name, Object: "model", Created: m.created, OwnedBy: "gollm"})
+	}
+	writeJSON(w, out)
+}
+
+// getModel answers GET /v1/models/{model}.
+func (s *Server) getModel(w http.ResponseWriter, r *http.Request) {
+	mi, api := s.models.lookup(r.Context(), r.PathValue("model"))
+	if api != nil {
+		writeError(w, api)
+		return
+	}
+	writeJSON(w, Model{ID: mi.name, Object: "model", Created: mi.created, OwnedBy: "gollm"})
+}
+
+// writeJSON writes v as a 200 JSON response.
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// decodeBody reads a JSON body into v; an unknown field is allowed (clients send
+// fields of newer API versions), malformed JSON is a 400.
+func decodeBody(r *http.Request, v any) *APIError {
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBodyBytes))
+	if err != nil {
+		return invalid("", "read the request body: %v", err)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			// Field is the path through embedded structs; the last name is the JSON's.
+			field := te.Field[strings.LastIndex(te.Field, ".")+1:]
+			return invalid(field, "field %q: %v", field, err)
+		}
+		var fe *fieldError
+		if errors.As(err, &fe) {
+			return invalid(fe.field, "%v", fe)
+		}
+		return invalid("", "the request body is not valid JSON: %v", err)
+	}
+	return nil
+}
+
+// requestID is the client's X-Request-Id (printable, at most 128 bytes) or a new one.
+func requestID(r *http.Request) (string, *APIError) {
+	id := r.Header.Get("X-Request-Id")
+	if id == "" {
+		var b [12]byte
+		_, _ = rand.Read(b[:])
+		return hex.EncodeToString(b[:]), nil
+	}
+	if len(id) > 128 || strings.IndexFunc(id, func(c rune) bool { return c < 0x21 || c > 0x7e }) >= 0 {
+		return "", invalid("", "header X-Request-Id must be at most 128 printable ASCII characters without spaces")
+	}
+	return id, nil
+}
+
+// params validates the fields completions and chat share and returns the settings
+// every choice starts from, and n.
+func (s *Server) params(mi *modelInfo, f *samplingFields, maxTokens *int, maxTokensName string) (*genParams, int, *APIError) {
+	p := &genParams{}
+	n := 1
+	if f.N != nil {
+		n = *f.N
+		if n < 1 || n > maxN {
+			return nil, 0, invalid("n", "n must be between 1 and %d, got %d", maxN, n)
+		}
+	}
+	if maxTokens != nil {
+		if *maxTokens < 1 {
+			return nil, 0, invalid(maxTokensName, "%s must be at least 1, got %d", maxTokensName, *maxTokens)
+		}
+		p.maxTokens = *maxTokens
+	}
+	if f.Temperature != nil {
+		t := *f.Temperature
+		if !(t >= 0 && t <= 2) {
+			return nil, 0, invalid("temperature", "temperature must be between 0 and 2, got %v", t)
+		}
+		p.temperature = ptr(float32(t))
+	}
+	if f.TopP != nil {
+		tp := *f.TopP
+		if !(tp >= 0 && tp <= 1) {
+			return nil, 0, invalid("top_p", "top_p must be between 0 and 1, got %v", tp)
+		}
+		p.topP = ptr(float32(tp))
+		if tp == 0 {
+			// The smallest nucleus is the most likely token alone: greedy, exactly.
+			p.temperature = ptr(float32(0))
+		}
+	}
+	if p.temperature == nil && !mi.samples {
+		// OpenAI's default temperature, where the checkpoint does not say to sample
+		// (the backend would decode greedily); a checkpoint that does gives its own.
+		p.temperature = ptr(float32(1))
+	}
+	for name, v := range map[string]*float64{"presence_penalty": f.PresencePenalty, "frequency_penalty": f.FrequencyPenalty} {
+		if v != nil && !(*v >= -2 && *v <= 2) {
+			return nil, 0, invalid(name, "%s must be between -2 and 2, got %v", name, *v)
+		}
+	}
+	if f.PresencePenalty != nil {
+		p.presence = float32(*f.PresencePenalty)
+	}
+	if f.FrequencyPenalty != nil {
+		p.frequency = float32(*f.FrequencyPenalty)
+	}
+	if len(f.Stop) > maxStops {
+		return nil, 0, invalid("stop", "at most %d stop strings, got %d", maxStops, len(f.Stop))
+	}
+	p.stop = f.Stop
+	if !f.Stream && f.StreamOptions != nil {
+		return nil, 0, invalid("stream_options", "stream_options is only allowed with \"stream\": true")
+	}
+	if len(f.LogitBias) > 0 {
+		if mi.vocab == 0 {
+			return nil, 0, invalid("logit_bias", "logit_bias needs the model's vocabulary size, from its checkpoint's config.json, which the frontend cannot read: %v", mi.tokErr)
+		}
+		p.bias = make([]float32, mi.vocab)
+		for k, v := range f.LogitBias {
+			id, err := strconv.Atoi(k)
+			if err != nil || id < 0 || id >= mi.vocab {
+				return nil, 0, invalid("logit_bias", "logit_bias key %q is not a token id in [0, %d)", k, mi.vocab)
+			}
+			if !(v >= -100 && v <= 100) {
+				return nil, 0, invalid("logit_bias", "logit_bias[%s] = %v must be between -100 and 100", k, v)
+			}
+			p.bias[id] = float32(v)
+		}
+	}
+	if f.Seed != nil {
+		p.seed = uint64(*f.Seed)
+	} else {
+		// OpenAI samples afresh without a seed; the backend's default seed is fixed.
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		p.seed = binary.LittleEndian.Uint64(b[:])
+	}
+	return p, n, nil
+}
+
+// choiceParams is choice i's settings: the same as every choice's but the seed, which
+// is seed + i (so n choices differ, and a request with the same seed repeats them).
+func choiceParams(base *genParams, i int, id string, n int) *genParams {
+	p := *base
+	p.seed = base.seed + uint64(i)
+	p.requestID = id
+	if n > 1 {
+		p.requestID = id + "-" + strconv.Itoa(i)
+	}
+	return &p
+}
+
+// generation runs the n choices of a request and hands their pieces to the handler.
+// One choice runs in the handler's own goroutine (no hand-off per token: a frontend on a
+// busy machine pays for every goroutine wake-up); several run one goroutine each and
+// meet on a channel.
+type generation struct {
+	// ctx is the request's context; cancel ends every choice.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// runners are the choices.
+	runners []*choiceRunner
+}
+
+// start prepares the n choices of base on mi, each its own Triton request; each runs them.
+func (s *Server) start(ctx context.Context, mi *modelInfo, base *genParams, n int, id string) *generation {
+	ctx, cancel := context.WithCancel(ctx)
+	g := &generation{ctx: ctx, cancel: cancel}
+	for i := range n {
+		g.runners = append(g.runners, &choiceRunner{client: s.triton, mi: mi, p: choiceParams(base, i, id, n), index: i, log: s.log})
+	}
+	return g
+}
+
+// each runs the choices and calls f with every piece (a choice's pieces in order) until
+// all choices ended or f returns false; then every choice still running is cancelled,
+// and each returns once all of them have.
+func (g *generation) each(f func(piece) bool) {
+	defer g.cancel()
+	if len(g.runners) == 1 {
+		stopped := false
+		c := g.runners[0]
+		c.emit = func(pc piece) {
+			if !stopped && !f(pc) {
+				stopped = true
+				g.cancel()
+			}
+		}
+		c.run(g.ctx)
+		return
+	}
+	pieces := make(chan piece, 16*len(g.runners))
+	var wg sync.WaitGroup
+	for _, c := range g.runners {
+		c.emit = func(pc piece) {
+			select {
+			case pieces <- pc:
+			case <-g.ctx.Done():
+			}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.run(g.ctx)
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(pieces)
+	}()
+	for pc := range pieces {
+		if !f(pc) {
+			g.cancel()
+			break
+		}
+	}
+	for range pieces {
+		// Drain until every choice's goroutine has returned.
+	}
+}
+
+// choiceResult is one choice, collected.
+type choiceResult struct {
+	// text is the whole text.
+	text strings.Builder
+	// tokens are its tokens (with logprobs only).
+	tokens []tokenInfo
+	// finish is the finish reason.
+	finish string
+	// prompt and completion are the token counts.
+	prompt, completion int
+}
+
+// collect reads every piece of g into n results, or returns the first error.
+func collect(g *generation, n int) ([]choiceResult, *APIError) {
+	res := make([]choiceResult, n)
+	var fail *APIError
+	g.each(func(pc piece) bool {
+		if pc.err != nil {
+			fail = pc.err
+			return false
+		}
+		c := &res[pc.index]
+		c.text.WriteString(pc.text)
+		c.tokens = append(c.tokens, pc.tokens...)
+		if pc.finish != "" {
+			c.finish, c.prompt, c.completion = pc.finish, pc.promptTokens, pc.completionTokens
+		}
+		return true
+	})
+	if fail != nil {
+		return nil, fail
+	}
+	return res, nil
+}
+
+// usageOf sums the choices' counts: the prompt once, the completions all.
+func usageOf(res []choiceResult) *Usage {
+	u := &Usage{}
+	for i, c := range res {
+		if i == 0 {
+			u.PromptTokens = c.prompt
+		}
+		u.CompletionTokens += c.completion
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	return u
+}
+
+// sseWriter writes Server-Sent Events.
+type sseWriter struct {
+	// w is the response.
+	w http.ResponseWriter
+	// flush pushes each event out at once.
+	flush func()
+	// started says the headers went out.
+	started bool
+	// buf holds one event while it is built, reused.
+	buf bytes.Buffer
+}
+
+// start sends the headers of an event stream.
+func (e *sseWriter) start(id string) {
+	h := e.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Request-Id", id)
+	e.w.WriteHeader(http.StatusOK)
+	e.started = true
+}
+
+// event writes one data event holding v as JSON.
+func (e *sseWriter) event(v any) error {
+	e.buf.Reset()
+	e.buf.WriteString("data: ")
+	// Encode adds a newline; one more ends the event.
+	if err := json.NewEncoder(&e.buf).Encode(v); err != nil {
+		return err
+	}
+	e.buf.WriteByte('\n')
+	if _, err := e.w.Write(e.buf.Bytes()); err != nil {
+		return err
+	}
+	e.flush()
+	return nil
+}
+
+// done writes the final "[DONE]" event.
+func (e *sseWriter) done() {
+	_, _ = io.WriteString(e.w, "data: [DONE]\n\n")
+	e.flush()
+}
+
+// newSSE wraps w.
+func newSSE(w http.ResponseWriter) *sseWriter {
+	flush := func() {}
+	if f, ok := w.(http.Flusher); ok {
+		flush = f.Flush
+	}
+	return &sseWriter{w: w, flush: flush}
+}
+
+// streamPieces sends g's pieces as events made by chunk, then the usage chunk when
+// asked and [DONE]. The headers wait for the first piece, so that a request the
+// backend refuses at once gets a plain error response with its status.
+func streamPieces(w http.ResponseWriter, g *generation, id string, n int, includeUsage bool,
+	chunk func(pc piece) any, usageChunk func(u *Usage) any) {
+	sse := newSSE(w)
+	res := make([]choiceResult, n)
+	failed, gone := false, false
+	g.each(func(pc piece) bool {
+		if pc.err != nil {
+			failed = true
+			if !sse.started {
+				writeError(w, pc.err)
+				return false
+			}
+			// Too late for a status: the error goes as an event, as OpenAI does.
+			_ = sse.event(errorBody{Error: errorJSON{Message: pc.err.Message, Type: pc.err.Type}})
+			return false
+		}
+		if !sse.started {
+			sse.start(id)
+		}
+		if pc.finish != "" {
+			res[pc.index].prompt, res[pc.index].completion = pc.promptTokens, pc.completionTokens
+		}
+		// A failed write means the client went away: stop, which cancels the requests.
+		gone = sse.event(chunk(pc)) != nil
+		return !gone
+	})
+	if failed || gone {
+		return
+	}
+	if !sse.started {
+		sse.start(id)
+	}
+	if includeUsage {
+		if err := sse.event(usageChunk(usageOf(res))); err != nil {
+			return
+		}
+	}
+	sse.done()
+}
+
+// ptr returns a pointer to v.
+func ptr[T any](v T) *T { return &v }
+
+// finishPtr returns a pointer to the reason, nil for "".
+func finishPtr(reason string) *string {
+	if reason == "" {
+		return nil
+	}
+	return &reason
+}
+
+// byteInts are s's bytes as ints, as OpenAI's logprobs give them.
+func byteInts(s string) []int {
+	out := make([]int, len(s))
+	for i := range len(s) {
+		out[i] = int(s[i])
+	}
+	return out
+}
+
+// round6 keeps JSON short; log-probabilities need no more digits.
+func round6(v float64) float64 {
+	if math.IsInf(v, 0) || math.IsNaN(v) {
+		return -9999
+	}
+	return math.Round(v*1e6) / 1e6
+}

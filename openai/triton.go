@@ -1,0 +1,513 @@
+package openai
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strings"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"gollm/kserve"
+)
+
+// The model's tensors the frontend uses (backend/README.md describes them).
+const (
+	inTextInput         = "text_input"
+	inMaxTokens         = "max_tokens"
+	inStream            = "stream"
+	inTemperature       = "temperature"
+	inTopP              = "runtime_top_p"
+	inSeed              = "random_seed"
+	inPresence          = "presence_penalty"
+	inFrequency         = "frequency_penalty"
+	inEmbeddingBias     = "embedding_bias"
+	inReturnTopLogprobs = "return_top_logprobs"
+	inReturnNumInput    = "return_num_input_tokens"
+	inReturnNumOutput   = "return_num_output_tokens"
+
+	outTextOutput    = "text_output"
+	outOutputIDs     = "output_ids"
+	outTokenLogprobs = "token_logprobs"
+	outTopLogprobs   = "top_logprobs"
+	outTopLogprobIDs = "top_logprob_ids"
+	outNumInput      = "num_input_tokens"
+	outNumOutput     = "num_output_tokens"
+)
+
+// genParams are one choice's generation settings, validated.
+type genParams struct {
+	// prompt is the prompt's text.
+	prompt string
+	// maxTokens bounds the generated tokens.
+	maxTokens int
+	// temperature is the sampling temperature, 0 greedy; nil leaves it to the model's
+	// default (its generation_config.json's).
+	temperature *float32
+	// topP is the nucleus; nil leaves it to the model's default.
+	topP *float32
+	// seed is the sampling seed.
+	seed uint64
+	// presence and frequency are the penalties.
+	presence, frequency float32
+	// bias is the logit bias per vocabulary entry; nil for none.
+	bias []float32
+	// stop are the stop strings.
+	stop []string
+	// logprobs asks for the chosen tokens' log-probabilities.
+	logprobs bool
+	// topLogprobs asks for this many alternatives per token too.
+	topLogprobs int
+	// requestID is the Triton request id.
+	requestID string
+}
+
+// tokenInfo is one generated token, for logprobs.
+type tokenInfo struct {
+	// id is the token's id.
+	id int32
+	// text is the token's bytes as text (possibly part of a character).
+	text string
+	// logprob is its log-probability.
+	logprob float64
+	// top are the most likely tokens, best first.
+	top []altToken
+	// end is the byte offset in the generated text where the token's text ends.
+	end int
+}
+
+// altToken is one alternative token.
+type altToken struct {
+	// text is its bytes as text.
+	text string
+	// logprob is its log-probability.
+	logprob float64
+}
+
+// piece is what one choice adds in one step: text, the tokens it holds (with
+// logprobs), and at the end the finish reason and counts.
+type piece struct {
+	// index is the choice's index.
+	index int
+	// text is new text.
+	text string
+	// tokens are the tokens whose text is now complete (with logprobs only).
+	tokens []tokenInfo
+	// finish is "stop" or "length" on the choice's last piece, else "".
+	finish string
+	// promptTokens and completionTokens are the counts, on the last piece.
+	promptTokens, completionTokens int
+	// err ends the choice with an error.
+	err *APIError
+	// first says no piece came before (an error then is the request's fault).
+	first bool
+}
+
+// tensor is one input with its raw little-endian contents.
+type tensor struct {
+	// name and datatype are the input's name and type.
+	name, datatype string
+	// shape is its shape, batch dimension first.
+	shape []int64
+	// raw is its contents.
+	raw []byte
+}
+
+// buildRequest turns a choice's settings into a Triton request on mi's tensors.
+func buildRequest(mi *modelInfo, p *genParams) (*kserve.ModelInferRequest, error) {
+	var ts []tensor
+	add := func(name, dt string, shape []int64, raw []byte) error {
+		if !mi.inputs[name] {
+			return fmt.Errorf("model %q has no input %q", mi.name, name)
+		}
+		ts = append(ts, tensor{name, dt, shape, raw})
+		return nil
+	}
+	one := []int64{1, 1}
+	text := make([]byte, 4+len(p.prompt))
+	binary.LittleEndian.PutUint32(text, uint32(len(p.prompt)))
+	copy(text[4:], p.prompt)
+	if err := add(inTextInput, "BYTES", one, text); err != nil {
+		return nil, err
+	}
+	if err := add(inMaxTokens, "INT32", one, binary.LittleEndian.AppendUint32(nil, uint32(p.maxTokens))); err != nil {
+		return nil, err
+	}
+	if mi.decoupled {
+		if err := add(inStream, "BOOL", one, []byte{1}); err != nil {
+			return nil, err
+		}
+	}
+	f32 := func(v float32) []byte { return binary.LittleEndian.AppendUint32(nil, math.Float32bits(v)) }
+	// Greedy (temperature 0) is sent too: the model's default may be to sample.
+	if p.temperature != nil {
+		if err := add(inTemperature, "FP32", one, f32(*p.temperature)); err != nil {
+			return nil, err
+		}
+	}
+	if p.temperature == nil || *p.temperature != 0 {
+		if err := add(inSeed, "UINT64", one, binary.LittleEndian.AppendUint64(nil, p.seed)); err != nil {
+			return nil, err
+		}
+		if p.topP != nil {
+			if err := add(inTopP, "FP32", one, f32(*p.topP)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if p.presence != 0 {
+		if err := add(inPresence, "FP32", one, f32(p.presence)); err != nil {
+			return nil, err
+		}
+	}
+	if p.frequency != 0 {
+		if err := add(inFrequency, "FP32", one, f32(p.frequency)); err != nil {
+			return nil, err
+		}
+	}
+	if p.bias != nil {
+		raw := make([]byte, 0, 4*len(p.bias))
+		for _, b := range p.bias {
+			raw = binary.LittleEndian.AppendUint32(raw, math.Float32bits(b))
+		}
+		if err := add(inEmbeddingBias, "FP32", []int64{1, int64(len(p.bias))}, raw); err != nil {
+			return nil, err
+		}
+	}
+	outs := []string{outTextOutput, outOutputIDs}
+	if mi.inputs[inReturnNumInput] && mi.outputs[outNumInput] {
+		ts = append(ts, tensor{inReturnNumInput, "BOOL", one, []byte{1}}, tensor{inReturnNumOutput, "BOOL", one, []byte{1}})
+		outs = append(outs, outNumInput, outNumOutput)
+	}
+	if p.logprobs {
+		if err := add(inReturnTopLogprobs, "INT32", one, binary.LittleEndian.AppendUint32(nil, uint32(p.topLogprobs))); err != nil {
+			return nil, err
+		}
+		outs = append(outs, outTokenLogprobs, outTopLogprobs, outTopLogprobIDs)
+	}
+	req := &kserve.ModelInferRequest{
+		ModelName: mi.name,
+		Id:        p.requestID,
+		// An empty final response tells when a streaming request is over even when its
+		// last step produced no text (the end token).
+		Parameters: map[string]*kserve.InferParameter{
+			"triton_enable_empty_final_response": {ParameterChoice: &kserve.InferParameter_BoolParam{BoolParam: true}},
+		},
+	}
+	for _, t := range ts {
+		req.Inputs = append(req.Inputs, &kserve.ModelInferRequest_InferInputTensor{Name: t.name, Datatype: t.datatype, Shape: t.shape})
+		req.RawInputContents = append(req.RawInputContents, t.raw)
+	}
+	for _, o := range outs {
+		req.Outputs = append(req.Outputs, &kserve.ModelInferRequest_InferRequestedOutputTensor{Name: o})
+	}
+	return req, nil
+}
+
+// response is one Triton response, decoded.
+type response struct {
+	// text is text_output.
+	text string
+	// ids are output_ids.
+	ids []int32
+	// logprobs are token_logprobs: the log-probability of each generated token of the
+	// response, which are the last len(logprobs) of ids.
+	logprobs []float32
+	// topLogprobs and topIDs are top_logprobs and top_logprob_ids: k per token, best first.
+	topLogprobs []float32
+	topIDs      []int32
+	// numInput and numOutput are the counts; -1 when absent.
+	numInput, numOutput int
+	// final says it is the request's last response.
+	final bool
+}
+
+// decodeResponse reads the outputs gollm's model sends.
+func decodeResponse(r *kserve.ModelInferResponse) (*response, error) {
+	out := &response{numInput: -1, numOutput: -1}
+	if p, ok := r.GetParameters()["triton_final_response"]; ok {
+		out.final = p.GetBoolParam()
+	}
+	raw := r.GetRawOutputContents()
+	for i, o := range r.GetOutputs() {
+		if i >= len(raw) {
+			return nil, fmt.Errorf("output %q has no contents", o.GetName())
+		}
+		b := raw[i]
+		switch o.GetName() {
+		case outTextOutput:
+			// BYTES elements: a 4-byte length, then the bytes; a response has one.
+			for len(b) >= 4 {
+				n := int(binary.LittleEndian.Uint32(b))
+				if 4+n > len(b) {
+					return nil, fmt.Errorf("output %q: element of %d bytes in %d", outTextOutput, n, len(b)-4)
+				}
+				out.text += string(b[4 : 4+n])
+				b = b[4+n:]
+			}
+		case outOutputIDs:
+			for ; len(b) >= 4; b = b[4:] {
+				out.ids = append(out.ids, int32(binary.LittleEndian.Uint32(b)))
+			}
+		case outTokenLogprobs:
+			out.logprobs = float32s(b)
+		case outTopLogprobs:
+			out.topLogprobs = float32s(b)
+		case outTopLogprobIDs:
+			for ; len(b) >= 4; b = b[4:] {
+				out.topIDs = append(out.topIDs, int32(binary.LittleEndian.Uint32(b)))
+			}
+		case outNumInput, outNumOutput:
+			if len(b) < 4 {
+				return nil, fmt.Errorf("output %q: %d bytes, want 4", o.GetName(), len(b))
+			}
+			v := int(int32(binary.LittleEndian.Uint32(b)))
+			if o.GetName() == outNumInput {
+				out.numInput = v
+			} else {
+				out.numOutput = v
+			}
+		}
+	}
+	return out, nil
+}
+
+// choiceRunner runs one choice on Triton and reports its pieces.
+type choiceRunner struct {
+	// client is Triton's gRPC client.
+	client kserve.GRPCInferenceServiceClient
+	// mi is the model.
+	mi *modelInfo
+	// p are the settings.
+	p *genParams
+	// index is the choice's index.
+	index int
+	// emit receives the pieces, in order; the last has finish or err set.
+	emit func(piece)
+	// log receives diagnostics.
+	log *zap.Logger
+}
+
+// run sends the request and reads its responses until the final one, a matched stop
+// string (which cancels the request in Triton), an error, or ctx's end (the client
+// went away: cancelling the stream cancels the request in Triton, which frees its KV
+// blocks).
+func (c *choiceRunner) run(ctx context.Context) {
+	req, err := buildRequest(c.mi, c.p)
+	if err != nil {
+		c.emit(piece{index: c.index, first: true, err: invalid("", "%v", err)})
+		return
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.client.ModelStreamInfer(ctx)
+	if err != nil {
+		c.emit(piece{index: c.index, first: true, err: fromTriton("open a stream to Triton", err)})
+		return
+	}
+	if err := stream.Send(req); err != nil {
+		c.emit(piece{index: c.index, first: true, err: fromTriton("send the request to Triton", err)})
+		return
+	}
+	// Half-close: the request is the stream's only one, and a stream closed this way
+	// ends cleanly after the final response (tritonserver 2.51 keeps a model busy when
+	// a stream is cancelled after it).
+	if err := stream.CloseSend(); err != nil {
+		c.emit(piece{index: c.index, first: true, err: fromTriton("send the request to Triton", err)})
+		return
+	}
+	var (
+		stop       = newStopMatcher(c.p.stop)
+		generated  int // bytes of generated text so far (held text included)
+		pending    []tokenInfo
+		numInput   = -1
+		numOutput  int
+		idsSeen    int
+		first      = true
+		lastFinish string
+		// failure is the error response, reported once the stream has ended.
+		failure *APIError
+	)
+	emit := func(pc piece) {
+		pc.index, pc.first = c.index, first
+		first = false
+		c.emit(pc)
+	}
+	// release returns the pending tokens whose text ends within the first n bytes.
+	release := func(n int) []tokenInfo {
+		k := 0
+		for k < len(pending) && pending[k].end <= n {
+			k++
+		}
+		out := pending[:k:k]
+		pending = pending[k:]
+		return out
+	}
+	finish := func(reason string) {
+		if numInput < 0 && c.mi.tok != nil {
+			numInput = len(c.mi.tok.Encode(c.p.prompt))
+		}
+		if numOutput == 0 {
+			numOutput = idsSeen
+		}
+		lastFinish = reason
+		emit(piece{finish: reason, promptTokens: max(numInput, 0), completionTokens: numOutput, tokens: pending})
+	}
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			switch {
+			case ctx.Err() != nil:
+				// The client went away (or another choice failed): the cancelled
+				// stream cancels the request in Triton; nobody reads what would be
+				// emitted.
+				c.log.Debug("request cancelled", zap.String("request_id", c.p.requestID))
+				return
+			case errors.Is(err, io.EOF):
+				switch {
+				case failure != nil:
+					emit(piece{err: failure})
+				case lastFinish == "":
+					emit(piece{err: &APIError{Status: http.StatusBadGateway, Type: "server_error", Message: "Triton closed the stream before the request's final response"}})
+				}
+				return
+			default:
+				if s, ok := status.FromError(err); ok && s.Code() == codes.Canceled {
+					return
+				}
+				emit(piece{err: fromTriton("generate", err)})
+				return
+			}
+		}
+		if lastFinish != "" {
+			continue // read the stream to its end after the final response
+		}
+		if m := msg.GetErrorMessage(); m != "" {
+			// An error is the request's final response: read the stream to its end
+			// rather than cancel it (tritonserver 2.51 keeps a model busy when a stream
+			// is cancelled after its final response), then report it.
+			failure, lastFinish = tritonRequestError(m, first), "error"
+			continue
+		}
+		r, err := decodeResponse(msg.GetInferResponse())
+		if err != nil {
+			emit(piece{err: &APIError{Status: http.StatusBadGateway, Type: "server_error", Message: "decode Triton's response: " + err.Error()}})
+			cancel()
+			return
+		}
+		if r.numInput >= 0 {
+			numInput = r.numInput
+		}
+		if r.numOutput > 0 {
+			numOutput += r.numOutput
+		}
+		if !c.mi.decoupled {
+			r.final = true
+		}
+		if c.p.logprobs && len(r.ids) > 0 {
+			toks, err := c.tokenLogprobs(r)
+			if err != nil {
+				emit(piece{err: &APIError{Status: http.StatusBadGateway, Type: "server_error", Message: err.Error()}})
+				cancel()
+				return
+			}
+			// A response's text belongs to its last token.
+			generated += len(r.text)
+			for i := range toks {
+				toks[i].end = generated
+			}
+			pending = append(pending, toks...)
+		} else {
+			generated += len(r.text)
+		}
+		idsSeen += len(r.ids)
+		out, matched := stop.push(r.text)
+		if matched {
+			pc := piece{text: out, tokens: release(stop.emitted)}
+			pending = nil // the tokens of the stop string are not returned
+			if pc.text != "" || len(pc.tokens) > 0 {
+				emit(pc)
+			}
+			finish("stop")
+			if r.final {
+				continue // over anyway: read the stream to its end
+			}
+			cancel() // the request is still generating: stop it in Triton
+			return
+		}
+		if r.final {
+			out += stop.flush()
+			if out != "" {
+				emit(piece{text: out, tokens: release(stop.emitted)})
+			}
+			reason := "stop"
+			if numOutput >= c.p.maxTokens || idsSeen >= c.p.maxTokens {
+				reason = "length"
+			}
+			finish(reason)
+			continue
+		}
+		if toks := release(stop.emitted); out != "" || len(toks) > 0 {
+			emit(piece{text: out, tokens: toks})
+		}
+	}
+}
+
+// tritonRequestError turns an error response into an APIError: before any output the
+// backend refused the request (a 400 naming the tensor and rule), later it failed.
+func tritonRequestError(msg string, first bool) *APIError {
+	switch {
+	case strings.Contains(msg, "unknown model"):
+		return &APIError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found", Message: msg}
+	case first && !strings.Contains(msg, "cancel"):
+		e := &APIError{Status: http.StatusBadRequest, Type: "invalid_request_error", Message: msg}
+		if strings.Contains(msg, `"max_tokens"`) {
+			e.Param = "max_tokens"
+		}
+		return e
+	}
+	return &APIError{Status: http.StatusInternalServerError, Type: "server_error", Message: msg}
+}
+
+// tokenLogprobs reads the log-probabilities of a response's generated tokens and
+// their alternatives from the backend's token_logprobs, top_logprobs and
+// top_logprob_ids (backend/README.md: a log-softmax of the model's logits, in float64).
+func (c *choiceRunner) tokenLogprobs(r *response) ([]tokenInfo, error) {
+	n, k := len(r.logprobs), c.p.topLogprobs
+	switch {
+	case n > len(r.ids):
+		return nil, fmt.Errorf("token_logprobs has %d values for %d tokens", n, len(r.ids))
+	case len(r.topLogprobs) != n*k || len(r.topIDs) != n*k:
+		return nil, fmt.Errorf("top_logprobs and top_logprob_ids have %d and %d values for %d tokens of %d alternatives", len(r.topLogprobs), len(r.topIDs), n, k)
+	}
+	ids := r.ids[len(r.ids)-n:]
+	out := make([]tokenInfo, n)
+	for i, id := range ids {
+		out[i] = tokenInfo{id: id, text: c.tokenText(id), logprob: float64(r.logprobs[i])}
+		for j := range k {
+			alt := r.topIDs[i*k+j]
+			out[i].top = append(out[i].top, altToken{text: c.tokenText(alt), logprob: float64(r.topLogprobs[i*k+j])})
+		}
+	}
+	return out, nil
+}
+
+// tokenText is a token's bytes as text (a byte-level token may hold part of a character).
+func (c *choiceRunner) tokenText(id int32) string {
+	return c.mi.tok.Decode([]int32{id})
+}
+
+// float32s reads little-endian FP32 values.
+func float32s(b []byte) []float32 {
+	out := make([]float32, len(b)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return out
+}
