@@ -28,6 +28,21 @@ var (
 // newExecutor starts an executor on the tiny checkpoint's CPU engine.
 func newExecutor(t *testing.T, cfg Config) *Executor {
 	t.Helper()
+	return newExecutorOn(t, cfg, nil)
+}
+
+// slowEngine takes at least a millisecond a step, so that a test can act while a
+// request still runs however the machine schedules it.
+type slowEngine struct{ engine.Engine }
+
+func (s slowEngine) Step(b *engine.Batch) ([]engine.Output, error) {
+	time.Sleep(time.Millisecond)
+	return s.Engine.Step(b)
+}
+
+// newExecutorOn is newExecutor with the engine wrapped by wrap (nil: as it is).
+func newExecutorOn(t *testing.T, cfg Config, wrap func(engine.Engine) engine.Engine) *Executor {
+	t.Helper()
 	tinyOnce.Do(func() {
 		tinyModel, tinyErr = model.LoadFloat32("../testdata/gpt2-tiny")
 	})
@@ -39,7 +54,11 @@ func newExecutor(t *testing.T, cfg Config) *Executor {
 		t.Fatal(err)
 	}
 	cfg.Batch.IdleWait = time.Millisecond
-	ex, err := New(eng, cfg, nil)
+	var e engine.Engine = eng
+	if wrap != nil {
+		e = wrap(eng)
+	}
+	ex, err := New(e, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +173,10 @@ func TestAwaitAnyTimeoutAndUnknownIDs(t *testing.T) {
 }
 
 func TestCancelRunningAndQueuedRequests(t *testing.T) {
-	ex := newExecutor(t, Config{Batch: batchmanager.Config{MaxBatchSize: 1}})
+	// A slow engine: the running request's 100 steps outlast the cancellations below even
+	// on a loaded machine, so the queued one is still queued when it is cancelled.
+	ex := newExecutorOn(t, Config{Batch: batchmanager.Config{MaxBatchSize: 1}},
+		func(e engine.Engine) engine.Engine { return slowEngine{e} })
 	run, _ := ex.Enqueue(Request{InputIDs: []int32{1, 2}, MaxNewTokens: 100, Streaming: true, EndID: i32(-1)})
 	queued, _ := ex.Enqueue(Request{InputIDs: []int32{3}, MaxNewTokens: 5, EndID: i32(-1)})
 	if rs, err := ex.AwaitResponses(&run, 10*time.Second); err != nil || len(rs) == 0 {

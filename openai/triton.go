@@ -9,6 +9,8 @@ import (
 	"math"
 	"net/http"
 	"strings"
+	"sync"
+	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
@@ -31,6 +33,7 @@ const (
 	inReturnTopLogprobs = "return_top_logprobs"
 	inReturnNumInput    = "return_num_input_tokens"
 	inReturnNumOutput   = "return_num_output_tokens"
+	inStop              = "stop"
 
 	outTextOutput    = "text_output"
 	outOutputIDs     = "output_ids"
@@ -294,18 +297,39 @@ type choiceRunner struct {
 	log *zap.Logger
 }
 
+// stopGrace bounds the wait for a stopped request's final response before its stream is
+// cancelled after all.
+const stopGrace = 5 * time.Second
+
 // run sends the request and reads its responses until the final one, a matched stop
-// string (which cancels the request in Triton), an error, or ctx's end (the client
-// went away: cancelling the stream cancels the request in Triton, which frees its KV
-// blocks).
+// string, an error, or ctx's end (the client went away). The last two stop the request
+// in Triton, which frees its KV blocks: with a stop request naming it where the model
+// has a "stop" input (gollm's do; the request then ends with a normal final response and
+// its stream is read to the end), else by cancelling its stream. tritonserver 2.51 keeps
+// a model busy for good when a stream is cancelled as its last response is written
+// (README, Known limits), which a stop request never does.
 func (c *choiceRunner) run(ctx context.Context) {
 	req, err := buildRequest(c.mi, c.p)
 	if err != nil {
 		c.emit(piece{index: c.index, first: true, err: invalid("", "%v", err)})
 		return
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	reqCtx := ctx
+	// The stream outlives ctx: it ends when read to its end, or by cancel.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
+	var stopOnce sync.Once
+	// halt stops the request in Triton (once); cancel is the fallback.
+	halt := func() {
+		stopOnce.Do(func() {
+			if !c.mi.inputs[inStop] || !c.stopInTriton() {
+				cancel()
+				return
+			}
+			time.AfterFunc(stopGrace, cancel)
+		})
+	}
+	defer context.AfterFunc(reqCtx, halt)()
 	stream, err := c.client.ModelStreamInfer(ctx)
 	if err != nil {
 		c.emit(piece{index: c.index, first: true, err: fromTriton("open a stream to Triton", err)})
@@ -363,7 +387,7 @@ func (c *choiceRunner) run(ctx context.Context) {
 		msg, err := stream.Recv()
 		if err != nil {
 			switch {
-			case ctx.Err() != nil:
+			case reqCtx.Err() != nil || ctx.Err() != nil:
 				// The client went away (or another choice failed): the cancelled
 				// stream cancels the request in Triton; nobody reads what would be
 				// emitted.
@@ -385,8 +409,8 @@ func (c *choiceRunner) run(ctx context.Context) {
 				return
 			}
 		}
-		if lastFinish != "" {
-			continue // read the stream to its end after the final response
+		if lastFinish != "" || reqCtx.Err() != nil {
+			continue // read the stream to its end after the final response or a stop
 		}
 		if m := msg.GetErrorMessage(); m != "" {
 			// An error is the request's final response: read the stream to its end
@@ -438,8 +462,8 @@ func (c *choiceRunner) run(ctx context.Context) {
 			if r.final {
 				continue // over anyway: read the stream to its end
 			}
-			cancel() // the request is still generating: stop it in Triton
-			return
+			halt() // the request is still generating: stop it in Triton
+			continue
 		}
 		if r.final {
 			out += stop.flush()
@@ -510,4 +534,40 @@ func float32s(b []byte) []float32 {
 		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 	}
 	return out
+}
+
+// stopInTriton sends a stop request for the choice's request id on a stream of its own
+// (TensorRT-LLM's stop input: the backend ends the named request at its next iteration
+// with a normal final response) and reads the stop request's own answer; false when that
+// failed, and the caller cancels instead.
+func (c *choiceRunner) stopInTriton() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), stopGrace)
+	defer cancel()
+	req := &kserve.ModelInferRequest{
+		ModelName: c.mi.name,
+		Id:        c.p.requestID,
+		Inputs: []*kserve.ModelInferRequest_InferInputTensor{
+			{Name: inStop, Datatype: "BOOL", Shape: []int64{1, 1}},
+		},
+		RawInputContents: [][]byte{{1}},
+	}
+	stream, err := c.client.ModelStreamInfer(ctx)
+	if err == nil {
+		err = stream.Send(req)
+	}
+	if err == nil {
+		err = stream.CloseSend()
+	}
+	for err == nil {
+		var msg *kserve.ModelStreamInferResponse
+		if msg, err = stream.Recv(); err == nil && msg.GetErrorMessage() != "" {
+			err = errors.New(msg.GetErrorMessage())
+		}
+	}
+	if !errors.Is(err, io.EOF) {
+		c.log.Warn("stop request failed; cancelling the request's stream", zap.String("request_id", c.p.requestID), zap.Error(err))
+		return false
+	}
+	c.log.Debug("request stopped", zap.String("request_id", c.p.requestID))
+	return true
 }

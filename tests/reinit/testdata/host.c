@@ -46,7 +46,7 @@ static Backend backend = {"gollm"};
 // The API versions reported in the current round.
 static uint32_t backend_major, backend_minor, server_major, server_minor;
 // Leak and misuse counters, checked after every round.
-static int live_errors, live_families, families_made, stub_calls;
+static int live_errors, live_families, families_made, live_metrics, stub_calls;
 
 Error* TRITONSERVER_ErrorNew(int code, const char* msg) {
   Error* e = malloc(sizeof *e);
@@ -110,6 +110,29 @@ Error* TRITONSERVER_MetricFamilyDelete(void* family) {
   return NULL;
 }
 
+// A metric is a heap object too: the process-wide gauges (gollm_go_heap_bytes, …) are
+// made at Initialize, set every second and deleted at Finalize.
+Error* TRITONSERVER_MetricNew(void** metric, void* family, const void* labels, uint64_t count) {
+  (void)labels;
+  (void)count;
+  if (family == NULL) return TRITONSERVER_ErrorNew(3, "MetricNew: no family");
+  *metric = malloc(1);
+  live_metrics++;
+  return NULL;
+}
+
+Error* TRITONSERVER_MetricDelete(void* metric) {
+  free(metric);
+  live_metrics--;
+  return NULL;
+}
+
+Error* TRITONSERVER_MetricSet(void* metric, double value) {
+  (void)value;
+  if (metric == NULL) return TRITONSERVER_ErrorNew(3, "MetricSet: no metric");
+  return NULL;
+}
+
 // The stubs: only their addresses matter (the backend resolves all of them at
 // Initialize). Their parameters are left out; calling one is a failure anyway.
 #define STUB(name)                                                            \
@@ -155,9 +178,6 @@ STUB(TRITONBACKEND_ResponseDelete)
 STUB(TRITONBACKEND_ResponseOutput)
 STUB(TRITONBACKEND_OutputBuffer)
 STUB(TRITONBACKEND_ResponseSend)
-STUB(TRITONSERVER_MetricNew)
-STUB(TRITONSERVER_MetricDelete)
-STUB(TRITONSERVER_MetricSet)
 STUB(TRITONSERVER_MetricIncrement)
 #undef STUB
 
@@ -250,6 +270,7 @@ int main(int argc, char** argv) {
     printf("round %d: dlclose: still mapped (%d mappings)\n", r, n);
     if (live_errors != 0) return fail("Triton errors were not deleted");
     if (live_families != 0) return fail("metric families were not deleted");
+    if (live_metrics != 0) return fail("metrics were not deleted");
     if (stub_calls != 0) return fail("the backend called a function the host only stubs");
   }
   printf("reinit ok\n");
