@@ -10,6 +10,6 @@ mkdir -p .carry
 cp build/install/backends/gollm/libtriton_gollm.so build/install/backends/gollm/libgollm_cuda.so .carry/
 go build -trimpath -ldflags=-s -o .carry/soak ./bench/soak
 if [ ! -f .carry/tritonserver.tar.xz ]; then
-  tar cJf .carry/tritonserver.tar.xz -C .deps pytriton/pytriton/tritonserver/bin pytriton/nvidia_pytriton.libs
+  tar cJf .carry/tritonserver.tar.xz -C .deps/pytriton pytriton/tritonserver/bin nvidia_pytriton.libs
 fi
 du -sh .carry/*

@@ -7,6 +7,7 @@
 # load (GOLLM_CUDA_FAIL_ALLOC) is a clear load error; then a short soak at concurrency 64.
 #   bash tests/gpu/ops_check.sh .carry OUTDIR [SOAK_DURATION, default 60s]
 # after tests/gpu/ops_carry.sh here. Prints PASS/FAIL per check; exits 1 on a failure.
+# SOAK_ONLY=1 runs the soak alone (the 8-minute soak of a device call of its own).
 set -uo pipefail
 carry=$(cd "$1" && pwd) out=$2 soak=${3:-60s}
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -49,6 +50,8 @@ stop() { kill -INT $pid; wait $pid; echo "  tritonserver exit code $?"; }
 gen() { curl -s localhost:8000/v2/models/$1/generate -d '{"text_input": "It is a truth universally acknowledged", "max_tokens": 8, "temperature": 0}'; }
 metric() { curl -s localhost:8002/metrics | grep "^$1" ; }
 
+repo "$work/one" g
+if [ "${SOAK_ONLY:-0}" != 1 ]; then
 echo "== gpu_memory_utilization: two models at 0.45, a third refused"
 repo "$work/share" a gpu_memory_utilization 0.45
 repo "$work/share" b gpu_memory_utilization 0.45
@@ -77,7 +80,6 @@ gen b; echo
 stop
 
 echo "== GOLLM_CUDA_FAIL_STEP=3: the step's request fails, the instance serves on"
-repo "$work/one" g
 serve failstep "$work/one" GOLLM_CUDA_FAIL_STEP=3
 r1=$(gen g); r2=$(gen g); echo "  $r1"; echo "  $r2"
 check "the failed step's request gets an error" "echo '$r1' | grep -q 'injected: GOLLM_CUDA_FAIL_STEP=3'"
@@ -101,9 +103,11 @@ grep -E "failed to load" "$out/oom.log" | cut -c1-400
 check "the load fails naming the KV pool and out of memory" "grep -q 'failed to load.*KV pool.*out of memory' $out/oom.log"
 stop
 
+fi
+
 echo "== soak: $soak at concurrency 64"
 serve soak "$work/one"
-"$carry/soak" -model g -duration "$soak" -concurrency 64 -out "$out/soak-gpu.jsonl" > "$out/soak.txt" 2>&1
+"$carry/soak" -model g -name austen-kind-gpu -duration "$soak" -concurrency 64 ${COMMIT:+-commit "$COMMIT"} -out "$out/soak-gpu.jsonl" > "$out/soak.txt" 2>&1
 soak_rc=$?
 grep -v "^soak: *[0-9]* s " "$out/soak.txt"
 check "soak: no failure, gauges back to idle (exit code $soak_rc)" "[ $soak_rc = 0 ]"
