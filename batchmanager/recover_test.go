@@ -65,7 +65,15 @@ func TestAnEngineThatCannotRecoverEndsTheInstance(t *testing.T) {
 	c := newClient()
 	failed := make(chan error, 2)
 	cb := c.callbacks()
-	cb.EngineFailed = func(err error) { failed <- err }
+	// EngineFailed comes before any client hears of the failure: the instance says it is
+	// not ready before a client could retry into it.
+	var answeredBefore int
+	cb.EngineFailed = func(err error) {
+		c.mu.Lock()
+		answeredBefore = len(c.resp)
+		c.mu.Unlock()
+		failed <- err
+	}
 	// One request per iteration: the second waits while the first's step fails.
 	m, err := New(eng, Config{MaxBatchSize: 1, IdleWait: time.Millisecond}, cb, nil)
 	if err != nil {
@@ -91,6 +99,9 @@ func TestAnEngineThatCannotRecoverEndsTheInstance(t *testing.T) {
 	case err := <-failed:
 		if !errors.Is(err, ErrEngineBroken) {
 			t.Errorf("EngineFailed(%v), want ErrEngineBroken", err)
+		}
+		if answeredBefore != 0 {
+			t.Errorf("EngineFailed was called after %d responses, want before any", answeredBefore)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("EngineFailed was not called")

@@ -237,7 +237,9 @@ type Callbacks struct {
 	// without parsing the JSON); called right after ReturnBatchManagerStats.
 	IterationStats func(stats Stats)
 	// EngineFailed, optional, is called once, on the manager's goroutine, when a step
-	// failed and the engine could not recover (engine.Recoverer): every request in flight
-	// has had its final error, and every later one gets ErrEngineBroken at once.
+	// failed and the engine could not recover (engine.Recoverer), before the requests in
+	// flight get their final errors (so that the caller can report itself not ready
+	// before any client hears of the failure); every later request gets ErrEngineBroken
+	// at once.
 	EngineFailed func(err error)
 }

@@ -48,13 +48,18 @@ func (m *Manager) step() {
 	}
 	if err != nil {
 		m.log.Sugar().Errorw("engine step failed; failing the iteration's requests", "requests", len(m.sched), "error", err)
+		// Recovery first: an instance whose engine is lost says so before the failed
+		// step's clients hear of it, so that none of them retries into it unwarned.
+		broken := m.recoverEngine(err)
 		for _, r := range m.sched {
 			m.release(r)
 			m.send(r.id, Result{}, true, fmt.Errorf("request %d: %w: %w", r.id, ErrEngine, err))
 		}
 		m.running = compact(m.running, phaseRunning)
 		m.finishV1Batch()
-		m.recoverEngine(err)
+		if broken != nil {
+			m.failAll(broken)
+		}
 		return
 	}
 
@@ -586,24 +591,24 @@ func (m *Manager) perf(r *request) *PerfMetrics {
 }
 
 // recoverEngine lets an engine that can (engine.Recoverer) check and restore itself
-// after a failed step. One that cannot recover ends the instance: everything in flight
-// gets a final error wrapping ErrEngineBroken, and so does every later request.
-func (m *Manager) recoverEngine(cause error) {
+// after a failed step. One that cannot recover ends the instance: it returns the error
+// (wrapping ErrEngineBroken) with which the caller ends everything in flight, and every
+// later request gets it too; EngineFailed hears of it first.
+func (m *Manager) recoverEngine(cause error) error {
 	rec, ok := m.eng.(engine.Recoverer)
 	if !ok {
-		return
+		return nil
 	}
 	rerr := rec.Recover(cause)
 	if rerr == nil {
 		m.log.Sugar().Warnw("the engine recovered from the failed step; serving on", "error", cause)
-		return
+		return nil
 	}
 	broken := fmt.Errorf("%w: %w (after: %w)", ErrEngineBroken, rerr, cause)
 	m.log.Sugar().Errorw("the engine cannot recover from the failed step; the instance serves nothing more", "error", broken)
 	m.statsMu.Lock()
 	m.broken = broken
 	m.statsMu.Unlock()
-	m.failAll(broken)
 	if m.cb.EngineFailed != nil {
 		func() {
 			defer func() {
@@ -614,4 +619,5 @@ func (m *Manager) recoverEngine(cause error) {
 			m.cb.EngineFailed(broken)
 		}()
 	}
+	return broken
 }
