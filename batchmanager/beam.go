@@ -25,10 +25,16 @@ import (
 //     one replaces the worst, and a worse one stops the visit under EarlyStopping 1;
 //     other tokens continue as the next live beams until W are chosen;
 //   - the search is done when W hypotheses are kept and EarlyStopping is 1, or, under
-//     other values, when the worst hypothesis beats the best key this step could still
-//     reach (its length the generated tokens plus one, or MaxNewTokens under "never"
-//     with a positive length penalty); or at the length limit, where the live beams
-//     compete with the hypotheses for the W places.
+//     other values, when the worst hypothesis is at least the best live beam's score
+//     at its length now (or at MaxNewTokens under "never" with a positive length
+//     penalty) — transformers' heuristic; a search done this way returns its
+//     hypotheses. At the length limit the live beams among the step's first W
+//     candidates compete with the hypotheses for the W places.
+//
+// testdata/beam-golden.json holds transformers 5.17's beams for the tiny LLaMA-family
+// and GPT-2 checkpoints (no end token, an end token under the heuristic, early
+// stopping with a length penalty): executor/beam_hf_test.go wants the same beams, in the
+// same order, with the same scores.
 //
 // A beam that generates a stop word or a stop string finishes as a hypothesis with its
 // tokens. Beams fork from their parents' KV blocks (kvcache.Sequence.Fork); a child
@@ -154,6 +160,10 @@ func (m *Manager) beamStep(r *request) {
 
 	genLen := r.generated + 1 // every live beam has generated as many tokens
 	var next []beamCand
+	// topW counts the next beams that rank among the first W candidates: at the length
+	// limit only those compete with the hypotheses (the rest are spares, as in
+	// transformers).
+	topW := 0
 	for i, c := range top {
 		if slices.Contains(r.req.EndIDs, c.tok) {
 			if i >= W {
@@ -168,6 +178,9 @@ func (m *Manager) beamStep(r *request) {
 			continue
 		}
 		next = append(next, c)
+		if i < W {
+			topW++
+		}
 		if len(next) == W {
 			break
 		}
@@ -176,12 +189,15 @@ func (m *Manager) beamStep(r *request) {
 	if len(s.hyps) == W {
 		if r.req.EarlyStopping == 1 {
 			done = true
-		} else if len(top) > 0 {
+		} else if len(next) > 0 {
+			// transformers' heuristic: the best live beam, at its length now (or at the
+			// length limit under "never" with a positive penalty), cannot beat the
+			// worst hypothesis.
 			l := genLen
 			if r.req.EarlyStopping != 0 && r.req.LengthPenalty > 0 {
 				l = r.maxNew
 			}
-			done = done || s.hyps[W-1].score >= lengthPenalty(top[0].key, l, r.req.LengthPenalty)
+			done = s.hyps[W-1].score >= lengthPenalty(next[0].cum, l, r.req.LengthPenalty)
 		}
 	}
 
@@ -208,6 +224,7 @@ func (m *Manager) beamStep(r *request) {
 		}
 	}
 	live := children[:0]
+	atLimit := false
 	for _, b := range children {
 		m.checkStop(r, b)
 		switch {
@@ -218,6 +235,7 @@ func (m *Manager) beamStep(r *request) {
 			b.kv = nil
 		case b.ended:
 			done = true // the length limit: every live beam is as long
+			atLimit = true
 			live = append(live, b)
 		default:
 			live = append(live, b)
@@ -228,8 +246,13 @@ func (m *Manager) beamStep(r *request) {
 	}
 	if done {
 		for _, b := range live {
-			s.addHyp(hyp{tokens: b.tokens[r.promptLen:], logProbs: b.logProbs, cum: b.cumLogProb,
-				score: lengthPenalty(b.cumLogProb, b.generated, r.req.LengthPenalty), finish: FinishedLength}, W)
+			// Live beams become hypotheses only at the length limit, and only those
+			// among the step's first W candidates; a search that stopped early (W
+			// hypotheses kept, none to beat) returns its hypotheses, as transformers.
+			if atLimit && b.index < topW {
+				s.addHyp(hyp{tokens: b.tokens[r.promptLen:], logProbs: b.logProbs, cum: b.cumLogProb,
+					score: lengthPenalty(b.cumLogProb, b.generated, r.req.LengthPenalty), finish: FinishedLength}, W)
+			}
 			if b.kv != nil {
 				_ = b.kv.Release()
 				b.kv = nil
