@@ -22,6 +22,8 @@ EXIT_TIMEOUT ?= 5
 # NVIDIA driver (scripts/cuda.sh). `make test` defaults to 1, so that CI, which has no GPU,
 # still compiles every .cu file; everything else defaults to auto.
 test: CUDA_DEFAULT := 1
+# make test also installs what only the tests use (genai-perf).
+test: TEST_DEPS := 1
 cuda = $(shell GOLLM_CUDA=$(or $(GOLLM_CUDA),$(CUDA_DEFAULT),auto) bash scripts/cuda.sh)
 # tritonserver's flags on a machine without a GPU: no GPU metrics (NVML and DCGM are
 # absent, and it would say so in two error lines) and no pinned host memory pool (it
@@ -38,7 +40,7 @@ FUZZTIME ?= 20s
 all: build
 
 deps:
-	@GOLLM_CUDA=$(cuda) bash scripts/deps.sh
+	@GOLLM_CUDA=$(cuda) GOLLM_TEST_DEPS=$(TEST_DEPS) bash scripts/deps.sh
 
 build: $(if $(filter 1,$(cuda)),deps)
 	@c=$(cuda); bash scripts/step.sh "build: build/install/backends/gollm/libtriton_gollm.so$$( [ $$c = 1 ] && echo ' and libgollm_cuda.so')" \

@@ -40,9 +40,9 @@ MODELS = {
                              eos_token_id=2, tie_word_embeddings=False),
 }
 WORKLOADS = {
-    "gpt2-124M": ["decode_b1_i128_o128", "tput_b64_i128_o128"],
+    "gpt2-124M": ["decode_b1_i128_o128", "tput_b64_i128_o128", "beam4_b16_i128_o128"],
     "gpt-350M": ["lat_b1_i128_o8", "lat_b8_i128_o8", "lat_b64_i128_o8", "lat_b1_i512_o32", "lat_b16_i512_o32"],
-    "tinyllama-1.1B": ["decode_b1_i128_o128", "tput_b64_i128_o128"],
+    "tinyllama-1.1B": ["decode_b1_i128_o128", "tput_b64_i128_o128", "beam4_b16_i128_o128"],
     "llama2-7B": ["decode_b1_i128_o128", "tput_b64_i128_o128"],
 }
 # transformers' static cache compiles per shape; only these run it (the rest: eager).
@@ -105,10 +105,12 @@ def copy_bandwidth():
     return 2 * n / times[len(times) // 2]
 
 
-def hf_run(model, b, i, o, static, vocab):
+def hf_run(model, b, i, o, static, vocab, beams=1):
     ids = torch.randint(0, vocab, (b, i), device="cuda")
     mask = torch.ones_like(ids)
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None, attention_mask=mask)
+    if beams > 1:
+        kw.update(num_beams=beams, num_return_sequences=1, length_penalty=1.0, early_stopping=False)
     if static:
         kw["cache_implementation"] = "static"
 
@@ -131,7 +133,7 @@ def hf_run(model, b, i, o, static, vocab):
 def figure(kind, b, o, full, first):
     if kind == "decode":
         return "ms_per_token", (full - first) * 1e3 / (o - 1)
-    if kind == "tput":
+    if kind == "tput" or kind.startswith("beam"):
         return "tokens_per_s", b * o / full
     return "latency_ms", full * 1e3
 
@@ -145,7 +147,12 @@ def main():
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-static", action="store_true")
     ap.add_argument("--models", default="gpt2-124M,gpt-350M", help="comma-separated: " + ",".join(MODELS))
+    ap.add_argument("--workloads", default="", help="comma-separated subset of the models' workloads (default: all)")
     args = ap.parse_args()
+    if args.workloads:
+        keep = set(args.workloads.split(","))
+        for k in WORKLOADS:
+            WORKLOADS[k] = [w for w in WORKLOADS[k] if w in keep]
     os.makedirs(args.work, exist_ok=True)
     gpu = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
@@ -187,6 +194,8 @@ def main():
         for w in WORKLOADS[name]:
             kind, b, i, o = parse(w)
             step = step_bytes(name, b * (i + o // 2)) / bw
+            if kind.startswith("beam"):
+                continue  # no floor: the beams' KV sharing makes it a different sum
             if kind == "decode":
                 add(name, w, "floor", "ms_per_token", step * 1e3)
             elif kind == "lat":
@@ -207,7 +216,8 @@ def main():
                     if static and (args.skip_static or w not in STATIC):
                         continue
                     try:
-                        full, first = hf_run(model, b, i, o, static, cfg.vocab_size)
+                        beams = int(kind[4:]) if kind.startswith("beam") else 1
+                        full, first = hf_run(model, b, i, o, static, cfg.vocab_size, beams)
                     except Exception as e:  # a peer failing must not lose the other figures
                         print(f"{impl} {name} {w}: {type(e).__name__}: {e}", flush=True)
                         continue

@@ -91,6 +91,17 @@ if [ ! -f "$openai_stamp" ]; then
   step "the openai package ($OPENAI_PY) into .deps/pyopenai" pip_q --target "$deps/pyopenai" "$OPENAI_PY"
   touch "$openai_stamp"
 fi
+# genai-perf (NVIDIA's LLM benchmark over perf_analyzer) for the test that runs it
+# unchanged against the demo model: only where make test asks (GOLLM_TEST_DEPS=1), since
+# it pulls transformers, pandas and pyarrow (~0.9 GB) that serving never needs.
+GENAI_PERF=genai-perf==0.0.16
+genai_stamp="$deps/.stamp-genaiperf-$GENAI_PERF"
+if [ "${GOLLM_TEST_DEPS:-0}" = 1 ] && [ ! -f "$genai_stamp" ]; then
+  did=1
+  rm -rf "$deps/genaiperf"
+  step "$GENAI_PERF (for the tests) into .deps/genaiperf" pip_q --target "$deps/genaiperf" "$GENAI_PERF"
+  touch "$genai_stamp"
+fi
 test -x "$deps/bin/tritonserver"
 "$deps/bin/perf_analyzer" --version >/dev/null 2>&1
 PYTHONPATH="$py" python3 -c 'import tokenizers, tritonclient.grpc'

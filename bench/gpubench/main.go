@@ -7,9 +7,12 @@
 // Workloads: decode_b<B>_i<I>_o<O> reports decode milliseconds per token (the steps
 // after the first token, whose time is the prompt's), tput_… generated tokens per second
 // over the whole run, lat_… the whole run's latency in milliseconds (the FasterTransformer
-// tables). Each is run once to warm up (CUDA graph capture), then -reps times; the
-// median is reported. Sampling is greedy with no end token, so every run generates
-// exactly O tokens per sequence.
+// tables), beam<W>_… generated tokens per second (B × O: the best beam's) of B
+// requests of beam width W through the batch manager, as a server runs them (each beam
+// a sequence of the step; beams fork their parents' KV blocks). Each is run once to warm
+// up (CUDA graph capture), then -reps times; the median is reported. Sampling is greedy
+// (or beam search) with no end token, so every run generates exactly O tokens per
+// sequence.
 package main
 
 import (
@@ -20,8 +23,10 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
+	"gollm/batchmanager"
 	"gollm/bridge/cuda"
 	"gollm/engine"
 	"gollm/model"
@@ -31,8 +36,10 @@ import (
 type workload struct {
 	// name is as given.
 	name string
-	// kind is decode, tput or lat.
+	// kind is decode, tput, lat or beam.
 	kind string
+	// width is a beam workload's beam width.
+	width int
 	// batch, in and out are the batch size, prompt length and new tokens.
 	batch, in, out int
 }
@@ -47,8 +54,12 @@ func parseWorkload(s string) (workload, error) {
 	if _, err := fmt.Sscanf(s[i+1:], "b%d_i%d_o%d", &w.batch, &w.in, &w.out); err != nil || w.batch < 1 || w.in < 1 || w.out < 2 {
 		return w, fmt.Errorf("workload %q: want kind_b<B>_i<I>_o<O> with O ≥ 2", s)
 	}
+	if n, err := fmt.Sscanf(w.kind, "beam%d", &w.width); err == nil && n == 1 && w.width >= 2 {
+		w.kind = "beam"
+		return w, nil
+	}
 	if w.kind != "decode" && w.kind != "tput" && w.kind != "lat" {
-		return w, fmt.Errorf("workload %q: kind %q is not decode, tput or lat", s, w.kind)
+		return w, fmt.Errorf("workload %q: kind %q is not decode, tput, lat or beam<W> (W ≥ 2)", s, w.kind)
 	}
 	return w, nil
 }
@@ -79,7 +90,7 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 		}
 		ws = append(ws, w)
 		maxTok = max(maxTok, w.batch*w.in)
-		maxSeqs = max(maxSeqs, w.batch)
+		maxSeqs = max(maxSeqs, w.batch*max(1, w.width))
 		maxLen = max(maxLen, w.in+w.out)
 	}
 	ckpt, err := model.Open(ckptDir)
@@ -89,8 +100,10 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 	defer ckpt.Close()
 	const T = 64
 	perSeq := (maxLen + T - 1) / T
+	// Twice the blocks of maxSeqs sequences: a beam writes into a copy of a block it
+	// shares with its siblings.
 	eng, err := cuda.New(ckpt, cuda.Options{DType: dtype, Library: lib, TokensPerBlock: T,
-		NumBlocks: perSeq * maxSeqs, MaxTokens: max(maxTok, 8192), MaxSeqs: max(maxSeqs, 64),
+		NumBlocks: 2 * perSeq * maxSeqs, MaxTokens: max(maxTok, 8192), MaxSeqs: max(maxSeqs, 64),
 		DisableCUDAGraphs: !graphs, SkipWarmup: !warmup, Tuning: cuda.TuningFromEnv()})
 	if err != nil {
 		return err
@@ -113,7 +126,13 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 		}
 		var totals, decodes []float64
 		for r := 0; r <= reps; r++ {
-			total, decode, err := static(eng, prompts, w.out, perSeq)
+			var total, decode float64
+			var err error
+			if w.kind == "beam" {
+				total, err = beams(eng, prompts, w.width, w.out)
+			} else {
+				total, decode, err = static(eng, prompts, w.out, perSeq)
+			}
 			if err != nil {
 				return fmt.Errorf("%s: %w", w.name, err)
 			}
@@ -127,7 +146,7 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 		switch w.kind {
 		case "decode":
 			out["metric"], out["value"] = "ms_per_token", decode*1e3/float64(w.out-1)
-		case "tput":
+		case "tput", "beam":
 			out["metric"], out["value"] = "tokens_per_s", float64(w.batch*w.out)/total
 		case "lat":
 			out["metric"], out["value"] = "latency_ms", total*1e3
@@ -172,6 +191,52 @@ func static(eng *cuda.Engine, prompts [][]int32, out, perSeq int) (float64, floa
 	}
 	end := time.Now()
 	return end.Sub(start).Seconds(), end.Sub(prefill).Seconds(), nil
+}
+
+// beams runs one request of beam width W per prompt through a batch manager, all queued
+// at once, and returns the seconds until the last final response.
+func beams(eng *cuda.Engine, prompts [][]int32, width, out int) (float64, error) {
+	queue := make([]*batchmanager.InferenceRequest, len(prompts))
+	for i, p := range prompts {
+		queue[i] = &batchmanager.InferenceRequest{ID: uint64(i + 1), InputIDs: p, MaxNewTokens: out, PadID: -1,
+			BeamWidth: width, ExcludeInputInOutput: true}
+	}
+	done := make(chan error, len(prompts))
+	var mu sync.Mutex
+	start := time.Now()
+	m, err := batchmanager.New(eng, batchmanager.Config{MaxBatchSize: len(prompts) * width}, batchmanager.Callbacks{
+		GetInferenceRequests: func(max int) []*batchmanager.InferenceRequest {
+			mu.Lock()
+			defer mu.Unlock()
+			n := len(queue)
+			if max >= 0 {
+				n = min(n, max)
+			}
+			q := queue[:n]
+			queue = queue[n:]
+			return q
+		},
+		SendResponse: func(_ uint64, res batchmanager.Result, final bool, err error) {
+			switch {
+			case err != nil:
+				done <- err
+			case final && len(res.Beams) > 0 && len(res.Beams[0].Tokens) != out:
+				done <- fmt.Errorf("a best beam of %d tokens, want %d", len(res.Beams[0].Tokens), out)
+			case final:
+				done <- nil
+			}
+		},
+	}, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer m.Shutdown()
+	for range prompts {
+		if err := <-done; err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start).Seconds(), nil
 }
 
 func median(x []float64) float64 {
