@@ -3,7 +3,10 @@ package batchmanager
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 
 	"gollm/engine"
 )
@@ -117,30 +120,18 @@ func (m *Manager) beamStep(r *request) {
 	s := r.search
 	s.cands = s.cands[:0]
 	beams := r.branches()
-	scale := 1.0
-	if t := r.sampling.Temperature; t > 0 {
-		scale = 1 / float64(t)
-	}
 	for i, b := range beams {
 		w := b.logits
 		b.logits = nil
-		if w == nil {
+		switch {
+		case w == nil:
 			r.failed = fmt.Errorf("%w: beam %d has no logits", ErrInternal, i)
 			return
-		}
-		if pp := r.req.LogitsPostProcessor; pp != nil {
-			if err := m.callPostProcessor(pp, r.id, w, b.tokens); err != nil {
-				r.failed = fmt.Errorf("%w: %w", ErrEngine, err)
-				return
-			}
-		}
-		seq := engine.Sequence{Sampling: r.sampling, History: b.tokens, NumGenerated: b.generated}
-		m.sampler.Process(w, &seq)
-		if !engine.LogSoftmax(w, w, scale) {
+		case b.masked:
 			r.failed = fmt.Errorf("%w: beam %d: every token is masked (bad words, min length and bias leave no choice)", ErrEngine, i)
 			return
 		}
-		for k, c := range topK(w, 2*W, &m.topScratch) {
+		for k, c := range b.top {
 			cum := b.cumLogProb + c.lp
 			s.cands = append(s.cands, beamCand{beam: i, tok: c.tok, lp: c.lp, cum: cum, key: cum + r.req.DiversityRate*float32(k)})
 		}
@@ -274,6 +265,94 @@ func (m *Manager) beamStep(r *request) {
 		return
 	}
 	r.generated = genLen
+}
+
+// beamJob is one beam's logits row to score.
+type beamJob struct {
+	r *request
+	b *branch
+}
+
+// beamScorer scores rows on one goroutine: its own sampler and top-k scratch.
+type beamScorer struct {
+	sampler *engine.Sampler
+	top     []tokLP
+}
+
+// minParallelBeamFloats is the step's beam logits (rows × vocabulary) above which
+// scoreBeams spreads the rows over goroutines: below it, starting them costs more
+// than it saves.
+const minParallelBeamFloats = 1 << 18
+
+// scoreBeams scores the logits rows of every beam search of the step before the
+// searches select their beams (beamStep): each row's penalties and masks, temperature
+// and log-softmax, and its best 2W tokens. A step of 64 beams over GPT-2's vocabulary
+// is 3.2 M exponentials, tens of milliseconds on one core, so the rows are spread over
+// the machine's cores. The logits post-processor runs first, on the manager's
+// goroutine, as for sampled requests; the results do not depend on the spreading.
+func (m *Manager) scoreBeams() {
+	jobs := m.beamJobs[:0]
+	for _, r := range m.sched {
+		if !r.beams || r.failed != nil || r.logits == nil || !(r.forked || r.computed == r.promptLen) {
+			continue
+		}
+		for _, b := range r.branches() {
+			if b.logits == nil {
+				break // beamStep reports it
+			}
+			if pp := r.req.LogitsPostProcessor; pp != nil {
+				if err := m.callPostProcessor(pp, r.id, b.logits, b.tokens); err != nil {
+					r.failed = fmt.Errorf("%w: %w", ErrEngine, err)
+					break
+				}
+			}
+			jobs = append(jobs, beamJob{r: r, b: b})
+		}
+	}
+	m.beamJobs = jobs[:0]
+	if len(jobs) == 0 {
+		return
+	}
+	workers := 1
+	if len(jobs)*m.info.VocabSize >= minParallelBeamFloats {
+		workers = min(runtime.GOMAXPROCS(0), len(jobs))
+	}
+	for len(m.beamScorers) < workers {
+		m.beamScorers = append(m.beamScorers, &beamScorer{sampler: engine.NewSampler(m.info.VocabSize)})
+	}
+	if workers == 1 {
+		for _, j := range jobs {
+			m.beamScorers[0].score(j)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for _, sc := range m.beamScorers[:workers] {
+		wg.Go(func() {
+			for k := next.Add(1) - 1; k < int64(len(jobs)); k = next.Add(1) - 1 {
+				sc.score(jobs[k])
+			}
+		})
+	}
+	wg.Wait()
+	clear(jobs)
+}
+
+// score fills j's branch's top and masked from its logits row (in place).
+func (sc *beamScorer) score(j beamJob) {
+	r, b := j.r, j.b
+	scale := 1.0
+	if t := r.sampling.Temperature; t > 0 {
+		scale = 1 / float64(t)
+	}
+	seq := engine.Sequence{Sampling: r.sampling, History: b.tokens, NumGenerated: b.generated}
+	sc.sampler.Process(b.logits, &seq)
+	b.masked = !engine.LogSoftmax(b.logits, b.logits, scale)
+	b.top = b.top[:0]
+	if !b.masked {
+		b.top = append(b.top, topK(b.logits, 2*r.width, &sc.top)...)
+	}
 }
 
 // tokLP is a token with its log-probability.

@@ -95,6 +95,10 @@ func (f *fakeEngine) Step(b *engine.Batch) ([]engine.Output, error) {
 		panic("fake: injected panic")
 	}
 	T := f.info.TokensPerBlock
+	// The copy-on-write of beams, before anything is written.
+	for _, c := range b.BlockCopies {
+		copy(f.kv[c.Dst], f.kv[c.Src])
+	}
 	writers := map[int32]uint64{}
 	outs := make([]engine.Output, len(b.Seqs))
 	for i, s := range b.Seqs {
@@ -127,7 +131,7 @@ func (f *fakeEngine) Step(b *engine.Batch) ([]engine.Output, error) {
 				outs[i].ContextLogits = append(outs[i].ContextLogits, row...)
 			}
 		}
-		if !s.Sample {
+		if !s.Sample && !s.ReturnLogits {
 			continue
 		}
 		// Read the sequence back out of the cache: this is what catches bad tables.
@@ -136,8 +140,10 @@ func (f *fakeEngine) Step(b *engine.Batch) ([]engine.Output, error) {
 			hist[p] = f.kv[s.Blocks[p/T]][p%T]
 		}
 		t := fakeNext(hist, f.info.VocabSize)
-		outs[i].Token = t
-		outs[i].LogProb = -float32(t%7) / 10
+		if s.Sample {
+			outs[i].Token = t
+			outs[i].LogProb = -float32(t%7) / 10
+		}
 		if s.ReturnLogits {
 			outs[i].Logits = make([]float32, f.info.VocabSize)
 			outs[i].Logits[t] = 1

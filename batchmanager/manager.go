@@ -99,8 +99,10 @@ type Manager struct {
 	refs []seqRef
 	// sampler chooses the tokens of host-sampled requests and scores beams.
 	sampler *engine.Sampler
-	// topScratch is beam search's top-k scratch.
-	topScratch []tokLP
+	// beamScorers score beams' logits rows, one per worker goroutine (scoreBeams).
+	beamScorers []*beamScorer
+	// beamJobs is scoreBeams' scratch.
+	beamJobs []beamJob
 	// now is when the current iteration started.
 	now time.Time
 	// batch is the engine batch, reused each iteration.
@@ -221,6 +223,10 @@ type branch struct {
 	// logits are the last position's logits this iteration, for the manager to sample
 	// or score (host-sampled requests); nil otherwise.
 	logits []float32
+	// top are a beam's best 2W tokens this iteration with their log-probabilities
+	// (scoreBeams), best first; masked says every token was masked.
+	top    []tokLP
+	masked bool
 	// rawLogits are logits as the engine returned them, before a post-processor
 	// (ReturnGenerationLogits of a host-sampled request).
 	rawLogits []float32

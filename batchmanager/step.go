@@ -67,6 +67,7 @@ func (m *Manager) step() {
 	for i, ref := range m.refs {
 		m.advance(ref.r, ref.b, &m.batch.Seqs[i], &outs[i])
 	}
+	m.scoreBeams()
 	for _, r := range m.sched {
 		m.afterStep(r)
 		m.respond(r)
