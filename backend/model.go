@@ -74,6 +74,16 @@ func loadModel(m triton.Model, log *zap.Logger) (*modelState, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model %q: %w", name, err)
 	}
+	loaded := false
+	defer func() {
+		if !loaded {
+			weights.Release()
+		}
+	}()
+	if n := weights.Users(); n > 1 {
+		log.Info("the checkpoint is open for another model too: its weights are shared, not loaded again",
+			zap.String("gpt_model_path", cfg.ModelPath), zap.Int("models", n))
+	}
 	mc := weights.Config()
 	maxLen := min(mc.MaxPositions, defaultMaxSeqLen)
 	if cfg.MaxSeqLen > 0 {
@@ -128,6 +138,7 @@ func loadModel(m triton.Model, log *zap.Logger) (*modelState, error) {
 		zap.String("gpt_model_type", string(cfg.ModelType)), zap.String("batch_scheduler_policy", string(cfg.Policy)),
 		zap.Int("max_batch_size", cfg.MaxBatchSize), zap.Bool("decoupled", cfg.Decoupled),
 		zap.Bool("tokenizer", tok != nil))
+	loaded = true
 	return ms, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,24 +71,86 @@ type Settings struct {
 }
 
 // Model is one checkpoint folder, its descriptor read and its weights checked, with the
-// weights its engines share.
+// weights its engines share. Every Open of one folder (the same files, unchanged) in the
+// process returns the same Model until each has been released: Triton models that
+// serve one checkpoint under several names (TensorRT-LLM's "ensemble" and
+// "tensorrt_llm", say) hold one copy of its weights.
 type Model struct {
 	// dir is the checkpoint folder.
 	dir string
+	// key is the folder's registry key (fingerprint).
+	key string
+	// refs counts the Opens not yet released (guarded by openMu).
+	refs int
 	// cfg is the architecture descriptor.
 	cfg model.Config
 	// mu guards cpu and gpu.
 	mu sync.Mutex
 	// cpu holds the CPU engines' weights, loaded by the first.
 	cpu *cpu.Weights
-	// gpu holds the model's reference to its weights on each device.
-	gpu map[int]*cuda.Weights
+	// gpu holds the model's reference to its weights on each device, by compute type.
+	gpu map[gpuKey]*cuda.Weights
+}
+
+// gpuKey names one device copy of the weights.
+type gpuKey struct {
+	device int
+	dtype  string
+}
+
+var (
+	// openMu guards opened and every Model's refs.
+	openMu sync.Mutex
+	// opened are the open Models by fingerprint.
+	opened = map[string]*Model{}
+)
+
+// fingerprint names a checkpoint folder's contents: its real path and the size and
+// modification time of its config and weight files, so that a folder whose files were
+// replaced opens afresh rather than sharing the weights read before.
+func fingerprint(dir string) (string, error) {
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return "", err
+	}
+	if real, err = filepath.Abs(real); err != nil {
+		return "", err
+	}
+	ents, err := os.ReadDir(real)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	b.WriteString(real)
+	for _, e := range ents {
+		n := e.Name()
+		if n != "config.json" && !strings.HasSuffix(n, ".safetensors") && !strings.HasSuffix(n, ".safetensors.index.json") {
+			continue
+		}
+		fi, err := os.Stat(filepath.Join(real, n))
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "\x00%s:%d:%d", n, fi.Size(), fi.ModTime().UnixNano())
+	}
+	return b.String(), nil
 }
 
 // Open reads the checkpoint folder's config and checks every weight's name, dtype and
 // shape against it, without converting any: a bad checkpoint fails here, and the weights
-// wait for the first instance of each kind.
+// wait for the first instance of each kind. A folder already open is shared (Model);
+// each Open needs its Release.
 func Open(dir string) (*Model, error) {
+	key, err := fingerprint(dir)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint folder %s: %w", dir, err)
+	}
+	openMu.Lock()
+	defer openMu.Unlock()
+	if m := opened[key]; m != nil {
+		m.refs++
+		return m, nil
+	}
 	c, err := model.Open(dir)
 	if err != nil {
 		return nil, err
@@ -100,7 +163,17 @@ func Open(dir string) (*Model, error) {
 	if cerr != nil {
 		return nil, fmt.Errorf("%s: close: %w", dir, cerr)
 	}
-	return &Model{dir: dir, cfg: c.Config}, nil
+	m := &Model{dir: dir, key: key, refs: 1, cfg: c.Config}
+	opened[key] = m
+	return m, nil
+}
+
+// Users is the number of Opens of the model's folder not yet released: above 1, the
+// weights are shared with another Triton model.
+func (m *Model) Users() int {
+	openMu.Lock()
+	defer openMu.Unlock()
+	return m.refs
 }
 
 // Config is the model's descriptor.
@@ -205,7 +278,7 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 			dtype = "bfloat16"
 		}
 	}
-	w := m.gpu[device]
+	w := m.gpu[gpuKey{device, dtype}]
 	if w == nil {
 		ckpt, err := model.Open(m.dir)
 		if err != nil {
@@ -219,9 +292,9 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 			return nil, err
 		}
 		if m.gpu == nil {
-			m.gpu = map[int]*cuda.Weights{}
+			m.gpu = map[gpuKey]*cuda.Weights{}
 		}
-		m.gpu[device] = w
+		m.gpu[gpuKey{device, dtype}] = w
 	}
 	opts := cuda.Options{Device: device, DType: dtype, TokensPerBlock: s.TokensPerBlock,
 		KVFreeFraction: s.KVFreeFraction, MaxSeqs: s.MaxSeqs, MaxSeqLen: s.MaxSeqLen, Logger: s.Logger}
@@ -254,9 +327,24 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 	return e, nil
 }
 
-// Release drops the model's references to its shared weights: the GPU copies are freed
-// once the engines made on them are closed too, the CPU copy once they are collected.
+// Release ends one Open. The last drops the model's references to its shared weights:
+// the GPU copies are freed once the engines made on them are closed too, the CPU copy
+// once they are collected.
 func (m *Model) Release() {
+	openMu.Lock()
+	if m.refs <= 0 {
+		openMu.Unlock()
+		return
+	}
+	m.refs--
+	last := m.refs == 0
+	if last && opened[m.key] == m {
+		delete(opened, m.key)
+	}
+	openMu.Unlock()
+	if !last {
+		return
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for d, w := range m.gpu {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"gollm/engine"
 	"gollm/engine/cpu"
@@ -125,5 +126,89 @@ func TestEveryFixtureRunsOnTheCPU(t *testing.T) {
 				t.Fatalf("Step = %v, %v", outs, err)
 			}
 		})
+	}
+}
+
+// copyFolder copies the checkpoint folder src into a new temporary folder.
+func copyFolder(t *testing.T, src string) string {
+	t.Helper()
+	dst := t.TempDir()
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dst
+}
+
+func TestModelsOfOneFolderShareOneModel(t *testing.T) {
+	dir := copyFolder(t, "../testdata/gpt2-tiny")
+	a, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same folder by another path (a symlink) is the same checkpoint.
+	link := filepath.Join(t.TempDir(), "alias")
+	if err := os.Symlink(dir, link); err != nil {
+		t.Fatal(err)
+	}
+	b, err := Open(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a != b || a.Users() != 2 {
+		t.Fatalf("two Opens of one folder: %p and %p, %d users; want one Model with 2", a, b, a.Users())
+	}
+	ea, err := a.NewEngine(CPU, 0, settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ea.Close()
+	w := a.cpu
+	// The first model goes; the second keeps the weights and makes engines on them.
+	a.Release()
+	if b.Users() != 1 || b.cpu != w {
+		t.Fatalf("after one Release: %d users, weights kept %v; want 1 and true", b.Users(), b.cpu == w)
+	}
+	eb, err := b.NewEngine(CPU, 0, settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eb.Close()
+	if b.cpu != w {
+		t.Error("the second model loaded the weights again")
+	}
+	b.Release()
+	if b.cpu != nil {
+		t.Error("the last Release kept the weights")
+	}
+	// Once released, or once its files change, the folder opens afresh.
+	c, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	if c == a || c.Users() != 1 {
+		t.Errorf("Open after the last Release: the old Model %v, %d users", c == a, c.Users())
+	}
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(filepath.Join(dir, "model.safetensors"), later, later); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Release()
+	if d == c {
+		t.Error("a folder whose weights file changed shares the Model opened before")
 	}
 }
