@@ -1,10 +1,7 @@
 package executor
 
 import (
-	"encoding/json"
-	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -12,28 +9,9 @@ import (
 	"gollm/batchmanager"
 	"gollm/engine"
 	"gollm/engine/cpu"
+	"gollm/engine/enginetest"
 	"gollm/model"
 )
-
-// beamGolden is testdata/beam-golden.json (testdata/make_beam_fixture.py): what
-// transformers' beam search returns for the tiny checkpoints.
-type beamGolden struct {
-	Transformers string `json:"transformers"`
-	Cases        []struct {
-		Model         string  `json:"model"`
-		Prompt        []int32 `json:"prompt"`
-		Case          string  `json:"case"`
-		Beams         int     `json:"beams"`
-		EndID         int32   `json:"end_id"`
-		LengthPenalty float32 `json:"length_penalty"`
-		EarlyStopping int     `json:"early_stopping"`
-		MaxNewTokens  int     `json:"max_new_tokens"`
-		Sequences     []struct {
-			Tokens []int32 `json:"tokens"`
-			Score  float64 `json:"score"`
-		} `json:"sequences"`
-	} `json:"cases"`
-}
 
 // TestBeamSearchMatchesTransformers runs the batch manager's beam search on the CPU engine
 // for every case transformers answered in float32 — four LLaMA-family checkpoints and
@@ -41,20 +19,13 @@ type beamGolden struct {
 // early-stopping heuristic with length penalty 1, and early stopping with length
 // penalty 0.5 — and wants the same beams in the same order, each with transformers' score.
 func TestBeamSearchMatchesTransformers(t *testing.T) {
-	raw, err := os.ReadFile("../testdata/beam-golden.json")
+	cases, err := enginetest.LoadBeamGolden("../testdata/beam-golden.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var g beamGolden
-	if err := json.Unmarshal(raw, &g); err != nil {
-		t.Fatal(err)
-	}
-	if len(g.Cases) == 0 {
-		t.Fatal("beam-golden.json has no cases")
-	}
 	models := map[string]*model.Float32{}
-	for _, c := range g.Cases {
-		t.Run(fmt.Sprintf("%s/%s/prompt%d", c.Model, c.Case, len(c.Prompt)), func(t *testing.T) {
+	for _, c := range cases {
+		t.Run(c.Name(), func(t *testing.T) {
 			m := models[c.Model]
 			if m == nil {
 				if m, err = model.LoadFloat32(filepath.Join("..", "testdata", c.Model)); err != nil {

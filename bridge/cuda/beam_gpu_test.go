@@ -1,8 +1,6 @@
 package cuda
 
 import (
-	"encoding/json"
-	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -12,6 +10,7 @@ import (
 
 	"gollm/batchmanager"
 	"gollm/engine"
+	"gollm/engine/enginetest"
 	"gollm/model"
 )
 
@@ -136,38 +135,19 @@ func TestGPUBeamSearch(t *testing.T) {
 // best score within 0.02 and every beam's score must be its tokens' log-probabilities
 // summed; the test reports how many beams equal transformers' exactly.
 func TestGPUBeamSearchMatchesTransformers(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join("..", "..", "testdata", "beam-golden.json"))
+	cases, err := enginetest.LoadBeamGolden(filepath.Join("..", "..", "testdata", "beam-golden.json"))
 	if err != nil {
-		t.Fatal(err)
-	}
-	var g struct {
-		Cases []struct {
-			Model         string  `json:"model"`
-			Prompt        []int32 `json:"prompt"`
-			Case          string  `json:"case"`
-			Beams         int     `json:"beams"`
-			EndID         int32   `json:"end_id"`
-			LengthPenalty float32 `json:"length_penalty"`
-			EarlyStopping int     `json:"early_stopping"`
-			MaxNewTokens  int     `json:"max_new_tokens"`
-			Sequences     []struct {
-				Tokens []int32 `json:"tokens"`
-				Score  float64 `json:"score"`
-			} `json:"sequences"`
-		} `json:"cases"`
-	}
-	if err := json.Unmarshal(raw, &g); err != nil {
 		t.Fatal(err)
 	}
 	engines := map[string]*Engine{}
 	same, total := 0, 0
-	for _, c := range g.Cases {
+	for _, c := range cases {
 		e := engines[c.Model]
 		if e == nil {
 			e = gpuEngineOn(t, c.Model, 64, 8)
 			engines[c.Model] = e
 		}
-		name := fmt.Sprintf("%s/%s/prompt%d", c.Model, c.Case, len(c.Prompt))
+		name := c.Name()
 		done := make(chan batchmanager.Result, 1)
 		errs := make(chan error, 1)
 		queue := []*batchmanager.InferenceRequest{{ID: 1, InputIDs: c.Prompt, MaxNewTokens: c.MaxNewTokens, PadID: -1,

@@ -202,3 +202,44 @@ func LoadGolden(path string) (Golden, error) {
 	}
 	return g, nil
 }
+
+// BeamCase is one beam search transformers answered (testdata/beam-golden.json, written
+// by testdata/make_beam_fixture.py): the checkpoint, the prompt, the search's settings
+// and the sequences it returned, best first.
+type BeamCase struct {
+	Model         string  `json:"model"`
+	Prompt        []int32 `json:"prompt"`
+	Case          string  `json:"case"`
+	Beams         int     `json:"beams"`
+	EndID         int32   `json:"end_id"`
+	LengthPenalty float32 `json:"length_penalty"`
+	EarlyStopping int     `json:"early_stopping"`
+	MaxNewTokens  int     `json:"max_new_tokens"`
+	Sequences     []struct {
+		// Tokens are the generated tokens, the end token included where one ended it.
+		Tokens []int32 `json:"tokens"`
+		// Score is transformers' sequence score: the sum over length^length_penalty.
+		Score float64 `json:"score"`
+	} `json:"sequences"`
+}
+
+// Name names the case for subtests.
+func (c BeamCase) Name() string { return fmt.Sprintf("%s/%s/prompt%d", c.Model, c.Case, len(c.Prompt)) }
+
+// LoadBeamGolden reads testdata/beam-golden.json's cases.
+func LoadBeamGolden(path string) ([]BeamCase, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var g struct {
+		Cases []BeamCase `json:"cases"`
+	}
+	if err := json.Unmarshal(raw, &g); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(g.Cases) == 0 {
+		return nil, fmt.Errorf("%s: no cases", path)
+	}
+	return g.Cases, nil
+}
