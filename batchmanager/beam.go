@@ -316,6 +316,7 @@ func (m *Manager) scoreBeams() {
 	if len(jobs) == 0 {
 		return
 	}
+	defer clear(jobs) // hold no request past the step
 	workers := 1
 	if len(jobs)*m.info.VocabSize >= minParallelBeamFloats {
 		workers = min(runtime.GOMAXPROCS(0), len(jobs))
@@ -339,7 +340,6 @@ func (m *Manager) scoreBeams() {
 		})
 	}
 	wg.Wait()
-	clear(jobs)
 }
 
 // score fills j's branch's top and masked from its logits row (in place).
