@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -123,9 +124,11 @@ func parseTokenizer(raw []byte) (*Tokenizer, error) {
 	}
 	t.vocab = t.model.vocab
 
-	size := int32(0)
-	for _, id := range t.vocab {
-		size = max(size, id+1)
+	size, maxTok := int32(0), ""
+	for tok, id := range t.vocab {
+		if id+1 > size {
+			size, maxTok = id+1, "model.vocab "+strconv.Quote(tok)
+		}
 	}
 	t.added.byContent = map[string]int32{}
 	for i, a := range f.AddedTokens {
@@ -153,7 +156,14 @@ func parseTokenizer(raw []byte) (*Tokenizer, error) {
 			t.added.raw = append(t.added.raw, tok)
 		}
 		t.added.byContent[a.Content] = *a.ID
-		size = max(size, *a.ID+1)
+		if *a.ID+1 > size {
+			size, maxTok = *a.ID+1, fmt.Sprintf("added_tokens[%d] %q", i, a.Content)
+		}
+	}
+	// Token ids index the tables below: ids far sparser than any tokenizer's (a mistake,
+	// or a hostile file) must not size them.
+	if entries := int64(len(t.vocab)) + int64(len(f.AddedTokens)); int64(size) > 2*entries+1<<16 {
+		return nil, fmt.Errorf("%s has id %d, but there are only %d tokens: ids this sparse are not a vocabulary", maxTok, size-1, entries)
 	}
 	sortLongestFirst(t.added.raw)
 	sortLongestFirst(t.added.norm)

@@ -223,6 +223,12 @@ func TestMalformedTokenizers(t *testing.T) {
 		{"an added token without an id is named", smallTokenizer(testMerges, set("added_tokens", []any{map[string]any{"content": "x"}})), "added_tokens[0]"},
 		{"an added token that contradicts the vocab is named", smallTokenizer(testMerges, set("added_tokens", []any{map[string]any{"id": 3, "content": "<|endoftext|>"}})), `"<|endoftext|>": id 3`},
 		{"dropout is refused", smallTokenizer(testMerges, set("model.dropout", 0.1)), "model.dropout"},
+		// Found by FuzzTokenizer: an id of 1.9e9 sized the id tables (a Go fatal error).
+		{"a vocab id far beyond the tokens is named", smallTokenizer(testMerges, func(f map[string]any) {
+			f["model"].(map[string]any)["vocab"].(map[string]any)["·"] = 1866666663
+		}), `model.vocab "·" has id 1866666663, but there are only`},
+		{"an added token's id far beyond the tokens is named", smallTokenizer(testMerges, set("added_tokens", []any{map[string]any{"id": 1 << 30, "content": "<big>"}})),
+			`added_tokens[0] "<big>" has id 1073741824`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := parseTokenizer(tc.raw)
