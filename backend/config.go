@@ -65,6 +65,9 @@ type modelConfig struct {
 	// once the server is shutting down or the model unloading, before they end with an
 	// error; 0 ends them at once.
 	ShutdownGrace time.Duration
+	// AdmissionWindow is admission_window_us: how long a request arriving at an idle
+	// instance waits for others to start with (batchmanager.Config.AdmissionWindow).
+	AdmissionWindow time.Duration
 	// Warnings are things to log that do not stop the load (unknown parameters).
 	Warnings []string
 }
@@ -201,6 +204,14 @@ var params = []paramSpec{
 		}
 		return nil
 	}},
+	{"admission_window_us", func(c *modelConfig, v string) error {
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil || n < 0 || n > maxAdmissionWindow.Microseconds() {
+			return fmt.Errorf("%q: want microseconds µs with 0 ≤ µs ≤ %d", v, maxAdmissionWindow.Microseconds())
+		}
+		c.AdmissionWindow = time.Duration(n) * time.Microsecond
+		return nil
+	}},
 	{"shutdown_grace_secs", func(c *modelConfig, v string) error {
 		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 		if err != nil || math.IsNaN(f) || f < 0 || f > maxShutdownGrace.Seconds() {
@@ -210,6 +221,10 @@ var params = []paramSpec{
 		return nil
 	}},
 }
+
+// maxAdmissionWindow bounds admission_window_us: a wait longer than a second before a
+// first token is a misconfiguration, not a latency budget.
+const maxAdmissionWindow = time.Second
 
 // maxShutdownGrace bounds shutdown_grace_secs: an hour is longer than any exit timeout
 // worth having.

@@ -134,6 +134,10 @@ func TestParseModelConfigErrors(t *testing.T) {
 			`parameter "gpu_memory_utilization": "90%": want a fraction f of the GPU's total memory with 0 < f ≤ 1`},
 		{"a zero GPU memory utilization is refused", 8, map[string]string{"gpu_memory_utilization": "0"},
 			`parameter "gpu_memory_utilization": "0": want a fraction`},
+		{"a negative admission window is refused", 8, map[string]string{"admission_window_us": "-5"},
+			`parameter "admission_window_us": "-5": want microseconds µs with 0 ≤ µs ≤ 1000000`},
+		{"an admission window over a second is refused", 8, map[string]string{"admission_window_us": "2000000"},
+			`parameter "admission_window_us": "2000000": want microseconds`},
 		{"a non-number block size is refused", 8, map[string]string{"tokens_per_block": "many"},
 			`parameter "tokens_per_block": "many": want an integer ≥ 1`},
 		{"a bad bool is refused", 8, map[string]string{"enable_kv_cache_reuse": "yes"},
@@ -169,6 +173,16 @@ func TestParseModelConfigErrors(t *testing.T) {
 			t.Fatal("no error")
 		}
 	})
+}
+
+func TestAdmissionWindow(t *testing.T) {
+	c, err := parseModelConfig(configJSON(t, 8, true, map[string]string{"admission_window_us": "2500"}), "/repo/gpt2", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.AdmissionWindow != 2500*time.Microsecond {
+		t.Errorf("AdmissionWindow %v, want 2.5ms", c.AdmissionWindow)
+	}
 }
 
 func TestGPUMemoryUtilization(t *testing.T) {

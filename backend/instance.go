@@ -201,6 +201,7 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		EnableChunkedContext: ms.cfg.EnableChunkedContext,
 		EnableKVCacheReuse:   ms.cfg.EnableKVCacheReuse,
 		MaxBeamWidth:         ms.cfg.MaxBeamWidth,
+		AdmissionWindow:      ms.cfg.AdmissionWindow,
 	}
 	in.mgr, err = batchmanager.New(eng, cfg, batchmanager.Callbacks{
 		GetInferenceRequests: in.getRequests,

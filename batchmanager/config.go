@@ -54,4 +54,11 @@ type Config struct {
 	// IdleWait is how long the loop waits for work when idle before polling again
 	// (default 10ms); Manager.Wake cuts it short.
 	IdleWait time.Duration
+	// AdmissionWindow, when positive, gathers a burst: a request that arrives while
+	// nothing runs waits up to this long for others to arrive, so that requests sent
+	// together start in one prompt step instead of one step each as they trickle in
+	// (8 streams opened at once reach the manager over a few milliseconds). The wait
+	// ends early once MaxBatchSize requests are waiting. Requests arriving while others
+	// run are not held: they join the next step. 0 (the default): no wait.
+	AdmissionWindow time.Duration
 }

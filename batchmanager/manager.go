@@ -82,6 +82,9 @@ type Manager struct {
 	byID map[uint64]*request
 	// waiting are accepted requests not admitted yet, in arrival order.
 	waiting []*request
+	// admitBy is when the burst being gathered starts (Config.AdmissionWindow); zero
+	// when none is.
+	admitBy time.Time
 	// running are admitted requests that hold KV blocks, in admission order.
 	running []*request
 	// paused are requests evicted under max_utilization, by admission order.
@@ -318,6 +321,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.IdleWait == 0 {
 		c.IdleWait = 10 * time.Millisecond
 	}
+	if c.AdmissionWindow < 0 {
+		return c, fmt.Errorf("batchmanager: AdmissionWindow must not be negative, got %v", c.AdmissionWindow)
+	}
 	if c.IdleWait < 0 {
 		return c, fmt.Errorf("batchmanager: IdleWait must be positive, got %v", c.IdleWait)
 	}
@@ -371,7 +377,12 @@ func (m *Manager) loop() {
 			// A panic: do not spin hot if it repeats.
 			time.Sleep(m.cfg.IdleWait)
 		}
-		idle.Reset(m.cfg.IdleWait)
+		wait := m.cfg.IdleWait
+		if !m.admitBy.IsZero() {
+			// A burst is being gathered: look again when its window closes.
+			wait = min(wait, max(time.Until(m.admitBy), 0))
+		}
+		idle.Reset(wait)
 		select {
 		case <-m.quit:
 			idle.Stop()
@@ -504,6 +515,10 @@ func (m *Manager) iterate() bool {
 		return false
 	}
 	m.intake()
+	if m.gathering() {
+		m.publishStats(time.Now(), false)
+		return false
+	}
 	m.schedule()
 	if len(m.sched) == 0 {
 		m.applyEnds(m.pollEnd())
@@ -519,6 +534,25 @@ func (m *Manager) iterate() bool {
 	m.applyStops(m.pollStop())
 	m.publishStats(now, true)
 	return true
+}
+
+// gathering reports whether the iteration should wait for more of a burst
+// (Config.AdmissionWindow): requests wait, nothing runs, the window is open and there is
+// room for more. It opens the window at the first request of an idle manager.
+func (m *Manager) gathering() bool {
+	w := m.cfg.AdmissionWindow
+	if w <= 0 || len(m.running) > 0 || len(m.waiting) == 0 || len(m.waiting) >= m.cfg.MaxBatchSize {
+		m.admitBy = time.Time{}
+		return false
+	}
+	if m.admitBy.IsZero() {
+		m.admitBy = m.now.Add(w)
+	}
+	if m.now.Before(m.admitBy) {
+		return true
+	}
+	m.admitBy = time.Time{}
+	return false
 }
 
 // intake takes new requests: at most the free request slots, the rest stay queued
