@@ -237,29 +237,37 @@ int warmup_gemms_t(gollm_engine* e) {
   return shapes;
 }
 
-// setup_kernels_t raises the dynamic shared-memory limits of the kernels that need more
-// than 48 KB and sizes the fused MLP for the model (turning it off where it cannot run).
+// allow_smem_max raises kernel k's dynamic shared-memory limit to all the device allows
+// it. The limit belongs to the process, not to an engine: engines of different models
+// (other head sizes, hidden sizes, lengths) share it, so it is set to the device's most,
+// the same value whichever engine sets it, never to one model's need — a smaller model
+// loaded after a larger one would lower the limit under it, and the larger one's
+// launches would fail with an invalid argument.
+template <typename K>
+void allow_smem_max(K k, int device) {
+  CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)dynamic_smem_max(k, device)));
+}
+
+// setup_kernels_t raises the dynamic shared-memory limits of the kernels that may need
+// more than 48 KB and sizes the fused MLP for the model (turning it off where it cannot
+// run).
 template <typename T>
 void setup_kernels_t(gollm_engine* e) {
   const gollm_model_config& c = e->w->cfg;
-  const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
   gemv_allow_smem<T>(e->device);
   if (e->fused)
     e->fused = fused_setup<T>(c.hidden, c.inner, c.gated_mlp != 0, e->sms, e->device, e->mlp_k);
-  if (ctx_tc_fits(c.head_dim))
-    CUDA_CHECK(cudaFuncSetAttribute(attention_context_tc_kernel<T>, attr, (int)ctx_tc_smem(c.head_dim)));
-  if (const size_t cs = ctx_smem(c.head_dim); cs > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(attention_context_kernel<T>, attr, (int)cs));
-  // Decode attention holds a row's scores: its limit follows the longest sequence served.
+  allow_smem_max(attention_context_tc_kernel<T>, e->device);
+  allow_smem_max(attention_context_kernel<T>, e->device);
+  // Decode attention holds a row's scores: what it needs follows the longest sequence.
   const size_t ds = decode_smem(c.head_dim, e->max_len);
-  if (ds > 48 * 1024) {
-    if (ds > dynamic_smem_max(attention_decode_kernel<T, true>, e->device))
-      invalid("max_seq_len %d: decode attention needs %zu bytes of shared memory, more than the "
-              "device allows a block",
-              e->max_len, ds);
-    CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<T, true>, attr, (int)ds));
-    CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<T, false>, attr, (int)ds));
-  }
+  if (ds > dynamic_smem_max(attention_decode_kernel<T, true>, e->device))
+    invalid("max_seq_len %d: decode attention needs %zu bytes of shared memory, more than the "
+            "device allows a block",
+            e->max_len, ds);
+  allow_smem_max(attention_decode_kernel<T, true>, e->device);
+  allow_smem_max(attention_decode_kernel<T, false>, e->device);
 }
 
 }  // namespace

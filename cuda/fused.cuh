@@ -202,7 +202,10 @@ bool fused_setup(int hidden, int inner, bool gated, int sms, int device, int (&m
     mlp_k[i] = mlp_units(R, hidden, inner, sms, sizeof(T), mx, gated);
     const size_t s = mlp_smem(R, hidden, mlp_k[i], sizeof(T), gated);
     if (s > mx) return false;
-    CUDA_CHECK(cudaFuncSetAttribute(kernels[i], attr, (int)s));
+    // The limit is the process's, shared by every engine: set it to the device's most,
+    // never to this model's need, or a smaller model loaded later would lower it under a
+    // larger one (its launches then fail with an invalid argument).
+    CUDA_CHECK(cudaFuncSetAttribute(kernels[i], attr, (int)mx));
   }
   return true;
 }

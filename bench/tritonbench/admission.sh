@@ -41,7 +41,7 @@ for win in $windows; do model "g2w$win" "$w/gpt2-124M" "$win"; model "g350w$win"
   --grpc-port=8001 --http-port=8000 --metrics-port=8002 > "$out/tritonserver.log" 2>&1 &
 pid=$!
 # Two rounds, the windows alternating within each.
-for round in 1 2; do
+for round in $(seq ${ROUNDS:-2}); do
   for win in $windows; do
     "$carry/tritonbench" -addr 127.0.0.1:8001 -model "g350w$win" -name gpt-350M -workloads $G350 -reps 5 \
       | sed "s/\"gollm-triton\"/\"gollm-triton-w$win\"/" | tee -a "$out/admission.jsonl"

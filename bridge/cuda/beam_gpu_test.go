@@ -209,3 +209,24 @@ func TestGPUBeamSearchMatchesTransformers(t *testing.T) {
 	}
 	t.Logf("fp16 GPU beams equal to transformers' fp32 beams: %d of %d", same, total)
 }
+
+// TestGPUEnginesOfTwoModelsInOneProcess makes an engine of the austen model, then one of
+// the smaller GPT-2 fixture, then steps the first: kernels' shared-memory limits are the
+// process's, so the second engine's set-up must not lower them under the first (it did:
+// on an H100, GPT-2 124M and GPT-350M models loaded together failed with "mlp_kernel:
+// invalid argument").
+func TestGPUEnginesOfTwoModelsInOneProcess(t *testing.T) {
+	big := gpuEngineOn(t, filepath.Join("..", "model_repository", "austen", "1"), 16, 16)
+	small := gpuEngineOn(t, "gpt2-tiny", 16, 16)
+	for i, e := range []*Engine{big, small, big} {
+		prompt := []int32{5, 6, 7, 8}
+		outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{{ID: 1, Tokens: prompt, History: prompt, Blocks: []int32{0}, Sample: true}}})
+		if err != nil {
+			t.Fatalf("engine %d, prompt step: %v", i, err)
+		}
+		hist := append(slices.Clone(prompt), outs[0].Token)
+		if _, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{{ID: 1, Tokens: hist[4:], Pos: 4, History: hist, Blocks: []int32{0}, Sample: true}}}); err != nil {
+			t.Fatalf("engine %d, decode step: %v", i, err)
+		}
+	}
+}
