@@ -66,9 +66,15 @@ func TestAdmissionWindowGathersABurst(t *testing.T) {
 			t.Errorf("the first step held %d prompts after %v, want 4 at once", got, waited)
 		}
 	})
-	t.Run("a lone request waits out the window, then runs", func(t *testing.T) {
-		got, waited := firstStepPrompts(t, 30*time.Millisecond, 8, 1, 0)
-		if got != 1 || waited < 30*time.Millisecond || waited > 2*time.Second {
+	t.Run("a burst that has ended does not wait the window out", func(t *testing.T) {
+		got, waited := firstStepPrompts(t, 800*time.Millisecond, 8, 4, 2*time.Millisecond)
+		if got != 4 || waited < 200*time.Millisecond || waited > 600*time.Millisecond {
+			t.Errorf("the first step held %d prompts after %v, want 4 after about 200 ms (a quarter of the window past the last)", got, waited)
+		}
+	})
+	t.Run("a lone request waits a quarter of the window, then runs", func(t *testing.T) {
+		got, waited := firstStepPrompts(t, 120*time.Millisecond, 8, 1, 0)
+		if got != 1 || waited < 30*time.Millisecond || waited > 100*time.Millisecond {
 			t.Errorf("the first step held %d prompts after %v, want 1 after about 30 ms", got, waited)
 		}
 	})

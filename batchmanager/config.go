@@ -58,7 +58,9 @@ type Config struct {
 	// nothing runs waits up to this long for others to arrive, so that requests sent
 	// together start in one prompt step instead of one step each as they trickle in
 	// (8 streams opened at once reach the manager over a few milliseconds). The wait
-	// ends early once MaxBatchSize requests are waiting. Requests arriving while others
-	// run are not held: they join the next step. 0 (the default): no wait.
+	// ends early once MaxBatchSize requests are waiting, or once none has arrived for a
+	// quarter of the window (the burst is over; a lone request waits that long).
+	// Requests arriving while others run are not held: they join the next step. 0 (the
+	// default): no wait.
 	AdmissionWindow time.Duration
 }

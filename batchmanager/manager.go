@@ -82,9 +82,11 @@ type Manager struct {
 	byID map[uint64]*request
 	// waiting are accepted requests not admitted yet, in arrival order.
 	waiting []*request
-	// admitBy is when the burst being gathered starts (Config.AdmissionWindow); zero
-	// when none is.
-	admitBy time.Time
+	// admitBy is when the burst being gathered starts at the latest
+	// (Config.AdmissionWindow); zero when none is. lastArrival is when it last grew, to
+	// admitSeen waiting requests; admitWake is when the loop looks again.
+	admitBy, lastArrival, admitWake time.Time
+	admitSeen                       int
 	// running are admitted requests that hold KV blocks, in admission order.
 	running []*request
 	// paused are requests evicted under max_utilization, by admission order.
@@ -379,8 +381,8 @@ func (m *Manager) loop() {
 		}
 		wait := m.cfg.IdleWait
 		if !m.admitBy.IsZero() {
-			// A burst is being gathered: look again when its window closes.
-			wait = min(wait, max(time.Until(m.admitBy), 0))
+			// A burst is being gathered: look again when it may be over.
+			wait = min(wait, max(time.Until(m.admitWake), 0))
 		}
 		idle.Reset(wait)
 		select {
@@ -537,8 +539,10 @@ func (m *Manager) iterate() bool {
 }
 
 // gathering reports whether the iteration should wait for more of a burst
-// (Config.AdmissionWindow): requests wait, nothing runs, the window is open and there is
-// room for more. It opens the window at the first request of an idle manager.
+// (Config.AdmissionWindow): requests wait, nothing runs, there is room for more, the
+// window is open and the burst is still arriving — the last request came less than a
+// quarter of the window ago, so that a burst that has ended, or a lone request, does not
+// wait the window out. It opens the window at the first request of an idle manager.
 func (m *Manager) gathering() bool {
 	w := m.cfg.AdmissionWindow
 	if w <= 0 || len(m.running) > 0 || len(m.waiting) == 0 || len(m.waiting) >= m.cfg.MaxBatchSize {
@@ -546,9 +550,17 @@ func (m *Manager) gathering() bool {
 		return false
 	}
 	if m.admitBy.IsZero() {
-		m.admitBy = m.now.Add(w)
+		m.admitBy, m.admitSeen = m.now.Add(w), 0
 	}
-	if m.now.Before(m.admitBy) {
+	if n := len(m.waiting); n != m.admitSeen {
+		m.admitSeen, m.lastArrival = n, m.now
+	}
+	quiet := m.lastArrival.Add(w / 4)
+	if m.now.Before(m.admitBy) && m.now.Before(quiet) {
+		m.admitWake = quiet
+		if m.admitBy.Before(quiet) {
+			m.admitWake = m.admitBy
+		}
 		return true
 	}
 	m.admitBy = time.Time{}
