@@ -27,16 +27,8 @@ func firstStepPrompts(t *testing.T, window time.Duration, maxBatch, n int, gap t
 			first <- prompts
 		}
 	}
-	c := newClient()
-	m, err := New(eng, Config{MaxBatchSize: maxBatch, AdmissionWindow: window, IdleWait: time.Millisecond}, c.callbacks(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.mu.Lock()
-	c.m = m
-	c.mu.Unlock()
-	t.Cleanup(m.Shutdown)
-	start := time.Now()
+	_, c := start(t, eng, Config{MaxBatchSize: maxBatch, AdmissionWindow: window})
+	began := time.Now()
 	for i := range n {
 		if i > 0 {
 			time.Sleep(gap)
@@ -46,7 +38,7 @@ func firstStepPrompts(t *testing.T, window time.Duration, maxBatch, n int, gap t
 	c.wait(t, n)
 	eng.mu.Lock()
 	defer eng.mu.Unlock()
-	return <-first, stepAt.Sub(start)
+	return <-first, stepAt.Sub(began)
 }
 
 func TestAdmissionWindowGathersABurst(t *testing.T) {

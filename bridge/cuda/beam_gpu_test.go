@@ -44,6 +44,32 @@ func gpuEngineOn(t *testing.T, name string, blocks, perBlock int) *Engine {
 	return e
 }
 
+// manage runs reqs through a batch manager on e; their final results, or their errors,
+// arrive on the channels. The caller shuts the manager down.
+func manage(t *testing.T, e *Engine, reqs []*batchmanager.InferenceRequest) (*batchmanager.Manager, <-chan batchmanager.Result, <-chan error) {
+	t.Helper()
+	done := make(chan batchmanager.Result, len(reqs))
+	errs := make(chan error, len(reqs))
+	m, err := batchmanager.New(e, batchmanager.Config{}, batchmanager.Callbacks{
+		GetInferenceRequests: func(int) []*batchmanager.InferenceRequest {
+			q := reqs
+			reqs = nil
+			return q
+		},
+		SendResponse: func(_ uint64, res batchmanager.Result, final bool, err error) {
+			if err != nil {
+				errs <- err
+			} else if final {
+				done <- res
+			}
+		},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, done, errs
+}
+
 func TestGPUBlockCopiesForkASequence(t *testing.T) {
 	e := gpuEngine(t, 8, 4)
 	step := func(b *engine.Batch) []engine.Output {
@@ -73,30 +99,12 @@ func TestGPUBlockCopiesForkASequence(t *testing.T) {
 
 func TestGPUBeamSearch(t *testing.T) {
 	e := gpuEngine(t, 64, 4)
-	done := make(chan batchmanager.Result, 4)
-	errs := make(chan error, 4)
 	var queue []*batchmanager.InferenceRequest
 	for i := range 3 {
 		queue = append(queue, &batchmanager.InferenceRequest{ID: uint64(i + 1), InputIDs: []int32{5, 6, 7, 8, 9, int32(10 + i)},
 			MaxNewTokens: 10, PadID: -1, BeamWidth: 4, EarlyStopping: 1, ReturnLogProbs: true, ExcludeInputInOutput: true})
 	}
-	m, err := batchmanager.New(e, batchmanager.Config{}, batchmanager.Callbacks{
-		GetInferenceRequests: func(max int) []*batchmanager.InferenceRequest {
-			q := queue
-			queue = nil
-			return q
-		},
-		SendResponse: func(id uint64, res batchmanager.Result, final bool, err error) {
-			if err != nil {
-				errs <- err
-			} else if final {
-				done <- res
-			}
-		},
-	}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, done, errs := manage(t, e, queue)
 	defer m.Shutdown()
 	for range 3 {
 		select {
@@ -148,31 +156,13 @@ func TestGPUBeamSearchMatchesTransformers(t *testing.T) {
 			engines[c.Model] = e
 		}
 		name := c.Name()
-		done := make(chan batchmanager.Result, 1)
-		errs := make(chan error, 1)
 		queue := []*batchmanager.InferenceRequest{{ID: 1, InputIDs: c.Prompt, MaxNewTokens: c.MaxNewTokens, PadID: -1,
 			EndIDs: []int32{c.EndID}, BeamWidth: c.Beams, LengthPenalty: c.LengthPenalty, EarlyStopping: c.EarlyStopping,
 			ReturnLogProbs: true, ExcludeInputInOutput: true}}
 		if c.EndID < 0 {
 			queue[0].EndIDs = nil
 		}
-		m, err := batchmanager.New(e, batchmanager.Config{}, batchmanager.Callbacks{
-			GetInferenceRequests: func(int) []*batchmanager.InferenceRequest {
-				q := queue
-				queue = nil
-				return q
-			},
-			SendResponse: func(_ uint64, res batchmanager.Result, final bool, err error) {
-				if err != nil {
-					errs <- err
-				} else if final {
-					done <- res
-				}
-			},
-		}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		m, done, errs := manage(t, e, queue)
 		var res batchmanager.Result
 		select {
 		case err := <-errs:
