@@ -26,6 +26,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"gollm/tests/harness"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -178,7 +179,7 @@ func run(c config) (bool, error) {
 	hc := &http.Client{Timeout: 10 * time.Second}
 	probe := func(t0 time.Time, loaded bool, cs *counters) (sample, error) {
 		s := sample{t: time.Since(t0).Seconds(), loaded: loaded, rss: math.NaN(), goHeap: math.NaN(), goLive: math.NaN(), goMem: math.NaN(), gpuMem: math.NaN()}
-		if r, err := rss(pid); err == nil {
+		if r, err := harness.ProcessRSS(pid); err == nil {
 			s.rss = float64(r)
 		} else {
 			return s, err

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -145,24 +144,6 @@ next:
 		ok = true
 	}
 	return total, ok
-}
-
-// rss reads a process's resident set size in bytes from /proc.
-func rss(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, fmt.Errorf("rss: %w", err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("rss: %q: %w", line, err)
-			}
-			return kb << 10, nil
-		}
-	}
-	return 0, errors.New("rss: no VmRSS in /proc/<pid>/status")
 }
 
 // findServer finds the tritonserver process serving gRPC on port: one whose command line

@@ -398,13 +398,18 @@ func describeExit(ps *os.ProcessState) string {
 	return ps.String()
 }
 
-// RSS returns the server process's resident set size in bytes (VmRSS of
-// /proc/<pid>/status).
+// RSS returns the server process's resident set size in bytes (ProcessRSS).
 func (s *Server) RSS() (int64, error) {
 	if s.cmd == nil || s.cmd.Process == nil || s.Exited() {
 		return 0, errors.New("rss: tritonserver is not running")
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
+	return ProcessRSS(s.cmd.Process.Pid)
+}
+
+// ProcessRSS returns a process's resident set size in bytes (VmRSS of
+// /proc/<pid>/status).
+func ProcessRSS(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, fmt.Errorf("rss: %w", err)
 	}
