@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 
 	"gollm/model"
@@ -149,7 +150,7 @@ type stopState struct {
 // one token (a beam that changed) is decoded again from its start.
 func (s *textStopper) Stopped(seq int, gen []int32) bool {
 	st := s.seqs[seq]
-	if st == nil || len(gen) != len(st.ids)+1 || !equalInt32(gen[:len(st.ids)], st.ids) {
+	if st == nil || len(gen) != len(st.ids)+1 || !slices.Equal(gen[:len(st.ids)], st.ids) {
 		st = &stopState{out: newTextOut(s.d, s.stops)}
 		if s.seqs == nil {
 			s.seqs = map[int]*stopState{}
@@ -161,17 +162,4 @@ func (s *textStopper) Stopped(seq int, gen []int32) bool {
 	st.out.push(gen[len(gen)-1:], false)
 	st.ids = append(st.ids, gen[len(gen)-1])
 	return st.out.stopped
-}
-
-// equalInt32 compares two token lists.
-func equalInt32(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 )
@@ -180,24 +181,11 @@ func (t *Tokenizer) Encode(text string) []int32 {
 func (t *Tokenizer) EncodePrompt(text string) []int32 {
 	body := t.Encode(text)
 	prefix := t.prefix
-	if len(prefix) > 0 && len(body) >= len(prefix) && equalIDs(body[:len(prefix)], prefix) {
+	if len(prefix) > 0 && len(body) >= len(prefix) && slices.Equal(body[:len(prefix)], prefix) {
 		prefix = nil
 	}
 	out := make([]int32, 0, len(prefix)+len(body)+len(t.suffix))
 	return append(append(append(out, prefix...), body...), t.suffix...)
-}
-
-// equalIDs compares two id lists.
-func equalIDs(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // encodeSegment appends the ids of a stretch of text between added tokens: normalized,
