@@ -83,10 +83,9 @@ type Manager struct {
 	// waiting are accepted requests not admitted yet, in arrival order.
 	waiting []*request
 	// admitBy is when the burst being gathered starts at the latest
-	// (Config.AdmissionWindow); zero when none is. lastArrival is when it last grew, to
-	// admitSeen waiting requests; admitWake is when the loop looks again.
+	// (Config.AdmissionWindow); zero when none is. lastArrival is when intake last took
+	// a request; admitWake is when the loop looks again.
 	admitBy, lastArrival, admitWake time.Time
-	admitSeen                       int
 	// running are admitted requests that hold KV blocks, in admission order.
 	running []*request
 	// paused are requests evicted under max_utilization, by admission order.
@@ -550,10 +549,7 @@ func (m *Manager) gathering() bool {
 		return false
 	}
 	if m.admitBy.IsZero() {
-		m.admitBy, m.admitSeen = m.now.Add(w), 0
-	}
-	if n := len(m.waiting); n != m.admitSeen {
-		m.admitSeen, m.lastArrival = n, m.now
+		m.admitBy = m.now.Add(w)
 	}
 	quiet := m.lastArrival.Add(w / 4)
 	if m.now.Before(m.admitBy) && m.now.Before(quiet) {
@@ -590,6 +586,7 @@ func (m *Manager) intake() {
 		}
 		m.byID[r.id] = r
 		m.waiting = append(m.waiting, r)
+		m.lastArrival = m.now
 	}
 }
 
