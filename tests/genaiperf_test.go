@@ -15,13 +15,22 @@ import (
 // genaiPerfDir is where scripts/deps.sh installs genai-perf for the tests (make test).
 const genaiPerfDir = ".deps/genaiperf"
 
+// genaiPerfOutputs are the outputs genai-perf reads from a TensorRT-LLM-style model.
+var genaiPerfOutputs = []string{"output_ids", "sequence_length", "text_output"}
+
 // TestGenAIPerf runs NVIDIA's genai-perf 0.0.16 unchanged, as written for the
 // TensorRT-LLM backend (--endpoint-type kserve --backend tensorrtllm), against the
 // served demo model, streaming and not: each run must profile every request and report
 // the request latency and output token throughput, and the streaming run the time to
 // first token and the inter-token latency.
+//
+// The model declares only the outputs genai-perf reads (genaiPerfOutputs): perf_analyzer
+// 2.51 asks for every declared output and, for one a response leaves out, records
+// whatever its previous lookup left in uninitialized variables; now and then those bytes
+// read as a NaN, its JSON writer stops, and the profile export is left empty (about one
+// run in twenty against the shipped config). README's "Load testing" says the same.
 func TestGenAIPerf(t *testing.T) {
-	s := sharedServer(t)
+	s := harness.Start(t, harness.Options{Models: []harness.Model{{Outputs: genaiPerfOutputs}}})
 	root := s.Root
 	pkg := filepath.Join(root, genaiPerfDir)
 	if _, err := os.Stat(filepath.Join(pkg, "genai_perf")); err != nil {

@@ -66,6 +66,9 @@ type Model struct {
 	// Checkpoint is the checkpoint folder for gpt_model_path; empty means the demo
 	// checkpoint. Relative paths are taken from the repository root.
 	Checkpoint string
+	// Outputs keeps only these of the config's outputs, in the config's order; nil
+	// keeps all.
+	Outputs []string
 }
 
 // Options configure a server.

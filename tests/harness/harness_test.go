@@ -122,6 +122,23 @@ func TestRewriteConfig(t *testing.T) {
 			t.Errorf("count not added:\n%s", got)
 		}
 	})
+	outputs := "output [\n  # ids\n  { name: \"output_ids\" dims: [ -1, -1 ] },\n  { name: \"cum_log_probs\" # a [ in a comment\n dims: [ -1 ] },\n  {\n    name: \"text_output\"\n  }\n]\nparameters { key: \"output\" value { string_value: \"]\" } }\n"
+	t.Run("keeps the outputs named", func(t *testing.T) {
+		got, err := rewriteConfig(outputs, Model{Name: "gpt2", Outputs: []string{"text_output", "output_ids"}}, "/c")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "output [\n  { name: \"output_ids\" dims: [ -1, -1 ] },\n  {\n    name: \"text_output\"\n  }\n]\nparameters { key: \"output\""
+		if !strings.Contains(got, want) {
+			t.Errorf("got\n%s\nwant it to hold\n%s", got, want)
+		}
+	})
+	t.Run("refuses an output the config does not have", func(t *testing.T) {
+		_, err := rewriteConfig(outputs, Model{Name: "gpt2", Outputs: []string{"output_ids", "logits"}}, "/c")
+		if err == nil || !strings.Contains(err.Error(), `"logits"`) {
+			t.Errorf("err = %v, want one naming \"logits\"", err)
+		}
+	})
 }
 
 // TestServerWithEmptyRepository checks the harness itself against the real

@@ -88,6 +88,11 @@ func rewriteConfig(cfg string, m Model, checkpoint string) (string, error) {
 			return "", err
 		}
 	}
+	if m.Outputs != nil {
+		if cfg, err = keepOutputs(cfg, m.Outputs); err != nil {
+			return "", err
+		}
+	}
 	return cfg, nil
 }
 
@@ -261,3 +266,67 @@ func setInstanceCount(cfg string, n int) (string, error) {
 	}
 	return cfg[:open] + block + cfg[end:], nil
 }
+
+// keepOutputs rewrites the top-level output list to hold only the entries named in
+// names, in the config's order (the list's comments go with it); every name must be
+// one of the config's outputs.
+func keepOutputs(cfg string, names []string) (string, error) {
+	field := regexp.MustCompile(`^output\s*:?\s*\[`)
+	open, end := -1, -1
+	var entries [][2]int
+	scan(cfg, func(i, depth int) bool {
+		switch {
+		case open < 0:
+			if depth == 0 && (i == 0 || !isIdent(cfg[i-1])) {
+				if loc := field.FindStringIndex(cfg[i:]); loc != nil {
+					open = i + loc[1] - 1
+				}
+			}
+		case i <= open:
+		case depth == 1 && cfg[i] == '{':
+			entries = append(entries, [2]int{i, -1})
+		case depth == 1 && cfg[i] == '}':
+			entries[len(entries)-1][1] = i + 1
+		case depth == 0 && cfg[i] == ']':
+			end = i + 1
+			return false
+		}
+		return true
+	})
+	if open < 0 || end < 0 {
+		return "", fmt.Errorf("no output list to trim")
+	}
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	var kept []string
+	for _, e := range entries {
+		text := cfg[e[0]:e[1]]
+		m := outputNameRE.FindStringSubmatch(maskComments(text))
+		if m == nil {
+			return "", fmt.Errorf("output entry at offset %d has no name", e[0])
+		}
+		name, err := strconv.Unquote(m[1])
+		if err != nil {
+			return "", fmt.Errorf("output entry at offset %d: name %s: %w", e[0], m[1], err)
+		}
+		if want[name] {
+			kept = append(kept, text)
+			delete(want, name)
+		}
+	}
+	if len(want) > 0 {
+		missing := make([]string, 0, len(want))
+		for n := range want {
+			missing = append(missing, n)
+		}
+		sort.Strings(missing)
+		return "", fmt.Errorf("outputs %q are not in the config", missing)
+	}
+	start := strings.LastIndex(cfg[:open], "output")
+	return cfg[:start] + "output [\n  " + strings.Join(kept, ",\n  ") + "\n]" + cfg[end:], nil
+}
+
+// outputNameRE finds an output entry's name.
+var outputNameRE = regexp.MustCompile(`\bname\s*:\s*(` + quotedRE + `)`)
