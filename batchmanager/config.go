@@ -63,4 +63,16 @@ type Config struct {
 	// Requests arriving while others run are not held: they join the next step. 0 (the
 	// default): no wait.
 	AdmissionWindow time.Duration
+	// Overlap launches the next iteration before the current one's outputs are read
+	// (TensorRT-LLM's overlap scheduler), so that the host's work on a step's results —
+	// stop conditions, responses — runs while the engine computes the next. It applies
+	// to in-flight batching under guaranteed_no_evict and max_utilization, while every
+	// request of the batch is generating, is sampled by the engine and needs no token
+	// history to sample (no repetition, presence or frequency penalty, no bad word
+	// longer than one token, no top-p decay, no beams or several sequences); other
+	// iterations run as without it. A request that ends leaves one row computed for
+	// nothing in the step after; a request that arrives joins one step later. The
+	// tokens are those without it. Engines that cannot overlap (engine.Pipeliner) run
+	// it through engine.SyncPipeline: same schedule, nothing overlapped.
+	Overlap bool
 }

@@ -114,6 +114,18 @@ type Manager struct {
 	// it counts this iteration's work for the stats.
 	it iterCounts
 
+	// pipe launches and waits for iterations under Config.Overlap; nil without it.
+	pipe engine.Pipeliner
+	// launched counts the iterations launched on pipe and not waited for.
+	launched int
+	// ahead is the iteration launched ahead of its outputs' predecessor (Config.Overlap),
+	// still on the engine; nil when none is.
+	ahead *aheadStep
+	// spare is a finished aheadStep kept for reuse; placeholder is the token of every
+	// fed sequence.
+	spare       *aheadStep
+	placeholder []int32
+
 	// statsEnc encodes the stats JSON of ReturnBatchManagerStats.
 	statsEnc statsEncoder
 
@@ -285,6 +297,14 @@ func newManager(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*
 		done:    make(chan struct{}),
 		byID:    map[uint64]*request{},
 	}
+	if cfg.Overlap {
+		if p, ok := eng.(engine.Pipeliner); ok {
+			m.pipe = p
+		} else {
+			m.pipe = engine.NewSyncPipeline(eng)
+		}
+		m.placeholder = []int32{0}
+	}
 	m.last = m.snapshot(time.Now())
 	return m, nil
 }
@@ -425,6 +445,9 @@ func (m *Manager) stopAll() {
 // failAll ends every request the manager holds with err and starts a fresh pool, so no
 // bookkeeping survives whatever went wrong.
 func (m *Manager) failAll(err error) {
+	if m.pipe != nil {
+		m.drainPipe()
+	}
 	all := make([]*request, 0, len(m.byID))
 	for _, r := range m.byID {
 		all = append(all, r)
@@ -516,6 +539,17 @@ func (m *Manager) iterate() bool {
 		return false
 	}
 	m.intake()
+	if m.ahead != nil {
+		// The iteration launched ahead is the next one; admissions wait for the step
+		// after it, which stepAhead leaves to the scheduler when requests are waiting.
+		m.iter++
+		now := time.Now()
+		m.stepAhead()
+		m.applyEnds(m.pollEnd())
+		m.applyStops(m.pollStop())
+		m.publishStats(now, true)
+		return true
+	}
 	if m.gathering() {
 		m.publishStats(time.Now(), false)
 		return false

@@ -41,13 +41,22 @@ func (m *Manager) step() {
 	}
 
 	t0 := time.Now()
-	outs, err := m.eng.Step(&m.batch)
+	var outs []engine.Output
+	var err error
+	if m.pipe != nil {
+		outs, err = m.stepPiped()
+	} else {
+		outs, err = m.eng.Step(&m.batch)
+	}
 	m.it.engine = time.Since(t0)
 	if err == nil && len(outs) != len(m.refs) {
 		err = fmt.Errorf("engine returned %d outputs for %d sequences", len(outs), len(m.refs))
 	}
 	if err != nil {
 		m.log.Sugar().Errorw("engine step failed; failing the iteration's requests", "requests", len(m.sched), "error", err)
+		if m.pipe != nil {
+			m.drainPipe()
+		}
 		// Recovery first: an instance whose engine is lost says so before the failed
 		// step's clients hear of it, so that none of them retries into it unwarned.
 		broken := m.recoverEngine(err)
@@ -173,6 +182,7 @@ func (m *Manager) fillBatch() {
 				s.ReturnLogits = r.req.ReturnGenerationLogits
 			}
 			s.ContextLogits = b == &r.branch && r.ctxLogits != nil && start < r.promptLen && !r.ctxSent
+			s.Feed = 0
 			m.refs = append(m.refs, seqRef{r, b})
 			i++
 		}

@@ -30,8 +30,14 @@ func NewBatchChecker(info Info, prefix string) *BatchChecker {
 }
 
 // Check validates every sequence of b and returns the number of new tokens. Its errors
-// name the sequence ID and the rule broken.
-func (c *BatchChecker) Check(b *Batch) (int, error) {
+// name the sequence ID and the rule broken. Fed sequences (Sequence.Feed) are refused:
+// Step has no predecessor to feed from.
+func (c *BatchChecker) Check(b *Batch) (int, error) { return c.check(b, false) }
+
+// CheckLaunch is Check for Pipeliner.Launch: fed sequences are allowed.
+func (c *BatchChecker) CheckLaunch(b *Batch) (int, error) { return c.check(b, true) }
+
+func (c *BatchChecker) check(b *Batch, allowFeed bool) (int, error) {
 	c.stepNo++
 	T, V := c.info.TokensPerBlock, c.info.VocabSize
 	if len(b.BlockCopies) > 0 {
@@ -63,6 +69,12 @@ func (c *BatchChecker) Check(b *Batch) (int, error) {
 		}
 		if len(sq.Tokens) == 0 {
 			return fail("Tokens is empty; every scheduled sequence needs at least one new token")
+		}
+		if sq.Feed != 0 && !allowFeed {
+			return fail("Feed = %d: fed sequences need a launch (Pipeliner), not Step", sq.Feed)
+		}
+		if sq.Feed < 0 || sq.Feed > 0 && len(sq.Tokens) != 1 {
+			return fail("Feed = %d: a fed sequence has one new token (it has %d)", sq.Feed, len(sq.Tokens))
 		}
 		for i, t := range sq.Tokens {
 			if t < 0 || int(t) >= V {

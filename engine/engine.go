@@ -22,6 +22,24 @@ type Engine interface {
 	Close() error
 }
 
+// Pipeliner is implemented by an engine that can start an iteration before the host
+// has read the previous one's outputs (the overlap of TensorRT-LLM's scheduler): the
+// batch manager launches iteration k+1, whose generation steps take their tokens from
+// iteration k's sampling on the device (Sequence.Feed), and then waits for k, so that
+// the host's work on k's results runs while the device computes k+1.
+//
+// Launch starts b's iteration; b may be changed once Launch returns. At most two
+// launched iterations wait at once, and Wait returns the oldest one's outputs, in the
+// order of its Seqs. Feed may be set only on a batch launched while its predecessor
+// still waits, and must name a sequence of that predecessor that samples. An error from
+// either call fails the iteration it names; after one, the caller waits for every other
+// launched iteration (discarding its outputs) before it launches again. Step must not be
+// called while an iteration waits.
+type Pipeliner interface {
+	Launch(b *Batch) error
+	Wait() ([]Output, error)
+}
+
 // Recoverer is implemented by an engine that can check and restore itself after a Step
 // failed (a CUDA error). Recover returns nil when the engine is fit to run steps again —
 // whatever the failed step left half done, such as counters of split reductions, is
@@ -107,6 +125,10 @@ type Sequence struct {
 	// ContextLogits copies the logits of every position of Tokens into
 	// Output.ContextLogits.
 	ContextLogits bool
+	// Feed, when positive, makes the one new token the token sampled for sequence
+	// Feed-1 of the batch launched just before (Pipeliner); Tokens[0] is then only a
+	// placeholder in the vocabulary, and History lacks that token. Step refuses it.
+	Feed int
 }
 
 // SamplingParams are one sequence's sampling settings. The zero value is greedy.

@@ -1,0 +1,238 @@
+package batchmanager
+
+import (
+	"fmt"
+	"time"
+
+	"gollm/engine"
+)
+
+// The overlap schedule (Config.Overlap). An iteration whose every sequence samples a
+// token and belongs to a request that samples without its token history launches its
+// successor before its own outputs are read: each continuing sequence gets a row fed by
+// its own sampled token on the engine (engine.Sequence.Feed), one position on, with the
+// block it writes reserved now. The host then reads the first iteration's outputs and
+// does its work on them — new tokens, stop conditions, responses — while the engine
+// computes the second. That one, the step ahead, is the next iteration: it is not
+// scheduled again but waited for, and while it runs the step after it may be launched
+// ahead in turn, for as long as the batch stays eligible and no request waits to be
+// admitted. A request that ended meanwhile (an end token, a stop word, a cancellation)
+// has its row computed for nothing; its blocks are released at once, which is safe
+// because every later iteration runs after the step ahead on the engine, and the
+// position that row writes is past everything the block holds for reuse.
+
+// aheadStep is an iteration launched ahead: every row a generation step fed by the
+// iteration launched before it.
+type aheadStep struct {
+	// batch is what was launched.
+	batch engine.Batch
+	// refs name each row's request and branch.
+	refs []seqRef
+}
+
+// stepPiped runs the scheduled batch through the pipe: it is launched, then its
+// successor is launched ahead when the batch allows, then it is waited for.
+func (m *Manager) stepPiped() ([]engine.Output, error) {
+	if err := m.pipe.Launch(&m.batch); err != nil {
+		return nil, err
+	}
+	m.launched++
+	if next := m.planAhead(m.batch.Seqs, m.refs); next != nil {
+		m.launchAhead(next)
+	}
+	m.launched--
+	return m.pipe.Wait()
+}
+
+// launchAhead launches next and makes it the step ahead. A launch that fails leaves the
+// rows' requests to be scheduled in turn.
+func (m *Manager) launchAhead(next *aheadStep) {
+	if err := m.pipe.Launch(&next.batch); err != nil {
+		m.log.Sugar().Warnw("launching the next iteration ahead failed; it is scheduled in turn", "error", err)
+		m.keepSpare(next)
+		return
+	}
+	m.launched++
+	m.ahead = next
+}
+
+// drainPipe waits for every launched iteration, discarding its outputs, and forgets the
+// step ahead: after a failure, before anything is launched again.
+func (m *Manager) drainPipe() {
+	for ; m.launched > 0; m.launched-- {
+		_, _ = m.pipe.Wait()
+	}
+	if m.ahead != nil {
+		m.keepSpare(m.ahead)
+		m.ahead = nil
+	}
+}
+
+// keepSpare keeps a finished aheadStep for the next plan, its references cleared.
+func (m *Manager) keepSpare(a *aheadStep) {
+	clear(a.refs)
+	a.refs = a.refs[:0]
+	clear(a.batch.Seqs)
+	a.batch.Seqs = a.batch.Seqs[:0]
+	a.batch.BlockCopies = a.batch.BlockCopies[:0]
+	m.spare = a
+}
+
+// runsAhead says whether r may have rows launched ahead: the engine samples it, and
+// nothing it samples with reads the token the row is fed (penalties and bad words of
+// several tokens read the history, top-p decay the last token; beams and sampled
+// groups are chosen among on the host).
+func (r *request) runsAhead() bool {
+	if r.hostSampled() || r.beams || r.width > 1 || r.req.TopPDecay > 0 {
+		return false
+	}
+	p := &r.sampling
+	if p.RepetitionPenalty != 0 && p.RepetitionPenalty != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+		return false
+	}
+	for _, w := range p.BadWords {
+		if len(w) > 1 {
+			return false
+		}
+	}
+	return true
+}
+
+// alive says whether a row's branch still runs: its request was not ended, stopped,
+// failed or released since the row was launched.
+func alive(ref seqRef) bool {
+	return ref.r.phase == phaseRunning && ref.r.failed == nil && !ref.b.ended && ref.b.kv != nil
+}
+
+// planAhead builds the iteration after base (launched, its outputs not read yet): one
+// fed row for each row of base whose branch goes on unless its token ends it, or nil
+// when base is not eligible — not in-flight batching under guaranteed_no_evict or
+// max_utilization, a request waiting to be admitted, a row that samples no token or
+// whose request cannot run ahead — or no row goes on, or a block cannot be had.
+func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
+	if m.cfg.ModelType == V1 || m.cfg.Policy == StaticBatch || len(m.waiting) > 0 || len(m.paused) > 0 || len(base) == 0 {
+		return nil
+	}
+	for i := range base {
+		if !base[i].Sample || !refs[i].r.runsAhead() {
+			return nil
+		}
+	}
+	a := m.spare
+	m.spare = nil
+	if a == nil {
+		a = &aheadStep{}
+	}
+	tpb := m.pool.TokensPerBlock()
+	for i := range base {
+		s, ref := &base[i], refs[i]
+		r, b := ref.r, ref.b
+		if !alive(ref) {
+			continue
+		}
+		// The token base samples goes at pos; the row ahead computes it there.
+		pos := s.Pos + len(s.Tokens)
+		if len(b.tokens) != pos || b.computed > s.Pos {
+			m.log.Sugar().Errorw("a row planned ahead does not follow its branch; the step ahead is dropped",
+				"request", r.id, "tokens", len(b.tokens), "computed", b.computed, "pos", pos)
+			m.keepSpare(a)
+			return nil
+		}
+		if b.generated+1 >= r.maxNew || pos+1 >= m.info.MaxSeqLen || cap(b.tokens) <= pos {
+			continue // base's token ends it at the length limit
+		}
+		before := len(b.kv.Blocks())
+		if err := b.kv.Reserve(pos + 1); err != nil {
+			// The pool is short: the scheduler decides who pauses, in turn.
+			m.keepSpare(a)
+			return nil
+		}
+		r.perf.NewBlocks += len(b.kv.Blocks()) - before
+		src, dst, copied, err := b.kv.Writable(pos / tpb * tpb)
+		if err != nil {
+			m.keepSpare(a)
+			return nil
+		}
+		if copied {
+			r.perf.NewBlocks++
+			a.batch.BlockCopies = append(a.batch.BlockCopies, engine.BlockCopy{Src: src, Dst: dst})
+		}
+		a.batch.Seqs = append(a.batch.Seqs, engine.Sequence{
+			ID:           r.id,
+			Tokens:       m.placeholder,
+			Pos:          pos,
+			Blocks:       b.kv.Blocks(),
+			Sample:       true,
+			Sampling:     r.samplingFor(b),
+			History:      b.tokens[: pos+1 : pos+1],
+			NumGenerated: s.NumGenerated + 1,
+			ReturnLogits: s.ReturnLogits,
+			Feed:         i + 1,
+		})
+		a.refs = append(a.refs, ref)
+	}
+	if len(a.batch.Seqs) == 0 {
+		m.keepSpare(a)
+		return nil
+	}
+	return a
+}
+
+// stepAhead is an iteration whose batch was launched ahead: the step after it is
+// launched ahead in turn when it may be, then its outputs are read and applied to the
+// rows whose branches still run.
+func (m *Manager) stepAhead() {
+	a := m.ahead
+	m.ahead = nil
+	m.it = iterCounts{}
+	m.sched = m.sched[:0]
+	for _, ref := range a.refs {
+		if alive(ref) {
+			m.sched = append(m.sched, ref.r)
+		}
+	}
+	if next := m.planAhead(a.batch.Seqs, a.refs); next != nil {
+		m.launchAhead(next)
+	}
+	t0 := time.Now()
+	m.launched--
+	outs, err := m.pipe.Wait()
+	m.it.engine = time.Since(t0)
+	if err == nil && len(outs) != len(a.refs) {
+		err = fmt.Errorf("engine returned %d outputs for %d sequences", len(outs), len(a.refs))
+	}
+	if err != nil {
+		m.log.Sugar().Errorw("engine step failed; failing the iteration's requests", "requests", len(m.sched), "error", err)
+		m.drainPipe()
+		broken := m.recoverEngine(err)
+		for _, r := range m.sched {
+			m.release(r)
+			m.send(r.id, Result{}, true, fmt.Errorf("request %d: %w: %w", r.id, ErrEngine, err))
+		}
+		m.running = compact(m.running, phaseRunning)
+		m.keepSpare(a)
+		if broken != nil {
+			m.failAll(broken)
+		}
+		return
+	}
+	for i, ref := range a.refs {
+		if !alive(ref) {
+			continue
+		}
+		r, b, seq := ref.r, ref.b, &a.batch.Seqs[i]
+		if b.computed != seq.Pos {
+			r.failed = fmt.Errorf("%w: the step ahead computed position %d of a sequence at %d", ErrInternal, seq.Pos, b.computed)
+			continue
+		}
+		b.n = 1
+		m.it.genReqs++
+		m.advance(r, b, seq, &outs[i])
+	}
+	for _, r := range m.sched {
+		m.afterStep(r)
+		m.respond(r)
+	}
+	m.keepSpare(a)
+	m.running = compact(m.running, phaseRunning)
+}

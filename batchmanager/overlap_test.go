@@ -1,0 +1,210 @@
+package batchmanager
+
+import (
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	"gollm/engine"
+)
+
+// countingPipe is an engine whose Pipeliner (SyncPipeline) counts the fed rows, so that
+// a test sees the overlap happen.
+type countingPipe struct {
+	engine.Engine
+	pipe *engine.SyncPipeline
+	fed  atomic.Int64
+}
+
+func (c *countingPipe) Launch(b *engine.Batch) error {
+	for _, s := range b.Seqs {
+		if s.Feed > 0 {
+			c.fed.Add(1)
+		}
+	}
+	return c.pipe.Launch(b)
+}
+
+func (c *countingPipe) Wait() ([]engine.Output, error) { return c.pipe.Wait() }
+
+func newCountingPipe(eng engine.Engine) *countingPipe {
+	return &countingPipe{Engine: eng, pipe: engine.NewSyncPipeline(eng)}
+}
+
+// overlapWorkload mixes what the overlap schedule must keep as it was: sampled and
+// greedy requests, end tokens, stop words, min lengths, log probs, generation logits,
+// streaming or not, requests that cannot run ahead (penalties, beams, several
+// sequences, top-p decay) and staggered arrivals.
+func overlapWorkload(seed uint64) []arrival {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	var as []arrival
+	for i := range 40 {
+		r := &InferenceRequest{ID: uint64(i + 1), InputIDs: randPrompt(rng, 1+rng.IntN(30), 1000),
+			MaxNewTokens: 1 + rng.IntN(40), PadID: -1, Streaming: rng.IntN(2) == 0, ExcludeInputInOutput: true,
+			ReturnLogProbs: rng.IntN(2) == 0}
+		if rng.IntN(2) == 0 {
+			r.Sampling = engine.SamplingParams{Temperature: 1.3, TopK: 40, TopP: 0.95, Seed: rng.Uint64()}
+			// Tokens this random model draws often enough for some requests to end early.
+			r.EndIDs = []int32{int32(rng.IntN(1000)), int32(rng.IntN(1000))}
+		}
+		switch rng.IntN(8) {
+		case 0:
+			r.Sampling.MinLength = 3
+		case 1:
+			r.StopWords = [][]int32{{int32(rng.IntN(1000))}}
+		case 2:
+			r.ReturnGenerationLogits = true
+		case 3:
+			r.Sampling.BadWords = [][]int32{{int32(rng.IntN(1000))}}
+		}
+		at := 1 + rng.IntN(60)
+		// Requests that cannot run ahead stop the overlap while they run: a few, early.
+		if i < 8 {
+			at = 1 + rng.IntN(10)
+			switch i % 4 {
+			case 0:
+				r.Sampling.RepetitionPenalty = 1.3
+			case 1:
+				r.BeamWidth = 2
+			case 2:
+				r.NumReturnSequences, r.Sampling.Temperature, r.Sampling.Seed = 2, 1, rng.Uint64()
+			case 3:
+				r.TopPDecay, r.TopPMin, r.Sampling.Temperature, r.Sampling.TopP = 0.9, 0.1, 1, 0.9
+			}
+		}
+		as = append(as, arrival{at: at, req: r})
+	}
+	return as
+}
+
+// runResponses is runArrivals keeping every response of every request.
+func runResponses(t *testing.T, eng engine.Engine, cfg Config, arrivals []arrival) map[uint64][]response {
+	t.Helper()
+	c := newClient()
+	calls := 0
+	cb := c.callbacks()
+	get := cb.GetInferenceRequests
+	pending := slices.Clone(arrivals)
+	cb.GetInferenceRequests = func(max int) []*InferenceRequest {
+		calls++
+		var now []*InferenceRequest
+		rest := pending[:0]
+		for _, a := range pending {
+			if a.at <= calls {
+				now = append(now, a.req)
+			} else {
+				rest = append(rest, a)
+			}
+		}
+		pending = rest
+		c.add(now...)
+		return get(max)
+	}
+	cfg.IdleWait = 100e3
+	m, err := New(eng, cfg, cb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Shutdown()
+	c.wait(t, len(arrivals))
+	poolWhole(t, m)
+	out := map[uint64][]response{}
+	for _, a := range arrivals {
+		rs := c.responses(a.req.ID)
+		for i := range rs {
+			rs[i].out.Perf = nil
+		}
+		out[a.req.ID] = rs
+	}
+	return out
+}
+
+// TestOverlapGivesTheSameResponses runs one workload with and without the overlap
+// schedule on the CPU engine: every response (tokens, log probs, logits, finish
+// reasons, sequence indexes, which response is final) must be the same, the pool must
+// be whole after each run, and rows must have been fed ahead.
+func TestOverlapGivesTheSameResponses(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		blocks int
+		cfg    Config
+	}{
+		{"guaranteed_no_evict", 256, Config{Policy: GuaranteedNoEvict}},
+		{"max_utilization with a small pool", 40, Config{Policy: MaxUtilization}},
+		{"chunked context and prefix reuse", 128, Config{EnableChunkedContext: true, MaxNumTokens: 24, EnableKVCacheReuse: true}},
+		{"V1 (no overlap)", 256, Config{ModelType: V1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			arrivals := overlapWorkload(11)
+			want := runResponses(t, cpuEngine(t, tc.blocks, 8), tc.cfg, arrivals)
+			cfg := tc.cfg
+			cfg.Overlap = true
+			eng := newCountingPipe(cpuEngine(t, tc.blocks, 8))
+			got := runResponses(t, eng, cfg, arrivals)
+			for _, a := range arrivals {
+				id := a.req.ID
+				if !reflect.DeepEqual(got[id], want[id]) {
+					t.Errorf("request %d: with overlap\n%+v\nwithout\n%+v", id, got[id], want[id])
+				}
+			}
+			fed := eng.fed.Load()
+			if tc.cfg.ModelType == V1 {
+				if fed != 0 {
+					t.Errorf("%d rows fed ahead under V1", fed)
+				}
+			} else if fed < 100 {
+				t.Errorf("only %d rows were fed ahead; the overlap hardly ran", fed)
+			}
+			t.Logf("%d rows fed ahead", fed)
+		})
+	}
+}
+
+// TestOverlapCancellationAndShutdown stops requests while steps run ahead and shuts the
+// manager down with a step ahead in flight: every request gets one final response and
+// every block comes back.
+func TestOverlapCancellationAndShutdown(t *testing.T) {
+	eng := newCountingPipe(cpuEngine(t, 128, 8))
+	m, c := start(t, eng, Config{Overlap: true})
+	rng := rand.New(rand.NewPCG(3, 3))
+	for i := range 16 {
+		c.add(&InferenceRequest{ID: uint64(i + 1), InputIDs: randPrompt(rng, 5, 1000), MaxNewTokens: 60, PadID: -1, Streaming: true})
+	}
+	eventually(t, "every request streams", func() bool {
+		for i := range 16 {
+			if len(c.responses(uint64(i+1))) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	c.stop(2, 5, 9, 16)
+	c.wait(t, 16)
+	for i := range 16 {
+		id := uint64(i + 1)
+		rs := c.responses(id)
+		finals := 0
+		for _, r := range rs {
+			if r.final {
+				finals++
+			}
+		}
+		if finals != 1 || !rs[len(rs)-1].final {
+			t.Errorf("request %d: %d final responses, last final %v", id, finals, rs[len(rs)-1].final)
+		}
+	}
+	poolWhole(t, m)
+	if eng.fed.Load() == 0 {
+		t.Error("no row was fed ahead")
+	}
+
+	// Shutdown with steps ahead in flight.
+	for i := range 8 {
+		c.add(&InferenceRequest{ID: uint64(100 + i), InputIDs: randPrompt(rng, 5, 1000), MaxNewTokens: 100, PadID: -1, Streaming: true})
+	}
+	eventually(t, "the new requests stream", func() bool { return len(c.responses(107)) > 2 })
+	m.Shutdown()
+	c.wait(t, 8)
+}
