@@ -78,6 +78,19 @@ int32_t gollm_step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out
   });
 }
 
+int32_t gollm_launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len,
+                     gollm_status* status) {
+  return guarded(status, [&] {
+    if (!e) invalid("gollm_launch: engine is NULL");
+    e->steps++;
+    launch(e, in, logits_len, e->fail.step > 0 && e->steps == e->fail.step);
+  });
+}
+
+int32_t gollm_wait(gollm_engine* e, gollm_step_out* out, gollm_status* status) {
+  return guarded(status, [&] { wait_step(e, out); });
+}
+
 int32_t gollm_engine_reset(gollm_engine* e, gollm_status* status) {
   return guarded(status, [&] { reset_engine(e); });
 }

@@ -47,4 +47,19 @@ void embedding_layernorm(const int32_t* tokens, const int32_t* positions, const 
          eps, rms, acc);
 }
 
+// feed_tokens_kernel: a launched step's fed rows take their tokens from the previous
+// step's sampling (gollm_step_in.feed), on the device, before the forward pass.
+//   row_tok: [rows] int32, the step's token of each row (written)
+//   sampled: [previous step's sequences] int32, what it sampled (-1, -2: none)
+//   pairs:   [n][2] int32, (row, previous sequence)
+// A token outside [0, vocab) — the previous step sampled nothing there, which its wait
+// reports — becomes 0, so that the embedding never reads out of bounds.
+__global__ void feed_tokens_kernel(int32_t* __restrict__ row_tok, const int32_t* __restrict__ sampled,
+                                   const int32_t* __restrict__ pairs, int n, int vocab) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  int t = sampled[pairs[2 * i + 1]];
+  row_tok[pairs[2 * i]] = t >= 0 && t < vocab ? t : 0;
+}
+
 }  // namespace gollm

@@ -12,6 +12,8 @@ void destroy_engine(gollm_engine* e) {
   cudaSetDevice(e->device);
   if (e->stream) cudaStreamSynchronize(e->stream);
   for (auto& g : e->graph_execs) cudaGraphExecDestroy(g.second);
+  for (auto& l : e->launched)
+    if (l.done) cudaEventDestroy(l.done);
   if (e->blas) cublasDestroy(e->blas);
   gollm_weights* w = e->w;
   cudaStream_t s = e->stream;
@@ -105,6 +107,9 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->dlp.alloc(S * 4, "log-probabilities");
   e->htok.alloc(S * 4, "sampled tokens (host)");
   e->hlp.alloc(S * 4, "log-probabilities (host)");
+  e->alt_hin.alloc(in_bytes, "step inputs (host)");
+  e->alt_htok.alloc(S * 4, "sampled tokens (host)");
+  e->alt_hlp.alloc(S * 4, "log-probabilities (host)");
   setup_kernels(e.get());
   size_t scratch = e->h.bytes + e->xn.bytes + e->qkv.bytes + e->att.bytes + e->tmp.bytes +
                    e->fc.bytes + e->fch.bytes + e->xf.bytes + e->logits.bytes + e->retlog.bytes +

@@ -65,6 +65,8 @@ void maybe_fail_alloc(size_t n, const char* what) {
 
 void reset_engine(gollm_engine* e) {
   if (!e) invalid("gollm_engine_reset: engine is NULL");
+  // Launched steps are not waited for after a failure: the stream is synchronized below.
+  drop_launched(e);
   cudaError_t err = cudaSetDevice(e->device);
   // A failed call leaves its error to the next cudaGetLastError; a sticky one stays.
   if (err == cudaSuccess) {

@@ -283,6 +283,14 @@ int warmup_gemms(gollm_engine* e) {
   return e->w->dtype == GOLLM_DTYPE_BF16 ? warmup_gemms_t<__nv_bfloat16>(e) : warmup_gemms_t<__half>(e);
 }
 
+void feed_tokens(gollm_engine* e, const Layout& L, size_t pairs_off, int n) {
+  if (n == 0) return;
+  char* din = e->din.as<char>();
+  launch("feed_tokens_kernel", feed_tokens_kernel, (n + 127) / 128, 128, 0, Stream(e->stream, false),
+         reinterpret_cast<int32_t*>(din + L.row_tok), e->dtok.as<const int32_t>(),
+         reinterpret_cast<const int32_t*>(din + pairs_off), n, e->w->cfg.vocab_size);
+}
+
 void setup_kernels(gollm_engine* e) {
   if (e->w->dtype == GOLLM_DTYPE_BF16)
     setup_kernels_t<__nv_bfloat16>(e);

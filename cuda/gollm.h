@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 5
+#define GOLLM_ABI_VERSION 6
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -236,6 +236,10 @@ typedef struct gollm_step_in {
   const int32_t* block_copies;   /* [num_block_copies][2]: (src, dst) KV blocks, each in
                                     [0, num_blocks), copied whole, in order, before the
                                     forward pass (the copy-on-write of beams) */
+  const int32_t* feed;           /* [num_seqs] or NULL (gollm_launch only): -1, or the
+                                    sequence of the step launched just before, still not
+                                    waited for, whose sampled token is this sequence's one
+                                    new token (its entry in tokens is then a placeholder) */
 } gollm_step_in;
 
 /* gollm_step_out receives a step's results in host memory the caller owns. */
@@ -286,6 +290,17 @@ GOLLM_API int32_t gollm_engine_create(gollm_weights* w, const gollm_engine_param
 /* gollm_step runs one iteration. Not safe to call concurrently on one engine. */
 GOLLM_API int32_t gollm_step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out,
                    gollm_status* status);
+
+/* gollm_launch enqueues one iteration and returns without waiting for it; gollm_wait
+ * waits for the oldest launched one and writes its results into out (whose logits must
+ * hold logits_len floats when it returns logits). At most two launched iterations wait at
+ * once; gollm_step (launch and wait) needs none waiting. A launch while one waits may feed
+ * sequences from that one's sampled tokens (gollm_step_in.feed), so that the host reads
+ * step k's results while the GPU computes step k+1. After an error from either call, call
+ * gollm_engine_reset: launched iterations are then forgotten. */
+GOLLM_API int32_t gollm_launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len,
+                               gollm_status* status);
+GOLLM_API int32_t gollm_wait(gollm_engine* e, gollm_step_out* out, gollm_status* status);
 
 /* gollm_engine_reset readies an engine after a gollm_step that failed: it waits for the
  * failed step's work, clears a pending error, ends a capture left open and zeroes the

@@ -16,6 +16,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "common.cuh"
@@ -56,6 +57,10 @@ struct HostMem {
     bytes = 0;
   }
   template <typename T> T* as() const { return static_cast<T*>(p); }
+  void swap(HostMem& o) {
+    std::swap(p, o.p);
+    std::swap(bytes, o.bytes);
+  }
 };
 
 // DeviceGuard makes dev current for the calling thread for one ABI call.
@@ -168,6 +173,24 @@ struct Plan {
 
 }  // namespace gollm
 
+namespace gollm {
+
+// Launched is a step launched and not waited for: where its results land and what its
+// wait needs.
+struct Launched {
+  cudaEvent_t done = nullptr;           // recorded after its results' copies
+  int s = 0;                            // sequences
+  std::vector<char> sample;             // [s]: the sequence samples
+  std::vector<CopyOut> copies;          // returned logits, into its hlog
+  int64_t logits_len = 0;               // floats the caller's logits must hold
+  const void* hin = nullptr;            // its staging (pinned)
+  const int32_t* htok = nullptr;
+  const float* hlp = nullptr;
+  const float* hlog = nullptr;
+};
+
+}  // namespace gollm
+
 // gollm_engine: everything one model instance needs besides the weights.
 struct gollm_engine {
   gollm_weights* w = nullptr;     // shared weights (one reference held)
@@ -201,6 +224,12 @@ struct gollm_engine {
   gollm::DevMem dtok, dlp;        // sampled tokens and log-probabilities
   gollm::HostMem htok, hlp;       // the same, on the host
   gollm::HostMem hlog;            // returned logits, staged
+  // The staging of the step launched before the current one (hin, htok, hlp, hlog
+  // alternate with these at every launch, so that a launched step's copies never share
+  // host memory with the next one's).
+  gollm::HostMem alt_hin, alt_htok, alt_hlp, alt_hlog;
+  gollm::Launched launched[2];    // launched steps not waited for, oldest at launched_head
+  int launched_head = 0, launched_count = 0;
   std::map<int, cudaGraphExec_t> graph_execs;  // decode graphs by batch bucket (×2, +1: all greedy)
   gollm_engine_info info{};       // as reported at creation
   gollm::Plan plan;               // reused between steps
@@ -230,11 +259,19 @@ void stage(gollm_engine* e, const Plan& pl, const Layout& L);
 // forward.cu
 void run_forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool capture);
 int warmup_gemms(gollm_engine* e);
+// feed_tokens writes the fed rows' tokens (n (row, previous sequence) pairs at pairs_off
+// of the device inputs) from the previous step's sampled tokens.
+void feed_tokens(gollm_engine* e, const Layout& L, size_t pairs_off, int n);
 void setup_kernels(gollm_engine* e);
 
 // step.cu
 // step runs one step; inject makes it fail after its forward pass is enqueued (faults.cu).
 void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out, bool inject = false);
+// launch enqueues a step (gollm_launch); wait_step waits for the oldest (gollm_wait);
+// drop_launched forgets every launched step (after a failure).
+void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool inject = false);
+void wait_step(gollm_engine* e, gollm_step_out* out);
+void drop_launched(gollm_engine* e);
 void warmup(gollm_engine* e, gollm_engine_info& inf);
 
 // faults.cu

@@ -277,13 +277,16 @@ void fill_var(gollm_engine* e, const gollm_step_in* in, Plan& pl, Layout& L) {
 // ensure_inputs grows the input buffers to hold bytes; graphs that captured the old
 // address are dropped.
 void ensure_inputs(gollm_engine* e, size_t bytes) {
-  if (bytes <= e->din.bytes) return;
-  size_t n = align_up(std::max(bytes, e->din.bytes * 2), 1 << 20);
-  CUDA_CHECK(cudaStreamSynchronize(e->stream));
-  e->din.alloc(n, "step inputs");
-  e->hin.alloc(n, "step inputs (host)");
-  for (auto& g : e->graph_execs) cudaGraphExecDestroy(g.second);
-  e->graph_execs.clear();
+  if (bytes > e->din.bytes) {
+    size_t n = align_up(std::max(bytes, e->din.bytes * 2), 1 << 20);
+    CUDA_CHECK(cudaStreamSynchronize(e->stream));
+    e->din.alloc(n, "step inputs");
+    for (auto& g : e->graph_execs) cudaGraphExecDestroy(g.second);
+    e->graph_execs.clear();
+  }
+  // The current staging is no launched step's (launch), and may have stayed smaller than
+  // din while the other one grew.
+  if (bytes > e->hin.bytes) e->hin.alloc(e->din.bytes, "step inputs (host)");
 }
 
 // stage writes the plan into the pinned input buffer.

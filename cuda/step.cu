@@ -41,85 +41,170 @@ void copy_blocks(gollm_engine* e, const gollm_step_in* in) {
   }
 }
 
+// check_feed validates a launch's fed sequences against the step launched before it
+// and returns how many there are.
+int check_feed(gollm_engine* e, const gollm_step_in* in) {
+  if (!in->feed) return 0;
+  if (e->launched_count != 1)
+    invalid("gollm_launch: fed sequences need the previous step launched and not waited for "
+            "(%d are)", e->launched_count);
+  const Launched& prev = e->launched[e->launched_head];
+  int n = 0;
+  for (int s = 0; s < in->num_seqs; s++) {
+    const int32_t f = in->feed[s];
+    if (f < 0) continue;
+    if (f >= prev.s || !prev.sample[f])
+      invalid("sequence %d: feed %d names no sampling sequence of the %d of the previous step", s,
+              f, prev.s);
+    if (in->seqs[s].token_count != 1)
+      invalid("sequence %d: a fed sequence has one new token, not %d", s, in->seqs[s].token_count);
+    n++;
+  }
+  return n;
+}
+
+// swap_staging makes the other set of pinned staging buffers the current one.
+void swap_staging(gollm_engine* e) {
+  e->hin.swap(e->alt_hin);
+  e->htok.swap(e->alt_htok);
+  e->hlp.swap(e->alt_hlp);
+  e->hlog.swap(e->alt_hlog);
+}
+
 }  // namespace
 
-void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out, bool inject) {
-  if (!e || !in || !out) invalid("gollm_step: engine, in and out must not be NULL");
-  if (in->num_seqs > 0 && (!out->tokens || !out->log_probs))
-    invalid("gollm_step: out.tokens and out.log_probs must not be NULL");
+void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool inject) {
+  if (!e || !in) invalid("gollm_launch: engine and in must not be NULL");
+  if (e->launched_count >= 2) invalid("gollm_launch: two steps are launched and not waited for");
   DeviceGuard dg(e->device);
+  const int nfeed = check_feed(e, in);
+  // This step's staging must not be the one a launched step still copies through.
+  if (e->launched_count == 1 && e->launched[e->launched_head].hin == e->hin.p) swap_staging(e);
   copy_blocks(e, in);
   Plan& pl = e->plan;
-  build_plan(e, in, out->logits ? out->logits_len : 0, pl);
-  if (pl.s == 0) return;
+  build_plan(e, in, logits_len, pl);
   const int bucket = e->graphs && pl.decode_only ? bucket_for(e, pl.s) : 0;
-  const bool use_graph = bucket > 0 && bucket <= e->max_tokens;
-  fill_plan(e, in, use_graph ? bucket : 0, pl);
-  Layout L = layout_fixed(pl);
-  fill_var(e, in, pl, L);
-  // Steps whose rows are all plain greedy skip the general sampling kernel's launch.
-  pl.all_greedy = true;
-  for (int s = 0; s < pl.s; s++) pl.all_greedy = pl.all_greedy && greedy_fast(pl.seqs[s]);
-  // fill_var ran after the descriptors were sized; the layout's fixed part is unchanged.
-  ensure_inputs(e, L.total);
-  // Returned logits are staged in pinned memory.
-  int64_t log_need = 0;
-  for (const CopyOut& cp : pl.copies)
-    log_need = std::max<int64_t>(log_need, cp.dst + (int64_t)cp.rows * e->w->cfg.vocab_size);
-  if ((size_t)log_need * 4 > e->hlog.bytes) e->hlog.alloc(align_up((size_t)log_need * 4, 1 << 20), "logits (host)");
-  stage(e, pl, L);
-  CUDA_CHECK(cudaMemcpyAsync(e->din.p, e->hin.p, L.total, cudaMemcpyHostToDevice, e->stream));
-  if (use_graph) {
-    const int key = bucket * 2 + (pl.all_greedy ? 1 : 0);
-    auto it = e->graph_execs.find(key);
-    if (it == e->graph_execs.end()) {
-      // Replays see other lengths: size the splits for the longest possible row.
-      const int splits = decode_splits(bucket, e->w->cfg.heads, e->sms, e->max_len);
-      cudaGraphExec_t ex = nullptr;
-      cudaGraph_t g = nullptr;
-      CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
-      try {
-        run_forward(e, pl, L, splits, true);
-      } catch (...) {
-        cudaStreamEndCapture(e->stream, &g);
-        if (g) cudaGraphDestroy(g);
-        cudaGetLastError();
-        throw;
-      }
-      cudaError_t err = cudaStreamEndCapture(e->stream, &g);
-      if (err == cudaSuccess) err = cudaGraphInstantiate(&ex, g, 0);
-      if (g) cudaGraphDestroy(g);
-      CUDA_CHECK(err);
-      it = e->graph_execs.emplace(key, ex).first;
+  const bool use_graph = pl.s > 0 && bucket > 0 && bucket <= e->max_tokens;
+  if (pl.s > 0) {
+    fill_plan(e, in, use_graph ? bucket : 0, pl);
+    Layout L = layout_fixed(pl);
+    fill_var(e, in, pl, L);
+    // The fed rows' (row, previous sequence) pairs follow the variable part.
+    const size_t pairs_off = align_up(L.total);
+    if (nfeed > 0) L.total = pairs_off + (size_t)nfeed * 8;
+    // Steps whose rows are all plain greedy skip the general sampling kernel's launch.
+    pl.all_greedy = true;
+    for (int s = 0; s < pl.s; s++) pl.all_greedy = pl.all_greedy && greedy_fast(pl.seqs[s]);
+    // fill_var ran after the descriptors were sized; the layout's fixed part is unchanged.
+    ensure_inputs(e, L.total);
+    // Returned logits are staged in pinned memory.
+    int64_t log_need = 0;
+    for (const CopyOut& cp : pl.copies)
+      log_need = std::max<int64_t>(log_need, cp.dst + (int64_t)cp.rows * e->w->cfg.vocab_size);
+    if ((size_t)log_need * 4 > e->hlog.bytes) e->hlog.alloc(align_up((size_t)log_need * 4, 1 << 20), "logits (host)");
+    stage(e, pl, L);
+    if (nfeed > 0) {
+      int32_t* pairs = reinterpret_cast<int32_t*>(e->hin.as<char>() + pairs_off);
+      for (int s = 0, row = 0, k = 0; s < pl.s; row += in->seqs[s].token_count, s++)
+        if (in->feed[s] >= 0) pairs[2 * k] = row, pairs[2 * k + 1] = in->feed[s], k++;
     }
-    CUDA_CHECK(cudaGraphLaunch(it->second, e->stream));
-  } else {
-    int parts = decode_splits(std::max<int>(1, (int)pl.dec_rows.size()), e->w->cfg.heads, e->sms,
-                              pl.max_len);
-    run_forward(e, pl, L, parts, false);
+    CUDA_CHECK(cudaMemcpyAsync(e->din.p, e->hin.p, L.total, cudaMemcpyHostToDevice, e->stream));
+    // The previous step's sampled tokens are still in dtok: this step samples after this.
+    feed_tokens(e, L, pairs_off, nfeed);
+    if (use_graph) {
+      const int key = bucket * 2 + (pl.all_greedy ? 1 : 0);
+      auto it = e->graph_execs.find(key);
+      if (it == e->graph_execs.end()) {
+        // Replays see other lengths: size the splits for the longest possible row.
+        const int splits = decode_splits(bucket, e->w->cfg.heads, e->sms, e->max_len);
+        cudaGraphExec_t ex = nullptr;
+        cudaGraph_t g = nullptr;
+        CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+        try {
+          run_forward(e, pl, L, splits, true);
+        } catch (...) {
+          cudaStreamEndCapture(e->stream, &g);
+          if (g) cudaGraphDestroy(g);
+          cudaGetLastError();
+          throw;
+        }
+        cudaError_t err = cudaStreamEndCapture(e->stream, &g);
+        if (err == cudaSuccess) err = cudaGraphInstantiate(&ex, g, 0);
+        if (g) cudaGraphDestroy(g);
+        CUDA_CHECK(err);
+        it = e->graph_execs.emplace(key, ex).first;
+      }
+      CUDA_CHECK(cudaGraphLaunch(it->second, e->stream));
+    } else {
+      int parts = decode_splits(std::max<int>(1, (int)pl.dec_rows.size()), e->w->cfg.heads, e->sms,
+                                pl.max_len);
+      run_forward(e, pl, L, parts, false);
+    }
+    // With the forward pass enqueued and running: the injected fault (GOLLM_CUDA_FAIL_STEP).
+    if (inject) inject_step_fault(e);
+    CUDA_CHECK(cudaMemcpyAsync(e->htok.p, e->dtok.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
+    CUDA_CHECK(cudaMemcpyAsync(e->hlp.p, e->dlp.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
   }
-  // With the forward pass enqueued and running: the injected fault (GOLLM_CUDA_FAIL_STEP).
-  if (inject) inject_step_fault(e);
-  CUDA_CHECK(cudaMemcpyAsync(e->htok.p, e->dtok.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
-  CUDA_CHECK(cudaMemcpyAsync(e->hlp.p, e->dlp.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
-  CUDA_CHECK(cudaStreamSynchronize(e->stream));
-  const int32_t* tok = e->htok.as<int32_t>();
-  const float* lp = e->hlp.as<float>();
-  for (int s = 0; s < pl.s; s++) {
-    const bool sample = in->seqs[s].flags & GOLLM_SEQ_SAMPLE;
-    if (sample && tok[s] == -2) {
+  Launched& l = e->launched[(e->launched_head + e->launched_count) % 2];
+  if (!l.done) CUDA_CHECK(cudaEventCreateWithFlags(&l.done, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(l.done, e->stream));
+  l.s = pl.s;
+  l.sample.resize(pl.s);
+  for (int s = 0; s < pl.s; s++) l.sample[s] = (in->seqs[s].flags & GOLLM_SEQ_SAMPLE) != 0;
+  l.copies = pl.copies;
+  l.logits_len = logits_len;
+  l.hin = e->hin.p;
+  l.htok = e->htok.as<int32_t>();
+  l.hlp = e->hlp.as<float>();
+  l.hlog = e->hlog.as<float>();
+  e->launched_count++;
+}
+
+void wait_step(gollm_engine* e, gollm_step_out* out) {
+  if (!e || !out) invalid("gollm_wait: engine and out must not be NULL");
+  if (e->launched_count == 0) invalid("gollm_wait: no step is launched");
+  DeviceGuard dg(e->device);
+  Launched& l = e->launched[e->launched_head];
+  // Whatever happens below, this step is no longer waited for.
+  e->launched_head = (e->launched_head + 1) % 2;
+  e->launched_count--;
+  if (l.s > 0 && (!out->tokens || !out->log_probs))
+    invalid("gollm_wait: out.tokens and out.log_probs must not be NULL");
+  if (!l.copies.empty() && (!out->logits || out->logits_len < l.logits_len))
+    invalid("gollm_wait: out.logits holds %lld floats, the step was launched for %lld",
+            (long long)out->logits_len, (long long)l.logits_len);
+  CUDA_CHECK(cudaEventSynchronize(l.done));
+  for (int s = 0; s < l.s; s++) {
+    const bool sample = l.sample[s];
+    if (sample && l.htok[s] == -2) {
       char buf[256];
       std::snprintf(buf, sizeof buf,
                     "sequence %d: every token is masked (bad words, min length and bias leave "
                     "no choice)", s);
       throw Error(GOLLM_ERR_ALL_MASKED, buf);
     }
-    out->tokens[s] = sample ? tok[s] : -1;
-    out->log_probs[s] = sample ? lp[s] : 0.f;
+    out->tokens[s] = sample ? l.htok[s] : -1;
+    out->log_probs[s] = sample ? l.hlp[s] : 0.f;
   }
   const int V = e->w->cfg.vocab_size;
-  for (const CopyOut& cp : pl.copies)
-    std::memcpy(out->logits + cp.dst, e->hlog.as<float>() + cp.dst, (size_t)cp.rows * V * 4);
+  for (const CopyOut& cp : l.copies)
+    std::memcpy(out->logits + cp.dst, l.hlog + cp.dst, (size_t)cp.rows * V * 4);
+}
+
+void drop_launched(gollm_engine* e) {
+  e->launched_head = 0;
+  e->launched_count = 0;
+}
+
+void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out, bool inject) {
+  if (!e || !in || !out) invalid("gollm_step: engine, in and out must not be NULL");
+  if (in->num_seqs > 0 && (!out->tokens || !out->log_probs))
+    invalid("gollm_step: out.tokens and out.log_probs must not be NULL");
+  if (e->launched_count > 0)
+    invalid("gollm_step: %d launched steps are not waited for", e->launched_count);
+  if (in->feed) invalid("gollm_step: fed sequences need gollm_launch");
+  launch(e, in, out->logits ? out->logits_len : 0, inject);
+  wait_step(e, out);
 }
 
 // warmup readies a new engine for serving: every cuBLAS shape once, one prompt step and

@@ -304,6 +304,10 @@ type Engine struct {
 	closed bool
 	// prep holds the host buffers of one step, reused.
 	prep stepPrep
+	// preps hold the arrays of launched calls (Launch): two, for two waiting at once.
+	preps [2]stepPrep
+	// queue are the launched iterations not waited for, oldest first.
+	queue []*launchRec
 	// check validates each batch's structure as every engine does.
 	check *engine.BatchChecker
 	// DeviceName is the GPU's name.
@@ -398,6 +402,8 @@ func NewEngine(w *Weights, opts Options) (*Engine, error) {
 		EndIDs: cfg.EOSIDs,
 	}
 	e.prep.init(cfg.VocabSize)
+	e.preps[0].init(cfg.VocabSize)
+	e.preps[1].init(cfg.VocabSize)
 	e.check = engine.NewBatchChecker(e.info, "cuda")
 	opts.Logger.Info("gpu engine ready", zap.String("device", e.DeviceName), zap.String("uuid", e.Device.UUID), zap.Int("kv_blocks", e.info.NumBlocks),
 		zap.Int("tokens_per_block", e.info.TokensPerBlock), zap.Int("max_seq_len", e.info.MaxSeqLen),
@@ -419,6 +425,8 @@ func (e *Engine) Recover(cause error) error {
 	if e.closed {
 		return errors.New("cuda: Recover on a closed engine")
 	}
+	// The library forgets its launched calls; so does the queue.
+	e.queue = e.queue[:0]
 	var st C.gollm_status
 	if err := statusErr("gollm_engine_reset", C.call_engine_reset(e.lib.engineReset, e.ptr, &st), &st); err != nil {
 		e.opts.Logger.Error("gpu engine lost", zap.String("device", e.DeviceName), zap.NamedError("cause", cause), zap.Error(err))
@@ -453,14 +461,22 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 	if b == nil {
 		return nil, errors.New("cuda: Step: nil batch")
 	}
+	if len(e.queue) > 0 {
+		return nil, fmt.Errorf("cuda: Step with %d launched iterations not waited for", len(e.queue))
+	}
 	if _, err := e.check.Check(b); err != nil {
 		return nil, err
 	}
+	return e.stepParts(b, splitBatch(b, e.opts.MaxTokens, e.opts.MaxSeqs))
+}
+
+// stepParts runs b's library calls one after the other, each waited for.
+func (e *Engine) stepParts(b *engine.Batch, parts [][]piece) ([]engine.Output, error) {
 	outs := make([]engine.Output, len(b.Seqs))
 	if len(b.Seqs) == 0 {
 		return outs, nil
 	}
-	for i, part := range splitBatch(b, e.opts.MaxTokens, e.opts.MaxSeqs) {
+	for i, part := range parts {
 		// The block copies go with the first call, ahead of every forward pass.
 		var copies []engine.BlockCopy
 		if i == 0 {
@@ -481,37 +497,12 @@ func (e *Engine) runPart(b *engine.Batch, part []piece, copies []engine.BlockCop
 	for _, c := range copies {
 		p.copies = append(p.copies, c.Src, c.Dst)
 	}
+	p.feed = p.feed[:0]
 	var pin runtime.Pinner
 	defer pin.Unpin()
-	ptr := func(n int, first unsafe.Pointer) unsafe.Pointer {
-		if n == 0 {
-			return nil
-		}
-		pin.Pin(first)
-		return first
-	}
-	in := &C.gollm_step_in{
-		num_seqs:      C.int32_t(len(p.seqs)),
-		num_tokens:    C.int32_t(len(p.tokens)),
-		num_block_ids: C.int32_t(len(p.blocks)),
-		num_penalties: C.int32_t(len(p.penTok)),
-		num_masks:     C.int32_t(len(p.masks)),
-		num_bias:      C.int64_t(len(p.bias)),
-	}
-	in.seqs = (*C.gollm_seq)(ptr(len(p.seqs), unsafe.Pointer(unsafe.SliceData(p.seqs))))
-	in.tokens = (*C.int32_t)(ptr(len(p.tokens), unsafe.Pointer(unsafe.SliceData(p.tokens))))
-	in.block_ids = (*C.int32_t)(ptr(len(p.blocks), unsafe.Pointer(unsafe.SliceData(p.blocks))))
-	in.penalty_tokens = (*C.int32_t)(ptr(len(p.penTok), unsafe.Pointer(unsafe.SliceData(p.penTok))))
-	in.penalty_counts = (*C.int32_t)(ptr(len(p.penCnt), unsafe.Pointer(unsafe.SliceData(p.penCnt))))
-	in.mask_tokens = (*C.int32_t)(ptr(len(p.masks), unsafe.Pointer(unsafe.SliceData(p.masks))))
-	in.bias = (*C.float)(ptr(len(p.bias), unsafe.Pointer(unsafe.SliceData(p.bias))))
-	in.num_block_copies = C.int32_t(len(p.copies) / 2)
-	in.block_copies = (*C.int32_t)(ptr(len(p.copies), unsafe.Pointer(unsafe.SliceData(p.copies))))
+	in := p.stepIn(&pin)
 	logits := make([]float32, p.logitsLen)
-	out := &C.gollm_step_out{logits_len: C.int64_t(len(logits))}
-	out.tokens = (*C.int32_t)(ptr(len(p.outTok), unsafe.Pointer(unsafe.SliceData(p.outTok))))
-	out.log_probs = (*C.float)(ptr(len(p.outLP), unsafe.Pointer(unsafe.SliceData(p.outLP))))
-	out.logits = (*C.float)(ptr(len(logits), unsafe.Pointer(unsafe.SliceData(logits))))
+	out := p.stepOut(&pin, logits)
 	var st C.gollm_status
 	if err := statusErr("gollm_step", C.call_step(e.lib.step, e.ptr, in, out, &st), &st); err != nil {
 		var ce *Error

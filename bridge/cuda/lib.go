@@ -40,7 +40,7 @@ type lib struct {
 	handle unsafe.Pointer
 	// abiVersion … engineDestroy are the gollm_* functions.
 	abiVersion, deviceCount, weightsCreate, weightsRelease unsafe.Pointer
-	engineCreate, step, engineDestroy                      unsafe.Pointer
+	engineCreate, step, launch, wait, engineDestroy        unsafe.Pointer
 	engineReset, deviceInfo, weightsBytes                  unsafe.Pointer
 }
 
@@ -113,6 +113,8 @@ func (l *lib) resolve() error {
 		{"gollm_weights_release", &l.weightsRelease},
 		{"gollm_engine_create", &l.engineCreate},
 		{"gollm_step", &l.step},
+		{"gollm_launch", &l.launch},
+		{"gollm_wait", &l.wait},
 		{"gollm_engine_destroy", &l.engineDestroy},
 		{"gollm_engine_reset", &l.engineReset},
 		{"gollm_device_describe", &l.deviceInfo},

@@ -70,6 +70,9 @@ type stepPrep struct {
 	hist engine.TokenCounts
 	// copies are the call's KV block copies, (src, dst) pairs.
 	copies []int32
+	// feed is, for a launched call, each sequence's fed row of the call before (-1:
+	// none); empty when no sequence is fed.
+	feed []int32
 }
 
 // init sizes the per-vocabulary buffers.

@@ -42,6 +42,16 @@ int32_t call_step(void* f, gollm_engine* e, const gollm_step_in* in, gollm_step_
       e, in, out, st);
 }
 
+int32_t call_launch(void* f, gollm_engine* e, const gollm_step_in* in, int64_t logits_len,
+                    gollm_status* st) {
+  return ((int32_t(*)(gollm_engine*, const gollm_step_in*, int64_t, gollm_status*))f)(e, in, logits_len,
+                                                                                     st);
+}
+
+int32_t call_wait(void* f, gollm_engine* e, gollm_step_out* out, gollm_status* st) {
+  return ((int32_t(*)(gollm_engine*, gollm_step_out*, gollm_status*))f)(e, out, st);
+}
+
 void call_engine_destroy(void* f, gollm_engine* e) { ((void (*)(gollm_engine*))f)(e); }
 int32_t call_engine_reset(void* f, gollm_engine* e, gollm_status* st) {
   return ((int32_t(*)(gollm_engine*, gollm_status*))f)(e, st);

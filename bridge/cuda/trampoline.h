@@ -21,6 +21,9 @@ int32_t call_engine_create(void* f, gollm_weights* w, const gollm_engine_params*
                            gollm_engine** out, gollm_engine_info* info, gollm_status* st);
 int32_t call_step(void* f, gollm_engine* e, const gollm_step_in* in, gollm_step_out* out,
                   gollm_status* st);
+int32_t call_launch(void* f, gollm_engine* e, const gollm_step_in* in, int64_t logits_len,
+                    gollm_status* st);
+int32_t call_wait(void* f, gollm_engine* e, gollm_step_out* out, gollm_status* st);
 void call_engine_destroy(void* f, gollm_engine* e);
 int32_t call_engine_reset(void* f, gollm_engine* e, gollm_status* st);
 int32_t call_device_info(void* f, int32_t device, gollm_device_info* out, gollm_status* st);
