@@ -68,6 +68,10 @@ type modelConfig struct {
 	// AdmissionWindow is admission_window_us: how long a request arriving at an idle
 	// instance waits for others to start with (batchmanager.Config.AdmissionWindow).
 	AdmissionWindow time.Duration
+	// OverlapScheduler is overlap_scheduler: launch each iteration before the previous
+	// one's outputs are read (batchmanager.Config.Overlap); nil means on for engines
+	// that overlap on their own (the GPU engine), off for the others.
+	OverlapScheduler *bool
 	// Warnings are things to log that do not stop the load (unknown parameters).
 	Warnings []string
 }
@@ -203,6 +207,11 @@ var params = []paramSpec{
 			return fmt.Errorf("%d: want at most %d", c.ResponseSenders, maxResponseSenders)
 		}
 		return nil
+	}},
+	{"overlap_scheduler", func(c *modelConfig, v string) error {
+		on, err := parseBool(v)
+		c.OverlapScheduler = &on
+		return err
 	}},
 	{"admission_window_us", func(c *modelConfig, v string) error {
 		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)

@@ -202,6 +202,7 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		EnableKVCacheReuse:   ms.cfg.EnableKVCacheReuse,
 		MaxBeamWidth:         ms.cfg.MaxBeamWidth,
 		AdmissionWindow:      ms.cfg.AdmissionWindow,
+		Overlap:              overlapOn(ms.cfg.OverlapScheduler, eng),
 	}
 	in.mgr, err = batchmanager.New(eng, cfg, batchmanager.Callbacks{
 		GetInferenceRequests: in.getRequests,
@@ -217,7 +218,7 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		return nil, fmt.Errorf("instance %s: %w", name, err)
 	}
 	info := eng.Info()
-	log.Info("instance ready", zap.String("kind", kind.String()), zap.Int("kv_blocks", info.NumBlocks),
+	log.Info("instance ready", zap.String("kind", kind.String()), zap.Bool("overlap_scheduler", cfg.Overlap), zap.Int("kv_blocks", info.NumBlocks),
 		zap.Int("tokens_per_block", info.TokensPerBlock))
 	return in, nil
 }
@@ -812,4 +813,16 @@ func responseError(err error) error {
 		return triton.WithCode(triton.CodeUnavailable, err)
 	}
 	return triton.WithCode(triton.CodeInternal, err)
+}
+
+// overlapOn is overlap_scheduler for an instance's engine: as set, else on when the
+// engine overlaps on its own (engine.Pipeliner, the GPU engine). Elsewhere the schedule
+// would run through engine.SyncPipeline: nothing overlapped, and a request arriving
+// while steps run ahead waits one step more.
+func overlapOn(set *bool, eng engine.Engine) bool {
+	if set != nil {
+		return *set
+	}
+	_, ok := eng.(engine.Pipeliner)
+	return ok
 }

@@ -94,54 +94,7 @@ func TestInflightBatchingThroughTriton(t *testing.T) {
 	ck := demoCheckpoint(t)
 
 	t.Run("16 concurrent streaming requests each get their solo greedy tokens", func(t *testing.T) {
-		const clients = 16
-		rng := rand.New(rand.NewPCG(16, 3))
-		type job struct {
-			prompt []int32
-			n      int
-			want   []int32
-		}
-		jobs := make([]job, clients)
-		for i := range jobs {
-			prompt := make([]int32, 3+rng.IntN(30))
-			for j := range prompt {
-				prompt[j] = int32(rng.IntN(ck.cfg.VocabSize - 1))
-			}
-			n := 8 + rng.IntN(25)
-			jobs[i] = job{prompt, n, greedyTokens(t, ck.dir, prompt, n)}
-		}
-		ctx := testContext(t, 3*time.Minute)
-		results := make([]streamResult, clients)
-		errs := make([]error, clients)
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for i, j := range jobs {
-			wg.Go(func() {
-				// One connection per client, as separate clients would have.
-				conn, err := s.Dial()
-				if err != nil {
-					errs[i] = err
-					return
-				}
-				defer conn.Close()
-				<-start
-				results[i], errs[i] = streamInfer(ctx, kserve.NewGRPCInferenceServiceClient(conn), inferRequest(modelName, fmt.Sprintf("concurrent-%d", i), tokenInputs(j.prompt, j.n, true)))
-			})
-		}
-		close(start)
-		wg.Wait()
-		for i, j := range jobs {
-			switch {
-			case errs[i] != nil:
-				t.Errorf("request %d: %v", i, errs[i])
-			case results[i].errMsg != "":
-				t.Errorf("request %d: error response %s", i, results[i].errMsg)
-			case !slices.Equal(results[i].tokens, j.want):
-				t.Errorf("request %d (prompt of %d, %d tokens): got %v, want solo greedy %v", i, len(j.prompt), j.n, results[i].tokens, j.want)
-			case results[i].withTokens != j.n:
-				t.Errorf("request %d: %d responses with tokens, want %d", i, results[i].withTokens, j.n)
-			}
-		}
+		concurrentGreedy(t, s, ck, 16)
 	})
 
 	t.Run("a client that disconnects mid-stream is cancelled and its KV blocks freed", func(t *testing.T) {
@@ -212,4 +165,64 @@ func waitMetric(t *testing.T, ctx context.Context, s *harness.Server, family str
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// concurrentGreedy sends clients streaming requests at once, each on its own
+// connection, and checks that each gets its solo greedy tokens, one response a token.
+func concurrentGreedy(t *testing.T, s *harness.Server, ck checkpointInfo, clients int) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(16, 3))
+	type job struct {
+		prompt []int32
+		n      int
+		want   []int32
+	}
+	jobs := make([]job, clients)
+	for i := range jobs {
+		prompt := make([]int32, 3+rng.IntN(30))
+		for j := range prompt {
+			prompt[j] = int32(rng.IntN(ck.cfg.VocabSize - 1))
+		}
+		n := 8 + rng.IntN(25)
+		jobs[i] = job{prompt, n, greedyTokens(t, ck.dir, prompt, n)}
+	}
+	ctx := testContext(t, 3*time.Minute)
+	results := make([]streamResult, clients)
+	errs := make([]error, clients)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i, j := range jobs {
+		wg.Go(func() {
+			// One connection per client, as separate clients would have.
+			conn, err := s.Dial()
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer conn.Close()
+			<-start
+			results[i], errs[i] = streamInfer(ctx, kserve.NewGRPCInferenceServiceClient(conn), inferRequest(modelName, fmt.Sprintf("concurrent-%d", i), tokenInputs(j.prompt, j.n, true)))
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, j := range jobs {
+		switch {
+		case errs[i] != nil:
+			t.Errorf("request %d: %v", i, errs[i])
+		case results[i].errMsg != "":
+			t.Errorf("request %d: error response %s", i, results[i].errMsg)
+		case !slices.Equal(results[i].tokens, j.want):
+			t.Errorf("request %d (prompt of %d, %d tokens): got %v, want solo greedy %v", i, len(j.prompt), j.n, results[i].tokens, j.want)
+		case results[i].withTokens != j.n:
+			t.Errorf("request %d: %d responses with tokens, want %d", i, results[i].withTokens, j.n)
+		}
+	}
+}
+
+// TestOverlapSchedulerThroughTriton serves the demo model with overlap_scheduler on:
+// concurrent streams still get their solo greedy tokens.
+func TestOverlapSchedulerThroughTriton(t *testing.T) {
+	s := harness.Start(t, harness.Options{Models: []harness.Model{{Parameters: map[string]string{"overlap_scheduler": "true"}}}})
+	concurrentGreedy(t, s, demoCheckpoint(t), 16)
 }

@@ -12,7 +12,11 @@
 // a sequence of the step; beams fork their parents' KV blocks). Each is run once to warm
 // up (CUDA graph capture), then -reps times; the median is reported. Sampling is greedy
 // (or beam search) with no end token, so every run generates exactly O tokens per
-// sequence.
+// sequence. serve_… reports generated tokens per second of B plain requests queued at
+// once through the batch manager (what a server adds on top of the engine, less
+// Triton). -overlap runs the static workloads with each decode step launched before the
+// previous one is read, fed on the GPU (engine.Pipeliner), and the batch manager's
+// workloads with its overlap schedule.
 package main
 
 import (
@@ -31,6 +35,9 @@ import (
 	"gollm/engine"
 	"gollm/model"
 )
+
+// overlap is -overlap.
+var overlap bool
 
 // workload is a parsed workload name.
 type workload struct {
@@ -58,8 +65,8 @@ func parseWorkload(s string) (workload, error) {
 		w.kind = "beam"
 		return w, nil
 	}
-	if w.kind != "decode" && w.kind != "tput" && w.kind != "lat" {
-		return w, fmt.Errorf("workload %q: kind %q is not decode, tput, lat or beam<W> (W ≥ 2)", s, w.kind)
+	if w.kind != "decode" && w.kind != "tput" && w.kind != "lat" && w.kind != "serve" {
+		return w, fmt.Errorf("workload %q: kind %q is not decode, tput, lat, serve or beam<W> (W ≥ 2)", s, w.kind)
 	}
 	return w, nil
 }
@@ -73,6 +80,7 @@ func main() {
 	lib := flag.String("lib", "", "path of libgollm_cuda.so")
 	graphs := flag.Bool("graphs", true, "replay CUDA graphs for decode steps")
 	warmup := flag.Bool("warmup", true, "warm the engine up at creation (false: fewer kernels for a profiler)")
+	flag.BoolVar(&overlap, "overlap", false, "launch each step before reading the previous one (the overlap schedule)")
 	flag.Parse()
 	if err := run(*ckptDir, *name, *list, *reps, *dtype, *lib, *graphs, *warmup); err != nil {
 		fmt.Fprintln(os.Stderr, "gpubench:", err)
@@ -114,6 +122,9 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 	if !graphs {
 		impl = "gollm-engine-nographs"
 	}
+	if overlap {
+		impl += "-overlap"
+	}
 	short := map[string]string{"float16": "fp16", "bfloat16": "bf16"}[dtype]
 	for _, w := range ws {
 		rng := rand.New(rand.NewPCG(uint64(w.batch), uint64(w.in)))
@@ -128,9 +139,14 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 		for r := 0; r <= reps; r++ {
 			var total, decode float64
 			var err error
-			if w.kind == "beam" {
+			switch {
+			case w.kind == "beam":
 				total, err = beams(eng, prompts, w.width, w.out)
-			} else {
+			case w.kind == "serve":
+				total, err = serve(eng, prompts, w.out)
+			case overlap:
+				total, decode, err = staticOverlap(eng, prompts, w.out, perSeq)
+			default:
 				total, decode, err = static(eng, prompts, w.out, perSeq)
 			}
 			if err != nil {
@@ -146,7 +162,7 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 		switch w.kind {
 		case "decode":
 			out["metric"], out["value"] = "ms_per_token", decode*1e3/float64(w.out-1)
-		case "tput", "beam":
+		case "tput", "beam", "serve":
 			out["metric"], out["value"] = "tokens_per_s", float64(w.batch*w.out)/total
 		case "lat":
 			out["metric"], out["value"] = "latency_ms", total*1e3
@@ -204,7 +220,7 @@ func beams(eng *cuda.Engine, prompts [][]int32, width, out int) (float64, error)
 	done := make(chan error, len(prompts))
 	var mu sync.Mutex
 	start := time.Now()
-	m, err := batchmanager.New(eng, batchmanager.Config{MaxBatchSize: len(prompts) * width}, batchmanager.Callbacks{
+	m, err := batchmanager.New(eng, batchmanager.Config{MaxBatchSize: len(prompts) * width, Overlap: overlap}, batchmanager.Callbacks{
 		GetInferenceRequests: func(max int) []*batchmanager.InferenceRequest {
 			mu.Lock()
 			defer mu.Unlock()
@@ -222,6 +238,101 @@ func beams(eng *cuda.Engine, prompts [][]int32, width, out int) (float64, error)
 				done <- err
 			case final && len(res.Beams) > 0 && len(res.Beams[0].Tokens) != out:
 				done <- fmt.Errorf("a best beam of %d tokens, want %d", len(res.Beams[0].Tokens), out)
+			case final:
+				done <- nil
+			}
+		},
+	}, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer m.Shutdown()
+	for range prompts {
+		if err := <-done; err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start).Seconds(), nil
+}
+
+// staticOverlap is static with every decode step launched before the one before it is
+// read: step s+1's tokens are fed on the GPU from step s's sampling.
+func staticOverlap(eng *cuda.Engine, prompts [][]int32, out, perSeq int) (float64, float64, error) {
+	B := len(prompts)
+	seqs := make([]engine.Sequence, B)
+	for i, p := range prompts {
+		blocks := make([]int32, perSeq)
+		for k := range blocks {
+			blocks[k] = int32(i*perSeq + k)
+		}
+		seqs[i] = engine.Sequence{ID: uint64(i), Tokens: p, Blocks: blocks, Sample: true,
+			Sampling: engine.SamplingParams{}, History: p}
+	}
+	start := time.Now()
+	outs, err := eng.Step(&engine.Batch{Seqs: seqs})
+	if err != nil {
+		return 0, 0, err
+	}
+	prefill := time.Now()
+	// Step 1's tokens are known on the host; every later step is fed on the GPU.
+	next := make([]int32, B)
+	placeholder := []int32{0}
+	for i := range seqs {
+		next[i] = outs[i].Token
+		seqs[i].Tokens, seqs[i].Pos, seqs[i].NumGenerated = next[i:i+1], len(prompts[i]), 1
+	}
+	if err := eng.Launch(&engine.Batch{Seqs: seqs}); err != nil {
+		return 0, 0, err
+	}
+	for s := 2; s < out; s++ {
+		for i := range seqs {
+			seqs[i].Tokens, seqs[i].Pos, seqs[i].NumGenerated, seqs[i].Feed = placeholder, len(prompts[i])+s-1, s, i+1
+		}
+		if err := eng.Launch(&engine.Batch{Seqs: seqs}); err != nil {
+			return 0, 0, err
+		}
+		if _, err := eng.Wait(); err != nil {
+			return 0, 0, err
+		}
+	}
+	if _, err := eng.Wait(); err != nil {
+		return 0, 0, err
+	}
+	end := time.Now()
+	return end.Sub(start).Seconds(), end.Sub(prefill).Seconds(), nil
+}
+
+// serve runs one plain greedy request per prompt through a batch manager, all queued at
+// once, and returns the seconds until the last final response.
+func serve(eng *cuda.Engine, prompts [][]int32, out int) (float64, error) {
+	queue := make([]*batchmanager.InferenceRequest, len(prompts))
+	for i, p := range prompts {
+		queue[i] = &batchmanager.InferenceRequest{ID: uint64(i + 1), InputIDs: p, MaxNewTokens: out, PadID: -1,
+			ExcludeInputInOutput: true, Streaming: true}
+	}
+	done := make(chan error, len(prompts))
+	var mu sync.Mutex
+	got := make([]int, len(prompts)+1)
+	start := time.Now()
+	m, err := batchmanager.New(eng, batchmanager.Config{MaxBatchSize: len(prompts), Overlap: overlap}, batchmanager.Callbacks{
+		GetInferenceRequests: func(max int) []*batchmanager.InferenceRequest {
+			mu.Lock()
+			defer mu.Unlock()
+			n := len(queue)
+			if max >= 0 {
+				n = min(n, max)
+			}
+			q := queue[:n]
+			queue = queue[n:]
+			return q
+		},
+		SendResponse: func(id uint64, res batchmanager.Result, final bool, err error) {
+			got[id] += res.Length
+			switch {
+			case err != nil:
+				done <- err
+			case final && got[id] != out:
+				done <- fmt.Errorf("request %d: %d tokens, want %d", id, got[id], out)
 			case final:
 				done <- nil
 			}
