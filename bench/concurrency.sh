@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Load against the GPU model (issue 18): perf_analyzer at concurrency 1 to 64 against
+# GPT-2 124M (fp16, KIND_GPU, the shipped config's settings with the overlap schedule on,
+# as by default), each request a 128-token prompt and 128 new tokens streamed; then
+# transformers on the same checkpoint at batch sizes equal to the concurrencies (eager
+# generate; static-cache generate, which compiles, at 1, 8 and 64). The server runs with
+# GOLLM_ITER_TRACE, so bench/tritonbench/trace.py can say where a step's time went.
+#   bash bench/concurrency.sh CARRY OUTDIR
+# CARRY holds bins.tar.xz (libgollm_cuda.so, libtriton_gollm.so, perf_analyzer) and
+# tritonserver.tar.xz. Rows go to OUTDIR/concurrency.jsonl (impl gollm-triton, workload
+# perf_analyzer_c<C>: tokens_per_s, latency_ms and latency_ms_p99 of whole requests;
+# hf-eager and hf-static: tokens_per_s of tput_b<C>_i128_o128).
+set -uo pipefail
+carry=$1 out=$2
+root=$(cd "$(dirname "$0")/.." && pwd)
+source "$root/tests/gpu/env.sh"
+w=/tmp/gollm-conc
+rm -rf "$w" && mkdir -p "$w/bin" "$w/srv" "$w/lib" "$w/backends/gollm" "$w/repo/g2/1" "$out"
+tar xJf "$carry/bins.tar.xz" -C "$w/bin"
+tar xJf "$carry/tritonserver.tar.xz" -C "$w/srv"
+cp "$w/bin/libtriton_gollm.so" "$w/bin/libgollm_cuda.so" "$w/backends/gollm/"
+# perf_analyzer links libb64.so.0d and libcudart.so.12 by soname; the tritonserver wheel's
+# libraries folder has both under hashed names.
+libs="$w/srv/nvidia_pytriton.libs"
+ln -s "$libs"/libb64-*.so.0d "$w/lib/libb64.so.0d"
+ln -s "$libs"/libcudart-*.so.12* "$w/lib/libcudart.so.12"
+python3 - "$w" <<'PY'
+import json, random, sys, torch
+from transformers import GPT2Config, GPT2LMHeadModel
+torch.manual_seed(0)
+c = GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
+with torch.device("cuda"):
+    m = GPT2LMHeadModel(c).half().eval()
+m.save_pretrained(f"{sys.argv[1]}/gpt2-124M", safe_serialization=True)
+rng = random.Random(1)
+data = [{"input_ids": {"content": [rng.randrange(50257) for _ in range(128)], "shape": [128]},
+         "input_lengths": {"content": [128], "shape": [1]},
+         "request_output_len": {"content": [128], "shape": [1]},
+         "end_id": {"content": [-1], "shape": [1]},
+         "streaming": {"content": [True], "shape": [1]}} for _ in range(64)]
+json.dump({"data": data}, open(f"{sys.argv[1]}/input.json", "w"))
+PY
+sed -e 's/kind: KIND_CPU/kind: KIND_GPU/' -e 's|^name: "gpt2"|name: "g2"|' \
+    -e "s|^# parameters { key: \"gpt_model_path\" value: { string_value: \"\" } }|parameters { key: \"gpt_model_path\" value: { string_value: \"$w/gpt2-124M\" } }|" \
+    "$root/model_repository/gpt2/config.pbtxt" > "$w/repo/g2/config.pbtxt"
+printf 'parameters { key: "max_tokens_in_paged_kv_cache" value: { string_value: "65536" } }\n' >> "$w/repo/g2/config.pbtxt"
+GOLLM_ITER_TRACE="$w/trace" "$w/srv/pytriton/tritonserver/bin/tritonserver" --model-repository="$w/repo" \
+  --backend-directory="$w/backends" --grpc-port=8001 --http-port=8000 --metrics-port=8002 > "$out/tritonserver.log" 2>&1 &
+pid=$!
+for i in $(seq 120); do curl -sf localhost:8000/v2/models/g2/ready >/dev/null && break; sleep 1; done
+for c in 1 2 4 8 16 32 64; do
+  n=$(( c * 8 < 16 ? 16 : c * 8 ))
+  LD_LIBRARY_PATH="$w/lib:${LD_LIBRARY_PATH:-}" timeout 120 "$w/bin/perf_analyzer" -m g2 -i grpc -u localhost:8001 \
+    --streaming --async --concurrency-range $c --request-count $n --stability-percentage 999 \
+    --input-data "$w/input.json" > "$w/pa_c$c.txt" 2>&1
+  { echo "== concurrency $c"; cat "$w/pa_c$c.txt"; } >> "$out/perf_analyzer.txt"
+  python3 - "$w/pa_c$c.txt" "$c" >> "$out/concurrency.jsonl" <<'PY'
+import json, re, sys
+t = open(sys.argv[1]).read()
+c = int(sys.argv[2])
+def num(pat):
+    m = re.search(pat, t)
+    return float(m.group(1)) if m else None
+thr, p50, p99 = num(r"Throughput: ([\d.]+) infer/sec"), num(r"p50 latency: (\d+) usec"), num(r"p99 latency: (\d+) usec")
+base = {"model": "gpt2-124M", "dtype": "fp16", "workload": f"perf_analyzer_c{c}", "impl": "gollm-triton"}
+if thr is None:
+    print(json.dumps(dict(base, metric="error", value=0, note=t[-300:])))
+else:
+    print(json.dumps(dict(base, metric="tokens_per_s", value=thr * 128)))
+    print(json.dumps(dict(base, metric="latency_ms", value=p50 / 1e3)))
+    print(json.dumps(dict(base, metric="latency_ms_p99", value=p99 / 1e3)))
+PY
+  tail -1 "$out/concurrency.jsonl"
+done
+kill -INT $pid; wait $pid
+grep -iE "error|panic" "$out/tritonserver.log" | head -5
+echo "== transformers"
+timeout ${HF_S:-200} python3 - "$w/gpt2-124M" >> "$out/concurrency.jsonl" <<'PY'
+import json, sys, time, torch
+from transformers import AutoModelForCausalLM
+m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float16).cuda().eval()
+def run(b, static):
+    ids = torch.randint(0, 50257, (b, 128), device="cuda")
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None, attention_mask=torch.ones_like(ids),
+              max_new_tokens=128, min_new_tokens=128)
+    if static:
+        kw["cache_implementation"] = "static"
+    ts = []
+    for _ in range(4):
+        torch.cuda.synchronize(); t = time.perf_counter()
+        m.generate(ids, **kw)
+        torch.cuda.synchronize(); ts.append(time.perf_counter() - t)
+    return b * 128 / sorted(ts[1:])[1]
+with torch.no_grad():
+    for static in (False, True):
+        for b in ((1, 2, 4, 8, 16, 32, 64) if not static else (1, 8, 64)):
+            v = run(b, static)
+            print(json.dumps({"model": "gpt2-124M", "dtype": "fp16", "workload": f"tput_b{b}_i128_o128",
+                              "impl": "hf-static" if static else "hf-eager", "metric": "tokens_per_s", "value": v}), flush=True)
+PY
+tail -12 "$out/concurrency.jsonl"
+python3 "$root/bench/tritonbench/trace.py" "$w"/trace.* 2>&1 | tail -20 | tee "$out/trace_summary.txt"
