@@ -48,10 +48,12 @@ GOLLM_ITER_TRACE="$w/trace" "$w/srv/pytriton/tritonserver/bin/tritonserver" --mo
   --backend-directory="$w/backends" --grpc-port=8001 --http-port=8000 --metrics-port=8002 > "$out/tritonserver.log" 2>&1 &
 pid=$!
 for i in $(seq 120); do curl -sf localhost:8000/v2/models/g2/ready >/dev/null && break; sleep 1; done
+# Time windows, not --request-count: with a request count perf_analyzer 2.51 divides by
+# whole seconds and counts its ramp, and on 2026-11-24 it kept 0.7-10.6 requests in flight
+# for C = 1-64 (its requests/s × its latency); three 2-second windows keep C in flight.
 for c in 1 2 4 8 16 32 64; do
-  n=$(( c * 8 < 16 ? 16 : c * 8 ))
   LD_LIBRARY_PATH="$w/lib:${LD_LIBRARY_PATH:-}" timeout 120 "$w/bin/perf_analyzer" -m g2 -i grpc -u localhost:8001 \
-    --streaming --async --concurrency-range $c --request-count $n --stability-percentage 999 \
+    --streaming --async --concurrency-range $c --measurement-interval 2000 --stability-percentage 999 \
     --input-data "$w/input.json" > "$w/pa_c$c.txt" 2>&1
   { echo "== concurrency $c"; cat "$w/pa_c$c.txt"; } >> "$out/perf_analyzer.txt"
   python3 - "$w/pa_c$c.txt" "$c" >> "$out/concurrency.jsonl" <<'PY'
@@ -66,6 +68,8 @@ base = {"model": "gpt2-124M", "dtype": "fp16", "workload": f"perf_analyzer_c{c}"
 if thr is None:
     print(json.dumps(dict(base, metric="error", value=0, note=t[-300:])))
 else:
+    # Little's law: the requests the client kept in flight, to check it kept C.
+    base["note"] = "requests in flight (requests/s × p50 latency): %.1f" % (thr * p50 / 1e6)
     print(json.dumps(dict(base, metric="tokens_per_s", value=thr * 128)))
     print(json.dumps(dict(base, metric="latency_ms", value=p50 / 1e3)))
     print(json.dumps(dict(base, metric="latency_ms_p99", value=p99 / 1e3)))

@@ -1,0 +1,96 @@
+"""Plot a bench/concurrency.sh run: tokens/s against concurrency (gollm through
+tritonserver, perf_analyzer) and batch size (transformers), and gollm's p50/p99 request
+latency, as an SVG beside the results file. Standard library only.
+
+    python3 bench/plot_concurrency.py bench/results/2026-11-24-concurrency-h100.jsonl
+"""
+import json
+import math
+import os
+import re
+import sys
+
+W, H, L, R, T, B = 860, 330, 80, 250, 40, 50  # size and margins of one panel
+
+
+def load(path):
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    series = {}
+    for r in rows:
+        m = re.match(r"(?:perf_analyzer_c|tput_b)(\d+)", r["workload"])
+        if not m:
+            continue
+        key = (r["impl"], r["metric"])
+        series.setdefault(key, []).append((int(m.group(1)), r["value"]))
+    for v in series.values():
+        v.sort()
+    return rows, series
+
+
+def panel(out, y0, title, ylabel, lines, ymin, ymax):
+    xs = [1, 2, 4, 8, 16, 32, 64]
+    px = lambda c: L + (math.log2(c) / 6) * (W - L - R)
+    py = lambda v: y0 + T + (1 - (math.log10(v) - math.log10(ymin)) / (math.log10(ymax) - math.log10(ymin))) * (H - T - B)
+    out.append(f'<text x="{L}" y="{y0 + 22}" font-family="sans-serif" font-size="13">{title}</text>')
+    out.append(f'<rect x="{L}" y="{y0 + T}" width="{W - L - R}" height="{H - T - B}" fill="none" stroke="#999"/>')
+    for c in xs:
+        out.append(f'<line x1="{px(c):.1f}" y1="{y0 + T}" x2="{px(c):.1f}" y2="{y0 + H - B}" stroke="#eee"/>')
+        out.append(f'<text x="{px(c):.1f}" y="{y0 + H - B + 16}" font-family="sans-serif" font-size="11" text-anchor="middle">{c}</text>')
+    e = math.floor(math.log10(ymin))
+    while 10 ** e <= ymax:
+        for k in (1, 2, 5):
+            v = k * 10 ** e
+            if ymin <= v <= ymax:
+                out.append(f'<line x1="{L}" y1="{py(v):.1f}" x2="{W - R}" y2="{py(v):.1f}" stroke="#eee"/>')
+                out.append(f'<text x="{L - 6}" y="{py(v) + 4:.1f}" font-family="sans-serif" font-size="11" text-anchor="end">{v:g}</text>')
+        e += 1
+    out.append(f'<text x="{(L + W - R) / 2}" y="{y0 + H - 12}" font-family="sans-serif" font-size="11" text-anchor="middle">concurrency (gollm) / batch size (transformers)</text>')
+    out.append(f'<text x="16" y="{y0 + H / 2}" font-family="sans-serif" font-size="11" transform="rotate(-90 16 {y0 + H / 2})" text-anchor="middle">{ylabel}</text>')
+    for i, (label, color, dash, pts) in enumerate(lines):
+        if not pts:
+            continue
+        d = " ".join(f"{px(c):.1f},{py(v):.1f}" for c, v in pts)
+        out.append(f'<polyline points="{d}" fill="none" stroke="{color}" stroke-width="2" stroke-dasharray="{dash}"/>')
+        for c, v in pts:
+            out.append(f'<circle cx="{px(c):.1f}" cy="{py(v):.1f}" r="3" fill="{color}"/>')
+        ly = y0 + T + 14 + 18 * i
+        out.append(f'<line x1="{W - R + 12}" y1="{ly - 4}" x2="{W - R + 34}" y2="{ly - 4}" stroke="{color}" stroke-width="2" stroke-dasharray="{dash}"/>')
+        out.append(f'<text x="{W - R + 40}" y="{ly}" font-family="sans-serif" font-size="11">{label}</text>')
+
+
+def main():
+    path = sys.argv[1]
+    rows, s = load(path)
+    head = rows[0]
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{2 * H + 60}" viewBox="0 0 {W} {2 * H + 60}">',
+           '<rect width="100%" height="100%" fill="#fff"/>']
+    tput = [("gollm, tritonserver (perf_analyzer)", "#c0392b", "", s.get(("gollm-triton", "tokens_per_s"), [])),
+            ("transformers static", "#2980b9", "6,3", s.get(("hf-static", "tokens_per_s"), [])),
+            ("transformers eager", "#7f8c8d", "2,3", s.get(("hf-eager", "tokens_per_s"), []))]
+    vals = [v for *_, pts in tput for _, v in pts]
+    panel(out, 0, f"{head['model']} {head['dtype']}, 128-token prompts, 128 new tokens — {head['machine']}, {head['commit']}",
+          "generated tokens/s", tput, 10 ** math.floor(math.log10(min(vals))), 10 ** math.ceil(math.log10(max(vals))))
+    lat = [("gollm p50", "#c0392b", "", s.get(("gollm-triton", "latency_ms"), [])),
+           ("gollm p99", "#c0392b", "6,3", s.get(("gollm-triton", "latency_ms_p99"), []))]
+    vals = [v for *_, pts in lat for _, v in pts]
+    if vals:
+        panel(out, H + 30, "gollm through tritonserver: whole-request latency (128 tokens)", "ms", lat,
+              10 ** math.floor(math.log10(min(vals))), 10 ** math.ceil(math.log10(max(vals))))
+    # Little's law on perf_analyzer's own figures: requests in flight = requests/s × latency.
+    # Well under C means the client did not keep C requests in flight.
+    rate = dict(s.get(("gollm-triton", "tokens_per_s"), []))
+    p50 = dict(s.get(("gollm-triton", "latency_ms"), []))
+    out_tokens = int(re.search(r"_o(\d+)", next(r["workload"] for r in rows if r["workload"].startswith("tput_")) or "_o128").group(1))
+    held = [f"{c}→{rate[c] / out_tokens * p50[c] / 1e3:.1f}" for c in sorted(rate) if c in p50]
+    if held:
+        out.append(f'<text x="{L}" y="{2 * H + 38}" font-family="sans-serif" font-size="11">Requests perf_analyzer kept in flight (its requests/s × its p50 latency): '
+                   + ", ".join(held) + ".</text>")
+        out.append(f'<text x="{L}" y="{2 * H + 54}" font-family="sans-serif" font-size="11">Far under C: its throughput line is the client\'s pace, not the server\'s capacity.</text>')
+    out.append("</svg>")
+    svg = os.path.splitext(path)[0] + ".svg"
+    open(svg, "w").write("\n".join(out) + "\n")
+    print(svg)
+
+
+if __name__ == "__main__":
+    main()
