@@ -1,6 +1,7 @@
 package batchmanager
 
 import (
+	"errors"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -207,4 +208,45 @@ func TestOverlapCancellationAndShutdown(t *testing.T) {
 	eventually(t, "the new requests stream", func() bool { return len(c.responses(107)) > 2 })
 	m.Shutdown()
 	c.wait(t, 8)
+}
+
+// TestOverlapEngineFailuresAndPanics fails, then panics, an engine step while steps run
+// ahead: the requests in flight end with ErrEngine (ErrInternal for the panic), the
+// engine is asked to recover once per failure, what was launched ahead is waited for
+// and discarded, and the next requests run as if nothing had happened.
+func TestOverlapEngineFailuresAndPanics(t *testing.T) {
+	eng := &recoveringFake{fakeEngine: newFake(64, 4)}
+	m, c := start(t, eng, Config{Overlap: true})
+	for round, want := range []error{ErrEngine, ErrInternal} {
+		base := uint64(10 * round)
+		c.add(&InferenceRequest{ID: base + 1, InputIDs: []int32{1, 2}, MaxNewTokens: 200, PadID: -1, Streaming: true},
+			&InferenceRequest{ID: base + 2, InputIDs: []int32{3}, MaxNewTokens: 200, PadID: -1, Streaming: true})
+		eventually(t, "both requests stream", func() bool { return len(c.responses(base+1)) > 3 && len(c.responses(base+2)) > 3 })
+		eng.fakeEngine.mu.Lock()
+		if want == ErrEngine {
+			eng.failNext = true
+		} else {
+			eng.panicNext = true
+		}
+		eng.fakeEngine.mu.Unlock()
+		c.wait(t, 2)
+		for _, id := range []uint64{base + 1, base + 2} {
+			rs := c.responses(id)
+			if last := rs[len(rs)-1]; !last.final || !errors.Is(last.err, want) {
+				t.Fatalf("round %d, request %d: last response %+v, want a final %v", round, id, last, want)
+			}
+		}
+		c.add(&InferenceRequest{ID: base + 3, InputIDs: []int32{1, 2, 3}, MaxNewTokens: 5, PadID: -1})
+		c.wait(t, 1)
+		if got, err := c.tokensOf(t, base+3); err != nil || len(got) != 8 {
+			t.Fatalf("round %d, after the failure: %v, %v; want the prompt and 5 tokens", round, got, err)
+		}
+		poolWhole(t, m)
+	}
+	eng.mu.Lock()
+	causes := len(eng.causes)
+	eng.mu.Unlock()
+	if causes != 1 {
+		t.Errorf("Recover was called %d times, want once (for the failed step; a panic resets the pool instead)", causes)
+	}
 }
