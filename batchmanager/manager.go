@@ -125,6 +125,8 @@ type Manager struct {
 	// fed sequence.
 	spare       *aheadStep
 	placeholder []int32
+	// admittedAhead is admitAhead's scratch.
+	admittedAhead []*request
 
 	// statsEnc encodes the stats JSON of ReturnBatchManagerStats.
 	statsEnc statsEncoder

@@ -2,6 +2,7 @@ package batchmanager
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"gollm/engine"
@@ -15,8 +16,9 @@ import (
 // does its work on them — new tokens, stop conditions, responses — while the engine
 // computes the second. That one, the step ahead, is the next iteration: it is not
 // scheduled again but waited for, and while it runs the step after it may be launched
-// ahead in turn, for as long as the batch stays eligible and no request waits to be
-// admitted. A request that ended meanwhile (an end token, a stop word, a cancellation)
+// ahead in turn, for as long as the batch stays eligible. Requests waiting to be
+// admitted join the step ahead (their prompts need nothing sampled), as they would join
+// the next step without it. A request that ended meanwhile (an end token, a stop word, a cancellation)
 // has its row computed for nothing; its blocks are released at once, which is safe
 // because every later iteration runs after the step ahead on the engine, and the
 // position that row writes is past everything the block holds for reuse.
@@ -110,7 +112,11 @@ func alive(ref seqRef) bool {
 // max_utilization, a request waiting to be admitted, a row that samples no token or
 // whose request cannot run ahead — or no row goes on, or a block cannot be had.
 func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
-	if m.cfg.ModelType == V1 || m.cfg.Policy == StaticBatch || len(m.waiting) > 0 || len(m.paused) > 0 || len(base) == 0 {
+	if m.cfg.ModelType == V1 || m.cfg.Policy == StaticBatch || len(m.paused) > 0 || len(base) == 0 {
+		return nil
+	}
+	if len(m.waiting) > 0 && !joinsAhead(m.waiting[0]) {
+		// The scheduler admits it, in turn.
 		return nil
 	}
 	for i := range base {
@@ -171,11 +177,69 @@ func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 		})
 		a.refs = append(a.refs, ref)
 	}
+	if len(m.waiting) > 0 {
+		m.admitAhead(a)
+	}
 	if len(a.batch.Seqs) == 0 {
 		m.keepSpare(a)
 		return nil
 	}
 	return a
+}
+
+// joinsAhead says whether a waiting request may be admitted into a step launched ahead:
+// one sequence, and no batched post-processor (which runs over a whole step's logits).
+// Its prompt's tokens are known, so it needs nothing the step before samples.
+func joinsAhead(r *request) bool { return r.width == 1 && !r.req.BatchedPostProcessing }
+
+// admitAhead admits waiting requests into the step ahead a, as the scheduler admits
+// them (the same fit checks and reservations), and adds their prompt rows after its fed
+// rows. Arrivals so join the next launch whether or not steps run ahead, and the
+// overlap goes on under a steady stream of them.
+func (m *Manager) admitAhead(a *aheadStep) {
+	budget := math.MaxInt
+	if m.cfg.MaxNumTokens > 0 {
+		budget = m.cfg.MaxNumTokens - len(a.batch.Seqs)
+		if budget <= 0 {
+			return
+		}
+	}
+	// admit appends to m.sched and m.batch.BlockCopies: both belong to the step before
+	// (read again when its outputs are applied), and its copies have run.
+	saved := m.sched
+	m.sched = m.admittedAhead[:0]
+	m.batch.BlockCopies = m.batch.BlockCopies[:0]
+	m.admit(budget, joinsAhead)
+	admitted := m.sched
+	m.admittedAhead = admitted[:0]
+	m.sched = saved
+	a.batch.BlockCopies = append(a.batch.BlockCopies, m.batch.BlockCopies...)
+	m.batch.BlockCopies = m.batch.BlockCopies[:0]
+	for _, r := range admitted {
+		b := &r.branch
+		if b.n == 0 {
+			continue
+		}
+		start, end := b.computed, b.computed+b.n
+		last := end == len(b.tokens)
+		s := engine.Sequence{
+			ID:            r.id,
+			Tokens:        b.tokens[start:end:end],
+			Pos:           start,
+			Blocks:        b.kv.Blocks(),
+			Sampling:      r.samplingFor(b),
+			History:       b.tokens[:end:end],
+			NumGenerated:  b.generated,
+			ContextLogits: r.ctxLogits != nil && start < r.promptLen && !r.ctxSent,
+		}
+		if r.hostSampled() {
+			s.ReturnLogits = last
+		} else {
+			s.Sample, s.ReturnLogits = last, r.req.ReturnGenerationLogits
+		}
+		a.batch.Seqs = append(a.batch.Seqs, s)
+		a.refs = append(a.refs, seqRef{r, b})
+	}
 }
 
 // stepAhead is an iteration whose batch was launched ahead: the step after it is
@@ -225,8 +289,13 @@ func (m *Manager) stepAhead() {
 			r.failed = fmt.Errorf("%w: the step ahead computed position %d of a sequence at %d", ErrInternal, seq.Pos, b.computed)
 			continue
 		}
-		b.n = 1
-		m.it.genReqs++
+		b.n = len(seq.Tokens)
+		if seq.Feed > 0 {
+			m.it.genReqs++
+		} else {
+			m.it.ctxReqs++
+			m.it.ctxTokens += b.n
+		}
 		m.advance(r, b, seq, &outs[i])
 	}
 	for _, r := range m.sched {

@@ -250,3 +250,56 @@ func TestOverlapEngineFailuresAndPanics(t *testing.T) {
 		t.Errorf("Recover was called %d times, want once (for the failed step; a panic resets the pool instead)", causes)
 	}
 }
+
+// maxNew is request id's length in TestOverlapGoesOnUnderAStreamOfArrivals.
+func maxNew(id uint64) int { return 8 + int(id*7%13) }
+
+// TestOverlapGoesOnUnderAStreamOfArrivals keeps 16 requests in flight, a new one sent as
+// each ends (perf_analyzer's closed loop): arrivals join the step launched ahead, so
+// almost every generated token comes from a fed row, and every request gets its tokens.
+func TestOverlapGoesOnUnderAStreamOfArrivals(t *testing.T) {
+	const total, inFlight = 200, 16
+	eng := newCountingPipe(newFake(512, 4))
+	c := newClient()
+	cb := c.callbacks()
+	var sent atomic.Int64
+	mk := func() *InferenceRequest {
+		id := uint64(sent.Add(1))
+		// Lengths that differ, so that requests end, and others arrive, at every few steps.
+		return &InferenceRequest{ID: id, InputIDs: []int32{int32(id % 7), 3, 4}, MaxNewTokens: maxNew(id), PadID: -1, Streaming: true}
+	}
+	send := cb.SendResponse
+	cb.SendResponse = func(id uint64, res Result, final bool, err error) {
+		send(id, res, final, err)
+		if final && sent.Load() < total {
+			c.add(mk())
+		}
+	}
+	m, err := New(eng, Config{Overlap: true, IdleWait: 100e3}, cb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Shutdown()
+	c.mu.Lock()
+	c.m = m
+	c.mu.Unlock()
+	for range inFlight {
+		c.add(mk())
+	}
+	c.wait(t, total)
+	generated := 0
+	for id := uint64(1); id <= total; id++ {
+		toks, err := c.tokensOf(t, id)
+		if err != nil || len(toks) != maxNew(id) {
+			t.Fatalf("request %d: %d tokens, %v; want %d", id, len(toks), err, maxNew(id))
+		}
+		generated += len(toks)
+	}
+	// Each request's first token comes from its prompt's row; the others may be fed.
+	fed, feedable := int(eng.fed.Load()), generated-total
+	t.Logf("%d of %d tokens after the first came from rows fed ahead", fed, feedable)
+	if fed < feedable*8/10 {
+		t.Errorf("only %d of %d tokens came from rows fed ahead; arrivals stop the overlap", fed, feedable)
+	}
+	poolWhole(t, m)
+}

@@ -55,7 +55,7 @@ func (m *Manager) schedule() {
 	if (v1 || m.cfg.Policy == StaticBatch) && !batchEmpty {
 		return
 	}
-	m.admit(budget)
+	m.admit(budget, nil)
 }
 
 // planRunning sets the token counts of a running request's branches for this iteration
@@ -262,8 +262,9 @@ func (m *Manager) runningSeqs() int {
 }
 
 // admit moves paused (max_utilization) and waiting requests into the batch while they
-// fit the batch size, the token budget and the KV pool under the policy.
-func (m *Manager) admit(budget int) {
+// fit the batch size, the token budget and the KV pool under the policy, and, when only
+// is set, while only says they may be admitted.
+func (m *Manager) admit(budget int, only func(*request) bool) {
 	reserved := m.reservedBlocks()
 	seqs := m.runningSeqs()
 	tpb := m.pool.TokensPerBlock()
@@ -281,7 +282,7 @@ func (m *Manager) admit(budget int) {
 		} else {
 			break
 		}
-		if seqs+r.width > m.cfg.MaxBatchSize {
+		if seqs+r.width > m.cfg.MaxBatchSize || only != nil && !only(r) {
 			break
 		}
 		// Context logits need every prompt position computed, so no prefix reuse then.
