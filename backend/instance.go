@@ -817,8 +817,8 @@ func responseError(err error) error {
 
 // overlapOn is overlap_scheduler for an instance's engine: as set, else on when the
 // engine overlaps on its own (engine.Pipeliner, the GPU engine). Elsewhere the schedule
-// would run through engine.SyncPipeline: nothing overlapped, and a request arriving
-// while steps run ahead waits one step more.
+// would run through engine.SyncPipeline: nothing overlapped, and a row computed for
+// nothing after each request that ends.
 func overlapOn(set *bool, eng engine.Engine) bool {
 	if set != nil {
 		return *set

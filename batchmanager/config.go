@@ -71,8 +71,9 @@ type Config struct {
 	// history to sample (no repetition, presence or frequency penalty, no bad word
 	// longer than one token, no top-p decay, no beams or several sequences); other
 	// iterations run as without it. A request that ends leaves one row computed for
-	// nothing in the step after; a request that arrives joins one step later. The
-	// tokens are those without it. Engines that cannot overlap (engine.Pipeliner) run
+	// nothing in the step after; requests that arrive join the next step launched, as
+	// without it (one sequence each; others wait for the overlap to pause). The tokens
+	// are those without it. Engines that cannot overlap (engine.Pipeliner) run
 	// it through engine.SyncPipeline: same schedule, nothing overlapped.
 	Overlap bool
 }
