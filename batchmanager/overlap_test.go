@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"gollm/engine"
 )
@@ -216,6 +217,9 @@ func TestOverlapCancellationAndShutdown(t *testing.T) {
 // and discarded, and the next requests run as if nothing had happened.
 func TestOverlapEngineFailuresAndPanics(t *testing.T) {
 	eng := &recoveringFake{fakeEngine: newFake(64, 4)}
+	// Slow enough steps that the requests are still running when the fault is set (the
+	// fake's sequences end at 128 positions).
+	eng.delay = time.Millisecond
 	m, c := start(t, eng, Config{Overlap: true})
 	for round, want := range []error{ErrEngine, ErrInternal} {
 		base := uint64(10 * round)
