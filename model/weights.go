@@ -239,7 +239,13 @@ func (c *Checkpoint) Float32Weights() (*Float32, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Float32{Config: c.Config, Layers: make([][NumRoles][]float32, c.Config.Layers)}
+	return NewFloat32(c.Config, ws)
+}
+
+// NewFloat32 converts weights of the model cfg describes (Checkpoint.Weights, or one
+// rank's share from ShardWeights with RankConfig) to float32.
+func NewFloat32(cfg Config, ws []Weight) (*Float32, error) {
+	m := &Float32{Config: cfg, Layers: make([][NumRoles][]float32, cfg.Layers)}
 	for i := range ws {
 		w := &ws[i]
 		v, err := w.Float32()

@@ -210,67 +210,13 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 		return outs, nil
 	}
 	w := e.w
-	cfg := &w.cfg
-	H, V := cfg.Hidden, cfg.VocabSize
+	H, V := w.cfg.Hidden, w.cfg.VocabSize
 	s := &e.s
-
-	// Place every new token and embed it.
-	s.rows = s.rows[:0]
-	for si := range b.Seqs {
-		sq := &b.Seqs[si]
-		for i := range sq.Tokens {
-			s.rows = append(s.rows, rowInfo{seq: si, pos: sq.Pos + i})
-		}
-	}
-	s.h.resize(n, H)
-	s.xn.resize(n, H)
-	s.qkv.resize(n, cfg.QKVWidth())
-	s.att.resize(n, cfg.AttnWidth())
-	s.tmp.resize(n, H)
-	upW, _, _ := cfg.Shape(model.RoleUp)
-	s.up.resize(n, upW)
-	if cfg.GatedMLP {
-		s.act.resize(n, cfg.Inner)
-	}
-	for r, ri := range s.rows {
-		tok := int(b.Seqs[ri.seq].Tokens[ri.pos-b.Seqs[ri.seq].Pos])
-		h, te := s.h.rows[r], w.embed[tok*H:(tok+1)*H]
-		copy(h, te)
-		if w.pos != nil {
-			pe := w.pos[ri.pos*H : (ri.pos+1)*H]
-			for j := range h {
-				h[j] += pe[j]
-			}
-		}
-	}
-
-	act := s.up.rows
-	if cfg.GatedMLP {
-		act = s.act.rows
-	}
+	e.embedRows(b, n, 0, true)
 	for li := range w.layers {
-		l := &w.layers[li]
-		e.normRows(s.xn.rows, s.h.rows, l.attnNorm, l.attnNormB)
-		matmul(s.qkv.rows, s.xn.rows, l.qkv, H, cfg.QKVWidth(), l.qkvB)
-		if cfg.Positions == model.RotaryPositions {
-			e.rotate()
-		}
-		e.writeKV(b, li)
-		e.attention(b, li)
-		matmul(s.tmp.rows, s.att.rows, l.out, cfg.AttnWidth(), H, l.outB)
+		e.attnBlock(b, li)
 		addRows(s.h.rows, s.tmp.rows)
-		e.normRows(s.xn.rows, s.h.rows, l.mlpNorm, l.mlpNormB)
-		matmul(s.up.rows, s.xn.rows, l.up, H, upW, l.upB)
-		parallelFor(n, 1, max(1, 4096/cfg.Inner), func(_, lo, hi int) {
-			for r := lo; r < hi; r++ {
-				if cfg.GatedMLP {
-					gatedApply(w.act, act[r], s.up.rows[r][:cfg.Inner], s.up.rows[r][cfg.Inner:])
-				} else {
-					w.act.apply(act[r])
-				}
-			}
-		})
-		matmul(s.tmp.rows, act, l.down, cfg.Inner, H, l.downB)
+		e.mlpBlock(li)
 		addRows(s.h.rows, s.tmp.rows)
 	}
 
@@ -340,6 +286,94 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 		}
 	}
 	return outs, nil
+}
+
+// embedRows places the step's n new tokens and sizes the buffers for them, then sets
+// the residual stream to their embeddings: the rows of tokens in [first, first+vocab)
+// of this engine's embedding (the whole vocabulary unless it holds one tensor-parallel
+// rank's share; other tokens' rows are zero), plus the position embedding when withPos.
+func (e *Engine) embedRows(b *engine.Batch, n, first int, withPos bool) {
+	w := e.w
+	cfg := &w.cfg
+	H := cfg.Hidden
+	s := &e.s
+	s.rows = s.rows[:0]
+	for si := range b.Seqs {
+		sq := &b.Seqs[si]
+		for i := range sq.Tokens {
+			s.rows = append(s.rows, rowInfo{seq: si, pos: sq.Pos + i})
+		}
+	}
+	s.h.resize(n, H)
+	s.xn.resize(n, H)
+	s.qkv.resize(n, cfg.QKVWidth())
+	s.att.resize(n, cfg.AttnWidth())
+	s.tmp.resize(n, H)
+	upW, _, _ := cfg.Shape(model.RoleUp)
+	s.up.resize(n, upW)
+	if cfg.GatedMLP {
+		s.act.resize(n, cfg.Inner)
+	}
+	for r, ri := range s.rows {
+		tok := int(b.Seqs[ri.seq].Tokens[ri.pos-b.Seqs[ri.seq].Pos]) - first
+		h := s.h.rows[r]
+		if tok >= 0 && tok < cfg.VocabSize {
+			copy(h, w.embed[tok*H:(tok+1)*H])
+		} else {
+			clear(h)
+		}
+		if w.pos != nil && withPos {
+			pe := w.pos[ri.pos*H : (ri.pos+1)*H]
+			for j := range h {
+				h[j] += pe[j]
+			}
+		}
+	}
+}
+
+// attnBlock runs layer li's attention on the residual stream into s.tmp, before the
+// residual add: the norm, the QKV projection (rotated), the KV writes, attention and
+// the output projection.
+func (e *Engine) attnBlock(b *engine.Batch, li int) {
+	w := e.w
+	cfg := &w.cfg
+	s := &e.s
+	l := &w.layers[li]
+	e.normRows(s.xn.rows, s.h.rows, l.attnNorm, l.attnNormB)
+	matmul(s.qkv.rows, s.xn.rows, l.qkv, cfg.Hidden, cfg.QKVWidth(), l.qkvB)
+	if cfg.Positions == model.RotaryPositions {
+		e.rotate()
+	}
+	e.writeKV(b, li)
+	e.attention(b, li)
+	matmul(s.tmp.rows, s.att.rows, l.out, cfg.AttnWidth(), cfg.Hidden, l.outB)
+}
+
+// mlpBlock runs layer li's MLP on the residual stream into s.tmp, before the residual
+// add.
+func (e *Engine) mlpBlock(li int) {
+	w := e.w
+	cfg := &w.cfg
+	s := &e.s
+	l := &w.layers[li]
+	n := len(s.rows)
+	upW, _, _ := cfg.Shape(model.RoleUp)
+	act := s.up.rows
+	if cfg.GatedMLP {
+		act = s.act.rows
+	}
+	e.normRows(s.xn.rows, s.h.rows, l.mlpNorm, l.mlpNormB)
+	matmul(s.up.rows, s.xn.rows, l.up, cfg.Hidden, upW, l.upB)
+	parallelFor(n, 1, max(1, 4096/cfg.Inner), func(_, lo, hi int) {
+		for r := lo; r < hi; r++ {
+			if cfg.GatedMLP {
+				gatedApply(w.act, act[r], s.up.rows[r][:cfg.Inner], s.up.rows[r][cfg.Inner:])
+			} else {
+				w.act.apply(act[r])
+			}
+		}
+	})
+	matmul(s.tmp.rows, act, l.down, cfg.Inner, cfg.Hidden, l.downB)
 }
 
 // copyBlocks copies whole KV blocks of the pool, in order (a block is contiguous: every

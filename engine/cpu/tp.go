@@ -1,0 +1,210 @@
+package cpu
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+
+	"gollm/engine"
+	"gollm/model"
+)
+
+// TensorParallel is the CPU engine split over ranks as tensor parallelism splits a model
+// over GPUs (model.ShardWeights): the reference the GPU engine's ranks are checked
+// against. Each rank is an Engine on its share of the weights, with a KV pool of its own
+// KV heads under the shared block tables; a step runs the ranks one after the other and
+// adds their partial results where GPUs all-reduce — the embedding's lookups, each
+// layer's attention output and MLP output — and joins their vocabulary rows of the LM
+// head's logits where GPUs gather them.
+type TensorParallel struct {
+	// mu serialises Step and Close.
+	mu sync.Mutex
+	// closed is set by Close.
+	closed bool
+	// ranks are the shares' engines, rank order.
+	ranks []*Engine
+	// layout is the split.
+	layout model.TPLayout
+	// cfg is the whole model's config.
+	cfg model.Config
+	// info is the whole model's (its vocabulary) over the ranks' pools.
+	info engine.Info
+	// check validates batches as every engine does.
+	check *engine.BatchChecker
+	// sum is a partial result added over the ranks [N][hidden].
+	sum buf
+	// logits holds the needed rows' whole-vocabulary logits [M][vocab]; part is one
+	// rank's rows of them [M][vocab rows].
+	logits, part buf
+	// samplers are per-goroutine sampling buffers.
+	samplers []*engine.Sampler
+}
+
+// NewTensorParallel builds the engine of weights ws (Checkpoint.Weights) of the model
+// cfg describes over n ranks, each with a KV pool of kv.
+func NewTensorParallel(cfg *model.Config, ws []model.Weight, n int, kv engine.KVConfig) (*TensorParallel, error) {
+	l, err := cfg.TensorParallel(n)
+	if err != nil {
+		return nil, fmt.Errorf("cpu: %w", err)
+	}
+	t := &TensorParallel{layout: l, cfg: *cfg}
+	rc := cfg.RankConfig(l)
+	for r := range n {
+		share, err := model.ShardWeights(ws, cfg, l, r)
+		if err != nil {
+			return nil, fmt.Errorf("cpu: %w", err)
+		}
+		m, err := model.NewFloat32(rc, share)
+		if err != nil {
+			return nil, fmt.Errorf("cpu: rank %d: %w", r, err)
+		}
+		e, err := NewFromModel(m, kv)
+		if err != nil {
+			return nil, fmt.Errorf("cpu: rank %d: %w", r, err)
+		}
+		t.ranks = append(t.ranks, e)
+	}
+	t.info = t.ranks[0].info
+	t.info.VocabSize = cfg.VocabSize
+	t.info.KVHeads = cfg.KVHeads
+	t.check = engine.NewBatchChecker(t.info, "cpu")
+	return t, nil
+}
+
+// Info describes the whole model over the pool.
+func (t *TensorParallel) Info() engine.Info { return t.info }
+
+// Close closes every rank.
+func (t *TensorParallel) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closed = true
+	var errs []error
+	for _, e := range t.ranks {
+		errs = append(errs, e.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// allReduce adds every rank's rows of part into sum, then adds sum to every rank's
+// residual stream: what an all-reduce after a row-parallel projection does.
+func (t *TensorParallel) allReduce(part func(e *Engine) [][]float32) {
+	n := len(t.ranks[0].s.rows)
+	t.sum.resize(n, t.cfg.Hidden)
+	clear(t.sum.data)
+	for _, e := range t.ranks {
+		addRows(t.sum.rows, part(e))
+	}
+	for _, e := range t.ranks {
+		addRows(e.s.h.rows, t.sum.rows)
+	}
+}
+
+// Step runs one iteration over the ranks (engine.Engine).
+func (t *TensorParallel) Step(b *engine.Batch) ([]engine.Output, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, errors.New("cpu: Step on a closed engine")
+	}
+	if b == nil {
+		return nil, errors.New("cpu: Step: nil batch")
+	}
+	n, err := t.check.Check(b)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range t.ranks {
+		e.copyBlocks(b.BlockCopies)
+	}
+	outs := make([]engine.Output, len(b.Seqs))
+	if n == 0 {
+		return outs, nil
+	}
+	// The embedding: each rank looks up the tokens of its vocabulary rows (rank 0 adds
+	// the positions); the sum is every token's row.
+	for r, e := range t.ranks {
+		e.embedRows(b, n, r*t.layout.VocabRows, r == 0)
+	}
+	for _, e := range t.ranks[1:] {
+		addRows(t.ranks[0].s.h.rows, e.s.h.rows)
+	}
+	for _, e := range t.ranks[1:] {
+		for i, row := range t.ranks[0].s.h.rows {
+			copy(e.s.h.rows[i], row)
+		}
+	}
+	for li := range t.cfg.Layers {
+		for _, e := range t.ranks {
+			e.attnBlock(b, li)
+		}
+		t.allReduce(func(e *Engine) [][]float32 { return e.s.tmp.rows })
+		for _, e := range t.ranks {
+			e.mlpBlock(li)
+		}
+		t.allReduce(func(e *Engine) [][]float32 { return e.s.tmp.rows })
+	}
+
+	// The LM head on the rows whose logits someone reads, each rank its vocabulary rows.
+	H, V, VR := t.cfg.Hidden, t.cfg.VocabSize, t.layout.VocabRows
+	var need []int // row of the residual stream
+	for si := range b.Seqs {
+		sq := &b.Seqs[si]
+		if sq.ContextLogits || sq.Sample || sq.ReturnLogits {
+			need = append(need, si)
+		}
+	}
+	rows := 0
+	first := make([]int, len(b.Seqs)) // the sequence's first row of the step
+	for si := range b.Seqs {
+		first[si] = rows
+		rows += len(b.Seqs[si].Tokens)
+	}
+	var in [][]float32
+	var seqOf []int
+	r0 := t.ranks[0]
+	for _, si := range need {
+		sq := &b.Seqs[si]
+		from := first[si] + len(sq.Tokens) - 1
+		if sq.ContextLogits {
+			from = first[si]
+		}
+		for r := from; r < first[si]+len(sq.Tokens); r++ {
+			x := make([]float32, H)
+			r0.norm(x, r0.s.h.rows[r], r0.w.finalNorm, r0.w.finalNormB)
+			in = append(in, x)
+			seqOf = append(seqOf, si)
+		}
+	}
+	t.logits.resize(len(in), V)
+	t.part.resize(len(in), VR)
+	for r, e := range t.ranks {
+		matmul(t.part.rows, in, e.w.lmHead, H, VR, nil)
+		lo, hi := r*VR, min(V, (r+1)*VR)
+		for i := range in {
+			copy(t.logits.rows[i][lo:hi], t.part.rows[i][:hi-lo])
+		}
+	}
+	last := make([][]float32, len(b.Seqs))
+	for i, si := range seqOf {
+		sq := &b.Seqs[si]
+		if sq.ContextLogits {
+			outs[si].ContextLogits = append(outs[si].ContextLogits, t.logits.rows[i]...)
+		}
+		last[si] = t.logits.rows[i]
+	}
+	for len(t.samplers) < runtime.GOMAXPROCS(0) {
+		t.samplers = append(t.samplers, engine.NewSampler(V))
+	}
+	errs := make([]error, len(b.Seqs))
+	parallelFor(len(b.Seqs), 1, 1, func(w, lo, hi int) {
+		for si := lo; si < hi; si++ {
+			errs[si] = r0.finish(&b.Seqs[si], last[si], t.samplers[w], &outs[si])
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return outs, nil
+}

@@ -1,0 +1,99 @@
+package cpu
+
+import (
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"gollm/engine"
+	"gollm/model"
+)
+
+// TestTensorParallelMatchesOneEngine runs the same batch — prompts of several lengths
+// with their context logits, then greedy and sampled decode steps — on the whole model
+// and split over 2 and 4 ranks, for GPT-2 (learned positions, fused transposed
+// projections, biases), LLaMA (grouped-query attention, rotary, gated MLP) and Qwen2 (one
+// KV head held by every rank, QKV biases, a tied head): the same tokens and
+// log-probabilities, and logits within float32 rounding of a different summation order.
+func TestTensorParallelMatchesOneEngine(t *testing.T) {
+	for _, fixture := range []string{"gpt2-tiny", "llama-tiny", "qwen2-tiny"} {
+		ck, err := model.Open(filepath.Join("..", "..", "testdata", fixture))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws, err := ck.Weights()
+		if err != nil {
+			t.Fatal(err)
+		}
+		kv := engine.KVConfig{NumBlocks: 32, TokensPerBlock: 8}
+		whole, err := ck.Float32Weights()
+		if err != nil {
+			t.Fatal(err)
+		}
+		one, err := NewFromModel(whole, kv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := runTP(t, one, 7)
+		for _, n := range []int{2, 4} {
+			tp, err := NewTensorParallel(&ck.Config, ws, n, kv)
+			if err != nil {
+				t.Fatalf("%s over %d: %v", fixture, n, err)
+			}
+			got := runTP(t, tp, 7)
+			for k := range want {
+				for i := range want[k] {
+					g, w := &got[k][i], &want[k][i]
+					if g.Token != w.Token || math.Abs(float64(g.LogProb-w.LogProb)) > 1e-4 {
+						t.Fatalf("%s over %d, step %d, sequence %d: token %d (%g), want %d (%g)", fixture, n, k, i, g.Token, g.LogProb, w.Token, w.LogProb)
+					}
+					if e := relL2(g.ContextLogits, w.ContextLogits); e > 1e-5 {
+						t.Fatalf("%s over %d, step %d, sequence %d: context logits off by %.2e", fixture, n, k, i, e)
+					}
+				}
+			}
+			_ = tp.Close()
+		}
+		_ = one.Close()
+		_ = ck.Close()
+	}
+}
+
+// runTP runs three sequences through eng: their prompts (context logits asked) and
+// steps decode steps, the first sequence greedy and the others sampled.
+func runTP(t *testing.T, eng engine.Engine, steps int) [][]engine.Output {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(3, 4))
+	V := eng.Info().VocabSize
+	seqs := make([]engine.Sequence, 3)
+	for i := range seqs {
+		p := make([]int32, 3+5*i)
+		for j := range p {
+			p[j] = int32(rng.IntN(V))
+		}
+		blocks := []int32{int32(10 * i), int32(10*i + 1), int32(10*i + 2), int32(10*i + 3)}
+		sp := engine.SamplingParams{}
+		if i > 0 {
+			sp = engine.SamplingParams{Temperature: 1, TopK: 50, Seed: uint64(i)}
+		}
+		seqs[i] = engine.Sequence{ID: uint64(i + 1), Tokens: p, Blocks: blocks, Sample: true, Sampling: sp, History: p, ContextLogits: true}
+	}
+	var all [][]engine.Output
+	for k := 0; k <= steps; k++ {
+		outs, err := eng.Step(&engine.Batch{Seqs: seqs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, outs)
+		for i := range seqs {
+			s := &seqs[i]
+			s.Pos += len(s.Tokens)
+			s.History = append(slices.Clone(s.History), outs[i].Token)
+			s.Tokens = s.History[len(s.History)-1:]
+			s.NumGenerated++
+		}
+	}
+	return all
+}
