@@ -68,6 +68,10 @@ type modelConfig struct {
 	// AdmissionWindow is admission_window_us: how long a request arriving at an idle
 	// instance waits for others to start with (batchmanager.Config.AdmissionWindow).
 	AdmissionWindow time.Duration
+	// TensorParallelSize is tensor_parallel_size: the GPUs one instance spreads the
+	// model over. Only 1 is served yet; a larger value is checked against the model and
+	// refused (issue 20).
+	TensorParallelSize int
 	// OverlapScheduler is overlap_scheduler: launch each iteration before the previous
 	// one's outputs are read (batchmanager.Config.Overlap); nil means on for engines
 	// that overlap on their own (the GPU engine), off for the others.
@@ -194,6 +198,10 @@ var params = []paramSpec{
 			return fmt.Errorf("%q: want fp16 or bf16 (float16, bfloat16)", v)
 		}
 		return nil
+	}},
+	{"tensor_parallel_size", func(c *modelConfig, v string) (err error) {
+		c.TensorParallelSize, err = intAtLeast(v, 1)
+		return err
 	}},
 	{"max_seq_len", func(c *modelConfig, v string) (err error) {
 		c.MaxSeqLen, err = intAtLeast(v, 2)

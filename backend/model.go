@@ -92,6 +92,13 @@ func loadModel(m triton.Model, log *zap.Logger) (*modelState, error) {
 		}
 		maxLen = cfg.MaxSeqLen
 	}
+	if n := cfg.TensorParallelSize; n > 1 {
+		// Said now, naming what does not divide, rather than after a long load.
+		if _, err := mc.TensorParallel(n); err != nil {
+			return nil, triton.WithCode(triton.CodeInvalidArg, fmt.Errorf("model %q: parameter \"tensor_parallel_size\": %w", name, err))
+		}
+		return nil, triton.WithCode(triton.CodeUnsupported, fmt.Errorf("model %q: parameter \"tensor_parallel_size\" %d: this build serves a model on one GPU an instance; tensor parallelism is not available yet (use instance_group count for replicas on several GPUs)", name, n))
+	}
 	gen, err := model.LoadGeneration(cfg.ModelPath, mc.VocabSize)
 	if err != nil {
 		return nil, fmt.Errorf("model %q: %w", name, err)

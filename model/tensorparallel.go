@@ -37,7 +37,7 @@ func (c *Config) TensorParallel(n int) (TPLayout, error) {
 		return TPLayout{}, fmt.Errorf("tensor_parallel_size %d: want at least 1", n)
 	}
 	if c.Heads%n != 0 {
-		return TPLayout{}, fmt.Errorf("tensor_parallel_size %d does not divide the model's %d attention heads (num_attention_heads)", n, c.Heads)
+		return TPLayout{}, fmt.Errorf("tensor_parallel_size %d does not divide the model's %d attention heads (num_attention_heads, n_head)", n, c.Heads)
 	}
 	l := TPLayout{Size: n, Heads: c.Heads / n, KVShare: 1, VocabRows: (c.VocabSize + n - 1) / n}
 	switch {
@@ -51,7 +51,7 @@ func (c *Config) TensorParallel(n int) (TPLayout, error) {
 		return TPLayout{}, fmt.Errorf("tensor_parallel_size %d neither divides nor is a multiple of the model's %d KV heads (num_key_value_heads)", n, c.KVHeads)
 	}
 	if c.Inner%n != 0 {
-		return TPLayout{}, fmt.Errorf("tensor_parallel_size %d does not divide the MLP's %d units (intermediate_size)", n, c.Inner)
+		return TPLayout{}, fmt.Errorf("tensor_parallel_size %d does not divide the MLP's %d units (intermediate_size, n_inner)", n, c.Inner)
 	}
 	l.Inner = c.Inner / n
 	return l, nil

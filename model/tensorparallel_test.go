@@ -186,9 +186,9 @@ func TestTensorParallelLayout(t *testing.T) {
 		want string
 	}{
 		{c, 0, "tensor_parallel_size 0: want at least 1"},
-		{c, 3, "does not divide the model's 32 attention heads (num_attention_heads)"},
+		{c, 3, "does not divide the model's 32 attention heads (num_attention_heads, n_head)"},
 		{Config{Heads: 12, KVHeads: 3, Inner: 64, VocabSize: 10}, 4, "neither divides nor is a multiple of the model's 3 KV heads (num_key_value_heads)"},
-		{Config{Heads: 8, KVHeads: 8, Inner: 100, VocabSize: 10}, 8, "does not divide the MLP's 100 units (intermediate_size)"},
+		{Config{Heads: 8, KVHeads: 8, Inner: 100, VocabSize: 10}, 8, "does not divide the MLP's 100 units (intermediate_size, n_inner)"},
 	} {
 		if _, err := tc.cfg.TensorParallel(tc.n); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("over %d: %v, want an error containing %q", tc.n, err, tc.want)
