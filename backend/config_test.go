@@ -145,7 +145,7 @@ func TestParseModelConfigErrors(t *testing.T) {
 		{"a bad overlap_scheduler is refused", 8, map[string]string{"overlap_scheduler": "on"},
 			`parameter "overlap_scheduler": "on": want true or false`},
 		{"a zero tensor_parallel_size is refused", 8, map[string]string{"tensor_parallel_size": "0"},
-			`parameter "tensor_parallel_size": "0": want an integer ≥ 1`},
+			`parameter "tensor_parallel_size": 0: want an integer ≥ 1`},
 		{"a negative token limit is refused", 8, map[string]string{"max_num_tokens": "-1"},
 			`parameter "max_num_tokens": -1: want an integer ≥ 0`},
 		{"a zero KV pool is refused", 8, map[string]string{"max_tokens_in_paged_kv_cache": "0"},
