@@ -102,6 +102,41 @@ func TestGPULaunchFeedsTheSampledToken(t *testing.T) {
 					}
 				}
 			}
+			// A launch may mix a fed row with a new prompt's rows (an arrival joining a
+			// step launched ahead): both give what Step gives.
+			if tc.n >= 3 && tc.n <= 16 {
+				a := []engine.Sequence{seqs[0], seqs[1]}
+				wantA, err := e.Step(&engine.Batch{Seqs: a})
+				if err != nil {
+					t.Fatal(err)
+				}
+				next := a[0]
+				next.Pos, next.Tokens, next.NumGenerated = len(a[0].Tokens), []int32{wantA[0].Token}, 1
+				wantB, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{next, seqs[2]}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := e.Launch(&engine.Batch{Seqs: a}); err != nil {
+					t.Fatal(err)
+				}
+				fed := next
+				fed.Tokens, fed.Feed = []int32{0}, 1
+				if err := e.Launch(&engine.Batch{Seqs: []engine.Sequence{fed, seqs[2]}}); err != nil {
+					t.Fatal(err)
+				}
+				gotA, errA := e.Wait()
+				gotB, errB := e.Wait()
+				if errA != nil || errB != nil {
+					t.Fatal(errA, errB)
+				}
+				for k, pair := range [][2][]engine.Output{{gotA, wantA}, {gotB, wantB}} {
+					for i := range pair[1] {
+						if pair[0][i].Token != pair[1][i].Token || pair[0][i].LogProb != pair[1][i].LogProb {
+							t.Errorf("mixed launch %d, row %d: %d (%g), Step %d (%g)", k, i, pair[0][i].Token, pair[0][i].LogProb, pair[1][i].Token, pair[1][i].LogProb)
+						}
+					}
+				}
+			}
 			// The engine steps on afterwards, and refuses a feed with nothing launched.
 			if _, err := e.Step(&engine.Batch{Seqs: seqs[:1]}); err != nil {
 				t.Fatal(err)
@@ -139,9 +174,11 @@ func TestGPUOverlapScheduleGivesTheSameTokens(t *testing.T) {
 		done := make(chan uint64, len(reqs))
 		errs := make(chan error, len(reqs))
 		m, err := batchmanager.New(e, batchmanager.Config{Overlap: overlap}, batchmanager.Callbacks{
+			// Four at a time, so that most arrive while steps run ahead and join them.
 			GetInferenceRequests: func(int) []*batchmanager.InferenceRequest {
-				q := reqs
-				reqs = nil
+				n := min(4, len(reqs))
+				q := reqs[:n]
+				reqs = reqs[n:]
 				return q
 			},
 			SendResponse: func(id uint64, res batchmanager.Result, final bool, err error) {
