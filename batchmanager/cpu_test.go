@@ -90,6 +90,30 @@ type arrival struct {
 func runArrivals(t *testing.T, eng engine.Engine, cfg Config, arrivals []arrival) (map[uint64][]int32, []Stats) {
 	t.Helper()
 	c := newClient()
+	cfg.IdleWait = 100 * time.Microsecond
+	m, err := New(eng, cfg, arrivalCallbacks(c, arrivals), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Shutdown()
+	c.wait(t, len(arrivals))
+	out := map[uint64][]int32{}
+	for _, a := range arrivals {
+		toks, err := c.tokensOf(t, a.req.ID)
+		if err != nil {
+			t.Fatalf("request %d: %v", a.req.ID, err)
+		}
+		out[a.req.ID] = toks
+	}
+	poolWhole(t, m)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return out, slices.Clone(c.typed)
+}
+
+// arrivalCallbacks are c's callbacks with the arrivals handed out from their Get calls
+// on.
+func arrivalCallbacks(c *client, arrivals []arrival) Callbacks {
 	calls := 0
 	cb := c.callbacks()
 	get := cb.GetInferenceRequests
@@ -109,25 +133,7 @@ func runArrivals(t *testing.T, eng engine.Engine, cfg Config, arrivals []arrival
 		c.add(now...)
 		return get(max)
 	}
-	cfg.IdleWait = 100 * time.Microsecond
-	m, err := New(eng, cfg, cb, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Shutdown()
-	c.wait(t, len(arrivals))
-	out := map[uint64][]int32{}
-	for _, a := range arrivals {
-		toks, err := c.tokensOf(t, a.req.ID)
-		if err != nil {
-			t.Fatalf("request %d: %v", a.req.ID, err)
-		}
-		out[a.req.ID] = toks
-	}
-	poolWhole(t, m)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return out, slices.Clone(c.typed)
+	return cb
 }
 
 // probeWorkload is a probe arriving first and 31 requests with random prompt and

@@ -266,18 +266,8 @@ func (m *Manager) stepAhead() {
 		err = fmt.Errorf("engine returned %d outputs for %d sequences", len(outs), len(a.refs))
 	}
 	if err != nil {
-		m.log.Sugar().Errorw("engine step failed; failing the iteration's requests", "requests", len(m.sched), "error", err)
-		m.drainPipe()
-		broken := m.recoverEngine(err)
-		for _, r := range m.sched {
-			m.release(r)
-			m.send(r.id, Result{}, true, fmt.Errorf("request %d: %w: %w", r.id, ErrEngine, err))
-		}
-		m.running = compact(m.running, phaseRunning)
 		m.keepSpare(a)
-		if broken != nil {
-			m.failAll(broken)
-		}
+		m.failStep(err)
 		return
 	}
 	for i, ref := range a.refs {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"math/rand/v2"
 	"reflect"
-	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -85,27 +84,8 @@ func overlapWorkload(seed uint64) []arrival {
 func runResponses(t *testing.T, eng engine.Engine, cfg Config, arrivals []arrival) map[uint64][]response {
 	t.Helper()
 	c := newClient()
-	calls := 0
-	cb := c.callbacks()
-	get := cb.GetInferenceRequests
-	pending := slices.Clone(arrivals)
-	cb.GetInferenceRequests = func(max int) []*InferenceRequest {
-		calls++
-		var now []*InferenceRequest
-		rest := pending[:0]
-		for _, a := range pending {
-			if a.at <= calls {
-				now = append(now, a.req)
-			} else {
-				rest = append(rest, a)
-			}
-		}
-		pending = rest
-		c.add(now...)
-		return get(max)
-	}
-	cfg.IdleWait = 100e3
-	m, err := New(eng, cfg, cb, nil)
+	cfg.IdleWait = 100 * time.Microsecond
+	m, err := New(eng, cfg, arrivalCallbacks(c, arrivals), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,22 +53,7 @@ func (m *Manager) step() {
 		err = fmt.Errorf("engine returned %d outputs for %d sequences", len(outs), len(m.refs))
 	}
 	if err != nil {
-		m.log.Sugar().Errorw("engine step failed; failing the iteration's requests", "requests", len(m.sched), "error", err)
-		if m.pipe != nil {
-			m.drainPipe()
-		}
-		// Recovery first: an instance whose engine is lost says so before the failed
-		// step's clients hear of it, so that none of them retries into it unwarned.
-		broken := m.recoverEngine(err)
-		for _, r := range m.sched {
-			m.release(r)
-			m.send(r.id, Result{}, true, fmt.Errorf("request %d: %w: %w", r.id, ErrEngine, err))
-		}
-		m.running = compact(m.running, phaseRunning)
-		m.finishV1Batch()
-		if broken != nil {
-			m.failAll(broken)
-		}
+		m.failStep(err)
 		return
 	}
 
@@ -84,6 +69,28 @@ func (m *Manager) step() {
 	clear(m.refs)
 	m.running = compact(m.running, phaseRunning)
 	m.finishV1Batch()
+}
+
+// failStep ends the requests of a step the engine failed (m.sched) with ErrEngine: what
+// was launched ahead is waited for and dropped, and the engine recovers — first, so
+// that an instance whose engine is lost says so before the failed step's clients hear
+// of it and none of them retries into it unwarned; one that cannot recover ends
+// everything.
+func (m *Manager) failStep(err error) {
+	m.log.Sugar().Errorw("engine step failed; failing the iteration's requests", "requests", len(m.sched), "error", err)
+	if m.pipe != nil {
+		m.drainPipe()
+	}
+	broken := m.recoverEngine(err)
+	for _, r := range m.sched {
+		m.release(r)
+		m.send(r.id, Result{}, true, fmt.Errorf("request %d: %w: %w", r.id, ErrEngine, err))
+	}
+	m.running = compact(m.running, phaseRunning)
+	m.finishV1Batch()
+	if broken != nil {
+		m.failAll(broken)
+	}
 }
 
 // hostSampled says whether the manager, not the engine, chooses r's tokens from the

@@ -178,15 +178,7 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 // time, in seconds.
 func static(eng *cuda.Engine, prompts [][]int32, out, perSeq int) (float64, float64, error) {
 	B := len(prompts)
-	seqs := make([]engine.Sequence, B)
-	for i, p := range prompts {
-		blocks := make([]int32, perSeq)
-		for k := range blocks {
-			blocks[k] = int32(i*perSeq + k)
-		}
-		seqs[i] = engine.Sequence{ID: uint64(i), Tokens: p, Blocks: blocks, Sample: true,
-			Sampling: engine.SamplingParams{}, History: p}
-	}
+	seqs := staticSeqs(prompts, perSeq)
 	start := time.Now()
 	outs, err := eng.Step(&engine.Batch{Seqs: seqs})
 	if err != nil {
@@ -209,6 +201,21 @@ func static(eng *cuda.Engine, prompts [][]int32, out, perSeq int) (float64, floa
 	return end.Sub(start).Seconds(), end.Sub(prefill).Seconds(), nil
 }
 
+// staticSeqs are the greedy sequences of a static batch, each prompt with blocks of its
+// own.
+func staticSeqs(prompts [][]int32, perSeq int) []engine.Sequence {
+	seqs := make([]engine.Sequence, len(prompts))
+	for i, p := range prompts {
+		blocks := make([]int32, perSeq)
+		for k := range blocks {
+			blocks[k] = int32(i*perSeq + k)
+		}
+		seqs[i] = engine.Sequence{ID: uint64(i), Tokens: p, Blocks: blocks, Sample: true,
+			Sampling: engine.SamplingParams{}, History: p}
+	}
+	return seqs
+}
+
 // beams runs one request of beam width W per prompt through a batch manager, all queued
 // at once, and returns the seconds until the last final response.
 func beams(eng *cuda.Engine, prompts [][]int32, width, out int) (float64, error) {
@@ -217,28 +224,42 @@ func beams(eng *cuda.Engine, prompts [][]int32, width, out int) (float64, error)
 		queue[i] = &batchmanager.InferenceRequest{ID: uint64(i + 1), InputIDs: p, MaxNewTokens: out, PadID: -1,
 			BeamWidth: width, ExcludeInputInOutput: true}
 	}
-	done := make(chan error, len(prompts))
+	return runManager(eng, queue, len(prompts)*width, func(_ uint64, res batchmanager.Result, final bool) error {
+		if final && len(res.Beams) > 0 && len(res.Beams[0].Tokens) != out {
+			return fmt.Errorf("a best beam of %d tokens, want %d", len(res.Beams[0].Tokens), out)
+		}
+		return nil
+	})
+}
+
+// runManager runs queue through a batch manager of maxBatch sequences (the overlap
+// schedule with -overlap), all queued at once, and returns the seconds until the last
+// final response; check sees every response and may fail the run.
+func runManager(eng *cuda.Engine, queue []*batchmanager.InferenceRequest, maxBatch int,
+	check func(id uint64, res batchmanager.Result, final bool) error) (float64, error) {
+	n := len(queue)
+	done := make(chan error, n)
 	var mu sync.Mutex
 	start := time.Now()
-	m, err := batchmanager.New(eng, batchmanager.Config{MaxBatchSize: len(prompts) * width, Overlap: overlap}, batchmanager.Callbacks{
+	m, err := batchmanager.New(eng, batchmanager.Config{MaxBatchSize: maxBatch, Overlap: overlap}, batchmanager.Callbacks{
 		GetInferenceRequests: func(max int) []*batchmanager.InferenceRequest {
 			mu.Lock()
 			defer mu.Unlock()
-			n := len(queue)
+			k := len(queue)
 			if max >= 0 {
-				n = min(n, max)
+				k = min(k, max)
 			}
-			q := queue[:n]
-			queue = queue[n:]
+			q := queue[:k]
+			queue = queue[k:]
 			return q
 		},
-		SendResponse: func(_ uint64, res batchmanager.Result, final bool, err error) {
-			switch {
-			case err != nil:
+		SendResponse: func(id uint64, res batchmanager.Result, final bool, err error) {
+			if err == nil {
+				err = check(id, res, final)
+			}
+			if err != nil {
 				done <- err
-			case final && len(res.Beams) > 0 && len(res.Beams[0].Tokens) != out:
-				done <- fmt.Errorf("a best beam of %d tokens, want %d", len(res.Beams[0].Tokens), out)
-			case final:
+			} else if final {
 				done <- nil
 			}
 		},
@@ -247,7 +268,7 @@ func beams(eng *cuda.Engine, prompts [][]int32, width, out int) (float64, error)
 		return 0, err
 	}
 	defer m.Shutdown()
-	for range prompts {
+	for range n {
 		if err := <-done; err != nil {
 			return 0, err
 		}
@@ -259,15 +280,7 @@ func beams(eng *cuda.Engine, prompts [][]int32, width, out int) (float64, error)
 // read: step s+1's tokens are fed on the GPU from step s's sampling.
 func staticOverlap(eng *cuda.Engine, prompts [][]int32, out, perSeq int) (float64, float64, error) {
 	B := len(prompts)
-	seqs := make([]engine.Sequence, B)
-	for i, p := range prompts {
-		blocks := make([]int32, perSeq)
-		for k := range blocks {
-			blocks[k] = int32(i*perSeq + k)
-		}
-		seqs[i] = engine.Sequence{ID: uint64(i), Tokens: p, Blocks: blocks, Sample: true,
-			Sampling: engine.SamplingParams{}, History: p}
-	}
+	seqs := staticSeqs(prompts, perSeq)
 	start := time.Now()
 	outs, err := eng.Step(&engine.Batch{Seqs: seqs})
 	if err != nil {
@@ -310,44 +323,14 @@ func serve(eng *cuda.Engine, prompts [][]int32, out int) (float64, error) {
 		queue[i] = &batchmanager.InferenceRequest{ID: uint64(i + 1), InputIDs: p, MaxNewTokens: out, PadID: -1,
 			ExcludeInputInOutput: true, Streaming: true}
 	}
-	done := make(chan error, len(prompts))
-	var mu sync.Mutex
 	got := make([]int, len(prompts)+1)
-	start := time.Now()
-	m, err := batchmanager.New(eng, batchmanager.Config{MaxBatchSize: len(prompts), Overlap: overlap}, batchmanager.Callbacks{
-		GetInferenceRequests: func(max int) []*batchmanager.InferenceRequest {
-			mu.Lock()
-			defer mu.Unlock()
-			n := len(queue)
-			if max >= 0 {
-				n = min(n, max)
-			}
-			q := queue[:n]
-			queue = queue[n:]
-			return q
-		},
-		SendResponse: func(id uint64, res batchmanager.Result, final bool, err error) {
-			got[id] += res.Length
-			switch {
-			case err != nil:
-				done <- err
-			case final && got[id] != out:
-				done <- fmt.Errorf("request %d: %d tokens, want %d", id, got[id], out)
-			case final:
-				done <- nil
-			}
-		},
-	}, nil)
-	if err != nil {
-		return 0, err
-	}
-	defer m.Shutdown()
-	for range prompts {
-		if err := <-done; err != nil {
-			return 0, err
+	return runManager(eng, queue, len(prompts), func(id uint64, res batchmanager.Result, final bool) error {
+		got[id] += res.Length
+		if final && got[id] != out {
+			return fmt.Errorf("request %d: %d tokens, want %d", id, got[id], out)
 		}
-	}
-	return time.Since(start).Seconds(), nil
+		return nil
+	})
 }
 
 func median(x []float64) float64 {
