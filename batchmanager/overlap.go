@@ -40,22 +40,27 @@ func (m *Manager) stepPiped() ([]engine.Output, error) {
 	}
 	m.launched++
 	if next := m.planAhead(m.batch.Seqs, m.refs); next != nil {
-		m.launchAhead(next)
+		if err := m.launchAhead(next); err != nil {
+			// The step's requests end with the error (step's failStep waits for it).
+			return nil, err
+		}
 	}
 	m.launched--
 	return m.pipe.Wait()
 }
 
-// launchAhead launches next and makes it the step ahead. A launch that fails leaves the
-// rows' requests to be scheduled in turn.
-func (m *Manager) launchAhead(next *aheadStep) {
+// launchAhead launches next and makes it the step ahead. A launch that fails is an
+// engine failure like any other (the engine must recover before it runs again): the
+// caller fails the requests in flight; requests admitted into next stay admitted and
+// are scheduled in turn.
+func (m *Manager) launchAhead(next *aheadStep) error {
 	if err := m.pipe.Launch(&next.batch); err != nil {
-		m.log.Sugar().Warnw("launching the next iteration ahead failed; it is scheduled in turn", "error", err)
 		m.keepSpare(next)
-		return
+		return err
 	}
 	m.launched++
 	m.ahead = next
+	return nil
 }
 
 // drainPipe waits for every launched iteration, discarding its outputs, and forgets the
@@ -256,7 +261,11 @@ func (m *Manager) stepAhead() {
 		}
 	}
 	if next := m.planAhead(a.batch.Seqs, a.refs); next != nil {
-		m.launchAhead(next)
+		if err := m.launchAhead(next); err != nil {
+			m.keepSpare(a)
+			m.failStep(err)
+			return
+		}
 	}
 	t0 := time.Now()
 	m.launched--

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"math/rand/v2"
 	"reflect"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -284,6 +286,56 @@ func TestOverlapGoesOnUnderAStreamOfArrivals(t *testing.T) {
 	t.Logf("%d of %d tokens after the first came from rows fed ahead", fed, feedable)
 	if fed < feedable*8/10 {
 		t.Errorf("only %d of %d tokens came from rows fed ahead; arrivals stop the overlap", fed, feedable)
+	}
+	poolWhole(t, m)
+}
+
+// launchFailing is a fake engine whose launch of a fed step fails once when told to (a
+// CUDA error while a step is enqueued ahead).
+type launchFailing struct {
+	*recoveringFake
+	pipe    *engine.SyncPipeline
+	failFed atomic.Bool
+}
+
+func (l *launchFailing) Launch(b *engine.Batch) error {
+	if slices.ContainsFunc(b.Seqs, func(s engine.Sequence) bool { return s.Feed > 0 }) && l.failFed.CompareAndSwap(true, false) {
+		return errors.New("injected: launch ahead failed")
+	}
+	return l.pipe.Launch(b)
+}
+
+func (l *launchFailing) Wait() ([]engine.Output, error) { return l.pipe.Wait() }
+
+// TestOverlapFailedLaunchAheadFailsTheRequestsInFlight fails the launch of a step ahead:
+// like any failed step, the requests in flight end with ErrEngine, the engine is asked
+// to recover, and the next request runs.
+func TestOverlapFailedLaunchAheadFailsTheRequestsInFlight(t *testing.T) {
+	rf := &recoveringFake{fakeEngine: newFake(64, 4)}
+	rf.delay = time.Millisecond
+	eng := &launchFailing{recoveringFake: rf, pipe: engine.NewSyncPipeline(rf)}
+	m, c := start(t, eng, Config{Overlap: true})
+	c.add(&InferenceRequest{ID: 1, InputIDs: []int32{1, 2}, MaxNewTokens: 100, PadID: -1, Streaming: true},
+		&InferenceRequest{ID: 2, InputIDs: []int32{3}, MaxNewTokens: 100, PadID: -1, Streaming: true})
+	eventually(t, "both requests stream", func() bool { return len(c.responses(1)) > 3 && len(c.responses(2)) > 3 })
+	eng.failFed.Store(true)
+	c.wait(t, 2)
+	for _, id := range []uint64{1, 2} {
+		rs := c.responses(id)
+		if last := rs[len(rs)-1]; !last.final || !errors.Is(last.err, ErrEngine) || !strings.Contains(last.err.Error(), "launch ahead failed") {
+			t.Fatalf("request %d: last response %+v, want a final ErrEngine naming the failed launch", id, last)
+		}
+	}
+	rf.mu.Lock()
+	causes := len(rf.causes)
+	rf.mu.Unlock()
+	if causes != 1 {
+		t.Errorf("Recover was called %d times, want once", causes)
+	}
+	c.add(&InferenceRequest{ID: 3, InputIDs: []int32{1, 2, 3}, MaxNewTokens: 5, PadID: -1})
+	c.wait(t, 1)
+	if got, err := c.tokensOf(t, 3); err != nil || len(got) != 8 {
+		t.Fatalf("after the failure: %v, %v; want the prompt and 5 tokens", got, err)
 	}
 	poolWhole(t, m)
 }
