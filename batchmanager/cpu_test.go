@@ -368,3 +368,30 @@ func recordSteps(eng *fakeEngine) *[][]uint64 {
 	}
 	return &steps
 }
+
+// TestTensorParallelEngineUnderTheManager runs the probe workload through the batch
+// manager on the CPU engine split over 2 ranks (cpu.TensorParallel): the shared block
+// tables address each rank's own KV heads, and every request gets its solo greedy tokens.
+func TestTensorParallelEngineUnderTheManager(t *testing.T) {
+	ck, err := model.Open(tinyDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	ws, err := ck.Weights()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp, err := cpu.NewTensorParallel(&ck.Config, ws, 2, engine.KVConfig{NumBlocks: 64, TokensPerBlock: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tp.Close()
+	arrivals := probeWorkload(7, 40)
+	got, _ := runArrivals(t, tp, Config{EnableKVCacheReuse: true}, arrivals)
+	for _, a := range arrivals {
+		if want := soloGreedy(t, a.req.InputIDs, a.req.MaxNewTokens); !slices.Equal(got[a.req.ID], want) {
+			t.Errorf("request %d: got %v, want %v", a.req.ID, got[a.req.ID], want)
+		}
+	}
+}
