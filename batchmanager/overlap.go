@@ -124,8 +124,25 @@ func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 		// The scheduler admits it, in turn.
 		return nil
 	}
+	// Every running request must have a row in base: one the scheduler left out (the
+	// token budget) would get none in the steps ahead either, for as long as they go on.
+	rows := 0
+	for _, ref := range refs {
+		if alive(ref) {
+			rows++
+		}
+	}
+	if rows != len(m.running) {
+		return nil
+	}
 	for i := range base {
-		if !base[i].Sample || !refs[i].r.runsAhead() {
+		s, r := &base[i], refs[i].r
+		switch {
+		case s.Sample && !r.runsAhead():
+			return nil
+		case !s.Sample && (s.ReturnLogits || r.width > 1):
+			// The host chooses its token from these logits, or a group may fork after
+			// this chunk: the next row is not known before the outputs are read.
 			return nil
 		}
 	}
@@ -134,6 +151,10 @@ func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 	if a == nil {
 		a = &aheadStep{}
 	}
+	budget := math.MaxInt
+	if m.cfg.MaxNumTokens > 0 {
+		budget = m.cfg.MaxNumTokens
+	}
 	tpb := m.pool.TokensPerBlock()
 	for i := range base {
 		s, ref := &base[i], refs[i]
@@ -141,6 +162,15 @@ func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 		if !alive(ref) {
 			continue
 		}
+		if !s.Sample {
+			// A prompt chunk: the next chunk's tokens are known.
+			if !m.planChunk(a, s, ref, &budget) {
+				m.keepSpare(a)
+				return nil
+			}
+			continue
+		}
+		budget--
 		// The token base samples goes at pos; the row ahead computes it there.
 		pos := s.Pos + len(s.Tokens)
 		if len(b.tokens) != pos || b.computed > s.Pos {
@@ -190,6 +220,59 @@ func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 		return nil
 	}
 	return a
+}
+
+// planChunk adds to a the next prompt chunk of a request whose base row s is a chunk
+// that samples nothing (chunked context, or a resumed request recomputing), as the
+// scheduler would size it from the budget left, with its blocks; false when none fits
+// or the blocks cannot be had (the scheduler then decides, in turn).
+func (m *Manager) planChunk(a *aheadStep, s *engine.Sequence, ref seqRef, budget *int) bool {
+	r, b := ref.r, ref.b
+	pos := s.Pos + len(s.Tokens)
+	if b.computed > s.Pos || pos >= len(b.tokens) {
+		return false
+	}
+	n := m.chunk(r, len(b.tokens)-pos, *budget)
+	if n == 0 {
+		return false
+	}
+	tpb := m.pool.TokensPerBlock()
+	before := len(b.kv.Blocks())
+	if err := b.kv.Reserve(pos + n); err != nil {
+		return false
+	}
+	r.perf.NewBlocks += len(b.kv.Blocks()) - before
+	for blk := pos / tpb; blk <= (pos+n-1)/tpb; blk++ {
+		src, dst, copied, err := b.kv.Writable(blk * tpb)
+		if err != nil {
+			return false
+		}
+		if copied {
+			r.perf.NewBlocks++
+			a.batch.BlockCopies = append(a.batch.BlockCopies, engine.BlockCopy{Src: src, Dst: dst})
+		}
+	}
+	*budget -= n
+	end := pos + n
+	last := end == len(b.tokens)
+	row := engine.Sequence{
+		ID:            r.id,
+		Tokens:        b.tokens[pos:end:end],
+		Pos:           pos,
+		Blocks:        b.kv.Blocks(),
+		Sampling:      r.samplingFor(b),
+		History:       b.tokens[:end:end],
+		NumGenerated:  b.generated,
+		ContextLogits: r.ctxLogits != nil && pos < r.promptLen && !r.ctxSent,
+	}
+	if r.hostSampled() {
+		row.ReturnLogits = last
+	} else {
+		row.Sample, row.ReturnLogits = last, r.req.ReturnGenerationLogits
+	}
+	a.batch.Seqs = append(a.batch.Seqs, row)
+	a.refs = append(a.refs, ref)
+	return true
 }
 
 // joinsAhead says whether a waiting request may be admitted into a step launched ahead:

@@ -339,3 +339,42 @@ func TestOverlapFailedLaunchAheadFailsTheRequestsInFlight(t *testing.T) {
 	}
 	poolWhole(t, m)
 }
+
+// TestPlanAheadLeavesNoRunningRequestBehind plans the step after a step that left a
+// running request out (the scheduler's token budget can): no step is launched ahead,
+// since it would continue only the rows of the step before and the request left out
+// would wait for as long as steps run ahead. With every running request in the step, the
+// step ahead feeds each one.
+func TestPlanAheadLeavesNoRunningRequestBehind(t *testing.T) {
+	m, err := newManager(newFake(32, 4), Config{Overlap: true}, Callbacks{
+		GetInferenceRequests: func(int) []*InferenceRequest { return nil },
+		SendResponse:         func(uint64, Result, bool, error) {},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var base []engine.Sequence
+	var refs []seqRef
+	for id := range uint64(2) {
+		r, err := m.newRequest(&InferenceRequest{ID: id + 1, InputIDs: []int32{1, 2, 3}, MaxNewTokens: 8, PadID: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.kv = m.pool.Add(r.tokens[:r.promptLen], false)
+		r.tokens = append(r.tokens, 7)
+		r.generated, r.computed, r.n, r.phase = 1, 3, 1, phaseRunning
+		if err := r.kv.Reserve(4); err != nil {
+			t.Fatal(err)
+		}
+		m.running = append(m.running, r)
+		base = append(base, engine.Sequence{ID: r.id, Tokens: r.tokens[3:4], Pos: 3, Blocks: r.kv.Blocks(), Sample: true, NumGenerated: 1})
+		refs = append(refs, seqRef{r, &r.branch})
+	}
+	if a := m.planAhead(base[:1], refs[:1]); a != nil {
+		t.Fatalf("a step ahead of %d rows was planned with a running request left out", len(a.batch.Seqs))
+	}
+	a := m.planAhead(base, refs)
+	if a == nil || len(a.batch.Seqs) != 2 || a.batch.Seqs[0].Feed != 1 || a.batch.Seqs[1].Feed != 2 {
+		t.Fatalf("with every running request in the step: %+v, want two rows fed from rows 1 and 2", a)
+	}
+}
