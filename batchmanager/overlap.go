@@ -151,9 +151,16 @@ func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 	if a == nil {
 		a = &aheadStep{}
 	}
+	// Generation rows first, one token each; prompt chunks take what the budget leaves
+	// (the scheduler's order).
 	budget := math.MaxInt
 	if m.cfg.MaxNumTokens > 0 {
 		budget = m.cfg.MaxNumTokens
+		for i := range base {
+			if base[i].Sample {
+				budget--
+			}
+		}
 	}
 	tpb := m.pool.TokensPerBlock()
 	for i := range base {
@@ -170,7 +177,6 @@ func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 			}
 			continue
 		}
-		budget--
 		// The token base samples goes at pos; the row ahead computes it there.
 		pos := s.Pos + len(s.Tokens)
 		if len(b.tokens) != pos || b.computed > s.Pos {
@@ -287,7 +293,10 @@ func joinsAhead(r *request) bool { return r.width == 1 && !r.req.BatchedPostProc
 func (m *Manager) admitAhead(a *aheadStep) {
 	budget := math.MaxInt
 	if m.cfg.MaxNumTokens > 0 {
-		budget = m.cfg.MaxNumTokens - len(a.batch.Seqs)
+		budget = m.cfg.MaxNumTokens
+		for _, s := range a.batch.Seqs {
+			budget -= len(s.Tokens)
+		}
 		if budget <= 0 {
 			return
 		}

@@ -19,13 +19,20 @@ type countingPipe struct {
 	engine.Engine
 	pipe *engine.SyncPipeline
 	fed  atomic.Int64
+	// most is the most tokens of one launch.
+	most atomic.Int64
 }
 
 func (c *countingPipe) Launch(b *engine.Batch) error {
+	n := 0
 	for _, s := range b.Seqs {
 		if s.Feed > 0 {
 			c.fed.Add(1)
 		}
+		n += len(s.Tokens)
+	}
+	if int64(n) > c.most.Load() {
+		c.most.Store(int64(n))
 	}
 	return c.pipe.Launch(b)
 }
@@ -132,6 +139,9 @@ func TestOverlapGivesTheSameResponses(t *testing.T) {
 				if !reflect.DeepEqual(got[id], want[id]) {
 					t.Errorf("request %d: with overlap\n%+v\nwithout\n%+v", id, got[id], want[id])
 				}
+			}
+			if most := eng.most.Load(); tc.cfg.MaxNumTokens > 0 && most > int64(tc.cfg.MaxNumTokens) {
+				t.Errorf("a launch of %d tokens; max_num_tokens is %d", most, tc.cfg.MaxNumTokens)
 			}
 			fed := eng.fed.Load()
 			if tc.cfg.ModelType == V1 {
