@@ -8,23 +8,23 @@ import (
 	"gollm/engine"
 )
 
-// The overlap schedule (Config.Overlap). An iteration whose every sequence samples a
-// token and belongs to a request that samples without its token history launches its
-// successor before its own outputs are read: each continuing sequence gets a row fed by
-// its own sampled token on the engine (engine.Sequence.Feed), one position on, with the
-// block it writes reserved now. The host then reads the first iteration's outputs and
-// does its work on them — new tokens, stop conditions, responses — while the engine
-// computes the second. That one, the step ahead, is the next iteration: it is not
-// scheduled again but waited for, and while it runs the step after it may be launched
-// ahead in turn, for as long as the batch stays eligible. Requests waiting to be
-// admitted join the step ahead (their prompts need nothing sampled), as they would join
-// the next step without it. A request that ended meanwhile (an end token, a stop word, a cancellation)
-// has its row computed for nothing; its blocks are released at once, which is safe
-// because every later iteration runs after the step ahead on the engine, and the
-// position that row writes is past everything the block holds for reuse.
+// The overlap schedule (Config.Overlap). An iteration whose rows each either sample a
+// token for a request that samples without its token history, or compute a prompt chunk
+// whose next chunk is known, and that holds a row of every running request, launches
+// its successor before its own outputs are read: each continuing generation gets a row
+// fed by its own sampled token on the engine (engine.Sequence.Feed), one position on;
+// each prompt its next chunk; waiting requests their first chunk; every row's blocks are
+// reserved now. The host then reads the first iteration's outputs and does its work on
+// them — new tokens, stop conditions, responses — while the engine computes the second.
+// That one, the step ahead, is the next iteration: it is not scheduled again but waited
+// for, and while it runs the step after it may be launched ahead in turn, for as long as
+// the batch stays eligible. A request that ended meanwhile (an end token, a stop word, a
+// cancellation) has its row computed for nothing; its blocks are released at once,
+// which is safe because every later iteration runs after the step ahead on the engine,
+// and the position that row writes is past everything the block holds for reuse.
 
-// aheadStep is an iteration launched ahead: every row a generation step fed by the
-// iteration launched before it.
+// aheadStep is an iteration launched ahead: generation rows fed by the iteration
+// launched before it, prompt chunks, and the first chunks of requests admitted into it.
 type aheadStep struct {
 	// batch is what was launched.
 	batch engine.Batch
@@ -111,11 +111,14 @@ func alive(ref seqRef) bool {
 	return ref.r.phase == phaseRunning && ref.r.failed == nil && !ref.b.ended && ref.b.kv != nil
 }
 
-// planAhead builds the iteration after base (launched, its outputs not read yet): one
-// fed row for each row of base whose branch goes on unless its token ends it, or nil
-// when base is not eligible — not in-flight batching under guaranteed_no_evict or
-// max_utilization, a request waiting to be admitted, a row that samples no token or
-// whose request cannot run ahead — or no row goes on, or a block cannot be had.
+// planAhead builds the iteration after base (launched, its outputs not read yet): a fed
+// row for each row of base that samples and whose branch goes on unless its token ends
+// it, the next chunk of each prompt chunk, and waiting requests admitted after them; or
+// nil when base is not eligible — not in-flight batching under guaranteed_no_evict or
+// max_utilization, a paused request, a waiting one that cannot join (joinsAhead), a
+// running request without a row in base, a sampling row whose request cannot run ahead,
+// a row whose next tokens the host chooses — or when nothing goes on, a chunk does not
+// fit the budget, or a block cannot be had.
 func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 	if m.cfg.ModelType == V1 || m.cfg.Policy == StaticBatch || len(m.paused) > 0 || len(base) == 0 {
 		return nil
