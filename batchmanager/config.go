@@ -67,10 +67,10 @@ type Config struct {
 	// (TensorRT-LLM's overlap scheduler), so that the host's work on a step's results —
 	// stop conditions, responses — runs while the engine computes the next. It applies
 	// to in-flight batching under guaranteed_no_evict and max_utilization, while every
-	// request of the batch is generating, is sampled by the engine and needs no token
-	// history to sample (no repetition, presence or frequency penalty, no bad word
-	// longer than one token, no top-p decay, no beams or several sequences); other
-	// iterations run as without it. A request that ends leaves one row computed for
+	// request of the batch that samples is sampled by the engine without its token
+	// history (no repetition, presence or frequency penalty, no bad word longer than one
+	// token, no top-p decay, no beams or several sequences) and no request is paused;
+	// prompt chunks go on in it; other iterations run as without it. A request that ends leaves one row computed for
 	// nothing in the step after; requests that arrive join the next step launched, as
 	// without it (one sequence each; others wait for the overlap to pause). The tokens
 	// are those without it. Engines that cannot overlap (engine.Pipeliner) run
