@@ -89,14 +89,7 @@ type arrival struct {
 // every request's tokens and the typed stats of the run.
 func runArrivals(t *testing.T, eng engine.Engine, cfg Config, arrivals []arrival) (map[uint64][]int32, []Stats) {
 	t.Helper()
-	c := newClient()
-	cfg.IdleWait = 100 * time.Microsecond
-	m, err := New(eng, cfg, arrivalCallbacks(c, arrivals), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Shutdown()
-	c.wait(t, len(arrivals))
+	c := runToEnd(t, eng, cfg, arrivals)
 	out := map[uint64][]int32{}
 	for _, a := range arrivals {
 		toks, err := c.tokensOf(t, a.req.ID)
@@ -105,10 +98,26 @@ func runArrivals(t *testing.T, eng engine.Engine, cfg Config, arrivals []arrival
 		}
 		out[a.req.ID] = toks
 	}
-	poolWhole(t, m)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return out, slices.Clone(c.typed)
+}
+
+// runToEnd runs requests arriving at the given Get calls until each has had its final
+// response, checks that every KV block came back, and returns the client that heard
+// them.
+func runToEnd(t *testing.T, eng engine.Engine, cfg Config, arrivals []arrival) *client {
+	t.Helper()
+	c := newClient()
+	cfg.IdleWait = 100 * time.Microsecond
+	m, err := New(eng, cfg, arrivalCallbacks(c, arrivals), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Shutdown()
+	c.wait(t, len(arrivals))
+	poolWhole(t, m)
+	return c
 }
 
 // arrivalCallbacks are c's callbacks with the arrivals handed out from their Get calls

@@ -92,15 +92,7 @@ func overlapWorkload(seed uint64) []arrival {
 // runResponses is runArrivals keeping every response of every request.
 func runResponses(t *testing.T, eng engine.Engine, cfg Config, arrivals []arrival) map[uint64][]response {
 	t.Helper()
-	c := newClient()
-	cfg.IdleWait = 100 * time.Microsecond
-	m, err := New(eng, cfg, arrivalCallbacks(c, arrivals), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Shutdown()
-	c.wait(t, len(arrivals))
-	poolWhole(t, m)
+	c := runToEnd(t, eng, cfg, arrivals)
 	out := map[uint64][]response{}
 	for _, a := range arrivals {
 		rs := c.responses(a.req.ID)

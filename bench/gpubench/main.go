@@ -177,15 +177,12 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 // first token), then out-1 decode steps. It returns the whole time and the decode steps'
 // time, in seconds.
 func static(eng *cuda.Engine, prompts [][]int32, out, perSeq int) (float64, float64, error) {
-	B := len(prompts)
-	seqs := staticSeqs(prompts, perSeq)
-	start := time.Now()
-	outs, err := eng.Step(&engine.Batch{Seqs: seqs})
+	seqs, outs, start, err := prefill(eng, prompts, perSeq)
 	if err != nil {
 		return 0, 0, err
 	}
-	prefill := time.Now()
-	next := make([]int32, B)
+	decodeStart := time.Now()
+	next := make([]int32, len(prompts))
 	for s := 1; s < out; s++ {
 		for i := range seqs {
 			next[i] = outs[i].Token
@@ -198,7 +195,16 @@ func static(eng *cuda.Engine, prompts [][]int32, out, perSeq int) (float64, floa
 		}
 	}
 	end := time.Now()
-	return end.Sub(start).Seconds(), end.Sub(prefill).Seconds(), nil
+	return end.Sub(start).Seconds(), end.Sub(decodeStart).Seconds(), nil
+}
+
+// prefill starts a static batch: its sequences (staticSeqs) and their prompt step,
+// which samples the first tokens, timed from start.
+func prefill(eng *cuda.Engine, prompts [][]int32, perSeq int) (seqs []engine.Sequence, outs []engine.Output, start time.Time, err error) {
+	seqs = staticSeqs(prompts, perSeq)
+	start = time.Now()
+	outs, err = eng.Step(&engine.Batch{Seqs: seqs})
+	return seqs, outs, start, err
 }
 
 // staticSeqs are the greedy sequences of a static batch, each prompt with blocks of its
@@ -279,16 +285,13 @@ func runManager(eng *cuda.Engine, queue []*batchmanager.InferenceRequest, maxBat
 // staticOverlap is static with every decode step launched before the one before it is
 // read: step s+1's tokens are fed on the GPU from step s's sampling.
 func staticOverlap(eng *cuda.Engine, prompts [][]int32, out, perSeq int) (float64, float64, error) {
-	B := len(prompts)
-	seqs := staticSeqs(prompts, perSeq)
-	start := time.Now()
-	outs, err := eng.Step(&engine.Batch{Seqs: seqs})
+	seqs, outs, start, err := prefill(eng, prompts, perSeq)
 	if err != nil {
 		return 0, 0, err
 	}
-	prefill := time.Now()
+	decodeStart := time.Now()
 	// Step 1's tokens are known on the host; every later step is fed on the GPU.
-	next := make([]int32, B)
+	next := make([]int32, len(prompts))
 	placeholder := []int32{0}
 	for i := range seqs {
 		next[i] = outs[i].Token
@@ -312,7 +315,7 @@ func staticOverlap(eng *cuda.Engine, prompts [][]int32, out, perSeq int) (float6
 		return 0, 0, err
 	}
 	end := time.Now()
-	return end.Sub(start).Seconds(), end.Sub(prefill).Seconds(), nil
+	return end.Sub(start).Seconds(), end.Sub(decodeStart).Seconds(), nil
 }
 
 // serve runs one plain greedy request per prompt through a batch manager, all queued at
