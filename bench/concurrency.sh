@@ -13,25 +13,17 @@
 set -uo pipefail
 carry=$1 out=$2
 root=$(cd "$(dirname "$0")/.." && pwd)
-source "$root/tests/gpu/env.sh"
-w=/tmp/gollm-conc
-rm -rf "$w" && mkdir -p "$w/bin" "$w/srv" "$w/lib" "$w/backends/gollm" "$w/repo/g2/1" "$out"
-tar xJf "$carry/bins.tar.xz" -C "$w/bin"
-tar xJf "$carry/tritonserver.tar.xz" -C "$w/srv"
-cp "$w/bin/libtriton_gollm.so" "$w/bin/libgollm_cuda.so" "$w/backends/gollm/"
+source "$root/bench/device.sh"
+device_unpack conc "$carry"
+mkdir -p "$out"
 # perf_analyzer links libb64.so.0d and libcudart.so.12 by soname; the tritonserver wheel's
 # libraries folder has both under hashed names.
 libs="$w/srv/nvidia_pytriton.libs"
 ln -s "$libs"/libb64-*.so.0d "$w/lib/libb64.so.0d"
 ln -s "$libs"/libcudart-*.so.12* "$w/lib/libcudart.so.12"
+write_gpt2 float16 gpt2-124M
 python3 - "$w" <<'PY'
-import json, random, sys, torch
-from transformers import GPT2Config, GPT2LMHeadModel
-torch.manual_seed(0)
-c = GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
-with torch.device("cuda"):
-    m = GPT2LMHeadModel(c).half().eval()
-m.save_pretrained(f"{sys.argv[1]}/gpt2-124M", safe_serialization=True)
+import json, random, sys
 rng = random.Random(1)
 data = [{"input_ids": {"content": [rng.randrange(50257) for _ in range(128)], "shape": [128]},
          "input_lengths": {"content": [128], "shape": [1]},
@@ -40,14 +32,8 @@ data = [{"input_ids": {"content": [rng.randrange(50257) for _ in range(128)], "s
          "streaming": {"content": [True], "shape": [1]}} for _ in range(64)]
 json.dump({"data": data}, open(f"{sys.argv[1]}/input.json", "w"))
 PY
-sed -e 's/kind: KIND_CPU/kind: KIND_GPU/' -e 's|^name: "gpt2"|name: "g2"|' \
-    -e "s|^# parameters { key: \"gpt_model_path\" value: { string_value: \"\" } }|parameters { key: \"gpt_model_path\" value: { string_value: \"$w/gpt2-124M\" } }|" \
-    "$root/model_repository/gpt2/config.pbtxt" > "$w/repo/g2/config.pbtxt"
-printf 'parameters { key: "max_tokens_in_paged_kv_cache" value: { string_value: "65536" } }\n' >> "$w/repo/g2/config.pbtxt"
-GOLLM_ITER_TRACE="$w/trace" "$w/srv/pytriton/tritonserver/bin/tritonserver" --model-repository="$w/repo" \
-  --backend-directory="$w/backends" --grpc-port=8001 --http-port=8000 --metrics-port=8002 > "$out/tritonserver.log" 2>&1 &
-pid=$!
-for i in $(seq 120); do curl -sf localhost:8000/v2/models/g2/ready >/dev/null && break; sleep 1; done
+gpt2_model g2 "$w/gpt2-124M" KIND_GPU max_tokens_in_paged_kv_cache 65536
+GOLLM_ITER_TRACE="$w/trace" triton_start "$out/tritonserver.log"
 # Time windows, not --request-count: with a request count perf_analyzer 2.51 divides by
 # whole seconds and counts its ramp, and on 2026-11-24 it kept 0.7-10.6 requests in flight
 # for C = 1-64 (its requests/s × its latency); three 2-second windows keep C in flight.
@@ -76,8 +62,7 @@ else:
 PY
   tail -1 "$out/concurrency.jsonl"
 done
-kill -INT $pid; wait $pid
-grep -iE "error|panic" "$out/tritonserver.log" | head -5
+triton_stop "$out/tritonserver.log"
 echo "== transformers"
 timeout ${HF_S:-200} python3 - "$w/gpt2-124M" >> "$out/concurrency.jsonl" <<'PY'
 import json, sys, time, torch

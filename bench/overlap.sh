@@ -13,23 +13,13 @@
 set -uo pipefail
 carry=$1 out=$2
 root=$(cd "$(dirname "$0")/.." && pwd)
-source "$root/tests/gpu/env.sh"
-w=/tmp/gollm-overlap
-rm -rf "$w" && mkdir -p "$w/bin" "$w/srv" "$w/backends/gollm" "$w/repo" "$out"
-tar xJf "$carry/bins.tar.xz" -C "$w/bin"
-cp "$w/bin/libtriton_gollm.so" "$w/bin/libgollm_cuda.so" "$w/backends/gollm/"
+source "$root/bench/device.sh"
+device_unpack overlap "$carry"
+mkdir -p "$out"
 lim=${STAGE_S:-90}
 echo "== GPU Go tests"
 (cd "$root/bridge/cuda" && GOLLM_CUDA_LIB="$w/bin/libgollm_cuda.so" timeout "$lim" "$w/bin/cudatest" -test.run 'TestGPU' -test.v 2>&1 | grep -E '^(=== RUN|--- |ok|FAIL|PASS)|_test.go' | tee "$out/gputests.txt")
-python3 - "$w" <<'PY'
-import sys, torch
-from transformers import GPT2Config, GPT2LMHeadModel
-torch.manual_seed(0)
-c = GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
-with torch.device("cuda"):
-    m = GPT2LMHeadModel(c).half().eval()
-m.save_pretrained(f"{sys.argv[1]}/gpt2-124M", safe_serialization=True)
-PY
+write_gpt2 float16 gpt2-124M
 echo "== gpubench"
 G=decode_b1_i128_o128,tput_b64_i128_o128,serve_b64_i128_o128
 for round in 1 2; do
@@ -39,19 +29,9 @@ for round in 1 2; do
   done
 done
 echo "== through tritonserver"
-tar xJf "$carry/tritonserver.tar.xz" -C "$w/srv"
-model() { # NAME OVERLAP
-  mkdir -p "$w/repo/$1/1"
-  sed -e 's/kind: KIND_CPU/kind: KIND_GPU/' -e "s|^name: \"gpt2\"|name: \"$1\"|" \
-      -e "s|^# parameters { key: \"gpt_model_path\" value: { string_value: \"\" } }|parameters { key: \"gpt_model_path\" value: { string_value: \"$w/gpt2-124M\" } }|" \
-      "$root/model_repository/gpt2/config.pbtxt" > "$w/repo/$1/config.pbtxt"
-  printf 'parameters { key: "max_tokens_in_paged_kv_cache" value: { string_value: "65536" } }\nparameters { key: "overlap_scheduler" value: { string_value: "%s" } }\n' "$2" >> "$w/repo/$1/config.pbtxt"
-}
-model g2off false
-model g2on true
-"$w/srv/pytriton/tritonserver/bin/tritonserver" --model-repository="$w/repo" --backend-directory="$w/backends" \
-  --grpc-port=8001 --http-port=8000 --metrics-port=8002 > "$out/tritonserver.log" 2>&1 &
-pid=$!
+gpt2_model g2off "$w/gpt2-124M" KIND_GPU max_tokens_in_paged_kv_cache 65536 overlap_scheduler false
+gpt2_model g2on "$w/gpt2-124M" KIND_GPU max_tokens_in_paged_kv_cache 65536 overlap_scheduler true
+triton_start "$out/tritonserver.log"
 for round in 1 2; do
   for m in g2off g2on; do
     timeout "$lim" "$w/bin/tritonbench" -addr 127.0.0.1:8001 -model $m -name gpt2-124M \
@@ -59,8 +39,7 @@ for round in 1 2; do
       | sed "s/\"gollm-triton\"/\"gollm-triton-$m\"/" | tee -a "$out/overlap.jsonl"
   done
 done
-kill -INT $pid; wait $pid
-grep -iE "error|panic" "$out/tritonserver.log" | head -5
+triton_stop "$out/tritonserver.log"
 echo "== check.py"
 timeout "$lim" python3 "$root/tests/gpu/check.py" --bin "$w/bin/gollm-gpucheck" --lib "$w/bin/libgollm_cuda.so" \
   --only gpt2-124M,tinyllama-1.1B --dtypes float16 --json "$out/check.json" 2>&1 | tail -15 | tee "$out/check.txt"
