@@ -38,16 +38,18 @@ type refBeam struct {
 // referenceBeamSearch is beam search written plainly: every beam's logits recomputed
 // from the whole sequence, every candidate of every beam sorted at once. It follows the
 // rules of beam.go with early stopping on, for comparing the manager's KV-sharing,
-// copy-on-write search against.
-func referenceBeamSearch(t *testing.T, e *cpu.Engine, prompt []int32, W, maxNew int, endID int32, lenPenalty float32) []refBeam {
+// copy-on-write search against; diversity is beam_search_diversity_rate, by its
+// definition: the k-th best continuation of a beam (from 0) is ranked by its
+// cumulative log-probability plus diversity × k.
+func referenceBeamSearch(t *testing.T, e *cpu.Engine, prompt []int32, W, maxNew int, endID int32, lenPenalty, diversity float32) []refBeam {
 	t.Helper()
 	live := []refBeam{{}}
 	var hyps []refBeam
 	for step := 0; step < maxNew; step++ {
 		type cand struct {
-			beam, rank int
-			tok        int32
-			lp, cum    float32
+			beam, rank   int
+			tok          int32
+			lp, cum, key float32
 		}
 		var all []cand
 		for bi, b := range live {
@@ -61,10 +63,10 @@ func referenceBeamSearch(t *testing.T, e *cpu.Engine, prompt []int32, W, maxNew 
 			}
 			sort.SliceStable(idx, func(a, c int) bool { return w[idx[a]] > w[idx[c]] })
 			for k, i := range idx[:2*W] {
-				all = append(all, cand{bi, k, int32(i), w[i], b.cum + w[i]})
+				all = append(all, cand{bi, k, int32(i), w[i], b.cum + w[i], b.cum + w[i] + diversity*float32(k)})
 			}
 		}
-		sort.SliceStable(all, func(a, c int) bool { return all[a].cum > all[c].cum })
+		sort.SliceStable(all, func(a, c int) bool { return all[a].key > all[c].key })
 		all = all[:2*W]
 		var next []refBeam
 		stop := false
@@ -144,7 +146,7 @@ func TestBeamSearchMatchesAReferenceThatSharesNothing(t *testing.T) {
 				// An end token beams will meet: the greedy path's third token.
 				endID = soloGreedy(t, prompt, 3)[2]
 			}
-			want := referenceBeamSearch(t, ref, prompt, tc.width, tc.maxNew, endID, tc.lenPenalty)
+			want := referenceBeamSearch(t, ref, prompt, tc.width, tc.maxNew, endID, tc.lenPenalty, 0)
 			// A small pool of small blocks: beams share the prompt and copy on write.
 			m, c := start(t, cpuEngine(t, 40, 4), Config{})
 			ir := &InferenceRequest{ID: 1, InputIDs: prompt, MaxNewTokens: tc.maxNew, PadID: -1, BeamWidth: tc.width,

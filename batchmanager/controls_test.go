@@ -1,0 +1,221 @@
+package batchmanager
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"testing"
+
+	"gollm/engine"
+)
+
+// decayedTokens draws n tokens after prompt on a fresh engine, by the definition of
+// TensorRT-LLM's runtime top-p decay rather than by the manager's code: token k is
+// drawn with top-p p_k, where p_0 is sp.TopP and p_{k+1} is resetTo when token k is
+// reset (≥ 0), else max(p_k × decay, minP).
+func decayedTokens(t *testing.T, prompt []int32, sp engine.SamplingParams, decay, minP float32, reset int32, resetTo float32, n int) []int32 {
+	t.Helper()
+	const T = 8
+	e := cpuEngine(t, 16, T)
+	blocks := make([]int32, 16)
+	for i := range blocks {
+		blocks[i] = int32(i)
+	}
+	hist := slices.Clone(prompt)
+	toks, pos := prompt, 0
+	var out []int32
+	topP := sp.TopP
+	for k := range n {
+		p := sp
+		p.TopP = topP
+		outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{{ID: 1, Tokens: toks, Pos: pos, Blocks: blocks, Sample: true,
+			Sampling: p, History: hist, NumGenerated: k}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pos += len(toks)
+		tok := outs[0].Token
+		hist = append(hist, tok)
+		out = append(out, tok)
+		toks = hist[len(hist)-1:]
+		if tok == reset {
+			topP = resetTo
+		} else {
+			topP = max(topP*decay, minP)
+		}
+	}
+	return out
+}
+
+func TestTopPResetIDRestoresTheInitialTopP(t *testing.T) {
+	prompt := []int32{3, 1, 4, 1, 5}
+	const n, decay, minP = 12, 0.5, 0.02
+	// A low initial top-p and a high temperature: after a reset, top-p 0.3 (the
+	// request's), the decayed top-p and no limit at all draw different tokens, so the
+	// test tells a reset to the request's top-p from a reset to 1 or no reset.
+	sp := engine.SamplingParams{Temperature: 2, TopP: 0.3, Seed: 11}
+	plain := decayedTokens(t, prompt, sp, decay, minP, -1, 0, n)
+	// The reset id: a token the decayed run first generates at step j ≥ 2, once the
+	// top-p has decayed (a reset then differs from leaving the top-p as it is), chosen
+	// so that resetting there changes what follows. Until step j the top-p is the same
+	// with or without it, so the request does generate it.
+	reset, want := int32(-1), []int32(nil)
+	for j := 2; j < n-1; j++ {
+		if slices.Contains(plain[:j], plain[j]) {
+			continue
+		}
+		w := decayedTokens(t, prompt, sp, decay, minP, plain[j], sp.TopP, n)
+		if !slices.Equal(w, plain) && !slices.Equal(w, decayedTokens(t, prompt, sp, decay, minP, plain[j], 1, n)) {
+			reset, want = plain[j], w
+			break
+		}
+	}
+	if reset < 0 {
+		t.Fatalf("no token of %v whose reset changes the draws; the test cannot tell a reset from none", plain)
+	}
+	m, c := start(t, cpuEngine(t, 64, 8), Config{})
+	c.add(&InferenceRequest{ID: 1, InputIDs: prompt, MaxNewTokens: n, PadID: -1, Sampling: sp, ExcludeInputInOutput: true,
+		TopPDecay: decay, TopPMin: minP, TopPResetID: reset},
+		&InferenceRequest{ID: 2, InputIDs: prompt, MaxNewTokens: n, PadID: -1, Sampling: sp, ExcludeInputInOutput: true,
+			TopPDecay: decay, TopPMin: minP, TopPResetID: -1, Streaming: true})
+	c.wait(t, 2)
+	got, err := c.tokensOf(t, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("reset id %d: %v; by the definition (top-p back to %g after it) %v", reset, got, sp.TopP, want)
+	}
+	if !slices.Contains(got, reset) {
+		t.Errorf("the reset id %d was never generated: %v", reset, got)
+	}
+	if noReset, err := c.tokensOf(t, 2); err != nil || !slices.Equal(noReset, plain) {
+		t.Errorf("without a reset id: %v (%v), by the definition %v", noReset, err, plain)
+	}
+	poolWhole(t, m)
+}
+
+// beamTokens are the generated tokens of a request's final beams, as comparable
+// strings, and their cumulative log-probabilities.
+func beamTokens(t *testing.T, c *client, id uint64) ([]string, []float32) {
+	t.Helper()
+	var toks []string
+	var cums []float32
+	for _, b := range finalOf(t, c, id).Beams {
+		toks = append(toks, fmt.Sprint(b.Tokens))
+		cums = append(cums, b.CumLogProb)
+	}
+	return toks, cums
+}
+
+func TestDiversityRateRanksSiblingsByItsDefinition(t *testing.T) {
+	prompt := []int32{21, 8, 93, 400, 7, 15}
+	const W, n = 3, 6
+	ref := cpuEngine(t, 64, 4)
+	m, c := start(t, cpuEngine(t, 64, 4), Config{})
+	rates := []float32{0, -1000, -0.5, 0.5}
+	for i, rate := range rates {
+		c.add(&InferenceRequest{ID: uint64(i + 1), InputIDs: prompt, MaxNewTokens: n, PadID: -1, BeamWidth: W, EarlyStopping: 1,
+			DiversityRate: rate, ReturnLogProbs: true, ExcludeInputInOutput: true})
+	}
+	c.wait(t, len(rates))
+	none, _ := beamTokens(t, c, 1)
+
+	t.Run("a rate far below zero keeps one child per beam: its best token", func(t *testing.T) {
+		// Rate × k outweighs any difference of log-probabilities, so every live beam's
+		// best continuation ranks before any beam's second: after the first step (one
+		// beam, the prompt, whose W best tokens start the beams) each beam goes on
+		// greedily. The beams are the W best first tokens, each followed by greedy.
+		first := fullLogits(t, ref, prompt)
+		engine.LogSoftmax(first, first, 1)
+		var top []int32
+		for _, x := range topK(first, W, new([]tokLP)) {
+			top = append(top, x.tok)
+		}
+		var want []string
+		for _, tok := range top {
+			want = append(want, fmt.Sprint(append([]int32{tok}, soloGreedy(t, append(slices.Clone(prompt), tok), n-1)...)))
+		}
+		got, cums := beamTokens(t, c, 2)
+		sort.Strings(want)
+		sorted := slices.Clone(got)
+		sort.Strings(sorted)
+		if !slices.Equal(sorted, want) {
+			t.Errorf("beams %v; by the definition (each of the best first tokens %v, then greedy) %v", got, top, want)
+		}
+		if slices.Equal(got, none) {
+			t.Errorf("the rate changed nothing: %v", got)
+		}
+		for i := 1; i < len(cums); i++ {
+			if cums[i] > cums[i-1] {
+				t.Errorf("beam %d (cum %g) ranks after beam %d (cum %g)", i, cums[i], i-1, cums[i-1])
+			}
+		}
+	})
+
+	t.Run("every rate matches a plain search ranking by cum + rate × k", func(t *testing.T) {
+		changed := false
+		for i, rate := range rates {
+			want := referenceBeamSearch(t, ref, prompt, W, n, -1, 0, rate)
+			beams := finalOf(t, c, uint64(i+1)).Beams
+			if len(beams) != len(want) {
+				t.Fatalf("rate %g: %d beams, reference %d", rate, len(beams), len(want))
+			}
+			for k := range want {
+				if !slices.Equal(beams[k].Tokens, want[k].toks) || math.Abs(float64(beams[k].CumLogProb-want[k].cum)) > 1e-4 {
+					t.Errorf("rate %g beam %d: %v (cum %g), reference %v (cum %g)", rate, k, beams[k].Tokens, beams[k].CumLogProb, want[k].toks, want[k].cum)
+				}
+			}
+			if got, _ := beamTokens(t, c, uint64(i+1)); i >= 2 && !slices.Equal(got, none) {
+				changed = true
+			}
+		}
+		if !changed {
+			t.Errorf("neither rate ±0.5 changed the beams %v", none)
+		}
+	})
+	poolWhole(t, m)
+}
+
+func TestNumReturnSequencesOfABeamSearchAreItsBestBeams(t *testing.T) {
+	prompt := []int32{17, 260, 3, 99, 41}
+	const W, n = 4, 8
+	ref := cpuEngine(t, 64, 4)
+	// An end token the beams meet (the greedy path's third) and a length penalty, so
+	// that "best" is by score (cum / length), the order the beams come in.
+	endID := soloGreedy(t, prompt, 3)[2]
+	want := referenceBeamSearch(t, ref, prompt, W, n, endID, 1, 0)
+	m, c := start(t, cpuEngine(t, 64, 4), Config{})
+	for k := range W + 1 {
+		// k 0: num_return_sequences unset, every beam.
+		c.add(&InferenceRequest{ID: uint64(k + 1), InputIDs: prompt, MaxNewTokens: n, PadID: -1, BeamWidth: W, EarlyStopping: 1,
+			LengthPenalty: 1, EndIDs: []int32{endID}, NumReturnSequences: k, ReturnLogProbs: true, ExcludeInputInOutput: true,
+			Streaming: k == 2})
+	}
+	c.wait(t, W+1)
+	if len(want) != W {
+		t.Fatalf("the reference search returned %d beams, want %d", len(want), W)
+	}
+	for k := range W + 1 {
+		beams := finalOf(t, c, uint64(k+1)).Beams
+		wantN := k
+		if k == 0 {
+			wantN = W
+		}
+		if len(beams) != wantN {
+			t.Fatalf("num_return_sequences %d: %d beams", k, len(beams))
+		}
+		for i, b := range beams {
+			if !slices.Equal(b.Tokens, want[i].toks) || math.Abs(float64(b.CumLogProb-want[i].cum)) > 1e-4 ||
+				math.Abs(float64(b.Score-want[i].score)) > 1e-4 {
+				t.Errorf("num_return_sequences %d beam %d: %v (cum %g, score %g), the reference's %d-th best %v (cum %g, score %g)",
+					k, i, b.Tokens, b.CumLogProb, b.Score, i, want[i].toks, want[i].cum, want[i].score)
+			}
+			if i > 0 && b.Score > beams[i-1].Score {
+				t.Errorf("num_return_sequences %d: beam %d (score %g) ranks after beam %d (score %g)", k, i, b.Score, i-1, beams[i-1].Score)
+			}
+		}
+	}
+	poolWhole(t, m)
+}
