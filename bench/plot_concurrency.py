@@ -85,7 +85,10 @@ def main():
     if held:
         out.append(f'<text x="{L}" y="{2 * H + 38}" font-family="sans-serif" font-size="11">Requests perf_analyzer kept in flight (its requests/s × its p50 latency): '
                    + ", ".join(held) + ".</text>")
-        out.append(f'<text x="{L}" y="{2 * H + 54}" font-family="sans-serif" font-size="11">Far under C: its throughput line is the client\'s pace, not the server\'s capacity.</text>')
+        short = min(rate[c] / out_tokens * p50[c] / 1e3 / c for c in rate if c in p50) < 0.7
+        verdict = ("Far under C: its throughput line is the client\'s pace, not the server\'s capacity." if short else
+                   "Close to C at every point: the throughput line is the server\'s at that load.")
+        out.append(f'<text x="{L}" y="{2 * H + 54}" font-family="sans-serif" font-size="11">{verdict}</text>')
     out.append("</svg>")
     svg = os.path.splitext(path)[0] + ".svg"
     open(svg, "w").write("\n".join(out) + "\n")
