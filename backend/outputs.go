@@ -87,7 +87,8 @@ type outputSpec struct {
 // and what the request asked for; only the outputs the client named are kept (all when
 // it named none; batch_index only when named), and text_output [beams] (TensorRT-LLM's
 // flattened shape) is added for text requests. empty reports a response with no new
-// token and no text (a streaming request's last, after its end token).
+// token, no text and no context logits (a streaming request's last, after its end
+// token), which a streaming request sends as the final flag alone.
 func convertOutputs(res *batchmanager.Result, spec *outputSpec, final bool) (outs []output, empty bool) {
 	want := spec.want
 	add := func(name string, dt triton.DataType, data []byte, shape ...int64) {
@@ -174,6 +175,12 @@ func convertOutputs(res *batchmanager.Result, spec *outputSpec, final bool) (out
 	empty = true
 	for _, b := range beams {
 		empty = empty && len(b.Tokens) == 0
+	}
+	if spec.asked.contextLogits && res.ContextLogits != nil && (want == nil || want[outContextLogits]) {
+		// Context logits go with every response, the final one after an end token too,
+		// as TensorRT-LLM's do: a client keeps the last response's, and a request that
+		// ends at once at its end token has no other response to carry them.
+		empty = false
 	}
 	if spec.text != nil && (want == nil || want[outTextOutput]) {
 		texts := make([]string, len(beams))

@@ -141,6 +141,16 @@ func TestConvertOutputs(t *testing.T) {
 		if !empty {
 			t.Fatal("not empty")
 		}
+		// Unless it carries the context logits, which every response does.
+		withCtx := &batchmanager.Result{Tokens: []int32{}, PromptLen: 2, ContextLogits: make([]float32, 2*10)}
+		outs, empty := convertOutputs(withCtx, spec(askedOutputs{contextLogits: true}, nil, nil, true), true)
+		if empty || len(outs) != 3 || outs[2].Name != outContextLogits {
+			t.Errorf("with context logits: empty %v, outputs %+v", empty, outs)
+		}
+		// The client did not name them among the outputs it wants: nothing to carry.
+		if _, empty := convertOutputs(withCtx, spec(askedOutputs{contextLogits: true}, map[string]bool{outOutputIDs: true}, nil, true), true); !empty {
+			t.Error("context logits the client did not name make a response")
+		}
 	})
 	t.Run("text that can never be UTF-8 becomes U+FFFD", func(t *testing.T) {
 		// Token 1 is a lone continuation byte, token 2 a lead byte the stream ends on.

@@ -172,9 +172,8 @@ type Result struct {
 	// LogProbs are the log-probabilities of this response's generated tokens
 	// (ReturnLogProbs; nil otherwise).
 	LogProbs []float32
-	// ContextLogits are the prompt's logits [PromptLen][vocab], in the first streaming
-	// response or the final one (ReturnContextLogits; nil otherwise and in later
-	// responses).
+	// ContextLogits are the prompt's logits [PromptLen][vocab], in every response,
+	// streaming or not (ReturnContextLogits; nil otherwise).
 	ContextLogits []float32
 	// GenerationLogits are the logits of this response's generated positions [n][vocab]
 	// (ReturnGenerationLogits; nil otherwise).
