@@ -397,8 +397,9 @@ func topK(w []float32, k int, scratch *[]tokLP) []tokLP {
 }
 
 // beamResult is a beam request's response: streaming, every generated token of the
-// current beams (final: the finished beams); otherwise the finished beams, the best
-// NumReturnSequences (or all) of them, each with the prompt unless excluded.
+// current beams (final: the finished beams); otherwise the finished beams, each with
+// the prompt unless excluded. Every response carries the best NumReturnSequences (or
+// all) of its beams, the streamed ones too, as TensorRT-LLM's (getNumReturnBeams).
 func (m *Manager) beamResult(r *request, final bool) Result {
 	var beams []BeamResult
 	if final {
@@ -418,9 +419,13 @@ func (m *Manager) beamResult(r *request, final bool) Result {
 			beams = append(beams, br)
 		}
 	} else {
+		// The live beams are in the order the search ranked them, best first.
 		for _, b := range r.branches() {
 			if b.kv == nil && !b.ended {
 				continue
+			}
+			if k := r.req.NumReturnSequences; k > 0 && len(beams) == k {
+				break
 			}
 			br := BeamResult{Tokens: b.tokens[r.promptLen:len(b.tokens):len(b.tokens)], CumLogProb: b.cumLogProb,
 				Score: b.cumLogProb}

@@ -219,3 +219,31 @@ func TestNumReturnSequencesOfABeamSearchAreItsBestBeams(t *testing.T) {
 	}
 	poolWhole(t, m)
 }
+
+func TestStreamedBeamsKeepToNumReturnSequences(t *testing.T) {
+	prompt := []int32{17, 260, 3, 99, 41}
+	const W, N, n = 4, 2, 6
+	m, c := start(t, cpuEngine(t, 64, 4), Config{})
+	c.add(&InferenceRequest{ID: 1, InputIDs: prompt, MaxNewTokens: n, PadID: -1, BeamWidth: W, EarlyStopping: 1, Streaming: true},
+		&InferenceRequest{ID: 2, InputIDs: prompt, MaxNewTokens: n, PadID: -1, BeamWidth: W, EarlyStopping: 1, Streaming: true,
+			NumReturnSequences: N})
+	c.wait(t, 2)
+	all, some := c.responses(1), c.responses(2)
+	if len(all) != n || len(some) != n {
+		t.Fatalf("%d and %d streamed responses, want one per step (%d)", len(all), len(some), n)
+	}
+	// Every response carries the best N of the current beams: the first N of the same
+	// search's beams, the final one too (TensorRT-LLM's getNumReturnBeams).
+	for i := range n {
+		a, s := all[i].out.Beams, some[i].out.Beams
+		if len(a) != W || len(s) != N {
+			t.Fatalf("response %d: %d and %d beams, want %d and %d", i, len(a), len(s), W, N)
+		}
+		for k := range N {
+			if !slices.Equal(s[k].Tokens, a[k].Tokens) || s[k].CumLogProb != a[k].CumLogProb {
+				t.Errorf("response %d beam %d: %v (cum %g); of all the beams %v (cum %g)", i, k, s[k].Tokens, s[k].CumLogProb, a[k].Tokens, a[k].CumLogProb)
+			}
+		}
+	}
+	poolWhole(t, m)
+}

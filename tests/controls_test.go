@@ -353,8 +353,15 @@ func TestBeamNumReturnSequencesThroughTriton(t *testing.T) {
 				t.Fatalf("all beams: %d ids, %d cum_log_probs; want %d, %d", len(allIDs), len(allCums), W*n, W)
 			}
 			for _, N := range []int32{1, 2, 3} {
-				r := lastWithOutputs(t, collect(t, ctx, c, inferRequest(modelName, fmt.Sprint("beams-", N),
-					append(slices.Clone(base), int32s("num_return_sequences", []int64{1, 1}, N)))))
+				rs := collect(t, ctx, c, inferRequest(modelName, fmt.Sprint("beams-", N),
+					append(slices.Clone(base), int32s("num_return_sequences", []int64{1, 1}, N))))
+				// Every response carries N beams, the streamed ones too (TensorRT-LLM's).
+				for i, r := range rs {
+					if _, shape, ok, _ := outputInt32(r, "output_ids"); ok && (len(shape) != 3 || shape[1] != int64(N)) {
+						t.Errorf("num_return_sequences %d: response %d of %d: output_ids shape %v", N, i, len(rs), shape)
+					}
+				}
+				r := lastWithOutputs(t, rs)
 				ids, shape, _, _ := outputInt32(r, "output_ids")
 				cums, cshape, _ := outputFP32(r, "cum_log_probs")
 				if !slices.Equal(shape, []int64{1, int64(N), n}) || !slices.Equal(cshape, []int64{1, int64(N)}) {
