@@ -159,6 +159,46 @@ def smollm(corpus):
 FAMILIES = {"sp-llama2": sp_llama2, "sp-metaspace": sp_metaspace, "llama3": llama3, "qwen2": qwen2, "smollm": smollm}
 
 
+def hf_results(tok, config, texts, rng):
+    """What Hugging Face tokenizers makes of texts with tok (and its tokenizer_config.json,
+    config): each text's ids without and with special tokens, the ids a prompt gets, and
+    the decodes (special tokens kept and skipped) of those ids and of random id lists."""
+    size = tok.get_vocab_size(with_added_tokens=True)
+    plain = [tok.encode(t, add_special_tokens=False).ids for t in texts]
+    with_special = [tok.encode(t, add_special_tokens=True).ids for t in texts]
+    # Random id lists: byte tokens and pieces in any order, specials among them.
+    random_ids = [[rng.randrange(size) for _ in range(rng.randrange(1, 12))] for _ in range(300)]
+    random_ids += [[rng.randrange(3, 259) for _ in range(rng.randrange(1, 6))] for _ in range(100)]
+    lists = with_special + random_ids
+    # What a prompt gets: tokenizer_config.json's add_bos_token/add_eos_token where it
+    # has them (transformers' Llama tokenizers), else the post-processor; a prompt
+    # that already starts with the BOS token gets no second one (gollm's rule, for
+    # chat templates that write it).
+    prompt = []
+    for ids, full in zip(plain, with_special):
+        if "add_bos_token" in config or "add_eos_token" in config:
+            bos = [tok.token_to_id(token_name(config["bos_token"]))] if config.get("add_bos_token") else []
+            eos = [tok.token_to_id(token_name(config["eos_token"]))] if config.get("add_eos_token") else []
+        else:
+            at = next((i for i in range(len(full) - len(ids) + 1) if full[i:i + len(ids)] == ids), 0)
+            bos, eos = full[:at], full[at + len(ids):]
+        if bos and ids[:len(bos)] == bos:
+            bos = []
+        prompt.append(bos + ids + eos)
+    return {
+        "plain": plain,
+        "prompt": prompt,
+        "decode_lists": lists,
+        "decode_keep": [tok.decode(ids, skip_special_tokens=False) for ids in lists],
+        "decode_skip": [tok.decode(ids, skip_special_tokens=True) for ids in lists],
+    }
+
+
+def token_name(token):
+    """A tokenizer_config.json token: a string, or an AddedToken object with content."""
+    return token["content"] if isinstance(token, dict) else token
+
+
 def main():
     out, texts_path, corpus_path = sys.argv[1:4]
     texts = json.load(open(texts_path, encoding="utf-8"))
@@ -174,36 +214,7 @@ def main():
             f.write(raw)
         with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
             json.dump(config, f)
-        tok = Tokenizer.from_str(raw)
-        size = tok.get_vocab_size(with_added_tokens=True)
-        plain = [tok.encode(t, add_special_tokens=False).ids for t in texts]
-        with_special = [tok.encode(t, add_special_tokens=True).ids for t in texts]
-        # Random id lists: byte tokens and pieces in any order, specials among them.
-        random_ids = [[rng.randrange(size) for _ in range(rng.randrange(1, 12))] for _ in range(300)]
-        random_ids += [[rng.randrange(3, 259) for _ in range(rng.randrange(1, 6))] for _ in range(100)]
-        lists = with_special + random_ids
-        # What a prompt gets: tokenizer_config.json's add_bos_token/add_eos_token where it
-        # has them (transformers' Llama tokenizers), else the post-processor; a prompt
-        # that already starts with the BOS token gets no second one (gollm's rule, for
-        # chat templates that write it).
-        prompt = []
-        for ids, full in zip(plain, with_special):
-            if "add_bos_token" in config or "add_eos_token" in config:
-                bos = [tok.token_to_id(config["bos_token"])] if config.get("add_bos_token") else []
-                eos = [tok.token_to_id(config["eos_token"])] if config.get("add_eos_token") else []
-            else:
-                at = next((i for i in range(len(full) - len(ids) + 1) if full[i:i + len(ids)] == ids), 0)
-                bos, eos = full[:at], full[at + len(ids):]
-            if bos and ids[:len(bos)] == bos:
-                bos = []
-            prompt.append(bos + ids + eos)
-        result[name] = {
-            "plain": plain,
-            "prompt": prompt,
-            "decode_lists": lists,
-            "decode_keep": [tok.decode(ids, skip_special_tokens=False) for ids in lists],
-            "decode_skip": [tok.decode(ids, skip_special_tokens=True) for ids in lists],
-        }
+        result[name] = hf_results(Tokenizer.from_str(raw), config, texts, rng)
     json.dump(result, sys.stdout, ensure_ascii=False)
 
 

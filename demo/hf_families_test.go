@@ -53,13 +53,7 @@ func TestTokenizerFamiliesMatchHuggingFace(t *testing.T) {
 	if err != nil {
 		t.Fatalf("python3 demo/hf_families.py (tokenizers from %s; `make deps` installs it): %v\n%s", py, err, stderr.String())
 	}
-	var hf map[string]struct {
-		Plain       [][]int32 `json:"plain"`
-		Prompt      [][]int32 `json:"prompt"`
-		DecodeLists [][]int32 `json:"decode_lists"`
-		DecodeKeep  []string  `json:"decode_keep"`
-		DecodeSkip  []string  `json:"decode_skip"`
-	}
+	var hf map[string]hfResult
 	if err := json.Unmarshal(out, &hf); err != nil {
 		t.Fatalf("reading python's output: %v", err)
 	}
@@ -73,53 +67,74 @@ func TestTokenizerFamiliesMatchHuggingFace(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			bad := 0
-			report := func(format string, args ...any) {
-				bad++
-				if bad <= 12 {
-					t.Errorf(format, args...)
-				}
-			}
-			for i, s := range texts {
-				if got := tk.Encode(s); !slices.Equal(got, want.Plain[i]) {
-					report("Encode(%q)\n  gollm %v\n     HF %v", s, got, want.Plain[i])
-				}
-				if got := tk.EncodePrompt(s); !slices.Equal(got, want.Prompt[i]) {
-					report("EncodePrompt(%q)\n  gollm %v\n   want %v", s, got, want.Prompt[i])
-				}
-			}
-			for i, ids := range want.DecodeLists {
-				if got := tk.Decode(ids); got != want.DecodeKeep[i] {
-					report("Decode(%v) = %q, HF %q", ids, got, want.DecodeKeep[i])
-				}
-				if got := tk.DecodeText(ids); got != want.DecodeSkip[i] {
-					report("DecodeText(%v) = %q, HF %q", ids, got, want.DecodeSkip[i])
-				}
-				// Streamed, token by token: never a broken character, and the pieces make
-				// the whole decode (random ids may hold invalid byte runs, which the
-				// library replaces as one run and a stream as it goes).
-				for _, skip := range []bool{false, true} {
-					d, whole := tk.NewStreamDecoder(), want.DecodeKeep[i]
-					if skip {
-						d, whole = tk.NewTextStreamDecoder(), want.DecodeSkip[i]
-					}
-					var sb strings.Builder
-					for _, id := range ids {
-						p := d.Next(id)
-						if !utf8.ValidString(p) {
-							report("stream %v: piece %q is not UTF-8", ids, p)
-						}
-						sb.WriteString(p)
-					}
-					sb.WriteString(d.Flush())
-					if sb.String() != whole && !strings.ContainsRune(whole, utf8.RuneError) {
-						report("stream %v (skip special %v) = %q, HF decode %q", ids, skip, sb.String(), whole)
-					}
-				}
-			}
-			if bad > 0 {
-				t.Errorf("%d differences from Hugging Face tokenizers", bad)
-			}
+			compareWithHF(t, tk, texts, want)
 		})
+	}
+}
+
+// hfResult is what Hugging Face tokenizers made of a list of texts with one tokenizer
+// (hf_families.py's hf_results).
+type hfResult struct {
+	// Plain and Prompt are each text's ids without special tokens and as a prompt.
+	Plain  [][]int32 `json:"plain"`
+	Prompt [][]int32 `json:"prompt"`
+	// DecodeLists are id lists, and DecodeKeep and DecodeSkip their decodes with the
+	// special tokens kept and skipped.
+	DecodeLists [][]int32 `json:"decode_lists"`
+	DecodeKeep  []string  `json:"decode_keep"`
+	DecodeSkip  []string  `json:"decode_skip"`
+}
+
+// compareWithHF checks gollm's tokenizer against the library's results on texts:
+// encoding with and without the prompt's special tokens, decoding with and without
+// them, and streamed decoding. It reports the first dozen differences and their count.
+func compareWithHF(t *testing.T, tk *model.Tokenizer, texts []string, want hfResult) {
+	t.Helper()
+	bad := 0
+	report := func(format string, args ...any) {
+		bad++
+		if bad <= 12 {
+			t.Errorf(format, args...)
+		}
+	}
+	for i, s := range texts {
+		if got := tk.Encode(s); !slices.Equal(got, want.Plain[i]) {
+			report("Encode(%q)\n  gollm %v\n     HF %v", s, got, want.Plain[i])
+		}
+		if got := tk.EncodePrompt(s); !slices.Equal(got, want.Prompt[i]) {
+			report("EncodePrompt(%q)\n  gollm %v\n   want %v", s, got, want.Prompt[i])
+		}
+	}
+	for i, ids := range want.DecodeLists {
+		if got := tk.Decode(ids); got != want.DecodeKeep[i] {
+			report("Decode(%v) = %q, HF %q", ids, got, want.DecodeKeep[i])
+		}
+		if got := tk.DecodeText(ids); got != want.DecodeSkip[i] {
+			report("DecodeText(%v) = %q, HF %q", ids, got, want.DecodeSkip[i])
+		}
+		// Streamed, token by token: never a broken character, and the pieces make
+		// the whole decode (random ids may hold invalid byte runs, which the
+		// library replaces as one run and a stream as it goes).
+		for _, skip := range []bool{false, true} {
+			d, whole := tk.NewStreamDecoder(), want.DecodeKeep[i]
+			if skip {
+				d, whole = tk.NewTextStreamDecoder(), want.DecodeSkip[i]
+			}
+			var sb strings.Builder
+			for _, id := range ids {
+				p := d.Next(id)
+				if !utf8.ValidString(p) {
+					report("stream %v: piece %q is not UTF-8", ids, p)
+				}
+				sb.WriteString(p)
+			}
+			sb.WriteString(d.Flush())
+			if sb.String() != whole && !strings.ContainsRune(whole, utf8.RuneError) {
+				report("stream %v (skip special %v) = %q, HF decode %q", ids, skip, sb.String(), whole)
+			}
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%d differences from Hugging Face tokenizers", bad)
 	}
 }

