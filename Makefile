@@ -6,6 +6,7 @@ SHELL := /bin/bash
 ROOT := $(CURDIR)
 BACKENDS := $(ROOT)/build/install/backends
 DEMO := $(ROOT)/model_repository/gpt2/1
+LLAMA_DEMO := $(ROOT)/model_repository/llama/1
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
@@ -35,7 +36,7 @@ CPU_SERVER_FLAGS := --allow-gpu-metrics=false --pinned-memory-pool-byte-size=0
 FUZZ := ./model:FuzzOpen ./model:FuzzTokenizer ./backend:FuzzParseRequest ./backend:FuzzWordList ./backend:FuzzStopStrings
 FUZZTIME ?= 20s
 
-.PHONY: all deps build demo serve test check unit fuzz clean
+.PHONY: all deps build demo demo-gpt2 demo-llama serve test check unit fuzz clean
 
 all: build
 
@@ -48,10 +49,19 @@ build: $(if $(filter 1,$(cuda)),deps)
 
 # A demo written before it had a tokenizer_config.json is written again (the same
 # weights). After the backend's build: -trimpath as there, so that the two share Go's
-# build cache (the standard library is compiled once on a fresh machine).
-demo: | build
+# build cache (the standard library is compiled once on a fresh machine). The llama demo
+# converts its tokenizer from the file scripts/deps.sh installs, so it alone waits for
+# deps (make serve's downloads outlast the build).
+demo: demo-gpt2 demo-llama
+
+demo-gpt2: | build
 	@test -f $(DEMO)/model.safetensors -a -f $(DEMO)/tokenizer_config.json || \
 	  bash scripts/step.sh "demo: the random-weight gpt2 checkpoint in model_repository/gpt2/1" go run -trimpath ./cmd/gollm-demo -out $(DEMO)
+
+demo-llama: | build deps
+	@test -f $(LLAMA_DEMO)/model.safetensors || \
+	  bash scripts/step.sh "demo: the random-weight LLaMA-shaped checkpoint with Mistral's real tokenizer in model_repository/llama/1" \
+	  go run -trimpath ./cmd/gollm-demo -arch llama -out $(LLAMA_DEMO)
 
 # tritonserver and, beside it, the OpenAI-compatible server (scripts/serve.sh). The
 # downloads of scripts/deps.sh go on while Go compiles, unless the build needs them

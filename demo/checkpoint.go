@@ -161,7 +161,7 @@ func WriteGPT2Checkpoint(dir string, o Options) error {
 	if err := WriteTokenizerConfig(filepath.Join(dir, "tokenizer_config.json")); err != nil {
 		return fmt.Errorf("write demo checkpoint: %w", err)
 	}
-	tensors, err := randomWeights(o)
+	tensors, err := drawWeights(weightSpecs(o), o.Seed, o.DType, o.Progress)
 	if err != nil {
 		return fmt.Errorf("write demo checkpoint: %w", err)
 	}
@@ -175,26 +175,29 @@ func WriteGPT2Checkpoint(dir string, o Options) error {
 	return nil
 }
 
-// randomWeights draws every tensor from its distribution with one seeded generator, in
-// a fixed order, so the result depends on the options alone.
-func randomWeights(o Options) ([]*model.Tensor, error) {
-	rng := rand.New(rand.NewPCG(o.Seed, 0x676f6c6c6d)) // second word: "gollm"
-	specs := weightSpecs(o)
-	total, done := o.NumParameters(), 0
+// drawWeights draws every tensor of specs from its distribution with one generator
+// seeded by seed, in order, so that the result depends on the specs and seed alone; it
+// stores them as dtype (config.json's name) and reports progress as it goes.
+func drawWeights(specs []weightSpec, seed uint64, dtype string, progress func(done, total int)) ([]*model.Tensor, error) {
+	rng := rand.New(rand.NewPCG(seed, 0x676f6c6c6d)) // second word: "gollm"
+	total, done := 0, 0
+	for _, s := range specs {
+		total += product(s.shape)
+	}
 	var tensors []*model.Tensor
 	for _, s := range specs {
 		values := make([]float32, product(s.shape))
 		for i := range values {
 			values[i] = float32(s.mean + s.std*rng.NormFloat64())
 		}
-		t, err := model.NewFloatTensor(s.name, stDTypes[o.DType], s.shape, values)
+		t, err := model.NewFloatTensor(s.name, stDTypes[dtype], s.shape, values)
 		if err != nil {
 			return nil, err
 		}
 		tensors = append(tensors, t)
 		done += len(values)
-		if o.Progress != nil {
-			o.Progress(done, total)
+		if progress != nil {
+			progress(done, total)
 		}
 	}
 	return tensors, nil
