@@ -1,10 +1,12 @@
 package batchmanager
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 
 	"gollm/engine"
@@ -244,6 +246,26 @@ func TestStreamedBeamsKeepToNumReturnSequences(t *testing.T) {
 				t.Errorf("response %d beam %d: %v (cum %g); of all the beams %v (cum %g)", i, k, s[k].Tokens, s[k].CumLogProb, a[k].Tokens, a[k].CumLogProb)
 			}
 		}
+	}
+	poolWhole(t, m)
+}
+
+func TestAFailedSampleNamesItsRequestOnce(t *testing.T) {
+	m, c := start(t, cpuEngine(t, 64, 8), Config{})
+	maskAll := func(id uint64, logits []float32, tokens []int32) {
+		for i := range logits {
+			logits[i] = float32(math.Inf(-1))
+		}
+	}
+	c.add(&InferenceRequest{ID: 7, InputIDs: []int32{1, 2, 3}, MaxNewTokens: 4, PadID: -1, LogitsPostProcessor: maskAll})
+	c.wait(t, 1)
+	rs := c.responses(7)
+	err := rs[len(rs)-1].err
+	// The backend swaps the leading "request 7: " for the client's request id; a second
+	// one inside the message would leak the internal number to the client.
+	if err == nil || !strings.HasPrefix(err.Error(), "request 7: ") || strings.Count(err.Error(), "request 7") != 1 ||
+		!errors.Is(err, ErrEngine) || !strings.Contains(err.Error(), "masked") {
+		t.Errorf("error %v; want it to name request 7 once, at the start, as an engine error about masked tokens", err)
 	}
 	poolWhole(t, m)
 }

@@ -329,7 +329,9 @@ func (m *Manager) hostSample(r *request, b *branch, seq *engine.Sequence) (int32
 	m.sampler.Process(w, seq)
 	tok, lp, err := m.sampler.Pick(w, &seq.Sampling, seq.NumGenerated)
 	if err != nil {
-		return -1, 0, fmt.Errorf("request %d: %w", r.id, err)
+		// No request number here: respond names the request once, and the backend
+		// replaces that name with the client's request id.
+		return -1, 0, fmt.Errorf("sample after the logits post-processor: %w", err)
 	}
 	return tok, lp, nil
 }
