@@ -83,16 +83,43 @@ func smallGPT2(seed uint64) *model.Float32 {
 	return randomGPT2(300, 64, 64, 2, 4, seed)
 }
 
+// invarianceModel is a model the batch and chunking invariance tests run.
+type invarianceModel struct {
+	// name names it in subtest names.
+	name string
+	// m is the model.
+	m *model.Float32
+}
+
+// invarianceModels are the small random GPT-2 and every LLaMA-family fixture, whose
+// rotary positions, grouped KV heads, QKV biases and (Mistral's) sliding window — 8
+// positions, shorter than the prompts below — each decide which cached positions a
+// chunk or a batched row reads.
+func invarianceModels(t *testing.T) []invarianceModel {
+	t.Helper()
+	ms := []invarianceModel{{"gpt2 random", smallGPT2(1)}}
+	for _, dir := range []string{"llama-tiny", "llama3-tiny", "qwen2-tiny", "mistral-tiny"} {
+		ms = append(ms, invarianceModel{dir, loadModel(t, "../../testdata/"+dir)})
+	}
+	return ms
+}
+
 func TestChunkedPromptMatchesOneStep(t *testing.T) {
+	models := invarianceModels(t)
 	forEachKernelPath(t, func(t *testing.T) {
-		chunkedPromptMatchesOneStep(t)
+		for _, tc := range models {
+			t.Run(tc.name, func(t *testing.T) { chunkedPromptMatchesOneStep(t, tc.m) })
+		}
 	})
 }
 
-func chunkedPromptMatchesOneStep(t *testing.T) {
-	m := smallGPT2(1)
+func chunkedPromptMatchesOneStep(t *testing.T, m *model.Float32) {
 	v := m.Config.VocabSize
 	prompt := randomTokens(rand.New(rand.NewPCG(2, 2)), 13, v)
+	if w := m.Config.SlidingWindow; w > 0 && w >= len(prompt)-4 {
+		// The last chunk must read positions of the chunk before it and not of the first.
+		t.Fatalf("sliding window %d: the prompt of %d does not outgrow it", w, len(prompt))
+	}
 	sampling := SamplingParams{Temperature: 0.9, TopK: 40, TopP: 0.95, Seed: 77}
 	blocks := []int32{3, 6, 1, 4}
 
@@ -128,13 +155,15 @@ func chunkedPromptMatchesOneStep(t *testing.T) {
 }
 
 func TestBatchMatchesEachSequenceAlone(t *testing.T) {
+	models := invarianceModels(t)
 	forEachKernelPath(t, func(t *testing.T) {
-		batchMatchesEachSequenceAlone(t)
+		for _, tc := range models {
+			t.Run(tc.name, func(t *testing.T) { batchMatchesEachSequenceAlone(t, tc.m) })
+		}
 	})
 }
 
-func batchMatchesEachSequenceAlone(t *testing.T) {
-	m := smallGPT2(1)
+func batchMatchesEachSequenceAlone(t *testing.T, m *model.Float32) {
 	v := m.Config.VocabSize
 	rng := rand.New(rand.NewPCG(3, 3))
 	type plan struct {
