@@ -20,7 +20,13 @@ const (
 // tinyTensors returns copies of the tiny checkpoint's tensors, in name order.
 func tinyTensors(t *testing.T) []*Tensor {
 	t.Helper()
-	c, err := Open(tinyDir)
+	return fixtureTensors(t, tinyDir)
+}
+
+// fixtureTensors returns copies of a checkpoint folder's tensors, in name order.
+func fixtureTensors(t *testing.T, dir string) []*Tensor {
+	t.Helper()
+	c, err := Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +42,13 @@ func tinyTensors(t *testing.T) []*Tensor {
 // tinyConfig returns the tiny checkpoint's config.json as a map to edit.
 func tinyConfig(t *testing.T) map[string]any {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(tinyDir, "config.json"))
+	return fixtureConfig(t, tinyDir)
+}
+
+// fixtureConfig returns a checkpoint folder's config.json as a map to edit.
+func fixtureConfig(t *testing.T, dir string) map[string]any {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

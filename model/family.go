@@ -178,11 +178,11 @@ func (c *Config) check(names map[string]string) error {
 		r := c.Rope
 		switch {
 		case !(r.Theta > 0):
-			return fmt.Errorf("field rope_theta: must be positive, got %g", r.Theta)
+			return fmt.Errorf("field %s: must be positive, got %g", field("rope_theta"), r.Theta)
 		case r.Dim < 2 || r.Dim%2 != 0 || r.Dim > c.HeadDim:
 			return fmt.Errorf("field %s: rotary dimensions %d must be even and at most head_dim %d", field("head_dim"), r.Dim, c.HeadDim)
 		case r.Kind != RopeDefault && !(r.Factor >= 1):
-			return fmt.Errorf("field rope_scaling.factor: %g must be at least 1", r.Factor)
+			return fmt.Errorf("field %s: %g must be at least 1", field("rope_factor"), r.Factor)
 		}
 	}
 	if c.SlidingWindow < 0 {

@@ -49,9 +49,19 @@ func parseLlama(p *configParser, c *Config) {
 	case "qwen2":
 		// Qwen2's q, k and v projections always carry biases; o_proj and the MLP never.
 		c.QKVBias = true
+		// Qwen2Config keeps the window only with use_sliding_window, and a null one is
+		// none; the layers it applies to are those from max_window_layers on, or the ones
+		// layer_types marks sliding_attention where the config lists them.
 		if p.boolean("use_sliding_window", false) {
-			c.SlidingWindow = p.nonNegative("sliding_window", 4096)
+			if _, present := p.m["sliding_window"]; present {
+				c.SlidingWindow = p.nonNegative("sliding_window", 0)
+			} else {
+				c.SlidingWindow = 4096
+			}
 			c.WindowFromLayer = p.nonNegative("max_window_layers", 28)
+			if p.has("layer_types") && p.err == nil {
+				c.WindowFromLayer = slidingLayersFrom(p, c.Layers)
+			}
 		}
 	default:
 		bias := p.boolean("attention_bias", false)
@@ -86,6 +96,38 @@ func parseLlama(p *configParser, c *Config) {
 	}
 }
 
+// slidingLayersFrom reads Qwen2's layer_types, one "full_attention" or
+// "sliding_attention" a layer, and returns the first sliding layer (layers when there is
+// none). The engines window a suffix of the layers; any other pattern fails the load
+// rather than being served with the wrong attention.
+func slidingLayersFrom(p *configParser, layers int) int {
+	var types []string
+	if err := json.Unmarshal(p.get("layer_types"), &types); err != nil {
+		p.fail("layer_types", fmt.Errorf("must be a list of strings, got %s", p.get("layer_types")))
+		return layers
+	}
+	if len(types) != layers {
+		p.fail("layer_types", fmt.Errorf("%d entries for num_hidden_layers %d", len(types), layers))
+		return layers
+	}
+	first := layers
+	for l, typ := range types {
+		switch typ {
+		case "full_attention":
+			if first < layers {
+				p.fail("layer_types", fmt.Errorf("layer %d is full_attention after sliding_attention in layer %d: only the last layers may slide", l, first))
+				return layers
+			}
+		case "sliding_attention":
+			first = min(first, l)
+		default:
+			p.fail("layer_types", fmt.Errorf("layer %d: %q is not supported (supported: full_attention, sliding_attention)", l, typ))
+			return layers
+		}
+	}
+	return first
+}
+
 // parseRope reads the rotary embedding: transformers 5's rope_parameters, or the older
 // rope_theta with rope_scaling. A scaling type the engines do not implement fails the
 // load naming it.
@@ -102,7 +144,10 @@ func parseRope(p *configParser, headDim, maxPositions int) Rope {
 	sub := &configParser{m: params}
 	if sub.has("rope_theta") {
 		r.Theta = sub.number("rope_theta", r.Theta)
+		p.from("rope_theta", field+".rope_theta")
 	}
+	// check names the factor where this config holds it.
+	p.from("rope_factor", field+".factor")
 	kind := sub.str("rope_type", sub.str("type", "default"))
 	switch kind {
 	case "default", "":
