@@ -273,3 +273,80 @@ func TestTokenizerIsSafeForConcurrentUse(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenizerConfigAffixes loads a Llama-2-style tokenizer.json (its post-processor
+// puts <s> before a prompt) beside each tokenizer_config.json: add_bos_token and
+// add_eos_token decide what EncodePrompt puts around the text, as transformers' Llama
+// tokenizers do, and Encode is left alone.
+func TestTokenizerConfigAffixes(t *testing.T) {
+	load := func(t *testing.T, cfg string) (*Tokenizer, string, error) {
+		t.Helper()
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), sentencePieceTokenizer(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfgPath := filepath.Join(dir, "tokenizer_config.json")
+		if cfg != "" {
+			if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tk, err := LoadTokenizer(filepath.Join(dir, "tokenizer.json"))
+		return tk, cfgPath, err
+	}
+	const bos, eos = 1, 2
+	plain, _, err := load(t, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := plain.Encode("hello the")
+	if len(body) == 0 || slices.Contains(body, bos) || slices.Contains(body, eos) {
+		t.Fatalf("Encode(%q) = %v: want the text's tokens alone", "hello the", body)
+	}
+	with := func(pre, post []int32) []int32 { return append(append(slices.Clone(pre), body...), post...) }
+	for _, tc := range []struct {
+		name, cfg string
+		want      []int32
+	}{
+		{"without tokenizer_config.json the post-processor's <s> leads", "", with([]int32{bos}, nil)},
+		{"add_eos_token appends </s>", `{"add_bos_token": true, "add_eos_token": true, "bos_token": "<s>", "eos_token": "</s>"}`,
+			with([]int32{bos}, []int32{eos})},
+		{"add_eos_token alone keeps the post-processor's <s>", `{"add_eos_token": true, "eos_token": {"content": "</s>", "special": true}}`,
+			with([]int32{bos}, []int32{eos})},
+		{"add_bos_token false and add_eos_token true give the text then </s>", `{"add_bos_token": false, "add_eos_token": true, "eos_token": "</s>"}`,
+			with(nil, []int32{eos})},
+		{"add_eos_token false adds nothing", `{"add_eos_token": false, "eos_token": "</s>"}`, with([]int32{bos}, nil)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tk, _, err := load(t, tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := tk.EncodePrompt("hello the"); !slices.Equal(got, tc.want) {
+				t.Errorf("EncodePrompt = %v, want %v", got, tc.want)
+			}
+			if got := tk.Encode("hello the"); !slices.Equal(got, body) {
+				t.Errorf("Encode = %v, want %v without special tokens", got, body)
+			}
+			// A prompt written with its own <s> (a chat template's) gets no second one, and
+			// still gets the </s> the config asks for.
+			pre, post := tk.PromptAffixes()
+			if got, want := tk.EncodePrompt("<s>hello the"), with([]int32{bos}, post); len(pre) > 0 && !slices.Equal(got, want) {
+				t.Errorf("EncodePrompt(<s>…) = %v, want %v", got, want)
+			}
+		})
+	}
+	for _, tc := range []struct{ name, cfg, want string }{
+		{"add_eos_token without an eos_token is named", `{"add_eos_token": true}`, "add_eos_token is true but eos_token is missing"},
+		{"an eos_token outside the vocabulary is named", `{"add_eos_token": true, "eos_token": "<|eot_id|>"}`, `eos_token "<|eot_id|>" is not in the tokenizer's vocabulary`},
+		{"an eos_token of the wrong type is named", `{"add_eos_token": true, "eos_token": 2}`, "add_eos_token is true but eos_token"},
+		{"a file that is not JSON is named", `{"add_eos_token": tru`, "invalid JSON"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, path, err := load(t, tc.cfg)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), path) {
+				t.Errorf("err = %v, want one naming %s and containing %q", err, path, tc.want)
+			}
+		})
+	}
+}
