@@ -53,8 +53,14 @@ func cpuEngine(t testing.TB, blocks, perBlock int) *cpu.Engine {
 // reference its in-flight run must match.
 func soloGreedy(t testing.TB, prompt []int32, maxNew int) []int32 {
 	t.Helper()
-	const T = 8
-	e := cpuEngine(t, 16, T)
+	return soloRun(t, cpuEngine(t, 16, 8), prompt, maxNew, engine.SamplingParams{})
+}
+
+// soloRun runs one request straight on e, a fresh engine of 16 blocks of 8 positions,
+// with sampling sp, until maxNew tokens or the model's length; it does not stop at an
+// end token.
+func soloRun(t testing.TB, e engine.Engine, prompt []int32, maxNew int, sp engine.SamplingParams) []int32 {
+	t.Helper()
 	blocks := make([]int32, 16)
 	for i := range blocks {
 		blocks[i] = int32(i)
@@ -64,7 +70,7 @@ func soloGreedy(t testing.TB, prompt []int32, maxNew int) []int32 {
 	var out []int32
 	for len(out) < maxNew && len(hist) < e.Info().MaxSeqLen {
 		outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{{ID: 1, Tokens: toks, Pos: pos, Blocks: blocks, Sample: true,
-			Sampling: engine.SamplingParams{}, History: hist, NumGenerated: len(out)}}})
+			Sampling: sp, History: hist, NumGenerated: len(out)}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -401,6 +407,74 @@ func TestTensorParallelEngineUnderTheManager(t *testing.T) {
 	for _, a := range arrivals {
 		if want := soloGreedy(t, a.req.InputIDs, a.req.MaxNewTokens); !slices.Equal(got[a.req.ID], want) {
 			t.Errorf("request %d: got %v, want %v", a.req.ID, got[a.req.ID], want)
+		}
+	}
+}
+
+// TestEveryEndIDOfTheCheckpointEndsASequence runs llama3-tiny, whose
+// generation_config.json lists two end tokens, [2, 3], under the manager with them as
+// the request's EndIDs (as the backend sets them). An embedding bias of +1000 on one end
+// token makes greedy take it as soon as min_length (4) no longer masks the end tokens:
+// each end token, the second as well as the first, ends the sequence there and is left
+// out; a request whose EndIDs lack it generates it instead.
+func TestEveryEndIDOfTheCheckpointEndsASequence(t *testing.T) {
+	const dir = "../testdata/llama3-tiny"
+	m, err := model.LoadFloat32(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen, err := model.LoadGeneration(dir, m.Config.VocabSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ends := gen.EOSIDs
+	if len(ends) < 2 {
+		t.Fatalf("%s lists end tokens %v; the test needs two", dir, ends)
+	}
+	newEngine := func() engine.Engine {
+		e, err := cpu.NewFromModel(m, engine.KVConfig{NumBlocks: 16, TokensPerBlock: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.Close() })
+		return e
+	}
+	const minLen, maxNew = 4, 10
+	prompt := []int32{1, 17, 401, 99, 250, 12}
+	// Greedy with the end tokens masked, which the biased requests follow until min_length.
+	masked := soloRun(t, newEngine(), prompt, minLen, engine.SamplingParams{MinLength: minLen, EndIDs: ends})
+	for _, end := range ends {
+		bias := make([]float32, m.Config.VocabSize)
+		bias[end] = 1000
+		others := slices.DeleteFunc(slices.Clone(ends), func(id int32) bool { return id == end })
+		_, c := start(t, newEngine(), Config{})
+		var reqs []*InferenceRequest
+		for i, streaming := range []bool{false, true} {
+			sp := engine.SamplingParams{MinLength: minLen, EmbeddingBias: bias}
+			reqs = append(reqs,
+				&InferenceRequest{ID: uint64(2 * i), InputIDs: prompt, MaxNewTokens: maxNew, Sampling: sp, EndIDs: ends,
+					PadID: -1, Streaming: streaming, ExcludeInputInOutput: true},
+				&InferenceRequest{ID: uint64(2*i + 1), InputIDs: prompt, MaxNewTokens: maxNew, Sampling: sp, EndIDs: others,
+					PadID: -1, Streaming: streaming, ExcludeInputInOutput: true})
+		}
+		c.add(reqs...)
+		c.wait(t, len(reqs))
+		for _, r := range reqs {
+			got, err := c.tokensOf(t, r.ID)
+			if err != nil {
+				t.Fatalf("end %d, request %d: %v", end, r.ID, err)
+			}
+			rs := c.responses(r.ID)
+			finish := rs[len(rs)-1].out.Finish
+			if slices.Contains(r.EndIDs, end) {
+				if !slices.Equal(got, masked) || finish != FinishedEndID {
+					t.Errorf("end %d among EndIDs %v (streaming %v): %v finished %v; want %v, then END_ID", end, r.EndIDs, r.Streaming, got, finish, masked)
+				}
+				continue
+			}
+			if len(got) != maxNew || slices.ContainsFunc(got, func(tok int32) bool { return tok != end }) || finish != FinishedLength {
+				t.Errorf("end %d not among EndIDs %v (streaming %v): %v finished %v; want %d × %d, then LENGTH", end, r.EndIDs, r.Streaming, got, finish, maxNew, end)
+			}
 		}
 	}
 }
