@@ -32,9 +32,9 @@ const (
 	metricActiveRequests = "gollm_requests_active"
 )
 
-// metricValue scrapes the metrics page and sums the family's series for the model;
+// modelMetricValue scrapes the metrics page and sums the family's series for the model;
 // found is false when the page has no such series.
-func metricValue(ctx context.Context, s *harness.Server, family string) (sum float64, found bool, err error) {
+func modelMetricValue(ctx context.Context, s *harness.Server, model, family string) (sum float64, found bool, err error) {
 	page, err := getBody(ctx, s.HTTP(), s.MetricsURL())
 	if err != nil {
 		return 0, false, err
@@ -59,7 +59,7 @@ func metricValue(ctx context.Context, s *harness.Server, family string) (sum flo
 		default:
 			continue // a longer family name with this one as its prefix
 		}
-		if strings.Contains(labels, "model=") && !strings.Contains(labels, `model="`+modelName+`"`) {
+		if strings.Contains(labels, "model=") && !strings.Contains(labels, `model="`+model+`"`) {
 			continue
 		}
 		fields := strings.Fields(rest)
@@ -76,10 +76,16 @@ func metricValue(ctx context.Context, s *harness.Server, family string) (sum flo
 	return sum, found, sc.Err()
 }
 
-// mustMetric reads a metric that must exist.
+// mustMetric reads a metric of the shipped model that must exist.
 func mustMetric(t *testing.T, ctx context.Context, s *harness.Server, family string) float64 {
 	t.Helper()
-	v, found, err := metricValue(ctx, s, family)
+	return mustModelMetric(t, ctx, s, modelName, family)
+}
+
+// mustModelMetric is mustMetric for the named model.
+func mustModelMetric(t *testing.T, ctx context.Context, s *harness.Server, model, family string) float64 {
+	t.Helper()
+	v, found, err := modelMetricValue(ctx, s, model, family)
 	if err != nil {
 		t.Fatalf("read %s: %v", family, err)
 	}
@@ -151,12 +157,19 @@ func TestInflightBatchingThroughTriton(t *testing.T) {
 	})
 }
 
-// waitMetric polls a metric until it equals want or the limit passes.
+// waitMetric polls a metric of the shipped model until it equals want or the limit
+// passes.
 func waitMetric(t *testing.T, ctx context.Context, s *harness.Server, family string, want float64, limit time.Duration) {
+	t.Helper()
+	waitModelMetric(t, ctx, s, modelName, family, want, limit)
+}
+
+// waitModelMetric is waitMetric for the named model.
+func waitModelMetric(t *testing.T, ctx context.Context, s *harness.Server, model, family string, want float64, limit time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for {
-		v := mustMetric(t, ctx, s, family)
+		v := mustModelMetric(t, ctx, s, model, family)
 		if v == want {
 			return
 		}

@@ -69,21 +69,31 @@ func strings1(name string, v ...string) tensor {
 // one; an error response fails.
 func collect(t *testing.T, ctx context.Context, c kserve.GRPCInferenceServiceClient, req *kserve.ModelInferRequest) []*kserve.ModelInferResponse {
 	t.Helper()
-	stream, err := c.ModelStreamInfer(ctx)
+	rs, err := collectResponses(ctx, c, req)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return rs
+}
+
+// collectResponses is collect for goroutines other than the test's: an error response,
+// or any other failure, is returned.
+func collectResponses(ctx context.Context, c kserve.GRPCInferenceServiceClient, req *kserve.ModelInferRequest) ([]*kserve.ModelInferResponse, error) {
+	stream, err := c.ModelStreamInfer(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("request %s: open stream: %w", req.GetId(), err)
+	}
 	if err := stream.Send(req); err != nil {
-		t.Fatal(err)
+		return nil, fmt.Errorf("request %s: send: %w", req.GetId(), err)
 	}
 	var rs []*kserve.ModelInferResponse
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
-			t.Fatalf("request %s: after %d responses: %v", req.GetId(), len(rs), err)
+			return rs, fmt.Errorf("request %s: after %d responses: %w", req.GetId(), len(rs), err)
 		}
 		if msg.GetErrorMessage() != "" {
-			t.Fatalf("request %s: error response %q", req.GetId(), msg.GetErrorMessage())
+			return rs, fmt.Errorf("request %s: error response %q", req.GetId(), msg.GetErrorMessage())
 		}
 		rs = append(rs, msg.GetInferResponse())
 		if isFinal(msg.GetInferResponse()) {
@@ -92,9 +102,9 @@ func collect(t *testing.T, ctx context.Context, c kserve.GRPCInferenceServiceCli
 	}
 	_ = stream.CloseSend()
 	if _, err := stream.Recv(); err != io.EOF {
-		t.Fatalf("request %s: the stream goes on after the final response: %v", req.GetId(), err)
+		return rs, fmt.Errorf("request %s: the stream goes on after the final response: %v", req.GetId(), err)
 	}
-	return rs
+	return rs, nil
 }
 
 // lastWithOutputs is the last response that carries output_ids.
