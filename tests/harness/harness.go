@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -289,39 +290,46 @@ func (s *Server) start(bin string, opts Options) error {
 	if timeout == 0 {
 		timeout = DefaultReadyTimeout
 	}
-	if err := s.waitReady(timeout); err != nil {
+	if err := s.waitReady(timeout, !slices.Contains(opts.Flags, "--allow-metrics=false")); err != nil {
 		s.kill()
 		return fmt.Errorf("%w\n--- tritonserver log (%s) ---\n%s", err, s.LogPath, s.LogTail(32<<10))
 	}
 	return nil
 }
 
-// waitReady polls /v2/health/ready until it answers 200, the process exits, or the
-// timeout passes.
-func (s *Server) waitReady(timeout time.Duration) error {
+// waitReady polls /v2/health/ready, then the metrics page, until each answers 200, the
+// process exits, or the timeout passes: tritonserver starts its metrics service after
+// the HTTP one, so a test that reads /metrics first thing could find nothing listening.
+func (s *Server) waitReady(timeout time.Duration, metrics bool) error {
 	deadline := time.Now().Add(timeout)
-	url := s.HTTPURL() + "/v2/health/ready"
-	for {
-		select {
-		case <-s.done:
-			return fmt.Errorf("tritonserver exited before it was ready (%s)", describeExit(s.cmd.ProcessState))
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		resp, err := s.http.Do(req)
-		cancel()
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("tritonserver not ready after %v (last: %v)", timeout, statusOrErr(resp, err))
-		}
-		time.Sleep(100 * time.Millisecond)
+	urls := []string{s.HTTPURL() + "/v2/health/ready"}
+	if metrics {
+		urls = append(urls, s.MetricsURL())
 	}
+	for _, url := range urls {
+		for {
+			select {
+			case <-s.done:
+				return fmt.Errorf("tritonserver exited before it was ready (%s)", describeExit(s.cmd.ProcessState))
+			default:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			resp, err := s.http.Do(req)
+			cancel()
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("tritonserver not ready after %v (%s: %v)", timeout, url, statusOrErr(resp, err))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return nil
 }
 
 func statusOrErr(resp *http.Response, err error) string {
