@@ -126,9 +126,9 @@ func modelInitialize(m triton.Model) error {
 	if log == nil {
 		return errNotInitialized
 	}
-	ms, err := loadModel(m, log)
+	st, err := loadModel(m, log)
 	if err == nil {
-		err = m.SetState(ms)
+		err = m.SetState(st)
 	}
 	if err != nil {
 		releaseMemory(log, "a failed model load")
@@ -138,14 +138,18 @@ func modelInitialize(m triton.Model) error {
 
 // modelFinalize is TRITONBACKEND_ModelFinalize.
 func modelFinalize(m triton.Model) error {
-	ms, _ := m.State().(*modelState)
+	st := m.State()
 	m.ClearState()
-	if ms != nil {
-		log := ms.log
-		ms.weights.Release()
+	switch st := st.(type) {
+	case *modelState:
+		log := st.log
+		st.weights.Release()
 		log.Info("model unloaded")
-		// ms is dead from here (nothing references it), so this returns its memory.
+		// The state is dead from here (nothing references it), so this returns its memory.
 		releaseMemory(log, "the model's unload")
+	case *tokenizerModel:
+		st.log.Info("model unloaded")
+		releaseMemory(st.log, "the model's unload")
 	}
 	return nil
 }
@@ -155,6 +159,16 @@ func modelFinalize(m triton.Model) error {
 func instanceInitialize(ti triton.ModelInstance) error {
 	m, err := ti.Model()
 	if err != nil {
+		return err
+	}
+	if tm, ok := m.State().(*tokenizerModel); ok {
+		tin, err := newTokenizerInstance(tm, ti)
+		if err == nil {
+			err = ti.SetState(tin)
+		}
+		if err == nil {
+			triton.InstanceLoaded()
+		}
 		return err
 	}
 	ms, ok := m.State().(*modelState)
@@ -180,8 +194,14 @@ func instanceInitialize(ti triton.ModelInstance) error {
 // instanceFinalize is TRITONBACKEND_ModelInstanceFinalize: every request still queued
 // or running gets a final error, then everything is freed.
 func instanceFinalize(ti triton.ModelInstance) error {
-	in, _ := ti.State().(*instance)
+	st := ti.State()
 	ti.ClearState()
+	if tin, ok := st.(*tokenizerInstance); ok {
+		triton.InstanceUnloaded()
+		tin.log.Info("instance finalized")
+		return nil
+	}
+	in, _ := st.(*instance)
 	if in == nil {
 		return nil
 	}
@@ -195,10 +215,13 @@ func instanceFinalize(ti triton.ModelInstance) error {
 // no request was touched (Triton then answers them all); otherwise the backend owns and
 // answers every request.
 func instanceExecute(ti triton.ModelInstance, reqs []triton.Request) error {
-	in, ok := ti.State().(*instance)
-	if !ok {
+	switch in := ti.State().(type) {
+	case *instance:
+		in.execute(reqs)
+	case *tokenizerInstance:
+		in.execute(reqs)
+	default:
 		return errors.New("gollm: execute on an instance without state")
 	}
-	in.execute(reqs)
 	return nil
 }

@@ -76,6 +76,19 @@ type modelConfig struct {
 	// one's outputs are read (batchmanager.Config.Overlap); nil means on for engines
 	// that overlap on their own (the GPU engine), off for the others.
 	OverlapScheduler *bool
+	// Role is gollm_role: what the model serves — the model itself (engine, generation),
+	// or, with no engine, only the tokenizer as TensorRT-LLM's preprocessing or
+	// postprocessing model (tokmodel.go).
+	Role modelRole
+	// TokenizerDir is tokenizer_dir made absolute: where a tokenizer-only model reads
+	// tokenizer.json and tokenizer_config.json; empty means ModelPath.
+	TokenizerDir string
+	// AddSpecialTokens is add_special_tokens (preprocessing): QUERY gets what the
+	// checkpoint puts around a prompt (BOS), as text_input does.
+	AddSpecialTokens bool
+	// SkipSpecialTokens is skip_special_tokens (postprocessing): OUTPUT leaves special
+	// tokens out, as text_output does.
+	SkipSpecialTokens bool
 	// Warnings are things to log that do not stop the load (unknown parameters).
 	Warnings []string
 }
@@ -229,6 +242,20 @@ var params = []paramSpec{
 		c.AdmissionWindow = time.Duration(n) * time.Microsecond
 		return nil
 	}},
+	{"gollm_role", func(c *modelConfig, v string) error {
+		r, err := oneOf(v, roleModel, rolePreprocessing, rolePostprocessing)
+		c.Role = r
+		return err
+	}},
+	{"tokenizer_dir", func(c *modelConfig, v string) error { c.TokenizerDir = v; return nil }},
+	{"add_special_tokens", func(c *modelConfig, v string) (err error) {
+		c.AddSpecialTokens, err = parseBool(v)
+		return err
+	}},
+	{"skip_special_tokens", func(c *modelConfig, v string) (err error) {
+		c.SkipSpecialTokens, err = parseBool(v)
+		return err
+	}},
 	{"shutdown_grace_secs", func(c *modelConfig, v string) error {
 		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 		if err != nil || math.IsNaN(f) || f < 0 || f > maxShutdownGrace.Seconds() {
@@ -269,6 +296,9 @@ func parseModelConfig(raw []byte, modelDir string, version uint64) (*modelConfig
 		KVCacheFreeGPUMemFraction: defaultFreeGPUMemFraction,
 		TokensPerBlock:            defaultTokensPerBlock,
 		ResponseSenders:           defaultResponseSenders,
+		Role:                      roleModel,
+		AddSpecialTokens:          true,
+		SkipSpecialTokens:         true,
 	}
 	if c.MaxBatchSize < 1 {
 		return nil, fmt.Errorf("max_batch_size is %d: it must be at least 1 (gollm's tensors carry a batch dimension, and it bounds the sequences per iteration)", c.MaxBatchSize)
@@ -304,6 +334,9 @@ func parseModelConfig(raw []byte, modelDir string, version uint64) (*modelConfig
 		c.ModelPath = filepath.Join(modelDir, strconv.FormatUint(version, 10))
 	case !filepath.IsAbs(c.ModelPath):
 		c.ModelPath = filepath.Join(modelDir, c.ModelPath)
+	}
+	if c.TokenizerDir != "" && !filepath.IsAbs(c.TokenizerDir) {
+		c.TokenizerDir = filepath.Join(modelDir, c.TokenizerDir)
 	}
 	if c.GPUMemoryUtilization > 0 {
 		if v := strings.TrimSpace(tc.Parameters["kv_cache_free_gpu_mem_fraction"].StringValue); v != "" && !strings.HasPrefix(v, "${") {

@@ -48,6 +48,9 @@ func TestParseModelConfigDefaults(t *testing.T) {
 		TokensPerBlock:            64,
 		ResponseSenders:           4,
 		GPUInstances:              map[int]int{},
+		Role:                      roleModel,
+		AddSpecialTokens:          true,
+		SkipSpecialTokens:         true,
 	}
 	if fmt.Sprint(*c) != fmt.Sprint(want) {
 		t.Errorf("got  %+v\nwant %+v", *c, want)
@@ -107,6 +110,16 @@ func TestParseModelConfigValues(t *testing.T) {
 		}
 	}
 
+	tok, err := parseModelConfig(configJSON(t, 8, false, map[string]string{"gollm_role": "postprocessing", "tokenizer_dir": "tok",
+		"add_special_tokens": "false", "skip_special_tokens": "0"}), "/repo/postprocessing", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok.Role != rolePostprocessing || tok.TokenizerDir != "/repo/postprocessing/tok" || tok.AddSpecialTokens || tok.SkipSpecialTokens {
+		t.Errorf("tokenizer-only model: role %q, tokenizer_dir %q, add_special_tokens %v, skip_special_tokens %v",
+			tok.Role, tok.TokenizerDir, tok.AddSpecialTokens, tok.SkipSpecialTokens)
+	}
+
 	abs, err := parseModelConfig(configJSON(t, 8, false, map[string]string{"gpt_model_path": "/models/gpt2"}), "/repo/gpt2", 3)
 	if err != nil || abs.ModelPath != "/models/gpt2" {
 		t.Errorf("absolute gpt_model_path: got %q, %v", abs.ModelPath, err)
@@ -122,6 +135,8 @@ func TestParseModelConfigErrors(t *testing.T) {
 	}{
 		{"an unknown model type names the allowed ones", 8, map[string]string{"gpt_model_type": "inflight"},
 			`parameter "gpt_model_type": "inflight" is not one of V1, inflight_batching, inflight_fused_batching`},
+		{"an unknown role names the allowed ones", 8, map[string]string{"gollm_role": "tokenizer"},
+			`parameter "gollm_role": "tokenizer" is not one of model, preprocessing, postprocessing`},
 		{"an unknown policy names the allowed ones", 8, map[string]string{"batch_scheduler_policy": "greedy"},
 			`parameter "batch_scheduler_policy": "greedy" is not one of max_utilization, guaranteed_no_evict, static_batch`},
 		{"a zero beam width is refused", 8, map[string]string{"max_beam_width": "0"},

@@ -40,9 +40,10 @@ type modelState struct {
 	byTritonID map[string]map[*inflight]struct{}
 }
 
-// loadModel reads the model's configuration, checks its checkpoint and loads its
-// tokenizer and generation defaults.
-func loadModel(m triton.Model, log *zap.Logger) (*modelState, error) {
+// loadModel reads the model's configuration and loads what its gollm_role serves: the
+// model itself (a *modelState), or a tokenizer-only model (a *tokenizerModel,
+// tokmodel.go) that reads the checkpoint folder's tokenizer and nothing else.
+func loadModel(m triton.Model, log *zap.Logger) (any, error) {
 	name, err := m.Name()
 	if err != nil {
 		return nil, err
@@ -67,7 +68,23 @@ func loadModel(m triton.Model, log *zap.Logger) (*modelState, error) {
 	for _, w := range cfg.Warnings {
 		log.Warn(w)
 	}
+	if cfg.Role != roleModel {
+		tm, err := loadTokenizerModel(cfg, version, log)
+		if err != nil {
+			return nil, fmt.Errorf("model %q: %w", name, err)
+		}
+		return tm, nil
+	}
+	ms, err := loadCheckpoint(cfg, name, version, log)
+	if err != nil {
+		return nil, err
+	}
+	return ms, nil
+}
 
+// loadCheckpoint checks the model's checkpoint and loads its tokenizer and generation
+// defaults.
+func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logger) (*modelState, error) {
 	// The config and the tensors' names, dtypes and shapes only: the weights wait for an
 	// instance.
 	weights, err := engines.Open(cfg.ModelPath)
