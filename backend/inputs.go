@@ -59,6 +59,7 @@ const (
 	inReturnNumInput    = "return_num_input_tokens"
 	inReturnNumOutput   = "return_num_output_tokens"
 	inReturnTopLogprobs = "return_top_logprobs"
+	inDecoderInputIDs   = "decoder_input_ids"
 
 	outOutputIDs      = "output_ids"
 	outSequenceLength = "sequence_length"
@@ -101,6 +102,7 @@ var knownInputs = map[string]bool{
 	inTopPDecay: true, inTopPMin: true, inTopPResetIDs: true, inTopKAlias: true, inTopPAlias: true,
 	inReturnPerf: true, inStopText: true, inBadText: true, inBiasWords: true, inBiasWeights: true,
 	inReturnNumInput: true, inReturnNumOutput: true, inReturnTopLogprobs: true,
+	inDecoderInputIDs: true,
 }
 
 // maxTopLogprobs bounds return_top_logprobs (OpenAI's top_logprobs allows 20).
@@ -251,6 +253,14 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 			return nil, fmt.Errorf("input %q: token id %d at position %d is outside the vocabulary [0, %d)", name, id, i, lim.VocabSize)
 		}
 	}
+	// An encoder-decoder model's decoder prompt: TensorRT-LLM's preprocessing model always
+	// makes one (the pad token) and its end_to_end_test.py hands it on. gollm serves
+	// decoder-only models, for which TensorRT-LLM ignores it too; only its type is checked.
+	if in[inDecoderInputIDs] != nil {
+		if _, err := in.int32s(inDecoderInputIDs); err != nil {
+			return nil, err
+		}
+	}
 
 	// The output length.
 	outName, err := in.oneOfNames(inRequestOutputLen, inMaxTokens)
@@ -370,14 +380,18 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 // embedding_bias_weights (each string tokenized as its preprocessing model does).
 func (in inputs) textWords(p *parsedRequest, lim limits) error {
 	r := &p.Req
-	var err error
-	if p.StopStrings, err = in.strings(inStopText); err != nil {
-		return err
-	}
-	bad, err := in.strings(inBadText)
+	stops, err := in.strings(inStopText)
 	if err != nil {
 		return err
 	}
+	allBad, err := in.strings(inBadText)
+	if err != nil {
+		return err
+	}
+	// An empty string is no word: TensorRT-LLM's preprocessing drops words that tokenize
+	// to nothing, and its clients send [[""]] for "none" (end_to_end_test.py).
+	p.StopStrings = nonEmpty(stops)
+	bad := nonEmpty(allBad)
 	words, err := in.strings(inBiasWords)
 	if err != nil {
 		return err
@@ -385,7 +399,7 @@ func (in inputs) textWords(p *parsedRequest, lim limits) error {
 	if (in[inBiasWords] == nil) != (in[inBiasWeights] == nil) {
 		return fmt.Errorf("inputs %q and %q go together: send both or neither", inBiasWords, inBiasWeights)
 	}
-	if len(p.StopStrings)+len(bad)+len(words) > 0 && lim.Tokenizer == nil {
+	if len(p.StopStrings)+len(bad)+len(nonEmpty(words)) > 0 && lim.Tokenizer == nil {
 		return fmt.Errorf("inputs %q, %q and %q need the checkpoint's tokenizer.json, which it does not have", inStopText, inBadText, inBiasWords)
 	}
 	for _, w := range bad {
@@ -416,6 +430,9 @@ func (in inputs) textWords(p *parsedRequest, lim limits) error {
 			if !(weights[i] > -math.MaxFloat32 && weights[i] < math.MaxFloat32) {
 				return fmt.Errorf("input %q: weight %d is %v; want a finite number", inBiasWeights, i, weights[i])
 			}
+			if w == "" {
+				continue
+			}
 			for _, id := range lim.Tokenizer.Encode(w) {
 				if id >= 0 && int(id) < lim.VocabSize {
 					bias[id] += weights[i]
@@ -428,8 +445,9 @@ func (in inputs) textWords(p *parsedRequest, lim limits) error {
 }
 
 // strings returns an optional BYTES input of strings, any shape after the batch
-// dimension ([1, n] or [1, 1, n]); nil when absent. Each must be valid UTF-8 and
-// non-empty, at most maxTextWords of at most maxTextWordBytes bytes.
+// dimension ([1, n] or [1, 1, n]); nil when absent. Each must be valid UTF-8, at most
+// maxTextWords of at most maxTextWordBytes bytes; an empty one is returned as it is,
+// for the caller to drop (it keeps embedding_bias_words aligned with their weights).
 func (in inputs) strings(name string) ([]string, error) {
 	t := in[name]
 	if t == nil {
@@ -453,8 +471,6 @@ func (in inputs) strings(name string) ([]string, error) {
 		switch {
 		case len(out) == maxTextWords:
 			return nil, fmt.Errorf("input %q: more than %d strings", name, maxTextWords)
-		case n == 0:
-			return nil, fmt.Errorf("input %q: string %d is empty", name, len(out))
 		case n > maxTextWordBytes:
 			return nil, fmt.Errorf("input %q: string %d has %d bytes, the most is %d", name, len(out), n, maxTextWordBytes)
 		}
@@ -467,6 +483,17 @@ func (in inputs) strings(name string) ([]string, error) {
 		return nil, fmt.Errorf("input %q: shape %v holds %d strings, the data %d", name, t.Shape, n, len(out))
 	}
 	return out, nil
+}
+
+// nonEmpty is ss without its empty strings; nil when none is left.
+func nonEmpty(ss []string) []string {
+	var out []string
+	for _, s := range ss {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // numElements is the number of elements of a shape (-1 for a negative dimension).

@@ -255,8 +255,6 @@ func TestParseRequestErrors(t *testing.T) {
 			`inputs "runtime_top_k" and "top_k" are both given: send one`},
 		{"exclude_input_in_output as INT32", []triton.Tensor{prompt, n, i32(inExcludeInput, 1)}, lim,
 			`input "exclude_input_in_output": expected data type BOOL, got INT32`},
-		{"an empty stop string", []triton.Tensor{prompt, n, strs(inStopText, "ok", "")}, lim,
-			`input "stop_words": string 1 is empty`},
 		{"a stop string that is not UTF-8", []triton.Tensor{prompt, n, strs(inStopText, "a\xff")}, lim,
 			`input "stop_words": string 0 is not valid UTF-8 (byte offset 1)`},
 		{"a truncated string list", []triton.Tensor{prompt, n, {Name: inBadText, DataType: triton.TypeBytes, Shape: []int64{1, 1}, Data: []byte{9, 0, 0, 0, 'a'}}}, lim,
@@ -344,6 +342,40 @@ func TestParseTheTensorRTLLMRequestInputs(t *testing.T) {
 	}
 	if r := p.Req; r.TopPDecay != 0.5 || r.TopPMin != 1e-6 || r.TopPResetID != 7 || r.EarlyStopping != 2 {
 		t.Errorf("decay %g, min %g, reset %d, early stopping %d", r.TopPDecay, r.TopPMin, r.TopPResetID, r.EarlyStopping)
+	}
+}
+
+// TestEnsembleNoneInputs checks what TensorRT-LLM's end_to_end_test.py sends that asks
+// for nothing: [[""]] as stop_words and bad_words (TensorRT-LLM's preprocessing drops
+// words that tokenize to nothing) and the preprocessing model's decoder_input_ids, which
+// a decoder-only model ignores; an empty bias word keeps its weight's place.
+func TestEnsembleNoneInputs(t *testing.T) {
+	noTokenizer := testLimits()
+	noTokenizer.Tokenizer = nil
+	for _, lim := range []limits{testLimits(), noTokenizer} {
+		p, err := parseRequest([]triton.Tensor{i32(inInputIDs, 5, 6), i32(inRequestOutputLen, 2), i32(inDecoderInputIDs, 999),
+			strs(inStopText, ""), strs(inBadText, ""), strs(inBiasWords, ""), f32(inBiasWeights, 2)}, nil, lim)
+		if err != nil {
+			t.Fatalf("tokenizer %v: %v", lim.Tokenizer != nil, err)
+		}
+		if p.StopStrings != nil || p.Req.Sampling.BadWords != nil || slices.ContainsFunc(p.Req.Sampling.EmbeddingBias, func(b float32) bool { return b != 0 }) {
+			t.Errorf("tokenizer %v: stop %q, bad %v, bias not all zero: empty words asked for something", lim.Tokenizer != nil, p.StopStrings, p.Req.Sampling.BadWords)
+		}
+		if !slices.Equal(p.Req.InputIDs, []int32{5, 6}) {
+			t.Errorf("prompt %v: decoder_input_ids changed it", p.Req.InputIDs)
+		}
+	}
+	p, err := parseRequest([]triton.Tensor{str(inTextInput, "abc"), i32(inMaxTokens, 2), strs(inStopText, "", "c"),
+		strs(inBiasWords, "", "b"), f32(inBiasWeights, 5, 1)}, nil, testLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(p.StopStrings, []string{"c"}) || p.Req.Sampling.EmbeddingBias['b'] != 1 {
+		t.Errorf("stop %q, bias of 'b' %v: want [c] and 1 (the second weight)", p.StopStrings, p.Req.Sampling.EmbeddingBias['b'])
+	}
+	if _, err := parseRequest([]triton.Tensor{i32(inInputIDs, 5), i32(inRequestOutputLen, 2), f32(inDecoderInputIDs, 1)}, nil, testLimits()); err == nil ||
+		err.Error() != `input "decoder_input_ids": expected data type INT32, got FP32` {
+		t.Errorf("decoder_input_ids as FP32: %v", err)
 	}
 }
 
