@@ -54,7 +54,7 @@ const DefaultReadyTimeout = 3 * time.Minute
 const stopTimeout = 60 * time.Second
 
 // Model is one model of the prepared repository: a copy of the shipped
-// model_repository/gpt2/config.pbtxt with these changes.
+// model_repository/gpt2/config.pbtxt (or of Config) with these changes.
 type Model struct {
 	// Name is the model's name and folder; empty means "gpt2".
 	Name string
@@ -70,6 +70,9 @@ type Model struct {
 	// Outputs keeps only these of the config's outputs, in the config's order; nil
 	// keeps all.
 	Outputs []string
+	// Config is the config.pbtxt to copy instead of the shipped gpt2 one, relative to
+	// the repository root (examples/trtllm/preprocessing/config.pbtxt).
+	Config string
 }
 
 // Options configure a server.

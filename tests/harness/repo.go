@@ -11,8 +11,8 @@ import (
 )
 
 // prepareRepository writes the model repository of opts into dir: per model a copy of
-// the shipped config.pbtxt, rewritten as the Model asks, and an empty version folder 1/
-// (the weights stay where gpt_model_path points).
+// the shipped config.pbtxt (or the Model's Config), rewritten as the Model asks, and an
+// empty version folder 1/ (the weights stay where gpt_model_path points).
 func prepareRepository(root, dir string, opts Options) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("prepare model repository: %w", err)
@@ -24,14 +24,21 @@ func prepareRepository(root, dir string, opts Options) error {
 	if models == nil {
 		models = []Model{{}}
 	}
-	srcPath := filepath.Join(root, shippedModel, "config.pbtxt")
-	src, err := os.ReadFile(srcPath)
+	shippedPath := filepath.Join(root, shippedModel, "config.pbtxt")
+	shipped, err := os.ReadFile(shippedPath)
 	if err != nil {
 		return fmt.Errorf("prepare model repository: read the shipped config: %w", err)
 	}
 	for _, m := range models {
 		if m.Name == "" {
 			m.Name = "gpt2"
+		}
+		srcPath, src := shippedPath, shipped
+		if m.Config != "" {
+			srcPath = filepath.Join(root, m.Config)
+			if src, err = os.ReadFile(srcPath); err != nil {
+				return fmt.Errorf("prepare model %s: %w", m.Name, err)
+			}
 		}
 		ckpt := m.Checkpoint
 		if ckpt == "" {
