@@ -627,6 +627,12 @@ func (in inputs) search(p *parsedRequest, lim limits) error {
 		if beam > 1 && n > beam {
 			return fmt.Errorf("input %q: %d exceeds %q %d (beam search returns at most its beams)", inNumReturnSeqs, n, inBeamWidth, beam)
 		}
+		// Sampled sequences come as one response each (sequence_index), and a model that
+		// is not decoupled may send only one: Triton would keep the first and drop the
+		// rest without a word. Beams come together in one response.
+		if beam == 1 && n > 1 && !lim.Decoupled {
+			return fmt.Errorf("input %q: %d sampled sequences come as %d responses, which needs a decoupled model (model_transaction_policy { decoupled: true } in config.pbtxt); ask for 1, or for beams with %q", inNumReturnSeqs, n, n, inBeamWidth)
+		}
 		r.NumReturnSequences = int(n)
 	}
 	penName, err := in.oneOfNames(inLenPenalty, inLengthPenalty)

@@ -235,6 +235,8 @@ func TestParseRequestErrors(t *testing.T) {
 			`input "beam_width": 0 must be between 1 and the model's max_beam_width 4`},
 		{"more sequences than beams", []triton.Tensor{prompt, n, i32(inBeamWidth, 2), i32(inNumReturnSeqs, 3)}, beams,
 			`input "num_return_sequences": 3 exceeds "beam_width" 2`},
+		{"sampled sequences from a non-decoupled model", []triton.Tensor{prompt, n, i32(inNumReturnSeqs, 2)}, notDecoupled,
+			`input "num_return_sequences": 2 sampled sequences come as 2 responses, which needs a decoupled model`},
 		{"no sequences", []triton.Tensor{prompt, n, i32(inNumReturnSeqs, 0)}, lim,
 			`input "num_return_sequences": must be at least 1, got 0`},
 		{"generation logits of beams", []triton.Tensor{prompt, n, i32(inBeamWidth, 2), boolean(inReturnGenLogits, true)}, beams,
