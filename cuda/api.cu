@@ -108,4 +108,24 @@ void gollm_engine_destroy(gollm_engine* e) {
   }
 }
 
+int32_t gollm_nccl_describe(gollm_nccl_info* out, gollm_status* status) {
+  return guarded(status, [&] { nccl_describe(out); });
+}
+
+int32_t gollm_comm_create_all(int32_t n, const int32_t* devices, gollm_comm** out,
+                              gollm_status* status) {
+  return guarded(status, [&] { create_comm(n, devices, out); });
+}
+
+int32_t gollm_comm_abort(gollm_comm* comm, const char* cause, gollm_status* status) {
+  return guarded(status, [&] { abort_comm(comm, cause); });
+}
+
+void gollm_comm_release(gollm_comm* comm) {
+  try {
+    release_comm(comm);
+  } catch (...) {
+  }
+}
+
 }  // extern "C"

@@ -11,16 +11,37 @@ void destroy_engine(gollm_engine* e) {
   if (!e) return;
   cudaSetDevice(e->device);
   if (e->stream) cudaStreamSynchronize(e->stream);
-  for (auto& g : e->graph_execs) cudaGraphExecDestroy(g.second);
+  // A graph holding collectives hands NCCL its work back when destroyed, through the
+  // communicator: after an abort freed that, the graphs are left (a lost engine's few
+  // kilobytes) rather than destroyed into freed memory.
+  if (!e->comm || !e->comm->aborted.load())
+    for (auto& g : e->graph_execs) cudaGraphExecDestroy(g.second);
   for (auto& l : e->launched)
     if (l.done) cudaEventDestroy(l.done);
   if (e->blas) cublasDestroy(e->blas);
   gollm_weights* w = e->w;
+  gollm_comm* comm = e->comm;
   cudaStream_t s = e->stream;
   delete e;  // frees the buffers before the stream goes
   if (s) cudaStreamDestroy(s);
   release_weights(w);
+  release_comm(comm);
 }
+
+namespace {
+
+// Arrival tells the other ranks, when this rank's creation fails before it proposed its
+// KV pool's size, not to wait for it.
+struct Arrival {
+  gollm_comm* c = nullptr;
+  int rank = 0;
+  bool done = false;
+  ~Arrival() {
+    if (c && !done) comm_abandon(c, rank);
+  }
+};
+
+}  // namespace
 
 void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine** out,
                    gollm_engine_info* info) {
@@ -39,13 +60,43 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   if (p->gemv_rows < -1 || p->gemv_rows > kGemvMaxRows)
     invalid("gemv_rows %d must be -1 or in [0, %d]", p->gemv_rows, kGemvMaxRows);
   if (p->mem_budget < 0) invalid("mem_budget %lld must not be negative", (long long)p->mem_budget);
+  gollm_comm* comm = p->comm;
+  if (comm) {
+    const int n = comm->n;
+    if (p->tp_rank < 0 || p->tp_rank >= n)
+      invalid("tp_rank %d outside the communicator's %d ranks", p->tp_rank, n);
+    if (comm->devices[p->tp_rank] != w->device)
+      invalid("tensor parallel rank %d: the weights are on device %d, the communicator's rank %d on "
+              "device %d",
+              p->tp_rank, w->device, p->tp_rank, comm->devices[p->tp_rank]);
+    if (p->tp_vocab < 1 || (p->tp_vocab + n - 1) / n != c.vocab_size)
+      invalid("tensor parallel rank %d: a vocabulary of %d over %d ranks is %d rows a rank, but the "
+              "weights hold %d",
+              p->tp_rank, p->tp_vocab, n, p->tp_vocab > 0 ? (p->tp_vocab + n - 1) / n : 0, c.vocab_size);
+  } else if (p->tp_rank != 0 || (p->tp_vocab != 0 && p->tp_vocab != c.vocab_size)) {
+    invalid("tp_rank %d and tp_vocab %d need a communicator (comm is NULL)", p->tp_rank, p->tp_vocab);
+  }
   const FailStep fail = fail_step_from_env();
   DeviceGuard dg(w->device);
   const Dims d(c);
   std::unique_ptr<gollm_engine, void (*)(gollm_engine*)> e(new gollm_engine, destroy_engine);
+  // Once the rank is claimed, a failure before the KV pool's agreement lets the other
+  // ranks go (destroyed before e, which may hold the last reference to comm).
+  Arrival arrival;
   w->refs.fetch_add(1);
   e->w = w;
   e->device = w->device;
+  e->vocab = comm ? p->tp_vocab : c.vocab_size;
+  if (comm) {
+    comm_claim(comm, p->tp_rank);
+    comm->refs.fetch_add(1);
+    e->comm = comm;
+    e->tp_rank = p->tp_rank;
+    e->tp_size = comm->n;
+    arrival.c = comm;
+    arrival.rank = p->tp_rank;
+  }
+  const bool tp = e->tp_size > 1;
   e->graphs = p->cuda_graphs != 0;
   e->fail = fail;
   e->max_tokens = p->max_tokens;
@@ -62,13 +113,17 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, w->device));
     e->pdl = major >= 9 && !(p->tuning_off & GOLLM_TUNING_NO_PDL);
     e->bulk = major >= 9 && !(p->tuning_off & GOLLM_TUNING_NO_BULK);
-    e->fused = !(p->tuning_off & GOLLM_TUNING_NO_FUSED) && c.hidden % 8 == 0 && c.inner % 8 == 0;
+    // Under tensor parallelism every step takes the cuBLAS path, whose projections write
+    // fp32 outputs that the all-reduces add (the gemv kernels add into the residual
+    // stream); models wide enough to split take it on one GPU too (below).
+    e->fused = !tp && !(p->tuning_off & GOLLM_TUNING_NO_FUSED) && c.hidden % 8 == 0 && c.inner % 8 == 0;
     // The gemv kernels beat cuBLAS's GEMMs on narrow models only (H100, decode b1: GPT-2
     // 124M 0.31 ms/token against 0.36, GPT-350M faster too; the TinyLlama-1.1B shape,
     // hidden 2048, 2.00 against 1.44): their weight streams reach 0.7-1.1 TB/s, which
     // small matrices hide behind launch costs and large ones do not.
     e->gemv_rows_max = c.hidden <= 1024 ? kFusedRows : 0;
     if (p->gemv_rows >= 0) e->gemv_rows_max = p->gemv_rows;
+    if (tp) e->gemv_rows_max = 0;
   }
   CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&e->blas));
@@ -89,8 +144,13 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->fc.alloc(NG * d.up * 4, "MLP inner");
   e->fch.alloc(NG * d.I * 2, "MLP activation");
   e->xf.alloc(RG * d.H * 2, "LM head input");
+  // d.V is this rank's LM-head rows under tensor parallelism (else the vocabulary).
   e->logits.alloc(RG * d.V * 4, "logits");
-  e->retlog.alloc(R * d.V * 4, "returned logits");
+  e->retlog.alloc(R * (size_t)e->vocab * 4, "returned logits");
+  if (tp) {
+    e->tp_gather.alloc((size_t)e->tp_size * R * d.V * 4, "gathered logits (tensor parallel)");
+    e->tp_logits.alloc(R * (size_t)e->vocab * 4, "joined logits (tensor parallel)");
+  }
   const size_t dec = std::min(N, S);
   e->partial.alloc(dec * c.heads * e->max_parts * c.head_dim * 4, "attention partials");
   e->part_ml.alloc(dec * c.heads * e->max_parts * 2 * 4, "attention partial stats");
@@ -114,7 +174,8 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   size_t scratch = e->h.bytes + e->xn.bytes + e->qkv.bytes + e->att.bytes + e->tmp.bytes +
                    e->fc.bytes + e->fch.bytes + e->xf.bytes + e->logits.bytes + e->retlog.bytes +
                    e->partial.bytes + e->part_ml.bytes + e->tickets.bytes + e->din.bytes +
-                   e->dtok.bytes + e->dlp.bytes + e->blas_ws.bytes + e->acc.bytes;
+                   e->dtok.bytes + e->dlp.bytes + e->blas_ws.bytes + e->acc.bytes +
+                   e->tp_gather.bytes + e->tp_logits.bytes;
 
   // A block holds, for every layer, the keys and values of the KV heads only.
   const size_t block_bytes =
@@ -155,6 +216,12 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
       throw Error(GOLLM_ERR_OUT_OF_MEMORY, buf);
     }
     nb = std::min<int64_t>(nb, 1 << 30);
+  }
+  if (comm) {
+    // One block table serves every rank: each pool gets the fewest blocks any rank can
+    // hold (a rank holds its KV heads' share of every block).
+    nb = comm_agree_min(comm, p->tp_rank, nb);
+    arrival.done = true;
   }
   e->num_blocks = (int)nb;
   e->kv.alloc((size_t)(nb + 1) * block_bytes, "KV pool");  // + the padding block

@@ -67,6 +67,12 @@ void reset_engine(gollm_engine* e) {
   if (!e) invalid("gollm_engine_reset: engine is NULL");
   // Launched steps are not waited for after a failure: the stream is synchronized below.
   drop_launched(e);
+  // A tensor-parallel rank whose communicators were aborted cannot step again (tp_check
+  // says so); one whose NCCL failed asynchronously neither.
+  if (e->comm) {
+    DeviceGuard dg(e->device);
+    tp_check(e);
+  }
   cudaError_t err = cudaSetDevice(e->device);
   // A failed call leaves its error to the next cudaGetLastError; a sticky one stays.
   if (err == cudaSuccess) {

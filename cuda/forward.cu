@@ -9,6 +9,14 @@
 // residual stream → norm → MLP (act(up), or act(gate) · up) → down projection into the
 // residual stream. Few rows take the gemv kernels with their neighbours fused; decode steps
 // of up to kFusedRows rows take the one-kernel MLP; the rest take cuBLAS.
+//
+// Under tensor parallelism (a rank's share of the weights: its heads, MLP units and
+// vocabulary rows) every step takes the cuBLAS path, and the rank all-reduces (NCCL, on
+// the step's stream, inside the decode graphs too) the fp32 outputs of its row-parallel
+// projections — the embedding's lookups, each layer's attention output and MLP output —
+// before the residual add and norm that follow them run unchanged on every rank; the LM
+// head's rows are all-gathered and joined into whole-vocabulary logits, which every rank
+// samples alike.
 #include "activation.cuh"
 #include "attention.cuh"
 #include "embedding.cuh"
@@ -17,6 +25,7 @@
 #include "internal.h"
 #include "layernorm.cuh"
 #include "matmul.cuh"
+#include "parallel.cuh"
 #include "sampling.cuh"
 
 namespace gollm {
@@ -59,7 +68,10 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   gollm_weights* w = e->w;
   const gollm_model_config& c = w->cfg;
   const Dims d(c);
-  const int N = pl.n, H = d.H, V = d.V;
+  // V is the whole vocabulary (logits, sampling); VR the LM head's rows on this GPU (this
+  // rank's under tensor parallelism, else V).
+  const int N = pl.n, H = d.H, V = e->vocab, VR = d.V;
+  const bool tp = e->tp_size > 1;
   const int NG = gemm_rows(N);  // cuBLAS's row count (the rows past N are never read)
   const float eps = c.norm_eps;
   const bool rms = c.norm == GOLLM_NORM_RMS;
@@ -81,7 +93,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   T* kv = e->kv.as<T>();
 
   // Few rows: fused gemv kernels reading the weights once (decode at small batch).
-  const bool small = N <= e->gemv_rows_max && gemv_fits(N, H) && gemv_fits(N, d.I) &&
+  const bool small = !tp && N <= e->gemv_rows_max && gemv_fits(N, H) && gemv_fits(N, d.I) &&
                      gemv_fits(N, d.att) && pl.chunks.size() <= 1 &&
                      (pl.chunks.empty() || pl.chunks[0].count <= kGemvMaxRows);
   // Decode-only steps of few rows: four kernels a layer (five with rotary), the MLP in one
@@ -89,9 +101,19 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   const bool fused = small && e->fused && pl.tiles.empty() && (int)pl.dec_rows.size() == N &&
                      N <= kFusedRows;
   unsigned long long* acc = fused ? e->acc.as<unsigned long long>() : nullptr;
-  embedding_layernorm<T>(I32(L.row_tok), I32(L.row_pos), static_cast<const T*>(w->embed),
-                         static_cast<const T*>(w->pos), h, xn, w->layers[0].norm1_w,
-                         w->layers[0].norm1_b, N, H, eps, rms, st0, acc);
+  if (tp) {
+    // Each rank looks its vocabulary rows up (rank 0 adds the positions); the all-reduce
+    // adds the shares, then layer 0's norm.
+    embedding_shard<T>(I32(L.row_tok), I32(L.row_pos), static_cast<const T*>(w->embed),
+                       e->tp_rank == 0 ? static_cast<const T*>(w->pos) : nullptr, h, N, H,
+                       e->tp_rank * VR, VR, st0);
+    tp_all_reduce(e, h, (size_t)N * H, "the embedding", -1);
+    norm_rows<T>(h, xn, w->layers[0].norm1_w, w->layers[0].norm1_b, N, H, eps, rms, st);
+  } else {
+    embedding_layernorm<T>(I32(L.row_tok), I32(L.row_pos), static_cast<const T*>(w->embed),
+                           static_cast<const T*>(w->pos), h, xn, w->layers[0].norm1_w,
+                           w->layers[0].norm1_b, N, H, eps, rms, st0, acc);
+  }
   // gemv_args holds what every gemv of the step shares: n rows over the residual stream.
   auto gemv_args = [&](int n) {
     GemvArgs a{};
@@ -165,6 +187,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       continue;
     }
     gemm_proj<T>(e, lw, NG);
+    if (tp) tp_all_reduce(e, tmp, (size_t)N * H, "the attention output", l);
     residual_layernorm<T>(h, tmp, lw.out_b, xn, lw.norm2_w, lw.norm2_b, N, H, eps, rms, st);
     gemm_up<T>(e, lw, NG);
     if (c.gated_mlp)
@@ -172,11 +195,15 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     else
       bias_act<T>(fc, lw.up_b, fch, N, d.I, c.activation, st);
     gemm_down<T>(e, lw, NG);
+    if (tp) tp_all_reduce(e, tmp, (size_t)N * H, "the MLP output", l);
     const LayerW& nx = last ? lw : w->layers[l + 1];
     residual_layernorm<T>(h, tmp, lw.down_b, xn, last ? w->final_w : nx.norm1_w,
                           last ? w->final_b : nx.norm1_b, N, H, eps, rms, st);
   }
-  float* logits = e->logits.as<float>();
+  // The LM head writes part ([rows][VR]); the whole-vocabulary logits are part itself on
+  // one GPU, else the join of every rank's part.
+  float* part = e->logits.as<float>();
+  float* logits = tp ? e->tp_logits.as<float>() : part;
   float* retlog = e->retlog.as<float>();
   float* hlog = e->hlog.as<float>();
   for (size_t ci = 0; ci < pl.chunks.size(); ci++) {
@@ -185,11 +212,15 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       // The final norm is fused into the LM head's gemv.
       GemvArgs a = gemv_args(ch.count);
       a.idx = I32(L.lrow_src) + ch.first;
-      a.gamma = w->final_w, a.beta = w->final_b, a.w = w->lm_head, a.in = H, a.out = V, a.y = logits;
+      a.gamma = w->final_w, a.beta = w->final_b, a.w = w->lm_head, a.in = H, a.out = VR, a.y = part;
       gemv<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, st);
     } else {
       gather_rows<T>(xn, I32(L.lrow_src) + ch.first, e->xf.as<T>(), ch.count, H, st);
       gemm_lm_head<T>(e, gemm_rows(ch.count));
+    }
+    if (tp) {
+      tp_all_gather(e, part, e->tp_gather.as<float>(), (size_t)ch.count * VR);
+      join_vocab(e->tp_gather.as<float>(), logits, ch.count, VR, V, e->tp_size, st);
     }
     if (!capture) {
       for (const CopyOut& cp : pl.copies)
@@ -288,7 +319,7 @@ void feed_tokens(gollm_engine* e, const Layout& L, size_t pairs_off, int n) {
   char* din = e->din.as<char>();
   launch("feed_tokens_kernel", feed_tokens_kernel, (n + 127) / 128, 128, 0, Stream(e->stream, false),
          reinterpret_cast<int32_t*>(din + L.row_tok), e->dtok.as<const int32_t>(),
-         reinterpret_cast<const int32_t*>(din + pairs_off), n, e->w->cfg.vocab_size);
+         reinterpret_cast<const int32_t*>(din + pairs_off), n, e->vocab);
 }
 
 void setup_kernels(gollm_engine* e) {

@@ -11,6 +11,13 @@
  *                  GPU share one copy (AITemplate's ModelContainer constants).
  *   gollm_engine   a paged KV pool, scratch buffers, a stream, a cuBLAS handle and the CUDA
  *                  graphs of decode steps; runs one iteration per gollm_step call.
+ *   gollm_comm     tensor parallelism: the NCCL communicators of the GPUs one instance
+ *                  spreads a model over, one rank a GPU (ABI 7). Each rank's engine runs on
+ *                  that rank's share of the weights and all-reduces and all-gathers with the
+ *                  others inside its steps, so the ranks' steps must run at the same time,
+ *                  from one thread each. NCCL (libnccl.so.2, or $GOLLM_NCCL_LIB) is opened
+ *                  with dlopen when the first communicator is made: without it the library
+ *                  still loads and serves a model on one GPU.
  *
  * The engine keeps no per-request state: each gollm_step names, for every scheduled
  * sequence, its new tokens, position, block table and sampling parameters.
@@ -32,7 +39,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 6
+#define GOLLM_ABI_VERSION 7
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -41,7 +48,9 @@ enum gollm_code {
   GOLLM_ERR_CUBLAS = 3,           /* a cuBLAS error */
   GOLLM_ERR_OUT_OF_MEMORY = 4,    /* device or pinned host memory ran out */
   GOLLM_ERR_INTERNAL = 5,         /* anything else (a C++ exception) */
-  GOLLM_ERR_ALL_MASKED = 6        /* sampling found every token masked */
+  GOLLM_ERR_ALL_MASKED = 6,       /* sampling found every token masked */
+  GOLLM_ERR_NCCL = 7              /* NCCL is missing or failed, or the communicators were
+                                     aborted (gollm_comm_abort) */
 };
 
 /* gollm_status carries an error out of every call. */
@@ -164,6 +173,16 @@ typedef struct gollm_engine_params {
                                  used); creation fails with GOLLM_ERR_OUT_OF_MEMORY, naming
                                  the sizes, when that leaves no KV block or more than the
                                  device has free */
+  /* Tensor parallelism (ABI 7); zero for one GPU. */
+  struct gollm_comm* comm;    /* the instance's communicators (gollm_comm_create_all), or NULL:
+                                 the engine holds a reference until it is destroyed */
+  int32_t tp_rank;            /* this engine's rank in comm: the weights are that rank's share
+                                 (model.ShardWeights; every rank holds the whole OUT_BIAS and
+                                 DOWN_BIAS, added once after the all-reduce) on comm's device
+                                 tp_rank. One engine a rank and communicator. */
+  int32_t tp_vocab;           /* the whole model's vocabulary (tokens, logits and sampling);
+                                 the weights' config holds this rank's ceil(tp_vocab / ranks)
+                                 rows of the embedding and LM head. 0 without comm. */
 } gollm_engine_params;
 
 /* Kernel paths gollm_engine_params.tuning_off turns off. Each is on by default where the
@@ -260,8 +279,15 @@ typedef struct gollm_device_info {
   int64_t total_bytes;
 } gollm_device_info;
 
+/* gollm_nccl_info describes the NCCL library tensor parallelism uses (ABI 7). */
+typedef struct gollm_nccl_info {
+  int32_t version;  /* ncclGetVersion's code: 22703 for 2.27.3 */
+  char path[512];   /* what was opened: $GOLLM_NCCL_LIB, else libnccl.so.2 */
+} gollm_nccl_info;
+
 typedef struct gollm_weights gollm_weights;
 typedef struct gollm_engine gollm_engine;
+typedef struct gollm_comm gollm_comm;
 
 /* gollm_abi_version returns GOLLM_ABI_VERSION as compiled into the library. */
 GOLLM_API int32_t gollm_abi_version(void);
@@ -316,8 +342,32 @@ GOLLM_API int32_t gollm_wait(gollm_engine* e, gollm_step_out* out, gollm_status*
  * whose purpose contains TEXT ("weights", "KV pool", "logits", …). */
 GOLLM_API int32_t gollm_engine_reset(gollm_engine* e, gollm_status* status);
 
-/* gollm_engine_destroy frees an engine and its reference to the weights. */
+/* gollm_engine_destroy frees an engine and its reference to the weights (and to its
+ * communicators). */
 GOLLM_API void gollm_engine_destroy(gollm_engine* e);
+
+/* gollm_nccl_describe opens NCCL (once; $GOLLM_NCCL_LIB, else libnccl.so.2 on the
+ * loader's path) and describes it: GOLLM_ERR_NCCL, naming what was tried, when it cannot
+ * be opened. Needs no GPU. */
+GOLLM_API int32_t gollm_nccl_describe(gollm_nccl_info* out, gollm_status* status);
+
+/* gollm_comm_create_all makes the communicators of n GPUs of this process
+ * (ncclCommInitAll over devices[0..n), rank i on devices[i]); the caller holds one
+ * reference. Then one engine per rank, each from its own thread, created at the same
+ * time: creation agrees on the KV pool's blocks (the fewest any rank can hold, so that
+ * one block table serves every rank) and its warm-up runs collectives. */
+GOLLM_API int32_t gollm_comm_create_all(int32_t n, const int32_t* devices, gollm_comm** out,
+                                        gollm_status* status);
+
+/* gollm_comm_abort aborts every rank's communicator (ncclCommAbort, the ranks in parallel):
+ * collectives waiting for a rank that failed return, and every later call of an engine on
+ * comm fails with GOLLM_ERR_NCCL. The engines cannot step again; destroy them. cause (may
+ * be NULL) goes into their errors. Safe from any thread, while the engines' threads wait. */
+GOLLM_API int32_t gollm_comm_abort(gollm_comm* comm, const char* cause, gollm_status* status);
+
+/* gollm_comm_release drops the caller's reference; the communicators are destroyed once
+ * the engines made on them are destroyed too. */
+GOLLM_API void gollm_comm_release(gollm_comm* comm);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,7 @@
 //   forward.cu  every kernel launch: the forward pass, sampling, the warm-up GEMMs
 //   step.cu     one step end to end, CUDA graphs (capture and replay) and the warm-up
 //   faults.cu   the fault-injection switches, the reset after a failed step, device info
+//   comm.cu     tensor parallelism: NCCL (dlopen), the communicators, a step's collectives
 //   api.cu      the C ABI: each entry point turns exceptions into a gollm_status
 #pragma once
 
@@ -19,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm.h"
 #include "common.cuh"
 #include "gollm.h"
 #include "sizes.h"
@@ -235,6 +237,16 @@ struct gollm_engine {
   gollm::Plan plan;               // reused between steps
   gollm::FailStep fail;           // GOLLM_CUDA_FAIL_STEP, read at creation
   int64_t steps = 0;              // gollm_step calls so far (the warm-up's not counted)
+  // The whole vocabulary: tokens, returned logits and sampling. Under tensor parallelism
+  // w->cfg.vocab_size is this rank's rows of the embedding and LM head; else the same.
+  int vocab = 0;
+  // Tensor parallelism (tp_size > 1): the communicators (a reference held) and this
+  // engine's rank. Its steps all-reduce the embedding and each layer's two row-parallel
+  // projections, and all-gather the LM head's rows into tp_gather ([tp_size][R][vocab
+  // rows]), joined into tp_logits ([R][vocab]); every rank samples the same tokens.
+  gollm_comm* comm = nullptr;
+  int tp_rank = 0, tp_size = 1;
+  gollm::DevMem tp_gather, tp_logits;
 };
 
 namespace gollm {
@@ -273,6 +285,15 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
 void wait_step(gollm_engine* e, gollm_step_out* out);
 void drop_launched(gollm_engine* e);
 void warmup(gollm_engine* e, gollm_engine_info& inf);
+
+// comm.cu: a step's collectives on the engine's stream (each holds the communicators'
+// guard and fails with GOLLM_ERR_NCCL once they were aborted), the replay of a graph that
+// holds collectives, and the check after a step's wait (aborted, or NCCL's asynchronous
+// error).
+void tp_all_reduce(gollm_engine* e, float* buf, size_t count, const char* what, int layer);
+void tp_all_gather(gollm_engine* e, const float* send, float* recv, size_t count);
+void tp_graph_launch(gollm_engine* e, cudaGraphExec_t g);
+void tp_check(gollm_engine* e);
 
 // faults.cu
 FailStep fail_step_from_env();

@@ -127,6 +127,30 @@ void residual_layernorm(float* h, const float* a, const float* bias, T* xn, cons
          hidden * sizeof(float), stream, h, a, bias, xn, gamma, beta, hidden, eps, rms);
 }
 
+// norm_rows_kernel: one block per row, xn = norm(h) — the norm where no residual add
+// precedes it (tensor parallelism's embedding, normed after its all-reduce).
+//   h: [n][hidden] fp32; xn: [n][hidden] T; gamma, beta as residual_layernorm_kernel's
+// Dynamic shared memory: hidden floats.
+template <typename T>
+__global__ void norm_rows_kernel(const float* __restrict__ h, T* __restrict__ xn,
+                                 const float* __restrict__ gamma, const float* __restrict__ beta,
+                                 int hidden, float eps, bool rms) {
+  extern __shared__ float row[];
+  griddep_launch();
+  griddep_wait();
+  const int64_t off = (int64_t)blockIdx.x * hidden;
+  for (int c = threadIdx.x; c < hidden; c += blockDim.x) row[c] = h[off + c];
+  layernorm_row(row, xn + off, gamma, beta, hidden, eps, rms);
+}
+
+template <typename T>
+void norm_rows(const float* h, T* xn, const float* gamma, const float* beta, int n, int hidden,
+               float eps, bool rms, Stream stream) {
+  if (n == 0) return;
+  launch("norm_rows_kernel", norm_rows_kernel<T>, n, 256, hidden * sizeof(float), stream, h, xn,
+         gamma, beta, hidden, eps, rms);
+}
+
 // gather_rows_kernel copies rows src[idx[i]] to dst[i]: src, dst [*][width] T.
 template <typename T>
 __global__ void gather_rows_kernel(const T* __restrict__ src, const int32_t* __restrict__ idx,

@@ -11,8 +11,7 @@ namespace gollm {
 // build_plan checks a step descriptor against the engine and lays it out. In graph mode
 // (bucket > 0) the step is padded to bucket sequences of one token each.
 void build_plan(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, Plan& pl) {
-  const gollm_model_config& c = e->w->cfg;
-  const int T = e->geom.tokens_per_block, V = c.vocab_size;
+  const int T = e->geom.tokens_per_block, V = e->vocab;
   if (in->num_seqs < 0 || in->num_tokens < 0 || in->num_block_ids < 0 || in->num_penalties < 0 ||
       in->num_masks < 0 || in->num_bias < 0)
     invalid("step: negative array length");
@@ -101,7 +100,7 @@ void build_plan(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, Pl
 // bucket > 0 pads a decode-only step to bucket sequences (graph mode).
 void fill_plan(gollm_engine* e, const gollm_step_in* in, int bucket, Plan& pl) {
   const gollm_model_config& c = e->w->cfg;
-  const int V = c.vocab_size, R = e->max_logit_rows;
+  const int V = e->vocab, R = e->max_logit_rows;
   const int S = bucket > 0 ? bucket : pl.s;
   const int Q = ctx_queries(c.head_dim);
   pl.row_tok.clear();
@@ -220,7 +219,7 @@ Layout layout_fixed(const Plan& pl) {
 // fill_var writes the sequences' descriptors and the variable part (block tables,
 // penalty pairs, masks, biases) at word offsets from the buffer's start.
 void fill_var(gollm_engine* e, const gollm_step_in* in, Plan& pl, Layout& L) {
-  const int V = e->w->cfg.vocab_size;
+  const int V = e->vocab;
   const int64_t base = (int64_t)(L.var / 4);
   auto& W = pl.words;
   W.clear();

@@ -77,6 +77,7 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
   if (!e || !in) invalid("gollm_launch: engine and in must not be NULL");
   if (e->launched_count >= 2) invalid("gollm_launch: two steps are launched and not waited for");
   DeviceGuard dg(e->device);
+  if (e->comm) tp_check(e);
   const int nfeed = check_feed(e, in);
   // This step's staging must not be the one a launched step still copies through.
   if (e->launched_count == 1 && e->launched[e->launched_head].hin == e->hin.p) swap_staging(e);
@@ -87,6 +88,9 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
   const bool use_graph = pl.s > 0 && bucket > 0 && bucket <= e->max_tokens;
   if (pl.s > 0) {
     fill_plan(e, in, use_graph ? bucket : 0, pl);
+    // Under tensor parallelism every rank computes the same logits and tokens; rank 0
+    // alone copies logits back (the caller reads its results only).
+    if (e->tp_rank > 0) pl.copies.clear();
     Layout L = layout_fixed(pl);
     fill_var(e, in, pl, L);
     // The fed rows' (row, previous sequence) pairs follow the variable part.
@@ -100,7 +104,7 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
     // Returned logits are staged in pinned memory.
     int64_t log_need = 0;
     for (const CopyOut& cp : pl.copies)
-      log_need = std::max<int64_t>(log_need, cp.dst + (int64_t)cp.rows * e->w->cfg.vocab_size);
+      log_need = std::max<int64_t>(log_need, cp.dst + (int64_t)cp.rows * e->vocab);
     if ((size_t)log_need * 4 > e->hlog.bytes) e->hlog.alloc(align_up((size_t)log_need * 4, 1 << 20), "logits (host)");
     stage(e, pl, L);
     if (nfeed > 0) {
@@ -134,7 +138,10 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
         CUDA_CHECK(err);
         it = e->graph_execs.emplace(key, ex).first;
       }
-      CUDA_CHECK(cudaGraphLaunch(it->second, e->stream));
+      if (e->comm)
+        tp_graph_launch(e, it->second);  // its collectives: not after an abort
+      else
+        CUDA_CHECK(cudaGraphLaunch(it->second, e->stream));
     } else {
       int parts = decode_splits(std::max<int>(1, (int)pl.dec_rows.size()), e->w->cfg.heads, e->sms,
                                 pl.max_len);
@@ -174,6 +181,8 @@ void wait_step(gollm_engine* e, gollm_step_out* out) {
     invalid("gollm_wait: out.logits holds %lld floats, the step was launched for %lld",
             (long long)out->logits_len, (long long)l.logits_len);
   CUDA_CHECK(cudaEventSynchronize(l.done));
+  // An abort lets a rank's collectives return without their results.
+  if (e->comm) tp_check(e);
   for (int s = 0; s < l.s; s++) {
     const bool sample = l.sample[s];
     if (sample && l.htok[s] == -2) {
@@ -186,7 +195,7 @@ void wait_step(gollm_engine* e, gollm_step_out* out) {
     out->tokens[s] = sample ? l.htok[s] : -1;
     out->log_probs[s] = sample ? l.hlp[s] : 0.f;
   }
-  const int V = e->w->cfg.vocab_size;
+  const int V = e->vocab;
   for (const CopyOut& cp : l.copies)
     std::memcpy(out->logits + cp.dst, l.hlog + cp.dst, (size_t)cp.rows * V * 4);
 }
@@ -203,7 +212,9 @@ void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out, bool in
   if (e->launched_count > 0)
     invalid("gollm_step: %d launched steps are not waited for", e->launched_count);
   if (in->feed) invalid("gollm_step: fed sequences need gollm_launch");
-  launch(e, in, out->logits ? out->logits_len : 0, inject);
+  // A rank past 0 of a tensor-parallel engine returns no logits but checks the step
+  // against the same length as rank 0.
+  launch(e, in, out->logits || e->tp_rank > 0 ? out->logits_len : 0, inject);
   wait_step(e, out);
 }
 
@@ -248,6 +259,16 @@ void warmup(gollm_engine* e, gollm_engine_info& inf) {
   const int k = std::min({16, e->max_tokens, e->max_len, T * e->num_blocks});
   run(1, k, false);
   const int top = std::min(e->max_seqs, e->max_tokens);
+  if (e->tp_size > 1 && e->graphs) {
+    // Every decode bucket's collectives once eagerly before any is captured: NCCL sets up
+    // what an operation's size needs on its first use, which a capture must not do.
+    e->graphs = false;
+    for (int b = 1;; b = std::min(2 * b, top)) {
+      run(b, 1, true);
+      if (b == top) break;
+    }
+    e->graphs = true;
+  }
   for (int b = 1;; b = std::min(2 * b, top)) {
     run(b, 1, true);
     run(b, 1, false);

@@ -42,6 +42,8 @@ type lib struct {
 	abiVersion, deviceCount, weightsCreate, weightsRelease unsafe.Pointer
 	engineCreate, step, launch, wait, engineDestroy        unsafe.Pointer
 	engineReset, deviceInfo, weightsBytes                  unsafe.Pointer
+	// ncclDescribe … commRelease are ABI 7's tensor-parallel calls.
+	ncclDescribe, commCreateAll, commAbort, commRelease unsafe.Pointer
 }
 
 var (
@@ -119,6 +121,10 @@ func (l *lib) resolve() error {
 		{"gollm_engine_reset", &l.engineReset},
 		{"gollm_device_describe", &l.deviceInfo},
 		{"gollm_weights_bytes", &l.weightsBytes},
+		{"gollm_nccl_describe", &l.ncclDescribe},
+		{"gollm_comm_create_all", &l.commCreateAll},
+		{"gollm_comm_abort", &l.commAbort},
+		{"gollm_comm_release", &l.commRelease},
 	} {
 		cname := C.CString(s.name)
 		p := C.gollm_sym(l.handle, cname)
@@ -149,12 +155,14 @@ const (
 	CodeOutOfMemory     = 4
 	CodeInternal        = 5
 	CodeAllMasked       = 6
+	// CodeNCCL: NCCL is missing or failed, or the communicators were aborted (ABI 7).
+	CodeNCCL = 7
 )
 
 func (e *Error) Error() string {
 	kind := map[int]string{CodeInvalidArgument: "invalid argument", CodeCUDA: "CUDA error",
 		CodeCUBLAS: "cuBLAS error", CodeOutOfMemory: "out of memory", CodeInternal: "internal error",
-		CodeAllMasked: "every token masked"}[e.Code]
+		CodeAllMasked: "every token masked", CodeNCCL: "NCCL error"}[e.Code]
 	if kind == "" {
 		kind = fmt.Sprintf("code %d", e.Code)
 	}
@@ -212,4 +220,28 @@ func Device(path string, ordinal int) (DeviceInfo, error) {
 	}
 	return DeviceInfo{Ordinal: ordinal, Name: C.GoString(&d.name[0]), UUID: C.GoString(&d.uuid[0]),
 		PCIBusID: C.GoString(&d.pci_bus_id[0]), Free: int64(d.free_bytes), Total: int64(d.total_bytes)}, nil
+}
+
+// NCCLInfo describes the NCCL library tensor parallelism uses.
+type NCCLInfo struct {
+	// Version is NCCL's version code (22703 for 2.27.3).
+	Version int
+	// Path is what was opened: $GOLLM_NCCL_LIB, else libnccl.so.2 from the loader's path.
+	Path string
+}
+
+// NCCL opens NCCL through the engine library loaded from path ("" for the default
+// search) and describes it. It needs no GPU: it says whether tensor parallelism can run
+// here, and which NCCL it would use.
+func NCCL(path string) (NCCLInfo, error) {
+	l, err := openLib(path)
+	if err != nil {
+		return NCCLInfo{}, err
+	}
+	var d C.gollm_nccl_info
+	var st C.gollm_status
+	if err := statusErr("gollm_nccl_describe", C.call_nccl_describe(l.ncclDescribe, &d, &st), &st); err != nil {
+		return NCCLInfo{}, err
+	}
+	return NCCLInfo{Version: int(d.version), Path: C.GoString(&d.path[0])}, nil
 }

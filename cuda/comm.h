@@ -1,0 +1,92 @@
+// comm.h — tensor parallelism's communication: NCCL, opened at run time with dlopen
+// ($GOLLM_NCCL_LIB, else libnccl.so.2) through the project's own minimal declarations of
+// the calls it makes, and gollm_comm, the communicators of the GPUs one instance spreads a
+// model over. Included by internal.h; comm.cu implements it.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "gollm.h"
+
+namespace gollm {
+namespace nccl {
+
+// NCCL's C ABI as far as gollm uses it (nccl.h, NCCL 2.x): a communicator is an opaque
+// pointer; results, data types and reduction operations are C enums (int-sized).
+struct CommImpl;
+typedef CommImpl* comm_t;       // ncclComm_t
+typedef int result_t;           // ncclResult_t
+constexpr result_t kSuccess = 0;     // ncclSuccess
+constexpr result_t kInProgress = 7;  // ncclInProgress (non-blocking communicators only)
+constexpr int kFloat32 = 7;          // ncclFloat32 (ncclDataType_t)
+constexpr int kSum = 0;              // ncclSum (ncclRedOp_t)
+
+// Lib is the opened library's entry points.
+struct Lib {
+  std::string path;  // what dlopen opened
+  int version = 0;   // ncclGetVersion
+  result_t (*GetVersion)(int*) = nullptr;
+  result_t (*CommInitAll)(comm_t*, int, const int*) = nullptr;
+  result_t (*CommDestroy)(comm_t) = nullptr;
+  result_t (*CommAbort)(comm_t) = nullptr;
+  result_t (*CommGetAsyncError)(comm_t, result_t*) = nullptr;
+  const char* (*GetErrorString)(result_t) = nullptr;
+  const char* (*GetLastError)(comm_t) = nullptr;  // NCCL 2.13 and later; may be null
+  result_t (*AllReduce)(const void*, void*, size_t, int, int, comm_t, cudaStream_t) = nullptr;
+  result_t (*AllGather)(const void*, void*, size_t, int, comm_t, cudaStream_t) = nullptr;
+};
+
+// lib opens NCCL once (later calls return the same); throws GOLLM_ERR_NCCL naming what
+// was tried when it cannot.
+const Lib& lib();
+
+}  // namespace nccl
+}  // namespace gollm
+
+// gollm_comm: the NCCL communicators of n GPUs driven by this process, rank i on
+// devices[i], shared by the ranks' engines (refcounted).
+struct gollm_comm {
+  std::atomic<int> refs{1};            // the creator and each engine
+  int n = 0;                           // ranks
+  std::vector<int> devices;            // CUDA ordinal of each rank
+  std::vector<gollm::nccl::comm_t> comms;  // each rank's communicator
+  // Engine creation: each rank claims its slot, then the ranks agree on the KV pool's
+  // blocks (the fewest any can hold). Guarded by mu.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<char> taken;   // an engine was made on the rank
+  int arrived = 0;           // ranks that proposed their block count
+  int64_t agreed = INT64_MAX;  // the smallest proposal so far
+  std::string failed;        // set when a rank failed before proposing: the others stop
+  // Abort: the NCCL calls of every engine hold guard shared and check aborted; abort takes
+  // it exclusively to set aborted, so that no call is inside NCCL on a communicator that
+  // ncclCommAbort is freeing.
+  std::shared_mutex guard;
+  std::atomic<bool> aborted{false};
+  std::string abort_cause;   // written once, under guard exclusively, before aborted
+};
+
+namespace gollm {
+
+// comm.cu
+void create_comm(int32_t n, const int32_t* devices, gollm_comm** out);
+void abort_comm(gollm_comm* c, const char* cause);
+void release_comm(gollm_comm* c);
+void nccl_describe(gollm_nccl_info* out);
+// comm_claim takes rank's engine slot (invalid if taken); comm_agree_min proposes v for the
+// KV pool's blocks and returns the smallest proposal once every rank made one (or throws
+// when a rank failed first, or the communicators were aborted); comm_abandon tells the
+// waiting ranks that rank failed before proposing.
+void comm_claim(gollm_comm* c, int rank);
+int64_t comm_agree_min(gollm_comm* c, int rank, int64_t v);
+void comm_abandon(gollm_comm* c, int rank);
+
+}  // namespace gollm
