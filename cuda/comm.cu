@@ -98,6 +98,9 @@ namespace {
   throw Error(GOLLM_ERR_NCCL, buf);
 }
 
+// abort_mu serialises aborts that could not take a communicator's guard.
+std::mutex abort_mu;
+
 // Agreement timeout: every rank's engine is created at the same time (gollm.h), so the
 // ranks propose within the time their buffers take to allocate.
 constexpr int kAgreeSeconds = 300;
@@ -146,7 +149,14 @@ void create_comm(int32_t n, const int32_t* devices, gollm_comm** out) {
 void abort_comm(gollm_comm* c, const char* cause) {
   if (!c) invalid("gollm_comm_abort: comm is NULL");
   {
-    std::unique_lock<std::shared_mutex> lk(c->guard);
+    // An engine's call enqueues and returns: the guard is free within microseconds, unless
+    // a call is blocked inside NCCL (its queue full behind a collective that waits for a
+    // failed rank), which only the abort below releases: then it goes ahead without.
+    std::unique_lock<std::shared_timed_mutex> lk(c->guard, std::defer_lock);
+    if (!lk.try_lock_for(std::chrono::seconds(5))) {
+      // Blocked inside NCCL: go ahead (aborted is atomic; abort_mu orders two aborts).
+    }
+    std::lock_guard<std::mutex> one(abort_mu);
     if (c->aborted.load()) return;
     c->abort_cause = cause ? cause : "";
     c->aborted.store(true);
@@ -242,7 +252,7 @@ void comm_abandon(gollm_comm* c, int rank) {
 // Collectives of an engine's step, on its stream (captured into its graphs in graph mode).
 
 void tp_all_reduce(gollm_engine* e, float* buf, size_t count, const char* what, int layer) {
-  std::shared_lock<std::shared_mutex> lk(e->comm->guard);
+  std::shared_lock<std::shared_timed_mutex> lk(e->comm->guard);
   if (e->comm->aborted.load()) aborted_error(e);
   const nccl::Lib& L = nccl::lib();
   nccl::comm_t nc = e->comm->comms[e->tp_rank];
@@ -257,7 +267,7 @@ void tp_all_reduce(gollm_engine* e, float* buf, size_t count, const char* what, 
 }
 
 void tp_all_gather(gollm_engine* e, const float* send, float* recv, size_t count) {
-  std::shared_lock<std::shared_mutex> lk(e->comm->guard);
+  std::shared_lock<std::shared_timed_mutex> lk(e->comm->guard);
   if (e->comm->aborted.load()) aborted_error(e);
   const nccl::Lib& L = nccl::lib();
   nccl::comm_t nc = e->comm->comms[e->tp_rank];
@@ -272,13 +282,13 @@ void tp_all_gather(gollm_engine* e, const float* send, float* recv, size_t count
 }
 
 void tp_graph_launch(gollm_engine* e, cudaGraphExec_t g) {
-  std::shared_lock<std::shared_mutex> lk(e->comm->guard);
+  std::shared_lock<std::shared_timed_mutex> lk(e->comm->guard);
   if (e->comm->aborted.load()) aborted_error(e);
   CUDA_CHECK(cudaGraphLaunch(g, e->stream));
 }
 
 void tp_check(gollm_engine* e) {
-  std::shared_lock<std::shared_mutex> lk(e->comm->guard);
+  std::shared_lock<std::shared_timed_mutex> lk(e->comm->guard);
   if (e->comm->aborted.load()) aborted_error(e);
   const nccl::Lib& L = nccl::lib();
   nccl::comm_t nc = e->comm->comms[e->tp_rank];

@@ -68,8 +68,9 @@ struct gollm_comm {
   std::string failed;        // set when a rank failed before proposing: the others stop
   // Abort: the NCCL calls of every engine hold guard shared and check aborted; abort takes
   // it exclusively to set aborted, so that no call is inside NCCL on a communicator that
-  // ncclCommAbort is freeing.
-  std::shared_mutex guard;
+  // ncclCommAbort is freeing (unless one stays inside for seconds: blocked in NCCL, which
+  // the abort is then what releases).
+  std::shared_timed_mutex guard;
   std::atomic<bool> aborted{false};
   std::string abort_cause;   // written once, under guard exclusively, before aborted
 };
