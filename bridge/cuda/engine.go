@@ -162,6 +162,11 @@ type Weights struct {
 	device int
 	// dtype is the compute type's name, as given.
 	dtype string
+	// dir is the checkpoint folder they were read from.
+	dir string
+	// tpSize and tpRank place a share of a tensor-parallel split (LoadShard): rank tpRank
+	// of tpSize; tpSize is 1 for a whole model.
+	tpSize, tpRank int
 	// once makes Release idempotent.
 	once sync.Once
 }
@@ -215,6 +220,15 @@ func descriptor(c *model.Config) C.gollm_model_config {
 // them. The checkpoint may be closed afterwards. Only Device, DType, Library and Logger of
 // opts are read.
 func LoadWeights(ckpt *model.Checkpoint, opts Options) (*Weights, error) {
+	return LoadShard(ckpt, 1, 0, opts)
+}
+
+// LoadShard copies rank's share of ckpt's weights under tensor parallelism over size
+// ranks onto opts.Device, as LoadWeights copies the whole (size 1): model.ShardWeights'
+// split — its heads, KV heads, MLP units and vocabulary rows — except that every rank
+// holds the whole attention-output and MLP-down biases, which the GPU adds once, after
+// the all-reduce of the ranks' partial sums. NewTensorParallelEngine runs the shares.
+func LoadShard(ckpt *model.Checkpoint, size, rank int, opts Options) (*Weights, error) {
 	opts = opts.withDefaults()
 	if ckpt == nil {
 		return nil, errors.New("cuda: LoadWeights: nil checkpoint")
@@ -227,6 +241,17 @@ func LoadWeights(ckpt *model.Checkpoint, opts Options) (*Weights, error) {
 	ws, err := ckpt.Weights()
 	if err != nil {
 		return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
+	}
+	rankCfg := cfg
+	if size != 1 {
+		l, err := cfg.TensorParallel(size)
+		if err != nil {
+			return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
+		}
+		if ws, err = shardWeights(ws, &cfg, l, rank); err != nil {
+			return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
+		}
+		rankCfg = cfg.RankConfig(l)
 	}
 	l, err := openLib(opts.Library)
 	if err != nil {
@@ -250,7 +275,7 @@ func LoadWeights(ckpt *model.Checkpoint, opts Options) (*Weights, error) {
 			parts = append(parts, C.gollm_weight{role: C.int32_t(w.Role), layer: C.int32_t(w.Layer), part: t})
 		}
 	}
-	p := &C.gollm_weights_params{device: C.int32_t(opts.Device), dtype: dt, config: descriptor(&cfg),
+	p := &C.gollm_weights_params{device: C.int32_t(opts.Device), dtype: dt, config: descriptor(&rankCfg),
 		num_weights: C.int32_t(len(parts))}
 	if len(parts) > 0 {
 		pin.Pin(&parts[0])
@@ -267,9 +292,35 @@ func LoadWeights(ckpt *model.Checkpoint, opts Options) (*Weights, error) {
 		return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
 	}
 	opts.Logger.Info("gpu weights loaded", zap.String("checkpoint", ckpt.Dir), zap.Int("device", opts.Device),
-		zap.String("dtype", opts.DType), zap.String("family", cfg.Family), zap.String("library", l.path))
-	return &Weights{lib: l, ptr: w, cfg: cfg, device: opts.Device, dtype: opts.DType}, nil
+		zap.String("dtype", opts.DType), zap.String("family", cfg.Family), zap.String("library", l.path),
+		zap.Int("tensor_parallel_rank", rank), zap.Int("tensor_parallel_size", size))
+	return &Weights{lib: l, ptr: w, cfg: cfg, device: opts.Device, dtype: opts.DType, dir: ckpt.Dir, tpSize: size, tpRank: rank}, nil
 }
+
+// shardWeights is rank's share of ws for the GPU engine: model.ShardWeights (one share
+// per weight, in ws's order), with the whole attention-output and MLP-down biases on
+// every rank. The GPU all-reduces the projections' fp32 outputs and adds the bias after
+// (the residual add and norm that follow run alike on every rank), where the CPU
+// reference sums partials that include the bias, kept by rank 0 alone.
+func shardWeights(ws []model.Weight, cfg *model.Config, l model.TPLayout, rank int) ([]model.Weight, error) {
+	s, err := model.ShardWeights(ws, cfg, l, rank)
+	if err != nil {
+		return nil, err
+	}
+	if len(s) != len(ws) {
+		return nil, fmt.Errorf("tensor parallel rank %d: %d shares of %d weights", rank, len(s), len(ws))
+	}
+	for i := range s {
+		if r := ws[i].Role; r == model.RoleOutBias || r == model.RoleDownBias {
+			s[i] = ws[i]
+		}
+	}
+	return s, nil
+}
+
+// Shard returns the tensor-parallel split the weights are a share of: size ranks (1 for a
+// whole model) and their rank.
+func (w *Weights) Shard() (size, rank int) { return w.tpSize, w.tpRank }
 
 // Config returns the model's configuration.
 func (w *Weights) Config() model.Config { return w.cfg }
@@ -310,6 +361,9 @@ type Engine struct {
 	queue []*launchRec
 	// check validates each batch's structure as every engine does.
 	check *engine.BatchChecker
+	// rank is the engine's tensor-parallel rank (0 on one GPU): a rank past 0 gets no
+	// logits back (rank 0's are every rank's).
+	rank int
 	// DeviceName is the GPU's name.
 	DeviceName string
 	// Device describes the GPU (its memory as at the engine's creation).
@@ -333,6 +387,15 @@ func New(ckpt *model.Checkpoint, opts Options) (*Engine, error) {
 
 // NewEngine makes an engine on shared weights (Device and DType come from w).
 func NewEngine(w *Weights, opts Options) (*Engine, error) {
+	if w != nil && w.tpSize > 1 {
+		return nil, fmt.Errorf("cuda: NewEngine: the weights are rank %d's share of a %d-way tensor-parallel split; NewTensorParallelEngine runs them", w.tpRank, w.tpSize)
+	}
+	return newEngine(w, opts, nil)
+}
+
+// newEngine makes an engine on w; with comm, the engine of w's tensor-parallel rank on
+// those communicators (every rank's at the same time: NewTensorParallelEngine).
+func newEngine(w *Weights, opts Options, comm *C.gollm_comm) (*Engine, error) {
 	opts = opts.withDefaults()
 	switch {
 	case w == nil:
@@ -356,6 +419,10 @@ func NewEngine(w *Weights, opts Options) (*Engine, error) {
 		kv_free_fraction: C.float(opts.KVFreeFraction), max_tokens: C.int32_t(opts.MaxTokens),
 		max_seqs: C.int32_t(opts.MaxSeqs), max_logit_rows: C.int32_t(opts.MaxLogitRows),
 		max_seq_len: C.int32_t(opts.MaxSeqLen), gemv_rows: -1, mem_budget: C.int64_t(opts.MemBudget),
+	}
+	if comm != nil {
+		p.comm, p.tp_rank, p.tp_vocab = comm, C.int32_t(w.tpRank), C.int32_t(w.cfg.VocabSize)
+		e.rank = w.tpRank
 	}
 	if !opts.DisableCUDAGraphs {
 		p.cuda_graphs = 1
@@ -501,8 +568,8 @@ func (e *Engine) runPart(b *engine.Batch, part []piece, copies []engine.BlockCop
 	var pin runtime.Pinner
 	defer pin.Unpin()
 	in := p.stepIn(&pin)
-	logits := make([]float32, p.logitsLen)
-	out := p.stepOut(&pin, logits)
+	logits := e.logitsBuffer(p.logitsLen)
+	out := p.stepOut(&pin, logits, p.logitsLen)
 	var st C.gollm_status
 	if err := statusErr("gollm_step", C.call_step(e.lib.step, e.ptr, in, out, &st), &st); err != nil {
 		var ce *Error
@@ -513,4 +580,13 @@ func (e *Engine) runPart(b *engine.Batch, part []piece, copies []engine.BlockCop
 	}
 	p.collect(b, part, logits, outs, e.info.VocabSize)
 	return nil
+}
+
+// logitsBuffer is where a call's n floats of returned logits land: none on a
+// tensor-parallel rank past 0, whose library call copies none back.
+func (e *Engine) logitsBuffer(n int) []float32 {
+	if e.rank > 0 {
+		return nil
+	}
+	return make([]float32, n)
 }

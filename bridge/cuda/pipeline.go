@@ -135,10 +135,10 @@ func (e *Engine) finish(r *launchRec) {
 	r.async = false
 	p := r.prep
 	r.prep = nil
-	logits := make([]float32, p.logitsLen)
+	logits := e.logitsBuffer(p.logitsLen)
 	var pin runtime.Pinner
 	defer pin.Unpin()
-	out := p.stepOut(&pin, logits)
+	out := p.stepOut(&pin, logits, p.logitsLen)
 	var st C.gollm_status
 	if err := statusErr("gollm_wait", C.call_wait(e.lib.wait, e.ptr, out, &st), &st); err != nil {
 		var ce *Error
@@ -198,8 +198,10 @@ func (p *stepPrep) stepIn(pin *runtime.Pinner) *C.gollm_step_in {
 	return in
 }
 
-// stepOut points a gollm_step_out at p's result arrays and logits, pinning them.
-func (p *stepPrep) stepOut(pin *runtime.Pinner, logits []float32) *C.gollm_step_out {
+// stepOut points a gollm_step_out at p's result arrays and logits, pinning them. n is the
+// call's length of logits: len(logits), or with logits nil (a tensor-parallel rank past 0,
+// which gets none back) the length its steps are checked against.
+func (p *stepPrep) stepOut(pin *runtime.Pinner, logits []float32, n int) *C.gollm_step_out {
 	ptr := func(n int, first unsafe.Pointer) unsafe.Pointer {
 		if n == 0 {
 			return nil
@@ -207,7 +209,7 @@ func (p *stepPrep) stepOut(pin *runtime.Pinner, logits []float32) *C.gollm_step_
 		pin.Pin(first)
 		return first
 	}
-	out := &C.gollm_step_out{logits_len: C.int64_t(len(logits))}
+	out := &C.gollm_step_out{logits_len: C.int64_t(n)}
 	out.tokens = (*C.int32_t)(ptr(len(p.outTok), unsafe.Pointer(unsafe.SliceData(p.outTok))))
 	out.log_probs = (*C.float)(ptr(len(p.outLP), unsafe.Pointer(unsafe.SliceData(p.outLP))))
 	out.logits = (*C.float)(ptr(len(logits), unsafe.Pointer(unsafe.SliceData(logits))))
@@ -223,12 +225,12 @@ func (p *stepPrep) collectLaunched(logits []float32, outs []engine.Output, V int
 		o := &outs[i]
 		off := int(d.logits_offset)
 		n := int(d.token_count)
-		if d.flags&C.GOLLM_SEQ_CONTEXT_LOGITS != 0 {
+		if d.flags&C.GOLLM_SEQ_CONTEXT_LOGITS != 0 && logits != nil {
 			o.ContextLogits = logits[off : off+n*V : off+n*V]
 			off += n * V
 		}
 		o.Token = -1
-		if d.flags&C.GOLLM_SEQ_RETURN_LOGITS != 0 {
+		if d.flags&C.GOLLM_SEQ_RETURN_LOGITS != 0 && logits != nil {
 			o.Logits = logits[off : off+V : off+V]
 		}
 		if d.flags&C.GOLLM_SEQ_SAMPLE != 0 {

@@ -142,12 +142,13 @@ func (p *stepPrep) build(b *engine.Batch, part []piece, info engine.Info) {
 
 // collect moves one call's results into outs. Logits slices share the call's buffer,
 // each capped at its own length; context logits of a prompt split over calls are joined.
+// With logits nil (a tensor-parallel rank past 0) only the tokens are collected.
 func (p *stepPrep) collect(b *engine.Batch, part []piece, logits []float32, outs []engine.Output, V int) {
 	for i, pc := range part {
 		sq := &b.Seqs[pc.seq]
 		o := &outs[pc.seq]
 		off := int(p.seqs[i].logits_offset)
-		if sq.ContextLogits {
+		if sq.ContextLogits && logits != nil {
 			n := (pc.to - pc.from) * V
 			rows := logits[off : off+n : off+n]
 			if pc.from == 0 && pc.last {
@@ -161,7 +162,7 @@ func (p *stepPrep) collect(b *engine.Batch, part []piece, logits []float32, outs
 			continue
 		}
 		o.Token = -1
-		if sq.ReturnLogits {
+		if sq.ReturnLogits && logits != nil {
 			o.Logits = logits[off : off+V : off+V]
 		}
 		if sq.Sample {

@@ -1,0 +1,520 @@
+package cuda
+
+/*
+#include <stdlib.h>
+#include "trampoline.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+
+	"go.uber.org/zap"
+
+	"gollm/engine"
+	"gollm/model"
+)
+
+// TPEngine is a model split over several GPUs of this process by tensor parallelism
+// (Megatron's split, model.ShardWeights): engine.Engine, engine.Pipeliner and
+// engine.Recoverer over one Engine per rank, each on its share of the weights and its GPU,
+// driven by a goroutine locked to its OS thread. Every call runs on all ranks at once —
+// their collectives (NCCL all-reduces after the embedding and each layer's attention and
+// MLP, an all-gather of the LM head's vocabulary rows) pair up on the GPUs — and returns
+// rank 0's outputs: every rank computes the same logits and samples the same tokens, so
+// the tokens fed on the GPU (Launch) agree without a broadcast. The batch manager and the
+// KV block tables are shared: each rank's pool holds its KV heads' share of every block.
+//
+// A rank that fails in a way that may leave the others waiting for its collectives (a
+// CUDA, cuBLAS, NCCL or out-of-memory error) has the communicators aborted at once: the
+// others' calls return, the step fails with every rank's error, and the engine is lost
+// (Recover says so). Errors every rank raises alike before or after its GPU work (an
+// invalid step, every token masked) fail the step only.
+type TPEngine struct {
+	// lib is the library in use.
+	lib *lib
+	// comm are the ranks' communicators (the creator's reference, released by Close).
+	comm *C.gollm_comm
+	// ranks are the ranks' engines; workers run their calls, one per rank.
+	ranks   []*Engine
+	workers []*rankWorker
+	// devices are the ranks' CUDA ordinals.
+	devices []int
+	// info describes the whole model over the (shared) block tables.
+	info engine.Info
+	// check validates batches once, before they go to the ranks.
+	check *engine.BatchChecker
+	// log receives the engine's messages.
+	log *zap.Logger
+	// grace is how long the ranks may take to return after one failed with an error that
+	// does not abort at once, before the communicators are aborted.
+	grace time.Duration
+	// mu serialises the calls; closed and lost are guarded by it.
+	mu     sync.Mutex
+	closed bool
+	// lost is set once the communicators were aborted: every later call fails with it.
+	lost error
+}
+
+// tpGrace is TPEngine.grace: errors that do not abort at once arise on every rank alike
+// within microseconds, so ranks still out after this long wait for a collective that
+// will not come.
+const tpGrace = 30 * time.Second
+
+// rankWorker runs one rank's calls on a goroutine locked to its OS thread.
+type rankWorker struct {
+	jobs chan func()
+}
+
+func startWorker() *rankWorker {
+	w := &rankWorker{jobs: make(chan func())}
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		for f := range w.jobs {
+			f()
+		}
+	}()
+	return w
+}
+
+// RankError is one tensor-parallel rank's error.
+type RankError struct {
+	// Rank and Size place the rank; Device is its CUDA ordinal.
+	Rank, Size, Device int
+	// Err is what the rank's call returned.
+	Err error
+}
+
+func (e *RankError) Error() string {
+	return fmt.Sprintf("tensor parallel rank %d of %d (GPU %d): %v", e.Rank, e.Size, e.Device, e.Err)
+}
+
+func (e *RankError) Unwrap() error { return e.Err }
+
+// rankOutcome is what one rank's call returned.
+type rankOutcome struct {
+	outs []engine.Output
+	err  error
+}
+
+// abortsAtOnce says whether a rank's error may leave the other ranks waiting for its
+// collectives: a library error other than an invalid argument (raised alike by every rank,
+// before any GPU work) or every token masked (raised after the step's work). Go-side
+// errors (a closed engine, a bad feed) come before the library call, alike on every rank.
+func abortsAtOnce(err error) bool {
+	var ce *Error
+	if !errors.As(err, &ce) {
+		return false
+	}
+	return ce.Code != CodeInvalidArgument && ce.Code != CodeAllMasked
+}
+
+// fanOut runs call for every one of n ranks at once (run hands rank r's function to its
+// worker) and returns their outcomes. abort is called, once, as soon as a rank fails with
+// an error that is fatal, or when some rank has not returned grace after another failed:
+// a rank waiting for collectives that will not come returns only then. It reports which
+// rank's failure triggered the abort (-1: none).
+func fanOut(n int, run func(r int, f func()), call func(r int) ([]engine.Output, error),
+	fatal func(error) bool, abort func(cause error), grace time.Duration) (outs []rankOutcome, abortedBy int) {
+	type done struct {
+		r int
+		rankOutcome
+	}
+	ch := make(chan done, n)
+	for r := range n {
+		run(r, func() {
+			o, err := call(r)
+			ch <- done{r, rankOutcome{o, err}}
+		})
+	}
+	outs = make([]rankOutcome, n)
+	abortedBy = -1
+	var timeout <-chan time.Time
+	var timer *time.Timer
+	first := -1
+	for got := 0; got < n; {
+		select {
+		case d := <-ch:
+			got++
+			outs[d.r] = d.rankOutcome
+			if d.err == nil {
+				continue
+			}
+			if first < 0 {
+				first = d.r
+			}
+			if abortedBy < 0 && fatal(d.err) {
+				abortedBy = d.r
+				abort(d.err)
+			} else if timer == nil && got < n {
+				timer = time.NewTimer(grace)
+				timeout = timer.C
+			}
+		case <-timeout:
+			timeout = nil
+			if abortedBy < 0 {
+				abortedBy = first
+				abort(fmt.Errorf("%d of %d ranks did not return within %v of rank %d's error: %w", n-got, n, grace, first, outs[first].err))
+			}
+		}
+	}
+	if timer != nil {
+		timer.Stop()
+	}
+	return outs, abortedBy
+}
+
+// always is fanOut's fatal for engine creation: any rank's failure aborts at once.
+func always(error) bool { return true }
+
+// rankErrs joins ranks' errors with "; " (errors.Join's newlines read badly in a
+// response's message).
+type rankErrs []error
+
+func (e rankErrs) Error() string {
+	s := make([]string, len(e))
+	for i, err := range e {
+		s[i] = err.Error()
+	}
+	return strings.Join(s, "; ")
+}
+
+func (e rankErrs) Unwrap() []error { return e }
+
+// NewTensorParallel loads ckpt's shares onto devices (rank r on devices[r]) and makes a
+// tensor-parallel engine of them (NewTensorParallelEngine); the weights go with it.
+// opts.Device is not used.
+func NewTensorParallel(ckpt *model.Checkpoint, devices []int, opts Options) (*TPEngine, error) {
+	if ckpt == nil {
+		return nil, errors.New("cuda: NewTensorParallel: nil checkpoint")
+	}
+	if _, err := ckpt.Config.TensorParallel(len(devices)); err != nil {
+		return nil, fmt.Errorf("cuda: %s: %w", ckpt.Dir, err)
+	}
+	ws := make([]*Weights, len(devices))
+	defer func() {
+		for _, w := range ws {
+			if w != nil {
+				w.Release() // the engines hold their own references
+			}
+		}
+	}()
+	for r, d := range devices {
+		o := opts
+		o.Device = d
+		w, err := LoadShard(ckpt, len(devices), r, o)
+		if err != nil {
+			return nil, fmt.Errorf("cuda: tensor parallel rank %d (GPU %d): %w", r, d, err)
+		}
+		ws[r] = w
+	}
+	return NewTensorParallelEngine(ws, opts)
+}
+
+// NewTensorParallelEngine makes the engine of a model split over len(ws) GPUs: ws[r] is
+// rank r's share (LoadShard) on its GPU. It creates the GPUs' NCCL communicators (NCCL is
+// opened here: without it this fails, naming what was tried) and every rank's engine at
+// once — their KV pools get the same blocks, the fewest any GPU can hold. Engines on the
+// same shares may share them, as NewEngine's do; opts.Device is not used.
+func NewTensorParallelEngine(ws []*Weights, opts Options) (*TPEngine, error) {
+	opts = opts.withDefaults()
+	n := len(ws)
+	if n < 2 {
+		return nil, fmt.Errorf("cuda: NewTensorParallelEngine: %d shares; tensor parallelism takes at least 2 (NewEngine runs one GPU)", n)
+	}
+	devices := make([]int, n)
+	for r, w := range ws {
+		switch {
+		case w == nil:
+			return nil, fmt.Errorf("cuda: NewTensorParallelEngine: rank %d has no weights", r)
+		case w.tpSize != n || w.tpRank != r:
+			return nil, fmt.Errorf("cuda: NewTensorParallelEngine: share %d is rank %d of %d, want rank %d of %d", r, w.tpRank, w.tpSize, r, n)
+		case w.lib != ws[0].lib:
+			return nil, errors.New("cuda: NewTensorParallelEngine: the shares were loaded through different libraries")
+		case w.dir != ws[0].dir || w.dtype != ws[0].dtype:
+			return nil, fmt.Errorf("cuda: NewTensorParallelEngine: share %d is of %s (%s), share 0 of %s (%s)", r, w.dir, w.dtype, ws[0].dir, ws[0].dtype)
+		}
+		devices[r] = w.device
+	}
+	l := ws[0].lib
+	cdev := make([]C.int32_t, n)
+	for r, d := range devices {
+		cdev[r] = C.int32_t(d)
+	}
+	var comm *C.gollm_comm
+	var st C.gollm_status
+	if err := statusErr("gollm_comm_create_all", C.call_comm_create_all(l.commCreateAll, C.int32_t(n), &cdev[0], &comm, &st), &st); err != nil {
+		return nil, fmt.Errorf("cuda: tensor parallelism over GPUs %v: %w", devices, err)
+	}
+	t := &TPEngine{lib: l, comm: comm, devices: devices, log: opts.Logger, grace: tpGrace,
+		ranks: make([]*Engine, n), workers: make([]*rankWorker, n)}
+	for r := range n {
+		t.workers[r] = startWorker()
+	}
+	// Every rank's engine at once: creation agrees on the KV pool, then its warm-up runs
+	// collectives. Any failure aborts the communicators, so that no rank waits for
+	// another that will not come.
+	outs, by := fanOut(n, t.run, func(r int) ([]engine.Output, error) {
+		e, err := newEngine(ws[r], opts, comm)
+		t.ranks[r] = e
+		return nil, err
+	}, always, func(cause error) { t.abort(cause) }, 0)
+	if err := t.rankErrors(outs, by); err != nil {
+		t.shut()
+		return nil, fmt.Errorf("cuda: tensor parallelism over GPUs %v: %w", devices, err)
+	}
+	info := t.ranks[0].info
+	for r, e := range t.ranks {
+		if e.info.NumBlocks != info.NumBlocks {
+			t.shut()
+			return nil, fmt.Errorf("cuda: tensor parallelism over GPUs %v: rank %d has %d KV blocks, rank 0 %d (the ranks' creation should have agreed)", devices, r, e.info.NumBlocks, info.NumBlocks)
+		}
+	}
+	info.KVHeads = ws[0].cfg.KVHeads
+	t.info = info
+	t.check = engine.NewBatchChecker(info, "cuda")
+	var weights, kv int64
+	for _, e := range t.ranks {
+		weights += e.WeightBytes
+		kv += e.KVBytes
+	}
+	t.log.Info("gpu tensor parallel engine ready", zap.Ints("gpus", devices), zap.String("device", t.ranks[0].DeviceName),
+		zap.Int("kv_blocks", info.NumBlocks), zap.Int64("weight_bytes", weights), zap.Int64("kv_bytes", kv))
+	return t, nil
+}
+
+// run hands f to rank r's worker.
+func (t *TPEngine) run(r int, f func()) { t.workers[r].jobs <- f }
+
+// abort aborts the communicators (once) and marks the engine lost.
+func (t *TPEngine) abort(cause error) {
+	if t.lost != nil || t.comm == nil {
+		return
+	}
+	t.lost = fmt.Errorf("cuda: the tensor parallel engine over GPUs %v is lost (its NCCL communicators were aborted after: %w)", t.devices, cause)
+	ccause := C.CString(cause.Error())
+	defer C.free(unsafe.Pointer(ccause))
+	var st C.gollm_status
+	if err := statusErr("gollm_comm_abort", C.call_comm_abort(t.lib.commAbort, t.comm, ccause, &st), &st); err != nil {
+		t.log.Error("aborting the NCCL communicators failed", zap.Ints("gpus", t.devices), zap.Error(err))
+	}
+	t.log.Error("tensor parallel engine lost: NCCL communicators aborted", zap.Ints("gpus", t.devices), zap.Error(cause))
+}
+
+// rankErrors is the error of a call's outcomes: nil when every rank succeeded; the one
+// error, marked as every rank's, when all failed alike; else each failing rank's, the one
+// whose failure aborted the communicators (by, or -1) first — the others' errors after it
+// are mostly the abort's.
+func (t *TPEngine) rankErrors(outs []rankOutcome, by int) error {
+	var errs rankErrs
+	same := true
+	for r, o := range outs {
+		if o.err == nil {
+			same = false
+			continue
+		}
+		if outs[0].err == nil || o.err.Error() != outs[0].err.Error() {
+			same = false
+		}
+		re := &RankError{Rank: r, Size: len(outs), Device: t.devices[r], Err: o.err}
+		if r == by {
+			errs = append(rankErrs{re}, errs...)
+		} else {
+			errs = append(errs, re)
+		}
+	}
+	switch {
+	case len(errs) == 0:
+		return nil
+	case same && by < 0:
+		return fmt.Errorf("%w (on every one of the %d tensor-parallel ranks)", outs[0].err, len(outs))
+	case same:
+		return fmt.Errorf("%w (every one of the %d ranks failed alike)", errs[0], len(outs))
+	case len(errs) == 1:
+		return errs[0]
+	}
+	return errs
+}
+
+// each runs call on every rank and returns rank 0's outputs, or the ranks' errors (with
+// the communicators aborted when a rank may have left the others waiting).
+func (t *TPEngine) each(call func(e *Engine) ([]engine.Output, error)) ([]engine.Output, error) {
+	outs, by := fanOut(len(t.ranks), t.run, func(r int) ([]engine.Output, error) { return call(t.ranks[r]) },
+		abortsAtOnce, func(cause error) { t.abort(cause) }, t.grace)
+	if err := t.rankErrors(outs, by); err != nil {
+		return nil, err
+	}
+	return outs[0].outs, nil
+}
+
+// enter takes the engine for a call, failing when it is closed or lost.
+func (t *TPEngine) enter(op string) error {
+	t.mu.Lock()
+	switch {
+	case t.closed:
+		t.mu.Unlock()
+		return fmt.Errorf("cuda: %s on a closed engine", op)
+	case t.lost != nil:
+		err := t.lost
+		t.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// Info describes the whole model and the KV pool's blocks (each rank holds its KV
+// heads' share of every block).
+func (t *TPEngine) Info() engine.Info { return t.info }
+
+// Size is the number of ranks (GPUs).
+func (t *TPEngine) Size() int { return len(t.ranks) }
+
+// Devices returns each rank's GPU (its memory as at the engine's creation).
+func (t *TPEngine) Devices() []DeviceInfo {
+	d := make([]DeviceInfo, len(t.ranks))
+	for r, e := range t.ranks {
+		d[r] = e.Device
+	}
+	return d
+}
+
+// Memory returns rank r's device memory in use: its share of the weights, its KV pool and
+// its scratch buffers.
+func (t *TPEngine) Memory(r int) (weights, kv, scratch int64) {
+	e := t.ranks[r]
+	return e.WeightBytes, e.KVBytes, e.ScratchBytes
+}
+
+// DeviceName is rank 0's GPU's name.
+func (t *TPEngine) DeviceName() string { return t.ranks[0].DeviceName }
+
+// Step runs one iteration on every rank (engine.Engine).
+func (t *TPEngine) Step(b *engine.Batch) ([]engine.Output, error) {
+	if err := t.enter("Step"); err != nil {
+		return nil, err
+	}
+	defer t.mu.Unlock()
+	if b == nil {
+		return nil, errors.New("cuda: Step: nil batch")
+	}
+	if _, err := t.check.Check(b); err != nil {
+		return nil, err
+	}
+	return t.each(func(e *Engine) ([]engine.Output, error) { return e.Step(b) })
+}
+
+// Launch starts one iteration on every rank (engine.Pipeliner): each rank's fed
+// sequences read its own previous launch's tokens, which are every rank's.
+func (t *TPEngine) Launch(b *engine.Batch) error {
+	if err := t.enter("Launch"); err != nil {
+		return err
+	}
+	defer t.mu.Unlock()
+	if b == nil {
+		return errors.New("cuda: Launch: nil batch")
+	}
+	if _, err := t.check.CheckLaunch(b); err != nil {
+		return err
+	}
+	outs, by := fanOut(len(t.ranks), t.run, func(r int) ([]engine.Output, error) { return nil, t.ranks[r].Launch(b) },
+		abortsAtOnce, func(cause error) { t.abort(cause) }, t.grace)
+	err := t.rankErrors(outs, by)
+	if err != nil && by < 0 {
+		// Ranks that launched wait for collectives the failed ranks never enqueued.
+		for _, o := range outs {
+			if o.err == nil {
+				t.abort(fmt.Errorf("the ranks' launches disagreed: %w", err))
+				break
+			}
+		}
+	}
+	return err
+}
+
+// Wait returns the oldest launched iteration's outputs, rank 0's (engine.Pipeliner).
+func (t *TPEngine) Wait() ([]engine.Output, error) {
+	if err := t.enter("Wait"); err != nil {
+		return nil, err
+	}
+	defer t.mu.Unlock()
+	return t.each(func(e *Engine) ([]engine.Output, error) { return e.Wait() })
+}
+
+// Recover readies every rank after a failed iteration (engine.Recoverer); an engine whose
+// communicators were aborted, or a rank whose CUDA context is lost, cannot be.
+func (t *TPEngine) Recover(cause error) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.closed:
+		return errors.New("cuda: Recover on a closed engine")
+	case t.lost != nil:
+		return t.lost
+	}
+	_, err := t.each(func(e *Engine) ([]engine.Output, error) { return nil, e.Recover(cause) })
+	if err != nil && t.lost == nil {
+		t.abort(err)
+	}
+	if t.lost != nil {
+		return t.lost
+	}
+	return err
+}
+
+// Close frees every rank's engine, then the communicators.
+func (t *TPEngine) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	t.closed = true
+	t.shut()
+	return nil
+}
+
+// shut destroys the ranks' engines (each on its worker), releases the communicators and
+// stops the workers.
+func (t *TPEngine) shut() {
+	var wg sync.WaitGroup
+	for r, e := range t.ranks {
+		if e == nil {
+			continue
+		}
+		wg.Add(1)
+		t.run(r, func() {
+			defer wg.Done()
+			_ = e.Close()
+		})
+	}
+	wg.Wait()
+	if t.comm != nil {
+		C.call_comm_release(t.lib.commRelease, t.comm)
+		t.comm = nil
+	}
+	for _, w := range t.workers {
+		close(w.jobs)
+	}
+}
+
+// String names the engine for logs: its GPUs.
+func (t *TPEngine) String() string {
+	s := make([]string, len(t.devices))
+	for i, d := range t.devices {
+		s[i] = fmt.Sprint(d)
+	}
+	return "tensor parallel engine on GPUs " + strings.Join(s, ",")
+}
+
+var (
+	_ engine.Engine    = (*TPEngine)(nil)
+	_ engine.Pipeliner = (*TPEngine)(nil)
+	_ engine.Recoverer = (*TPEngine)(nil)
+)

@@ -1,0 +1,196 @@
+package cuda
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"gollm/engine"
+	"gollm/model"
+)
+
+// TestShardWeightsKeepsWholeBiases: the GPU's shares are model.ShardWeights' except that
+// every rank holds the whole attention-output and MLP-down biases (added once, after the
+// all-reduce), where ShardWeights zeroes them past rank 0.
+func TestShardWeightsKeepsWholeBiases(t *testing.T) {
+	ck, err := model.Open(filepath.Join("..", "..", "testdata", "gpt2-tiny"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	ws, err := ck.Weights()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := ck.Config.TensorParallel(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := model.ShardWeights(ws, &ck.Config, l, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := shardWeights(ws, &ck.Config, l, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	biases := 0
+	for i := range got {
+		g, r, w := &got[i], &ref[i], &ws[i]
+		if g.Role == model.RoleOutBias || g.Role == model.RoleDownBias {
+			biases++
+			if g.Rows != w.Rows || &g.Parts[0].Tensor.Data[0] != &w.Parts[0].Tensor.Data[0] {
+				t.Errorf("%s layer %d: not the whole bias", g.Role, g.Layer)
+			}
+			continue
+		}
+		if g.Role != r.Role || g.Layer != r.Layer || g.Rows != r.Rows || g.Cols != r.Cols {
+			t.Errorf("weight %d: %s %d×%d, ShardWeights gives %s %d×%d", i, g.Role, g.Rows, g.Cols, r.Role, r.Rows, r.Cols)
+		}
+	}
+	if biases != 2*ck.Config.Layers {
+		t.Errorf("%d output and down biases, want %d", biases, 2*ck.Config.Layers)
+	}
+}
+
+// goRun is fanOut's run for tests: each rank on a goroutine of its own.
+func goRun(_ int, f func()) { go f() }
+
+func TestFanOutAbortsForARankThatMayLeaveOthersWaiting(t *testing.T) {
+	release := make(chan struct{})
+	var aborts atomic.Int32
+	outs, by := fanOut(3, goRun, func(r int) ([]engine.Output, error) {
+		switch r {
+		case 1:
+			return nil, &Error{Code: CodeCUDA, Op: "gollm_launch", Message: "an illegal memory access"}
+		case 2:
+			<-release // waits for a collective until the abort
+			return nil, &Error{Code: CodeNCCL, Op: "gollm_wait", Message: "aborted"}
+		}
+		return []engine.Output{{Token: 7}}, nil
+	}, abortsAtOnce, func(error) {
+		aborts.Add(1)
+		close(release)
+	}, time.Hour)
+	if aborts.Load() != 1 || by != 1 {
+		t.Fatalf("%d aborts, triggered by rank %d; want 1, by rank 1", aborts.Load(), by)
+	}
+	if outs[0].err != nil || outs[0].outs[0].Token != 7 || outs[2].err == nil {
+		t.Errorf("outcomes %+v", outs)
+	}
+}
+
+func TestFanOutLeavesErrorsEveryRankRaisesAlike(t *testing.T) {
+	for _, err := range []error{
+		&Error{Code: CodeInvalidArgument, Op: "gollm_launch", Message: "sequence 0: token 5000 outside the vocabulary"},
+		errors.New("cuda: sequence 3: Feed = 9 names no sequence of the 2 launched before"),
+	} {
+		outs, by := fanOut(2, goRun, func(int) ([]engine.Output, error) { return nil, err },
+			abortsAtOnce, func(error) { t.Errorf("aborted for %v", err) }, time.Hour)
+		if by != -1 || outs[0].err == nil || outs[1].err == nil {
+			t.Errorf("%v: triggered by %d, outcomes %+v", err, by, outs)
+		}
+	}
+}
+
+func TestFanOutAbortsWhenRanksStayOutAfterAnError(t *testing.T) {
+	release := make(chan struct{})
+	var cause error
+	_, by := fanOut(2, goRun, func(r int) ([]engine.Output, error) {
+		if r == 0 {
+			return nil, &Error{Code: CodeInvalidArgument, Op: "gollm_launch", Message: "only here"}
+		}
+		<-release
+		return nil, nil
+	}, abortsAtOnce, func(c error) {
+		cause = c
+		close(release)
+	}, 20*time.Millisecond)
+	if by != 0 || cause == nil || !strings.Contains(cause.Error(), "1 of 2 ranks did not return") || !strings.Contains(cause.Error(), "only here") {
+		t.Fatalf("triggered by %d, cause %v", by, cause)
+	}
+}
+
+func TestRankErrorsNameTheRanks(t *testing.T) {
+	tp := &TPEngine{devices: []int{4, 5}}
+	same := &Error{Code: CodeAllMasked, Op: "gollm_wait", Message: "sequence 0: every token is masked"}
+	err := tp.rankErrors([]rankOutcome{{err: same}, {err: same}}, -1)
+	if !errors.Is(err, same) || !strings.Contains(err.Error(), "on every one of the 2 tensor-parallel ranks") {
+		t.Errorf("alike: %v", err)
+	}
+	cause := &Error{Code: CodeCUDA, Op: "gollm_wait", Message: "an illegal memory access"}
+	after := &Error{Code: CodeNCCL, Op: "gollm_wait", Message: "the NCCL communicators were aborted"}
+	err = tp.rankErrors([]rankOutcome{{err: after}, {err: cause}}, 1)
+	var re *RankError
+	if !errors.As(err, &re) || re.Rank != 1 || re.Device != 5 || !strings.HasPrefix(err.Error(), "tensor parallel rank 1 of 2 (GPU 5): ") ||
+		!strings.Contains(err.Error(), "; tensor parallel rank 0 of 2 (GPU 4): ") {
+		t.Errorf("the cause first: %v", err)
+	}
+	if err := tp.rankErrors([]rankOutcome{{}, {err: cause}}, 1); !strings.HasPrefix(err.Error(), "tensor parallel rank 1 of 2 (GPU 5)") {
+		t.Errorf("one rank: %v", err)
+	}
+	if err := tp.rankErrors([]rankOutcome{{}, {}}, -1); err != nil {
+		t.Errorf("none: %v", err)
+	}
+}
+
+func TestTensorParallelEngineChecksItsShares(t *testing.T) {
+	l := &lib{}
+	one := &Weights{lib: l, tpSize: 1}
+	if _, err := NewTensorParallelEngine([]*Weights{one}, Options{}); err == nil || !strings.Contains(err.Error(), "at least 2") {
+		t.Errorf("one share: %v", err)
+	}
+	a, b := &Weights{lib: l, tpSize: 2, tpRank: 0, dir: "x"}, &Weights{lib: l, tpSize: 2, tpRank: 0, dir: "x"}
+	if _, err := NewTensorParallelEngine([]*Weights{a, b}, Options{}); err == nil || !strings.Contains(err.Error(), "share 1 is rank 0 of 2, want rank 1 of 2") {
+		t.Errorf("misplaced share: %v", err)
+	}
+	if _, err := NewEngine(&Weights{lib: l, tpSize: 2, tpRank: 1}, Options{}); err == nil || !strings.Contains(err.Error(), "NewTensorParallelEngine") {
+		t.Errorf("NewEngine on a share: %v", err)
+	}
+}
+
+// builtLibrary is the CUDA library to test against: $GOLLM_CUDA_LIB, else CMake's build;
+// the test is skipped when neither exists or it does not load here (cuBLAS not on the
+// loader's path).
+func builtLibrary(t *testing.T) string {
+	t.Helper()
+	path := os.Getenv(EnvLibrary)
+	if path == "" {
+		path, _ = filepath.Abs(filepath.Join("..", "..", "build", LibraryName))
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Skipf("%s not built", path)
+	}
+	if _, err := openLib(path); err != nil {
+		t.Skipf("the library does not load here: %v", err)
+	}
+	return path
+}
+
+// TestNCCLIsOpenedAtRunTime: a machine without NCCL loads the library (TestBuilt… serve
+// one GPU without it) and asking for NCCL names what was tried; with GOLLM_TEST_NCCL
+// naming a libnccl.so.2, it is opened and its version read, with no GPU needed.
+func TestNCCLIsOpenedAtRunTime(t *testing.T) {
+	path := builtLibrary(t)
+	t.Setenv("GOLLM_NCCL_LIB", "/nonexistent/libnccl.so.2")
+	_, err := NCCL(path)
+	var ce *Error
+	if !errors.As(err, &ce) || ce.Code != CodeNCCL || !strings.Contains(err.Error(), "/nonexistent/libnccl.so.2") ||
+		!strings.Contains(err.Error(), "GOLLM_NCCL_LIB") {
+		t.Fatalf("NCCL without NCCL = %v, want an NCCL error naming the path and GOLLM_NCCL_LIB", err)
+	}
+	real := os.Getenv("GOLLM_TEST_NCCL")
+	if real == "" {
+		t.Skip("set GOLLM_TEST_NCCL to a libnccl.so.2 to open it")
+	}
+	t.Setenv("GOLLM_NCCL_LIB", real)
+	info, err := NCCL(path)
+	if err != nil || info.Version < 20000 || info.Path != real {
+		t.Fatalf("NCCL(%s) = %+v, %v", real, info, err)
+	}
+	t.Logf("NCCL %d from %s", info.Version, info.Path)
+}
