@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -38,8 +39,9 @@ type modelConfig struct {
 	// the model may hold there, weights included (vLLM's meaning); 0 when not set, and
 	// then kv_cache_free_gpu_mem_fraction sizes the KV pool.
 	GPUMemoryUtilization float64
-	// GPUInstances counts the model's KIND_GPU instances on each device (instance_group),
-	// among which gpu_memory_utilization's share is split.
+	// GPUInstances counts the model's KIND_GPU instances on each device (instance_group;
+	// under tensor parallelism an instance counts on each GPU it drives), among which
+	// gpu_memory_utilization's share is split.
 	GPUInstances map[int]int
 	// TokensPerBlock is tokens_per_block, the positions per KV block.
 	TokensPerBlock int
@@ -68,9 +70,10 @@ type modelConfig struct {
 	// AdmissionWindow is admission_window_us: how long a request arriving at an idle
 	// instance waits for others to start with (batchmanager.Config.AdmissionWindow).
 	AdmissionWindow time.Duration
-	// TensorParallelSize is tensor_parallel_size: the GPUs one instance spreads the
-	// model over. Only 1 is served yet; a larger value is checked against the model and
-	// refused (issue 20).
+	// TensorParallelSize is tensor_parallel_size: the GPUs one KIND_GPU instance spreads
+	// the model over — the instance Triton puts on GPU d drives GPUs d to d+N-1 (NCCL).
+	// Above 1, the instance groups' GPUs must start disjoint runs and no group may be
+	// KIND_CPU (the CPU engine runs a model whole).
 	TensorParallelSize int
 	// OverlapScheduler is overlap_scheduler: launch each iteration before the previous
 	// one's outputs are read (batchmanager.Config.Overlap); nil means on for engines
@@ -344,12 +347,29 @@ func parseModelConfig(raw []byte, modelDir string, version uint64) (*modelConfig
 		}
 	}
 	c.GPUInstances = map[int]int{}
+	tp := max(1, c.TensorParallelSize)
+	var starts []int // the GPUs Triton puts instances on
 	for _, g := range tc.InstanceGroup {
+		if g.Kind == "KIND_CPU" && tp > 1 {
+			return nil, fmt.Errorf(`parameter "tensor_parallel_size" %d applies to KIND_GPU instances; the CPU engine runs a model whole (use KIND_GPU, or tensor_parallel_size 1)`, tp)
+		}
 		if g.Kind != "KIND_GPU" {
 			continue
 		}
 		for _, d := range g.GPUs {
-			c.GPUInstances[d] += max(1, g.Count)
+			if !slices.Contains(starts, d) {
+				starts = append(starts, d)
+			}
+			for r := range tp {
+				c.GPUInstances[d+r] += max(1, g.Count)
+			}
+		}
+	}
+	slices.Sort(starts)
+	for i := 1; i < len(starts); i++ {
+		if a, b := starts[i-1], starts[i]; b < a+tp {
+			return nil, fmt.Errorf(`parameter "tensor_parallel_size" %d: the instances on GPUs %d and %d would both drive GPU %d (an instance on GPU d drives GPUs d to d+%d); list the first GPU of each group of %d in the KIND_GPU instance group's gpus, as gpus: [%d] — Triton puts an instance on every GPU when gpus is not given`,
+				tp, a, b, b, tp-1, tp, starts[0])
 		}
 	}
 	if c.ModelType == batchmanager.V1 && c.EnableChunkedContext {

@@ -232,3 +232,32 @@ func TestGPUMemoryUtilization(t *testing.T) {
 		}
 	})
 }
+
+func TestTensorParallelInstanceGroups(t *testing.T) {
+	parse := func(groups string) (*modelConfig, error) {
+		raw := []byte(`{"name": "m", "max_batch_size": 4, "instance_group": [` + groups + `],
+			"parameters": {"tensor_parallel_size": {"string_value": "2"}}}`)
+		return parseModelConfig(raw, "/repo/m", 1)
+	}
+	t.Run("an instance counts on every GPU it drives", func(t *testing.T) {
+		c, err := parse(`{"kind": "KIND_GPU", "count": 2, "gpus": [0, 2]}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[int]int{0: 2, 1: 2, 2: 2, 3: 2}; c.TensorParallelSize != 2 || fmt.Sprint(c.GPUInstances) != fmt.Sprint(want) {
+			t.Errorf("tensor_parallel_size %d, GPUInstances %v; want 2, %v", c.TensorParallelSize, c.GPUInstances, want)
+		}
+	})
+	t.Run("instances whose GPUs overlap are refused, naming the first GPU to list", func(t *testing.T) {
+		_, err := parse(`{"kind": "KIND_GPU", "count": 1, "gpus": [1, 0]}`)
+		want := `parameter "tensor_parallel_size" 2: the instances on GPUs 0 and 1 would both drive GPU 1 (an instance on GPU d drives GPUs d to d+1); list the first GPU of each group of 2 in the KIND_GPU instance group's gpus, as gpus: [0]`
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("got %v, want %q", err, want)
+		}
+	})
+	t.Run("KIND_CPU is refused", func(t *testing.T) {
+		if _, err := parse(`{"kind": "KIND_CPU", "count": 1}`); err == nil || !strings.Contains(err.Error(), "applies to KIND_GPU instances") {
+			t.Errorf("got %v", err)
+		}
+	})
+}

@@ -110,11 +110,11 @@ func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logg
 		maxLen = cfg.MaxSeqLen
 	}
 	if n := cfg.TensorParallelSize; n > 1 {
-		// Said now, naming what does not divide, rather than after a long load.
+		// Said now, naming what does not divide, rather than after a long load. The GPUs
+		// themselves are counted when an instance starts (engines).
 		if _, err := mc.TensorParallel(n); err != nil {
 			return nil, triton.WithCode(triton.CodeInvalidArg, fmt.Errorf("model %q: parameter \"tensor_parallel_size\": %w", name, err))
 		}
-		return nil, triton.WithCode(triton.CodeUnsupported, fmt.Errorf("model %q: parameter \"tensor_parallel_size\" %d: this build serves a model on one GPU an instance; tensor parallelism is not available yet (use instance_group count for replicas on several GPUs)", name, n))
 	}
 	gen, err := model.LoadGeneration(cfg.ModelPath, mc.VocabSize)
 	if err != nil {
@@ -177,6 +177,7 @@ func (ms *modelState) engineSettings(log *zap.Logger) engines.Settings {
 		GPUInstances:      func(device int) int { return ms.cfg.GPUInstances[device] },
 		MaxSeqs:           ms.cfg.MaxBatchSize,
 		MaxSeqLen:         ms.lim.MaxSeqLen,
+		TensorParallel:    ms.cfg.TensorParallelSize,
 		Logger:            log,
 	}
 }

@@ -66,6 +66,10 @@ type Settings struct {
 	MaxSeqs int
 	// MaxSeqLen is the longest sequence served (at most the model's positions).
 	MaxSeqLen int
+	// TensorParallel is tensor_parallel_size: a GPU engine on device d spreads the model
+	// over GPUs d, d+1, …, d+TensorParallel-1 (0 and 1: one GPU). The CPU engine runs a
+	// model whole.
+	TensorParallel int
 	// Logger receives load messages.
 	Logger *zap.Logger
 }
@@ -92,10 +96,12 @@ type Model struct {
 	gpu map[gpuKey]*cuda.Weights
 }
 
-// gpuKey names one device copy of the weights.
+// gpuKey names one device copy of the weights: the whole model (tp 1), or rank's share of
+// a tp-way tensor-parallel split.
 type gpuKey struct {
-	device int
-	dtype  string
+	device   int
+	dtype    string
+	tp, rank int
 }
 
 var (
@@ -278,7 +284,10 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 			dtype = "bfloat16"
 		}
 	}
-	w := m.gpu[gpuKey{device, dtype}]
+	if s.TensorParallel > 1 {
+		return m.newGPUTP(device, dtype, s)
+	}
+	w := m.gpu[gpuKey{device: device, dtype: dtype, tp: 1}]
 	if w == nil {
 		ckpt, err := model.Open(m.dir)
 		if err != nil {
@@ -294,7 +303,7 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 		if m.gpu == nil {
 			m.gpu = map[gpuKey]*cuda.Weights{}
 		}
-		m.gpu[gpuKey{device, dtype}] = w
+		m.gpu[gpuKey{device: device, dtype: dtype, tp: 1}] = w
 	}
 	opts := cuda.Options{Device: device, DType: dtype, TokensPerBlock: s.TokensPerBlock,
 		KVFreeFraction: s.KVFreeFraction, MaxSeqs: s.MaxSeqs, MaxSeqLen: s.MaxSeqLen, Logger: s.Logger}
@@ -323,6 +332,87 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 	e, err := cuda.NewEngine(w, opts)
 	if err != nil {
 		return nil, fmt.Errorf("GPU engine on device %d: %w", device, err)
+	}
+	return e, nil
+}
+
+// newGPUTP makes a tensor-parallel engine over GPUs device … device+n-1 (n =
+// s.TensorParallel), loading each rank's share of the weights there unless an instance
+// before it did (m.mu held).
+func (m *Model) newGPUTP(device int, dtype string, s Settings) (engine.Engine, error) {
+	n := s.TensorParallel
+	if _, err := m.cfg.TensorParallel(n); err != nil {
+		return nil, err
+	}
+	count, err := cuda.DeviceCount("")
+	if err != nil {
+		return nil, fmt.Errorf("tensor_parallel_size %d on GPU %d: %w", n, device, err)
+	}
+	if device < 0 || device+n > count {
+		return nil, fmt.Errorf("tensor_parallel_size %d on GPU %d needs GPUs %d to %d, but this machine has %d (CUDA ordinals 0 to %d); an instance on GPU d drives GPUs d to d+%d, so list the first GPU of each group of %d in the instance group's gpus",
+			n, device, device, device+n-1, count, count-1, n-1, n)
+	}
+	shares := make([]*cuda.Weights, n)
+	var ckpt *model.Checkpoint
+	defer func() {
+		if ckpt != nil {
+			_ = ckpt.Close()
+		}
+	}()
+	for r := range n {
+		key := gpuKey{device: device + r, dtype: dtype, tp: n, rank: r}
+		if w := m.gpu[key]; w != nil {
+			shares[r] = w
+			continue
+		}
+		if ckpt == nil {
+			if ckpt, err = model.Open(m.dir); err != nil {
+				return nil, err
+			}
+		}
+		w, err := cuda.LoadShard(ckpt, n, r, cuda.Options{Device: device + r, DType: dtype, Logger: s.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("tensor_parallel_size %d: rank %d on GPU %d: %w", n, r, device+r, err)
+		}
+		if m.gpu == nil {
+			m.gpu = map[gpuKey]*cuda.Weights{}
+		}
+		m.gpu[key] = w
+		shares[r] = w
+	}
+	opts := cuda.Options{DType: dtype, TokensPerBlock: s.TokensPerBlock, KVFreeFraction: s.KVFreeFraction,
+		MaxSeqs: s.MaxSeqs, MaxSeqLen: s.MaxSeqLen, Logger: s.Logger}
+	switch {
+	case s.KVTokens > 0:
+		opts.NumBlocks = (s.KVTokens + s.TokensPerBlock - 1) / s.TokensPerBlock
+	case s.GPUMemUtilization > 0:
+		// Each rank's budget on its GPU; the pools then take the fewest blocks of any.
+		for r, w := range shares {
+			d := device + r
+			dev, err := cuda.Device("", d)
+			if err != nil {
+				return nil, fmt.Errorf("tensor_parallel_size %d: rank %d on GPU %d: %w", n, r, d, err)
+			}
+			inst := 1
+			if s.GPUInstances != nil {
+				inst = max(1, s.GPUInstances(d))
+			}
+			g := gpuShare{Utilization: s.GPUMemUtilization, Total: dev.Total, Weights: w.Bytes(), Instances: inst}
+			per, err := g.perInstance()
+			if err == nil {
+				err = g.checkFree(per, dev.Free, gpuHolders(dev.UUID))
+			}
+			if err != nil {
+				return nil, fmt.Errorf("tensor_parallel_size %d: rank %d on GPU %d (%s, %s): %w", n, r, d, dev.Name, dev.UUID, err)
+			}
+			if opts.MemBudget == 0 || per < opts.MemBudget {
+				opts.MemBudget = per
+			}
+		}
+	}
+	e, err := cuda.NewTensorParallelEngine(shares, opts)
+	if err != nil {
+		return nil, fmt.Errorf("GPU engine over GPUs %d to %d (tensor_parallel_size %d): %w", device, device+n-1, n, err)
 	}
 	return e, nil
 }

@@ -212,3 +212,24 @@ func TestModelsOfOneFolderShareOneModel(t *testing.T) {
 		t.Error("a folder whose weights file changed shares the Model opened before")
 	}
 }
+
+// TestTensorParallelGPUEngineSaysWhatItNeeds: a split the model does not allow names the
+// field; without the CUDA library (or GPUs) the error names tensor_parallel_size and the
+// GPU the instance is on. (The engine itself: bridge/cuda's TestGPUTensorParallel*.)
+func TestTensorParallelGPUEngineSaysWhatItNeeds(t *testing.T) {
+	m, err := Open("../testdata/gpt2-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Release()
+	s := settings
+	s.TensorParallel = 3
+	if _, err := m.NewEngine(GPU, 0, s); err == nil || !strings.Contains(err.Error(), "does not divide the model's 4 attention heads") {
+		t.Errorf("3 ranks over 4 heads: %v", err)
+	}
+	t.Setenv("GOLLM_CUDA_LIB", "/nonexistent/libgollm_cuda.so")
+	s.TensorParallel = 2
+	if _, err := m.NewEngine(GPU, 1, s); err == nil || !strings.Contains(err.Error(), "tensor_parallel_size 2 on GPU 1") {
+		t.Errorf("without the library: %v", err)
+	}
+}

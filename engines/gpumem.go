@@ -109,12 +109,30 @@ type GPUUse struct {
 	Weights, KV, Scratch int64
 }
 
-// GPUOf describes e's GPU, or reports false for an engine that runs on none.
+// GPUOf describes e's GPU, or reports false for an engine that runs on none; for a
+// tensor-parallel engine, its first GPU's (rank 0's; GPUsOf gives every rank's).
 func GPUOf(e engine.Engine) (GPUUse, bool) {
-	g, ok := e.(*cuda.Engine)
-	if !ok {
+	us := GPUsOf(e)
+	if len(us) == 0 {
 		return GPUUse{}, false
 	}
-	return GPUUse{Ordinal: g.Device.Ordinal, Name: g.Device.Name, UUID: g.Device.UUID,
-		Weights: g.WeightBytes, KV: g.KVBytes, Scratch: g.ScratchBytes}, true
+	return us[0], true
+}
+
+// GPUsOf describes each GPU e runs on, in rank order: one for a GPU engine, every rank's
+// for a tensor-parallel one, none for the CPU engine.
+func GPUsOf(e engine.Engine) []GPUUse {
+	switch g := e.(type) {
+	case *cuda.Engine:
+		return []GPUUse{{Ordinal: g.Device.Ordinal, Name: g.Device.Name, UUID: g.Device.UUID,
+			Weights: g.WeightBytes, KV: g.KVBytes, Scratch: g.ScratchBytes}}
+	case *cuda.TPEngine:
+		var us []GPUUse
+		for r, d := range g.Devices() {
+			w, kv, scratch := g.Memory(r)
+			us = append(us, GPUUse{Ordinal: d.Ordinal, Name: d.Name, UUID: d.UUID, Weights: w, KV: kv, Scratch: scratch})
+		}
+		return us
+	}
+	return nil
 }
