@@ -16,7 +16,8 @@
 // once through the batch manager (what a server adds on top of the engine, less
 // Triton). -overlap runs the static workloads with each decode step launched before the
 // previous one is read, fed on the GPU (engine.Pipeliner), and the batch manager's
-// workloads with its overlap schedule.
+// workloads with its overlap schedule. -tp N splits the model over GPUs 0..N-1 (tensor
+// parallelism, NCCL); its figures carry "tp" and an impl ending in -tpN.
 package main
 
 import (
@@ -38,6 +39,12 @@ import (
 
 // overlap is -overlap.
 var overlap bool
+
+// benchEngine is what the workloads run on: a GPU engine, or a tensor-parallel one.
+type benchEngine interface {
+	engine.Engine
+	engine.Pipeliner
+}
 
 // workload is a parsed workload name.
 type workload struct {
@@ -81,14 +88,15 @@ func main() {
 	graphs := flag.Bool("graphs", true, "replay CUDA graphs for decode steps")
 	warmup := flag.Bool("warmup", true, "warm the engine up at creation (false: fewer kernels for a profiler)")
 	flag.BoolVar(&overlap, "overlap", false, "launch each step before reading the previous one (the overlap schedule)")
+	tp := flag.Int("tp", 1, "tensor_parallel_size: split the model over GPUs 0..tp-1")
 	flag.Parse()
-	if err := run(*ckptDir, *name, *list, *reps, *dtype, *lib, *graphs, *warmup); err != nil {
+	if err := run(*ckptDir, *name, *list, *reps, *dtype, *lib, *graphs, *warmup, *tp); err != nil {
 		fmt.Fprintln(os.Stderr, "gpubench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup bool) error {
+func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup bool, tp int) error {
 	var ws []workload
 	maxTok, maxSeqs, maxLen := 0, 0, 0
 	for _, s := range strings.Split(list, ",") {
@@ -110,20 +118,47 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 	perSeq := (maxLen + T - 1) / T
 	// Twice the blocks of maxSeqs sequences: a beam writes into a copy of a block it
 	// shares with its siblings.
-	eng, err := cuda.New(ckpt, cuda.Options{DType: dtype, Library: lib, TokensPerBlock: T,
+	opts := cuda.Options{DType: dtype, Library: lib, TokensPerBlock: T,
 		NumBlocks: 2 * perSeq * maxSeqs, MaxTokens: max(maxTok, 8192), MaxSeqs: max(maxSeqs, 64),
-		DisableCUDAGraphs: !graphs, SkipWarmup: !warmup, Tuning: cuda.TuningFromEnv()})
-	if err != nil {
-		return err
+		DisableCUDAGraphs: !graphs, SkipWarmup: !warmup, Tuning: cuda.TuningFromEnv()}
+	var eng benchEngine
+	start := time.Now()
+	if tp > 1 {
+		devices := make([]int, tp)
+		for i := range devices {
+			devices[i] = i
+		}
+		t, err := cuda.NewTensorParallel(ckpt, devices, opts)
+		if err != nil {
+			return err
+		}
+		var weights int64
+		for r := range tp {
+			w, _, _ := t.Memory(r)
+			weights += w
+		}
+		fmt.Fprintf(os.Stderr, "gpubench: %s over %d × %s (tensor parallel), weights %.1f MB in all, ready in %.1f s\n",
+			name, tp, t.DeviceName(), float64(weights)/1e6, time.Since(start).Seconds())
+		eng = t
+	} else {
+		e, err := cuda.New(ckpt, opts)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "gpubench: %s on %s, weights %.1f MB, ready in %.1f s\n", name, e.DeviceName,
+			float64(e.WeightBytes)/1e6, time.Since(start).Seconds())
+		eng = e
 	}
 	defer eng.Close()
-	fmt.Fprintf(os.Stderr, "gpubench: %s on %s, weights %.1f MB\n", name, eng.DeviceName, float64(eng.WeightBytes)/1e6)
 	impl := "gollm-engine"
 	if !graphs {
 		impl = "gollm-engine-nographs"
 	}
 	if overlap {
 		impl += "-overlap"
+	}
+	if tp > 1 {
+		impl += fmt.Sprintf("-tp%d", tp)
 	}
 	short := map[string]string{"float16": "fp16", "bfloat16": "bf16"}[dtype]
 	for _, w := range ws {
@@ -159,6 +194,9 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 		}
 		total, decode := median(totals), median(decodes)
 		out := map[string]any{"model": name, "dtype": short, "workload": w.name, "impl": impl}
+		if tp > 1 {
+			out["tp"] = tp
+		}
 		switch w.kind {
 		case "decode":
 			out["metric"], out["value"] = "ms_per_token", decode*1e3/float64(w.out-1)
@@ -176,7 +214,7 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 // static runs one static batch: every prompt prefilled in one step (which samples the
 // first token), then out-1 decode steps. It returns the whole time and the decode steps'
 // time, in seconds.
-func static(eng *cuda.Engine, prompts [][]int32, out, perSeq int) (float64, float64, error) {
+func static(eng benchEngine, prompts [][]int32, out, perSeq int) (float64, float64, error) {
 	seqs, outs, start, err := prefill(eng, prompts, perSeq)
 	if err != nil {
 		return 0, 0, err
@@ -200,7 +238,7 @@ func static(eng *cuda.Engine, prompts [][]int32, out, perSeq int) (float64, floa
 
 // prefill starts a static batch: its sequences (staticSeqs) and their prompt step,
 // which samples the first tokens, timed from start.
-func prefill(eng *cuda.Engine, prompts [][]int32, perSeq int) (seqs []engine.Sequence, outs []engine.Output, start time.Time, err error) {
+func prefill(eng benchEngine, prompts [][]int32, perSeq int) (seqs []engine.Sequence, outs []engine.Output, start time.Time, err error) {
 	seqs = staticSeqs(prompts, perSeq)
 	start = time.Now()
 	outs, err = eng.Step(&engine.Batch{Seqs: seqs})
@@ -224,7 +262,7 @@ func staticSeqs(prompts [][]int32, perSeq int) []engine.Sequence {
 
 // beams runs one request of beam width W per prompt through a batch manager, all queued
 // at once, and returns the seconds until the last final response.
-func beams(eng *cuda.Engine, prompts [][]int32, width, out int) (float64, error) {
+func beams(eng benchEngine, prompts [][]int32, width, out int) (float64, error) {
 	queue := make([]*batchmanager.InferenceRequest, len(prompts))
 	for i, p := range prompts {
 		queue[i] = &batchmanager.InferenceRequest{ID: uint64(i + 1), InputIDs: p, MaxNewTokens: out, PadID: -1,
@@ -241,7 +279,7 @@ func beams(eng *cuda.Engine, prompts [][]int32, width, out int) (float64, error)
 // runManager runs queue through a batch manager of maxBatch sequences (the overlap
 // schedule with -overlap), all queued at once, and returns the seconds until the last
 // final response; check sees every response and may fail the run.
-func runManager(eng *cuda.Engine, queue []*batchmanager.InferenceRequest, maxBatch int,
+func runManager(eng benchEngine, queue []*batchmanager.InferenceRequest, maxBatch int,
 	check func(id uint64, res batchmanager.Result, final bool) error) (float64, error) {
 	n := len(queue)
 	done := make(chan error, n)
@@ -284,7 +322,7 @@ func runManager(eng *cuda.Engine, queue []*batchmanager.InferenceRequest, maxBat
 
 // staticOverlap is static with every decode step launched before the one before it is
 // read: step s+1's tokens are fed on the GPU from step s's sampling.
-func staticOverlap(eng *cuda.Engine, prompts [][]int32, out, perSeq int) (float64, float64, error) {
+func staticOverlap(eng benchEngine, prompts [][]int32, out, perSeq int) (float64, float64, error) {
 	seqs, outs, start, err := prefill(eng, prompts, perSeq)
 	if err != nil {
 		return 0, 0, err
@@ -320,7 +358,7 @@ func staticOverlap(eng *cuda.Engine, prompts [][]int32, out, perSeq int) (float6
 
 // serve runs one plain greedy request per prompt through a batch manager, all queued at
 // once, and returns the seconds until the last final response.
-func serve(eng *cuda.Engine, prompts [][]int32, out int) (float64, error) {
+func serve(eng benchEngine, prompts [][]int32, out int) (float64, error) {
 	queue := make([]*batchmanager.InferenceRequest, len(prompts))
 	for i, p := range prompts {
 		queue[i] = &batchmanager.InferenceRequest{ID: uint64(i + 1), InputIDs: p, MaxNewTokens: out, PadID: -1,

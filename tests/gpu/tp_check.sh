@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Tensor parallelism (issue 20) on a machine of 2 or more GPUs, in about 6 minutes of an
+# 8-minute call:
+#   bash tests/gpu/tp_check.sh CARRY OUTDIR
+# after tests/gpu/tp_carry.sh here (CARRY = .carry/tp: libgollm_cuda.so for sm_90,
+# cudatest — the bridge/cuda test binary — and gpubench). Prints PASS or FAIL for each
+# check, then the benchmark's table; exits 1 when a check failed. In order:
+#   env      the GPUs and their links, cuBLAS and NCCL found (tests/gpu/env.sh)
+#   tp       TestGPUTensorParallel{MatchesOneGPU,BatchManager,Overlap,AllMasked}: TP 2 (and
+#            4 with 4 GPUs) against one GPU on the tiny fixtures, the batch manager, the
+#            overlap path, an error every rank raises
+#   1gpu     the other GPU tests (one GPU: TP = 1 must not have changed)
+#   bench    a random Llama-2-7B-shaped fp16 checkpoint (written with torch on GPU 0), gpubench
+#            at TP 1 and TP 2: decode b1 i128 o128 (ms/token) and b64 i128 o128 (tokens/s)
+#   abort    TestGPUTensorParallelFailedStepAborts, on its own and last: a failed step aborts
+#            the communicators (ncclCommAbort) with no crash or hang, then a new engine serves
+# Logs and OUTDIR/tp-bench.jsonl stay in OUTDIR. Stage limits: TP_TEST_S (default 150),
+# TP_BENCH_S (default 150 each); TP_SKIP_BENCH=1 leaves the benchmark out.
+set -uo pipefail
+carry=$(cd "$1" && pwd) out=$2
+root=$(cd "$(dirname "$0")/../.." && pwd)
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+source "$root/tests/gpu/env.sh"
+lib="$carry/libgollm_cuda.so"
+fails=0
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1"; fails=$((fails + 1)); }
+echo "== carry: $(head -1 "$carry/commit" 2>/dev/null) $(grep -c dirty "$carry/commit" 2>/dev/null) dirty files"
+
+echo "== env"
+nvidia-smi -L | tee "$out/gpus.txt"
+nvidia-smi topo -m > "$out/topo.txt" 2>&1 && head -6 "$out/topo.txt"
+ngpu=$(nvidia-smi -L | grep -c '^GPU')
+if [ "$ngpu" -ge 2 ]; then pass "env: $ngpu GPUs"; else fail "env: $ngpu GPU(s), tensor parallelism needs 2"; fi
+if [ -n "${nccl_dir:-}" ]; then pass "env: libnccl.so.2 in $nccl_dir"; else fail "env: no libnccl.so.2 found (pip install nvidia-nccl-cu13, or set GOLLM_NCCL_LIB)"; fi
+
+# gotests NAME RUN SKIP LOG: runs the bridge/cuda tests matching RUN and not SKIP; PASS/FAIL
+# per test (subtests indented), FAIL for a crash or a timeout.
+gotests() {
+  local name=$1 run=$2 skip=$3 log=$4
+  (cd "$root/bridge/cuda" && GOLLM_CUDA_LIB="$lib" NCCL_DEBUG=${NCCL_DEBUG:-WARN} timeout "${TP_TEST_S:-150}" \
+    "$carry/cudatest" -test.run "$run" -test.skip "$skip" -test.v -test.count=1 > "$log" 2>&1)
+  local rc=$?
+  grep -E '^\s*--- (PASS|FAIL|SKIP)' "$log" | sed -E 's/^(\s*)--- (PASS|FAIL|SKIP): /\2 \1/' | sed "s/^\(PASS\|FAIL\|SKIP\) /\1 $name: /"
+  grep -E '(tp_gpu_test|_test)\.go:[0-9]+: ' "$log" | grep -vE 'NCCL [0-9]+ from' | head -40 | sed 's/^/    /'
+  if [ $rc -eq 0 ]; then pass "$name: exit 0"; else
+    fail "$name: exit $rc$([ $rc -eq 124 ] && echo ' (timed out)')"
+    echo "    the log's end ($log):"; tail -25 "$log" | sed 's/^/    /'
+  fi
+  fails=$((fails + $(grep -cE '^\s*--- FAIL' "$log")))
+  # On the GPU machine nothing may skip: a skip is a library, cuBLAS or GPU not found.
+  local skips
+  skips=$(grep -cE '^\s*--- SKIP' "$log")
+  if [ "$skips" -gt 0 ]; then fail "$name: $skips skipped (the reasons are above)"; fi
+}
+
+echo "== tp: tensor parallel tests"
+gotests tp 'TestGPUTensorParallel(MatchesOneGPU|BatchManager|Overlap|AllMasked)$' '^$' "$out/tp.log"
+echo "== 1gpu: the one-GPU tests"
+gotests 1gpu '^TestGPU' 'TensorParallel' "$out/1gpu.log"
+
+if [ "${TP_SKIP_BENCH:-0}" != 1 ]; then
+  echo "== bench: Llama-2-7B shape, TP 1 and 2"
+  ck=/tmp/gollm-tp/llama2-7B
+  if [ ! -f "$ck/config.json" ]; then
+    t0=$(date +%s)
+    python3 - "$ck" <<'PY' > "$out/ckpt.log" 2>&1
+import sys, torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+cfg = LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
+                  rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+torch.manual_seed(1)
+with torch.device("cuda"):
+    m = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float16)
+m.save_pretrained(sys.argv[1], safe_serialization=True)
+PY
+    if [ $? -eq 0 ]; then pass "bench: checkpoint written in $(( $(date +%s) - t0 )) s"; else fail "bench: checkpoint"; tail -5 "$out/ckpt.log"; fi
+  fi
+  W=decode_b1_i128_o128,tput_b64_i128_o128
+  for tp in 1 2; do
+    timeout "${TP_BENCH_S:-150}" "$carry/gpubench" -ckpt "$ck" -model llama2-7B -lib "$lib" -workloads $W -reps 3 -tp $tp \
+      2> "$out/bench-tp$tp.log" | tee -a "$out/tp-bench.jsonl"
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" -eq 0 ]; then pass "bench: TP $tp"; else fail "bench: TP $tp (exit $rc)"; tail -8 "$out/bench-tp$tp.log"; fi
+    grep gpubench: "$out/bench-tp$tp.log"
+  done
+  python3 - "$out/tp-bench.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
+fig = {(r.get("tp", 1), r["workload"]): r["value"] for r in rows}
+print("| workload | TP 1 | TP 2 | speed-up | scaling efficiency |")
+print("| --- | --- | --- | --- | --- |")
+for w, unit in (("decode_b1_i128_o128", "ms/token"), ("tput_b64_i128_o128", "tokens/s")):
+    a, b = fig.get((1, w)), fig.get((2, w))
+    up = (a / b if unit == "ms/token" else b / a) if a and b else None
+    f = lambda v: "—" if v is None else (f"{v:.3f}" if unit == "ms/token" else f"{v:,.0f}")
+    print(f"| {w} ({unit}) | {f(a)} | {f(b)} | {'—' if up is None else f'{up:.2f}x'} | {'—' if up is None else f'{up / 2:.0%}'} |")
+PY
+fi
+
+# Last: it aborts NCCL communicators on purpose.
+echo "== abort: a failed step aborts the communicators"
+gotests abort 'TestGPUTensorParallelFailedStepAborts$' '^$' "$out/abort.log"
+
+echo "== $fails failed"
+[ "$fails" -eq 0 ]
