@@ -74,7 +74,7 @@ int32_t gollm_step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out
   return guarded(status, [&] {
     if (!e) invalid("gollm_step: engine is NULL");
     e->steps++;
-    step(e, in, out, e->fail.step > 0 && e->steps == e->fail.step);
+    step(e, in, out, fail_this_step(e));
   });
 }
 
@@ -83,7 +83,7 @@ int32_t gollm_launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_le
   return guarded(status, [&] {
     if (!e) invalid("gollm_launch: engine is NULL");
     e->steps++;
-    launch(e, in, logits_len, e->fail.step > 0 && e->steps == e->fail.step);
+    launch(e, in, logits_len, fail_this_step(e));
   });
 }
 

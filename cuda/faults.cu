@@ -24,11 +24,23 @@ FailStep fail_step_from_env() {
   if (!v || !*v) return f;
   char* end = nullptr;
   const long n = std::strtol(v, &end, 10);
-  if (end == v || n < 1 || n > (1L << 30) || (*end && std::strcmp(end, ":lost") != 0))
-    invalid("GOLLM_CUDA_FAIL_STEP=%s: want N or N:lost, with N >= 1 the step that fails", v);
+  if (end == v || n < 1 || n > (1L << 30) ||
+      (*end && std::strcmp(end, ":lost") != 0 && std::strcmp(end, ":early") != 0))
+    invalid("GOLLM_CUDA_FAIL_STEP=%s: want N, N:lost or N:early, with N >= 1 the step that fails", v);
   f.step = (int)n;
-  f.lost = *end != 0;
+  f.lost = std::strcmp(end, ":lost") == 0;
+  f.early = std::strcmp(end, ":early") == 0;
+  if (const char* r = std::getenv("GOLLM_CUDA_FAIL_RANK"); r && *r) {
+    const long k = std::strtol(r, &end, 10);
+    if (end == r || *end || k < 0 || k > 64)
+      invalid("GOLLM_CUDA_FAIL_RANK=%s: want the tensor-parallel rank that fails, 0 to 64", r);
+    f.rank = (int)k;
+  }
   return f;
+}
+
+bool fail_this_step(const gollm_engine* e) {
+  return e->fail.step > 0 && e->steps == e->fail.step && (e->fail.rank < 0 || e->fail.rank == e->tp_rank);
 }
 
 void maybe_fail_alloc(size_t n, const char* what) {
@@ -53,13 +65,14 @@ void maybe_fail_alloc(size_t n, const char* what) {
                   (long long)e->steps, cudaGetErrorString(err), e->fail.step);
     throw Error(GOLLM_ERR_CUDA, buf);
   }
-  // A real CUDA call that fails (an invalid copy), while the step's kernels still run:
-  // what a failing cudaMemcpyAsync or launch in the middle of a step looks like.
+  // A real CUDA call that fails (an invalid copy), while the step's kernels still run (or,
+  // early, before any is enqueued): what a failing cudaMemcpyAsync or launch in the middle
+  // of a step looks like.
   cudaError_t err = cudaMemcpyAsync(nullptr, nullptr, 4, cudaMemcpyDeviceToHost, e->stream);
   if (err == cudaSuccess) err = cudaErrorInvalidValue;
   std::snprintf(buf, sizeof buf,
-                "step %lld: cudaMemcpyAsync failed: %s (injected: GOLLM_CUDA_FAIL_STEP=%d)",
-                (long long)e->steps, cudaGetErrorString(err), e->fail.step);
+                "step %lld: cudaMemcpyAsync failed: %s (injected: GOLLM_CUDA_FAIL_STEP=%d%s)",
+                (long long)e->steps, cudaGetErrorString(err), e->fail.step, e->fail.early ? ":early" : "");
   throw Error(GOLLM_ERR_CUDA, buf);
 }
 

@@ -337,7 +337,9 @@ GOLLM_API int32_t gollm_wait(gollm_engine* e, gollm_step_out* out, gollm_status*
  * Debugging switches, read when an engine or allocation is made: GOLLM_CUDA_FAIL_STEP=N
  * makes the engine's Nth gollm_step fail once, with a real failing CUDA call after its
  * forward pass is enqueued (gollm_engine_reset then recovers); GOLLM_CUDA_FAIL_STEP=N:lost
- * makes a kernel of that step trap instead, which loses the context.
+ * makes a kernel of that step trap instead, which loses the context; N:early fails it before
+ * any of its work is enqueued (under tensor parallelism the other ranks then wait for its
+ * collectives). GOLLM_CUDA_FAIL_RANK=R makes only tensor-parallel rank R fail.
  * GOLLM_CUDA_FAIL_ALLOC=TEXT fails, with GOLLM_ERR_OUT_OF_MEMORY, every device allocation
  * whose purpose contains TEXT ("weights", "KV pool", "logits", …). */
 GOLLM_API int32_t gollm_engine_reset(gollm_engine* e, gollm_status* status);

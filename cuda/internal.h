@@ -91,10 +91,15 @@ struct LayerW {
 };
 
 // FailStep is GOLLM_CUDA_FAIL_STEP: the engine's step that fails (0: none), and whether
-// it loses the context (a trapping kernel) rather than failing one call.
+// it loses the context (a trapping kernel) rather than failing one call, or fails early
+// (before any of the step's work is enqueued: a tensor-parallel rank's peers then wait
+// for collectives that do not come); rank is GOLLM_CUDA_FAIL_RANK, the tensor-parallel
+// rank that fails (-1: every one).
 struct FailStep {
   int step = 0;
   bool lost = false;
+  bool early = false;
+  int rank = -1;
 };
 
 // Shape of one model: the sizes every file derives from gollm_model_config.
@@ -297,6 +302,9 @@ void tp_check(gollm_engine* e);
 
 // faults.cu
 FailStep fail_step_from_env();
+// fail_this_step says whether the engine's current step is the one GOLLM_CUDA_FAIL_STEP
+// (and GOLLM_CUDA_FAIL_RANK) make fail.
+bool fail_this_step(const gollm_engine* e);
 void maybe_fail_alloc(size_t n, const char* what);
 [[noreturn]] void inject_step_fault(gollm_engine* e);
 void reset_engine(gollm_engine* e);

@@ -78,6 +78,7 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
   if (e->launched_count >= 2) invalid("gollm_launch: two steps are launched and not waited for");
   DeviceGuard dg(e->device);
   if (e->comm) tp_check(e);
+  if (inject && e->fail.early) inject_step_fault(e);  // before any of the step's work
   const int nfeed = check_feed(e, in);
   // This step's staging must not be the one a launched step still copies through.
   if (e->launched_count == 1 && e->launched[e->launched_head].hin == e->hin.p) swap_staging(e);
@@ -148,7 +149,7 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
       run_forward(e, pl, L, parts, false);
     }
     // With the forward pass enqueued and running: the injected fault (GOLLM_CUDA_FAIL_STEP).
-    if (inject) inject_step_fault(e);
+    if (inject && !e->fail.early) inject_step_fault(e);
     CUDA_CHECK(cudaMemcpyAsync(e->htok.p, e->dtok.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
     CUDA_CHECK(cudaMemcpyAsync(e->hlp.p, e->dlp.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
   }
