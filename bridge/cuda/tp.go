@@ -31,11 +31,12 @@ import (
 // the tokens fed on the GPU (Launch) agree without a broadcast. The batch manager and the
 // KV block tables are shared: each rank's pool holds its KV heads' share of every block.
 //
-// A rank that fails in a way that may leave the others waiting for its collectives (a
-// CUDA, cuBLAS, NCCL or out-of-memory error) has the communicators aborted at once: the
-// others' calls return, the step fails with every rank's error, and the engine is lost
-// (Recover says so). Errors every rank raises alike before or after its GPU work (an
-// invalid step, every token masked) fail the step only.
+// A rank that fails may leave the others waiting inside a collective for it. After a
+// rank's error the others get tpGrace to return; those still out then wait for
+// collectives that will not come, and the communicators are aborted (their calls
+// return, the step fails with every rank's error, and the engine is lost: Recover says
+// so). When every rank returns, the step fails with their errors and Recover resets each
+// rank, as on one GPU (a rank whose CUDA context is lost aborts the communicators then).
 type TPEngine struct {
 	// lib is the library in use.
 	lib *lib
@@ -52,8 +53,8 @@ type TPEngine struct {
 	check *engine.BatchChecker
 	// log receives the engine's messages.
 	log *zap.Logger
-	// grace is how long the ranks may take to return after one failed with an error that
-	// does not abort at once, before the communicators are aborted.
+	// grace is how long the ranks may take to return after one failed (and Recover's
+	// resets in all) before the communicators are aborted.
 	grace time.Duration
 	// mu serialises the calls; closed and lost are guarded by it.
 	mu     sync.Mutex
@@ -62,9 +63,9 @@ type TPEngine struct {
 	lost error
 }
 
-// tpGrace is TPEngine.grace: errors that do not abort at once arise on every rank alike
-// within microseconds, so ranks still out after this long wait for a collective that
-// will not come.
+// tpGrace is TPEngine.grace: a rank returns within a step's time of another's failure
+// (most failures arise on every rank alike, or after the rank's collectives), so ranks
+// still out after this long wait for a collective that will not come.
 const tpGrace = 30 * time.Second
 
 // rankWorker runs one rank's calls on a goroutine locked to its OS thread.
@@ -104,25 +105,14 @@ type rankOutcome struct {
 	err  error
 }
 
-// abortsAtOnce says whether a rank's error may leave the other ranks waiting for its
-// collectives: a library error other than an invalid argument (raised alike by every rank,
-// before any GPU work) or every token masked (raised after the step's work). Go-side
-// errors (a closed engine, a bad feed) come before the library call, alike on every rank.
-func abortsAtOnce(err error) bool {
-	var ce *Error
-	if !errors.As(err, &ce) {
-		return false
-	}
-	return ce.Code != CodeInvalidArgument && ce.Code != CodeAllMasked
-}
-
 // fanOut runs call for every one of n ranks at once (run hands rank r's function to its
-// worker) and returns their outcomes. abort is called, once, as soon as a rank fails with
-// an error that is fatal, or when some rank has not returned grace after another failed:
-// a rank waiting for collectives that will not come returns only then. It reports which
-// rank's failure triggered the abort (-1: none).
+// worker) and returns their outcomes. Once a rank has failed, abort is called (once) if
+// some rank has not returned within grace (0: at once); with deadline > 0 also if some
+// rank has not returned that long after the start. Aborting the communicators is what
+// returns a rank waiting for collectives that will not come. It reports which rank's
+// failure led to the abort (-1: none; n when the deadline passed with no failure).
 func fanOut(n int, run func(r int, f func()), call func(r int) ([]engine.Output, error),
-	fatal func(error) bool, abort func(cause error), grace time.Duration) (outs []rankOutcome, abortedBy int) {
+	abort func(cause error), grace, deadline time.Duration) (outs []rankOutcome, abortedBy int) {
 	type done struct {
 		r int
 		rankOutcome
@@ -136,43 +126,47 @@ func fanOut(n int, run func(r int, f func()), call func(r int) ([]engine.Output,
 	}
 	outs = make([]rankOutcome, n)
 	abortedBy = -1
-	var timeout <-chan time.Time
-	var timer *time.Timer
+	var graceC, deadC <-chan time.Time
+	if deadline > 0 {
+		t := time.NewTimer(deadline)
+		defer t.Stop()
+		deadC = t.C
+	}
+	armed := false
 	first := -1
 	for got := 0; got < n; {
 		select {
 		case d := <-ch:
 			got++
 			outs[d.r] = d.rankOutcome
-			if d.err == nil {
-				continue
-			}
-			if first < 0 {
+			if d.err != nil && first < 0 {
 				first = d.r
 			}
-			if abortedBy < 0 && fatal(d.err) {
-				abortedBy = d.r
-				abort(d.err)
-			} else if timer == nil && got < n {
-				timer = time.NewTimer(grace)
-				timeout = timer.C
+			if first >= 0 && !armed && got < n {
+				armed = true
+				t := time.NewTimer(grace)
+				defer t.Stop()
+				graceC = t.C
 			}
-		case <-timeout:
-			timeout = nil
+		case <-graceC:
+			graceC = nil
 			if abortedBy < 0 {
 				abortedBy = first
 				abort(fmt.Errorf("%d of %d ranks did not return within %v of rank %d's error: %w", n-got, n, grace, first, outs[first].err))
 			}
+		case <-deadC:
+			deadC = nil
+			if abortedBy < 0 {
+				abortedBy = n
+				if first >= 0 {
+					abortedBy = first
+				}
+				abort(fmt.Errorf("%d of %d ranks did not return within %v", n-got, n, deadline))
+			}
 		}
-	}
-	if timer != nil {
-		timer.Stop()
 	}
 	return outs, abortedBy
 }
-
-// always is fanOut's fatal for engine creation: any rank's failure aborts at once.
-func always(error) bool { return true }
 
 // rankErrs joins ranks' errors with "; " (errors.Join's newlines read badly in a
 // response's message).
@@ -265,7 +259,7 @@ func NewTensorParallelEngine(ws []*Weights, opts Options) (*TPEngine, error) {
 		e, err := newEngine(ws[r], opts, comm)
 		t.ranks[r] = e
 		return nil, err
-	}, always, func(cause error) { t.abort(cause) }, 0)
+	}, func(cause error) { t.abort(cause) }, 0, 0)
 	if err := t.rankErrors(outs, by); err != nil {
 		t.shut()
 		return nil, fmt.Errorf("cuda: tensor parallelism over GPUs %v: %w", devices, err)
@@ -344,10 +338,10 @@ func (t *TPEngine) rankErrors(outs []rankOutcome, by int) error {
 }
 
 // each runs call on every rank and returns rank 0's outputs, or the ranks' errors (with
-// the communicators aborted when a rank may have left the others waiting).
-func (t *TPEngine) each(call func(e *Engine) ([]engine.Output, error)) ([]engine.Output, error) {
+// the communicators aborted when ranks stayed out: fanOut; deadline as fanOut's).
+func (t *TPEngine) each(call func(e *Engine) ([]engine.Output, error), deadline time.Duration) ([]engine.Output, error) {
 	outs, by := fanOut(len(t.ranks), t.run, func(r int) ([]engine.Output, error) { return call(t.ranks[r]) },
-		abortsAtOnce, func(cause error) { t.abort(cause) }, t.grace)
+		func(cause error) { t.abort(cause) }, t.grace, deadline)
 	if err := t.rankErrors(outs, by); err != nil {
 		return nil, err
 	}
@@ -407,7 +401,7 @@ func (t *TPEngine) Step(b *engine.Batch) ([]engine.Output, error) {
 	if _, err := t.check.Check(b); err != nil {
 		return nil, err
 	}
-	return t.each(func(e *Engine) ([]engine.Output, error) { return e.Step(b) })
+	return t.each(func(e *Engine) ([]engine.Output, error) { return e.Step(b) }, 0)
 }
 
 // Launch starts one iteration on every rank (engine.Pipeliner): each rank's fed
@@ -424,7 +418,7 @@ func (t *TPEngine) Launch(b *engine.Batch) error {
 		return err
 	}
 	outs, by := fanOut(len(t.ranks), t.run, func(r int) ([]engine.Output, error) { return nil, t.ranks[r].Launch(b) },
-		abortsAtOnce, func(cause error) { t.abort(cause) }, t.grace)
+		func(cause error) { t.abort(cause) }, t.grace, 0)
 	err := t.rankErrors(outs, by)
 	if err != nil && by < 0 {
 		// Ranks that launched wait for collectives the failed ranks never enqueued.
@@ -444,7 +438,7 @@ func (t *TPEngine) Wait() ([]engine.Output, error) {
 		return nil, err
 	}
 	defer t.mu.Unlock()
-	return t.each(func(e *Engine) ([]engine.Output, error) { return e.Wait() })
+	return t.each(func(e *Engine) ([]engine.Output, error) { return e.Wait() }, 0)
 }
 
 // Recover readies every rank after a failed iteration (engine.Recoverer); an engine whose
@@ -458,7 +452,9 @@ func (t *TPEngine) Recover(cause error) error {
 	case t.lost != nil:
 		return t.lost
 	}
-	_, err := t.each(func(e *Engine) ([]engine.Output, error) { return nil, e.Recover(cause) })
+	// A reset waits for the rank's stream: one held by a collective that will not come
+	// does not return by itself.
+	_, err := t.each(func(e *Engine) ([]engine.Output, error) { return nil, e.Recover(cause) }, t.grace)
 	if err != nil && t.lost == nil {
 		t.abort(err)
 	}

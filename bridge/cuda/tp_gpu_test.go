@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"gollm/batchmanager"
 	"gollm/engine"
@@ -510,40 +511,82 @@ func TestGPUTensorParallelAllMasked(t *testing.T) {
 	}
 }
 
-// TestGPUTensorParallelFailedStepAborts makes every rank's fourth step fail after its
-// forward pass is enqueued (GOLLM_CUDA_FAIL_STEP=4, a real failing CUDA call): the
-// communicators are aborted, the step fails naming the ranks, Recover says the engine is
-// lost and later calls fail at once — no crash, no hang — and Close frees it; a new engine
-// on the same GPUs then serves. Run on its own (tests/gpu/tp_check.sh): it exercises
-// ncclCommAbort.
-func TestGPUTensorParallelFailedStepAborts(t *testing.T) {
-	lib := tpLibrary(t, 2)
-	dir := filepath.Join("..", "..", "testdata", "llama-tiny")
-	t.Setenv("GOLLM_CUDA_FAIL_STEP", "4")
-	e := tpOn(t, dir, 2, tpOptions(lib))
+// tpFailAt steps one sequence on e until step n (counted from 1), which must fail; it
+// returns that error.
+func tpFailAt(t *testing.T, e *TPEngine, n int) error {
+	t.Helper()
 	s := engine.Sequence{ID: 1, Tokens: []int32{1, 2, 3}, Blocks: []int32{0}, Sample: true, History: []int32{1, 2, 3}}
-	var err error
-	for k := range 4 {
-		var outs []engine.Output
-		if outs, err = e.Step(&engine.Batch{Seqs: []engine.Sequence{s}}); err != nil {
-			if k != 3 {
-				t.Fatalf("step %d failed: %v", k+1, err)
+	for k := 1; ; k++ {
+		outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{s}})
+		if err != nil {
+			if k != n {
+				t.Fatalf("step %d failed, not step %d: %v", k, n, err)
 			}
-			break
+			return err
+		}
+		if k == n {
+			t.Fatalf("step %d did not fail", n)
 		}
 		s.Pos += len(s.Tokens)
 		s.Tokens = []int32{outs[0].Token}
 		s.History = append(s.History, outs[0].Token)
 	}
-	var re *RankError
-	if err == nil || !strings.Contains(err.Error(), "GOLLM_CUDA_FAIL_STEP") || !errors.As(err, &re) {
-		t.Fatalf("step 4 = %v, want the injected failure, naming a rank", err)
+}
+
+// TestGPUTensorParallelFailedStepRecovers makes every rank's fourth step fail after its
+// forward pass is enqueued (GOLLM_CUDA_FAIL_STEP=4, a real failing CUDA call): every rank
+// returns, so nothing is aborted; the step fails, Recover resets every rank, and the
+// engine serves on — as one GPU does.
+func TestGPUTensorParallelFailedStepRecovers(t *testing.T) {
+	lib := tpLibrary(t, 2)
+	t.Setenv("GOLLM_CUDA_FAIL_STEP", "4")
+	e := tpOn(t, filepath.Join("..", "..", "testdata", "llama-tiny"), 2, tpOptions(lib))
+	err := tpFailAt(t, e, 4)
+	if !strings.Contains(err.Error(), "GOLLM_CUDA_FAIL_STEP=4") || !strings.Contains(err.Error(), "on every one of the 2 tensor-parallel ranks") {
+		t.Fatalf("step 4 = %v, want the injected failure on every rank", err)
 	}
-	t.Logf("step 4: %v", err)
+	if rerr := e.Recover(err); rerr != nil {
+		t.Fatalf("Recover = %v", rerr)
+	}
+	s := engine.Sequence{ID: 2, Tokens: []int32{4, 5, 6}, Blocks: []int32{1}, Sample: true, History: []int32{4, 5, 6}}
+	for k := range 3 {
+		outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{s}})
+		if err != nil {
+			t.Fatalf("step %d after recovering: %v", k, err)
+		}
+		s.Pos += len(s.Tokens)
+		s.Tokens = []int32{outs[0].Token}
+		s.History = append(s.History, outs[0].Token)
+	}
+}
+
+// TestGPUTensorParallelFailedRankAborts makes rank 1's fourth step fail before any of its
+// work is enqueued (GOLLM_CUDA_FAIL_STEP=4:early, GOLLM_CUDA_FAIL_RANK=1): rank 0 waits in
+// its first all-reduce for rank 1, until the communicators are aborted (the grace, 3 s
+// here); the step fails naming rank 1's error first, Recover says the engine is lost and
+// later calls fail at once — no crash, no hang — and Close frees it; a new engine on the
+// same GPUs then serves. Run last and on its own (tests/gpu/tp_check.sh): it exercises
+// ncclCommAbort.
+func TestGPUTensorParallelFailedRankAborts(t *testing.T) {
+	lib := tpLibrary(t, 2)
+	dir := filepath.Join("..", "..", "testdata", "llama-tiny")
+	t.Setenv("GOLLM_CUDA_FAIL_STEP", "4:early")
+	t.Setenv("GOLLM_CUDA_FAIL_RANK", "1")
+	e := tpOn(t, dir, 2, tpOptions(lib))
+	e.grace = 3 * time.Second
+	start := time.Now()
+	err := tpFailAt(t, e, 4)
+	t.Logf("step 4 after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	var re *RankError
+	if !errors.As(err, &re) || re.Rank != 1 || !strings.HasPrefix(err.Error(), "tensor parallel rank 1 of 2 (GPU 1): ") ||
+		!strings.Contains(err.Error(), "GOLLM_CUDA_FAIL_STEP=4:early") {
+		t.Fatalf("step 4 = %v, want rank 1's injected failure first", err)
+	}
 	rerr := e.Recover(err)
 	if rerr == nil || !strings.Contains(rerr.Error(), "aborted") {
 		t.Fatalf("Recover = %v, want the engine lost", rerr)
 	}
+	s := engine.Sequence{ID: 2, Tokens: []int32{1, 2, 3}, Blocks: []int32{1}, Sample: true, History: []int32{1, 2, 3}}
 	if _, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{s}}); err == nil || !strings.Contains(err.Error(), "lost") {
 		t.Fatalf("a step after the abort = %v", err)
 	}
@@ -551,8 +594,8 @@ func TestGPUTensorParallelFailedStepAborts(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.Unsetenv("GOLLM_CUDA_FAIL_STEP")
+	os.Unsetenv("GOLLM_CUDA_FAIL_RANK")
 	again := tpOn(t, dir, 2, tpOptions(lib))
-	s = engine.Sequence{ID: 2, Tokens: []int32{1, 2, 3}, Blocks: []int32{0}, Sample: true, History: []int32{1, 2, 3}}
 	if outs, err := again.Step(&engine.Batch{Seqs: []engine.Sequence{s}}); err != nil || outs[0].Token < 0 {
 		t.Fatalf("a new engine after the abort: %v, %v", outs, err)
 	}

@@ -60,9 +60,12 @@ func TestShardWeightsKeepsWholeBiases(t *testing.T) {
 // goRun is fanOut's run for tests: each rank on a goroutine of its own.
 func goRun(_ int, f func()) { go f() }
 
-func TestFanOutAbortsForARankThatMayLeaveOthersWaiting(t *testing.T) {
+// TestFanOutAbortsForRanksLeftWaiting: a rank that fails may leave the others waiting for
+// its collectives; those still out grace after its error are released by the abort.
+func TestFanOutAbortsForRanksLeftWaiting(t *testing.T) {
 	release := make(chan struct{})
 	var aborts atomic.Int32
+	var cause error
 	outs, by := fanOut(3, goRun, func(r int) ([]engine.Output, error) {
 		switch r {
 		case 1:
@@ -72,46 +75,50 @@ func TestFanOutAbortsForARankThatMayLeaveOthersWaiting(t *testing.T) {
 			return nil, &Error{Code: CodeNCCL, Op: "gollm_wait", Message: "aborted"}
 		}
 		return []engine.Output{{Token: 7}}, nil
-	}, abortsAtOnce, func(error) {
+	}, func(c error) {
 		aborts.Add(1)
+		cause = c
 		close(release)
-	}, time.Hour)
+	}, 20*time.Millisecond, 0)
 	if aborts.Load() != 1 || by != 1 {
 		t.Fatalf("%d aborts, triggered by rank %d; want 1, by rank 1", aborts.Load(), by)
+	}
+	if !strings.Contains(cause.Error(), "1 of 3 ranks did not return within 20ms of rank 1's error") || !strings.Contains(cause.Error(), "illegal memory access") {
+		t.Errorf("cause %v", cause)
 	}
 	if outs[0].err != nil || outs[0].outs[0].Token != 7 || outs[2].err == nil {
 		t.Errorf("outcomes %+v", outs)
 	}
 }
 
-func TestFanOutLeavesErrorsEveryRankRaisesAlike(t *testing.T) {
+// TestFanOutLeavesErrorsWhenEveryRankReturns: when every rank returns, nothing waits for a
+// collective; the errors are the step's (Recover resets the ranks).
+func TestFanOutLeavesErrorsWhenEveryRankReturns(t *testing.T) {
 	for _, err := range []error{
 		&Error{Code: CodeInvalidArgument, Op: "gollm_launch", Message: "sequence 0: token 5000 outside the vocabulary"},
+		&Error{Code: CodeCUDA, Op: "gollm_step", Message: "step 4: cudaMemcpyAsync failed (injected)"},
 		errors.New("cuda: sequence 3: Feed = 9 names no sequence of the 2 launched before"),
 	} {
 		outs, by := fanOut(2, goRun, func(int) ([]engine.Output, error) { return nil, err },
-			abortsAtOnce, func(error) { t.Errorf("aborted for %v", err) }, time.Hour)
+			func(error) { t.Errorf("aborted for %v", err) }, time.Hour, 0)
 		if by != -1 || outs[0].err == nil || outs[1].err == nil {
 			t.Errorf("%v: triggered by %d, outcomes %+v", err, by, outs)
 		}
 	}
 }
 
-func TestFanOutAbortsWhenRanksStayOutAfterAnError(t *testing.T) {
+// TestFanOutAbortsCallsPastTheirDeadline: Recover's resets wait for the ranks' streams;
+// one held by a collective that will not come is aborted at the deadline.
+func TestFanOutAbortsCallsPastTheirDeadline(t *testing.T) {
 	release := make(chan struct{})
-	var cause error
 	_, by := fanOut(2, goRun, func(r int) ([]engine.Output, error) {
-		if r == 0 {
-			return nil, &Error{Code: CodeInvalidArgument, Op: "gollm_launch", Message: "only here"}
+		if r == 1 {
+			<-release
 		}
-		<-release
 		return nil, nil
-	}, abortsAtOnce, func(c error) {
-		cause = c
-		close(release)
-	}, 20*time.Millisecond)
-	if by != 0 || cause == nil || !strings.Contains(cause.Error(), "1 of 2 ranks did not return") || !strings.Contains(cause.Error(), "only here") {
-		t.Fatalf("triggered by %d, cause %v", by, cause)
+	}, func(error) { close(release) }, time.Hour, 20*time.Millisecond)
+	if by != 2 {
+		t.Fatalf("triggered by %d, want 2 (the deadline, no rank's error)", by)
 	}
 }
 
