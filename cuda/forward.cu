@@ -76,8 +76,10 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   const float eps = c.norm_eps;
   const bool rms = c.norm == GOLLM_NORM_RMS;
   const float* inv_freq = c.positions == GOLLM_POS_ROTARY ? w->inv_freq : nullptr;
-  // Kernels after the first may overlap their predecessor's tail (sm_90).
+  // Kernels after the first may overlap their predecessor's tail (sm_90); not a kernel
+  // after a collective (stc), whose kernels are NCCL's own: nothing of it to overlap.
   const Stream st0(e->stream, false), st(e->stream, e->pdl);
+  const Stream stc = e->tp_size > 1 ? st0 : st;
   char* din = e->din.as<char>();
   auto I32 = [&](size_t off) { return reinterpret_cast<const int32_t*>(din + off); };
   const int32_t* words = reinterpret_cast<const int32_t*>(din);
@@ -108,7 +110,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
                        e->tp_rank == 0 ? static_cast<const T*>(w->pos) : nullptr, h, N, H,
                        e->tp_rank * VR, VR, st0);
     tp_all_reduce(e, h, (size_t)N * H, "the embedding", -1);
-    norm_rows<T>(h, xn, w->layers[0].norm1_w, w->layers[0].norm1_b, N, H, eps, rms, st);
+    norm_rows<T>(h, xn, w->layers[0].norm1_w, w->layers[0].norm1_b, N, H, eps, rms, st0);
   } else {
     embedding_layernorm<T>(I32(L.row_tok), I32(L.row_pos), static_cast<const T*>(w->embed),
                            static_cast<const T*>(w->pos), h, xn, w->layers[0].norm1_w,
@@ -188,7 +190,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     }
     gemm_proj<T>(e, lw, NG);
     if (tp) tp_all_reduce(e, tmp, (size_t)N * H, "the attention output", l);
-    residual_layernorm<T>(h, tmp, lw.out_b, xn, lw.norm2_w, lw.norm2_b, N, H, eps, rms, st);
+    residual_layernorm<T>(h, tmp, lw.out_b, xn, lw.norm2_w, lw.norm2_b, N, H, eps, rms, stc);
     gemm_up<T>(e, lw, NG);
     if (c.gated_mlp)
       gated_act<T>(fc, lw.up_b, fch, N, d.I, c.activation, st);
@@ -198,7 +200,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     if (tp) tp_all_reduce(e, tmp, (size_t)N * H, "the MLP output", l);
     const LayerW& nx = last ? lw : w->layers[l + 1];
     residual_layernorm<T>(h, tmp, lw.down_b, xn, last ? w->final_w : nx.norm1_w,
-                          last ? w->final_b : nx.norm1_b, N, H, eps, rms, st);
+                          last ? w->final_b : nx.norm1_b, N, H, eps, rms, stc);
   }
   // The LM head writes part ([rows][VR]); the whole-vocabulary logits are part itself on
   // one GPU, else the join of every rank's part.
@@ -220,7 +222,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     }
     if (tp) {
       tp_all_gather(e, part, e->tp_gather.as<float>(), (size_t)ch.count * VR);
-      join_vocab(e->tp_gather.as<float>(), logits, ch.count, VR, V, e->tp_size, st);
+      join_vocab(e->tp_gather.as<float>(), logits, ch.count, VR, V, e->tp_size, st0);
     }
     if (!capture) {
       for (const CopyOut& cp : pl.copies)
