@@ -249,6 +249,27 @@ void comm_abandon(gollm_comm* c, int rank) {
   c->cv.notify_all();
 }
 
+void comm_barrier(gollm_comm* c, int rank) {
+  std::unique_lock<std::mutex> lk(c->mu);
+  const int64_t round = c->bar_rounds;
+  if (!c->aborted.load()) {
+    if (++c->bar_count == c->n) {
+      c->bar_count = 0;
+      c->bar_rounds++;
+      c->cv.notify_all();
+      return;
+    }
+    c->cv.wait(lk, [&] { return c->bar_rounds != round || c->aborted.load(); });
+    if (c->bar_rounds != round) return;
+  }
+  char buf[700];
+  std::snprintf(buf, sizeof buf,
+                "tensor parallel rank %d: the communicators were aborted while it waited for the "
+                "other ranks to grow their step buffers%s%s",
+                rank, c->abort_cause.empty() ? "" : " (after: ", c->abort_cause.empty() ? "" : (c->abort_cause + ")").c_str());
+  throw Error(GOLLM_ERR_NCCL, buf);
+}
+
 // Collectives of an engine's step, on its stream (captured into its graphs in graph mode).
 
 void tp_all_reduce(gollm_engine* e, float* buf, size_t count, const char* what, int layer) {

@@ -66,6 +66,9 @@ struct gollm_comm {
   int arrived = 0;           // ranks that proposed their block count
   int64_t agreed = INT64_MAX;  // the smallest proposal so far
   std::string failed;        // set when a rank failed before proposing: the others stop
+  // The step barrier (comm_barrier): arrivals of the current round and rounds completed.
+  int bar_count = 0;
+  int64_t bar_rounds = 0;
   // Abort: the NCCL calls of every engine hold guard shared and check aborted; abort takes
   // it exclusively to set aborted, so that no call is inside NCCL on a communicator that
   // ncclCommAbort is freeing (unless one stays inside for seconds: blocked in NCCL, which
@@ -89,5 +92,8 @@ void nccl_describe(gollm_nccl_info* out);
 void comm_claim(gollm_comm* c, int rank);
 int64_t comm_agree_min(gollm_comm* c, int rank, int64_t v);
 void comm_abandon(gollm_comm* c, int rank);
+// comm_barrier returns once every rank has called it (the same number of times), or
+// throws GOLLM_ERR_NCCL once the communicators are aborted.
+void comm_barrier(gollm_comm* c, int rank);
 
 }  // namespace gollm

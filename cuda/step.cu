@@ -89,9 +89,6 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
   const bool use_graph = pl.s > 0 && bucket > 0 && bucket <= e->max_tokens;
   if (pl.s > 0) {
     fill_plan(e, in, use_graph ? bucket : 0, pl);
-    // Under tensor parallelism every rank computes the same logits and tokens; rank 0
-    // alone copies logits back (the caller reads its results only).
-    if (e->tp_rank > 0) pl.copies.clear();
     Layout L = layout_fixed(pl);
     fill_var(e, in, pl, L);
     // The fed rows' (row, previous sequence) pairs follow the variable part.
@@ -101,12 +98,26 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
     pl.all_greedy = true;
     for (int s = 0; s < pl.s; s++) pl.all_greedy = pl.all_greedy && greedy_fast(pl.seqs[s]);
     // fill_var ran after the descriptors were sized; the layout's fixed part is unchanged.
+    bool grew = L.total > e->din.bytes || L.total > e->hin.bytes;
     ensure_inputs(e, L.total);
     // Returned logits are staged in pinned memory.
     int64_t log_need = 0;
     for (const CopyOut& cp : pl.copies)
       log_need = std::max<int64_t>(log_need, cp.dst + (int64_t)cp.rows * e->vocab);
-    if ((size_t)log_need * 4 > e->hlog.bytes) e->hlog.alloc(align_up((size_t)log_need * 4, 1 << 20), "logits (host)");
+    if ((size_t)log_need * 4 > e->hlog.bytes) {
+      e->hlog.alloc(align_up((size_t)log_need * 4, 1 << 20), "logits (host)");
+      grew = true;
+    }
+    if (e->tp_size > 1) {
+      // Every rank computes the same logits and tokens; rank 0 alone copies logits back
+      // (the caller reads its results only), though every rank sizes the same buffers.
+      if (e->tp_rank > 0) pl.copies.clear();
+      // Freeing and allocating device or pinned memory may wait for work on the GPUs: a
+      // rank doing it while another has this step's collectives waiting for it would
+      // wait forever. The ranks grow their buffers at the same steps (the same inputs);
+      // none enqueues this step's work before every one has.
+      if (grew) comm_barrier(e->comm, e->tp_rank);
+    }
     stage(e, pl, L);
     if (nfeed > 0) {
       int32_t* pairs = reinterpret_cast<int32_t*>(e->hin.as<char>() + pairs_off);
