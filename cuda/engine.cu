@@ -225,6 +225,9 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   }
   e->num_blocks = (int)nb;
   e->kv.alloc((size_t)(nb + 1) * block_bytes, "KV pool");  // + the padding block
+  // No rank starts the warm-up's collectives while another still allocates (step.cu's
+  // launch says why).
+  if (tp) comm_barrier(comm, p->tp_rank);
 
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, e->device));

@@ -149,6 +149,9 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
         if (g) cudaGraphDestroy(g);
         CUDA_CHECK(err);
         it = e->graph_execs.emplace(key, ex).first;
+        // Instantiating may allocate: as for the buffers above, no rank replays the new
+        // graph's collectives before every rank has instantiated its own.
+        if (e->tp_size > 1) comm_barrier(e->comm, e->tp_rank);
       }
       if (e->comm)
         tp_graph_launch(e, it->second);  // its collectives: not after an abort
