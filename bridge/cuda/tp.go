@@ -61,6 +61,9 @@ type TPEngine struct {
 	closed bool
 	// lost is set once the communicators were aborted: every later call fails with it.
 	lost error
+	// stuck marks ranks whose call never returned after the abort (fanOut): Close leaves
+	// them.
+	stuck []bool
 }
 
 // tpGrace is TPEngine.grace: a rank returns within a step's time of another's failure
@@ -103,56 +106,71 @@ func (e *RankError) Unwrap() error { return e.Err }
 type rankOutcome struct {
 	outs []engine.Output
 	err  error
+	// stuck is set for a rank that had not returned tpAbandon after the abort: its call
+	// (and its worker) are left running.
+	stuck bool
 }
+
+// tpAbandon is how long ranks may take to return after the communicators' abort released
+// their collectives; a rank still out then is stuck elsewhere (a GPU that stopped
+// answering) and is left.
+const tpAbandon = 30 * time.Second
 
 // fanOut runs call for every one of n ranks at once (run hands rank r's function to its
 // worker) and returns their outcomes. Once a rank has failed, abort is called (once) if
 // some rank has not returned within grace (0: at once); with deadline > 0 also if some
 // rank has not returned that long after the start. Aborting the communicators is what
-// returns a rank waiting for collectives that will not come. It reports which rank's
-// failure led to the abort (-1: none; n when the deadline passed with no failure).
+// returns a rank waiting for collectives that will not come; ranks still out abandon
+// after it are marked stuck. It reports which rank's failure led to the abort (-1: none;
+// n when the deadline passed with no failure).
 func fanOut(n int, run func(r int, f func()), call func(r int) ([]engine.Output, error),
-	abort func(cause error), grace, deadline time.Duration) (outs []rankOutcome, abortedBy int) {
+	abort func(cause error), grace, deadline, abandon time.Duration) (outs []rankOutcome, abortedBy int) {
 	type done struct {
 		r int
 		rankOutcome
 	}
-	ch := make(chan done, n)
+	ch := make(chan done, n) // a stuck rank's late outcome lands here unread
 	for r := range n {
 		run(r, func() {
 			o, err := call(r)
-			ch <- done{r, rankOutcome{o, err}}
+			ch <- done{r, rankOutcome{outs: o, err: err}}
 		})
 	}
 	outs = make([]rankOutcome, n)
+	back := make([]bool, n)
 	abortedBy = -1
-	var graceC, deadC <-chan time.Time
+	var graceC, deadC, abandonC <-chan time.Time
+	timer := func(d time.Duration) <-chan time.Time {
+		t := time.NewTimer(d)
+		return t.C
+	}
 	if deadline > 0 {
-		t := time.NewTimer(deadline)
-		defer t.Stop()
-		deadC = t.C
+		deadC = timer(deadline)
 	}
 	armed := false
 	first := -1
+	aborted := func(cause error) {
+		abort(cause)
+		abandonC = timer(abandon)
+	}
 	for got := 0; got < n; {
 		select {
 		case d := <-ch:
 			got++
+			back[d.r] = true
 			outs[d.r] = d.rankOutcome
 			if d.err != nil && first < 0 {
 				first = d.r
 			}
 			if first >= 0 && !armed && got < n {
 				armed = true
-				t := time.NewTimer(grace)
-				defer t.Stop()
-				graceC = t.C
+				graceC = timer(grace)
 			}
 		case <-graceC:
 			graceC = nil
 			if abortedBy < 0 {
 				abortedBy = first
-				abort(fmt.Errorf("%d of %d ranks did not return within %v of rank %d's error: %w", n-got, n, grace, first, outs[first].err))
+				aborted(fmt.Errorf("%d of %d ranks did not return within %v of rank %d's error: %w", n-got, n, grace, first, outs[first].err))
 			}
 		case <-deadC:
 			deadC = nil
@@ -161,8 +179,15 @@ func fanOut(n int, run func(r int, f func()), call func(r int) ([]engine.Output,
 				if first >= 0 {
 					abortedBy = first
 				}
-				abort(fmt.Errorf("%d of %d ranks did not return within %v", n-got, n, deadline))
+				aborted(fmt.Errorf("%d of %d ranks did not return within %v", n-got, n, deadline))
 			}
+		case <-abandonC:
+			for r := range n {
+				if !back[r] {
+					outs[r] = rankOutcome{stuck: true, err: fmt.Errorf("no return %v after the NCCL communicators' abort: the rank's GPU is left as it is", abandon)}
+				}
+			}
+			return outs, abortedBy
 		}
 	}
 	return outs, abortedBy
@@ -248,7 +273,7 @@ func NewTensorParallelEngine(ws []*Weights, opts Options) (*TPEngine, error) {
 		return nil, fmt.Errorf("cuda: tensor parallelism over GPUs %v: %w", devices, err)
 	}
 	t := &TPEngine{lib: l, comm: comm, devices: devices, log: opts.Logger, grace: tpGrace,
-		ranks: make([]*Engine, n), workers: make([]*rankWorker, n)}
+		ranks: make([]*Engine, n), workers: make([]*rankWorker, n), stuck: make([]bool, n)}
 	for r := range n {
 		t.workers[r] = startWorker()
 	}
@@ -259,7 +284,8 @@ func NewTensorParallelEngine(ws []*Weights, opts Options) (*TPEngine, error) {
 		e, err := newEngine(ws[r], opts, comm)
 		t.ranks[r] = e
 		return nil, err
-	}, func(cause error) { t.abort(cause) }, 0, 0)
+	}, func(cause error) { t.abort(cause) }, 0, 0, tpAbandon)
+	t.noteStuck(outs)
 	if err := t.rankErrors(outs, by); err != nil {
 		t.shut()
 		return nil, fmt.Errorf("cuda: tensor parallelism over GPUs %v: %w", devices, err)
@@ -286,6 +312,16 @@ func NewTensorParallelEngine(ws []*Weights, opts Options) (*TPEngine, error) {
 
 // run hands f to rank r's worker.
 func (t *TPEngine) run(r int, f func()) { t.workers[r].jobs <- f }
+
+// noteStuck records the ranks a call left stuck.
+func (t *TPEngine) noteStuck(outs []rankOutcome) {
+	for r, o := range outs {
+		if o.stuck {
+			t.stuck[r] = true
+			t.log.Error("a tensor parallel rank did not return after the NCCL communicators' abort; its engine is left", zap.Int("rank", r), zap.Int("gpu", t.devices[r]))
+		}
+	}
+}
 
 // abort aborts the communicators (once) and marks the engine lost.
 func (t *TPEngine) abort(cause error) {
@@ -341,7 +377,8 @@ func (t *TPEngine) rankErrors(outs []rankOutcome, by int) error {
 // the communicators aborted when ranks stayed out: fanOut; deadline as fanOut's).
 func (t *TPEngine) each(call func(e *Engine) ([]engine.Output, error), deadline time.Duration) ([]engine.Output, error) {
 	outs, by := fanOut(len(t.ranks), t.run, func(r int) ([]engine.Output, error) { return call(t.ranks[r]) },
-		func(cause error) { t.abort(cause) }, t.grace, deadline)
+		func(cause error) { t.abort(cause) }, t.grace, deadline, tpAbandon)
+	t.noteStuck(outs)
 	if err := t.rankErrors(outs, by); err != nil {
 		return nil, err
 	}
@@ -418,7 +455,8 @@ func (t *TPEngine) Launch(b *engine.Batch) error {
 		return err
 	}
 	outs, by := fanOut(len(t.ranks), t.run, func(r int) ([]engine.Output, error) { return nil, t.ranks[r].Launch(b) },
-		func(cause error) { t.abort(cause) }, t.grace, 0)
+		func(cause error) { t.abort(cause) }, t.grace, 0, tpAbandon)
+	t.noteStuck(outs)
 	err := t.rankErrors(outs, by)
 	if err != nil && by < 0 {
 		// Ranks that launched wait for collectives the failed ranks never enqueued.
@@ -481,7 +519,7 @@ func (t *TPEngine) Close() error {
 func (t *TPEngine) shut() {
 	var wg sync.WaitGroup
 	for r, e := range t.ranks {
-		if e == nil {
+		if e == nil || t.stuck[r] {
 			continue
 		}
 		wg.Add(1)
@@ -495,8 +533,10 @@ func (t *TPEngine) shut() {
 		C.call_comm_release(t.lib.commRelease, t.comm)
 		t.comm = nil
 	}
-	for _, w := range t.workers {
-		close(w.jobs)
+	for r, w := range t.workers {
+		if !t.stuck[r] {
+			close(w.jobs)
+		}
 	}
 }
 

@@ -79,7 +79,7 @@ func TestFanOutAbortsForRanksLeftWaiting(t *testing.T) {
 		aborts.Add(1)
 		cause = c
 		close(release)
-	}, 20*time.Millisecond, 0)
+	}, 20*time.Millisecond, 0, time.Hour)
 	if aborts.Load() != 1 || by != 1 {
 		t.Fatalf("%d aborts, triggered by rank %d; want 1, by rank 1", aborts.Load(), by)
 	}
@@ -100,7 +100,7 @@ func TestFanOutLeavesErrorsWhenEveryRankReturns(t *testing.T) {
 		errors.New("cuda: sequence 3: Feed = 9 names no sequence of the 2 launched before"),
 	} {
 		outs, by := fanOut(2, goRun, func(int) ([]engine.Output, error) { return nil, err },
-			func(error) { t.Errorf("aborted for %v", err) }, time.Hour, 0)
+			func(error) { t.Errorf("aborted for %v", err) }, time.Hour, 0, time.Hour)
 		if by != -1 || outs[0].err == nil || outs[1].err == nil {
 			t.Errorf("%v: triggered by %d, outcomes %+v", err, by, outs)
 		}
@@ -116,9 +116,25 @@ func TestFanOutAbortsCallsPastTheirDeadline(t *testing.T) {
 			<-release
 		}
 		return nil, nil
-	}, func(error) { close(release) }, time.Hour, 20*time.Millisecond)
+	}, func(error) { close(release) }, time.Hour, 20*time.Millisecond, time.Hour)
 	if by != 2 {
 		t.Fatalf("triggered by %d, want 2 (the deadline, no rank's error)", by)
+	}
+}
+
+// TestFanOutLeavesRanksStuckPastTheAbort: a rank the abort does not release is left,
+// marked stuck, rather than hanging the call.
+func TestFanOutLeavesRanksStuckPastTheAbort(t *testing.T) {
+	never := make(chan struct{})
+	defer close(never)
+	outs, by := fanOut(2, goRun, func(r int) ([]engine.Output, error) {
+		if r == 1 {
+			<-never
+		}
+		return nil, errors.New("failed")
+	}, func(error) {}, time.Millisecond, 0, 20*time.Millisecond)
+	if by != 0 || outs[0].stuck || !outs[1].stuck || !strings.Contains(outs[1].err.Error(), "after the NCCL communicators' abort") {
+		t.Fatalf("triggered by %d, outcomes %+v", by, outs)
 	}
 }
 
