@@ -245,8 +245,12 @@ func NewTensorParallel(ckpt *model.Checkpoint, devices []int, opts Options) (*TP
 func NewTensorParallelEngine(ws []*Weights, opts Options) (*TPEngine, error) {
 	opts = opts.withDefaults()
 	n := len(ws)
-	if n < 2 {
-		return nil, fmt.Errorf("cuda: NewTensorParallelEngine: %d shares; tensor parallelism takes at least 2 (NewEngine runs one GPU)", n)
+	// One share runs the tensor-parallel path on one GPU, over an NCCL communicator of one
+	// rank: not a way to serve (NewEngine runs one GPU without NCCL), but it puts the
+	// collectives, the vocabulary join and the ranks' meeting points to work where a
+	// machine has only one GPU.
+	if n < 1 {
+		return nil, fmt.Errorf("cuda: NewTensorParallelEngine: %d shares; want at least 1", n)
 	}
 	devices := make([]int, n)
 	for r, w := range ws {
@@ -261,6 +265,11 @@ func NewTensorParallelEngine(ws []*Weights, opts Options) (*TPEngine, error) {
 			return nil, fmt.Errorf("cuda: NewTensorParallelEngine: share %d is of %s (%s), share 0 of %s (%s)", r, w.dir, w.dtype, ws[0].dir, ws[0].dtype)
 		}
 		devices[r] = w.device
+	}
+	for r, w := range ws {
+		if w.ptr == nil {
+			return nil, fmt.Errorf("cuda: NewTensorParallelEngine: rank %d has no weights", r)
+		}
 	}
 	l := ws[0].lib
 	cdev := make([]C.int32_t, n)

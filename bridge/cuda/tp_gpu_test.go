@@ -66,6 +66,15 @@ func tpOptions(lib string) Options {
 	return Options{Library: lib, NumBlocks: 96, TokensPerBlock: 16, MaxTokens: 40, MaxSeqs: 16}
 }
 
+// tpRanks is the rank count of the tests that run one: 2 where the machine has 2 GPUs,
+// else 1 (the tensor-parallel path over one rank).
+func tpRanks(lib string) int {
+	if n, _ := DeviceCount(lib); n >= 2 {
+		return 2
+	}
+	return 1
+}
+
 // tpDevices are GPUs 0..n-1.
 func tpDevices(n int) []int {
 	d := make([]int, n)
@@ -210,10 +219,14 @@ func tpFixtures(t *testing.T) map[string]string {
 // them apart. Every logits row is within tpRelL2 of one GPU's, and every token is one
 // GPU's except where the float32 CPU engine puts the two choices within tpTieGap.
 func TestGPUTensorParallelMatchesOneGPU(t *testing.T) {
-	lib := tpLibrary(t, 2)
-	ways := []int{2}
+	lib := tpLibrary(t, 1)
+	// TP 1 is the tensor-parallel path over a communicator of one rank: on a machine of
+	// one GPU it still runs the collectives, the vocabulary join and the meeting points.
+	ways := []int{1}
 	if n, _ := DeviceCount(lib); n >= 4 {
-		ways = append(ways, 4)
+		ways = append(ways, 2, 4)
+	} else if n >= 2 {
+		ways = append(ways, 2)
 	}
 	fixtures := tpFixtures(t)
 	for _, name := range []string{"gpt2-tiny", "llama-tiny", "qwen2-tiny", "gpt2-vocab999"} {
@@ -387,13 +400,14 @@ func sameOrTies(t *testing.T, what string, ref *cpu.Engine, reqs []*batchmanager
 // request's alone (batch invariance, up to near-ties: a batch's size picks cuBLAS's
 // kernels).
 func TestGPUTensorParallelBatchManager(t *testing.T) {
-	lib := tpLibrary(t, 2)
+	lib := tpLibrary(t, 1)
+	n := tpRanks(lib)
 	for _, name := range []string{"gpt2-tiny", "llama-tiny"} {
 		t.Run(name, func(t *testing.T) {
 			dir := filepath.Join("..", "..", "testdata", name)
 			opts := tpOptions(lib)
 			opts.MaxTokens = 256
-			tp, one, ref := tpOn(t, dir, 2, opts), oneOn(t, dir, opts), cpuOn(t, dir)
+			tp, one, ref := tpOn(t, dir, n, opts), oneOn(t, dir, opts), cpuOn(t, dir)
 			reqs := tpRequests(24, tp.Info().VocabSize, 31)
 			off := serveAll(t, tp, reqs, 4, false)
 			on := serveAll(t, tp, reqs, 4, true)
@@ -422,12 +436,13 @@ func TestGPUTensorParallelBatchManager(t *testing.T) {
 // rows, a batch in one library call and one in two (more sequences than MaxSeqs: fed on
 // the host).
 func TestGPUTensorParallelOverlap(t *testing.T) {
-	lib := tpLibrary(t, 2)
+	lib := tpLibrary(t, 1)
+	ranks := tpRanks(lib)
 	for _, n := range []int{6, 20} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			opts := tpOptions(lib)
 			opts.MaxTokens, opts.NumBlocks = 256, 4*n+8
-			e := tpOn(t, filepath.Join("..", "..", "testdata", "llama-tiny"), 2, opts)
+			e := tpOn(t, filepath.Join("..", "..", "testdata", "llama-tiny"), ranks, opts)
 			const steps = 16
 			seqs := decodeRows(n, 16, 5, rand.New(rand.NewPCG(6, 6)), e.Info().VocabSize)
 			want := make([][]engine.Output, steps)
@@ -489,8 +504,8 @@ func TestGPUTensorParallelOverlap(t *testing.T) {
 // fails on every rank alike, after its work — an error naming it, not a lost engine —
 // and the engine steps on.
 func TestGPUTensorParallelAllMasked(t *testing.T) {
-	lib := tpLibrary(t, 2)
-	e := tpOn(t, filepath.Join("..", "..", "testdata", "gpt2-tiny"), 2, tpOptions(lib))
+	lib := tpLibrary(t, 1)
+	e := tpOn(t, filepath.Join("..", "..", "testdata", "gpt2-tiny"), tpRanks(lib), tpOptions(lib))
 	V := e.Info().VocabSize
 	bad := make([][]int32, V)
 	for i := range bad {

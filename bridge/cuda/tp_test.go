@@ -163,9 +163,11 @@ func TestRankErrorsNameTheRanks(t *testing.T) {
 
 func TestTensorParallelEngineChecksItsShares(t *testing.T) {
 	l := &lib{}
-	one := &Weights{lib: l, tpSize: 1}
-	if _, err := NewTensorParallelEngine([]*Weights{one}, Options{}); err == nil || !strings.Contains(err.Error(), "at least 2") {
-		t.Errorf("one share: %v", err)
+	if _, err := NewTensorParallelEngine(nil, Options{}); err == nil || !strings.Contains(err.Error(), "want at least 1") {
+		t.Errorf("no shares: %v", err)
+	}
+	if _, err := NewTensorParallelEngine([]*Weights{{lib: l, tpSize: 1}}, Options{}); err == nil || !strings.Contains(err.Error(), "rank 0 has no weights") {
+		t.Errorf("a share never loaded: %v", err)
 	}
 	a, b := &Weights{lib: l, tpSize: 2, tpRank: 0, dir: "x"}, &Weights{lib: l, tpSize: 2, tpRank: 0, dir: "x"}
 	if _, err := NewTensorParallelEngine([]*Weights{a, b}, Options{}); err == nil || !strings.Contains(err.Error(), "share 1 is rank 0 of 2, want rank 1 of 2") {
