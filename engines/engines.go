@@ -272,18 +272,26 @@ func memTotal() (int64, error) {
 	return 0, errors.New("no MemTotal in /proc/meminfo")
 }
 
+// computeType is the GPU engine's compute type: the one set, else bfloat16 for a
+// checkpoint stored in bfloat16 (its range does not fit float16's) and float16 for the
+// rest.
+func computeType(set, stored string) string {
+	switch {
+	case set != "":
+		return set
+	case stored == "bfloat16":
+		return "bfloat16"
+	default:
+		return "float16"
+	}
+}
+
 // newGPU makes a GPU engine on device. libgollm_cuda.so is opened here, not when the
 // backend loads, so a server without a GPU still serves KIND_CPU.
 func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	dtype := s.DataType
-	if dtype == "" {
-		dtype = "float16"
-		if m.cfg.DType == "bfloat16" {
-			dtype = "bfloat16"
-		}
-	}
+	dtype := computeType(s.DataType, m.cfg.DType)
 	if s.TensorParallel > 1 {
 		return m.newGPUTP(device, dtype, s)
 	}

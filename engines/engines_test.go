@@ -233,3 +233,17 @@ func TestTensorParallelGPUEngineSaysWhatItNeeds(t *testing.T) {
 		t.Errorf("without the library: %v", err)
 	}
 }
+
+func TestComputeTypeFollowsTheCheckpoint(t *testing.T) {
+	for _, c := range []struct{ set, stored, want string }{
+		{"", "bfloat16", "bfloat16"},
+		{"", "float16", "float16"},
+		{"", "float32", "float16"},
+		{"float16", "bfloat16", "float16"},
+		{"bfloat16", "float32", "bfloat16"},
+	} {
+		if got := computeType(c.set, c.stored); got != c.want {
+			t.Errorf("computeType(%q, %q) = %q, want %q", c.set, c.stored, got, c.want)
+		}
+	}
+}
