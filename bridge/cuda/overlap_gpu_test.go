@@ -32,6 +32,70 @@ func decodeRows(n, perBlock, promptLen int, rng *rand.Rand, vocab int) []engine.
 	return seqs
 }
 
+// launchedMatchesStep runs seqs for steps iterations with Step, each sampled token fed
+// from the host, and again launched two at a time with each step fed on the device by
+// the one before: every token and log-probability must be the same.
+func launchedMatchesStep(t *testing.T, e interface {
+	engine.Engine
+	engine.Pipeliner
+}, seqs []engine.Sequence, steps int) {
+	t.Helper()
+	// Step, the reference: the token sampled at step k is fed at step k+1.
+	want := make([][]engine.Output, steps)
+	ref := slices.Clone(seqs)
+	for k := range steps {
+		outs, err := e.Step(&engine.Batch{Seqs: ref})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[k] = outs
+		for i := range ref {
+			s := &ref[i]
+			s.Pos += len(s.Tokens)
+			s.History = append(slices.Clone(s.History), outs[i].Token)
+			s.Tokens = s.History[len(s.History)-1:]
+			s.NumGenerated++
+		}
+	}
+
+	// Launched: step k+1 launched before step k is waited for, its tokens fed.
+	got := make([][]engine.Output, steps)
+	cur := slices.Clone(seqs)
+	if err := e.Launch(&engine.Batch{Seqs: cur}); err != nil {
+		t.Fatal(err)
+	}
+	for k := range steps {
+		if k+1 < steps {
+			next := slices.Clone(cur)
+			for i := range next {
+				s := &next[i]
+				s.Pos += len(s.Tokens)
+				s.History = append(slices.Clone(s.History), 0)
+				s.Tokens = []int32{0}
+				s.NumGenerated++
+				s.Feed = i + 1
+			}
+			if err := e.Launch(&engine.Batch{Seqs: next}); err != nil {
+				t.Fatalf("launch of step %d: %v", k+1, err)
+			}
+			cur = next
+		}
+		outs, err := e.Wait()
+		if err != nil {
+			t.Fatalf("wait for step %d: %v", k, err)
+		}
+		got[k] = outs
+	}
+	for k := range steps {
+		for i := range want[k] {
+			if got[k][i].Token != want[k][i].Token || got[k][i].LogProb != want[k][i].LogProb {
+				t.Fatalf("step %d, sequence %d: launched %d (%g), stepped %d (%g)", k, i,
+					got[k][i].Token, got[k][i].LogProb, want[k][i].Token, want[k][i].LogProb)
+			}
+		}
+	}
+}
+
 // TestGPULaunchFeedsTheSampledToken runs the same sequences step by step with Step,
 // and launched two at a time with each step fed on the GPU by the one before: the
 // tokens and log-probabilities must be the same, on GPT-2 and on a LLaMA-shaped model,
@@ -48,60 +112,7 @@ func TestGPULaunchFeedsTheSampledToken(t *testing.T) {
 			vocab := e.Info().VocabSize
 			seqs := decodeRows(tc.n, perBlock, 5, rand.New(rand.NewPCG(5, 5)), vocab)
 
-			// Step, the reference: the token sampled at step k is fed at step k+1.
-			want := make([][]engine.Output, steps)
-			ref := slices.Clone(seqs)
-			for k := range steps {
-				outs, err := e.Step(&engine.Batch{Seqs: ref})
-				if err != nil {
-					t.Fatal(err)
-				}
-				want[k] = outs
-				for i := range ref {
-					s := &ref[i]
-					s.Pos += len(s.Tokens)
-					s.History = append(slices.Clone(s.History), outs[i].Token)
-					s.Tokens = s.History[len(s.History)-1:]
-					s.NumGenerated++
-				}
-			}
-
-			// Launched: step k+1 launched before step k is waited for, its tokens fed.
-			got := make([][]engine.Output, steps)
-			cur := slices.Clone(seqs)
-			if err := e.Launch(&engine.Batch{Seqs: cur}); err != nil {
-				t.Fatal(err)
-			}
-			for k := range steps {
-				if k+1 < steps {
-					next := slices.Clone(cur)
-					for i := range next {
-						s := &next[i]
-						s.Pos += len(s.Tokens)
-						s.History = append(slices.Clone(s.History), 0)
-						s.Tokens = []int32{0}
-						s.NumGenerated++
-						s.Feed = i + 1
-					}
-					if err := e.Launch(&engine.Batch{Seqs: next}); err != nil {
-						t.Fatalf("launch of step %d: %v", k+1, err)
-					}
-					cur = next
-				}
-				outs, err := e.Wait()
-				if err != nil {
-					t.Fatalf("wait for step %d: %v", k, err)
-				}
-				got[k] = outs
-			}
-			for k := range steps {
-				for i := range want[k] {
-					if got[k][i].Token != want[k][i].Token || got[k][i].LogProb != want[k][i].LogProb {
-						t.Fatalf("step %d, sequence %d: launched %d (%g), stepped %d (%g)", k, i,
-							got[k][i].Token, got[k][i].LogProb, want[k][i].Token, want[k][i].LogProb)
-					}
-				}
-			}
+			launchedMatchesStep(t, e, seqs, steps)
 			// A launch may mix a fed row with a new prompt's rows (an arrival joining a
 			// step launched ahead): both give what Step gives.
 			if tc.n >= 3 && tc.n <= 16 {

@@ -445,57 +445,7 @@ func TestGPUTensorParallelOverlap(t *testing.T) {
 			e := tpOn(t, filepath.Join("..", "..", "testdata", "llama-tiny"), ranks, opts)
 			const steps = 16
 			seqs := decodeRows(n, 16, 5, rand.New(rand.NewPCG(6, 6)), e.Info().VocabSize)
-			want := make([][]engine.Output, steps)
-			ref := slices.Clone(seqs)
-			for k := range steps {
-				outs, err := e.Step(&engine.Batch{Seqs: ref})
-				if err != nil {
-					t.Fatal(err)
-				}
-				want[k] = outs
-				for i := range ref {
-					s := &ref[i]
-					s.Pos += len(s.Tokens)
-					s.History = append(slices.Clone(s.History), outs[i].Token)
-					s.Tokens = s.History[len(s.History)-1:]
-					s.NumGenerated++
-				}
-			}
-			got := make([][]engine.Output, steps)
-			cur := slices.Clone(seqs)
-			if err := e.Launch(&engine.Batch{Seqs: cur}); err != nil {
-				t.Fatal(err)
-			}
-			for k := range steps {
-				if k+1 < steps {
-					next := slices.Clone(cur)
-					for i := range next {
-						s := &next[i]
-						s.Pos += len(s.Tokens)
-						s.History = append(slices.Clone(s.History), 0)
-						s.Tokens = []int32{0}
-						s.NumGenerated++
-						s.Feed = i + 1
-					}
-					if err := e.Launch(&engine.Batch{Seqs: next}); err != nil {
-						t.Fatalf("launch of step %d: %v", k+1, err)
-					}
-					cur = next
-				}
-				outs, err := e.Wait()
-				if err != nil {
-					t.Fatalf("wait for step %d: %v", k, err)
-				}
-				got[k] = outs
-			}
-			for k := range steps {
-				for i := range want[k] {
-					if got[k][i].Token != want[k][i].Token || got[k][i].LogProb != want[k][i].LogProb {
-						t.Fatalf("step %d, sequence %d: launched %d (%g), stepped %d (%g)", k, i,
-							got[k][i].Token, got[k][i].LogProb, want[k][i].Token, want[k][i].LogProb)
-					}
-				}
-			}
+			launchedMatchesStep(t, e, seqs, steps)
 		})
 	}
 }
