@@ -52,6 +52,11 @@ func refTokens(t *testing.T, dir string, prompt []int32, params engine.SamplingP
 	return out
 }
 
+// atStep is refTokens' topP for a top-p given step by step: topP[k] at step k.
+func atStep(topP []float32) func(k int, _ []int32) float32 {
+	return func(k int, _ []int32) float32 { return topP[k] }
+}
+
 // refContextLogits are the CPU engine's logits of every prompt position, [len][vocab].
 func refContextLogits(t *testing.T, dir string, prompt []int32) []float32 {
 	t.Helper()

@@ -229,34 +229,6 @@ func TestNumReturnSequencesThroughTriton(t *testing.T) {
 	}
 }
 
-// sampledTokens runs the CPU engine on the checkpoint: the prompt, then n sampled steps
-// with params, step k at top-p topP[k].
-func sampledTokens(t *testing.T, dir string, prompt []int32, params engine.SamplingParams, topP []float32) []int32 {
-	t.Helper()
-	refEngines.mu.Lock()
-	defer refEngines.mu.Unlock()
-	r, err := loadRefEngine(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	history := slices.Clone(prompt)
-	next := prompt
-	var out []int32
-	for k, p := range topP {
-		sp := params
-		sp.TopP = p
-		outs, err := r.e.Step(&engine.Batch{Seqs: []engine.Sequence{{ID: 1, Tokens: next, Pos: len(history) - len(next),
-			Blocks: r.blocks, Sample: true, Sampling: sp, History: history, NumGenerated: k}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, outs[0].Token)
-		history = append(history, outs[0].Token)
-		next = history[len(history)-1:]
-	}
-	return out
-}
-
 func TestTopPDecayThroughTriton(t *testing.T) {
 	s := sharedServer(t)
 	c := s.Client(t)
@@ -281,10 +253,10 @@ func TestTopPDecayThroughTriton(t *testing.T) {
 		p = max(p*0.5, 0.1)
 	}
 	dir := demoCheckpoint(t).dir
-	if want := sampledTokens(t, dir, prompt, params, decayed); !slices.Equal(res.tokens, want) {
+	if want := refTokens(t, dir, prompt, params, n, atStep(decayed)); !slices.Equal(res.tokens, want) {
 		t.Errorf("tokens %v, by the definition of the decay %v", res.tokens, want)
 	}
-	if plain := sampledTokens(t, dir, prompt, params, flat); slices.Equal(res.tokens, plain) {
+	if plain := refTokens(t, dir, prompt, params, n, atStep(flat)); slices.Equal(res.tokens, plain) {
 		t.Errorf("the decay changed nothing: %v", plain)
 	}
 }
