@@ -234,11 +234,7 @@ func (in *instance) execute(reqs []triton.Request) {
 	// Once a request is touched it is the backend's: a panic must not reach the entry
 	// point, whose error would hand the requests back to Triton. accept contains its
 	// own; this one covers the rest.
-	defer func() {
-		if p := recover(); p != nil {
-			in.log.Error("panic in execute", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
-		}
-	}()
+	defer logExecutePanic(in.log)
 	start := triton.Now()
 	queued := 0
 	for _, r := range reqs {
@@ -250,11 +246,24 @@ func (in *instance) execute(reqs []triton.Request) {
 		return
 	}
 	in.mgr.Wake()
-	end := triton.Now()
 	// The batch's work is handing the requests over; the generation is the manager's.
+	reportBatch(in.ti, in.log, queued, start)
+}
+
+// logExecutePanic logs a panic in an execute and ends it there; it must be deferred
+// directly, for recover to see the panic.
+func logExecutePanic(log *zap.Logger) {
+	if p := recover(); p != nil {
+		log.Error("panic in execute", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+	}
+}
+
+// reportBatch reports a batch of n requests executed from start until now.
+func reportBatch(ti triton.ModelInstance, log *zap.Logger, n int, start uint64) {
+	end := triton.Now()
 	ts := triton.Timestamps{ExecStart: start, ComputeStart: start, ComputeEnd: end, ExecEnd: end}
-	if err := in.ti.ReportBatchStatistics(queued, ts); err != nil {
-		in.log.Debug("report batch statistics", zap.Error(err))
+	if err := ti.ReportBatchStatistics(n, ts); err != nil {
+		log.Debug("report batch statistics", zap.Error(err))
 	}
 }
 
@@ -363,11 +372,7 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 
 // read copies a request's inputs and validates them.
 func (in *instance) read(r triton.Request) (*parsedRequest, error) {
-	tensors, err := r.Inputs()
-	if err != nil {
-		return nil, err
-	}
-	requested, err := r.RequestedOutputs()
+	tensors, requested, err := requestIO(r)
 	if err != nil {
 		return nil, err
 	}
@@ -377,6 +382,19 @@ func (in *instance) read(r triton.Request) (*parsedRequest, error) {
 		return nil, triton.WithCode(triton.CodeInvalidArg, err)
 	}
 	return p, nil
+}
+
+// requestIO is a request's input tensors and the names of the outputs it asks for.
+func requestIO(r triton.Request) ([]triton.Tensor, []string, error) {
+	tensors, err := r.Inputs()
+	if err != nil {
+		return nil, nil, err
+	}
+	requested, err := r.RequestedOutputs()
+	if err != nil {
+		return nil, nil, err
+	}
+	return tensors, requested, nil
 }
 
 // reject answers a request that will not run with err, as its only and final response,

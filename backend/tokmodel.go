@@ -148,20 +148,12 @@ func newTokenizerInstance(tm *tokenizerModel, ti triton.ModelInstance) (*tokeniz
 func (in *tokenizerInstance) execute(reqs []triton.Request) {
 	// The requests are the backend's once touched: a panic must not reach the entry
 	// point, whose error would hand them back to Triton (compute recovers its own).
-	defer func() {
-		if p := recover(); p != nil {
-			in.log.Error("panic in execute", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
-		}
-	}()
+	defer logExecutePanic(in.log)
 	start := triton.Now()
 	for _, r := range reqs {
 		in.answer(r, start)
 	}
-	end := triton.Now()
-	ts := triton.Timestamps{ExecStart: start, ComputeStart: start, ComputeEnd: end, ExecEnd: end}
-	if err := in.ti.ReportBatchStatistics(len(reqs), ts); err != nil {
-		in.log.Debug("report batch statistics", zap.Error(err))
-	}
+	reportBatch(in.ti, in.log, len(reqs), start)
 }
 
 // answer computes one request's outputs and sends them, or its error, as its final
@@ -196,11 +188,7 @@ func (in *tokenizerInstance) compute(r triton.Request) (outs []output, err error
 			outs, err = nil, triton.Errorf(triton.CodeInternal, "gollm: internal error: %v", p)
 		}
 	}()
-	tensors, err := r.Inputs()
-	if err != nil {
-		return nil, err
-	}
-	requested, err := r.RequestedOutputs()
+	tensors, requested, err := requestIO(r)
 	if err != nil {
 		return nil, err
 	}
