@@ -183,15 +183,22 @@ func TestBadOptionsFail(t *testing.T) {
 		{"a negative size is refused", Options{Layers: -1}, "must be positive"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := filepath.Join(t.TempDir(), "out")
-			err := WriteGPT2Checkpoint(dir, tc.o)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("err = %v, want one containing %q", err, tc.want)
-			}
-			if _, err := os.Stat(dir); err == nil {
-				t.Error("the folder was created anyway")
-			}
+			checkRefused(t, func(dir string) error { return WriteGPT2Checkpoint(dir, tc.o) }, tc.want)
 		})
+	}
+}
+
+// checkRefused calls write on a folder not yet made: it must fail with an error
+// containing want, and leave no folder behind.
+func checkRefused(t *testing.T, write func(dir string) error, want string) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "out")
+	err := write(dir)
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("err = %v, want one containing %q", err, want)
+	}
+	if _, err := os.Stat(dir); err == nil {
+		t.Error("the folder was created anyway")
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
-	"strings"
 	"testing"
 
 	"gollm/model"
@@ -127,14 +126,7 @@ func TestBadLlamaOptionsFail(t *testing.T) {
 		{"a negative size is refused", LlamaOptions{Inner: -1}, "must be positive"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := filepath.Join(t.TempDir(), "out")
-			err := WriteLlamaCheckpoint(dir, tc.o)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("err = %v, want one containing %q", err, tc.want)
-			}
-			if _, err := os.Stat(dir); err == nil {
-				t.Error("the folder was created anyway")
-			}
+			checkRefused(t, func(dir string) error { return WriteLlamaCheckpoint(dir, tc.o) }, tc.want)
 		})
 	}
 }
