@@ -2,8 +2,6 @@ package demo
 
 import (
 	"encoding/json"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -30,28 +28,12 @@ func TestTokenizerFamiliesMatchHuggingFace(t *testing.T) {
 	root := repoRoot(t)
 	dir := t.TempDir()
 	texts := append(append(slices.Clone(handWritten), familyTexts...), generated(200)...)
-	for _, s := range texts {
-		if !utf8.ValidString(s) {
-			t.Fatalf("test string %q is not UTF-8", s)
-		}
-	}
-	textsJSON, err := json.Marshal(texts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	textsPath := filepath.Join(dir, "texts.json")
-	if err := os.WriteFile(textsPath, textsJSON, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	textsPath := writeTexts(t, dir, texts)
 	py := filepath.Join(root, ".deps", "py")
-	cmd := exec.Command("python3", filepath.Join(root, "demo", "hf_families.py"), dir, textsPath,
+	out, stderr, err := runPython(py, filepath.Join(root, "demo", "hf_families.py"), dir, textsPath,
 		filepath.Join(root, "demo", "austen", "heldout-sample.txt"))
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+py)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("python3 demo/hf_families.py (tokenizers from %s; `make deps` installs it): %v\n%s", py, err, stderr.String())
+		t.Fatalf("python3 demo/hf_families.py (tokenizers from %s; `make deps` installs it): %v\n%s", py, err, stderr)
 	}
 	var hf map[string]hfResult
 	if err := json.Unmarshal(out, &hf); err != nil {

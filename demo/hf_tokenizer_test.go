@@ -106,17 +106,11 @@ func repoRoot(t *testing.T) string {
 	return root
 }
 
-func TestTokenizerMatchesHuggingFace(t *testing.T) {
-	dir := t.TempDir()
-	tokPath := filepath.Join(dir, "tokenizer.json")
-	if err := WriteGPT2Tokenizer(tokPath); err != nil {
-		t.Fatal(err)
-	}
-	tk, err := model.LoadTokenizer(tokPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	texts := append(slices.Clone(handWritten), generated(300)...)
+// writeTexts checks that texts are UTF-8 (JSON would replace a bad byte, and the
+// comparison with Python would be of other strings) and writes them to dir/texts.json
+// for the Python side; it returns the file's path.
+func writeTexts(t *testing.T, dir string, texts []string) string {
+	t.Helper()
 	for _, s := range texts {
 		if !utf8.ValidString(s) {
 			t.Fatalf("test string %q is not UTF-8", s)
@@ -130,18 +124,40 @@ func TestTokenizerMatchesHuggingFace(t *testing.T) {
 	if err := os.WriteFile(textsPath, textsJSON, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return textsPath
+}
 
-	py := filepath.Join(repoRoot(t), ".deps", "py")
-	cmd := exec.Command("python3", "-c", hfEncode, tokPath, textsPath)
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+py)
+// runPython runs python3 with args and PYTHONPATH set to pythonPath; it returns what
+// the script wrote to standard output and to standard error.
+func runPython(pythonPath string, args ...string) ([]byte, string, error) {
+	cmd := exec.Command("python3", args...)
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+pythonPath)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
+	return out, stderr.String(), err
+}
+
+func TestTokenizerMatchesHuggingFace(t *testing.T) {
+	dir := t.TempDir()
+	tokPath := filepath.Join(dir, "tokenizer.json")
+	if err := WriteGPT2Tokenizer(tokPath); err != nil {
+		t.Fatal(err)
+	}
+	tk, err := model.LoadTokenizer(tokPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts := append(slices.Clone(handWritten), generated(300)...)
+	textsPath := writeTexts(t, dir, texts)
+
+	py := filepath.Join(repoRoot(t), ".deps", "py")
+	out, stderr, err := runPython(py, "-c", hfEncode, tokPath, textsPath)
 	if err != nil {
 		if strings.Contains(string(out), "IMPORT-FAILED") {
 			t.Fatalf("Hugging Face tokenizers is not installed in %s: run `make deps` (%s)", py, out)
 		}
-		t.Fatalf("python3 with tokenizers failed: %v\n%s%s", err, out, stderr.String())
+		t.Fatalf("python3 with tokenizers failed: %v\n%s%s", err, out, stderr)
 	}
 	var hf struct {
 		Version string    `json:"version"`

@@ -2,13 +2,10 @@ package demo
 
 import (
 	"encoding/json"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"unicode/utf8"
 
 	"gollm/model"
 )
@@ -37,28 +34,12 @@ func TestRealTokenizersMatchHuggingFace(t *testing.T) {
 	root := repoRoot(t)
 	dir := t.TempDir()
 	texts := append(append(append(slices.Clone(handWritten), familyTexts...), realTexts...), generated(200)...)
-	for _, s := range texts {
-		if !utf8.ValidString(s) {
-			t.Fatalf("test string %q is not UTF-8", s)
-		}
-	}
-	textsJSON, err := json.Marshal(texts)
+	textsPath := writeTexts(t, dir, texts)
+	out, stderr, err := runPython(RealTokenizersPythonPath(root), filepath.Join(root, "demo", "real_tokenizers.py"), "compare", dir, textsPath)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("python3 demo/real_tokenizers.py compare (GOLLM_TEST_DEPS=1 bash scripts/deps.sh installs what it needs): %v\n%s", err, stderr)
 	}
-	textsPath := filepath.Join(dir, "texts.json")
-	if err := os.WriteFile(textsPath, textsJSON, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("python3", filepath.Join(root, "demo", "real_tokenizers.py"), "compare", dir, textsPath)
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+RealTokenizersPythonPath(root))
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("python3 demo/real_tokenizers.py compare (GOLLM_TEST_DEPS=1 bash scripts/deps.sh installs what it needs): %v\n%s", err, stderr.String())
-	}
-	t.Logf("%s", strings.TrimSpace(stderr.String()))
+	t.Logf("%s", strings.TrimSpace(stderr))
 	var hf map[string]hfResult
 	if err := json.Unmarshal(out, &hf); err != nil {
 		t.Fatalf("reading python's output: %v", err)
