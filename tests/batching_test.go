@@ -180,6 +180,30 @@ func waitModelMetric(t *testing.T, ctx context.Context, s *harness.Server, model
 	}
 }
 
+// allAtOnce makes n calls of call, each over its own connection, as separate clients
+// would, and releases them together once every connection is made; it returns each
+// call's error, or its connection's.
+func allAtOnce(s *harness.Server, n int, call func(i int, c kserve.GRPCInferenceServiceClient) error) []error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			conn, err := s.Dial()
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer conn.Close()
+			<-start
+			errs[i] = call(i, kserve.NewGRPCInferenceServiceClient(conn))
+		})
+	}
+	close(start)
+	wg.Wait()
+	return errs
+}
+
 // concurrentGreedy sends clients streaming requests at once, each on its own
 // connection, and checks that each gets its solo greedy tokens, one response a token.
 func concurrentGreedy(t *testing.T, s *harness.Server, ck checkpointInfo, clients int) {
@@ -201,24 +225,11 @@ func concurrentGreedy(t *testing.T, s *harness.Server, ck checkpointInfo, client
 	}
 	ctx := testContext(t, 3*time.Minute)
 	results := make([]streamResult, clients)
-	errs := make([]error, clients)
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i, j := range jobs {
-		wg.Go(func() {
-			// One connection per client, as separate clients would have.
-			conn, err := s.Dial()
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			defer conn.Close()
-			<-start
-			results[i], errs[i] = streamInfer(ctx, kserve.NewGRPCInferenceServiceClient(conn), inferRequest(modelName, fmt.Sprintf("concurrent-%d", i), tokenInputs(j.prompt, j.n, true)))
-		})
-	}
-	close(start)
-	wg.Wait()
+	errs := allAtOnce(s, clients, func(i int, c kserve.GRPCInferenceServiceClient) (err error) {
+		j := jobs[i]
+		results[i], err = streamInfer(ctx, c, inferRequest(modelName, fmt.Sprintf("concurrent-%d", i), tokenInputs(j.prompt, j.n, true)))
+		return err
+	})
 	for i, j := range jobs {
 		switch {
 		case errs[i] != nil:

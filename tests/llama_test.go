@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -215,25 +214,11 @@ func TestLlamaFamilyControlsThroughTriton(t *testing.T) {
 
 		ctx := testContext(t, 3*time.Minute)
 		results := make([][]*kserve.ModelInferResponse, len(jobs))
-		errs := make([]error, len(jobs))
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for i, j := range jobs {
-			wg.Go(func() {
-				// One connection per request, as separate clients would have.
-				conn, err := s.Dial()
-				if err != nil {
-					errs[i] = err
-					return
-				}
-				defer conn.Close()
-				<-start
-				results[i], errs[i] = collectResponses(ctx, kserve.NewGRPCInferenceServiceClient(conn),
-					inferRequest(j.model, fmt.Sprintf("%s-%d", j.model, i), j.inputs))
-			})
-		}
-		close(start)
-		wg.Wait()
+		errs := allAtOnce(s, len(jobs), func(i int, c kserve.GRPCInferenceServiceClient) (err error) {
+			j := jobs[i]
+			results[i], err = collectResponses(ctx, c, inferRequest(j.model, fmt.Sprintf("%s-%d", j.model, i), j.inputs))
+			return err
+		})
 		for i, j := range jobs {
 			t.Run(fmt.Sprintf("%s %s streaming %v", j.model, j.name, j.streaming), func(t *testing.T) {
 				if errs[i] != nil {
