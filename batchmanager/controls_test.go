@@ -18,36 +18,17 @@ import (
 // reset (≥ 0), else max(p_k × decay, minP).
 func decayedTokens(t *testing.T, prompt []int32, sp engine.SamplingParams, decay, minP float32, reset int32, resetTo float32, n int) []int32 {
 	t.Helper()
-	const T = 8
-	e := cpuEngine(t, 16, T)
-	blocks := make([]int32, 16)
-	for i := range blocks {
-		blocks[i] = int32(i)
-	}
-	hist := slices.Clone(prompt)
-	toks, pos := prompt, 0
-	var out []int32
 	topP := sp.TopP
-	for k := range n {
-		p := sp
-		p.TopP = topP
-		outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{{ID: 1, Tokens: toks, Pos: pos, Blocks: blocks, Sample: true,
-			Sampling: p, History: hist, NumGenerated: k}}})
-		if err != nil {
-			t.Fatal(err)
+	return soloRunTopP(t, cpuEngine(t, 16, 8), prompt, n, sp, func(k int, out []int32) float32 {
+		if k > 0 {
+			if out[k-1] == reset {
+				topP = resetTo
+			} else {
+				topP = max(topP*decay, minP)
+			}
 		}
-		pos += len(toks)
-		tok := outs[0].Token
-		hist = append(hist, tok)
-		out = append(out, tok)
-		toks = hist[len(hist)-1:]
-		if tok == reset {
-			topP = resetTo
-		} else {
-			topP = max(topP*decay, minP)
-		}
-	}
-	return out
+		return topP
+	})
 }
 
 func TestTopPResetIDRestoresTheInitialTopP(t *testing.T) {

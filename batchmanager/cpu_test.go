@@ -61,6 +61,13 @@ func soloGreedy(t testing.TB, prompt []int32, maxNew int) []int32 {
 // end token.
 func soloRun(t testing.TB, e engine.Engine, prompt []int32, maxNew int, sp engine.SamplingParams) []int32 {
 	t.Helper()
+	return soloRunTopP(t, e, prompt, maxNew, sp, nil)
+}
+
+// soloRunTopP is soloRun with step k drawn at the top-p topP(k, tokens so far) (nil:
+// sp's own).
+func soloRunTopP(t testing.TB, e engine.Engine, prompt []int32, maxNew int, sp engine.SamplingParams, topP func(k int, out []int32) float32) []int32 {
+	t.Helper()
 	blocks := make([]int32, 16)
 	for i := range blocks {
 		blocks[i] = int32(i)
@@ -69,8 +76,12 @@ func soloRun(t testing.TB, e engine.Engine, prompt []int32, maxNew int, sp engin
 	toks, pos := prompt, 0
 	var out []int32
 	for len(out) < maxNew && len(hist) < e.Info().MaxSeqLen {
+		p := sp
+		if topP != nil {
+			p.TopP = topP(len(out), out)
+		}
 		outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{{ID: 1, Tokens: toks, Pos: pos, Blocks: blocks, Sample: true,
-			Sampling: sp, History: hist, NumGenerated: len(out)}}})
+			Sampling: p, History: hist, NumGenerated: len(out)}}})
 		if err != nil {
 			t.Fatal(err)
 		}
