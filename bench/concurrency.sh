@@ -21,7 +21,7 @@ mkdir -p "$out"
 libs="$w/srv/nvidia_pytriton.libs"
 ln -s "$libs"/libb64-*.so.0d "$w/lib/libb64.so.0d"
 ln -s "$libs"/libcudart-*.so.12* "$w/lib/libcudart.so.12"
-write_gpt2 float16 gpt2-124M
+write_checkpoint gpt2-124M
 python3 - "$w" <<'PY'
 import json, random, sys
 rng = random.Random(1)

@@ -28,21 +28,16 @@ device_unpack() {
   ts="$w/srv/pytriton/tritonserver/bin/tritonserver"
 }
 
-# write_gpt2 DTYPE NAME...: random GPT-2 checkpoints (transformers, seed 0) in $w/NAME,
-# NAME one of gpt2-124M and gpt-350M (the FasterTransformer table's), DTYPE float16 or
-# float32.
-write_gpt2() {
-  python3 - "$w" "$@" <<'PY'
-import sys, torch
-from transformers import GPT2Config, GPT2LMHeadModel
-shapes = {"gpt2-124M": GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12),
-          "gpt-350M": GPT2Config(vocab_size=51200, n_positions=1024, n_embd=1024, n_layer=24, n_head=16)}
-w, dtype = sys.argv[1], getattr(torch, sys.argv[2])
+# write_checkpoint NAME...: random-weight fp16 checkpoints in $w/NAME, of the shapes
+# bench/gpu_peers.py knows (gpt2-124M, gpt-350M — the FasterTransformer table's —,
+# tinyllama-1.1B, llama2-7B), made as it makes them (seed 1, on the GPU).
+write_checkpoint() {
+  python3 - "$root/bench" "$w" "$@" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+import gpu_peers
 for name in sys.argv[3:]:
-    torch.manual_seed(0)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        m = GPT2LMHeadModel(shapes[name]).to(dtype).eval()
-    m.save_pretrained(f"{w}/{name}", safe_serialization=True)
+    gpu_peers.make_checkpoint(sys.argv[2], name)
 PY
 }
 

@@ -19,7 +19,7 @@ mkdir -p "$out"
 lim=${STAGE_S:-90}
 echo "== GPU Go tests"
 (cd "$root/bridge/cuda" && GOLLM_CUDA_LIB="$w/bin/libgollm_cuda.so" timeout "$lim" "$w/bin/cudatest" -test.run 'TestGPU' -test.v 2>&1 | grep -E '^(=== RUN|--- |ok|FAIL|PASS)|_test.go' | tee "$out/gputests.txt")
-write_gpt2 float16 gpt2-124M
+write_checkpoint gpt2-124M
 echo "== gpubench"
 G=decode_b1_i128_o128,tput_b64_i128_o128,serve_b64_i128_o128
 for round in 1 2; do

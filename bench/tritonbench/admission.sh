@@ -13,7 +13,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 source "$root/bench/device.sh"
 device_unpack admission "$carry"
 mkdir -p "$out"
-write_gpt2 float16 gpt2-124M gpt-350M
+write_checkpoint gpt2-124M gpt-350M
 G2=tput_b64_i128_o128 G350=lat_b1_i128_o8,lat_b8_i128_o8,lat_b64_i128_o8
 "$w/bin/gpubench" -ckpt "$w/gpt2-124M" -model gpt2-124M -lib "$w/bin/libgollm_cuda.so" -workloads $G2 | tee -a "$out/admission.jsonl"
 "$w/bin/gpubench" -ckpt "$w/gpt-350M" -model gpt-350M -lib "$w/bin/libgollm_cuda.so" -workloads $G350 | tee -a "$out/admission.jsonl"

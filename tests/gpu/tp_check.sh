@@ -67,16 +67,12 @@ if [ "${TP_SKIP_BENCH:-0}" != 1 ]; then
   ck=/tmp/gollm-tp/llama2-7B
   if [ ! -f "$ck/config.json" ]; then
     t0=$(date +%s)
-    python3 - "$ck" <<'PY' > "$out/ckpt.log" 2>&1
-import sys, torch
-from transformers import AutoModelForCausalLM, LlamaConfig
-cfg = LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                  num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
-                  rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
-torch.manual_seed(1)
-with torch.device("cuda"):
-    m = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float16)
-m.save_pretrained(sys.argv[1], safe_serialization=True)
+    # The shape and seed bench/gpu_peers.py gives Llama-2-7B.
+    python3 - "$root/bench" "$(dirname "$ck")" <<'PY' > "$out/ckpt.log" 2>&1
+import sys
+sys.path.insert(0, sys.argv[1])
+import gpu_peers
+gpu_peers.make_checkpoint(sys.argv[2], "llama2-7B")
 PY
     if [ $? -eq 0 ]; then pass "bench: checkpoint written in $(( $(date +%s) - t0 )) s"; else fail "bench: checkpoint"; tail -5 "$out/ckpt.log"; fi
   fi
