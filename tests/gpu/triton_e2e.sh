@@ -10,30 +10,17 @@
 set -uo pipefail
 carry=$1 out=$2 bin=${3:-$1}
 root=$(cd "$(dirname "$0")/../.." && pwd)
-source "$root/tests/gpu/env.sh"
-work=/tmp/gollm-e2e
-rm -rf "$work" && mkdir -p "$work/srv" "$work/backends/gollm" "$work/repo/gpt2gpu/1"
-tar xJf "$carry/tritonserver.tar.xz" -C "$work/srv"
-cp "$bin/libtriton_gollm.so" "$bin/libgollm_cuda.so" "$work/backends/gollm/"
+source "$root/bench/device.sh"
+device_unpack e2e "$carry"
+cp "$bin/libtriton_gollm.so" "$bin/libgollm_cuda.so" "$w/backends/gollm/"
 ckpt=/tmp/gollm-gpucheck/gpt2-124M/f16
-# gpu_config NAME CHECKPOINT: the demo model's config as a KIND_GPU model on CHECKPOINT.
-gpu_config() {
-  mkdir -p "$work/repo/$1/1"
-  sed -e 's/kind: KIND_CPU/kind: KIND_GPU/' -e "s|^name: \"gpt2\"|name: \"$1\"|" \
-      -e "s|^# parameters { key: \"gpt_model_path\" value: { string_value: \"\" } }|parameters { key: \"gpt_model_path\" value: { string_value: \"$2\" } }|" \
-      "$root/model_repository/gpt2/config.pbtxt" > "$work/repo/$1/config.pbtxt"
-  grep -E "KIND_GPU|gpt_model_path\"" "$work/repo/$1/config.pbtxt"
-}
-gpu_config gpt2gpu "$ckpt"
+gpt2_model gpt2gpu "$ckpt" KIND_GPU
 llama=/tmp/gollm-gpucheck/tinyllama-1.1B/f16
-[ -d "$llama" ] && gpu_config tinyllama "$llama"
+[ -d "$llama" ] && gpt2_model tinyllama "$llama" KIND_GPU
 # The FasterTransformer table's GPT-350M shape, if bench/gpu_peers.py has written it.
 big=/tmp/gollm-bench/gpt-350M
-[ -d "$big" ] && gpu_config gpt350 "$big"
-"$work/srv/pytriton/tritonserver/bin/tritonserver" --model-repository="$work/repo" \
-  --backend-directory="$work/backends" --grpc-port=8001 --http-port=8000 --metrics-port=8002 \
-  > "$out/tritonserver.log" 2>&1 &
-pid=$!
+[ -d "$big" ] && gpt2_model gpt350 "$big" KIND_GPU
+triton_start "$out/tritonserver.log" || exit 1
 rc=0
 "$bin/tritonbench" -addr 127.0.0.1:8001 -model gpt2gpu -check /tmp/gollm-gpucheck/prompts-50257.json \
   -expect /tmp/gollm-gpucheck/gpt2-124M-float16.safetensors || rc=1
@@ -50,6 +37,6 @@ if [ -d "$big" ]; then
     -workloads lat_b1_i128_o8,lat_b8_i128_o8,lat_b64_i128_o8,lat_b1_i512_o32,lat_b16_i512_o32 \
     | tee -a "$out/triton.jsonl" || rc=1
 fi
-kill $pid; wait $pid
-grep -iE "error|gpu engine|instance ready" "$out/tritonserver.log" | head -20
+triton_stop "$out/tritonserver.log"
+grep -iE "gpu engine|instance ready" "$out/tritonserver.log" | head -20
 exit $rc
