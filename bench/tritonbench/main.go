@@ -13,6 +13,11 @@
 // Walls end at the last final response. -preopen opens every stream before the clock
 // starts, as a client that keeps its streams open would (new streams reach the model
 // over milliseconds, spreading 64 requests over several iterations).
+// -against OTHER sends the same 48 random greedy prompts (1 to 60 tokens, 32 new tokens
+// each, all at once) to -model and to OTHER and compares the streams: for a model served
+// with tensor_parallel_size N against the same checkpoint on one GPU. Floating-point sums
+// in another order may turn a near-tie the other way, so it passes when every stream
+// ends and at least -min-same of them are identical; it prints each difference.
 // -conns N spreads the streams over N gRPC connections (stream k on connection k mod N);
 // -streaming=false asks each request for one final response with all its tokens (impl
 // "gollm-triton-nostream"), to tell the cost of per-token responses from the rest.
@@ -22,6 +27,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -52,12 +58,14 @@ func main() {
 	conns := flag.Int("conns", 1, "gRPC connections the streams are spread over")
 	streaming := flag.Bool("streaming", true, "stream tokens (false: one response per request, impl gollm-triton-nostream)")
 	preopen := flag.Bool("preopen", false, "open every stream before the clock starts (a client that keeps its streams)")
+	against := flag.String("against", "", "model whose greedy streams -model's must equal (tensor parallel against one GPU)")
+	minSame := flag.Float64("min-same", 0.9, "with -against: the fraction of identical streams that passes")
 	flag.Parse()
 	if *conns < 1 {
 		fmt.Fprintln(os.Stderr, "tritonbench: -conns must be at least 1")
 		os.Exit(2)
 	}
-	opts := options{conns: *conns, streaming: *streaming, preopen: *preopen}
+	opts := options{conns: *conns, streaming: *streaming, preopen: *preopen, against: *against, minSame: *minSame}
 	if err := run(*addr, *modelName, *name, *check, *expect, *list, *reps, *vocab, *wait, opts); err != nil {
 		fmt.Fprintln(os.Stderr, "tritonbench:", err)
 		os.Exit(1)
@@ -72,6 +80,10 @@ type options struct {
 	streaming bool
 	// preopen opens the streams before the clock starts.
 	preopen bool
+	// against is the model -model's greedy streams are compared with ("": no comparison).
+	against string
+	// minSame is the fraction of identical streams that passes the comparison.
+	minSame float64
 }
 
 func run(addr, modelName, name, check, expect, list string, reps, vocab int, wait time.Duration, opts options) error {
@@ -100,6 +112,9 @@ func run(addr, modelName, name, check, expect, list string, reps, vocab int, wai
 	}
 	if check != "" {
 		return runCheck(c, modelName, check, expect)
+	}
+	if opts.against != "" {
+		return runAgainst(c, modelName, opts.against, vocab, opts.minSame)
 	}
 	for _, w := range strings.Split(list, ",") {
 		if w == "" {
@@ -239,6 +254,54 @@ func runCheck(c kserve.GRPCInferenceServiceClient, modelName, promptsFile, expec
 	fmt.Printf("TRITON streamed tokens equal to the engine's: %d/%d prompts (%d tokens each)\n", same, len(pf.Prompts), steps)
 	if same != len(pf.Prompts) {
 		return fmt.Errorf("%d prompts differ", len(pf.Prompts)-same)
+	}
+	return nil
+}
+
+// runAgainst compares the greedy streams of model and other for the same random prompts.
+func runAgainst(c kserve.GRPCInferenceServiceClient, model, other string, vocab int, minSame float64) error {
+	const n, steps = 48, 32
+	rng := rand.New(rand.NewPCG(7, uint64(vocab)))
+	prompts := make([][]int32, n)
+	for i := range prompts {
+		prompts[i] = make([]int32, 1+rng.IntN(60))
+		for j := range prompts[i] {
+			prompts[i][j] = int32(rng.IntN(vocab))
+		}
+	}
+	got := map[string][]result{}
+	for _, m := range []string{model, other} {
+		res := make([]result, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i, p := range prompts {
+			wg.Go(func() { res[i], errs[i] = stream(c, m, fmt.Sprint(i), p, steps, true) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return fmt.Errorf("model %s: %w", m, err)
+		}
+		got[m] = res
+	}
+	same := 0
+	for i := range prompts {
+		a, b := got[model][i].tokens, got[other][i].tokens
+		if len(a) != steps || len(b) != steps {
+			return fmt.Errorf("prompt %d: %d tokens from %s, %d from %s; want %d", i, len(a), model, len(b), other, steps)
+		}
+		if slices.Equal(a, b) {
+			same++
+			continue
+		}
+		k := 0
+		for a[k] == b[k] {
+			k++
+		}
+		fmt.Printf("prompt %d (%d tokens): the streams part at step %d: %s %v, %s %v\n", i, len(prompts[i]), k, model, a[k:], other, b[k:])
+	}
+	fmt.Printf("TRITON %s's greedy streams equal to %s's: %d/%d prompts (%d tokens each)\n", model, other, same, n, steps)
+	if float64(same) < minSame*n {
+		return fmt.Errorf("%d of %d streams differ, more than -min-same %.2f allows", n-same, n, minSame)
 	}
 	return nil
 }

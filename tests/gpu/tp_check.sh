@@ -3,15 +3,24 @@
 # 8-minute call:
 #   bash tests/gpu/tp_check.sh CARRY OUTDIR
 # after tests/gpu/tp_carry.sh here (CARRY = .carry/tp: libgollm_cuda.so for sm_90,
-# cudatest — the bridge/cuda test binary — and gpubench). Prints PASS or FAIL for each
+# cudatest — the bridge/cuda test binary —, gpubench, and for the triton stage
+# libtriton_gollm.so, tritonbench and tritonserver.tar.xz; `tp_carry.sh OUT pack` packs the
+# binaries into bins.tar.xz). Prints PASS or FAIL for each
 # check, then the benchmark's table; exits 1 when a check failed. In order:
 #   env      the GPUs and their links, cuBLAS and NCCL found (tests/gpu/env.sh)
 #   tp       TestGPUTensorParallel{MatchesOneGPU,BatchManager,Overlap,AllMasked}: TP 2 (and
 #            4 with 4 GPUs) against one GPU on the tiny fixtures, the batch manager, the
 #            overlap path, an error every rank raises
-#   1gpu     the other GPU tests (one GPU: TP = 1 must not have changed)
+#   triton   (when CARRY has tritonserver.tar.xz, libtriton_gollm.so and tritonbench)
+#            tritonserver serving the tiny LLaMA, Qwen2 and GPT-2 fixtures (float32) twice,
+#            tensor_parallel_size 2 and 1, on gpus [0]: tritonbench -against, 48 greedy
+#            streams each
+#   1gpu     the other GPU tests (one GPU: TP = 1 must not have changed); TP_SKIP_1GPU=1
+#            leaves them out
 #   bench    a random Llama-2-7B-shaped fp16 checkpoint (written with torch on GPU 0), gpubench
-#            at TP 1 and TP 2: decode b1 i128 o128 (ms/token) and b64 i128 o128 (tokens/s)
+#            at TP 1 and TP 2: decode b1 i128 o128 (ms/token) and b64 i128 o128 (tokens/s);
+#            with the triton stage's files, the same two workloads through tritonserver
+#            (tritonbench, models at TP 1 and TP 2 on gpus [0])
 #   abort    TestGPUTensorParallelFailed{StepRecovers,RankAborts}, on their own and last: a
 #            step failing on every rank is recovered from; one failing on rank 1 alone before
 #            its collectives leaves rank 0 waiting until the communicators are aborted
@@ -21,6 +30,14 @@
 set -uo pipefail
 carry=$(cd "$1" && pwd) out=$2
 root=$(cd "$(dirname "$0")/../.." && pwd)
+# A carry may hold its binaries as bins.tar.xz (to fit the device call's limit): unpacked
+# beside its tritonserver.tar.xz.
+if [ -f "$carry/bins.tar.xz" ]; then
+  rm -rf /tmp/gollm-tpcarry && mkdir -p /tmp/gollm-tpcarry
+  tar xJf "$carry/bins.tar.xz" -C /tmp/gollm-tpcarry
+  [ -f "$carry/tritonserver.tar.xz" ] && ln -s "$carry/tritonserver.tar.xz" /tmp/gollm-tpcarry/
+  carry=/tmp/gollm-tpcarry
+fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 source "$root/tests/gpu/env.sh"
@@ -59,8 +76,43 @@ gotests() {
 
 echo "== tp: tensor parallel tests"
 gotests tp 'TestGPUTensorParallel(MatchesOneGPU|BatchManager|Overlap|AllMasked)$' '^$' "$out/tp.log"
-echo "== 1gpu: the one-GPU tests"
-gotests 1gpu '^TestGPU' 'TensorParallel' "$out/1gpu.log"
+# tpmodel NAME CHECKPOINT TP [KEY VALUE]...: a KIND_GPU model on gpus [0] (bench/device.sh's
+# gpt2_model) with tensor_parallel_size TP.
+tpmodel() {
+  local name=$1 ck=$2 tp=$3
+  shift 3
+  gpt2_model "$name" "$ck" KIND_GPU tensor_parallel_size "$tp" "$@"
+  sed -i 's/^\(\s*\)kind: KIND_GPU/\1kind: KIND_GPU\n\1gpus: [ 0 ]/' "$w/repo/$name/config.pbtxt"
+}
+triton=0
+if [ -f "$carry/tritonserver.tar.xz" ] && [ -f "$carry/libtriton_gollm.so" ] && [ -f "$carry/tritonbench" ]; then
+  triton=1
+  echo "== triton: tensor_parallel_size 2 through tritonserver, against one GPU"
+  source "$root/bench/device.sh"
+  device_unpack tptriton "$carry"
+  for fx in llama-tiny qwen2-tiny gpt2-tiny; do
+    tpmodel "$fx-tp2" "$root/testdata/$fx" 2 data_type float32
+    tpmodel "$fx-tp1" "$root/testdata/$fx" 1 data_type float32
+  done
+  if triton_start "$out/triton-tiny.log"; then
+    for fx in llama-tiny qwen2-tiny gpt2-tiny; do
+      vocab=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$root/testdata/$fx/config.json")
+      if timeout 120 "$w/bin/tritonbench" -addr 127.0.0.1:8001 -model "$fx-tp2" -against "$fx-tp1" -vocab "$vocab" > "$out/triton-$fx.txt" 2>&1; then
+        pass "triton: $(grep TRITON "$out/triton-$fx.txt")"
+      else
+        fail "triton: $fx"; tail -6 "$out/triton-$fx.txt" | sed 's/^/    /'
+      fi
+    done
+    grep -E "tensor parallel|GPU engine" "$out/triton-tiny.log" | head -4 | sed 's/^/    /'
+    triton_stop "$out/triton-tiny.log"
+  else
+    fail "triton: tritonserver did not start"
+  fi
+fi
+if [ "${TP_SKIP_1GPU:-0}" != 1 ]; then
+  echo "== 1gpu: the one-GPU tests"
+  gotests 1gpu '^TestGPU' 'TensorParallel' "$out/1gpu.log"
+fi
 
 if [ "${TP_SKIP_BENCH:-0}" != 1 ]; then
   echo "== bench: Llama-2-7B shape, TP 1 and 2"
@@ -96,6 +148,23 @@ for w, unit in (("decode_b1_i128_o128", "ms/token"), ("tput_b64_i128_o128", "tok
     f = lambda v: "—" if v is None else (f"{v:.3f}" if unit == "ms/token" else f"{v:,.0f}")
     print(f"| {w} ({unit}) | {f(a)} | {f(b)} | {'—' if up is None else f'{up:.2f}x'} | {'—' if up is None else f'{up / 2:.0%}'} |")
 PY
+  if [ "$triton" = 1 ]; then
+    echo "== bench: the same through tritonserver"
+    rm -rf "$w/repo"/*
+    # Two 13.5 GB models on GPU 0: each asks for 40% of the GPU, weights included.
+    tpmodel llama2-7B-tp1 "$ck" 1 gpu_memory_utilization 0.4
+    tpmodel llama2-7B-tp2 "$ck" 2 gpu_memory_utilization 0.4
+    if triton_start "$out/triton-7B.log"; then
+      for tp in 1 2; do
+        timeout "${TP_BENCH_S:-150}" "$w/bin/tritonbench" -addr 127.0.0.1:8001 -model "llama2-7B-tp$tp" -name llama2-7B -vocab 32000 \
+          -workloads $W -reps 3 2> "$out/triton-bench-tp$tp.log" | sed "s/}\$/, \"tp\": $tp}/" | tee -a "$out/tp-triton.jsonl"
+        if [ "${PIPESTATUS[0]}" -eq 0 ]; then pass "bench: TP $tp through tritonserver"; else fail "bench: TP $tp through tritonserver"; tail -5 "$out/triton-bench-tp$tp.log"; fi
+      done
+      triton_stop "$out/triton-7B.log"
+    else
+      fail "bench: tritonserver with the Llama-2-7B models did not start"
+    fi
+  fi
 fi
 
 # Last: it aborts NCCL communicators on purpose.
