@@ -162,9 +162,17 @@ void abort_comm(gollm_comm* c, const char* cause) {
     c->aborted.store(true);
   }
   {
-    // Ranks waiting to agree on the KV pool stop too.
+    // Ranks waiting to agree on the KV pool stop too. The graphs go before the
+    // communicators: ncclCommAbort waits until every graph holding their collectives is
+    // destroyed (NCCL 2.28: commDestroySync polls until the comm's persistent references
+    // are gone), which without this hung it for ever.
     std::lock_guard<std::mutex> lk(c->mu);
     if (c->failed.empty()) c->failed = "the communicators were aborted";
+    for (auto& [dev, g] : c->graphs) {
+      if (cudaSetDevice(dev) != cudaSuccess) cudaGetLastError();
+      if (cudaGraphExecDestroy(g) != cudaSuccess) cudaGetLastError();
+    }
+    c->graphs.clear();
   }
   c->cv.notify_all();
   // No engine is inside an NCCL call now, and none enters one: abort every rank at once
@@ -198,6 +206,26 @@ void release_comm(gollm_comm* c) {
     }
   }
   delete c;
+}
+
+void comm_graph_add(gollm_comm* c, int device, cudaGraphExec_t g) {
+  std::lock_guard<std::mutex> lk(c->mu);
+  if (c->aborted.load()) {
+    cudaGraphExecDestroy(g);
+    throw Error(GOLLM_ERR_NCCL, "the NCCL communicators were aborted while a graph was captured; the "
+                                "engine cannot run again");
+  }
+  c->graphs.emplace_back(device, g);
+}
+
+void comm_graph_drop(gollm_comm* c, cudaGraphExec_t g) {
+  std::lock_guard<std::mutex> lk(c->mu);
+  for (size_t i = 0; i < c->graphs.size(); i++) {
+    if (c->graphs[i].second != g) continue;
+    c->graphs.erase(c->graphs.begin() + (long)i);
+    CUDA_CHECK(cudaGraphExecDestroy(g));
+    return;
+  }
 }
 
 void comm_claim(gollm_comm* c, int rank) {

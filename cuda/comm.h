@@ -10,6 +10,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -76,6 +77,11 @@ struct gollm_comm {
   std::shared_timed_mutex guard;
   std::atomic<bool> aborted{false};
   std::string abort_cause;   // written once, under guard exclusively, before aborted
+  // Every engine's CUDA graphs (device, graph): those with collectives hold the
+  // communicator, and NCCL's abort returns only once they are destroyed, so the abort
+  // destroys them first (an in-flight one is freed when its launch ends, which the abort's
+  // flag makes happen). Guarded by mu; see comm_graph_add.
+  std::vector<std::pair<int, cudaGraphExec_t>> graphs;
 };
 
 namespace gollm {
@@ -92,6 +98,11 @@ void nccl_describe(gollm_nccl_info* out);
 void comm_claim(gollm_comm* c, int rank);
 int64_t comm_agree_min(gollm_comm* c, int rank, int64_t v);
 void comm_abandon(gollm_comm* c, int rank);
+// comm_graph_add registers an engine's new graph exec (destroying it and throwing when the
+// communicators were aborted meanwhile); comm_graph_drop destroys one, unless the abort
+// did already.
+void comm_graph_add(gollm_comm* c, int device, cudaGraphExec_t g);
+void comm_graph_drop(gollm_comm* c, cudaGraphExec_t g);
 // comm_barrier returns once every rank has called it (the same number of times), or
 // throws GOLLM_ERR_NCCL once the communicators are aborted.
 void comm_barrier(gollm_comm* c, int rank);

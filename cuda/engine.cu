@@ -1,21 +1,40 @@
 // engine.cu — creating an engine on shared weights (stream, cuBLAS, scratch buffers sized
 // for the step limits, the paged KV pool, the kernels' shared-memory limits, the warm-up)
 // and destroying it.
+#include <exception>
 #include <memory>
 
 #include "internal.h"
 
 namespace gollm {
 
+void drop_graphs(gollm_engine* e) {
+  std::map<int, cudaGraphExec_t> gs;
+  gs.swap(e->graph_execs);
+  std::exception_ptr first;
+  for (auto& g : gs) {
+    try {
+      // A tensor-parallel engine's are the communicator's too (an abort destroys them).
+      if (e->comm)
+        comm_graph_drop(e->comm, g.second);
+      else
+        CUDA_CHECK(cudaGraphExecDestroy(g.second));
+    } catch (const Error&) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
 void destroy_engine(gollm_engine* e) {
   if (!e) return;
   cudaSetDevice(e->device);
   if (e->stream) cudaStreamSynchronize(e->stream);
-  // A graph holding collectives hands NCCL its work back when destroyed, through the
-  // communicator: after an abort freed that, the graphs are left (a lost engine's few
-  // kilobytes) rather than destroyed into freed memory.
-  if (!e->comm || !e->comm->aborted.load())
-    for (auto& g : e->graph_execs) cudaGraphExecDestroy(g.second);
+  try {
+    drop_graphs(e);
+  } catch (const Error&) {
+    cudaGetLastError();  // destroying: nothing to report to
+  }
   for (auto& l : e->launched)
     if (l.done) cudaEventDestroy(l.done);
   if (e->blas) cublasDestroy(e->blas);

@@ -264,6 +264,9 @@ void release_weights(gollm_weights* w);
 void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine** out,
                    gollm_engine_info* info);
 void destroy_engine(gollm_engine* e);
+// drop_graphs destroys the engine's decode graphs (through its communicator's registry
+// when it has one).
+void drop_graphs(gollm_engine* e);
 
 // plan.cu
 void build_plan(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, Plan& pl);

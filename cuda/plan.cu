@@ -280,8 +280,7 @@ void ensure_inputs(gollm_engine* e, size_t bytes) {
     size_t n = align_up(std::max(bytes, e->din.bytes * 2), 1 << 20);
     CUDA_CHECK(cudaStreamSynchronize(e->stream));
     e->din.alloc(n, "step inputs");
-    for (auto& g : e->graph_execs) cudaGraphExecDestroy(g.second);
-    e->graph_execs.clear();
+    drop_graphs(e);
   }
   // The current staging is no launched step's (launch), and may have stayed smaller than
   // din while the other one grew.

@@ -148,6 +148,7 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
         if (err == cudaSuccess) err = cudaGraphInstantiate(&ex, g, 0);
         if (g) cudaGraphDestroy(g);
         CUDA_CHECK(err);
+        if (e->comm) comm_graph_add(e->comm, e->device, ex);
         it = e->graph_execs.emplace(key, ex).first;
         // Instantiating may allocate: as for the buffers above, no rank replays the new
         // graph's collectives before every rank has instantiated its own.

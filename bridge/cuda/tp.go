@@ -64,6 +64,9 @@ type TPEngine struct {
 	// stuck marks ranks whose call never returned after the abort (fanOut): Close leaves
 	// them.
 	stuck []bool
+	// abortStuck is set when the communicators' abort itself did not return within
+	// tpAbandon: Close then leaves every rank and the communicators.
+	abortStuck bool
 }
 
 // tpGrace is TPEngine.grace: a rank returns within a step's time of another's failure
@@ -338,11 +341,23 @@ func (t *TPEngine) abort(cause error) {
 		return
 	}
 	t.lost = fmt.Errorf("cuda: the tensor parallel engine over GPUs %v is lost (its NCCL communicators were aborted after: %w)", t.devices, cause)
-	ccause := C.CString(cause.Error())
-	defer C.free(unsafe.Pointer(ccause))
-	var st C.gollm_status
-	if err := statusErr("gollm_comm_abort", C.call_comm_abort(t.lib.commAbort, t.comm, ccause, &st), &st); err != nil {
-		t.log.Error("aborting the NCCL communicators failed", zap.Ints("gpus", t.devices), zap.Error(err))
+	// The abort waits inside NCCL for the ranks' work to end; should it never return, the
+	// engine is lost all the same and its caller goes on (the call is left running).
+	done := make(chan error, 1)
+	go func(comm *C.gollm_comm, ccause *C.char) {
+		defer C.free(unsafe.Pointer(ccause))
+		var st C.gollm_status
+		done <- statusErr("gollm_comm_abort", C.call_comm_abort(t.lib.commAbort, comm, ccause, &st), &st)
+	}(t.comm, C.CString(cause.Error()))
+	select {
+	case err := <-done:
+		if err != nil {
+			t.log.Error("aborting the NCCL communicators failed", zap.Ints("gpus", t.devices), zap.Error(err))
+		}
+	case <-time.After(tpAbandon):
+		t.abortStuck = true
+		t.log.Error("aborting the NCCL communicators did not return: the instance's GPUs are left as they are until the server restarts",
+			zap.Ints("gpus", t.devices), zap.Duration("waited", tpAbandon))
 	}
 	t.log.Error("tensor parallel engine lost: NCCL communicators aborted", zap.Ints("gpus", t.devices), zap.Error(cause))
 }
@@ -526,6 +541,13 @@ func (t *TPEngine) Close() error {
 // shut destroys the ranks' engines (each on its worker), releases the communicators and
 // stops the workers.
 func (t *TPEngine) shut() {
+	if t.abortStuck {
+		// Engines and communicators wait on the GPUs' work the abort could not end.
+		for r := range t.stuck {
+			t.stuck[r] = true
+		}
+		t.comm = nil
+	}
 	var wg sync.WaitGroup
 	for r, e := range t.ranks {
 		if e == nil || t.stuck[r] {

@@ -12,7 +12,7 @@
 #            4 with 4 GPUs) against one GPU on the tiny fixtures, the batch manager, the
 #            overlap path, an error every rank raises
 #   triton   (when CARRY has tritonserver.tar.xz, libtriton_gollm.so and tritonbench)
-#            tritonserver serving the tiny LLaMA, Qwen2 and GPT-2 fixtures (float32) twice,
+#            tritonserver serving the tiny LLaMA, Qwen2 and GPT-2 fixtures (fp16) twice,
 #            tensor_parallel_size 2 and 1, on gpus [0]: tritonbench -against, 48 greedy
 #            streams each
 #   1gpu     the other GPU tests (one GPU: TP = 1 must not have changed); TP_SKIP_1GPU=1
@@ -91,8 +91,8 @@ if [ -f "$carry/tritonserver.tar.xz" ] && [ -f "$carry/libtriton_gollm.so" ] && 
   source "$root/bench/device.sh"
   device_unpack tptriton "$carry"
   for fx in llama-tiny qwen2-tiny gpt2-tiny; do
-    tpmodel "$fx-tp2" "$root/testdata/$fx" 2 data_type float32
-    tpmodel "$fx-tp1" "$root/testdata/$fx" 1 data_type float32
+    tpmodel "$fx-tp2" "$root/testdata/$fx" 2
+    tpmodel "$fx-tp1" "$root/testdata/$fx" 1
   done
   if triton_start "$out/triton-tiny.log"; then
     for fx in llama-tiny qwen2-tiny gpt2-tiny; do
