@@ -91,8 +91,9 @@ if [ -f "$carry/tritonserver.tar.xz" ] && [ -f "$carry/libtriton_gollm.so" ] && 
   source "$root/bench/device.sh"
   device_unpack tptriton "$carry"
   for fx in llama-tiny qwen2-tiny gpt2-tiny; do
-    tpmodel "$fx-tp2" "$root/testdata/$fx" 2
-    tpmodel "$fx-tp1" "$root/testdata/$fx" 1
+    # Six models on GPU 0: each asks for 10% of it (the default takes 90% of what is free).
+    tpmodel "$fx-tp2" "$root/testdata/$fx" 2 gpu_memory_utilization 0.1
+    tpmodel "$fx-tp1" "$root/testdata/$fx" 1 gpu_memory_utilization 0.1
   done
   if triton_start "$out/triton-tiny.log"; then
     for fx in llama-tiny qwen2-tiny gpt2-tiny; do
