@@ -38,6 +38,11 @@ MODELS = {
                              num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
                              max_position_embeddings=4096, rms_norm_eps=1e-5, bos_token_id=1,
                              eos_token_id=2, tie_word_embeddings=False),
+    # Tensor parallelism's second shape (tests/gpu/tp_check.sh); no peer run of it here.
+    "llama2-13B": LlamaConfig(vocab_size=32000, hidden_size=5120, intermediate_size=13824,
+                              num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=40,
+                              max_position_embeddings=4096, rms_norm_eps=1e-5, bos_token_id=1,
+                              eos_token_id=2, tie_word_embeddings=False),
 }
 WORKLOADS = {
     "gpt2-124M": ["decode_b1_i128_o128", "tput_b64_i128_o128", "beam4_b16_i128_o128"],

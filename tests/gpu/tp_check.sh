@@ -17,16 +17,18 @@
 #            streams each
 #   1gpu     the other GPU tests (one GPU: TP = 1 must not have changed); TP_SKIP_1GPU=1
 #            leaves them out
-#   bench    a random Llama-2-7B-shaped fp16 checkpoint (written with torch on GPU 0), gpubench
+#   bench    a random Llama-2-7B-shaped fp16 checkpoint (TP_MODEL=llama2-13B: the 13B
+#            shape; written with torch on GPU 0), gpubench
 #            at TP 1 and TP 2: decode b1 i128 o128 (ms/token) and b64 i128 o128 (tokens/s);
 #            with the triton stage's files, the same two workloads through tritonserver
-#            (tritonbench, models at TP 1 and TP 2 on gpus [0])
+#            (tritonbench; a server for each TP size, its model on gpus [0])
 #   abort    TestGPUTensorParallelFailed{StepRecovers,RankAborts}, on their own and last: a
 #            step failing on every rank is recovered from; one failing on rank 1 alone before
 #            its collectives leaves rank 0 waiting until the communicators are aborted
 #            (ncclCommAbort) — no crash, no hang — and a new engine then serves
 # Logs and OUTDIR/tp-bench.jsonl stay in OUTDIR. Stage limits: TP_TEST_S (default 150),
-# TP_BENCH_S (default 150 each); TP_SKIP_BENCH=1 leaves the benchmark out.
+# TP_BENCH_S (default 150 each); TP_SKIP_BENCH=1 leaves the benchmark out, TP_SKIP_TESTS=1
+# the test stages (tp, triton, 1gpu, abort).
 set -uo pipefail
 carry=$(cd "$1" && pwd) out=$2
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -74,8 +76,12 @@ gotests() {
   if [ "$skips" -gt 0 ]; then fail "$name: $skips skipped (the reasons are above)"; fi
 }
 
+tests=1
+[ "${TP_SKIP_TESTS:-0}" = 1 ] && tests=0
+if [ "$tests" = 1 ]; then
 echo "== tp: tensor parallel tests"
 gotests tp 'TestGPUTensorParallel(MatchesOneGPU|BatchManager|Overlap|AllMasked)$' '^$' "$out/tp.log"
+fi
 # tpmodel NAME CHECKPOINT TP [KEY VALUE]...: a KIND_GPU model on gpus [0] (bench/device.sh's
 # gpt2_model) with tensor_parallel_size TP.
 tpmodel() {
@@ -87,9 +93,11 @@ tpmodel() {
 triton=0
 if [ -f "$carry/tritonserver.tar.xz" ] && [ -f "$carry/libtriton_gollm.so" ] && [ -f "$carry/tritonbench" ]; then
   triton=1
-  echo "== triton: tensor_parallel_size 2 through tritonserver, against one GPU"
   source "$root/bench/device.sh"
   device_unpack tptriton "$carry"
+fi
+if [ "$triton" = 1 ] && [ "$tests" = 1 ]; then
+  echo "== triton: tensor_parallel_size 2 through tritonserver, against one GPU"
   for fx in llama-tiny qwen2-tiny gpt2-tiny; do
     # Six models on GPU 0: each asks for 10% of it (the default takes 90% of what is free).
     tpmodel "$fx-tp2" "$root/testdata/$fx" 2 gpu_memory_utilization 0.1
@@ -110,28 +118,29 @@ if [ -f "$carry/tritonserver.tar.xz" ] && [ -f "$carry/libtriton_gollm.so" ] && 
     fail "triton: tritonserver did not start"
   fi
 fi
-if [ "${TP_SKIP_1GPU:-0}" != 1 ]; then
+if [ "${TP_SKIP_1GPU:-0}" != 1 ] && [ "$tests" = 1 ]; then
   echo "== 1gpu: the one-GPU tests"
   gotests 1gpu '^TestGPU' 'TensorParallel' "$out/1gpu.log"
 fi
 
 if [ "${TP_SKIP_BENCH:-0}" != 1 ]; then
-  echo "== bench: Llama-2-7B shape, TP 1 and 2"
-  ck=/tmp/gollm-tp/llama2-7B
+  tm=${TP_MODEL:-llama2-7B}
+  echo "== bench: $tm shape, TP 1 and 2"
+  ck=/tmp/gollm-tp/$tm
   if [ ! -f "$ck/config.json" ]; then
     t0=$(date +%s)
-    # The shape and seed bench/gpu_peers.py gives Llama-2-7B.
-    python3 - "$root/bench" "$(dirname "$ck")" <<'PY' > "$out/ckpt.log" 2>&1
+    # The shape and seed bench/gpu_peers.py gives the model.
+    python3 - "$root/bench" "$(dirname "$ck")" "$tm" <<'PY' > "$out/ckpt.log" 2>&1
 import sys
 sys.path.insert(0, sys.argv[1])
 import gpu_peers
-gpu_peers.make_checkpoint(sys.argv[2], "llama2-7B")
+gpu_peers.make_checkpoint(sys.argv[2], sys.argv[3])
 PY
     if [ $? -eq 0 ]; then pass "bench: checkpoint written in $(( $(date +%s) - t0 )) s"; else fail "bench: checkpoint"; tail -5 "$out/ckpt.log"; fi
   fi
   W=decode_b1_i128_o128,tput_b64_i128_o128
   for tp in 1 2; do
-    timeout "${TP_BENCH_S:-150}" "$carry/gpubench" -ckpt "$ck" -model llama2-7B -lib "$lib" -workloads $W -reps 3 -tp $tp \
+    timeout "${TP_BENCH_S:-150}" "$carry/gpubench" -ckpt "$ck" -model "$tm" -lib "$lib" -workloads $W -reps 3 -tp $tp \
       2> "$out/bench-tp$tp.log" | tee -a "$out/tp-bench.jsonl"
     rc=${PIPESTATUS[0]}
     if [ "$rc" -eq 0 ]; then pass "bench: TP $tp"; else fail "bench: TP $tp (exit $rc)"; tail -8 "$out/bench-tp$tp.log"; fi
@@ -151,26 +160,27 @@ for w, unit in (("decode_b1_i128_o128", "ms/token"), ("tput_b64_i128_o128", "tok
 PY
   if [ "$triton" = 1 ]; then
     echo "== bench: the same through tritonserver"
-    rm -rf "$w/repo"/*
-    # Two 13.5 GB models on GPU 0: each asks for 40% of the GPU, weights included.
-    tpmodel llama2-7B-tp1 "$ck" 1 gpu_memory_utilization 0.4
-    tpmodel llama2-7B-tp2 "$ck" 2 gpu_memory_utilization 0.4
-    if triton_start "$out/triton-7B.log"; then
-      for tp in 1 2; do
-        timeout "${TP_BENCH_S:-150}" "$w/bin/tritonbench" -addr 127.0.0.1:8001 -model "llama2-7B-tp$tp" -name llama2-7B -vocab 32000 \
+    for tp in 1 2; do
+      # A server a TP size: the model takes the GPUs' default share.
+      rm -rf "$w/repo"/*
+      tpmodel "$tm-tp$tp" "$ck" $tp
+      if triton_start "$out/triton-$tm-tp$tp.log"; then
+        timeout "${TP_BENCH_S:-150}" "$w/bin/tritonbench" -addr 127.0.0.1:8001 -model "$tm-tp$tp" -name "$tm" -vocab 32000 \
           -workloads $W -reps 3 2> "$out/triton-bench-tp$tp.log" | sed "s/}\$/, \"tp\": $tp}/" | tee -a "$out/tp-triton.jsonl"
         if [ "${PIPESTATUS[0]}" -eq 0 ]; then pass "bench: TP $tp through tritonserver"; else fail "bench: TP $tp through tritonserver"; tail -5 "$out/triton-bench-tp$tp.log"; fi
-      done
-      triton_stop "$out/triton-7B.log"
-    else
-      fail "bench: tritonserver with the Llama-2-7B models did not start"
-    fi
+        triton_stop "$out/triton-$tm-tp$tp.log"
+      else
+        fail "bench: tritonserver with $tm at TP $tp did not start"
+      fi
+    done
   fi
 fi
 
 # Last: it aborts NCCL communicators on purpose.
-echo "== abort: failed steps — recovered from on every rank, aborted on one"
-gotests abort 'TestGPUTensorParallelFailed' '^$' "$out/abort.log"
+if [ "$tests" = 1 ]; then
+  echo "== abort: failed steps — recovered from on every rank, aborted on one"
+  gotests abort 'TestGPUTensorParallelFailed' '^$' "$out/abort.log"
+fi
 
 echo "== $fails failed"
 [ "$fails" -eq 0 ]
