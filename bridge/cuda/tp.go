@@ -343,23 +343,36 @@ func (t *TPEngine) abort(cause error) {
 	t.lost = fmt.Errorf("cuda: the tensor parallel engine over GPUs %v is lost (its NCCL communicators were aborted after: %w)", t.devices, cause)
 	// The abort waits inside NCCL for the ranks' work to end; should it never return, the
 	// engine is lost all the same and its caller goes on (the call is left running).
-	done := make(chan error, 1)
-	go func(comm *C.gollm_comm, ccause *C.char) {
+	comm, ccause := t.comm, C.CString(cause.Error())
+	returned, err := within(tpAbandon, func() error {
 		defer C.free(unsafe.Pointer(ccause))
 		var st C.gollm_status
-		done <- statusErr("gollm_comm_abort", C.call_comm_abort(t.lib.commAbort, comm, ccause, &st), &st)
-	}(t.comm, C.CString(cause.Error()))
-	select {
-	case err := <-done:
-		if err != nil {
-			t.log.Error("aborting the NCCL communicators failed", zap.Ints("gpus", t.devices), zap.Error(err))
-		}
-	case <-time.After(tpAbandon):
+		return statusErr("gollm_comm_abort", C.call_comm_abort(t.lib.commAbort, comm, ccause, &st), &st)
+	})
+	switch {
+	case !returned:
 		t.abortStuck = true
 		t.log.Error("aborting the NCCL communicators did not return: the instance's GPUs are left as they are until the server restarts",
 			zap.Ints("gpus", t.devices), zap.Duration("waited", tpAbandon))
+	case err != nil:
+		t.log.Error("aborting the NCCL communicators failed", zap.Ints("gpus", t.devices), zap.Error(err))
 	}
 	t.log.Error("tensor parallel engine lost: NCCL communicators aborted", zap.Ints("gpus", t.devices), zap.Error(cause))
+}
+
+// within runs call on a goroutine of its own and waits up to limit for it: true and its
+// error, or false and nil when it had not returned (it is left running).
+func within(limit time.Duration, call func() error) (returned bool, err error) {
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return true, err
+	case <-t.C:
+		return false, nil
+	}
 }
 
 // rankErrors is the error of a call's outcomes: nil when every rank succeeded; the one

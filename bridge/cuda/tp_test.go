@@ -219,3 +219,40 @@ func TestNCCLIsOpenedAtRunTime(t *testing.T) {
 	}
 	t.Logf("NCCL %d from %s", info.Version, info.Path)
 }
+
+// TestWithinLeavesACallThatDoesNotReturn: the communicators' abort runs under within, so
+// that one stuck inside NCCL (as ncclCommAbort was, waiting for graphs) loses the engine
+// without hanging its caller; and one that returns reports its error.
+func TestWithinLeavesACallThatDoesNotReturn(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	start := time.Now()
+	returned, err := within(50*time.Millisecond, func() error { <-release; return nil })
+	if returned || err != nil || time.Since(start) > 5*time.Second {
+		t.Fatalf("a blocked call: %v, returned %v after %v; want left after 50ms", err, returned, time.Since(start))
+	}
+	want := errors.New("ncclCommAbort failed")
+	if returned, err := within(time.Minute, func() error { return want }); !returned || err != want {
+		t.Fatalf("a returning call: %v, returned %v; want %v", err, returned, want)
+	}
+}
+
+// TestShutLeavesEverythingAfterAStuckAbort: after an abort that did not return, Close
+// touches neither the ranks' engines nor the communicators (their GPUs' work never ends)
+// and leaves the workers.
+func TestShutLeavesEverythingAfterAStuckAbort(t *testing.T) {
+	tp := &TPEngine{abortStuck: true, ranks: make([]*Engine, 2), stuck: make([]bool, 2),
+		workers: []*rankWorker{startWorker(), startWorker()}}
+	tp.shut()
+	if !tp.stuck[0] || !tp.stuck[1] || tp.comm != nil {
+		t.Fatalf("after shut: stuck %v, comm %v; want every rank left", tp.stuck, tp.comm)
+	}
+	// The workers are left running: they still take work.
+	done := make(chan struct{})
+	tp.run(1, func() { close(done) })
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("rank 1's worker did not run a job after shut")
+	}
+}
