@@ -228,23 +228,12 @@ func runCheck(c kserve.GRPCInferenceServiceClient, modelName, promptsFile, expec
 	if err != nil {
 		return err
 	}
-	// All prompts at once, so that they share iterations as in-flight batching does.
-	results := make([]result, len(pf.Prompts))
-	errs := make([]error, len(pf.Prompts))
-	var wg sync.WaitGroup
-	for i, p := range pf.Prompts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i], errs[i] = stream(c, modelName, fmt.Sprint(i), p, steps, true)
-		}()
+	results, err := streamAll(c, modelName, pf.Prompts, steps)
+	if err != nil {
+		return err
 	}
-	wg.Wait()
 	same := 0
 	for i := range pf.Prompts {
-		if errs[i] != nil {
-			return errs[i]
-		}
 		if slices.Equal(results[i].tokens, want[i]) {
 			same++
 		} else {
@@ -256,6 +245,19 @@ func runCheck(c kserve.GRPCInferenceServiceClient, modelName, promptsFile, expec
 		return fmt.Errorf("%d prompts differ", len(pf.Prompts)-same)
 	}
 	return nil
+}
+
+// streamAll sends every prompt at once as a streaming greedy request of steps tokens, so
+// that they share iterations as in-flight batching does, and returns their streams.
+func streamAll(c kserve.GRPCInferenceServiceClient, modelName string, prompts [][]int32, steps int) ([]result, error) {
+	results := make([]result, len(prompts))
+	errs := make([]error, len(prompts))
+	var wg sync.WaitGroup
+	for i, p := range prompts {
+		wg.Go(func() { results[i], errs[i] = stream(c, modelName, fmt.Sprint(i), p, steps, true) })
+	}
+	wg.Wait()
+	return results, errors.Join(errs...)
 }
 
 // runAgainst compares the greedy streams of model and other for the same random prompts.
@@ -271,14 +273,8 @@ func runAgainst(c kserve.GRPCInferenceServiceClient, model, other string, vocab 
 	}
 	got := map[string][]result{}
 	for _, m := range []string{model, other} {
-		res := make([]result, n)
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		for i, p := range prompts {
-			wg.Go(func() { res[i], errs[i] = stream(c, m, fmt.Sprint(i), p, steps, true) })
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
+		res, err := streamAll(c, m, prompts, steps)
+		if err != nil {
 			return fmt.Errorf("model %s: %w", m, err)
 		}
 		got[m] = res
