@@ -42,7 +42,9 @@ if [ -f "$carry/bins.tar.xz" ]; then
 fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-source "$root/tests/gpu/env.sh"
+# bench/device.sh: env.sh (cuBLAS and NCCL on the loader's path), then the triton stage's
+# and the benchmark's helpers (device_unpack, gpt2_model, triton_start, write_checkpoint).
+source "$root/bench/device.sh"
 lib="$carry/libgollm_cuda.so"
 fails=0
 pass() { echo "PASS $1"; }
@@ -93,7 +95,6 @@ tpmodel() {
 triton=0
 if [ -f "$carry/tritonserver.tar.xz" ] && [ -f "$carry/libtriton_gollm.so" ] && [ -f "$carry/tritonbench" ]; then
   triton=1
-  source "$root/bench/device.sh"
   device_unpack tptriton "$carry"
 fi
 if [ "$triton" = 1 ] && [ "$tests" = 1 ]; then
@@ -129,13 +130,8 @@ if [ "${TP_SKIP_BENCH:-0}" != 1 ]; then
   ck=/tmp/gollm-tp/$tm
   if [ ! -f "$ck/config.json" ]; then
     t0=$(date +%s)
-    # The shape and seed bench/gpu_peers.py gives the model.
-    python3 - "$root/bench" "$(dirname "$ck")" "$tm" <<'PY' > "$out/ckpt.log" 2>&1
-import sys
-sys.path.insert(0, sys.argv[1])
-import gpu_peers
-gpu_peers.make_checkpoint(sys.argv[2], sys.argv[3])
-PY
+    # The shape and seed bench/gpu_peers.py gives the model, into /tmp/gollm-tp.
+    (w=$(dirname "$ck") && write_checkpoint "$tm") > "$out/ckpt.log" 2>&1
     if [ $? -eq 0 ]; then pass "bench: checkpoint written in $(( $(date +%s) - t0 )) s"; else fail "bench: checkpoint"; tail -5 "$out/ckpt.log"; fi
   fi
   W=decode_b1_i128_o128,tput_b64_i128_o128
