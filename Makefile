@@ -87,7 +87,7 @@ unit:
 	go test -race -count=1 $$(go list ./... | grep -v /tests)
 
 fuzz:
-	@for t in $(FUZZ); do IFS=: read -r pkg name budget <<<"$$t"; budget=$${FUZZTIME:-$$budget}; \
+	@for t in $(FUZZ); do IFS=: read -r pkg name budget <<<"$$t"; budget=$(or $(FUZZTIME),$$budget); \
 	  echo "fuzz $$name ($$pkg, $$budget)"; \
 	  go test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$$budget -fuzzminimizetime=50x $$pkg || exit 1; \
 	done
