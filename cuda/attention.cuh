@@ -44,60 +44,52 @@ __global__ void qkv_kv_write_kernel(float* __restrict__ qkv, const float* __rest
          v.w);
 }
 
-// qkv_rope_write_kernel: the QKV epilogue with rotary positions. One block of 256 threads
-// per row blockIdx.x; a thread takes one dimension pair (i, i + rope_dim/2) of one query
-// or key head at a time (rotate_half's pairing), rotated by the angle
-// inv_freq[i] · pos computed in fp32 as transformers does, then cos and sin; dimensions
-// past rope_dim and the values pass unrotated.
+// qkv_rope_write_kernel: the QKV epilogue with rotary positions. Grid (n, heads + 2 ·
+// kv_heads): a block of kRopeThreads threads per row blockIdx.x and head blockIdx.y of the
+// QKV row (query heads, then key heads, then value heads), so that a decode row spreads
+// over the GPU instead of one block walking the whole row. In a query or key head a thread
+// takes a dimension pair (i, i + rope_dim/2) at a time (rotate_half's pairing), rotated by
+// the angle inv_freq[i] · pos computed in fp32 as transformers does, then cos and sin;
+// dimensions past rope_dim and the value heads pass unrotated.
 //   qkv:  [n][qkv_width] fp32, bias [qkv_width] fp32 or null added first; the rotated,
 //         scaled queries are written back in place; keys and values go to the pool as in
 //         qkv_kv_write_kernel.
 //   inv_freq: [rope_dim/2] fp32.
+constexpr int kRopeThreads = 64;
 template <typename T>
-__global__ void qkv_rope_write_kernel(float* __restrict__ qkv, const float* __restrict__ bias,
-                                      T* __restrict__ kv, const int32_t* __restrict__ row_pos,
-                                      const int32_t* __restrict__ row_seq,
-                                      const DevSeq* __restrict__ seqs,
-                                      const int32_t* __restrict__ blocks, KVGeom g, int layer,
-                                      float scale, const float* __restrict__ inv_freq,
-                                      int rope_dim) {
+__global__ void __launch_bounds__(kRopeThreads) qkv_rope_write_kernel(
+    float* __restrict__ qkv, const float* __restrict__ bias, T* __restrict__ kv,
+    const int32_t* __restrict__ row_pos, const int32_t* __restrict__ row_seq,
+    const DevSeq* __restrict__ seqs, const int32_t* __restrict__ blocks, KVGeom g, int layer,
+    float scale, const float* __restrict__ inv_freq, int rope_dim) {
   griddep_launch();
-  const int r = blockIdx.x, D = g.head_dim, half = rope_dim / 2;
+  const int r = blockIdx.x, h = blockIdx.y, D = g.head_dim, half = rope_dim / 2;
   const int pos = row_pos[r];
   const int64_t base =
       g.at(blocks[seqs[row_seq[r]].blk_off + pos / g.tokens_per_block], layer, 0, 0,
            pos % g.tokens_per_block);
   griddep_wait();
   float* row = qkv + (int64_t)r * g.qkv_width();
-  const int qk_heads = g.heads + g.kv_heads;
-  // Rotated pairs of the query and key heads; then the unrotated rest of every column.
-  const int pairs = qk_heads * half;
-  for (int k = threadIdx.x; k < pairs; k += blockDim.x) {
-    const int h = k / half, i = k % half;
-    const int c0 = h * D + i, c1 = c0 + half;
-    float a = row[c0], b = row[c1];
-    if (bias) a += bias[c0], b += bias[c1];
-    float sn, cs;
-    sincosf(inv_freq[i] * (float)pos, &sn, &cs);
-    const float x0 = a * cs - b * sn, x1 = b * cs + a * sn;
-    if (h < g.heads) {
-      row[c0] = x0 * scale;
-      row[c1] = x1 * scale;
-    } else {
-      kv[base + g.kv_col(c0)] = from_f32<T>(x0);
-      kv[base + g.kv_col(c1)] = from_f32<T>(x1);
-    }
-  }
-  const int width = g.qkv_width();
-  for (int c = threadIdx.x; c < width; c += blockDim.x) {
-    const int h = c / D, d = c % D;
-    if (h < qk_heads && d < rope_dim) continue;  // rotated above
-    const float v = row[c] + (bias ? bias[c] : 0.f);
-    if (h < g.heads)
+  const int c0 = h * D;
+  const bool query = h < g.heads, rotated = h < g.heads + g.kv_heads;
+  auto put = [&](int c, float v) {
+    if (query)
       row[c] = v * scale;
     else
       kv[base + g.kv_col(c)] = from_f32<T>(v);
+  };
+  if (rotated) {
+    for (int i = threadIdx.x; i < half; i += kRopeThreads) {
+      float a = row[c0 + i], b = row[c0 + i + half];
+      if (bias) a += bias[c0 + i], b += bias[c0 + i + half];
+      float sn, cs;
+      sincosf(inv_freq[i] * (float)pos, &sn, &cs);
+      put(c0 + i, a * cs - b * sn);
+      put(c0 + i + half, b * cs + a * sn);
+    }
   }
+  for (int d = (rotated ? rope_dim : 0) + threadIdx.x; d < D; d += kRopeThreads)
+    put(c0 + d, row[c0 + d] + (bias ? bias[c0 + d] : 0.f));
 }
 
 template <typename T>
@@ -107,8 +99,9 @@ void qkv_kv_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
   if (n == 0) return;
   const float scale = 1.f / sqrtf((float)g.head_dim);
   if (inv_freq) {
-    launch("qkv_rope_write_kernel", qkv_rope_write_kernel<T>, n, 256, 0, stream, qkv, bias, kv,
-           row_pos, row_seq, seqs, blocks, g, layer, scale, inv_freq, rope_dim);
+    launch("qkv_rope_write_kernel", qkv_rope_write_kernel<T>, dim3(n, g.heads + 2 * g.kv_heads),
+           kRopeThreads, 0, stream, qkv, bias, kv, row_pos, row_seq, seqs, blocks, g, layer, scale,
+           inv_freq, rope_dim);
     return;
   }
   launch("qkv_kv_write_kernel", qkv_kv_write_kernel<T>, dim3(n, (g.qkv_width() / 4 + 255) / 256),
@@ -360,6 +353,289 @@ void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_
   launch("attention_decode_kernel", k, grid, kDecodeThreads, decode_smem(g.head_dim, max_len),
          stream, qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer, window, max_len,
          partial, part_ml, tickets);
+}
+
+// Grouped decode attention: the decode attention of attention_decode_kernel, with one
+// block for all the query heads that share a KV head (up to GB of them; more take several
+// blocks), so each key and value is read once per step rather than once per query head,
+// and with a single pass over the positions (an online softmax per warp) in which a
+// warp's keys and values are loaded together, so a chunk of 32 positions costs one
+// memory round trip instead of the three dependent phases of the per-head kernel.
+// Grid (rows, kv_heads · slices, parts), slices = ceil(G / GB) for G = heads / kv_heads;
+// kGqaThreads threads. Part p of a row covers an equal share of its positions (at least
+// kGqaMinPart each), merged by the last part to finish, as attention_decode_kernel does
+// (the same partial, part_ml and tickets arrays). Warp w takes the chunks of 32
+// positions w, w + kGqaWarps, …: lane l scores position j0 + l against the block's
+// queries (each key read whole by its lane, D/8 16-byte pieces), then the warp reads the
+// chunk's value rows, 32/(D/8) rows a load (lane l: row l / (D/8), piece l % (D/8)),
+// weighting them by the probabilities it left in shared memory. The warps' (max, sum,
+// output) are merged last. D is a power of two, 16…128.
+//   qkv: [N][qkv_width] fp32, queries pre-scaled; att: [N][heads·D] T.
+constexpr int kGqaWarps = 4;
+constexpr int kGqaThreads = 32 * kGqaWarps;
+constexpr int kGqaMinPart = 32 * kGqaWarps;  // a chunk for every warp
+constexpr int kGqaMaxGroup = 8;              // query heads a block takes at most
+
+// gqa_group is the compile-time number of query heads a block holds for G heads per KV
+// head: G rounded up to a power of two, at most kGqaMaxGroup.
+inline int gqa_group(int G) { return G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGqaMaxGroup; }
+
+template <typename T, int D, int GB>
+__global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
+    const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
+    const int32_t* __restrict__ dec_rows, const int32_t* __restrict__ row_pos,
+    const int32_t* __restrict__ row_seq, const DevSeq* __restrict__ seqs,
+    const int32_t* __restrict__ blocks, KVGeom g, int layer, int window,
+    float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets) {
+  using T2 = typename Pair<T>::type;
+  constexpr int D8 = D / 8;                   // 16-byte pieces of a key or value row
+  constexpr int KPL = 32 / D8;                // value rows a warp reads per load
+  constexpr int PB = D8 < 8 ? D8 : 8;         // pieces loaded together
+  __shared__ __align__(16) float qs[GB][D];   // the block's queries (zeros past nh)
+  __shared__ float ps[kGqaWarps][GB][32];     // a chunk's probabilities, per warp
+  __shared__ float wm[kGqaWarps][GB], wl[kGqaWarps][GB];
+  __shared__ float wo[kGqaWarps][GB][D];
+  __shared__ int last;
+  griddep_launch();
+  const int i = blockIdx.x, part = blockIdx.z, parts = gridDim.z;
+  const int G = g.heads / g.kv_heads, slices = (G + GB - 1) / GB;
+  const int kvh = blockIdx.y / slices;
+  const int h0 = kvh * G + (blockIdx.y % slices) * GB;  // the block's first query head
+  const int nh = min(GB, kvh * G + G - h0);
+  const int r = dec_rows[i];
+  const int len = row_pos[r] + 1;
+  const int lo = window > 0 ? max(0, len - window) : 0;
+  const int active = min(parts, (len - lo + kGqaMinPart - 1) / kGqaMinPart);
+  if (part >= active) return;  // part 0 always runs, so the grid still waits below
+  const int share = (len - lo + active - 1) / active;
+  const int start = lo + part * share, end = min(len, start + share);
+  const int32_t* table = blocks + seqs[row_seq[r]].blk_off;
+  const int TB = g.tokens_per_block;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int vrow = lane / D8, vc = lane % D8;
+  // The first chunk's block-table entry (the step's inputs, not the previous kernel's).
+  int64_t blk = table[min(start + warp * 32 + lane, end - 1) / TB];
+  griddep_wait();
+  for (int t = threadIdx.x; t < GB * D; t += kGqaThreads) {
+    const int gg = t / D;
+    qs[gg][t % D] = gg < nh ? qkv[(int64_t)r * g.qkv_width() + (int64_t)h0 * D + t] : 0.f;
+  }
+  __syncthreads();
+
+  float m[GB], l[GB], acc[GB][8];
+#pragma unroll
+  for (int gg = 0; gg < GB; gg++) {
+    m[gg] = -INFINITY, l[gg] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[gg][e] = 0.f;
+  }
+  const int64_t kstride = g.at(0, layer, 1, kvh, 0) - g.at(0, layer, 0, kvh, 0);  // K → V
+  for (int j0 = start + warp * 32; j0 < end; j0 += kGqaWarps * 32) {
+    const int jk = min(j0 + lane, end - 1);
+    const int64_t kbase = g.at(blk, layer, 0, kvh, jk % TB);
+    // The next chunk's table entry, while this one's keys and values load.
+    const int jn = j0 + kGqaWarps * 32;
+    if (jn < end) blk = table[min(jn + lane, end - 1) / TB];
+    // Value rows of this chunk: row vrow + KPL·u sits at lane (vrow + KPL·u)'s key slot.
+    uint4 vv[PB];
+#pragma unroll
+    for (int u = 0; u < PB; u++) {
+      const int64_t vb = __shfl_sync(0xffffffffu, kbase, vrow + KPL * u);
+      vv[u] = reinterpret_cast<const uint4*>(kv + vb + kstride)[vc];
+    }
+    float s[GB];
+#pragma unroll
+    for (int gg = 0; gg < GB; gg++) s[gg] = 0.f;
+    const uint4* kp = reinterpret_cast<const uint4*>(kv + kbase);
+#pragma unroll
+    for (int c0 = 0; c0 < D8; c0 += PB) {
+      uint4 kk[PB];
+#pragma unroll
+      for (int u = 0; u < PB; u++) kk[u] = kp[c0 + u];
+#pragma unroll
+      for (int u = 0; u < PB; u++) {
+        const T2* k2 = reinterpret_cast<const T2*>(&kk[u]);
+        float kf[8];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const float2 f = to_f32x2(k2[e]);
+          kf[2 * e] = f.x, kf[2 * e + 1] = f.y;
+        }
+#pragma unroll
+        for (int gg = 0; gg < GB; gg++) {
+          const float4 qa = *reinterpret_cast<const float4*>(&qs[gg][(c0 + u) * 8]);
+          const float4 qb = *reinterpret_cast<const float4*>(&qs[gg][(c0 + u) * 8 + 4]);
+          s[gg] = fmaf(qa.x, kf[0], s[gg]);
+          s[gg] = fmaf(qa.y, kf[1], s[gg]);
+          s[gg] = fmaf(qa.z, kf[2], s[gg]);
+          s[gg] = fmaf(qa.w, kf[3], s[gg]);
+          s[gg] = fmaf(qb.x, kf[4], s[gg]);
+          s[gg] = fmaf(qb.y, kf[5], s[gg]);
+          s[gg] = fmaf(qb.z, kf[6], s[gg]);
+          s[gg] = fmaf(qb.w, kf[7], s[gg]);
+        }
+      }
+    }
+    const bool valid = j0 + lane < end;
+    float sc[GB];
+#pragma unroll
+    for (int gg = 0; gg < GB; gg++) {
+      const float sv = valid ? s[gg] : -INFINITY;
+      const float mn = fmaxf(m[gg], warp_max(sv));  // finite: the chunk has a position
+      sc[gg] = __expf(m[gg] - mn);
+      const float p = __expf(sv - mn);
+      l[gg] = l[gg] * sc[gg] + p;  // this lane's share; added over the warp at the end
+      m[gg] = mn;
+      ps[warp][gg][lane] = p;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int gg = 0; gg < GB; gg++)
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[gg][e] *= sc[gg];
+#pragma unroll
+    for (int u0 = 0; u0 < D8; u0 += PB) {
+      if (u0 > 0) {
+#pragma unroll
+        for (int u = 0; u < PB; u++) {
+          const int64_t vb = __shfl_sync(0xffffffffu, kbase, vrow + KPL * (u0 + u));
+          vv[u] = reinterpret_cast<const uint4*>(kv + vb + kstride)[vc];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < PB; u++) {
+        const int row = vrow + KPL * (u0 + u);  // past the end: probability 0
+        const T2* v2 = reinterpret_cast<const T2*>(&vv[u]);
+        float vf[8];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const float2 f = to_f32x2(v2[e]);
+          vf[2 * e] = f.x, vf[2 * e + 1] = f.y;
+        }
+#pragma unroll
+        for (int gg = 0; gg < GB; gg++) {
+          const float p = ps[warp][gg][row];
+#pragma unroll
+          for (int e = 0; e < 8; e++) acc[gg][e] = fmaf(p, vf[e], acc[gg][e]);
+        }
+      }
+    }
+    __syncwarp();  // ps is rewritten by the next chunk
+  }
+  // The warp's totals: sums over its lanes, outputs over the lanes that share a piece.
+#pragma unroll
+  for (int gg = 0; gg < GB; gg++) {
+    l[gg] = warp_sum(l[gg]);
+#pragma unroll
+    for (int o = D8; o < 32; o <<= 1)
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[gg][e] += __shfl_xor_sync(0xffffffffu, acc[gg][e], o);
+  }
+  if (lane < D8) {
+#pragma unroll
+    for (int gg = 0; gg < GB; gg++)
+#pragma unroll
+      for (int e = 0; e < 8; e++) wo[warp][gg][lane * 8 + e] = acc[gg][e];
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int gg = 0; gg < GB; gg++) wm[warp][gg] = m[gg], wl[warp][gg] = l[gg];
+  }
+  __syncthreads();
+  // Merge the warps (a warp with no chunk holds max -inf, sum 0).
+  for (int t = threadIdx.x; t < nh * D; t += kGqaThreads) {
+    const int gg = t / D, d = t % D, head = h0 + gg;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kGqaWarps; w++) M = fmaxf(M, wm[w][gg]);
+    float L = 0.f, O = 0.f;
+#pragma unroll
+    for (int w = 0; w < kGqaWarps; w++) {
+      const float f = __expf(wm[w][gg] - M);
+      L += wl[w][gg] * f;
+      O += wo[w][gg][d] * f;
+    }
+    if (active == 1) {
+      att[(int64_t)r * g.q_width() + (int64_t)head * D + d] = from_f32<T>(O / L);
+    } else {
+      const int64_t pi = ((int64_t)i * g.heads + head) * parts + part;
+      partial[pi * D + d] = O;
+      if (d == 0) part_ml[pi * 2] = M, part_ml[pi * 2 + 1] = L;
+    }
+  }
+  if (active == 1) return;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* tk = tickets + (int64_t)i * g.heads + h0;  // one ticket per (row, block of heads)
+    last = atomicAdd(tk, 1) == active - 1;
+    if (last) *tk = 0;  // ready for the next launch
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int t = threadIdx.x; t < nh * D; t += kGqaThreads) {
+    const int gg = t / D, d = t % D, head = h0 + gg;
+    const int64_t pi = ((int64_t)i * g.heads + head) * parts;
+    float M = -INFINITY;
+    for (int p = 0; p < active; p++) M = fmaxf(M, __ldcg(part_ml + (pi + p) * 2));
+    float S = 0.f, O = 0.f;
+    for (int p = 0; p < active; p++) {
+      const float f = __expf(__ldcg(part_ml + (pi + p) * 2) - M);
+      S += __ldcg(part_ml + (pi + p) * 2 + 1) * f;
+      O += __ldcg(partial + (pi + p) * D + d) * f;
+    }
+    att[(int64_t)r * g.q_width() + (int64_t)head * D + d] = from_f32<T>(O / S);
+  }
+}
+
+template <typename T, int D>
+void attention_decode_gqa_d(const float* qkv, T* att, const T* kv, const int32_t* dec_rows,
+                            const int32_t* row_pos, const int32_t* row_seq, const DevSeq* seqs,
+                            const int32_t* blocks, KVGeom g, int layer, int window, int rows,
+                            int parts, float* partial, float* part_ml, int* tickets,
+                            Stream stream) {
+  const int G = g.heads / g.kv_heads, GB = gqa_group(G);
+  const dim3 grid(rows, g.kv_heads * ((G + GB - 1) / GB), parts);
+#define GOLLM_GQA_LAUNCH(gb)                                                                   \
+  launch("attention_decode_gqa_kernel", attention_decode_gqa_kernel<T, D, gb>, grid,         \
+         kGqaThreads, 0, stream, qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, \
+         layer, window, partial, part_ml, tickets)
+  switch (GB) {
+    case 1: GOLLM_GQA_LAUNCH(1); break;
+    case 2: GOLLM_GQA_LAUNCH(2); break;
+    case 4: GOLLM_GQA_LAUNCH(4); break;
+    default: GOLLM_GQA_LAUNCH(kGqaMaxGroup); break;
+  }
+#undef GOLLM_GQA_LAUNCH
+}
+
+// attention_decode_gqa runs the grouped kernel for head_dim D (gqa_decode_fits).
+template <typename T>
+void attention_decode_gqa(const float* qkv, T* att, const T* kv, const int32_t* dec_rows,
+                          const int32_t* row_pos, const int32_t* row_seq, const DevSeq* seqs,
+                          const int32_t* blocks, KVGeom g, int layer, int window, int rows,
+                          int parts, float* partial, float* part_ml, int* tickets,
+                          Stream stream) {
+  if (rows == 0) return;
+  switch (g.head_dim) {
+    case 16:
+      attention_decode_gqa_d<T, 16>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
+                                    layer, window, rows, parts, partial, part_ml, tickets, stream);
+      break;
+    case 32:
+      attention_decode_gqa_d<T, 32>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
+                                    layer, window, rows, parts, partial, part_ml, tickets, stream);
+      break;
+    case 64:
+      attention_decode_gqa_d<T, 64>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
+                                    layer, window, rows, parts, partial, part_ml, tickets, stream);
+      break;
+    default:
+      attention_decode_gqa_d<T, 128>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
+                                     layer, window, rows, parts, partial, part_ml, tickets, stream);
+      break;
+  }
 }
 
 constexpr int kCtxThreads = 256;

@@ -135,12 +135,15 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     // Under tensor parallelism every step takes the cuBLAS path, whose projections write
     // fp32 outputs that the all-reduces add (the gemv kernels add into the residual
     // stream); models wide enough to split take it on one GPU too (below).
+    e->grouped = !(p->tuning_off & GOLLM_TUNING_NO_GROUPED) && gqa_decode_fits(c.head_dim);
+    e->stream_gemv = !tp && !(p->tuning_off & GOLLM_TUNING_NO_STREAM);
     e->fused = !tp && !(p->tuning_off & GOLLM_TUNING_NO_FUSED) && c.hidden % 8 == 0 && c.inner % 8 == 0;
-    // The gemv kernels beat cuBLAS's GEMMs on narrow models only (H100, decode b1: GPT-2
-    // 124M 0.31 ms/token against 0.36, GPT-350M faster too; the TinyLlama-1.1B shape,
-    // hidden 2048, 2.00 against 1.44): their weight streams reach 0.7-1.1 TB/s, which
-    // small matrices hide behind launch costs and large ones do not.
-    e->gemv_rows_max = c.hidden <= 1024 ? kFusedRows : 0;
+    // The staged gemv kernels beat cuBLAS's GEMMs on narrow models only (H100, decode b1:
+    // GPT-2 124M 0.31 ms/token against 0.36, GPT-350M faster too; the TinyLlama-1.1B
+    // shape, hidden 2048, 2.00 against 1.44): their weight streams reach 0.7-1.1 TB/s,
+    // which small matrices hide behind launch costs and large ones do not. Wider models
+    // take the streaming gemv instead (forward.cu), or cuBLAS without it.
+    e->gemv_rows_max = c.hidden <= 1024 || e->stream_gemv ? kFusedRows : 0;
     if (p->gemv_rows >= 0) e->gemv_rows_max = p->gemv_rows;
     if (tp) e->gemv_rows_max = 0;
   }
@@ -165,6 +168,7 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->xf.alloc(RG * d.H * 2, "LM head input");
   // d.V is this rank's LM-head rows under tensor parallelism (else the vocabulary).
   e->logits.alloc(RG * d.V * 4, "logits");
+  if (lm_head_ld(d.V) != d.V) e->logits_pad.alloc(RG * lm_head_ld(d.V) * 4, "logits (aligned rows)");
   e->retlog.alloc(R * (size_t)e->vocab * 4, "returned logits");
   if (tp) {
     e->tp_gather.alloc((size_t)e->tp_size * R * d.V * 4, "gathered logits (tensor parallel)");
@@ -191,7 +195,7 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->alt_hlp.alloc(S * 4, "log-probabilities (host)");
   setup_kernels(e.get());
   size_t scratch = e->h.bytes + e->xn.bytes + e->qkv.bytes + e->att.bytes + e->tmp.bytes +
-                   e->fc.bytes + e->fch.bytes + e->xf.bytes + e->logits.bytes + e->retlog.bytes +
+                   e->fc.bytes + e->fch.bytes + e->xf.bytes + e->logits.bytes + e->logits_pad.bytes + e->retlog.bytes +
                    e->partial.bytes + e->part_ml.bytes + e->tickets.bytes + e->din.bytes +
                    e->dtok.bytes + e->dlp.bytes + e->blas_ws.bytes + e->acc.bytes +
                    e->tp_gather.bytes + e->tp_logits.bytes;

@@ -55,10 +55,25 @@ void gemm_down(gollm_engine* e, const LayerW& lw, int m) {
   const Dims d(e->w->cfg);
   matmul_xwt<T>(e->blas, e->fch.as<T>(), static_cast<const T*>(lw.down_w), e->tmp.as<float>(), m, d.I, d.H);
 }
+// The LM head's GEMM runs over lm_head_ld(V) rows of weights (zero past V): where V is not
+// a multiple of 4 (GPT-2's 50,257) cuBLAS otherwise takes a slow kernel (H100, GPT-2 b64:
+// 107 µs, 0.9 TB/s). Its output rows then go to logits_pad, and unpad_rows moves them into
+// logits.
 template <typename T>
 void gemm_lm_head(gollm_engine* e, int m) {
   const Dims d(e->w->cfg);
-  matmul_xwt<T>(e->blas, e->xf.as<T>(), static_cast<const T*>(e->w->lm_head), e->logits.as<float>(), m, d.H, d.V);
+  float* y = e->logits_pad.p ? e->logits_pad.as<float>() : e->logits.as<float>();
+  matmul_xwt<T>(e->blas, e->xf.as<T>(), static_cast<const T*>(e->w->lm_head), y, m, d.H,
+                lm_head_ld(d.V));
+}
+
+// gemv_any runs a few-row projection on the streaming gemv (wide models) or the staged one.
+template <typename T, int IN, int OUT>
+void gemv_any(const GemvArgs& a, int sms, bool wide, Stream st) {
+  if (wide)
+    gemv_stream<T, IN, OUT>(a, sms, st);
+  else
+    gemv<T, IN, OUT>(a, sms, st);
 }
 
 // forward enqueues the whole step on the engine's stream: the layers, then per chunk the
@@ -94,15 +109,21 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   T* fch = e->fch.as<T>();
   T* kv = e->kv.as<T>();
 
-  // Few rows: fused gemv kernels reading the weights once (decode at small batch).
-  const bool small = !tp && N <= e->gemv_rows_max && gemv_fits(N, H) && gemv_fits(N, d.I) &&
-                     gemv_fits(N, d.att) && pl.chunks.size() <= 1 &&
+  // Few rows: fused gemv kernels reading the weights once (decode at small batch); on wide
+  // models (hidden over 1024) the streaming gemv, whose warps read their weight rows
+  // straight into registers — the staged passes of gemv_kernel and the one-kernel MLP keep
+  // too few bytes in flight for matrices of 8–90 MB.
+  const bool wide = e->stream_gemv && H > 1024;
+  auto fits = [&](int in) { return wide ? gemv_stream_fits(N, in) : gemv_fits(N, in); };
+  const bool small = !tp && N <= e->gemv_rows_max && fits(H) && fits(d.I) && fits(d.att) &&
+                     pl.chunks.size() <= 1 &&
                      (pl.chunks.empty() || pl.chunks[0].count <= kGemvMaxRows);
   // Decode-only steps of few rows: four kernels a layer (five with rotary), the MLP in one
   // (fused.cuh) with the residual stream's additions in fixed point.
-  const bool fused = small && e->fused && pl.tiles.empty() && (int)pl.dec_rows.size() == N &&
+  const bool fused = small && !wide && e->fused && pl.tiles.empty() && (int)pl.dec_rows.size() == N &&
                      N <= kFusedRows;
   unsigned long long* acc = fused ? e->acc.as<unsigned long long>() : nullptr;
+  const bool few_dec = (int)pl.dec_rows.size() <= kFusedRows;
   if (tp) {
     // Each rank looks its vocabulary rows up (rank 0 adds the positions); the all-reduce
     // adds the shares, then layer 0's norm.
@@ -132,14 +153,14 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       a.w = lw.qkv_w, a.bias = lw.qkv_b, a.in = H, a.out = d.qkv;
       a.gamma = lw.norm1_w, a.beta = lw.norm1_b, a.y = qkv;
       if (inv_freq) {
-        gemv<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, st);
+        gemv_any<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, wide, st);
         qkv_kv_write<T>(qkv, nullptr, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom,
                         l, N, inv_freq, c.rope_dim, st);
       } else {
         a.kv = kv, a.row_pos = I32(L.row_pos), a.row_seq = I32(L.row_seq);
         a.seqs = seqs, a.blocks = words, a.geom = e->geom, a.layer = l;
         a.qscale = 1.f / sqrtf((float)c.head_dim);
-        gemv<T, GEMV_IN_LN, GEMV_OUT_QKV>(a, e->sms, st);
+        gemv_any<T, GEMV_IN_LN, GEMV_OUT_QKV>(a, e->sms, wide, st);
       }
     } else {
       gemm_qkv<T>(e, lw, NG);
@@ -148,17 +169,26 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     }
     attention_context<T>(qkv, att, kv, tiles, seqs, words, e->geom, l, window,
                          (int)pl.tiles.size(), st);
-    attention_decode<T>(qkv, att, kv, I32(L.dec_rows), I32(L.row_pos), I32(L.row_seq), seqs,
-                        words, e->geom, l, window, (int)pl.dec_rows.size(), parts, e->max_len,
-                        e->partial.as<float>(), e->part_ml.as<float>(), e->tickets.as<int>(),
-                        small, st);
+    // Decode attention: steps of few decode rows keep the per-head kernel with its loads
+    // before the wait (tiny grids: all latency); more rows read each KV head once for all
+    // its query heads.
+    if (e->grouped && !few_dec)
+      attention_decode_gqa<T>(qkv, att, kv, I32(L.dec_rows), I32(L.row_pos), I32(L.row_seq),
+                              seqs, words, e->geom, l, window, (int)pl.dec_rows.size(), parts,
+                              e->partial.as<float>(), e->part_ml.as<float>(),
+                              e->tickets.as<int>(), st);
+    else
+      attention_decode<T>(qkv, att, kv, I32(L.dec_rows), I32(L.row_pos), I32(L.row_seq), seqs,
+                          words, e->geom, l, window, (int)pl.dec_rows.size(), parts, e->max_len,
+                          e->partial.as<float>(), e->part_ml.as<float>(), e->tickets.as<int>(),
+                          small || few_dec, st);
     const bool last = l + 1 == c.layers;
     if (small) {
       GemvArgs a = gemv_args(N);
       // Attention output projection, added to the residual stream; in a fused step its
       // single writer per entry also moves the last MLP's fixed-point additions into h.
       a.w = lw.out_w, a.bias = lw.out_b, a.in = d.att, a.out = H, a.x = att, a.hout = h;
-      gemv<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, st);
+      gemv_any<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, wide, st);
       if (fused) {
         MlpArgs m{};
         m.bulk = e->bulk;
@@ -174,18 +204,22 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       // takes its gate and up outputs in fp32, then gated_act).
       a.w = lw.up_w, a.bias = lw.up_b, a.in = H, a.out = d.up, a.gamma = lw.norm2_w,
       a.beta = lw.norm2_b, a.act = c.activation;
-      if (c.gated_mlp) {
+      if (c.gated_mlp && wide) {
+        // Gate and up rows in one kernel, act(gate) · up stored (a.out: the units).
+        a.y = fch, a.out = d.I;
+        gemv_stream<T, GEMV_IN_LN, GEMV_OUT_GATED>(a, e->sms, st);
+      } else if (c.gated_mlp) {
         a.y = fc;
         gemv<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, st);
         gated_act<T>(fc, nullptr, fch, N, d.I, c.activation, st);
       } else {
         a.y = fch;
-        gemv<T, GEMV_IN_LN, GEMV_OUT_ACT>(a, e->sms, st);
+        gemv_any<T, GEMV_IN_LN, GEMV_OUT_ACT>(a, e->sms, wide, st);
       }
       // MLP down-projection, added to the residual stream.
       a = gemv_args(N);
       a.w = lw.down_w, a.bias = lw.down_b, a.in = d.I, a.out = H, a.x = fch, a.hout = h;
-      gemv<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, st);
+      gemv_any<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, wide, st);
       continue;
     }
     gemm_proj<T>(e, lw, NG);
@@ -215,10 +249,11 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       GemvArgs a = gemv_args(ch.count);
       a.idx = I32(L.lrow_src) + ch.first;
       a.gamma = w->final_w, a.beta = w->final_b, a.w = w->lm_head, a.in = H, a.out = VR, a.y = part;
-      gemv<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, st);
+      gemv_any<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, wide, st);
     } else {
       gather_rows<T>(xn, I32(L.lrow_src) + ch.first, e->xf.as<T>(), ch.count, H, st);
       gemm_lm_head<T>(e, gemm_rows(ch.count));
+      if (e->logits_pad.p) unpad_rows(e->logits_pad.as<float>(), part, ch.count, VR, lm_head_ld(VR), st);
     }
     if (tp) {
       tp_all_gather(e, part, e->tp_gather.as<float>(), (size_t)ch.count * VR);
@@ -289,6 +324,7 @@ template <typename T>
 void setup_kernels_t(gollm_engine* e) {
   const gollm_model_config& c = e->w->cfg;
   gemv_allow_smem<T>(e->device);
+  if (e->stream_gemv) gemv_stream_allow_smem<T>(e->device);
   if (e->fused)
     e->fused = fused_setup<T>(c.hidden, c.inner, c.gated_mlp != 0, e->sms, e->device, e->mlp_k);
   allow_smem_max(attention_context_tc_kernel<T>, e->device);

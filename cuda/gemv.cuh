@@ -2,7 +2,9 @@
 // a GEMM is a matrix-vector product bound by reading the weights once. One kernel does a
 // whole projection with its neighbours fused: the norm before it (LayerNorm or RMSNorm,
 // recomputed by each block from the fp32 residual stream, a few KB from L2) and the bias
-// with the residual add, the activation, or the KV-cache write after it.
+// with the residual add, the activation, or the KV-cache write after it. Large models take
+// the streaming kernel (gemv_stream_kernel), whose warps read their weight rows straight
+// into registers.
 #pragma once
 #include "activation.cuh"
 #include "common.cuh"
@@ -26,7 +28,11 @@ enum GemvOut {
   GEMV_OUT_RESID = 0,  // h[r][o] += v                      (fp32 residual stream)
   GEMV_OUT_ACT = 1,    // y[r][o] = T(act(v))
   GEMV_OUT_F32 = 2,    // y[r][o] = v                        (fp32; the LM head)
-  GEMV_OUT_QKV = 3     // qkv[r][o] = v (queries scaled), keys and values also to the pool
+  GEMV_OUT_QKV = 3,    // qkv[r][o] = v (queries scaled), keys and values also to the pool
+  // y[r][o] = T(act(g + bg[o]) · (u + bu[o])): the gated MLP's units, g and u the products
+  // with rows o and out + o of W [2·out][in] (gate, then up), bias [2·out] (bg, then bu).
+  // gemv_stream_kernel only.
+  GEMV_OUT_GATED = 4
 };
 
 // Fixed-point residual additions: kernels whose blocks each add a partial sum to the
@@ -42,8 +48,8 @@ __device__ __forceinline__ void fix_add(unsigned long long* p, float v) {
 
 // GemvArgs gathers a gemv launch's operands.
 struct GemvArgs {
-  const void* w;         // [out][in] T, row-major (the transposed Conv1D weight)
-  const float* bias;     // [out] fp32, or null
+  const void* w;         // [out][in] T, row-major (transposed Conv1D weight); GATED [2·out][in]
+  const float* bias;     // [out] fp32, or null; GATED [2·out]
   int n, in, out;        // rows, input width, output width
   // Input.
   const float* h;        // GEMV_IN_LN: residual stream [*][in]
@@ -58,8 +64,8 @@ struct GemvArgs {
   const void* x;         // GEMV_IN_T: [n][in] T
   // Output.
   float* hout;           // GEMV_OUT_RESID: [n][out]
-  void* y;               // GEMV_OUT_ACT: [n][out] T; GEMV_OUT_F32 / GEMV_OUT_QKV: [n][out] fp32
-  int act;               // GEMV_OUT_ACT: gollm_activation
+  void* y;               // GEMV_OUT_ACT / GATED: [n][out] T; GEMV_OUT_F32 / QKV: [n][out] fp32
+  int act;               // GEMV_OUT_ACT / GATED: gollm_activation
   // GEMV_OUT_QKV: the KV pool and where each row's position lives.
   void* kv;
   const int32_t* row_pos;
@@ -112,7 +118,7 @@ __device__ __forceinline__ void gemv_store(const GemvArgs& a, const int64_t* kvr
     static_cast<T*>(a.y)[(int64_t)r * a.out + o] = from_f32<T>(activate(v, a.act));
   } else if (OUT == GEMV_OUT_F32) {
     static_cast<float*>(a.y)[(int64_t)r * a.out + o] = v;
-  } else {  // GEMV_OUT_QKV
+  } else if (OUT == GEMV_OUT_QKV) {
     float* qkv = static_cast<float*>(a.y) + (int64_t)r * a.out;
     if (o < a.geom.q_width()) {
       qkv[o] = v * a.qscale;
@@ -424,6 +430,7 @@ __device__ __forceinline__ void gemv_pass(const GemvArgs& a, const GemvShape& s,
 // of s.opb * in elements of T. in % 8 == 0.
 template <typename T, int R, int IN, int OUT, int RPW>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, GemvShape s) {
+  static_assert(OUT != GEMV_OUT_GATED, "gated outputs take gemv_stream_kernel");
   extern __shared__ __align__(16) unsigned char gemv_smem[];
   __shared__ float part_acc[kGemvWarps][R];
   __shared__ int64_t kvrow[kGemvMaxRows], rows[kGemvMaxRows];
@@ -543,6 +550,231 @@ void gemv_allow_smem(int device) {
   gemv_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_ACT>(device);
   gemv_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_F32>(device);
   gemv_allow_smem_one<T, GEMV_IN_T, GEMV_OUT_RESID>(device);
+}
+
+// Streaming gemv: the projections of large models (hidden 2048–8192) at 1–4 rows, where a
+// pass staged through shared memory (gemv_kernel) cannot keep enough bytes in flight to
+// read the weights at the memory's rate. Each warp streams its own weight rows from
+// global memory straight into registers, kGemvStreamUnroll 16-byte loads a row and two
+// rows at a time, and only the input rows sit in shared memory.
+constexpr int kGemvStreamUnroll = 8;  // 16-byte chunks a lane loads of each row per step
+constexpr int kGemvStreamBlocks = 2;  // blocks a multiprocessor (__launch_bounds__)
+constexpr size_t kGemvStreamMaxSmem = 96 * 1024;  // the input rows, R * in * sizeof(T)
+
+// ld_stream16 loads 16 bytes read once (not kept in L1), or zeros where ok is false; the
+// load is predicated, not branched around, so a run of them issues together.
+__device__ __forceinline__ uint4 ld_stream16(const uint4* p, bool ok) {
+  uint4 v;
+  asm volatile(
+      "{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %5, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  mov.b32 %1, 0;\n"
+      "  mov.b32 %2, 0;\n"
+      "  mov.b32 %3, 0;\n"
+      "  @p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      "}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"((int)ok));
+  return v;
+}
+
+// gemv_stream_load issues one step's loads of a row: chunks c0 + 32·i (i <
+// kGemvStreamUnroll; c0 is the step's first chunk plus the lane) of row p, zeros past the
+// row's chunks or where ok is false.
+__device__ __forceinline__ void gemv_stream_load(uint4 (&wv)[kGemvStreamUnroll], const uint4* p,
+                                                 bool ok, int c0, int chunks) {
+#pragma unroll
+  for (int i = 0; i < kGemvStreamUnroll; i++)
+    wv[i] = ld_stream16(p + c0 + 32 * i, ok && c0 + 32 * i < chunks);
+}
+
+// gemv_stream_prefetch asks L2 for what gemv_stream_load would load, without registers.
+__device__ __forceinline__ void gemv_stream_prefetch(const uint4* p, bool ok, int c0, int chunks) {
+#pragma unroll
+  for (int i = 0; i < kGemvStreamUnroll; i++)
+    if (ok && c0 + 32 * i < chunks)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(p + c0 + 32 * i));
+}
+
+// gemv_stream_kernel: blocks of kGemvThreads, each warp a unit of two weight rows at a
+// time — rows 2u and 2u + 1 (the second absent where out is odd), or for GEMV_OUT_GATED
+// the gate row u and the up row out + u — units u = global warp, + total warps, … of
+// ceil(out / 2) (out for GATED). Lane l takes 16-byte chunks l + 32·k of a row (in / 8
+// chunks, in % 8 == 0) in steps of kGemvStreamUnroll, so a lane has 2 · kGemvStreamUnroll
+// loads in flight; a step's loads past the row's end are predicated off as zeros. The
+// first step's loads are issued before waiting for the previous kernel (the weights do not
+// depend on it), each later one as soon as the step before is computed, before the
+// finished unit's sums and stores. The input rows' pieces come from shared memory and
+// serve both rows. Rows r >= n of R are neither computed nor stored.
+// Dynamic shared memory: the input rows xs, [R][in] T.
+template <typename T, int R, int IN, int OUT>
+__global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
+    gemv_stream_kernel(GemvArgs a) {
+  constexpr int U = kGemvStreamUnroll;
+  constexpr bool kGated = OUT == GEMV_OUT_GATED;
+  extern __shared__ __align__(16) unsigned char gemv_smem[];
+  __shared__ int64_t kvrow[kGemvMaxRows], rows[kGemvMaxRows];
+  griddep_launch();
+  T* xs = reinterpret_cast<T*>(gemv_smem);
+  const int n = a.n, lane = threadIdx.x & 31, chunks = a.in / 8;
+  const int64_t units = kGated ? a.out : (a.out + 1) / 2;
+  const int64_t stride = (int64_t)gridDim.x * kGemvWarps;
+  const uint4* w = static_cast<const uint4*>(a.w);
+  // The unit's rows: w0 and w1 point at their first chunk (w1 = w0 for an absent second).
+  int64_t u = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  const uint4 *w0 = nullptr, *w1 = nullptr;
+  bool has1 = false;
+  auto rows_of = [&](int64_t unit) {
+    const int64_t r0 = kGated ? unit : 2 * unit;
+    has1 = kGated || r0 + 1 < a.out;
+    w0 = w + r0 * chunks;
+    w1 = has1 ? w + (kGated ? a.out + unit : r0 + 1) * chunks : w0;
+  };
+  uint4 wv[2][U];
+  int k0 = 0;  // the step's first chunk (the same for the whole warp)
+  if (u < units) {
+    rows_of(u);
+    gemv_stream_load(wv[0], w0, true, lane, chunks);
+    gemv_stream_prefetch(w1, has1, lane, chunks);
+  }
+  const LnParams lp = gemv_ln_params<IN>(a);
+  gemv_kv_rows(a, OUT == GEMV_OUT_QKV, kvrow, rows);
+  __syncthreads();
+  griddep_wait();
+  gemv_input<T, R, IN>(a, lp, xs, rows);
+  if (u < units) gemv_stream_load(wv[1], w1, has1, lane, chunks);
+  const uint4* xw = reinterpret_cast<const uint4*>(xs);
+  float acc[2][R];
+#pragma unroll
+  for (int j = 0; j < 2; j++)
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[j][r] = 0.f;
+  while (u < units) {
+#pragma unroll
+    for (int i = 0; i < U; i++) {
+      const int c = k0 + lane + 32 * i;
+      if (c < chunks) {
+        // The input pieces once per chunk, for both rows.
+        uint4 xv[R];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+          if (r < n) xv[r] = xw[r * chunks + c];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          if (r < n) {
+            dot8<T>(wv[0][i], xv[r], acc[0][r]);
+            dot8<T>(wv[1][i], xv[r], acc[1][r]);
+          }
+        }
+      }
+    }
+    // The next step's loads go out before this unit's sums and stores (if it is done).
+    const int64_t done = u;
+    const bool had1 = has1, last = k0 + 32 * U >= chunks;
+    if (last) {
+      u += stride;
+      k0 = 0;
+      if (u < units) rows_of(u);
+    } else {
+      k0 += 32 * U;
+    }
+    if (u < units) {
+      gemv_stream_load(wv[0], w0, true, k0 + lane, chunks);
+      gemv_stream_load(wv[1], w1, has1, k0 + lane, chunks);
+    }
+    if (!last) continue;
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+      for (int r = 0; r < R; r++) acc[j][r] = warp_sum(acc[j][r]);
+    if constexpr (kGated) {
+      // Lane r finishes row r: gated_act_kernel's formula.
+      if (lane < n) {
+        float g = 0.f, v = 0.f;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+          if (lane == r) g = acc[0][r], v = acc[1][r];
+        const int o = (int)done;
+        if (a.bias) g += a.bias[o], v += a.bias[a.out + o];
+        static_cast<T*>(a.y)[(int64_t)lane * a.out + o] = from_f32<T>(activate(g, a.act) * v);
+      }
+    } else {
+      // Lanes 0… finish row r of output 2u, lanes 16… of output 2u + 1.
+      const int j = lane >> 4, r = lane & 15;
+      if (r < n && (j == 0 || had1)) {
+        float v = 0.f;
+#pragma unroll
+        for (int rr = 0; rr < R; rr++)
+          if (r == rr) v = j ? acc[1][rr] : acc[0][rr];
+        const int o = (int)(2 * done + j);
+        gemv_store<T, OUT>(a, kvrow, r, o, a.bias ? v + a.bias[o] : v);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+      for (int r = 0; r < R; r++) acc[j][r] = 0.f;
+  }
+}
+
+// gemv_stream_fits says whether the streaming gemv can run n rows of width in: its input
+// rows fit kGemvStreamMaxSmem (fp16/bf16), so two blocks fit a multiprocessor.
+inline bool gemv_stream_fits(int n, int in) {
+  return n >= 1 && n <= 4 && in > 0 && in % 8 == 0 &&
+         (size_t)gemv_rows(n) * in * 2 <= kGemvStreamMaxSmem;
+}
+
+// gemv_stream_units is how many units (gemv_stream_kernel) a launch's outputs make.
+template <int OUT>
+int64_t gemv_stream_units(const GemvArgs& a) {
+  return OUT == GEMV_OUT_GATED ? a.out : ((int64_t)a.out + 1) / 2;
+}
+
+template <typename T, int R, int IN, int OUT>
+void gemv_stream_launch(const GemvArgs& a, int sms, Stream stream) {
+  // Every block resident at once (kGemvStreamBlocks a multiprocessor: 16 warps, each with
+  // 16 loads of 512 bytes a warp in flight); the warps stride over the units.
+  const int64_t units = gemv_stream_units<OUT>(a);
+  if (units == 0) return;
+  const int64_t grid = std::min<int64_t>((units + kGemvWarps - 1) / kGemvWarps,
+                                         (int64_t)kGemvStreamBlocks * sms);
+  const size_t smem = align_up16((size_t)R * a.in * sizeof(T));
+  launch("gemv_stream_kernel", gemv_stream_kernel<T, R, IN, OUT>, (int)grid, kGemvThreads,
+         smem, stream, a);
+}
+
+// gemv_stream is gemv for the rows gemv_stream_fits allows (n <= 4), and also takes
+// GEMV_OUT_GATED.
+template <typename T, int IN, int OUT>
+void gemv_stream(const GemvArgs& a, int sms, Stream stream) {
+  switch (gemv_rows(a.n)) {
+    case 1: gemv_stream_launch<T, 1, IN, OUT>(a, sms, stream); break;
+    case 2: gemv_stream_launch<T, 2, IN, OUT>(a, sms, stream); break;
+    default: gemv_stream_launch<T, 4, IN, OUT>(a, sms, stream); break;
+  }
+}
+
+// gemv_stream_allow_smem lets every streaming kernel gemv_stream launches use up to
+// kGemvStreamMaxSmem of dynamic shared memory, or what the device allows it.
+template <typename T, int IN, int OUT>
+void gemv_stream_allow_smem_one(int device) {
+  const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  void (*ks[3])(GemvArgs) = {gemv_stream_kernel<T, 1, IN, OUT>, gemv_stream_kernel<T, 2, IN, OUT>,
+                             gemv_stream_kernel<T, 4, IN, OUT>};
+  for (auto k : ks)
+    CUDA_CHECK(cudaFuncSetAttribute(
+        k, attr, (int)std::min(kGemvStreamMaxSmem, dynamic_smem_max(k, device))));
+}
+
+template <typename T>
+void gemv_stream_allow_smem(int device) {
+  gemv_stream_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_F32>(device);
+  gemv_stream_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_QKV>(device);
+  gemv_stream_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_GATED>(device);
+  gemv_stream_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_ACT>(device);
+  gemv_stream_allow_smem_one<T, GEMV_IN_T, GEMV_OUT_RESID>(device);
 }
 
 }  // namespace gollm

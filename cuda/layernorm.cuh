@@ -168,4 +168,28 @@ void gather_rows(const T* src, const int32_t* idx, T* dst, int n, int width, Str
   launch("gather_rows_kernel", gather_rows_kernel<T>, n, 256, 0, stream, src, idx, dst, width);
 }
 
+// unpad_rows_kernel copies n rows of width floats from src [n][ld] to dst [n][width]: the
+// LM head's logits, which cuBLAS writes with a row stride that keeps every row 16-byte
+// aligned (lm_head_ld). Grid (ceil(width / 1024), n), 256 threads, 4 columns a thread.
+__global__ void unpad_rows_kernel(const float* __restrict__ src, float* __restrict__ dst, int width,
+                                  int ld) {
+  griddep_launch();
+  griddep_wait();
+  const float* s = src + (int64_t)blockIdx.y * ld;
+  float* d = dst + (int64_t)blockIdx.y * width;
+  const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
+  if (c0 + 3 < width) {
+    const float4 v = *reinterpret_cast<const float4*>(s + c0);
+    d[c0] = v.x, d[c0 + 1] = v.y, d[c0 + 2] = v.z, d[c0 + 3] = v.w;
+  } else {
+    for (int c = c0; c < width; c++) d[c] = s[c];
+  }
+}
+
+inline void unpad_rows(const float* src, float* dst, int n, int width, int ld, Stream stream) {
+  if (n == 0) return;
+  launch("unpad_rows_kernel", unpad_rows_kernel, dim3((width + 1023) / 1024, n), 256, 0, stream,
+         src, dst, width, ld);
+}
+
 }  // namespace gollm

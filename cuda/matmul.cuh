@@ -20,14 +20,16 @@ void matmul_xw(cublasHandle_t h, const T* x, const T* w, float* y, int n, int in
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// matmul_xwt: y[n][out] (fp32) = x[n][in] (T) · w[out][in]ᵀ (T), row-major — the LM head
-// over the tied embedding [vocab][hidden]: m = out, n = n, k = in, A transposed.
+// matmul_xwt: y[n][ldy] (fp32; columns 0..out-1 written; ldy = out unless given) = x[n][in]
+// (T) · w[out][in]ᵀ (T), row-major — the projections and the LM head: m = out, n = n,
+// k = in, A transposed.
 template <typename T>
-void matmul_xwt(cublasHandle_t h, const T* x, const T* w, float* y, int n, int in, int out) {
+void matmul_xwt(cublasHandle_t h, const T* x, const T* w, float* y, int n, int in, int out,
+                int ldy = 0) {
   if (n == 0) return;
   const float one = 1.f, zero = 0.f;
   CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w, cuda_type<T>(),
-                            in, x, cuda_type<T>(), in, &zero, y, CUDA_R_32F, out,
+                            in, x, cuda_type<T>(), in, &zero, y, CUDA_R_32F, ldy > 0 ? ldy : out,
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 

@@ -43,6 +43,16 @@ inline int decode_splits(int rows, int heads, int sms, int max_len) {
   return std::max(1, std::min({want, most, 16}));
 }
 
+// gqa_decode_fits says whether grouped decode attention (attention_decode_gqa) takes
+// head_dim: its lanes split a row into 16-byte pieces, a power of two of them, 2 to 16.
+inline bool gqa_decode_fits(int head_dim) {
+  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
+}
+
+// lm_head_ld is the row stride of the LM head's cuBLAS output for vocab rows: a multiple
+// of 4 floats, so that every row is 16-byte aligned.
+inline int lm_head_ld(int vocab) { return (vocab + 3) / 4 * 4; }
+
 // kGemvMaxRows is the most token rows the gemv kernels take.
 constexpr int kGemvMaxRows = 8;
 // kFusedRows is the most token rows of a fused decode step (fused.cuh): each row

@@ -218,8 +218,13 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
     }
   }
 
-  // Arena layout: matrices in the compute type, vectors in fp32, each 256-byte aligned.
+  // Arena layout: matrices in the compute type, vectors in fp32, each 256-byte aligned. The
+  // LM head's matrix (the embedding's, when tied) gets zero rows up to lm_head_ld(vocab),
+  // so that its GEMM has no odd dimension (cuBLAS takes a slow kernel for GPT-2's 50,257).
   const size_t es = 2;
+  auto head_role = [&](int r) {
+    return r == GOLLM_ROLE_LM_HEAD || (c.tied_head && r == GOLLM_ROLE_EMBED);
+  };
   size_t off = 0;
   std::vector<size_t> where((size_t)slots * GOLLM_ROLES, SIZE_MAX);
   for (int slot = 0; slot < slots; slot++)
@@ -227,6 +232,7 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
       if (given[(size_t)slot * GOLLM_ROLES + r] == 0) continue;
       int64_t rows, cols;
       role_shape(c, r, rows, cols);
+      if (slot == 0 && head_role(r)) rows = lm_head_ld((int)rows);
       where[(size_t)slot * GOLLM_ROLES + r] = off;
       off = align_up(off + (size_t)(rows * cols) * (is_matrix(r) ? es : 4));
     }
@@ -255,6 +261,12 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
     std::snprintf(what, sizeof what, "layer %d %s rows %lld…", wt.layer, role_name(wt.role), (long long)row);
     upload(wt.part, what, matrix, p->dtype, dst, staging, stream);
     row += wt.part.rows;
+  }
+  for (int r = 0; r < GOLLM_FIRST_LAYER_ROLE; r++) {
+    int64_t rows, cols;
+    if (!at(0, r) || !head_role(r) || !role_shape(c, r, rows, cols)) continue;
+    CUDA_CHECK(cudaMemset(static_cast<char*>(at(0, r)) + (size_t)(rows * cols) * es, 0,
+                          (size_t)((lm_head_ld((int)rows) - rows) * cols) * es));
   }
   if (c.positions == GOLLM_POS_ROTARY) {
     CUDA_CHECK(cudaMemcpy(base + freq_off, p->rope_inv_freq, (size_t)c.rope_dim / 2 * 4,

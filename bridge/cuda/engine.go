@@ -76,17 +76,23 @@ type Tuning struct {
 	NoBulk bool
 	// NoFused runs decode steps' MLP as two gemv kernels instead of one.
 	NoFused bool
+	// NoGrouped runs decode attention a block per query head instead of per KV head.
+	NoGrouped bool
+	// NoStream runs few-row steps of wide models (hidden over 1024) on cuBLAS instead of
+	// the streaming gemv kernels.
+	NoStream bool
 	// GemvRows is the most token rows on the gemv path (0..8); 0 keeps the default (4),
 	// and a negative value turns the gemv path off.
 	GemvRows int
 }
 
 // TuningFromEnv reads the debugging switches GOLLM_CUDA_PDL=0, GOLLM_CUDA_BULK=0,
-// GOLLM_CUDA_FUSED=0 and GOLLM_CUDA_GEMV_ROWS=n, so that benchmarks and the GPU checks can
+// GOLLM_CUDA_FUSED=0, GOLLM_CUDA_GROUPED=0, GOLLM_CUDA_STREAM=0 and GOLLM_CUDA_GEMV_ROWS=n, so that benchmarks and the GPU checks can
 // compare kernel paths without a rebuild. The backend never reads them.
 func TuningFromEnv() Tuning {
 	off := func(name string) bool { v := os.Getenv(name); return v != "" && v[0] == '0' }
-	t := Tuning{NoPDL: off("GOLLM_CUDA_PDL"), NoBulk: off("GOLLM_CUDA_BULK"), NoFused: off("GOLLM_CUDA_FUSED")}
+	t := Tuning{NoPDL: off("GOLLM_CUDA_PDL"), NoBulk: off("GOLLM_CUDA_BULK"), NoFused: off("GOLLM_CUDA_FUSED"),
+		NoGrouped: off("GOLLM_CUDA_GROUPED"), NoStream: off("GOLLM_CUDA_STREAM")}
 	if v := os.Getenv("GOLLM_CUDA_GEMV_ROWS"); v != "" {
 		if n, err := strconv.Atoi(v); err == nil {
 			t.GemvRows = n
@@ -439,6 +445,12 @@ func newEngine(w *Weights, opts Options, comm *C.gollm_comm) (*Engine, error) {
 	}
 	if t.NoFused {
 		p.tuning_off |= C.GOLLM_TUNING_NO_FUSED
+	}
+	if t.NoGrouped {
+		p.tuning_off |= C.GOLLM_TUNING_NO_GROUPED
+	}
+	if t.NoStream {
+		p.tuning_off |= C.GOLLM_TUNING_NO_STREAM
 	}
 	switch {
 	case t.GemvRows < 0:
