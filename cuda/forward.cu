@@ -149,10 +149,17 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     if (small) {
       GemvArgs a = gemv_args(N);
       // QKV with the attention norm before; without rotary positions the KV write after,
-      // with them qkv_kv_write rotates and writes (the bias is added here).
+      // with them qkv_kv_write rotates and writes (the bias is added here) — or, on wide
+      // models with rotary over the whole head, the streaming gemv does both itself.
       a.w = lw.qkv_w, a.bias = lw.qkv_b, a.in = H, a.out = d.qkv;
       a.gamma = lw.norm1_w, a.beta = lw.norm1_b, a.y = qkv;
-      if (inv_freq) {
+      if (inv_freq && wide && c.rope_dim == c.head_dim) {
+        // The streaming gemv rotates, scales and writes keys and values itself.
+        a.kv = kv, a.row_pos = I32(L.row_pos), a.row_seq = I32(L.row_seq);
+        a.seqs = seqs, a.blocks = words, a.geom = e->geom, a.layer = l;
+        a.qscale = 1.f / sqrtf((float)c.head_dim), a.inv_freq = inv_freq;
+        gemv_stream<T, GEMV_IN_LN, GEMV_OUT_ROPE>(a, e->sms, st);
+      } else if (inv_freq) {
         gemv_any<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, wide, st);
         qkv_kv_write<T>(qkv, nullptr, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom,
                         l, N, inv_freq, c.rope_dim, st);

@@ -14,6 +14,7 @@ namespace gollm {
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
 constexpr int kGemvUnroll = 4;  // 16-byte input loads a lane has in flight
+constexpr int kGemvWideCols = 8192;  // the widest norm input held in registers (gemv_input)
 
 inline __host__ __device__ size_t align_up16(size_t n) { return (n + 15) & ~(size_t)15; }
 
@@ -32,7 +33,12 @@ enum GemvOut {
   // y[r][o] = T(act(g + bg[o]) · (u + bu[o])): the gated MLP's units, g and u the products
   // with rows o and out + o of W [2·out][in] (gate, then up), bias [2·out] (bg, then bu).
   // gemv_stream_kernel only.
-  GEMV_OUT_GATED = 4
+  GEMV_OUT_GATED = 4,
+  // qkv[r][o] = rotary(v) · qscale for the queries, the keys rotated and the values to the
+  // pool only; rotary pairs (i, i + head_dim/2) of every query and key head by the angle
+  // inv_freq[i] · row_pos[r] (qkv_rope_write_kernel's arithmetic, rope_dim = head_dim).
+  // gemv_stream_kernel only.
+  GEMV_OUT_ROPE = 5
 };
 
 // Fixed-point residual additions: kernels whose blocks each add a partial sum to the
@@ -75,6 +81,7 @@ struct GemvArgs {
   KVGeom geom;
   int layer;
   float qscale;
+  const float* inv_freq; // GEMV_OUT_ROPE: [head_dim / 2]
   bool bulk;             // stage the weights with bulk copies (sm_90)
 };
 
@@ -308,9 +315,60 @@ __device__ __forceinline__ void gemv_input(const GemvArgs& a, const LnParams& lp
           }
         }
       }
+    } else if (in <= kGemvWideCols && !a.acc) {
+      // Wide rows (the streaming gemv's models, hidden up to 8192): a row at a time over
+      // the whole block, thread t holding columns 4(t + 256v) in registers — every load of
+      // the row issued together, one memory round trip — then the mean and the variance by
+      // two block sums, as the path above does for narrow rows. (The warp-a-row loop below
+      // cost the TinyLlama shape's QKV gemv 6 of its 14 µs.)
+      __shared__ float red[kGemvWarps][1];
+      constexpr int V = kGemvWideCols / (4 * kGemvThreads);
+      const int in4 = in / 4;
+      for (int r = 0; r < n && r < R; r++) {
+        const float4* hr = reinterpret_cast<const float4*>(a.h + row_of(r) * in);
+        float4 x[V];
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+          const int c = threadIdx.x + v * kGemvThreads;
+          x[v] = c < in4 ? ld_f4_now(hr + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        float s[1] = {0.f};
+        if (!a.rms) {
+#pragma unroll
+          for (int v = 0; v < V; v++) s[0] += (x[v].x + x[v].y) + (x[v].z + x[v].w);
+          block_sums<1>(s, red);
+        }
+        const float mean = s[0] / in;
+        float q[1] = {0.f};
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+          if (threadIdx.x + v * kGemvThreads < in4) {
+            const float dx = x[v].x - mean, dy = x[v].y - mean, dz = x[v].z - mean,
+                        dw = x[v].w - mean;
+            q[0] += (dx * dx + dy * dy) + (dz * dz + dw * dw);
+          }
+        }
+        block_sums<1>(q, red);
+        const float rstd = rsqrtf(q[0] / in + a.eps);
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+          const int c = threadIdx.x + v * kGemvThreads;
+          if (c < in4) {
+            const float4 g = reinterpret_cast<const float4*>(a.gamma)[c];
+            const float4 bb = a.beta ? reinterpret_cast<const float4*>(a.beta)[c]
+                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+            T* xr = xs + r * in + 4 * c;
+            xr[0] = from_f32<T>((x[v].x - mean) * rstd * g.x + bb.x);
+            xr[1] = from_f32<T>((x[v].y - mean) * rstd * g.y + bb.y);
+            xr[2] = from_f32<T>((x[v].z - mean) * rstd * g.z + bb.z);
+            xr[3] = from_f32<T>((x[v].w - mean) * rstd * g.w + bb.w);
+          }
+        }
+      }
     } else {
-      // Wide rows: warp r takes row r's mean and variance with shuffles alone (R <=
-      // kGemvWarps), so the prologue costs one block barrier instead of two per row.
+      // Wider rows, or fixed-point additions: warp r takes row r's mean and variance with
+      // shuffles alone (R <= kGemvWarps), so the prologue costs one block barrier instead
+      // of two per row.
       __shared__ float stats[kGemvWarps][2];
       if (warp < n) {
         const int64_t row = row_of(warp);
@@ -430,7 +488,8 @@ __device__ __forceinline__ void gemv_pass(const GemvArgs& a, const GemvShape& s,
 // of s.opb * in elements of T. in % 8 == 0.
 template <typename T, int R, int IN, int OUT, int RPW>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a, GemvShape s) {
-  static_assert(OUT != GEMV_OUT_GATED, "gated outputs take gemv_stream_kernel");
+  static_assert(OUT != GEMV_OUT_GATED && OUT != GEMV_OUT_ROPE,
+                "gated and rotary outputs take gemv_stream_kernel");
   extern __shared__ __align__(16) unsigned char gemv_smem[];
   __shared__ float part_acc[kGemvWarps][R];
   __shared__ int64_t kvrow[kGemvMaxRows], rows[kGemvMaxRows];
@@ -614,6 +673,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
     gemv_stream_kernel(GemvArgs a) {
   constexpr int U = kGemvStreamUnroll;
   constexpr bool kGated = OUT == GEMV_OUT_GATED;
+  constexpr bool kRope = OUT == GEMV_OUT_ROPE;
   extern __shared__ __align__(16) unsigned char gemv_smem[];
   __shared__ int64_t kvrow[kGemvMaxRows], rows[kGemvMaxRows];
   griddep_launch();
@@ -626,7 +686,16 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
   int64_t u = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   const uint4 *w0 = nullptr, *w1 = nullptr;
   bool has1 = false;
+  // A rotary unit is the pair (i, i + D/2) of one head (query, key or value alike).
+  const int half = a.geom.head_dim / 2;
+  auto rope_row = [&](int64_t unit) { return unit / half * 2 * half + unit % half; };
   auto rows_of = [&](int64_t unit) {
+    if (kRope) {
+      has1 = true;
+      w0 = w + rope_row(unit) * chunks;
+      w1 = w0 + (int64_t)half * chunks;
+      return;
+    }
     const int64_t r0 = kGated ? unit : 2 * unit;
     has1 = kGated || r0 + 1 < a.out;
     w0 = w + r0 * chunks;
@@ -640,7 +709,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
     gemv_stream_prefetch(w1, has1, lane, chunks);
   }
   const LnParams lp = gemv_ln_params<IN>(a);
-  gemv_kv_rows(a, OUT == GEMV_OUT_QKV, kvrow, rows);
+  gemv_kv_rows(a, OUT == GEMV_OUT_QKV || kRope, kvrow, rows);
   __syncthreads();
   griddep_wait();
   gemv_input<T, R, IN>(a, lp, xs, rows);
@@ -689,7 +758,34 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
     for (int j = 0; j < 2; j++)
 #pragma unroll
       for (int r = 0; r < R; r++) acc[j][r] = warp_sum(acc[j][r]);
-    if constexpr (kGated) {
+    if constexpr (kRope) {
+      // Lane r finishes row r's pair: qkv_rope_write_kernel's arithmetic.
+      if (lane < n) {
+        float x0 = 0.f, x1 = 0.f;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+          if (lane == r) x0 = acc[0][r], x1 = acc[1][r];
+        const int h = (int)(done / half), i = (int)(done % half);
+        const int c0 = h * 2 * half + i, c1 = c0 + half;
+        if (a.bias) x0 += a.bias[c0], x1 += a.bias[c1];
+        const KVGeom& g = a.geom;
+        if (h < g.heads + g.kv_heads) {
+          float sn, cs;
+          sincosf(a.inv_freq[i] * (float)a.row_pos[lane], &sn, &cs);
+          const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+          x0 = y0, x1 = y1;
+        }
+        if (h < g.heads) {
+          float* q = static_cast<float*>(a.y) + (int64_t)lane * a.out;
+          q[c0] = x0 * a.qscale;
+          q[c1] = x1 * a.qscale;
+        } else {
+          T* kv = static_cast<T*>(a.kv) + kvrow[lane];
+          kv[g.kv_col(c0)] = from_f32<T>(x0);
+          kv[g.kv_col(c1)] = from_f32<T>(x1);
+        }
+      }
+    } else if constexpr (kGated) {
       // Lane r finishes row r: gated_act_kernel's formula.
       if (lane < n) {
         float g = 0.f, v = 0.f;
@@ -729,7 +825,7 @@ inline bool gemv_stream_fits(int n, int in) {
 // gemv_stream_units is how many units (gemv_stream_kernel) a launch's outputs make.
 template <int OUT>
 int64_t gemv_stream_units(const GemvArgs& a) {
-  return OUT == GEMV_OUT_GATED ? a.out : ((int64_t)a.out + 1) / 2;
+  return OUT == GEMV_OUT_GATED ? a.out : ((int64_t)a.out + 1) / 2;  // ROPE: out is even
 }
 
 template <typename T, int R, int IN, int OUT>
@@ -773,6 +869,7 @@ void gemv_stream_allow_smem(int device) {
   gemv_stream_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_F32>(device);
   gemv_stream_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_QKV>(device);
   gemv_stream_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_GATED>(device);
+  gemv_stream_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_ROPE>(device);
   gemv_stream_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_ACT>(device);
   gemv_stream_allow_smem_one<T, GEMV_IN_T, GEMV_OUT_RESID>(device);
 }
