@@ -374,11 +374,7 @@ void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_
 constexpr int kGqaWarps = 4;
 constexpr int kGqaThreads = 32 * kGqaWarps;
 constexpr int kGqaMinPart = 32 * kGqaWarps;  // a chunk for every warp
-constexpr int kGqaMaxGroup = 8;              // query heads a block takes at most
 
-// gqa_group is the compile-time number of query heads a block holds for G heads per KV
-// head: G rounded up to a power of two, at most kGqaMaxGroup.
-inline int gqa_group(int G) { return G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGqaMaxGroup; }
 
 template <typename T, int D, int GB>
 __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(

@@ -67,10 +67,10 @@ void gemm_lm_head(gollm_engine* e, int m) {
                 lm_head_ld(d.V));
 }
 
-// gemv_any runs a few-row projection on the streaming gemv (wide models) or the staged one.
+// gemv_any runs a few-row projection on the streaming gemv or the staged one.
 template <typename T, int IN, int OUT>
-void gemv_any(const GemvArgs& a, int sms, bool wide, Stream st) {
-  if (wide)
+void gemv_any(const GemvArgs& a, int sms, bool streamed, Stream st) {
+  if (streamed)
     gemv_stream<T, IN, OUT>(a, sms, st);
   else
     gemv<T, IN, OUT>(a, sms, st);
@@ -109,18 +109,25 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   T* fch = e->fch.as<T>();
   T* kv = e->kv.as<T>();
 
-  // Few rows: fused gemv kernels reading the weights once (decode at small batch); on wide
-  // models (hidden over 1024) the streaming gemv, whose warps read their weight rows
-  // straight into registers — the staged passes of gemv_kernel and the one-kernel MLP keep
-  // too few bytes in flight for matrices of 8–90 MB.
-  const bool wide = e->stream_gemv && H > 1024;
-  auto fits = [&](int in) { return wide ? gemv_stream_fits(N, in) : gemv_fits(N, in); };
-  const bool small = !tp && N <= e->gemv_rows_max && fits(H) && fits(d.I) && fits(d.att) &&
-                     pl.chunks.size() <= 1 &&
-                     (pl.chunks.empty() || pl.chunks[0].count <= kGemvMaxRows);
+  // Few rows: gemv kernels with their neighbours fused, reading the weights once (decode at
+  // small batch). A single row takes the streaming gemv on every model, whose warps read
+  // their weight rows straight into registers (H100, decode b1: GPT-2 0.31 -> 0.28
+  // ms/token, GPT-350M b1 i128 o8 6.7-7.1 -> 5.5-5.8 ms, the TinyLlama shape 1.45 -> 1.08
+  // against cuBLAS); at 4 rows it lost (TinyLlama 1.46 -> 1.81, GPT-2 0.46 -> 0.48: its
+  // norm prologue goes a row at a time, and each row converts the weights again), so 2-4
+  // rows keep the staged gemv and one-kernel MLP (narrow models, hidden up to 1024; their
+  // passes through shared memory keep too few bytes in flight for wider ones) or cuBLAS.
+  auto chunks_ok = [&] {
+    return pl.chunks.size() <= 1 && (pl.chunks.empty() || pl.chunks[0].count <= kGemvMaxRows);
+  };
+  const bool streamed = e->stream_gemv && N == 1 && gemv_stream_fits(N, H) &&
+                    gemv_stream_fits(N, d.I) && gemv_stream_fits(N, d.att) && chunks_ok();
+  const bool small = streamed || (!tp && N <= e->gemv_rows_max && gemv_fits(N, H) &&
+                              gemv_fits(N, d.I) && gemv_fits(N, d.att) && chunks_ok());
   // Decode-only steps of few rows: four kernels a layer (five with rotary), the MLP in one
   // (fused.cuh) with the residual stream's additions in fixed point.
-  const bool fused = small && !wide && e->fused && pl.tiles.empty() && (int)pl.dec_rows.size() == N &&
+  const bool fused = small && !streamed && e->fused && pl.tiles.empty() &&
+                     (int)pl.dec_rows.size() == N &&
                      N <= kFusedRows;
   unsigned long long* acc = fused ? e->acc.as<unsigned long long>() : nullptr;
   const bool few_dec = (int)pl.dec_rows.size() <= kFusedRows;
@@ -149,25 +156,25 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     if (small) {
       GemvArgs a = gemv_args(N);
       // QKV with the attention norm before; without rotary positions the KV write after,
-      // with them qkv_kv_write rotates and writes (the bias is added here) — or, on wide
-      // models with rotary over the whole head, the streaming gemv does both itself.
+      // with them qkv_kv_write rotates and writes (the bias is added here) — or, with
+      // rotary over the whole head, the streaming gemv does both itself.
       a.w = lw.qkv_w, a.bias = lw.qkv_b, a.in = H, a.out = d.qkv;
       a.gamma = lw.norm1_w, a.beta = lw.norm1_b, a.y = qkv;
-      if (inv_freq && wide && c.rope_dim == c.head_dim) {
+      if (inv_freq && streamed && c.rope_dim == c.head_dim) {
         // The streaming gemv rotates, scales and writes keys and values itself.
         a.kv = kv, a.row_pos = I32(L.row_pos), a.row_seq = I32(L.row_seq);
         a.seqs = seqs, a.blocks = words, a.geom = e->geom, a.layer = l;
         a.qscale = 1.f / sqrtf((float)c.head_dim), a.inv_freq = inv_freq;
         gemv_stream<T, GEMV_IN_LN, GEMV_OUT_ROPE>(a, e->sms, st);
       } else if (inv_freq) {
-        gemv_any<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, wide, st);
+        gemv_any<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, streamed, st);
         qkv_kv_write<T>(qkv, nullptr, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom,
                         l, N, inv_freq, c.rope_dim, st);
       } else {
         a.kv = kv, a.row_pos = I32(L.row_pos), a.row_seq = I32(L.row_seq);
         a.seqs = seqs, a.blocks = words, a.geom = e->geom, a.layer = l;
         a.qscale = 1.f / sqrtf((float)c.head_dim);
-        gemv_any<T, GEMV_IN_LN, GEMV_OUT_QKV>(a, e->sms, wide, st);
+        gemv_any<T, GEMV_IN_LN, GEMV_OUT_QKV>(a, e->sms, streamed, st);
       }
     } else {
       gemm_qkv<T>(e, lw, NG);
@@ -195,7 +202,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       // Attention output projection, added to the residual stream; in a fused step its
       // single writer per entry also moves the last MLP's fixed-point additions into h.
       a.w = lw.out_w, a.bias = lw.out_b, a.in = d.att, a.out = H, a.x = att, a.hout = h;
-      gemv_any<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, wide, st);
+      gemv_any<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, streamed, st);
       if (fused) {
         MlpArgs m{};
         m.bulk = e->bulk;
@@ -211,7 +218,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       // takes its gate and up outputs in fp32, then gated_act).
       a.w = lw.up_w, a.bias = lw.up_b, a.in = H, a.out = d.up, a.gamma = lw.norm2_w,
       a.beta = lw.norm2_b, a.act = c.activation;
-      if (c.gated_mlp && wide) {
+      if (c.gated_mlp && streamed) {
         // Gate and up rows in one kernel, act(gate) · up stored (a.out: the units).
         a.y = fch, a.out = d.I;
         gemv_stream<T, GEMV_IN_LN, GEMV_OUT_GATED>(a, e->sms, st);
@@ -221,12 +228,12 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
         gated_act<T>(fc, nullptr, fch, N, d.I, c.activation, st);
       } else {
         a.y = fch;
-        gemv_any<T, GEMV_IN_LN, GEMV_OUT_ACT>(a, e->sms, wide, st);
+        gemv_any<T, GEMV_IN_LN, GEMV_OUT_ACT>(a, e->sms, streamed, st);
       }
       // MLP down-projection, added to the residual stream.
       a = gemv_args(N);
       a.w = lw.down_w, a.bias = lw.down_b, a.in = d.I, a.out = H, a.x = fch, a.hout = h;
-      gemv_any<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, wide, st);
+      gemv_any<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, streamed, st);
       continue;
     }
     gemm_proj<T>(e, lw, NG);
@@ -256,7 +263,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       GemvArgs a = gemv_args(ch.count);
       a.idx = I32(L.lrow_src) + ch.first;
       a.gamma = w->final_w, a.beta = w->final_b, a.w = w->lm_head, a.in = H, a.out = VR, a.y = part;
-      gemv_any<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, wide, st);
+      gemv_any<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, streamed, st);
     } else {
       gather_rows<T>(xn, I32(L.lrow_src) + ch.first, e->xf.as<T>(), ch.count, H, st);
       gemm_lm_head<T>(e, gemm_rows(ch.count));

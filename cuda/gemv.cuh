@@ -611,9 +611,9 @@ void gemv_allow_smem(int device) {
   gemv_allow_smem_one<T, GEMV_IN_T, GEMV_OUT_RESID>(device);
 }
 
-// Streaming gemv: the projections of large models (hidden 2048–8192) at 1–4 rows, where a
-// pass staged through shared memory (gemv_kernel) cannot keep enough bytes in flight to
-// read the weights at the memory's rate. Each warp streams its own weight rows from
+// Streaming gemv: the projections of single-row steps (forward.cu; it takes up to 4 rows),
+// where a pass staged through shared memory (gemv_kernel) cannot keep enough bytes in
+// flight to read the weights at the memory's rate. Each warp streams its own weight rows from
 // global memory straight into registers, kGemvStreamUnroll 16-byte loads a row and two
 // rows at a time, and only the input rows sit in shared memory.
 constexpr int kGemvStreamUnroll = 8;  // 16-byte chunks a lane loads of each row per step

@@ -217,7 +217,7 @@ struct gollm_engine {
   bool bulk = false;              // gemv and MLP weights staged by bulk copies (sm_90 and later)
   bool fused = true;              // decode-only steps of up to kFusedRows rows: fused.cuh's MLP
   bool grouped = true;            // decode attention by KV head (attention_decode_gqa)
-  bool stream_gemv = true;        // few-row steps of wide models: gemv_stream
+  bool stream_gemv = true;        // few-row steps: gemv_stream
   // Most rows on the gemv path (gollm_engine_params.gemv_rows; 0 for models wider than
   // 1024, engine.cu). Past 4 rows cuBLAS's padded GEMMs win (H200, decode ms/token at 8
   // rows: GPT-2 0.65 gemv vs 0.60-0.62, GPT-350M 1.49 vs 1.21-1.23); at 4 and fewer the

@@ -43,6 +43,12 @@ inline int decode_splits(int rows, int heads, int sms, int max_len) {
   return std::max(1, std::min({want, most, 16}));
 }
 
+// gqa_group is how many query heads a block of grouped decode attention holds for G heads
+// per KV head: G rounded up to a power of two, at most kGqaMaxGroup (more take several
+// blocks).
+constexpr int kGqaMaxGroup = 8;
+inline int gqa_group(int G) { return G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGqaMaxGroup; }
+
 // gqa_decode_fits says whether grouped decode attention (attention_decode_gqa) takes
 // head_dim: its lanes split a row into 16-byte pieces, a power of two of them, 2 to 16.
 inline bool gqa_decode_fits(int head_dim) {
