@@ -141,8 +141,9 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     // The staged gemv kernels beat cuBLAS's GEMMs on narrow models only (H100, decode b1:
     // GPT-2 124M 0.31 ms/token against 0.36, GPT-350M faster too; the TinyLlama-1.1B
     // shape, hidden 2048, 2.00 against 1.44): their weight streams reach 0.7-1.1 TB/s,
-    // which small matrices hide behind launch costs and large ones do not. (Single-row
-    // steps take the streaming gemv before either: forward.cu.)
+    // which small matrices hide behind launch costs and large ones do not. (Steps of one or
+    // two rows, up to four on narrow models, take the streaming gemv before either:
+    // forward.cu's stream_rows.)
     e->gemv_rows_max = c.hidden <= 1024 ? kFusedRows : 0;
     if (p->gemv_rows >= 0) e->gemv_rows_max = p->gemv_rows;
     if (tp) e->gemv_rows_max = 0;

@@ -67,6 +67,14 @@ void gemm_lm_head(gollm_engine* e, int m) {
                 lm_head_ld(d.V));
 }
 
+// stream_rows is the most rows a step takes the streaming gemv for, on a model of hidden
+// width H — where it beat the other paths on an H100, alternating in one lease: 1 row (GPT-2
+// 0.31 -> 0.28 ms/token, GPT-350M b1 i128 o8 6.7 -> 5.5 ms, the TinyLlama shape 1.43 -> 1.08,
+// Llama-2-7B 6.34 -> 5.14, against the staged gemv or cuBLAS), 2 rows (TinyLlama 1.38 ->
+// 1.16, Llama-2-7B 5.89 -> 5.36), and 4 rows of a narrow model (GPT-2 0.46 -> 0.42); wide
+// models at 4 rows stay on cuBLAS (TinyLlama 1.40 against 1.45 streamed).
+inline int stream_rows(int H) { return H <= 1024 ? 4 : 2; }
+
 // gemv_any runs a few-row projection on the streaming gemv or the staged one.
 template <typename T, int IN, int OUT>
 void gemv_any(const GemvArgs& a, int sms, bool streamed, Stream st) {
@@ -110,17 +118,14 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   T* kv = e->kv.as<T>();
 
   // Few rows: gemv kernels with their neighbours fused, reading the weights once (decode at
-  // small batch). A single row takes the streaming gemv on every model, whose warps read
-  // their weight rows straight into registers (H100, decode b1: GPT-2 0.31 -> 0.28
-  // ms/token, GPT-350M b1 i128 o8 6.7-7.1 -> 5.5-5.8 ms, the TinyLlama shape 1.45 -> 1.08
-  // against cuBLAS); at 4 rows it lost (TinyLlama 1.46 -> 1.81, GPT-2 0.46 -> 0.48: its
-  // norm prologue goes a row at a time, and each row converts the weights again), so 2-4
-  // rows keep the staged gemv and one-kernel MLP (narrow models, hidden up to 1024; their
-  // passes through shared memory keep too few bytes in flight for wider ones) or cuBLAS.
+  // small batch). Up to stream_rows(H) rows take the streaming gemv, whose warps read their
+  // weight rows straight into registers; the rest of the few-row steps keep the staged gemv
+  // and one-kernel MLP (narrow models, hidden up to 1024; their passes through shared
+  // memory keep too few bytes in flight for wider ones) or cuBLAS.
   auto chunks_ok = [&] {
     return pl.chunks.size() <= 1 && (pl.chunks.empty() || pl.chunks[0].count <= kGemvMaxRows);
   };
-  const bool streamed = e->stream_gemv && N == 1 && gemv_stream_fits(N, H) &&
+  const bool streamed = e->stream_gemv && N <= stream_rows(H) && gemv_stream_fits(N, H) &&
                     gemv_stream_fits(N, d.I) && gemv_stream_fits(N, d.att) && chunks_ok();
   const bool small = streamed || (!tp && N <= e->gemv_rows_max && gemv_fits(N, H) &&
                               gemv_fits(N, d.I) && gemv_fits(N, d.att) && chunks_ok());

@@ -108,6 +108,18 @@ __device__ __forceinline__ void dot8(const uint4& w, const uint4& x, float& acc)
   }
 }
 
+// to_f32x8 converts 8 packed T to fp32.
+template <typename T>
+__device__ __forceinline__ void to_f32x8(const uint4& v, float (&f)[8]) {
+  using T2 = typename Pair<T>::type;
+  const T2* p = reinterpret_cast<const T2*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const float2 q = to_f32x2(p[i]);
+    f[2 * i] = q.x, f[2 * i + 1] = q.y;
+  }
+}
+
 // gemv_store applies the output stage to v for row r, output o. kvrow (GEMV_OUT_QKV) is
 // where row r's keys sit in the pool for head 0 (gemv_kv_rows).
 template <typename T, int OUT>
@@ -313,6 +325,61 @@ __device__ __forceinline__ void gemv_input(const GemvArgs& a, const LnParams& lp
             xr[2] = from_f32<T>((x[r].z - mean[r]) * rstd * lp.g.z + lp.b.z);
             xr[3] = from_f32<T>((x[r].w - mean[r]) * rstd * lp.g.w + lp.b.w);
           }
+        }
+      }
+    } else if (R > 1 && in <= 8 * kGemvThreads && !a.acc) {
+      // Several wide rows up to 2,048: all of them at once, thread t holding columns
+      // 4(t + 256v), v < 2, of every row — one memory round trip and one block sum (two for
+      // LayerNorm) for all the rows, where a row at a time pays them per row.
+      __shared__ float red[kGemvWarps][R];
+      const int in4 = in / 4;
+      float4 x[R][2];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        const float4* hr = reinterpret_cast<const float4*>(a.h + row_of(r < n ? r : 0) * in);
+#pragma unroll
+        for (int v = 0; v < 2; v++) {
+          const int c = threadIdx.x + v * kGemvThreads;
+          x[r][v] = r < n && c < in4 ? ld_f4_now(hr + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      }
+      float s[R], q[R];
+#pragma unroll
+      for (int r = 0; r < R; r++)
+        s[r] = (x[r][0].x + x[r][0].y) + (x[r][0].z + x[r][0].w) +
+               ((x[r][1].x + x[r][1].y) + (x[r][1].z + x[r][1].w));
+      if (!a.rms) block_sums<R>(s, red);
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        const float mean = a.rms ? 0.f : s[r] / in;
+        s[r] = mean;
+        q[r] = 0.f;
+#pragma unroll
+        for (int v = 0; v < 2; v++) {
+          if (threadIdx.x + v * kGemvThreads < in4) {
+            const float dx = x[r][v].x - mean, dy = x[r][v].y - mean, dz = x[r][v].z - mean,
+                        dw = x[r][v].w - mean;
+            q[r] += (dx * dx + dy * dy) + (dz * dz + dw * dw);
+          }
+        }
+      }
+      block_sums<R>(q, red);
+#pragma unroll
+      for (int v = 0; v < 2; v++) {
+        const int c = threadIdx.x + v * kGemvThreads;
+        if (c >= in4) continue;
+        const float4 g = reinterpret_cast<const float4*>(a.gamma)[c];
+        const float4 bb =
+            a.beta ? reinterpret_cast<const float4*>(a.beta)[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          if (r >= n) continue;
+          const float mean = s[r], rstd = rsqrtf(q[r] / in + a.eps);
+          T* xr = xs + r * in + 4 * c;
+          xr[0] = from_f32<T>((x[r][v].x - mean) * rstd * g.x + bb.x);
+          xr[1] = from_f32<T>((x[r][v].y - mean) * rstd * g.y + bb.y);
+          xr[2] = from_f32<T>((x[r][v].z - mean) * rstd * g.z + bb.z);
+          xr[3] = from_f32<T>((x[r][v].w - mean) * rstd * g.w + bb.w);
         }
       }
     } else if (in <= kGemvWideCols && !a.acc) {
@@ -611,7 +678,7 @@ void gemv_allow_smem(int device) {
   gemv_allow_smem_one<T, GEMV_IN_T, GEMV_OUT_RESID>(device);
 }
 
-// Streaming gemv: the projections of single-row steps (forward.cu; it takes up to 4 rows),
+// Streaming gemv: the projections of steps of 1–4 rows (forward.cu's stream_rows),
 // where a pass staged through shared memory (gemv_kernel) cannot keep enough bytes in
 // flight to read the weights at the memory's rate. Each warp streams its own weight rows from
 // global memory straight into registers, kGemvStreamUnroll 16-byte loads a row and two
@@ -725,16 +792,32 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
     for (int i = 0; i < U; i++) {
       const int c = k0 + lane + 32 * i;
       if (c < chunks) {
-        // The input pieces once per chunk, for both rows.
+        // The input pieces once per chunk, for both rows; each piece converted to fp32
+        // once (the same products in the same order as dot8, with fewer conversions).
         uint4 xv[R];
 #pragma unroll
         for (int r = 0; r < R; r++)
           if (r < n) xv[r] = xw[r * chunks + c];
+        if constexpr (R == 1) {
+          // One row: dot8 as it comes (converting once gained nothing here and cost the
+          // TinyLlama shape 2% at batch 1).
+          dot8<T>(wv[0][i], xv[0], acc[0][0]);
+          dot8<T>(wv[1][i], xv[0], acc[1][0]);
+        } else {
+          float w0[8], w1[8];
+          to_f32x8<T>(wv[0][i], w0);
+          to_f32x8<T>(wv[1][i], w1);
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-          if (r < n) {
-            dot8<T>(wv[0][i], xv[r], acc[0][r]);
-            dot8<T>(wv[1][i], xv[r], acc[1][r]);
+          for (int r = 0; r < R; r++) {
+            if (r < n) {
+              float x[8];
+              to_f32x8<T>(xv[r], x);
+#pragma unroll
+              for (int e = 0; e < 8; e++) {
+                acc[0][r] = fmaf(w0[e], x[e], acc[0][r]);
+                acc[1][r] = fmaf(w1[e], x[e], acc[1][r]);
+              }
+            }
           }
         }
       }

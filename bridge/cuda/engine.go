@@ -78,8 +78,8 @@ type Tuning struct {
 	NoFused bool
 	// NoGrouped runs decode attention a block per query head instead of per KV head.
 	NoGrouped bool
-	// NoStream runs single-row steps without the streaming gemv kernels: on the staged
-	// gemv and fused MLP kernels (hidden up to 1024), or cuBLAS (wider models).
+	// NoStream runs few-row steps without the streaming gemv kernels: on the staged gemv
+	// and fused MLP kernels (hidden up to 1024), or cuBLAS (wider models).
 	NoStream bool
 	// GemvRows is the most token rows on the gemv path (0..8); 0 keeps the default (4),
 	// and a negative value turns the gemv path off.
