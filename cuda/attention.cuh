@@ -383,7 +383,6 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
     const int32_t* __restrict__ row_seq, const DevSeq* __restrict__ seqs,
     const int32_t* __restrict__ blocks, KVGeom g, int layer, int window,
     float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets) {
-  using T2 = typename Pair<T>::type;
   constexpr int D8 = D / 8;                   // 16-byte pieces of a key or value row
   constexpr int KPL = 32 / D8;                // value rows a warp reads per load
   constexpr int PB = D8 < 8 ? D8 : 8;         // pieces loaded together
@@ -450,13 +449,8 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
       for (int u = 0; u < PB; u++) kk[u] = kp[c0 + u];
 #pragma unroll
       for (int u = 0; u < PB; u++) {
-        const T2* k2 = reinterpret_cast<const T2*>(&kk[u]);
         float kf[8];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const float2 f = to_f32x2(k2[e]);
-          kf[2 * e] = f.x, kf[2 * e + 1] = f.y;
-        }
+        to_f32x8<T>(kk[u], kf);
 #pragma unroll
         for (int gg = 0; gg < GB; gg++) {
           const float4 qa = *reinterpret_cast<const float4*>(&qs[gg][(c0 + u) * 8]);
@@ -501,13 +495,8 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
 #pragma unroll
       for (int u = 0; u < PB; u++) {
         const int row = vrow + KPL * (u0 + u);  // past the end: probability 0
-        const T2* v2 = reinterpret_cast<const T2*>(&vv[u]);
         float vf[8];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const float2 f = to_f32x2(v2[e]);
-          vf[2 * e] = f.x, vf[2 * e + 1] = f.y;
-        }
+        to_f32x8<T>(vv[u], vf);
 #pragma unroll
         for (int gg = 0; gg < GB; gg++) {
           const float p = ps[warp][gg][row];

@@ -88,6 +88,18 @@ template <typename T> struct Pair;
 template <> struct Pair<__half> { using type = __half2; };
 template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
 
+// to_f32x8 converts 8 packed T to fp32.
+template <typename T>
+__device__ __forceinline__ void to_f32x8(const uint4& v, float (&f)[8]) {
+  using T2 = typename Pair<T>::type;
+  const T2* p = reinterpret_cast<const T2*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const float2 q = to_f32x2(p[i]);
+    f[2 * i] = q.x, f[2 * i + 1] = q.y;
+  }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

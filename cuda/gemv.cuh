@@ -108,18 +108,6 @@ __device__ __forceinline__ void dot8(const uint4& w, const uint4& x, float& acc)
   }
 }
 
-// to_f32x8 converts 8 packed T to fp32.
-template <typename T>
-__device__ __forceinline__ void to_f32x8(const uint4& v, float (&f)[8]) {
-  using T2 = typename Pair<T>::type;
-  const T2* p = reinterpret_cast<const T2*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const float2 q = to_f32x2(p[i]);
-    f[2 * i] = q.x, f[2 * i + 1] = q.y;
-  }
-}
-
 // gemv_store applies the output stage to v for row r, output o. kvrow (GEMV_OUT_QKV) is
 // where row r's keys sit in the pool for head 0 (gemv_kv_rows).
 template <typename T, int OUT>
