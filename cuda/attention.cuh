@@ -82,10 +82,9 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_write_kernel(
     for (int i = threadIdx.x; i < half; i += kRopeThreads) {
       float a = row[c0 + i], b = row[c0 + i + half];
       if (bias) a += bias[c0 + i], b += bias[c0 + i + half];
-      float sn, cs;
-      sincosf(inv_freq[i] * (float)pos, &sn, &cs);
-      put(c0 + i, a * cs - b * sn);
-      put(c0 + i + half, b * cs + a * sn);
+      const float2 x = rotate_pair(a, b, inv_freq[i], pos);
+      put(c0 + i, x.x);
+      put(c0 + i + half, x.y);
     }
   }
   for (int d = (rotated ? rope_dim : 0) + threadIdx.x; d < D; d += kRopeThreads)

@@ -100,6 +100,15 @@ __device__ __forceinline__ void to_f32x8(const uint4& v, float (&f)[8]) {
   }
 }
 
+// rotate_pair is rotary's rotation of the pair (a, b) — dimensions i and i + rope_dim/2 of
+// a query or key head (rotate_half's pairing) — by the angle freq · pos, computed in fp32 as
+// transformers does: (a·cos − b·sin, b·cos + a·sin).
+__device__ __forceinline__ float2 rotate_pair(float a, float b, float freq, int pos) {
+  float sn, cs;
+  sincosf(freq * (float)pos, &sn, &cs);
+  return make_float2(a * cs - b * sn, b * cs + a * sn);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -267,6 +276,14 @@ size_t dynamic_smem_max(K k, int device) {
   cudaFuncAttributes fa{};
   CUDA_CHECK(cudaFuncGetAttributes(&fa, k));
   return optin > (int)fa.sharedSizeBytes ? (size_t)optin - fa.sharedSizeBytes : 0;
+}
+
+// allow_dynamic_smem raises kernel k's dynamic shared-memory limit to cap, or to what the
+// device allows it where that is less.
+template <typename K>
+void allow_dynamic_smem(K k, int device, size_t cap = SIZE_MAX) {
+  CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)std::min(cap, dynamic_smem_max(k, device))));
 }
 
 // DevSeq is a sequence's step descriptor as the kernels read it (built from gollm_seq).

@@ -196,7 +196,8 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->alt_hlp.alloc(S * 4, "log-probabilities (host)");
   setup_kernels(e.get());
   size_t scratch = e->h.bytes + e->xn.bytes + e->qkv.bytes + e->att.bytes + e->tmp.bytes +
-                   e->fc.bytes + e->fch.bytes + e->xf.bytes + e->logits.bytes + e->logits_pad.bytes + e->retlog.bytes +
+                   e->fc.bytes + e->fch.bytes + e->xf.bytes + e->logits.bytes +
+                   e->logits_pad.bytes + e->retlog.bytes +
                    e->partial.bytes + e->part_ml.bytes + e->tickets.bytes + e->din.bytes +
                    e->dtok.bytes + e->dlp.bytes + e->blas_ws.bytes + e->acc.bytes +
                    e->tp_gather.bytes + e->tp_logits.bytes;

@@ -126,9 +126,9 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     return pl.chunks.size() <= 1 && (pl.chunks.empty() || pl.chunks[0].count <= kGemvMaxRows);
   };
   const bool streamed = e->stream_gemv && N <= stream_rows(H) && gemv_stream_fits(N, H) &&
-                    gemv_stream_fits(N, d.I) && gemv_stream_fits(N, d.att) && chunks_ok();
+                        gemv_stream_fits(N, d.I) && gemv_stream_fits(N, d.att) && chunks_ok();
   const bool small = streamed || (!tp && N <= e->gemv_rows_max && gemv_fits(N, H) &&
-                              gemv_fits(N, d.I) && gemv_fits(N, d.att) && chunks_ok());
+                                  gemv_fits(N, d.I) && gemv_fits(N, d.att) && chunks_ok());
   // Decode-only steps of few rows: four kernels a layer (five with rotary), the MLP in one
   // (fused.cuh) with the residual stream's additions in fixed point.
   const bool fused = small && !streamed && e->fused && pl.tiles.empty() &&
@@ -165,20 +165,18 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       // rotary over the whole head, the streaming gemv does both itself.
       a.w = lw.qkv_w, a.bias = lw.qkv_b, a.in = H, a.out = d.qkv;
       a.gamma = lw.norm1_w, a.beta = lw.norm1_b, a.y = qkv;
+      // Where the QKV epilogue writes keys and values (GEMV_OUT_F32 reads none of it).
+      a.kv = kv, a.row_pos = I32(L.row_pos), a.row_seq = I32(L.row_seq);
+      a.seqs = seqs, a.blocks = words, a.geom = e->geom, a.layer = l;
+      a.qscale = 1.f / sqrtf((float)c.head_dim), a.inv_freq = inv_freq;
       if (inv_freq && streamed && c.rope_dim == c.head_dim) {
         // The streaming gemv rotates, scales and writes keys and values itself.
-        a.kv = kv, a.row_pos = I32(L.row_pos), a.row_seq = I32(L.row_seq);
-        a.seqs = seqs, a.blocks = words, a.geom = e->geom, a.layer = l;
-        a.qscale = 1.f / sqrtf((float)c.head_dim), a.inv_freq = inv_freq;
         gemv_stream<T, GEMV_IN_LN, GEMV_OUT_ROPE>(a, e->sms, st);
       } else if (inv_freq) {
         gemv_any<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, streamed, st);
         qkv_kv_write<T>(qkv, nullptr, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom,
                         l, N, inv_freq, c.rope_dim, st);
       } else {
-        a.kv = kv, a.row_pos = I32(L.row_pos), a.row_seq = I32(L.row_seq);
-        a.seqs = seqs, a.blocks = words, a.geom = e->geom, a.layer = l;
-        a.qscale = 1.f / sqrtf((float)c.head_dim);
         gemv_any<T, GEMV_IN_LN, GEMV_OUT_QKV>(a, e->sms, streamed, st);
       }
     } else {
@@ -332,8 +330,7 @@ int warmup_gemms_t(gollm_engine* e) {
 // launches would fail with an invalid argument.
 template <typename K>
 void allow_smem_max(K k, int device) {
-  CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)dynamic_smem_max(k, device)));
+  allow_dynamic_smem(k, device);
 }
 
 // setup_kernels_t raises the dynamic shared-memory limits of the kernels that may need

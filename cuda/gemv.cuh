@@ -645,11 +645,9 @@ void gemv(const GemvArgs& a, int sms, Stream stream) {
 // or what the device allows it.
 template <typename T, int IN, int OUT, int RPW>
 void gemv_allow_smem_rpw(int device) {
-  const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
   void (*ks[4])(GemvArgs, GemvShape) = {gemv_kernel<T, 1, IN, OUT, RPW>, gemv_kernel<T, 2, IN, OUT, RPW>,
                                         gemv_kernel<T, 4, IN, OUT, RPW>, gemv_kernel<T, 8, IN, OUT, RPW>};
-  for (auto k : ks)
-    CUDA_CHECK(cudaFuncSetAttribute(k, attr, (int)std::min(kGemvMaxSmem, dynamic_smem_max(k, device))));
+  for (auto k : ks) allow_dynamic_smem(k, device, kGemvMaxSmem);
 }
 
 template <typename T, int IN, int OUT>
@@ -712,6 +710,12 @@ __device__ __forceinline__ void gemv_stream_prefetch(const uint4* p, bool ok, in
       asm volatile("prefetch.global.L2 [%0];" ::"l"(p + c0 + 32 * i));
 }
 
+// gemv_stream_units is how many units (gemv_stream_kernel) a launch's outputs make.
+template <int OUT>
+__host__ __device__ __forceinline__ int64_t gemv_stream_units(const GemvArgs& a) {
+  return OUT == GEMV_OUT_GATED ? a.out : ((int64_t)a.out + 1) / 2;  // ROPE: out is even
+}
+
 // gemv_stream_kernel: blocks of kGemvThreads, each warp a unit of two weight rows at a
 // time — rows 2u and 2u + 1 (the second absent where out is odd), or for GEMV_OUT_GATED
 // the gate row u and the up row out + u — units u = global warp, + total warps, … of
@@ -734,7 +738,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
   griddep_launch();
   T* xs = reinterpret_cast<T*>(gemv_smem);
   const int n = a.n, lane = threadIdx.x & 31, chunks = a.in / 8;
-  const int64_t units = kGated ? a.out : (a.out + 1) / 2;
+  const int64_t units = gemv_stream_units<OUT>(a);
   const int64_t stride = (int64_t)gridDim.x * kGemvWarps;
   const uint4* w = static_cast<const uint4*>(a.w);
   // The unit's rows: w0 and w1 point at their first chunk (w1 = w0 for an absent second).
@@ -841,10 +845,8 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
         if (a.bias) x0 += a.bias[c0], x1 += a.bias[c1];
         const KVGeom& g = a.geom;
         if (h < g.heads + g.kv_heads) {
-          float sn, cs;
-          sincosf(a.inv_freq[i] * (float)a.row_pos[lane], &sn, &cs);
-          const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
-          x0 = y0, x1 = y1;
+          const float2 y = rotate_pair(x0, x1, a.inv_freq[i], a.row_pos[lane]);
+          x0 = y.x, x1 = y.y;
         }
         if (h < g.heads) {
           float* q = static_cast<float*>(a.y) + (int64_t)lane * a.out;
@@ -893,12 +895,6 @@ inline bool gemv_stream_fits(int n, int in) {
          (size_t)gemv_rows(n) * in * 2 <= kGemvStreamMaxSmem;
 }
 
-// gemv_stream_units is how many units (gemv_stream_kernel) a launch's outputs make.
-template <int OUT>
-int64_t gemv_stream_units(const GemvArgs& a) {
-  return OUT == GEMV_OUT_GATED ? a.out : ((int64_t)a.out + 1) / 2;  // ROPE: out is even
-}
-
 template <typename T, int R, int IN, int OUT>
 void gemv_stream_launch(const GemvArgs& a, int sms, Stream stream) {
   // Every block resident at once (kGemvStreamBlocks a multiprocessor: 16 warps, each with
@@ -927,12 +923,9 @@ void gemv_stream(const GemvArgs& a, int sms, Stream stream) {
 // kGemvStreamMaxSmem of dynamic shared memory, or what the device allows it.
 template <typename T, int IN, int OUT>
 void gemv_stream_allow_smem_one(int device) {
-  const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
   void (*ks[3])(GemvArgs) = {gemv_stream_kernel<T, 1, IN, OUT>, gemv_stream_kernel<T, 2, IN, OUT>,
                              gemv_stream_kernel<T, 4, IN, OUT>};
-  for (auto k : ks)
-    CUDA_CHECK(cudaFuncSetAttribute(
-        k, attr, (int)std::min(kGemvStreamMaxSmem, dynamic_smem_max(k, device))));
+  for (auto k : ks) allow_dynamic_smem(k, device, kGemvStreamMaxSmem);
 }
 
 template <typename T>

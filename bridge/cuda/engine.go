@@ -87,8 +87,9 @@ type Tuning struct {
 }
 
 // TuningFromEnv reads the debugging switches GOLLM_CUDA_PDL=0, GOLLM_CUDA_BULK=0,
-// GOLLM_CUDA_FUSED=0, GOLLM_CUDA_GROUPED=0, GOLLM_CUDA_STREAM=0 and GOLLM_CUDA_GEMV_ROWS=n, so that benchmarks and the GPU checks can
-// compare kernel paths without a rebuild. The backend never reads them.
+// GOLLM_CUDA_FUSED=0, GOLLM_CUDA_GROUPED=0, GOLLM_CUDA_STREAM=0 and GOLLM_CUDA_GEMV_ROWS=n,
+// so that benchmarks and the GPU checks can compare kernel paths without a rebuild. The
+// backend never reads them.
 func TuningFromEnv() Tuning {
 	off := func(name string) bool { v := os.Getenv(name); return v != "" && v[0] == '0' }
 	t := Tuning{NoPDL: off("GOLLM_CUDA_PDL"), NoBulk: off("GOLLM_CUDA_BULK"), NoFused: off("GOLLM_CUDA_FUSED"),
