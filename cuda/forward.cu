@@ -27,6 +27,7 @@
 #include "matmul.cuh"
 #include "parallel.cuh"
 #include "sampling.cuh"
+#include "tiled.cuh"
 
 namespace gollm {
 
@@ -135,6 +136,12 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
                      (int)pl.dec_rows.size() == N &&
                      N <= kFusedRows;
   unsigned long long* acc = fused ? e->acc.as<unsigned long long>() : nullptr;
+  // Steps of up to tiled_rows rows that the gemv kernels do not take (engine.cu: 16 on
+  // models up to 1024 wide): the tiled projections (tensor cores, epilogues fused)
+  // instead of cuBLAS.
+  const bool tiled = !small && e->tiled && N <= e->tiled_rows && tiled_fits(N, H);
+  float* tpart = e->tile_part.as<float>();
+  int* ttick = e->tile_tickets.as<int>();
   const bool few_dec = (int)pl.dec_rows.size() <= kFusedRows;
   if (tp) {
     // Each rank looks its vocabulary rows up (rank 0 adds the positions); the all-reduce
@@ -178,6 +185,22 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
                         l, N, inv_freq, c.rope_dim, st);
       } else {
         gemv_any<T, GEMV_IN_LN, GEMV_OUT_QKV>(a, e->sms, streamed, st);
+      }
+    } else if (tiled) {
+      // As the small path's QKV, the input xn (the norm the kernel before wrote).
+      GemvArgs a = gemv_args(N);
+      a.w = lw.qkv_w, a.bias = lw.qkv_b, a.in = H, a.out = d.qkv, a.x = xn, a.y = qkv;
+      a.kv = kv, a.row_pos = I32(L.row_pos), a.row_seq = I32(L.row_seq);
+      a.seqs = seqs, a.blocks = words, a.geom = e->geom, a.layer = l;
+      a.qscale = 1.f / sqrtf((float)c.head_dim), a.inv_freq = inv_freq;
+      if (inv_freq && c.rope_dim == c.head_dim) {
+        tiled_proj<T, GEMV_OUT_ROPE>(a, e->tile_blocks, tpart, ttick, st);
+      } else if (inv_freq) {
+        tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, tpart, ttick, st);
+        qkv_kv_write<T>(qkv, nullptr, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom,
+                        l, N, inv_freq, c.rope_dim, st);
+      } else {
+        tiled_proj<T, GEMV_OUT_QKV>(a, e->tile_blocks, tpart, ttick, st);
       }
     } else {
       gemm_qkv<T>(e, lw, NG);
@@ -237,6 +260,28 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       a = gemv_args(N);
       a.w = lw.down_w, a.bias = lw.down_b, a.in = d.I, a.out = H, a.x = fch, a.hout = h;
       gemv_any<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, streamed, st);
+      continue;
+    }
+    if (tiled) {
+      // Output projection into tmp (its bias added), then the residual add and MLP norm;
+      // the MLP's first projection with its activation (or gate · up) fused; the down
+      // projection into tmp, then the residual add and the next norm.
+      const LayerW& nx = last ? lw : w->layers[l + 1];
+      GemvArgs a = gemv_args(N);
+      a.w = lw.out_w, a.bias = lw.out_b, a.in = d.att, a.out = H, a.x = att, a.y = tmp;
+      tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, tpart, ttick, st);
+      residual_layernorm<T>(h, tmp, nullptr, xn, lw.norm2_w, lw.norm2_b, N, H, eps, rms, st);
+      a = gemv_args(N);
+      a.w = lw.up_w, a.bias = lw.up_b, a.in = H, a.out = d.I, a.x = xn, a.y = fch, a.act = c.activation;
+      if (c.gated_mlp)
+        tiled_proj<T, GEMV_OUT_GATED>(a, e->tile_blocks, tpart, ttick, st);
+      else
+        tiled_proj<T, GEMV_OUT_ACT>(a, e->tile_blocks, tpart, ttick, st);
+      a = gemv_args(N);
+      a.w = lw.down_w, a.bias = lw.down_b, a.in = d.I, a.out = H, a.x = fch, a.y = tmp;
+      tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, tpart, ttick, st);
+      residual_layernorm<T>(h, tmp, nullptr, xn, last ? w->final_w : nx.norm1_w,
+                            last ? w->final_b : nx.norm1_b, N, H, eps, rms, st);
       continue;
     }
     gemm_proj<T>(e, lw, NG);
@@ -341,6 +386,7 @@ void setup_kernels_t(gollm_engine* e) {
   const gollm_model_config& c = e->w->cfg;
   gemv_allow_smem<T>(e->device);
   if (e->stream_gemv) gemv_stream_allow_smem<T>(e->device);
+  if (e->tiled) tiled_allow_smem<T>(e->device);
   if (e->fused)
     e->fused = fused_setup<T>(c.hidden, c.inner, c.gated_mlp != 0, e->sms, e->device, e->mlp_k);
   allow_smem_max(attention_context_tc_kernel<T>, e->device);

@@ -140,16 +140,58 @@ __device__ __forceinline__ void gemv_store(const GemvArgs& a, const int64_t* kvr
 // page(block, layer, 0, 0) + slot·head_dim — and rows[r] with its residual-stream row. They
 // come from the step's inputs alone, so the kernels load them before waiting for their
 // predecessor (three dependent loads for the KV block). The caller syncs the block.
+// rows may be null (the tiled kernels read no residual rows); cap is the arrays' length.
 __device__ __forceinline__ void gemv_kv_rows(const GemvArgs& a, bool qkv, int64_t* kvrow,
-                                             int64_t* rows) {
+                                             int64_t* rows, int cap = kGemvMaxRows) {
   const int r = threadIdx.x;
-  if (r >= a.n || r >= kGemvMaxRows) return;
-  rows[r] = a.idx ? a.idx[r] : r;
+  if (r >= a.n || r >= cap) return;
+  if (rows) rows[r] = a.idx ? a.idx[r] : r;
   if (!qkv) return;
   const int T_ = a.geom.tokens_per_block;
   const int pos = a.row_pos[r];
   const int64_t block = a.blocks[a.seqs[a.row_seq[r]].blk_off + pos / T_];
   kvrow[r] = a.geom.at(block, a.layer, 0, 0, pos % T_);
+}
+
+// RopeUnit is rotary unit u (GEMV_OUT_ROPE) of a QKV row: the pair of columns c0 = h·D + i
+// and c1 = c0 + D/2 of head h = u / (D/2), i = u % (D/2).
+struct RopeUnit {
+  int h, i, c0, c1;
+};
+__device__ __forceinline__ RopeUnit rope_unit(const KVGeom& g, int64_t u) {
+  const int half = g.head_dim / 2;
+  const int h = (int)(u / half), i = (int)(u % half);
+  return RopeUnit{h, i, h * 2 * half + i, h * 2 * half + i + half};
+}
+
+// gemv_rope_store finishes unit ru of row r — qkv_rope_write_kernel's arithmetic: x0 and x1
+// are its columns with their biases, rotated by freq (inv_freq[ru.i]) · pos (the row's
+// position) for query and key heads; queries scaled into y, keys and values to the pool
+// at kvr (gemv_kv_rows' offset for the row).
+template <typename T>
+__device__ __forceinline__ void gemv_rope_store(const GemvArgs& a, const RopeUnit& ru, int64_t kvr,
+                                                int r, float x0, float x1, float freq, int pos) {
+  const KVGeom& g = a.geom;
+  if (ru.h < g.heads + g.kv_heads) {
+    const float2 y = rotate_pair(x0, x1, freq, pos);
+    x0 = y.x, x1 = y.y;
+  }
+  if (ru.h < g.heads) {
+    float* q = static_cast<float*>(a.y) + (int64_t)r * a.out;
+    q[ru.c0] = x0 * a.qscale;
+    q[ru.c1] = x1 * a.qscale;
+  } else {
+    T* kv = static_cast<T*>(a.kv) + kvr;
+    kv[g.kv_col(ru.c0)] = from_f32<T>(x0);
+    kv[g.kv_col(ru.c1)] = from_f32<T>(x1);
+  }
+}
+
+// gemv_gated_store finishes unit o (GEMV_OUT_GATED) of row r from its gate and up products
+// with their biases: gated_act_kernel's formula.
+template <typename T>
+__device__ __forceinline__ void gemv_gated_store(const GemvArgs& a, int r, int o, float g, float v) {
+  static_cast<T*>(a.y)[(int64_t)r * a.out + o] = from_f32<T>(activate(g, a.act) * v);
 }
 
 // GemvShape is how a gemv launch splits its outputs: a pass is opb consecutive weight
@@ -840,23 +882,9 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
 #pragma unroll
         for (int r = 0; r < R; r++)
           if (lane == r) x0 = acc[0][r], x1 = acc[1][r];
-        const int h = (int)(done / half), i = (int)(done % half);
-        const int c0 = h * 2 * half + i, c1 = c0 + half;
-        if (a.bias) x0 += a.bias[c0], x1 += a.bias[c1];
-        const KVGeom& g = a.geom;
-        if (h < g.heads + g.kv_heads) {
-          const float2 y = rotate_pair(x0, x1, a.inv_freq[i], a.row_pos[lane]);
-          x0 = y.x, x1 = y.y;
-        }
-        if (h < g.heads) {
-          float* q = static_cast<float*>(a.y) + (int64_t)lane * a.out;
-          q[c0] = x0 * a.qscale;
-          q[c1] = x1 * a.qscale;
-        } else {
-          T* kv = static_cast<T*>(a.kv) + kvrow[lane];
-          kv[g.kv_col(c0)] = from_f32<T>(x0);
-          kv[g.kv_col(c1)] = from_f32<T>(x1);
-        }
+        const RopeUnit ru = rope_unit(a.geom, done);
+        if (a.bias) x0 += a.bias[ru.c0], x1 += a.bias[ru.c1];
+        gemv_rope_store<T>(a, ru, kvrow[lane], lane, x0, x1, a.inv_freq[ru.i], a.row_pos[lane]);
       }
     } else if constexpr (kGated) {
       // Lane r finishes row r: gated_act_kernel's formula.
@@ -865,9 +893,8 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
 #pragma unroll
         for (int r = 0; r < R; r++)
           if (lane == r) g = acc[0][r], v = acc[1][r];
-        const int o = (int)done;
-        if (a.bias) g += a.bias[o], v += a.bias[a.out + o];
-        static_cast<T*>(a.y)[(int64_t)lane * a.out + o] = from_f32<T>(activate(g, a.act) * v);
+        if (a.bias) g += a.bias[done], v += a.bias[a.out + done];
+        gemv_gated_store<T>(a, lane, (int)done, g, v);
       }
     } else {
       // Lanes 0… finish row r of output 2u, lanes 16… of output 2u + 1.

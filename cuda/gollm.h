@@ -192,8 +192,10 @@ enum gollm_tuning {
   GOLLM_TUNING_NO_BULK = 2,  /* bulk (TMA) copies of the gemv and MLP weights (sm_90) */
   GOLLM_TUNING_NO_FUSED = 4,   /* the one-kernel MLP of decode steps of up to 4 rows */
   GOLLM_TUNING_NO_GROUPED = 8, /* decode attention a block per KV head (all its query heads) */
-  GOLLM_TUNING_NO_STREAM = 16  /* the streaming gemv of few-row steps (narrow models then
+  GOLLM_TUNING_NO_STREAM = 16, /* the streaming gemv of few-row steps (narrow models then
                                   take the staged gemv and fused MLP, wide ones cuBLAS) */
+  GOLLM_TUNING_NO_TILED = 32   /* the tensor-core projections of steps of up to 64 rows
+                                  (cuBLAS then) */
 };
 
 /* gollm_engine_info describes a created engine. */

@@ -218,6 +218,9 @@ struct gollm_engine {
   bool fused = true;              // decode-only steps of up to kFusedRows rows: fused.cuh's MLP
   bool grouped = true;            // decode attention by KV head (attention_decode_gqa)
   bool stream_gemv = true;        // few-row steps: gemv_stream
+  bool tiled = true;              // steps of up to kTileMaxRows rows: tiled.cuh's projections
+  int tile_blocks = 0;            // the blocks a tiled launch aims at (tile_shape)
+  int tiled_rows = 0;             // the most token rows on the tiled path
   // Most rows on the gemv path (gollm_engine_params.gemv_rows; 0 for models wider than
   // 1024, engine.cu). Past 4 rows cuBLAS's padded GEMMs win (H200, decode ms/token at 8
   // rows: GPT-2 0.65 gemv vs 0.60-0.62, GPT-350M 1.49 vs 1.21-1.23); at 4 and fewer the
@@ -228,6 +231,7 @@ struct gollm_engine {
   gollm::DevMem h, xn, qkv, att, tmp, fc, fch, xf, logits, retlog;  // activations
   gollm::DevMem logits_pad;  // the LM head's output rows, 16-byte aligned, where vocab % 4 != 0
   gollm::DevMem partial, part_ml, tickets;      // decode attention split-K
+  gollm::DevMem tile_part, tile_tickets;        // the tiled projections' split sums
   gollm::DevMem greedy_part, greedy_tickets;    // greedy sampling split over the vocabulary
   gollm::DevMem din;              // step inputs
   gollm::HostMem hin;             // step inputs, staged

@@ -67,4 +67,40 @@ constexpr int kFusedRows = 4;
 // kGreedySplits is the number of slices greedy sampling splits a row into.
 constexpr int kGreedySplits = 64;
 
+// The tiled projections (tiled.cuh): steps of up to kTileMaxRows token rows beyond the
+// streaming gemv's, on the tensor cores. A block holds kTileSlots · nt weight rows over a
+// split of the reduction, streamed in stages of kTileChunks chunks of 32 columns.
+constexpr int kTileSlots = 64;
+constexpr int kTileMaxRows = 64;
+constexpr int kTileChunks = 8;
+
+// TileShape is how a tiled launch splits its work: tiles of kTileSlots · nt weight rows,
+// each over splits parts of the reduction of kc chunks (the last may have fewer).
+struct TileShape {
+  int tiles, splits, kc, nt;
+};
+
+// tile_shape splits a projection reading wrows weight rows of in columns: tiles of 128
+// rows where there are enough of them to fill a quarter of the blocks (each input row
+// then serves twice the weights), else of 64; the reduction split until the launch has
+// about blocks blocks — each block's stages are the bytes it has in flight, but each split
+// adds its sums to the merge.
+inline TileShape tile_shape(int64_t wrows, int in, int blocks) {
+  const int chunks = in / 32;
+  const int nt = (wrows + 2 * kTileSlots - 1) / (2 * kTileSlots) >= std::max(blocks / 4, 1) ? 2 : 1;
+  const int tiles = (int)((wrows + kTileSlots * nt - 1) / (kTileSlots * nt));
+  const int s = std::max(1, std::min((blocks + tiles - 1) / tiles, chunks));
+  const int kc = (chunks + s - 1) / s;
+  return TileShape{tiles, (chunks + kc - 1) / kc, kc, nt};
+}
+
+// tile_part_floats is the space a tiled launch needs for its splits' partial sums.
+inline size_t tile_part_floats(int64_t wrows, int in, int blocks) {
+  const TileShape s = tile_shape(wrows, in, blocks);
+  return s.splits > 1 ? (size_t)s.tiles * s.splits * kTileMaxRows * kTileSlots * s.nt : 0;
+}
+
+// tiled_fits says whether the tiled kernels take n rows of a projection of width in.
+inline bool tiled_fits(int n, int in) { return n >= 1 && n <= kTileMaxRows && in > 0 && in % 32 == 0; }
+
 }  // namespace gollm

@@ -81,19 +81,23 @@ type Tuning struct {
 	// NoStream runs few-row steps without the streaming gemv kernels: on the staged gemv
 	// and fused MLP kernels (hidden up to 1024), or cuBLAS (wider models).
 	NoStream bool
+	// NoTiled runs the steps the tiled tensor-core projections take (5–16 rows on models
+	// up to 1024 wide) on cuBLAS instead.
+	NoTiled bool
 	// GemvRows is the most token rows on the gemv path (0..8); 0 keeps the default (4),
 	// and a negative value turns the gemv path off.
 	GemvRows int
 }
 
 // TuningFromEnv reads the debugging switches GOLLM_CUDA_PDL=0, GOLLM_CUDA_BULK=0,
-// GOLLM_CUDA_FUSED=0, GOLLM_CUDA_GROUPED=0, GOLLM_CUDA_STREAM=0 and GOLLM_CUDA_GEMV_ROWS=n,
-// so that benchmarks and the GPU checks can compare kernel paths without a rebuild. The
-// backend never reads them.
+// GOLLM_CUDA_FUSED=0, GOLLM_CUDA_GROUPED=0, GOLLM_CUDA_STREAM=0, GOLLM_CUDA_TILED=0 and
+// GOLLM_CUDA_GEMV_ROWS=n, so that benchmarks and the GPU checks can compare kernel paths
+// without a rebuild. The backend never reads them.
 func TuningFromEnv() Tuning {
 	off := func(name string) bool { v := os.Getenv(name); return v != "" && v[0] == '0' }
 	t := Tuning{NoPDL: off("GOLLM_CUDA_PDL"), NoBulk: off("GOLLM_CUDA_BULK"), NoFused: off("GOLLM_CUDA_FUSED"),
-		NoGrouped: off("GOLLM_CUDA_GROUPED"), NoStream: off("GOLLM_CUDA_STREAM")}
+		NoGrouped: off("GOLLM_CUDA_GROUPED"), NoStream: off("GOLLM_CUDA_STREAM"),
+		NoTiled: off("GOLLM_CUDA_TILED")}
 	if v := os.Getenv("GOLLM_CUDA_GEMV_ROWS"); v != "" {
 		if n, err := strconv.Atoi(v); err == nil {
 			t.GemvRows = n
@@ -452,6 +456,9 @@ func newEngine(w *Weights, opts Options, comm *C.gollm_comm) (*Engine, error) {
 	}
 	if t.NoStream {
 		p.tuning_off |= C.GOLLM_TUNING_NO_STREAM
+	}
+	if t.NoTiled {
+		p.tuning_off |= C.GOLLM_TUNING_NO_TILED
 	}
 	switch {
 	case t.GemvRows < 0:
