@@ -70,6 +70,9 @@ type modelConfig struct {
 	// AdmissionWindow is admission_window_us: how long a request arriving at an idle
 	// instance waits for others to start with (batchmanager.Config.AdmissionWindow).
 	AdmissionWindow time.Duration
+	// StreamInterval is stream_interval: a streaming request's responses after its first
+	// carry this many tokens each (batchmanager.Config.StreamInterval).
+	StreamInterval int
 	// TensorParallelSize is tensor_parallel_size: the GPUs one KIND_GPU instance spreads
 	// the model over — the instance Triton puts on GPU d drives GPUs d to d+N-1 (NCCL).
 	// Above 1, the instance groups' GPUs must start disjoint runs and no group may be
@@ -224,13 +227,8 @@ var params = []paramSpec{
 		return err
 	}},
 	{"response_senders", func(c *modelConfig, v string) (err error) {
-		if c.ResponseSenders, err = intAtLeast(v, 1); err != nil {
-			return err
-		}
-		if c.ResponseSenders > maxResponseSenders {
-			return fmt.Errorf("%d: want at most %d", c.ResponseSenders, maxResponseSenders)
-		}
-		return nil
+		c.ResponseSenders, err = intBetween(v, 1, maxResponseSenders)
+		return err
 	}},
 	{"overlap_scheduler", func(c *modelConfig, v string) error {
 		on, err := parseBool(v)
@@ -244,6 +242,10 @@ var params = []paramSpec{
 		}
 		c.AdmissionWindow = time.Duration(n) * time.Microsecond
 		return nil
+	}},
+	{"stream_interval", func(c *modelConfig, v string) (err error) {
+		c.StreamInterval, err = intBetween(v, 1, maxStreamInterval)
+		return err
 	}},
 	{"gollm_role", func(c *modelConfig, v string) error {
 		r, err := oneOf(v, roleModel, rolePreprocessing, rolePostprocessing)
@@ -272,6 +274,10 @@ var params = []paramSpec{
 // maxAdmissionWindow bounds admission_window_us: a wait longer than a second before a
 // first token is a misconfiguration, not a latency budget.
 const maxAdmissionWindow = time.Second
+
+// maxStreamInterval bounds stream_interval: past a few hundred tokens a client might as
+// well not stream.
+const maxStreamInterval = 1024
 
 // maxShutdownGrace bounds shutdown_grace_secs: an hour is longer than any exit timeout
 // worth having.
@@ -400,6 +406,15 @@ func intAtLeast(v string, lo int) (int, error) {
 		return 0, fmt.Errorf("%d: want an integer ≥ %d", n, lo)
 	}
 	return n, nil
+}
+
+// intBetween is intAtLeast(v, lo) that also refuses values above hi.
+func intBetween(v string, lo, hi int) (int, error) {
+	n, err := intAtLeast(v, lo)
+	if err == nil && n > hi {
+		return 0, fmt.Errorf("%d: want at most %d", n, hi)
+	}
+	return n, err
 }
 
 // parseBool parses true/false (any case) or 1/0.

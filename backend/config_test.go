@@ -171,6 +171,10 @@ func TestParseModelConfigErrors(t *testing.T) {
 			`parameter "response_senders": 0: want an integer ≥ 1`},
 		{"too many response senders are refused", 8, map[string]string{"response_senders": "1000"},
 			`parameter "response_senders": 1000: want at most 256`},
+		{"a zero stream interval is refused", 8, map[string]string{"stream_interval": "0"},
+			`parameter "stream_interval": 0: want an integer ≥ 1`},
+		{"a stream interval past 1024 is refused", 8, map[string]string{"stream_interval": "5000"},
+			`parameter "stream_interval": 5000: want at most 1024`},
 		{"a negative shutdown grace is refused", 8, map[string]string{"shutdown_grace_secs": "-1"},
 			`parameter "shutdown_grace_secs": "-1": want seconds s with 0 ≤ s ≤ 3600`},
 		{"a shutdown grace that is not a number is refused", 8, map[string]string{"shutdown_grace_secs": "soon"},
@@ -201,6 +205,19 @@ func TestAdmissionWindow(t *testing.T) {
 	}
 	if c.AdmissionWindow != 2500*time.Microsecond {
 		t.Errorf("AdmissionWindow %v, want 2.5ms", c.AdmissionWindow)
+	}
+}
+
+func TestStreamInterval(t *testing.T) {
+	c, err := parseModelConfig(configJSON(t, 8, true, map[string]string{"stream_interval": "4"}), "/repo/gpt2", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.StreamInterval != 4 {
+		t.Errorf("StreamInterval %d, want 4", c.StreamInterval)
+	}
+	if c, err = parseModelConfig(configJSON(t, 8, true, nil), "/repo/gpt2", 1); err != nil || c.StreamInterval != 0 {
+		t.Errorf("without the parameter: StreamInterval %d (%v), want 0 (every token)", c.StreamInterval, err)
 	}
 }
 

@@ -176,6 +176,7 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		EnableKVCacheReuse:   ms.cfg.EnableKVCacheReuse,
 		MaxBeamWidth:         ms.cfg.MaxBeamWidth,
 		AdmissionWindow:      ms.cfg.AdmissionWindow,
+		StreamInterval:       ms.cfg.StreamInterval,
 		Overlap:              overlapOn(ms.cfg.OverlapScheduler, eng),
 	}
 	in.mgr, err = batchmanager.New(eng, cfg, batchmanager.Callbacks{

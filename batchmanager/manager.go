@@ -347,6 +347,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.AdmissionWindow < 0 {
 		return c, fmt.Errorf("batchmanager: AdmissionWindow must not be negative, got %v", c.AdmissionWindow)
 	}
+	if c.StreamInterval < 0 {
+		return c, fmt.Errorf("batchmanager: StreamInterval must not be negative, got %d", c.StreamInterval)
+	}
 	if c.IdleWait < 0 {
 		return c, fmt.Errorf("batchmanager: IdleWait must be positive, got %v", c.IdleWait)
 	}

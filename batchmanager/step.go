@@ -450,15 +450,23 @@ func (m *Manager) respond(r *request) {
 				}
 				b.replied = true
 				m.send(r.id, m.branchResult(r, b, true), false, nil)
-			} else if r.req.Streaming && b.generated > b.sent {
+			} else if r.req.Streaming && m.streamDue(b) {
 				m.send(r.id, m.branchResult(r, b, false), false, nil)
 			}
 		}
 	default:
-		if r.req.Streaming && r.generated > r.sent {
+		if r.req.Streaming && m.streamDue(&r.branch) {
 			m.send(r.id, m.streamResult(r, &r.branch), false, nil)
 		}
 	}
+}
+
+// streamDue says whether a streaming sequence has a response due that is not its last:
+// its first token at once (the time to the first token does not wait), then every
+// Config.StreamInterval new tokens.
+func (m *Manager) streamDue(b *branch) bool {
+	n := b.generated - b.sent
+	return n > 0 && (b.sent == 0 || n >= max(1, m.cfg.StreamInterval))
 }
 
 // complete ends a request that finished: in V1 it waits, as padding, for the end of

@@ -100,7 +100,7 @@ func TestInflightBatchingThroughTriton(t *testing.T) {
 	ck := demoCheckpoint(t)
 
 	t.Run("16 concurrent streaming requests each get their solo greedy tokens", func(t *testing.T) {
-		concurrentGreedy(t, s, ck, 16)
+		concurrentGreedy(t, s, ck, 16, 1)
 	})
 
 	t.Run("a client that disconnects mid-stream is cancelled and its KV blocks freed", func(t *testing.T) {
@@ -205,8 +205,10 @@ func allAtOnce(s *harness.Server, n int, call func(i int, c kserve.GRPCInference
 }
 
 // concurrentGreedy sends clients streaming requests at once, each on its own
-// connection, and checks that each gets its solo greedy tokens, one response a token.
-func concurrentGreedy(t *testing.T, s *harness.Server, ck checkpointInfo, clients int) {
+// connection, and checks that each gets its solo greedy tokens: the first in a response
+// of its own, then every tokens a response (the model's stream_interval; the last
+// response what is left).
+func concurrentGreedy(t *testing.T, s *harness.Server, ck checkpointInfo, clients, every int) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(16, 3))
 	type job struct {
@@ -238,8 +240,8 @@ func concurrentGreedy(t *testing.T, s *harness.Server, ck checkpointInfo, client
 			t.Errorf("request %d: error response %s", i, results[i].errMsg)
 		case !slices.Equal(results[i].tokens, j.want):
 			t.Errorf("request %d (prompt of %d, %d tokens): got %v, want solo greedy %v", i, len(j.prompt), j.n, results[i].tokens, j.want)
-		case results[i].withTokens != j.n:
-			t.Errorf("request %d: %d responses with tokens, want %d", i, results[i].withTokens, j.n)
+		case results[i].withTokens != 1+(j.n-1+every-1)/every:
+			t.Errorf("request %d: %d responses with tokens for %d tokens, want %d", i, results[i].withTokens, j.n, 1+(j.n-1+every-1)/every)
 		}
 	}
 }
@@ -248,5 +250,13 @@ func concurrentGreedy(t *testing.T, s *harness.Server, ck checkpointInfo, client
 // concurrent streams still get their solo greedy tokens.
 func TestOverlapSchedulerThroughTriton(t *testing.T) {
 	s := harness.Start(t, harness.Options{Models: []harness.Model{{Parameters: map[string]string{"overlap_scheduler": "true"}}}})
-	concurrentGreedy(t, s, demoCheckpoint(t), 16)
+	concurrentGreedy(t, s, demoCheckpoint(t), 16, 1)
+}
+
+// TestStreamIntervalThroughTriton serves the demo model with stream_interval 4:
+// concurrent streams get their solo greedy tokens, the first alone and then four a
+// response.
+func TestStreamIntervalThroughTriton(t *testing.T) {
+	s := harness.Start(t, harness.Options{Models: []harness.Model{{Parameters: map[string]string{"stream_interval": "4"}}}})
+	concurrentGreedy(t, s, demoCheckpoint(t), 8, 4)
 }
