@@ -6,8 +6,9 @@ A burst is a run of iterations and sends with no idle gap over 1 ms (one tritonb
 Per burst: iterations, wall from the first iteration's start to the last response sent,
 the median decode iteration (no context tokens) and its engine step (the rest is the batch
 manager's and the backend's), the median gap between iterations,
-the senders' busy time per response, and how far the last response trailed the last
-iteration (the senders' backlog).
+the senders' busy time per response, the responses a sender took per wake-up (about the
+requests it serves per iteration when it keeps up; more when they queue behind it), and
+how far the last response trailed the last iteration (the senders' backlog).
 """
 import statistics
 import sys
@@ -38,7 +39,7 @@ def main():
             recs.append((f[0], float(f[1]), float(f[2]), int(f[3]), int(f[4]), eng))
         recs.sort(key=lambda r: r[1])
         print(f"== {path}")
-        print("iters  wall_ms  ctx_iters  decode_iter_us  decode_engine_us  gap_us  max_batch  sender_us/resp  backlog_ms")
+        print("iters  wall_ms  ctx_iters  decode_iter_us  decode_engine_us  gap_us  max_batch  sender_us/resp  resp/wake  backlog_ms")
         for bu in bursts(recs):
             it = [r for r in bu if r[0] == "I"]
             se = [r for r in bu if r[0] == "S"]
@@ -50,11 +51,11 @@ def main():
             nresp = sum(r[3] for r in se)
             busy = sum(r[2] - r[1] for r in se)
             end = max(r[2] for r in bu)
-            print("%5d  %7.1f  %9d  %14.1f  %16.1f  %6.1f  %9d  %14.2f  %10.2f" % (
+            print("%5d  %7.1f  %9d  %14.1f  %16.1f  %6.1f  %9d  %14.2f  %9.1f  %10.2f" % (
                 len(it), (end - it[0][1]) / 1e3, sum(1 for r in it if r[4] > 0),
                 statistics.median(dec) if dec else -1, statistics.median(deng) if deng else -1,
                 statistics.median(gaps) if gaps else -1,
-                max(r[3] for r in it), busy / nresp if nresp else -1,
+                max(r[3] for r in it), busy / nresp if nresp else -1, nresp / len(se) if se else -1,
                 (max(r[2] for r in se) - it[-1][2]) / 1e3 if se else -1))
 
 
