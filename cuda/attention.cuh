@@ -138,6 +138,23 @@ inline size_t decode_smem(int head_dim, int part_len, int threads = kDecodeThrea
 }
 
 
+// merge_parts is dimension d of one (row, head)'s decode attention from its active splits,
+// the same merge for both decode kernels: split p left its unnormalised output in
+// partial[(pi + p)·D + d] and its maximum and sum of exponentials in part_ml[(pi + p)·2],
+// [… + 1] (pi: the (row, head)'s first split). Read through L2 (other blocks wrote them).
+__device__ __forceinline__ float merge_parts(const float* partial, const float* part_ml, int64_t pi,
+                                             int active, int D, int d) {
+  float M = -INFINITY;
+  for (int p = 0; p < active; p++) M = fmaxf(M, __ldcg(part_ml + (pi + p) * 2));
+  float S = 0.f, O = 0.f;
+  for (int p = 0; p < active; p++) {
+    const float f = __expf(__ldcg(part_ml + (pi + p) * 2) - M);
+    S += __ldcg(part_ml + (pi + p) * 2 + 1) * f;
+    O += __ldcg(partial + (pi + p) * D + d) * f;
+  }
+  return O / S;
+}
+
 // decode_attend is the work of one (row i, head, part) of attention_decode_kernel, for
 // any block size that is a multiple of head_dim/8; smem as decode_smem says for it.
 // It waits for the previous kernel (griddep_wait) itself: the step's indices and the keys
@@ -302,28 +319,9 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
     part_ml[(pi + part) * 2] = mx;
     part_ml[(pi + part) * 2 + 1] = sum;
   }
-  __threadfence();
-  __syncthreads();
-  __shared__ int last;
-  if (threadIdx.x == 0) {
-    int* t = tickets + (int64_t)i * g.heads + head;
-    last = atomicAdd(t, 1) == active - 1;
-    if (last) *t = 0;  // ready for the next launch
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  float M = -INFINITY;
-  for (int p = 0; p < active; p++) M = fmaxf(M, __ldcg(part_ml + (pi + p) * 2));
-  float S = 0.f;
-  for (int p = 0; p < active; p++)
-    S += __ldcg(part_ml + (pi + p) * 2 + 1) * __expf(__ldcg(part_ml + (pi + p) * 2) - M);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float o = 0.f;
-    for (int p = 0; p < active; p++)
-      o += __ldcg(partial + (pi + p) * D + d) * __expf(__ldcg(part_ml + (pi + p) * 2) - M);
-    out[d] = from_f32<T>(o / S);
-  }
+  if (!last_block_of(tickets + (int64_t)i * g.heads + head, active)) return;
+  for (int d = threadIdx.x; d < D; d += blockDim.x)
+    out[d] = from_f32<T>(merge_parts(partial, part_ml, pi, active, D, d));
 }
 
 template <typename T, bool kPre>
@@ -389,7 +387,6 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
   __shared__ float ps[kGqaWarps][GB][32];     // a chunk's probabilities, per warp
   __shared__ float wm[kGqaWarps][GB], wl[kGqaWarps][GB];
   __shared__ float wo[kGqaWarps][GB][D];
-  __shared__ int last;
   griddep_launch();
   const int i = blockIdx.x, part = blockIdx.z, parts = gridDim.z;
   const int G = g.heads / g.kv_heads, slices = (G + GB - 1) / GB;
@@ -548,28 +545,13 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
     }
   }
   if (active == 1) return;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* tk = tickets + (int64_t)i * g.heads + h0;  // one ticket per (row, block of heads)
-    last = atomicAdd(tk, 1) == active - 1;
-    if (last) *tk = 0;  // ready for the next launch
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  // One ticket per (row, block of heads).
+  if (!last_block_of(tickets + (int64_t)i * g.heads + h0, active)) return;
   for (int t = threadIdx.x; t < nh * D; t += kGqaThreads) {
     const int gg = t / D, d = t % D, head = h0 + gg;
     const int64_t pi = ((int64_t)i * g.heads + head) * parts;
-    float M = -INFINITY;
-    for (int p = 0; p < active; p++) M = fmaxf(M, __ldcg(part_ml + (pi + p) * 2));
-    float S = 0.f, O = 0.f;
-    for (int p = 0; p < active; p++) {
-      const float f = __expf(__ldcg(part_ml + (pi + p) * 2) - M);
-      S += __ldcg(part_ml + (pi + p) * 2 + 1) * f;
-      O += __ldcg(partial + (pi + p) * D + d) * f;
-    }
-    att[(int64_t)r * g.q_width() + (int64_t)head * D + d] = from_f32<T>(O / S);
+    att[(int64_t)r * g.q_width() + (int64_t)head * D + d] =
+        from_f32<T>(merge_parts(partial, part_ml, pi, active, D, d));
   }
 }
 

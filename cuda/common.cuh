@@ -109,6 +109,26 @@ __device__ __forceinline__ float2 rotate_pair(float a, float b, float freq, int 
   return make_float2(a * cs - b * sn, b * cs + a * sn);
 }
 
+// last_block_of counts the calling block's arrival on ticket, one of count blocks that
+// split a piece of work after writing their shares to global memory, and says whether it
+// came last; the last block then sees every share (read them with __ldcg: this SM's L1
+// may hold older copies) and resets the ticket for the next launch (graphs replay it).
+// Called by every thread of the block. The barrier orders the block's writes before
+// thread 0's fence, which is cumulative — a grid barrier's pattern —, so one thread
+// fences instead of every one (a fence in each thread stalled every warp).
+__device__ __forceinline__ bool last_block_of(int* ticket, int count) {
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(ticket, 1) == count - 1;
+    if (last) *ticket = 0;
+    __threadfence();
+  }
+  __syncthreads();
+  return last;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

@@ -106,7 +106,6 @@ __global__ void __launch_bounds__(kTileThreads) tiled_kernel(GemvArgs a, TileSha
   extern __shared__ __align__(16) unsigned char tile_sm[];
   __shared__ int64_t kvrow[kTileMaxRows];
   __shared__ int rowpos[kTileMaxRows];
-  __shared__ bool last;
   griddep_launch();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int tile = blockIdx.x / sh.splits, split = blockIdx.x % sh.splits, n = a.n;
@@ -245,18 +244,7 @@ __global__ void __launch_bounds__(kTileThreads) tiled_kernel(GemvArgs a, TileSha
         if (r + 8 < n)
           *reinterpret_cast<float2*>(mine + (r + 8) * C + col) = make_float2(acc[mt][j][2], acc[mt][j][3]);
       }
-    // The block's stores, then one thread's fence and ticket (the barrier orders the other
-    // threads' stores before the fence, which is cumulative — a grid barrier's pattern);
-    // a fence in every thread stalled every warp.
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence();
-      last = atomicAdd(tickets + tile, 1) == sh.splits - 1;
-      if (last) tickets[tile] = 0;  // ready for the next launch (graphs replay it)
-      __threadfence();
-    }
-    __syncthreads();
-    if (!last) return;
+    if (!last_block_of(tickets + tile, sh.splits)) return;
     // Thread t sums float4 e = t + k·kTileThreads of the [n][C] sums over the splits, B
     // splits' loads in flight at once (one at a time, the merge was a chain of L2 round
     // trips).
