@@ -24,8 +24,9 @@ import (
 // TestOpenAI runs the official openai Python package (tests/openai/test_openai.py)
 // against gollm's OpenAI server in front of a real tritonserver serving three models:
 // the gpt2 demo checkpoint as it is (its tokenizer_config.json has a ChatML template),
-// the same weights without a tokenizer_config.json, so without a chat template, and the
-// trained austen demo model. Then no request of the server may be left running.
+// the same weights without a tokenizer_config.json, so without a chat template (also
+// served with stream_interval 3), and the trained austen demo model. Then no request of
+// the server may be left running.
 func TestOpenAI(t *testing.T) {
 	root, err := harness.Root()
 	if err != nil {
@@ -50,6 +51,7 @@ func TestOpenAI(t *testing.T) {
 		}
 	}
 	srv := harness.Start(t, harness.Options{Models: []harness.Model{{Name: "gpt2"}, {Name: "gpt2plain", Checkpoint: plainDir},
+		{Name: "gpt2every3", Checkpoint: plainDir, Parameters: map[string]string{"stream_interval": "3"}},
 		{Name: "austen", Checkpoint: "model_repository/austen/1"}}})
 
 	conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -73,6 +75,7 @@ func TestOpenAI(t *testing.T) {
 		"GOLLM_MODEL=gpt2plain",
 		"GOLLM_CHAT_MODEL=gpt2",
 		"GOLLM_AUSTEN_MODEL=austen",
+		"GOLLM_INTERVAL_MODEL=gpt2every3",
 	)
 	out, err := cmd.CombinedOutput()
 	t.Logf("test_openai.py:\n%s", out)

@@ -9,6 +9,7 @@ names them:
   GOLLM_CHAT_MODEL   the demo checkpoint, with its chat template (tokenizer_config.json)
   GOLLM_AUSTEN_MODEL the austen demo model (trained weights, its own chat template and a
                      generation_config.json that samples at temperature 0.8, top-p 0.95)
+  GOLLM_INTERVAL_MODEL GOLLM_MODEL's weights served with stream_interval 3
 
 The gpt2 demo checkpoint's weights are random, so most tests check structure, counts and
 consistency (greedy answers repeat; a stop string cuts an answer exactly where it
@@ -30,6 +31,7 @@ METRICS = os.environ["GOLLM_METRICS_URL"]
 MODEL = os.environ["GOLLM_MODEL"]
 CHAT = os.environ["GOLLM_CHAT_MODEL"]
 AUSTEN = os.environ["GOLLM_AUSTEN_MODEL"]
+INTERVAL = os.environ["GOLLM_INTERVAL_MODEL"]
 
 client = openai.OpenAI(base_url=URL, api_key="unused", max_retries=0, timeout=120)
 
@@ -95,6 +97,23 @@ class Completions(unittest.TestCase):
         self.assertEqual(chunks[-1].choices, [])
         self.assertEqual(chunks[-1].usage.completion_tokens, 10)
         self.assertEqual(chunks[-1].usage.prompt_tokens, full.usage.prompt_tokens)
+
+    def test_stream_interval_chunks_carry_several_tokens(self):
+        # INTERVAL is MODEL served with stream_interval 3: the first token alone, then three
+        # a response; the stream must still be the same text, tokens and log-probabilities.
+        full = client.completions.create(model=INTERVAL, prompt="The sky", max_tokens=10, temperature=0, logprobs=1)
+        chunks = list(client.completions.create(model=INTERVAL, prompt="The sky", max_tokens=10, temperature=0,
+                                                logprobs=1, stream=True, stream_options={"include_usage": True}))
+        self.assertEqual("".join(c.choices[0].text for c in chunks if c.choices), full.choices[0].text)
+        toks = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+        lps = [x for c in chunks if c.choices and c.choices[0].logprobs for x in c.choices[0].logprobs.token_logprobs]
+        self.assertEqual(toks, full.choices[0].logprobs.tokens)
+        for a, b in zip(lps, full.choices[0].logprobs.token_logprobs):
+            self.assertAlmostEqual(a, b, places=4)
+        with_text = [c for c in chunks if c.choices and c.choices[0].text]
+        self.assertLessEqual(len(with_text), 4)  # 10 tokens: 1 + 3 + 3 + 3
+        self.assertTrue(any(len(c.choices[0].logprobs.tokens) > 1 for c in with_text))
+        self.assertEqual(chunks[-1].usage.completion_tokens, 10)
 
     def test_echo(self):
         r = client.completions.create(model=MODEL, prompt="Echo me", max_tokens=3, temperature=0, echo=True)
