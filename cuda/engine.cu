@@ -138,8 +138,21 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     // stream); models wide enough to split take it on one GPU too (below).
     e->grouped = !(p->tuning_off & GOLLM_TUNING_NO_GROUPED) && gqa_decode_fits(c.head_dim);
     e->stream_gemv = !tp && !(p->tuning_off & GOLLM_TUNING_NO_STREAM);
-    e->tiled = !tp && !(p->tuning_off & GOLLM_TUNING_NO_TILED) && tiled_fits(1, c.hidden) &&
-               tiled_fits(1, c.inner) && tiled_fits(1, c.heads * c.head_dim);
+    // The tiled projections beat cuBLAS at up to 16 rows on models up to 1024 wide (H100:
+    // GPT-2 decode b8 0.475 against 0.490 ms/token, GPT-350M b8 i128 o8 9.5 against 9.9 ms)
+    // and lose beyond (GPT-2 b64 66k against 87k tokens/s, the TinyLlama shape b4 1.51
+    // against 1.40 ms/token): their blocks' chain of loads, fence, ticket and merge is
+    // longer than cuBLAS's kernels. A block a multiprocessor. To measure:
+    // GOLLM_CUDA_TILED_ROWS=n (0-64) moves the row limit, GOLLM_CUDA_TILE_BLOCKS=k (0-4)
+    // aims at k blocks a multiprocessor.
+    e->tiled_rows = c.hidden <= 1024 ? 16 : 0;
+    if (const char* v = std::getenv("GOLLM_CUDA_TILED_ROWS"))
+      e->tiled_rows = std::min(std::max(atoi(v), 0), kTileMaxRows);
+    e->tile_blocks = e->sms;
+    if (const char* v = std::getenv("GOLLM_CUDA_TILE_BLOCKS"))
+      e->tile_blocks = std::min(std::max(atoi(v), 0), 4) * e->sms;
+    e->tiled = !tp && !(p->tuning_off & GOLLM_TUNING_NO_TILED) && e->tiled_rows > 0 &&
+               tiled_fits(1, c.hidden) && tiled_fits(1, c.inner) && tiled_fits(1, c.heads * c.head_dim);
     e->fused = !tp && !(p->tuning_off & GOLLM_TUNING_NO_FUSED) && c.hidden % 8 == 0 && c.inner % 8 == 0;
     // The staged gemv kernels beat cuBLAS's GEMMs on narrow models only (H100, decode b1:
     // GPT-2 124M 0.31 ms/token against 0.36, GPT-350M faster too; the TinyLlama-1.1B
@@ -186,29 +199,14 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   CUDA_CHECK(cudaMemsetAsync(e->tickets.p, 0, e->tickets.bytes, e->stream));
   if (e->tiled) {
     // The tiled projections: QKV, output, gate and up, down (their weight rows, columns).
-    // They beat cuBLAS at up to 16 rows on models up to 1024 wide (H100: GPT-2 decode b8
-    // 0.475 against 0.490 ms/token, GPT-350M b8 i128 o8 9.5 against 9.9 ms) and lose
-    // beyond (GPT-2 b64 66k against 87k tokens/s, the TinyLlama shape b4 1.51 against 1.40
-    // ms/token): their blocks' chain of loads, fence, ticket and merge is longer than
-    // cuBLAS's kernels. A block a multiprocessor. To measure: GOLLM_CUDA_TILED_ROWS=n
-    // (0-64) moves the row limit, GOLLM_CUDA_TILE_BLOCKS=k (0-4) aims at k blocks a
-    // multiprocessor.
-    e->tiled_rows = c.hidden <= 1024 ? 16 : 0;
-    if (const char* v = std::getenv("GOLLM_CUDA_TILED_ROWS"))
-      e->tiled_rows = std::min(std::max(atoi(v), 0), kTileMaxRows);
-    e->tile_blocks = e->sms;
-    if (const char* v = std::getenv("GOLLM_CUDA_TILE_BLOCKS"))
-      e->tile_blocks = std::min(std::max(atoi(v), 0), 4) * e->sms;
-    e->tiled = e->tiled_rows > 0;
-  }
-  if (e->tiled) {
     const int64_t rows[4] = {d.qkv, d.H, d.up, d.H};
     const int cols[4] = {d.H, d.att, d.H, d.I};
     size_t pf = 0;
     int tiles = 1;
     for (int i = 0; i < 4; i++) {
-      pf = std::max(pf, tile_part_floats(rows[i], cols[i], e->tile_blocks));
-      tiles = std::max(tiles, tile_shape(rows[i], cols[i], e->tile_blocks).tiles);
+      const TileShape s = tile_shape(rows[i], cols[i], e->tile_blocks);
+      pf = std::max(pf, tile_part_floats(s));
+      tiles = std::max(tiles, s.tiles);
     }
     if (pf) e->tile_part.alloc(pf * 4, "tiled projections' partial sums");
     e->tile_tickets.alloc((size_t)tiles * 4, "tiled projections' tickets");

@@ -162,50 +162,57 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     a.bulk = e->bulk, a.n = n, a.h = h, a.eps = eps, a.rms = rms, a.acc = acc;
     return a;
   };
+  // qkv_args is layer l's QKV projection over the step's rows with what its epilogues
+  // write to: the queries, keys and values, the query scale, the rotary frequencies
+  // (GEMV_OUT_F32 reads none of the KV part).
+  auto qkv_args = [&](int l, const LayerW& lw) {
+    GemvArgs a = gemv_args(N);
+    a.w = lw.qkv_w, a.bias = lw.qkv_b, a.in = H, a.out = d.qkv, a.y = qkv;
+    a.kv = kv, a.row_pos = I32(L.row_pos), a.row_seq = I32(L.row_seq);
+    a.seqs = seqs, a.blocks = words, a.geom = e->geom, a.layer = l;
+    a.qscale = 1.f / sqrtf((float)c.head_dim), a.inv_freq = inv_freq;
+    return a;
+  };
+  // kv_write adds bias (or nothing) to layer l's QKV rows, scales the queries, rotates and
+  // writes keys and values to the pool: the QKV epilogue as a kernel of its own.
+  auto kv_write = [&](int l, const float* bias) {
+    qkv_kv_write<T>(qkv, bias, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom, l, N,
+                    inv_freq, c.rope_dim, st);
+  };
+  // Rotary over the whole head fits the streaming gemv's and the tiled kernel's epilogue.
+  const bool rope_epilogue = inv_freq && c.rope_dim == c.head_dim;
   for (int l = 0; l < c.layers; l++) {
     const LayerW& lw = w->layers[l];
     const int window = c.sliding_window > 0 && l >= c.window_from_layer ? c.sliding_window : 0;
     if (small) {
-      GemvArgs a = gemv_args(N);
       // QKV with the attention norm before; without rotary positions the KV write after,
       // with them qkv_kv_write rotates and writes (the bias is added here) — or, with
       // rotary over the whole head, the streaming gemv does both itself.
-      a.w = lw.qkv_w, a.bias = lw.qkv_b, a.in = H, a.out = d.qkv;
-      a.gamma = lw.norm1_w, a.beta = lw.norm1_b, a.y = qkv;
-      // Where the QKV epilogue writes keys and values (GEMV_OUT_F32 reads none of it).
-      a.kv = kv, a.row_pos = I32(L.row_pos), a.row_seq = I32(L.row_seq);
-      a.seqs = seqs, a.blocks = words, a.geom = e->geom, a.layer = l;
-      a.qscale = 1.f / sqrtf((float)c.head_dim), a.inv_freq = inv_freq;
-      if (inv_freq && streamed && c.rope_dim == c.head_dim) {
-        // The streaming gemv rotates, scales and writes keys and values itself.
+      GemvArgs a = qkv_args(l, lw);
+      a.gamma = lw.norm1_w, a.beta = lw.norm1_b;
+      if (rope_epilogue && streamed) {
         gemv_stream<T, GEMV_IN_LN, GEMV_OUT_ROPE>(a, e->sms, st);
       } else if (inv_freq) {
         gemv_any<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, streamed, st);
-        qkv_kv_write<T>(qkv, nullptr, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom,
-                        l, N, inv_freq, c.rope_dim, st);
+        kv_write(l, nullptr);
       } else {
         gemv_any<T, GEMV_IN_LN, GEMV_OUT_QKV>(a, e->sms, streamed, st);
       }
     } else if (tiled) {
-      // As the small path's QKV, the input xn (the norm the kernel before wrote).
-      GemvArgs a = gemv_args(N);
-      a.w = lw.qkv_w, a.bias = lw.qkv_b, a.in = H, a.out = d.qkv, a.x = xn, a.y = qkv;
-      a.kv = kv, a.row_pos = I32(L.row_pos), a.row_seq = I32(L.row_seq);
-      a.seqs = seqs, a.blocks = words, a.geom = e->geom, a.layer = l;
-      a.qscale = 1.f / sqrtf((float)c.head_dim), a.inv_freq = inv_freq;
-      if (inv_freq && c.rope_dim == c.head_dim) {
+      // As the small path's QKV, over xn (the norm the kernel before wrote).
+      GemvArgs a = qkv_args(l, lw);
+      a.x = xn;
+      if (rope_epilogue) {
         tiled_proj<T, GEMV_OUT_ROPE>(a, e->tile_blocks, tpart, ttick, st);
       } else if (inv_freq) {
         tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, tpart, ttick, st);
-        qkv_kv_write<T>(qkv, nullptr, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom,
-                        l, N, inv_freq, c.rope_dim, st);
+        kv_write(l, nullptr);
       } else {
         tiled_proj<T, GEMV_OUT_QKV>(a, e->tile_blocks, tpart, ttick, st);
       }
     } else {
       gemm_qkv<T>(e, lw, NG);
-      qkv_kv_write<T>(qkv, lw.qkv_b, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom,
-                      l, N, inv_freq, c.rope_dim, st);
+      kv_write(l, lw.qkv_b);
     }
     attention_context<T>(qkv, att, kv, tiles, seqs, words, e->geom, l, window,
                          (int)pl.tiles.size(), st);
@@ -262,16 +269,22 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       gemv_any<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, streamed, st);
       continue;
     }
+    // Output projection into tmp, then the residual add and the MLP norm; the MLP's first
+    // projection and its activation (or gate · up); the down projection into tmp, then the
+    // residual add and the next norm. The tiled kernels add their biases and apply the
+    // activation themselves; cuBLAS's GEMMs leave both to the kernels after them.
     if (tiled) {
-      // Output projection into tmp (its bias added), then the residual add and MLP norm;
-      // the MLP's first projection with its activation (or gate · up) fused; the down
-      // projection into tmp, then the residual add and the next norm.
-      const LayerW& nx = last ? lw : w->layers[l + 1];
       GemvArgs a = gemv_args(N);
       a.w = lw.out_w, a.bias = lw.out_b, a.in = d.att, a.out = H, a.x = att, a.y = tmp;
       tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, tpart, ttick, st);
-      residual_layernorm<T>(h, tmp, nullptr, xn, lw.norm2_w, lw.norm2_b, N, H, eps, rms, st);
-      a = gemv_args(N);
+    } else {
+      gemm_proj<T>(e, lw, NG);
+      if (tp) tp_all_reduce(e, tmp, (size_t)N * H, "the attention output", l);
+    }
+    residual_layernorm<T>(h, tmp, tiled ? nullptr : lw.out_b, xn, lw.norm2_w, lw.norm2_b, N, H,
+                          eps, rms, stc);
+    if (tiled) {
+      GemvArgs a = gemv_args(N);
       a.w = lw.up_w, a.bias = lw.up_b, a.in = H, a.out = d.I, a.x = xn, a.y = fch, a.act = c.activation;
       if (c.gated_mlp)
         tiled_proj<T, GEMV_OUT_GATED>(a, e->tile_blocks, tpart, ttick, st);
@@ -280,22 +293,17 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       a = gemv_args(N);
       a.w = lw.down_w, a.bias = lw.down_b, a.in = d.I, a.out = H, a.x = fch, a.y = tmp;
       tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, tpart, ttick, st);
-      residual_layernorm<T>(h, tmp, nullptr, xn, last ? w->final_w : nx.norm1_w,
-                            last ? w->final_b : nx.norm1_b, N, H, eps, rms, st);
-      continue;
+    } else {
+      gemm_up<T>(e, lw, NG);
+      if (c.gated_mlp)
+        gated_act<T>(fc, lw.up_b, fch, N, d.I, c.activation, st);
+      else
+        bias_act<T>(fc, lw.up_b, fch, N, d.I, c.activation, st);
+      gemm_down<T>(e, lw, NG);
+      if (tp) tp_all_reduce(e, tmp, (size_t)N * H, "the MLP output", l);
     }
-    gemm_proj<T>(e, lw, NG);
-    if (tp) tp_all_reduce(e, tmp, (size_t)N * H, "the attention output", l);
-    residual_layernorm<T>(h, tmp, lw.out_b, xn, lw.norm2_w, lw.norm2_b, N, H, eps, rms, stc);
-    gemm_up<T>(e, lw, NG);
-    if (c.gated_mlp)
-      gated_act<T>(fc, lw.up_b, fch, N, d.I, c.activation, st);
-    else
-      bias_act<T>(fc, lw.up_b, fch, N, d.I, c.activation, st);
-    gemm_down<T>(e, lw, NG);
-    if (tp) tp_all_reduce(e, tmp, (size_t)N * H, "the MLP output", l);
     const LayerW& nx = last ? lw : w->layers[l + 1];
-    residual_layernorm<T>(h, tmp, lw.down_b, xn, last ? w->final_w : nx.norm1_w,
+    residual_layernorm<T>(h, tmp, tiled ? nullptr : lw.down_b, xn, last ? w->final_w : nx.norm1_w,
                           last ? w->final_b : nx.norm1_b, N, H, eps, rms, stc);
   }
   // The LM head writes part ([rows][VR]); the whole-vocabulary logits are part itself on

@@ -218,7 +218,7 @@ struct gollm_engine {
   bool fused = true;              // decode-only steps of up to kFusedRows rows: fused.cuh's MLP
   bool grouped = true;            // decode attention by KV head (attention_decode_gqa)
   bool stream_gemv = true;        // few-row steps: gemv_stream
-  bool tiled = true;              // steps of up to kTileMaxRows rows: tiled.cuh's projections
+  bool tiled = true;              // steps of up to tiled_rows rows: tiled.cuh's projections
   int tile_blocks = 0;            // the blocks a tiled launch aims at (tile_shape)
   int tiled_rows = 0;             // the most token rows on the tiled path
   // Most rows on the gemv path (gollm_engine_params.gemv_rows; 0 for models wider than

@@ -94,9 +94,9 @@ inline TileShape tile_shape(int64_t wrows, int in, int blocks) {
   return TileShape{tiles, (chunks + kc - 1) / kc, kc, nt};
 }
 
-// tile_part_floats is the space a tiled launch needs for its splits' partial sums.
-inline size_t tile_part_floats(int64_t wrows, int in, int blocks) {
-  const TileShape s = tile_shape(wrows, in, blocks);
+// tile_part_floats is the space a tiled launch of shape s needs for its splits' partial
+// sums ([tile][split][kTileMaxRows][kTileSlots · nt] fp32).
+inline size_t tile_part_floats(const TileShape& s) {
   return s.splits > 1 ? (size_t)s.tiles * s.splits * kTileMaxRows * kTileSlots * s.nt : 0;
 }
 
