@@ -787,14 +787,13 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
   int64_t u = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   const uint4 *w0 = nullptr, *w1 = nullptr;
   bool has1 = false;
-  // A rotary unit is the pair (i, i + D/2) of one head (query, key or value alike).
-  const int half = a.geom.head_dim / 2;
-  auto rope_row = [&](int64_t unit) { return unit / half * 2 * half + unit % half; };
   auto rows_of = [&](int64_t unit) {
     if (kRope) {
+      // A rotary unit is the pair of rows (i, i + D/2) of one head (query, key or value).
+      const RopeUnit ru = rope_unit(a.geom, unit);
       has1 = true;
-      w0 = w + rope_row(unit) * chunks;
-      w1 = w0 + (int64_t)half * chunks;
+      w0 = w + (int64_t)ru.c0 * chunks;
+      w1 = w + (int64_t)ru.c1 * chunks;
       return;
     }
     const int64_t r0 = kGated ? unit : 2 * unit;

@@ -125,9 +125,11 @@ __global__ void __launch_bounds__(kTileThreads) tiled_kernel(GemvArgs a, TileSha
     const int64_t row = tile_w_row<OUT, NT>(a, tile, pr + 8 * i);
     wrow[i] = row < 0 ? nullptr : static_cast<const T*>(a.w) + row * a.in + (int64_t)c0 * 32 + pc * 8;
   }
+  // staged says whether this thread copies a piece of step k: pieces past the step's
+  // chunks are neither copied nor read.
+  auto staged = [&](int k) { return k < steps && pc < 4 * min(kTileChunks, nch - k * kTileChunks); };
   auto stage_w = [&](int k) {
-    // Pieces past the step's chunks are neither copied nor read.
-    if (k >= steps || pc >= 4 * min(kTileChunks, nch - k * kTileChunks)) return;
+    if (!staged(k)) return;
     T* dst = stage(k) + (size_t)(M + pr) * xld + pc * 8;
 #pragma unroll
     for (int i = 0; i < RW; i++) {
@@ -139,7 +141,7 @@ __global__ void __launch_bounds__(kTileThreads) tiled_kernel(GemvArgs a, TileSha
     }
   };
   auto stage_x = [&](int k) {
-    if (k >= steps || pc >= 4 * min(kTileChunks, nch - k * kTileChunks)) return;
+    if (!staged(k)) return;
     T* dst = stage(k) + (size_t)pr * xld + pc * 8;
     const T* src = static_cast<const T*>(a.x) + (int64_t)pr * a.in + (int64_t)c0 * 32 + k * kTileStep + pc * 8;
 #pragma unroll
