@@ -151,6 +151,9 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     e->tile_blocks = e->sms;
     if (const char* v = std::getenv("GOLLM_CUDA_TILE_BLOCKS"))
       e->tile_blocks = std::min(std::max(atoi(v), 0), 4) * e->sms;
+    // A measuring knob: decode attention split n ways (1-16) at every batch size.
+    if (const char* v = std::getenv("GOLLM_CUDA_DECODE_PARTS"))
+      e->decode_parts = std::min(std::max(atoi(v), 0), 16);
     e->tiled = !tp && !(p->tuning_off & GOLLM_TUNING_NO_TILED) && e->tiled_rows > 0 &&
                tiled_fits(1, c.hidden) && tiled_fits(1, c.inner) && tiled_fits(1, c.heads * c.head_dim);
     e->fused = !tp && !(p->tuning_off & GOLLM_TUNING_NO_FUSED) && c.hidden % 8 == 0 && c.inner % 8 == 0;

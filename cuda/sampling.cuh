@@ -183,7 +183,7 @@ __device__ double sum_weight(const float* w, int V, Limit lim, Weight wt, Sample
 }
 
 constexpr int kGreedyThreads = 256;
-constexpr int kGreedyUnroll = 4;
+constexpr int kGreedyUnroll = 8;
 
 // greedy_combine folds the slice (m, id, z) — its first maximum m at id and the sum z of
 // exp(w - m) — into (bv, bi, sum): the larger maximum (the lower id on ties) wins and the
@@ -214,28 +214,29 @@ __device__ __forceinline__ void greedy_merge(float& bv, int& bi, float& sum) {
   }
 }
 
-// sample_greedy_kernel: grid (entries, kGreedySplits). Block (e, g) finds the first
-// maximum of its slice of the row and the sum of exp(w - its max); the last block of a
-// row to finish (an atomic ticket, reset by it) merges the slices into the token and its
+// sample_greedy_kernel: grid (entries, splits ≤ kGreedySplits). Block (e, g) finds the
+// first maximum of its slice of the row and the sum of exp(w - its max); the last block of
+// a row to finish (an atomic ticket, reset by it) merges the slices into the token and its
 // log-probability, -log Σ exp(w - max). Rows that are not greedy_fast exit at once.
-//   part: [entries][kGreedySplits][3] fp32 scratch; tickets: [entries] int, zero between.
+//   logits: rows of V fp32 at a stride of ld floats (the LM head's padded rows, or V).
+//   part: [entries][splits][3] fp32 scratch; tickets: [entries] int, zero between.
 __global__ void __launch_bounds__(kGreedyThreads) sample_greedy_kernel(
     const float* __restrict__ logits, const int32_t* __restrict__ samp_seq,
     const int32_t* __restrict__ samp_row, const DevSeq* __restrict__ seqs,
     float* __restrict__ part, int* __restrict__ tickets, int32_t* __restrict__ out_tok,
-    float* __restrict__ out_lp, int V) {
+    float* __restrict__ out_lp, int V, int64_t ld) {
   __shared__ float fred[32];
   __shared__ int ired[32];
   __shared__ float sred[32];
   __shared__ int last;
   griddep_launch();
   // The step's inputs before the wait (dependent loads that overlap the LM head).
-  const int e = blockIdx.x, g = blockIdx.y;
+  const int e = blockIdx.x, g = blockIdx.y, splits = gridDim.y;
   const int s = samp_seq[e];
   if (s < 0 || !greedy_fast(seqs[s])) return;
-  const float* w = logits + (int64_t)samp_row[e] * V;
+  const float* w = logits + (int64_t)samp_row[e] * ld;
   griddep_wait();
-  const int per = (V + kGreedySplits - 1) / kGreedySplits;
+  const int per = (V + splits - 1) / splits;
   const int lo = g * per, hi = min(V, lo + per);
   // One pass: each thread keeps its first maximum and the sum of exp(w - that maximum),
   // rescaled when the maximum grows; its loads are issued kGreedyUnroll at a time.
@@ -274,23 +275,23 @@ __global__ void __launch_bounds__(kGreedyThreads) sample_greedy_kernel(
   bi = lane < nw ? ired[lane] : 0x7fffffff;
   sum = lane < nw ? sred[lane] : 0.f;
   greedy_merge(bv, bi, sum);
-  float* pp = part + ((int64_t)e * kGreedySplits + g) * 3;
+  float* pp = part + ((int64_t)e * splits + g) * 3;
   if (lane == 0) {
     pp[0] = bv;
     pp[1] = __int_as_float(bi);
     pp[2] = sum;
     __threadfence();
     int t = atomicAdd(tickets + e, 1);
-    last = t == kGreedySplits - 1;
+    last = t == splits - 1;
     if (last) tickets[e] = 0;
   }
   __syncwarp();
   if (!last) return;
   __threadfence();
   // The last block's first warp merges the slices, a lane per slice.
-  const float* rp = part + (int64_t)e * kGreedySplits * 3;
+  const float* rp = part + (int64_t)e * splits * 3;
   bv = -INFINITY, bi = 0x7fffffff, sum = 0.f;
-  for (int q = lane; q < kGreedySplits; q += 32) {
+  for (int q = lane; q < splits; q += 32) {
     float m = __ldcg(rp + q * 3), z = __ldcg(rp + q * 3 + 2);
     int id = __float_as_int(__ldcg(rp + q * 3 + 1));
     float2 acc = greedy_combine(bv, bi, sum, m, id, z);
@@ -431,14 +432,19 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(
   }
 }
 
-inline void sample(float* logits, const int32_t* samp_seq, const int32_t* samp_row,
-            const DevSeq* seqs, const int32_t* pen, const int32_t* masks,
+// sample: greedy rows by sample_greedy_kernel, the others by sample_kernel. padded, when
+// not null, holds the same logits at a row stride of lm_head_ld(V) (the LM head's output
+// before unpad_rows); it is given only when every row is greedy, whose kernel then reads
+// it in place of logits.
+inline void sample(float* logits, const float* padded, const int32_t* samp_seq,
+            const int32_t* samp_row, const DevSeq* seqs, const int32_t* pen, const int32_t* masks,
             const float* bias, float* retlog, int32_t* out_tok, float* out_lp, int count, int V,
-            float* greedy_part, int* greedy_tickets, bool all_greedy, Stream stream) {
+            float* greedy_part, int* greedy_tickets, bool all_greedy, int sms, Stream stream) {
   if (count == 0) return;
-  launch("sample_greedy_kernel", sample_greedy_kernel, dim3(count, kGreedySplits),
-         kGreedyThreads, 0, stream, logits, samp_seq, samp_row, seqs, greedy_part, greedy_tickets,
-         out_tok, out_lp, V);
+  launch("sample_greedy_kernel", sample_greedy_kernel, dim3(count, greedy_splits(count, sms)),
+         kGreedyThreads, 0, stream, padded ? padded : logits, samp_seq, samp_row, seqs,
+         greedy_part, greedy_tickets, out_tok, out_lp, V,
+         padded ? (int64_t)lm_head_ld(V) : (int64_t)V);
   if (all_greedy) return;  // sample_kernel would exit at once for every row
   launch("sample_kernel", sample_kernel, count, kSampleThreads, 0, stream, logits, samp_seq,
          samp_row, seqs, pen, masks, bias, retlog, out_tok, out_lp, V);

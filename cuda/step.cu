@@ -132,7 +132,8 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
       auto it = e->graph_execs.find(key);
       if (it == e->graph_execs.end()) {
         // Replays see other lengths: size the splits for the longest possible row.
-        const int splits = decode_splits(bucket, e->w->cfg.heads, e->sms, e->max_len);
+        const int splits = e->decode_parts > 0 ? e->decode_parts
+                                               : decode_splits(bucket, e->w->cfg.heads, e->sms, e->max_len);
         cudaGraphExec_t ex = nullptr;
         cudaGraph_t g = nullptr;
         CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
@@ -159,8 +160,9 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
       else
         CUDA_CHECK(cudaGraphLaunch(it->second, e->stream));
     } else {
-      int parts = decode_splits(std::max<int>(1, (int)pl.dec_rows.size()), e->w->cfg.heads, e->sms,
-                                pl.max_len);
+      int parts = e->decode_parts > 0 ? e->decode_parts
+                                      : decode_splits(std::max<int>(1, (int)pl.dec_rows.size()),
+                                                      e->w->cfg.heads, e->sms, pl.max_len);
       run_forward(e, pl, L, parts, false);
     }
     // With the forward pass enqueued and running: the injected fault (GOLLM_CUDA_FAIL_STEP).
