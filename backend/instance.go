@@ -236,6 +236,10 @@ func (in *instance) execute(reqs []triton.Request) {
 	// point, whose error would hand the requests back to Triton. accept contains its
 	// own; this one covers the rest.
 	defer logExecutePanic(in.log)
+	var began time.Time
+	if in.trace != nil {
+		began = time.Now()
+	}
 	start := triton.Now()
 	queued := 0
 	for _, r := range reqs {
@@ -247,6 +251,7 @@ func (in *instance) execute(reqs []triton.Request) {
 		return
 	}
 	in.mgr.Wake()
+	in.trace.add('A', began, time.Now(), queued, 0, 0)
 	// The batch's work is handing the requests over; the generation is the manager's.
 	reportBatch(in.ti, in.log, queued, start)
 }

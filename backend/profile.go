@@ -16,9 +16,10 @@ import (
 //
 //   - GOLLM_CPU_PROFILE=path: a Go CPU profile of the whole process's Go code from
 //     TRITONBACKEND_Initialize to TRITONBACKEND_Finalize (go tool pprof reads it).
-//   - GOLLM_ITER_TRACE=path: one line per engine iteration and per sender batch, written
-//     at instance finalize: when each iteration started and ended, its batch size, how long
-//     its engine step took, and how long the sender took over each batch of responses.
+//   - GOLLM_ITER_TRACE=path: one line per engine iteration, per sender batch and per
+//     execute, written at instance finalize: when each iteration started and ended, its
+//     batch size, how long its engine step took, how long the sender took over each batch
+//     of responses, and when each execute handed its requests to the batch manager.
 const (
 	envCPUProfile = "GOLLM_CPU_PROFILE"
 	envIterTrace  = "GOLLM_ITER_TRACE"
@@ -75,11 +76,12 @@ const traceCap = 1 << 20
 
 // traceRec is one trace record.
 type traceRec struct {
-	// kind is 'I' (an iteration) or 'S' (a sender batch).
+	// kind is 'I' (an iteration), 'S' (a sender batch) or 'A' (an execute's arrivals).
 	kind byte
 	// start and end are nanoseconds since the trace began.
 	start, end int64
-	// n is the iteration's scheduled requests or the batch's responses.
+	// n is the iteration's scheduled requests, the batch's responses or the requests
+	// the execute queued.
 	n int32
 	// ctx is the iteration's context tokens (0 for a sender batch).
 	ctx int32
@@ -134,7 +136,7 @@ func (t *iterTrace) write() error {
 		return fmt.Errorf("iteration trace %s: %w", t.path, err)
 	}
 	w := bufio.NewWriter(f)
-	fmt.Fprintln(w, "# kind start_us end_us n ctx engine_us (I: iteration, n scheduled, ctx context tokens, engine_us its Engine.Step; S: sender batch, n responses)")
+	fmt.Fprintln(w, "# kind start_us end_us n ctx engine_us (I: iteration, n scheduled, ctx context tokens, engine_us its Engine.Step; S: sender batch, n responses; A: an execute, n requests queued)")
 	for _, r := range t.recs {
 		fmt.Fprintf(w, "%c %.1f %.1f %d %d %.1f\n", r.kind, float64(r.start)/1e3, float64(r.end)/1e3, r.n, r.ctx, float64(r.eng)/1e3)
 	}
