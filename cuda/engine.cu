@@ -61,6 +61,13 @@ struct Arrival {
   }
 };
 
+// env_knob is a measuring knob's value: environment variable name's integer clamped to
+// 0…hi, or fallback when it is not set.
+int env_knob(const char* name, int hi, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::min(std::max(atoi(v), 0), hi) : fallback;
+}
+
 }  // namespace
 
 void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine** out,
@@ -145,15 +152,10 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     // longer than cuBLAS's kernels. A block a multiprocessor. To measure:
     // GOLLM_CUDA_TILED_ROWS=n (0-64) moves the row limit, GOLLM_CUDA_TILE_BLOCKS=k (0-4)
     // aims at k blocks a multiprocessor.
-    e->tiled_rows = c.hidden <= 1024 ? 16 : 0;
-    if (const char* v = std::getenv("GOLLM_CUDA_TILED_ROWS"))
-      e->tiled_rows = std::min(std::max(atoi(v), 0), kTileMaxRows);
-    e->tile_blocks = e->sms;
-    if (const char* v = std::getenv("GOLLM_CUDA_TILE_BLOCKS"))
-      e->tile_blocks = std::min(std::max(atoi(v), 0), 4) * e->sms;
+    e->tiled_rows = env_knob("GOLLM_CUDA_TILED_ROWS", kTileMaxRows, c.hidden <= 1024 ? 16 : 0);
+    e->tile_blocks = env_knob("GOLLM_CUDA_TILE_BLOCKS", 4, 1) * e->sms;
     // A measuring knob: decode attention split n ways (1-16) at every batch size.
-    if (const char* v = std::getenv("GOLLM_CUDA_DECODE_PARTS"))
-      e->decode_parts = std::min(std::max(atoi(v), 0), 16);
+    e->decode_parts = env_knob("GOLLM_CUDA_DECODE_PARTS", 16, 0);
     e->tiled = !tp && !(p->tuning_off & GOLLM_TUNING_NO_TILED) && e->tiled_rows > 0 &&
                tiled_fits(1, c.hidden) && tiled_fits(1, c.inner) && tiled_fits(1, c.heads * c.head_dim);
     e->fused = !tp && !(p->tuning_off & GOLLM_TUNING_NO_FUSED) && c.hidden % 8 == 0 && c.inner % 8 == 0;

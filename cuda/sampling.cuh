@@ -217,7 +217,8 @@ __device__ __forceinline__ void greedy_merge(float& bv, int& bi, float& sum) {
 // sample_greedy_kernel: grid (entries, splits ≤ kGreedySplits). Block (e, g) finds the
 // first maximum of its slice of the row and the sum of exp(w - its max); the last block of
 // a row to finish (an atomic ticket, reset by it) merges the slices into the token and its
-// log-probability, -log Σ exp(w - max). Rows that are not greedy_fast exit at once.
+// log-probability, -log Σ exp(w - max) (last_block_of). Rows that are not greedy_fast exit
+// at once, the whole block.
 //   logits: rows of V fp32 at a stride of ld floats (the LM head's padded rows, or V).
 //   part: [entries][splits][3] fp32 scratch; tickets: [entries] int, zero between.
 __global__ void __launch_bounds__(kGreedyThreads) sample_greedy_kernel(
@@ -228,7 +229,6 @@ __global__ void __launch_bounds__(kGreedyThreads) sample_greedy_kernel(
   __shared__ float fred[32];
   __shared__ int ired[32];
   __shared__ float sred[32];
-  __shared__ int last;
   griddep_launch();
   // The step's inputs before the wait (dependent loads that overlap the LM head).
   const int e = blockIdx.x, g = blockIdx.y, splits = gridDim.y;
@@ -270,24 +270,19 @@ __global__ void __launch_bounds__(kGreedyThreads) sample_greedy_kernel(
     sred[warp] = sum;
   }
   __syncthreads();
-  if (warp != 0) return;
-  bv = lane < nw ? fred[lane] : -INFINITY;
-  bi = lane < nw ? ired[lane] : 0x7fffffff;
-  sum = lane < nw ? sred[lane] : 0.f;
-  greedy_merge(bv, bi, sum);
-  float* pp = part + ((int64_t)e * splits + g) * 3;
-  if (lane == 0) {
-    pp[0] = bv;
-    pp[1] = __int_as_float(bi);
-    pp[2] = sum;
-    __threadfence();
-    int t = atomicAdd(tickets + e, 1);
-    last = t == splits - 1;
-    if (last) tickets[e] = 0;
+  if (warp == 0) {
+    bv = lane < nw ? fred[lane] : -INFINITY;
+    bi = lane < nw ? ired[lane] : 0x7fffffff;
+    sum = lane < nw ? sred[lane] : 0.f;
+    greedy_merge(bv, bi, sum);
+    if (lane == 0) {
+      float* pp = part + ((int64_t)e * splits + g) * 3;
+      pp[0] = bv;
+      pp[1] = __int_as_float(bi);
+      pp[2] = sum;
+    }
   }
-  __syncwarp();
-  if (!last) return;
-  __threadfence();
+  if (!last_block_of(tickets + e, splits) || warp != 0) return;
   // The last block's first warp merges the slices, a lane per slice.
   const float* rp = part + (int64_t)e * splits * 3;
   bv = -INFINITY, bi = 0x7fffffff, sum = 0.f;

@@ -71,6 +71,14 @@ void swap_staging(gollm_engine* e) {
   e->hlog.swap(e->alt_hlog);
 }
 
+// attention_splits is how many ways decode attention splits each row's positions for a
+// step of rows decode rows up to max_len long: GOLLM_CUDA_DECODE_PARTS where set, else
+// decode_splits.
+int attention_splits(const gollm_engine* e, int rows, int max_len) {
+  return e->decode_parts > 0 ? e->decode_parts
+                             : decode_splits(std::max(1, rows), e->w->cfg.heads, e->sms, max_len);
+}
+
 }  // namespace
 
 void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool inject) {
@@ -132,8 +140,7 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
       auto it = e->graph_execs.find(key);
       if (it == e->graph_execs.end()) {
         // Replays see other lengths: size the splits for the longest possible row.
-        const int splits = e->decode_parts > 0 ? e->decode_parts
-                                               : decode_splits(bucket, e->w->cfg.heads, e->sms, e->max_len);
+        const int splits = attention_splits(e, bucket, e->max_len);
         cudaGraphExec_t ex = nullptr;
         cudaGraph_t g = nullptr;
         CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
@@ -160,10 +167,7 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
       else
         CUDA_CHECK(cudaGraphLaunch(it->second, e->stream));
     } else {
-      int parts = e->decode_parts > 0 ? e->decode_parts
-                                      : decode_splits(std::max<int>(1, (int)pl.dec_rows.size()),
-                                                      e->w->cfg.heads, e->sms, pl.max_len);
-      run_forward(e, pl, L, parts, false);
+      run_forward(e, pl, L, attention_splits(e, (int)pl.dec_rows.size(), pl.max_len), false);
     }
     // With the forward pass enqueued and running: the injected fault (GOLLM_CUDA_FAIL_STEP).
     if (inject && !e->fail.early) inject_step_fault(e);
