@@ -368,7 +368,12 @@ void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_
 // weighting them by the probabilities it left in shared memory. The warps' (max, sum,
 // output) are merged last. D is a power of two, 16…128.
 //   qkv: [N][qkv_width] fp32, queries pre-scaled; att: [N][heads·D] T.
-constexpr int kGqaWarps = 4;
+// GOLLM_GQA_WARPS (-D at build time) measures other block sizes (bench/libab.sh): 8 warps
+// lost on an H100 at batch 64 (cuda/README.md).
+#ifndef GOLLM_GQA_WARPS
+#define GOLLM_GQA_WARPS 4
+#endif
+constexpr int kGqaWarps = GOLLM_GQA_WARPS;
 constexpr int kGqaThreads = 32 * kGqaWarps;
 constexpr int kGqaMinPart = 32 * kGqaWarps;  // a chunk for every warp
 

@@ -156,6 +156,8 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     e->tile_blocks = env_knob("GOLLM_CUDA_TILE_BLOCKS", 4, 1) * e->sms;
     // A measuring knob: decode attention split n ways (1-16) at every batch size.
     e->decode_parts = env_knob("GOLLM_CUDA_DECODE_PARTS", 16, 0);
+    // A measuring knob: kernels left out of every step (wrong results; their cost in place).
+    e->skip = env_knob("GOLLM_CUDA_SKIP", 1023, 0);
     e->tiled = !tp && !(p->tuning_off & GOLLM_TUNING_NO_TILED) && e->tiled_rows > 0 &&
                tiled_fits(1, c.hidden) && tiled_fits(1, c.inner) && tiled_fits(1, c.heads * c.head_dim);
     e->fused = !tp && !(p->tuning_off & GOLLM_TUNING_NO_FUSED) && c.hidden % 8 == 0 && c.inner % 8 == 0;

@@ -85,6 +85,12 @@ void gemv_any(const GemvArgs& a, int sms, bool streamed, Stream st) {
     gemv<T, IN, OUT>(a, sms, st);
 }
 
+// GOLLM_CUDA_SKIP's bits: the kernels a step leaves out, so that a step's time without
+// them says what they cost in place (in a graph, with their neighbours' overlap), which
+// ncu's serialized figures do not. The results are wrong; for measuring alone.
+constexpr int kSkipQKV = 1, kSkipAttn = 2, kSkipOut = 4, kSkipUp = 8, kSkipDown = 16,
+              kSkipNorm = 32, kSkipHead = 64, kSkipSample = 128, kSkipKV = 256, kSkipAct = 512;
+
 // forward enqueues the whole step on the engine's stream: the layers, then per chunk the
 // LM head, the sampling and (eager mode) the logits copies. In graph mode it is captured.
 template <typename T>
@@ -143,6 +149,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   float* tpart = e->tile_part.as<float>();
   int* ttick = e->tile_tickets.as<int>();
   const bool few_dec = (int)pl.dec_rows.size() <= kFusedRows;
+  auto on = [&](int bit) { return (e->skip & bit) == 0; };
   if (tp) {
     // Each rank looks its vocabulary rows up (rank 0 adds the positions); the all-reduce
     // adds the shares, then layer 0's norm.
@@ -176,15 +183,17 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   // kv_write adds bias (or nothing) to layer l's QKV rows, scales the queries, rotates and
   // writes keys and values to the pool: the QKV epilogue as a kernel of its own.
   auto kv_write = [&](int l, const float* bias) {
-    qkv_kv_write<T>(qkv, bias, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom, l, N,
-                    inv_freq, c.rope_dim, st);
+    if (on(kSkipKV))
+      qkv_kv_write<T>(qkv, bias, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom, l, N,
+                      inv_freq, c.rope_dim, st);
   };
   // Rotary over the whole head fits the streaming gemv's and the tiled kernel's epilogue.
   const bool rope_epilogue = inv_freq && c.rope_dim == c.head_dim;
   for (int l = 0; l < c.layers; l++) {
     const LayerW& lw = w->layers[l];
     const int window = c.sliding_window > 0 && l >= c.window_from_layer ? c.sliding_window : 0;
-    if (small) {
+    if (!on(kSkipQKV)) {
+    } else if (small) {
       // QKV with the attention norm before; without rotary positions the KV write after,
       // with them qkv_kv_write rotates and writes (the bias is added here) — or, with
       // rotary over the whole head, the streaming gemv does both itself.
@@ -219,7 +228,8 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     // Decode attention: steps of few decode rows keep the per-head kernel with its loads
     // before the wait (tiny grids: all latency); more rows read each KV head once for all
     // its query heads.
-    if (e->grouped && !few_dec)
+    if (!on(kSkipAttn)) {
+    } else if (e->grouped && !few_dec)
       attention_decode_gqa<T>(qkv, att, kv, I32(L.dec_rows), I32(L.row_pos), I32(L.row_seq),
                               seqs, words, e->geom, l, window, (int)pl.dec_rows.size(), parts,
                               e->partial.as<float>(), e->part_ml.as<float>(),
@@ -235,7 +245,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       // Attention output projection, added to the residual stream; in a fused step its
       // single writer per entry also moves the last MLP's fixed-point additions into h.
       a.w = lw.out_w, a.bias = lw.out_b, a.in = d.att, a.out = H, a.x = att, a.hout = h;
-      gemv_any<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, streamed, st);
+      if (on(kSkipOut)) gemv_any<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, streamed, st);
       if (fused) {
         MlpArgs m{};
         m.bulk = e->bulk;
@@ -244,14 +254,15 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
         m.n = N, m.hidden = H, m.inner = d.I, m.act = c.activation, m.gated = c.gated_mlp != 0;
         const int R = gemv_rows(N);
         m.k = e->mlp_k[mlp_slot(R)];
-        mlp<T>(m, R, st);
+        if (on(kSkipUp)) mlp<T>(m, R, st);
         continue;
       }
       // MLP up-projection with the MLP norm before and the activation after (a gated MLP
       // takes its gate and up outputs in fp32, then gated_act).
       a.w = lw.up_w, a.bias = lw.up_b, a.in = H, a.out = d.up, a.gamma = lw.norm2_w,
       a.beta = lw.norm2_b, a.act = c.activation;
-      if (c.gated_mlp && streamed) {
+      if (!on(kSkipUp)) {
+      } else if (c.gated_mlp && streamed) {
         // Gate and up rows in one kernel, act(gate) · up stored (a.out: the units).
         a.y = fch, a.out = d.I;
         gemv_stream<T, GEMV_IN_LN, GEMV_OUT_GATED>(a, e->sms, st);
@@ -266,14 +277,15 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       // MLP down-projection, added to the residual stream.
       a = gemv_args(N);
       a.w = lw.down_w, a.bias = lw.down_b, a.in = d.I, a.out = H, a.x = fch, a.hout = h;
-      gemv_any<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, streamed, st);
+      if (on(kSkipDown)) gemv_any<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, streamed, st);
       continue;
     }
     // Output projection into tmp, then the residual add and the MLP norm; the MLP's first
     // projection and its activation (or gate · up); the down projection into tmp, then the
     // residual add and the next norm. The tiled kernels add their biases and apply the
     // activation themselves; cuBLAS's GEMMs leave both to the kernels after them.
-    if (tiled) {
+    if (!on(kSkipOut)) {
+    } else if (tiled) {
       GemvArgs a = gemv_args(N);
       a.w = lw.out_w, a.bias = lw.out_b, a.in = d.att, a.out = H, a.x = att, a.y = tmp;
       tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, tpart, ttick, st);
@@ -281,30 +293,39 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       gemm_proj<T>(e, lw, NG);
       if (tp) tp_all_reduce(e, tmp, (size_t)N * H, "the attention output", l);
     }
-    residual_layernorm<T>(h, tmp, tiled ? nullptr : lw.out_b, xn, lw.norm2_w, lw.norm2_b, N, H,
-                          eps, rms, stc);
-    if (tiled) {
+    if (on(kSkipNorm))
+      residual_layernorm<T>(h, tmp, tiled ? nullptr : lw.out_b, xn, lw.norm2_w, lw.norm2_b, N, H,
+                            eps, rms, stc);
+    if (!on(kSkipUp)) {
+    } else if (tiled) {
       GemvArgs a = gemv_args(N);
       a.w = lw.up_w, a.bias = lw.up_b, a.in = H, a.out = d.I, a.x = xn, a.y = fch, a.act = c.activation;
       if (c.gated_mlp)
         tiled_proj<T, GEMV_OUT_GATED>(a, e->tile_blocks, tpart, ttick, st);
       else
         tiled_proj<T, GEMV_OUT_ACT>(a, e->tile_blocks, tpart, ttick, st);
-      a = gemv_args(N);
+    } else {
+      gemm_up<T>(e, lw, NG);
+      if (!on(kSkipAct)) {
+      } else if (c.gated_mlp) {
+        gated_act<T>(fc, lw.up_b, fch, N, d.I, c.activation, st);
+      } else {
+        bias_act<T>(fc, lw.up_b, fch, N, d.I, c.activation, st);
+      }
+    }
+    if (!on(kSkipDown)) {
+    } else if (tiled) {
+      GemvArgs a = gemv_args(N);
       a.w = lw.down_w, a.bias = lw.down_b, a.in = d.I, a.out = H, a.x = fch, a.y = tmp;
       tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, tpart, ttick, st);
     } else {
-      gemm_up<T>(e, lw, NG);
-      if (c.gated_mlp)
-        gated_act<T>(fc, lw.up_b, fch, N, d.I, c.activation, st);
-      else
-        bias_act<T>(fc, lw.up_b, fch, N, d.I, c.activation, st);
       gemm_down<T>(e, lw, NG);
       if (tp) tp_all_reduce(e, tmp, (size_t)N * H, "the MLP output", l);
     }
     const LayerW& nx = last ? lw : w->layers[l + 1];
-    residual_layernorm<T>(h, tmp, tiled ? nullptr : lw.down_b, xn, last ? w->final_w : nx.norm1_w,
-                          last ? w->final_b : nx.norm1_b, N, H, eps, rms, stc);
+    if (on(kSkipNorm))
+      residual_layernorm<T>(h, tmp, tiled ? nullptr : lw.down_b, xn, last ? w->final_w : nx.norm1_w,
+                            last ? w->final_b : nx.norm1_b, N, H, eps, rms, stc);
   }
   // The LM head writes part ([rows][VR]); the whole-vocabulary logits are part itself on
   // one GPU, else the join of every rank's part.
@@ -315,7 +336,8 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
   for (size_t ci = 0; ci < pl.chunks.size(); ci++) {
     const Chunk& ch = pl.chunks[ci];
     const float* padded = nullptr;  // the LM head's padded rows, when sampling reads them
-    if (small) {
+    if (!on(kSkipHead)) {
+    } else if (small) {
       // The final norm is fused into the LM head's gemv.
       GemvArgs a = gemv_args(ch.count);
       a.idx = I32(L.lrow_src) + ch.first;
@@ -344,7 +366,8 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
           CUDA_CHECK(cudaMemcpyAsync(hlog + cp.dst, logits + (int64_t)cp.row * V,
                                      (size_t)cp.rows * V * 4, cudaMemcpyDeviceToHost, st.st));
     }
-    sample(logits, padded, I32(L.samp_seq) + ch.samp_first, I32(L.samp_row) + ch.samp_first, seqs,
+    if (on(kSkipSample))
+      sample(logits, padded, I32(L.samp_seq) + ch.samp_first, I32(L.samp_row) + ch.samp_first, seqs,
            words, words, reinterpret_cast<const float*>(din), retlog, e->dtok.as<int32_t>(),
            e->dlp.as<float>(), ch.samp_count, V, e->greedy_part.as<float>(),
            e->greedy_tickets.as<int>(), pl.all_greedy, e->sms, st);

@@ -711,8 +711,17 @@ void gemv_allow_smem(int device) {
 // flight to read the weights at the memory's rate. Each warp streams its own weight rows from
 // global memory straight into registers, kGemvStreamUnroll 16-byte loads a row and two
 // rows at a time, and only the input rows sit in shared memory.
-constexpr int kGemvStreamUnroll = 8;  // 16-byte chunks a lane loads of each row per step
-constexpr int kGemvStreamBlocks = 2;  // blocks a multiprocessor (__launch_bounds__)
+// GOLLM_STREAM_UNROLL and GOLLM_STREAM_BLOCKS (-D at build time) are for measuring builds
+// against each other (bench/libab.sh): 4 loads at 3 blocks a multiprocessor lost on an H100
+// (GPT-2 b1 0.274 -> 0.288 ms/token, cuda/README.md).
+#ifndef GOLLM_STREAM_UNROLL
+#define GOLLM_STREAM_UNROLL 8
+#endif
+#ifndef GOLLM_STREAM_BLOCKS
+#define GOLLM_STREAM_BLOCKS 2
+#endif
+constexpr int kGemvStreamUnroll = GOLLM_STREAM_UNROLL;  // 16-byte chunks a lane loads of each row per step
+constexpr int kGemvStreamBlocks = GOLLM_STREAM_BLOCKS;  // blocks a multiprocessor (__launch_bounds__)
 constexpr size_t kGemvStreamMaxSmem = 96 * 1024;  // the input rows, R * in * sizeof(T)
 
 // ld_stream16 loads 16 bytes read once (not kept in L1), or zeros where ok is false; the

@@ -222,6 +222,7 @@ struct gollm_engine {
   int tile_blocks = 0;            // the blocks a tiled launch aims at (tile_shape)
   int tiled_rows = 0;             // the most token rows on the tiled path
   int decode_parts = 0;           // GOLLM_CUDA_DECODE_PARTS: decode attention's splits (0: decode_splits)
+  int skip = 0;                   // GOLLM_CUDA_SKIP: kernels left out, for timing alone (forward.cu's kSkip*)
   // Most rows on the gemv path (gollm_engine_params.gemv_rows; 0 for models wider than
   // 1024, engine.cu). Past 4 rows cuBLAS's padded GEMMs win (H200, decode ms/token at 8
   // rows: GPT-2 0.65 gemv vs 0.60-0.62, GPT-350M 1.49 vs 1.21-1.23); at 4 and fewer the

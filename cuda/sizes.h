@@ -46,7 +46,12 @@ inline int decode_splits(int rows, int heads, int sms, int max_len) {
 // gqa_group is how many query heads a block of grouped decode attention holds for G heads
 // per KV head: G rounded up to a power of two, at most kGqaMaxGroup (more take several
 // blocks).
-constexpr int kGqaMaxGroup = 8;
+// GOLLM_GQA_GROUP (-D at build time) measures smaller groups (bench/libab.sh): 4 lost on an
+// H100 (the TinyLlama shape at batch 64, 30.2k -> 28.8k tokens/s; cuda/README.md).
+#ifndef GOLLM_GQA_GROUP
+#define GOLLM_GQA_GROUP 8
+#endif
+constexpr int kGqaMaxGroup = GOLLM_GQA_GROUP;
 inline int gqa_group(int G) { return G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGqaMaxGroup; }
 
 // gqa_decode_fits says whether grouped decode attention (attention_decode_gqa) takes
