@@ -761,6 +761,12 @@ __device__ __forceinline__ void gemv_stream_prefetch(const uint4* p, bool ok, in
       asm volatile("prefetch.global.L2 [%0];" ::"l"(p + c0 + 32 * i));
 }
 
+// pair_barrier synchronizes warps 2p and 2p + 1 of the block (named barrier p + 1; 0 is
+// __syncthreads').
+__device__ __forceinline__ void pair_barrier(int p) {
+  asm volatile("bar.sync %0, 64;" ::"r"(p + 1) : "memory");
+}
+
 // gemv_stream_units is how many units (gemv_stream_kernel) a launch's outputs make.
 template <int OUT>
 __host__ __device__ __forceinline__ int64_t gemv_stream_units(const GemvArgs& a) {
@@ -777,23 +783,36 @@ __host__ __device__ __forceinline__ int64_t gemv_stream_units(const GemvArgs& a)
 // depend on it), each later one as soon as the step before is computed, before the
 // finished unit's sums and stores. The input rows' pieces come from shared memory and
 // serve both rows. Rows r >= n of R are neither computed nor stored.
+// KS = 2 splits each unit's reduction between the two warps of a pair (warps 2p and 2p + 1
+// of a block; each its half of the chunks, in whole steps of 32), so that a projection with
+// few outputs (the output and down projections: 384–1,024 units) has twice the warps
+// streaming; the odd warp hands its sums to the even one through shared memory (a barrier
+// of the pair's own), which adds them and finishes the unit.
 // Dynamic shared memory: the input rows xs, [R][in] T.
-template <typename T, int R, int IN, int OUT>
+template <typename T, int R, int IN, int OUT, int KS = 1>
 __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
     gemv_stream_kernel(GemvArgs a) {
+  static_assert(KS == 1 || KS == 2, "a unit's reduction is split one or two ways");
   constexpr int U = kGemvStreamUnroll;
   constexpr bool kGated = OUT == GEMV_OUT_GATED;
   constexpr bool kRope = OUT == GEMV_OUT_ROPE;
   extern __shared__ __align__(16) unsigned char gemv_smem[];
   __shared__ int64_t kvrow[kGemvMaxRows], rows[kGemvMaxRows];
+  __shared__ float pair_sums[KS == 2 ? kGemvWarps / 2 : 1][2][R];
   griddep_launch();
   T* xs = reinterpret_cast<T*>(gemv_smem);
-  const int n = a.n, lane = threadIdx.x & 31, chunks = a.in / 8;
+  const int n = a.n, lane = threadIdx.x & 31;
+  // This warp's chunks of each row of chunks: [kbeg, kend), its part of KS.
+  const int chunks = a.in / 8;
+  const int part = KS == 2 ? (threadIdx.x >> 5) & 1 : 0;
+  const int half = (chunks + 63) / 64 * 32;  // a pair's split, in whole steps of 32
+  const int kbeg = part * half;
+  const int kend = KS == 2 && part == 0 ? min(half, chunks) : chunks;
   const int64_t units = gemv_stream_units<OUT>(a);
-  const int64_t stride = (int64_t)gridDim.x * kGemvWarps;
+  const int64_t stride = (int64_t)gridDim.x * kGemvWarps / KS;
   const uint4* w = static_cast<const uint4*>(a.w);
   // The unit's rows: w0 and w1 point at their first chunk (w1 = w0 for an absent second).
-  int64_t u = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  int64_t u = ((int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5)) / KS;
   const uint4 *w0 = nullptr, *w1 = nullptr;
   bool has1 = false;
   auto rows_of = [&](int64_t unit) {
@@ -811,18 +830,18 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
     w1 = has1 ? w + (kGated ? a.out + unit : r0 + 1) * chunks : w0;
   };
   uint4 wv[2][U];
-  int k0 = 0;  // the step's first chunk (the same for the whole warp)
+  int k0 = kbeg;  // the step's first chunk (the same for the whole warp)
   if (u < units) {
     rows_of(u);
-    gemv_stream_load(wv[0], w0, true, lane, chunks);
-    gemv_stream_prefetch(w1, has1, lane, chunks);
+    gemv_stream_load(wv[0], w0, true, k0 + lane, kend);
+    gemv_stream_prefetch(w1, has1, k0 + lane, kend);
   }
   const LnParams lp = gemv_ln_params<IN>(a);
   gemv_kv_rows(a, OUT == GEMV_OUT_QKV || kRope, kvrow, rows);
   __syncthreads();
   griddep_wait();
   gemv_input<T, R, IN>(a, lp, xs, rows);
-  if (u < units) gemv_stream_load(wv[1], w1, has1, lane, chunks);
+  if (u < units) gemv_stream_load(wv[1], w1, has1, k0 + lane, kend);
   const uint4* xw = reinterpret_cast<const uint4*>(xs);
   float acc[2][R];
 #pragma unroll
@@ -833,7 +852,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
 #pragma unroll
     for (int i = 0; i < U; i++) {
       const int c = k0 + lane + 32 * i;
-      if (c < chunks) {
+      if (c < kend) {
         // The input pieces once per chunk, for both rows; each piece converted to fp32
         // once (the same products in the same order as dot8, with fewer conversions).
         uint4 xv[R];
@@ -866,23 +885,49 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
     }
     // The next step's loads go out before this unit's sums and stores (if it is done).
     const int64_t done = u;
-    const bool had1 = has1, last = k0 + 32 * U >= chunks;
+    const bool had1 = has1, last = k0 + 32 * U >= kend;
     if (last) {
       u += stride;
-      k0 = 0;
+      k0 = kbeg;
       if (u < units) rows_of(u);
     } else {
       k0 += 32 * U;
     }
     if (u < units) {
-      gemv_stream_load(wv[0], w0, true, k0 + lane, chunks);
-      gemv_stream_load(wv[1], w1, has1, k0 + lane, chunks);
+      gemv_stream_load(wv[0], w0, true, k0 + lane, kend);
+      gemv_stream_load(wv[1], w1, has1, k0 + lane, kend);
     }
     if (!last) continue;
 #pragma unroll
     for (int j = 0; j < 2; j++)
 #pragma unroll
       for (int r = 0; r < R; r++) acc[j][r] = warp_sum(acc[j][r]);
+    if constexpr (KS == 2) {
+      // The odd warp's sums to the even one, which finishes the unit; the second barrier
+      // keeps the odd warp from overwriting them for its next unit before they are read.
+      const int pr = (threadIdx.x >> 5) >> 1;
+      if (part == 1 && lane == 0) {
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+          for (int r = 0; r < R; r++) pair_sums[pr][j][r] = acc[j][r];
+      }
+      pair_barrier(pr);
+      if (part == 0) {
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+          for (int r = 0; r < R; r++) acc[j][r] += pair_sums[pr][j][r];
+      }
+      pair_barrier(pr);
+      if (part == 1) {
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+          for (int r = 0; r < R; r++) acc[j][r] = 0.f;
+        continue;
+      }
+    }
     if constexpr (kRope) {
       // Lane r finishes row r's pair: qkv_rope_write_kernel's arithmetic.
       if (lane < n) {
@@ -930,15 +975,33 @@ inline bool gemv_stream_fits(int n, int in) {
          (size_t)gemv_rows(n) * in * 2 <= kGemvStreamMaxSmem;
 }
 
+// gemv_stream_split says whether a launch splits each unit's reduction between two warps
+// (KS = 2): where its units fill at most half the warps the grid can hold and each half
+// of a row is at least a step's worth (32 chunks). Only the projections into the residual
+// stream take it (the output and down projections).
+template <int IN, int OUT>
+inline bool gemv_stream_split(const GemvArgs& a, int sms) {
+  return IN == GEMV_IN_T && OUT == GEMV_OUT_RESID && a.in / 8 >= 64 &&
+         2 * gemv_stream_units<OUT>(a) <= (int64_t)kGemvStreamBlocks * sms * kGemvWarps;
+}
+
 template <typename T, int R, int IN, int OUT>
 void gemv_stream_launch(const GemvArgs& a, int sms, Stream stream) {
   // Every block resident at once (kGemvStreamBlocks a multiprocessor: 16 warps, each with
   // 16 loads of 512 bytes a warp in flight); the warps stride over the units.
   const int64_t units = gemv_stream_units<OUT>(a);
   if (units == 0) return;
+  const size_t smem = align_up16((size_t)R * a.in * sizeof(T));
+  if constexpr (IN == GEMV_IN_T && OUT == GEMV_OUT_RESID) {
+    if (gemv_stream_split<IN, OUT>(a, sms)) {
+      const int64_t grid = (2 * units + kGemvWarps - 1) / kGemvWarps;
+      launch("gemv_stream_kernel", gemv_stream_kernel<T, R, IN, OUT, 2>, (int)grid, kGemvThreads,
+             smem, stream, a);
+      return;
+    }
+  }
   const int64_t grid = std::min<int64_t>((units + kGemvWarps - 1) / kGemvWarps,
                                          (int64_t)kGemvStreamBlocks * sms);
-  const size_t smem = align_up16((size_t)R * a.in * sizeof(T));
   launch("gemv_stream_kernel", gemv_stream_kernel<T, R, IN, OUT>, (int)grid, kGemvThreads,
          smem, stream, a);
 }
@@ -965,6 +1028,10 @@ void gemv_stream_allow_smem_one(int device) {
 
 template <typename T>
 void gemv_stream_allow_smem(int device) {
+  void (*split[3])(GemvArgs) = {gemv_stream_kernel<T, 1, GEMV_IN_T, GEMV_OUT_RESID, 2>,
+                                gemv_stream_kernel<T, 2, GEMV_IN_T, GEMV_OUT_RESID, 2>,
+                                gemv_stream_kernel<T, 4, GEMV_IN_T, GEMV_OUT_RESID, 2>};
+  for (auto k : split) allow_dynamic_smem(k, device, kGemvStreamMaxSmem);
   gemv_stream_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_F32>(device);
   gemv_stream_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_QKV>(device);
   gemv_stream_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_GATED>(device);
