@@ -284,15 +284,21 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
     // projection and its activation (or gate · up); the down projection into tmp, then the
     // residual add and the next norm. The tiled kernels add their biases and apply the
     // activation themselves; cuBLAS's GEMMs leave both to the kernels after them.
-    if (!on(kSkipOut)) {
-    } else if (tiled) {
-      GemvArgs a = gemv_args(N);
-      a.w = lw.out_w, a.bias = lw.out_b, a.in = d.att, a.out = H, a.x = att, a.y = tmp;
-      tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, tpart, ttick, st);
-    } else {
-      gemm_proj<T>(e, lw, NG);
-      if (tp) tp_all_reduce(e, tmp, (size_t)N * H, "the attention output", l);
-    }
+    // into_tmp runs a projection into the residual stream's width: tiled (with its bias),
+    // or cuBLAS's GEMM (gemm) and, under tensor parallelism, the all-reduce of its shares.
+    auto into_tmp = [&](const void* wt, const float* bias, int in, const T* x, auto gemm,
+                        const char* what) {
+      if (tiled) {
+        GemvArgs a = gemv_args(N);
+        a.w = wt, a.bias = bias, a.in = in, a.out = H, a.x = x, a.y = tmp;
+        tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, tpart, ttick, st);
+        return;
+      }
+      gemm();
+      if (tp) tp_all_reduce(e, tmp, (size_t)N * H, what, l);
+    };
+    if (on(kSkipOut))
+      into_tmp(lw.out_w, lw.out_b, d.att, att, [&] { gemm_proj<T>(e, lw, NG); }, "the attention output");
     if (on(kSkipNorm))
       residual_layernorm<T>(h, tmp, tiled ? nullptr : lw.out_b, xn, lw.norm2_w, lw.norm2_b, N, H,
                             eps, rms, stc);
@@ -313,15 +319,8 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
         bias_act<T>(fc, lw.up_b, fch, N, d.I, c.activation, st);
       }
     }
-    if (!on(kSkipDown)) {
-    } else if (tiled) {
-      GemvArgs a = gemv_args(N);
-      a.w = lw.down_w, a.bias = lw.down_b, a.in = d.I, a.out = H, a.x = fch, a.y = tmp;
-      tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, tpart, ttick, st);
-    } else {
-      gemm_down<T>(e, lw, NG);
-      if (tp) tp_all_reduce(e, tmp, (size_t)N * H, "the MLP output", l);
-    }
+    if (on(kSkipDown))
+      into_tmp(lw.down_w, lw.down_b, d.I, fch, [&] { gemm_down<T>(e, lw, NG); }, "the MLP output");
     const LayerW& nx = last ? lw : w->layers[l + 1];
     if (on(kSkipNorm))
       residual_layernorm<T>(h, tmp, tiled ? nullptr : lw.down_b, xn, last ? w->final_w : nx.norm1_w,
