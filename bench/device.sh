@@ -83,3 +83,16 @@ triton_stop() {
   wait "$triton_pid"
   grep -iE "error|panic" "$1" | head -5
 }
+
+# tag_rows KEY VALUE...: the JSON lines on stdin with the fields KEY: VALUE added (integers
+# as numbers, the rest as strings) — gpubench's rows marked with what a run varied.
+tag_rows() {
+  python3 -c '
+import json, sys
+kv = sys.argv[1:]
+extra = {k: int(v) if v.lstrip("-").isdigit() else v for k, v in zip(kv[::2], kv[1::2])}
+for line in sys.stdin:
+    r = json.loads(line)
+    r.update(extra)
+    print(json.dumps(r))' "$@"
+}

@@ -37,11 +37,7 @@ for round in $(seq "${ROUNDS:-2}"); do
     for r in $runs; do
       m=${r%%:*} wl=${r#*:}
       env "${envs[@]}" timeout "$lim" "$w/bin/gpubench" -ckpt "$w/$m" -model "$m" -lib "$w/bin/$lib" \
-        -workloads "$wl" -reps 3 2> /dev/null | python3 -c '
-import json, sys
-for line in sys.stdin:
-    r = json.loads(line); r["variant"] = sys.argv[1]; r["round"] = int(sys.argv[2])
-    print(json.dumps(r))' "$v" "$round" >> "$out/libab.jsonl"
+        -workloads "$wl" -reps 3 2> /dev/null | tag_rows variant "$v" round "$round" >> "$out/libab.jsonl"
     done
   done
 done

@@ -9,9 +9,8 @@
 # included — which ncu's serialized kernels do not show. The skipped steps compute wrong
 # tokens; only their time is read.
 #   bash bench/skipcost.sh CARRY OUTDIR
-# CARRY holds gpubench and libgollm_cuda.so (loose or in bins.tar.xz), and optionally
-# more libraries named libgollm_cuda_*.so, each run once with nothing skipped, alternating
-# with the first. Rows go to OUTDIR/skipcost.jsonl, with "skip" and "lib" added.
+# CARRY holds gpubench and libgollm_cuda.so (loose or in bins.tar.xz). Rows go to
+# OUTDIR/skipcost.jsonl, with "skip" added. (Builds against each other: bench/libab.sh.)
 set -uo pipefail
 carry=$1 out=$2
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,43 +19,32 @@ device_unpack skipcost "$carry"
 mkdir -p "$out"
 write_checkpoint gpt2-124M tinyllama-1.1B gpt-350M
 lim=${STAGE_S:-90}
-# bench MODEL WORKLOADS LIB SKIP
+# bench MODEL WORKLOADS SKIP
 bench() {
-  GOLLM_CUDA_SKIP=$4 timeout "$lim" "$w/bin/gpubench" -ckpt "$w/$1" -model "$1" -lib "$w/bin/$3" \
-    -workloads "$2" -reps 3 | python3 -c '
-import json, sys
-for line in sys.stdin:
-    r = json.loads(line); r["skip"] = int(sys.argv[1]); r["lib"] = sys.argv[2]
-    print(json.dumps(r))' "$4" "$3" | tee -a "$out/skipcost.jsonl"
+  GOLLM_CUDA_SKIP=$3 timeout "$lim" "$w/bin/gpubench" -ckpt "$w/$1" -model "$1" \
+    -lib "$w/bin/libgollm_cuda.so" -workloads "$2" -reps 3 | tag_rows skip "$3" |
+    tee -a "$out/skipcost.jsonl"
 }
-G2=decode_b1_i128_o128,tput_b64_i128_o128
-for s in 0 1 2 4 8 16 32 64 128; do bench gpt2-124M $G2 libgollm_cuda.so $s; done
-for s in 0 1 2 4 8 16 64; do bench tinyllama-1.1B decode_b1_i128_o128,tput_b64_i128_o128 libgollm_cuda.so $s; done
-for s in 0 2; do bench gpt-350M decode_b1_i128_o128 libgollm_cuda.so $s; done
-for lib in $(cd "$w/bin" && ls libgollm_cuda_*.so 2>/dev/null); do
-  for round in 1 2; do
-    for l in libgollm_cuda.so "$lib"; do
-      bench gpt2-124M $G2 "$l" 0
-      bench tinyllama-1.1B decode_b1_i128_o128 "$l" 0
-      bench gpt-350M decode_b1_i128_o128 "$l" 0
-    done
-  done
-done
+W=decode_b1_i128_o128,tput_b64_i128_o128
+for s in 0 1 2 4 8 16 32 64 128 256 512; do bench gpt2-124M $W $s; done
+for s in 0 1 2 4 8 16 32 64 256 512; do bench tinyllama-1.1B $W $s; done
+for s in 0 2; do bench gpt-350M decode_b1_i128_o128 $s; done
 python3 - "$out/skipcost.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 base = {}
 for r in rows:
-    if r["skip"] == 0 and r["lib"] == "libgollm_cuda.so":
+    if r["skip"] == 0:
         base.setdefault((r["model"], r["workload"]), r["value"])
 print("in place: model workload skip value delta(ms/step)")
 for r in rows:
-    if r["lib"] != "libgollm_cuda.so" or r["skip"] == 0:
+    if r["skip"] == 0:
         continue
     b = base[(r["model"], r["workload"])]
     if r["metric"] == "tokens_per_s":
-        # ms per generated token of the batch ~ a step: 64 / tokens_per_s
-        d = 64e3 / b - 64e3 / r["value"]
+        # A step makes B tokens (the workload's batch): ms a step = 1e3 · B / tokens_per_s.
+        B = int(r["workload"].split("_b")[1].split("_")[0])
+        d = 1e3 * B / b - 1e3 * B / r["value"]
     else:
         d = b - r["value"]
     print(r["model"], r["workload"], r["skip"], round(r["value"], 4), round(d, 4))
