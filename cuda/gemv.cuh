@@ -802,12 +802,13 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
   griddep_launch();
   T* xs = reinterpret_cast<T*>(gemv_smem);
   const int n = a.n, lane = threadIdx.x & 31;
-  // This warp's chunks of each row of chunks: [kbeg, kend), its part of KS.
+  // A row's chunks, and this warp's share of them, [kbeg, kend): all of them, or with KS = 2
+  // the first or second share, in whole steps of 32.
   const int chunks = a.in / 8;
   const int part = KS == 2 ? (threadIdx.x >> 5) & 1 : 0;
-  const int half = (chunks + 63) / 64 * 32;  // a pair's split, in whole steps of 32
-  const int kbeg = part * half;
-  const int kend = KS == 2 && part == 0 ? min(half, chunks) : chunks;
+  const int share = (chunks + 63) / 64 * 32;
+  const int kbeg = part * share;
+  const int kend = KS == 2 && part == 0 ? min(share, chunks) : chunks;
   const int64_t units = gemv_stream_units<OUT>(a);
   const int64_t stride = (int64_t)gridDim.x * kGemvWarps / KS;
   const uint4* w = static_cast<const uint4*>(a.w);
