@@ -10,8 +10,9 @@
 namespace gollm {
 
 void drop_graphs(gollm_engine* e) {
-  std::map<int, cudaGraphExec_t> gs;
+  std::map<int64_t, cudaGraphExec_t> gs;
   gs.swap(e->graph_execs);
+  e->prompt_used.clear();
   std::exception_ptr first;
   for (auto& g : gs) {
     try {
@@ -125,6 +126,9 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   }
   const bool tp = e->tp_size > 1;
   e->graphs = p->cuda_graphs != 0;
+  // Prompt graphs, on one GPU (NCCL sets up a collective's size on its first use, which a
+  // capture must not do; the decode graphs' warm-up runs each size once first).
+  e->prompt_graphs = e->graphs && !comm && env_knob("GOLLM_CUDA_PROMPT_GRAPHS", 1, 1) == 1;
   e->fail = fail;
   e->max_tokens = p->max_tokens;
   e->max_seqs = p->max_seqs;

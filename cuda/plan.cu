@@ -96,12 +96,96 @@ void build_plan(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, Pl
   pl.decode_only = decode_only;
 }
 
+// prompt_pad says whether a step that is not decode-only can replay a prompt graph, and
+// to what counts it is padded: token rows to gemm_rows' sizes (cuBLAS's own row counts),
+// attention tiles, decode rows and logit rows to powers of two, and the sequences to one
+// more than the step's, rounded up to a power of two (sequence pl.s is the padding
+// sequence, at position 0 of the padding block). A step qualifies when it takes cuBLAS's
+// path (more rows than the gemv and tiled kernels take), returns no logits (the copies
+// are eager), runs on one GPU, and every padded count fits the engine's buffers.
+bool prompt_pad(const gollm_engine* e, const gollm_step_in* in, const Plan& pl, PromptPad& pp) {
+  if (!e->prompt_graphs || pl.decode_only || pl.s == 0 || e->tp_size > 1) return false;
+  const int n = pl.n;
+  if (n <= std::max({kGemvMaxRows, e->tiled ? e->tiled_rows : 0, 4})) return false;
+  const int Q = ctx_queries(e->w->cfg.head_dim);
+  int tiles = 0, decs = 0, lrows = 0;
+  for (int s = 0; s < pl.s; s++) {
+    const gollm_seq& q = in->seqs[s];
+    if (q.flags & (GOLLM_SEQ_RETURN_LOGITS | GOLLM_SEQ_CONTEXT_LOGITS)) return false;
+    if (q.token_count == 1)
+      decs++;
+    else
+      tiles += (q.token_count + Q - 1) / Q;
+    if (q.flags & GOLLM_SEQ_SAMPLE) lrows++;
+  }
+  auto pow2 = [](int v) {
+    int b = 1;
+    while (b < v) b <<= 1;
+    return v == 0 ? 0 : b;
+  };
+  pp.decs = pow2(decs);
+  pp.tiles = pow2(tiles);
+  pp.lrows = pow2(lrows);
+  pp.seqs = pow2(pl.s + 1);
+  // Padding decode rows attend from a padding row of their own.
+  pp.rows = gemm_rows(n + (pp.decs > decs ? 1 : 0));
+  // h holds max_tokens rows; decode attention's splits min(max_tokens, max_seqs) rows;
+  // the LM head max_logit_rows in one chunk.
+  return pp.rows <= e->max_tokens && pp.decs <= std::min(e->max_tokens, e->max_seqs) &&
+         pp.lrows <= e->max_logit_rows && pp.tiles <= (1 << 20);
+}
+
+// prompt_key is a prompt graph's key in graph_execs: its padded counts and whether
+// every row is plain greedy, past the decode graphs' keys (bit 62 set).
+int64_t prompt_key(const PromptPad& pp, bool all_greedy) {
+  int64_t k = pp.rows;                                // up to 2^20
+  k = k * (1 << 21) + pp.tiles;                       // up to 2^20
+  k = (k << 13) + (int64_t)std::min(pp.decs, 8191);   // decode rows: max_seqs
+  k = (k << 13) + (int64_t)std::min(pp.lrows, 8191);  // one per sequence
+  k = (k << 14) + (int64_t)std::min(pp.seqs, 16383);
+  return (int64_t(1) << 62) | (k << 1) | (all_greedy ? 1 : 0);
+}
+
+namespace {
+
+// pad_prompt_rows pads the rows of a plan (row of them so far) to pp's counts: padding
+// rows (token 0 at position 0 of the padding sequence, pl.s), decode rows on the first
+// padding row, and empty attention tiles.
+void pad_prompt_rows(const PromptPad& pp, Plan& pl, int& row) {
+  const int first = row;
+  for (; row < pp.rows; row++) {
+    pl.row_tok.push_back(0);
+    pl.row_pos.push_back(0);
+    pl.row_seq.push_back(pl.s);
+  }
+  while ((int)pl.dec_rows.size() < pp.decs) pl.dec_rows.push_back(first);
+  while ((int)pl.tiles.size() < pp.tiles) pl.tiles.push_back(CtxTile{pl.s, 0, 0, 0});
+}
+
+// pad_prompt_lrows pads the logit rows, in the LM head's single chunk, to pp's count:
+// row 0 again, which no sampling entry reads.
+void pad_prompt_lrows(const PromptPad& pp, Plan& pl) {
+  if (pp.lrows == 0) return;
+  Chunk& ch = pl.chunks.at(0);
+  for (int r = (int)pl.lrow_src.size(); r < pp.lrows; r++) {
+    pl.lrow_src.push_back(0);
+    pl.samp_seq.push_back(-1);
+    pl.samp_row.push_back(r);
+  }
+  ch.count = pp.lrows;
+  ch.samp_count = pp.lrows;
+}
+
+}  // namespace
+
 // fill_plan lays out the rows, attention work, LM-head chunks and the variable inputs.
-// bucket > 0 pads a decode-only step to bucket sequences (graph mode).
-void fill_plan(gollm_engine* e, const gollm_step_in* in, int bucket, Plan& pl) {
+// bucket > 0 pads a decode-only step to bucket sequences (a decode graph); pp, where
+// given, pads a step on the many-rows path to a prompt graph's counts.
+void fill_plan(gollm_engine* e, const gollm_step_in* in, int bucket, const PromptPad* pp,
+               Plan& pl) {
   const gollm_model_config& c = e->w->cfg;
   const int V = e->vocab, R = e->max_logit_rows;
-  const int S = bucket > 0 ? bucket : pl.s;
+  const int S = bucket > 0 ? bucket : pp ? pp->seqs : pl.s;
   const int Q = ctx_queries(c.head_dim);
   pl.row_tok.clear();
   pl.row_pos.clear();
@@ -145,9 +229,10 @@ void fill_plan(gollm_engine* e, const gollm_step_in* in, int bucket, Plan& pl) {
     }
     row += q.token_count;
   }
-  // Padding of a graph bucket: one token at position 0 in the padding block, no logits
-  // read back, no sampling.
-  for (int s = pl.s; s < S; s++) {
+  if (pp) pad_prompt_rows(*pp, pl, row);
+  // Padding of a decode graph's bucket: one token at position 0 in the padding block, no
+  // logits read back, no sampling.
+  for (int s = pl.s; s < S && !pp; s++) {
     pl.row_tok.push_back(0);
     pl.row_pos.push_back(0);
     pl.row_seq.push_back(s);
@@ -191,6 +276,7 @@ void fill_plan(gollm_engine* e, const gollm_step_in* in, int bucket, Plan& pl) {
     pl.chunks.push_back(ch);
   }
   pl.n = row;
+  if (pp) pad_prompt_lrows(*pp, pl);
 }
 
 // layout_fixed sizes the fixed part of the device inputs for a plan's counts.

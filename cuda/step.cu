@@ -1,7 +1,8 @@
 // step.cu — one step end to end: the plan, the inputs staged and copied in one transfer,
-// the forward pass run eagerly or, for a decode-only step, replayed from the CUDA graph of
-// its batch bucket (captured on first use or in the warm-up), the results copied back; and
-// the warm-up a new engine runs before it serves.
+// the forward pass run eagerly or replayed from a CUDA graph — a decode-only step's batch
+// bucket's (captured on first use or in the warm-up), or a prompt step's padded shape's
+// (captured when the shape recurs) —, the results copied back; and the warm-up a new
+// engine runs before it serves.
 #include <chrono>
 #include <cstring>
 
@@ -79,6 +80,75 @@ int attention_splits(const gollm_engine* e, int rows, int max_len) {
                              : decode_splits(std::max(1, rows), e->w->cfg.heads, e->sms, max_len);
 }
 
+// kPromptGraphs is the most prompt graphs an engine keeps; kPromptSeen bounds the keys
+// remembered as seen once. Past its first kPromptGraphs captures an engine captures again
+// only while its replays outnumber its captures kPromptReplays to one: a capture and its
+// instantiation cost a few eager steps' host time, which traffic whose padded counts
+// rarely recur would pay at every step.
+constexpr int kPromptGraphs = 64;
+constexpr size_t kPromptSeen = 4096;
+constexpr int64_t kPromptReplays = 4;
+
+// capture_graph captures the forward pass of plan pl (laid out as L, decode attention in
+// splits) as graph key.
+cudaGraphExec_t capture_graph(gollm_engine* e, int64_t key, const Plan& pl, const Layout& L,
+                              int splits) {
+  cudaGraphExec_t ex = nullptr;
+  cudaGraph_t g = nullptr;
+  CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    run_forward(e, pl, L, splits, true);
+  } catch (...) {
+    cudaStreamEndCapture(e->stream, &g);
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();
+    throw;
+  }
+  cudaError_t err = cudaStreamEndCapture(e->stream, &g);
+  if (err == cudaSuccess) err = cudaGraphInstantiate(&ex, g, 0);
+  if (g) cudaGraphDestroy(g);
+  CUDA_CHECK(err);
+  if (e->comm) comm_graph_add(e->comm, e->device, ex);
+  e->graph_execs.emplace(key, ex);
+  // Instantiating may allocate: as for the buffers above, no rank replays the new
+  // graph's collectives before every rank has instantiated its own.
+  if (e->tp_size > 1) comm_barrier(e->comm, e->tp_rank);
+  return ex;
+}
+
+// prompt_graph is the prompt graph of key, captured now where the key was seen before
+// (the least recently replayed one dropped when kPromptGraphs are held), or null: the
+// step then runs eagerly, on the same padded plan.
+cudaGraphExec_t prompt_graph(gollm_engine* e, int64_t key, const Plan& pl, const Layout& L,
+                             int splits) {
+  auto it = e->graph_execs.find(key);
+  if (it != e->graph_execs.end()) {
+    e->prompt_used[key] = e->steps;
+    e->prompt_replays++;
+    return it->second;
+  }
+  if (e->prompt_seen.size() >= kPromptSeen) e->prompt_seen.clear();
+  if (e->prompt_seen[key]++ == 0) return nullptr;
+  if (e->prompt_captures >= kPromptGraphs && e->prompt_captures * kPromptReplays > e->prompt_replays)
+    return nullptr;
+  if ((int)e->prompt_used.size() >= kPromptGraphs) {
+    auto old = e->prompt_used.begin();
+    for (auto u = e->prompt_used.begin(); u != e->prompt_used.end(); ++u)
+      if (u->second < old->second) old = u;
+    // A replay of it may still run.
+    CUDA_CHECK(cudaStreamSynchronize(e->stream));
+    auto g = e->graph_execs.find(old->first);
+    cudaGraphExec_t ex = g->second;
+    e->graph_execs.erase(g);
+    e->prompt_used.erase(old);
+    CUDA_CHECK(cudaGraphExecDestroy(ex));
+  }
+  cudaGraphExec_t ex = capture_graph(e, key, pl, L, splits);
+  e->prompt_used[key] = e->steps;
+  e->prompt_captures++;
+  return ex;
+}
+
 }  // namespace
 
 void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool inject) {
@@ -95,8 +165,12 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
   build_plan(e, in, logits_len, pl);
   const int bucket = e->graphs && pl.decode_only ? bucket_for(e, pl.s) : 0;
   const bool use_graph = pl.s > 0 && bucket > 0 && bucket <= e->max_tokens;
+  // A step on the many-rows path is padded to its prompt graph's counts whether or not
+  // the graph is replayed this time, so that its results do not depend on that.
+  PromptPad pp;
+  const bool padded = !use_graph && prompt_pad(e, in, pl, pp);
   if (pl.s > 0) {
-    fill_plan(e, in, use_graph ? bucket : 0, pl);
+    fill_plan(e, in, use_graph ? bucket : 0, padded ? &pp : nullptr, pl);
     Layout L = layout_fixed(pl);
     fill_var(e, in, pl, L);
     // The fed rows' (row, previous sequence) pairs follow the variable part.
@@ -138,34 +212,21 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
     if (use_graph) {
       const int key = bucket * 2 + (pl.all_greedy ? 1 : 0);
       auto it = e->graph_execs.find(key);
-      if (it == e->graph_execs.end()) {
-        // Replays see other lengths: size the splits for the longest possible row.
-        const int splits = attention_splits(e, bucket, e->max_len);
-        cudaGraphExec_t ex = nullptr;
-        cudaGraph_t g = nullptr;
-        CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
-        try {
-          run_forward(e, pl, L, splits, true);
-        } catch (...) {
-          cudaStreamEndCapture(e->stream, &g);
-          if (g) cudaGraphDestroy(g);
-          cudaGetLastError();
-          throw;
-        }
-        cudaError_t err = cudaStreamEndCapture(e->stream, &g);
-        if (err == cudaSuccess) err = cudaGraphInstantiate(&ex, g, 0);
-        if (g) cudaGraphDestroy(g);
-        CUDA_CHECK(err);
-        if (e->comm) comm_graph_add(e->comm, e->device, ex);
-        it = e->graph_execs.emplace(key, ex).first;
-        // Instantiating may allocate: as for the buffers above, no rank replays the new
-        // graph's collectives before every rank has instantiated its own.
-        if (e->tp_size > 1) comm_barrier(e->comm, e->tp_rank);
-      }
+      // Replays see other lengths: size the splits for the longest possible row.
+      cudaGraphExec_t ex = it != e->graph_execs.end()
+                               ? it->second
+                               : capture_graph(e, key, pl, L, attention_splits(e, bucket, e->max_len));
       if (e->comm)
-        tp_graph_launch(e, it->second);  // its collectives: not after an abort
+        tp_graph_launch(e, ex);  // its collectives: not after an abort
       else
-        CUDA_CHECK(cudaGraphLaunch(it->second, e->stream));
+        CUDA_CHECK(cudaGraphLaunch(ex, e->stream));
+    } else if (padded) {
+      const int splits = attention_splits(e, pp.decs, e->max_len);
+      cudaGraphExec_t ex = prompt_graph(e, prompt_key(pp, pl.all_greedy), pl, L, splits);
+      if (ex)
+        CUDA_CHECK(cudaGraphLaunch(ex, e->stream));
+      else
+        run_forward(e, pl, L, splits, false);
     } else {
       run_forward(e, pl, L, attention_splits(e, (int)pl.dec_rows.size(), pl.max_len), false);
     }

@@ -24,6 +24,12 @@ func gpuEngine(t *testing.T, blocks, perBlock int) *Engine {
 // gpuEngineOn is gpuEngine on the fixture checkpoint testdata/<name>.
 func gpuEngineOn(t *testing.T, name string, blocks, perBlock int) *Engine {
 	t.Helper()
+	return gpuEngineWith(t, name, Options{NumBlocks: blocks, TokensPerBlock: perBlock, MaxTokens: 256, MaxSeqs: 16})
+}
+
+// gpuEngineWith is gpuEngineOn with the options given (the library's path filled in).
+func gpuEngineWith(t *testing.T, name string, o Options) *Engine {
+	t.Helper()
 	path := os.Getenv("GOLLM_CUDA_LIB")
 	if path == "" {
 		path, _ = filepath.Abs(filepath.Join("..", "..", "build", LibraryName))
@@ -36,7 +42,8 @@ func gpuEngineOn(t *testing.T, name string, blocks, perBlock int) *Engine {
 		t.Fatal(err)
 	}
 	defer ckpt.Close()
-	e, err := New(ckpt, Options{Library: path, NumBlocks: blocks, TokensPerBlock: perBlock, MaxTokens: 256, MaxSeqs: 16})
+	o.Library = path
+	e, err := New(ckpt, o)
 	if err != nil {
 		t.Skipf("no GPU engine here: %v", err)
 	}
