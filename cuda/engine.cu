@@ -10,17 +10,20 @@
 namespace gollm {
 
 void drop_graphs(gollm_engine* e) {
-  std::map<int64_t, cudaGraphExec_t> gs;
-  gs.swap(e->graph_execs);
+  std::vector<cudaGraphExec_t> gs;
+  for (auto& g : e->graph_execs) gs.push_back(g.second);
+  for (auto& g : e->prompt_execs) gs.push_back(g.second);
+  e->graph_execs.clear();
+  e->prompt_execs.clear();
   e->prompt_used.clear();
   std::exception_ptr first;
-  for (auto& g : gs) {
+  for (cudaGraphExec_t g : gs) {
     try {
       // A tensor-parallel engine's are the communicator's too (an abort destroys them).
       if (e->comm)
-        comm_graph_drop(e->comm, g.second);
+        comm_graph_drop(e->comm, g);
       else
-        CUDA_CHECK(cudaGraphExecDestroy(g.second));
+        CUDA_CHECK(cudaGraphExecDestroy(g));
     } catch (const Error&) {
       if (!first) first = std::current_exception();
     }

@@ -17,6 +17,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -171,6 +172,17 @@ struct PromptPad {
   int rows = 0, seqs = 0, tiles = 0, decs = 0, lrows = 0;
 };
 
+// PromptKey names a prompt graph: its padded counts and whether every row is plain
+// greedy (no general sampling kernel).
+struct PromptKey {
+  PromptPad pad;
+  bool all_greedy = false;
+  bool operator<(const PromptKey& o) const {
+    return std::tie(pad.rows, pad.seqs, pad.tiles, pad.decs, pad.lrows, all_greedy) <
+           std::tie(o.pad.rows, o.pad.seqs, o.pad.tiles, o.pad.decs, o.pad.lrows, o.all_greedy);
+  }
+};
+
 // Plan is one step, checked and laid out on the host.
 struct Plan {
   int n = 0, s = 0;  // tokens and sequences (padded in graph mode)
@@ -253,17 +265,16 @@ struct gollm_engine {
   gollm::HostMem alt_hin, alt_htok, alt_hlp, alt_hlog;
   gollm::Launched launched[2];    // launched steps not waited for, oldest at launched_head
   int launched_head = 0, launched_count = 0;
-  // CUDA graphs: decode graphs by batch bucket (×2, +1: all greedy), and prompt graphs by
-  // plan.cu's prompt_key (bit 62 set).
-  std::map<int64_t, cudaGraphExec_t> graph_execs;
+  std::map<int, cudaGraphExec_t> graph_execs;  // decode graphs by batch bucket (×2, +1: all greedy)
   // Prompt graphs (steps on the many-rows path, replayed where their padded counts
   // recur): on unless GOLLM_CUDA_PROMPT_GRAPHS=0; a key is captured the second time it is
   // seen (prompt_seen, cleared when it grows past its bound), at most kPromptGraphs are
   // kept, the least recently replayed (prompt_used: the step) dropped, and captures past
   // the first kPromptGraphs wait for replays (step.cu).
   bool prompt_graphs = false;
-  std::map<int64_t, int> prompt_seen;
-  std::map<int64_t, int64_t> prompt_used;
+  std::map<gollm::PromptKey, cudaGraphExec_t> prompt_execs;
+  std::map<gollm::PromptKey, int> prompt_seen;
+  std::map<gollm::PromptKey, int64_t> prompt_used;
   int64_t prompt_captures = 0, prompt_replays = 0;
   gollm_engine_info info{};       // as reported at creation
   gollm::Plan plan;               // reused between steps
@@ -298,7 +309,6 @@ void drop_graphs(gollm_engine* e);
 // plan.cu
 void build_plan(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, Plan& pl);
 bool prompt_pad(const gollm_engine* e, const gollm_step_in* in, const Plan& pl, PromptPad& pp);
-int64_t prompt_key(const PromptPad& pp, bool all_greedy);
 void fill_plan(gollm_engine* e, const gollm_step_in* in, int bucket, const PromptPad* pp,
                Plan& pl);
 Layout layout_fixed(const Plan& pl);

@@ -135,17 +135,6 @@ bool prompt_pad(const gollm_engine* e, const gollm_step_in* in, const Plan& pl, 
          pp.lrows <= e->max_logit_rows && pp.tiles <= (1 << 20);
 }
 
-// prompt_key is a prompt graph's key in graph_execs: its padded counts and whether
-// every row is plain greedy, past the decode graphs' keys (bit 62 set).
-int64_t prompt_key(const PromptPad& pp, bool all_greedy) {
-  int64_t k = pp.rows;                                // up to 2^20
-  k = k * (1 << 21) + pp.tiles;                       // up to 2^20
-  k = (k << 13) + (int64_t)std::min(pp.decs, 8191);   // decode rows: max_seqs
-  k = (k << 13) + (int64_t)std::min(pp.lrows, 8191);  // one per sequence
-  k = (k << 14) + (int64_t)std::min(pp.seqs, 16383);
-  return (int64_t(1) << 62) | (k << 1) | (all_greedy ? 1 : 0);
-}
-
 namespace {
 
 // pad_prompt_rows pads the rows of a plan (row of them so far) to pp's counts: padding

@@ -90,9 +90,8 @@ constexpr size_t kPromptSeen = 4096;
 constexpr int64_t kPromptReplays = 4;
 
 // capture_graph captures the forward pass of plan pl (laid out as L, decode attention in
-// splits) as graph key.
-cudaGraphExec_t capture_graph(gollm_engine* e, int64_t key, const Plan& pl, const Layout& L,
-                              int splits) {
+// splits) and instantiates it.
+cudaGraphExec_t capture_graph(gollm_engine* e, const Plan& pl, const Layout& L, int splits) {
   cudaGraphExec_t ex = nullptr;
   cudaGraph_t g = nullptr;
   CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
@@ -109,20 +108,16 @@ cudaGraphExec_t capture_graph(gollm_engine* e, int64_t key, const Plan& pl, cons
   if (g) cudaGraphDestroy(g);
   CUDA_CHECK(err);
   if (e->comm) comm_graph_add(e->comm, e->device, ex);
-  e->graph_execs.emplace(key, ex);
-  // Instantiating may allocate: as for the buffers above, no rank replays the new
-  // graph's collectives before every rank has instantiated its own.
-  if (e->tp_size > 1) comm_barrier(e->comm, e->tp_rank);
   return ex;
 }
 
 // prompt_graph is the prompt graph of key, captured now where the key was seen before
 // (the least recently replayed one dropped when kPromptGraphs are held), or null: the
 // step then runs eagerly, on the same padded plan.
-cudaGraphExec_t prompt_graph(gollm_engine* e, int64_t key, const Plan& pl, const Layout& L,
-                             int splits) {
-  auto it = e->graph_execs.find(key);
-  if (it != e->graph_execs.end()) {
+cudaGraphExec_t prompt_graph(gollm_engine* e, const PromptKey& key, const Plan& pl,
+                             const Layout& L, int splits) {
+  auto it = e->prompt_execs.find(key);
+  if (it != e->prompt_execs.end()) {
     e->prompt_used[key] = e->steps;
     e->prompt_replays++;
     return it->second;
@@ -137,13 +132,14 @@ cudaGraphExec_t prompt_graph(gollm_engine* e, int64_t key, const Plan& pl, const
       if (u->second < old->second) old = u;
     // A replay of it may still run.
     CUDA_CHECK(cudaStreamSynchronize(e->stream));
-    auto g = e->graph_execs.find(old->first);
+    auto g = e->prompt_execs.find(old->first);
     cudaGraphExec_t ex = g->second;
-    e->graph_execs.erase(g);
+    e->prompt_execs.erase(g);
     e->prompt_used.erase(old);
     CUDA_CHECK(cudaGraphExecDestroy(ex));
   }
-  cudaGraphExec_t ex = capture_graph(e, key, pl, L, splits);
+  cudaGraphExec_t ex = capture_graph(e, pl, L, splits);
+  e->prompt_execs.emplace(key, ex);
   e->prompt_used[key] = e->steps;
   e->prompt_captures++;
   return ex;
@@ -212,17 +208,22 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
     if (use_graph) {
       const int key = bucket * 2 + (pl.all_greedy ? 1 : 0);
       auto it = e->graph_execs.find(key);
-      // Replays see other lengths: size the splits for the longest possible row.
-      cudaGraphExec_t ex = it != e->graph_execs.end()
-                               ? it->second
-                               : capture_graph(e, key, pl, L, attention_splits(e, bucket, e->max_len));
+      if (it == e->graph_execs.end()) {
+        // Replays see other lengths: size the splits for the longest possible row.
+        cudaGraphExec_t g = capture_graph(e, pl, L, attention_splits(e, bucket, e->max_len));
+        it = e->graph_execs.emplace(key, g).first;
+        // Instantiating may allocate: as for the buffers above, no rank replays the new
+        // graph's collectives before every rank has instantiated its own.
+        if (e->tp_size > 1) comm_barrier(e->comm, e->tp_rank);
+      }
+      cudaGraphExec_t ex = it->second;
       if (e->comm)
         tp_graph_launch(e, ex);  // its collectives: not after an abort
       else
         CUDA_CHECK(cudaGraphLaunch(ex, e->stream));
     } else if (padded) {
       const int splits = attention_splits(e, pp.decs, e->max_len);
-      cudaGraphExec_t ex = prompt_graph(e, prompt_key(pp, pl.all_greedy), pl, L, splits);
+      cudaGraphExec_t ex = prompt_graph(e, PromptKey{pp, pl.all_greedy}, pl, L, splits);
       if (ex)
         CUDA_CHECK(cudaGraphLaunch(ex, e->stream));
       else

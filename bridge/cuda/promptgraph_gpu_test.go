@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -9,7 +10,7 @@ import (
 )
 
 // TestGPUPromptGraphsGiveTheSameTokens runs prompt steps and mixed steps (new prompts
-// beside decode rows) three times on an engine with CUDA graphs — eagerly on the padded
+// beside decode rows), and prompts of many lengths alone, three times on an engine with CUDA graphs — eagerly on the padded
 // plan, then captured and replayed, then replayed — and once on an engine without
 // graphs: the three must agree exactly, and with the engine without graphs on every token
 // (exactly on prompt steps, whose padding changes no kernel's shape that a real row sees;
@@ -84,6 +85,11 @@ func TestGPUPromptGraphsGiveTheSameTokens(t *testing.T) {
 			}
 			outs := compare("prompt step", first, true)
 			compare("mixed step", mixed(outs), false)
+			// Prompts alone, of lengths whose padded shapes recur and differ: each replays
+			// the graph of its own shape (as gollm-gpucheck's prompts run), never another's.
+			for i, n := range []int{17, 32, 20, 33, 44, 48, 63, 65, 80, 100, 120, 47, 99, 121} {
+				compare(fmt.Sprintf("prompt of %d tokens", n), []engine.Sequence{prompt(10+i, n, 40, i%3 == 0)}, true)
+			}
 		})
 	}
 }
