@@ -163,6 +163,8 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     e->tile_blocks = env_knob("GOLLM_CUDA_TILE_BLOCKS", 4, 1) * e->sms;
     // A measuring knob: decode attention split n ways (1-16) at every batch size.
     e->decode_parts = env_knob("GOLLM_CUDA_DECODE_PARTS", 16, 0);
+    // A measuring knob: context attention on the WMMA kernel of before (0).
+    e->ctx_mma = env_knob("GOLLM_CUDA_CTX_MMA", 1, 1) == 1;
     // A measuring knob: kernels left out of every step (wrong results; their cost in place).
     e->skip = env_knob("GOLLM_CUDA_SKIP", 1023, 0);
     e->tiled = !tp && !(p->tuning_off & GOLLM_TUNING_NO_TILED) && e->tiled_rows > 0 &&

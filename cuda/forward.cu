@@ -224,7 +224,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       kv_write(l, lw.qkv_b);
     }
     attention_context<T>(qkv, att, kv, tiles, seqs, words, e->geom, l, window,
-                         (int)pl.tiles.size(), st);
+                         (int)pl.tiles.size(), e->ctx_mma, e->sms, st);
     // Decode attention: steps of few decode rows keep the per-head kernel with its loads
     // before the wait (tiny grids: all latency); more rows read each KV head once for all
     // its query heads.
@@ -429,6 +429,9 @@ void setup_kernels_t(gollm_engine* e) {
   if (e->fused)
     e->fused = fused_setup<T>(c.hidden, c.inner, c.gated_mlp != 0, e->sms, e->device, e->mlp_k);
   allow_smem_max(attention_context_tc_kernel<T>, e->device);
+  allow_smem_max(attention_context_mma_kernel<T, 64>, e->device);
+  allow_smem_max(attention_context_mma_kernel<T, 80>, e->device);
+  allow_smem_max(attention_context_mma_kernel<T, 128>, e->device);
   allow_smem_max(attention_context_kernel<T>, e->device);
   // Decode attention holds a row's scores: what it needs follows the longest sequence.
   const size_t ds = decode_smem(c.head_dim, e->max_len);

@@ -238,6 +238,7 @@ struct gollm_engine {
   bool grouped = true;            // decode attention by KV head (attention_decode_gqa)
   bool stream_gemv = true;        // few-row steps: gemv_stream
   bool tiled = true;              // steps of up to tiled_rows rows: tiled.cuh's projections
+  bool ctx_mma = true;            // context attention by attention_context_mma_kernel
   int tile_blocks = 0;            // the blocks a tiled launch aims at (tile_shape)
   int tiled_rows = 0;             // the most token rows on the tiled path
   int decode_parts = 0;           // GOLLM_CUDA_DECODE_PARTS: decode attention's splits (0: decode_splits)

@@ -41,26 +41,6 @@ __device__ __forceinline__ int64_t tile_w_row(const GemvArgs& a, int t, int s) {
   return o < a.out ? o : -1;
 }
 
-// mma_16816 is D += A·B for one m16n8k16 tensor-core tile (fp32 accumulators): a0…a3 the
-// A fragment (rows g and g + 8, two k pairs each), b0, b1 the B fragment, in PTX's order.
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                          uint32_t a3, uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same<T, __half>::value) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-}
-
 // tile_xld is the row stride (elements) of a stage's rows in shared memory for kc chunks:
 // the stage's columns, padded so that a row starts 64 bytes (mod 128) after the one before
 // — the 8 rows × 4 lanes of a fragment load then hit distinct banks.
