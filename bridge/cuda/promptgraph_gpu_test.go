@@ -93,3 +93,107 @@ func TestGPUPromptGraphsGiveTheSameTokens(t *testing.T) {
 		})
 	}
 }
+
+// TestGPUPromptGraphsPastTheirBounds runs more padded prompt shapes than an engine keeps
+// graphs of (64), seven times over, on an engine with graphs and once on one without:
+// every pass must give the same tokens — through the eager first sightings, the captures,
+// the captures the budget holds back (past the first 64, until replays outnumber captures
+// four to one), the replays, and the captures that drop the least recently replayed graph.
+func TestGPUPromptGraphsPastTheirBounds(t *testing.T) {
+	const perBlock = 16
+	graphs := gpuEngineWith(t, "gpt2-tiny", Options{NumBlocks: 64, TokensPerBlock: perBlock, MaxTokens: 256, MaxSeqs: 16})
+	eager := gpuEngineWith(t, "gpt2-tiny", Options{NumBlocks: 64, TokensPerBlock: perBlock, MaxTokens: 256,
+		MaxSeqs: 16, DisableCUDAGraphs: true})
+	vocab := graphs.Info().VocabSize
+	rng := rand.New(rand.NewPCG(23, 23))
+	// shape is the library's padding of a prompt step (plan.cu's prompt_pad), so that the
+	// batches below are of distinct shapes.
+	gemmRows := func(n int) int {
+		if n <= 16 {
+			return 16
+		}
+		p := 16
+		for p*2 <= n {
+			p *= 2
+		}
+		step := max(p/8, 16)
+		return (n + step - 1) / step * step
+	}
+	pow2 := func(v int) int {
+		b := 1
+		for b < v {
+			b <<= 1
+		}
+		return b
+	}
+	type shape struct {
+		rows, seqs, tiles, lrows int
+		greedy                   bool
+	}
+	seen := map[shape]bool{}
+	var batches [][]engine.Sequence
+	for try := 0; len(batches) < 80; try++ {
+		if try == 100000 {
+			t.Fatalf("%d shapes of prompt steps found, want 80", len(batches))
+		}
+		k := 1 + rng.IntN(8)
+		var b []engine.Sequence
+		rows, tiles, sampled, greedy := 0, 0, 0, true
+		for i := range k {
+			n := 17 + rng.IntN(24)
+			if rows+n > 250 {
+				break
+			}
+			s := engine.Sequence{ID: uint64(i + 1), Sample: i > 0 || rng.IntN(3) > 0}
+			for range n {
+				s.Tokens = append(s.Tokens, int32(rng.IntN(vocab)))
+			}
+			s.History = s.Tokens
+			for j := range (n + perBlock - 1) / perBlock {
+				s.Blocks = append(s.Blocks, int32(3*i+j))
+			}
+			if s.Sample && rng.IntN(2) == 0 {
+				s.Sampling = engine.SamplingParams{Temperature: 0.8, TopK: 20, Seed: uint64(len(batches)*10 + i)}
+				greedy = false
+			}
+			if s.Sample {
+				sampled++
+			} else {
+				greedy = false // the library's plain-greedy steps sample every sequence
+			}
+			rows += n
+			tiles += (n + 15) / 16
+			b = append(b, s)
+		}
+		sh := shape{gemmRows(rows), pow2(len(b) + 1), pow2(tiles), pow2(sampled), greedy}
+		if sampled == 0 {
+			sh.lrows = 0
+		}
+		if !seen[sh] {
+			seen[sh] = true
+			batches = append(batches, b)
+		}
+	}
+	want := make([][]engine.Output, len(batches))
+	for i, b := range batches {
+		var err error
+		if want[i], err = eager.Step(&engine.Batch{Seqs: b}); err != nil {
+			t.Fatalf("batch %d without graphs: %v", i, err)
+		}
+	}
+	for pass := range 7 {
+		for i, b := range batches {
+			got, err := graphs.Step(&engine.Batch{Seqs: b})
+			if err != nil {
+				t.Fatalf("pass %d, batch %d: %v", pass, i, err)
+			}
+			for j := range want[i] {
+				g, w := got[j], want[i][j]
+				if g.Token != w.Token || math.Abs(float64(g.LogProb-w.LogProb)) > 1e-5 {
+					t.Fatalf("pass %d, batch %d, sequence %d: with graphs %d (%g), without %d (%g)",
+						pass, i, j, g.Token, g.LogProb, w.Token, w.LogProb)
+				}
+			}
+		}
+	}
+}
