@@ -157,7 +157,7 @@ typedef struct gollm_engine_params {
   int32_t max_tokens;         /* most new tokens in one step */
   int32_t max_seqs;           /* most sequences in one step */
   int32_t max_logit_rows;     /* LM-head rows computed at once (context logits come in chunks) */
-  int32_t cuda_graphs;        /* nonzero: replay CUDA graphs for decode-only steps */
+  int32_t cuda_graphs;        /* nonzero: replay CUDA graphs (decode steps by batch bucket, prompt steps by padded shape) */
   int32_t warmup;             /* nonzero: before returning, call every padded cuBLAS shape
                                  once, run a prompt step and capture every decode graph
                                  (writes KV block 0; the pool is unused yet) */

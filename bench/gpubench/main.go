@@ -85,7 +85,7 @@ func main() {
 	reps := flag.Int("reps", 5, "timed repetitions per workload")
 	dtype := flag.String("dtype", "float16", "float16 or bfloat16")
 	lib := flag.String("lib", "", "path of libgollm_cuda.so")
-	graphs := flag.Bool("graphs", true, "replay CUDA graphs for decode steps")
+	graphs := flag.Bool("graphs", true, "replay CUDA graphs (decode and prompt steps)")
 	warmup := flag.Bool("warmup", true, "warm the engine up at creation (false: fewer kernels for a profiler)")
 	flag.BoolVar(&overlap, "overlap", false, "launch each step before reading the previous one (the overlap schedule)")
 	tp := flag.Int("tp", 1, "tensor_parallel_size: split the model over GPUs 0..tp-1")

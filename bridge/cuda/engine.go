@@ -51,7 +51,8 @@ type Options struct {
 	// positions and 32768 (decode attention keeps a row's scores in shared memory); 0
 	// means the model's maximum, at most 8192.
 	MaxSeqLen int
-	// DisableCUDAGraphs runs decode steps kernel by kernel instead of replaying graphs.
+	// DisableCUDAGraphs runs every step kernel by kernel instead of replaying graphs (decode
+	// steps' by batch bucket, prompt steps' by padded shape).
 	DisableCUDAGraphs bool
 	// SkipWarmup returns the engine without its warm-up (every padded cuBLAS shape called
 	// once, every decode graph captured; well under a second). Served engines warm up:
