@@ -907,19 +907,21 @@ __global__ void __launch_bounds__(kCtxTcThreads) attention_context_tc_kernel(
 
 // attention_context_mma_kernel: the context attention of attention_context_kernel on the
 // tensor cores through mma.sync (m16n8k16, fp32 accumulation), for head_dim D of 64, 80 or
-// 128 (the sizes tests/gpu/check.py's models check; others keep the WMMA kernel): a warp per tile and head, FlashAttention-2's arrangement, so that no step leaves
-// the warp's registers but its keys and values' staging.
+// 128 (the sizes tests/gpu/check.py's models check; others keep the WMMA kernel): a warp
+// per tile and head, FlashAttention-2's arrangement, so that nothing but the keys and
+// values' staging leaves the warp's registers.
 //   Grid (ceil(tiles / warps a block), heads), 32 · (warps a block) threads; warp w of block
 //   b takes tile b · warps + w. Queries [16][D] are A fragments held in registers (rows past
 //   tile.n zero); each chunk of KC keys and values [KC][D] (T, rows padded to D + 8 so that
-//   ldmatrix's 8 rows hit distinct banks) is copied by the warp (cp.async, the next chunk
-//   in flight), S = Q·Kᵀ [16][KC] lands in accumulators (lane (g, t): rows g and g + 8,
-//   keys 2t, 2t + 1 of each 8), is masked (causal, window, rows and keys past the tile's)
-//   and softmaxed online per row (the quad of lanes that holds a row reduces its max),
-//   P rounded to T becomes P·V's A fragment as it lies, and V's B fragments come from
+//   ldmatrix's 8 rows hit distinct banks) is copied by the warp — or, where a block's four
+//   tiles are of one sequence, once by the whole block for all four — (cp.async, the next
+//   chunk in flight), S = Q·Kᵀ [16][KC] lands in accumulators (lane (g, t): rows g and
+//   g + 8, keys 2t, 2t + 1 of each 8), is masked (causal, window, rows and keys past the
+//   tile's) and softmaxed online per row (the quad of lanes that holds a row reduces its
+//   max), P rounded to T becomes P·V's A fragment as it lies, and V's B fragments come from
 //   ldmatrix.trans. The output [16][D] is rescaled in registers and divided by each row's
 //   sum (the quad's partial sums added) at the end.
-// Shared memory: ctx_mma_smem per warp ([2][KC][D + 8] keys, then values, T).
+// Shared memory: CtxMma<D>::warp_bytes a warp ([2][KC][D + 8] keys, then values, T).
 template <int D>
 struct CtxMma {
   static constexpr int KC = D <= 64 ? 32 : 16;  // keys a chunk: 16-18 KB a warp
@@ -931,33 +933,145 @@ inline bool ctx_mma_fits(int head_dim) {
   return head_dim == 64 || head_dim == 80 || head_dim == 128;
 }
 
+// ctx_mma_chunk is one chunk of attention_context_mma_kernel for one warp: keys and values
+// c0…c0+KC-1 (kb, vb: [KC][DP] in shared memory) against the tile's queries qa, masked for
+// the tile (causal, its window, its rows), into the running row maxima mrow, partial row
+// sums lrow (this lane's share) and outputs o.
+template <typename T, int D>
+__device__ __forceinline__ void ctx_mma_chunk(const T* kb, const T* vb, int c0, const CtxTile& tile,
+                                              int window, const uint32_t (&qa)[D / 16][4],
+                                              float (&o)[D / 8][4], float (&mrow)[2],
+                                              float (&lrow)[2], int lane) {
+  constexpr int KC = CtxMma<D>::KC, DP = CtxMma<D>::DP, NT = KC / 8, DT = D / 8;
+  const int gq = lane >> 2, tq = lane & 3;
+  const int mi = lane >> 3, mr = lane & 7;  // ldmatrix: this lane's matrix and row
+  const int kend = tile.pos0 + tile.n;
+  // S = Q·Kᵀ: K's rows are B's columns; one ldmatrix.x4 gives two key octets' B fragments
+  // for 16 dimensions.
+  float s[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+  for (int k = 0; k < D / 16; k++) {
+#pragma unroll
+    for (int n = 0; n < NT; n += 2) {
+      uint32_t b[4];
+      ldsm_x4(b, kb + (n * 8 + (mi >> 1) * 8 + mr) * DP + k * 16 + (mi & 1) * 8);
+      mma_16816<T>(s[n], qa[k][0], qa[k][1], qa[k][2], qa[k][3], b[0], b[1]);
+      mma_16816<T>(s[n + 1], qa[k][0], qa[k][1], qa[k][2], qa[k][3], b[2], b[3]);
+    }
+  }
+  // Mask, then the online softmax of rows gq (e = 0, 1) and gq + 8 (e = 2, 3).
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < NT; n++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int r = gq + (e >> 1) * 8, kp = c0 + n * 8 + 2 * tq + (e & 1), qp = tile.pos0 + r;
+      const bool ok = r < tile.n && kp < kend && kp <= qp && (window <= 0 || kp > qp - window);
+      s[n][e] = ok ? s[n][e] : -INFINITY;
+      mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float mnew = fmaxf(mrow[r], mx[r]);
+    const float a = mrow[r] == -INFINITY ? 0.f : __expf(mrow[r] - mnew);
+    mrow[r] = mnew;
+    lrow[r] *= a;
+#pragma unroll
+    for (int d = 0; d < DT; d++) o[d][2 * r] *= a, o[d][2 * r + 1] *= a;
+  }
+#pragma unroll
+  for (int n = 0; n < NT; n++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const float p = s[n][e] == -INFINITY ? 0.f : __expf(s[n][e] - mrow[e >> 1]);
+      s[n][e] = p;
+      lrow[e >> 1] += p;
+    }
+  }
+  // O += P·V: P's accumulators of key octets 2kk and 2kk + 1 are the A fragment of keys
+  // 16kk…16kk+15; V's B fragments by ldmatrix.trans (two dimension octets a load).
+#pragma unroll
+  for (int kk = 0; kk < KC / 16; kk++) {
+    const uint32_t p0 = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+    const uint32_t p1 = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    const uint32_t p2 = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    const uint32_t p3 = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+    for (int d = 0; d < DT; d += 2) {
+      uint32_t b[4];
+      ldsm_x4_t(b, vb + (kk * 16 + (mi & 1) * 8 + mr) * DP + d * 8 + (mi >> 1) * 8);
+      mma_16816<T>(o[d], p0, p1, p2, p3, b[0], b[1]);
+      mma_16816<T>(o[d + 1], p0, p1, p2, p3, b[2], b[3]);
+    }
+  }
+}
+
+// ctx_mma_load copies keys and values c0…c0+KC-1 of a sequence (its block table) into kd
+// and vd ([KC][DP]), zeros past kend: thread t of nthreads takes 16-byte pieces t,
+// t + nthreads, …
+template <typename T, int D>
+__device__ __forceinline__ void ctx_mma_load(const T* __restrict__ kv, const int32_t* table,
+                                             KVGeom g, int layer, int kvh, int c0, int kend,
+                                             T* kd, T* vd, int t, int nthreads) {
+  constexpr int KC = CtxMma<D>::KC, DP = CtxMma<D>::DP, P = D / 8;  // P: pieces a row
+  for (int idx = t; idx < KC * P; idx += nthreads) {
+    const int j = idx / P, p = idx % P, kp = c0 + j;
+    const bool ok = kp < kend;
+    const int kq = ok ? kp : c0;  // a valid address; zero-filled
+    const int64_t blk = table[kq / g.tokens_per_block];
+    const int slot = kq % g.tokens_per_block;
+    cp_async16_zfill(kd + j * DP + p * 8, kv + g.at(blk, layer, 0, kvh, slot) + p * 8, ok ? 16 : 0);
+    cp_async16_zfill(vd + j * DP + p * 8, kv + g.at(blk, layer, 1, kvh, slot) + p * 8, ok ? 16 : 0);
+  }
+  cp_async_commit();
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(128) attention_context_mma_kernel(
     const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
     const CtxTile* __restrict__ tiles, const DevSeq* __restrict__ seqs,
     const int32_t* __restrict__ blocks, KVGeom g, int layer, int window, int ntiles) {
-  constexpr int KC = CtxMma<D>::KC, DP = CtxMma<D>::DP, NT = KC / 8, DT = D / 8;
+  constexpr int KC = CtxMma<D>::KC, DP = CtxMma<D>::DP, DT = D / 8, W = 4;
   extern __shared__ __align__(128) unsigned char ctx_mma_smem_buf[];
   griddep_launch();
   griddep_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int ti = blockIdx.x * (blockDim.x >> 5) + warp;
-  if (ti >= ntiles) return;
-  const CtxTile tile = tiles[ti];
-  if (tile.n <= 0) return;  // a padding tile of a prompt graph
+  const int nw = blockDim.x >> 5, t0 = blockIdx.x * nw;
+  const int ti = t0 + warp;
+  // A block of four tiles of one sequence shares its keys and values: they are copied once
+  // for all four warps (a quarter of the traffic from L2 on long prompts). Otherwise each
+  // warp copies its own.
+  bool shared = nw == W && t0 + W <= ntiles;
+  int ks_all = 1 << 30, ke_all = 0;
+  if (shared) {
+    const int seq = tiles[t0].seq;
+#pragma unroll
+    for (int w = 0; w < W; w++) {
+      const CtxTile tw = tiles[t0 + w];
+      shared = shared && tw.seq == seq && tw.n > 0;
+      ks_all = min(ks_all, window > 0 ? max(0, tw.pos0 - window + 1) : 0);
+      ke_all = max(ke_all, tw.pos0 + tw.n);
+    }
+  }
+  if (!shared && ti >= ntiles) return;
+  const CtxTile tile = tiles[min(ti, ntiles - 1)];
+  if (!shared && tile.n <= 0) return;  // a padding tile of a prompt graph
   const int head = blockIdx.y, kvh = g.kv_head(head);
   const int32_t* table = blocks + seqs[tile.seq].blk_off;
-  T* kbuf = reinterpret_cast<T*>(ctx_mma_smem_buf) + (size_t)warp * (4 * KC * DP);  // [2][KC][DP]
-  T* vbuf = kbuf + 2 * KC * DP;                                                     // [2][KC][DP]
   const int gq = lane >> 2, tq = lane & 3;
 
   // The queries as A fragments: a0 row gq, a1 row gq + 8 (dims 2t, 2t + 1 of each 16), a2
   // and a3 the same rows' dims 2t + 8, 2t + 9.
   uint32_t qa[D / 16][4];
   {
-    const int64_t W = g.qkv_width();
-    const float* q0 = qkv + (int64_t)(tile.row0 + gq) * W + head * D + 2 * tq;
-    const float* q1 = q0 + 8 * W;
+    const int64_t Wq = g.qkv_width();
+    const float* q0 = qkv + (int64_t)(tile.row0 + gq) * Wq + head * D + 2 * tq;
+    const float* q1 = q0 + 8 * Wq;
     const bool r0 = gq < tile.n, r1 = gq + 8 < tile.n;
     const float2 z = make_float2(0.f, 0.f);
 #pragma unroll
@@ -972,107 +1086,52 @@ __global__ void __launch_bounds__(128) attention_context_mma_kernel(
       qa[k][3] = pack2<T>(d.x, d.y);
     }
   }
-  const int kend = tile.pos0 + tile.n;
-  const int kstart = window > 0 ? max(0, tile.pos0 - window + 1) : 0;
-  const int nch = (kend - kstart + KC - 1) / KC;
-  // load copies keys and values c0…c0+KC-1 into buffer buf (zeros past kend).
-  auto load = [&](int c0, int buf) {
-    T* kd = kbuf + buf * KC * DP;
-    T* vd = vbuf + buf * KC * DP;
-    constexpr int P = D / 8;  // 16-byte pieces a row
-#pragma unroll
-    for (int idx = lane; idx < KC * P; idx += 32) {
-      const int j = idx / P, p = idx % P, kp = c0 + j;
-      const bool ok = kp < kend;
-      const int kq = ok ? kp : c0;  // a valid address; zero-filled
-      const int64_t blk = table[kq / g.tokens_per_block];
-      const int slot = kq % g.tokens_per_block;
-      cp_async16_zfill(kd + j * DP + p * 8, kv + g.at(blk, layer, 0, kvh, slot) + p * 8, ok ? 16 : 0);
-      cp_async16_zfill(vd + j * DP + p * 8, kv + g.at(blk, layer, 1, kvh, slot) + p * 8, ok ? 16 : 0);
-    }
-    cp_async_commit();
-  };
   float o[DT][4];
 #pragma unroll
   for (int d = 0; d < DT; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
-  const int mi = lane >> 3, mr = lane & 7;  // ldmatrix: this lane's matrix and row
-  if (nch > 0) load(kstart, 0);
-  for (int ch = 0; ch < nch; ch++) {
-    const int c0 = kstart + ch * KC;
-    if (ch + 1 < nch) {
-      load(c0 + KC, (ch + 1) & 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncwarp();  // every lane's copies of this chunk are in
-    const T* kb = kbuf + (ch & 1) * KC * DP;
-    const T* vb = vbuf + (ch & 1) * KC * DP;
-    // S = Q·Kᵀ: K's rows are B's columns; one ldmatrix.x4 gives two key octets' B fragments
-    // for 16 dimensions.
-    float s[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-    for (int k = 0; k < D / 16; k++) {
-#pragma unroll
-      for (int n = 0; n < NT; n += 2) {
-        uint32_t b[4];
-        ldsm_x4(b, kb + (n * 8 + (mi >> 1) * 8 + mr) * DP + k * 16 + (mi & 1) * 8);
-        mma_16816<T>(s[n], qa[k][0], qa[k][1], qa[k][2], qa[k][3], b[0], b[1]);
-        mma_16816<T>(s[n + 1], qa[k][0], qa[k][1], qa[k][2], qa[k][3], b[2], b[3]);
+  const int kend = tile.pos0 + tile.n;
+  const int kstart = window > 0 ? max(0, tile.pos0 - window + 1) : 0;
+  if (shared) {
+    // The block's chunks cover every warp's keys; a warp computes those that meet its own.
+    T* kbuf = reinterpret_cast<T*>(ctx_mma_smem_buf);  // [2][KC][DP]
+    T* vbuf = kbuf + 2 * KC * DP;                      // [2][KC][DP]
+    const int nch = (ke_all - ks_all + KC - 1) / KC;
+    ctx_mma_load<T, D>(kv, table, g, layer, kvh, ks_all, ke_all, kbuf, vbuf, threadIdx.x, blockDim.x);
+    for (int ch = 0; ch < nch; ch++) {
+      const int c0 = ks_all + ch * KC;
+      if (ch + 1 < nch) {
+        ctx_mma_load<T, D>(kv, table, g, layer, kvh, c0 + KC, ke_all, kbuf + ((ch + 1) & 1) * KC * DP,
+                           vbuf + ((ch + 1) & 1) * KC * DP, threadIdx.x, blockDim.x);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
       }
+      __syncthreads();  // every thread's copies of this chunk are in
+      if (c0 < kend && c0 + KC > kstart)
+        ctx_mma_chunk<T, D>(kbuf + (ch & 1) * KC * DP, vbuf + (ch & 1) * KC * DP, c0, tile, window,
+                            qa, o, mrow, lrow, lane);
+      __syncthreads();  // this buffer's readers are done before the next chunk's copies
     }
-    // Mask, then the online softmax of rows gq (e = 0, 1) and gq + 8 (e = 2, 3).
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < NT; n++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int r = gq + (e >> 1) * 8, kp = c0 + n * 8 + 2 * tq + (e & 1), qp = tile.pos0 + r;
-        const bool ok = r < tile.n && kp < kend && kp <= qp && (window <= 0 || kp > qp - window);
-        s[n][e] = ok ? s[n][e] : -INFINITY;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+  } else {
+    T* kbuf = reinterpret_cast<T*>(ctx_mma_smem_buf) + (size_t)warp * (4 * KC * DP);  // [2][KC][DP]
+    T* vbuf = kbuf + 2 * KC * DP;                                                     // [2][KC][DP]
+    const int nch = (kend - kstart + KC - 1) / KC;
+    if (nch > 0) ctx_mma_load<T, D>(kv, table, g, layer, kvh, kstart, kend, kbuf, vbuf, lane, 32);
+    for (int ch = 0; ch < nch; ch++) {
+      const int c0 = kstart + ch * KC;
+      if (ch + 1 < nch) {
+        ctx_mma_load<T, D>(kv, table, g, layer, kvh, c0 + KC, kend, kbuf + ((ch + 1) & 1) * KC * DP,
+                           vbuf + ((ch + 1) & 1) * KC * DP, lane, 32);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
       }
+      __syncwarp();  // every lane's copies of this chunk are in
+      ctx_mma_chunk<T, D>(kbuf + (ch & 1) * KC * DP, vbuf + (ch & 1) * KC * DP, c0, tile, window, qa,
+                          o, mrow, lrow, lane);
+      __syncwarp();  // this buffer's readers are done before the next chunk's copies
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mnew = fmaxf(mrow[r], mx[r]);
-      const float a = mrow[r] == -INFINITY ? 0.f : __expf(mrow[r] - mnew);
-      mrow[r] = mnew;
-      lrow[r] *= a;
-#pragma unroll
-      for (int d = 0; d < DT; d++) o[d][2 * r] *= a, o[d][2 * r + 1] *= a;
-    }
-#pragma unroll
-    for (int n = 0; n < NT; n++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const float p = s[n][e] == -INFINITY ? 0.f : __expf(s[n][e] - mrow[e >> 1]);
-        s[n][e] = p;
-        lrow[e >> 1] += p;
-      }
-    }
-    // O += P·V: P's accumulators of key octets 2kk and 2kk + 1 are the A fragment of keys
-    // 16kk…16kk+15; V's B fragments by ldmatrix.trans (two dimension octets a load).
-#pragma unroll
-    for (int kk = 0; kk < KC / 16; kk++) {
-      const uint32_t p0 = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      const uint32_t p1 = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      const uint32_t p2 = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      const uint32_t p3 = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-      for (int d = 0; d < DT; d += 2) {
-        uint32_t b[4];
-        ldsm_x4_t(b, vb + (kk * 16 + (mi & 1) * 8 + mr) * DP + d * 8 + (mi >> 1) * 8);
-        mma_16816<T>(o[d], p0, p1, p2, p3, b[0], b[1]);
-        mma_16816<T>(o[d + 1], p0, p1, p2, p3, b[2], b[3]);
-      }
-    }
-    __syncwarp();  // this buffer's readers are done before the next chunk's copies
   }
   using T2 = typename std::conditional<std::is_same<T, __half>::value, __half2, __nv_bfloat162>::type;
 #pragma unroll
