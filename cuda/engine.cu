@@ -12,10 +12,9 @@ namespace gollm {
 void drop_graphs(gollm_engine* e) {
   std::vector<cudaGraphExec_t> gs;
   for (auto& g : e->graph_execs) gs.push_back(g.second);
-  for (auto& g : e->prompt_execs) gs.push_back(g.second);
+  for (auto& g : e->prompt_execs) gs.push_back(g.second.exec);
   e->graph_execs.clear();
   e->prompt_execs.clear();
-  e->prompt_used.clear();
   std::exception_ptr first;
   for (cudaGraphExec_t g : gs) {
     try {

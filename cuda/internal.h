@@ -183,6 +183,12 @@ struct PromptKey {
   }
 };
 
+// PromptGraph is a captured prompt graph and the step that last replayed it.
+struct PromptGraph {
+  cudaGraphExec_t exec = nullptr;
+  int64_t used = 0;
+};
+
 // Plan is one step, checked and laid out on the host.
 struct Plan {
   int n = 0, s = 0;  // tokens and sequences (padded in graph mode)
@@ -270,12 +276,11 @@ struct gollm_engine {
   // Prompt graphs (steps on the many-rows path, replayed where their padded counts
   // recur): on unless GOLLM_CUDA_PROMPT_GRAPHS=0; a key is captured the second time it is
   // seen (prompt_seen, cleared when it grows past its bound), at most kPromptGraphs are
-  // kept, the least recently replayed (prompt_used: the step) dropped, and captures past
+  // kept, the least recently replayed (PromptGraph.used: the step) dropped, and captures past
   // the first kPromptGraphs wait for replays (step.cu).
   bool prompt_graphs = false;
-  std::map<gollm::PromptKey, cudaGraphExec_t> prompt_execs;
+  std::map<gollm::PromptKey, gollm::PromptGraph> prompt_execs;
   std::map<gollm::PromptKey, int> prompt_seen;
-  std::map<gollm::PromptKey, int64_t> prompt_used;
   int64_t prompt_captures = 0, prompt_replays = 0;
   gollm_engine_info info{};       // as reported at creation
   gollm::Plan plan;               // reused between steps

@@ -118,29 +118,26 @@ cudaGraphExec_t prompt_graph(gollm_engine* e, const PromptKey& key, const Plan& 
                              const Layout& L, int splits) {
   auto it = e->prompt_execs.find(key);
   if (it != e->prompt_execs.end()) {
-    e->prompt_used[key] = e->steps;
+    it->second.used = e->steps;
     e->prompt_replays++;
-    return it->second;
+    return it->second.exec;
   }
   if (e->prompt_seen.size() >= kPromptSeen) e->prompt_seen.clear();
   if (e->prompt_seen[key]++ == 0) return nullptr;
   if (e->prompt_captures >= kPromptGraphs && e->prompt_captures * kPromptReplays > e->prompt_replays)
     return nullptr;
-  if ((int)e->prompt_used.size() >= kPromptGraphs) {
-    auto old = e->prompt_used.begin();
-    for (auto u = e->prompt_used.begin(); u != e->prompt_used.end(); ++u)
-      if (u->second < old->second) old = u;
+  if ((int)e->prompt_execs.size() >= kPromptGraphs) {
+    auto old = e->prompt_execs.begin();
+    for (auto u = e->prompt_execs.begin(); u != e->prompt_execs.end(); ++u)
+      if (u->second.used < old->second.used) old = u;
     // A replay of it may still run.
     CUDA_CHECK(cudaStreamSynchronize(e->stream));
-    auto g = e->prompt_execs.find(old->first);
-    cudaGraphExec_t ex = g->second;
-    e->prompt_execs.erase(g);
-    e->prompt_used.erase(old);
+    cudaGraphExec_t ex = old->second.exec;
+    e->prompt_execs.erase(old);
     CUDA_CHECK(cudaGraphExecDestroy(ex));
   }
   cudaGraphExec_t ex = capture_graph(e, pl, L, splits);
-  e->prompt_execs.emplace(key, ex);
-  e->prompt_used[key] = e->steps;
+  e->prompt_execs.emplace(key, PromptGraph{ex, e->steps});
   e->prompt_captures++;
   return ex;
 }
