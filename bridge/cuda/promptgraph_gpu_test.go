@@ -10,9 +10,9 @@ import (
 )
 
 // TestGPUPromptGraphsGiveTheSameTokens runs prompt steps and mixed steps (new prompts
-// beside decode rows), and prompts of many lengths alone, three times on an engine with CUDA graphs — eagerly on the padded
-// plan, then captured and replayed, then replayed — and once on an engine without
-// graphs: the three must agree exactly, and with the engine without graphs on every token
+// beside decode rows), and prompts of many lengths alone, three times on an engine with
+// CUDA graphs — eagerly on the padded plan, then captured and replayed, then replayed —
+// and once on an engine without graphs: the three must agree exactly, and with the engine without graphs on every token
 // (exactly on prompt steps, whose padding changes no kernel's shape that a real row sees;
 // decode rows' attention is split for the longest sequence in a graph, so their
 // log-probabilities may differ in the last bits).
