@@ -1092,46 +1092,37 @@ __global__ void __launch_bounds__(128) attention_context_mma_kernel(
   float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
   const int kend = tile.pos0 + tile.n;
   const int kstart = window > 0 ? max(0, tile.pos0 - window + 1) : 0;
-  if (shared) {
-    // The block's chunks cover every warp's keys; a warp computes those that meet its own.
-    T* kbuf = reinterpret_cast<T*>(ctx_mma_smem_buf);  // [2][KC][DP]
-    T* vbuf = kbuf + 2 * KC * DP;                      // [2][KC][DP]
-    const int nch = (ke_all - ks_all + KC - 1) / KC;
-    ctx_mma_load<T, D>(kv, table, g, layer, kvh, ks_all, ke_all, kbuf, vbuf, threadIdx.x, blockDim.x);
-    for (int ch = 0; ch < nch; ch++) {
-      const int c0 = ks_all + ch * KC;
-      if (ch + 1 < nch) {
-        ctx_mma_load<T, D>(kv, table, g, layer, kvh, c0 + KC, ke_all, kbuf + ((ch + 1) & 1) * KC * DP,
-                           vbuf + ((ch + 1) & 1) * KC * DP, threadIdx.x, blockDim.x);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();  // every thread's copies of this chunk are in
-      if (c0 < kend && c0 + KC > kstart)
-        ctx_mma_chunk<T, D>(kbuf + (ch & 1) * KC * DP, vbuf + (ch & 1) * KC * DP, c0, tile, window,
-                            qa, o, mrow, lrow, lane);
-      __syncthreads();  // this buffer's readers are done before the next chunk's copies
+  // The chunks walked: with shared keys and values the block's, which cover every warp's
+  // keys and are copied by all its threads (a warp computes those that meet its own);
+  // otherwise the warp's own, copied by its lanes into its own buffers. `shared` is the
+  // same in every thread of the block, so the barrier below is too.
+  const int lo = shared ? ks_all : kstart, hi = shared ? ke_all : kend;
+  // [2][KC][DP] keys, then [2][KC][DP] values: the block's, or warp w's at w · 4 · KC · DP.
+  T* kbuf = reinterpret_cast<T*>(ctx_mma_smem_buf) + (shared ? 0 : (size_t)warp * (4 * KC * DP));
+  T* vbuf = kbuf + 2 * KC * DP;
+  const int ct = shared ? (int)threadIdx.x : lane, cn = shared ? (int)blockDim.x : 32;
+  auto sync = [shared] {
+    if (shared)
+      __syncthreads();
+    else
+      __syncwarp();
+  };
+  const int nch = (hi - lo + KC - 1) / KC;
+  if (nch > 0) ctx_mma_load<T, D>(kv, table, g, layer, kvh, lo, hi, kbuf, vbuf, ct, cn);
+  for (int ch = 0; ch < nch; ch++) {
+    const int c0 = lo + ch * KC;
+    if (ch + 1 < nch) {
+      ctx_mma_load<T, D>(kv, table, g, layer, kvh, c0 + KC, hi, kbuf + ((ch + 1) & 1) * KC * DP,
+                         vbuf + ((ch + 1) & 1) * KC * DP, ct, cn);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
-  } else {
-    T* kbuf = reinterpret_cast<T*>(ctx_mma_smem_buf) + (size_t)warp * (4 * KC * DP);  // [2][KC][DP]
-    T* vbuf = kbuf + 2 * KC * DP;                                                     // [2][KC][DP]
-    const int nch = (kend - kstart + KC - 1) / KC;
-    if (nch > 0) ctx_mma_load<T, D>(kv, table, g, layer, kvh, kstart, kend, kbuf, vbuf, lane, 32);
-    for (int ch = 0; ch < nch; ch++) {
-      const int c0 = kstart + ch * KC;
-      if (ch + 1 < nch) {
-        ctx_mma_load<T, D>(kv, table, g, layer, kvh, c0 + KC, kend, kbuf + ((ch + 1) & 1) * KC * DP,
-                           vbuf + ((ch + 1) & 1) * KC * DP, lane, 32);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncwarp();  // every lane's copies of this chunk are in
-      ctx_mma_chunk<T, D>(kbuf + (ch & 1) * KC * DP, vbuf + (ch & 1) * KC * DP, c0, tile, window, qa,
-                          o, mrow, lrow, lane);
-      __syncwarp();  // this buffer's readers are done before the next chunk's copies
-    }
+    sync();  // every copier's pieces of this chunk are in
+    if (c0 < kend && c0 + KC > kstart)
+      ctx_mma_chunk<T, D>(kbuf + (ch & 1) * KC * DP, vbuf + (ch & 1) * KC * DP, c0, tile, window, qa, o,
+                          mrow, lrow, lane);
+    sync();  // this buffer's readers are done before the next chunk's copies
   }
   using T2 = typename std::conditional<std::is_same<T, __half>::value, __half2, __nv_bfloat162>::type;
 #pragma unroll
