@@ -22,7 +22,8 @@ float32 on the prompt followed by gollm's generated tokens (teacher forcing). It
   (max(1e-3, 6 × the largest per-row RMS difference from transformers over the logit
   prompts); reported as an accepted divergence);
 - the same tokens from each prompt alone and inside the batch of 64 (a difference is
-  accepted on the same terms);
+  accepted on the same terms; the top-2 gaps and the tolerance go to NAME-DTYPE.gaps.json
+  beside the run's output, for tests/gpu/triton_e2e.sh's streams);
 - as a yardstick, transformers itself in the run's dtype against its float32: the
   relative L2 error of its own fp16/bf16 logits on the logit prompts (column hf_relL2).
   A run fails when gollm's error exceeds max(1e-2, 1.5 × transformers' own in that dtype);
@@ -272,6 +273,15 @@ def main():
         row["hf_relL2"] = f"{hf_err:.2e}"
         tol_gap = max(TOL_GAP, 6 * scale)
         row["tol_gap"] = f"{tol_gap:.1e}"
+        # The reference's top-2 gap at every step of every prompt, with the tolerance, beside
+        # the run's output: tritonbench -check -gaps accepts the same near-ties in the streams
+        # of tests/gpu/triton_e2e.sh.
+        gaps = []
+        for pr, r in zip(prompts, refs):
+            top = r[len(pr) - 1 : len(pr) + STEPS].topk(2, dim=-1).values
+            gaps.append((top[:, 0] - top[:, 1]).tolist())
+        with open(out[: -len(".safetensors")] + ".gaps.json", "w") as f:
+            json.dump({"tol_gap": tol_gap, "gaps": gaps}, f)
         fails, accepted, min_gap = check_tokens(prompts, gen["single"], refs, tol_gap)
         ntok = len(prompts) * (STEPS + 1)
         row["tokens_vs_hf"] = f"{ntok - len(fails) - len(accepted)}/{ntok}"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End to end on the GPU machine: tritonserver (from the nvidia-pytriton wheel, carried as
 # .carry/tritonserver.tar.xz) serving a KIND_GPU instance of gollm answers streaming
-# requests with the same tokens as the engine alone, then the same workloads as gpubench
+# requests with the same tokens as the engine alone (or parting from them only at a
+# near-tie, by check.py's rule and its gaps file), then the same workloads as gpubench
 # through it (impl gollm-triton), for GPT-2 124M and the TinyLlama-1.1B shape. Run after
 # tests/gpu/check.py (at least --only gpt2-124M,tinyllama-1.1B --dtypes float16), whose
 # checkpoints, prompts and engine tokens it reuses:
@@ -27,12 +28,13 @@ big=/tmp/gollm-bench/gpt-350M
 triton_start "$out/tritonserver.log" || exit 1
 rc=0
 "$bin/tritonbench" -addr 127.0.0.1:8001 -model gpt2gpu -check /tmp/gollm-gpucheck/prompts-50257.json \
-  -expect /tmp/gollm-gpucheck/gpt2-124M-float16.safetensors || rc=1
+  -expect /tmp/gollm-gpucheck/gpt2-124M-float16.safetensors -gaps /tmp/gollm-gpucheck/gpt2-124M-float16.gaps.json || rc=1
 "$bin/tritonbench" -addr 127.0.0.1:8001 -model gpt2gpu -name gpt2-124M \
   -workloads decode_b1_i128_o128,tput_b64_i128_o128 | tee "$out/triton.jsonl" || rc=1
 if [ -d "$llama" ]; then
   "$bin/tritonbench" -addr 127.0.0.1:8001 -model tinyllama -vocab 32000 -check /tmp/gollm-gpucheck/prompts-32000.json \
-    -expect /tmp/gollm-gpucheck/tinyllama-1.1B-float16.safetensors || rc=1
+    -expect /tmp/gollm-gpucheck/tinyllama-1.1B-float16.safetensors \
+    -gaps /tmp/gollm-gpucheck/tinyllama-1.1B-float16.gaps.json || rc=1
   "$bin/tritonbench" -addr 127.0.0.1:8001 -model tinyllama -vocab 32000 -name tinyllama-1.1B \
     -workloads decode_b1_i128_o128,tput_b64_i128_o128 | tee -a "$out/triton.jsonl" || rc=1
 fi
