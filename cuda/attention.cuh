@@ -763,19 +763,23 @@ inline size_t ctx_tc_smem(int head_dim) {
          + 4 * 3 * (size_t)Q;               // running max, sum, rescale
 }
 
+// ctx_kv_load copies keys and values c0 … c0+keys-1 of a sequence (its block table) into
+// kd and vd ([keys][D + 8], T), zeros past kend, and commits the copies as one group:
+// thread t of nthreads takes 16-byte pieces t, t + nthreads, … Both context kernels' chunk
+// copy (the mma.sync kernel's constants fold in where it is inlined).
 template <typename T>
-__device__ __forceinline__ void ctx_tc_load(const T* __restrict__ kv, const int32_t* table,
+__device__ __forceinline__ void ctx_kv_load(const T* __restrict__ kv, const int32_t* table,
                                             KVGeom g, int layer, int kvh, int c0, int kend,
-                                            T* ks, T* vs) {
-  const int D = g.head_dim, D8 = D / 8, DP = D + 8;
-  for (int idx = threadIdx.x; idx < kCtxTcKeys * D8; idx += blockDim.x) {
-    const int j = idx / D8, p = idx % D8, kp = c0 + j;
+                                            int keys, int D, T* kd, T* vd, int t, int nthreads) {
+  const int P = D / 8, DP = D + 8;  // P: pieces a row
+  for (int idx = t; idx < keys * P; idx += nthreads) {
+    const int j = idx / P, p = idx % P, kp = c0 + j;
     const bool ok = kp < kend;
-    const int kq = ok ? kp : c0;  // a valid address; zero-filled below
+    const int kq = ok ? kp : c0;  // a valid address; zero-filled
     const int64_t blk = table[kq / g.tokens_per_block];
     const int slot = kq % g.tokens_per_block;
-    cp_async16_zfill(ks + j * DP + p * 8, kv + g.at(blk, layer, 0, kvh, slot) + p * 8, ok ? 16 : 0);
-    cp_async16_zfill(vs + j * DP + p * 8, kv + g.at(blk, layer, 1, kvh, slot) + p * 8, ok ? 16 : 0);
+    cp_async16_zfill(kd + j * DP + p * 8, kv + g.at(blk, layer, 0, kvh, slot) + p * 8, ok ? 16 : 0);
+    cp_async16_zfill(vd + j * DP + p * 8, kv + g.at(blk, layer, 1, kvh, slot) + p * 8, ok ? 16 : 0);
   }
   cp_async_commit();
 }
@@ -810,7 +814,7 @@ __global__ void __launch_bounds__(kCtxTcThreads) attention_context_tc_kernel(
   const int kend = tile.pos0 + tile.n;
   const int kstart = window > 0 ? max(0, tile.pos0 - window + 1) : 0;
   const int nchunks = (kend - kstart + KC - 1) / KC;
-  ctx_tc_load<T>(kv, table, g, layer, kvh, kstart, kend, kbuf, vbuf);
+  ctx_kv_load<T>(kv, table, g, layer, kvh, kstart, kend, KC, D, kbuf, vbuf, threadIdx.x, blockDim.x);
   for (int idx = threadIdx.x; idx < Q * D; idx += blockDim.x) {
     const int i = idx / D, d = idx % D;
     qs[i * DP + d] = from_f32<T>(
@@ -826,8 +830,8 @@ __global__ void __launch_bounds__(kCtxTcThreads) attention_context_tc_kernel(
     T* ks = kbuf + (ch & 1) * KC * DP;
     T* vs = vbuf + (ch & 1) * KC * DP;
     if (ch + 1 < nchunks) {
-      ctx_tc_load<T>(kv, table, g, layer, kvh, c0 + KC, kend, kbuf + ((ch + 1) & 1) * KC * DP,
-                     vbuf + ((ch + 1) & 1) * KC * DP);
+      ctx_kv_load<T>(kv, table, g, layer, kvh, c0 + KC, kend, KC, D, kbuf + ((ch + 1) & 1) * KC * DP,
+                     vbuf + ((ch + 1) & 1) * KC * DP, threadIdx.x, blockDim.x);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -1011,26 +1015,6 @@ __device__ __forceinline__ void ctx_mma_chunk(const T* kb, const T* vb, int c0, 
   }
 }
 
-// ctx_mma_load copies keys and values c0…c0+KC-1 of a sequence (its block table) into kd
-// and vd ([KC][DP]), zeros past kend: thread t of nthreads takes 16-byte pieces t,
-// t + nthreads, …
-template <typename T, int D>
-__device__ __forceinline__ void ctx_mma_load(const T* __restrict__ kv, const int32_t* table,
-                                             KVGeom g, int layer, int kvh, int c0, int kend,
-                                             T* kd, T* vd, int t, int nthreads) {
-  constexpr int KC = CtxMma<D>::KC, DP = CtxMma<D>::DP, P = D / 8;  // P: pieces a row
-  for (int idx = t; idx < KC * P; idx += nthreads) {
-    const int j = idx / P, p = idx % P, kp = c0 + j;
-    const bool ok = kp < kend;
-    const int kq = ok ? kp : c0;  // a valid address; zero-filled
-    const int64_t blk = table[kq / g.tokens_per_block];
-    const int slot = kq % g.tokens_per_block;
-    cp_async16_zfill(kd + j * DP + p * 8, kv + g.at(blk, layer, 0, kvh, slot) + p * 8, ok ? 16 : 0);
-    cp_async16_zfill(vd + j * DP + p * 8, kv + g.at(blk, layer, 1, kvh, slot) + p * 8, ok ? 16 : 0);
-  }
-  cp_async_commit();
-}
-
 template <typename T, int D>
 __global__ void __launch_bounds__(128) attention_context_mma_kernel(
     const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
@@ -1108,12 +1092,12 @@ __global__ void __launch_bounds__(128) attention_context_mma_kernel(
       __syncwarp();
   };
   const int nch = (hi - lo + KC - 1) / KC;
-  if (nch > 0) ctx_mma_load<T, D>(kv, table, g, layer, kvh, lo, hi, kbuf, vbuf, ct, cn);
+  if (nch > 0) ctx_kv_load<T>(kv, table, g, layer, kvh, lo, hi, KC, D, kbuf, vbuf, ct, cn);
   for (int ch = 0; ch < nch; ch++) {
     const int c0 = lo + ch * KC;
     if (ch + 1 < nch) {
-      ctx_mma_load<T, D>(kv, table, g, layer, kvh, c0 + KC, hi, kbuf + ((ch + 1) & 1) * KC * DP,
-                         vbuf + ((ch + 1) & 1) * KC * DP, ct, cn);
+      ctx_kv_load<T>(kv, table, g, layer, kvh, c0 + KC, hi, KC, D, kbuf + ((ch + 1) & 1) * KC * DP,
+                     vbuf + ((ch + 1) & 1) * KC * DP, ct, cn);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
