@@ -118,11 +118,7 @@ bool prompt_pad(const gollm_engine* e, const gollm_step_in* in, const Plan& pl, 
       tiles += (q.token_count + Q - 1) / Q;
     if (q.flags & GOLLM_SEQ_SAMPLE) lrows++;
   }
-  auto pow2 = [](int v) {
-    int b = 1;
-    while (b < v) b <<= 1;
-    return v == 0 ? 0 : b;
-  };
+  auto pow2 = [](int v) { return v == 0 ? 0 : pow2_at_least(v); };  // none stays none
   pp.decs = pow2(decs);
   pp.tiles = pow2(tiles);
   pp.lrows = pow2(lrows);

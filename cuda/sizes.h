@@ -13,6 +13,14 @@
 
 namespace gollm {
 
+// pow2_at_least is the smallest power of two not below v (1 for v <= 1): decode graphs'
+// batch buckets and prompt graphs' padded counts.
+inline int pow2_at_least(int v) {
+  int b = 1;
+  while (b < v) b <<= 1;
+  return b;
+}
+
 // gemm_rows rounds a GEMM's row count up to one of a few sizes — 16, then eight a power-of-two
 // octave, multiples of 16 — so that cuBLAS meets a bounded set of shapes. Its first call on
 // a new shape costs milliseconds (about 9 ms a step of GPT-2's five GEMM shapes on an H200,

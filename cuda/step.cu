@@ -12,11 +12,7 @@ namespace gollm {
 
 namespace {
 
-int bucket_for(gollm_engine* e, int s) {
-  int b = 1;
-  while (b < s) b <<= 1;
-  return std::min(b, e->max_seqs);
-}
+int bucket_for(gollm_engine* e, int s) { return std::min(pow2_at_least(s), e->max_seqs); }
 
 // copy_blocks runs a step's KV block copies (beams that diverge inside a shared block get
 // a copy of it before writing there): one device-to-device copy per block, queued on the
