@@ -305,10 +305,7 @@ func compareStreams(got, want [][]int32, ties *nearTies) (equal int, accepted, d
 			equal++
 			continue
 		}
-		k := 0
-		for k < len(g) && k < len(want[i]) && g[k] == want[i][k] {
-			k++
-		}
+		k := partAt(g, want[i])
 		msg := fmt.Sprintf("prompt %d parts at step %d: triton %v, engine %v", i, k, g[k:], want[i][k:])
 		switch {
 		case len(g) != len(want[i]):
@@ -366,10 +363,7 @@ func runAgainst(c kserve.GRPCInferenceServiceClient, model, other string, vocab 
 			same++
 			continue
 		}
-		k := 0
-		for a[k] == b[k] {
-			k++
-		}
+		k := partAt(a, b)
 		fmt.Printf("prompt %d (%d tokens): the streams part at step %d: %s %v, %s %v\n", i, len(prompts[i]), k, model, a[k:], other, b[k:])
 	}
 	fmt.Printf("TRITON %s's greedy streams equal to %s's: %d/%d prompts (%d tokens each)\n", model, other, same, n, steps)
@@ -377,6 +371,15 @@ func runAgainst(c kserve.GRPCInferenceServiceClient, model, other string, vocab 
 		return fmt.Errorf("%d of %d streams differ, more than -min-same %.2f allows", n-same, n, minSame)
 	}
 	return nil
+}
+
+// partAt is the first step at which streams a and b differ, or the shorter one's length.
+func partAt(a, b []int32) int {
+	k := 0
+	for k < len(a) && k < len(b) && a[k] == b[k] {
+		k++
+	}
+	return k
 }
 
 // expectedTokens reads single.tokens [prompts][steps] (F32) from gollm-gpucheck's
