@@ -13,7 +13,7 @@ import (
 	"gollm/bridge/triton"
 	"gollm/engine"
 	"gollm/engines"
-	"gollm/model"
+	"gollm/tokenizer"
 )
 
 // nextID numbers requests for the batch managers: IDs are never reused, so a late stop
@@ -488,7 +488,7 @@ func (in *instance) getRequests(max int) []*batchmanager.InferenceRequest {
 // tokenText adapts the checkpoint's tokenizer to what text answers need.
 type tokenText struct {
 	// t is the tokenizer.
-	t *model.Tokenizer
+	t *tokenizer.Tokenizer
 }
 
 // Decode is the tokens' text without special tokens (BOS, chat markers), as the

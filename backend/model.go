@@ -12,6 +12,7 @@ import (
 	"gollm/bridge/triton"
 	"gollm/engines"
 	"gollm/model"
+	"gollm/tokenizer"
 )
 
 // modelState is one loaded model: its configuration, the engines' shared weights and the
@@ -29,7 +30,7 @@ type modelState struct {
 	// the CPU nor keeps them in host memory.
 	weights *engines.Model
 	// tok is the checkpoint's tokenizer; nil when it has no tokenizer.json.
-	tok *model.Tokenizer
+	tok *tokenizer.Tokenizer
 	// lim are the request limits of this model.
 	lim limits
 
@@ -120,7 +121,7 @@ func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logg
 	if err != nil {
 		return nil, fmt.Errorf("model %q: %w", name, err)
 	}
-	tok, err := model.LoadTokenizer(filepath.Join(cfg.ModelPath, "tokenizer.json"))
+	tok, err := tokenizer.Load(filepath.Join(cfg.ModelPath, "tokenizer.json"))
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		log.Info("the checkpoint has no tokenizer.json: text_input and text_output are unavailable", zap.String("path", cfg.ModelPath))

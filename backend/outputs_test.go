@@ -13,7 +13,7 @@ import (
 )
 
 // fakeText decodes token id i as the i-th byte of a string, and streams like
-// model.StreamDecoder: bytes of an unfinished UTF-8 character are held back.
+// tokenizer.StreamDecoder: bytes of an unfinished UTF-8 character are held back.
 type fakeText struct {
 	// bytes maps token ids to bytes.
 	bytes string

@@ -1,10 +1,9 @@
 package main
 
 import (
+	"gollm/tokenizer"
 	"slices"
 	"strings"
-
-	"gollm/model"
 )
 
 // Text answers. text_output is always valid UTF-8: a token that ends inside a
@@ -15,7 +14,7 @@ import (
 // answer ends before the first one (it and what follows are not returned), and a
 // streaming answer holds back text that may be the start of one until it is not.
 
-// tokenStream detokenizes one sequence token by token (a *model.StreamDecoder).
+// tokenStream detokenizes one sequence token by token (a *tokenizer.StreamDecoder).
 type tokenStream interface {
 	// Next adds a token and returns the text it completes.
 	Next(id int32) string
@@ -37,7 +36,7 @@ type textOut struct {
 	// dec detokenizes token by token.
 	dec tokenStream
 	// utf holds incomplete characters.
-	utf model.UTF8Stream
+	utf tokenizer.UTF8Stream
 	// stops are the stop strings.
 	stops []string
 	// held is text withheld because a stop string may start there.
@@ -111,13 +110,13 @@ func stopPrefix(s string, stops []string) int {
 // stop string that starts past the first prompt tokens (the prompt, when the answer
 // includes it, is never searched).
 func wholeText(d detokenizer, ids []int32, prompt int, stops []string) string {
-	s := model.ValidUTF8(d.Decode(ids))
+	s := tokenizer.ValidUTF8(d.Decode(ids))
 	if len(stops) == 0 {
 		return s
 	}
 	from := 0
 	if prompt > 0 {
-		if p := model.ValidUTF8(d.Decode(ids[:min(prompt, len(ids))])); strings.HasPrefix(s, p) {
+		if p := tokenizer.ValidUTF8(d.Decode(ids[:min(prompt, len(ids))])); strings.HasPrefix(s, p) {
 			from = len(p)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"gollm/bridge/triton"
 	"gollm/model"
+	"gollm/tokenizer"
 )
 
 // Tokenizer-only models. TensorRT-LLM serves text through three Triton models — a
@@ -63,7 +64,7 @@ func loadTokenizerModel(cfg *modelConfig, version uint64, log *zap.Logger) (*tok
 	if dir == "" {
 		dir = cfg.ModelPath
 	}
-	tok, err := model.LoadTokenizer(filepath.Join(dir, "tokenizer.json"))
+	tok, err := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
 	if err != nil {
 		return nil, fmt.Errorf("gollm_role %q reads the tokenizer of %s (tokenizer_dir, else gpt_model_path): %w", cfg.Role, dir, err)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"gollm/model"
+	"gollm/tokenizer"
 )
 
 func TestTokenizerIsGPT2s(t *testing.T) {
@@ -48,7 +49,7 @@ func TestTokenizerIsGPT2s(t *testing.T) {
 	if err := WriteGPT2Tokenizer(path); err != nil {
 		t.Fatal(err)
 	}
-	tk, err := model.LoadTokenizer(path)
+	tk, err := tokenizer.Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +126,7 @@ func TestWriteGPT2Checkpoint(t *testing.T) {
 			checkSpread("h.1.mlp.c_fc.weight", m.Layers[1][model.RoleUp], 0, 0.3)
 			checkSpread("h.0.ln_1.weight", m.Layers[0][model.RoleAttnNorm], 1, 0.1)
 			checkSpread("ln_f.bias", m.Model[model.RoleFinalNormBias], 0, 0.1)
-			if _, err := model.LoadTokenizer(filepath.Join(dir, "tokenizer.json")); err != nil {
+			if _, err := tokenizer.Load(filepath.Join(dir, "tokenizer.json")); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := os.Stat(filepath.Join(dir, "tokenizer_config.json")); err != nil {

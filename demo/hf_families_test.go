@@ -2,13 +2,12 @@ package demo
 
 import (
 	"encoding/json"
+	"gollm/tokenizer"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
-
-	"gollm/model"
 )
 
 // familyTexts are strings for the LLaMA-family pipelines' corners, beside handWritten's.
@@ -45,7 +44,7 @@ func TestTokenizerFamiliesMatchHuggingFace(t *testing.T) {
 			if !ok || len(want.Plain) != len(texts) || len(want.DecodeKeep) != len(want.DecodeLists) {
 				t.Fatalf("python gave no or short results for %s", family)
 			}
-			tk, err := model.LoadTokenizer(filepath.Join(dir, family, "tokenizer.json"))
+			tk, err := tokenizer.Load(filepath.Join(dir, family, "tokenizer.json"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -70,7 +69,7 @@ type hfResult struct {
 // compareWithHF checks gollm's tokenizer against the library's results on texts:
 // encoding with and without the prompt's special tokens, decoding with and without
 // them, and streamed decoding. It reports the first dozen differences and their count.
-func compareWithHF(t *testing.T, tk *model.Tokenizer, texts []string, want hfResult) {
+func compareWithHF(t *testing.T, tk *tokenizer.Tokenizer, texts []string, want hfResult) {
 	t.Helper()
 	bad := 0
 	report := func(format string, args ...any) {

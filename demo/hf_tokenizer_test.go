@@ -2,6 +2,7 @@ package demo
 
 import (
 	"encoding/json"
+	"gollm/tokenizer"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -10,8 +11,6 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
-
-	"gollm/model"
 )
 
 // hfEncode is run by python3: it encodes each string of a JSON list with Hugging Face's
@@ -144,7 +143,7 @@ func TestTokenizerMatchesHuggingFace(t *testing.T) {
 	if err := WriteGPT2Tokenizer(tokPath); err != nil {
 		t.Fatal(err)
 	}
-	tk, err := model.LoadTokenizer(tokPath)
+	tk, err := tokenizer.Load(tokPath)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"gollm/model"
+	"gollm/tokenizer"
 )
 
 // The LLaMA-shaped demo: a random-weight LlamaForCausalLM with grouped-query attention
@@ -167,7 +168,7 @@ func WriteLlamaCheckpoint(dir string, o LlamaOptions) error {
 	if err := WriteLlamaTokenizer(o.Root, dir); err != nil {
 		return fmt.Errorf("write llama demo checkpoint: %w", err)
 	}
-	tk, err := model.LoadTokenizer(filepath.Join(dir, "tokenizer.json"))
+	tk, err := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
 	if err != nil {
 		return fmt.Errorf("write llama demo checkpoint: %w", err)
 	}

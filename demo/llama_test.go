@@ -10,6 +10,7 @@ import (
 
 	"gollm/model"
 	"gollm/openai"
+	"gollm/tokenizer"
 )
 
 func TestWriteLlamaCheckpoint(t *testing.T) {
@@ -41,7 +42,7 @@ func TestWriteLlamaCheckpoint(t *testing.T) {
 	}
 
 	t.Run("the tokenizer is the real one, with BOS on prompts", func(t *testing.T) {
-		tk, err := model.LoadTokenizer(filepath.Join(dir, "tokenizer.json"))
+		tk, err := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
 		if err != nil {
 			t.Fatal(err)
 		}

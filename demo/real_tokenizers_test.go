@@ -2,12 +2,11 @@ package demo
 
 import (
 	"encoding/json"
+	"gollm/tokenizer"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-
-	"gollm/model"
 )
 
 // realTexts are strings for the corners of the two real vocabularies, beside
@@ -58,7 +57,7 @@ func TestRealTokenizersMatchHuggingFace(t *testing.T) {
 			if !ok || len(want.Plain) != len(texts) || len(want.DecodeKeep) != len(want.DecodeLists) {
 				t.Fatalf("python gave no or short results for %s", tc.name)
 			}
-			tk, err := model.LoadTokenizer(filepath.Join(dir, tc.name, "tokenizer.json"))
+			tk, err := tokenizer.Load(filepath.Join(dir, tc.name, "tokenizer.json"))
 			if err != nil {
 				t.Fatal(err)
 			}

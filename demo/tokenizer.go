@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"gollm/tokenizer"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -15,8 +16,6 @@ import (
 	"sync"
 
 	"github.com/pkoukk/tiktoken-go-loader/assets"
-
-	"gollm/model"
 )
 
 // endOfText is GPT-2's only special token; its id follows the 50256 BPE tokens.
@@ -132,7 +131,7 @@ func buildGPT2TokenizerJSON() ([]byte, error) {
 	b.WriteString("    \"vocab\": {\n")
 	for id, tok := range tokens {
 		b.WriteString("      ")
-		str(model.ByteLevelString(tok))
+		str(tokenizer.ByteLevelString(tok))
 		fmt.Fprintf(&b, ": %d,\n", id)
 	}
 	b.WriteString("      ")
@@ -140,7 +139,7 @@ func buildGPT2TokenizerJSON() ([]byte, error) {
 	fmt.Fprintf(&b, ": %d\n    },\n    \"merges\": [\n", eotID)
 	for i, m := range merges {
 		b.WriteString("      ")
-		str(model.ByteLevelString(m[0]) + " " + model.ByteLevelString(m[1]))
+		str(tokenizer.ByteLevelString(m[0]) + " " + tokenizer.ByteLevelString(m[1]))
 		if i+1 < len(merges) {
 			b.WriteByte(',')
 		}

@@ -17,6 +17,7 @@ import (
 
 	"gollm/kserve"
 	"gollm/model"
+	"gollm/tokenizer"
 )
 
 // modelTTL is how long a model's description is used before Triton is asked again (a
@@ -39,7 +40,7 @@ type modelInfo struct {
 	chatErr error
 	// tok is the checkpoint's tokenizer (token texts for logprobs, prompt lengths);
 	// nil with tokErr saying why.
-	tok *model.Tokenizer
+	tok *tokenizer.Tokenizer
 	// tokErr is why there is no tokenizer.
 	tokErr error
 	// vocab is the model's vocabulary size (config.json), 0 when unknown.
@@ -65,7 +66,7 @@ type checkpointFiles struct {
 	// chatErr is why there is no chat template.
 	chatErr error
 	// tok is the tokenizer, nil when it is unreadable.
-	tok *model.Tokenizer
+	tok *tokenizer.Tokenizer
 	// tokErr is why there is no tokenizer.
 	tokErr error
 	// vocab and maxSeqLen are from config.json (0 when unknown).
@@ -224,7 +225,7 @@ func (r *registry) checkpointFiles(dir string) *checkpointFiles {
 	if f.chatErr != nil && !errors.Is(f.chatErr, ErrNoChatTemplate) {
 		r.log.Warn("chat template unreadable", zap.String("checkpoint", dir), zap.Error(f.chatErr))
 	}
-	f.tok, f.tokErr = model.LoadTokenizer(filepath.Join(dir, "tokenizer.json"))
+	f.tok, f.tokErr = tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
 	if f.tokErr != nil {
 		r.log.Warn("tokenizer unreadable: no logprobs for this model", zap.String("checkpoint", dir), zap.Error(f.tokErr))
 	}

@@ -23,6 +23,7 @@ import (
 	"gollm/kserve"
 	"gollm/model"
 	"gollm/tests/harness"
+	"gollm/tokenizer"
 )
 
 // Response parameters Triton uses for decoupled models.
@@ -237,7 +238,7 @@ type checkpointInfo struct {
 	// cfg is its config.
 	cfg model.Config
 	// tok is its tokenizer.
-	tok *model.Tokenizer
+	tok *tokenizer.Tokenizer
 }
 
 var demo struct {
@@ -261,7 +262,7 @@ func demoCheckpoint(t testing.TB) checkpointInfo {
 			return
 		}
 		defer ck.Close()
-		tok, err := model.LoadTokenizer(filepath.Join(dir, "tokenizer.json"))
+		tok, err := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
 		if err != nil {
 			demo.err = err
 			return

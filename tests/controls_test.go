@@ -19,7 +19,7 @@ import (
 
 	"gollm/engine"
 	"gollm/kserve"
-	"gollm/model"
+	"gollm/tokenizer"
 )
 
 // refTokens runs the CPU engine on the checkpoint: the prompt, then n steps, step k
@@ -120,7 +120,7 @@ func wordList(name string, words ...[]int32) tensor {
 
 // roundTrip finds the first greedy token, at k ≥ from, whose text tokenizes back to it
 // alone and that greedy has not generated before k; it returns k and the text.
-func roundTrip(t *testing.T, tok *model.Tokenizer, gen []int32, from int) (int, string) {
+func roundTrip(t *testing.T, tok *tokenizer.Tokenizer, gen []int32, from int) (int, string) {
 	t.Helper()
 	for k := from; k < len(gen); k++ {
 		w := tok.Decode(gen[k : k+1])
@@ -170,7 +170,7 @@ func TestBadWordsThroughTriton(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if wantText := model.ValidUTF8(ck.tok.Decode(want)); *g.TextOutput != wantText {
+		if wantText := tokenizer.ValidUTF8(ck.tok.Decode(want)); *g.TextOutput != wantText {
 			t.Errorf("generate: text_output %q, want %q (bad word %q; greedy %q)", *g.TextOutput, wantText, word, ck.tok.Decode(gen))
 		}
 	})
@@ -253,7 +253,7 @@ func TestEmbeddingBiasWordsThroughTriton(t *testing.T) {
 				txt += ss[0]
 			}
 		}
-		if want := model.ValidUTF8(ck.tok.Decode(toks)); txt != want {
+		if want := tokenizer.ValidUTF8(ck.tok.Decode(toks)); txt != want {
 			t.Errorf("%s: text_output %q, the tokens' text %q", name, txt, want)
 		}
 		return toks

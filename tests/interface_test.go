@@ -18,7 +18,7 @@ import (
 
 	"gollm/engine"
 	"gollm/kserve"
-	"gollm/model"
+	"gollm/tokenizer"
 )
 
 // outputFP32 decodes an FP32 output of a response.
@@ -264,7 +264,7 @@ func TestTopPDecayThroughTriton(t *testing.T) {
 // splitStop finds, in the greedy continuation of prompt, a string that spans two
 // generated tokens (the end of token k and the start of token k+1, both plain ASCII
 // pieces) and returns it with k.
-func splitStop(t *testing.T, tok *model.Tokenizer, gen []int32) (string, int) {
+func splitStop(t *testing.T, tok *tokenizer.Tokenizer, gen []int32) (string, int) {
 	t.Helper()
 	for k := 1; k+1 < len(gen); k++ {
 		a, b := tok.Decode(gen[k:k+1]), tok.Decode(gen[k+1:k+2])
@@ -296,7 +296,7 @@ func TestStopStringSplitAcrossTokensThroughTriton(t *testing.T) {
 	gen := greedyTokens(t, ck.dir, prompt, n)
 	stop, k := splitStop(t, ck.tok, gen)
 	// The text stops before the stop string; generation stops at the token completing it.
-	wantText := model.ValidUTF8(ck.tok.Decode(gen[:k+2]))
+	wantText := tokenizer.ValidUTF8(ck.tok.Decode(gen[:k+2]))
 	wantText = wantText[:strings.Index(wantText, stop)]
 	for _, streaming := range []bool{false, true} {
 		t.Run(fmt.Sprintf("streaming %v", streaming), func(t *testing.T) {
@@ -379,7 +379,7 @@ func TestTensorRTLLMClientInputsThroughTriton(t *testing.T) {
 		}
 		r := lastWithOutputsOrText(t, collect(t, ctx, c, req))
 		ss, shape, _ := outputStrings(r, "text_output")
-		if len(ss) != 1 || !slices.Equal(shape, []int64{1}) || ss[0] != model.ValidUTF8(ck.tok.Decode(gen)) {
+		if len(ss) != 1 || !slices.Equal(shape, []int64{1}) || ss[0] != tokenizer.ValidUTF8(ck.tok.Decode(gen)) {
 			t.Errorf("text_output %q of shape %v, want [%q] of shape [1]", ss, shape, ck.tok.Decode(gen))
 		}
 		if bi, _, ok, _ := outputInt32(r, "batch_index"); !ok || bi[0] != 0 {

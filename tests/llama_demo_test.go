@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"gollm/model"
 	"gollm/tests/harness"
+	"gollm/tokenizer"
 )
 
 // llamaDemo is the LLaMA demo's checkpoint folder, from the repository root.
@@ -44,7 +44,7 @@ func TestLlamaDemoServesTheRealTokenizer(t *testing.T) {
 		t.Fatalf("the llama demo checkpoint is missing (`make demo` writes it): %v", err)
 	}
 	checkShippedLikeGPT2(t, root, "llama")
-	tok, err := model.LoadTokenizer(filepath.Join(dir, "tokenizer.json"))
+	tok, err := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

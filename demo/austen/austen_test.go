@@ -12,6 +12,7 @@ import (
 	"gollm/engine"
 	"gollm/engine/cpu"
 	"gollm/model"
+	"gollm/tokenizer"
 )
 
 // dir is the shipped demo checkpoint.
@@ -26,7 +27,7 @@ func TestHeldOutPerplexity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := model.LoadTokenizer(dir + "/tokenizer.json")
+	tok, err := tokenizer.Load(dir + "/tokenizer.json")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package model
+package tokenizer
 
 import (
 	"encoding/json"
@@ -54,10 +54,10 @@ type Tokenizer struct {
 // pieces cached under any input.
 const cacheLimit = 1 << 16
 
-// LoadTokenizer reads a tokenizer.json, and the tokenizer_config.json beside it when
+// Load reads a tokenizer.json, and the tokenizer_config.json beside it when
 // there is one (add_bos_token and add_eos_token decide what a prompt starts and ends
 // with, as transformers' Llama tokenizers do).
-func LoadTokenizer(path string) (*Tokenizer, error) {
+func Load(path string) (*Tokenizer, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("load tokenizer: %w", err)

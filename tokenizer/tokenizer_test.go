@@ -1,4 +1,4 @@
-package model
+package tokenizer
 
 import (
 	"encoding/json"
@@ -239,7 +239,7 @@ func TestMalformedTokenizers(t *testing.T) {
 	}
 	t.Run("a missing file is named", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "tokenizer.json")
-		if _, err := LoadTokenizer(path); err == nil || !strings.Contains(err.Error(), path) {
+		if _, err := Load(path); err == nil || !strings.Contains(err.Error(), path) {
 			t.Fatalf("err = %v", err)
 		}
 	})
@@ -248,7 +248,7 @@ func TestMalformedTokenizers(t *testing.T) {
 		if err := os.WriteFile(path, []byte("[]"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := LoadTokenizer(path); err == nil || !strings.Contains(err.Error(), path) {
+		if _, err := Load(path); err == nil || !strings.Contains(err.Error(), path) {
 			t.Fatalf("err = %v", err)
 		}
 	})
@@ -291,7 +291,7 @@ func TestTokenizerConfigAffixes(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		tk, err := LoadTokenizer(filepath.Join(dir, "tokenizer.json"))
+		tk, err := Load(filepath.Join(dir, "tokenizer.json"))
 		return tk, cfgPath, err
 	}
 	const bos, eos = 1, 2
