@@ -205,24 +205,3 @@ func TestBuiltLibraryDescribesDevicesOrFailsCleanly(t *testing.T) {
 		t.Errorf("Device(0) = %+v", d)
 	}
 }
-
-// TestTuningFromEnv checks that each debugging switch reaches its field, and that values
-// other than a leading 0 leave the path on.
-func TestTuningFromEnv(t *testing.T) {
-	for _, name := range []string{"GOLLM_CUDA_PDL", "GOLLM_CUDA_BULK", "GOLLM_CUDA_FUSED",
-		"GOLLM_CUDA_GROUPED", "GOLLM_CUDA_STREAM", "GOLLM_CUDA_TILED", "GOLLM_CUDA_GEMV_ROWS"} {
-		t.Setenv(name, "")
-	}
-	if got := TuningFromEnv(); got != (Tuning{}) {
-		t.Fatalf("no switches set: got %+v, want the zero Tuning", got)
-	}
-	t.Setenv("GOLLM_CUDA_GROUPED", "0")
-	t.Setenv("GOLLM_CUDA_STREAM", "0")
-	t.Setenv("GOLLM_CUDA_TILED", "0")
-	t.Setenv("GOLLM_CUDA_PDL", "1")
-	t.Setenv("GOLLM_CUDA_GEMV_ROWS", "0")
-	want := Tuning{NoGrouped: true, NoStream: true, NoTiled: true, GemvRows: -1}
-	if got := TuningFromEnv(); got != want {
-		t.Fatalf("got %+v, want %+v", got, want)
-	}
-}
