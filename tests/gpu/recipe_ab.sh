@@ -4,6 +4,7 @@
 # (tests/gpu/recipe_carry.sh):
 #   bash tests/gpu/recipe_ab.sh CARRY OUTDIR check   # both libraries built, then check.py
 #   bash tests/gpu/recipe_ab.sh CARRY OUTDIR bench   # the two libraries alternating
+#   bash tests/gpu/recipe_ab.sh CARRY OUTDIR gotest  # bridge/cuda's GPU tests, new library
 # Both stages build what is missing first: libgollm_cuda.so of this tree (new) and of the
 # base's cuda/ (base), for sm_90, one nvcc a source file on every core at once (CMake needs
 # Go, which the GPU machine lacks; the flags are CMake's), into build/recipe-ab/, which
@@ -11,6 +12,9 @@
 #   check  check.py in fp16 and bf16 on every model with the new library (and its Go
 #          binaries): its table, PASS/FAIL, OUTDIR/check.json. CHECK_ONLY / CHECK_DTYPES
 #          pass --only / --dtypes.
+#   gotest the bridge's TestGPU* tests (beams, the overlap schedule's fed tokens, prompt
+#          graphs, two models in one process; the tensor-parallel ones skip on one GPU)
+#          against the new library, OUTDIR/gotest.log.
 #   bench  gpubench, base and new alternating (ROUNDS rounds, default 2, the order
 #          reversed every other round), -reps 3: GPT-2 124M, TinyLlama-1.1B and Llama-2-7B
 #          shapes at decode b1 i128 o128 (ms/token) and b64 i128 o128 (tokens/s), GPT-350M
@@ -68,6 +72,16 @@ if [ "$what" = check ]; then
   rc=${PIPESTATUS[0]}
   wait "$baseb"
   [ "$rc" = 0 ] && echo "PASS check.py" || echo "FAIL check.py ($rc)"
+  exit "$rc"
+fi
+
+if [ "$what" = gotest ]; then
+  (cd "$root/bridge/cuda" && GOLLM_CUDA_LIB="$b/lib/libgollm_cuda_new.so" timeout 400 "$b/bin/new/cudatest" \
+    -test.run GPU -test.v -test.count=1 > "$out/gotest.log" 2>&1)
+  rc=$?
+  grep -E '^(--- |ok|FAIL|PASS)' "$out/gotest.log" | tail -40
+  wait "$baseb"
+  [ "$rc" = 0 ] && echo "PASS GPU Go tests" || echo "FAIL GPU Go tests ($rc)"
   exit "$rc"
 fi
 

@@ -2,7 +2,8 @@
 # Prepares OUT (default .carry/recipe, ignored by git) for tests/gpu/recipe_ab.sh, here on
 # the build machine (no GPU or nvcc needed; a minute or two): the Go binaries
 # gollm-gpucheck and gpubench of this tree (new/) and of the base (base/) — each speaks its
-# own library's ABI, so the two libraries cannot share them —, the base's cuda/ sources
+# own library's ABI, so the two libraries cannot share them —, this tree's bridge/cuda test
+# binary (new/cudatest, for the GPU Go tests), the base's cuda/ sources
 # (base/cuda/, built into its library on the GPU machine), and the commits, packed into
 # OUT/bins.tar.xz.
 #   bash tests/gpu/recipe_carry.sh [BASE] [OUT]
@@ -28,6 +29,7 @@ bins() {
 }
 bins new "$root"
 bins base "$bdir"
+go test -c -trimpath -o "$stage/new/cudatest" ./bridge/cuda
 cp -r "$bdir/cuda" "$stage/base/cuda"
 {
   echo "new $(git rev-parse --short HEAD)$(git status --porcelain -- cuda bridge model engine | grep -q . && echo ' (dirty)')"
