@@ -247,8 +247,16 @@ func TestPendingFamiliesReadTheFixtures(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(g.EOSIDs) == 0 {
-				t.Errorf("generation_config.json gives no end tokens")
+			// The sampling defaults as the published checkpoints' generation_config.json
+			// have them (Qwen3's and Gemma 3's; none for the others).
+			wantGen := map[string]Generation{
+				"qwen3-tiny":    {Sample: true, Temperature: 0.6, TopK: 20, TopP: 0.95},
+				"qwen3moe-tiny": {Sample: true, Temperature: 0.6, TopK: 20, TopP: 0.95},
+				"gemma3-tiny":   {Sample: true, TopK: 64, TopP: 0.95},
+			}[fx.name]
+			wantGen.EOSIDs = c.EOSIDs
+			if !reflect.DeepEqual(g, wantGen) {
+				t.Errorf("generation_config.json reads as %+v, want %+v", g, wantGen)
 			}
 			checkGolden(t, fx.name, c.VocabSize)
 		})
