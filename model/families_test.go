@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -619,4 +621,45 @@ func TestPendingFamiliesReadPublishedConfigs(t *testing.T) {
 			tc.check(t, c, x)
 		})
 	}
+}
+
+// FuzzParsePending mutates the new families' fixture configs and parses them: never a
+// panic, an allocation beyond what the bytes justify, or an accepted config whose
+// features disagree with its layer count; every refusal names a field.
+func FuzzParsePending(f *testing.F) {
+	for _, fx := range pendingFixtures {
+		raw, err := os.ReadFile(filepath.Join("../testdata", fx.name, "config.json"))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(raw)
+	}
+	for _, bomb := range []string{`{"model_type": "gemma2", "num_hidden_layers": 100000000000}`,
+		`{"model_type": "qwen3_moe", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1000000000000, "num_attention_heads": 1}`,
+		`{"model_type": "gemma3", "text_config": {"num_hidden_layers": 4000000000, "sliding_window_pattern": 1}}`,
+		`{"model_type": "mixtral", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 1, "num_local_experts": 1000000000}`,
+		`{"model_type": "phi3", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 1, "rope_scaling": {"type": "longrope", "short_factor": [1e308, 1e308], "long_factor": [1, 1]}}`} {
+		f.Add([]byte(bomb))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		c, x, _, err := parsePending(raw)
+		runtime.ReadMemStats(&after)
+		if grown := after.TotalAlloc - before.TotalAlloc; grown > 64<<20+uint64(len(raw))*64 {
+			t.Fatalf("parsing %d bytes allocated %d bytes", len(raw), grown)
+		}
+		if err != nil {
+			if !strings.Contains(err.Error(), "field ") && !strings.Contains(err.Error(), "invalid JSON") {
+				t.Fatalf("error %q names no field", err)
+			}
+			return
+		}
+		if x.Sliding != nil && len(x.Sliding) != c.Layers || x.MoE != nil && len(x.MoE.Sparse) != c.Layers {
+			t.Fatalf("features of %d layers for %d layers", len(x.Sliding), c.Layers)
+		}
+		if l := x.LongRope; l != nil && (len(l.Short) != c.Rope.Dim/2 || len(l.Long) != c.Rope.Dim/2) {
+			t.Fatalf("longrope factors %d/%d for %d rotated pairs", len(l.Short), len(l.Long), c.Rope.Dim/2)
+		}
+	})
 }

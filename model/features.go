@@ -332,6 +332,11 @@ func readDecoder(p *configParser, c *Config, d decoderDefaults) {
 	if p.err != nil {
 		return
 	}
+	// The parsers size per-layer marks by the layer count: bound it first.
+	if c.Layers > maxLayers {
+		p.fail("num_hidden_layers", fmt.Errorf("%d is outside [1, %d]", c.Layers, maxLayers))
+		return
+	}
 	switch {
 	case p.has("head_dim"):
 		c.HeadDim = p.positive("head_dim", 0)
