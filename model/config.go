@@ -163,6 +163,9 @@ type Config struct {
 	GatedMLP bool
 	// Act is the MLP nonlinearity.
 	Act Activation
+	// MoE, when set, makes the MLPs of the layers it marks a mixture of experts, each
+	// expert a gated MLP with Act (moe.go); nil: every MLP is dense.
+	MoE *MoE
 	// TiedHead says the LM head is the token embedding.
 	TiedHead bool
 	// SlidingWindow, when positive, limits attention to the last SlidingWindow positions

@@ -41,7 +41,7 @@ type partName struct {
 }
 
 // families are the supported architectures.
-var families = []*family{gpt2Family, llamaFamily, phi3Family}
+var families = []*family{gpt2Family, llamaFamily, phi3Family, mixtralFamily, qwen2MoEFamily}
 
 // Limits bound config.json's sizes before anything proportional to them is allocated:
 // far beyond any released model, and far below what would let a corrupt config ask for
@@ -188,7 +188,7 @@ func (c *Config) check(names map[string]string) error {
 	if c.SlidingWindow < 0 {
 		return fmt.Errorf("field sliding_window: %d is negative", c.SlidingWindow)
 	}
-	return nil
+	return c.checkMoE(field)
 }
 
 // configParser reads typed fields from config.json, keeping the first error, which names

@@ -7,8 +7,8 @@ import (
 	"slices"
 )
 
-// The families of issue 37 (Qwen3, Gemma 2 and 3, Phi-3 and Phi-4, Mixtral, Qwen2-MoE,
-// Qwen3-MoE) read their config.json into a Config and the Features below: what they add
+// The families of issue 37 (Qwen3, Gemma 2 and 3, Phi-3 and Phi-4, Qwen3-MoE) read their
+// config.json into a Config and the Features below: what they add
 // to the LLaMA descriptor, each a layer stage of the per-layer recipe to come. Until the
 // engines run those stages the loaders stay out of families (a checkpoint of theirs is
 // refused as an unsupported model_type); parsePending reads them for the tests and for
@@ -45,8 +45,6 @@ type Features struct {
 	LocalRope *Rope
 	// LongRope, when set, replaces Config.Rope's frequency scaling (Phi-3's longrope).
 	LongRope *LongRope
-	// MoE, when set, makes the MLPs of the layers it marks a mixture of experts.
-	MoE *MoE
 }
 
 // LongRope is Phi-3's rotary scaling: frequency i is divided by a per-pair factor, the
@@ -79,31 +77,6 @@ func (l *LongRope) InvFreq(theta float64, dim, seqLen int) []float32 {
 	return inv
 }
 
-// MoE describes the sparse MLPs: a router scores Experts experts per token (softmax over
-// all of them, in float32), the TopK best run, each weighted by its probability —
-// renormalised over the TopK when NormTopK — and their sum, plus the shared expert's
-// output where there is one, is the MLP's output.
-type MoE struct {
-	// Experts is the number of experts, TopK how many each token goes to.
-	Experts, TopK int
-	// Inner is one expert's inner width (its gate's and up-projection's each).
-	Inner int
-	// NormTopK renormalises the TopK probabilities to sum to 1 (Mixtral always; Qwen's
-	// norm_topk_prob).
-	NormTopK bool
-	// SharedInner, when positive, adds a shared expert of that inner width that every
-	// token goes through, scaled by sigmoid(shared_gate · x) (Qwen2-MoE).
-	SharedInner int
-	// Sparse marks the layers whose MLP is the mixture; the others keep the dense MLP of
-	// Config.Inner (Qwen's decoder_sparse_step and mlp_only_layers).
-	Sparse []bool
-}
-
-// Limits of the new fields, checked before anything is sized by them.
-const (
-	maxExperts = 1 << 12
-)
-
 // pendingFamily is a loader of issue 37, not yet in families: its config parser fills
 // Features beside the Config, and extraNames maps the new roles onto tensor names.
 type pendingFamily struct {
@@ -116,7 +89,7 @@ type pendingFamily struct {
 
 // pendingFamilies are the loaders waiting on the per-layer recipe.
 var pendingFamilies = []*pendingFamily{qwen3Family, gemma2Family, gemma3Family, gemma3VLFamily, phi3PendingFamily,
-	mixtralFamily, qwen2MoEFamily, qwen3MoEFamily}
+	qwen3MoEFamily}
 
 // parsePending reads config.json through the pending family its model_type names, with
 // the checks parseConfig makes and those of the features. Every error names the field.
@@ -178,20 +151,6 @@ func (x *Features) check(c *Config) error {
 	}
 	if r := x.LocalRope; r != nil && (!(r.Theta > 0) || math.IsInf(r.Theta, 0)) {
 		return fmt.Errorf("field rope_local_base_freq: must be positive, got %g", r.Theta)
-	}
-	if m := x.MoE; m != nil {
-		switch {
-		case m.Experts < 1 || m.Experts > maxExperts:
-			return fmt.Errorf("field num_experts: %d is outside [1, %d]", m.Experts, maxExperts)
-		case m.TopK < 1 || m.TopK > m.Experts:
-			return fmt.Errorf("field num_experts_per_tok: %d is outside [1, num_experts %d]", m.TopK, m.Experts)
-		case m.Inner < 1 || m.Inner > maxInner:
-			return fmt.Errorf("field moe_intermediate_size: %d is outside [1, %d]", m.Inner, maxInner)
-		case m.SharedInner < 0 || m.SharedInner > maxInner:
-			return fmt.Errorf("field shared_expert_intermediate_size: %d is outside [0, %d]", m.SharedInner, maxInner)
-		case len(m.Sparse) != c.Layers:
-			return fmt.Errorf("field num_hidden_layers: %d sparse-layer marks for %d layers", len(m.Sparse), c.Layers)
-		}
 	}
 	return nil
 }

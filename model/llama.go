@@ -52,20 +52,7 @@ func parseLlama(p *configParser, c *Config) {
 	case "qwen2":
 		// Qwen2's q, k and v projections always carry biases; o_proj and the MLP never.
 		c.QKVBias = true
-		// Qwen2Config keeps the window only with use_sliding_window, and a null one is
-		// none; the layers it applies to are those from max_window_layers on, or the ones
-		// layer_types marks sliding_attention where the config lists them.
-		if p.boolean("use_sliding_window", false) {
-			if _, present := p.m["sliding_window"]; present {
-				c.SlidingWindow = p.nonNegative("sliding_window", 0)
-			} else {
-				c.SlidingWindow = 4096
-			}
-			c.WindowFromLayer = p.nonNegative("max_window_layers", 28)
-			if p.has("layer_types") && p.err == nil {
-				c.WindowFromLayer = slidingLayersFrom(p, c.Layers)
-			}
-		}
+		qwen2Window(p, c)
 	case "phi3":
 		// Phi3Config's window (none by default) applies to every layer.
 		c.SlidingWindow = p.nonNegative("sliding_window", 0)
@@ -96,6 +83,25 @@ func parseLlama(p *configParser, c *Config) {
 	c.Rope = parseRope(p, c.HeadDim, c.MaxPositions)
 	if c.SlidingWindow >= c.MaxPositions {
 		c.SlidingWindow = 0 // a window as long as the context changes nothing
+	}
+}
+
+// qwen2Window reads the window of Qwen2Config (and Qwen2-MoE's, Qwen3-MoE's): kept only
+// with use_sliding_window, a null one none; the layers it applies to are those from
+// max_window_layers on, or the ones layer_types marks sliding_attention where the config
+// lists them.
+func qwen2Window(p *configParser, c *Config) {
+	if !p.boolean("use_sliding_window", false) {
+		return
+	}
+	if _, present := p.m["sliding_window"]; present {
+		c.SlidingWindow = p.nonNegative("sliding_window", 0)
+	} else {
+		c.SlidingWindow = 4096
+	}
+	c.WindowFromLayer = p.nonNegative("max_window_layers", 28)
+	if p.has("layer_types") && p.err == nil {
+		c.WindowFromLayer = slidingLayersFrom(p, c.Layers)
 	}
 }
 

@@ -92,6 +92,15 @@ func partRows(c *Config, r Role, rows, n int) []int {
 		return []int{c.Heads * c.HeadDim, c.KVHeads * c.HeadDim, c.KVHeads * c.HeadDim}
 	case (r == RoleUp || r == RoleUpBias) && n == 2:
 		return []int{c.Inner, c.Inner}
+	case c.MoE != nil && (r == RoleExpertUp && n == 2*c.MoE.Experts || r == RoleExpertDown && n == c.MoE.Experts ||
+		r == RoleSharedUp && n == 2):
+		// Each expert's gate and up projections, or its down projection; the shared
+		// expert's gate and up.
+		split := make([]int, n)
+		for i := range split {
+			split[i] = rows / n
+		}
+		return split
 	}
 	return nil
 }
@@ -113,6 +122,9 @@ func (c *Checkpoint) Weights() ([]Weight, error) {
 	var out []Weight
 	add := func(r Role, l int) error {
 		rows, cols, present := cfg.Shape(r)
+		if l >= 0 {
+			rows, cols, present = cfg.LayerShape(r, l)
+		}
 		if !present {
 			return nil
 		}
@@ -184,6 +196,11 @@ func (c *Checkpoint) shapeWhy(r Role) string {
 			cfg.HeadDim, f("hidden"), cfg.Hidden)
 	case RoleUp, RoleUpBias, RoleDown, RoleDownBias:
 		return fmt.Sprintf("%s %d, %s %d", f("inner"), cfg.Inner, f("hidden"), cfg.Hidden)
+	case RoleRouter, RoleExpertUp, RoleExpertDown:
+		return fmt.Sprintf("%s %d, %s %d, %s %d", f("experts"), cfg.MoE.Experts, f("moe_inner"), cfg.MoE.Inner,
+			f("hidden"), cfg.Hidden)
+	case RoleSharedUp, RoleSharedDown, RoleSharedGate:
+		return fmt.Sprintf("shared_expert_intermediate_size %d, %s %d", cfg.MoE.SharedInner, f("hidden"), cfg.Hidden)
 	}
 	return fmt.Sprintf("%s %d", f("hidden"), cfg.Hidden)
 }
