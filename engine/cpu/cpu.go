@@ -3,7 +3,8 @@
 // model's recipe (model.Config.Recipe), one method a stage — LayerNorm or RMSNorm,
 // learned or rotary positions (over the whole head or a part of it), multi-head,
 // multi-query or grouped-query attention with a window per layer, a plain or gated MLP, a
-// tied or separate LM head — and knows no architecture beyond it.
+// tied or separate LM head, a mixture of experts (moe.go) — and knows no architecture
+// beyond it.
 package cpu
 
 import (
@@ -91,6 +92,8 @@ type scratch struct {
 	samplers []*engine.Sampler
 	// errs collects the sampling errors of one step, per sequence.
 	errs []error
+	// moe holds the mixture-of-experts stages' buffers.
+	moe moeScratch
 }
 
 // buf is a row-major matrix with per-row views, regrown only when too small.
@@ -189,6 +192,12 @@ func checkRecipe(r model.Recipe, cfg *model.Config) error {
 			return fmt.Errorf("layer %d: rotary dimensions %d must be even, at least 2 and at most head_dim %d", s.Layer, s.Rope.Dim, cfg.HeadDim)
 		case s.Kind == model.StageMLP && s.Gated != cfg.GatedMLP:
 			return fmt.Errorf("layer %d: a gated MLP %v where the weights' shapes say %v", s.Layer, s.Gated, cfg.GatedMLP)
+		case s.Kind == model.StageMLP && cfg.Sparse(s.Layer):
+			return fmt.Errorf("layer %d: a dense MLP where the weights are experts", s.Layer)
+		case s.Kind == model.StageMoE:
+			if err := checkMoEStage(s, cfg); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -409,6 +418,8 @@ func (e *Engine) stage(b *engine.Batch, st *model.Stage) {
 		matmul(s.tmp.rows, s.att.rows, l.out, cfg.AttnWidth(), cfg.Hidden, l.outB)
 	case model.StageMLP:
 		e.mlp(st)
+	case model.StageMoE:
+		e.moe(st)
 	case model.StageResidual:
 		addRows(s.h.rows, s.tmp.rows)
 	}

@@ -26,6 +26,8 @@ var fixtures = []struct {
 	{"qwen2-tiny", "qwen2-tiny-golden.safetensors"},
 	{"mistral-tiny", "mistral-tiny-golden.safetensors"},
 	{"phi3-tiny", "phi3-tiny-golden.safetensors"},
+	{"mixtral-tiny", "mixtral-tiny-golden.safetensors"},
+	{"qwen2moe-tiny", "qwen2moe-tiny-golden.safetensors"},
 }
 
 func TestLogitsAndGreedyTokensMatchTransformers(t *testing.T) {
@@ -95,11 +97,12 @@ type invarianceModel struct {
 // invarianceModels are the small random GPT-2 and every LLaMA-family fixture, whose
 // rotary positions, grouped KV heads, QKV biases and (Mistral's) sliding window — 8
 // positions, shorter than the prompts below — each decide which cached positions a
-// chunk or a batched row reads.
+// chunk or a batched row reads, and the mixtures of experts, whose rows are grouped by
+// expert with whichever rows share the step.
 func invarianceModels(t *testing.T) []invarianceModel {
 	t.Helper()
 	ms := []invarianceModel{{"gpt2 random", smallGPT2(1)}}
-	for _, dir := range []string{"llama-tiny", "llama3-tiny", "qwen2-tiny", "mistral-tiny"} {
+	for _, dir := range []string{"llama-tiny", "llama3-tiny", "qwen2-tiny", "mistral-tiny", "mixtral-tiny", "qwen2moe-tiny"} {
 		ms = append(ms, invarianceModel{dir, loadModel(t, "../../testdata/"+dir)})
 	}
 	return ms

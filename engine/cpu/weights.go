@@ -47,6 +47,8 @@ type layerW struct {
 	up, upB []float32
 	// down [hidden][inner] and downB [hidden]: the MLP's second projection.
 	down, downB []float32
+	// moe holds a sparse layer's experts (moe.go); zero in a dense layer.
+	moe moeW
 }
 
 // NewWeights checks m against its descriptor (every role present with the length its
@@ -70,6 +72,9 @@ func NewWeights(m *model.Float32) (*Weights, error) {
 			where = fmt.Sprintf("layer %d %s", l, r)
 		}
 		rows, cols, present := cfg.Shape(r)
+		if l >= 0 {
+			rows, cols, present = cfg.LayerShape(r, l)
+		}
 		switch {
 		case !present && v != nil:
 			return nil, fmt.Errorf("cpu: NewWeights: %s is set, but the architecture has none", where)
@@ -104,6 +109,12 @@ func NewWeights(m *model.Float32) (*Weights, error) {
 		set(&l.upB, model.RoleUpBias, i)
 		set(&l.down, model.RoleDown, i)
 		set(&l.downB, model.RoleDownBias, i)
+		set(&l.moe.router, model.RoleRouter, i)
+		set(&l.moe.up, model.RoleExpertUp, i)
+		set(&l.moe.down, model.RoleExpertDown, i)
+		set(&l.moe.sharedUp, model.RoleSharedUp, i)
+		set(&l.moe.sharedDown, model.RoleSharedDown, i)
+		set(&l.moe.sharedGate, model.RoleSharedGate, i)
 	}
 	if err != nil {
 		return nil, err
@@ -132,6 +143,10 @@ func checkConfig(c *model.Config) error {
 		return fmt.Errorf("norm epsilon %g must be positive and finite", c.NormEps)
 	case c.Positions == model.RotaryPositions && (c.Rope.Dim < 2 || c.Rope.Dim%2 != 0 || c.Rope.Dim > c.HeadDim):
 		return fmt.Errorf("rotary dimensions %d must be even, at least 2 and at most head_dim %d", c.Rope.Dim, c.HeadDim)
+	case c.MoE != nil && (c.MoE.Experts < 1 || c.MoE.TopK < 1 || c.MoE.TopK > c.MoE.Experts || c.MoE.Inner < 1 ||
+		c.MoE.SharedInner < 0 || len(c.MoE.Sparse) != c.Layers):
+		return fmt.Errorf("experts %d, top-k %d, inner %d, shared inner %d and %d sparse-layer marks for %d layers do not fit",
+			c.MoE.Experts, c.MoE.TopK, c.MoE.Inner, c.MoE.SharedInner, len(c.MoE.Sparse), c.Layers)
 	}
 	return nil
 }
