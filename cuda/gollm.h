@@ -2,8 +2,8 @@
  * models described by a gollm_model_config (their shapes) and a recipe (their forward pass
  * as an ordered list of gollm_stage, with the values each takes in its layer: LayerNorm or
  * RMSNorm, learned or rotary positions over a whole head or part of it, multi-head,
- * multi-query or grouped-query attention with a window per layer, a plain or gated MLP, a
- * tied or separate LM head).
+ * multi-query or grouped-query attention with a window per layer, a plain or gated MLP or
+ * a mixture of experts, a tied or separate LM head).
  *
  * Every function reports failure through a gollm_status {code, message} and returns the
  * code; none aborts or exits, and no C++ exception crosses it. Objects:
@@ -43,7 +43,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 8
+#define GOLLM_ABI_VERSION 9
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -97,6 +97,11 @@ typedef struct gollm_model_config {
   int32_t positions;         /* a gollm_positions (learned ones have POS_EMBED) */
   int32_t gated_mlp;         /* nonzero: UP holds the gate's rows, then the up-projection's */
   int32_t tied_head;         /* nonzero: the LM head is the token embedding */
+  /* Mixture of experts (ABI 9): the layers whose recipe has a MOE stage hold the expert
+   * roles instead of UP and DOWN; all zero without experts. */
+  int32_t experts;           /* experts of a sparse layer, at most 4096 */
+  int32_t moe_inner;         /* an expert's units (its gate's and up-projection's each) */
+  int32_t shared_inner;      /* the shared expert's units; 0: none */
 } gollm_model_config;
 
 /* gollm_stage_kind is what a stage of the recipe does (model.StageKind in Go, the same
@@ -113,12 +118,17 @@ enum gollm_stage_kind {
   GOLLM_STAGE_MLP = 7,       /* branch = DOWN·act(UP·x) (gated: act(gate) · up) + biases */
   GOLLM_STAGE_RESIDUAL = 8,  /* h += branch */
   GOLLM_STAGE_LM_HEAD = 9,   /* logits = x·LM_HEADᵀ of the rows whose logits are read */
+  GOLLM_STAGE_MOE = 10,      /* branch = Σ over x's top_k experts of p_e · expert_e(x), p the
+                                softmax of x·ROUTERᵀ in fp32 (renormalised over the top_k
+                                with norm_topk), expert_e = EXPERT_DOWN_e·(act(gate_e) · up_e)
+                                of EXPERT_UP_e·x; with shared, + sigmoid(SHARED_GATE·x) ·
+                                SHARED_DOWN·(act(gate) · up) of SHARED_UP·x (ABI 9) */
   GOLLM_STAGE_KINDS
 };
 
 /* gollm_stage is one stage of the recipe with its values; fields its kind does not read
  * are zero. The recipe is a pre-norm decoder: EMBED, then per layer NORM, QKV, [ROTARY],
- * KV_WRITE, ATTENTION, OUT, RESIDUAL, NORM, MLP, RESIDUAL, then NORM, LM_HEAD (the
+ * KV_WRITE, ATTENTION, OUT, RESIDUAL, NORM, MLP or MOE, RESIDUAL, then NORM, LM_HEAD (the
  * library refuses another order, naming the stage). */
 typedef struct gollm_stage {
   int32_t kind;       /* a gollm_stage_kind */
@@ -136,8 +146,12 @@ typedef struct gollm_stage {
   float scale;        /* ATTENTION: the query·key scale (1/√head_dim), applied to the
                          queries as they are written */
   float softcap;      /* ATTENTION: 0 (soft-capped logits are not implemented yet) */
-  int32_t activation; /* MLP: a gollm_activation */
-  int32_t gated;      /* MLP: nonzero, act(gate) · up; the config's gated_mlp */
+  int32_t activation; /* MLP, MOE: a gollm_activation */
+  int32_t gated;      /* MLP: nonzero, act(gate) · up; the config's gated_mlp. MOE: 1 */
+  int32_t experts;    /* MOE: the config's experts */
+  int32_t top_k;      /* MOE: experts a token goes to, 1 … experts */
+  int32_t norm_topk;  /* MOE: nonzero, the top_k probabilities renormalised to sum to 1 */
+  int32_t shared;     /* MOE: nonzero, the shared expert (the config's shared_inner > 0) */
 } gollm_stage;
 
 /* gollm_role is the part a weight plays (model.Role in Go, the same order). Matrices are
@@ -148,7 +162,12 @@ typedef struct gollm_stage {
  *   (the query rows, then the key rows, then the value rows) and QKV_BIAS;
  *   OUT [hidden][heads*head_dim] and OUT_BIAS [hidden]; MLP_NORM, MLP_NORM_BIAS [hidden];
  *   UP [inner or, gated, 2*inner][hidden] (the gate's rows first) and UP_BIAS;
- *   DOWN [hidden][inner] and DOWN_BIAS [hidden].
+ *   DOWN [hidden][inner] and DOWN_BIAS [hidden];
+ *   a sparse layer (a MOE stage) instead of UP, DOWN and their biases: ROUTER
+ *   [experts][hidden]; EXPERT_UP [experts·2·moe_inner][hidden] (expert by expert, its gate's
+ *   rows, then its up-projection's); EXPERT_DOWN [experts·hidden][moe_inner]; with a shared
+ *   expert SHARED_UP [2·shared_inner][hidden] (gate's rows first), SHARED_DOWN
+ *   [hidden][shared_inner], SHARED_GATE [1][hidden].
  * The *_NORM_BIAS roles exist under LayerNorm only; a bias role is absent when the model
  * has none (every bias of a role is given, or none). */
 enum gollm_role {
@@ -157,6 +176,8 @@ enum gollm_role {
   GOLLM_ROLE_ATTN_NORM, GOLLM_ROLE_ATTN_NORM_BIAS, GOLLM_ROLE_QKV, GOLLM_ROLE_QKV_BIAS,
   GOLLM_ROLE_OUT, GOLLM_ROLE_OUT_BIAS, GOLLM_ROLE_MLP_NORM, GOLLM_ROLE_MLP_NORM_BIAS,
   GOLLM_ROLE_UP, GOLLM_ROLE_UP_BIAS, GOLLM_ROLE_DOWN, GOLLM_ROLE_DOWN_BIAS,
+  GOLLM_ROLE_ROUTER, GOLLM_ROLE_EXPERT_UP, GOLLM_ROLE_EXPERT_DOWN, GOLLM_ROLE_SHARED_UP,
+  GOLLM_ROLE_SHARED_DOWN, GOLLM_ROLE_SHARED_GATE,
   GOLLM_ROLES
 };
 #define GOLLM_FIRST_LAYER_ROLE GOLLM_ROLE_ATTN_NORM

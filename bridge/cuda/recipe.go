@@ -54,6 +54,10 @@ func recipeOf(c *model.Config) (cRecipe, error) {
 			st.window, st.scale, st.softcap = C.int32_t(s.Window), C.float(s.Scale), C.float(s.SoftCap)
 		case model.StageMLP:
 			st.activation, st.gated = C.int32_t(s.Act), cbool(s.Gated)
+		case model.StageMoE:
+			st.activation, st.gated = C.int32_t(s.Act), cbool(s.Gated)
+			st.experts, st.top_k = C.int32_t(s.Experts), C.int32_t(s.TopK)
+			st.norm_topk, st.shared = cbool(s.NormTopK), cbool(s.SharedExpert)
 		}
 		r.stages = append(r.stages, st)
 	}
@@ -77,7 +81,7 @@ func cbool(v bool) C.int32_t {
 }
 
 // abiLayout reports the size of each ABI struct this package fills and the offset of
-// each field, by the names gollm.h gives them, for the test that pins them to ABI 8.
+// each field, by the names gollm.h gives them, for the test that pins them to ABI 9.
 func abiLayout() map[string]uintptr {
 	var st C.gollm_stage
 	var f C.gollm_faults
@@ -92,8 +96,10 @@ func abiLayout() map[string]uintptr {
 		"gollm_stage.rope_dim": unsafe.Offsetof(st.rope_dim), "gollm_stage.rope_freqs": unsafe.Offsetof(st.rope_freqs),
 		"gollm_stage.window": unsafe.Offsetof(st.window), "gollm_stage.scale": unsafe.Offsetof(st.scale),
 		"gollm_stage.softcap": unsafe.Offsetof(st.softcap), "gollm_stage.activation": unsafe.Offsetof(st.activation),
-		"gollm_stage.gated": unsafe.Offsetof(st.gated),
-		"gollm_faults":      unsafe.Sizeof(f), "gollm_faults.fail_step": unsafe.Offsetof(f.fail_step),
+		"gollm_stage.gated": unsafe.Offsetof(st.gated), "gollm_stage.experts": unsafe.Offsetof(st.experts),
+		"gollm_stage.top_k": unsafe.Offsetof(st.top_k), "gollm_stage.norm_topk": unsafe.Offsetof(st.norm_topk),
+		"gollm_stage.shared": unsafe.Offsetof(st.shared),
+		"gollm_faults":       unsafe.Sizeof(f), "gollm_faults.fail_step": unsafe.Offsetof(f.fail_step),
 		"gollm_faults.fail_mode": unsafe.Offsetof(f.fail_mode), "gollm_faults.fail_rank": unsafe.Offsetof(f.fail_rank),
 		"gollm_faults.fail_alloc": unsafe.Offsetof(f.fail_alloc),
 		"gollm_tuning":            unsafe.Sizeof(tn), "gollm_tuning.off": unsafe.Offsetof(tn.off),
@@ -101,8 +107,9 @@ func abiLayout() map[string]uintptr {
 		"gollm_tuning.tile_blocks": unsafe.Offsetof(tn.tile_blocks), "gollm_tuning.decode_parts": unsafe.Offsetof(tn.decode_parts),
 		"gollm_tuning.skip":  unsafe.Offsetof(tn.skip),
 		"gollm_model_config": unsafe.Sizeof(mc), "gollm_model_config.norm": unsafe.Offsetof(mc.norm),
-		"gollm_model_config.tied_head": unsafe.Offsetof(mc.tied_head),
-		"gollm_weights_params":         unsafe.Sizeof(wp), "gollm_weights_params.config": unsafe.Offsetof(wp.config),
+		"gollm_model_config.tied_head": unsafe.Offsetof(mc.tied_head), "gollm_model_config.experts": unsafe.Offsetof(mc.experts),
+		"gollm_model_config.shared_inner": unsafe.Offsetof(mc.shared_inner),
+		"gollm_weights_params":            unsafe.Sizeof(wp), "gollm_weights_params.config": unsafe.Offsetof(wp.config),
 		"gollm_weights_params.num_stages": unsafe.Offsetof(wp.num_stages), "gollm_weights_params.stages": unsafe.Offsetof(wp.stages),
 		"gollm_weights_params.num_rope_freqs": unsafe.Offsetof(wp.num_rope_freqs),
 		"gollm_weights_params.rope_freqs":     unsafe.Offsetof(wp.rope_freqs),
