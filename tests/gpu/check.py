@@ -10,8 +10,11 @@ It writes checkpoints with transformers — GPT-2: the 124M shape, an odd one (6
 80, 5 layers, vocabulary 1,000) and one whose MLP is 1,002 wide; the LLaMA family: the
 TinyLlama-1.1B shape, a Llama-3 shape with llama3 rope scaling and a 128,256 vocabulary, a
 Qwen2 shape (q/k/v biases, tied embeddings), a Mistral shape whose sliding window is
-shorter than most prompts, an odd one (hidden 640, 10 heads, 2 KV heads), and a Phi-3
-shape whose partial rotary factor rotates 96 of each head's 128 dimensions — whose
+shorter than most prompts, an odd one (hidden 640, 10 heads, 2 KV heads), a Phi-3
+shape whose partial rotary factor rotates 96 of each head's 128 dimensions; the mixtures of
+experts: Mixtral (8 experts, top 2), Qwen2-MoE (60 experts, top 4 unnormalised, a gated
+shared expert, q/k/v biases) and Qwen3-MoE (128 experts, top 8 renormalised, a dense first
+layer; run only when named in --only until gollm registers qwen3_moe) — whose
 weights are rounded to bfloat16 so that both engines read exactly the same numbers; makes 64 prompts of mixed lengths; runs
 gollm-gpucheck (each prompt alone, then all 64 as an in-flight batch, with and without
 CUDA graphs, and chunked prefill) in float16 and bfloat16; and runs transformers in
@@ -43,7 +46,7 @@ import time
 import torch
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig,
-                          Phi3Config, Qwen2Config)
+                          MixtralConfig, Phi3Config, Qwen2Config, Qwen2MoeConfig, Qwen3MoeConfig)
 
 TOL_LOGITS = 1e-2
 TOL_GAP = 1e-3
@@ -216,11 +219,40 @@ def main():
                                        rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=32000,
                                        pad_token_id=32000, tie_word_embeddings=False),
                             {"f32": torch.float32}),
+        # Mixtures of experts, two or three layers of the published shapes' widths. Their
+        # routing is a discrete choice: where a token's k-th and (k+1)-th experts are nearly
+        # tied, rounding may send it elsewhere — in transformers' own float16 run as in
+        # gollm's, so the yardstick (hf_relL2) carries those rows too.
+        "mixtral-2L-8x2": (MixtralConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2048,
+                                         num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                                         num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=4096,
+                                         rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=None,
+                                         bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
+                           {"f32": torch.float32}),
+        "qwen2moe-2L-60x4": (Qwen2MoeConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                                            moe_intermediate_size=704, shared_expert_intermediate_size=2816,
+                                            num_experts=60, num_experts_per_tok=4, norm_topk_prob=False,
+                                            decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=2,
+                                            num_attention_heads=16, num_key_value_heads=16,
+                                            max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                                            use_sliding_window=False, bos_token_id=1, eos_token_id=2,
+                                            tie_word_embeddings=False),
+                             {"f32": torch.float32}),
+        "qwen3moe-3L-128x8": (Qwen3MoeConfig(vocab_size=32000, hidden_size=1024, intermediate_size=3072,
+                                             moe_intermediate_size=384, num_experts=128, num_experts_per_tok=8,
+                                             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],
+                                             num_hidden_layers=3, num_attention_heads=16, num_key_value_heads=4,
+                                             head_dim=128, max_position_embeddings=8192, rms_norm_eps=1e-6,
+                                             rope_theta=1000000.0, use_sliding_window=False, bos_token_id=1,
+                                             eos_token_id=2, tie_word_embeddings=False),
+                              {"f32": torch.float32}),
     }
+    # Shapes gollm does not load yet: run only when --only names them.
+    pending = {"qwen3moe-3L-128x8"}
     runs = []  # (model, dtype, ckpt dir, sampling?)
     only = set(filter(None, args.only.split(",")))
     for mi, (name, (cfg, saves)) in enumerate(shapes.items()):
-        if only and name not in only:
+        if only and name not in only or not only and name in pending:
             continue
         dirs = make_checkpoint(os.path.join(args.work, name), cfg, 100 + mi, saves)
         if "f16" in dirs:
