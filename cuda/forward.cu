@@ -356,14 +356,15 @@ void mlp(Flow<T>& f, const Stage& s) {
 // MOE: the mixture of experts on x (moe.cuh), in passes of up to the engine's chunk of
 // rows. On one GPU's few-row paths each pass adds its sum to h (RESIDUAL then does
 // nothing); otherwise it goes to tmp, all-reduced under tensor parallelism, for RESIDUAL.
-// The few-row paths norm inside their gemv kernels, so the norm is written into xn here.
+// The few-row paths norm inside their gemv kernels and leave xn unwritten: the router's
+// kernel norms h itself and writes xn for the experts (an RMSNorm: every MoE family's).
 template <typename T>
 void moe(Flow<T>& f, const Stage& s) {
   gollm_engine* e = f.e;
   const gollm_model_config& c = e->w->cfg;
   const Stage& nm = *f.norm;
-  if (f.small())
-    norm_rows<T>(f.h, f.xn, nm.gamma, nm.beta, f.N, f.d.H, nm.s.eps, nm.s.norm == GOLLM_NORM_RMS, f.st);
+  const bool rms = nm.s.norm == GOLLM_NORM_RMS;
+  if (f.small() && !rms) norm_rows<T>(f.h, f.xn, nm.gamma, nm.beta, f.N, f.d.H, nm.s.eps, false, f.st);
   const bool into_h = f.small() && !f.tp;
   MoeBufs& m = e->moe;
   MoePass<T> p{};
@@ -377,6 +378,7 @@ void moe(Flow<T>& f, const Stage& s) {
   for (int r0 = 0; r0 < f.N; r0 += m.chunk) {
     p.n = std::min(m.chunk, f.N - r0);
     p.x = f.xn + (int64_t)r0 * f.d.H;
+    if (f.small() && rms) p.nm = MoeNorm{f.h + (int64_t)r0 * f.d.H, nm.gamma, nm.s.eps};
     p.out = (into_h ? f.h : f.tmp) + (int64_t)r0 * f.d.H;
     moe_pass<T>(p, f.st);
   }

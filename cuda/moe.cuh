@@ -21,29 +21,77 @@
 
 namespace gollm {
 
+// MoeNorm is the RMSNorm a router kernel applies to the residual stream itself, where the
+// step's few-row path left xn unwritten: x = h · rsqrt(mean(h²) + eps) · gamma in fp32, and
+// the blocks of the first logit columns write it into xn (T) for the experts.
+struct MoeNorm {
+  const float* h;      // [n][H] fp32, or null: x is xn as it is
+  const float* gamma;  // [H]
+  float eps;
+};
+
 // moe_router_kernel: logits[r][j] = x[r] · W[j] fp32 [n][E + G], for the n rows of x
-// [n][H] T and the E + G rows of W: the router's [E][H], then with a shared expert (G = 1)
-// its gate [H]. Grid (ceil((E + G) / 8), ceil(n / kMoeRows)), 256 threads: warp w the logit
-// column blockIdx.x · 8 + w of rows blockIdx.y · kMoeRows …, lanes along H in 16-byte
-// pieces (H % 8 == 0).
-template <typename T>
-__global__ void __launch_bounds__(256) moe_router_kernel(const T* __restrict__ x, const T* __restrict__ router,
+// [n][H] (xn in T, or the norm of h: MoeNorm) and the E + G rows of W: the router's [E][H],
+// then with a shared expert (G = 1) its gate [H]. Grid (ceil((E + G) / 8), ceil(n /
+// kMoeRows)), 256 threads: warp w the logit column blockIdx.x · 8 + w of rows blockIdx.y ·
+// kMoeRows …, lanes along H in 8-column pieces (H % 8 == 0).
+template <typename T, bool NORM>
+__global__ void __launch_bounds__(256) moe_router_kernel(T* __restrict__ x, MoeNorm nm, const T* __restrict__ router,
                                                          const T* __restrict__ gate, float* __restrict__ logits,
                                                          int n, int H, int E, int G) {
+  __shared__ float inv_rms[kMoeRows];
   griddep_launch();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int j = blockIdx.x * 8 + warp, r0 = blockIdx.y * kMoeRows;
-  if (j >= E + G) return;
   const T* w = j < E ? router + (int64_t)j * H : gate;
   griddep_wait();
+  if (NORM) {
+    // Warp w the mean square of row r0 + w (kMoeRows == 8 warps).
+    const int r = r0 + warp;
+    float ss = 0.f;
+    if (r < n)
+      for (int c = lane * 4; c < H; c += 128) {
+        const float4 v = *reinterpret_cast<const float4*>(nm.h + (int64_t)r * H + c);
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+    ss = warp_sum(ss);
+    if (lane == 0) inv_rms[warp] = rsqrtf(ss / H + nm.eps);
+    __syncthreads();
+  }
+  if (j >= E + G) return;
   float acc[kMoeRows];
 #pragma unroll
   for (int r = 0; r < kMoeRows; r++) acc[r] = 0.f;
   for (int c = lane * 8; c < H; c += 256) {
     const uint4 wv = *reinterpret_cast<const uint4*>(w + c);
+    float wf[8];
+    to_f32x8<T>(wv, wf);
+    float g[8];
+    if (NORM) {
+      const float4 g0 = *reinterpret_cast<const float4*>(nm.gamma + c), g1 = *reinterpret_cast<const float4*>(nm.gamma + c + 4);
+      g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w, g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
+    }
 #pragma unroll
-    for (int r = 0; r < kMoeRows; r++)
-      if (r0 + r < n) dot8<T>(wv, *reinterpret_cast<const uint4*>(x + (int64_t)(r0 + r) * H + c), acc[r]);
+    for (int r = 0; r < kMoeRows; r++) {
+      if (r0 + r >= n) continue;
+      float xf[8];
+      if (NORM) {
+        const float* hr = nm.h + (int64_t)(r0 + r) * H + c;
+        const float4 h0 = *reinterpret_cast<const float4*>(hr), h1 = *reinterpret_cast<const float4*>(hr + 4);
+        const float s = inv_rms[r];
+        xf[0] = h0.x * s * g[0], xf[1] = h0.y * s * g[1], xf[2] = h0.z * s * g[2], xf[3] = h0.w * s * g[3];
+        xf[4] = h1.x * s * g[4], xf[5] = h1.y * s * g[5], xf[6] = h1.z * s * g[6], xf[7] = h1.w * s * g[7];
+        if (blockIdx.x == 0 && warp == 0) {
+          T* xo = x + (int64_t)(r0 + r) * H + c;
+          store4<T>(xo, xf[0], xf[1], xf[2], xf[3]);
+          store4<T>(xo + 4, xf[4], xf[5], xf[6], xf[7]);
+        }
+      } else {
+        to_f32x8<T>(*reinterpret_cast<const uint4*>(x + (int64_t)(r0 + r) * H + c), xf);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; i++) acc[r] = fmaf(wf[i], xf[i], acc[r]);
+    }
   }
 #pragma unroll
   for (int r = 0; r < kMoeRows; r++) {
@@ -93,7 +141,8 @@ struct MoeRoute {
   int* ntiles;     // the tiles listed
 };
 
-// moe_route_kernel: one block of kMoeSortThreads threads over a pass's n rows (logits
+// moe_route_kernel: one block of kMoeSortThreads threads (256 for passes of few pairs) over
+// a pass's n rows (logits
 // [n][E + G] fp32). Warp w routes rows w, w + 32, …: the softmax of the row's E logits,
 // its K most probable experts (the lower index first among equals; lane l holds experts
 // l, l + 32, …), their probabilities renormalised to sum to 1 when norm; with a shared
@@ -113,7 +162,7 @@ __global__ void __launch_bounds__(kMoeSortThreads) moe_route_kernel(const float*
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   griddep_wait();
-  for (int r = warp; r < n; r += kMoeSortThreads / 32) {
+  for (int r = warp; r < n; r += blockDim.x / 32) {
     const float* lg = logits + (int64_t)r * (E + G);
     float m = -INFINITY;
     for (int e = lane; e < E; e += 32) m = fmaxf(m, lg[e]);
@@ -438,7 +487,8 @@ __global__ void __launch_bounds__(256) moe_combine_kernel(const float* __restric
 // buffers, where the output goes.
 template <typename T>
 struct MoePass {
-  const T* x;              // [n][H] the rows' normed inputs
+  T* x;                    // [n][H] the rows' normed inputs (written here with nm.h)
+  MoeNorm nm;              // the norm the router applies to h, where xn is not written
   const Stage* s;          // the MOE stage (weights resolved)
   int n, H, E, K, MI, SI;  // rows, hidden, experts, top-k, expert and shared units
   float* logits;           // [n][E + 1]
@@ -478,9 +528,16 @@ void moe_pass(const MoePass<T>& p, Stream st) {
   const Stage& s = *p.s;
   const int n = p.n, E = p.E, K = p.K, G = s.s.shared ? 1 : 0;
   const int R = p.mma ? kMoeTileRows : kMoeRows;
-  launch("moe_router_kernel", moe_router_kernel<T>, dim3(ceil_div(E + G, 8), ceil_div(n, kMoeRows)), 256, 0, st, p.x,
-         static_cast<const T*>(s.router), static_cast<const T*>(s.shared_gate), p.logits, n, p.H, E, G);
-  launch("moe_route_kernel", moe_route_kernel, 1, kMoeSortThreads, (size_t)3 * E * sizeof(int), st,
+  const dim3 rgrid(ceil_div(E + G, 8), ceil_div(n, kMoeRows));
+  if (p.nm.h)
+    launch("moe_router_kernel", moe_router_kernel<T, true>, rgrid, 256, 0, st, p.x, p.nm,
+           static_cast<const T*>(s.router), static_cast<const T*>(s.shared_gate), p.logits, n, p.H, E, G);
+  else
+    launch("moe_router_kernel", moe_router_kernel<T, false>, rgrid, 256, 0, st, p.x, p.nm,
+           static_cast<const T*>(s.router), static_cast<const T*>(s.shared_gate), p.logits, n, p.H, E, G);
+  // Decode's few pairs take a smaller block: fewer warps to meet at each barrier.
+  const int threads = n * K <= 256 && E <= 2048 ? 256 : kMoeSortThreads;
+  launch("moe_route_kernel", moe_route_kernel, 1, threads, (size_t)3 * E * sizeof(int), st,
          static_cast<const float*>(p.logits), n, E, G, K, (int)s.s.norm_topk, R, p.rt);
   const int tiles = moe_max_tiles(n * K, E, R);
   MoeProj up{s.w, (int64_t)2 * p.MI * p.H, p.x, p.rt.sorted, p.rt.tiles, p.rt.ntiles, p.act, p.H, p.MI,
