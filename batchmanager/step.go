@@ -1,6 +1,7 @@
 package batchmanager
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -229,6 +230,12 @@ func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engi
 	if !seq.Sample && !(r.hostSampled() && seq.ReturnLogits) {
 		return
 	}
+	if out.Err != nil {
+		// This sequence alone failed (every token masked: its settings leave no choice
+		// after this history); its request ends, the rest of the batch goes on.
+		r.failed = fmt.Errorf("%w: generated token %d: %w", seqFailure(out.Err), b.generated+1, out.Err)
+		return
+	}
 	tok, lp := out.Token, out.LogProb
 	if r.hostSampled() {
 		var err error
@@ -267,6 +274,15 @@ func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engi
 	}
 	m.decayTopP(r, b, tok)
 	m.checkStop(r, b)
+}
+
+// seqFailure is the sentinel a sequence's own failure ends its request with: an
+// invalid request where its settings leave no token to choose, else an engine error.
+func seqFailure(err error) error {
+	if errors.Is(err, engine.ErrAllMasked) {
+		return ErrInvalidRequest
+	}
+	return ErrEngine
 }
 
 // tokenTimes records the first and latest token times (perf metrics).
