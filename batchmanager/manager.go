@@ -164,7 +164,7 @@ type request struct {
 	phase phase
 	// promptLen is the prompt's length.
 	promptLen int
-	// maxNew is MaxNewTokens capped by the model's MaxSeqLen.
+	// maxNew is MaxNewTokens (CheckLengths: it fits the model's MaxSeqLen).
 	maxNew int
 	// worstBlocks is the most KV blocks the request can need (all its branches).
 	worstBlocks int
@@ -632,19 +632,13 @@ func (m *Manager) intake() {
 // newRequest validates an InferenceRequest against the model and the pool.
 func (m *Manager) newRequest(ir *InferenceRequest) (*request, error) {
 	n := len(ir.InputIDs)
-	if n == 0 {
-		return nil, errors.New("input_ids: the prompt is empty")
+	if err := CheckLengths(n, ir.MaxNewTokens, m.info.MaxSeqLen, "input_ids", "request_output_len"); err != nil {
+		return nil, err
 	}
 	for i, t := range ir.InputIDs {
 		if t < 0 || int(t) >= m.info.VocabSize {
 			return nil, fmt.Errorf("input_ids[%d] = %d is outside the vocabulary [0, %d)", i, t, m.info.VocabSize)
 		}
-	}
-	if ir.MaxNewTokens < 1 {
-		return nil, fmt.Errorf("request_output_len: must be at least 1, got %d", ir.MaxNewTokens)
-	}
-	if n >= m.info.MaxSeqLen {
-		return nil, fmt.Errorf("input_ids: a prompt of %d tokens leaves no room under the model's max sequence length %d", n, m.info.MaxSeqLen)
 	}
 	if !m.cfg.EnableChunkedContext && m.cfg.MaxNumTokens > 0 && n > m.cfg.MaxNumTokens {
 		return nil, fmt.Errorf("input_ids: a prompt of %d tokens exceeds max_num_tokens %d (enable_chunked_context splits long prompts)", n, m.cfg.MaxNumTokens)
@@ -666,7 +660,7 @@ func (m *Manager) newRequest(ir *InferenceRequest) (*request, error) {
 	if err != nil {
 		return nil, err
 	}
-	maxNew := min(ir.MaxNewTokens, m.info.MaxSeqLen-n)
+	maxNew := ir.MaxNewTokens
 	// The last generated token is never fed back, so the KV holds n+maxNew-1 positions.
 	worst := m.pool.BlocksFor(n + maxNew - 1)
 	forkAt := n
