@@ -374,9 +374,10 @@ func readRequest(tensors []triton.Tensor, requested []string, lim limits) (*pars
 		return nil, fmt.Errorf("input %q: not available with beam search (%q %d)", inReturnTopLogprobs, inBeamWidth, r.BeamWidth)
 	}
 	p.TopLogprobs = int(k)
-	// Top log-probabilities are computed from the generation logits, off the engine's
-	// loop, as the responses are made.
-	r.ReturnGenerationLogits = p.GenerationLogits || k >= 0
+	// Top log-probabilities come from the batch manager, which takes them from each
+	// position's logits at its step and keeps nothing more of the row.
+	r.ReturnGenerationLogits = p.GenerationLogits
+	r.ReturnTopLogprobs, r.TopLogprobs = k >= 0, max(int(k), 0)
 	if r.BeamWidth > 1 && r.ReturnGenerationLogits {
 		return nil, fmt.Errorf("input %q: not available with beam search (%q %d)", inReturnGenLogits, inBeamWidth, r.BeamWidth)
 	}

@@ -428,15 +428,17 @@ func TestTopLogprobsInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.TopLogprobs != -1 || p.Req.ReturnGenerationLogits {
-		t.Errorf("absent: top %d, generation logits %v; want -1, false", p.TopLogprobs, p.Req.ReturnGenerationLogits)
+	if p.TopLogprobs != -1 || p.Req.ReturnGenerationLogits || p.Req.ReturnTopLogprobs {
+		t.Errorf("absent: top %d, generation logits %v, top logprobs %v; want -1, false, false", p.TopLogprobs, p.Req.ReturnGenerationLogits, p.Req.ReturnTopLogprobs)
 	}
 	p, err = parseRequest(append(base, i32(inReturnTopLogprobs, 3)), nil, testLimits())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.TopLogprobs != 3 || !p.Req.ReturnGenerationLogits || p.GenerationLogits {
-		t.Errorf("3: top %d, engine logits %v, generation_logits sent %v; want 3, true, false", p.TopLogprobs, p.Req.ReturnGenerationLogits, p.GenerationLogits)
+	// The batch manager keeps the top 3 per token, never the generation logits.
+	if p.TopLogprobs != 3 || !p.Req.ReturnTopLogprobs || p.Req.TopLogprobs != 3 || p.Req.ReturnGenerationLogits || p.GenerationLogits {
+		t.Errorf("3: top %d, manager's top logprobs %v (%d), generation logits %v, sent %v; want 3, true (3), false, false",
+			p.TopLogprobs, p.Req.ReturnTopLogprobs, p.Req.TopLogprobs, p.Req.ReturnGenerationLogits, p.GenerationLogits)
 	}
 	lim := testLimits()
 	lim.MaxBeamWidth = 4
