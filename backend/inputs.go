@@ -420,6 +420,10 @@ func (p *parsedRequest) tokenizePrompt(lim limits) error {
 // length rule (batchmanager.CheckLengths, the one every door applies).
 func (p *parsedRequest) checkPrompt(lim limits) error {
 	r := &p.Req
+	if len(r.InputIDs) == 0 {
+		// The length rule's words for it, before input_lengths can say less.
+		return batchmanager.CheckLengths(0, r.MaxNewTokens, lim.MaxSeqLen, fmt.Sprintf("input %q", p.promptName), "")
+	}
 	if p.inputLen >= 0 {
 		if p.inputLen < 1 || p.inputLen > len(r.InputIDs) {
 			return fmt.Errorf("input %q: %d must be between 1 and the prompt's length %d", inInputLengths, p.inputLen, len(r.InputIDs))
