@@ -376,8 +376,9 @@ func TestLogprobsKeepNoLogitsRows(t *testing.T) {
 		return last
 	}
 	// Idle is after the same streams without log-probabilities: the engine's buffers
-	// are sized for the batch.
-	if errs := run(16, -1); len(errs) > 0 {
+	// are sized for the batch, and the KV blocks they use (the pool hands out the same
+	// ones again) have been touched.
+	if errs := run(n, -1); len(errs) > 0 {
 		t.Fatalf("warm-up: %v", errs)
 	}
 	idle := settled()
