@@ -174,8 +174,8 @@ type Output struct {
 	// [len(Tokens)][VocabSize], when asked.
 	ContextLogits []float32
 	// Err is this sequence's own failure, nil when it has none: its token could not be
-	// chosen (ErrAllMasked). Token is then -1; the batch manager fails the sequence's
-	// request alone, and a step launched after this one (Pipeliner) feeds such a
-	// sequence a placeholder token whose row is computed for nothing.
+	// chosen (ErrAllMasked). Token is then -1, and the batch manager fails the
+	// sequence's request alone. A row fed from it in a step launched after this one
+	// (Pipeliner) runs on a placeholder token; its output means nothing.
 	Err error
 }
