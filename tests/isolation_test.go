@@ -492,3 +492,51 @@ func TestStalledReadersDoNotStarveOthers(t *testing.T) {
 		t.Errorf("%v iterations ran: the stalled requests generated to their %d tokens", ran, stalledTokens)
 	}
 }
+
+// TestLongTextPromptIsTokenizedOffExecute: a text prompt over 8 KiB that fits is
+// tokenized on the model's pool rather than in Execute, and served as the same prompt:
+// the backend counts the checkpoint tokenizer's tokens, and generates.
+func TestLongTextPromptIsTokenizedOffExecute(t *testing.T) {
+	s := sharedServer(t)
+	ck := demoCheckpoint(t)
+	ctx := testContext(t, 2*time.Minute)
+	prompt := strings.Repeat(" information", 760) // 9,120 bytes, one token a word
+	want := len(ck.tok.EncodePrompt(prompt))
+	if len(prompt) <= 8<<10 || want+4 > ck.cfg.MaxPositions {
+		t.Fatalf("a prompt of %d bytes and %d tokens does not test the pool", len(prompt), want)
+	}
+	stream, err := s.Client(t).ModelStreamInfer(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := []tensor{text("text_input", prompt), int32s("max_tokens", []int64{1, 1}, 4), boolean("stream", true),
+		boolean("return_num_input_tokens", true), int32s("end_id", []int64{1, 1}, -1)}
+	if err := stream.Send(inferRequest(modelName, "long", in)); err != nil {
+		t.Fatal(err)
+	}
+	got, inputTokens := 0, -1
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := msg.GetErrorMessage(); m != "" {
+			t.Fatalf("error response %s", m)
+		}
+		r := msg.GetInferResponse()
+		ids, _, _, _ := outputInt32(r, "output_ids")
+		got += len(ids)
+		if v, _, ok, _ := outputInt32(r, "num_input_tokens"); ok && len(v) == 1 {
+			inputTokens = int(v[0])
+		}
+		if isFinal(r) {
+			break
+		}
+	}
+	if err := closeStream(stream); err != nil {
+		t.Fatal(err)
+	}
+	if got != 4 || inputTokens != want {
+		t.Errorf("%d tokens generated, num_input_tokens %d; want 4 and the tokenizer's %d", got, inputTokens, want)
+	}
+}
