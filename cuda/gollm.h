@@ -52,7 +52,7 @@ enum gollm_code {
   GOLLM_ERR_CUBLAS = 3,           /* a cuBLAS error */
   GOLLM_ERR_OUT_OF_MEMORY = 4,    /* device or pinned host memory ran out */
   GOLLM_ERR_INTERNAL = 5,         /* anything else (a C++ exception) */
-  GOLLM_ERR_ALL_MASKED = 6,       /* sampling found every token masked */
+  GOLLM_ERR_ALL_MASKED = 6,       /* unused: a masked row is its token -2, not an error */
   GOLLM_ERR_NCCL = 7              /* NCCL is missing or failed, or the communicators were
                                      aborted (gollm_comm_abort) */
 };
@@ -349,7 +349,8 @@ typedef struct gollm_step_in {
 
 /* gollm_step_out receives a step's results in host memory the caller owns. */
 typedef struct gollm_step_out {
-  int32_t* tokens;     /* [num_seqs]: sampled token, -1 when the sequence samples none */
+  int32_t* tokens;     /* [num_seqs]: sampled token, -1 when the sequence samples none,
+                          -2 when every token is masked (that sequence's failure alone) */
   float* log_probs;    /* [num_seqs]: log-probability of the sampled token */
   float* logits;       /* returned logits, at each gollm_seq.logits_offset; may be NULL when
                           no sequence asks for logits */

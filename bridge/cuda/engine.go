@@ -630,10 +630,6 @@ func (e *Engine) runPart(b *engine.Batch, part []piece, copies []engine.BlockCop
 	out := p.stepOut(&pin, logits, p.logitsLen)
 	var st C.gollm_status
 	if err := statusErr("gollm_step", C.call_step(e.lib.step, e.ptr, in, out, &st), &st); err != nil {
-		var ce *Error
-		if errors.As(err, &ce) && ce.Code == CodeAllMasked {
-			return fmt.Errorf("cuda: %s (sequence IDs of this call: %v)", ce.Message, p.ids)
-		}
 		return err
 	}
 	p.collect(b, part, logits, outs, e.info.VocabSize)

@@ -89,8 +89,6 @@ type scratch struct {
 	scores [][]float32
 	// samplers hold the sampling buffers, one per goroutine.
 	samplers []*engine.Sampler
-	// errs collects the sampling errors of one step, per sequence.
-	errs []error
 }
 
 // buf is a row-major matrix with per-row views, regrown only when too small.
@@ -324,20 +322,12 @@ func (e *Engine) sample(b *engine.Batch, outs []engine.Output) ([]engine.Output,
 	for len(s.samplers) < runtime.GOMAXPROCS(0) {
 		s.samplers = append(s.samplers, engine.NewSampler(V))
 	}
-	if cap(s.errs) < len(b.Seqs) {
-		s.errs = make([]error, len(b.Seqs))
-	}
-	errs := s.errs[:len(b.Seqs)]
+	// A sequence whose token cannot be chosen fails alone (Output.Err).
 	parallelFor(len(b.Seqs), 1, 1, func(w, lo, hi int) {
 		for si := lo; si < hi; si++ {
-			errs[si] = e.finish(&b.Seqs[si], s.lastLogits[si], s.samplers[w], &outs[si])
+			outs[si].Err = e.finish(&b.Seqs[si], s.lastLogits[si], s.samplers[w], &outs[si])
 		}
 	})
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
-	}
 	return outs, nil
 }
 
@@ -511,7 +501,7 @@ func (e *Engine) rotate(inv []float32, dim int) {
 }
 
 // finish fills a sequence's output from its last row's logits: the returned logits
-// and, when it asks for one, the sampled token.
+// and, when it asks for one, the sampled token; an error is the sequence's own.
 func (e *Engine) finish(sq *engine.Sequence, last []float32, sp *engine.Sampler, out *engine.Output) error {
 	out.Token = -1
 	if last == nil {

@@ -145,15 +145,12 @@ func (t *TensorParallel) Step(b *engine.Batch) ([]engine.Output, error) {
 	for len(t.samplers) < runtime.GOMAXPROCS(0) {
 		t.samplers = append(t.samplers, engine.NewSampler(V))
 	}
-	errs := make([]error, len(b.Seqs))
 	parallelFor(len(b.Seqs), 1, 1, func(w, lo, hi int) {
 		for si := lo; si < hi; si++ {
-			errs[si] = r0.finish(&b.Seqs[si], last[si], t.samplers[w], &outs[si])
+			// A sequence whose token cannot be chosen fails alone (Output.Err).
+			outs[si].Err = r0.finish(&b.Seqs[si], last[si], t.samplers[w], &outs[si])
 		}
 	})
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
 	return outs, nil
 }
 
