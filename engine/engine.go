@@ -125,6 +125,11 @@ type Sequence struct {
 	// ContextLogits copies the logits of every position of Tokens into
 	// Output.ContextLogits.
 	ContextLogits bool
+	// Allowed, when not nil, are the only tokens the sampled position may take (guided
+	// decoding): bit i%64 of word i/64 for token i, MaskWords(VocabSize) words. It is
+	// applied after the other masks; a mask of one token is that token, chosen without a
+	// draw.
+	Allowed []uint64
 	// Feed, when positive, makes the one new token the token sampled for sequence
 	// Feed-1 of the batch launched just before (Pipeliner); Tokens[0] is then only a
 	// placeholder in the vocabulary, and History lacks that token. Step refuses it.
@@ -172,3 +177,7 @@ type Output struct {
 	// [len(Tokens)][VocabSize], when asked.
 	ContextLogits []float32
 }
+
+// MaskWords is the length in 64-bit words of a Sequence.Allowed mask over a vocabulary
+// of v tokens.
+func MaskWords(v int) int { return (v + 63) / 64 }

@@ -39,7 +39,7 @@ func NewSampler(vocab int) *Sampler {
 }
 
 // errAllMasked is returned when penalties and masks leave no token to choose.
-var errAllMasked = errors.New("every token is masked (bad words, min length and bias leave no choice)")
+var errAllMasked = errors.New("every token is masked (bad words, min length, bias and the guided decoding constraint leave no choice)")
 
 // Sample chooses a token from the raw logits row of sq's last position. It returns the
 // token, its log-probability, and a copy of the biased logits when sq.ReturnLogits is
@@ -53,19 +53,28 @@ func (s *Sampler) Sample(raw []float32, sq *Sequence) (int32, float32, []float32
 	if sq.ReturnLogits {
 		logits = slices.Clone(w)
 	}
+	if tok, ok := OnlyAllowed(sq.Allowed); ok {
+		// A forced continuation: no draw, unless another mask forbids it.
+		s.masks = AppendMasks(s.masks[:0], sq)
+		if !slices.Contains(s.masks, tok) && !math.IsInf(float64(w[tok]), -1) && !math.IsNaN(float64(w[tok])) {
+			return tok, 0, logits, nil
+		}
+	}
 	s.Process(w, sq)
 	tok, lp, err := s.Pick(w, p, sq.NumGenerated)
 	return tok, lp, logits, err
 }
 
 // Process applies, in place, what follows the bias in the rules to a row of biased
-// logits: the penalties over sq.History, then the masks (min length, bad words).
+// logits: the penalties over sq.History, then the masks (min length, bad words, the
+// guided decoding mask Allowed).
 func (s *Sampler) Process(w []float32, sq *Sequence) {
 	s.applyPenalties(w, &sq.Sampling, sq.History)
 	s.masks = AppendMasks(s.masks[:0], sq)
 	for _, t := range s.masks {
 		w[t] = float32(math.Inf(-1))
 	}
+	ApplyAllowed(w, sq.Allowed)
 }
 
 // AddBias adds bias to w when bias is set (len(bias) is len(w) or 0).
