@@ -102,7 +102,7 @@ var knownInputs = map[string]bool{
 	inTopPDecay: true, inTopPMin: true, inTopPResetIDs: true, inTopKAlias: true, inTopPAlias: true,
 	inReturnPerf: true, inStopText: true, inBadText: true, inBiasWords: true, inBiasWeights: true,
 	inReturnNumInput: true, inReturnNumOutput: true, inReturnTopLogprobs: true,
-	inDecoderInputIDs: true,
+	inDecoderInputIDs: true, inGuideType: true, inGuide: true,
 }
 
 // maxTopLogprobs bounds return_top_logprobs (OpenAI's top_logprobs allows 20).
@@ -144,6 +144,8 @@ type limits struct {
 	MaxBeamWidth int
 	// Tokenizer encodes text_input; nil when the checkpoint has no tokenizer.json.
 	Tokenizer encoder
+	// Guides compiles guided decoding's constraints; nil: not available.
+	Guides *guides
 }
 
 // parsedRequest is a validated request.
@@ -360,6 +362,9 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 		return nil, fmt.Errorf("input %q: not available with beam search (%q %d)", inReturnGenLogits, inBeamWidth, r.BeamWidth)
 	}
 	if err := in.textWords(p, lim); err != nil {
+		return nil, err
+	}
+	if err := in.guided(p, lim); err != nil {
 		return nil, err
 	}
 	var c tokenCounts

@@ -103,6 +103,14 @@ func (m *Manager) guideMask(j *guideJob) {
 			b.mask[id>>6] |= 1 << (uint(id) & 63)
 			n++
 		}
+		if n == 0 {
+			// No end token to end with (end_id -1) and no room for more: go on unbudgeted.
+			n, err = b.gst.Mask(b.mask, -1)
+			if err != nil {
+				j.err = fmt.Errorf("%w: %w", ErrGuide, err)
+				return
+			}
+		}
 	}
 	if n == 0 {
 		j.err = fmt.Errorf("%w: no token of the vocabulary can continue the constrained text after %d generated tokens", ErrGuide, b.generated)

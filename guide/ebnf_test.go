@@ -44,3 +44,24 @@ func TestEBNFRecursiveJSONSamplesParse(t *testing.T) {
 		}
 	}
 }
+
+// TestBudgetEndsAcceptingTexts: with no chance to end early, a sample must still be a
+// whole text when its tokens run out (an accepting state with no room for more allows
+// nothing but the end).
+func TestBudgetEndsAcceptingTexts(t *testing.T) {
+	v, _ := testVocab(t, austenTok)
+	gr, err := CompileEBNF("root ::= item (\", \" item)*\nitem ::= \"tea\" | \"cake\" | [0-9]+ \" \" (\"cups\" | \"plates\")")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := gr.Bind(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 1))
+	for i := range 200 {
+		if out, _, st := sampleText(t, g, rng, 4+i%12, 0); !st.Accepting() {
+			t.Fatalf("sample %d: %q unfinished when its tokens ran out", i, out)
+		}
+	}
+}

@@ -239,9 +239,10 @@ func (s State) Mask(dst []uint64, budget int) (int, error) {
 			return 0, w.err
 		}
 	}
-	if budget >= 0 && !anyBit(dst) {
+	if budget >= 0 && !s.accept && !anyBit(dst) {
 		// No token finishes in time (a token budget below what the text needs, at one
-		// byte a token): allow those that leave the least to finish.
+		// byte a token): allow those that leave the least to finish. (Where the text may
+		// end, the end token is what finishes it.)
 		least, err := s.least()
 		if err != nil {
 			return 0, err
