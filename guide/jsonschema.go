@@ -678,7 +678,7 @@ func (b *jsBuilder) str(m map[string]any, path string) (*expr, error) {
 }
 
 // formats are the string formats whose texts the grammar writes: a regular subset of
-// each (RFC 3339 dates and times without leap seconds, no February 29).
+// each (RFC 3339 dates and times without leap seconds, no February 29, no year 0).
 var formats = map[string]string{
 	"date":      dateRe,
 	"time":      timeRe,
@@ -689,7 +689,7 @@ var formats = map[string]string{
 }
 
 const (
-	dateRe = `[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))`
+	dateRe = `(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))`
 	timeRe = `([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])`
 )
 

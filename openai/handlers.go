@@ -24,7 +24,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req CompletionRequest
-	if api := decodeBody(r, &req); api != nil {
+	if api := decodeBody(r, &req, completionFields); api != nil {
 		writeError(w, api)
 		return
 	}
@@ -72,8 +72,10 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		base.logprobs, base.topLogprobs = true, k
 	}
 	created := time.Now().Unix()
+	includeUsage := req.Stream && req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	resp := func(choices []CompletionChoice, u *Usage) *CompletionResponse {
-		return &CompletionResponse{ID: "cmpl-" + id, Object: "text_completion", Created: created, Model: mi.name, Choices: choices, Usage: u}
+		return &CompletionResponse{ID: "cmpl-" + id, Object: "text_completion", Created: created, Model: mi.name, Choices: choices, Usage: u,
+			SystemFingerprint: systemFingerprint, nullUsage: includeUsage}
 	}
 	s.log.Debug("completion", zap.String("request_id", id), zap.String("model", mi.name), zap.Int("n", n), zap.Bool("stream", req.Stream))
 	g := s.start(r.Context(), mi, base, n, id)
@@ -183,7 +185,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req ChatRequest
-	if api := decodeBody(r, &req); api != nil {
+	if api := decodeBody(r, &req, chatFields); api != nil {
 		writeError(w, api)
 		return
 	}
@@ -203,6 +205,15 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	guideType, guideText, api := req.ResponseFormat.guide()
+	if api != nil {
+		writeError(w, api)
+		return
+	}
+	if guideType != "" && !mi.inputs[inGuideType] {
+		writeError(w, invalid("response_format", "model %q does not take guided decoding (its configuration has no input %q)", mi.name, inGuideType))
+		return
+	}
 	prompt, api := chatPrompt(mi, &req)
 	if api != nil {
 		writeError(w, api)
@@ -218,6 +229,7 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	base.prompt = prompt
+	base.guideType, base.guide = guideType, guideText
 	if base.maxTokens == 0 {
 		// OpenAI's default: up to the context's end.
 		base.maxTokens = defaultCompletionTokens
@@ -236,8 +248,10 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		base.logprobs = true
 	}
 	created := time.Now().Unix()
+	includeUsage := req.Stream && req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	resp := func(object string, choices []ChatChoice, u *Usage) *ChatResponse {
-		return &ChatResponse{ID: "chatcmpl-" + id, Object: object, Created: created, Model: mi.name, Choices: choices, Usage: u}
+		return &ChatResponse{ID: "chatcmpl-" + id, Object: object, Created: created, Model: mi.name, Choices: choices, Usage: u,
+			SystemFingerprint: systemFingerprint, nullUsage: includeUsage}
 	}
 	s.log.Debug("chat", zap.String("request_id", id), zap.String("model", mi.name), zap.Int("n", n), zap.Bool("stream", req.Stream))
 	g := s.start(r.Context(), mi, base, n, id)
@@ -247,6 +261,9 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 			func(pc piece) any {
 				text := pc.text
 				delta := &ChatMessageOut{Content: &text}
+				if text == "" && pc.finish != "" {
+					delta.Content = nil // the last chunk's delta is {}, as OpenAI's
+				}
 				if !roleSent[pc.index] {
 					delta.Role, roleSent[pc.index] = "assistant", true
 				}
@@ -283,9 +300,6 @@ func chatPrompt(mi *modelInfo, req *ChatRequest) (string, *APIError) {
 	}
 	if len(req.Tools) > 0 && string(req.Tools) != "null" && string(req.Tools) != "[]" {
 		return "", invalid("tools", "tools are not supported")
-	}
-	if req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text" {
-		return "", invalid("response_format", "response_format %q is not supported; only \"text\"", req.ResponseFormat.Type)
 	}
 	msgs := make([]TemplateMessage, len(req.Messages))
 	for i, m := range req.Messages {

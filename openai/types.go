@@ -71,6 +71,19 @@ type samplingFields struct {
 	Seed *int64 `json:"seed"`
 	// User is the end user's id (accepted, unused).
 	User string `json:"user"`
+
+	// vLLM's extra sampling parameters.
+
+	// TopK keeps the k most likely tokens (-1 or 0: no limit).
+	TopK *int `json:"top_k"`
+	// MinP keeps the tokens at least this share as likely as the most likely one.
+	MinP *float64 `json:"min_p"`
+	// RepetitionPenalty divides the logits of tokens seen (1: none).
+	RepetitionPenalty *float64 `json:"repetition_penalty"`
+	// MinTokens forbids the end token before this many tokens.
+	MinTokens *int `json:"min_tokens"`
+	// IgnoreEOS generates past the end token (benchmarks).
+	IgnoreEOS bool `json:"ignore_eos"`
 }
 
 // CompletionRequest is the body of POST /v1/completions.
@@ -153,11 +166,8 @@ type ChatRequest struct {
 	TopLogprobs *int `json:"top_logprobs"`
 	// Tools are not supported; a request with tools is refused.
 	Tools json.RawMessage `json:"tools"`
-	// ResponseFormat: only {"type": "text"}.
-	ResponseFormat *struct {
-		// Type is the format's type.
-		Type string `json:"type"`
-	} `json:"response_format"`
+	// ResponseFormat is text, json_object or json_schema (structured.go).
+	ResponseFormat *ResponseFormat `json:"response_format"`
 }
 
 // Usage counts tokens.
@@ -208,8 +218,23 @@ type CompletionResponse struct {
 	Choices []CompletionChoice `json:"choices"`
 	// Usage is the token counts (streaming: only in the usage chunk).
 	Usage *Usage `json:"usage,omitempty"`
-	// SystemFingerprint is the backend's name and the model version.
+	// SystemFingerprint names the serving configuration.
 	SystemFingerprint string `json:"system_fingerprint,omitempty"`
+	// nullUsage writes "usage": null when Usage is nil (the chunks before a stream's
+	// usage chunk, as OpenAI writes them).
+	nullUsage bool
+}
+
+// MarshalJSON writes "usage": null where nullUsage asks.
+func (r *CompletionResponse) MarshalJSON() ([]byte, error) {
+	type plain CompletionResponse
+	if r.Usage == nil && r.nullUsage {
+		return json.Marshal(struct {
+			*plain
+			Usage *Usage `json:"usage"`
+		}{(*plain)(r), nil})
+	}
+	return json.Marshal((*plain)(r))
 }
 
 // TopLogprob is one alternative token.
@@ -276,9 +301,26 @@ type ChatResponse struct {
 	Choices []ChatChoice `json:"choices"`
 	// Usage is the token counts (streaming: only in the usage chunk).
 	Usage *Usage `json:"usage,omitempty"`
-	// SystemFingerprint is the backend's name and the model version.
+	// SystemFingerprint names the serving configuration.
 	SystemFingerprint string `json:"system_fingerprint,omitempty"`
+	// nullUsage writes "usage": null when Usage is nil.
+	nullUsage bool
 }
+
+// MarshalJSON writes "usage": null where nullUsage asks.
+func (r *ChatResponse) MarshalJSON() ([]byte, error) {
+	type plain ChatResponse
+	if r.Usage == nil && r.nullUsage {
+		return json.Marshal(struct {
+			*plain
+			Usage *Usage `json:"usage"`
+		}{(*plain)(r), nil})
+	}
+	return json.Marshal((*plain)(r))
+}
+
+// systemFingerprint is every response's system_fingerprint.
+const systemFingerprint = "fp_gollm"
 
 // Model is one entry of /v1/models.
 type Model struct {

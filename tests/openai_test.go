@@ -69,7 +69,7 @@ func TestOpenAI(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "python3", filepath.Join(root, "tests", "openai", "test_openai.py"))
 	cmd.Env = append(os.Environ(),
-		"PYTHONPATH="+pyDir,
+		"PYTHONPATH="+pyDir+":"+filepath.Join(root, ".deps", "pyschema"),
 		"GOLLM_OPENAI_URL="+hs.URL+"/v1",
 		"GOLLM_METRICS_URL="+srv.MetricsURL(),
 		"GOLLM_MODEL=gpt2plain",
