@@ -144,6 +144,9 @@ type SamplingParams struct {
 	TopK int
 	// TopP keeps the smallest set of tokens whose probability reaches P; 0 or 1 means no limit.
 	TopP float32
+	// MinP, after top-k and top-p, keeps the tokens at least MinP times as likely as the
+	// most likely one (temperature applied); 0 means no limit.
+	MinP float32
 	// Seed starts the sequence's random stream; step n draws from (Seed, n), so the
 	// tokens do not depend on what else is in the batch.
 	Seed uint64

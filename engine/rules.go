@@ -13,7 +13,7 @@ import (
 // generated, the last token of each bad word whose other tokens end the history, and
 // every token outside Allowed — guided decoding's mask, which the batch manager makes
 // from the request's constraint); then either greedy choice (Temperature 0 or TopK 1)
-// or temperature → top-k → top-p → a draw. When Allowed holds one token that the
+// or temperature → top-k → top-p → min-p → a draw. When Allowed holds one token that the
 // other masks leave, that token is taken without a draw (a forced continuation), with
 // log-probability 0. The draw reads Uniform(Seed, NumGenerated), a counter-based random stream, so
 // a sequence's tokens depend only on its own parameters and history, never on the rest
@@ -32,6 +32,8 @@ func (p *SamplingParams) Validate(v int) error {
 		return fmt.Errorf("top_k %d must be ≥ 0", p.TopK)
 	case !(p.TopP >= 0 && p.TopP <= 1):
 		return fmt.Errorf("top_p %g must be in [0, 1]", p.TopP)
+	case !(p.MinP >= 0 && p.MinP <= 1):
+		return fmt.Errorf("min_p %g must be in [0, 1]", p.MinP)
 	case !finite(p.RepetitionPenalty) || p.RepetitionPenalty < 0:
 		return fmt.Errorf("repetition_penalty %g must be finite and ≥ 0", p.RepetitionPenalty)
 	case !finite(p.PresencePenalty):

@@ -131,3 +131,32 @@ func TestAllowedMask(t *testing.T) {
 		t.Fatal("a forced token that min_length forbids was sampled")
 	}
 }
+
+func TestMinP(t *testing.T) {
+	s := NewSampler(3)
+	raw := []float32{0, -1, -5}
+	seen := map[int32]bool{}
+	for n := range 200 {
+		sq := &Sequence{Sampling: SamplingParams{Temperature: 1, Seed: 7, MinP: 0.5}, NumGenerated: n}
+		tok, _, _, err := s.Sample(raw, sq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[tok] = true
+	}
+	if len(seen) != 1 || !seen[0] {
+		t.Fatalf("min_p 0.5 drew %v; only token 0 is at least half as likely as the first", seen)
+	}
+	clear(seen)
+	for n := range 400 {
+		sq := &Sequence{Sampling: SamplingParams{Temperature: 1, Seed: 7, MinP: 0.3, TopK: 3}, NumGenerated: n}
+		tok, _, _, _ := s.Sample(raw, sq)
+		seen[tok] = true
+	}
+	if len(seen) != 2 || seen[2] {
+		t.Fatalf("min_p 0.3 drew %v; want tokens 0 and 1 (e^-1 ≥ 0.3, e^-5 < 0.3)", seen)
+	}
+	if err := (&SamplingParams{MinP: 1.5}).Validate(3); err == nil {
+		t.Fatal("min_p 1.5 validated")
+	}
+}

@@ -2,6 +2,10 @@ package guide
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -131,4 +135,45 @@ func TestSchema20Compiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log(fmt.Sprintf("schema20: %d states, regular %v, compiled in %v", gr.States(), gr.Regular(), time.Since(t0)))
+}
+
+// BenchmarkMaskBatch64 is one step's masks for 64 sequences at random places in
+// schema20 (GPT-2's vocabulary), spread over the cores as the batch manager spreads
+// them (batchmanager/guide.go): the host's share of a guided step at batch 64, with
+// 1000 tokens left (a budget that does not bind; one below the schema's shortest
+// text, at one byte a token, walks the trie for every mask).
+func BenchmarkMaskBatch64(b *testing.B) {
+	v, _ := testVocab(b, gpt2Tok)
+	g, err := NewCompiler(v, 0).Guide(KindJSONSchema, schema20)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := g.Precompute(); err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(64, 64))
+	states := make([]State, 64)
+	for i := range states {
+		_, _, st := sampleText(b, g, rng, rng.IntN(40), 0)
+		states[i] = st
+	}
+	masks := make([][]uint64, 64)
+	for i := range masks {
+		masks[i] = make([]uint64, v.MaskWords())
+	}
+	workers := min(runtime.GOMAXPROCS(0), 16)
+	for b.Loop() {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(func() {
+				for k := next.Add(1) - 1; k < 64; k = next.Add(1) - 1 {
+					if _, err := states[k].Mask(masks[k], 1000); err != nil {
+						panic(err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
 }

@@ -205,9 +205,31 @@ func (s State) Mask(dst []uint64, budget int) (int, error) {
 		if f.up != nil {
 			upRest = f.up.rest
 		}
-		binding := budget >= 0 && int64(t.maxDelta)+int64(upRest) > int64(budget)-1
+		// limit is the most bytes a token may leave f's frame to finish.
+		limit := int64(budget) - 1 - int64(upRest)
+		binding := budget >= 0 && int64(t.lowDelta) > limit
 		if !binding {
-			t.orInto(dst)
+			if budget >= 0 && int64(t.maxDelta) > limit {
+				// The few tokens that leave more than the budget allows are cleared:
+				// in the table's own copy when other stacks add tokens too.
+				m := dst
+				if len(s.tops) > 1 {
+					m = make([]uint64, len(dst))
+				}
+				t.orInto(m)
+				for _, o := range t.over {
+					if int64(o.delta) > limit {
+						m[o.tok>>6] &^= 1 << (uint(o.tok) & 63)
+					}
+				}
+				if len(s.tops) > 1 {
+					for i, x := range m {
+						dst[i] |= x
+					}
+				}
+			} else {
+				t.orInto(dst)
+			}
 			if len(t.unc) == 0 || f.up == nil {
 				// Nothing returns, or a return ends the text: nothing may follow.
 				continue

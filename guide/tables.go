@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -26,12 +27,46 @@ type table struct {
 	// of their subtrees past them are for the caller to read.
 	unc []int32
 	// maxDelta is the largest, over the allowed tokens, of the fewest bytes that
-	// finish q's frame after the token (the token budget's bound).
-	maxDelta int32
+	// finish q's frame after the token (the token budget's bound); lowDelta bounds
+	// every token's but those of over, the few that leave more (a token that opens a
+	// long object), kept with theirs so that a tight budget clears them alone.
+	maxDelta, lowDelta int32
+	over               []tokDelta
+}
+
+// tokDelta is a token and the fewest bytes it leaves q's frame to finish.
+type tokDelta struct {
+	tok, delta int32
+}
+
+// maxOver bounds a table's over list.
+const maxOver = 512
+
+// splitDeltas sets t's lowDelta and over from every allowed token's delta: the
+// lowest bound that leaves at most maxOver tokens above it.
+func (t *table) splitDeltas(ds []tokDelta) {
+	t.lowDelta = t.maxDelta
+	if len(ds) == 0 {
+		return
+	}
+	slices.SortFunc(ds, func(a, b tokDelta) int { return int(b.delta - a.delta) })
+	k := min(len(ds), maxOver)
+	// The bound: the delta of the first token not kept, moved up past equal ones.
+	for k > 0 && k < len(ds) && ds[k].delta == ds[k-1].delta {
+		k--
+	}
+	if k == len(ds) {
+		t.lowDelta = 0
+	} else {
+		t.lowDelta = ds[k].delta
+	}
+	t.over = slices.Clone(ds[:k])
 }
 
 // bytes is the table's memory.
-func (t *table) bytes() int64 { return int64(4*len(t.ids) + 8*len(t.words) + 4*len(t.unc) + 64) }
+func (t *table) bytes() int64 {
+	return int64(4*len(t.ids) + 8*len(t.words) + 4*len(t.unc) + 8*len(t.over) + 64)
+}
 
 // orInto sets the table's allowed tokens in dst.
 func (t *table) orInto(dst []uint64) {
@@ -47,8 +82,9 @@ func (t *table) orInto(dst []uint64) {
 }
 
 // newTable keeps acc (n tokens set) as a list when that is smaller than the mask.
-func newTable(acc []uint64, n int, unc []int32, maxDelta int32) *table {
+func newTable(acc []uint64, n int, unc []int32, maxDelta int32, ds []tokDelta) *table {
 	t := &table{unc: unc, maxDelta: maxDelta}
+	t.splitDeltas(ds)
 	if n*4 >= len(acc)*8 {
 		t.words = acc
 		return t
@@ -152,6 +188,7 @@ func (g *Guide) dfaTable(q int32) *table {
 	acc := make([]uint64, v.words)
 	n := 0
 	maxDelta := int32(0)
+	var ds []tokDelta
 	var walk func(node, s int32)
 	walk = func(node, s int32) {
 		row := p.next[int(s)*p.ncls : (int(s)+1)*p.ncls]
@@ -166,6 +203,9 @@ func (g *Guide) dfaTable(q int32) *table {
 				}
 				n += int(hi - lo)
 				maxDelta = max(maxDelta, p.rest[t])
+				for _, id := range v.toks[lo:hi] {
+					ds = append(ds, tokDelta{id, p.rest[t]})
+				}
 			}
 			if p.hasBytes[t] && v.end[c] > c+1 {
 				walk(c, t)
@@ -173,7 +213,7 @@ func (g *Guide) dfaTable(q int32) *table {
 		}
 	}
 	walk(0, q)
-	return newTable(acc, n, nil, maxDelta)
+	return newTable(acc, n, nil, maxDelta, ds)
 }
 
 // maxConfigs bounds the stacks a walk or a state follows at once: an ambiguous
@@ -211,10 +251,11 @@ type walker struct {
 	// least, when tracking, is the fewest bytes any token leaves to finish.
 	tracking bool
 	least    int32
-	// acc, n, maxDelta and uncOut are a precompute's results.
+	// acc, n, maxDelta, deltas and uncOut are a precompute's results.
 	acc      []uint64
 	n        int
 	maxDelta int32
+	deltas   []tokDelta
 	uncOut   []int32
 }
 
@@ -339,14 +380,14 @@ func (w *walker) start(st []int32, base *frame) {
 func (w *walker) precompute(q int32) (*table, error) {
 	w.runtime, w.err = false, nil
 	w.acc = make([]uint64, w.v.words)
-	w.n, w.maxDelta, w.uncOut = 0, 0, nil
+	w.n, w.maxDelta, w.uncOut, w.deltas = 0, 0, nil, w.deltas[:0]
 	w.st = w.st[:0]
 	w.start([]int32{q}, nil)
 	w.dfs(0, 0)
 	if w.err != nil {
 		return nil, w.err
 	}
-	return newTable(w.acc, w.n, w.uncOut, w.maxDelta), nil
+	return newTable(w.acc, w.n, w.uncOut, w.maxDelta, w.deltas), nil
 }
 
 // dfs walks node's children, the configurations at node being level d's.
@@ -399,6 +440,9 @@ func (w *walker) dfs(node int32, d int) {
 				}
 				w.n += len(toks)
 				w.maxDelta = max(w.maxDelta, best)
+				for _, id := range toks {
+					w.deltas = append(w.deltas, tokDelta{id, best})
+				}
 			}
 			if nx.popped {
 				// A parse returned past the base here: the bytes below c are the
