@@ -1,6 +1,7 @@
 package guide
 
 import (
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -19,7 +20,9 @@ import (
 // \UHHHHHHHH escapes, [classes] (ranges, ^ negation, the same escapes), . for any
 // character, rule names, ( groups ), each followed by * + ? {m} {m,} or {m,n}. A rule
 // ends where the next `name ::=` starts. The rule named root is the start; the text
-// must match it whole. Recursion is allowed, left recursion is not.
+// must match it whole. Recursion is allowed, left recursion is not. gollm adds one
+// element: `%json {…}`, the JSON texts a JSON schema accepts (the schema written
+// inline), so that a grammar can put JSON inside other text (tool calls).
 
 // maxGrammarBytes bounds a grammar's text.
 const maxGrammarBytes = 256 << 10
@@ -300,6 +303,8 @@ func (p *ebnfParser) element() (*expr, error) {
 		}
 		p.i++
 		return e, nil
+	case c == '%' && strings.HasPrefix(p.s[p.i:], "%json"):
+		return p.jsonSchema()
 	case isNameByte(c):
 		name, _ := p.name()
 		if len(p.def.names) >= maxGrammarRules {
@@ -308,6 +313,35 @@ func (p *ebnfParser) element() (*expr, error) {
 		return ref(p.rule(name)), nil
 	}
 	return nil, p.fail("unexpected %q", p.s[p.i])
+}
+
+// jsonSchema reads gollm's extension `%json SCHEMA`: the JSON texts a JSON schema (a
+// JSON object written in the grammar) accepts, compiled into the grammar's own rules.
+func (p *ebnfParser) jsonSchema() (*expr, error) {
+	p.i += len("%json")
+	p.skip()
+	dec := json.NewDecoder(strings.NewReader(p.s[p.i:]))
+	var raw json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
+		return nil, p.fail("%%json needs a JSON schema after it: %v", err)
+	}
+	text := string(raw)
+	p.i += int(dec.InputOffset())
+	b := newJSBuilder(DefaultJSONOptions)
+	b.def = &p.def
+	doc, err := b.decodeSchema(text)
+	if err != nil {
+		return nil, err
+	}
+	b.doc = doc
+	e, err := b.value(doc, "", 0)
+	if err != nil {
+		return nil, err
+	}
+	for len(p.defined) < len(p.def.names) {
+		p.defined = append(p.defined, true) // the schema's rules are defined
+	}
+	return e, nil
 }
 
 // escaped reads an escape after a backslash (p.i past it).

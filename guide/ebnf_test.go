@@ -3,6 +3,8 @@ package guide
 import (
 	"encoding/json"
 	"math/rand/v2"
+	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -63,5 +65,49 @@ func TestBudgetEndsAcceptingTexts(t *testing.T) {
 		if out, _, st := sampleText(t, g, rng, 4+i%12, 0); !st.Accepting() {
 			t.Fatalf("sample %d: %q unfinished when its tokens ran out", i, out)
 		}
+	}
+}
+
+func TestEBNFEmbedsJSONSchemas(t *testing.T) {
+	v, _ := testVocab(t, austenTok)
+	src := `root ::= call ("\n" call)*
+call ::= "<tool_call>\n" %json {"type":"object","properties":{"name":{"const":"get_weather"},"arguments":{"type":"object","properties":{"city":{"type":"string","maxLength":8}},"required":["city"]}},"required":["name","arguments"]} "\n</tool_call>"`
+	gr, err := CompileEBNF(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := gr.Bind(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(8, 9))
+	re := regexp.MustCompile(`(?s)^<tool_call>\n(.*)\n</tool_call>$`)
+	for i := range 30 {
+		out, _, st := sampleText(t, g, rng, 120, 0.7)
+		if !st.Accepting() {
+			t.Fatalf("sample %d unfinished: %q", i, out)
+		}
+		for _, call := range strings.Split(string(out), "\n<tool_call>") {
+			if !strings.HasPrefix(call, "<tool_call>") {
+				call = "<tool_call>" + call
+			}
+			if !strings.HasSuffix(call, "</tool_call>") {
+				call += "\n</tool_call>"
+			}
+			m := re.FindStringSubmatch(call)
+			if m == nil {
+				t.Fatalf("sample %d: %q is not a tool call", i, call)
+			}
+			var c struct {
+				Name      string            `json:"name"`
+				Arguments map[string]string `json:"arguments"`
+			}
+			if err := json.Unmarshal([]byte(m[1]), &c); err != nil || c.Name != "get_weather" || len([]rune(c.Arguments["city"])) > 8 {
+				t.Fatalf("sample %d: %q: %v", i, m[1], err)
+			}
+		}
+	}
+	if _, err := CompileEBNF(`root ::= %json {"type":`); err == nil {
+		t.Fatal("a broken %json schema compiled")
 	}
 }

@@ -81,7 +81,7 @@ func FuzzCompileJSONSchema(f *testing.F) {
 		}
 		b.def.bodies[root] = e
 		b.def.root = root
-		gr, err := newGrammar(&b.def, "json_schema", schema, fuzzLimits)
+		gr, err := newGrammar(b.def, "json_schema", schema, fuzzLimits)
 		if err != nil {
 			return
 		}

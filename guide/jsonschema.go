@@ -64,7 +64,7 @@ func (e *SchemaError) Error() string {
 type jsBuilder struct {
 	opt  JSONOptions
 	doc  any
-	def  grammarDef
+	def  *grammarDef
 	refs map[string]int
 	ws   *expr
 	// anyRule is the rule of any JSON value, made on first use.
@@ -94,7 +94,7 @@ func CompileJSONSchema(schema string, opt JSONOptions) (*Grammar, error) {
 	}
 	b.def.bodies[root] = e
 	b.def.root = root
-	g, err := newGrammar(&b.def, "json_schema", schema, DefaultLimits)
+	g, err := newGrammar(b.def, "json_schema", schema, DefaultLimits)
 	if err != nil {
 		if errors.Is(err, ErrMatchesNothing) {
 			return nil, &SchemaError{"", "no JSON value satisfies the schema (a false schema, an empty enum, a required property that may not exist, …)"}
@@ -122,11 +122,11 @@ func CompileJSON(objectOnly bool, opt JSONOptions) (*Grammar, error) {
 	if objectOnly {
 		kind = "json_object"
 	}
-	return newGrammar(&b.def, kind, kind, DefaultLimits)
+	return newGrammar(b.def, kind, kind, DefaultLimits)
 }
 
 func newJSBuilder(opt JSONOptions) *jsBuilder {
-	b := &jsBuilder{opt: opt, refs: map[string]int{}, anyRule: -1, order: map[uintptr][]string{}}
+	b := &jsBuilder{opt: opt, def: &grammarDef{}, refs: map[string]int{}, anyRule: -1, order: map[uintptr][]string{}}
 	wsChars := charClass([]runeRange{{' ', ' '}, {'\t', '\t'}, {'\n', '\n'}, {'\r', '\r'}})
 	switch {
 	case opt.MaxWhitespace < 0:

@@ -210,8 +210,45 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api)
 		return
 	}
+	if api := checkTools(req.Tools); api != nil {
+		writeError(w, api)
+		return
+	}
+	choice, api := parseToolChoice(req.ToolChoice, req.Tools)
+	if api != nil {
+		writeError(w, api)
+		return
+	}
+	format := formatNone
+	if choice.mode != "none" {
+		if mi.chat == nil {
+			writeError(w, invalid("tools", "model %q has no chat template to render tools with (%v)", mi.name, mi.chatErr))
+			return
+		}
+		if format = detectToolFormat(mi.chat.src); format == formatNone {
+			writeError(w, invalid("tools", "model %q's chat template writes no tool calls gollm reads (hermes <tool_call>, mistral [TOOL_CALLS], llama3_json <|python_tag|>)", mi.name))
+			return
+		}
+	}
+	if choice.mode == "required" {
+		if guideType != "" {
+			writeError(w, invalid("tool_choice", "tool_choice %q with response_format %q: give one of them", choice.mode, req.ResponseFormat.Type))
+			return
+		}
+		parallel := req.ParallelToolCalls == nil || *req.ParallelToolCalls
+		g, err := toolGrammar(format, req.Tools, choice, parallel)
+		if err != nil {
+			writeError(w, invalid("tools", "%v", err))
+			return
+		}
+		guideType, guideText = "ebnf_grammar", g
+	}
 	if guideType != "" && !mi.inputs[inGuideType] {
-		writeError(w, invalid("response_format", "model %q does not take guided decoding (its configuration has no input %q)", mi.name, inGuideType))
+		param := "response_format"
+		if choice.mode == "required" {
+			param = "tool_choice"
+		}
+		writeError(w, invalid(param, "model %q does not take guided decoding (its configuration has no input %q)", mi.name, inGuideType))
 		return
 	}
 	prompt, api := chatPrompt(mi, &req)
@@ -257,17 +294,42 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	g := s.start(r.Context(), mi, base, n, id)
 	if req.Stream {
 		roleSent := make([]bool, n)
+		var ts []*toolStream
+		if format != formatNone {
+			ts = make([]*toolStream, n)
+			for i := range ts {
+				ts[i] = &toolStream{format: format}
+			}
+		}
 		streamPieces(w, g, id, n, req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
 			func(pc piece) any {
 				text := pc.text
+				var calls []parsedCall
+				finish := pc.finish
+				if ts != nil {
+					s := ts[pc.index]
+					text, calls = s.push(text, pc.finish != "")
+					if pc.finish != "" && s.calls > 0 {
+						// The answer's calls are whole (its text parsed): they end it.
+						finish = "tool_calls"
+					}
+				}
 				delta := &ChatMessageOut{Content: &text}
-				if text == "" && pc.finish != "" {
+				if text == "" && (pc.finish != "" || len(calls) > 0) {
 					delta.Content = nil // the last chunk's delta is {}, as OpenAI's
+				}
+				if len(calls) > 0 {
+					out := toolCallsOut(calls, true)
+					for k := range out {
+						idx := ts[pc.index].calls - len(calls) + k
+						out[k].Index = &idx
+					}
+					delta.ToolCalls = out
 				}
 				if !roleSent[pc.index] {
 					delta.Role, roleSent[pc.index] = "assistant", true
 				}
-				ch := ChatChoice{Index: pc.index, Delta: delta, FinishReason: finishPtr(pc.finish)}
+				ch := ChatChoice{Index: pc.index, Delta: delta, FinishReason: finishPtr(finish)}
 				if base.logprobs {
 					ch.Logprobs = chatLogprobs(pc.tokens)
 				}
@@ -284,7 +346,20 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	choices := make([]ChatChoice, n)
 	for i := range res {
 		text := res[i].text.String()
-		choices[i] = ChatChoice{Index: i, Message: &ChatMessageOut{Role: "assistant", Content: &text}, FinishReason: finishPtr(res[i].finish)}
+		msg := &ChatMessageOut{Role: "assistant", Content: &text}
+		finish := res[i].finish
+		if format != formatNone {
+			if calls, content := parseToolCalls(format, text); calls != nil {
+				msg.ToolCalls = toolCallsOut(calls, false)
+				msg.Content = nil
+				if content != "" {
+					msg.Content = &content
+				}
+				// The answer's calls are whole (its text parsed): they end it.
+				finish = "tool_calls"
+			}
+		}
+		choices[i] = ChatChoice{Index: i, Message: msg, FinishReason: finishPtr(finish)}
 		if base.logprobs {
 			choices[i].Logprobs = chatLogprobs(res[i].tokens)
 		}
@@ -293,28 +368,57 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, resp("chat.completion", choices, usageOf(res)))
 }
 
-// chatPrompt checks the messages and renders them with the model's chat template.
+// chatPrompt checks the messages and renders them, with the tools when given, with the
+// model's chat template.
 func chatPrompt(mi *modelInfo, req *ChatRequest) (string, *APIError) {
 	if len(req.Messages) == 0 {
 		return "", invalid("messages", "messages must hold at least one message")
-	}
-	if len(req.Tools) > 0 && string(req.Tools) != "null" && string(req.Tools) != "[]" {
-		return "", invalid("tools", "tools are not supported")
 	}
 	msgs := make([]TemplateMessage, len(req.Messages))
 	for i, m := range req.Messages {
 		switch {
 		case m.Role == "":
 			return "", invalid("messages", "messages[%d] has no role", i)
-		case len(m.ToolCalls) > 0 && string(m.ToolCalls) != "null":
-			return "", invalid("messages", "messages[%d]: tool_calls are not supported", i)
+		case m.Role == "tool" && m.ToolCallID == "":
+			return "", invalid("messages", "messages[%d]: a tool message needs tool_call_id", i)
+		case len(m.ToolCalls) > 0 && m.Role != "assistant":
+			return "", invalid("messages", "messages[%d]: only assistant messages carry tool_calls", i)
 		}
-		msgs[i] = TemplateMessage{Role: m.Role, Content: m.Content.Text, Name: m.Name}
+		tm := TemplateMessage{Role: m.Role, Content: m.Content.Text, Name: m.Name, ToolCallID: m.ToolCallID}
+		for j, c := range m.ToolCalls {
+			if c.Function.Name == "" {
+				return "", invalid("messages", "messages[%d].tool_calls[%d] has no function name", i, j)
+			}
+			// Templates read the arguments as an object (tojson, items()).
+			var args any = c.Function.Arguments
+			var obj map[string]any
+			if json.Unmarshal([]byte(c.Function.Arguments), &obj) == nil {
+				args = obj
+			}
+			tm.ToolCalls = append(tm.ToolCalls, map[string]any{"id": c.ID, "type": "function",
+				"function": map[string]any{"name": c.Function.Name, "arguments": args}})
+		}
+		msgs[i] = tm
 	}
 	if mi.chat == nil {
 		return "", invalid("model", "model %q has no chat template (%v); use /v1/completions, or serve a checkpoint whose tokenizer_config.json has a chat_template", mi.name, mi.chatErr)
 	}
-	prompt, err := mi.chat.Render(msgs, true)
+	var tools []any
+	for _, t := range req.Tools {
+		f := map[string]any{"name": t.Function.Name}
+		if t.Function.Description != "" {
+			f["description"] = t.Function.Description
+		}
+		if len(t.Function.Parameters) > 0 {
+			var p any
+			if err := json.Unmarshal(t.Function.Parameters, &p); err != nil {
+				return "", invalid("tools", "function %q: parameters are not valid JSON: %v", t.Function.Name, err)
+			}
+			f["parameters"] = p
+		}
+		tools = append(tools, map[string]any{"type": "function", "function": f})
+	}
+	prompt, err := mi.chat.RenderTools(msgs, tools, true)
 	if err != nil {
 		return "", invalid("messages", "the model's chat template refused the messages: %v", err)
 	}

@@ -149,8 +149,10 @@ type ChatMessage struct {
 	Content MessageContent `json:"content"`
 	// Name is an optional participant name.
 	Name string `json:"name"`
-	// ToolCalls are refused: tools are not supported.
-	ToolCalls json.RawMessage `json:"tool_calls"`
+	// ToolCalls are an assistant message's calls (tools.go).
+	ToolCalls []ToolCall `json:"tool_calls"`
+	// ToolCallID is the call a tool message answers.
+	ToolCallID string `json:"tool_call_id"`
 }
 
 // ChatRequest is the body of POST /v1/chat/completions.
@@ -164,8 +166,12 @@ type ChatRequest struct {
 	Logprobs bool `json:"logprobs"`
 	// TopLogprobs asks for this many alternatives per token (0..20); needs logprobs.
 	TopLogprobs *int `json:"top_logprobs"`
-	// Tools are not supported; a request with tools is refused.
-	Tools json.RawMessage `json:"tools"`
+	// Tools are the functions the model may call (tools.go).
+	Tools []Tool `json:"tools"`
+	// ToolChoice is none, auto, required or a named function.
+	ToolChoice json.RawMessage `json:"tool_choice"`
+	// ParallelToolCalls allows several calls in one answer (default true).
+	ParallelToolCalls *bool `json:"parallel_tool_calls"`
 	// ResponseFormat is text, json_object or json_schema (structured.go).
 	ResponseFormat *ResponseFormat `json:"response_format"`
 }
@@ -271,6 +277,8 @@ type ChatMessageOut struct {
 	Role string `json:"role,omitempty"`
 	// Content is the text (streaming: its new part).
 	Content *string `json:"content,omitempty"`
+	// ToolCalls are the model's calls (streaming: each call whole, in one delta).
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
 }
 
 // ChatChoice is one choice of a chat completion.

@@ -495,6 +495,85 @@ class OpenAIShape(unittest.TestCase):
         self.assertNotEqual(b.choices[0].text, c.choices[0].text, "a strong repetition penalty changes a greedy answer")
 
 
+TOOL_MODELS = dict(kv.split("=", 1) for kv in os.environ["GOLLM_TOOL_MODELS"].split(","))
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a town.",
+    "parameters": {"type": "object", "properties": {"town": {"type": "string", "maxLength": 16}, "unit": {"enum": ["c", "f"]}},
+                   "required": ["town", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The time somewhere.",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 10}},
+                   "required": ["zone"], "additionalProperties": False}}}
+SPECS = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "Is it raining in Bath?"}]
+
+
+class Tools(unittest.TestCase):
+    def check_calls(self, calls):
+        self.assertTrue(calls)
+        for tc in calls:
+            self.assertTrue(tc.id)
+            jsonschema.validate(json.loads(tc.function.arguments), SPECS[tc.function.name]["function"]["parameters"])
+
+    def test_required_calls_round_trip_through_each_template(self):
+        for fmt, model in TOOL_MODELS.items():
+            for seed in range(3):
+                r = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
+                                                   seed=seed, max_tokens=150)
+                ch = r.choices[0]
+                self.assertEqual(ch.finish_reason, "tool_calls", fmt)
+                self.check_calls(ch.message.tool_calls)
+                # The calls and their results go back through the template.
+                msgs = ASK + [{"role": "assistant", "content": None,
+                               "tool_calls": [tc.model_dump(exclude_none=True) for tc in ch.message.tool_calls]}]
+                calls_only = client.chat.completions.create(model=model, messages=msgs, tools=[WEATHER, TIME], seed=seed,
+                                                            max_tokens=4)
+                msgs += [{"role": "tool", "tool_call_id": tc.id, "content": "Rain, and 12 degrees."} for tc in ch.message.tool_calls]
+                r2 = client.chat.completions.create(model=model, messages=msgs, tools=[WEATHER, TIME], seed=seed, max_tokens=8)
+                # The results are in the prompt, after the calls.
+                self.assertGreater(r2.usage.prompt_tokens, calls_only.usage.prompt_tokens, fmt)
+
+    def test_named_function_and_one_call(self):
+        for fmt, model in TOOL_MODELS.items():
+            r = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER, TIME], seed=4, max_tokens=150,
+                                               tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                               parallel_tool_calls=False)
+            calls = r.choices[0].message.tool_calls
+            self.check_calls(calls)
+            self.assertEqual(len(calls), 1, fmt)
+            self.assertEqual(calls[0].function.name, "get_time", fmt)
+
+    def test_streamed_tool_call_deltas(self):
+        for fmt, model in TOOL_MODELS.items():
+            stream = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                                    seed=6, max_tokens=150, stream=True)
+            calls, finish = {}, None
+            for chunk in stream:
+                for ch in chunk.choices:
+                    for d in ch.delta.tool_calls or []:
+                        c = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+                        c["id"] += d.id or ""
+                        c["name"] += d.function.name or ""
+                        c["arguments"] += d.function.arguments or ""
+                    finish = ch.finish_reason or finish
+            self.assertEqual(finish, "tool_calls", fmt)
+            self.assertTrue(calls, fmt)
+            for c in calls.values():
+                self.assertEqual(c["name"], "get_weather")
+                jsonschema.validate(json.loads(c["arguments"]), WEATHER["function"]["parameters"])
+
+    def test_none_and_auto_answer_in_text(self):
+        for model in TOOL_MODELS.values():
+            r = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER], tool_choice="none", seed=1, max_tokens=12)
+            self.assertIsNone(r.choices[0].message.tool_calls)
+            self.assertIsInstance(r.choices[0].message.content, str)
+
+    def test_template_without_tool_calls_is_refused(self):
+        with self.assertRaises(openai.BadRequestError) as cm:
+            client.chat.completions.create(model=CHAT, messages=ASK, tools=[WEATHER])
+        self.assertIn("writes no tool calls", str(cm.exception))
+
+
 class Errors(unittest.TestCase):
     def test_unknown_model(self):
         with self.assertRaises(openai.NotFoundError) as cm:
