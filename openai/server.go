@@ -488,6 +488,8 @@ type sseWriter struct {
 	started bool
 	// buf holds one event while it is built, reused.
 	buf bytes.Buffer
+	// ev is buf for events appended by hand (chunkAppender).
+	ev []byte
 }
 
 // start sends the headers of an event stream.
@@ -502,6 +504,17 @@ func (e *sseWriter) start(id string) {
 
 // event writes one data event holding v as JSON.
 func (e *sseWriter) event(v any) error {
+	if ca, ok := v.(chunkAppender); ok {
+		b, ok := ca.appendChunk(append(e.ev[:0], "data: "...))
+		if ok {
+			e.ev = append(b, '\n', '\n')
+			if _, err := e.w.Write(e.ev); err != nil {
+				return err
+			}
+			e.flush()
+			return nil
+		}
+	}
 	e.buf.Reset()
 	e.buf.WriteString("data: ")
 	// Encode adds a newline; one more ends the event.
