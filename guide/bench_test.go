@@ -1,7 +1,6 @@
 package guide
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"sync"
@@ -134,7 +133,7 @@ func TestSchema20Compiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Log(fmt.Sprintf("schema20: %d states, regular %v, compiled in %v", gr.States(), gr.Regular(), time.Since(t0)))
+	t.Logf("schema20: %d states, regular %v, compiled in %v", gr.States(), gr.Regular(), time.Since(t0))
 }
 
 // BenchmarkMaskBatch64 is one step's masks for 64 sequences at random places in

@@ -440,8 +440,6 @@ type nfaCall struct {
 	to   int32
 }
 
-var errNFALimit = errors.New("too many automaton states")
-
 // newState adds a state.
 func (n *nfa) newState() int32 {
 	n.eps = append(n.eps, nil)

@@ -1,7 +1,6 @@
 package guide
 
 import (
-	"fmt"
 	"sort"
 	"unicode/utf8"
 )
@@ -247,37 +246,4 @@ func utf8SameLen(out []*expr, lo, hi rune) []*expr {
 		parts[i] = byteRange(a[i], b[i])
 	}
 	return append(out, seq(parts...))
-}
-
-// exprString describes an expression for tests and errors (short forms).
-func exprString(e *expr) string {
-	switch e.kind {
-	case exprEmpty:
-		return "ε"
-	case exprNone:
-		return "∅"
-	case exprByte:
-		if e.lo == e.hi {
-			return fmt.Sprintf("%q", string([]byte{e.lo}))
-		}
-		return fmt.Sprintf("[%#02x-%#02x]", e.lo, e.hi)
-	case exprSeq, exprAlt:
-		s := "("
-		for i, k := range e.kids {
-			if i > 0 {
-				if e.kind == exprAlt {
-					s += " | "
-				} else {
-					s += " "
-				}
-			}
-			s += exprString(k)
-		}
-		return s + ")"
-	case exprRepeat:
-		return fmt.Sprintf("%s{%d,%d}", exprString(e.kids[0]), e.min, e.max)
-	case exprRef:
-		return fmt.Sprintf("<%d>", e.rule)
-	}
-	return "?"
 }

@@ -1,7 +1,6 @@
 package guide
 
 import (
-	"errors"
 	"fmt"
 	"math/bits"
 	"slices"
@@ -455,7 +454,3 @@ func (w *walker) dfs(node int32, d int) {
 		}
 	}
 }
-
-// errNoToken says no token can go on from a state (the vocabulary lacks the bytes the
-// constraint needs next).
-var errNoToken = errors.New("no token of the vocabulary can continue the constrained text")
