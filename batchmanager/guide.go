@@ -98,10 +98,20 @@ func (m *Manager) guideMask(j *guideJob) {
 		j.err = fmt.Errorf("%w: %w", ErrGuide, err)
 		return
 	}
-	if b.gst.Accepting() {
+	if !b.gst.Accepting() {
+		// An end token that is also text (a custom end_id) ends nothing here.
 		for _, id := range r.req.EndIDs {
-			b.mask[id>>6] |= 1 << (uint(id) & 63)
-			n++
+			if b.mask[id>>6]&(1<<(uint(id)&63)) != 0 {
+				b.mask[id>>6] &^= 1 << (uint(id) & 63)
+				n--
+			}
+		}
+	} else {
+		for _, id := range r.req.EndIDs {
+			if b.mask[id>>6]&(1<<(uint(id)&63)) == 0 {
+				b.mask[id>>6] |= 1 << (uint(id) & 63)
+				n++
+			}
 		}
 		if n == 0 {
 			// No end token to end with (end_id -1) and no room for more: go on unbudgeted.

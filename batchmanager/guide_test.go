@@ -258,3 +258,26 @@ func TestGuidedVocabularyMustMatch(t *testing.T) {
 		t.Fatalf("got %v, want a refusal naming the vocabulary sizes", rs[0].err)
 	}
 }
+
+// TestGuidedEndTokenThatIsText: an end token the constraint also reads as text (a
+// custom end_id) is allowed only where the text may end, so it never cuts it short.
+func TestGuidedEndTokenThatIsText(t *testing.T) {
+	v, bs := tinyVocab(t)
+	g, err := guide.NewCompiler(v, 0).Guide(guide.KindRegex, `b[ab]{8,}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var arrivals []arrival
+	for i := range 48 {
+		arrivals = append(arrivals, arrival{at: 1, req: &InferenceRequest{ID: uint64(i), InputIDs: []int32{3, 4}, MaxNewTokens: 16,
+			PadID: -1, EndIDs: []int32{'a' - 32}, Guide: g, ExcludeInputInOutput: true,
+			Sampling: engine.SamplingParams{Temperature: 3, Seed: uint64(i)}}})
+	}
+	out, _ := runArrivals(t, cpuEngine(t, 128, 8), Config{}, arrivals)
+	ok := regexp.MustCompile(`^b[ab]{8,}$`)
+	for id, toks := range out {
+		if text := textOf(toks, bs); !ok.MatchString(text) {
+			t.Errorf("request %d: %q (the end token 'a' cut it short?)", id, text)
+		}
+	}
+}
