@@ -176,3 +176,31 @@ func BenchmarkMaskBatch64(b *testing.B) {
 		wg.Wait()
 	}
 }
+
+// BenchmarkMaskBatch64TightBudget is BenchmarkMaskBatch64 with 100 tokens left, below
+// schema20's shortest text at one byte a token: every mask allows the tokens that leave
+// the least to finish.
+func BenchmarkMaskBatch64TightBudget(b *testing.B) {
+	v, _ := testVocab(b, gpt2Tok)
+	g, err := NewCompiler(v, 0).Guide(KindJSONSchema, schema20)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := g.Precompute(); err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(64, 64))
+	states := make([]State, 64)
+	for i := range states {
+		_, _, st := sampleText(b, g, rng, rng.IntN(40), 0)
+		states[i] = st
+	}
+	mask := make([]uint64, v.MaskWords())
+	for b.Loop() {
+		for k := range states {
+			if _, err := states[k].Mask(mask, 100); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}

@@ -193,6 +193,11 @@ func (s State) Mask(dst []uint64, budget int) (int, error) {
 			g.walkers.Put(w)
 		}
 	}()
+	if budget >= 0 && !s.accept {
+		if n, ok, err := s.tooTight(dst, budget); err != nil || ok {
+			return n, err
+		}
+	}
 	for _, f := range s.tops {
 		if !p.hasBytes[f.state] {
 			continue
@@ -207,33 +212,30 @@ func (s State) Mask(dst []uint64, budget int) (int, error) {
 		}
 		// limit is the most bytes a token may leave f's frame to finish.
 		limit := int64(budget) - 1 - int64(upRest)
-		binding := budget >= 0 && int64(t.lowDelta) > limit
-		if !binding {
-			if budget >= 0 && int64(t.maxDelta) > limit {
-				// The few tokens that leave more than the budget allows are cleared:
-				// in the table's own copy when other stacks add tokens too.
-				m := dst
-				if len(s.tops) > 1 {
-					m = make([]uint64, len(dst))
-				}
-				t.orInto(m)
-				for _, o := range t.over {
-					if int64(o.delta) > limit {
-						m[o.tok>>6] &^= 1 << (uint(o.tok) & 63)
-					}
-				}
-				if len(s.tops) > 1 {
-					for i, x := range m {
-						dst[i] |= x
-					}
-				}
-			} else {
-				t.orInto(dst)
+		binding := budget >= 0 && int64(t.maxDelta) > limit
+		switch {
+		case !binding:
+			t.orInto(dst)
+		case t.exact:
+			// The budget from the table: in its own mask when other stacks add tokens
+			// too (a cleared bit must not clear theirs).
+			m := dst
+			if len(s.tops) > 1 {
+				m = make([]uint64, len(dst))
 			}
+			t.applyBudget(m, limit)
+			if len(s.tops) > 1 {
+				for i, x := range m {
+					dst[i] |= x
+				}
+			}
+		}
+		if !binding || t.exact {
 			if len(t.unc) == 0 || f.up == nil {
 				// Nothing returns, or a return ends the text: nothing may follow.
 				continue
 			}
+			binding = false
 		}
 		if w == nil {
 			w = g.walkers.Get().(*walker)
@@ -328,4 +330,69 @@ func (s State) least() (int32, error) {
 		}
 	}
 	return w.least, nil
+}
+
+// tooTight handles, from the tables alone, a budget under which no token fits (each
+// leaves more than the tokens left can write, at one byte a token): the tokens that
+// leave the least are allowed. ok is false when some token may fit, or when the tables
+// cannot tell (a recursive rule's returns, a table without exact deltas): Mask then
+// walks.
+func (s State) tooTight(dst []uint64, budget int) (int, bool, error) {
+	g := s.g
+	least := int64(inf)
+	ready := 0
+	for _, f := range s.tops {
+		if !g.p.hasBytes[f.state] {
+			continue
+		}
+		t, err := g.table(f.state)
+		if err != nil {
+			return 0, false, err
+		}
+		up := int64(0)
+		if f.up != nil {
+			up = int64(f.up.rest)
+		}
+		if len(t.unc) > 0 || !t.exact || int64(t.minDelta) <= int64(budget)-1-up {
+			return 0, false, nil
+		}
+		least = min(least, int64(t.minDelta)+up)
+		ready++
+	}
+	if ready == 0 {
+		return 0, false, nil
+	}
+	for _, f := range s.tops {
+		if !g.p.hasBytes[f.state] {
+			continue
+		}
+		t, _ := g.table(f.state)
+		up := int64(0)
+		if f.up != nil {
+			up = int64(f.up.rest)
+		}
+		if int64(t.minDelta)+up != least {
+			continue
+		}
+		m := dst
+		if ready > 1 {
+			m = make([]uint64, len(dst))
+		}
+		t.applyBudget(m, least-up)
+		if ready > 1 {
+			for i, x := range m {
+				dst[i] |= x
+			}
+		}
+	}
+	if s.first {
+		for _, id := range g.v.firstDiffers {
+			dst[id>>6] &^= 1 << (uint(id) & 63)
+		}
+	}
+	n := 0
+	for _, x := range dst {
+		n += bits.OnesCount64(x)
+	}
+	return n, n > 0, nil
 }

@@ -26,11 +26,16 @@ type table struct {
 	// of their subtrees past them are for the caller to read.
 	unc []int32
 	// maxDelta is the largest, over the allowed tokens, of the fewest bytes that
-	// finish q's frame after the token (the token budget's bound); lowDelta bounds
-	// every token's but those of over, the few that leave more (a token that opens a
-	// long object), kept with theirs so that a tight budget clears them alone.
-	maxDelta, lowDelta int32
-	over               []tokDelta
+	// finish q's frame after the token (the token budget's bound). Most tokens of a
+	// state leave the same (mode); exc lists the others with theirs, by delta, when
+	// there are at most maxExceptions (exact), so that a budget is applied to a mask
+	// from the table alone.
+	maxDelta, mode int32
+	exc            []tokDelta
+	exact          bool
+	// minDelta is the least any allowed token leaves: a budget too tight for every
+	// token allows those that leave it.
+	minDelta int32
 }
 
 // tokDelta is a token and the fewest bytes it leaves q's frame to finish.
@@ -38,33 +43,63 @@ type tokDelta struct {
 	tok, delta int32
 }
 
-// maxOver bounds a table's over list.
-const maxOver = 512
+// maxExceptions bounds a table's exc list.
+const maxExceptions = 4096
 
-// splitDeltas sets t's lowDelta and over from every allowed token's delta: the
-// lowest bound that leaves at most maxOver tokens above it.
+// splitDeltas sets t's delta fields from every allowed token's delta.
 func (t *table) splitDeltas(ds []tokDelta) {
-	t.lowDelta = t.maxDelta
+	t.exact = true
 	if len(ds) == 0 {
 		return
 	}
-	slices.SortFunc(ds, func(a, b tokDelta) int { return int(b.delta - a.delta) })
-	k := min(len(ds), maxOver)
-	// The bound: the delta of the first token not kept, moved up past equal ones.
-	for k > 0 && k < len(ds) && ds[k].delta == ds[k-1].delta {
-		k--
+	slices.SortFunc(ds, func(a, b tokDelta) int { return int(a.delta - b.delta) })
+	// The mode: the longest run of one delta.
+	best, bestLen := ds[0].delta, 0
+	for i := 0; i < len(ds); {
+		j := i
+		for j < len(ds) && ds[j].delta == ds[i].delta {
+			j++
+		}
+		if j-i > bestLen {
+			best, bestLen = ds[i].delta, j-i
+		}
+		i = j
 	}
-	if k == len(ds) {
-		t.lowDelta = 0
+	t.mode = best
+	if len(ds)-bestLen <= maxExceptions {
+		for _, d := range ds {
+			if d.delta != best {
+				t.exc = append(t.exc, d)
+			}
+		}
 	} else {
-		t.lowDelta = ds[k].delta
+		t.exact = false
 	}
-	t.over = slices.Clone(ds[:k])
+	t.minDelta = ds[0].delta
+}
+
+// applyBudget sets in m (cleared or not: the caller's) the tokens of t that leave at
+// most limit bytes; t must be exact.
+func (t *table) applyBudget(m []uint64, limit int64) {
+	if int64(t.mode) <= limit {
+		t.orInto(m)
+		for i := len(t.exc) - 1; i >= 0 && int64(t.exc[i].delta) > limit; i-- {
+			id := t.exc[i].tok
+			m[id>>6] &^= 1 << (uint(id) & 63)
+		}
+		return
+	}
+	for _, e := range t.exc {
+		if int64(e.delta) > limit {
+			break
+		}
+		m[e.tok>>6] |= 1 << (uint(e.tok) & 63)
+	}
 }
 
 // bytes is the table's memory.
 func (t *table) bytes() int64 {
-	return int64(4*len(t.ids) + 8*len(t.words) + 4*len(t.unc) + 8*len(t.over) + 64)
+	return int64(4*len(t.ids) + 8*len(t.words) + 4*len(t.unc) + 8*len(t.exc) + 64)
 }
 
 // orInto sets the table's allowed tokens in dst.
