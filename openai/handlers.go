@@ -82,6 +82,8 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	if req.Stream {
 		echoed := make([]bool, n)
 		offsets := make([]int, n)
+		// One chunk, reused: each is written before the next is made.
+		chunk := resp(make([]CompletionChoice, 1), nil)
 		streamPieces(w, g, id, n, req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
 			func(pc piece) any {
 				text := pc.text
@@ -95,7 +97,8 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 						offsets[pc.index] += len(t.text)
 					}
 				}
-				return resp([]CompletionChoice{ch}, nil)
+				chunk.Choices[0] = ch
+				return chunk
 			},
 			func(u *Usage) any { return resp([]CompletionChoice{}, u) })
 		return
@@ -294,6 +297,10 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	g := s.start(r.Context(), mi, base, n, id)
 	if req.Stream {
 		roleSent := make([]bool, n)
+		// One chunk, its delta and text, reused: each is written before the next is made.
+		chunk := resp("chat.completion.chunk", make([]ChatChoice, 1), nil)
+		var deltaBuf ChatMessageOut
+		var textBuf string
 		var ts []*toolStream
 		if format != formatNone {
 			ts = make([]*toolStream, n)
@@ -314,7 +321,9 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 						finish = "tool_calls"
 					}
 				}
-				delta := &ChatMessageOut{Content: &text}
+				textBuf = text
+				deltaBuf = ChatMessageOut{Content: &textBuf}
+				delta := &deltaBuf
 				if text == "" && (pc.finish != "" || len(calls) > 0) {
 					delta.Content = nil // the last chunk's delta is {}, as OpenAI's
 				}
@@ -333,7 +342,8 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 				if base.logprobs {
 					ch.Logprobs = chatLogprobs(pc.tokens)
 				}
-				return resp("chat.completion.chunk", []ChatChoice{ch}, nil)
+				chunk.Choices[0] = ch
+				return chunk
 			},
 			func(u *Usage) any { return resp("chat.completion.chunk", []ChatChoice{}, u) })
 		return
