@@ -92,6 +92,16 @@ if [ ! -f "$openai_stamp" ]; then
   step "the openai package ($OPENAI_PY) into .deps/pyopenai" pip_q --target "$deps/pyopenai" "$OPENAI_PY"
   touch "$openai_stamp"
 fi
+# jsonschema, with which the structured-output tests (tests/openai, tests/guided)
+# validate the answers, in a folder of its own with its own stamp.
+JSONSCHEMA=jsonschema==4.26.0
+schema_stamp="$deps/.stamp-pyschema-$JSONSCHEMA"
+if [ ! -f "$schema_stamp" ]; then
+  did=1
+  rm -rf "$deps/pyschema"
+  step "$JSONSCHEMA (for the tests) into .deps/pyschema" pip_q --target "$deps/pyschema" "$JSONSCHEMA"
+  touch "$schema_stamp"
+fi
 # genai-perf (NVIDIA's LLM benchmark over perf_analyzer) for the test that runs it
 # unchanged against the demo model: only where make test asks (GOLLM_TEST_DEPS=1), since
 # it pulls transformers, pandas and pyarrow (~0.9 GB) that serving never needs.
@@ -243,9 +253,10 @@ test -x "$deps/bin/tritonserver"
 "$deps/bin/perf_analyzer" --version >/dev/null 2>&1
 PYTHONPATH="$py" python3 -c 'import tokenizers, tritonclient.grpc'
 PYTHONPATH="$deps/pyopenai" python3 -c 'import openai'
+PYTHONPATH="$deps/pyschema" python3 -c 'import jsonschema'
 test -f "$realtok/mistral_common/data/tokenizer.model.v1"
 PYTHONPATH="$realtok/py" python3 -c 'import sentencepiece'
-what="tritonserver 2.51.0, perf_analyzer, tritonclient, tokenizers, openai, Mistral's tokenizer"
+what="tritonserver 2.51.0, perf_analyzer, tritonclient, tokenizers, openai, jsonschema, Mistral's tokenizer"
 if [ "$cuda" = 1 ]; then
   "$deps/cuda/nvidia/cu13/bin/nvcc" --version >/dev/null
   test -f "$deps/cuda/nvidia/cu13/lib/libcublas.so.13"
