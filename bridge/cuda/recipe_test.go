@@ -4,6 +4,7 @@ import (
 	"errors"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -232,29 +233,62 @@ func TestBuiltLibraryChecksTheRecipe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ck, err := model.Open(filepath.Join("..", "..", "testdata", "phi3-tiny"))
-	if err != nil {
-		t.Fatal(err)
+	configs := map[string]model.Config{}
+	for _, fixture := range []string{"phi3-tiny", "qwen3-tiny", "gemma2-tiny", "phi3-longrope-tiny"} {
+		ck, err := model.Open(filepath.Join("..", "..", "testdata", fixture))
+		if err != nil {
+			t.Fatal(err)
+		}
+		configs[fixture] = ck.Config
+		_ = ck.Close()
 	}
-	cfg := ck.Config
-	_ = ck.Close()
+	// phi3-tiny's layer 0: NORM 1, QKV 2, ROTARY 3, KV_WRITE 4, ATTENTION 5, OUT 6, RESIDUAL 7,
+	// NORM 8, MLP 9; qwen3-tiny's: QK_NORM 3 after QKV 2; gemma2-tiny's: OUT 6, POST_NORM 7,
+	// RESIDUAL 8, NORM 9, MLP 10, POST_NORM 11.
 	for _, tc := range []struct {
-		name string
-		edit func(r *cRecipe)
-		want string
+		fixture, name string
+		edit          func(r *cRecipe)
+		want          string
 	}{
-		{"the rotary after the KV write", func(r *cRecipe) { r.stages[3], r.stages[4] = r.stages[4], r.stages[3] },
+		{"phi3-tiny", "the rotary after the KV write", func(r *cRecipe) { r.stages[3], r.stages[4] = r.stages[4], r.stages[3] },
 			"recipe stage 3 (kv_write, layer 0): out of place: the forward pass walks rotary of layer 0 here"},
-		{"a layer's MLP missing", func(r *cRecipe) { r.stages = append(r.stages[:9:9], r.stages[10:]...) },
+		{"phi3-tiny", "a layer's MLP missing", func(r *cRecipe) { r.stages = append(r.stages[:9:9], r.stages[10:]...) },
 			"recipe stage 9 (residual, layer 0): out of place: the forward pass walks mlp of layer 0 here"},
-		{"a stage past the LM head", func(r *cRecipe) { r.stages = append(r.stages, r.stages[len(r.stages)-1]) },
+		{"phi3-tiny", "a stage past the LM head", func(r *cRecipe) { r.stages = append(r.stages, r.stages[len(r.stages)-1]) },
 			"past the LM head"},
-		{"an odd rotary width", func(r *cRecipe) { r.stages[3].rope_dim = 7 }, "rope_dim 7 must be even"},
-		{"frequencies past the table", func(r *cRecipe) { r.freqs = r.freqs[:1] }, "its 4 frequencies from 0 pass the 1 given"},
-		{"a soft-cap", func(r *cRecipe) { r.stages[5].softcap = 30 }, "soft-capped attention is not implemented"},
-		{"a norm kind that is not the config's", func(r *cRecipe) { r.stages[1].norm = 0 }, "its norm kind is not the config's"},
-		{"an MLP kind the weights do not have", func(r *cRecipe) { r.stages[9].gated = 0 }, "gated is not the config's gated_mlp"},
+		{"phi3-tiny", "an odd rotary width", func(r *cRecipe) { r.stages[3].rope_dim = 7 }, "rope_dim 7 must be even"},
+		{"phi3-tiny", "frequencies past the table", func(r *cRecipe) { r.freqs = r.freqs[:1] }, "its 4 frequencies from 0 pass the 1 given"},
+		{"phi3-tiny", "a negative soft-cap", func(r *cRecipe) { r.stages[5].softcap = -30 }, "softcap must be 0 or positive"},
+		{"phi3-tiny", "a norm kind that is not the config's", func(r *cRecipe) { r.stages[1].norm = 0 }, "its norm kind is not the config's"},
+		{"phi3-tiny", "an MLP kind the weights do not have", func(r *cRecipe) { r.stages[9].gated = 0 }, "gated is not the config's gated_mlp"},
+		{"phi3-tiny", "a q/k norm the config has not", func(r *cRecipe) {
+			r.stages = slices.Insert(r.stages, 3, recipeStage{kind: 10, weight: 17, norm: 1, eps: 1e-6})
+		}, "recipe stage 3 (qk_norm, layer 0): out of place: the forward pass walks rotary of layer 0 here"},
+		{"qwen3-tiny", "the q/k norm missing", func(r *cRecipe) { r.stages = slices.Delete(r.stages, 3, 4) },
+			"recipe stage 3 (rotary, layer 0): out of place: the forward pass walks qk_norm of layer 0 here"},
+		{"qwen3-tiny", "a q/k norm on another weight", func(r *cRecipe) { r.stages[3].weight = 18 },
+			"recipe stage 3 (qk_norm, layer 0): weight is not its role"},
+		{"qwen3-tiny", "a q/k LayerNorm", func(r *cRecipe) { r.stages[3].norm = 0 }, "only RMSNorm is implemented for it"},
+		{"gemma2-tiny", "a post-norm after the residual", func(r *cRecipe) { r.stages[7], r.stages[8] = r.stages[8], r.stages[7] },
+			"recipe stage 7 (residual, layer 0): out of place: the forward pass walks post_norm of layer 0 here"},
+		{"gemma2-tiny", "a post-norm on the MLP's input norm", func(r *cRecipe) { r.stages[11].weight = 11 },
+			"recipe stage 11 (post_norm, layer 0): weight is not its role"},
+		{"gemma2-tiny", "an embedding scale of NaN", func(r *cRecipe) {
+			inf := r.stages[0].scale + 3e38
+			inf *= 10 // past float32's range
+			r.stages[0].scale = inf - inf
+		}, "recipe stage 0 (embed, layer -1): scale must be 0 or positive"},
+		{"gemma2-tiny", "an infinite final soft-cap", func(r *cRecipe) {
+			s := &r.stages[len(r.stages)-1]
+			s.softcap = 3e38
+			s.softcap *= 10
+		}, "(lm_head, layer -1): softcap must be 0 or positive and finite"},
+		{"phi3-longrope-tiny", "longrope's long set past the table", func(r *cRecipe) { r.freqs = r.freqs[:6] },
+			"its 8 frequencies from 0 pass the 6 given"},
+		{"phi3-longrope-tiny", "a zero cos/sin scale", func(r *cRecipe) { r.stages[3].rope_scale = 0 },
+			"rope_scale must be positive and finite"},
 	} {
+		cfg := configs[tc.fixture]
 		rec, err := recipeOf(&cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -265,14 +299,16 @@ func TestBuiltLibraryChecksTheRecipe(t *testing.T) {
 		pin.Unpin()
 		var ce *Error
 		if !errors.As(err, &ce) || ce.Code != CodeInvalidArgument || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: %v, want an invalid argument containing %q", tc.name, err, tc.want)
+			t.Errorf("%s: %s: %v, want an invalid argument containing %q", tc.fixture, tc.name, err, tc.want)
 		}
 	}
-	rec, _ := recipeOf(&cfg)
-	var pin runtime.Pinner
-	_, err = createWeights(l, 0, 1, &cfg, rec, nil, faults{rank: -1}, &pin)
-	pin.Unpin()
-	if err == nil || strings.Contains(err.Error(), "recipe") {
-		t.Errorf("the derived recipe without weights: %v, want it past the recipe's check (a missing weight or no GPU)", err)
+	for fixture, cfg := range configs {
+		rec, _ := recipeOf(&cfg)
+		var pin runtime.Pinner
+		_, err = createWeights(l, 0, 1, &cfg, rec, nil, faults{rank: -1}, &pin)
+		pin.Unpin()
+		if err == nil || strings.Contains(err.Error(), "recipe") {
+			t.Errorf("%s: the derived recipe without weights: %v, want it past the recipe's check (a missing weight or no GPU)", fixture, err)
+		}
 	}
 }
