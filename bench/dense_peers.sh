@@ -5,12 +5,12 @@
 # measures them (the engine alone: bench/gpubench, CUDA graphs; transformers only at
 # batch 64, static cache only, three repetitions each).
 #
-# Here (no GPU needed), the library for sm_90 and the benchmark:
-#   cmake -S . -B build -DGOLLM_CUDA=ON -DGOLLM_CUDA_ARCHS=90 && cmake --build build
-#   mkdir -p .carry && go build -ldflags=-s -o .carry/gpubench ./bench/gpubench
-#   cp build/libgollm_cuda.so .carry/
-# then on the GPU machine, carrying .carry:
-#   bash bench/dense_peers.sh .carry $OUT
+#   bash bench/dense_peers.sh OUT [CARRY]
+# CARRY holds gpubench and libgollm_cuda.so (built here: cmake -S . -B build
+# -DGOLLM_CUDA=ON -DGOLLM_CUDA_ARCHS=90 && cmake --build build; go build -ldflags=-s -o
+# CARRY/gpubench ./bench/gpubench; cp build/libgollm_cuda.so CARRY/). Without CARRY it takes
+# what tests/gpu/recipe_ab.sh built on this machine (build/recipe-ab: the new tree's
+# gpubench and library), so that it follows a recipe_ab.sh call on a warm machine.
 # It writes $OUT/dense-peers.jsonl (BENCH.md's rows; also appended to bench/results/) and
 # $OUT/dense-peers.log, whose last lines are the table and the targets' ratios:
 #   Qwen3-8B  decode_b1 gollm / floor ≤ 1.15;  Gemma-3-4B decode_b1 gollm / floor ≤ 1.2;
@@ -19,11 +19,16 @@
 # transformers (a compile per model). MODELS narrows it (MODELS=gemma3-4B).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-carry=$(cd "$1" && pwd)
-out=$2
+out=$1
+if [ -n "${2:-}" ]; then
+  gpubench=$(cd "$2" && pwd)/gpubench lib=$(cd "$2" && pwd)/libgollm_cuda.so
+else
+  gpubench=$root/build/recipe-ab/bin/new/gpubench lib=$root/build/recipe-ab/lib/libgollm_cuda_new.so
+fi
+[ -x "$gpubench" ] && [ -f "$lib" ] || { echo "FAIL: $gpubench or $lib missing"; exit 1; }
 mkdir -p "$out"
 source "$root/tests/gpu/env.sh"
-python3 "$root/bench/gpu_peers.py" --gpubench "$carry/gpubench" --lib "$carry/libgollm_cuda.so" \
+python3 "$root/bench/gpu_peers.py" --gpubench "$gpubench" --lib "$lib" \
   --models "${MODELS:-qwen3-8B,gemma3-4B}" --skip-eager --graphs-only --reps 3 \
   --hf-workloads tput_b64_i128_o128 --work /tmp/gollm-dense-bench --out "$out/dense-peers.jsonl" \
   2>&1 | tee "$out/dense-peers.log"
