@@ -249,6 +249,16 @@ if [ "${GOLLM_TEST_DEPS:-0}" = 1 ] && [ ! -f "$families_stamp" ]; then
   step "Qwen3's, Phi-3's and Gemma 3's tokenizers ($LLAMA_CPP_PY, ${GEMMA3_GGUF[0]}) into .deps/realtok" family_vocabs
   touch "$families_stamp"
 fi
+# Jinja2 renders those families' chat templates as transformers' apply_chat_template does,
+# for demo/family_tokenizers_test.go's comparison with the OpenAI frontend's engine (make
+# test only).
+JINJA=(jinja2==3.1.6 markupsafe==3.0.3)
+jinja_stamp="$deps/.stamp-realtok-jinja-${JINJA[0]}-${JINJA[1]}"
+if [ "${GOLLM_TEST_DEPS:-0}" = 1 ] && [ ! -f "$jinja_stamp" ]; then
+  did=1
+  step "${JINJA[*]} (for the tests) into .deps/realtok/py" pip_q --target "$realtok/py" --upgrade --no-deps "${JINJA[@]}"
+  touch "$jinja_stamp"
+fi
 test -x "$deps/bin/tritonserver"
 "$deps/bin/perf_analyzer" --version >/dev/null 2>&1
 PYTHONPATH="$py" python3 -c 'import tokenizers, tritonclient.grpc'
