@@ -44,7 +44,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 9
+#define GOLLM_ABI_VERSION 10
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -341,7 +341,7 @@ typedef struct gollm_seq {
                                         and bad words, decided by the caller */
   int32_t bias_offset;               /* embedding bias: bias[bias_offset .. +vocab), or -1 */
   double uniform;                    /* the draw in [0, 1) for this step */
-  /* ABI 9: guided decoding and min-p. */
+  /* ABI 10: guided decoding and min-p. */
   int32_t allowed_offset;            /* the tokens it may sample (guided decoding): bit i%32 of
                                         allowed[allowed_offset + i/32] for token i, (vocab+31)/32
                                         words, applied after the masks; -1: every token */
@@ -368,7 +368,7 @@ typedef struct gollm_step_in {
   const int32_t* block_copies;   /* [num_block_copies][2]: (src, dst) KV blocks, each in
                                     [0, num_blocks), copied whole, in order, before the
                                     forward pass (the copy-on-write of beams) */
-  int64_t num_allowed;           /* ABI 9: length of allowed, in 32-bit words */
+  int64_t num_allowed;           /* ABI 10: length of allowed, in 32-bit words */
   const uint32_t* allowed;       /* guided decoding's token bitmasks (gollm_seq.allowed_offset) */
   const int32_t* feed;           /* [num_seqs] or NULL (gollm_launch only): -1, or the
                                     sequence of the step launched just before, still not

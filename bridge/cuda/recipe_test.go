@@ -107,12 +107,12 @@ func TestRecipeOfCarriesEveryStage(t *testing.T) {
 	}
 }
 
-// TestABILayoutIsVersion9 pins the structs this package fills to gollm.h's ABI 9 — sizes
+// TestABILayoutIsVersion10 pins the structs this package fills to gollm.h's ABI 10 — sizes
 // and field offsets as x86-64 and arm64 C compilers lay them out —, so that a field added,
 // moved or resized without bumping GOLLM_ABI_VERSION fails here rather than in a library
 // built from another header.
-func TestABILayoutIsVersion9(t *testing.T) {
-	if v := headerABI(); v != 9 {
+func TestABILayoutIsVersion10(t *testing.T) {
+	if v := headerABI(); v != 10 {
 		t.Fatalf("gollm.h has ABI %d: update this test's layout with the version", v)
 	}
 	want := map[string]uintptr{
@@ -136,7 +136,7 @@ func TestABILayoutIsVersion9(t *testing.T) {
 	got := abiLayout()
 	for k, w := range want {
 		if g, ok := got[k]; !ok || g != w {
-			t.Errorf("%s: %d, ABI 9 has %d", k, g, w)
+			t.Errorf("%s: %d, ABI 10 has %d", k, g, w)
 		}
 	}
 	if len(got) != len(want) {
