@@ -76,6 +76,11 @@ func (c *BatchChecker) check(b *Batch, allowFeed bool) (int, error) {
 		if sq.Feed < 0 || sq.Feed > 0 && len(sq.Tokens) != 1 {
 			return fail("Feed = %d: a fed sequence has one new token (it has %d)", sq.Feed, len(sq.Tokens))
 		}
+		if sq.Draft != 0 || sq.DraftProbs != nil {
+			if err := c.checkDraft(sq); err != nil {
+				return fail("%v", err)
+			}
+		}
 		for i, t := range sq.Tokens {
 			if t < 0 || int(t) >= V {
 				return fail("Tokens[%d] = %d is outside the vocabulary [0, %d)", i, t, V)
@@ -112,4 +117,33 @@ func (c *BatchChecker) check(b *Batch, allowFeed bool) (int, error) {
 		n += len(sq.Tokens)
 	}
 	return n, nil
+}
+
+// checkDraft validates a sequence's proposals (Sequence.Draft, DraftProbs).
+func (c *BatchChecker) checkDraft(sq *Sequence) error {
+	V := c.info.VocabSize
+	switch {
+	case sq.Draft < 0:
+		return fmt.Errorf("Draft = %d is negative", sq.Draft)
+	case sq.Draft == 0:
+		return fmt.Errorf("DraftProbs without Draft")
+	case c.info.MaxDraft == 0:
+		return fmt.Errorf("Draft = %d: this engine does not verify proposed tokens", sq.Draft)
+	case sq.Draft > c.info.MaxDraft:
+		return fmt.Errorf("Draft = %d exceeds the engine's %d proposed tokens per sequence", sq.Draft, c.info.MaxDraft)
+	case sq.Draft >= len(sq.Tokens):
+		return fmt.Errorf("Draft = %d leaves none of its %d tokens to verify them from", sq.Draft, len(sq.Tokens))
+	case !sq.Sample || sq.ContextLogits || sq.Feed != 0:
+		return fmt.Errorf("Draft = %d needs Sample, and neither ContextLogits nor Feed", sq.Draft)
+	case len(sq.History) < sq.Draft:
+		return fmt.Errorf("Draft = %d exceeds the %d tokens of History", sq.Draft, len(sq.History))
+	case sq.DraftProbs != nil && len(sq.DraftProbs) != sq.Draft*V:
+		return fmt.Errorf("DraftProbs has %d values, want Draft × vocabulary = %d", len(sq.DraftProbs), sq.Draft*V)
+	}
+	for i, q := range sq.DraftProbs {
+		if !(q >= 0 && q <= 1) {
+			return fmt.Errorf("DraftProbs[%d] = %g is not a probability", i, q)
+		}
+	}
+	return nil
 }

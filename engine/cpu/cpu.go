@@ -157,6 +157,7 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 			NumBlocks:      kv.NumBlocks,
 			TokensPerBlock: kv.TokensPerBlock,
 			EndIDs:         cfg.EOSIDs,
+			MaxDraft:       engine.MaxDraftTokens,
 		},
 		w:  w,
 		kv: make([]float32, int64(kv.NumBlocks)*perBlock),
@@ -229,6 +230,9 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 		switch {
 		case sq.ContextLogits:
 			m += len(sq.Tokens)
+		case sq.Draft > 0:
+			m += sq.Draft + 1
+			mScratch += sq.Draft + 1
 		case sq.Sample || sq.ReturnLogits:
 			m++
 			mScratch++
@@ -255,6 +259,9 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 				s.lmOut = append(s.lmOut, out[i*V:(i+1)*V:(i+1)*V])
 			}
 			s.lastLogits[si] = s.lmOut[len(s.lmOut)-1]
+		case sq.Draft > 0:
+			s.lastLogits[si] = e.draftRows(sq, r0, k)
+			k += sq.Draft + 1
 		case sq.Sample || sq.ReturnLogits:
 			s.lmIn = append(s.lmIn, s.hf.rows[len(s.lmIn)])
 			e.norm(s.lmIn[len(s.lmIn)-1], s.h.rows[r0+len(sq.Tokens)-1], w.finalNorm, w.finalNormB)
@@ -435,6 +442,9 @@ func (e *Engine) finish(sq *engine.Sequence, last []float32, sp *engine.Sampler,
 	out.Token = -1
 	if last == nil {
 		return nil
+	}
+	if sq.Draft > 0 {
+		return e.verify(sq, last, sp, out)
 	}
 	if !sq.Sample {
 		if sq.ReturnLogits {
