@@ -84,4 +84,6 @@ type Config struct {
 	// are those without it. Engines that cannot overlap (engine.Pipeliner) run
 	// it through engine.SyncPipeline: same schedule, nothing overlapped.
 	Overlap bool
+	// Speculation runs speculative decoding when its Proposer is set (speculate.go).
+	Speculation Speculation
 }

@@ -143,6 +143,10 @@ func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 		switch {
 		case s.Sample && !r.runsAhead():
 			return nil
+		case s.Draft > 0 || s.Sample && m.speculates(r) && m.perSequenceDraft(len(base), 1) > 0:
+			// Its tokens are not known before its outputs are read, or it may carry
+			// proposals in the next step, which the scheduler makes.
+			return nil
 		case !s.Sample && (s.ReturnLogits || r.width > 1):
 			// The host chooses its token from these logits, or a group may fork after
 			// this chunk: the next row is not known before the outputs are read.

@@ -20,6 +20,9 @@ type iterCounts struct {
 	emptySlots int
 	// pausedNow and resumedNow count this iteration's pauses and resumes.
 	pausedNow, resumedNow int
+	// drafted and accepted count the iteration's proposed tokens and those accepted;
+	// specSteps its sequences that verified proposals.
+	drafted, accepted, specSteps int
 	// engine is the wall time of the iteration's Engine.Step.
 	engine time.Duration
 }
@@ -165,9 +168,13 @@ func (m *Manager) fillBatch() {
 			if b.n == 0 {
 				continue
 			}
+			draft := 0
+			if b == &r.branch && r.spec != nil {
+				draft = r.spec.draft
+			}
 			start, end := b.computed, b.computed+b.n
-			last := end == len(b.tokens)
-			if b.n == 1 && b.generated > 0 && last {
+			last := end == len(b.tokens)+draft
+			if b.n-draft == 1 && b.generated > 0 && last {
 				m.it.genReqs++
 			} else {
 				m.it.ctxReqs++
@@ -190,6 +197,10 @@ func (m *Manager) fillBatch() {
 			}
 			s.ContextLogits = b == &r.branch && r.ctxLogits != nil && start < r.promptLen && !r.ctxSent
 			s.Feed = 0
+			s.Draft, s.DraftProbs = draft, nil
+			if draft > 0 {
+				s.DraftProbs = r.spec.probs
+			}
 			m.refs = append(m.refs, seqRef{r, b})
 			i++
 		}
@@ -201,6 +212,10 @@ func (m *Manager) fillBatch() {
 // for a sampled branch its new token and stop conditions. A host-sampled branch keeps
 // its logits for afterStep.
 func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engine.Output) {
+	if seq.Draft > 0 {
+		m.acceptDraft(r, b, seq, out)
+		return
+	}
 	vocab := m.info.VocabSize
 	if seq.ContextLogits {
 		rows := min(b.n, r.promptLen-b.computed)
@@ -237,25 +252,33 @@ func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engi
 			return
 		}
 	}
+	logits := out.Logits
+	if r.hostSampled() {
+		logits = b.rawLogits
+	}
+	m.takeToken(r, b, tok, lp, logits)
+}
+
+// takeToken adds one generated token to b, with its log-probability and (when asked)
+// its position's logits, and applies the stop conditions; it says whether b is done
+// (ended or failed).
+func (m *Manager) takeToken(r *request, b *branch, tok int32, lp float32, logits []float32) bool {
+	vocab := m.info.VocabSize
 	if tok < 0 || int(tok) >= vocab {
 		r.failed = fmt.Errorf("%w: sampled token %d outside the vocabulary [0, %d)", ErrEngine, tok, vocab)
-		return
+		return true
 	}
 	m.it.genTokens++
 	m.tokenTimes(r)
 	if slices.Contains(r.req.EndIDs, tok) {
 		// The end token is not part of the output (as in TensorRT-LLM).
 		b.ended, b.finish = true, FinishedEndID
-		return
+		return true
 	}
 	if r.req.ReturnGenerationLogits {
-		logits := out.Logits
-		if r.hostSampled() {
-			logits = b.rawLogits
-		}
 		if len(logits) != vocab {
 			r.failed = fmt.Errorf("%w: %d generation logits, vocabulary is %d", ErrEngine, len(logits), vocab)
-			return
+			return true
 		}
 		b.genLogits = append(b.genLogits, logits...)
 	}
@@ -267,6 +290,7 @@ func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engi
 	}
 	m.decayTopP(r, b, tok)
 	m.checkStop(r, b)
+	return b.ended
 }
 
 // tokenTimes records the first and latest token times (perf metrics).
@@ -455,10 +479,21 @@ func (m *Manager) respond(r *request) {
 			}
 		}
 	default:
-		if r.req.Streaming && m.streamDue(&r.branch) {
-			m.send(r.id, m.streamResult(r, &r.branch), false, nil)
+		// A step with proposals may add several tokens: each goes out as it would have
+		// from steps of its own.
+		for r.req.Streaming && m.streamDue(&r.branch) {
+			m.send(r.id, m.streamResult(r, &r.branch, m.streamChunk(&r.branch)), false, nil)
 		}
 	}
+}
+
+// streamChunk is the most tokens a streaming response of b carries before its last:
+// the first token alone, then Config.StreamInterval.
+func (m *Manager) streamChunk(b *branch) int {
+	if b.sent == 0 {
+		return 1
+	}
+	return max(1, m.cfg.StreamInterval)
 }
 
 // streamDue says whether a streaming sequence has a response due that is not its last:
@@ -478,7 +513,7 @@ func (m *Manager) complete(r *request) {
 		r.phase = phaseHeld
 		m.held = append(m.held, r)
 		if r.width == 1 && r.req.Streaming && r.generated > r.sent {
-			m.send(r.id, m.streamResult(r, &r.branch), false, nil)
+			m.send(r.id, m.streamResult(r, &r.branch, 0), false, nil)
 		}
 		return
 	}
@@ -508,7 +543,21 @@ func (m *Manager) sendLast(r *request, padTo int) {
 			m.send(r.id, Result{SequenceFinal: true, PromptLen: r.promptLen, Perf: m.perf(r)}, true, nil)
 		}
 	case r.req.Streaming:
-		m.send(r.id, m.streamResult(r, &r.branch), true, nil)
+		// A step with proposals may have added several tokens before the end: the
+		// responses due after each token that did not end the request go out first, as
+		// from steps of their own. The token that ends it (a stop word, the length
+		// limit) goes with the final response; an end token is none of the output.
+		b := &r.branch
+		last := b.generated
+		if b.finish == FinishedStopWord || b.finish == FinishedLength {
+			last--
+		}
+		for last-b.sent >= m.streamChunk(b) && b.sent < last {
+			res := m.streamResult(r, b, m.streamChunk(b))
+			res.Finish = NotFinished
+			m.send(r.id, res, false, nil)
+		}
+		m.send(r.id, m.streamResult(r, b, 0), true, nil)
 	default:
 		m.send(r.id, m.finalResult(r, &r.branch, padTo), true, nil)
 	}
@@ -540,7 +589,7 @@ func (m *Manager) finishV1Batch() {
 func (m *Manager) branchResult(r *request, b *branch, last bool) Result {
 	var res Result
 	if r.req.Streaming {
-		res = m.streamResult(r, b)
+		res = m.streamResult(r, b, 0)
 	} else {
 		res = m.finalResult(r, b, 0)
 	}
@@ -554,11 +603,26 @@ func (m *Manager) branchResult(r *request, b *branch, last bool) Result {
 // streamResult is a streaming response: the tokens b generated since its last one
 // (usually one; none on the final response after an end token), with what the request
 // asked for of them.
-func (m *Manager) streamResult(r *request, b *branch) Result {
+func (m *Manager) streamResult(r *request, b *branch, most int) Result {
 	from, to := b.sent, b.generated
+	if most > 0 {
+		to = min(to, from+most)
+	}
 	b.sent = to
 	res := Result{Tokens: b.tokens[r.promptLen+from : r.promptLen+to : r.promptLen+to], Length: to - from}
 	m.addExtras(&res, r, b, from, to, true)
+	if to < b.generated {
+		// Some of a step's tokens (speculative decoding): the response their own step
+		// would have sent.
+		res.Generated, res.Finish = to, NotFinished
+		if b.logProbs != nil {
+			var c float32
+			for _, x := range b.logProbs[:to] {
+				c += x
+			}
+			res.CumLogProb = c
+		}
+	}
 	r.ctxSent = true
 	return res
 }
