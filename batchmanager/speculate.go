@@ -26,7 +26,8 @@ import (
 //
 // How many tokens are proposed: at most MaxDraft (num_speculative_tokens); no more than
 // the request has left to generate; about one more than the request's recent accepted
-// count (a running average), so that a request whose proposals fail proposes little;
+// count (a running average), so that a request whose proposals fail proposes little
+// (and below a quarter of a token, only every fourth step);
 // and within the step's budget of generation rows, MaxStepTokens: with g sequences
 // generating, of which s speculate, each proposes at most (MaxStepTokens-g)/s, so
 // proposals shrink as the batch grows and stop once g reaches the budget. They also
@@ -51,6 +52,11 @@ type Speculation struct {
 	// DefaultMaxStepTokens).
 	MaxStepTokens int
 }
+
+// lowAcceptance is the running average of accepted proposals per step below which a
+// request proposes only every fourth step: each proposal costs a row of the step (and,
+// with a draft model, its steps), which a request that never has one accepted wastes.
+const lowAcceptance = 0.25
 
 // DefaultMaxStepTokens is Speculation.MaxStepTokens's default: a batch of up to 16
 // generating sequences can afford at least one proposal each, and 32 or more none.
@@ -83,6 +89,9 @@ type specRequest struct {
 	req speculate.Request
 	// avg is a running average of the proposals accepted per step.
 	avg float64
+	// rest counts the steps a request whose proposals keep failing still waits before
+	// it proposes again.
+	rest int
 	// draft is the number of proposals scheduled this step; probs their distributions
 	// (empty for certain proposals).
 	draft int
@@ -160,6 +169,14 @@ func (m *Manager) propose() {
 		k := min(per, r.maxNew-r.generated-1, m.info.MaxSeqLen-len(r.tokens), int(math.Ceil(r.spec.avg))+1)
 		if k <= 0 {
 			continue
+		}
+		if r.spec.avg < lowAcceptance {
+			// Its proposals keep failing: try again every fourth step only.
+			if r.spec.rest > 0 {
+				r.spec.rest--
+				continue
+			}
+			r.spec.rest = 3
 		}
 		q := &r.spec.req
 		q.Key, q.Tokens, q.Max = r.id, r.tokens[:len(r.tokens):len(r.tokens)], k

@@ -12,6 +12,7 @@ import (
 
 	"gollm/engine"
 	"gollm/engine/cpu"
+	"gollm/engine/enginetest"
 	"gollm/model"
 	"gollm/speculate"
 	"gollm/tokenizer"
@@ -411,4 +412,176 @@ func TestPromptLookupKeepsTheOutput(t *testing.T) {
 	}
 	t.Logf("prompt lookup: %d of %d proposals accepted in %d verification steps, %d iterations",
 		last.AcceptedDraftTokensTotal, last.DraftTokensTotal, last.SpeculativeStepsTotal, len(stats))
+}
+
+// TestDraftModelKeepsGreedyOutput: with a draft model on the CPU engine, greedy requests
+// get the responses they get without speculation, whether the draft is the target
+// itself (every proposal accepted) or a random model of the same vocabulary (few).
+// Sampled requests with the target as their own draft have every proposal accepted:
+// speculative sampling keeps a proposal whose probability is the target's with
+// certainty.
+func TestDraftModelKeepsGreedyOutput(t *testing.T) {
+	_, tok := austenEngine(t, 1, 64)
+	var reqs []*InferenceRequest
+	for i, text := range []string{"It is a truth universally acknowledged", "Hello, my name is", "The weather at Bath", "Emma was not"} {
+		reqs = append(reqs, &InferenceRequest{ID: uint64(i + 1), InputIDs: tok.EncodePrompt(text), MaxNewTokens: 30, PadID: -1,
+			Streaming: i%2 == 0, ReturnLogProbs: true, EndIDs: []int32{0}})
+	}
+	// A stop word inside the output.
+	probe := soloRun(t, mustAusten(t), reqs[0].InputIDs, 20, engine.SamplingParams{})
+	reqs = append(reqs, &InferenceRequest{ID: 9, InputIDs: reqs[0].InputIDs, MaxNewTokens: 30, PadID: -1, StopWords: [][]int32{probe[6:8]}})
+	want, _ := runOn(t, mustAusten(t), Config{}, reqs)
+	random := enginetest.Random(enginetest.Llama(4096, 1024, 64, 1, 2, 1, 128), 3)
+	for name, draftEngine := range map[string]func() engine.Engine{
+		"the target as draft": func() engine.Engine { e, _ := austenEngine(t, 32, 64); return e },
+		"a random draft": func() engine.Engine {
+			e, err := cpu.NewFromModel(random, engine.KVConfig{NumBlocks: 32, TokensPerBlock: 64})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return e
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			d, err := speculate.NewDraft(draftEngine(), 4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, stats := runOn(t, mustAusten(t), Config{Speculation: Speculation{Proposer: d, MaxDraft: 4}}, reqs)
+			for _, r := range reqs {
+				if err := sameResponses(got[r.ID], want[r.ID]); err != nil {
+					t.Errorf("request %d: %v", r.ID, err)
+				}
+			}
+			last := stats[len(stats)-1]
+			t.Logf("%d of %d proposals accepted", last.AcceptedDraftTokensTotal, last.DraftTokensTotal)
+			if last.DraftTokensTotal == 0 {
+				t.Fatal("no proposals were made")
+			}
+			if name == "the target as draft" && last.AcceptedDraftTokensTotal != last.DraftTokensTotal {
+				t.Errorf("the target as its own draft had %d of %d proposals accepted, want all", last.AcceptedDraftTokensTotal, last.DraftTokensTotal)
+			}
+		})
+	}
+	t.Run("sampled, the target as draft", func(t *testing.T) {
+		e, _ := austenEngine(t, 32, 64)
+		d, err := speculate.NewDraft(e, 4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sampled []*InferenceRequest
+		for i, r := range reqs[:4] {
+			s := *r
+			s.ID = uint64(100 + i)
+			s.Sampling = engine.SamplingParams{Temperature: 0.8, TopP: 0.95, Seed: uint64(i)}
+			sampled = append(sampled, &s)
+		}
+		_, stats := runOn(t, mustAusten(t), Config{Speculation: Speculation{Proposer: d, MaxDraft: 4}}, sampled)
+		last := stats[len(stats)-1]
+		if last.DraftTokensTotal == 0 || last.AcceptedDraftTokensTotal != last.DraftTokensTotal {
+			t.Errorf("%d of %d proposals accepted, want all", last.AcceptedDraftTokensTotal, last.DraftTokensTotal)
+		}
+	})
+}
+
+// mustAusten is a fresh Austen CPU engine of 32 blocks of 64 positions.
+func mustAusten(t *testing.T) engine.Engine {
+	t.Helper()
+	e, _ := austenEngine(t, 32, 64)
+	return e
+}
+
+// TestSampledOutputKeepsTheTargetDistribution: on a vocabulary of 4, a random target
+// with a random draft model of its own (speculative sampling, the draft's
+// distributions passed to the engine), 10,000 requests of distinct seeds generate four
+// tokens each through the manager, the second and third from a step with two proposals;
+// the joint distribution of those two is the target's, computed
+// from the target's own logits (chi-squared with 15 degrees of freedom below the 0.001
+// critical value), and not the draft's.
+func TestSampledOutputKeepsTheTargetDistribution(t *testing.T) {
+	const V, runs = 4, 10000
+	target := enginetest.Random(enginetest.Llama(V, 64, 16, 1, 2, 1, 32), 21)
+	draft := enginetest.Random(enginetest.Llama(V, 64, 16, 1, 2, 1, 32), 22)
+	newEngine := func(m *model.Float32) engine.Engine {
+		e, err := cpu.NewFromModel(m, engine.KVConfig{NumBlocks: 512, TokensPerBlock: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.Close() })
+		return e
+	}
+	sp := engine.SamplingParams{Temperature: 2}
+	prompt := []int32{1, 3, 0}
+	// probs is m's next-token distribution after ctx at sp.
+	probs := func(m *model.Float32, ctx []int32) []float64 {
+		e := newEngine(m)
+		outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{{Tokens: ctx, Blocks: []int32{0, 1}, History: ctx, ReturnLogits: true, Sampling: sp}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := engine.NewSampler(V)
+		p, err := s.Probs(outs[0].Logits, &sp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Clone(p)
+	}
+	// The first token comes from the prompt's step, without proposals; the second and
+	// third from the first step with proposals: their joint distribution, over the first.
+	var want, draftWant [V * V]float64
+	p0, q0 := probs(target, prompt), probs(draft, prompt)
+	for c := range V {
+		ctx := append(slices.Clone(prompt), int32(c))
+		p1, q1 := probs(target, ctx), probs(draft, ctx)
+		for a := range V {
+			ctx2 := append(slices.Clone(ctx), int32(a))
+			p2, q2 := probs(target, ctx2), probs(draft, ctx2)
+			for b := range V {
+				want[a*V+b] += p0[c] * p1[a] * p2[b]
+				draftWant[a*V+b] += q0[c] * q1[a] * q2[b]
+			}
+		}
+	}
+	var reqs []*InferenceRequest
+	for i := range runs {
+		s := sp
+		s.Seed = uint64(i)
+		reqs = append(reqs, &InferenceRequest{ID: uint64(i + 1), InputIDs: prompt, MaxNewTokens: 4, PadID: -1,
+			Sampling: s, ExcludeInputInOutput: true})
+	}
+	d, err := speculate.NewDraft(newEngine(draft), V)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, stats := runOn(t, newEngine(target), Config{Speculation: Speculation{Proposer: d, MaxDraft: 2, MaxStepTokens: 1000}}, reqs)
+	var counts [V * V]float64
+	for _, r := range reqs {
+		rs := got[r.ID]
+		toks := rs[len(rs)-1].out.Tokens
+		if len(toks) != 4 {
+			t.Fatalf("request %d: %v, want 4 tokens", r.ID, toks)
+		}
+		counts[toks[1]*V+toks[2]]++
+	}
+	chi := func(dist [V * V]float64) float64 {
+		var x float64
+		for i, w := range dist {
+			e := w * runs
+			x += (counts[i] - e) * (counts[i] - e) / e
+		}
+		return x
+	}
+	const critical = 37.70 // chi-squared, 15 degrees of freedom, p = 0.001
+	if x := chi(want); x > critical {
+		t.Errorf("chi-squared %.1f against the target's distribution exceeds %.2f: counts %v, want %v × %d", x, critical, counts, want, runs)
+	}
+	if x := chi(draftWant); x < critical {
+		t.Errorf("chi-squared %.1f against the draft's distribution: the test cannot tell them apart", x)
+	}
+	last := stats[len(stats)-1]
+	if last.AcceptedDraftTokensTotal == 0 || last.AcceptedDraftTokensTotal == last.DraftTokensTotal {
+		t.Errorf("%d of %d proposals accepted: the rule was not exercised both ways", last.AcceptedDraftTokensTotal, last.DraftTokensTotal)
+	}
+	t.Logf("chi-squared %.1f (target), %.1f (draft); %d of %d proposals accepted", chi(want), chi(draftWant),
+		last.AcceptedDraftTokensTotal, last.DraftTokensTotal)
 }
