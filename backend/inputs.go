@@ -60,6 +60,7 @@ const (
 	inReturnNumOutput   = "return_num_output_tokens"
 	inReturnTopLogprobs = "return_top_logprobs"
 	inDecoderInputIDs   = "decoder_input_ids"
+	inSpeculative       = "speculative_decoding"
 
 	outOutputIDs      = "output_ids"
 	outSequenceLength = "sequence_length"
@@ -102,7 +103,7 @@ var knownInputs = map[string]bool{
 	inTopPDecay: true, inTopPMin: true, inTopPResetIDs: true, inTopKAlias: true, inTopPAlias: true,
 	inReturnPerf: true, inStopText: true, inBadText: true, inBiasWords: true, inBiasWeights: true,
 	inReturnNumInput: true, inReturnNumOutput: true, inReturnTopLogprobs: true,
-	inDecoderInputIDs: true,
+	inDecoderInputIDs: true, inSpeculative: true,
 }
 
 // maxTopLogprobs bounds return_top_logprobs (OpenAI's top_logprobs allows 20).
@@ -319,6 +320,14 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 
 	if err := in.sampling(p, lim); err != nil {
 		return nil, err
+	}
+	// Speculative decoding, where the model runs it, unless the request turns it off.
+	if in[inSpeculative] != nil {
+		on, err := in.flag(inSpeculative)
+		if err != nil {
+			return nil, err
+		}
+		r.NoSpeculation = !on
 	}
 
 	// Output options. Naming an output does not ask for it: the generate endpoint
