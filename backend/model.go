@@ -134,7 +134,7 @@ func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logg
 		log.Warn("the tokenizer has more tokens than the model's vocabulary; prompts using them are refused",
 			zap.Int("tokenizer", tok.VocabSize()), zap.Int("model", mc.VocabSize))
 	}
-	draft, err := openDraft(&cfg.Speculation, mc.VocabSize, tok, log)
+	draft, err := openDraft(&cfg.Speculation, weights, tok, log)
 	if err != nil {
 		return nil, triton.WithCode(triton.CodeInvalidArg, fmt.Errorf("model %q: %w", name, err))
 	}

@@ -11,6 +11,7 @@ import (
 	"gollm/batchmanager"
 	"gollm/engine"
 	"gollm/engines"
+	"gollm/model"
 	"gollm/speculate"
 	"gollm/tokenizer"
 )
@@ -59,6 +60,9 @@ type speculationConfig struct {
 	MaxStepTokens int
 	// set names the speculation parameters given, for the checks.
 	set map[string]bool
+	// inferred says Mode came from speculative_draft_model_path alone: the checkpoint
+	// decides between draft_model and eagle3 at load.
+	inferred bool
 }
 
 // specParams are the speculation parameters of config.pbtxt.
@@ -105,7 +109,7 @@ func (s *speculationConfig) mark(name string, err error) error {
 // relative draft path is taken from modelDir.
 func (s *speculationConfig) finish(c *modelConfig, modelDir string) error {
 	if s.Mode == specNone && s.DraftPath != "" {
-		s.Mode = specDraftModel
+		s.Mode, s.inferred = specDraftModel, true
 	}
 	if s.Mode == specNone {
 		for _, name := range []string{"num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "speculative_max_step_tokens"} {
@@ -153,20 +157,40 @@ func (s *speculationConfig) finish(c *modelConfig, modelDir string) error {
 	return nil
 }
 
-// draftModel is a model's draft checkpoint (draft_model), opened and checked at load.
+// draftModel is a model's draft (draft_model) or EAGLE-3 head (eagle3), opened and
+// checked at load.
 type draftModel struct {
-	// weights is the draft's checkpoint, shared like any other (engines.Open).
+	// weights is the draft's checkpoint, shared like any other (engines.Open); nil for
+	// an EAGLE-3 head.
 	weights *engines.Model
+	// eagle is the EAGLE-3 head; nil for a draft model.
+	eagle *model.Eagle3
 }
 
 // openDraft opens and checks the draft of a model whose vocabulary is vocab and whose
 // tokenizer is tok (nil when it has none): the draft must have the same vocabulary and
 // tokenizer, so that its token ids mean what the model's do.
-func openDraft(s *speculationConfig, vocab int, tok *tokenizer.Tokenizer, log *zap.Logger) (*draftModel, error) {
-	if s.Mode != specDraftModel {
+func openDraft(s *speculationConfig, target *engines.Model, tok *tokenizer.Tokenizer, log *zap.Logger) (*draftModel, error) {
+	if s.Mode != specDraftModel && s.Mode != specEagle3 {
 		return nil, nil
 	}
 	const param = `parameter "speculative_draft_model_path"`
+	vocab := target.Config().VocabSize
+	isEagle, err := model.IsEagle3(s.DraftPath)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", param, s.DraftPath, err)
+	}
+	switch {
+	case isEagle && s.inferred:
+		s.Mode = specEagle3
+	case isEagle && s.Mode == specDraftModel:
+		return nil, fmt.Errorf("%s %s is an EAGLE-3 head (LlamaForCausalLMEagle3): set \"speculative_decoding_mode\" to eagle3", param, s.DraftPath)
+	case !isEagle && s.Mode == specEagle3:
+		return nil, fmt.Errorf("%s %s is not an EAGLE-3 head (config.json names no LlamaForCausalLMEagle3 architecture nor a draft_vocab_size)", param, s.DraftPath)
+	}
+	if s.Mode == specEagle3 {
+		return openEagle3(s, target, log)
+	}
 	w, err := engines.Open(s.DraftPath)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", param, err)
@@ -222,7 +246,7 @@ func sameTokenizer(a, b *tokenizer.Tokenizer) error {
 
 // release drops the draft's checkpoint.
 func (d *draftModel) release() {
-	if d != nil {
+	if d != nil && d.weights != nil {
 		d.weights.Release()
 	}
 }
@@ -264,8 +288,47 @@ func (ms *modelState) proposer(eng engine.Engine, kind engines.Kind, device int,
 			return sp, fmt.Errorf(`parameter "speculative_draft_model_path": %w`, err)
 		}
 		sp.Proposer = d
-	default:
-		return sp, fmt.Errorf(`parameter "speculative_decoding_mode" %s is not served yet`, s.Mode)
+	case specEagle3:
+		if info.Hidden == 0 {
+			return sp, fmt.Errorf(`parameter "speculative_decoding_mode" eagle3: this instance's engine (%s) does not return the model's hidden states, which the head reads; serve the model on KIND_CPU`, kind)
+		}
+		kv := engine.KVConfig{NumBlocks: info.NumBlocks, TokensPerBlock: info.TokensPerBlock, MaxSeqLen: min(info.MaxSeqLen, ms.draft.eagle.Config.MaxPositions)}
+		head, err := ms.weights.NewEagle3Head(ms.draft.eagle, kv)
+		if err != nil {
+			return sp, fmt.Errorf(`parameter "speculative_draft_model_path": %w`, err)
+		}
+		g, err := speculate.NewEagle3(head, info.VocabSize)
+		if err != nil {
+			_ = head.Close()
+			return sp, fmt.Errorf(`parameter "speculative_draft_model_path": %w`, err)
+		}
+		sp.Proposer = g
 	}
 	return sp, nil
+}
+
+// openEagle3 loads and checks an EAGLE-3 head against its target.
+func openEagle3(s *speculationConfig, target *engines.Model, log *zap.Logger) (*draftModel, error) {
+	const param = `parameter "speculative_draft_model_path"`
+	h, err := model.LoadEagle3(s.DraftPath)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", param, err)
+	}
+	tc := target.Config()
+	c := &h.Config
+	switch {
+	case c.VocabSize != tc.VocabSize:
+		return nil, fmt.Errorf("%s %s: the EAGLE-3 head's vocabulary has %d tokens, the model's %d: a head is trained for one model", param, s.DraftPath, c.VocabSize, tc.VocabSize)
+	case c.TargetHidden != tc.Hidden:
+		return nil, fmt.Errorf("%s %s: the EAGLE-3 head reads hidden states %d wide, the model's are %d: a head is trained for one model", param, s.DraftPath, c.TargetHidden, tc.Hidden)
+	case h.Embed == nil && c.Hidden != tc.Hidden:
+		return nil, fmt.Errorf("%s %s: the EAGLE-3 head has no embedding of its own and is %d wide, the model's embedding %d", param, s.DraftPath, c.Hidden, tc.Hidden)
+	}
+	aux, err := h.AuxLayersFor(tc.Layers)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", param, s.DraftPath, err)
+	}
+	log.Info("speculative decoding with an EAGLE-3 head", zap.String("speculative_draft_model_path", s.DraftPath),
+		zap.Ints("target_layers", aux), zap.Int("draft_vocab", c.DraftVocab), zap.Int("num_speculative_tokens", s.NumTokens))
+	return &draftModel{eagle: h}, nil
 }

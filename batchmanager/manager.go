@@ -129,6 +129,8 @@ type Manager struct {
 	// admittedAhead is admitAhead's scratch.
 	admittedAhead []*request
 
+	// hidden is the proposer when it reads the target's hidden states; nil otherwise.
+	hidden speculate.HiddenReader
 	// specCands and specReqs are propose's scratch; specTotal counts speculation since
 	// the start.
 	specCands []*request
@@ -294,6 +296,7 @@ func newManager(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*
 	if cfg.Speculation, err = cfg.Speculation.withDefaults(info, cfg.ModelType); err != nil {
 		return nil, err
 	}
+	hidden, _ := cfg.Speculation.Proposer.(speculate.HiddenReader)
 	pool, err := kvcache.New(kvcache.Config{NumBlocks: info.NumBlocks, TokensPerBlock: info.TokensPerBlock, EnableReuse: cfg.EnableKVCacheReuse})
 	if err != nil {
 		return nil, fmt.Errorf("batchmanager: KV pool from engine info: %w", err)
@@ -310,6 +313,7 @@ func newManager(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*
 		quit:    make(chan struct{}),
 		done:    make(chan struct{}),
 		byID:    map[uint64]*request{},
+		hidden:  hidden,
 	}
 	if cfg.Overlap {
 		if p, ok := eng.(engine.Pipeliner); ok {

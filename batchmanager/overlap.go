@@ -120,7 +120,9 @@ func alive(ref seqRef) bool {
 // a row whose next tokens the host chooses — or when nothing goes on, a chunk does not
 // fit the budget, or a block cannot be had.
 func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
-	if m.cfg.ModelType == V1 || m.cfg.Policy == StaticBatch || len(m.paused) > 0 || len(base) == 0 {
+	if m.cfg.ModelType == V1 || m.cfg.Policy == StaticBatch || len(m.paused) > 0 || len(base) == 0 || m.hidden != nil {
+		// A proposer that reads hidden states needs every step's (m.hidden): no step is
+		// launched ahead, whose rows ask for none.
 		return nil
 	}
 	if len(m.waiting) > 0 && !joinsAhead(m.waiting[0]) {

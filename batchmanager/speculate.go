@@ -74,6 +74,8 @@ func (s Speculation) withDefaults(info engine.Info, mt ModelType) (Speculation, 
 		return s, fmt.Errorf("batchmanager: num_speculative_tokens %d: want 1 to %d (the most this engine verifies per sequence and step)", s.MaxDraft, info.MaxDraft)
 	case mt == V1:
 		return s, errors.New("batchmanager: speculative decoding needs in-flight batching; gpt_model_type is V1")
+	case info.Hidden == 0 && hiddenReader(s.Proposer):
+		return s, errors.New("batchmanager: speculative decoding: the proposer reads the model's hidden states, which this engine does not return")
 	case s.MaxStepTokens < 0:
 		return s, fmt.Errorf("batchmanager: speculative max step tokens %d must not be negative", s.MaxStepTokens)
 	}
@@ -301,6 +303,9 @@ func (m *Manager) acceptDraft(r *request, b *branch, seq *engine.Sequence, out *
 	// The last real token and the accepted proposals are in the KV now; what the
 	// rejected ones wrote is overwritten from here on.
 	b.computed = seq.Pos + len(toks)
+	if seq.ReturnHidden {
+		m.observe(r, seq.Pos, len(toks), out)
+	}
 	if m.cfg.EnableKVCacheReuse {
 		b.kv.Commit(b.computed)
 	}
@@ -331,4 +336,26 @@ func (m *Manager) closeProposer() {
 			m.log.Warn("closing the proposer", zap.Error(err))
 		}
 	}
+}
+
+// hiddenReader says whether p reads the target's hidden states.
+func hiddenReader(p speculate.Proposer) bool {
+	_, ok := p.(speculate.HiddenReader)
+	return ok
+}
+
+// observe hands the hidden states of a step's kept positions [pos, pos+n) of r to the
+// proposer that reads them.
+func (m *Manager) observe(r *request, pos, n int, out *engine.Output) {
+	if m.hidden == nil || n <= 0 {
+		return
+	}
+	w := len(m.hidden.HiddenLayers()) * m.info.Hidden
+	if len(out.Hidden) < n*w {
+		m.log.Warn("the engine returned too few hidden states; the proposer skips the request",
+			zap.Uint64("request", r.id), zap.Int("values", len(out.Hidden)), zap.Int("want", n*w))
+		m.hidden.Forget(r.id)
+		return
+	}
+	m.hidden.Observe(r.id, pos, n, out.Hidden[:n*w])
 }

@@ -585,3 +585,55 @@ func TestSampledOutputKeepsTheTargetDistribution(t *testing.T) {
 	t.Logf("chi-squared %.1f (target), %.1f (draft); %d of %d proposals accepted", chi(want), chi(draftWant),
 		last.AcceptedDraftTokensTotal, last.DraftTokensTotal)
 }
+
+// TestEagle3KeepsGreedyOutput: with the EAGLE-3 head fixture (published format, random
+// weights) reading llama-tiny's hidden states on the CPU engine, greedy requests — one
+// of them with prefix reuse's chunked prompt — get the responses they get without
+// speculation, proposals are made from the head, and every block comes back.
+func TestEagle3KeepsGreedyOutput(t *testing.T) {
+	target, err := model.LoadFloat32("../testdata/llama-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := model.LoadEagle3("../testdata/eagle3-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	newTarget := func() engine.Engine {
+		e, err := cpu.NewFromModel(target, engine.KVConfig{NumBlocks: 64, TokensPerBlock: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.Close() })
+		return e
+	}
+	rng := rand.New(rand.NewPCG(36, 36))
+	var reqs []*InferenceRequest
+	for i := range 5 {
+		reqs = append(reqs, &InferenceRequest{ID: uint64(i + 1), InputIDs: randPrompt(rng, 3+4*i, 1000), MaxNewTokens: 25,
+			PadID: -1, Streaming: i%2 == 0, ReturnLogProbs: true})
+	}
+	for _, cfg := range []Config{{}, {EnableChunkedContext: true, MaxNumTokens: 9}} {
+		want, _ := runOn(t, newTarget(), cfg, reqs)
+		head, err := cpu.NewEagle3(h, 2, target.Model[model.RoleEmbed], engine.KVConfig{NumBlocks: 64, TokensPerBlock: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := speculate.NewEagle3(head, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Speculation = Speculation{Proposer: g, MaxDraft: 3}
+		got, stats := runOn(t, newTarget(), cfg, reqs)
+		for _, r := range reqs {
+			if err := sameResponses(got[r.ID], want[r.ID]); err != nil {
+				t.Errorf("request %d: %v", r.ID, err)
+			}
+		}
+		last := stats[len(stats)-1]
+		if last.DraftTokensTotal == 0 {
+			t.Errorf("the EAGLE-3 head proposed nothing")
+		}
+		t.Logf("EAGLE-3 head (random weights): %d of %d proposals accepted", last.AcceptedDraftTokensTotal, last.DraftTokensTotal)
+	}
+}

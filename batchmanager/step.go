@@ -163,6 +163,7 @@ func (m *Manager) fillBatch() {
 	seqs := m.batch.Seqs[:n]
 	m.refs = slices.Grow(m.refs[:0], n)
 	i := 0
+	hidden := false
 	for _, r := range m.sched {
 		for _, b := range r.branches() {
 			if b.n == 0 {
@@ -201,11 +202,17 @@ func (m *Manager) fillBatch() {
 			if draft > 0 {
 				s.DraftProbs = r.spec.probs
 			}
+			s.ReturnHidden = m.hidden != nil && b == &r.branch && m.speculates(r)
+			hidden = hidden || s.ReturnHidden
 			m.refs = append(m.refs, seqRef{r, b})
 			i++
 		}
 	}
 	m.batch.Seqs = seqs
+	m.batch.HiddenLayers = nil
+	if hidden {
+		m.batch.HiddenLayers = m.hidden.HiddenLayers()
+	}
 }
 
 // advance applies one branch's output: the computed positions, the context logits, and
@@ -228,6 +235,9 @@ func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engi
 	b.computed += b.n
 	if m.cfg.EnableKVCacheReuse {
 		b.kv.Commit(b.computed)
+	}
+	if seq.ReturnHidden {
+		m.observe(r, seq.Pos, b.n, out)
 	}
 	if r.hostSampled() {
 		if seq.ReturnLogits {

@@ -61,6 +61,14 @@ func (c *BatchChecker) check(b *Batch, allowFeed bool) (int, error) {
 			c.blockMark[cp.Dst] = c.seqNo
 		}
 	}
+	for _, l := range b.HiddenLayers {
+		if c.info.Hidden == 0 {
+			return 0, fmt.Errorf("%s: HiddenLayers: this engine does not return hidden states", c.prefix)
+		}
+		if l < 0 || l >= c.info.Layers {
+			return 0, fmt.Errorf("%s: HiddenLayers: layer %d is outside the model's [0, %d)", c.prefix, l, c.info.Layers)
+		}
+	}
 	n := 0
 	for si := range b.Seqs {
 		sq := &b.Seqs[si]
@@ -75,6 +83,9 @@ func (c *BatchChecker) check(b *Batch, allowFeed bool) (int, error) {
 		}
 		if sq.Feed < 0 || sq.Feed > 0 && len(sq.Tokens) != 1 {
 			return fail("Feed = %d: a fed sequence has one new token (it has %d)", sq.Feed, len(sq.Tokens))
+		}
+		if sq.ReturnHidden && len(b.HiddenLayers) == 0 {
+			return fail("ReturnHidden without Batch.HiddenLayers")
 		}
 		if sq.Draft != 0 || sq.DraftProbs != nil {
 			if err := c.checkDraft(sq); err != nil {

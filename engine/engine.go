@@ -67,6 +67,9 @@ type Info struct {
 	// MaxDraft is the most proposed tokens one sequence may carry in a step
 	// (Sequence.Draft); 0 when the engine does not verify proposals.
 	MaxDraft int
+	// Hidden is the width of the residual stream when the engine returns hidden states
+	// (Batch.HiddenLayers, Sequence.ReturnHidden); 0 when it does not.
+	Hidden int
 }
 
 // MaxDraftTokens bounds Info.MaxDraft on every engine: past a dozen proposals per step a
@@ -92,6 +95,9 @@ type Batch struct {
 	// copy-on-write of beams (sequences sharing their prompt's blocks) that diverge
 	// inside a shared block. A batch with copies has at least one sequence.
 	BlockCopies []BlockCopy
+	// HiddenLayers are the layers whose outputs (the residual stream after the layer)
+	// are returned for the sequences with ReturnHidden: an EAGLE-3 head reads them.
+	HiddenLayers []int
 }
 
 // BlockCopy copies one KV block of the pool onto another: every layer's keys and
@@ -146,6 +152,9 @@ type Sequence struct {
 	// len(History)-Draft+i tokens and NumGenerated+i. Needs Sample, no ContextLogits
 	// and no Feed, and at most Info.MaxDraft proposals.
 	Draft int
+	// ReturnHidden copies, for every position of Tokens, the outputs of
+	// Batch.HiddenLayers into Output.Hidden.
+	ReturnHidden bool
 	// DraftProbs, when set with Draft, are the distributions the proposals were drawn
 	// from, row-major [Draft][VocabSize]: the acceptance rule is then speculative
 	// sampling's (Leviathan et al. 2023, Chen et al. 2023), a proposal kept with
@@ -201,6 +210,10 @@ type Output struct {
 	Tokens []int32
 	// LogProbs are the log-probabilities of Tokens, each as LogProb is Token's.
 	LogProbs []float32
+	// Hidden are, with ReturnHidden, the outputs of Batch.HiddenLayers at every position
+	// of Tokens, row-major [len(Tokens)][len(HiddenLayers)·Info.Hidden], the layers in
+	// the batch's order.
+	Hidden []float32
 	// ContextLogits are the logits of every position of Tokens, row-major
 	// [len(Tokens)][VocabSize], when asked.
 	ContextLogits []float32

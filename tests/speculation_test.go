@@ -171,3 +171,51 @@ func TestSpeculativeDecodingThroughTriton(t *testing.T) {
 		})
 	}
 }
+
+// TestEagle3ThroughTriton: an EAGLE-3 head in the published format (the fixture, random
+// weights, for llama-tiny), named by speculative_draft_model_path alone, serves
+// llama-tiny with the plain model's greedy tokens and makes proposals; the head named as
+// a draft_model, or given to a model it was not made for, is refused at load.
+func TestEagle3ThroughTriton(t *testing.T) {
+	root, err := harness.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := filepath.Join(root, "testdata", "eagle3-tiny")
+	models := []harness.Model{
+		{Name: "plain", Checkpoint: "testdata/llama-tiny"},
+		{Name: "eagle", Checkpoint: "testdata/llama-tiny", Parameters: map[string]string{
+			"speculative_draft_model_path": head, "num_speculative_tokens": "3"}},
+		{Name: "as-draft-model", Checkpoint: "testdata/llama-tiny", Parameters: map[string]string{
+			"speculative_decoding_mode": "draft_model", "speculative_draft_model_path": head}},
+		{Name: "other-target", Checkpoint: austenCheckpoint, Parameters: map[string]string{
+			"speculative_decoding_mode": "eagle3", "speculative_draft_model_path": head}},
+	}
+	s := harness.Start(t, harness.Options{Models: models, Flags: []string{"--model-control-mode=explicit",
+		"--load-model=plain", "--load-model=eagle"}})
+	c := s.Client(t)
+	ctx := testContext(t, 3*time.Minute)
+	greedy := float32s("temperature", []int64{1, 1}, 0)
+	for i, p := range [][]int32{{5, 77, 301, 9}, {1, 2, 3, 4, 5, 6, 7, 8, 9}, {600}} {
+		in := append(tokenInputs(p, 20, true), greedy)
+		want, err := streamInfer(ctx, c, inferRequest("plain", fmt.Sprintf("plain-%d", i), in))
+		if err != nil || want.errMsg != "" {
+			t.Fatalf("plain: %v %q", err, want.errMsg)
+		}
+		got, err := streamInfer(ctx, c, inferRequest("eagle", fmt.Sprintf("eagle-%d", i), in))
+		if err != nil || got.errMsg != "" || !slices.Equal(got.tokens, want.tokens) || got.withTokens != want.withTokens {
+			t.Errorf("eagle, prompt %v: %v in %d responses (%v %q); want %v in %d", p, got.tokens, got.withTokens, err, got.errMsg, want.tokens, want.withTokens)
+		}
+	}
+	if d := mustModelMetric(t, ctx, s, "eagle", "gollm_speculative_draft_tokens"); d == 0 {
+		t.Error("the EAGLE-3 head proposed nothing")
+	}
+	for _, b := range []struct{ name, says string }{
+		{"as-draft-model", `is an EAGLE-3 head (LlamaForCausalLMEagle3): set "speculative_decoding_mode" to eagle3`},
+		{"other-target", "the EAGLE-3 head's vocabulary has 1000 tokens, the model's 4096"},
+	} {
+		if _, err := c.RepositoryModelLoad(ctx, &kserve.RepositoryModelLoadRequest{ModelName: b.name}); err == nil || !strings.Contains(err.Error(), b.says) {
+			t.Errorf("load %s: %v; want a refusal saying %q", b.name, err, b.says)
+		}
+	}
+}

@@ -158,6 +158,7 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 			TokensPerBlock: kv.TokensPerBlock,
 			EndIDs:         cfg.EOSIDs,
 			MaxDraft:       engine.MaxDraftTokens,
+			Hidden:         cfg.Hidden,
 		},
 		w:  w,
 		kv: make([]float32, int64(kv.NumBlocks)*perBlock),
@@ -219,6 +220,7 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 		addRows(s.h.rows, s.tmp.rows)
 		e.mlpBlock(li)
 		addRows(s.h.rows, s.tmp.rows)
+		e.captureHidden(b, li, outs)
 	}
 
 	// The LM head runs only on the rows whose logits someone reads: every row of a

@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"slices"
 
 	"gollm/engine"
 )
@@ -39,4 +40,29 @@ func (e *Engine) verify(sq *engine.Sequence, logits []float32, sp *engine.Sample
 		return fmt.Errorf("cpu: sequence %d: %w", sq.ID, err)
 	}
 	return nil
+}
+
+// captureHidden copies the residual stream after layer li, where li is one of
+// b.HiddenLayers, into the outputs of the sequences with ReturnHidden (an EAGLE-3 head
+// reads them).
+func (e *Engine) captureHidden(b *engine.Batch, li int, outs []engine.Output) {
+	k := slices.Index(b.HiddenLayers, li)
+	if k < 0 {
+		return
+	}
+	H, n := e.w.cfg.Hidden, len(b.HiddenLayers)
+	r0 := 0
+	for si := range b.Seqs {
+		sq := &b.Seqs[si]
+		if sq.ReturnHidden {
+			o := &outs[si]
+			if o.Hidden == nil {
+				o.Hidden = make([]float32, len(sq.Tokens)*n*H)
+			}
+			for i := range sq.Tokens {
+				copy(o.Hidden[(i*n+k)*H:(i*n+k+1)*H], e.s.h.rows[r0+i])
+			}
+		}
+		r0 += len(sq.Tokens)
+	}
 }

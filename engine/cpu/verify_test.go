@@ -139,3 +139,46 @@ func TestProposalsThatBreakTheRulesAreRefused(t *testing.T) {
 		t.Fatalf("tensor-parallel step with a draft: err = %v, want a refusal", err)
 	}
 }
+
+// TestHiddenStatesAreTheResidualStream: a sequence with ReturnHidden gets each asked
+// layer's output at every position, the same whether its prompt runs in one step or
+// two; the last layer's output, normed and through the LM head, gives the logits.
+func TestHiddenStatesAreTheResidualStream(t *testing.T) {
+	m := randomGPT2(64, 64, 32, 2, 2, 5)
+	prompt := []int32{3, 9, 27, 1, 50, 7}
+	layers := []int{1, 0}
+	whole := newCPU(t, m, 4, 8)
+	outs, err := whole.Step(&Batch{HiddenLayers: layers, Seqs: []Sequence{{Tokens: prompt, Blocks: []int32{0}, History: prompt,
+		ReturnHidden: true, ReturnLogits: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	H := 32
+	if len(outs[0].Hidden) != len(prompt)*2*H {
+		t.Fatalf("%d hidden values, want %d", len(outs[0].Hidden), len(prompt)*2*H)
+	}
+	split := newCPU(t, m, 4, 8)
+	a, err := split.Step(&Batch{HiddenLayers: layers, Seqs: []Sequence{{Tokens: prompt[:4], Blocks: []int32{0}, History: prompt[:4], ReturnHidden: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := split.Step(&Batch{HiddenLayers: layers, Seqs: []Sequence{{Tokens: prompt[4:], Pos: 4, Blocks: []int32{0}, History: prompt, ReturnHidden: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := append(slices.Clone(a[0].Hidden), b[0].Hidden...); relL2(got, outs[0].Hidden) > 1e-6 {
+		t.Errorf("hidden states of a prompt in two steps differ from one step's (rel L2 %g)", relL2(got, outs[0].Hidden))
+	}
+	last := outs[0].Hidden[(len(prompt)-1)*2*H : (len(prompt)-1)*2*H+H] // layer 1, the last
+	normed := make([]float32, H)
+	whole.norm(normed, last, whole.w.finalNorm, whole.w.finalNormB)
+	logits := make([]float32, 64)
+	matmul([][]float32{logits}, [][]float32{normed}, whole.w.lmHead, H, 64, nil)
+	if d := relL2(logits, outs[0].Logits); d > 1e-5 {
+		t.Errorf("the last layer's output through the head differs from the logits (rel L2 %g)", d)
+	}
+	if _, err := whole.Step(&Batch{HiddenLayers: []int{2}, Seqs: []Sequence{{Tokens: prompt, Blocks: []int32{1}, History: prompt}}}); err == nil ||
+		!strings.Contains(err.Error(), "outside the model's") {
+		t.Errorf("a hidden layer outside the model: err = %v", err)
+	}
+}
