@@ -66,7 +66,7 @@ type eagleRun struct {
 	last int // the row whose output and logits give the next proposal
 	// sampled says proposals are drawn; done that the run proposes no more.
 	sampled, done bool
-	logits    []float32
+	logits        []float32
 }
 
 // NewEagle3 makes an EAGLE-3 proposer on head (which it owns: Close closes it) for a
