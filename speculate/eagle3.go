@@ -60,13 +60,13 @@ type eagleSeq struct {
 
 // eagleRun is one sequence's part of a call of Propose.
 type eagleRun struct {
-	req  *Request
-	st   *eagleSeq
-	out  []float32
-	last int // the row whose output and logits give the next proposal
+	// req is the request being filled; st its state.
+	req *Request
+	st  *eagleSeq
+	// out and logits receive the output and logits of the run's latest row.
+	out, logits []float32
 	// sampled says proposals are drawn; done that the run proposes no more.
 	sampled, done bool
-	logits        []float32
 }
 
 // NewEagle3 makes an EAGLE-3 proposer on head (which it owns: Close closes it) for a
