@@ -95,12 +95,13 @@ func statsValues(s batchmanager.Stats, queued int) metricValues {
 	v[metricKVBlocksUsed] = float64(s.UsedKVCacheBlocks)
 	v[metricKVBlocksFree] = float64(s.FreeKVCacheBlocks)
 	v[metricKVBlocksMax] = float64(s.MaxKVCacheBlocks)
-	// A generation step runs one token through the model (TotalGenerationTokens counts
-	// sampled tokens, which includes the last chunk of each prompt). The manager
+	// A generation step runs one token through the model, and its proposals
+	// (speculative decoding) one each (TotalGenerationTokens counts sampled tokens, which
+	// includes the last chunk of each prompt). The manager
 	// reports no idle iterations, so once nothing is left the gauge drops to 0 instead
 	// of showing the last iteration forever.
 	if s.ActiveRequestCount > 0 || s.WaitingRequests+queued > 0 {
-		v[metricTokensPerIteration] = float64(s.TotalContextTokens + s.GenerationRequests)
+		v[metricTokensPerIteration] = float64(s.TotalContextTokens + s.GenerationRequests + s.DraftTokens)
 	}
 	v[metricIterations] = float64(s.IterationCounter)
 	v[metricKVBlocksReused] = float64(s.ReusedKVCacheBlocks)

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -71,6 +74,41 @@ func TestSameTokenizer(t *testing.T) {
 	}
 	if err := sameTokenizer(a, a); err != nil {
 		t.Errorf("a tokenizer against itself: %v", err)
+	}
+	// The same vocabulary size, two tokens' texts swapped: a different tokenizer.
+	raw, err := os.ReadFile("../model_repository/austen/1/tokenizer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	vocab := doc["model"].(map[string]any)["vocab"].(map[string]any)
+	var x, y string
+	for k, v := range vocab {
+		switch v.(float64) {
+		case 300:
+			x = k
+		case 301:
+			y = k
+		}
+	}
+	vocab[x], vocab[y] = 301.0, 300.0
+	swapped, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "tokenizer.json")
+	if err := os.WriteFile(path, swapped, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := tokenizer.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sameTokenizer(a, c); err == nil || !strings.Contains(err.Error(), "token 300 is") {
+		t.Errorf("two tokenizers with two tokens swapped: %v", err)
 	}
 	if err := sameTokenizer(a, b); err == nil || !strings.Contains(err.Error(), "tokens against") {
 		t.Errorf("two tokenizers of different sizes: %v", err)

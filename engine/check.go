@@ -135,25 +135,25 @@ func (c *BatchChecker) checkDraft(sq *Sequence) error {
 	V := c.info.VocabSize
 	switch {
 	case sq.Draft < 0:
-		return fmt.Errorf("Draft = %d is negative", sq.Draft)
+		return fmt.Errorf("%d proposed tokens (Draft) is negative", sq.Draft)
 	case sq.Draft == 0:
-		return fmt.Errorf("DraftProbs without Draft")
+		return fmt.Errorf("proposal distributions (DraftProbs) without proposals")
 	case c.info.MaxDraft == 0:
-		return fmt.Errorf("Draft = %d: this engine does not verify proposed tokens", sq.Draft)
+		return fmt.Errorf("%d proposed tokens: this engine does not verify proposed tokens", sq.Draft)
 	case sq.Draft > c.info.MaxDraft:
-		return fmt.Errorf("Draft = %d exceeds the engine's %d proposed tokens per sequence", sq.Draft, c.info.MaxDraft)
+		return fmt.Errorf("%d proposed tokens exceed the engine's %d per sequence", sq.Draft, c.info.MaxDraft)
 	case sq.Draft >= len(sq.Tokens):
-		return fmt.Errorf("Draft = %d leaves none of its %d tokens to verify them from", sq.Draft, len(sq.Tokens))
+		return fmt.Errorf("%d proposed tokens leave none of its %d tokens to verify them from", sq.Draft, len(sq.Tokens))
 	case !sq.Sample || sq.ContextLogits || sq.Feed != 0:
-		return fmt.Errorf("Draft = %d needs Sample, and neither ContextLogits nor Feed", sq.Draft)
+		return fmt.Errorf("%d proposed tokens need Sample, and neither ContextLogits nor Feed", sq.Draft)
 	case len(sq.History) < sq.Draft:
-		return fmt.Errorf("Draft = %d exceeds the %d tokens of History", sq.Draft, len(sq.History))
+		return fmt.Errorf("%d proposed tokens exceed the %d tokens of History", sq.Draft, len(sq.History))
 	case sq.DraftProbs != nil && len(sq.DraftProbs) != sq.Draft*V:
-		return fmt.Errorf("DraftProbs has %d values, want Draft × vocabulary = %d", len(sq.DraftProbs), sq.Draft*V)
+		return fmt.Errorf("proposal distributions (DraftProbs) hold %d values, want proposals × vocabulary = %d", len(sq.DraftProbs), sq.Draft*V)
 	}
 	for i, q := range sq.DraftProbs {
 		if !(q >= 0 && q <= 1) {
-			return fmt.Errorf("DraftProbs[%d] = %g is not a probability", i, q)
+			return fmt.Errorf("proposal distributions (DraftProbs): value %d is %g, not a probability", i, q)
 		}
 	}
 	return nil

@@ -103,13 +103,13 @@ func TestProposalsThatBreakTheRulesAreRefused(t *testing.T) {
 		want string
 	}{
 		"negative draft":       {func(s *Sequence) { s.Draft = -1 }, "negative"},
-		"no token to verify":   {func(s *Sequence) { s.Draft = 3 }, "leaves none"},
-		"too many proposals":   {func(s *Sequence) { s.Draft = engine.MaxDraftTokens + 1 }, "exceeds the engine's"},
-		"no sampling":          {func(s *Sequence) { s.Sample = false }, "needs Sample"},
-		"context logits":       {func(s *Sequence) { s.ContextLogits = true }, "needs Sample"},
-		"wrong probs length":   {func(s *Sequence) { s.DraftProbs = make([]float32, 5) }, "DraftProbs has 5 values"},
+		"no token to verify":   {func(s *Sequence) { s.Draft = 3 }, "leave none"},
+		"too many proposals":   {func(s *Sequence) { s.Draft = engine.MaxDraftTokens + 1 }, "exceed the engine's"},
+		"no sampling":          {func(s *Sequence) { s.Sample = false }, "need Sample"},
+		"context logits":       {func(s *Sequence) { s.ContextLogits = true }, "need Sample"},
+		"wrong probs length":   {func(s *Sequence) { s.DraftProbs = make([]float32, 5) }, "hold 5 values"},
 		"probs out of range":   {func(s *Sequence) { s.DraftProbs = make([]float32, 128); s.DraftProbs[3] = 2 }, "not a probability"},
-		"probs without drafts": {func(s *Sequence) { s.Draft = 0; s.DraftProbs = make([]float32, 64) }, "without Draft"},
+		"probs without drafts": {func(s *Sequence) { s.Draft = 0; s.DraftProbs = make([]float32, 64) }, "without proposals"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
