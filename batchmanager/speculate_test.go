@@ -300,18 +300,39 @@ func TestSpeculationConfigIsChecked(t *testing.T) {
 	}
 }
 
-// TestCancellingASpeculatingRequestFreesItsBlocks: a request stopped mid-run gets its
-// final error, the proposer forgets it, and every block (those of its proposals
-// included) comes back.
+// gated is a proposer that holds the manager in its second Propose until released, so
+// that a test can act in the middle of a request's run.
+type gated struct {
+	*oracle
+	// calls counts Propose calls; reached is closed at the second, which then waits for
+	// release.
+	calls            int
+	reached, release chan struct{}
+}
+
+func (g *gated) Propose(reqs []*speculate.Request) error {
+	g.calls++
+	if g.calls == 2 {
+		close(g.reached)
+		<-g.release
+	}
+	return g.oracle.Propose(reqs)
+}
+
+// TestCancellingASpeculatingRequestFreesItsBlocks: a request stopped in the middle of
+// its run gets its final error, the proposer forgets it, and every block (those of its
+// proposals included) comes back.
 func TestCancellingASpeculatingRequestFreesItsBlocks(t *testing.T) {
 	o := newOracle()
 	rng := rand.New(rand.NewPCG(1, 1))
 	prompt := randPrompt(rng, 8, 1000)
 	o.future[1] = soloGreedy(t, prompt, 100)
-	m, c := start(t, cpuEngine(t, 32, 8), Config{Speculation: Speculation{Proposer: o, MaxDraft: 5}})
+	g := &gated{oracle: o, reached: make(chan struct{}), release: make(chan struct{})}
+	m, c := start(t, cpuEngine(t, 32, 8), Config{Speculation: Speculation{Proposer: g, MaxDraft: 5}})
 	c.add(&InferenceRequest{ID: 1, InputIDs: prompt, MaxNewTokens: 100, PadID: -1, Streaming: true})
-	eventually(t, "a few responses", func() bool { return len(c.responses(1)) >= 3 })
+	<-g.reached
 	c.stop(1)
+	close(g.release)
 	c.wait(t, 1)
 	rs := c.responses(1)
 	if last := rs[len(rs)-1]; !last.final || last.err == nil {
