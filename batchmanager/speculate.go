@@ -266,9 +266,11 @@ func (m *Manager) reserveDraft(r *request, d int) int {
 	return max(0, end-r.computed-1)
 }
 
-// forgetSpec tells the proposer that r's sequence is gone (ended, paused, cancelled).
+// forgetSpec tells the proposer that r's sequence is gone (ended, paused, cancelled):
+// every request's, since a proposer may hold state for one it never proposed for (an
+// EAGLE-3 head's features of its prompt).
 func (m *Manager) forgetSpec(r *request) {
-	if r.spec == nil || m.cfg.Speculation.Proposer == nil {
+	if m.cfg.Speculation.Proposer == nil {
 		return
 	}
 	m.cfg.Speculation.Proposer.Forget(r.id)
