@@ -41,6 +41,7 @@ type config struct {
 	target, draft, out, passage string
 	rounds, maxNew, k           int
 	only                        string
+	verbose                     bool
 }
 
 func main() {
@@ -53,6 +54,7 @@ func main() {
 	flag.IntVar(&c.maxNew, "max-new", 128, "tokens generated per request at batch 1")
 	flag.IntVar(&c.k, "k", 0, "num_speculative_tokens (0: 8 for prompt lookup, 4 for the draft model)")
 	flag.StringVar(&c.only, "only", "", "run only the workloads whose name contains this")
+	flag.BoolVar(&c.verbose, "v", false, "log every run")
 	flag.Parse()
 	if c.draft == "" {
 		c.draft = c.target
@@ -177,6 +179,9 @@ func run(c config) error {
 				res, d, err := measure(m, w, spec)
 				if err != nil {
 					return err
+				}
+				if c.verbose {
+					log.Printf("%s round %d: %s %.1f tokens/s, %.3f CPU ms/token", w.name, r, d, res.tokensPerS, res.cpuMsPerToken)
 				}
 				if spec {
 					on, desc = append(on, res), d
