@@ -38,7 +38,10 @@ import (
 // runtime top-p decay (it moves with every token on the host), that did not opt out
 // (InferenceRequest.NoSpeculation), under in-flight batching. A step with proposals is
 // never launched ahead of its predecessor's outputs (Config.Overlap): its successor's
-// tokens are not known until its own are.
+// tokens are not known until its own are. A proposer that reads the model's hidden
+// states (speculate.HiddenReader: EAGLE-3) is handed those of every position a
+// speculating request keeps, from its prompt on (engine.Batch.HiddenLayers), and then no
+// step is launched ahead.
 
 // Speculation configures speculative decoding.
 type Speculation struct {
