@@ -12,6 +12,11 @@
 // itself: every proposal accepted, so the row shows the mechanism's cost and ceiling,
 // not a trained pair's acceptance); prompt lookup at batch 64 (the policy's
 // speculative_max_step_tokens turns it off there).
+//
+// -engine gpu runs the target and the draft on the CUDA engine instead (the library at
+// $GOLLM_CUDA_LIB or build/libgollm_cuda.so, CUDA device 0), for the device machine:
+//
+//	go run ./bench/specbench -engine gpu -model <target> -draft <draft> -out bench/results
 package main
 
 import (
@@ -29,6 +34,7 @@ import (
 	"time"
 
 	"gollm/batchmanager"
+	"gollm/bridge/cuda"
 	"gollm/engine"
 	"gollm/engine/cpu"
 	"gollm/model"
@@ -42,6 +48,8 @@ type config struct {
 	rounds, maxNew, k           int
 	only                        string
 	verbose                     bool
+	// engine is "cpu" or "gpu"; lib the CUDA library's path.
+	engine, lib string
 }
 
 func main() {
@@ -55,6 +63,8 @@ func main() {
 	flag.IntVar(&c.k, "k", 0, "num_speculative_tokens (0: 8 for prompt lookup, 4 for the draft model)")
 	flag.StringVar(&c.only, "only", "", "run only the workloads whose name contains this")
 	flag.BoolVar(&c.verbose, "v", false, "log every run")
+	flag.StringVar(&c.engine, "engine", "cpu", "cpu or gpu")
+	flag.StringVar(&c.lib, "lib", os.Getenv("GOLLM_CUDA_LIB"), "the CUDA library (-engine gpu; default build/libgollm_cuda.so)")
 	flag.Parse()
 	if c.draft == "" {
 		c.draft = c.target
@@ -129,7 +139,7 @@ func run(c config) error {
 		{"lookup_copy_b1", single(copyPrompt), lookup},
 		{"lookup_plain_b1", single(plainPrompt), lookup},
 		{"draft_b1", single(plainPrompt), func() (batchmanager.Speculation, string, error) {
-			e, err := cpu.NewFromModel(draftModel, engine.KVConfig{NumBlocks: 64, TokensPerBlock: 64})
+			e, err := newEngine(c, c.draft, draftModel)
 			if err != nil {
 				return batchmanager.Speculation{}, "", err
 			}
@@ -150,16 +160,27 @@ func run(c config) error {
 	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
 		commit = strings.TrimSpace(string(out))
 	}
+	machine, dtype, suffix := cpuModel(), "fp32", "cpu"
+	if c.engine == "gpu" {
+		e, err := newEngine(c, c.target, m)
+		if err != nil {
+			return err
+		}
+		if g, ok := e.(*cuda.Engine); ok {
+			machine = g.DeviceName
+		}
+		_ = e.Close()
+		dtype, suffix = "fp16", "gpu"
+	}
 	var f *os.File
 	if c.out != "" {
-		path := filepath.Join(c.out, date+"-speculative-cpu.jsonl")
+		path := filepath.Join(c.out, date+"-speculative-"+suffix+".jsonl")
 		if f, err = os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
 			return err
 		}
 		defer f.Close()
 		log.Printf("appending to %s", path)
 	}
-	machine := cpuModel()
 	for _, w := range works {
 		if c.only != "" && !strings.Contains(w.name, c.only) {
 			continue
@@ -168,15 +189,15 @@ func run(c config) error {
 		var off, on []result
 		desc := ""
 		// A warm-up of each.
-		if _, _, err := measure(m, w, false); err != nil {
+		if _, _, err := measure(c, m, w, false); err != nil {
 			return err
 		}
-		if _, _, err := measure(m, w, true); err != nil {
+		if _, _, err := measure(c, m, w, true); err != nil {
 			return err
 		}
 		for r := range c.rounds {
 			for _, spec := range [][]bool{{false, true}, {true, false}}[r%2] {
-				res, d, err := measure(m, w, spec)
+				res, d, err := measure(c, m, w, spec)
 				if err != nil {
 					return err
 				}
@@ -204,7 +225,7 @@ func run(c config) error {
 			{"speculation": desc, "value": cOn, "metric": "cpu_ms_per_token", "acceptance_rate": acc, "mean_accepted_length": ml, "speedup": cOff / cOn},
 		} {
 			row["impl"], row["date"], row["commit"], row["machine"] = "gollm-manager", date, commit, machine
-			row["model"], row["dtype"], row["workload"] = modelName(c.target), "fp32", w.name
+			row["model"], row["dtype"], row["workload"] = modelName(c.target), dtype, w.name
 			row["load_avg"], row["rounds"] = load, c.rounds
 			row["note"] = "batch manager and CPU engine in one process (no tritonserver), greedy; off and on alternating, median of the rounds; batch 1 (streaming): the decode rate, tokens after the first over the time from the first response to the last, batch 64: generated tokens over the wall time"
 			if f != nil {
@@ -221,9 +242,27 @@ func run(c config) error {
 	return nil
 }
 
+// newEngine makes an engine of c's kind on the checkpoint dir (m: its float32 weights,
+// for the CPU engine).
+func newEngine(c config, dir string, m *model.Float32) (engine.Engine, error) {
+	if c.engine != "gpu" {
+		return cpu.NewFromModel(m, engine.KVConfig{NumBlocks: 256, TokensPerBlock: 64})
+	}
+	lib := c.lib
+	if lib == "" {
+		lib = filepath.Join("build", cuda.LibraryName)
+	}
+	ck, err := model.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer ck.Close()
+	return cuda.New(ck, cuda.Options{Library: lib, NumBlocks: 256, TokensPerBlock: 64, MaxSeqs: 64})
+}
+
 // measure runs w's requests once, with speculation when spec, on a fresh engine.
-func measure(m *model.Float32, w workload, spec bool) (result, string, error) {
-	e, err := cpu.NewFromModel(m, engine.KVConfig{NumBlocks: 256, TokensPerBlock: 64})
+func measure(c config, m *model.Float32, w workload, spec bool) (result, string, error) {
+	e, err := newEngine(c, c.target, m)
 	if err != nil {
 		return result{}, "", err
 	}
