@@ -287,6 +287,11 @@ func (m *Manager) acceptDraft(r *request, b *branch, seq *engine.Sequence, out *
 	drafts := seq.Tokens[len(seq.Tokens)-d:]
 	toks := out.Tokens
 	r.spec.draft = 0
+	if out.Err != nil {
+		// This sequence alone failed at its first position (every token masked).
+		r.failed = fmt.Errorf("%w: generated token %d: %w", seqFailure(out.Err), b.generated+1, out.Err)
+		return
+	}
 	switch {
 	case len(toks) < 1 || len(toks) > d+1:
 		r.failed = fmt.Errorf("%w: %d tokens for %d proposals", ErrEngine, len(toks), d)

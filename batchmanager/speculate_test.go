@@ -118,7 +118,7 @@ func specWorkload(t *testing.T, rng *rand.Rand) ([]*InferenceRequest, map[uint64
 		add(&InferenceRequest{InputIDs: prompt, MaxNewTokens: 40, TextStop: stopAfter{probe[12+i]}, Streaming: true})
 	}
 	// The model's length limit (128 positions) inside a run.
-	add(&InferenceRequest{InputIDs: randPrompt(rng, 117, 1000), MaxNewTokens: 60, Streaming: true})
+	add(&InferenceRequest{InputIDs: randPrompt(rng, 117, 1000), MaxNewTokens: 11, Streaming: true})
 	// A request that opts out.
 	add(&InferenceRequest{InputIDs: randPrompt(rng, 9, 1000), MaxNewTokens: 20, NoSpeculation: true, ExcludeInputInOutput: true})
 	return reqs, future

@@ -34,7 +34,10 @@ import (
 
 // Verify fills out for sq (Draft > 0) from rows, the raw logits of its last Draft+1
 // positions in order: Tokens and LogProbs, Token and LogProb (their first), and with
-// ReturnLogits one biased row per token. rows are not modified.
+// ReturnLogits one biased row per token. rows are not modified. When the rules leave no
+// token at a row after the first, the tokens end before it (the kept proposals, the
+// last of them then not a sampled token); at the first row the error (ErrAllMasked) is
+// returned, as Sample returns it.
 func (s *Sampler) Verify(rows [][]float32, sq *Sequence, out *Output) error {
 	k := sq.Draft
 	if k <= 0 || k >= len(sq.Tokens) || len(rows) != k+1 || len(sq.History) < k {
@@ -72,6 +75,12 @@ func (s *Sampler) Verify(rows [][]float32, sq *Sequence, out *Output) error {
 			tok, lp, kept, err = s.speculate(w, p, row.NumGenerated, drafts[i], sq.DraftProbs[i*V:(i+1)*V])
 		}
 		if err != nil {
+			if i > 0 {
+				// Every token is masked at this row: the kept proposals before it stand, and
+				// the next step meets the failure at this position, as one token at a time
+				// would.
+				break
+			}
 			return err
 		}
 		out.Tokens = append(out.Tokens, tok)
@@ -152,7 +161,7 @@ func (s *Sampler) Probs(w []float32, p *SamplingParams) ([]float64, error) {
 	clear(dst)
 	best := argmax(w)
 	if math.IsInf(float64(w[best]), -1) || math.IsNaN(float64(w[best])) {
-		return nil, errAllMasked
+		return nil, ErrAllMasked
 	}
 	if p.Temperature == 0 || p.TopK == 1 {
 		dst[best] = 1

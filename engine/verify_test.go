@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -240,5 +241,32 @@ func TestSampleProbsFollowsTheDistribution(t *testing.T) {
 		if got := float64(c) / 40000; math.Abs(got-float64(q[i])) > 0.01 {
 			t.Errorf("token %d drawn %.3f of the time, want %.1f", i, got, q[i])
 		}
+	}
+}
+
+// TestVerifyStopsBeforeAFailingRow: when the rules leave no token at a row after the
+// first, the step keeps the proposals before it and reports no error — the next step
+// fails there, as one token at a time fails — and a failure at the first row is the
+// step's error, as Sample's.
+func TestVerifyStopsBeforeAFailingRow(t *testing.T) {
+	const V, X = 6, 3
+	bias := make([]float32, V)
+	for i := range bias {
+		if i != X {
+			bias[i] = float32(math.Inf(-1))
+		}
+	}
+	// Only X may follow anything, and X may not follow X.
+	p := SamplingParams{EmbeddingBias: bias, BadWords: [][]int32{{X, X}}}
+	s := NewSampler(V)
+	rows := [][]float32{make([]float32, V), make([]float32, V), make([]float32, V)}
+	sq := &Sequence{Tokens: []int32{1, X, X}, History: []int32{0, 1, X, X}, Sample: true, Sampling: p, Draft: 2}
+	var out Output
+	if err := s.Verify(rows, sq, &out); err != nil || !slices.Equal(out.Tokens, []int32{X}) {
+		t.Fatalf("tokens %v, err %v; want [%d] and no error", out.Tokens, err, X)
+	}
+	first := &Sequence{Tokens: []int32{X, 1}, History: []int32{0, X, 1}, Sample: true, Sampling: p, Draft: 1}
+	if err := s.Verify(rows[:2], first, &out); !errors.Is(err, ErrAllMasked) {
+		t.Fatalf("a failure at the first row: %v, want ErrAllMasked", err)
 	}
 }

@@ -23,7 +23,7 @@ func (e *Engine) draftRows(sq *engine.Sequence, r0, k int) []float32 {
 	first := r0 + len(sq.Tokens) - n
 	for i := range n {
 		s.lmIn = append(s.lmIn, s.hf.rows[len(s.lmIn)])
-		e.norm(s.lmIn[len(s.lmIn)-1], s.h.rows[first+i], w.finalNorm, w.finalNormB)
+		e.norm(s.lmIn[len(s.lmIn)-1], s.h.rows[first+i])
 		s.lmOut = append(s.lmOut, s.logits.rows[k+i])
 	}
 	return s.logits.data[k*V : (k+n)*V : (k+n)*V]

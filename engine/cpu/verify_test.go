@@ -171,7 +171,7 @@ func TestHiddenStatesAreTheResidualStream(t *testing.T) {
 	}
 	last := outs[0].Hidden[(len(prompt)-1)*2*H : (len(prompt)-1)*2*H+H] // layer 1, the last
 	normed := make([]float32, H)
-	whole.norm(normed, last, whole.w.finalNorm, whole.w.finalNormB)
+	whole.norm(normed, last) // the final norm: the step's last norm stage
 	logits := make([]float32, 64)
 	matmul([][]float32{logits}, [][]float32{normed}, whole.w.lmHead, H, 64, nil)
 	if d := relL2(logits, outs[0].Logits); d > 1e-5 {
