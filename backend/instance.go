@@ -169,7 +169,12 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 			_ = eng.Close()
 		}
 	}()
+	spec, err := ms.proposer(eng, ek, device, log)
+	if err != nil {
+		return nil, fmt.Errorf("instance %s: %w", name, err)
+	}
 	cfg := batchmanager.Config{
+		Speculation:          spec,
 		ModelType:            ms.cfg.ModelType,
 		Policy:               ms.cfg.Policy,
 		MaxBatchSize:         ms.cfg.MaxBatchSize,
@@ -192,6 +197,9 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		EngineFailed:   in.engineFailed,
 	}, log.Named("batchmanager"))
 	if err != nil {
+		if spec.Proposer != nil {
+			_ = spec.Proposer.Close()
+		}
 		return nil, fmt.Errorf("instance %s: %w", name, err)
 	}
 	info := eng.Info()

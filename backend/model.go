@@ -31,6 +31,8 @@ type modelState struct {
 	weights *engines.Model
 	// tok is the checkpoint's tokenizer; nil when it has no tokenizer.json.
 	tok *tokenizer.Tokenizer
+	// draft is the draft model of speculative decoding (draft_model); nil without one.
+	draft *draftModel
 	// lim are the request limits of this model.
 	lim limits
 	// tokenizers tokenize long text prompts off Execute (prompt.go).
@@ -134,12 +136,17 @@ func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logg
 		log.Warn("the tokenizer has more tokens than the model's vocabulary; prompts using them are refused",
 			zap.Int("tokenizer", tok.VocabSize()), zap.Int("model", mc.VocabSize))
 	}
+	draft, err := openDraft(&cfg.Speculation, weights, tok, log)
+	if err != nil {
+		return nil, triton.WithCode(triton.CodeInvalidArg, fmt.Errorf("model %q: %w", name, err))
+	}
 	ms := &modelState{
 		cfg:     cfg,
 		version: version,
 		log:     log,
 		weights: weights,
 		tok:     tok,
+		draft:   draft,
 		lim: limits{
 			VocabSize:            mc.VocabSize,
 			MaxSeqLen:            maxLen,
