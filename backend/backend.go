@@ -144,6 +144,7 @@ func modelFinalize(m triton.Model) error {
 	case *modelState:
 		log := st.log
 		st.weights.Release()
+		st.draft.release()
 		log.Info("model unloaded")
 		// The state is dead from here (nothing references it), so this returns its memory.
 		releaseMemory(log, "the model's unload")

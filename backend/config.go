@@ -95,6 +95,9 @@ type modelConfig struct {
 	// SkipSpecialTokens is skip_special_tokens (postprocessing): OUTPUT leaves special
 	// tokens out, as text_output does.
 	SkipSpecialTokens bool
+	// Speculation is speculative decoding's settings (speculation.go); its Mode is
+	// specNone when off.
+	Speculation speculationConfig
 	// Warnings are things to log that do not stop the load (unknown parameters).
 	Warnings []string
 }
@@ -380,6 +383,9 @@ func parseModelConfig(raw []byte, modelDir string, version uint64) (*modelConfig
 	}
 	if c.ModelType == batchmanager.V1 && c.EnableChunkedContext {
 		return nil, fmt.Errorf(`parameter "enable_chunked_context": chunked context needs in-flight batching, but gpt_model_type is V1`)
+	}
+	if err := c.Speculation.finish(c, modelDir); err != nil {
+		return nil, err
 	}
 	return c, nil
 }

@@ -1,9 +1,11 @@
 /* gollm.h — the C ABI of libgollm_cuda.so, gollm's CUDA engine for decoder-only language
  * models described by a gollm_model_config (their shapes) and a recipe (their forward pass
  * as an ordered list of gollm_stage, with the values each takes in its layer: LayerNorm or
- * RMSNorm, learned or rotary positions over a whole head or part of it, multi-head,
- * multi-query or grouped-query attention with a window per layer, a plain or gated MLP or
- * a mixture of experts, a tied or separate LM head).
+ * RMSNorm, learned or rotary positions over a whole head or part of it (longrope's two
+ * frequency sets), per-head query and key norms, multi-head, multi-query or grouped-query
+ * attention with a window per layer and soft-capped scores, post-norms of the branches,
+ * a plain or gated MLP or a mixture of experts, a tied or separate LM head with soft-capped
+ * logits).
  *
  * Every function reports failure through a gollm_status {code, message} and returns the
  * code; none aborts or exits, and no C++ exception crosses it. Objects:
@@ -43,7 +45,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 9
+#define GOLLM_ABI_VERSION 11
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -52,7 +54,7 @@ enum gollm_code {
   GOLLM_ERR_CUBLAS = 3,           /* a cuBLAS error */
   GOLLM_ERR_OUT_OF_MEMORY = 4,    /* device or pinned host memory ran out */
   GOLLM_ERR_INTERNAL = 5,         /* anything else (a C++ exception) */
-  GOLLM_ERR_ALL_MASKED = 6,       /* sampling found every token masked */
+  GOLLM_ERR_ALL_MASKED = 6,       /* unused: a masked row is its token -2, not an error */
   GOLLM_ERR_NCCL = 7              /* NCCL is missing or failed, or the communicators were
                                      aborted (gollm_comm_abort) */
 };
@@ -97,7 +99,9 @@ typedef struct gollm_model_config {
   int32_t positions;         /* a gollm_positions (learned ones have POS_EMBED) */
   int32_t gated_mlp;         /* nonzero: UP holds the gate's rows, then the up-projection's */
   int32_t tied_head;         /* nonzero: the LM head is the token embedding */
-  /* Mixture of experts (ABI 9): the layers whose recipe has a MOE stage hold the expert
+  int32_t qk_norm;           /* nonzero: the layers have Q_NORM and K_NORM (ABI 9) */
+  int32_t post_norms;        /* nonzero: the layers have POST_ATTN_NORM and POST_MLP_NORM */
+  /* Mixture of experts (ABI 11): the layers whose recipe has a MOE stage hold the expert
    * roles instead of UP and DOWN; all zero without experts. */
   int32_t experts;           /* experts of a sparse layer, at most 4096 */
   int32_t moe_inner;         /* an expert's units (its gate's and up-projection's each) */
@@ -108,47 +112,64 @@ typedef struct gollm_model_config {
  * order). x is the block input, h the fp32 residual stream, the branch what a projection
  * into the residual width wrote. */
 enum gollm_stage_kind {
-  GOLLM_STAGE_EMBED = 0,     /* h = EMBED[token] (+ POS_EMBED[position] under learned positions) */
+  GOLLM_STAGE_EMBED = 0,     /* h = EMBED[token] (× scale) (+ POS_EMBED[position] under learned
+                                positions) */
   GOLLM_STAGE_NORM = 1,      /* x = norm(h) for the stage that reads it (QKV, MLP, LM_HEAD) */
   GOLLM_STAGE_QKV = 2,       /* queries, keys, values = x·QKVᵀ + QKV_BIAS */
   GOLLM_STAGE_ROTARY = 3,    /* queries and keys rotated by position */
   GOLLM_STAGE_KV_WRITE = 4,  /* keys and values into the paged pool */
-  GOLLM_STAGE_ATTENTION = 5, /* causal attention over the pool, through each query head's KV head */
+  GOLLM_STAGE_ATTENTION = 5, /* causal attention over the pool, through each query head's KV head
+                                (scores soft-capped where softcap > 0) */
   GOLLM_STAGE_OUT = 6,       /* branch = attention·OUTᵀ + OUT_BIAS */
   GOLLM_STAGE_MLP = 7,       /* branch = DOWN·act(UP·x) (gated: act(gate) · up) + biases */
   GOLLM_STAGE_RESIDUAL = 8,  /* h += branch */
-  GOLLM_STAGE_LM_HEAD = 9,   /* logits = x·LM_HEADᵀ of the rows whose logits are read */
-  GOLLM_STAGE_MOE = 10,      /* branch = Σ over x's top_k experts of p_e · expert_e(x), p the
+  GOLLM_STAGE_LM_HEAD = 9,   /* logits = x·LM_HEADᵀ of the rows whose logits are read (soft-capped
+                                where softcap > 0) */
+  GOLLM_STAGE_QK_NORM = 10,  /* each query head normed by Q_NORM, each key head by K_NORM, over
+                                head_dim (ABI 9) */
+  GOLLM_STAGE_POST_NORM = 11, /* branch = norm(branch) (POST_ATTN_NORM or POST_MLP_NORM) */
+  GOLLM_STAGE_MOE = 12,      /* branch = Σ over x's top_k experts of p_e · expert_e(x), p the
                                 softmax of x·ROUTERᵀ in fp32 (renormalised over the top_k
                                 with norm_topk), expert_e = EXPERT_DOWN_e·(act(gate_e) · up_e)
                                 of EXPERT_UP_e·x; with shared, + sigmoid(SHARED_GATE·x) ·
-                                SHARED_DOWN·(act(gate) · up) of SHARED_UP·x (ABI 9) */
+                                SHARED_DOWN·(act(gate) · up) of SHARED_UP·x (ABI 11) */
   GOLLM_STAGE_KINDS
 };
 
 /* gollm_stage is one stage of the recipe with its values; fields its kind does not read
- * are zero. The recipe is a pre-norm decoder: EMBED, then per layer NORM, QKV, [ROTARY],
- * KV_WRITE, ATTENTION, OUT, RESIDUAL, NORM, MLP or MOE, RESIDUAL, then NORM, LM_HEAD (the
- * library refuses another order, naming the stage). */
+ * are zero. The recipe is a pre-norm decoder: EMBED, then per layer NORM, QKV, [QK_NORM],
+ * [ROTARY], KV_WRITE, ATTENTION, OUT, [POST_NORM], RESIDUAL, NORM, MLP or MOE, [POST_NORM],
+ * RESIDUAL, then NORM, LM_HEAD — QK_NORM where the config has qk_norm, POST_NORM where it
+ * has post_norms, MOE in a layer whose MLP is the experts (the library refuses another
+ * order, naming the stage). */
 typedef struct gollm_stage {
   int32_t kind;       /* a gollm_stage_kind */
   int32_t layer;      /* its layer; -1 for the model's own (EMBED, the final NORM, LM_HEAD) */
-  int32_t weight;     /* NORM: its weight's role (ATTN_NORM, MLP_NORM, FINAL_NORM; under
-                         LayerNorm its bias is the role after it) */
-  int32_t norm;       /* NORM: a gollm_norm, the config's */
-  float eps;          /* NORM: epsilon */
+  int32_t weight;     /* NORM, QK_NORM, POST_NORM: its weight's role (NORM: ATTN_NORM,
+                         MLP_NORM, FINAL_NORM, under LayerNorm its bias the role after it;
+                         QK_NORM: Q_NORM; POST_NORM: POST_ATTN_NORM, POST_MLP_NORM) */
+  int32_t norm;       /* NORM, QK_NORM, POST_NORM: a gollm_norm, the config's (RMS for the
+                         last two) */
+  float eps;          /* NORM, QK_NORM, POST_NORM: epsilon */
   int32_t rope_dim;   /* ROTARY: rotated dimensions of each query and key head, even, at most
                          head_dim; dimension i pairs with i + rope_dim/2, the rest pass */
   int32_t rope_freqs; /* ROTARY: its rope_dim/2 frequencies start at rope_freqs[rope_freqs]
                          of gollm_weights_params (position p turns pair i by rope_freqs[i]·p) */
   int32_t window;     /* ATTENTION: > 0, a query attends to its last window positions (its
                          own included); 0, to all */
-  float scale;        /* ATTENTION: the query·key scale (1/√head_dim), applied to the
-                         queries as they are written */
-  float softcap;      /* ATTENTION: 0 (soft-capped logits are not implemented yet) */
+  float scale;        /* ATTENTION: the query·key scale (1/√head_dim, or the model's), applied
+                         to the queries as they are written; EMBED: > 0, the embeddings'
+                         multiplier, it and the product rounded to the compute type */
+  float softcap;      /* ATTENTION, LM_HEAD: > 0, scores or logits become
+                         softcap·tanh(x/softcap); 0: none */
   int32_t activation; /* MLP, MOE: a gollm_activation */
   int32_t gated;      /* MLP: nonzero, act(gate) · up; the config's gated_mlp. MOE: 1 */
-  int32_t experts;    /* MOE: the config's experts */
+  int32_t rope_long;  /* ROTARY: > 0 (longrope), a sequence longer than rope_long positions
+                         after the step takes the long frequencies, which follow the short
+                         ones (rope_freqs + rope_dim/2); 0: one set (ABI 9) */
+  float rope_scale;   /* ROTARY: cos and sin are multiplied by it (longrope's attention
+                         factor; 1 otherwise) */
+  int32_t experts;    /* MOE: the config's experts (ABI 11) */
   int32_t top_k;      /* MOE: experts a token goes to, 1 … experts */
   int32_t norm_topk;  /* MOE: nonzero, the top_k probabilities renormalised to sum to 1 */
   int32_t shared;     /* MOE: nonzero, the shared expert (the config's shared_inner > 0) */
@@ -162,7 +183,8 @@ typedef struct gollm_stage {
  *   (the query rows, then the key rows, then the value rows) and QKV_BIAS;
  *   OUT [hidden][heads*head_dim] and OUT_BIAS [hidden]; MLP_NORM, MLP_NORM_BIAS [hidden];
  *   UP [inner or, gated, 2*inner][hidden] (the gate's rows first) and UP_BIAS;
- *   DOWN [hidden][inner] and DOWN_BIAS [hidden];
+ *   DOWN [hidden][inner] and DOWN_BIAS [hidden]; Q_NORM, K_NORM [head_dim] (qk_norm);
+ *   POST_ATTN_NORM, POST_MLP_NORM [hidden] (post_norms);
  *   a sparse layer (a MOE stage) instead of UP, DOWN and their biases: ROUTER
  *   [experts][hidden]; EXPERT_UP [experts·2·moe_inner][hidden] (expert by expert, its gate's
  *   rows, then its up-projection's); EXPERT_DOWN [experts·hidden][moe_inner]; with a shared
@@ -176,6 +198,7 @@ enum gollm_role {
   GOLLM_ROLE_ATTN_NORM, GOLLM_ROLE_ATTN_NORM_BIAS, GOLLM_ROLE_QKV, GOLLM_ROLE_QKV_BIAS,
   GOLLM_ROLE_OUT, GOLLM_ROLE_OUT_BIAS, GOLLM_ROLE_MLP_NORM, GOLLM_ROLE_MLP_NORM_BIAS,
   GOLLM_ROLE_UP, GOLLM_ROLE_UP_BIAS, GOLLM_ROLE_DOWN, GOLLM_ROLE_DOWN_BIAS,
+  GOLLM_ROLE_Q_NORM, GOLLM_ROLE_K_NORM, GOLLM_ROLE_POST_ATTN_NORM, GOLLM_ROLE_POST_MLP_NORM,
   GOLLM_ROLE_ROUTER, GOLLM_ROLE_EXPERT_UP, GOLLM_ROLE_EXPERT_DOWN, GOLLM_ROLE_SHARED_UP,
   GOLLM_ROLE_SHARED_DOWN, GOLLM_ROLE_SHARED_GATE,
   GOLLM_ROLES
@@ -341,6 +364,12 @@ typedef struct gollm_seq {
                                         and bad words, decided by the caller */
   int32_t bias_offset;               /* embedding bias: bias[bias_offset .. +vocab), or -1 */
   double uniform;                    /* the draw in [0, 1) for this step */
+  /* ABI 10: guided decoding and min-p. */
+  int32_t allowed_offset;            /* the tokens it may sample (guided decoding): bit i%32 of
+                                        allowed[allowed_offset + i/32] for token i, (vocab+31)/32
+                                        words, applied after the masks; -1: every token */
+  float min_p;                       /* after top-k and top-p, keep the tokens at least min_p
+                                        times as likely as the most likely one; 0: none */
 } gollm_seq;
 
 /* gollm_step_in is one iteration's work; every array is in host memory. */
@@ -362,6 +391,8 @@ typedef struct gollm_step_in {
   const int32_t* block_copies;   /* [num_block_copies][2]: (src, dst) KV blocks, each in
                                     [0, num_blocks), copied whole, in order, before the
                                     forward pass (the copy-on-write of beams) */
+  int64_t num_allowed;           /* ABI 10: length of allowed, in 32-bit words */
+  const uint32_t* allowed;       /* guided decoding's token bitmasks (gollm_seq.allowed_offset) */
   const int32_t* feed;           /* [num_seqs] or NULL (gollm_launch only): -1, or the
                                     sequence of the step launched just before, still not
                                     waited for, whose sampled token is this sequence's one
@@ -370,7 +401,8 @@ typedef struct gollm_step_in {
 
 /* gollm_step_out receives a step's results in host memory the caller owns. */
 typedef struct gollm_step_out {
-  int32_t* tokens;     /* [num_seqs]: sampled token, -1 when the sequence samples none */
+  int32_t* tokens;     /* [num_seqs]: sampled token, -1 when the sequence samples none,
+                          -2 when every token is masked (that sequence's failure alone) */
   float* log_probs;    /* [num_seqs]: log-probability of the sampled token */
   float* logits;       /* returned logits, at each gollm_seq.logits_offset; may be NULL when
                           no sequence asks for logits */

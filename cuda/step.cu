@@ -262,13 +262,7 @@ void wait_step(gollm_engine* e, gollm_step_out* out) {
   if (e->comm) tp_check(e);
   for (int s = 0; s < l.s; s++) {
     const bool sample = l.sample[s];
-    if (sample && l.htok[s] == -2) {
-      char buf[256];
-      std::snprintf(buf, sizeof buf,
-                    "sequence %d: every token is masked (bad words, min length and bias leave "
-                    "no choice)", s);
-      throw Error(GOLLM_ERR_ALL_MASKED, buf);
-    }
+    // -2 (every token masked) goes out as it is: that sequence fails, not the step.
     out->tokens[s] = sample ? l.htok[s] : -1;
     out->log_probs[s] = sample ? l.hlp[s] : 0.f;
   }

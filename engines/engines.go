@@ -451,3 +451,33 @@ func (m *Model) Release() {
 	}
 	m.cpu = nil
 }
+
+// NewEagle3Head makes an EAGLE-3 head h for this model (its target) on the CPU, with a
+// KV pool of kv: it reads the model's embedding unless it has its own, so the model's
+// CPU weights are loaded if no CPU instance has loaded them yet.
+func (m *Model) NewEagle3Head(h *model.Eagle3, kv engine.KVConfig) (engine.Head, error) {
+	c := &h.Config
+	switch {
+	case c.VocabSize != m.cfg.VocabSize:
+		return nil, fmt.Errorf("EAGLE-3 head: its vocabulary has %d tokens, the model's %d", c.VocabSize, m.cfg.VocabSize)
+	case c.TargetHidden != m.cfg.Hidden:
+		return nil, fmt.Errorf("EAGLE-3 head: it reads hidden states of width %d, the model's are %d wide", c.TargetHidden, m.cfg.Hidden)
+	}
+	var embed []float32
+	if h.Embed == nil {
+		m.mu.Lock()
+		if m.cpu == nil {
+			f, err := model.LoadFloat32(m.dir)
+			if err == nil {
+				m.cpu, err = cpu.NewWeights(f)
+			}
+			if err != nil {
+				m.mu.Unlock()
+				return nil, fmt.Errorf("EAGLE-3 head: the model's embedding: %w", err)
+			}
+		}
+		embed = m.cpu.Embedding()
+		m.mu.Unlock()
+	}
+	return cpu.NewEagle3(h, m.cfg.Layers, embed, kv)
+}

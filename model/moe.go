@@ -105,22 +105,14 @@ var qwen2MoEFamily = &family{
 	names:         qwenMoENames,
 }
 
-// qwen3MoEFamily waits in pendingFamilies for Qwen3's per-head q/k norms (Features.QKNorm);
-// its experts are the registered families'.
-var qwen3MoEFamily = &pendingFamily{
-	family: family{
-		name:          "qwen3_moe",
-		modelTypes:    []string{"qwen3_moe"},
-		architectures: []string{"Qwen3MoeForCausalLM"},
-		prefix:        "model.",
-		layerPrefix:   func(l int) string { return fmt.Sprintf("layers.%d.", l) },
-		names:         qwenMoENames,
-	},
-	parseFeatures: func(p *configParser, c *Config, x *Features) {
-		parseQwenMoE(p, c, 3)
-		x.QKNorm = true
-	},
-	extraNames: qkNormNames,
+var qwen3MoEFamily = &family{
+	name:          "qwen3_moe",
+	modelTypes:    []string{"qwen3_moe"},
+	architectures: []string{"Qwen3MoeForCausalLM"},
+	prefix:        "model.",
+	layerPrefix:   func(l int) string { return fmt.Sprintf("layers.%d.", l) },
+	parse:         func(p *configParser, c *Config) { parseQwenMoE(p, c, 3) },
+	names:         qwenMoENames,
 }
 
 // expertCount reads the number of experts from whichever of its names the config uses
@@ -185,6 +177,7 @@ func parseQwenMoE(p *configParser, c *Config, version int) {
 	} else {
 		bias := p.boolean("attention_bias", false)
 		c.QKVBias, c.OutBias = bias, bias
+		c.QKNorm = true
 	}
 	step := p.positive("decoder_sparse_step", 1)
 	dense := p.layerList("mlp_only_layers", c.Layers)
@@ -199,7 +192,7 @@ func parseQwenMoE(p *configParser, c *Config, version int) {
 		m.Sparse[l] = false
 	}
 	c.MoE = m
-	qwen2Window(p, c)
+	qwenSliding(p, c)
 	c.Rope = parseRope(p, c.HeadDim, c.MaxPositions)
 	if c.SlidingWindow >= c.MaxPositions {
 		c.SlidingWindow = 0 // a window as long as the context changes nothing

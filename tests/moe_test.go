@@ -1,7 +1,7 @@
 package tests
 
 // The mixture-of-experts families through tritonserver on the CPU engine (issue 37):
-// Mixtral's and Qwen2-MoE's fixtures, served as transformers wrote them, give
+// Mixtral's, Qwen2-MoE's and Qwen3-MoE's fixtures, served as transformers wrote them, give
 // transformers' greedy tokens — streamed and not, with prompts cut into chunks (each
 // chunk routed on its own) and prefixes reused from the KV cache.
 
@@ -15,7 +15,7 @@ import (
 )
 
 func TestMoEFamiliesServeTransformersTokens(t *testing.T) {
-	fixtures := []string{"mixtral-tiny", "qwen2moe-tiny"}
+	fixtures := []string{"mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny"}
 	var models []harness.Model
 	for _, f := range fixtures {
 		models = append(models,
@@ -33,7 +33,9 @@ func TestMoEFamiliesServeTransformersTokens(t *testing.T) {
 		for _, name := range []string{f, f + "-chunked"} {
 			for _, streaming := range []bool{true, false} {
 				ctx := testContext(t, time.Minute)
-				inputs := append(tokenInputs(g.PromptIDs, len(g.Greedy), streaming), int32s("end_id", []int64{1, 1}, -1))
+				// Greedy asked for: Qwen3-MoE's generation_config.json samples.
+				inputs := append(tokenInputs(g.PromptIDs, len(g.Greedy), streaming), int32s("end_id", []int64{1, 1}, -1),
+					float32s("temperature", []int64{1, 1}, 0))
 				// Twice: the second run finds the prompt's blocks cached where reuse is on.
 				for run := range 2 {
 					res, err := streamInfer(ctx, c, inferRequest(name, "golden", inputs))

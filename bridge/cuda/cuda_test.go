@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -122,6 +123,31 @@ func TestCollectJoinsChunkedContextLogits(t *testing.T) {
 	}
 	if o.Token != 42 || o.LogProb != -0.5 {
 		t.Errorf("token %d, log-prob %g", o.Token, o.LogProb)
+	}
+}
+
+// TestCollectTurnsAMaskedTokenIntoTheSequencesError: the library's token -2 (every
+// token masked) becomes that sequence's own error, and the others' outputs stand.
+func TestCollectTurnsAMaskedTokenIntoTheSequencesError(t *testing.T) {
+	info := testInfo()
+	var p stepPrep
+	p.init(info.VocabSize)
+	b := &engine.Batch{Seqs: []engine.Sequence{
+		{ID: 7, Tokens: []int32{1, 2}, Blocks: []int32{0}, Sample: true},
+		{ID: 9, Tokens: []int32{3}, Blocks: []int32{1}, Sample: true},
+	}}
+	outs := make([]engine.Output, 2)
+	for _, part := range splitBatch(b, 100, 10) {
+		p.build(b, part, info)
+		p.outTok[0], p.outLP[0] = -2, float32(math.NaN())
+		p.outTok[1], p.outLP[1] = 5, -0.25
+		p.collect(b, part, nil, outs, info.VocabSize)
+	}
+	if o := outs[0]; !errors.Is(o.Err, engine.ErrAllMasked) || !strings.Contains(o.Err.Error(), "sequence 7") || o.Token != -1 || o.LogProb != 0 {
+		t.Errorf("the masked sequence: %+v", o)
+	}
+	if o := outs[1]; o.Err != nil || o.Token != 5 || o.LogProb != -0.25 {
+		t.Errorf("the other sequence: %+v", o)
 	}
 }
 

@@ -1,10 +1,11 @@
 // Package cpu is gollm's pure-Go reference engine: a float32 forward pass over a paged KV
 // pool, and sampling, with the matmuls spread over GOMAXPROCS goroutines. It walks the
 // model's recipe (model.Config.Recipe), one method a stage — LayerNorm or RMSNorm,
-// learned or rotary positions (over the whole head or a part of it), multi-head,
-// multi-query or grouped-query attention with a window per layer, a plain or gated MLP, a
-// tied or separate LM head, a mixture of experts (moe.go) — and knows no architecture
-// beyond it.
+// learned or rotary positions (over the whole head or a part of it, longrope's two
+// frequency sets), per-head query and key norms, multi-head, multi-query or grouped-query
+// attention with a window per layer and soft-capped scores, post-norms of the branches,
+// a plain or gated MLP or a mixture of experts (moe.go), a tied or separate LM head with
+// soft-capped logits — and knows no architecture beyond it.
 package cpu
 
 import (
@@ -37,8 +38,9 @@ type Engine struct {
 	w *Weights
 	// recipe is the forward pass Step walks.
 	recipe model.Recipe
-	// freqs are the rotary frequencies of each rope the recipe's rotary stages use.
-	freqs map[model.Rope][]float32
+	// freqs are the rotary frequencies of each rope the recipe's rotary stages use;
+	// longFreqs longrope's frequencies of long sequences.
+	freqs, longFreqs map[model.Rope][]float32
 	// kv is the paged KV pool, laid out [block][layer][K,V][kv head][slot][head dim]
 	// so that one head's keys within a block are contiguous for attention.
 	kv []float32
@@ -90,8 +92,6 @@ type scratch struct {
 	scores [][]float32
 	// samplers hold the sampling buffers, one per goroutine.
 	samplers []*engine.Sampler
-	// errs collects the sampling errors of one step, per sequence.
-	errs []error
 	// moe holds the mixture-of-experts stages' buffers.
 	moe moeScratch
 }
@@ -163,8 +163,9 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 		return nil, fmt.Errorf("cpu: New: %w", err)
 	}
 	e := &Engine{
-		recipe: recipe,
-		freqs:  ropeFreqs(recipe),
+		recipe:    recipe,
+		freqs:     ropeFreqs(recipe),
+		longFreqs: longRopeFreqs(recipe),
 		info: engine.Info{
 			VocabSize:      cfg.VocabSize,
 			MaxSeqLen:      maxLen,
@@ -174,6 +175,8 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 			NumBlocks:      kv.NumBlocks,
 			TokensPerBlock: kv.TokensPerBlock,
 			EndIDs:         cfg.EOSIDs,
+			MaxDraft:       engine.MaxDraftTokens,
+			Hidden:         cfg.Hidden,
 		},
 		w:  w,
 		kv: make([]float32, int64(kv.NumBlocks)*perBlock),
@@ -186,8 +189,12 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 func checkRecipe(r model.Recipe, cfg *model.Config) error {
 	for _, s := range r {
 		switch {
-		case s.Kind == model.StageAttention && s.SoftCap != 0:
-			return fmt.Errorf("layer %d: attention soft-capping (%g) is not implemented", s.Layer, s.SoftCap)
+		case (s.Kind == model.StageAttention || s.Kind == model.StageLMHead) && !(s.SoftCap >= 0):
+			return fmt.Errorf("layer %d: soft-cap %g must be positive or 0 (none)", s.Layer, s.SoftCap)
+		case s.Kind == model.StageQKNorm && !cfg.QKNorm, s.Kind == model.StagePostNorm && !cfg.PostNorms:
+			return fmt.Errorf("layer %d: a %s stage where the weights have no %s", s.Layer, s.Kind, s.Weight)
+		case (s.Kind == model.StageQKNorm || s.Kind == model.StagePostNorm) && s.Norm != model.RMSNorm:
+			return fmt.Errorf("layer %d: a %s stage under %s (only RMSNorm is implemented)", s.Layer, s.Kind, s.Norm)
 		case s.Kind == model.StageRotary && (s.Rope.Dim < 2 || s.Rope.Dim%2 != 0 || s.Rope.Dim > cfg.HeadDim):
 			return fmt.Errorf("layer %d: rotary dimensions %d must be even, at least 2 and at most head_dim %d", s.Layer, s.Rope.Dim, cfg.HeadDim)
 		case s.Kind == model.StageMLP && s.Gated != cfg.GatedMLP:
@@ -264,20 +271,26 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 		switch st := &e.recipe[i]; st.Kind {
 		case model.StageEmbed:
 			e.embedRows(b, n, 0, true)
+			e.scaleEmbeddings(st)
 		case model.StageLMHead:
-			e.lmHead(b, outs)
+			e.lmHead(b, outs, st)
 		default:
 			e.stage(b, st)
+			if len(b.HiddenLayers) > 0 && st.Layer >= 0 && (i+1 == len(e.recipe) || e.recipe[i+1].Layer != st.Layer) {
+				// The layer's last stage: its output, for the sequences that read it.
+				e.captureHidden(b, st.Layer, outs)
+			}
 		}
 	}
 	return e.sample(b, outs)
 }
 
-// lmHead runs the LM head on the rows whose logits someone reads — every row of a
+// lmHead runs the LM head st on the rows whose logits someone reads — every row of a
 // sequence that asks for context logits (written straight into its output), and the last
 // row of the others that sample or return logits —, each normed by the norm stage before
-// it; s.lastLogits gets each sequence's last row of logits.
-func (e *Engine) lmHead(b *engine.Batch, outs []engine.Output) {
+// it, its logits soft-capped where st says; s.lastLogits gets each sequence's last row of
+// logits.
+func (e *Engine) lmHead(b *engine.Batch, outs []engine.Output, st *model.Stage) {
 	w := e.w
 	H, V := w.cfg.Hidden, w.cfg.VocabSize
 	s := &e.s
@@ -287,6 +300,9 @@ func (e *Engine) lmHead(b *engine.Batch, outs []engine.Output) {
 		switch {
 		case sq.ContextLogits:
 			m += len(sq.Tokens)
+		case sq.Draft > 0:
+			m += sq.Draft + 1
+			mScratch += sq.Draft + 1
 		case sq.Sample || sq.ReturnLogits:
 			m++
 			mScratch++
@@ -313,6 +329,9 @@ func (e *Engine) lmHead(b *engine.Batch, outs []engine.Output) {
 				s.lmOut = append(s.lmOut, out[i*V:(i+1)*V:(i+1)*V])
 			}
 			s.lastLogits[si] = s.lmOut[len(s.lmOut)-1]
+		case sq.Draft > 0:
+			s.lastLogits[si] = e.draftRows(sq, r0, k)
+			k += sq.Draft + 1
 		case sq.Sample || sq.ReturnLogits:
 			s.lmIn = append(s.lmIn, s.hf.rows[len(s.lmIn)])
 			e.norm(s.lmIn[len(s.lmIn)-1], s.h.rows[r0+len(sq.Tokens)-1])
@@ -323,6 +342,7 @@ func (e *Engine) lmHead(b *engine.Batch, outs []engine.Output) {
 		r0 += len(sq.Tokens)
 	}
 	matmul(s.lmOut, s.lmIn, w.lmHead, H, V, nil)
+	softcapRows(s.lmOut, st.SoftCap)
 }
 
 // sample fills every sequence's output from its last row's logits (s.lastLogits).
@@ -333,20 +353,12 @@ func (e *Engine) sample(b *engine.Batch, outs []engine.Output) ([]engine.Output,
 	for len(s.samplers) < runtime.GOMAXPROCS(0) {
 		s.samplers = append(s.samplers, engine.NewSampler(V))
 	}
-	if cap(s.errs) < len(b.Seqs) {
-		s.errs = make([]error, len(b.Seqs))
-	}
-	errs := s.errs[:len(b.Seqs)]
+	// A sequence whose token cannot be chosen fails alone (Output.Err).
 	parallelFor(len(b.Seqs), 1, 1, func(w, lo, hi int) {
 		for si := lo; si < hi; si++ {
-			errs[si] = e.finish(&b.Seqs[si], s.lastLogits[si], s.samplers[w], &outs[si])
+			outs[si].Err = e.finish(&b.Seqs[si], s.lastLogits[si], s.samplers[w], &outs[si])
 		}
 	})
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
-	}
 	return outs, nil
 }
 
@@ -408,7 +420,11 @@ func (e *Engine) stage(b *engine.Batch, st *model.Stage) {
 		e.normRows(s.xn.rows, s.h.rows)
 		matmul(s.qkv.rows, s.xn.rows, l.qkv, cfg.Hidden, cfg.QKVWidth(), l.qkvB)
 	case model.StageRotary:
-		e.rotate(e.freqs[st.Rope], st.Rope.Dim)
+		e.rotate(b, st)
+	case model.StageQKNorm:
+		e.qkNorm(st)
+	case model.StagePostNorm:
+		e.postNorm(st)
 	case model.StageKVWrite:
 		e.writeKV(b, st.Layer)
 	case model.StageAttention:
@@ -486,6 +502,12 @@ func (e *Engine) normWeights(st *model.Stage) (g, b []float32) {
 		return w.layers[st.Layer].attnNorm, w.layers[st.Layer].attnNormB
 	case model.RoleMLPNorm:
 		return w.layers[st.Layer].mlpNorm, w.layers[st.Layer].mlpNormB
+	case model.RoleQNorm:
+		return w.layers[st.Layer].qNorm, nil
+	case model.RolePostAttnNorm:
+		return w.layers[st.Layer].postAttn, nil
+	case model.RolePostMLPNorm:
+		return w.layers[st.Layer].postMLP, nil
 	}
 	return w.finalNorm, w.finalNormB
 }
@@ -497,20 +519,28 @@ func (e *Engine) normRows(dst, x [][]float32) {
 	}
 }
 
-// rotate applies a rotary stage to the query and key heads of every row, at the row's
-// position: the first dim dimensions of each head rotate, dimension i pairing with
-// i + dim/2 (rotate_half) by the angle inv[i] · pos; the rest of the head passes.
-func (e *Engine) rotate(inv []float32, dim int) {
+// rotate applies rotary stage st to the query and key heads of every row, at the row's
+// position: the first Rope.Dim dimensions of each head rotate, dimension i pairing with
+// i + Dim/2 (rotate_half) by the angle inv[i] · pos, cos and sin times the rope's
+// CosSinScale; the rest of the head passes. Under longrope a row takes the long
+// frequencies where its sequence's length after the step asks for them.
+func (e *Engine) rotate(b *engine.Batch, st *model.Stage) {
 	cfg := &e.w.cfg
-	D, half := cfg.HeadDim, dim/2
+	D, half := cfg.HeadDim, st.Rope.Dim/2
 	heads := cfg.Heads + cfg.KVHeads // the query heads, then the key heads
+	short, long, scale := e.freqs[st.Rope], e.longFreqs[st.Rope], st.Rope.CosSinScale()
 	for r, ri := range e.s.rows {
 		row := e.s.qkv.rows[r]
 		pos := float32(ri.pos)
+		inv := short
+		if sq := &b.Seqs[ri.seq]; long != nil && st.Rope.UsesLong(sq.Pos+len(sq.Tokens)) {
+			inv = long
+		}
 		for i := range half {
-			// The angle as transformers computes it: a float32 product, then cos and sin.
+			// The angle as transformers computes it: a float32 product, then cos and sin
+			// (times the scale, exact when it is 1).
 			ang := float64(inv[i] * pos)
-			c, sn := float32(math.Cos(ang)), float32(math.Sin(ang))
+			c, sn := float32(math.Cos(ang))*scale, float32(math.Sin(ang))*scale
 			for h := range heads {
 				x := row[h*D : h*D+2*half]
 				a, b := x[i], x[i+half]
@@ -522,11 +552,14 @@ func (e *Engine) rotate(inv []float32, dim int) {
 }
 
 // finish fills a sequence's output from its last row's logits: the returned logits
-// and, when it asks for one, the sampled token.
+// and, when it asks for one, the sampled token; an error is the sequence's own.
 func (e *Engine) finish(sq *engine.Sequence, last []float32, sp *engine.Sampler, out *engine.Output) error {
 	out.Token = -1
 	if last == nil {
 		return nil
+	}
+	if sq.Draft > 0 {
+		return e.verify(sq, last, sp, out)
 	}
 	if !sq.Sample {
 		if sq.ReturnLogits {
@@ -585,7 +618,7 @@ func (e *Engine) attention(b *engine.Batch, st *model.Stage) {
 	cfg := &e.w.cfg
 	heads, D, T := cfg.Heads, cfg.HeadDim, e.info.TokensPerBlock
 	group := cfg.Heads / cfg.KVHeads
-	li, window, scale := st.Layer, st.Window, st.Scale
+	li, window, scale, capped := st.Layer, st.Window, st.Scale, st.SoftCap
 	workers := runtime.GOMAXPROCS(0)
 	for len(s.scores) < workers {
 		s.scores = append(s.scores, make([]float32, e.info.MaxSeqLen))
@@ -613,6 +646,9 @@ func (e *Engine) attention(b *engine.Batch, st *model.Stage) {
 				keys := e.kv[base+slot*D : base+(slot+cnt)*D]
 				for j := range cnt {
 					v := dot(q, keys[j*D:(j+1)*D]) * scale
+					if capped > 0 {
+						v = softcap(v, capped)
+					}
 					sc[t-first+j] = v
 					best = max(best, v)
 				}

@@ -99,9 +99,9 @@ for round in $(seq "${ROUNDS:-2}"); do
   for v in $order; do
     for r in $runs; do
       m=${r%%:*} wl=${r#*:}
-      timeout "${STAGE_S:-120}" "$b/bin/$v/gpubench" -ckpt "$b/$m" -model "$m" -lib "$b/lib/libgollm_cuda_$v.so" \
-        -workloads "$wl" -reps 3 2> "$out/gpubench-$v-$m.err" | tag_rows variant "$v" round "$round" >> "$out/recipe-ab.jsonl" ||
-        echo "FAIL: gpubench $v $m (round $round): $(tail -2 "$out/gpubench-$v-$m.err")"
+      timeout "${STAGE_S:-120}" "$b/bin/$v/gpubench" -ckpt "$w/$m" -model "$m" -lib "$b/lib/libgollm_cuda_$v.so" \
+        -workloads "$wl" -reps 3 2>> "$out/gpubench.err" | tag_rows variant "$v" round "$round" >> "$out/recipe-ab.jsonl" ||
+        echo "FAIL: gpubench $v $m (round $round): $(tail -2 "$out/gpubench.err")"
     done
   done
 done
