@@ -10,9 +10,7 @@ Models (--models): qwen3-30b-a3b (Qwen3-30B-A3B's config: 48 layers, 128 experts
 units, top 8; 61 GB in bfloat16, one H200) and mixtral-8x7b (93 GB: -tp 2 on two GPUs).
 Neither is written to disk: gpubench gives the config random weights in memory
 (-random-gb), and transformers makes its own random model on the GPU — the same shapes,
-other values. Where gollm does not load qwen3_moe yet (it needs Qwen3's q/k norms), the
-Qwen3 shape runs as qwen2_moe with the same widths and no q/k norm, for both engines, and
-the rows say so (model "qwen3-30b-a3b-as-qwen2moe").
+other values.
 
 Workloads: decode_b1_i128_o128 (ms per token after the first) and tput_b64_i128_o128
 (generated tokens per second, the prompts included). Rows, in BENCH.md's format, go to
@@ -60,14 +58,6 @@ CONFIGS = {
         "num_local_experts": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": None,
         "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 32000},
 }
-
-
-def as_qwen2moe(cfg):
-    """The Qwen3-MoE config as Qwen2-MoE: the same widths, no q/k norm, no shared expert."""
-    c = dict(cfg, architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", qkv_bias=False,
-             shared_expert_intermediate_size=0)
-    c.pop("attention_bias", None)
-    return c
 
 
 def moe_dims(cfg):
@@ -199,15 +189,6 @@ def main():
                 cmd += ["-lib", args.lib]
             left = args.budget - (time.time() - start)
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=max(60, left))
-            if res.returncode != 0 and "qwen3_moe" in res.stderr and "not supported" in res.stderr:
-                notes.append(f"{name}: gollm does not load qwen3_moe here; both engines run it as qwen2_moe")
-                cfg = as_qwen2moe(cfg)
-                label = name + "-as-qwen2moe"
-                with open(os.path.join(cfg_dir, "config.json"), "w") as f:
-                    json.dump(cfg, f)
-                cmd[cmd.index("-model") + 1] = label
-                left = args.budget - (time.time() - start)
-                res = subprocess.run(cmd, capture_output=True, text=True, timeout=max(60, left))
             sys.stderr.write(res.stderr)
             if res.returncode != 0:
                 notes.append(f"{label}: gpubench failed ({res.returncode})")

@@ -50,11 +50,12 @@ func loadMoEGolden(t *testing.T, name string) moeGolden {
 	return g
 }
 
-// moeFixtures are the mixture-of-experts fixtures the GPU tests run: Mixtral (8 experts,
-// top 2 renormalised; an expert width of 12, which the grouped projections take one
-// element at a time) and Qwen2-MoE (top 2 of 8 plain, a gated shared expert; widths of
-// 8 and 32, 16-byte loads and the tensor cores).
-var moeGPUFixtures = []string{"mixtral-tiny", "qwen2moe-tiny"}
+// moeGPUFixtures are the mixture-of-experts fixtures the GPU tests run: Mixtral (8
+// experts, top 2 renormalised; an expert width of 12, which the grouped projections take
+// one element at a time), Qwen2-MoE (top 2 of 8 plain, a gated shared expert; widths of 8
+// and 32, 16-byte loads and the tensor cores) and Qwen3-MoE (q/k norms, a dense first
+// layer before a sparse one).
+var moeGPUFixtures = []string{"mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny"}
 
 // goldenRun runs g's prompt then its greedy tokens on e (one sequence among fillers:
 // random prompts of 8 to 16 tokens, fill rows in all, beside it at the prompt step, one
