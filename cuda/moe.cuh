@@ -5,10 +5,10 @@
 //      the (row, expert) pairs sorted by expert — counts, first slots, each pair's slot —
 //      and the tiles: each expert's slots in runs of at most R rows;
 //   3. the experts' gate·up, then down projections, grouped: a block takes one tile (rows of
-//      one expert) and reads only that expert's weights — moe_gemv_kernel for steps of up
-//      to kMoeGemvRows rows (R = kMoeRows: a gemv a tile, the weights streamed once), else
-//      moe_mma_kernel (R = kMoeTileRows, mma.sync m16n8k16); the shared expert's the same
-//      way over every row;
+//      one expert) and reads only that expert's weights — moe_gemv_kernel where an expert
+//      gets at most kMoeRows rows on average (R = kMoeRows: a gemv a tile, the weights
+//      streamed once), else moe_mma_kernel (R = kMoeTileRows, mma.sync m16n8k16); the
+//      shared expert's the same way over every row;
 //   4. moe_combine_kernel: each row's experts' outputs weighted by its routing, in slot
 //      order, plus the gated shared expert's.
 // A row's arithmetic does not depend on which rows share its tile or its expert's slots.
@@ -141,7 +141,7 @@ struct MoeRoute {
   int* ntiles;     // the tiles listed
 };
 
-// moe_route_kernel: one block of kMoeSortThreads threads (256 for passes of few pairs) over
+// moe_route_kernel: one block of kMoeSortThreads threads (fewer for passes of few pairs) over
 // a pass's n rows (logits
 // [n][E + G] fp32). Warp w routes rows w, w + 32, …: the softmax of the row's E logits,
 // its K most probable experts (the lower index first among equals; lane l holds experts
@@ -149,7 +149,8 @@ struct MoeRoute {
 // expert sgate[row] = sigmoid(logit E). Then the n·K pairs are counted by expert (their
 // rank within it from shared-memory atomics, so a pair's slot among its expert's may vary
 // from run to run — nothing computed depends on it), the counts scanned into first slots,
-// pos and sorted filled, and each expert's slots listed in tiles of at most R rows.
+// pos and sorted filled, and each expert's slots listed in tiles of at most R rows; a
+// single row's pairs are a tile each, in its routing order.
 // Dynamic shared memory: 3·E ints (counts, first slots, first tiles).
 __global__ void __launch_bounds__(kMoeSortThreads) moe_route_kernel(const float* __restrict__ logits, int n, int E,
                                                                     int G, int K, int norm, int R, MoeRoute rt) {
@@ -200,6 +201,18 @@ __global__ void __launch_bounds__(kMoeSortThreads) moe_route_kernel(const float*
     if (norm)
       for (int k = lane; k < K; k += 32) tw[k] /= total;
     if (G && lane == 0) rt.sgate[r] = 1.f / (1.f + expf(-lg[E]));
+  }
+  if (n == 1) {
+    // One row (decode at batch 1): its experts are distinct, each pair a tile of its own.
+    if (warp == 0) {
+      __syncwarp();
+      for (int k = lane; k < K; k += 32) {
+        rt.sorted[k] = 0, rt.pos[k] = k;
+        rt.tiles[k] = make_int4(rt.topi[k], k, 1, 0);
+      }
+      if (lane == 0) *rt.ntiles = K;
+    }
+    return;
   }
   __syncthreads();
   const int P = n * K;
@@ -535,8 +548,8 @@ void moe_pass(const MoePass<T>& p, Stream st) {
   else
     launch("moe_router_kernel", moe_router_kernel<T, false>, rgrid, 256, 0, st, p.x, p.nm,
            static_cast<const T*>(s.router), static_cast<const T*>(s.shared_gate), p.logits, n, p.H, E, G);
-  // Decode's few pairs take a smaller block: fewer warps to meet at each barrier.
-  const int threads = n * K <= 256 && E <= 2048 ? 256 : kMoeSortThreads;
+  // Decode's few pairs take a smaller block (one row: a warp, which needs no sort).
+  const int threads = n == 1 ? 32 : n * K <= 256 && E <= 2048 ? 256 : kMoeSortThreads;
   launch("moe_route_kernel", moe_route_kernel, 1, threads, (size_t)3 * E * sizeof(int), st,
          static_cast<const float*>(p.logits), n, E, G, K, (int)s.s.norm_topk, R, p.rt);
   const int tiles = moe_max_tiles(n * K, E, R);

@@ -20,9 +20,8 @@ constexpr int kMoeChunk = 1024;
 // kMoeSortThreads is the routing and sorting kernel's block (one block a pass).
 constexpr int kMoeSortThreads = 1024;
 // kMoeTileRows is the most token rows a tile of the tensor-core grouped GEMM takes (steps
-// of more than kMoeGemvRows rows).
+// whose experts get more than kMoeRows rows on average).
 constexpr int kMoeTileRows = 64;
-constexpr int kMoeGemvRows = 64;
 
 // moe_max_tiles bounds the tiles a pass of pairs (token, expert) pairs over experts
 // experts lists when each expert's pairs go in runs of rows: every run full but one an
