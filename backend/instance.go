@@ -39,6 +39,8 @@ type inflight struct {
 	departing atomic.Bool
 	// responses counts the responses sent.
 	responses int
+	// cancelSeen is set once Triton reported the request cancelled (under the instance's mu).
+	cancelSeen bool
 }
 
 // instance is one model instance: an engine, its batch manager, and the requests
@@ -72,6 +74,9 @@ type instance struct {
 	senders []*sender
 	// sendersDone is done when every sender goroutine has exited.
 	sendersDone sync.WaitGroup
+	// heldFinals holds final flags and the final responses of cancelled requests a moment
+	// (cancelfinal.go).
+	heldFinals heldFinals
 
 	// pollFactories and pollCancelled are PollStopSignal's scratch (manager goroutine).
 	pollFactories []triton.ResponseFactory
@@ -202,6 +207,7 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 // final error), waits for the last responses to go out, and frees the engine.
 func (in *instance) close() error {
 	in.mgr.Shutdown()
+	in.heldFinals.flush(in.enqueue)
 	in.stopSender()
 	// Nothing should be left; if something is, it still gets its final response.
 	in.mu.Lock()

@@ -39,14 +39,28 @@ type sendItem struct {
 	final bool
 	// err makes it an error response.
 	err error
+	// flagOnly marks the final flag of a request whose final outputs went out before
+	// (cancelfinal.go); err, if any, goes with it as an error response.
+	flagOnly bool
 }
 
 // sendResponse is the batch manager's SendResponse: it queues the response for the
 // sender goroutine and returns at once.
 func (in *instance) sendResponse(id uint64, res batchmanager.Result, final bool, err error) {
 	item := sendItem{id: id, res: res, final: final, err: err}
+	if final && errors.Is(err, batchmanager.ErrCancelled) {
+		if at, ok := in.heldFinals.cancelledAt(id); ok {
+			in.heldFinals.after(cancelledFinalDelay-time.Since(at), item, in.enqueue)
+			return
+		}
+	}
+	in.enqueue(item)
+}
+
+// enqueue queues a response for its request's sender goroutine.
+func (in *instance) enqueue(item sendItem) {
 	// One request's responses all go through one sender, so they stay in order.
-	sd := in.senders[id%uint64(len(in.senders))]
+	sd := in.senders[item.id%uint64(len(in.senders))]
 	sd.mu.Lock()
 	sd.q = append(sd.q, item)
 	sd.mu.Unlock()
@@ -92,18 +106,11 @@ func (in *instance) stopSender() {
 func (in *instance) deliver(item sendItem) {
 	in.mu.Lock()
 	f := in.inflight[item.id]
-	if f != nil && item.final {
-		// Out of inflight before the factory goes: pollStop reads factories under mu.
-		delete(in.inflight, item.id)
-		requestEnded()
-		if len(in.inflight) == 0 {
-			// The manager reports stats only for iterations that ran the engine, so a
-			// request it ended otherwise (cancelled while waiting, a failed iteration)
-			// would leave the gauges as they were. With nothing in flight the manager
-			// holds nothing: the idle values are the truth. Under mu, so a request
-			// accepted after this is not hidden.
-			in.metrics.idle()
-		}
+	// A streaming request's final outputs go now and its final flag a moment later
+	// (cancelfinal.go); the request stays in flight until the flag.
+	split := f != nil && item.final && !item.flagOnly && item.err == nil && f.streaming && in.ms.cfg.FinalFlagDelay > 0
+	if f != nil && item.final && !split {
+		in.forget(item.id)
 	}
 	in.mu.Unlock()
 	if f == nil {
@@ -114,7 +121,7 @@ func (in *instance) deliver(item sendItem) {
 		if p := recover(); p != nil {
 			in.log.Error("panic while sending a response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID),
 				zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
-			if item.final {
+			if item.final && !split {
 				// The factory may or may not have sent the final flag; try once more.
 				_ = f.factory.SendFlags(triton.ResponseFinal)
 				_ = f.factory.Delete()
@@ -122,13 +129,58 @@ func (in *instance) deliver(item sendItem) {
 			}
 		}
 	}()
-	if item.err != nil || item.final {
+	switch {
+	case item.flagOnly:
+		in.endWithFlag(f, item.err)
+	case split:
+		flag := sendItem{id: f.id, final: true, flagOnly: true}
+		if err := in.respondOutputs(f, &item.res, true, 0); err != nil {
+			in.log.Error("send final response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(err))
+			flag.err = triton.Errorf(triton.CodeInternal, "gollm: sending the response failed: %v", err)
+		}
+		in.heldFinals.after(in.ms.cfg.FinalFlagDelay, flag, in.enqueue)
+	case item.err != nil || item.final:
 		in.finish(f, &item.res, responseError(clientError(item.err, f)))
-		return
+	default:
+		if err := in.respond(f, &item.res, 0); err != nil {
+			in.log.Error("send response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(err))
+		}
 	}
-	if err := in.respond(f, &item.res, 0); err != nil {
-		in.log.Error("send response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(err))
+}
+
+// forget takes a request out of inflight at its final response (mu held).
+func (in *instance) forget(id uint64) {
+	// Out of inflight before the factory goes: pollStop reads factories under mu.
+	delete(in.inflight, id)
+	in.heldFinals.cancelledAt(id)
+	requestEnded()
+	if len(in.inflight) == 0 {
+		// The manager reports stats only for iterations that ran the engine, so a
+		// request it ended otherwise (cancelled while waiting, a failed iteration) would
+		// leave the gauges as they were. With nothing in flight the manager holds
+		// nothing: the idle values are the truth. Under mu, so a request accepted after
+		// this is not hidden.
+		in.metrics.idle()
 	}
+}
+
+// endWithFlag sends the final flag of a request whose final outputs went out before (or
+// err as its final error response) and forgets the request.
+func (in *instance) endWithFlag(f *inflight, err error) {
+	in.mu.Lock()
+	in.forget(f.id)
+	in.mu.Unlock()
+	if err != nil {
+		in.sendFinal(f.factory, err, f.tritonID)
+	} else if ferr := f.factory.SendFlags(triton.ResponseFinal); ferr != nil {
+		in.log.Error("send final flag", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(ferr))
+	}
+	if derr := f.factory.Delete(); derr != nil {
+		in.log.Error("delete response factory", zap.Uint64("id", f.id), zap.Error(derr))
+	}
+	in.ms.untrack(f)
+	in.log.Debug("request done", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID),
+		zap.Int("responses", f.responses), zap.Bool("error", err != nil))
 }
 
 // finish sends a request's final response (res, or err) and forgets the request.
@@ -161,7 +213,13 @@ func (in *instance) finish(f *inflight, res *batchmanager.Result, err error) {
 // respond sends one response with res's outputs; flags is ResponseFinal for the last. A
 // streaming response with nothing new becomes the final flag alone, or nothing.
 func (in *instance) respond(f *inflight, res *batchmanager.Result, flags uint32) error {
-	outs, empty := convertOutputs(res, &f.spec, flags&triton.ResponseFinal != 0)
+	return in.respondOutputs(f, res, flags&triton.ResponseFinal != 0, flags)
+}
+
+// respondOutputs is respond with the outputs of a final response (final) or not, sent
+// with flags: a final response's outputs may go without its final flag.
+func (in *instance) respondOutputs(f *inflight, res *batchmanager.Result, final bool, flags uint32) error {
+	outs, empty := convertOutputs(res, &f.spec, final)
 	if f.spec.counts != nil {
 		// The first response always goes out, so that the prompt's count arrives even
 		// when the request ends at once with its end token.

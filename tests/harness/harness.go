@@ -73,6 +73,10 @@ type Model struct {
 	// Config is the config.pbtxt to copy instead of the shipped gpt2 one, relative to
 	// the repository root (examples/trtllm/preprocessing/config.pbtxt).
 	Config string
+	// Dir is a whole model folder (config.pbtxt and version folders) to copy as it is,
+	// relative to the repository root, such as a model of another backend; the fields
+	// above but Name are then not used.
+	Dir string
 }
 
 // Options configure a server.
@@ -91,6 +95,10 @@ type Options struct {
 	LogVerbose int
 	// ExitTimeout is tritonserver's --exit-timeout-secs; zero means DefaultExitTimeout.
 	ExitTimeout time.Duration
+	// BackendDir is tritonserver's --backend-directory; empty means the one `make build`
+	// installs gollm into. PythonBackendDir makes one that also holds Triton's Python
+	// backend.
+	BackendDir string
 	// Env are extra environment variables of the server process ("NAME=value"), such
 	// as MALLOC_CHECK_=3 or GOMEMLIMIT.
 	Env []string
@@ -255,9 +263,13 @@ func (s *Server) start(bin string, opts Options) error {
 		return fmt.Errorf("launch tritonserver: %w", err)
 	}
 	s.HTTPPort, s.GRPCPort, s.MetricsPort = ports[0], ports[1], ports[2]
+	backends := opts.BackendDir
+	if backends == "" {
+		backends = filepath.Join(s.Root, backendDir)
+	}
 	args := []string{
 		"--model-repository=" + s.RepoDir,
-		"--backend-directory=" + filepath.Join(s.Root, backendDir),
+		"--backend-directory=" + backends,
 		"--http-address=127.0.0.1", "--http-port=" + strconv.Itoa(s.HTTPPort),
 		"--grpc-address=127.0.0.1", "--grpc-port=" + strconv.Itoa(s.GRPCPort),
 		"--metrics-address=127.0.0.1", "--metrics-port=" + strconv.Itoa(s.MetricsPort),
@@ -534,4 +546,46 @@ func freePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// PythonBackendDir makes a backend directory in dir that holds gollm's backend (a link
+// to the one `make build` installs) and Triton's Python backend from the nvidia-pytriton
+// wheel (its library, utilities and the stub for this machine's python3, as pytriton
+// lays them out), and returns it with the environment a Python model needs: the stub's
+// libraries and PYTHONPATH's folders (the stub's embedded Python ignores PYTHONPATH; a
+// model reads them from GOLLM_PYTHONPATH).
+func PythonBackendDir(dir string) (string, []string, error) {
+	root, err := Root()
+	if err != nil {
+		return "", nil, err
+	}
+	wheel := filepath.Join(root, ".deps/pytriton/pytriton/tritonserver")
+	out, err := exec.Command("python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])").Output()
+	if err != nil {
+		return "", nil, fmt.Errorf("python backend: python3's version: %w", err)
+	}
+	stub := filepath.Join(wheel, "python_backend_stubs", strings.TrimSpace(string(out)), "triton_python_backend_stub")
+	py := filepath.Join(dir, "python")
+	if err := os.MkdirAll(py, 0o755); err != nil {
+		return "", nil, fmt.Errorf("python backend: %w", err)
+	}
+	links := map[string]string{
+		filepath.Join(dir, "gollm"):                         filepath.Join(root, backendDir, "gollm"),
+		filepath.Join(py, "libtriton_python.so"):            filepath.Join(wheel, "backends/python/libtriton_python.so"),
+		filepath.Join(py, "triton_python_backend_utils.py"): filepath.Join(wheel, "backends/python/triton_python_backend_utils.py"),
+		filepath.Join(py, "triton_python_backend_stub"):     stub,
+	}
+	for link, target := range links {
+		if _, err := os.Stat(target); err != nil {
+			return "", nil, fmt.Errorf("python backend: %w (run `make deps`)", err)
+		}
+		if err := os.Symlink(target, link); err != nil {
+			return "", nil, fmt.Errorf("python backend: %w", err)
+		}
+	}
+	env := []string{
+		"LD_LIBRARY_PATH=" + filepath.Join(root, ".deps/pytriton/nvidia_pytriton.libs"),
+		"GOLLM_PYTHONPATH=" + filepath.Join(root, ".deps/py"),
+	}
+	return dir, env, nil
 }
