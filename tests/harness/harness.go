@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +28,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"gollm/httpfront"
 	"gollm/kserve"
 )
 
@@ -129,6 +131,12 @@ type Server struct {
 	tmp string
 	// http is the client of HTTP and Stop closes its idle connections.
 	http *http.Client
+	// front is the guard in front of the HTTP endpoint (FrontURL), as `make serve` runs
+	// it; frontSrv serves it.
+	front    *httpfront.Front
+	frontSrv *http.Server
+	// FrontPort is the guard's loopback port.
+	FrontPort int
 }
 
 // Root finds the repository root: the nearest parent folder of the working directory
@@ -277,6 +285,11 @@ func (s *Server) start(bin string, opts Options) error {
 		"--exit-timeout-secs=" + strconv.Itoa(int(exitTimeout/time.Second)),
 		"--log-verbose=" + strconv.Itoa(verbose),
 	}
+	if !nvidiaDriver() {
+		// As `make serve` on a machine without a GPU: pinned host memory needs the CUDA
+		// driver, and gollm's tensors are all in ordinary host memory.
+		args = append(args, "--pinned-memory-pool-byte-size=0")
+	}
 	args = append(args, opts.Flags...)
 	f, err := os.Create(s.LogPath)
 	if err != nil {
@@ -309,7 +322,41 @@ func (s *Server) start(bin string, opts Options) error {
 		s.kill()
 		return fmt.Errorf("%w\n--- tritonserver log (%s) ---\n%s", err, s.LogPath, s.LogTail(32<<10))
 	}
+	if err := s.startFront(); err != nil {
+		s.kill()
+		return fmt.Errorf("launch tritonserver: %w", err)
+	}
 	return nil
+}
+
+// startFront serves the HTTP endpoint through the guard `make serve` puts in front of it
+// (package httpfront, with its default bound), on a loopback port of its own.
+func (s *Server) startFront() error {
+	target, err := url.Parse(s.HTTPURL())
+	if err != nil {
+		return err
+	}
+	f, err := httpfront.New(httpfront.Config{Target: target})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("http front: %w", err)
+	}
+	s.front, s.FrontPort = f, ln.Addr().(*net.TCPAddr).Port
+	s.frontSrv = &http.Server{Handler: f, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = s.frontSrv.Serve(ln) }()
+	return nil
+}
+
+// nvidiaDriver says whether the machine has an NVIDIA driver, as scripts/cuda.sh decides.
+func nvidiaDriver() bool {
+	if _, err := os.Stat("/proc/driver/nvidia/version"); err == nil {
+		return true
+	}
+	_, err := exec.LookPath("nvidia-smi")
+	return err == nil
 }
 
 // waitReady polls /v2/health/ready, then the metrics page, until each answers 200, the
@@ -378,6 +425,10 @@ func (s *Server) StopWith(sig os.Signal) (int, error) {
 		// to --exit-timeout-secs, so idle keep-alive connections would delay every stop.
 		s.http.CloseIdleConnections()
 		http.DefaultClient.CloseIdleConnections()
+		if s.front != nil {
+			_ = s.frontSrv.Close()
+			s.front.CloseIdleConnections()
+		}
 		if err := s.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 			return -1, fmt.Errorf("stop tritonserver: %w", err)
 		}
@@ -406,6 +457,9 @@ func (s *Server) Exited() bool {
 func (s *Server) Close() {
 	if !s.Exited() {
 		s.kill()
+	}
+	if s.frontSrv != nil {
+		_ = s.frontSrv.Close()
 	}
 	os.RemoveAll(s.tmp)
 }
@@ -453,6 +507,10 @@ func ProcessRSS(pid int) (int64, error) {
 
 // HTTPURL is the base URL of the HTTP endpoint, such as http://127.0.0.1:41234.
 func (s *Server) HTTPURL() string { return "http://127.0.0.1:" + strconv.Itoa(s.HTTPPort) }
+
+// FrontURL is the base URL of the HTTP endpoint through the guard that `make serve`
+// puts in front of it (httpfront: request bodies over 4 MiB refused).
+func (s *Server) FrontURL() string { return "http://127.0.0.1:" + strconv.Itoa(s.FrontPort) }
 
 // HTTP is the HTTP client for this server: Stop closes its idle connections, which
 // tritonserver would otherwise wait for on exit. Use it rather than
