@@ -65,6 +65,9 @@ type instance struct {
 	metrics *instanceMetrics
 	// queue holds requests Execute accepted that the manager has not taken yet.
 	queue []*batchmanager.InferenceRequest
+	// engineGone is set, once idle, before the engine is freed at the model's unload
+	// (unloadwatch.go): no request is queued after it.
+	engineGone bool
 	// inflight holds every request between Execute and its final response.
 	inflight map[uint64]*inflight
 
@@ -93,6 +96,11 @@ type instance struct {
 	// broken is set (wrapping batchmanager.ErrEngineBroken) once the engine failed a step
 	// and could not recover: the instance is not ready, and refuses every request.
 	broken atomic.Pointer[error]
+	// engineMu guards engineStopped, set once stopEngine ran.
+	engineMu      sync.Mutex
+	engineStopped bool
+	// watch is the unload watcher (unloadwatch.go).
+	watch unloadWatch
 }
 
 // newInstance builds the engine and batch manager of an instance.
@@ -206,8 +214,8 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 // close shuts the batch manager down (every request still in flight or queued gets a
 // final error), waits for the last responses to go out, and frees the engine.
 func (in *instance) close() error {
-	in.mgr.Shutdown()
-	in.heldFinals.flush(in.enqueue)
+	in.stopWatch()
+	err := in.stopEngine()
 	in.stopSender()
 	// Nothing should be left; if something is, it still gets its final response.
 	in.mu.Lock()
@@ -220,15 +228,31 @@ func (in *instance) close() error {
 		in.log.Warn("request still in flight at shutdown", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID))
 		in.finish(f, &batchmanager.Result{}, triton.Errorf(triton.CodeUnavailable, "model %q is unloading", in.ms.cfg.Name))
 	}
+	if terr := in.trace.write(); terr != nil {
+		in.log.Warn("write the iteration trace", zap.Error(terr))
+	}
+	return err
+}
+
+// stopEngine shuts the batch manager down (every request still in flight or queued gets
+// a final error), sends the final flags held back, deletes the instance's metrics and
+// frees the engine — once: at finalize, or before it when the model's unload has begun
+// and the instance is idle (unloadwatch.go). The senders go on until close.
+func (in *instance) stopEngine() error {
+	in.engineMu.Lock()
+	defer in.engineMu.Unlock()
+	if in.engineStopped {
+		return nil
+	}
+	in.engineStopped = true
+	in.mgr.Shutdown()
+	in.heldFinals.flush(in.enqueue)
 	in.mu.Lock()
 	merr := in.metrics.close()
 	in.metrics = nil
 	in.mu.Unlock()
 	if merr != nil {
 		in.log.Warn("delete the instance's metrics", zap.Error(merr))
-	}
-	if terr := in.trace.write(); terr != nil {
-		in.log.Warn("write the iteration trace", zap.Error(terr))
 	}
 	currentGPUGauges().detach(in.name, in.gpu.UUID)
 	return in.eng.Close()
@@ -370,9 +394,23 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 	if err := r.Release(); err != nil {
 		in.log.Error("release request", zap.String("request_id", tritonID), zap.Error(err))
 	}
+	in.mu.Lock()
+	if in.engineGone {
+		// The engine was freed at the model's unload (unloadwatch.go) after the check
+		// above.
+		in.mu.Unlock()
+		err := triton.Errorf(triton.CodeUnavailable, "model %q is unloading", in.ms.cfg.Name)
+		if l := in.away.left(); l != nil {
+			err = l.err
+		}
+		in.sendFinal(factory, err, tritonID)
+		if derr := factory.Delete(); derr != nil {
+			in.log.Error("delete response factory", zap.String("request_id", tritonID), zap.Error(derr))
+		}
+		return false
+	}
 	in.ms.track(f)
 	requestStarted()
-	in.mu.Lock()
 	in.inflight[f.id] = f
 	in.queue = append(in.queue, &p.Req)
 	in.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -33,6 +34,11 @@ type modelState struct {
 	tok *tokenizer.Tokenizer
 	// lim are the request limits of this model.
 	lim limits
+
+	// engines counts the instances whose engines are not freed yet; weightsOnce releases
+	// the model's reference to the weights once (unloadwatch.go, modelFinalize).
+	engines     atomic.Int32
+	weightsOnce sync.Once
 
 	// mu guards byTritonID.
 	mu sync.Mutex
@@ -165,6 +171,19 @@ func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logg
 		zap.Bool("tokenizer", tok != nil))
 	loaded = true
 	return ms, nil
+}
+
+// releaseWeights drops the model's reference to the shared weights, once.
+func (ms *modelState) releaseWeights() {
+	ms.weightsOnce.Do(ms.weights.Release)
+}
+
+// engineFreed counts an instance's engine freed at the model's unload; with the last,
+// the weights go too (the model serves nothing more).
+func (ms *modelState) engineFreed() {
+	if ms.engines.Add(-1) == 0 {
+		ms.releaseWeights()
+	}
 }
 
 // engineSettings are what an instance's engine is sized with.
