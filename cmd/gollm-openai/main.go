@@ -128,7 +128,8 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", *listen, err)
 	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	configureMemory(log)
+	hs := &http.Server{Handler: &idleRelease{h: srv, log: log}, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("serving the OpenAI API", zap.String("listen", ln.Addr().String()), zap.String("triton", *triton), zap.String("model_repository", *repo))
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
