@@ -229,12 +229,14 @@ func cancelRound(ctx context.Context, c kserve.GRPCInferenceServiceClient, model
 		return "", fmt.Errorf("open stream: %w", err)
 	}
 	prompt := []int32{1, int32(10 + rng.IntN(900)), int32(10 + rng.IntN(900)), 3}
-	n, read := 4000, 1+rng.IntN(12)
-	if kind == cancelAtEnd {
+	var n, read int
+	switch kind {
+	case cancelMidStream:
+		n, read = 4000, 1+rng.IntN(12)
+	case cancelAtEnd:
 		n = 2 + rng.IntN(6)
 		read = n - 1
-	}
-	if kind == cancelAtOnce {
+	case cancelAtOnce:
 		// Short: tritonserver 2.51 does not pass on the cancellation of a stream whose
 		// request it had read but not yet issued, so such a request runs to its end.
 		n, read = 64, 0
