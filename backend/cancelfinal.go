@@ -18,11 +18,12 @@ import (
 // backend, streaming the same way, crashes it too (TestTritonPythonModelCancelStress).
 //
 // The backend cannot see the frontend's writes, but a write on a cancelled stream fails
-// as soon as the completion-queue thread gets to it. So the final flag of a streaming
-// request follows its last response after final_flag_delay_ms (the outputs themselves go
-// out at once), and the final response of a request the client cancelled waits
-// cancelledFinalDelay after the cancellation was seen. The request's engine state and
-// KV blocks are freed at once either way; only the Triton response factory lives on.
+// as soon as the completion-queue thread gets to it. So the final response of a
+// streaming request follows its previous response after final_flag_delay_ms at the
+// least (it carries its outputs and the flag together, as before), and the final
+// response of a request the client cancelled waits cancelledFinalDelay after the
+// cancellation was seen. The request's engine state and KV blocks are freed at once
+// either way; only the Triton response factory lives on.
 
 // cancelledFinalDelay is how long the final response of a request that Triton reported
 // cancelled waits before it is sent: its client is gone, so nothing waits for it, and

@@ -73,8 +73,8 @@ type modelConfig struct {
 	// StreamInterval is stream_interval: a streaming request's responses after its first
 	// carry this many tokens each (batchmanager.Config.StreamInterval).
 	StreamInterval int
-	// FinalFlagDelay is final_flag_delay_ms: how long after a streaming request's last
-	// response its final flag follows (cancelfinal.go); 0 sends it with the last one.
+	// FinalFlagDelay is final_flag_delay_ms: how long at the least a streaming request's
+	// final response follows its previous one (cancelfinal.go); 0: no wait.
 	FinalFlagDelay time.Duration
 	// TensorParallelSize is tensor_parallel_size: the GPUs one KIND_GPU instance spreads
 	// the model over — the instance Triton puts on GPU d drives GPUs d to d+N-1 (NCCL).

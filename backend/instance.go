@@ -41,6 +41,8 @@ type inflight struct {
 	responses int
 	// cancelSeen is set once Triton reported the request cancelled (under the instance's mu).
 	cancelSeen bool
+	// lastSent is when its last response went to Triton (its sender goroutine's).
+	lastSent time.Time
 }
 
 // instance is one model instance: an engine, its batch manager, and the requests
@@ -77,7 +79,7 @@ type instance struct {
 	senders []*sender
 	// sendersDone is done when every sender goroutine has exited.
 	sendersDone sync.WaitGroup
-	// heldFinals holds final flags and the final responses of cancelled requests a moment
+	// heldFinals holds final responses back a moment
 	// (cancelfinal.go).
 	heldFinals heldFinals
 

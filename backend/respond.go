@@ -39,9 +39,8 @@ type sendItem struct {
 	final bool
 	// err makes it an error response.
 	err error
-	// flagOnly marks the final flag of a request whose final outputs went out before
-	// (cancelfinal.go); err, if any, goes with it as an error response.
-	flagOnly bool
+	// held marks a final response already held back once (cancelfinal.go).
+	held bool
 }
 
 // sendResponse is the batch manager's SendResponse: it queues the response for the
@@ -106,10 +105,13 @@ func (in *instance) stopSender() {
 func (in *instance) deliver(item sendItem) {
 	in.mu.Lock()
 	f := in.inflight[item.id]
-	// A streaming request's final outputs go now and its final flag a moment later
-	// (cancelfinal.go); the request stays in flight until the flag.
-	split := f != nil && item.final && !item.flagOnly && item.err == nil && f.streaming && in.ms.cfg.FinalFlagDelay > 0
-	if f != nil && item.final && !split {
+	// A streaming request's final response follows its previous one after
+	// final_flag_delay_ms at the least (cancelfinal.go); it stays in flight until then.
+	var hold time.Duration
+	if f != nil && item.final && !item.held && item.err == nil && f.streaming && f.responses > 0 {
+		hold = in.ms.cfg.FinalFlagDelay - time.Since(f.lastSent)
+	}
+	if f != nil && item.final && hold <= 0 {
 		in.forget(item.id)
 	}
 	in.mu.Unlock()
@@ -117,11 +119,16 @@ func (in *instance) deliver(item sendItem) {
 		in.log.Warn("response for a request that is not in flight", zap.Uint64("id", item.id), zap.Bool("final", item.final), zap.Error(item.err))
 		return
 	}
+	if hold > 0 {
+		item.held = true
+		in.heldFinals.after(hold, item, in.enqueue)
+		return
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			in.log.Error("panic while sending a response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID),
 				zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
-			if item.final && !split {
+			if item.final {
 				// The factory may or may not have sent the final flag; try once more.
 				_ = f.factory.SendFlags(triton.ResponseFinal)
 				_ = f.factory.Delete()
@@ -129,22 +136,12 @@ func (in *instance) deliver(item sendItem) {
 			}
 		}
 	}()
-	switch {
-	case item.flagOnly:
-		in.endWithFlag(f, item.err)
-	case split:
-		flag := sendItem{id: f.id, final: true, flagOnly: true}
-		if err := in.respondOutputs(f, &item.res, true, 0); err != nil {
-			in.log.Error("send final response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(err))
-			flag.err = triton.Errorf(triton.CodeInternal, "gollm: sending the response failed: %v", err)
-		}
-		in.heldFinals.after(in.ms.cfg.FinalFlagDelay, flag, in.enqueue)
-	case item.err != nil || item.final:
+	if item.err != nil || item.final {
 		in.finish(f, &item.res, responseError(clientError(item.err, f)))
-	default:
-		if err := in.respond(f, &item.res, 0); err != nil {
-			in.log.Error("send response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(err))
-		}
+		return
+	}
+	if err := in.respond(f, &item.res, 0); err != nil {
+		in.log.Error("send response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(err))
 	}
 }
 
@@ -162,25 +159,6 @@ func (in *instance) forget(id uint64) {
 		// this is not hidden.
 		in.metrics.idle()
 	}
-}
-
-// endWithFlag sends the final flag of a request whose final outputs went out before (or
-// err as its final error response) and forgets the request.
-func (in *instance) endWithFlag(f *inflight, err error) {
-	in.mu.Lock()
-	in.forget(f.id)
-	in.mu.Unlock()
-	if err != nil {
-		in.sendFinal(f.factory, err, f.tritonID)
-	} else if ferr := f.factory.SendFlags(triton.ResponseFinal); ferr != nil {
-		in.log.Error("send final flag", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(ferr))
-	}
-	if derr := f.factory.Delete(); derr != nil {
-		in.log.Error("delete response factory", zap.Uint64("id", f.id), zap.Error(derr))
-	}
-	in.ms.untrack(f)
-	in.log.Debug("request done", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID),
-		zap.Int("responses", f.responses), zap.Bool("error", err != nil))
 }
 
 // finish sends a request's final response (res, or err) and forgets the request.
@@ -213,13 +191,7 @@ func (in *instance) finish(f *inflight, res *batchmanager.Result, err error) {
 // respond sends one response with res's outputs; flags is ResponseFinal for the last. A
 // streaming response with nothing new becomes the final flag alone, or nothing.
 func (in *instance) respond(f *inflight, res *batchmanager.Result, flags uint32) error {
-	return in.respondOutputs(f, res, flags&triton.ResponseFinal != 0, flags)
-}
-
-// respondOutputs is respond with the outputs of a final response (final) or not, sent
-// with flags: a final response's outputs may go without its final flag.
-func (in *instance) respondOutputs(f *inflight, res *batchmanager.Result, final bool, flags uint32) error {
-	outs, empty := convertOutputs(res, &f.spec, final)
+	outs, empty := convertOutputs(res, &f.spec, flags&triton.ResponseFinal != 0)
 	if f.spec.counts != nil {
 		// The first response always goes out, so that the prompt's count arrives even
 		// when the request ends at once with its end token.
@@ -242,6 +214,7 @@ func (in *instance) respondOutputs(f *inflight, res *batchmanager.Result, final 
 		}
 	}
 	f.responses++
+	f.lastSent = time.Now()
 	return resp.Send(flags, nil)
 }
 
