@@ -222,7 +222,8 @@ func cancelStress(t *testing.T, ctx context.Context, s *harness.Server, model st
 // It returns "cancelled" when the client cancelled before the final response, or
 // "finished" when the final response came first.
 func cancelRound(ctx context.Context, c kserve.GRPCInferenceServiceClient, model, id string, kind cancelKind, rng *rand.Rand) (string, error) {
-	sctx, cancel := context.WithCancel(ctx)
+	// A round that waits a minute for a response has found the server stalled.
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	stream, err := c.ModelStreamInfer(sctx)
 	if err != nil {
