@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -37,6 +38,11 @@ type modelState struct {
 	lim limits
 	// tokenizers tokenize long text prompts off Execute (prompt.go).
 	tokenizers *tokenizerPool
+
+	// engines counts the instances whose engines are not freed yet; weightsOnce releases
+	// the model's reference to the weights once (unloadwatch.go, modelFinalize).
+	engines     atomic.Int32
+	weightsOnce sync.Once
 
 	// mu guards byTritonID.
 	mu sync.Mutex
@@ -179,6 +185,23 @@ func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logg
 		zap.Bool("tokenizer", tok != nil))
 	loaded = true
 	return ms, nil
+}
+
+// releaseWeights drops the model's references to the shared weights (and the draft
+// model's), once.
+func (ms *modelState) releaseWeights() {
+	ms.weightsOnce.Do(func() {
+		ms.weights.Release()
+		ms.draft.release()
+	})
+}
+
+// engineFreed counts an instance's engine freed at the model's unload; with the last,
+// the weights go too (the model serves nothing more).
+func (ms *modelState) engineFreed() {
+	if ms.engines.Add(-1) == 0 {
+		ms.releaseWeights()
+	}
 }
 
 // engineSettings are what an instance's engine is sized with.
