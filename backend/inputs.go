@@ -59,6 +59,7 @@ const (
 	inReturnNumInput    = "return_num_input_tokens"
 	inReturnNumOutput   = "return_num_output_tokens"
 	inReturnTopLogprobs = "return_top_logprobs"
+	inReturnFinish      = "return_finish_reason"
 	inDecoderInputIDs   = "decoder_input_ids"
 
 	outOutputIDs      = "output_ids"
@@ -86,6 +87,7 @@ const (
 	outTokenLogprobs            = "token_logprobs"
 	outTopLogprobs              = "top_logprobs"
 	outTopLogprobIDs            = "top_logprob_ids"
+	outFinishReason             = "finish_reason"
 )
 
 // knownInputs are the inputs parseRequest reads; any other is refused (Triton checks
@@ -101,7 +103,7 @@ var knownInputs = map[string]bool{
 	inLenPenalty: true, inLengthPenalty: true, inEarlyStopping: true, inDiversityRate: true,
 	inTopPDecay: true, inTopPMin: true, inTopPResetIDs: true, inTopKAlias: true, inTopPAlias: true,
 	inReturnPerf: true, inStopText: true, inBadText: true, inBiasWords: true, inBiasWeights: true,
-	inReturnNumInput: true, inReturnNumOutput: true, inReturnTopLogprobs: true,
+	inReturnNumInput: true, inReturnNumOutput: true, inReturnTopLogprobs: true, inReturnFinish: true,
 	inDecoderInputIDs: true,
 }
 
@@ -170,6 +172,8 @@ type parsedRequest struct {
 	GenerationLogits bool
 	// TopLogprobs is return_top_logprobs: -1 for none, else the alternatives per token.
 	TopLogprobs int
+	// FinishReason asks for finish_reason (return_finish_reason).
+	FinishReason bool
 }
 
 // inputs indexes a request's tensors by name.
@@ -371,6 +375,9 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 	}
 	if c.Input || c.Output {
 		p.Counts = &c
+	}
+	if p.FinishReason, err = in.flag(inReturnFinish); err != nil {
+		return nil, err
 	}
 	return p, nil
 }

@@ -161,7 +161,12 @@ func (in *instance) finish(f *inflight, res *batchmanager.Result, err error) {
 // respond sends one response with res's outputs; flags is ResponseFinal for the last. A
 // streaming response with nothing new becomes the final flag alone, or nothing.
 func (in *instance) respond(f *inflight, res *batchmanager.Result, flags uint32) error {
-	outs, empty := convertOutputs(res, &f.spec, flags&triton.ResponseFinal != 0)
+	final := flags&triton.ResponseFinal != 0
+	outs, empty := convertOutputs(res, &f.spec, final)
+	if f.spec.asked.finishReason && res.Finish != batchmanager.NotFinished && ended(res, final) {
+		// The reason goes out even when nothing else does (the end token).
+		empty = false
+	}
 	if f.spec.counts != nil {
 		// The first response always goes out, so that the prompt's count arrives even
 		// when the request ends at once with its end token.
