@@ -231,10 +231,11 @@ func viaTriton(c kserve.GRPCInferenceServiceClient, model, prompt string, maxTok
 			{Name: "stream", Datatype: "BOOL", Shape: one},
 			{Name: "return_num_input_tokens", Datatype: "BOOL", Shape: one},
 			{Name: "return_num_output_tokens", Datatype: "BOOL", Shape: one},
+			{Name: "return_finish_reason", Datatype: "BOOL", Shape: one},
 		},
-		RawInputContents: [][]byte{text, binary.LittleEndian.AppendUint32(nil, uint32(maxTokens)), {1}, {1}, {1}},
+		RawInputContents: [][]byte{text, binary.LittleEndian.AppendUint32(nil, uint32(maxTokens)), {1}, {1}, {1}, {1}},
 		Outputs: []*kserve.ModelInferRequest_InferRequestedOutputTensor{{Name: "text_output"}, {Name: "output_ids"},
-			{Name: "num_input_tokens"}, {Name: "num_output_tokens"}},
+			{Name: "num_input_tokens"}, {Name: "num_output_tokens"}, {Name: "finish_reason"}},
 		Parameters: map[string]*kserve.InferParameter{
 			"triton_enable_empty_final_response": {ParameterChoice: &kserve.InferParameter_BoolParam{BoolParam: true}},
 		},
