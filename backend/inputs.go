@@ -142,7 +142,7 @@ type limits struct {
 	// ExcludeInputInOutput is the model's exclude_input_in_output (the default of the
 	// input of that name).
 	ExcludeInputInOutput bool
-	// MaxBeamWidth is the model's max_beam_width.
+	// MaxBeamWidth bounds beam_width (the model's max_beam_width).
 	MaxBeamWidth int
 	// Tokenizer encodes text_input; nil when the checkpoint has no tokenizer.json.
 	Tokenizer encoder

@@ -11,7 +11,7 @@ import (
 
 // output is one tensor of a Triton response, serialized.
 type output struct {
-	// Name is the output's name.
+	// Name must be one of the model's outputs in config.pbtxt.
 	Name string
 	// DataType is its element type.
 	DataType triton.DataType
@@ -25,7 +25,7 @@ type output struct {
 type textState struct {
 	// d detokenizes.
 	d detokenizer
-	// stops are the request's stop strings.
+	// stops cut text_output before the first stop string.
 	stops []string
 	// seqs hold each streamed sequence's text state, by sequence index.
 	seqs map[int]*textOut
@@ -68,7 +68,7 @@ type askedOutputs struct {
 type outputSpec struct {
 	// vocab is the vocabulary size (logits shapes).
 	vocab int
-	// asked are the optional outputs asked for.
+	// asked turns on the optional outputs.
 	asked askedOutputs
 	// want are the outputs the client named; nil means all.
 	want map[string]bool

@@ -31,9 +31,9 @@ type sender struct {
 
 // sendItem is one SendResponse call waiting for a sender goroutine.
 type sendItem struct {
-	// id is the request.
+	// id keys the request in the instance's inflight map.
 	id uint64
-	// res is the batch manager's result.
+	// res is sent as it came from the batch manager.
 	res batchmanager.Result
 	// final marks the last response.
 	final bool
@@ -212,9 +212,9 @@ func clientError(err error, f *inflight) error {
 
 // renamedError is an error with a new message that still unwraps to the original.
 type renamedError struct {
-	// msg is the message.
+	// msg names the client's request id in place of the backend's number.
 	msg string
-	// err is the original error.
+	// err keeps errors.Is working on the renamed error.
 	err error
 }
 

@@ -49,7 +49,7 @@ const (
 
 // genParams are one choice's generation settings, validated.
 type genParams struct {
-	// prompt is the prompt's text.
+	// prompt goes to text_input as it is.
 	prompt string
 	// maxTokens bounds the generated tokens.
 	maxTokens int
@@ -58,9 +58,9 @@ type genParams struct {
 	temperature *float32
 	// topP is the nucleus; nil leaves it to the model's default.
 	topP *float32
-	// seed is the sampling seed.
+	// seed goes to random_seed when sampling.
 	seed uint64
-	// presence and frequency are the penalties.
+	// presence and frequency go to the penalties of those names.
 	presence, frequency float32
 	// bias is the logit bias per vocabulary entry; nil for none.
 	bias []float32
@@ -70,13 +70,13 @@ type genParams struct {
 	logprobs bool
 	// topLogprobs asks for this many alternatives per token too.
 	topLogprobs int
-	// requestID is the Triton request id.
+	// requestID names the request in Triton, for stop requests and logs.
 	requestID string
 }
 
 // tokenInfo is one generated token, for logprobs.
 type tokenInfo struct {
-	// id is the token's id.
+	// id indexes the vocabulary.
 	id int32
 	// text is the token's bytes as text (possibly part of a character).
 	text string
@@ -100,7 +100,7 @@ type altToken struct {
 // piece is what one choice adds in one step: text, the tokens it holds (with
 // logprobs), and at the end the finish reason and counts.
 type piece struct {
-	// index is the choice's index.
+	// index says which choice the piece belongs to.
 	index int
 	// text is new text.
 	text string
@@ -119,7 +119,7 @@ type piece struct {
 
 // tensor is one input with its raw little-endian contents.
 type tensor struct {
-	// name and datatype are the input's name and type.
+	// name and datatype are sent as the KServe input's.
 	name, datatype string
 	// shape is its shape, batch dimension first.
 	shape []int64
@@ -306,11 +306,11 @@ func decodeResponse(r *kserve.ModelInferResponse) (*response, error) {
 type choiceRunner struct {
 	// client is Triton's gRPC client.
 	client kserve.GRPCInferenceServiceClient
-	// mi is the model.
+	// mi describes the model's tensors and tokenizer.
 	mi *modelInfo
-	// p are the settings.
+	// p holds the choice's validated settings.
 	p *genParams
-	// index is the choice's index.
+	// index says which choice it runs.
 	index int
 	// emit receives the pieces, in order; the last has finish or err set.
 	emit func(piece)

@@ -54,13 +54,13 @@ type rowInfo struct {
 type scratch struct {
 	// rows places each token row of the step.
 	rows []rowInfo
-	// h is the residual stream [N][hidden].
+	// h holds the residual stream, [N][hidden].
 	h buf
-	// xn is a norm's output [N][hidden].
+	// xn holds a norm's output, [N][hidden].
 	xn buf
-	// qkv is the fused projection [N][QKVWidth].
+	// qkv holds the fused projection's output, [N][QKVWidth].
 	qkv buf
-	// att is the attention output [N][heads·head_dim].
+	// att holds the attention output before its projection, [N][heads·head_dim].
 	att buf
 	// tmp is a projection output before the residual add [N][hidden].
 	tmp buf

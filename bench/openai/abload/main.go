@@ -36,15 +36,15 @@ type result struct {
 	ttft time.Duration
 	// itl is the mean gap between tokens after the first.
 	itl time.Duration
-	// tokens is the number of tokens received.
+	// tokens counts the tokens received, for the throughput.
 	tokens int
 }
 
 // phase is one path's run of requests.
 type phase struct {
-	// results are the requests' timings.
+	// results hold one entry per request of the phase.
 	results []result
-	// wall is the phase's wall time.
+	// wall runs from the phase's first request to its last answer.
 	wall time.Duration
 }
 
@@ -202,7 +202,7 @@ func summarize(ph *phase) map[string]float64 {
 type timer struct {
 	// start is when the request was sent.
 	start time.Time
-	// times are the tokens' arrival times.
+	// times mark each token's arrival, for the inter-token latency.
 	times []time.Time
 }
 
@@ -291,9 +291,9 @@ func viaOpenAI(hc *http.Client, base, model, prompt string, maxTokens int) (resu
 			continue
 		}
 		var chunk struct {
-			// Choices are the chunk's choices.
+			// Choices hold the one choice a request of n 1 streams.
 			Choices []struct {
-				// Text is the new text.
+				// Text is what the chunk adds.
 				Text string `json:"text"`
 				// FinishReason ends the choice.
 				FinishReason *string `json:"finish_reason"`
