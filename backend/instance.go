@@ -88,6 +88,8 @@ type instance struct {
 	// broken is set (wrapping batchmanager.ErrEngineBroken) once the engine failed a step
 	// and could not recover: the instance is not ready, and refuses every request.
 	broken atomic.Pointer[error]
+	// tokenizing counts the goroutines tokenizing long prompts (prompt.go).
+	tokenizing sync.WaitGroup
 }
 
 // newInstance builds the engine and batch manager of an instance.
@@ -201,6 +203,8 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 // close shuts the batch manager down (every request still in flight or queued gets a
 // final error), waits for the last responses to go out, and frees the engine.
 func (in *instance) close() error {
+	// Long prompts still being tokenized join the queue (and its final errors) first.
+	in.tokenizing.Wait()
 	in.mgr.Shutdown()
 	in.stopSender()
 	// Nothing should be left; if something is, it still gets its final response.
@@ -326,6 +330,17 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 		in.stopRequest(r, factory, tritonID, ts)
 		return false
 	}
+	// A short text prompt is tokenized here; a long one off Execute, once the request
+	// is released (prompt.go).
+	later := len(p.PromptText) > inlinePromptBytes
+	if p.PromptText != "" && !later {
+		if err := p.tokenizePrompt(in.ms.lim); err != nil {
+			handedOver = true
+			in.log.Debug("request refused", zap.String("request_id", tritonID), zap.Error(err))
+			in.reject(r, factory, true, tritonID, ts, triton.WithCode(triton.CodeInvalidArg, err))
+			return false
+		}
+	}
 
 	f := &inflight{
 		id:        nextID.Add(1),
@@ -369,21 +384,30 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 	requestStarted()
 	in.mu.Lock()
 	in.inflight[f.id] = f
-	in.queue = append(in.queue, &p.Req)
+	if !later {
+		in.queue = append(in.queue, &p.Req)
+	}
 	in.mu.Unlock()
+	if later {
+		in.log.Debug("request accepted; its long prompt is tokenized off Execute", zap.Uint64("id", f.id), zap.String("request_id", tritonID),
+			zap.Int("prompt_bytes", len(p.PromptText)), zap.Int("max_new_tokens", p.Req.MaxNewTokens))
+		in.tokenizeLater(f, p)
+		return true
+	}
 	in.log.Debug("request queued", zap.Uint64("id", f.id), zap.String("request_id", tritonID),
 		zap.Int("prompt", len(p.Req.InputIDs)), zap.Int("max_new_tokens", p.Req.MaxNewTokens),
 		zap.Bool("streaming", f.streaming), zap.Bool("text", f.spec.text != nil))
 	return true
 }
 
-// read copies a request's inputs and validates them.
+// read copies a request's inputs and validates them; a text prompt is left for the
+// caller to tokenize (readRequest).
 func (in *instance) read(r triton.Request) (*parsedRequest, error) {
 	tensors, requested, err := requestIO(r)
 	if err != nil {
 		return nil, err
 	}
-	p, err := parseRequest(tensors, requested, in.ms.lim)
+	p, err := readRequest(tensors, requested, in.ms.lim)
 	if err != nil {
 		in.log.Debug("request refused", zap.String("request_id", r.ID()), zap.String("inputs", describe(tensors)), zap.Error(err))
 		return nil, triton.WithCode(triton.CodeInvalidArg, err)

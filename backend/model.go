@@ -33,6 +33,8 @@ type modelState struct {
 	tok *tokenizer.Tokenizer
 	// lim are the request limits of this model.
 	lim limits
+	// tokenizers tokenize long text prompts off Execute (prompt.go).
+	tokenizers *tokenizerPool
 
 	// mu guards byTritonID.
 	mu sync.Mutex
@@ -154,7 +156,11 @@ func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logg
 	}
 	if tok != nil {
 		ms.lim.Tokenizer = tok
+		if b := tok.MaxTokenBytes(); b > 0 {
+			ms.lim.MaxPromptBytes = maxLen * b
+		}
 	}
+	ms.tokenizers = newTokenizerPool()
 	log.Info("model loaded",
 		zap.String("gpt_model_path", cfg.ModelPath), zap.Uint64("version", version),
 		zap.String("family", mc.Family), zap.String("model_type", mc.ModelType),

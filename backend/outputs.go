@@ -151,11 +151,10 @@ func convertOutputs(res *batchmanager.Result, spec *outputSpec, final bool) (out
 		add(outGenLogits, triton.TypeFP32, float32Bytes(res.GenerationLogits), 1, 1, rows, vocab)
 	}
 	if k := spec.asked.topLogprobs; spec.asked.tokenLogprobs && res.Beams == nil {
-		lps, ids, tops := topLogprobs(res, spec.vocab, k)
-		rows := int64(len(lps))
-		add(outTokenLogprobs, triton.TypeFP32, float32Bytes(lps), 1, rows)
-		add(outTopLogprobs, triton.TypeFP32, float32Bytes(tops), 1, rows, int64(k))
-		add(outTopLogprobIDs, triton.TypeInt32, int32Bytes(ids), 1, rows, int64(k))
+		rows := int64(len(res.TokenLogprobs))
+		add(outTokenLogprobs, triton.TypeFP32, float32Bytes(res.TokenLogprobs), 1, rows)
+		add(outTopLogprobs, triton.TypeFP32, float32Bytes(res.TopLogprobs), 1, rows, int64(k))
+		add(outTopLogprobIDs, triton.TypeInt32, int32Bytes(res.TopLogprobIDs), 1, rows, int64(k))
 	}
 	if spec.asked.sequences || want[outSequenceIndex] {
 		add(outSequenceIndex, triton.TypeInt32, int32Bytes([]int32{int32(res.SequenceIndex)}), 1, 1)

@@ -94,16 +94,7 @@ func (in *instance) deliver(item sendItem) {
 	f := in.inflight[item.id]
 	if f != nil && item.final {
 		// Out of inflight before the factory goes: pollStop reads factories under mu.
-		delete(in.inflight, item.id)
-		requestEnded()
-		if len(in.inflight) == 0 {
-			// The manager reports stats only for iterations that ran the engine, so a
-			// request it ended otherwise (cancelled while waiting, a failed iteration)
-			// would leave the gauges as they were. With nothing in flight the manager
-			// holds nothing: the idle values are the truth. Under mu, so a request
-			// accepted after this is not hidden.
-			in.metrics.idle()
-		}
+		in.forgetLocked(item.id)
 	}
 	in.mu.Unlock()
 	if f == nil {
@@ -128,6 +119,20 @@ func (in *instance) deliver(item sendItem) {
 	}
 	if err := in.respond(f, &item.res, 0); err != nil {
 		in.log.Error("send response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(err))
+	}
+}
+
+// forgetLocked takes a request that is getting its final response out of inflight
+// (under mu).
+func (in *instance) forgetLocked(id uint64) {
+	delete(in.inflight, id)
+	requestEnded()
+	if len(in.inflight) == 0 {
+		// The manager reports stats only for iterations that ran the engine, so a request
+		// it ended otherwise (cancelled while waiting, a failed iteration) would leave the
+		// gauges as they were. With nothing in flight the manager holds nothing: the idle
+		// values are the truth. Under mu, so a request accepted after this is not hidden.
+		in.metrics.idle()
 	}
 }
 

@@ -129,7 +129,7 @@ func (m *Manager) beamStep(r *request) {
 			r.failed = fmt.Errorf("%w: beam %d has no logits", ErrInternal, i)
 			return
 		case b.masked:
-			r.failed = fmt.Errorf("%w: beam %d: every token is masked (bad words, min length and bias leave no choice)", ErrEngine, i)
+			r.failed = fmt.Errorf("%w: beam %d: %w", ErrInvalidRequest, i, engine.ErrAllMasked)
 			return
 		}
 		for k, c := range b.top {

@@ -103,6 +103,8 @@ type Manager struct {
 	refs []seqRef
 	// sampler chooses the tokens of host-sampled requests and scores beams.
 	sampler *engine.Sampler
+	// best is addTopLogprobs' scratch.
+	best []int
 	// beamScorers score beams' logits rows, one per worker goroutine (scoreBeams).
 	beamScorers []*beamScorer
 	// beamJobs is scoreBeams' scratch.
@@ -164,7 +166,7 @@ type request struct {
 	phase phase
 	// promptLen counts the prompt's tokens at the front of tokens.
 	promptLen int
-	// maxNew is MaxNewTokens capped by the model's MaxSeqLen.
+	// maxNew is MaxNewTokens (CheckLengths: it fits the model's MaxSeqLen).
 	maxNew int
 	// worstBlocks is the most KV blocks the request can need (all its branches).
 	worstBlocks int
@@ -220,8 +222,17 @@ type branch struct {
 	cumLogProb float32
 	// logProbs are the generated tokens' log-probabilities (when asked; beams always).
 	logProbs []float32
-	// genLogits are the generated positions' logits (when asked), [generated][vocab].
+	// genLogits are the generated positions' logits (when asked) from token genFrom on,
+	// [generated-genFrom][vocab]: a streaming request's rows leave with the response
+	// that carries them.
 	genLogits []float32
+	genFrom   int
+	// tokLPs, topIDs and topLPs are the generated tokens' log-probabilities and their
+	// positions' best alternatives (ReturnTopLogprobs), [generated] and
+	// [generated][TopLogprobs].
+	tokLPs []float32
+	topIDs []int32
+	topLPs []float32
 	// sent is the number of generated tokens already streamed.
 	sent int
 	// n is the number of tokens scheduled this iteration.
@@ -246,7 +257,7 @@ type branch struct {
 	top    []tokLP
 	masked bool
 	// rawLogits are logits as the engine returned them, before a post-processor
-	// (ReturnGenerationLogits of a host-sampled request).
+	// (ReturnGenerationLogits or ReturnTopLogprobs of a host-sampled request).
 	rawLogits []float32
 }
 
@@ -632,19 +643,13 @@ func (m *Manager) intake() {
 // newRequest validates an InferenceRequest against the model and the pool.
 func (m *Manager) newRequest(ir *InferenceRequest) (*request, error) {
 	n := len(ir.InputIDs)
-	if n == 0 {
-		return nil, errors.New("input_ids: the prompt is empty")
+	if err := CheckLengths(n, ir.MaxNewTokens, m.info.MaxSeqLen, "input_ids", "request_output_len"); err != nil {
+		return nil, err
 	}
 	for i, t := range ir.InputIDs {
 		if t < 0 || int(t) >= m.info.VocabSize {
 			return nil, fmt.Errorf("input_ids[%d] = %d is outside the vocabulary [0, %d)", i, t, m.info.VocabSize)
 		}
-	}
-	if ir.MaxNewTokens < 1 {
-		return nil, fmt.Errorf("request_output_len: must be at least 1, got %d", ir.MaxNewTokens)
-	}
-	if n >= m.info.MaxSeqLen {
-		return nil, fmt.Errorf("input_ids: a prompt of %d tokens leaves no room under the model's max sequence length %d", n, m.info.MaxSeqLen)
 	}
 	if !m.cfg.EnableChunkedContext && m.cfg.MaxNumTokens > 0 && n > m.cfg.MaxNumTokens {
 		return nil, fmt.Errorf("input_ids: a prompt of %d tokens exceeds max_num_tokens %d (enable_chunked_context splits long prompts)", n, m.cfg.MaxNumTokens)
@@ -666,7 +671,7 @@ func (m *Manager) newRequest(ir *InferenceRequest) (*request, error) {
 	if err != nil {
 		return nil, err
 	}
-	maxNew := min(ir.MaxNewTokens, m.info.MaxSeqLen-n)
+	maxNew := ir.MaxNewTokens
 	// The last generated token is never fed back, so the KV holds n+maxNew-1 positions.
 	worst := m.pool.BlocksFor(n + maxNew - 1)
 	forkAt := n
@@ -849,6 +854,8 @@ func (m *Manager) checkGroup(ir *InferenceRequest) (width int, beams bool, err e
 		return 0, false, fmt.Errorf("runtime_top_p_min: %g must be in (0, 1]", ir.TopPMin)
 	case ir.TopPResetID < -1 || int(ir.TopPResetID) >= m.info.VocabSize:
 		return 0, false, fmt.Errorf("runtime_top_p_reset_ids: %d is outside the vocabulary [0, %d) (-1: none)", ir.TopPResetID, m.info.VocabSize)
+	case ir.ReturnTopLogprobs && (ir.TopLogprobs < 0 || ir.TopLogprobs > m.info.VocabSize):
+		return 0, false, fmt.Errorf("top log-probabilities: %d alternatives per token, want 0 to the vocabulary's %d", ir.TopLogprobs, m.info.VocabSize)
 	}
 	if ir.BatchedPostProcessing && m.cfg.BatchedLogitsPostProcessor == nil {
 		return 0, false, errors.New("logits post-processor: the request asks for the batched one, and none is configured")
@@ -859,8 +866,8 @@ func (m *Manager) checkGroup(ir *InferenceRequest) (width int, beams bool, err e
 		if ir.NumReturnSequences > width {
 			return 0, false, fmt.Errorf("num_return_sequences: %d exceeds beam_width %d (beam search returns at most its beams)", ir.NumReturnSequences, width)
 		}
-		if ir.ReturnGenerationLogits {
-			return 0, false, errors.New("return_generation_logits: not available with beam search (beam_width > 1)")
+		if ir.ReturnGenerationLogits || ir.ReturnTopLogprobs {
+			return 0, false, errors.New("return_generation_logits and top log-probabilities: not available with beam search (beam_width > 1)")
 		}
 		if m.cfg.MaxBeamWidth > 0 && width > m.cfg.MaxBeamWidth {
 			return 0, false, fmt.Errorf("beam_width: %d exceeds the model's max_beam_width %d", width, m.cfg.MaxBeamWidth)

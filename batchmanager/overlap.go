@@ -277,7 +277,7 @@ func (m *Manager) planChunk(a *aheadStep, s *engine.Sequence, ref seqRef, budget
 	if r.hostSampled() {
 		row.ReturnLogits = last
 	} else {
-		row.Sample, row.ReturnLogits = last, r.req.ReturnGenerationLogits
+		row.Sample, row.ReturnLogits = last, r.wantsRows()
 	}
 	a.batch.Seqs = append(a.batch.Seqs, row)
 	a.refs = append(a.refs, ref)
@@ -311,6 +311,7 @@ func (m *Manager) admitAhead(a *aheadStep) {
 	m.batch.BlockCopies = m.batch.BlockCopies[:0]
 	m.admit(budget, joinsAhead)
 	admitted := m.sched
+	defer clear(admitted) // hold no request past the step
 	m.admittedAhead = admitted[:0]
 	m.sched = saved
 	a.batch.BlockCopies = append(a.batch.BlockCopies, m.batch.BlockCopies...)
@@ -335,7 +336,7 @@ func (m *Manager) admitAhead(a *aheadStep) {
 		if r.hostSampled() {
 			s.ReturnLogits = last
 		} else {
-			s.Sample, s.ReturnLogits = last, r.req.ReturnGenerationLogits
+			s.Sample, s.ReturnLogits = last, r.wantsRows()
 		}
 		a.batch.Seqs = append(a.batch.Seqs, s)
 		a.refs = append(a.refs, seqRef{r, b})
@@ -349,6 +350,7 @@ func (m *Manager) stepAhead() {
 	a := m.ahead
 	m.ahead = nil
 	m.it = iterCounts{}
+	clear(m.sched) // hold no finished request
 	m.sched = m.sched[:0]
 	for _, ref := range a.refs {
 		if alive(ref) {

@@ -39,6 +39,12 @@ type InferenceRequest struct {
 	ReturnContextLogits bool
 	// ReturnGenerationLogits fills Result.GenerationLogits.
 	ReturnGenerationLogits bool
+	// ReturnTopLogprobs fills Result.TokenLogprobs, and TopLogprobIDs and TopLogprobs
+	// with TopLogprobs alternatives per token: computed from each generated position's
+	// logits at its step, so that no logits row is kept past it.
+	ReturnTopLogprobs bool
+	// TopLogprobs is the alternatives per token of ReturnTopLogprobs (0 or more).
+	TopLogprobs int
 	// ReturnPerfMetrics fills Result.Perf.
 	ReturnPerfMetrics bool
 	// Arrival is when the request arrived (Result.Perf.Arrival); zero: when the manager
@@ -178,6 +184,16 @@ type Result struct {
 	// GenerationLogits are the logits of this response's generated positions [n][vocab]
 	// (ReturnGenerationLogits; nil otherwise).
 	GenerationLogits []float32
+	// TokenLogprobs are the log-probabilities of this response's generated tokens under
+	// the model's distribution at their positions — the log-softmax, in float64, of the
+	// logits after the embedding bias, before penalties and temperature
+	// (ReturnTopLogprobs; nil otherwise).
+	TokenLogprobs []float32
+	// TopLogprobIDs and TopLogprobs are, for each of those tokens, the TopLogprobs most
+	// likely tokens of its position and their log-probabilities, best first (ties: the
+	// lower id), [n][TopLogprobs] (ReturnTopLogprobs).
+	TopLogprobIDs []int32
+	TopLogprobs   []float32
 	// PromptLen counts the prompt's tokens.
 	PromptLen int
 	// Generated is the number of tokens generated so far (the end token excluded).

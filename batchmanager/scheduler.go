@@ -31,6 +31,7 @@ import (
 // one token per branch; contexts take what the token budget leaves), then admissions:
 // paused requests before new ones, in order, stopping at the first that does not fit.
 func (m *Manager) schedule() {
+	clear(m.sched) // hold no finished request
 	m.sched = m.sched[:0]
 	m.batch.BlockCopies = m.batch.BlockCopies[:0]
 	m.it = iterCounts{}

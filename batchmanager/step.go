@@ -1,6 +1,7 @@
 package batchmanager
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -35,6 +36,12 @@ type seqRef struct {
 // step builds the engine batch from m.sched, runs it, and applies the outputs: new
 // tokens, stop conditions, beam selection, responses.
 func (m *Manager) step() {
+	// The batch's sequences and references reach the requests' buffers: none is held
+	// past the step, or a finished request's would stay live while the manager idles.
+	defer func() {
+		clear(m.batch.Seqs)
+		clear(m.refs)
+	}()
 	m.fillBatch()
 	if m.cfg.ModelType == V1 {
 		m.it.emptySlots = len(m.held)
@@ -66,7 +73,6 @@ func (m *Manager) step() {
 		m.afterStep(r)
 		m.respond(r)
 	}
-	clear(m.refs)
 	m.running = compact(m.running, phaseRunning)
 	m.finishV1Batch()
 }
@@ -93,6 +99,12 @@ func (m *Manager) failStep(err error) {
 	}
 }
 
+// wantsRows says whether r reads its generated positions' logits rows: to return them,
+// or to take its top log-probabilities from them.
+func (r *request) wantsRows() bool {
+	return r.req.ReturnGenerationLogits || r.req.ReturnTopLogprobs
+}
+
 // hostSampled says whether the manager, not the engine, chooses r's tokens from the
 // logits the engine returns: beam search, and requests with a logits post-processor.
 func (r *request) hostSampled() bool {
@@ -113,7 +125,7 @@ func (m *Manager) batchedPostProcess(outs []engine.Output) {
 	var reqs []*request
 	for i, ref := range m.refs {
 		if ref.r.req.BatchedPostProcessing && m.batch.Seqs[i].ReturnLogits && len(outs[i].Logits) == m.info.VocabSize {
-			if ref.r.req.ReturnGenerationLogits && !ref.r.beams {
+			if ref.r.wantsRows() && !ref.r.beams {
 				ref.b.rawLogits = slices.Clone(outs[i].Logits)
 			}
 			ids = append(ids, ref.r.id)
@@ -186,7 +198,7 @@ func (m *Manager) fillBatch() {
 				s.ReturnLogits = last
 			} else {
 				s.Sample = last
-				s.ReturnLogits = r.req.ReturnGenerationLogits
+				s.ReturnLogits = r.wantsRows()
 			}
 			s.ContextLogits = b == &r.branch && r.ctxLogits != nil && start < r.promptLen && !r.ctxSent
 			s.Feed = 0
@@ -229,6 +241,12 @@ func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engi
 	if !seq.Sample && !(r.hostSampled() && seq.ReturnLogits) {
 		return
 	}
+	if out.Err != nil {
+		// This sequence alone failed (every token masked: its settings leave no choice
+		// after this history); its request ends, the rest of the batch goes on.
+		r.failed = fmt.Errorf("%w: generated token %d: %w", seqFailure(out.Err), b.generated+1, out.Err)
+		return
+	}
 	tok, lp := out.Token, out.LogProb
 	if r.hostSampled() {
 		var err error
@@ -248,16 +266,22 @@ func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engi
 		b.ended, b.finish = true, FinishedEndID
 		return
 	}
-	if r.req.ReturnGenerationLogits {
+	if r.wantsRows() {
 		logits := out.Logits
 		if r.hostSampled() {
 			logits = b.rawLogits
+			b.rawLogits = nil
 		}
 		if len(logits) != vocab {
 			r.failed = fmt.Errorf("%w: %d generation logits, vocabulary is %d", ErrEngine, len(logits), vocab)
 			return
 		}
-		b.genLogits = append(b.genLogits, logits...)
+		if r.req.ReturnGenerationLogits {
+			b.genLogits = append(b.genLogits, logits...)
+		}
+		if r.req.ReturnTopLogprobs {
+			m.best = b.addTopLogprobs(logits, tok, r.req.TopLogprobs, m.best)
+		}
 	}
 	b.tokens = append(b.tokens, tok)
 	b.generated++
@@ -267,6 +291,15 @@ func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engi
 	}
 	m.decayTopP(r, b, tok)
 	m.checkStop(r, b)
+}
+
+// seqFailure is the sentinel a sequence's own failure ends its request with: an
+// invalid request where its settings leave no token to choose, else an engine error.
+func seqFailure(err error) error {
+	if errors.Is(err, engine.ErrAllMasked) {
+		return ErrInvalidRequest
+	}
+	return ErrEngine
 }
 
 // tokenTimes records the first and latest token times (perf metrics).
@@ -318,7 +351,7 @@ func (r *request) initialTopP() float32 {
 func (m *Manager) hostSample(r *request, b *branch, seq *engine.Sequence) (int32, float32, error) {
 	w := b.logits
 	b.logits = nil
-	if r.req.ReturnGenerationLogits && !r.req.BatchedPostProcessing {
+	if r.wantsRows() && !r.req.BatchedPostProcessing {
 		b.rawLogits = slices.Clone(w)
 	}
 	if pp := r.req.LogitsPostProcessor; pp != nil {
@@ -560,6 +593,8 @@ func (m *Manager) streamResult(r *request, b *branch) Result {
 	res := Result{Tokens: b.tokens[r.promptLen+from : r.promptLen+to : r.promptLen+to], Length: to - from}
 	m.addExtras(&res, r, b, from, to, true)
 	r.ctxSent = true
+	// The rows sent are the response's now: the next ones start a new buffer.
+	b.genLogits, b.genFrom = nil, to
 	return res
 }
 
@@ -601,10 +636,16 @@ func (m *Manager) addExtras(res *Result, r *request, b *branch, from, to int, wi
 		res.ContextLogits = r.ctxLogits
 	}
 	if r.req.ReturnGenerationLogits {
-		res.GenerationLogits = b.genLogits[from*vocab : to*vocab : to*vocab]
+		lo, hi := (from-b.genFrom)*vocab, (to-b.genFrom)*vocab
+		res.GenerationLogits = b.genLogits[lo:hi:hi]
 		if res.GenerationLogits == nil {
 			res.GenerationLogits = []float32{}
 		}
+	}
+	if r.req.ReturnTopLogprobs {
+		k := r.req.TopLogprobs
+		res.TokenLogprobs = b.tokLPs[from:to:to]
+		res.TopLogprobIDs, res.TopLogprobs = b.topIDs[from*k:to*k:to*k], b.topLPs[from*k:to*k:to*k]
 	}
 	res.Perf = m.perf(r)
 }

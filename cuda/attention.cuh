@@ -13,8 +13,8 @@ namespace gollm {
 // blockIdx.x (16-byte loads and 8-byte pool stores: head_dim is a multiple of 8, which
 // engine creation enforces, so the four never straddle a head or the q/k/v parts).
 //   qkv:  [n][qkv_width] fp32 from the QKV GEMM, queries then keys then values; bias
-//         [qkv_width] fp32 (or null) is added here, and the queries are scaled by
-//         1/sqrt(head_dim) in place for the attention kernels.
+//         [qkv_width] fp32 (or null) is added here, and the queries are scaled by the
+//         attention's scale (1/sqrt(head_dim)) in place for the attention kernels.
 //   keys and values go to the pool at the row's position: block blocks[seq.blk_off + pos/T],
 //   slot pos%T, page geom.page(block, layer, 0|1, kv head), [slot][head_dim] within it.
 // The bias and the row's block-table lookups come before the wait for the GEMM.
@@ -91,12 +91,14 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_write_kernel(
     put(c0 + d, row[c0 + d] + (bias ? bias[c0 + d] : 0.f));
 }
 
+// qkv_kv_write is the QKV epilogue as a kernel of its own: bias, queries times scale,
+// rotary over rope_dim dimensions of each head where inv_freq is given, the KV write.
 template <typename T>
 void qkv_kv_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
                   const int32_t* row_seq, const DevSeq* seqs, const int32_t* blocks, KVGeom g,
-                  int layer, int n, const float* inv_freq, int rope_dim, Stream stream) {
+                  int layer, int n, const float* inv_freq, int rope_dim, float scale,
+                  Stream stream) {
   if (n == 0) return;
-  const float scale = 1.f / sqrtf((float)g.head_dim);
   if (inv_freq) {
     launch("qkv_rope_write_kernel", qkv_rope_write_kernel<T>, dim3(n, g.heads + 2 * g.kv_heads),
            kRopeThreads, 0, stream, qkv, bias, kv, row_pos, row_seq, seqs, blocks, g, layer, scale,
@@ -126,8 +128,8 @@ void qkv_kv_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
 // head_dim % 8 == 0. Dynamic shared memory: decode_smem(head_dim, part_len).
 // A part of up to kDecodeMinPart = kDecodeThreads positions costs one round of key loads
 // (a key per thread) and one of value loads (kDecodeVUnroll rows per group of 8 lanes at
-// head_dim 64), so rows up to 256 long take one block and no merge (H100, 124M b1 decode:
-// 0.45 -> 0.42 ms/token against 128 and 128).
+// head_dim 64), so rows up to 256 long take one block and no merge.
+// 256 and 256: bench/results/2026-11-21-gpu-h100.jsonl.
 constexpr int kDecodeThreads = 256;
 constexpr int kDecodeVUnroll = 8;  // value rows a thread group has in flight
 
@@ -368,8 +370,8 @@ void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_
 // weighting them by the probabilities it left in shared memory. The warps' (max, sum,
 // output) are merged last. D is a power of two, 16…128.
 //   qkv: [N][qkv_width] fp32, queries pre-scaled; att: [N][heads·D] T.
-// GOLLM_GQA_WARPS (-D at build time) measures other block sizes (bench/libab.sh): 8 warps
-// lost on an H100 at batch 64 (cuda/README.md).
+// GOLLM_GQA_WARPS (-D at build time) builds other block sizes to measure (bench/libab.sh).
+// 4 warps: bench/results/2026-11-27-inplace-h100.jsonl.
 #ifndef GOLLM_GQA_WARPS
 #define GOLLM_GQA_WARPS 4
 #endif

@@ -16,7 +16,9 @@ type Engine interface {
 	// Step runs one iteration over every sequence of b: the forward pass of each
 	// sequence's new tokens (their keys and values are written into the KV blocks named
 	// by its block table) and, for sequences with Sample set, the sampling of one token.
-	// The outputs are in the order of b.Seqs. An error fails the whole iteration.
+	// The outputs are in the order of b.Seqs. An error fails the whole iteration; a
+	// failure of one sequence alone (every token masked) is its Output.Err instead, and
+	// the other sequences' outputs stand.
 	Step(b *Batch) ([]Output, error)
 	// Close frees the engine's memory. The engine is unusable afterwards.
 	Close() error
@@ -171,4 +173,9 @@ type Output struct {
 	// ContextLogits are the logits of every position of Tokens, row-major
 	// [len(Tokens)][VocabSize], when asked.
 	ContextLogits []float32
+	// Err is this sequence's own failure, nil when it has none: its token could not be
+	// chosen (ErrAllMasked). Token is then -1, and the batch manager fails the
+	// sequence's request alone. A row fed from it in a step launched after this one
+	// (Pipeliner) runs on a placeholder token; its output means nothing.
+	Err error
 }

@@ -59,6 +59,52 @@ func (p *SamplingParams) Validate(v int) error {
 			}
 		}
 	}
+	return p.checkChoice(v)
+}
+
+// checkChoice refuses settings that can be seen at admission to leave no token to
+// choose at some step: the tokens an embedding bias of -Inf and the one-token bad words
+// forbid at every step cover the vocabulary, or leave only the end tokens, which
+// min_length forbids at the first step. What depends on the history (bad words of
+// several tokens, penalties) shows only when sampling: that sequence then fails alone
+// (Output.Err).
+func (p *SamplingParams) checkChoice(v int) error {
+	if len(p.EmbeddingBias) == 0 && len(p.BadWords) == 0 {
+		return nil
+	}
+	banned := make([]uint64, (v+63)/64)
+	n := 0
+	ban := func(t int) {
+		if banned[t/64]&(1<<(t%64)) == 0 {
+			banned[t/64] |= 1 << (t % 64)
+			n++
+		}
+	}
+	for i, b := range p.EmbeddingBias {
+		if math.IsInf(float64(b), -1) {
+			ban(i)
+		}
+	}
+	byBias := n
+	for _, word := range p.BadWords {
+		if len(word) == 1 {
+			ban(int(word[0]))
+		}
+	}
+	switch {
+	case byBias == v:
+		return fmt.Errorf("embedding_bias is -Inf for every one of the %d tokens: no token can be chosen", v)
+	case n == v:
+		return fmt.Errorf("embedding_bias (-Inf for %d tokens) and the one-token bad_words forbid all %d tokens of the vocabulary: no token can be chosen", byBias, v)
+	}
+	if p.MinLength > 0 && len(p.EndIDs) > 0 {
+		for _, id := range p.EndIDs {
+			ban(int(id))
+		}
+		if n == v {
+			return fmt.Errorf("min_length %d forbids the end tokens %v at first, and embedding_bias and bad_words forbid every other token: no first token can be chosen", p.MinLength, p.EndIDs)
+		}
+	}
 	return nil
 }
 

@@ -29,6 +29,17 @@ func TestValidateNamesTheBrokenSetting(t *testing.T) {
 		}, "embedding_bias[7]"},
 		{"an empty bad word", func(p *SamplingParams) { p.BadWords = [][]int32{{5}, {}} }, "bad_words[1] is empty"},
 		{"a bad word beyond the vocabulary", func(p *SamplingParams) { p.BadWords = [][]int32{{5, 301}} }, "bad_words[0][1] = 301"},
+		{"an embedding bias of -Inf everywhere", func(p *SamplingParams) { p.EmbeddingBias = filled(300, negInf) }, "embedding_bias is -Inf for every one of the 300 tokens"},
+		{"one-token bad words over the whole vocabulary", func(p *SamplingParams) { p.BadWords = eachToken(0, 300) }, "bad_words forbid all 300 tokens"},
+		{"a -Inf bias and bad words that cover the vocabulary together", func(p *SamplingParams) {
+			p.EmbeddingBias = filled(300, 0)
+			copy(p.EmbeddingBias, filled(150, negInf))
+			p.BadWords = eachToken(150, 300)
+		}, "embedding_bias (-Inf for 150 tokens) and the one-token bad_words"},
+		{"min_length with a bias that leaves only the end token", func(p *SamplingParams) {
+			p.MinLength, p.EmbeddingBias = 3, filled(300, negInf)
+			p.EmbeddingBias[2] = 0
+		}, "min_length 3 forbids the end tokens [2]"},
 	} {
 		t.Run("refuses "+tc.name, func(t *testing.T) {
 			p := SamplingParams{Temperature: 1, EndIDs: []int32{2}}
@@ -77,5 +88,57 @@ func TestUniformDrawsAreUniform(t *testing.T) {
 		if c < n/10-300 || c > n/10+300 {
 			t.Errorf("bucket %d holds %d of %d draws, want about %d", b, c, n, n/10)
 		}
+	}
+}
+
+// negInf is -Inf as a float32.
+var negInf = float32(math.Inf(-1))
+
+// filled is n copies of v.
+func filled(n int, v float32) []float32 {
+	out := make([]float32, n)
+	for i := range out {
+		out[i] = v
+	}
+	return out
+}
+
+// eachToken is a one-token bad word for each token of [from, to).
+func eachToken(from, to int) [][]int32 {
+	var out [][]int32
+	for t := from; t < to; t++ {
+		out = append(out, []int32{int32(t)})
+	}
+	return out
+}
+
+func TestValidateAcceptsWhatLeavesAChoice(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		params SamplingParams
+	}{
+		{"a bias of -Inf but for one token", func() SamplingParams {
+			p := SamplingParams{EmbeddingBias: filled(300, negInf)}
+			p.EmbeddingBias[42] = 0
+			return p
+		}()},
+		{"bad words of two tokens over the whole vocabulary (their prefix decides)", func() SamplingParams {
+			var bad [][]int32
+			for t := range 300 {
+				bad = append(bad, []int32{7, int32(t)})
+			}
+			return SamplingParams{BadWords: bad}
+		}()},
+		{"min_length once only the end token is left, without min_length", func() SamplingParams {
+			p := SamplingParams{EmbeddingBias: filled(300, negInf), EndIDs: []int32{2}}
+			p.EmbeddingBias[2] = 0
+			return p
+		}()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.params.Validate(300); err != nil {
+				t.Errorf("Validate = %v", err)
+			}
+		})
 	}
 }

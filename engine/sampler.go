@@ -38,8 +38,9 @@ func NewSampler(vocab int) *Sampler {
 	return &Sampler{work: make([]float32, vocab), hist: NewTokenCounts(vocab)}
 }
 
-// errAllMasked is returned when penalties and masks leave no token to choose.
-var errAllMasked = errors.New("every token is masked (bad words, min length and bias leave no choice)")
+// ErrAllMasked is a sequence's failure when the bias, penalties and masks leave no
+// token to choose (engines report it in Output.Err).
+var ErrAllMasked = errors.New("every token is masked (bad words, min length and bias leave no choice)")
 
 // Sample chooses a token from the raw logits row of sq's last position. It returns the
 // token, its log-probability, and a copy of the biased logits when sq.ReturnLogits is
@@ -123,7 +124,7 @@ func (s *Sampler) applyPenalties(w []float32, p *SamplingParams, hist []int32) {
 func (s *Sampler) Pick(w []float32, p *SamplingParams, numGenerated int) (int32, float32, error) {
 	best := argmax(w)
 	if math.IsInf(float64(w[best]), -1) || math.IsNaN(float64(w[best])) {
-		return -1, 0, errAllMasked
+		return -1, 0, ErrAllMasked
 	}
 	if p.Temperature == 0 || p.TopK == 1 {
 		return int32(best), float32(float64(w[best]) - logSumExpAt(w, w[best], 1)), nil

@@ -41,7 +41,7 @@ type partName struct {
 }
 
 // families are the supported architectures.
-var families = []*family{gpt2Family, llamaFamily}
+var families = []*family{gpt2Family, llamaFamily, phi3Family}
 
 // Limits bound config.json's sizes before anything proportional to them is allocated:
 // far beyond any released model, and far below what would let a corrupt config ask for

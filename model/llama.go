@@ -6,7 +6,7 @@ import (
 )
 
 // llamaFamily loads the LLaMA-shaped decoders — Llama 2 and 3, TinyLlama, SmolLM
-// (model_type llama), Mistral, Qwen2: RMSNorm, rotary positions, grouped-query
+// (model_type llama), Mistral, Qwen2 (and Phi-3 through phi3Family's names): RMSNorm, rotary positions, grouped-query
 // attention with separate q/k/v projections (fused here into RoleQKV), a gated SiLU MLP
 // (gate and up fused into RoleUp), and an LM head that is tied or not.
 var llamaFamily = &family{
@@ -19,8 +19,8 @@ var llamaFamily = &family{
 	names:         llamaNames,
 }
 
-// parseLlama reads LlamaConfig, MistralConfig and Qwen2Config, with the defaults
-// transformers gives their absent fields.
+// parseLlama reads LlamaConfig, MistralConfig, Qwen2Config and Phi3Config, with the
+// defaults transformers gives their absent fields.
 func parseLlama(p *configParser, c *Config) {
 	mt := p.str("model_type", "llama")
 	c.VocabSize = p.positive("vocab_size", 0)
@@ -29,13 +29,16 @@ func parseLlama(p *configParser, c *Config) {
 	c.Layers = p.positive("num_hidden_layers", 0)
 	c.Heads = p.positive("num_attention_heads", 0)
 	c.KVHeads = p.positive("num_key_value_heads", c.Heads)
-	defPositions := 2048
-	if mt != "llama" {
-		defPositions = 32768
+	defPositions, defEps := 32768, 1e-6
+	switch mt {
+	case "llama":
+		defPositions = 2048
+	case "phi3":
+		defPositions, defEps = 4096, 1e-5
 	}
 	c.MaxPositions = p.positive("max_position_embeddings", defPositions)
 	c.Norm = RMSNorm
-	c.NormEps = float32(p.number("rms_norm_eps", 1e-6))
+	c.NormEps = float32(p.number("rms_norm_eps", defEps))
 	c.Positions = RotaryPositions
 	c.GatedMLP = true
 	c.Act = p.activation("hidden_act", "silu")
@@ -63,6 +66,9 @@ func parseLlama(p *configParser, c *Config) {
 				c.WindowFromLayer = slidingLayersFrom(p, c.Layers)
 			}
 		}
+	case "phi3":
+		// Phi3Config's window (none by default) applies to every layer.
+		c.SlidingWindow = p.nonNegative("sliding_window", 0)
 	default:
 		bias := p.boolean("attention_bias", false)
 		c.QKVBias, c.OutBias = bias, bias
@@ -86,9 +92,6 @@ func parseLlama(p *configParser, c *Config) {
 		return
 	} else {
 		c.HeadDim = c.Hidden / c.Heads
-	}
-	if f := p.number("partial_rotary_factor", 1); f != 1 {
-		p.fail("partial_rotary_factor", fmt.Errorf("%g is not supported (only 1)", f))
 	}
 	c.Rope = parseRope(p, c.HeadDim, c.MaxPositions)
 	if c.SlidingWindow >= c.MaxPositions {
@@ -132,7 +135,7 @@ func slidingLayersFrom(p *configParser, layers int) int {
 // rope_theta with rope_scaling. A scaling type the engines do not implement fails the
 // load naming it.
 func parseRope(p *configParser, headDim, maxPositions int) Rope {
-	r := Rope{Theta: 10000, Dim: headDim, Factor: 1}
+	r := Rope{Theta: 10000, Dim: rotaryDims(p, headDim), Factor: 1}
 	params, field := p.object("rope_parameters"), "rope_parameters"
 	if params == nil {
 		r.Theta = p.number("rope_theta", 10000)
@@ -175,13 +178,63 @@ func parseRope(p *configParser, headDim, maxPositions int) Rope {
 	if sub.err != nil {
 		p.fail(field, sub.err)
 	}
-	if f, ok := params["partial_rotary_factor"]; ok {
-		var v float64
-		if json.Unmarshal(f, &v) != nil || v != 1 {
-			p.fail(field, fmt.Errorf("partial_rotary_factor %s is not supported (only 1)", f))
+	return r
+}
+
+// rotaryDims reads partial_rotary_factor — beside the rope settings, or inside
+// rope_parameters (or rope_scaling) where transformers 5 keeps it — and returns how many
+// dimensions of each head rotate: int(head_dim · factor), as transformers computes it,
+// which must be even and at least 2.
+func rotaryDims(p *configParser, headDim int) int {
+	factor, field := p.number("partial_rotary_factor", 1), "partial_rotary_factor"
+	for _, name := range []string{"rope_parameters", "rope_scaling"} {
+		if params := p.object(name); params != nil && params["partial_rotary_factor"] != nil {
+			sub := &configParser{m: params}
+			factor, field = sub.number("partial_rotary_factor", factor), name+".partial_rotary_factor"
+			if sub.err != nil {
+				p.fail(name, sub.err)
+			}
+			break
 		}
 	}
-	return r
+	if p.err != nil {
+		return headDim
+	}
+	dim := int(float64(headDim) * factor)
+	if !(factor > 0 && factor <= 1) || dim < 2 || dim%2 != 0 {
+		p.fail(field, fmt.Errorf("%g rotates %d of head_dim %d dimensions: the factor must be in (0, 1] and rotate an even number, at least 2", factor, dim, headDim))
+		return headDim
+	}
+	return dim
+}
+
+// phi3Family loads Phi-3 and Phi-4-mini (model_type phi3): the LLaMA layer with q, k and v
+// stored as one fused qkv_proj and gate and up as one gate_up_proj (the rows of RoleQKV
+// and RoleUp as they are), and a partial rotary factor (Phi-4-mini's 0.75). Their longrope
+// scaling is refused by name (parseRope).
+var phi3Family = &family{
+	name:          "phi3",
+	modelTypes:    []string{"phi3"},
+	architectures: []string{"Phi3ForCausalLM"},
+	prefix:        "model.",
+	layerPrefix:   func(l int) string { return fmt.Sprintf("layers.%d.", l) },
+	parse:         parseLlama,
+	names:         phi3Names,
+}
+
+// phi3Names maps the roles onto Phi-3's tensor names: the LLaMA family's, except the
+// fused QKV and gate/up projections.
+func phi3Names(c *Config, r Role, l int) []partName {
+	lp := fmt.Sprintf("layers.%d.", l)
+	switch r {
+	case RoleQKV:
+		return []partName{{name: lp + "self_attn.qkv_proj.weight"}}
+	case RoleQKVBias, RoleOutBias, RoleUpBias, RoleDownBias:
+		return nil // Phi3Config has no biases
+	case RoleUp:
+		return []partName{{name: lp + "mlp.gate_up_proj.weight"}}
+	}
+	return llamaNames(c, r, l)
 }
 
 // llamaNames maps the roles onto the LLaMA family's tensor names (torch Linear layout,

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -44,6 +45,10 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	case req.BestOf != nil && (req.N == nil && *req.BestOf != 1 || req.N != nil && *req.BestOf != *req.N):
 		writeError(w, invalid("best_of", "best_of is supported only equal to n"))
+		return
+	}
+	if _, api := promptTokens(mi, prompt, "prompt"); api != nil {
+		writeError(w, api)
 		return
 	}
 	base, n, api := s.params(mi, &req.samplingFields, req.MaxTokens, "max_tokens")
@@ -140,6 +145,30 @@ func completionPrompt(raw json.RawMessage) (string, *APIError) {
 	return "", invalid("prompt", "prompt must be a string (token-id prompts are not supported)")
 }
 
+// promptTokens counts a prompt's tokens, once per request however many choices it asks
+// for, and refuses one that leaves no room for a new token under the model's maximum
+// sequence length (param names the field it came from) — by its bytes alone when it is
+// longer than any prompt of that many tokens, else as soon as its tokens pass the limit,
+// so that the work is bounded by the model, not by the prompt. It returns -1 when the
+// frontend cannot tell (no tokenizer, or no known length); the backend checks anyway.
+func promptTokens(mi *modelInfo, prompt, param string) (int, *APIError) {
+	if mi.tok == nil || mi.maxSeqLen <= 0 {
+		return -1, nil
+	}
+	tooLong := func(what string) *APIError {
+		return &APIError{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: param, Code: "context_length_exceeded",
+			Message: fmt.Sprintf("the prompt is %s; model %q takes at most %d tokens, prompt and completion together", what, mi.name, mi.maxSeqLen)}
+	}
+	if b := mi.tok.MaxTokenBytes(); b > 0 && len(prompt) > mi.maxSeqLen*b {
+		return -1, tooLong(fmt.Sprintf("%d bytes, more than %d tokens can be", len(prompt), mi.maxSeqLen))
+	}
+	ids, ok := mi.tok.EncodePromptUpTo(prompt, mi.maxSeqLen-1)
+	if !ok {
+		return -1, tooLong(fmt.Sprintf("more than %d tokens, which leaves no room for a completion", mi.maxSeqLen-1))
+	}
+	return len(ids), nil
+}
+
 // mustJSON encodes a string.
 func mustJSON(s string) []byte {
 	b, _ := json.Marshal(s)
@@ -208,6 +237,11 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api)
 		return
 	}
+	promptLen, api := promptTokens(mi, prompt, "messages")
+	if api != nil {
+		writeError(w, api)
+		return
+	}
 	maxTokens, name := req.MaxCompletionTokens, "max_completion_tokens"
 	if maxTokens == nil {
 		maxTokens, name = req.MaxTokens, "max_tokens"
@@ -221,8 +255,8 @@ func (s *Server) chat(w http.ResponseWriter, r *http.Request) {
 	if base.maxTokens == 0 {
 		// OpenAI's default: up to the context's end.
 		base.maxTokens = defaultCompletionTokens
-		if mi.tok != nil && mi.maxSeqLen > 0 {
-			base.maxTokens = max(1, mi.maxSeqLen-len(mi.tok.Encode(prompt)))
+		if promptLen > 0 {
+			base.maxTokens = mi.maxSeqLen - promptLen
 		}
 	}
 	if req.TopLogprobs != nil {

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -32,6 +33,8 @@ const (
 	maxStops = 4
 	// defaultCompletionTokens is max_tokens' default for completions (OpenAI's).
 	defaultCompletionTokens = 16
+	// DefaultWriteTimeout is Config.WriteTimeout's default.
+	DefaultWriteTimeout = 15 * time.Second
 )
 
 // Config configures a Server.
@@ -46,6 +49,11 @@ type Config struct {
 	Checkpoints map[string]string
 	// Log receives diagnostics; nil means none.
 	Log *zap.Logger
+	// WriteTimeout bounds each write of a response to its client (each event of a
+	// stream): a client that stops reading fills its connection's buffers, its next
+	// write fails after WriteTimeout, and its requests are stopped in Triton, their KV
+	// blocks and batch slots freed. 0 means DefaultWriteTimeout; negative, none.
+	WriteTimeout time.Duration
 }
 
 // Server is the OpenAI-compatible HTTP API.
@@ -60,6 +68,8 @@ type Server struct {
 	mux *http.ServeMux
 	// wg counts the requests in progress, for Wait.
 	wg sync.WaitGroup
+	// writeTimeout is Config.WriteTimeout, its default filled in (0: none).
+	writeTimeout time.Duration
 }
 
 // New makes a Server.
@@ -68,7 +78,14 @@ func New(cfg Config) *Server {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	s := &Server{triton: cfg.Triton, log: log, mux: http.NewServeMux(),
+	wt := cfg.WriteTimeout
+	switch {
+	case wt == 0:
+		wt = DefaultWriteTimeout
+	case wt < 0:
+		wt = 0
+	}
+	s := &Server{triton: cfg.Triton, log: log, mux: http.NewServeMux(), writeTimeout: wt,
 		models: &registry{client: cfg.Triton, repository: cfg.ModelRepository, overrides: cfg.Checkpoints, log: log,
 			models: map[string]*modelInfo{}, files: map[string]*checkpointFiles{}, refreshing: map[string]bool{}}}
 	s.mux.HandleFunc("GET /health", s.health)
@@ -87,6 +104,9 @@ func New(cfg Config) *Server {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.wg.Add(1)
 	defer s.wg.Done()
+	if s.writeTimeout > 0 {
+		w = &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: s.writeTimeout}
+	}
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler {
@@ -97,6 +117,66 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	s.mux.ServeHTTP(w, r)
+}
+
+// deadlineWriter gives every write and flush of a response a deadline of d from its
+// start, so that a client that stops reading cannot hold a handler — and the requests it
+// runs in Triton, each holding a batch slot and KV blocks — for longer than that once its
+// connection's buffers are full: the failed write ends the handler, which stops them.
+type deadlineWriter struct {
+	http.ResponseWriter
+	// rc sets the deadlines on the response's connection.
+	rc *http.ResponseController
+	// d is the time one write may take.
+	d time.Duration
+}
+
+// arm starts a write's deadline.
+func (w *deadlineWriter) arm() { _ = w.rc.SetWriteDeadline(time.Now().Add(w.d)) }
+
+// Write writes under a deadline.
+func (w *deadlineWriter) Write(p []byte) (int, error) {
+	w.arm()
+	return w.ResponseWriter.Write(p)
+}
+
+// FlushError flushes under a deadline (http.ResponseController.Flush finds it).
+func (w *deadlineWriter) FlushError() error {
+	w.arm()
+	return w.rc.Flush()
+}
+
+// Flush is FlushError without its error, for http.Flusher.
+func (w *deadlineWriter) Flush() { _ = w.FlushError() }
+
+// Unwrap is the response it wraps (http.ResponseController finds the rest there).
+func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// LimitSendBuffer makes every connection ln accepts keep at most bytes of unsent data in
+// the kernel (SO_SNDBUF), so that a client that stops reading blocks the server's writes
+// soon — and WriteTimeout ends them — rather than after megabytes of events; 0 keeps
+// the system's default.
+func LimitSendBuffer(ln net.Listener, bytes int) net.Listener {
+	if bytes <= 0 {
+		return ln
+	}
+	return sendBufferListener{Listener: ln, bytes: bytes}
+}
+
+// sendBufferListener is LimitSendBuffer's listener.
+type sendBufferListener struct {
+	net.Listener
+	// bytes is the send buffer of each connection.
+	bytes int
+}
+
+// Accept accepts a connection with the send buffer set.
+func (l sendBufferListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(l.bytes)
+	}
+	return c, err
 }
 
 // Wait waits for the requests in progress (after the HTTP server stopped taking new ones).
@@ -403,8 +483,9 @@ func usageOf(res []choiceResult) *Usage {
 type sseWriter struct {
 	// w carries the events to the client; flush pushes each out.
 	w http.ResponseWriter
-	// flush pushes each event out at once.
-	flush func()
+	// flush pushes each event out at once; an error means the client is gone (or not
+	// reading).
+	flush func() error
 	// started says the headers went out.
 	started bool
 	// buf holds one event while it is built, reused.
@@ -433,21 +514,23 @@ func (e *sseWriter) event(v any) error {
 	if _, err := e.w.Write(e.buf.Bytes()); err != nil {
 		return err
 	}
-	e.flush()
-	return nil
+	return e.flush()
 }
 
 // done writes the final "[DONE]" event.
 func (e *sseWriter) done() {
 	_, _ = io.WriteString(e.w, "data: [DONE]\n\n")
-	e.flush()
+	_ = e.flush()
 }
 
 // newSSE wraps w.
 func newSSE(w http.ResponseWriter) *sseWriter {
-	flush := func() {}
-	if f, ok := w.(http.Flusher); ok {
-		flush = f.Flush
+	rc := http.NewResponseController(w)
+	flush := func() error {
+		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return err
+		}
+		return nil
 	}
 	return &sseWriter{w: w, flush: flush}
 }

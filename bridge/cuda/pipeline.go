@@ -141,10 +141,6 @@ func (e *Engine) finish(r *launchRec) {
 	out := p.stepOut(&pin, logits, p.logitsLen)
 	var st C.gollm_status
 	if err := statusErr("gollm_wait", C.call_wait(e.lib.wait, e.ptr, out, &st), &st); err != nil {
-		var ce *Error
-		if errors.As(err, &ce) && ce.Code == CodeAllMasked {
-			err = fmt.Errorf("cuda: %s (sequence IDs of this call: %v)", ce.Message, p.ids)
-		}
 		r.err = err
 		return
 	}
@@ -235,6 +231,7 @@ func (p *stepPrep) collectLaunched(logits []float32, outs []engine.Output, V int
 		}
 		if d.flags&C.GOLLM_SEQ_SAMPLE != 0 {
 			o.Token, o.LogProb = p.outTok[i], p.outLP[i]
+			o.Err = maskedErr(o, p.ids[i])
 		}
 	}
 }

@@ -6,6 +6,7 @@ package cuda
 import "C"
 
 import (
+	"fmt"
 	"slices"
 
 	"gollm/engine"
@@ -167,6 +168,17 @@ func (p *stepPrep) collect(b *engine.Batch, part []piece, logits []float32, outs
 		}
 		if sq.Sample {
 			o.Token, o.LogProb = p.outTok[i], p.outLP[i]
+			o.Err = maskedErr(o, sq.ID)
 		}
 	}
+}
+
+// maskedErr turns a sampled token of -2 (every token masked, gollm_step_out.tokens)
+// into the sequence's own failure; nil otherwise.
+func maskedErr(o *engine.Output, id uint64) error {
+	if o.Token != -2 {
+		return nil
+	}
+	o.Token, o.LogProb = -1, 0
+	return fmt.Errorf("cuda: sequence %d: %w", id, engine.ErrAllMasked)
 }

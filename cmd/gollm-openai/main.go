@@ -29,6 +29,10 @@ import (
 	"gollm/openai"
 )
 
+// defaultSendBuffer is -send-buffer's default: room for a few hundred events of a
+// stream, and for a large answer at full speed on a local network.
+const defaultSendBuffer = 256 << 10
+
 // checkpointFlag collects -checkpoint MODEL=FOLDER.
 type checkpointFlag map[string]string
 
@@ -69,6 +73,8 @@ func run() error {
 	listen := flag.String("listen", ":9000", "the address to serve the OpenAI API on")
 	repo := flag.String("model-repository", "", "the model repository tritonserver serves (on this host), where checkpoints given by relative or default paths are found")
 	flag.Var(checkpoints, "checkpoint", "MODEL=FOLDER: the checkpoint folder of a model, overriding its gpt_model_path (repeatable)")
+	writeTimeout := flag.Duration("write-timeout", openai.DefaultWriteTimeout, "how long one write of a response (one event of a stream) may wait for its client; a client that stops reading longer has its requests stopped in Triton, freeing their batch slots and KV blocks (negative: no limit)")
+	sendBuffer := flag.Int("send-buffer", defaultSendBuffer, "the kernel's send buffer of each client connection, in bytes: a client that stops reading blocks the server's writes once this and its own receive buffer are full, and -write-timeout counts from then (0: the system's default, which grows to megabytes)")
 	verbose := flag.Bool("v", false, "log every request")
 	cpuProfile := flag.String("cpuprofile", "", "write a Go CPU profile of the whole run to this file (read it with go tool pprof)")
 	flag.Parse()
@@ -111,12 +117,13 @@ func run() error {
 	}
 	defer conn.Close()
 	srv := openai.New(openai.Config{Triton: kserve.NewGRPCInferenceServiceClient(conn), ModelRepository: *repo,
-		Checkpoints: checkpoints, Log: log})
+		Checkpoints: checkpoints, Log: log, WriteTimeout: *writeTimeout})
 
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", *listen, err)
 	}
+	ln = openai.LimitSendBuffer(ln, *sendBuffer)
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("serving the OpenAI API", zap.String("listen", ln.Addr().String()), zap.String("triton", *triton), zap.String("model_repository", *repo))
 

@@ -1,8 +1,9 @@
 // Package cpu is gollm's pure-Go reference engine: a float32 forward pass over a paged KV
-// pool, and sampling, with the matmuls spread over GOMAXPROCS goroutines. It runs any
-// architecture model.Config describes — LayerNorm or RMSNorm, learned or rotary
-// positions, multi-head, multi-query or grouped-query attention with an optional sliding
-// window, a plain or gated MLP, a tied or separate LM head — from the descriptor alone.
+// pool, and sampling, with the matmuls spread over GOMAXPROCS goroutines. It walks the
+// model's recipe (model.Config.Recipe), one method a stage — LayerNorm or RMSNorm,
+// learned or rotary positions (over the whole head or a part of it), multi-head,
+// multi-query or grouped-query attention with a window per layer, a plain or gated MLP, a
+// tied or separate LM head — and knows no architecture beyond it.
 package cpu
 
 import (
@@ -33,6 +34,10 @@ type Engine struct {
 	info engine.Info
 	// w holds the weights, shared with the other engines made on them; read-only.
 	w *Weights
+	// recipe is the forward pass Step walks.
+	recipe model.Recipe
+	// freqs are the rotary frequencies of each rope the recipe's rotary stages use.
+	freqs map[model.Rope][]float32
 	// kv is the paged KV pool, laid out [block][layer][K,V][kv head][slot][head dim]
 	// so that one head's keys within a block are contiguous for attention.
 	kv []float32
@@ -54,6 +59,9 @@ type rowInfo struct {
 type scratch struct {
 	// rows places each token row of the step.
 	rows []rowInfo
+	// norm is the last norm stage walked: the stages after it that read the block input
+	// (QKV, the MLP, the LM head) read its norm of the residual stream.
+	norm *model.Stage
 	// h holds the residual stream, [N][hidden].
 	h buf
 	// xn holds a norm's output, [N][hidden].
@@ -81,8 +89,6 @@ type scratch struct {
 	scores [][]float32
 	// samplers hold the sampling buffers, one per goroutine.
 	samplers []*engine.Sampler
-	// errs collects the sampling errors of one step, per sequence.
-	errs []error
 }
 
 // buf is a row-major matrix with per-row views, regrown only when too small.
@@ -147,7 +153,13 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 	if perBlock > maxKVFloats || int64(kv.NumBlocks) > maxKVFloats/perBlock {
 		return nil, fmt.Errorf("cpu: New: KV pool of %d blocks × %d floats exceeds %d floats", kv.NumBlocks, perBlock, int64(maxKVFloats))
 	}
+	recipe := cfg.Recipe()
+	if err := checkRecipe(recipe, cfg); err != nil {
+		return nil, fmt.Errorf("cpu: New: %w", err)
+	}
 	e := &Engine{
+		recipe: recipe,
+		freqs:  ropeFreqs(recipe),
 		info: engine.Info{
 			VocabSize:      cfg.VocabSize,
 			MaxSeqLen:      maxLen,
@@ -163,6 +175,34 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 	}
 	e.check = engine.NewBatchChecker(e.info, "cpu")
 	return e, nil
+}
+
+// checkRecipe refuses the stage values the engine does not implement.
+func checkRecipe(r model.Recipe, cfg *model.Config) error {
+	for _, s := range r {
+		switch {
+		case s.Kind == model.StageAttention && s.SoftCap != 0:
+			return fmt.Errorf("layer %d: attention soft-capping (%g) is not implemented", s.Layer, s.SoftCap)
+		case s.Kind == model.StageRotary && (s.Rope.Dim < 2 || s.Rope.Dim%2 != 0 || s.Rope.Dim > cfg.HeadDim):
+			return fmt.Errorf("layer %d: rotary dimensions %d must be even, at least 2 and at most head_dim %d", s.Layer, s.Rope.Dim, cfg.HeadDim)
+		case s.Kind == model.StageMLP && s.Gated != cfg.GatedMLP:
+			return fmt.Errorf("layer %d: a gated MLP %v where the weights' shapes say %v", s.Layer, s.Gated, cfg.GatedMLP)
+		}
+	}
+	return nil
+}
+
+// ropeFreqs computes the frequencies of each rope the recipe's rotary stages use.
+func ropeFreqs(r model.Recipe) map[model.Rope][]float32 {
+	freqs := map[model.Rope][]float32{}
+	for _, s := range r {
+		if s.Kind == model.StageRotary {
+			if _, ok := freqs[s.Rope]; !ok {
+				freqs[s.Rope] = s.Rope.InvFreq()
+			}
+		}
+	}
+	return freqs
 }
 
 // Info describes the model and the pool.
@@ -209,20 +249,27 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 	if n == 0 {
 		return outs, nil
 	}
+	for i := range e.recipe {
+		switch st := &e.recipe[i]; st.Kind {
+		case model.StageEmbed:
+			e.embedRows(b, n, 0, true)
+		case model.StageLMHead:
+			e.lmHead(b, outs)
+		default:
+			e.stage(b, st)
+		}
+	}
+	return e.sample(b, outs)
+}
+
+// lmHead runs the LM head on the rows whose logits someone reads — every row of a
+// sequence that asks for context logits (written straight into its output), and the last
+// row of the others that sample or return logits —, each normed by the norm stage before
+// it; s.lastLogits gets each sequence's last row of logits.
+func (e *Engine) lmHead(b *engine.Batch, outs []engine.Output) {
 	w := e.w
 	H, V := w.cfg.Hidden, w.cfg.VocabSize
 	s := &e.s
-	e.embedRows(b, n, 0, true)
-	for li := range w.layers {
-		e.attnBlock(b, li)
-		addRows(s.h.rows, s.tmp.rows)
-		e.mlpBlock(li)
-		addRows(s.h.rows, s.tmp.rows)
-	}
-
-	// The LM head runs only on the rows whose logits someone reads: every row of a
-	// sequence that asks for context logits (written straight into its output), and
-	// the last row of the others that sample or return logits.
 	m, mScratch := 0, 0
 	for si := range b.Seqs {
 		sq := &b.Seqs[si]
@@ -251,13 +298,13 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 			outs[si].ContextLogits = out
 			for i := range sq.Tokens {
 				s.lmIn = append(s.lmIn, s.hf.rows[len(s.lmIn)])
-				e.norm(s.lmIn[len(s.lmIn)-1], s.h.rows[r0+i], w.finalNorm, w.finalNormB)
+				e.norm(s.lmIn[len(s.lmIn)-1], s.h.rows[r0+i])
 				s.lmOut = append(s.lmOut, out[i*V:(i+1)*V:(i+1)*V])
 			}
 			s.lastLogits[si] = s.lmOut[len(s.lmOut)-1]
 		case sq.Sample || sq.ReturnLogits:
 			s.lmIn = append(s.lmIn, s.hf.rows[len(s.lmIn)])
-			e.norm(s.lmIn[len(s.lmIn)-1], s.h.rows[r0+len(sq.Tokens)-1], w.finalNorm, w.finalNormB)
+			e.norm(s.lmIn[len(s.lmIn)-1], s.h.rows[r0+len(sq.Tokens)-1])
 			s.lmOut = append(s.lmOut, s.logits.rows[k])
 			s.lastLogits[si] = s.logits.rows[k]
 			k++
@@ -265,26 +312,22 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 		r0 += len(sq.Tokens)
 	}
 	matmul(s.lmOut, s.lmIn, w.lmHead, H, V, nil)
+}
 
-	// Sampling reads only its own sequence's row, so sequences are spread over the
-	// goroutines, each with its own sampler buffers.
+// sample fills every sequence's output from its last row's logits (s.lastLogits).
+// Sampling reads only its own sequence's row, so sequences are spread over the
+// goroutines, each with its own sampler buffers.
+func (e *Engine) sample(b *engine.Batch, outs []engine.Output) ([]engine.Output, error) {
+	s, V := &e.s, e.w.cfg.VocabSize
 	for len(s.samplers) < runtime.GOMAXPROCS(0) {
 		s.samplers = append(s.samplers, engine.NewSampler(V))
 	}
-	if cap(s.errs) < len(b.Seqs) {
-		s.errs = make([]error, len(b.Seqs))
-	}
-	errs := s.errs[:len(b.Seqs)]
+	// A sequence whose token cannot be chosen fails alone (Output.Err).
 	parallelFor(len(b.Seqs), 1, 1, func(w, lo, hi int) {
 		for si := lo; si < hi; si++ {
-			errs[si] = e.finish(&b.Seqs[si], s.lastLogits[si], s.samplers[w], &outs[si])
+			outs[si].Err = e.finish(&b.Seqs[si], s.lastLogits[si], s.samplers[w], &outs[si])
 		}
 	})
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
-	}
 	return outs, nil
 }
 
@@ -331,45 +374,58 @@ func (e *Engine) embedRows(b *engine.Batch, n, first int, withPos bool) {
 	}
 }
 
-// attnBlock runs layer li's attention on the residual stream into s.tmp, before the
-// residual add: the norm, the QKV projection (rotated), the KV writes, attention and
-// the output projection.
-func (e *Engine) attnBlock(b *engine.Batch, li int) {
+// stage runs one stage of the recipe between the embedding and the LM head on the step's
+// rows. The projections write s.qkv, s.att (through attention) and s.tmp, the branch a
+// residual stage adds to s.h; a norm stage's norm is applied by the stages that read it.
+func (e *Engine) stage(b *engine.Batch, st *model.Stage) {
 	w := e.w
 	cfg := &w.cfg
 	s := &e.s
-	l := &w.layers[li]
-	e.normRows(s.xn.rows, s.h.rows, l.attnNorm, l.attnNormB)
-	matmul(s.qkv.rows, s.xn.rows, l.qkv, cfg.Hidden, cfg.QKVWidth(), l.qkvB)
-	if cfg.Positions == model.RotaryPositions {
-		e.rotate()
+	switch st.Kind {
+	case model.StageNorm:
+		s.norm = st
+	case model.StageQKV:
+		l := &w.layers[st.Layer]
+		e.normRows(s.xn.rows, s.h.rows)
+		matmul(s.qkv.rows, s.xn.rows, l.qkv, cfg.Hidden, cfg.QKVWidth(), l.qkvB)
+	case model.StageRotary:
+		e.rotate(e.freqs[st.Rope], st.Rope.Dim)
+	case model.StageKVWrite:
+		e.writeKV(b, st.Layer)
+	case model.StageAttention:
+		e.attention(b, st)
+	case model.StageOut:
+		l := &w.layers[st.Layer]
+		matmul(s.tmp.rows, s.att.rows, l.out, cfg.AttnWidth(), cfg.Hidden, l.outB)
+	case model.StageMLP:
+		e.mlp(st)
+	case model.StageResidual:
+		addRows(s.h.rows, s.tmp.rows)
 	}
-	e.writeKV(b, li)
-	e.attention(b, li)
-	matmul(s.tmp.rows, s.att.rows, l.out, cfg.AttnWidth(), cfg.Hidden, l.outB)
 }
 
-// mlpBlock runs layer li's MLP on the residual stream into s.tmp, before the residual
-// add.
-func (e *Engine) mlpBlock(li int) {
+// mlp runs a layer's MLP on the normed residual stream into s.tmp: act(up), or
+// act(gate) · up when gated, then the down projection.
+func (e *Engine) mlp(st *model.Stage) {
 	w := e.w
 	cfg := &w.cfg
 	s := &e.s
-	l := &w.layers[li]
+	l := &w.layers[st.Layer]
 	n := len(s.rows)
-	upW, _, _ := cfg.Shape(model.RoleUp)
+	upW := cfg.Inner
 	act := s.up.rows
-	if cfg.GatedMLP {
-		act = s.act.rows
+	if st.Gated {
+		upW, act = 2*cfg.Inner, s.act.rows
 	}
-	e.normRows(s.xn.rows, s.h.rows, l.mlpNorm, l.mlpNormB)
+	fn := activationOf(st.Act)
+	e.normRows(s.xn.rows, s.h.rows)
 	matmul(s.up.rows, s.xn.rows, l.up, cfg.Hidden, upW, l.upB)
 	parallelFor(n, 1, max(1, 4096/cfg.Inner), func(_, lo, hi int) {
 		for r := lo; r < hi; r++ {
-			if cfg.GatedMLP {
-				gatedApply(w.act, act[r], s.up.rows[r][:cfg.Inner], s.up.rows[r][cfg.Inner:])
+			if st.Gated {
+				gatedApply(fn, act[r], s.up.rows[r][:cfg.Inner], s.up.rows[r][cfg.Inner:])
 			} else {
-				w.act.apply(act[r])
+				fn.apply(act[r])
 			}
 		}
 	})
@@ -389,29 +445,44 @@ func (e *Engine) copyBlocks(copies []engine.BlockCopy) {
 	}
 }
 
-// norm writes the model's norm of x (weight g, bias b where it has one) into dst.
-func (e *Engine) norm(dst, x, g, b []float32) {
-	if e.w.cfg.Norm == model.RMSNorm {
-		rmsNorm(dst, x, g, e.w.cfg.NormEps)
+// norm writes into dst the norm of x of the last norm stage walked (s.norm): its kind,
+// epsilon, weight and (LayerNorm) bias.
+func (e *Engine) norm(dst, x []float32) {
+	st := e.s.norm
+	g, b := e.normWeights(st)
+	if st.Norm == model.RMSNorm {
+		rmsNorm(dst, x, g, st.Eps)
 	} else {
-		layerNorm(dst, x, g, b, e.w.cfg.NormEps)
+		layerNorm(dst, x, g, b, st.Eps)
 	}
+}
+
+// normWeights returns the weight and bias (nil under RMSNorm) of norm stage st.
+func (e *Engine) normWeights(st *model.Stage) (g, b []float32) {
+	w := e.w
+	switch st.Weight {
+	case model.RoleAttnNorm:
+		return w.layers[st.Layer].attnNorm, w.layers[st.Layer].attnNormB
+	case model.RoleMLPNorm:
+		return w.layers[st.Layer].mlpNorm, w.layers[st.Layer].mlpNormB
+	}
+	return w.finalNorm, w.finalNormB
 }
 
 // normRows applies norm to every row.
-func (e *Engine) normRows(dst, x [][]float32, g, b []float32) {
+func (e *Engine) normRows(dst, x [][]float32) {
 	for r := range x {
-		e.norm(dst[r], x[r], g, b)
+		e.norm(dst[r], x[r])
 	}
 }
 
-// rotate applies the rotary embedding to the query and key heads of every row, at the
-// row's position: dimension i of a head pairs with i + Dim/2 (rotate_half).
-func (e *Engine) rotate() {
+// rotate applies a rotary stage to the query and key heads of every row, at the row's
+// position: the first dim dimensions of each head rotate, dimension i pairing with
+// i + dim/2 (rotate_half) by the angle inv[i] · pos; the rest of the head passes.
+func (e *Engine) rotate(inv []float32, dim int) {
 	cfg := &e.w.cfg
-	D, half := cfg.HeadDim, cfg.Rope.Dim/2
+	D, half := cfg.HeadDim, dim/2
 	heads := cfg.Heads + cfg.KVHeads // the query heads, then the key heads
-	inv := e.w.invFreq
 	for r, ri := range e.s.rows {
 		row := e.s.qkv.rows[r]
 		pos := float32(ri.pos)
@@ -430,7 +501,7 @@ func (e *Engine) rotate() {
 }
 
 // finish fills a sequence's output from its last row's logits: the returned logits
-// and, when it asks for one, the sampled token.
+// and, when it asks for one, the sampled token; an error is the sequence's own.
 func (e *Engine) finish(sq *engine.Sequence, last []float32, sp *engine.Sampler, out *engine.Output) error {
 	out.Token = -1
 	if last == nil {
@@ -485,20 +556,19 @@ func (e *Engine) writeKV(b *engine.Batch, li int) {
 
 // attention computes, for every new token and query head, causal softmax attention over
 // its sequence's cached keys and values of the head's KV head (query head h reads KV
-// head h / (heads / kv_heads)), at positions from the layer's window start to pos, into
-// s.att. The (token, head) pairs are spread over the goroutines; each reads its
-// sequence's blocks in order.
-func (e *Engine) attention(b *engine.Batch, li int) {
+// head h / (heads / kv_heads)), the products times the stage's scale, at positions from
+// the stage's window start to pos, into s.att. The (token, head) pairs are spread over
+// the goroutines; each reads its sequence's blocks in order.
+func (e *Engine) attention(b *engine.Batch, st *model.Stage) {
 	s := &e.s
 	cfg := &e.w.cfg
 	heads, D, T := cfg.Heads, cfg.HeadDim, e.info.TokensPerBlock
 	group := cfg.Heads / cfg.KVHeads
-	window := cfg.LayerWindow(li)
+	li, window, scale := st.Layer, st.Window, st.Scale
 	workers := runtime.GOMAXPROCS(0)
 	for len(s.scores) < workers {
 		s.scores = append(s.scores, make([]float32, e.info.MaxSeqLen))
 	}
-	scale := float32(1 / math.Sqrt(float64(D)))
 	// The work of a row grows with its position; weigh chunks by a typical length.
 	minItems := max(1, 8192/max(1, D*(s.rows[len(s.rows)-1].pos+1)))
 	parallelFor(len(s.rows)*heads, 1, minItems, func(w, lo, hi int) {

@@ -25,6 +25,7 @@ var fixtures = []struct {
 	{"llama3-tiny", "llama3-tiny-golden.safetensors"},
 	{"qwen2-tiny", "qwen2-tiny-golden.safetensors"},
 	{"mistral-tiny", "mistral-tiny-golden.safetensors"},
+	{"phi3-tiny", "phi3-tiny-golden.safetensors"},
 }
 
 func TestLogitsAndGreedyTokensMatchTransformers(t *testing.T) {

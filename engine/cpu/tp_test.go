@@ -14,11 +14,12 @@ import (
 // TestTensorParallelMatchesOneEngine runs the same batch — prompts of several lengths
 // with their context logits, then greedy and sampled decode steps — on the whole model
 // and split over 2 and 4 ranks, for GPT-2 (learned positions, fused transposed
-// projections, biases), LLaMA (grouped-query attention, rotary, gated MLP) and Qwen2 (one
-// KV head held by every rank, QKV biases, a tied head): the same tokens and
-// log-probabilities, and logits within float32 rounding of a different summation order.
+// projections, biases), LLaMA (grouped-query attention, rotary, gated MLP), Qwen2 (one
+// KV head held by every rank, QKV biases, a tied head) and Phi-3 (a partial rotary
+// factor): the same tokens and log-probabilities, and logits within float32 rounding of a
+// different summation order.
 func TestTensorParallelMatchesOneEngine(t *testing.T) {
-	for _, fixture := range []string{"gpt2-tiny", "llama-tiny", "qwen2-tiny"} {
+	for _, fixture := range []string{"gpt2-tiny", "llama-tiny", "qwen2-tiny", "phi3-tiny"} {
 		ck, err := model.Open(filepath.Join("..", "..", "testdata", fixture))
 		if err != nil {
 			t.Fatal(err)

@@ -19,8 +19,6 @@ import (
 type Weights struct {
 	// cfg says how the weights are used.
 	cfg model.Config
-	// act applies cfg.Act.
-	act activation
 	// embed holds the token embedding, [vocab][hidden].
 	embed []float32
 	// pos is the learned position embedding [positions][hidden]; nil under rotary
@@ -30,8 +28,6 @@ type Weights struct {
 	finalNorm, finalNormB []float32
 	// lmHead is the LM head [vocab][hidden]; embed when tied.
 	lmHead []float32
-	// invFreq are the rotary frequencies [Rope.Dim/2]; nil under learned positions.
-	invFreq []float32
 	// layers hold the transformer blocks.
 	layers []layerW
 }
@@ -82,7 +78,7 @@ func NewWeights(m *model.Float32) (*Weights, error) {
 		}
 		return v, nil
 	}
-	w := &Weights{cfg: cfg, act: activationOf(cfg.Act), layers: make([]layerW, cfg.Layers)}
+	w := &Weights{cfg: cfg, layers: make([]layerW, cfg.Layers)}
 	var err error
 	set := func(dst *[]float32, r model.Role, l int) {
 		if err == nil {
@@ -114,9 +110,6 @@ func NewWeights(m *model.Float32) (*Weights, error) {
 	}
 	if cfg.TiedHead {
 		w.lmHead = w.embed
-	}
-	if cfg.Positions == model.RotaryPositions {
-		w.invFreq = cfg.Rope.InvFreq()
 	}
 	return w, nil
 }

@@ -10,7 +10,8 @@ It writes checkpoints with transformers — GPT-2: the 124M shape, an odd one (6
 80, 5 layers, vocabulary 1,000) and one whose MLP is 1,002 wide; the LLaMA family: the
 TinyLlama-1.1B shape, a Llama-3 shape with llama3 rope scaling and a 128,256 vocabulary, a
 Qwen2 shape (q/k/v biases, tied embeddings), a Mistral shape whose sliding window is
-shorter than most prompts, and an odd one (hidden 640, 10 heads, 2 KV heads) — whose
+shorter than most prompts, an odd one (hidden 640, 10 heads, 2 KV heads), and a Phi-3
+shape whose partial rotary factor rotates 96 of each head's 128 dimensions — whose
 weights are rounded to bfloat16 so that both engines read exactly the same numbers; makes 64 prompts of mixed lengths; runs
 gollm-gpucheck (each prompt alone, then all 64 as an in-flight batch, with and without
 CUDA graphs, and chunked prefill) in float16 and bfloat16; and runs transformers in
@@ -42,7 +43,7 @@ import time
 import torch
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig,
-                          Qwen2Config)
+                          Phi3Config, Qwen2Config)
 
 TOL_LOGITS = 1e-2
 TOL_GAP = 1e-3
@@ -206,6 +207,15 @@ def main():
                                              max_position_embeddings=1024, rms_norm_eps=1e-6, bos_token_id=1,
                                              eos_token_id=2, tie_word_embeddings=False),
                                  {"f32": torch.float32}),
+        # Phi-3's fused projections and a partial rotary factor (Phi-4-mini's 0.75): 96 of
+        # each head's 128 dimensions rotate, so every path takes the rotary's own kernel
+        # rather than a projection's epilogue.
+        "phi3-4L-partial": (Phi3Config(vocab_size=32064, hidden_size=1024, intermediate_size=2816,
+                                       num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                                       partial_rotary_factor=0.75, max_position_embeddings=4096,
+                                       rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=32000,
+                                       pad_token_id=32000, tie_word_embeddings=False),
+                            {"f32": torch.float32}),
     }
     runs = []  # (model, dtype, ckpt dir, sampling?)
     only = set(filter(None, args.only.split(",")))

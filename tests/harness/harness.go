@@ -64,6 +64,8 @@ type Model struct {
 	Parameters map[string]string
 	// InstanceCount sets instance_group's count when positive.
 	InstanceCount int
+	// MaxBatchSize sets max_batch_size when positive.
+	MaxBatchSize int
 	// Checkpoint is the checkpoint folder for gpt_model_path; empty means the demo
 	// checkpoint. Relative paths are taken from the repository root.
 	Checkpoint string

@@ -414,6 +414,26 @@ class Errors(unittest.TestCase):
             client.completions.create(model=MODEL, prompt="Hello", max_tokens=0)
         self.assertIn("max_tokens", str(cm.exception))
 
+    def test_prompt_too_long_is_refused_once_for_every_choice(self):
+        # A prompt longer than the model can take is refused by the frontend, once, in
+        # bounded time, however many choices it asks for: Triton sees no request.
+        triton_before = [metric(m, MODEL) for m in ("nv_inference_request_success", "nv_inference_request_failure")]
+        for prompt in ("a" * (2 << 20), "Call me Ishmael. " * 400):
+            for stream in (False, True):
+                start = time.time()
+                with self.assertRaises(openai.BadRequestError) as cm:
+                    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, n=4, stream=stream)
+                    list(r) if stream else None
+                took = time.time() - start
+                self.assertEqual(cm.exception.body["code"], "context_length_exceeded", str(cm.exception))
+                self.assertEqual(cm.exception.body["param"], "prompt")
+                self.assertLess(took, 2.0, f"refused after {took:.2f} s")
+        with self.assertRaises(openai.BadRequestError) as cm:
+            client.chat.completions.create(model=CHAT, messages=[{"role": "user", "content": "b" * (1 << 20)}], n=4)
+        self.assertEqual(cm.exception.body["param"], "messages")
+        triton_after = [metric(m, MODEL) for m in ("nv_inference_request_success", "nv_inference_request_failure")]
+        self.assertEqual(triton_before, triton_after, "the refused prompts reached Triton")
+
     def test_bad_temperature(self):
         for t in (-0.5, 2.5):
             with self.assertRaises(openai.BadRequestError) as cm:
