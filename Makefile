@@ -44,7 +44,8 @@ CPU_SERVER_FLAGS := --allow-gpu-metrics=false --pinned-memory-pool-byte-size=0
 # bare "context deadline exceeded" (golang/go#75804; it failed CI once on FuzzWordList).
 # FUZZTIME=30s (or 1000x) overrides every target's budget.
 FUZZ := ./model:FuzzOpen:20000x ./tokenizer:FuzzTokenizer:500000x ./backend:FuzzParseRequest:300000x \
-	./backend:FuzzWordList:350000x ./backend:FuzzStopStrings:250000x
+	./backend:FuzzWordList:350000x ./backend:FuzzStopStrings:250000x ./guide:FuzzCompileJSONSchema:2000x \
+	./guide:FuzzCompileEBNF:2000x ./guide:FuzzCompileRegex:1000x
 FUZZTIME ?=
 
 .PHONY: all deps build demo demo-gpt2 demo-llama serve test test-go test-cuda check unit fuzz clean

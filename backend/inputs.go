@@ -61,6 +61,7 @@ const (
 	inReturnTopLogprobs = "return_top_logprobs"
 	inReturnFinish      = "return_finish_reason"
 	inDecoderInputIDs   = "decoder_input_ids"
+	inMinP              = "min_p"
 
 	outOutputIDs      = "output_ids"
 	outSequenceLength = "sequence_length"
@@ -104,7 +105,7 @@ var knownInputs = map[string]bool{
 	inTopPDecay: true, inTopPMin: true, inTopPResetIDs: true, inTopKAlias: true, inTopPAlias: true,
 	inReturnPerf: true, inStopText: true, inBadText: true, inBiasWords: true, inBiasWeights: true,
 	inReturnNumInput: true, inReturnNumOutput: true, inReturnTopLogprobs: true, inReturnFinish: true,
-	inDecoderInputIDs: true,
+	inDecoderInputIDs: true, inGuideType: true, inGuide: true, inMinP: true,
 }
 
 // maxTopLogprobs bounds return_top_logprobs (OpenAI's top_logprobs allows 20).
@@ -151,6 +152,8 @@ type limits struct {
 	// MaxPromptBytes is the longest text_input that can fit MaxSeqLen tokens (MaxSeqLen
 	// × the tokenizer's MaxTokenBytes), refused at once when longer; 0: no such bound.
 	MaxPromptBytes int
+	// Guides compiles guided decoding's constraints; nil: not available.
+	Guides *guides
 }
 
 // parsedRequest is a validated request.
@@ -388,6 +391,9 @@ func readRequest(tensors []triton.Tensor, requested []string, lim limits) (*pars
 	if err := in.textWords(p, lim); err != nil {
 		return nil, err
 	}
+	if err := in.guided(p, lim); err != nil {
+		return nil, err
+	}
 	var c tokenCounts
 	if c.Input, err = in.flag(inReturnNumInput); err != nil {
 		return nil, err
@@ -615,6 +621,9 @@ func (in inputs) sampling(p *parsedRequest, lim limits) error {
 		if s.TopP, err = in.float32Scalar(topPName, def.TopP, func(v float32) bool { return v >= 0 && v <= 1 }, "must be between 0 and 1"); err != nil {
 			return err
 		}
+	}
+	if s.MinP, err = in.float32Scalar(inMinP, 0, func(v float32) bool { return v >= 0 && v <= 1 }, "must be between 0 and 1 (0: none)"); err != nil {
+		return err
 	}
 	if t := in[inRandomSeed]; t != nil {
 		if err := in.check(inRandomSeed, triton.TypeUint64); err != nil {

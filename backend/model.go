@@ -161,6 +161,7 @@ func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logg
 		}
 	}
 	ms.tokenizers = newTokenizerPool()
+	ms.lim.Guides = &guides{tok: tok, vocab: mc.VocabSize}
 	log.Info("model loaded",
 		zap.String("gpt_model_path", cfg.ModelPath), zap.Uint64("version", version),
 		zap.String("family", mc.Family), zap.String("model_type", mc.ModelType),

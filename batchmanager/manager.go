@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"gollm/engine"
+	"gollm/guide"
 	"gollm/kvcache"
 )
 
@@ -107,8 +108,9 @@ type Manager struct {
 	best []int
 	// beamScorers score beams' logits rows, one per worker goroutine (scoreBeams).
 	beamScorers []*beamScorer
-	// beamJobs is scoreBeams' scratch.
-	beamJobs []beamJob
+	// beamJobs is scoreBeams' scratch; guideJobs guideMasks'.
+	beamJobs  []beamJob
+	guideJobs []guideJob
 	// now is when the current iteration started.
 	now time.Time
 	// batch is the engine batch, reused each iteration.
@@ -259,6 +261,11 @@ type branch struct {
 	// rawLogits are logits as the engine returned them, before a post-processor
 	// (ReturnGenerationLogits or ReturnTopLogprobs of a host-sampled request).
 	rawLogits []float32
+	// gst is the branch's place in its request's constraint (guided decoding).
+	gst guide.State
+	// mask is the branch's buffer for its allowed tokens; allowed is it when this
+	// iteration's row of the branch samples under the constraint, else nil.
+	mask, allowed []uint64
 }
 
 // branches lists r's branches, the embedded one first (the slice is r's own).
@@ -657,6 +664,16 @@ func (m *Manager) newRequest(ir *InferenceRequest) (*request, error) {
 	if err := checkSampling(ir, m.info.VocabSize); err != nil {
 		return nil, err
 	}
+	var gst guide.State
+	if ir.Guide != nil {
+		if v := ir.Guide.Vocab().Size(); v != m.info.VocabSize {
+			return nil, fmt.Errorf("guided decoding: the constraint's vocabulary has %d tokens, the model's %d", v, m.info.VocabSize)
+		}
+		var err error
+		if gst, err = ir.Guide.Start(); err != nil {
+			return nil, fmt.Errorf("guided decoding: %w", err)
+		}
+	}
 	for i, w := range ir.StopWords {
 		if len(w) == 0 {
 			return nil, fmt.Errorf("stop_words_list[%d]: empty stop word", i)
@@ -700,6 +717,7 @@ func (m *Manager) newRequest(ir *InferenceRequest) (*request, error) {
 		forkAt:      forkAt,
 	}
 	r.tokens = make([]int32, n, n+maxNew)
+	r.gst = gst
 	r.all = []*branch{&r.branch}
 	copy(r.tokens, ir.InputIDs)
 	r.sampling.EndIDs = ir.EndIDs

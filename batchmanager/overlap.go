@@ -90,7 +90,7 @@ func (m *Manager) keepSpare(a *aheadStep) {
 // several tokens read the history, top-p decay the last token; beams and sampled
 // groups are chosen among on the host).
 func (r *request) runsAhead() bool {
-	if r.hostSampled() || r.beams || r.width > 1 || r.req.TopPDecay > 0 {
+	if r.hostSampled() || r.beams || r.width > 1 || r.req.TopPDecay > 0 || r.req.Guide != nil {
 		return false
 	}
 	p := &r.sampling
@@ -141,6 +141,9 @@ func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 	for i := range base {
 		s, r := &base[i], refs[i].r
 		switch {
+		case r.req.Guide != nil:
+			// Its next mask needs its next token (guided decoding runs unpipelined).
+			return nil
 		case s.Sample && !r.runsAhead():
 			return nil
 		case !s.Sample && (s.ReturnLogits || r.width > 1):
@@ -285,9 +288,12 @@ func (m *Manager) planChunk(a *aheadStep, s *engine.Sequence, ref seqRef, budget
 }
 
 // joinsAhead says whether a waiting request may be admitted into a step launched ahead:
-// one sequence, and no batched post-processor (which runs over a whole step's logits).
+// one sequence, no batched post-processor (which runs over a whole step's logits), no
+// constraint (its masks are made where the scheduler builds a batch).
 // Its prompt's tokens are known, so it needs nothing the step before samples.
-func joinsAhead(r *request) bool { return r.width == 1 && !r.req.BatchedPostProcessing }
+func joinsAhead(r *request) bool {
+	return r.width == 1 && !r.req.BatchedPostProcessing && r.req.Guide == nil
+}
 
 // admitAhead admits waiting requests into the step ahead a, as the scheduler admits
 // them (the same fit checks and reservations), and adds their prompt rows after its fed

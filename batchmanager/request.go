@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"gollm/engine"
+	"gollm/guide"
 )
 
 // InferenceRequest is one generation request as the manager sees it.
@@ -77,6 +78,12 @@ type InferenceRequest struct {
 	// TopPResetID resets the runtime top-p when generated; -1: none.
 	TopPResetID int32
 
+	// Guide, when set, constrains the generated text (guided decoding): each sampled
+	// token is one the constraint allows, an end token only where the text may end, and
+	// a sequence whose text is complete ends there (FinishedEndID) without a sampled end
+	// token. Its vocabulary must be the model's.
+	Guide *guide.Guide
+
 	// TextStop, when set, sees each sequence's generated tokens after every token and
 	// ends the sequence when it says so (stop strings matched on the text); the sequence
 	// then finishes with FinishedStopWord.
@@ -133,7 +140,8 @@ type FinishReason uint8
 const (
 	// NotFinished marks a response that is not the request's last.
 	NotFinished FinishReason = iota
-	// FinishedEndID: an end token was sampled (it is not part of the output).
+	// FinishedEndID: an end token was sampled (it is not part of the output), or a
+	// guided sequence's text is complete.
 	FinishedEndID
 	// FinishedStopWord: a stop word was generated (it is part of the output).
 	FinishedStopWord

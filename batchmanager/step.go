@@ -43,6 +43,7 @@ func (m *Manager) step() {
 		clear(m.refs)
 	}()
 	m.fillBatch()
+	m.guideMasks(m.batch.Seqs, m.refs)
 	if m.cfg.ModelType == V1 {
 		m.it.emptySlots = len(m.held)
 	}
@@ -202,6 +203,7 @@ func (m *Manager) fillBatch() {
 			}
 			s.ContextLogits = b == &r.branch && r.ctxLogits != nil && start < r.promptLen && !r.ctxSent
 			s.Feed = 0
+			s.Allowed = nil // guideMasks sets it
 			m.refs = append(m.refs, seqRef{r, b})
 			i++
 		}
@@ -289,8 +291,20 @@ func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engi
 		b.logProbs = append(b.logProbs, lp)
 		b.cumLogProb += lp
 	}
+	if r.req.Guide != nil {
+		st, err := b.gst.Advance(tok)
+		if err != nil {
+			r.failed = fmt.Errorf("%w: guided decoding: %w", ErrEngine, err)
+			return
+		}
+		b.gst = st
+	}
 	m.decayTopP(r, b, tok)
 	m.checkStop(r, b)
+	if !b.ended && r.req.Guide != nil && b.gst.Done() {
+		// The text is complete: nothing but an end token could follow.
+		b.ended, b.finish = true, FinishedEndID
+	}
 }
 
 // seqFailure is the sentinel a sequence's own failure ends its request with: an
@@ -431,7 +445,7 @@ func (m *Manager) forkSamples(r *request) {
 			return
 		}
 		b := &branch{tokens: make([]int32, r.promptLen, r.promptLen+r.maxNew), kv: kv, computed: r.computed,
-			index: i, seed: branchSeed(r.sampling.Seed, i), topP: r.initialTopP()}
+			index: i, seed: branchSeed(r.sampling.Seed, i), topP: r.initialTopP(), gst: r.gst}
 		copy(b.tokens, r.tokens[:r.promptLen])
 		if r.req.ReturnLogProbs {
 			b.logProbs = make([]float32, 0, r.maxNew)

@@ -164,8 +164,9 @@ __device__ __forceinline__ float merge_parts(const float* partial, const float* 
 // QKV kernel this one follows) are loaded before the wait, so their round trips overlap
 // that kernel. Only the query and the newest position's key and value are read after.
 // kPre turns that prefetch on: it pays for small grids (decode at small batch, where the
-// kernel is all latency) and costs occupancy (its registers) for large ones.
-template <typename T, bool kPre>
+// kernel is all latency) and costs occupancy (its registers) for large ones. kCap
+// soft-caps the scores at ±softcap (softcap·tanh(s/softcap), Gemma 2's).
+template <typename T, bool kPre, bool kCap>
 __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att,
                               const T* __restrict__ kv, const int32_t* __restrict__ dec_rows,
                               const int32_t* __restrict__ row_pos,
@@ -174,7 +175,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
                               KVGeom g, int layer, int window, int max_len,
                               float* __restrict__ partial, float* __restrict__ part_ml,
                               int* __restrict__ tickets, int i, int head, int part, int parts,
-                              float* smem) {
+                              float* smem, float softcap) {
   using T2 = typename Pair<T>::type;
   const int D = g.head_dim, D8 = D / 8;
   const int kvh = g.kv_head(head);
@@ -252,6 +253,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
         }
       }
     }
+    if constexpr (kCap) acc = softcap * tanhf(acc / softcap);
     s[j - start] = acc;
     mx = fmaxf(mx, acc);
   }
@@ -326,18 +328,19 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
     out[d] = from_f32<T>(merge_parts(partial, part_ml, pi, active, D, d));
 }
 
-template <typename T, bool kPre>
+template <typename T, bool kPre, bool kCap = false>
 __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
     const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
     const int32_t* __restrict__ dec_rows, const int32_t* __restrict__ row_pos,
     const int32_t* __restrict__ row_seq, const DevSeq* __restrict__ seqs,
     const int32_t* __restrict__ blocks, KVGeom g, int layer, int window, int max_len,
-    float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets) {
+    float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets,
+    float softcap) {
   extern __shared__ float smem[];
   griddep_launch();  // decode_attend waits for the previous kernel itself
-  decode_attend<T, kPre>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer,
-                         window, max_len, partial, part_ml, tickets, blockIdx.x, blockIdx.y,
-                         blockIdx.z, gridDim.z, smem);
+  decode_attend<T, kPre, kCap>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer,
+                               window, max_len, partial, part_ml, tickets, blockIdx.x, blockIdx.y,
+                               blockIdx.z, gridDim.z, smem, softcap);
 }
 
 template <typename T>
@@ -351,7 +354,7 @@ void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_
   auto k = prefetch ? attention_decode_kernel<T, true> : attention_decode_kernel<T, false>;
   launch("attention_decode_kernel", k, grid, kDecodeThreads, decode_smem(g.head_dim, max_len),
          stream, qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer, window, max_len,
-         partial, part_ml, tickets);
+         partial, part_ml, tickets, 0.f);
 }
 
 // Grouped decode attention: the decode attention of attention_decode_kernel, with one
@@ -631,12 +634,13 @@ inline size_t ctx_smem(int head_dim) {
 // of earlier ones.
 //   qkv: [N][qkv_width] fp32, queries pre-scaled; att: [N][heads·head_dim] T output.
 // Shared memory layout in ctx_smem; rows of keys and values are padded by one pair so
-// that lanes reading different keys hit different banks.
-template <typename T>
+// that lanes reading different keys hit different banks. kCap soft-caps the scores at
+// ±softcap, as decode_attend does.
+template <typename T, bool kCap = false>
 __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
     const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
     const CtxTile* __restrict__ tiles, const DevSeq* __restrict__ seqs,
-    const int32_t* __restrict__ blocks, KVGeom g, int layer, int window) {
+    const int32_t* __restrict__ blocks, KVGeom g, int layer, int window, float softcap) {
   extern __shared__ float smem[];
   griddep_launch();
   griddep_wait();
@@ -694,6 +698,7 @@ __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
           s3 = fmaf(qi[d + 3], to_f32(kj[d + 3]), s3);
         }
         sc = (s0 + s1) + (s2 + s3);
+        if constexpr (kCap) sc = softcap * tanhf(sc / softcap);
       }
       ss[i * (kCtxKeys + 1) + j] = sc;
     }
@@ -1169,7 +1174,7 @@ void attention_context(const float* qkv, T* att, const T* kv, const CtxTile* til
     return;
   }
   launch("attention_context_kernel", attention_context_kernel<T>, grid, kCtxThreads,
-         ctx_smem(g.head_dim), stream, qkv, att, kv, tiles, seqs, blocks, g, layer, window);
+         ctx_smem(g.head_dim), stream, qkv, att, kv, tiles, seqs, blocks, g, layer, window, 0.f);
 }
 
 }  // namespace gollm

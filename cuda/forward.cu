@@ -26,8 +26,16 @@
 // stream itself, does not run. The embedding's lookups are all-reduced too, and the LM
 // head's rows all-gathered and joined into whole-vocabulary logits, which every rank
 // samples alike.
+//
+// The dense families' stages (dense.cuh) keep to the same rules: QK_NORM and a longrope
+// ROTARY are applied by the QKV epilogue's own kernel (qkv_extra_write), as a partial
+// rotary is; a POST_NORM makes its branch's projection write fp32 to tmp, which RESIDUAL
+// norms before the add (post_residual_norm), and keeps the fused MLP off; soft-capped
+// attention takes the kernels with the cap (attention_capped), a soft-capped LM head a
+// kernel over its logits.
 #include "activation.cuh"
 #include "attention.cuh"
+#include "dense.cuh"
 #include "embedding.cuh"
 #include "fused.cuh"
 #include "gemv.cuh"
@@ -97,6 +105,7 @@ struct Flow {
   T* kv;
   unsigned long long* acc = nullptr;  // the fused MLP's fixed-point additions to h
   const Stage* norm = nullptr;        // the last NORM walked: what reads x reads its norm of h
+  const Stage* post = nullptr;        // a POST_NORM walked since the branch: RESIDUAL's
   bool kv_written = true;             // the QKV kernel applied its epilogue
   const float* qkv_bias = nullptr;    // the QKV bias, where the KV write must add it
   bool branch_in_h = false;           // the branch's projection added it to h
@@ -166,13 +175,13 @@ void embed(Flow<T>& f, const Stage& s) {
   if (f.tp) {
     embedding_shard<T>(f.I32(f.L.row_tok), f.I32(f.L.row_pos), static_cast<const T*>(w->embed),
                        e->tp_rank == 0 ? static_cast<const T*>(w->pos) : nullptr, f.h, f.N, f.d.H,
-                       e->tp_rank * VR, VR, f.st0);
+                       e->tp_rank * VR, VR, f.st0, s.s.scale);
     tp_all_reduce(e, f.h, (size_t)f.N * f.d.H, "the embedding", -1);
     norm_rows<T>(f.h, f.xn, nx.gamma, nx.beta, f.N, f.d.H, nx.s.eps, rms, f.st0);
   } else {
     embedding_layernorm<T>(f.I32(f.L.row_tok), f.I32(f.L.row_pos), static_cast<const T*>(w->embed),
                            static_cast<const T*>(w->pos), f.h, f.xn, nx.gamma, nx.beta, f.N, f.d.H,
-                           nx.s.eps, rms, f.st0, f.acc);
+                           nx.s.eps, rms, f.st0, f.acc, s.s.scale);
   }
   f.norm = &nx;
 }
@@ -189,8 +198,8 @@ void norm(Flow<T>& f, const Stage& s) {
 
 // QKV, with the bias, the query scale, the layer's rotary and the KV write in its
 // kernel's epilogue where the kernel has them: the streaming gemv and the tiled kernel
-// rotate whole heads, the gemv kernels write keys and values; otherwise it writes fp32 and
-// KV_WRITE's kernel does the rest.
+// rotate whole heads, the gemv kernels write keys and values; otherwise — a partial rotary,
+// q/k norms, longrope — it writes fp32 and KV_WRITE's kernel does the rest.
 template <typename T>
 void qkv(Flow<T>& f, const Stage& s) {
   gollm_engine* e = f.e;
@@ -199,14 +208,18 @@ void qkv(Flow<T>& f, const Stage& s) {
   a.kv = f.kv, a.row_pos = f.I32(f.L.row_pos), a.row_seq = f.I32(f.L.row_seq);
   a.seqs = f.seqs, a.blocks = f.words, a.geom = e->geom, a.layer = s.s.layer;
   a.qscale = s.qscale, a.inv_freq = s.inv_freq;
-  const bool rope = s.inv_freq != nullptr, whole = rope && s.rope_dim == f.d.D;
+  // whole: the streaming and tiled kernels' rotary epilogue serves; apart: the epilogue
+  // needs KV_WRITE's kernel on the paths that lack it (rotary on the staged gemv) and on
+  // every path for a partial rotary, q/k norms or longrope (Stage.extra).
+  const bool rope = s.inv_freq != nullptr, apart = rope || s.extra;
+  const bool whole = rope && !s.extra && s.rope_dim == f.d.D;
   f.kv_written = true, f.qkv_bias = nullptr;
   switch (f.path) {
     case Path::Stream:
     case Path::Gemv:
       if (whole && f.path == Path::Stream) {
         gemv_stream<T, GEMV_IN_LN, GEMV_OUT_ROPE>(a, e->sms, f.st);
-      } else if (rope) {
+      } else if (apart) {
         gemv_any<T, GEMV_IN_LN, GEMV_OUT_F32>(f, a);
         f.kv_written = false;
       } else {
@@ -217,7 +230,7 @@ void qkv(Flow<T>& f, const Stage& s) {
       a.x = f.xn;
       if (whole) {
         tiled_proj<T, GEMV_OUT_ROPE>(a, e->tile_blocks, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
-      } else if (rope) {
+      } else if (apart) {
         tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
         f.kv_written = false;
       } else {
@@ -236,8 +249,13 @@ void qkv(Flow<T>& f, const Stage& s) {
 template <typename T>
 void kv_write(Flow<T>& f, const Stage& s) {
   if (f.kv_written) return;
-  qkv_kv_write<T>(f.qkv, f.qkv_bias, f.kv, f.I32(f.L.row_pos), f.I32(f.L.row_seq), f.seqs,
-                  f.words, f.e->geom, s.s.layer, f.N, s.inv_freq, s.rope_dim, s.qscale, f.st);
+  if (s.extra)
+    qkv_extra_write<T>(f.qkv, f.qkv_bias, f.kv, f.I32(f.L.row_pos), f.I32(f.L.row_seq), f.seqs,
+                       f.words, f.e->geom, s.s.layer, f.N, s.inv_freq, s.rope_dim, s.qscale, s.qkx,
+                       f.st);
+  else
+    qkv_kv_write<T>(f.qkv, f.qkv_bias, f.kv, f.I32(f.L.row_pos), f.I32(f.L.row_seq), f.seqs,
+                    f.words, f.e->geom, s.s.layer, f.N, s.inv_freq, s.rope_dim, s.qscale, f.st);
   f.kv_written = true;
 }
 
@@ -248,6 +266,14 @@ template <typename T>
 void attention(Flow<T>& f, const Stage& s) {
   gollm_engine* e = f.e;
   const int l = s.s.layer, window = s.s.window, rows = (int)f.pl.dec_rows.size();
+  if (s.s.softcap > 0.f) {
+    attention_capped<T>(f.qkv, f.att, f.kv, f.tiles, f.I32(f.L.dec_rows), f.I32(f.L.row_pos),
+                        f.I32(f.L.row_seq), f.seqs, f.words, e->geom, l, window,
+                        (int)f.pl.tiles.size(), rows, f.parts, e->max_len, e->partial.as<float>(),
+                        e->part_ml.as<float>(), e->tickets.as<int>(), f.small() || f.few_dec,
+                        s.s.softcap, f.st);
+    return;
+  }
   attention_context<T>(f.qkv, f.att, f.kv, f.tiles, f.seqs, f.words, e->geom, l, window,
                        (int)f.pl.tiles.size(), e->ctx_mma, e->sms, f.st);
   if (e->grouped && !f.few_dec)
@@ -263,19 +289,19 @@ void attention(Flow<T>& f, const Stage& s) {
 
 // branch projects x ([N][in] T) into the residual width — OUT, and the MLP's down
 // projection —: the branch RESIDUAL adds. On one GPU a gemv adds it (with its bias) to h
-// itself; otherwise it goes to tmp, with its bias from the tiled kernel or left to the
-// residual add. A tensor-parallel rank's share is all-reduced there, its bias (the whole
-// one, on every rank) left for after.
+// itself, unless a POST_NORM follows (post); otherwise it goes to tmp, with its bias from
+// the tiled kernel or left to the residual add. A tensor-parallel rank's share is
+// all-reduced there, its bias (the whole one, on every rank) left for after.
 template <typename T>
 void branch(Flow<T>& f, const void* w, const float* bias, int in, const T* x, const char* what,
-            int layer) {
+            int layer, bool post) {
   gollm_engine* e = f.e;
   GemvArgs a = f.args(f.N);
   a.w = w, a.in = in, a.out = f.d.H, a.x = x, a.y = f.tmp;
   switch (f.path) {
     case Path::Stream:
     case Path::Gemv:
-      if (!f.tp) {
+      if (!f.tp && !post) {
         a.bias = bias, a.hout = f.h;
         gemv_any<T, GEMV_IN_T, GEMV_OUT_RESID>(f, a);
         f.branch_in_h = true;
@@ -349,7 +375,7 @@ void mlp(Flow<T>& f, const Stage& s) {
         bias_act<T>(f.fc, s.b, f.fch, f.N, f.d.I, act, f.st);
       break;
   }
-  branch(f, s.w2, s.b2, f.d.I, f.fch, "the MLP output", s.s.layer);
+  branch(f, s.w2, s.b2, f.d.I, f.fch, "the MLP output", s.s.layer, s.post != nullptr);
 }
 
 // RESIDUAL: h += the branch (with its bias, where its projection left it), and the NORM
@@ -361,6 +387,13 @@ void residual(Flow<T>& f, const Stage& s) {
     return;
   }
   const Stage& nx = *s.next;
+  if (const Stage* p = f.post) {
+    post_residual_norm<T>(f.h, f.tmp, f.branch_bias, p->gamma, p->s.eps, f.xn, nx.gamma, nx.beta,
+                          f.N, f.d.H, nx.s.eps, nx.s.norm == GOLLM_NORM_RMS, f.stc);
+    f.post = nullptr;
+    f.norm = &nx;
+    return;
+  }
   residual_layernorm<T>(f.h, f.tmp, f.branch_bias, f.xn, nx.gamma, nx.beta, f.N, f.d.H, nx.s.eps,
                         nx.s.norm == GOLLM_NORM_RMS, f.stc);
   f.norm = &nx;
@@ -393,7 +426,7 @@ void lm_head(Flow<T>& f, const Stage& s, bool capture) {
       gemm_lm_head<T>(e, gemm_rows(ch.count));
       // Greedy sampling reads the padded rows where it is all that reads them (one GPU, no
       // logits copied back), which saves unpad_rows' copy.
-      bool keep_padded = e->logits_pad.p && pl.all_greedy && !f.tp;
+      bool keep_padded = e->logits_pad.p && pl.all_greedy && !f.tp && !(s.s.softcap > 0.f);
       for (const CopyOut& cp : pl.copies)
         if (cp.chunk == (int)ci && !cp.from_ret) keep_padded = false;
       if (keep_padded)
@@ -405,6 +438,7 @@ void lm_head(Flow<T>& f, const Stage& s, bool capture) {
       tp_all_gather(e, part, e->tp_gather.as<float>(), (size_t)ch.count * VR);
       join_vocab(e->tp_gather.as<float>(), logits, ch.count, VR, V, e->tp_size, f.st0);
     }
+    if (s.s.softcap > 0.f) softcap(logits, (int64_t)ch.count * V, s.s.softcap, f.st);
     if (!capture) {
       for (const CopyOut& cp : pl.copies)
         if (cp.chunk == (int)ci && !cp.from_ret)
@@ -442,10 +476,14 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       case GOLLM_STAGE_ROTARY: break;  // applied by the kernel that writes the keys
       case GOLLM_STAGE_KV_WRITE: kv_write(f, s); break;
       case GOLLM_STAGE_ATTENTION: attention(f, s); break;
-      case GOLLM_STAGE_OUT: branch(f, s.w, s.b, f.d.att, f.att, "the attention output", s.s.layer); break;
+      case GOLLM_STAGE_OUT:
+        branch(f, s.w, s.b, f.d.att, f.att, "the attention output", s.s.layer, s.post != nullptr);
+        break;
       case GOLLM_STAGE_MLP: mlp(f, s); break;
       case GOLLM_STAGE_RESIDUAL: residual(f, s); break;
       case GOLLM_STAGE_LM_HEAD: lm_head(f, s, capture); break;
+      case GOLLM_STAGE_QK_NORM: break;  // applied by the kernel that writes the keys
+      case GOLLM_STAGE_POST_NORM: f.post = &s; break;
     }
   }
 }
@@ -504,8 +542,9 @@ void setup_kernels_t(gollm_engine* e) {
   gemv_allow_smem<T>(e->device);
   if (e->stream_gemv) gemv_stream_allow_smem<T>(e->device);
   if (e->tiled) tiled_allow_smem<T>(e->device);
+  // The fused MLP adds to h itself: a post-normed MLP output cannot take it.
   if (e->fused)
-    e->fused = fused_setup<T>(c.hidden, c.inner, c.gated_mlp != 0, e->sms, e->device, e->mlp_k);
+    e->fused = !c.post_norms && fused_setup<T>(c.hidden, c.inner, c.gated_mlp != 0, e->sms, e->device, e->mlp_k);
   allow_smem_max(attention_context_tc_kernel<T>, e->device);
   allow_smem_max(attention_context_mma_kernel<T, 64>, e->device);
   allow_smem_max(attention_context_mma_kernel<T, 80>, e->device);
@@ -519,6 +558,14 @@ void setup_kernels_t(gollm_engine* e) {
             e->max_len, ds);
   allow_smem_max(attention_decode_kernel<T, true>, e->device);
   allow_smem_max(attention_decode_kernel<T, false>, e->device);
+  // The soft-capped variants (dense.cuh's attention_capped), for the models that take them.
+  bool capped = false;
+  for (const Stage& s : e->w->recipe) capped = capped || (s.s.kind == GOLLM_STAGE_ATTENTION && s.s.softcap > 0.f);
+  if (capped) {
+    allow_smem_max(attention_context_kernel<T, true>, e->device);
+    allow_smem_max(attention_decode_kernel<T, true, true>, e->device);
+    allow_smem_max(attention_decode_kernel<T, false, true>, e->device);
+  }
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
 /* gollm.h — the C ABI of libgollm_cuda.so, gollm's CUDA engine for decoder-only language
  * models described by a gollm_model_config (their shapes) and a recipe (their forward pass
  * as an ordered list of gollm_stage, with the values each takes in its layer: LayerNorm or
- * RMSNorm, learned or rotary positions over a whole head or part of it, multi-head,
- * multi-query or grouped-query attention with a window per layer, a plain or gated MLP, a
- * tied or separate LM head).
+ * RMSNorm, learned or rotary positions over a whole head or part of it (longrope's two
+ * frequency sets), per-head query and key norms, multi-head, multi-query or grouped-query
+ * attention with a window per layer and soft-capped scores, post-norms of the branches,
+ * a plain or gated MLP, a tied or separate LM head with soft-capped logits).
  *
  * Every function reports failure through a gollm_status {code, message} and returns the
  * code; none aborts or exits, and no C++ exception crosses it. Objects:
@@ -43,7 +44,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 8
+#define GOLLM_ABI_VERSION 10
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -97,47 +98,65 @@ typedef struct gollm_model_config {
   int32_t positions;         /* a gollm_positions (learned ones have POS_EMBED) */
   int32_t gated_mlp;         /* nonzero: UP holds the gate's rows, then the up-projection's */
   int32_t tied_head;         /* nonzero: the LM head is the token embedding */
+  int32_t qk_norm;           /* nonzero: the layers have Q_NORM and K_NORM (ABI 9) */
+  int32_t post_norms;        /* nonzero: the layers have POST_ATTN_NORM and POST_MLP_NORM */
 } gollm_model_config;
 
 /* gollm_stage_kind is what a stage of the recipe does (model.StageKind in Go, the same
  * order). x is the block input, h the fp32 residual stream, the branch what a projection
  * into the residual width wrote. */
 enum gollm_stage_kind {
-  GOLLM_STAGE_EMBED = 0,     /* h = EMBED[token] (+ POS_EMBED[position] under learned positions) */
+  GOLLM_STAGE_EMBED = 0,     /* h = EMBED[token] (× scale) (+ POS_EMBED[position] under learned
+                                positions) */
   GOLLM_STAGE_NORM = 1,      /* x = norm(h) for the stage that reads it (QKV, MLP, LM_HEAD) */
   GOLLM_STAGE_QKV = 2,       /* queries, keys, values = x·QKVᵀ + QKV_BIAS */
   GOLLM_STAGE_ROTARY = 3,    /* queries and keys rotated by position */
   GOLLM_STAGE_KV_WRITE = 4,  /* keys and values into the paged pool */
-  GOLLM_STAGE_ATTENTION = 5, /* causal attention over the pool, through each query head's KV head */
+  GOLLM_STAGE_ATTENTION = 5, /* causal attention over the pool, through each query head's KV head
+                                (scores soft-capped where softcap > 0) */
   GOLLM_STAGE_OUT = 6,       /* branch = attention·OUTᵀ + OUT_BIAS */
   GOLLM_STAGE_MLP = 7,       /* branch = DOWN·act(UP·x) (gated: act(gate) · up) + biases */
   GOLLM_STAGE_RESIDUAL = 8,  /* h += branch */
-  GOLLM_STAGE_LM_HEAD = 9,   /* logits = x·LM_HEADᵀ of the rows whose logits are read */
+  GOLLM_STAGE_LM_HEAD = 9,   /* logits = x·LM_HEADᵀ of the rows whose logits are read (soft-capped
+                                where softcap > 0) */
+  GOLLM_STAGE_QK_NORM = 10,  /* each query head normed by Q_NORM, each key head by K_NORM, over
+                                head_dim (ABI 9) */
+  GOLLM_STAGE_POST_NORM = 11, /* branch = norm(branch) (POST_ATTN_NORM or POST_MLP_NORM) */
   GOLLM_STAGE_KINDS
 };
 
 /* gollm_stage is one stage of the recipe with its values; fields its kind does not read
- * are zero. The recipe is a pre-norm decoder: EMBED, then per layer NORM, QKV, [ROTARY],
- * KV_WRITE, ATTENTION, OUT, RESIDUAL, NORM, MLP, RESIDUAL, then NORM, LM_HEAD (the
- * library refuses another order, naming the stage). */
+ * are zero. The recipe is a pre-norm decoder: EMBED, then per layer NORM, QKV, [QK_NORM],
+ * [ROTARY], KV_WRITE, ATTENTION, OUT, [POST_NORM], RESIDUAL, NORM, MLP, [POST_NORM],
+ * RESIDUAL, then NORM, LM_HEAD — QK_NORM where the config has qk_norm, POST_NORM where it
+ * has post_norms (the library refuses another order, naming the stage). */
 typedef struct gollm_stage {
   int32_t kind;       /* a gollm_stage_kind */
   int32_t layer;      /* its layer; -1 for the model's own (EMBED, the final NORM, LM_HEAD) */
-  int32_t weight;     /* NORM: its weight's role (ATTN_NORM, MLP_NORM, FINAL_NORM; under
-                         LayerNorm its bias is the role after it) */
-  int32_t norm;       /* NORM: a gollm_norm, the config's */
-  float eps;          /* NORM: epsilon */
+  int32_t weight;     /* NORM, QK_NORM, POST_NORM: its weight's role (NORM: ATTN_NORM,
+                         MLP_NORM, FINAL_NORM, under LayerNorm its bias the role after it;
+                         QK_NORM: Q_NORM; POST_NORM: POST_ATTN_NORM, POST_MLP_NORM) */
+  int32_t norm;       /* NORM, QK_NORM, POST_NORM: a gollm_norm, the config's (RMS for the
+                         last two) */
+  float eps;          /* NORM, QK_NORM, POST_NORM: epsilon */
   int32_t rope_dim;   /* ROTARY: rotated dimensions of each query and key head, even, at most
                          head_dim; dimension i pairs with i + rope_dim/2, the rest pass */
   int32_t rope_freqs; /* ROTARY: its rope_dim/2 frequencies start at rope_freqs[rope_freqs]
                          of gollm_weights_params (position p turns pair i by rope_freqs[i]·p) */
   int32_t window;     /* ATTENTION: > 0, a query attends to its last window positions (its
                          own included); 0, to all */
-  float scale;        /* ATTENTION: the query·key scale (1/√head_dim), applied to the
-                         queries as they are written */
-  float softcap;      /* ATTENTION: 0 (soft-capped logits are not implemented yet) */
+  float scale;        /* ATTENTION: the query·key scale (1/√head_dim, or the model's), applied
+                         to the queries as they are written; EMBED: > 0, the embeddings'
+                         multiplier, it and the product rounded to the compute type */
+  float softcap;      /* ATTENTION, LM_HEAD: > 0, scores or logits become
+                         softcap·tanh(x/softcap); 0: none */
   int32_t activation; /* MLP: a gollm_activation */
   int32_t gated;      /* MLP: nonzero, act(gate) · up; the config's gated_mlp */
+  int32_t rope_long;  /* ROTARY: > 0 (longrope), a sequence longer than rope_long positions
+                         after the step takes the long frequencies, which follow the short
+                         ones (rope_freqs + rope_dim/2); 0: one set (ABI 9) */
+  float rope_scale;   /* ROTARY: cos and sin are multiplied by it (longrope's attention
+                         factor; 1 otherwise) */
 } gollm_stage;
 
 /* gollm_role is the part a weight plays (model.Role in Go, the same order). Matrices are
@@ -148,7 +167,8 @@ typedef struct gollm_stage {
  *   (the query rows, then the key rows, then the value rows) and QKV_BIAS;
  *   OUT [hidden][heads*head_dim] and OUT_BIAS [hidden]; MLP_NORM, MLP_NORM_BIAS [hidden];
  *   UP [inner or, gated, 2*inner][hidden] (the gate's rows first) and UP_BIAS;
- *   DOWN [hidden][inner] and DOWN_BIAS [hidden].
+ *   DOWN [hidden][inner] and DOWN_BIAS [hidden]; Q_NORM, K_NORM [head_dim] (qk_norm);
+ *   POST_ATTN_NORM, POST_MLP_NORM [hidden] (post_norms).
  * The *_NORM_BIAS roles exist under LayerNorm only; a bias role is absent when the model
  * has none (every bias of a role is given, or none). */
 enum gollm_role {
@@ -157,6 +177,7 @@ enum gollm_role {
   GOLLM_ROLE_ATTN_NORM, GOLLM_ROLE_ATTN_NORM_BIAS, GOLLM_ROLE_QKV, GOLLM_ROLE_QKV_BIAS,
   GOLLM_ROLE_OUT, GOLLM_ROLE_OUT_BIAS, GOLLM_ROLE_MLP_NORM, GOLLM_ROLE_MLP_NORM_BIAS,
   GOLLM_ROLE_UP, GOLLM_ROLE_UP_BIAS, GOLLM_ROLE_DOWN, GOLLM_ROLE_DOWN_BIAS,
+  GOLLM_ROLE_Q_NORM, GOLLM_ROLE_K_NORM, GOLLM_ROLE_POST_ATTN_NORM, GOLLM_ROLE_POST_MLP_NORM,
   GOLLM_ROLES
 };
 #define GOLLM_FIRST_LAYER_ROLE GOLLM_ROLE_ATTN_NORM
@@ -320,6 +341,12 @@ typedef struct gollm_seq {
                                         and bad words, decided by the caller */
   int32_t bias_offset;               /* embedding bias: bias[bias_offset .. +vocab), or -1 */
   double uniform;                    /* the draw in [0, 1) for this step */
+  /* ABI 10: guided decoding and min-p. */
+  int32_t allowed_offset;            /* the tokens it may sample (guided decoding): bit i%32 of
+                                        allowed[allowed_offset + i/32] for token i, (vocab+31)/32
+                                        words, applied after the masks; -1: every token */
+  float min_p;                       /* after top-k and top-p, keep the tokens at least min_p
+                                        times as likely as the most likely one; 0: none */
 } gollm_seq;
 
 /* gollm_step_in is one iteration's work; every array is in host memory. */
@@ -341,6 +368,8 @@ typedef struct gollm_step_in {
   const int32_t* block_copies;   /* [num_block_copies][2]: (src, dst) KV blocks, each in
                                     [0, num_blocks), copied whole, in order, before the
                                     forward pass (the copy-on-write of beams) */
+  int64_t num_allowed;           /* ABI 10: length of allowed, in 32-bit words */
+  const uint32_t* allowed;       /* guided decoding's token bitmasks (gollm_seq.allowed_offset) */
   const int32_t* feed;           /* [num_seqs] or NULL (gollm_launch only): -1, or the
                                     sequence of the step launched just before, still not
                                     waited for, whose sampled token is this sequence's one

@@ -85,8 +85,8 @@ inline size_t align_up(size_t n, size_t a = 256) { return (n + a - 1) / a * a; }
 // the stages around them, so that whichever kernel writes the keys applies them.
 struct Stage {
   gollm_stage s{};
-  const float* gamma = nullptr;  // NORM: weight [hidden]
-  const float* beta = nullptr;   // NORM: LayerNorm's bias [hidden]
+  const float* gamma = nullptr;  // NORM, POST_NORM: weight [hidden]; QK_NORM: Q_NORM's
+  const float* beta = nullptr;   // NORM: LayerNorm's bias [hidden]; QK_NORM: K_NORM
   const void* w = nullptr;       // QKV [qkv][hidden], OUT [hidden][att], MLP's UP [up][hidden],
                                  // LM_HEAD [vocab rows][hidden] (padded: lm_head_ld)
   const float* b = nullptr;      // their biases
@@ -96,8 +96,11 @@ struct Stage {
                                     // [rope_dim/2] on the device, or null (no rotary)
   int rope_dim = 0;                 // QKV, KV_WRITE: the rotated dimensions of a head
   float qscale = 0.f;               // QKV, KV_WRITE: the layer's attention scale
+  bool extra = false;               // QKV, KV_WRITE: the layer has q/k norms or a longrope
+  QkvExtra qkx;                     // rotary (qkv_extra_write does their epilogue)
   const Stage* next = nullptr;      // EMBED, RESIDUAL: the NORM after it, which its kernel
                                     // computes too
+  const Stage* post = nullptr;      // OUT, MLP: the POST_NORM after it, or null
 };
 
 // FailStep is gollm_faults' failing step: the engine's step that fails (0: none), and

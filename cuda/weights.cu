@@ -71,6 +71,8 @@ bool role_shape(const gollm_model_config& c, int role, int64_t& rows, int64_t& c
     case GOLLM_ROLE_UP_BIAS: rows = d.up; return true;     // optional
     case GOLLM_ROLE_DOWN: rows = d.H, cols = d.I; return true;
     case GOLLM_ROLE_DOWN_BIAS: rows = d.H; return true;    // optional
+    case GOLLM_ROLE_Q_NORM: case GOLLM_ROLE_K_NORM: rows = d.D; return c.qk_norm != 0;
+    case GOLLM_ROLE_POST_ATTN_NORM: case GOLLM_ROLE_POST_MLP_NORM: rows = d.H; return c.post_norms != 0;
   }
   rows = 0;
   return false;
@@ -98,7 +100,8 @@ const char* role_name(int role) {
   static const char* names[GOLLM_ROLES] = {
       "embed", "pos_embed", "final_norm", "final_norm_bias", "lm_head",
       "attn_norm", "attn_norm_bias", "qkv", "qkv_bias", "out", "out_bias",
-      "mlp_norm", "mlp_norm_bias", "up", "up_bias", "down", "down_bias"};
+      "mlp_norm", "mlp_norm_bias", "up", "up_bias", "down", "down_bias",
+      "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm"};
   return role >= 0 && role < GOLLM_ROLES ? names[role] : "?";
 }
 
@@ -124,8 +127,9 @@ void check_config(const gollm_model_config& c) {
 }
 
 const char* stage_name(int kind) {
-  static const char* names[GOLLM_STAGE_KINDS] = {"embed", "norm",     "qkv", "rotary",   "kv_write",
-                                                 "attention", "out", "mlp", "residual", "lm_head"};
+  static const char* names[GOLLM_STAGE_KINDS] = {"embed",    "norm",    "qkv",     "rotary",
+                                                 "kv_write", "attention", "out",   "mlp",
+                                                 "residual", "lm_head", "qk_norm", "post_norm"};
   return kind >= 0 && kind < GOLLM_STAGE_KINDS ? names[kind] : "?";
 }
 
@@ -147,23 +151,42 @@ void check_values(const gollm_weights_params* p, int i) {
           !(s.layer >= 0 && s.weight == GOLLM_ROLE_MLP_NORM))
         stage_fail(i, s, "weight is not a norm role of its layer (ATTN_NORM, MLP_NORM; FINAL_NORM at -1)");
       break;
-    case GOLLM_STAGE_ROTARY:
+    case GOLLM_STAGE_QK_NORM:
+    case GOLLM_STAGE_POST_NORM:
+      if (s.norm != GOLLM_NORM_RMS) stage_fail(i, s, "only RMSNorm is implemented for it");
+      if (!(s.eps > 0.f) || !std::isfinite(s.eps)) stage_fail(i, s, "eps must be positive and finite");
+      if (s.kind == GOLLM_STAGE_QK_NORM ? s.weight != GOLLM_ROLE_Q_NORM
+                                        : s.weight != GOLLM_ROLE_POST_ATTN_NORM && s.weight != GOLLM_ROLE_POST_MLP_NORM)
+        stage_fail(i, s, "weight is not its role (Q_NORM; POST_ATTN_NORM or POST_MLP_NORM)");
+      break;
+    case GOLLM_STAGE_ROTARY: {
       if (c.positions != GOLLM_POS_ROTARY) stage_fail(i, s, "the config has learned positions");
       if (s.rope_dim < 2 || s.rope_dim % 2 != 0 || s.rope_dim > c.head_dim) {
         std::snprintf(buf, sizeof buf, "rope_dim %d must be even, at least 2 and at most head_dim %d",
                       s.rope_dim, c.head_dim);
         stage_fail(i, s, buf);
       }
-      if (s.rope_freqs < 0 || (int64_t)s.rope_freqs + s.rope_dim / 2 > p->num_rope_freqs || !p->rope_freqs) {
-        std::snprintf(buf, sizeof buf, "its %d frequencies from %d pass the %d given", s.rope_dim / 2,
-                      s.rope_freqs, p->num_rope_freqs);
+      // Longrope's long set follows its short one.
+      const int64_t sets = s.rope_long > 0 ? 2 : 1;
+      if (s.rope_long < 0) stage_fail(i, s, "rope_long must not be negative");
+      if (s.rope_freqs < 0 || (int64_t)s.rope_freqs + sets * (s.rope_dim / 2) > p->num_rope_freqs || !p->rope_freqs) {
+        std::snprintf(buf, sizeof buf, "its %lld frequencies from %d pass the %d given",
+                      (long long)(sets * (s.rope_dim / 2)), s.rope_freqs, p->num_rope_freqs);
         stage_fail(i, s, buf);
       }
+      if (!(s.rope_scale > 0.f) || !std::isfinite(s.rope_scale)) stage_fail(i, s, "rope_scale must be positive and finite");
       break;
+    }
     case GOLLM_STAGE_ATTENTION:
       if (s.window < 0) stage_fail(i, s, "window must not be negative");
       if (!(s.scale > 0.f) || !std::isfinite(s.scale)) stage_fail(i, s, "scale must be positive and finite");
-      if (s.softcap != 0.f) stage_fail(i, s, "soft-capped attention is not implemented");
+      if (!(s.softcap >= 0.f) || !std::isfinite(s.softcap)) stage_fail(i, s, "softcap must be 0 or positive and finite");
+      break;
+    case GOLLM_STAGE_EMBED:
+      if (!(s.scale >= 0.f) || !std::isfinite(s.scale)) stage_fail(i, s, "scale must be 0 or positive and finite");
+      break;
+    case GOLLM_STAGE_LM_HEAD:
+      if (!(s.softcap >= 0.f) || !std::isfinite(s.softcap)) stage_fail(i, s, "softcap must be 0 or positive and finite");
       break;
     case GOLLM_STAGE_MLP:
       if (s.activation < GOLLM_ACT_GELU_TANH || s.activation > GOLLM_ACT_SILU)
@@ -176,20 +199,31 @@ void check_values(const gollm_weights_params* p, int i) {
 }  // namespace
 
 // The forward pass walks a pre-norm decoder (forward.cu): EMBED, then per layer NORM, QKV,
-// [ROTARY], KV_WRITE, ATTENTION, OUT, RESIDUAL, NORM, MLP, RESIDUAL, then NORM, LM_HEAD.
-// Its dispatchers rely on that order — a NORM after EMBED and after each RESIDUAL, computed
-// by their kernels; the rotary and KV write right after the QKV projection, applied by its
-// epilogue —, so any other is refused here, naming the first stage out of place.
+// [QK_NORM], [ROTARY], KV_WRITE, ATTENTION, OUT, [POST_NORM], RESIDUAL, NORM, MLP,
+// [POST_NORM], RESIDUAL, then NORM, LM_HEAD. Its dispatchers rely on that order — a NORM
+// after EMBED and after each RESIDUAL, computed by their kernels; the q/k norm, rotary and
+// KV write right after the QKV projection, applied by its epilogue; a post-norm right
+// before the RESIDUAL that applies it —, so any other is refused here, naming the first
+// stage out of place.
 void check_recipe(const gollm_weights_params* p) {
   const gollm_model_config& c = p->config;
   const int n = p->num_stages;
   if (n < 3 || !p->stages) invalid("recipe: %d stages at %p", n, (const void*)p->stages);
   if (p->num_rope_freqs < 0) invalid("recipe: %d rotary frequencies", p->num_rope_freqs);
-  // The layer's stages after its first, in order; ROTARY is optional (learned positions).
-  static const int body[] = {GOLLM_STAGE_QKV,      GOLLM_STAGE_ROTARY,   GOLLM_STAGE_KV_WRITE,
-                             GOLLM_STAGE_ATTENTION, GOLLM_STAGE_OUT,      GOLLM_STAGE_RESIDUAL,
-                             GOLLM_STAGE_NORM,     GOLLM_STAGE_MLP,      GOLLM_STAGE_RESIDUAL};
-  const bool rotary = c.positions == GOLLM_POS_ROTARY;
+  // The layer's stages after its first, in order; ROTARY is there under rotary positions,
+  // QK_NORM with the config's qk_norm, POST_NORM (twice) with its post_norms.
+  static const int body[] = {GOLLM_STAGE_QKV,       GOLLM_STAGE_QK_NORM,  GOLLM_STAGE_ROTARY,
+                             GOLLM_STAGE_KV_WRITE,  GOLLM_STAGE_ATTENTION, GOLLM_STAGE_OUT,
+                             GOLLM_STAGE_POST_NORM, GOLLM_STAGE_RESIDUAL, GOLLM_STAGE_NORM,
+                             GOLLM_STAGE_MLP,       GOLLM_STAGE_POST_NORM, GOLLM_STAGE_RESIDUAL};
+  auto present = [&](int kind) {
+    switch (kind) {
+      case GOLLM_STAGE_ROTARY: return c.positions == GOLLM_POS_ROTARY;
+      case GOLLM_STAGE_QK_NORM: return c.qk_norm != 0;
+      case GOLLM_STAGE_POST_NORM: return c.post_norms != 0;
+    }
+    return true;
+  };
   int i = 0;
   auto expect = [&](int kind, int layer) {
     if (i >= n) invalid("recipe: ends after %d stages, before %s of layer %d", n, stage_name(kind), layer);
@@ -207,7 +241,7 @@ void check_recipe(const gollm_weights_params* p) {
   for (int l = 0; l < c.layers; l++) {
     expect(GOLLM_STAGE_NORM, l);
     for (int k : body)
-      if (k != GOLLM_STAGE_ROTARY || rotary) expect(k, l);
+      if (present(k)) expect(k, l);
   }
   expect(GOLLM_STAGE_NORM, -1);
   expect(GOLLM_STAGE_LM_HEAD, -1);
@@ -374,6 +408,13 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
         st.gamma = static_cast<const float*>(at(slot, st.s.weight));
         st.beta = static_cast<const float*>(at(slot, st.s.weight + 1));
         break;
+      case GOLLM_STAGE_QK_NORM:
+        st.gamma = static_cast<const float*>(at(slot, GOLLM_ROLE_Q_NORM));
+        st.beta = static_cast<const float*>(at(slot, GOLLM_ROLE_K_NORM));
+        break;
+      case GOLLM_STAGE_POST_NORM:
+        st.gamma = static_cast<const float*>(at(slot, st.s.weight));
+        break;
       case GOLLM_STAGE_QKV:
         st.w = at(slot, GOLLM_ROLE_QKV), st.b = static_cast<const float*>(at(slot, GOLLM_ROLE_QKV_BIAS));
         break;
@@ -392,13 +433,23 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
   for (int i = 0; i < n; i++) {
     Stage& st = w->recipe[i];
     if (st.s.kind == GOLLM_STAGE_EMBED || st.s.kind == GOLLM_STAGE_RESIDUAL) st.next = &w->recipe[i + 1];
+    if ((st.s.kind == GOLLM_STAGE_OUT || st.s.kind == GOLLM_STAGE_MLP) &&
+        w->recipe[i + 1].s.kind == GOLLM_STAGE_POST_NORM)
+      st.post = &w->recipe[i + 1];
     if (st.s.kind != GOLLM_STAGE_QKV) continue;
-    // QKV, [ROTARY], KV_WRITE, ATTENTION.
-    const bool rope = w->recipe[i + 1].s.kind == GOLLM_STAGE_ROTARY;
-    const gollm_stage& att = w->recipe[i + (rope ? 3 : 2)].s;
-    for (Stage* e : {&st, &w->recipe[i + (rope ? 2 : 1)]}) {
+    // QKV, [QK_NORM], [ROTARY], KV_WRITE, ATTENTION.
+    int j = i + 1;
+    const Stage* qk = w->recipe[j].s.kind == GOLLM_STAGE_QK_NORM ? &w->recipe[j++] : nullptr;
+    const gollm_stage* rot = w->recipe[j].s.kind == GOLLM_STAGE_ROTARY ? &w->recipe[j++].s : nullptr;
+    const gollm_stage& att = w->recipe[j + 1].s;
+    for (Stage* e : {&st, &w->recipe[j]}) {
       e->qscale = att.scale;
-      if (rope) e->inv_freq = freqs + w->recipe[i + 1].s.rope_freqs, e->rope_dim = w->recipe[i + 1].s.rope_dim;
+      if (rot) e->inv_freq = freqs + rot->rope_freqs, e->rope_dim = rot->rope_dim;
+      if (qk) e->qkx.q_gamma = qk->gamma, e->qkx.k_gamma = qk->beta, e->qkx.eps = qk->s.eps;
+      if (rot && rot->rope_long > 0)
+        e->qkx.long_freq = e->inv_freq + rot->rope_dim / 2, e->qkx.long_from = rot->rope_long;
+      if (rot) e->qkx.rope_scale = rot->rope_scale;
+      e->extra = qk || (rot && (rot->rope_long > 0 || rot->rope_scale != 1.f));
     }
   }
   *out = w.release();

@@ -7,7 +7,12 @@ in .deps/realtok), in the layouts their checkpoints ship:
     python3 demo/family_tokenizers.py compare OUT TEXTS.json > result.json
         converts all three into OUT/<name>, checks each against its reference, and prints
         what Hugging Face tokenizers makes of TEXTS.json with each, in hf_families.py's
-        format (for family_tokenizers_test.go).
+        format (for family_tokenizers_test.go);
+    python3 demo/family_tokenizers.py chat OUT CONVERSATIONS.json > rendered.json
+        renders each conversation with each OUT/<name>/tokenizer_config.json's chat
+        template, with and without the generation prompt, as transformers'
+        apply_chat_template does (Jinja2's sandbox, trim_blocks and lstrip_blocks,
+        raise_exception, tojson), for family_tokenizers_test.go.
 
 Run it with PYTHONPATH=.deps/realtok/py:.deps/py.
 
@@ -305,12 +310,50 @@ def compare(out, texts_path):
     json.dump(result, sys.stdout, ensure_ascii=False)
 
 
+class Raised(Exception):
+    """What a template's raise_exception raises."""
+
+
+def chat(out, conversations_path):
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise Raised(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False, separators=None, sort_keys=False: \
+        json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    env.globals["raise_exception"] = raise_exception
+    conversations = json.load(open(conversations_path, encoding="utf-8"))
+    result = {}
+    for name in CONVERTERS:
+        with open(os.path.join(out, name, "tokenizer_config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        template = env.from_string(config["chat_template"])
+        tokens = {k: v["content"] if isinstance(v, dict) else v for k, v in config.items()
+                  if k in ("bos_token", "eos_token", "unk_token", "pad_token") and v is not None}
+        rendered = []
+        for conv in conversations:
+            for gen in (True, False):
+                case = {"conversation": conv["name"], "add_generation_prompt": gen}
+                try:
+                    case["output"] = template.render(messages=conv["messages"], add_generation_prompt=gen, **tokens)
+                except Raised as e:
+                    case["error"] = str(e)
+                rendered.append(case)
+        result[name] = rendered
+    json.dump(result, sys.stdout, ensure_ascii=False)
+
+
 def main():
     args = sys.argv[1:]
     if len(args) == 3 and args[0] == "convert" and args[1] in CONVERTERS:
         write(args[1], args[2])
     elif len(args) == 3 and args[0] == "compare":
         compare(args[1], args[2])
+    elif len(args) == 3 and args[0] == "chat":
+        chat(args[1], args[2])
     else:
         sys.exit(__doc__)
 

@@ -2,12 +2,16 @@ package demo
 
 import (
 	"encoding/json"
-	"gollm/tokenizer"
+	"fmt"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"gollm/openai"
+	"gollm/tokenizer"
 )
 
 // familyChatTexts are strings for the corners of Qwen3's, Phi-3's and Gemma 3's
@@ -102,5 +106,100 @@ func TestFamilyTokenizersMatchHuggingFace(t *testing.T) {
 			}
 			compareWithHF(t, tk, texts, want)
 		})
+	}
+}
+
+// familyConversations are the chats TestFamilyChatTemplatesMatchJinja2 renders: with and
+// without a system message, several turns, two user turns in a row, an earlier answer with
+// Qwen3's thinking (which its template drops from the history), and text its templates
+// must pass through untouched.
+var familyConversations = []struct {
+	Name     string              `json:"name"`
+	Messages []map[string]string `json:"messages"`
+}{
+	{"user", []map[string]string{{"role": "user", "content": "Hello, who are you?"}}},
+	{"system_user", []map[string]string{{"role": "system", "content": "You are terse."},
+		{"role": "user", "content": "  Name a colour.  "}}},
+	{"multi_turn", []map[string]string{{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+		{"role": "user", "content": "And times 3? Ünïcödé ✓"}}},
+	{"system_multi_turn", []map[string]string{{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"},
+		{"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye\nnow"}}},
+	{"two_users", []map[string]string{{"role": "user", "content": "one"}, {"role": "user", "content": "two"}}},
+	{"thinking", []map[string]string{{"role": "user", "content": "2+2?"},
+		{"role": "assistant", "content": "<think>\nAdd them.\n</think>\n\n4"}, {"role": "user", "content": "Times 3?"}}},
+	{"markers", []map[string]string{{"role": "user", "content": "<|im_end|> <end_of_turn>\t{{ not jinja }} {% raw %}"}}},
+}
+
+// TestFamilyChatTemplatesMatchJinja2 renders the chat templates the Qwen3, Phi-3 and
+// Gemma 3 tokenizer_config.json files carry as shipped (demo/family_tokenizers.py: Qwen3's
+// and Phi-3.5's from llama.cpp's copies of the published files, Gemma's as its tokenizer
+// ships it) with the OpenAI frontend's template engine, and compares every conversation,
+// with and without the generation prompt, with what Python's Jinja2 renders as
+// transformers' apply_chat_template does: the same text byte for byte, or the template's
+// own refusal (Gemma's of a system role, and of roles that do not alternate).
+func TestFamilyChatTemplatesMatchJinja2(t *testing.T) {
+	root := repoRoot(t)
+	dir := t.TempDir()
+	script := filepath.Join(root, "demo", "family_tokenizers.py")
+	for _, name := range []string{"qwen3", "phi3", "gemma3"} {
+		if _, stderr, err := runPython(RealTokenizersPythonPath(root), script, "convert", name, filepath.Join(dir, name)); err != nil {
+			t.Fatalf("python3 demo/family_tokenizers.py convert %s (GOLLM_TEST_DEPS=1 bash scripts/deps.sh installs what it needs): %v\n%s", name, err, stderr)
+		}
+	}
+	raw, err := json.Marshal(familyConversations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	convs := filepath.Join(dir, "conversations.json")
+	if err := os.WriteFile(convs, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, err := runPython(RealTokenizersPythonPath(root), script, "chat", dir, convs)
+	if err != nil {
+		t.Fatalf("python3 demo/family_tokenizers.py chat: %v\n%s", err, stderr)
+	}
+	var want map[string][]struct {
+		Conversation        string  `json:"conversation"`
+		AddGenerationPrompt bool    `json:"add_generation_prompt"`
+		Output              *string `json:"output"`
+		Error               string  `json:"error"`
+	}
+	if err := json.Unmarshal(out, &want); err != nil {
+		t.Fatalf("reading python's output: %v", err)
+	}
+	messages := map[string][]openai.TemplateMessage{}
+	for _, c := range familyConversations {
+		for _, m := range c.Messages {
+			messages[c.Name] = append(messages[c.Name], openai.TemplateMessage{Role: m["role"], Content: m["content"]})
+		}
+	}
+	for _, name := range []string{"qwen3", "phi3", "gemma3"} {
+		ct, err := openai.LoadChatTemplate(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(want[name]) != 2*len(familyConversations) {
+			t.Fatalf("%s: python rendered %d cases, want %d", name, len(want[name]), 2*len(familyConversations))
+		}
+		refusals := 0
+		for _, w := range want[name] {
+			got, err := ct.Render(messages[w.Conversation], w.AddGenerationPrompt)
+			what := fmt.Sprintf("%s/%s (generation prompt %v)", name, w.Conversation, w.AddGenerationPrompt)
+			switch {
+			case w.Output == nil && (err == nil || !strings.Contains(err.Error(), w.Error)):
+				t.Errorf("%s: rendered %q, %v; want the template's error %q", what, got, err, w.Error)
+			case w.Output != nil && err != nil:
+				t.Errorf("%s: %v", what, err)
+			case w.Output != nil && got != *w.Output:
+				t.Errorf("%s:\n got %q\nwant %q", what, got, *w.Output)
+			}
+			if w.Output == nil {
+				refusals++
+			}
+		}
+		// Gemma's template refuses a system message and two user turns in a row.
+		if name == "gemma3" && refusals != 6 {
+			t.Errorf("gemma3: %d refusals, want 6 (system_user, system_multi_turn, two_users)", refusals)
+		}
 	}
 }

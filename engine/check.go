@@ -76,6 +76,9 @@ func (c *BatchChecker) check(b *Batch, allowFeed bool) (int, error) {
 		if sq.Feed < 0 || sq.Feed > 0 && len(sq.Tokens) != 1 {
 			return fail("Feed = %d: a fed sequence has one new token (it has %d)", sq.Feed, len(sq.Tokens))
 		}
+		if sq.Allowed != nil && len(sq.Allowed) != MaskWords(V) {
+			return fail("Allowed has %d words, a vocabulary of %d needs %d", len(sq.Allowed), V, MaskWords(V))
+		}
 		for i, t := range sq.Tokens {
 			if t < 0 || int(t) >= V {
 				return fail("Tokens[%d] = %d is outside the vocabulary [0, %d)", i, t, V)

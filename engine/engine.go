@@ -127,6 +127,11 @@ type Sequence struct {
 	// ContextLogits copies the logits of every position of Tokens into
 	// Output.ContextLogits.
 	ContextLogits bool
+	// Allowed, when not nil, are the only tokens the sampled position may take (guided
+	// decoding): bit i%64 of word i/64 for token i, MaskWords(VocabSize) words. It is
+	// applied after the other masks; a mask of one token is that token, chosen without a
+	// draw.
+	Allowed []uint64
 	// Feed, when positive, makes the one new token the token sampled for sequence
 	// Feed-1 of the batch launched just before (Pipeliner); Tokens[0] is then only a
 	// placeholder in the vocabulary, and History lacks that token. Step refuses it.
@@ -141,6 +146,9 @@ type SamplingParams struct {
 	TopK int
 	// TopP keeps the smallest set of tokens whose probability reaches P; 0 or 1 means no limit.
 	TopP float32
+	// MinP, after top-k and top-p, keeps the tokens at least MinP times as likely as the
+	// most likely one (temperature applied); 0 means no limit.
+	MinP float32
 	// Seed starts the sequence's random stream; step n draws from (Seed, n), so the
 	// tokens do not depend on what else is in the batch.
 	Seed uint64
@@ -179,3 +187,7 @@ type Output struct {
 	// (Pipeliner) runs on a placeholder token; its output means nothing.
 	Err error
 }
+
+// MaskWords is the length in 64-bit words of a Sequence.Allowed mask over a vocabulary
+// of v tokens.
+func MaskWords(v int) int { return (v + 63) / 64 }

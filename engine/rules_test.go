@@ -142,3 +142,84 @@ func TestValidateAcceptsWhatLeavesAChoice(t *testing.T) {
 		})
 	}
 }
+
+func TestAllowedMask(t *testing.T) {
+	const v = 130
+	w := make([]float32, v)
+	for i := range w {
+		w[i] = float32(i % 7)
+	}
+	allowed := make([]uint64, MaskWords(v))
+	for _, id := range []int{3, 64, 129} {
+		allowed[id/64] |= 1 << (id % 64)
+	}
+	ApplyAllowed(w, allowed)
+	for i, x := range w {
+		want := !math.IsInf(float64(x), -1)
+		if got := i == 3 || i == 64 || i == 129; got != want {
+			t.Fatalf("token %d: allowed %v, logit %v", i, got, x)
+		}
+	}
+	if _, ok := OnlyAllowed(allowed); ok {
+		t.Fatal("three tokens read as one")
+	}
+	one := make([]uint64, MaskWords(v))
+	one[2] = 1 << 1
+	if tok, ok := OnlyAllowed(one); !ok || tok != 129 {
+		t.Fatalf("OnlyAllowed = %d, %v; want 129", tok, ok)
+	}
+	// The sampler: greedy picks the best allowed token; a single allowed token is taken
+	// without a draw even when it is the least likely, unless another mask forbids it.
+	s := NewSampler(v)
+	raw := make([]float32, v)
+	for i := range raw {
+		raw[i] = float32(i)
+	}
+	sq := &Sequence{Sampling: SamplingParams{Temperature: 1, Seed: 5}, Allowed: allowed}
+	for n := range 50 {
+		sq.NumGenerated = n
+		tok, _, _, err := s.Sample(raw, sq)
+		if err != nil || (tok != 3 && tok != 64 && tok != 129) {
+			t.Fatalf("sampled %d (%v) outside the mask", tok, err)
+		}
+	}
+	low := make([]uint64, MaskWords(v))
+	low[0] = 1
+	sq = &Sequence{Sampling: SamplingParams{Temperature: 1}, Allowed: low}
+	if tok, lp, _, err := s.Sample(raw, sq); err != nil || tok != 0 || lp != 0 {
+		t.Fatalf("forced token: got %d lp %v (%v); want 0 at log-probability 0", tok, lp, err)
+	}
+	sq.Sampling.MinLength, sq.Sampling.EndIDs = 1, []int32{0}
+	if _, _, _, err := s.Sample(raw, sq); err == nil {
+		t.Fatal("a forced token that min_length forbids was sampled")
+	}
+}
+
+func TestMinP(t *testing.T) {
+	s := NewSampler(3)
+	raw := []float32{0, -1, -5}
+	seen := map[int32]bool{}
+	for n := range 200 {
+		sq := &Sequence{Sampling: SamplingParams{Temperature: 1, Seed: 7, MinP: 0.5}, NumGenerated: n}
+		tok, _, _, err := s.Sample(raw, sq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[tok] = true
+	}
+	if len(seen) != 1 || !seen[0] {
+		t.Fatalf("min_p 0.5 drew %v; only token 0 is at least half as likely as the first", seen)
+	}
+	clear(seen)
+	for n := range 400 {
+		sq := &Sequence{Sampling: SamplingParams{Temperature: 1, Seed: 7, MinP: 0.3, TopK: 3}, NumGenerated: n}
+		tok, _, _, _ := s.Sample(raw, sq)
+		seen[tok] = true
+	}
+	if len(seen) != 2 || seen[2] {
+		t.Fatalf("min_p 0.3 drew %v; want tokens 0 and 1 (e^-1 ≥ 0.3, e^-5 < 0.3)", seen)
+	}
+	if err := (&SamplingParams{MinP: 1.5}).Validate(3); err == nil {
+		t.Fatal("min_p 1.5 validated")
+	}
+}

@@ -169,13 +169,15 @@ func (c *Checkpoint) Tensor(name string) (*Tensor, error) {
 	if t, ok := c.tensors[name]; ok {
 		return t, nil
 	}
-	if c.fam != nil && c.fam.prefix != "" {
-		alt := c.fam.prefix + name
-		if rest, ok := strings.CutPrefix(name, c.fam.prefix); ok {
-			alt = rest
-		}
-		if t, ok := c.tensors[alt]; ok {
-			return t, nil
+	if c.fam != nil {
+		for _, prefix := range c.fam.prefixes() {
+			alt := prefix + name
+			if rest, ok := strings.CutPrefix(name, prefix); ok {
+				alt = rest
+			}
+			if t, ok := c.tensors[alt]; ok {
+				return t, nil
+			}
 		}
 	}
 	return nil, fmt.Errorf("tensor %s: %w in %s", name, ErrTensorNotFound, c.Dir)

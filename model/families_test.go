@@ -13,9 +13,25 @@ import (
 	"testing"
 )
 
-// pendingFixture parses testdata/<name>/config.json (edited by edit when not nil)
-// through the pending families.
-func pendingFixture(t *testing.T, name string, edit func(map[string]any)) (Config, Features, *pendingFamily, error) {
+// parseAny reads config.json through the registered families, or through the pending
+// (MoE) ones when its model_type names one of them.
+func parseAny(raw []byte) (Config, Features, error) {
+	var probe struct {
+		ModelType string `json:"model_type"`
+	}
+	_ = json.Unmarshal(raw, &probe)
+	for _, pf := range pendingFamilies {
+		if slices.Contains(pf.modelTypes, probe.ModelType) {
+			c, x, _, err := parsePending(raw)
+			return c, x, err
+		}
+	}
+	c, _, _, err := parseConfig(raw)
+	return c, Features{}, err
+}
+
+// familyFixture parses testdata/<name>/config.json (edited by edit when not nil).
+func familyFixture(t *testing.T, name string, edit func(map[string]any)) (Config, Features, error) {
 	t.Helper()
 	m := fixtureConfig(t, filepath.Join("../testdata", name))
 	if edit != nil {
@@ -25,21 +41,23 @@ func pendingFixture(t *testing.T, name string, edit func(map[string]any)) (Confi
 	if err != nil {
 		t.Fatal(err)
 	}
-	return parsePending(raw)
+	return parseAny(raw)
 }
 
-// roleTensors looks up the tensors a role names in st (with or without the family's
-// base prefix) and checks that they join into the role's canonical shape: rows summed
-// over the parts, the same columns each. It returns the stored names found.
-func roleTensors(st *stFile, f *pendingFamily, parts []partName, rows, cols int, what string) ([]string, error) {
+// roleTensors looks up the tensors a role names in st (with or without one of the
+// family's base prefixes) and checks that they join into the role's canonical shape:
+// rows summed over the parts, the same columns each. It returns the stored names found.
+func roleTensors(st *stFile, f *family, parts []partName, rows, cols int, what string) ([]string, error) {
 	var found []string
 	sum := 0
 	for _, p := range parts {
-		t, ok := st.tensors[f.prefix+p.name]
-		name := f.prefix + p.name
-		if !ok {
-			t, ok = st.tensors[p.name]
-			name = p.name
+		name := p.name
+		t, ok := st.tensors[name]
+		for _, prefix := range f.prefixes() {
+			if !ok {
+				name = prefix + p.name
+				t, ok = st.tensors[name]
+			}
 		}
 		if !ok {
 			return nil, fmt.Errorf("%s: tensor %s is missing", what, p.name)
@@ -68,7 +86,8 @@ func roleTensors(st *stFile, f *pendingFamily, parts []partName, rows, cols int,
 // checkRoles maps every role of every layer onto the fixture's tensors: each role the
 // descriptor says the layer has is there in its canonical shape, no role names a tensor
 // the descriptor says is absent, and every stored tensor is some role's, exactly once.
-func checkRoles(t *testing.T, dir string, c *Config, x *Features, f *pendingFamily) {
+// pf is the pending family of an MoE fixture (its new roles), nil for a registered one.
+func checkRoles(t *testing.T, dir string, c *Config, x *Features, f *family, pf *pendingFamily) {
 	t.Helper()
 	st, err := openSafetensors(filepath.Join(dir, "model.safetensors"))
 	if err != nil {
@@ -110,11 +129,11 @@ func checkRoles(t *testing.T, dir string, c *Config, x *Features, f *pendingFami
 			claim(names, what)
 		}
 	}
-	for r := newRole(0); r < numNewRoles; r++ {
+	for r := newRole(0); pf != nil && r < numNewRoles; r++ {
 		for l := range c.Layers {
 			what := fmt.Sprintf("%s of layer %d", r, l)
 			rows, cols, present := x.extraShape(c, r, l)
-			parts := f.extraNames(c, x, r, l)
+			parts := pf.extraNames(c, x, r, l)
 			if !present {
 				if len(parts) > 0 {
 					if _, err := roleTensors(st, f, parts, 0, 0, what); err == nil || !strings.Contains(err.Error(), "missing") {
@@ -143,38 +162,44 @@ func checkRoles(t *testing.T, dir string, c *Config, x *Features, f *pendingFami
 	}
 }
 
-// pendingFixtures are the fixtures of testdata/make_family_fixtures.py with what their
+// familyFixtures are the fixtures of testdata/make_family_fixtures.py with what their
 // config.json must read as.
-var pendingFixtures = []struct {
+var familyFixtures = []struct {
 	name, family string
 	cfg          Config
 	x            Features
 }{
 	{"qwen3-tiny", "qwen3",
 		Config{VocabSize: 256, MaxPositions: 128, Hidden: 32, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, Inner: 64,
-			Rope: Rope{Theta: 1e6, Dim: 16, Factor: 1}, Act: ActSiLU, TiedHead: true, BOSID: 1, EOSIDs: []int32{2}},
-		Features{QKNorm: true}},
+			Rope: Rope{Theta: 1e6, Dim: 16, Factor: 1}, Act: ActSiLU, TiedHead: true, BOSID: 1, EOSIDs: []int32{2},
+			QKNorm: true},
+		Features{}},
 	{"gemma2-tiny", "gemma2",
 		Config{VocabSize: 256, MaxPositions: 128, Hidden: 32, Layers: 3, Heads: 2, KVHeads: 1, HeadDim: 16, Inner: 64,
-			Rope: Rope{Theta: 10000, Dim: 16, Factor: 1}, Act: ActGeluTanh, TiedHead: true, BOSID: 2, EOSIDs: []int32{1, 107}},
-		Features{NormPlusOne: true, PostNorms: true, EmbedScale: math.Sqrt(32), QueryScale: 1 / math.Sqrt(24),
-			AttnSoftcap: 4, FinalSoftcap: 3, Sliding: []bool{true, false, true}, Window: 6}},
+			Rope: Rope{Theta: 10000, Dim: 16, Factor: 1}, Act: ActGeluTanh, TiedHead: true, BOSID: 2, EOSIDs: []int32{1, 107},
+			PostNorms: true, EmbedScale: math.Sqrt(32), QueryScale: 1 / math.Sqrt(24), AttnSoftcap: 4, FinalSoftcap: 3,
+			SlidingLayers: []bool{true, false, true}, SlidingWindow: 6},
+		Features{}},
 	{"gemma3-tiny", "gemma3",
 		Config{VocabSize: 256, MaxPositions: 128, Hidden: 32, Layers: 3, Heads: 2, KVHeads: 1, HeadDim: 16, Inner: 64,
 			Rope: Rope{Theta: 1e6, Dim: 16, Kind: RopeLinear, Factor: 2}, Act: ActGeluTanh, TiedHead: true, BOSID: 2,
-			EOSIDs: []int32{1, 106}},
-		Features{QKNorm: true, NormPlusOne: true, PostNorms: true, EmbedScale: math.Sqrt(32), QueryScale: 1 / math.Sqrt(20),
-			Sliding: []bool{true, true, false}, Window: 5, LocalRope: &Rope{Theta: 10000, Dim: 16, Factor: 1}}},
+			EOSIDs: []int32{1, 106}, QKNorm: true, PostNorms: true, EmbedScale: math.Sqrt(32), QueryScale: 1 / math.Sqrt(20),
+			SlidingLayers: []bool{true, true, false}, SlidingWindow: 5, LocalRope: Rope{Theta: 10000, Dim: 16, Factor: 1}},
+		Features{}},
 	{"phi3-longrope-tiny", "phi3",
 		Config{VocabSize: 256, MaxPositions: 128, Hidden: 32, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 8, Inner: 64,
-			Rope: Rope{Theta: 10000, Dim: 8, Factor: 1}, Act: ActSiLU, BOSID: 1, EOSIDs: []int32{2, 7}},
-		Features{LongRope: &LongRope{Short: []float64{1, 1.05, 1.1, 1.15}, Long: []float64{1, 10.0 / 3, 17.0 / 3, 8},
-			OriginalMaxPositions: 8, AttnFactor: math.Sqrt(1 + math.Log(16)/math.Log(8))}}},
+			Rope: Rope{Theta: 10000, Dim: 8, Factor: 1, Kind: RopeLongRope, OriginalMaxPositions: 8,
+				LongRope: &LongRope{Short: []float64{1, 1.05, 1.1, 1.15}, Long: []float64{1, 10.0 / 3, 17.0 / 3, 8},
+					AttnFactor: math.Sqrt(1 + math.Log(16)/math.Log(8))}},
+			Act: ActSiLU, BOSID: 1, EOSIDs: []int32{2, 7}},
+		Features{}},
 	{"phi4mini-tiny", "phi3",
 		Config{VocabSize: 256, MaxPositions: 128, Hidden: 32, Layers: 2, Heads: 2, KVHeads: 1, HeadDim: 16, Inner: 64,
-			Rope: Rope{Theta: 10000, Dim: 12, Factor: 1}, Act: ActSiLU, TiedHead: true, BOSID: 1, EOSIDs: []int32{2, 7}},
-		Features{LongRope: &LongRope{Short: []float64{1, 1.05, 1.1, 1.15, 1.2, 1.25}, Long: []float64{1, 2.4, 3.8, 5.2, 6.6, 8},
-			OriginalMaxPositions: 64, AttnFactor: math.Sqrt(1 + math.Log(2)/math.Log(64))}}},
+			Rope: Rope{Theta: 10000, Dim: 12, Factor: 1, Kind: RopeLongRope, OriginalMaxPositions: 64,
+				LongRope: &LongRope{Short: []float64{1, 1.05, 1.1, 1.15, 1.2, 1.25}, Long: []float64{1, 2.4, 3.8, 5.2, 6.6, 8},
+					AttnFactor: math.Sqrt(1 + math.Log(2)/math.Log(64))}},
+			Act: ActSiLU, TiedHead: true, BOSID: 1, EOSIDs: []int32{2, 7}},
+		Features{}},
 	{"mixtral-tiny", "mixtral",
 		Config{VocabSize: 192, MaxPositions: 128, Hidden: 32, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 8, Inner: 12,
 			Rope: Rope{Theta: 1e6, Dim: 8, Factor: 1}, Act: ActSiLU, BOSID: 1, EOSIDs: []int32{2}},
@@ -185,32 +210,37 @@ var pendingFixtures = []struct {
 		Features{MoE: &MoE{Experts: 8, TopK: 2, Inner: 8, SharedInner: 32, Sparse: []bool{true, true}}}},
 	{"qwen3moe-tiny", "qwen3_moe",
 		Config{VocabSize: 256, MaxPositions: 128, Hidden: 32, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 8, Inner: 64,
-			Rope: Rope{Theta: 1e6, Dim: 8, Factor: 1}, Act: ActSiLU, BOSID: 1, EOSIDs: []int32{2}},
-		Features{QKNorm: true, MoE: &MoE{Experts: 8, TopK: 2, Inner: 8, NormTopK: true, Sparse: []bool{false, true}}}},
+			Rope: Rope{Theta: 1e6, Dim: 8, Factor: 1}, Act: ActSiLU, BOSID: 1, EOSIDs: []int32{2}, QKNorm: true},
+		Features{MoE: &MoE{Experts: 8, TopK: 2, Inner: 8, NormTopK: true, Sparse: []bool{false, true}}}},
 }
 
 // sameFloat says whether a and b agree to a few ulps (the fixtures' factors are decimal).
 func sameFloat(a, b float64) bool { return math.Abs(a-b) <= 1e-12*math.Max(1, math.Abs(b)) }
 
-// sameFeatures compares features, floats to a few ulps.
-func sameFeatures(a, b Features) bool {
-	floats := func(x, y []float64) bool {
-		return slices.EqualFunc(x, y, sameFloat)
+// sameLongRope compares longrope factors, floats to a few ulps.
+func sameLongRope(a, b *LongRope) bool {
+	if a == nil || b == nil {
+		return a == b
 	}
-	switch {
-	case a.QKNorm != b.QKNorm || a.NormPlusOne != b.NormPlusOne || a.PostNorms != b.PostNorms,
-		!sameFloat(a.EmbedScale, b.EmbedScale) || !sameFloat(a.QueryScale, b.QueryScale),
-		!sameFloat(a.AttnSoftcap, b.AttnSoftcap) || !sameFloat(a.FinalSoftcap, b.FinalSoftcap),
-		!slices.Equal(a.Sliding, b.Sliding) || a.Window != b.Window,
-		(a.LocalRope == nil) != (b.LocalRope == nil) || a.LocalRope != nil && *a.LocalRope != *b.LocalRope,
-		(a.LongRope == nil) != (b.LongRope == nil), (a.MoE == nil) != (b.MoE == nil):
+	return slices.EqualFunc(a.Short, b.Short, sameFloat) && slices.EqualFunc(a.Long, b.Long, sameFloat) &&
+		sameFloat(a.AttnFactor, b.AttnFactor)
+}
+
+// sameConfig compares descriptors, longrope's factors and the scales to a few ulps.
+func sameConfig(a, b Config) bool {
+	if !sameLongRope(a.Rope.LongRope, b.Rope.LongRope) || !sameFloat(a.EmbedScale, b.EmbedScale) ||
+		!sameFloat(a.QueryScale, b.QueryScale) {
 		return false
 	}
-	if l, m := a.LongRope, b.LongRope; l != nil {
-		if !floats(l.Short, m.Short) || !floats(l.Long, m.Long) || l.OriginalMaxPositions != m.OriginalMaxPositions ||
-			!sameFloat(l.AttnFactor, m.AttnFactor) {
-			return false
-		}
+	a.Rope.LongRope, b.Rope.LongRope = nil, nil
+	a.EmbedScale, b.EmbedScale, a.QueryScale, b.QueryScale = 0, 0, 0, 0
+	return reflect.DeepEqual(a, b)
+}
+
+// sameFeatures compares features.
+func sameFeatures(a, b Features) bool {
+	if (a.MoE == nil) != (b.MoE == nil) {
+		return false
 	}
 	if m, n := a.MoE, b.MoE; m != nil {
 		if m.Experts != n.Experts || m.TopK != n.TopK || m.Inner != n.Inner || m.NormTopK != n.NormTopK ||
@@ -221,14 +251,32 @@ func sameFeatures(a, b Features) bool {
 	return true
 }
 
-// TestPendingFamiliesReadTheFixtures parses each fixture's config.json (as transformers
-// 5 wrote it) into the descriptor and the features its family adds, and maps every role
-// of every layer onto the checkpoint's tensors: each one present in its canonical shape,
-// and no stored tensor left without a role.
-func TestPendingFamiliesReadTheFixtures(t *testing.T) {
-	for _, fx := range pendingFixtures {
+// familyOfFixture returns the loader of a fixture's model_type, and its pending family
+// for an MoE one.
+func familyOfFixture(t *testing.T, modelType string) (*family, *pendingFamily) {
+	t.Helper()
+	for _, pf := range pendingFamilies {
+		if slices.Contains(pf.modelTypes, modelType) {
+			return &pf.family, pf
+		}
+	}
+	for _, f := range families {
+		if slices.Contains(f.modelTypes, modelType) {
+			return f, nil
+		}
+	}
+	t.Fatalf("no loader for model_type %q", modelType)
+	return nil, nil
+}
+
+// TestFamiliesReadTheFixtures parses each fixture's config.json (as transformers 5 wrote
+// it) into the descriptor and, for the MoE ones, the features their families add, and
+// maps every role of every layer onto the checkpoint's tensors: each one present in its
+// canonical shape, and no stored tensor left without a role.
+func TestFamiliesReadTheFixtures(t *testing.T) {
+	for _, fx := range familyFixtures {
 		t.Run(fx.name, func(t *testing.T) {
-			c, x, f, err := pendingFixture(t, fx.name, nil)
+			c, x, err := familyFixture(t, fx.name, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -238,13 +286,14 @@ func TestPendingFamiliesReadTheFixtures(t *testing.T) {
 			if c.NormEps != 1e-6 && c.NormEps != 1e-5 {
 				t.Errorf("NormEps %g", c.NormEps)
 			}
-			if !reflect.DeepEqual(c, want) {
+			if !sameConfig(c, want) {
 				t.Errorf("config\n got %+v\nwant %+v", c, want)
 			}
 			if !sameFeatures(x, fx.x) {
 				t.Errorf("features\n got %+v\nwant %+v", describe(x), describe(fx.x))
 			}
-			checkRoles(t, filepath.Join("../testdata", fx.name), &c, &x, f)
+			f, pf := familyOfFixture(t, c.ModelType)
+			checkRoles(t, filepath.Join("../testdata", fx.name), &c, &x, f, pf)
 			g, err := LoadGeneration(filepath.Join("../testdata", fx.name), c.VocabSize)
 			if err != nil {
 				t.Fatal(err)
@@ -268,12 +317,6 @@ func TestPendingFamiliesReadTheFixtures(t *testing.T) {
 // describe spells out the pointers of features for messages.
 func describe(x Features) string {
 	s := fmt.Sprintf("%+v", x)
-	if x.LocalRope != nil {
-		s += fmt.Sprintf(" local rope %+v", *x.LocalRope)
-	}
-	if x.LongRope != nil {
-		s += fmt.Sprintf(" longrope %+v", *x.LongRope)
-	}
 	if x.MoE != nil {
 		s += fmt.Sprintf(" moe %+v", *x.MoE)
 	}
@@ -312,10 +355,10 @@ func checkGolden(t *testing.T, name string, vocab int) {
 	}
 }
 
-// TestLongRopeFrequencies checks LongRope.InvFreq against transformers 5.24's longrope
-// initialiser on the two Phi fixtures' configs (its output, printed to the digits
-// float32 holds): the short factors within the original context, the long ones beyond
-// it.
+// TestLongRopeFrequencies checks longrope's frequencies (Rope.InvFreq, LongInvFreq, and
+// UsesLong's choice between them) against transformers 5.24's longrope initialiser on the
+// two Phi fixtures' configs (its output, printed to the digits float32 holds): the short
+// factors within the original context, the long ones beyond it.
 func TestLongRopeFrequencies(t *testing.T) {
 	for _, tc := range []struct {
 		fixture    string
@@ -328,11 +371,14 @@ func TestLongRopeFrequencies(t *testing.T) {
 		{"phi4mini-tiny", 30, []float64{1.0, 0.20518426597118378, 0.042196255177259445, 0.008695651777088642,
 			0.0017953618662431836, 0.00037132715806365013}, 1.0801234497346435},
 	} {
-		c, x, _, err := pendingFixture(t, tc.fixture, nil)
+		c, _, err := familyFixture(t, tc.fixture, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := x.LongRope.InvFreq(c.Rope.Theta, c.Rope.Dim, tc.seqLen)
+		got := c.Rope.InvFreq()
+		if c.Rope.UsesLong(tc.seqLen) {
+			got = c.Rope.LongInvFreq()
+		}
 		if len(got) != len(tc.want) {
 			t.Fatalf("%s: %d frequencies, want %d", tc.fixture, len(got), len(tc.want))
 		}
@@ -341,15 +387,15 @@ func TestLongRopeFrequencies(t *testing.T) {
 				t.Errorf("%s at %d positions: inv_freq[%d] = %.17g, transformers %.17g", tc.fixture, tc.seqLen, i, f, tc.want[i])
 			}
 		}
-		if math.Abs(x.LongRope.AttnFactor-tc.attnFactor) > 1e-15 {
-			t.Errorf("%s: attention factor %.17g, transformers %.17g", tc.fixture, x.LongRope.AttnFactor, tc.attnFactor)
+		if math.Abs(c.Rope.LongRope.AttnFactor-tc.attnFactor) > 1e-15 || c.Rope.CosSinScale() != float32(tc.attnFactor) {
+			t.Errorf("%s: attention factor %.17g, transformers %.17g", tc.fixture, c.Rope.LongRope.AttnFactor, tc.attnFactor)
 		}
 	}
 }
 
-// TestPendingFamiliesRefuseBadFields loads each fixture's config with an option the
+// TestFamiliesRefuseBadFields loads each fixture's config with an option the
 // engines are not to run, or a value out of range: the parse fails naming the field.
-func TestPendingFamiliesRefuseBadFields(t *testing.T) {
+func TestFamiliesRefuseBadFields(t *testing.T) {
 	set := func(kv ...any) func(map[string]any) {
 		return func(m map[string]any) {
 			for i := 0; i+1 < len(kv); i += 2 {
@@ -448,7 +494,7 @@ func TestPendingFamiliesRefuseBadFields(t *testing.T) {
 			[]string{"field num_experts_per_tok", "must be a positive integer"}},
 	} {
 		t.Run(tc.fixture+": "+tc.name, func(t *testing.T) {
-			_, _, _, err := pendingFixture(t, tc.fixture, tc.edit)
+			_, _, err := familyFixture(t, tc.fixture, tc.edit)
 			if err == nil {
 				t.Fatal("parsed without error")
 			}
@@ -461,13 +507,13 @@ func TestPendingFamiliesRefuseBadFields(t *testing.T) {
 	}
 }
 
-// TestPendingFamiliesReadPublishedConfigs parses configs laid out as the published
+// TestFamiliesReadPublishedConfigs parses configs laid out as the published
 // checkpoints' config.json (transformers 4's fields: rope_theta, rope_scaling,
 // rope_local_base_freq, sliding_window_pattern, num_experts, Gemma 3's image-text
 // text_config holding only what differs from the defaults), checking what each
 // family's defaults and old spellings give. Phi-4-mini's 48 long and short factors are
 // stand-ins of the right count.
-func TestPendingFamiliesReadPublishedConfigs(t *testing.T) {
+func TestFamiliesReadPublishedConfigs(t *testing.T) {
 	factors := func(v float64) []float64 {
 		f := make([]float64, 48)
 		for i := range f {
@@ -501,8 +547,8 @@ func TestPendingFamiliesReadPublishedConfigs(t *testing.T) {
 			"rope_theta": 1000000, "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
 			"use_sliding_window": false, "vocab_size": 151936}`,
 			func(t *testing.T, c Config, x Features) {
-				want := Features{QKNorm: true}
-				if c.HeadDim != 128 || c.AttnWidth() != 4096 || c.Rope.Theta != 1e6 || c.TiedHead || !sameFeatures(x, want) {
+				if c.HeadDim != 128 || c.AttnWidth() != 4096 || c.Rope.Theta != 1e6 || c.TiedHead || !c.QKNorm ||
+					c.SlidingWindow != 0 || c.PostNorms || !sameFeatures(x, Features{}) {
 					t.Errorf("%+v %s", c, describe(x))
 				}
 			}},
@@ -515,8 +561,8 @@ func TestPendingFamiliesReadPublishedConfigs(t *testing.T) {
 			"router_aux_loss_coef": 0.001, "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
 			"use_sliding_window": false, "vocab_size": 151936}`,
 			func(t *testing.T, c Config, x Features) {
-				want := Features{QKNorm: true, MoE: &MoE{Experts: 128, TopK: 8, Inner: 768, NormTopK: true, Sparse: all(48)}}
-				if c.HeadDim != 128 || c.AttnWidth() != 4096 || !sameFeatures(x, want) {
+				want := Features{MoE: &MoE{Experts: 128, TopK: 8, Inner: 768, NormTopK: true, Sparse: all(48)}}
+				if c.HeadDim != 128 || c.AttnWidth() != 4096 || !c.QKNorm || !sameFeatures(x, want) {
 					t.Errorf("%+v %s", c, describe(x))
 				}
 			}},
@@ -526,11 +572,12 @@ func TestPendingFamiliesReadPublishedConfigs(t *testing.T) {
 			"intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
 			"num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0, "query_pre_attn_scalar": 256,
 			"rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32", "vocab_size": 256000}`,
-			func(t *testing.T, c Config, x Features) {
-				want := Features{NormPlusOne: true, PostNorms: true, EmbedScale: 48, QueryScale: 1.0 / 16, AttnSoftcap: 50,
-					FinalSoftcap: 30, Sliding: alternate(26, 2), Window: 4096}
-				if !c.TiedHead || c.Act != ActGeluTanh || c.Rope.Theta != 10000 || !sameFeatures(x, want) {
-					t.Errorf("%+v %s", c, describe(x))
+			func(t *testing.T, c Config, _ Features) {
+				if !c.TiedHead || c.Act != ActGeluTanh || c.Rope.Theta != 10000 || !c.PostNorms || c.QKNorm ||
+					c.EmbedScale != 48 || c.QueryScale != 1.0/16 || c.AttnSoftcap != 50 || c.FinalSoftcap != 30 ||
+					!slices.Equal(c.SlidingLayers, alternate(26, 2)) || c.SlidingWindow != 4096 || c.LocalRope.Dim != 0 ||
+					c.LayerWindow(0) != 4096 || c.LayerWindow(1) != 0 {
+					t.Errorf("%+v", c)
 				}
 			}},
 		{"gemma-3-1b-it", `{"architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attn_logit_softcapping": null,
@@ -540,11 +587,13 @@ func TestPendingFamiliesReadPublishedConfigs(t *testing.T) {
 			"num_key_value_heads": 1, "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
 			"rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": 512,
 			"sliding_window_pattern": 6, "torch_dtype": "bfloat16", "vocab_size": 262144}`,
-			func(t *testing.T, c Config, x Features) {
-				want := Features{QKNorm: true, NormPlusOne: true, PostNorms: true, EmbedScale: math.Sqrt(1152), QueryScale: 1.0 / 16,
-					Sliding: alternate(26, 6), Window: 512, LocalRope: &Rope{Theta: 10000, Dim: 256, Factor: 1}}
-				if c.Rope != (Rope{Theta: 1e6, Dim: 256, Factor: 1}) || !slices.Equal(c.EOSIDs, []int32{1, 106}) || !sameFeatures(x, want) {
-					t.Errorf("%+v %s", c, describe(x))
+			func(t *testing.T, c Config, _ Features) {
+				if c.Rope != (Rope{Theta: 1e6, Dim: 256, Factor: 1}) || !slices.Equal(c.EOSIDs, []int32{1, 106}) ||
+					!c.QKNorm || !c.PostNorms || c.EmbedScale != math.Sqrt(1152) || c.QueryScale != 1.0/16 ||
+					c.AttnSoftcap != 0 || c.FinalSoftcap != 0 || !slices.Equal(c.SlidingLayers, alternate(26, 6)) ||
+					c.SlidingWindow != 512 || c.LocalRope != (Rope{Theta: 10000, Dim: 256, Factor: 1}) ||
+					c.LayerRope(0) != c.LocalRope || c.LayerRope(5) != c.Rope {
+					t.Errorf("%+v", c)
 				}
 			}},
 		{"gemma-3-4b-it (image-text)", `{"architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
@@ -552,12 +601,12 @@ func TestPendingFamiliesReadPublishedConfigs(t *testing.T) {
 			"model_type": "gemma3", "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
 			"num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
 			"torch_dtype": "bfloat16", "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model"}}`,
-			func(t *testing.T, c Config, x Features) {
-				want := Features{QKNorm: true, NormPlusOne: true, PostNorms: true, EmbedScale: math.Sqrt(2560), QueryScale: 1.0 / 16,
-					Sliding: alternate(34, 6), Window: 1024, LocalRope: &Rope{Theta: 10000, Dim: 256, Factor: 1}}
+			func(t *testing.T, c Config, _ Features) {
 				if c.VocabSize != 262208 || c.Heads != 8 || c.KVHeads != 4 || c.HeadDim != 256 || c.BOSID != 2 ||
-					c.Rope != (Rope{Theta: 1e6, Dim: 256, Kind: RopeLinear, Factor: 8}) || !sameFeatures(x, want) {
-					t.Errorf("%+v %s", c, describe(x))
+					c.Rope != (Rope{Theta: 1e6, Dim: 256, Kind: RopeLinear, Factor: 8}) || !c.QKNorm || !c.PostNorms ||
+					c.EmbedScale != math.Sqrt(2560) || c.QueryScale != 1.0/16 || !slices.Equal(c.SlidingLayers, alternate(34, 6)) ||
+					c.SlidingWindow != 1024 || c.LocalRope != (Rope{Theta: 10000, Dim: 256, Factor: 1}) || c.Family != "gemma3" {
+					t.Errorf("%+v", c)
 				}
 			}},
 		{"Phi-3-mini-4k-instruct", `{"architectures": ["Phi3ForCausalLM"], "attention_bias": false, "bos_token_id": 1,
@@ -566,11 +615,10 @@ func TestPendingFamiliesReadPublishedConfigs(t *testing.T) {
 			"num_key_value_heads": 32, "original_max_position_embeddings": 4096, "pad_token_id": 32000, "resid_pdrop": 0.0,
 			"rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000.0, "sliding_window": 2047,
 			"tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 32064}`,
-			func(t *testing.T, c Config, x Features) {
-				// Nothing beyond the LLaMA descriptor: this one the llama engine runs as it is.
-				if c.SlidingWindow != 2047 || c.WindowFromLayer != 0 || c.Rope != (Rope{Theta: 10000, Dim: 96, Factor: 1}) ||
-					!sameFeatures(x, Features{}) {
-					t.Errorf("%+v %s", c, describe(x))
+			func(t *testing.T, c Config, _ Features) {
+				// Nothing beyond the LLaMA descriptor.
+				if c.SlidingWindow != 2047 || c.WindowFromLayer != 0 || c.Rope != (Rope{Theta: 10000, Dim: 96, Factor: 1}) {
+					t.Errorf("%+v", c)
 				}
 			}},
 		{"Phi-4-mini-instruct", `{"architectures": ["Phi3ForCausalLM"], "attention_bias": false, "bos_token_id": 199999,
@@ -580,11 +628,11 @@ func TestPendingFamiliesReadPublishedConfigs(t *testing.T) {
 			"original_max_position_embeddings": 4096, "pad_token_id": 199999, "partial_rotary_factor": 0.75,
 			"rms_norm_eps": 1e-05, "rope_scaling": ` + string(phi4Rope) + `, "rope_theta": 10000.0, "sliding_window": 262144,
 			"tie_word_embeddings": true, "torch_dtype": "bfloat16", "vocab_size": 200064}`,
-			func(t *testing.T, c Config, x Features) {
-				want := Features{LongRope: &LongRope{Short: factors(1), Long: factors(2), OriginalMaxPositions: 4096,
-					AttnFactor: math.Sqrt(1 + math.Log(32)/math.Log(4096))}}
-				if c.HeadDim != 128 || c.Rope.Dim != 96 || c.SlidingWindow != 0 || !c.TiedHead || !sameFeatures(x, want) {
-					t.Errorf("%+v %s", c, describe(x))
+			func(t *testing.T, c Config, _ Features) {
+				want := &LongRope{Short: factors(1), Long: factors(2), AttnFactor: math.Sqrt(1 + math.Log(32)/math.Log(4096))}
+				if c.HeadDim != 128 || c.Rope.Dim != 96 || c.SlidingWindow != 0 || !c.TiedHead || c.Rope.Kind != RopeLongRope ||
+					c.Rope.OriginalMaxPositions != 4096 || !sameLongRope(c.Rope.LongRope, want) {
+					t.Errorf("%+v %+v", c, c.Rope.LongRope)
 				}
 			}},
 		{"Mixtral-8x7B-Instruct-v0.1", `{"architectures": ["MixtralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
@@ -614,7 +662,7 @@ func TestPendingFamiliesReadPublishedConfigs(t *testing.T) {
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, x, _, err := parsePending([]byte(tc.config))
+			c, x, err := parseAny([]byte(tc.config))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -623,11 +671,11 @@ func TestPendingFamiliesReadPublishedConfigs(t *testing.T) {
 	}
 }
 
-// FuzzParsePending mutates the new families' fixture configs and parses them: never a
+// FuzzParseFamilies mutates the new families' fixture configs and parses them: never a
 // panic, an allocation beyond what the bytes justify, or an accepted config whose
-// features disagree with its layer count; every refusal names a field.
-func FuzzParsePending(f *testing.F) {
-	for _, fx := range pendingFixtures {
+// per-layer fields disagree with its layer count; every refusal names a field.
+func FuzzParseFamilies(f *testing.F) {
+	for _, fx := range familyFixtures {
 		raw, err := os.ReadFile(filepath.Join("../testdata", fx.name, "config.json"))
 		if err != nil {
 			f.Fatal(err)
@@ -644,7 +692,7 @@ func FuzzParsePending(f *testing.F) {
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		c, x, _, err := parsePending(raw)
+		c, x, err := parseAny(raw)
 		runtime.ReadMemStats(&after)
 		if grown := after.TotalAlloc - before.TotalAlloc; grown > 64<<20+uint64(len(raw))*64 {
 			t.Fatalf("parsing %d bytes allocated %d bytes", len(raw), grown)
@@ -655,11 +703,12 @@ func FuzzParsePending(f *testing.F) {
 			}
 			return
 		}
-		if x.Sliding != nil && len(x.Sliding) != c.Layers || x.MoE != nil && len(x.MoE.Sparse) != c.Layers {
-			t.Fatalf("features of %d layers for %d layers", len(x.Sliding), c.Layers)
+		if c.SlidingLayers != nil && len(c.SlidingLayers) != c.Layers || x.MoE != nil && len(x.MoE.Sparse) != c.Layers {
+			t.Fatalf("per-layer fields of %d layers for %d layers", len(c.SlidingLayers), c.Layers)
 		}
-		if l := x.LongRope; l != nil && (len(l.Short) != c.Rope.Dim/2 || len(l.Long) != c.Rope.Dim/2) {
+		if l := c.Rope.LongRope; l != nil && (len(l.Short) != c.Rope.Dim/2 || len(l.Long) != c.Rope.Dim/2) {
 			t.Fatalf("longrope factors %d/%d for %d rotated pairs", len(l.Short), len(l.Long), c.Rope.Dim/2)
 		}
+		_ = c.Recipe()
 	})
 }

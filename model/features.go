@@ -7,76 +7,16 @@ import (
 	"slices"
 )
 
-// The families of issue 37 (Qwen3, Gemma 2 and 3, Phi-3 and Phi-4, Mixtral, Qwen2-MoE,
-// Qwen3-MoE) read their config.json into a Config and the Features below: what they add
-// to the LLaMA descriptor, each a layer stage of the per-layer recipe to come. Until the
-// engines run those stages the loaders stay out of families (a checkpoint of theirs is
-// refused as an unsupported model_type); parsePending reads them for the tests and for
-// the recipe's work. FAMILIES.md lists the fields and roles the recipe is to carry.
+// The mixture-of-experts families of issue 37 (Mixtral, Qwen2-MoE, Qwen3-MoE) read their
+// config.json into a Config and the Features below: the sparse MLP, a layer stage the
+// engines do not run yet. Until they do, their loaders stay out of families (a checkpoint
+// of theirs is refused as an unsupported model_type); parsePending reads them for the
+// tests. FAMILIES.md lists the fields and roles.
 
-// Features are the descriptor fields the new families add. The zero value is the LLaMA
-// family: nothing added.
+// Features are the descriptor fields the MoE families add. The zero value adds nothing.
 type Features struct {
-	// QKNorm says queries and keys are RMS-normalised per head (over HeadDim, with the
-	// model's epsilon) before rotary, by the roles q_norm and k_norm (Qwen3, Gemma 3).
-	QKNorm bool
-	// NormPlusOne says every RMSNorm scales by (1 + w) rather than w, and computes in
-	// float32 whatever the activations' type (Gemma).
-	NormPlusOne bool
-	// PostNorms says attention's and the MLP's outputs are normalised (roles
-	// post_attn_norm, post_mlp_norm) before they join the residual (Gemma 2 and 3).
-	PostNorms bool
-	// EmbedScale multiplies the token embedding (√hidden for Gemma, rounded to the
-	// weights' type as transformers does); 0: none.
-	EmbedScale float64
-	// QueryScale scales attention scores in place of 1/√head_dim (Gemma's
-	// query_pre_attn_scalar^-½); 0: 1/√head_dim.
-	QueryScale float64
-	// AttnSoftcap and FinalSoftcap, when positive, bound attention scores (after
-	// QueryScale) and the final logits by c·tanh(x/c) (Gemma 2).
-	AttnSoftcap, FinalSoftcap float64
-	// Sliding marks the layers with the sliding window (Window positions, the query's own
-	// included); nil: none. Unlike Config.WindowFromLayer it may alternate (Gemma).
-	Sliding []bool
-	// Window is the sliding layers' window.
-	Window int
-	// LocalRope, when set, is the rotary embedding of the sliding layers, Config.Rope
-	// that of the others (Gemma 3: rope_local_base_freq, unscaled).
-	LocalRope *Rope
-	// LongRope, when set, replaces Config.Rope's frequency scaling (Phi-3's longrope).
-	LongRope *LongRope
 	// MoE, when set, makes the MLPs of the layers it marks a mixture of experts.
 	MoE *MoE
-}
-
-// LongRope is Phi-3's rotary scaling: frequency i is divided by a per-pair factor, the
-// short set for sequences within the original context and the long set beyond it, and
-// cos and sin are multiplied by AttnFactor.
-type LongRope struct {
-	// Short and Long are the per-pair divisors [Rope.Dim/2].
-	Short, Long []float64
-	// OriginalMaxPositions is the context of pretraining: sequences longer than it take
-	// the long factors.
-	OriginalMaxPositions int
-	// AttnFactor scales cos and sin: attention_factor, or √(1 + ln s / ln original) with
-	// s = max_position_embeddings / original (1 when s ≤ 1).
-	AttnFactor float64
-}
-
-// InvFreq gives the frequencies for a sequence of seqLen positions, as transformers'
-// longrope computes them, each step in float32: 1 / (factor[i] · θ^(2i/d)).
-func (l *LongRope) InvFreq(theta float64, dim, seqLen int) []float32 {
-	ext := l.Short
-	if seqLen > l.OriginalMaxPositions {
-		ext = l.Long
-	}
-	inv := make([]float32, dim/2)
-	for i := range inv {
-		exp := float32(2*i) / float32(dim)
-		scaled := float32(ext[i]) * float32(math.Pow(theta, float64(exp)))
-		inv[i] = 1 / scaled
-	}
-	return inv
 }
 
 // MoE describes the sparse MLPs: a router scores Experts experts per token (softmax over
@@ -115,8 +55,7 @@ type pendingFamily struct {
 }
 
 // pendingFamilies are the loaders waiting on the per-layer recipe.
-var pendingFamilies = []*pendingFamily{qwen3Family, gemma2Family, gemma3Family, gemma3VLFamily, phi3PendingFamily,
-	mixtralFamily, qwen2MoEFamily, qwen3MoEFamily}
+var pendingFamilies = []*pendingFamily{mixtralFamily, qwen2MoEFamily, qwen3MoEFamily}
 
 // parsePending reads config.json through the pending family its model_type names, with
 // the checks parseConfig makes and those of the features. Every error names the field.
@@ -161,24 +100,6 @@ func parsePending(raw []byte) (Config, Features, *pendingFamily, error) {
 
 // check verifies the features against the descriptor.
 func (x *Features) check(c *Config) error {
-	for _, v := range []struct {
-		name string
-		v    float64
-	}{{"query_pre_attn_scalar", x.QueryScale}, {"attn_logit_softcapping", x.AttnSoftcap},
-		{"final_logit_softcapping", x.FinalSoftcap}, {"embedding scale", x.EmbedScale}} {
-		if v.v < 0 || math.IsNaN(v.v) || math.IsInf(v.v, 0) {
-			return fmt.Errorf("field %s: must be positive and finite, got %g", v.name, v.v)
-		}
-	}
-	if x.Sliding != nil && len(x.Sliding) != c.Layers {
-		return fmt.Errorf("field layer_types: %d entries for num_hidden_layers %d", len(x.Sliding), c.Layers)
-	}
-	if slices.Contains(x.Sliding, true) && x.Window < 1 {
-		return fmt.Errorf("field sliding_window: %d with sliding layers (must be positive)", x.Window)
-	}
-	if r := x.LocalRope; r != nil && (!(r.Theta > 0) || math.IsInf(r.Theta, 0)) {
-		return fmt.Errorf("field rope_local_base_freq: must be positive, got %g", r.Theta)
-	}
 	if m := x.MoE; m != nil {
 		switch {
 		case m.Experts < 1 || m.Experts > maxExperts:
@@ -194,17 +115,6 @@ func (x *Features) check(c *Config) error {
 		}
 	}
 	return nil
-}
-
-// LayerWindow is layer l's sliding window under the features, or 0 for full attention.
-func (x *Features) LayerWindow(c *Config, l int) int {
-	if x.Sliding != nil {
-		if x.Sliding[l] {
-			return x.Window
-		}
-		return 0
-	}
-	return c.LayerWindow(l)
 }
 
 // layerTypes reads transformers' layer_types, one "full_attention" or
@@ -352,24 +262,19 @@ func readDecoder(p *configParser, c *Config, d decoderDefaults) {
 // qwenSliding reads Qwen's window: only with use_sliding_window (a null sliding_window
 // is none), over the layers layer_types marks sliding_attention or, without it, those
 // from max_window_layers on.
-func qwenSliding(p *configParser, c *Config, x *Features) {
+func qwenSliding(p *configParser, c *Config) {
 	if !p.boolean("use_sliding_window", false) {
 		return
 	}
+	window := 4096
 	if _, present := p.m["sliding_window"]; present {
-		x.Window = p.nonNegative("sliding_window", 0)
-	} else {
-		x.Window = 4096
+		window = p.nonNegative("sliding_window", 0)
 	}
-	if x.Window == 0 || p.err != nil {
-		x.Window = 0
+	if window == 0 || p.err != nil {
 		return
 	}
-	if x.Sliding = layerTypes(p, c.Layers); x.Sliding == nil && p.err == nil {
-		from := p.nonNegative("max_window_layers", 28)
-		x.Sliding = make([]bool, c.Layers)
-		for l := from; l < c.Layers; l++ {
-			x.Sliding[l] = true
-		}
+	c.SlidingWindow = window
+	if c.SlidingLayers = layerTypes(p, c.Layers); c.SlidingLayers == nil && p.err == nil {
+		c.WindowFromLayer = p.nonNegative("max_window_layers", 28)
 	}
 }

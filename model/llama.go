@@ -6,7 +6,7 @@ import (
 )
 
 // llamaFamily loads the LLaMA-shaped decoders — Llama 2 and 3, TinyLlama, SmolLM
-// (model_type llama), Mistral, Qwen2 (and Phi-3 through phi3Family's names): RMSNorm, rotary positions, grouped-query
+// (model_type llama), Mistral, Qwen2: RMSNorm, rotary positions, grouped-query
 // attention with separate q/k/v projections (fused here into RoleQKV), a gated SiLU MLP
 // (gate and up fused into RoleUp), and an LM head that is tied or not.
 var llamaFamily = &family{
@@ -19,8 +19,8 @@ var llamaFamily = &family{
 	names:         llamaNames,
 }
 
-// parseLlama reads LlamaConfig, MistralConfig, Qwen2Config and Phi3Config, with the
-// defaults transformers gives their absent fields.
+// parseLlama reads LlamaConfig, MistralConfig and Qwen2Config, with the defaults
+// transformers gives their absent fields.
 func parseLlama(p *configParser, c *Config) {
 	mt := p.str("model_type", "llama")
 	c.VocabSize = p.positive("vocab_size", 0)
@@ -30,11 +30,8 @@ func parseLlama(p *configParser, c *Config) {
 	c.Heads = p.positive("num_attention_heads", 0)
 	c.KVHeads = p.positive("num_key_value_heads", c.Heads)
 	defPositions, defEps := 32768, 1e-6
-	switch mt {
-	case "llama":
+	if mt == "llama" {
 		defPositions = 2048
-	case "phi3":
-		defPositions, defEps = 4096, 1e-5
 	}
 	c.MaxPositions = p.positive("max_position_embeddings", defPositions)
 	c.Norm = RMSNorm
@@ -66,9 +63,6 @@ func parseLlama(p *configParser, c *Config) {
 				c.WindowFromLayer = slidingLayersFrom(p, c.Layers)
 			}
 		}
-	case "phi3":
-		// Phi3Config's window (none by default) applies to every layer.
-		c.SlidingWindow = p.nonNegative("sliding_window", 0)
 	default:
 		bias := p.boolean("attention_bias", false)
 		c.QKVBias, c.OutBias = bias, bias
@@ -208,35 +202,6 @@ func rotaryDims(p *configParser, headDim int) int {
 	return dim
 }
 
-// phi3Family loads Phi-3 and Phi-4-mini (model_type phi3): the LLaMA layer with q, k and v
-// stored as one fused qkv_proj and gate and up as one gate_up_proj (the rows of RoleQKV
-// and RoleUp as they are), and a partial rotary factor (Phi-4-mini's 0.75). Their longrope
-// scaling is refused by name (parseRope).
-var phi3Family = &family{
-	name:          "phi3",
-	modelTypes:    []string{"phi3"},
-	architectures: []string{"Phi3ForCausalLM"},
-	prefix:        "model.",
-	layerPrefix:   func(l int) string { return fmt.Sprintf("layers.%d.", l) },
-	parse:         parseLlama,
-	names:         phi3Names,
-}
-
-// phi3Names maps the roles onto Phi-3's tensor names: the LLaMA family's, except the
-// fused QKV and gate/up projections.
-func phi3Names(c *Config, r Role, l int) []partName {
-	lp := fmt.Sprintf("layers.%d.", l)
-	switch r {
-	case RoleQKV:
-		return []partName{{name: lp + "self_attn.qkv_proj.weight"}}
-	case RoleQKVBias, RoleOutBias, RoleUpBias, RoleDownBias:
-		return nil // Phi3Config has no biases
-	case RoleUp:
-		return []partName{{name: lp + "mlp.gate_up_proj.weight"}}
-	}
-	return llamaNames(c, r, l)
-}
-
 // llamaNames maps the roles onto the LLaMA family's tensor names (torch Linear layout,
 // [out][in]); q/k/v and gate/up are joined along their output rows.
 func llamaNames(c *Config, r Role, l int) []partName {
@@ -281,6 +246,10 @@ func llamaNames(c *Config, r Role, l int) []partName {
 		return one(lp + "mlp.down_proj.weight")
 	case RoleDownBias:
 		return one(lp + "mlp.down_proj.bias")
+	case RoleQNorm:
+		return one(lp + "self_attn.q_norm.weight")
+	case RoleKNorm:
+		return one(lp + "self_attn.k_norm.weight")
 	}
 	return nil
 }

@@ -102,7 +102,7 @@ func parseQwenMoE(p *configParser, c *Config, x *Features, version int) {
 	} else {
 		bias := p.boolean("attention_bias", false)
 		c.QKVBias, c.OutBias = bias, bias
-		x.QKNorm = true
+		c.QKNorm = true
 	}
 	step := p.positive("decoder_sparse_step", 1)
 	dense := p.layerList("mlp_only_layers", c.Layers)
@@ -117,7 +117,7 @@ func parseQwenMoE(p *configParser, c *Config, x *Features, version int) {
 		m.Sparse[l] = false
 	}
 	x.MoE = m
-	qwenSliding(p, c, x)
+	qwenSliding(p, c)
 	c.Rope = parseRope(p, c.HeadDim, c.MaxPositions)
 }
 
@@ -153,12 +153,8 @@ func mixtralNames(_ *Config, x *Features, r newRole, l int) []partName {
 }
 
 // qwenMoENames maps the router, the experts and the shared expert onto Qwen's mlp.gate,
-// mlp.experts.E.{gate,up,down}_proj, mlp.shared_expert.* and mlp.shared_expert_gate, and
-// Qwen3-MoE's q_norm and k_norm.
-func qwenMoENames(c *Config, x *Features, r newRole, l int) []partName {
-	if r == roleQNorm || r == roleKNorm {
-		return qkNormNames(c, x, r, l)
-	}
+// mlp.experts.E.{gate,up,down}_proj, mlp.shared_expert.* and mlp.shared_expert_gate.
+func qwenMoENames(_ *Config, x *Features, r newRole, l int) []partName {
 	if !x.sparse(l) {
 		return nil
 	}

@@ -2,20 +2,13 @@ package model
 
 import "fmt"
 
-// newRole is a weight role the families of issue 37 add to Role's; the per-layer recipe
-// is to take them in. Like Role's, matrices are [out][in] row-major and vectors [n].
+// newRole is a weight role the MoE families of issue 37 add to Role's; the per-layer
+// recipe is to take them in. Like Role's, matrices are [out][in] row-major and vectors [n].
 type newRole uint8
 
 const (
-	// roleQNorm and roleKNorm are the per-head norms of queries and keys [head_dim].
-	roleQNorm newRole = iota
-	roleKNorm
-	// rolePostAttnNorm and rolePostMLPNorm normalise attention's and the MLP's outputs
-	// before the residual [hidden] (Gemma).
-	rolePostAttnNorm
-	rolePostMLPNorm
 	// roleRouter scores the experts [experts][hidden].
-	roleRouter
+	roleRouter newRole = iota
 	// roleExpertUp is every expert's gate and up projections [experts·2·moe_inner][hidden]:
 	// expert 0's gate rows, then its up rows, then expert 1's, …
 	roleExpertUp
@@ -35,7 +28,7 @@ const (
 
 // newRoleNames are the new roles' names in messages.
 var newRoleNames = [numNewRoles]string{
-	"q_norm", "k_norm", "post_attn_norm", "post_mlp_norm", "router", "expert_up", "expert_down",
+	"router", "expert_up", "expert_down",
 	"shared_up", "shared_down", "shared_gate",
 }
 
@@ -54,12 +47,6 @@ func (x *Features) sparse(l int) bool { return x.MoE != nil && x.MoE.Sparse[l] }
 // vector — and whether layer l has it.
 func (x *Features) extraShape(c *Config, r newRole, l int) (rows, cols int, present bool) {
 	H := c.Hidden
-	switch r {
-	case roleQNorm, roleKNorm:
-		return c.HeadDim, 1, x.QKNorm
-	case rolePostAttnNorm, rolePostMLPNorm:
-		return H, 1, x.PostNorms
-	}
 	if !x.sparse(l) {
 		return 0, 0, false
 	}

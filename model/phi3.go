@@ -6,35 +6,33 @@ import (
 	"math"
 )
 
-// phi3PendingFamily loads Phi-3, Phi-3.5 and Phi-4 (model_type phi3): the LLaMA layer with
-// q, k and v fused in one qkv_proj and gate and up in one gate_up_proj (already the
-// roles' layouts), longrope scaling (short and long factors per rotated pair, with an
-// attention factor), a partial rotary factor (Phi-4-mini rotates 3/4 of each head), and
-// one sliding window over every layer when the config gives one.
-var phi3PendingFamily = &pendingFamily{
-	family: family{
-		name:          "phi3",
-		modelTypes:    []string{"phi3"},
-		architectures: []string{"Phi3ForCausalLM"},
-		prefix:        "model.",
-		layerPrefix:   func(l int) string { return fmt.Sprintf("layers.%d.", l) },
-		names:         phi3PendingNames,
-	},
-	parseFeatures: parsePhi3,
-	extraNames:    func(*Config, *Features, newRole, int) []partName { return nil },
+// phi3Family loads Phi-3, Phi-3.5, Phi-4 and Phi-4-mini (model_type phi3): the LLaMA
+// layer with q, k and v stored as one fused qkv_proj and gate and up as one gate_up_proj
+// (the rows of RoleQKV and RoleUp as they are), a partial rotary factor (Phi-4-mini
+// rotates 3/4 of each head), longrope scaling (short and long factors per rotated pair,
+// with an attention factor: the 128k checkpoints, Phi-3.5, Phi-4-mini), and one sliding
+// window over every layer when the config gives one.
+var phi3Family = &family{
+	name:          "phi3",
+	modelTypes:    []string{"phi3"},
+	architectures: []string{"Phi3ForCausalLM"},
+	prefix:        "model.",
+	layerPrefix:   func(l int) string { return fmt.Sprintf("layers.%d.", l) },
+	parse:         parsePhi3,
+	names:         phi3Names,
 }
 
 // parsePhi3 reads Phi3Config with the defaults transformers gives its absent fields.
-func parsePhi3(p *configParser, c *Config, x *Features) {
+func parsePhi3(p *configParser, c *Config) {
 	readDecoder(p, c, decoderDefaults{positions: 4096, eps: 1e-5, act: "silu", actField: "hidden_act"})
 	if p.err != nil {
 		return
 	}
-	if p.has("sliding_window") {
-		c.SlidingWindow = p.positive("sliding_window", 0)
-		if c.SlidingWindow >= c.MaxPositions {
-			c.SlidingWindow = 0 // a window as long as the context changes nothing
-		}
+	// Phi3Config's window (none by default, null: none) applies to every layer; one as
+	// long as the context changes nothing.
+	c.SlidingWindow = p.nonNegative("sliding_window", 0)
+	if c.SlidingWindow >= c.MaxPositions {
+		c.SlidingWindow = 0
 	}
 	// transformers 5 writes rope_parameters; the published checkpoints rope_theta and
 	// rope_scaling beside partial_rotary_factor and original_max_position_embeddings.
@@ -61,11 +59,13 @@ func parsePhi3(p *configParser, c *Config, x *Features) {
 		return
 	}
 	c.Rope = Rope{Theta: theta, Dim: dim, Factor: 1}
+	p.from("rope_scaling", field)
 	kind := sub.str("rope_type", sub.str("type", "default"))
 	switch kind {
 	case "default", "":
 	case "longrope", "su": // "su" is longrope's first name
-		x.LongRope = parseLongRope(p, sub, field, c, dim)
+		c.Rope.Kind = RopeLongRope
+		c.Rope.LongRope, c.Rope.OriginalMaxPositions = parseLongRope(p, sub, field, c, dim)
 	default:
 		p.fail(field, fmt.Errorf("rope type %q is not supported (supported: default, longrope, su)", kind))
 	}
@@ -74,9 +74,9 @@ func parsePhi3(p *configParser, c *Config, x *Features) {
 	}
 }
 
-// parseLongRope reads longrope's factors, one per rotated pair, the original context and
-// the attention factor.
-func parseLongRope(p, sub *configParser, field string, c *Config, dim int) *LongRope {
+// parseLongRope reads longrope's factors, one per rotated pair, the attention factor and
+// the original context.
+func parseLongRope(p, sub *configParser, field string, c *Config, dim int) (*LongRope, int) {
 	l := &LongRope{}
 	factors := func(name string) []float64 {
 		var f []float64
@@ -85,8 +85,8 @@ func parseLongRope(p, sub *configParser, field string, c *Config, dim int) *Long
 			return nil
 		}
 		for i, v := range f {
-			if !(v > 0) || math.IsInf(v, 0) {
-				p.fail(field+"."+name, fmt.Errorf("[%d] = %g: must be positive and finite", i, v))
+			if !(v > 0) || math.IsInf(v, 0) || float32(v) == 0 || math.IsInf(float64(float32(v)), 0) {
+				p.fail(field+"."+name, fmt.Errorf("[%d] = %g: must be positive and finite in float32", i, v))
 				return nil
 			}
 		}
@@ -97,7 +97,6 @@ func parseLongRope(p, sub *configParser, field string, c *Config, dim int) *Long
 	if sub.has("original_max_position_embeddings") {
 		orig = sub.positive("original_max_position_embeddings", orig)
 	}
-	l.OriginalMaxPositions = orig
 	// The attention factor: given, or √(1 + ln s / ln original) with s the context's
 	// growth (factor, else max_position_embeddings / original).
 	scale := float64(c.MaxPositions) / float64(orig)
@@ -112,22 +111,23 @@ func parseLongRope(p, sub *configParser, field string, c *Config, dim int) *Long
 		l.AttnFactor = sub.finitePositive("attention_factor", l.AttnFactor)
 	}
 	if p.err != nil || sub.err != nil {
-		return nil
+		return nil, 0
 	}
-	return l
+	return l, orig
 }
 
-// phi3PendingNames maps the roles onto Phi-3's names: qkv_proj and gate_up_proj are the fused
-// roles as they are (query rows, key rows, value rows; gate rows, then up rows).
-func phi3PendingNames(c *Config, r Role, l int) []partName {
+// phi3Names maps the roles onto Phi-3's tensor names: the LLaMA family's, except the
+// fused QKV and gate/up projections (query rows, key rows, value rows; gate rows, then
+// up rows).
+func phi3Names(c *Config, r Role, l int) []partName {
 	lp := fmt.Sprintf("layers.%d.", l)
 	switch r {
 	case RoleQKV:
 		return []partName{{name: lp + "self_attn.qkv_proj.weight"}}
+	case RoleQKVBias, RoleOutBias, RoleUpBias, RoleDownBias:
+		return nil // Phi3Config has no biases
 	case RoleUp:
 		return []partName{{name: lp + "mlp.gate_up_proj.weight"}}
-	case RoleQKVBias, RoleUpBias:
-		return nil
 	}
 	return llamaNames(c, r, l)
 }

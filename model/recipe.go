@@ -9,8 +9,8 @@ import (
 type StageKind uint8
 
 const (
-	// StageEmbed starts the residual stream h at the tokens' embeddings, plus the
-	// position embedding under learned positions.
+	// StageEmbed starts the residual stream h at the tokens' embeddings (times Scale
+	// where it is positive), plus the position embedding under learned positions.
 	StageEmbed StageKind = iota
 	// StageNorm makes the input x of the stage that reads it (QKV, MLP, the LM head):
 	// x = norm(h) with the stage's Norm, Eps and weight role (LayerNorm's bias is the role
@@ -24,7 +24,7 @@ const (
 	// StageKVWrite stores the keys and values in the paged KV cache.
 	StageKVWrite
 	// StageAttention is causal attention over the cache: the query·key products times
-	// Scale, within the layer's Window.
+	// Scale, soft-capped where SoftCap is positive, within the layer's Window.
 	StageAttention
 	// StageOut projects the attention output into the residual width (RoleOut,
 	// RoleOutBias): the branch the next StageResidual adds.
@@ -36,8 +36,15 @@ const (
 	// StageResidual adds the branch to the residual stream: h += branch.
 	StageResidual
 	// StageLMHead computes the logits of the rows whose logits are read, from x (RoleLMHead,
-	// or RoleEmbed when tied).
+	// or RoleEmbed when tied), soft-capped where SoftCap is positive.
 	StageLMHead
+	// StageQKNorm normalises each query head and each key head of the QKV projection's
+	// output over head_dim (Weight RoleQNorm, the keys' RoleKNorm; Norm, Eps), between
+	// the projection and the rotary.
+	StageQKNorm
+	// StagePostNorm normalises the branch before the residual adds it: branch =
+	// norm(branch) (Weight RolePostAttnNorm or RolePostMLPNorm; Norm, Eps).
+	StagePostNorm
 
 	// NumStageKinds counts the kinds.
 	NumStageKinds
@@ -45,7 +52,7 @@ const (
 
 // stageNames are the kinds' names in messages.
 var stageNames = [NumStageKinds]string{"embed", "norm", "qkv", "rotary", "kv_write", "attention",
-	"out", "mlp", "residual", "lm_head"}
+	"out", "mlp", "residual", "lm_head", "qk_norm", "post_norm"}
 
 // String names the kind.
 func (k StageKind) String() string {
@@ -63,9 +70,11 @@ type Stage struct {
 	// Layer is the transformer block the stage belongs to; -1 for the model's own stages
 	// (the embedding, the final norm, the LM head).
 	Layer int
-	// Weight is a StageNorm's weight role: RoleAttnNorm, RoleMLPNorm or RoleFinalNorm.
+	// Weight is a norm's weight role: a StageNorm's RoleAttnNorm, RoleMLPNorm or
+	// RoleFinalNorm; a StageQKNorm's RoleQNorm; a StagePostNorm's RolePostAttnNorm or
+	// RolePostMLPNorm.
 	Weight Role
-	// Norm and Eps are a StageNorm's normalisation and epsilon.
+	// Norm and Eps are a norm stage's normalisation and epsilon.
 	Norm NormKind
 	Eps  float32
 	// Rope is a StageRotary's rotary embedding; Rope.Dim dimensions of each query and key
@@ -74,10 +83,11 @@ type Stage struct {
 	// Window, when positive, limits a StageAttention query to the last Window positions,
 	// its own included.
 	Window int
-	// Scale multiplies a StageAttention's query·key products (1/√head_dim).
+	// Scale multiplies a StageAttention's query·key products (Config.AttnScale), or, when
+	// positive, a StageEmbed's embeddings (Config.EmbedScale).
 	Scale float32
-	// SoftCap, when positive, would cap a StageAttention's scaled products at ±SoftCap by
-	// SoftCap·tanh(x/SoftCap) (Gemma 2); no family sets it yet and both engines refuse it.
+	// SoftCap, when positive, caps a StageAttention's scaled products, or a StageLMHead's
+	// logits, at ±SoftCap by SoftCap·tanh(x/SoftCap) (Gemma 2).
 	SoftCap float32
 	// Gated and Act are a StageMLP's kind: act(gate(x)) · up(x) when Gated, else act(up(x)).
 	Gated bool
@@ -97,29 +107,41 @@ func AttentionScale(d int) float32 {
 }
 
 // Recipe derives the forward pass the descriptor describes: a pre-norm decoder, each
-// layer norm → QKV → rotary (under rotary positions) → KV write → attention → output
-// projection → residual → norm → MLP → residual.
+// layer norm → QKV → [q/k norm] → rotary (under rotary positions) → KV write → attention
+// → output projection → [post-norm] → residual → norm → MLP → [post-norm] → residual.
 func (c *Config) Recipe() Recipe {
-	r := make(Recipe, 0, 3+10*c.Layers)
-	norm := func(w Role, l int) Stage {
-		return Stage{Kind: StageNorm, Layer: l, Weight: w, Norm: c.Norm, Eps: c.NormEps}
+	r := make(Recipe, 0, 3+13*c.Layers)
+	norm := func(k StageKind, w Role, l int) Stage {
+		return Stage{Kind: k, Layer: l, Weight: w, Norm: c.Norm, Eps: c.NormEps}
 	}
-	r = append(r, Stage{Kind: StageEmbed, Layer: -1})
+	r = append(r, Stage{Kind: StageEmbed, Layer: -1, Scale: float32(c.EmbedScale)})
 	for l := range c.Layers {
-		r = append(r, norm(RoleAttnNorm, l), Stage{Kind: StageQKV, Layer: l})
+		r = append(r, norm(StageNorm, RoleAttnNorm, l), Stage{Kind: StageQKV, Layer: l})
+		if c.QKNorm {
+			r = append(r, norm(StageQKNorm, RoleQNorm, l))
+		}
 		if c.Positions == RotaryPositions {
-			r = append(r, Stage{Kind: StageRotary, Layer: l, Rope: c.Rope})
+			r = append(r, Stage{Kind: StageRotary, Layer: l, Rope: c.LayerRope(l)})
 		}
 		r = append(r,
 			Stage{Kind: StageKVWrite, Layer: l},
-			Stage{Kind: StageAttention, Layer: l, Window: c.LayerWindow(l), Scale: AttentionScale(c.HeadDim)},
-			Stage{Kind: StageOut, Layer: l},
+			Stage{Kind: StageAttention, Layer: l, Window: c.LayerWindow(l), Scale: c.AttnScale(),
+				SoftCap: float32(c.AttnSoftcap)},
+			Stage{Kind: StageOut, Layer: l})
+		if c.PostNorms {
+			r = append(r, norm(StagePostNorm, RolePostAttnNorm, l))
+		}
+		r = append(r,
 			Stage{Kind: StageResidual, Layer: l},
-			norm(RoleMLPNorm, l),
-			Stage{Kind: StageMLP, Layer: l, Gated: c.GatedMLP, Act: c.Act},
-			Stage{Kind: StageResidual, Layer: l})
+			norm(StageNorm, RoleMLPNorm, l),
+			Stage{Kind: StageMLP, Layer: l, Gated: c.GatedMLP, Act: c.Act})
+		if c.PostNorms {
+			r = append(r, norm(StagePostNorm, RolePostMLPNorm, l))
+		}
+		r = append(r, Stage{Kind: StageResidual, Layer: l})
 	}
-	return append(r, norm(RoleFinalNorm, -1), Stage{Kind: StageLMHead, Layer: -1})
+	return append(r, norm(StageNorm, RoleFinalNorm, -1),
+		Stage{Kind: StageLMHead, Layer: -1, SoftCap: float32(c.FinalSoftcap)})
 }
 
 // Layer returns layer l's stages (l = -1: the model's own, in order).

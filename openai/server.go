@@ -13,6 +13,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -228,9 +229,9 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// decodeBody reads a JSON body into v; an unknown field is allowed (clients send
-// fields of newer API versions), malformed JSON is a 400.
-func decodeBody(r *http.Request, v any) *APIError {
+// decodeBody reads a JSON body into v. A field outside known is refused as OpenAI
+// refuses it; malformed JSON is a 400.
+func decodeBody(r *http.Request, v any, known map[string]bool) *APIError {
 	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBodyBytes))
 	if err != nil {
 		return invalid("", "read the request body: %v", err)
@@ -248,7 +249,60 @@ func decodeBody(r *http.Request, v any) *APIError {
 		}
 		return invalid("", "the request body is not valid JSON: %v", err)
 	}
+	if known != nil {
+		var fields map[string]json.RawMessage
+		if json.Unmarshal(body, &fields) == nil {
+			names := make([]string, 0, len(fields))
+			for k := range fields {
+				names = append(names, k)
+			}
+			sort.Strings(names)
+			for _, k := range names {
+				if why, unsupported := unsupportedFields[k]; unsupported {
+					return invalid(k, "%s is not supported: %s", k, why)
+				}
+				if !known[k] {
+					return invalid(k, "Unrecognized request argument supplied: %s", k)
+				}
+			}
+		}
+	}
 	return nil
+}
+
+// sharedFields are the fields completions and chat both read, vLLM's sampling extras
+// included, and OpenAI's that change nothing about the answer (accepted, unused).
+var sharedFields = []string{"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
+	"presence_penalty", "frequency_penalty", "logit_bias", "seed", "user",
+	"top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
+	"store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier"}
+
+// fieldSet is a set of field names: shared plus more.
+func fieldSet(more ...string) map[string]bool {
+	m := map[string]bool{}
+	for _, f := range append(append([]string{}, sharedFields...), more...) {
+		m[f] = true
+	}
+	return m
+}
+
+var (
+	// completionFields are /v1/completions' fields.
+	completionFields = fieldSet("prompt", "echo", "logprobs", "suffix", "best_of")
+	// chatFields are /v1/chat/completions' fields.
+	chatFields = fieldSet("messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+		"parallel_tool_calls", "response_format")
+)
+
+// unsupportedFields are OpenAI's fields gollm knows and does not serve, with why.
+var unsupportedFields = map[string]string{
+	"functions":          "use tools",
+	"function_call":      "use tool_choice",
+	"audio":              "the models served take and give text only",
+	"modalities":         "the models served take and give text only",
+	"prediction":         "predicted outputs are not implemented",
+	"reasoning_effort":   "the models served do not reason apart from their answer",
+	"web_search_options": "there is no web search",
 }
 
 // requestID is the client's X-Request-Id (printable, at most 128 bytes) or a new one.
@@ -339,6 +393,31 @@ func (s *Server) params(mi *modelInfo, f *samplingFields, maxTokens *int, maxTok
 			p.bias[id] = float32(v)
 		}
 	}
+	if f.TopK != nil {
+		if *f.TopK < -1 {
+			return nil, 0, invalid("top_k", "top_k must be -1 or 0 (no limit) or a positive number, got %d", *f.TopK)
+		}
+		p.topK = max(0, *f.TopK)
+	}
+	if f.MinP != nil {
+		if !(*f.MinP >= 0 && *f.MinP <= 1) {
+			return nil, 0, invalid("min_p", "min_p must be between 0 and 1, got %v", *f.MinP)
+		}
+		p.minP = float32(*f.MinP)
+	}
+	if f.RepetitionPenalty != nil {
+		if !(*f.RepetitionPenalty > 0 && *f.RepetitionPenalty <= 100) {
+			return nil, 0, invalid("repetition_penalty", "repetition_penalty must be in (0, 100] (1: none), got %v", *f.RepetitionPenalty)
+		}
+		p.repetition = float32(*f.RepetitionPenalty)
+	}
+	if f.MinTokens != nil {
+		if *f.MinTokens < 0 || p.maxTokens > 0 && *f.MinTokens > p.maxTokens {
+			return nil, 0, invalid("min_tokens", "min_tokens must be between 0 and max_tokens, got %d", *f.MinTokens)
+		}
+		p.minTokens = *f.MinTokens
+	}
+	p.ignoreEOS = f.IgnoreEOS
 	if f.Seed != nil {
 		p.seed = uint64(*f.Seed)
 	} else {
@@ -490,6 +569,8 @@ type sseWriter struct {
 	started bool
 	// buf holds one event while it is built, reused.
 	buf bytes.Buffer
+	// ev is buf for events appended by hand (chunkAppender).
+	ev []byte
 }
 
 // start sends the headers of an event stream.
@@ -504,6 +585,17 @@ func (e *sseWriter) start(id string) {
 
 // event writes one data event holding v as JSON.
 func (e *sseWriter) event(v any) error {
+	if ca, ok := v.(chunkAppender); ok {
+		b, ok := ca.appendChunk(append(e.ev[:0], "data: "...))
+		if ok {
+			e.ev = append(b, '\n', '\n')
+			if _, err := e.w.Write(e.ev); err != nil {
+				return err
+			}
+			e.flush()
+			return nil
+		}
+	}
 	e.buf.Reset()
 	e.buf.WriteString("data: ")
 	// Encode adds a newline; one more ends the event.

@@ -92,6 +92,16 @@ if [ ! -f "$openai_stamp" ]; then
   step "the openai package ($OPENAI_PY) into .deps/pyopenai" pip_q --target "$deps/pyopenai" "$OPENAI_PY"
   touch "$openai_stamp"
 fi
+# jsonschema, with which the structured-output tests (tests/openai, tests/guided)
+# validate the answers, in a folder of its own with its own stamp.
+JSONSCHEMA=jsonschema==4.26.0
+schema_stamp="$deps/.stamp-pyschema-$JSONSCHEMA"
+if [ ! -f "$schema_stamp" ]; then
+  did=1
+  rm -rf "$deps/pyschema"
+  step "$JSONSCHEMA (for the tests) into .deps/pyschema" pip_q --target "$deps/pyschema" "$JSONSCHEMA"
+  touch "$schema_stamp"
+fi
 # genai-perf (NVIDIA's LLM benchmark over perf_analyzer) for the test that runs it
 # unchanged against the demo model: only where make test asks (GOLLM_TEST_DEPS=1), since
 # it pulls transformers, pandas and pyarrow (~0.9 GB) that serving never needs.
@@ -239,13 +249,24 @@ if [ "${GOLLM_TEST_DEPS:-0}" = 1 ] && [ ! -f "$families_stamp" ]; then
   step "Qwen3's, Phi-3's and Gemma 3's tokenizers ($LLAMA_CPP_PY, ${GEMMA3_GGUF[0]}) into .deps/realtok" family_vocabs
   touch "$families_stamp"
 fi
+# Jinja2 renders those families' chat templates as transformers' apply_chat_template does,
+# for demo/family_tokenizers_test.go's comparison with the OpenAI frontend's engine (make
+# test only).
+JINJA=(jinja2==3.1.6 markupsafe==3.0.3)
+jinja_stamp="$deps/.stamp-realtok-jinja-${JINJA[0]}-${JINJA[1]}"
+if [ "${GOLLM_TEST_DEPS:-0}" = 1 ] && [ ! -f "$jinja_stamp" ]; then
+  did=1
+  step "${JINJA[*]} (for the tests) into .deps/realtok/py" pip_q --target "$realtok/py" --upgrade --no-deps "${JINJA[@]}"
+  touch "$jinja_stamp"
+fi
 test -x "$deps/bin/tritonserver"
 "$deps/bin/perf_analyzer" --version >/dev/null 2>&1
 PYTHONPATH="$py" python3 -c 'import tokenizers, tritonclient.grpc'
 PYTHONPATH="$deps/pyopenai" python3 -c 'import openai'
+PYTHONPATH="$deps/pyschema" python3 -c 'import jsonschema'
 test -f "$realtok/mistral_common/data/tokenizer.model.v1"
 PYTHONPATH="$realtok/py" python3 -c 'import sentencepiece'
-what="tritonserver 2.51.0, perf_analyzer, tritonclient, tokenizers, openai, Mistral's tokenizer"
+what="tritonserver 2.51.0, perf_analyzer, tritonclient, tokenizers, openai, jsonschema, Mistral's tokenizer"
 if [ "$cuda" = 1 ]; then
   "$deps/cuda/nvidia/cu13/bin/nvcc" --version >/dev/null
   test -f "$deps/cuda/nvidia/cu13/lib/libcublas.so.13"

@@ -251,6 +251,7 @@ func descriptor(c *model.Config) C.gollm_model_config {
 		layers: C.int32_t(c.Layers), heads: C.int32_t(c.Heads), kv_heads: C.int32_t(c.KVHeads),
 		head_dim: C.int32_t(c.HeadDim), inner: C.int32_t(c.Inner), norm: normCode(c.Norm),
 		gated_mlp: cbool(c.GatedMLP), tied_head: cbool(c.TiedHead), positions: C.GOLLM_POS_LEARNED,
+		qk_norm: cbool(c.QKNorm), post_norms: cbool(c.PostNorms),
 	}
 	if c.Positions == model.RotaryPositions {
 		d.positions = C.GOLLM_POS_ROTARY

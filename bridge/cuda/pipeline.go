@@ -188,6 +188,8 @@ func (p *stepPrep) stepIn(pin *runtime.Pinner) *C.gollm_step_in {
 	in.penalty_counts = (*C.int32_t)(ptr(len(p.penCnt), unsafe.Pointer(unsafe.SliceData(p.penCnt))))
 	in.mask_tokens = (*C.int32_t)(ptr(len(p.masks), unsafe.Pointer(unsafe.SliceData(p.masks))))
 	in.bias = (*C.float)(ptr(len(p.bias), unsafe.Pointer(unsafe.SliceData(p.bias))))
+	in.num_allowed = C.int64_t(len(p.allowed))
+	in.allowed = (*C.uint32_t)(ptr(len(p.allowed), unsafe.Pointer(unsafe.SliceData(p.allowed))))
 	in.num_block_copies = C.int32_t(len(p.copies) / 2)
 	in.block_copies = (*C.int32_t)(ptr(len(p.copies), unsafe.Pointer(unsafe.SliceData(p.copies))))
 	in.feed = (*C.int32_t)(ptr(len(p.feed), unsafe.Pointer(unsafe.SliceData(p.feed))))

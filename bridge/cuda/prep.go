@@ -62,6 +62,8 @@ type stepPrep struct {
 	masks []int32
 	// bias holds the embedding biases.
 	bias []float32
+	// allowed holds guided decoding's bitmasks, 32-bit words.
+	allowed []uint32
 	// logitsLen is the number of floats of returned logits.
 	logitsLen int
 	// outTok and outLP receive the sampled tokens and log-probabilities.
@@ -87,6 +89,7 @@ func (p *stepPrep) build(b *engine.Batch, part []piece, info engine.Info) {
 	p.seqs, p.ids = p.seqs[:0], p.ids[:0]
 	p.tokens, p.blocks = p.tokens[:0], p.blocks[:0]
 	p.penTok, p.penCnt, p.masks, p.bias = p.penTok[:0], p.penCnt[:0], p.masks[:0], p.bias[:0]
+	p.allowed = p.allowed[:0]
 	p.logitsLen = 0
 	for _, pc := range part {
 		sq := &b.Seqs[pc.seq]
@@ -96,7 +99,7 @@ func (p *stepPrep) build(b *engine.Batch, part []piece, info engine.Info) {
 		d := C.gollm_seq{
 			token_offset: C.int32_t(len(p.tokens)), token_count: C.int32_t(n), pos: C.int32_t(pos),
 			block_offset: C.int32_t(len(p.blocks)), block_count: C.int32_t(need),
-			logits_offset: C.int64_t(p.logitsLen), bias_offset: -1,
+			logits_offset: C.int64_t(p.logitsLen), bias_offset: -1, allowed_offset: -1,
 		}
 		p.tokens = append(p.tokens, sq.Tokens[pc.from:pc.to]...)
 		p.blocks = append(p.blocks, sq.Blocks[:need]...)
@@ -133,6 +136,14 @@ func (p *stepPrep) build(b *engine.Batch, part []piece, info engine.Info) {
 			d.mask_offset = C.int32_t(len(p.masks))
 			p.masks = engine.AppendMasks(p.masks, sq)
 			d.mask_count = C.int32_t(len(p.masks) - int(d.mask_offset))
+			d.min_p = C.float(sp.MinP)
+			if sq.Allowed != nil {
+				// The library's words are 32 bits: each 64-bit word's low half first.
+				d.allowed_offset = C.int32_t(len(p.allowed))
+				for i := range (V + 31) / 32 {
+					p.allowed = append(p.allowed, uint32(sq.Allowed[i/2]>>(32*(i%2))))
+				}
+			}
 		}
 		p.seqs = append(p.seqs, d)
 		p.ids = append(p.ids, sq.ID)

@@ -7,6 +7,7 @@ import "C"
 
 import (
 	"fmt"
+	"math"
 	"unsafe"
 
 	"gollm/model"
@@ -23,7 +24,8 @@ var (
 type recipeStage = C.gollm_stage
 
 // cRecipe is a model's recipe in the C ABI's terms: its stages, and the rotary
-// frequencies its rotary stages index (each distinct rope's once).
+// frequencies its rotary stages index (each distinct rope's once; longrope's short set,
+// then its long one).
 type cRecipe struct {
 	stages []C.gollm_stage
 	freqs  []float32
@@ -40,20 +42,29 @@ func recipeOf(c *model.Config) (cRecipe, error) {
 		}
 		st := C.gollm_stage{kind: C.int32_t(s.Kind), layer: C.int32_t(s.Layer)}
 		switch s.Kind {
-		case model.StageNorm:
+		case model.StageNorm, model.StageQKNorm, model.StagePostNorm:
 			st.weight, st.norm, st.eps = C.int32_t(s.Weight), normCode(s.Norm), C.float(s.Eps)
+		case model.StageEmbed:
+			st.scale = C.float(s.Scale)
 		case model.StageRotary:
 			off, ok := at[s.Rope]
 			if !ok {
 				off = len(r.freqs)
 				at[s.Rope] = off
 				r.freqs = append(r.freqs, s.Rope.InvFreq()...)
+				r.freqs = append(r.freqs, s.Rope.LongInvFreq()...)
 			}
 			st.rope_dim, st.rope_freqs = C.int32_t(s.Rope.Dim), C.int32_t(off)
+			st.rope_scale = C.float(s.Rope.CosSinScale())
+			if s.Rope.Kind == model.RopeLongRope {
+				st.rope_long = C.int32_t(min(s.Rope.OriginalMaxPositions, math.MaxInt32))
+			}
 		case model.StageAttention:
 			st.window, st.scale, st.softcap = C.int32_t(s.Window), C.float(s.Scale), C.float(s.SoftCap)
 		case model.StageMLP:
 			st.activation, st.gated = C.int32_t(s.Act), cbool(s.Gated)
+		case model.StageLMHead:
+			st.softcap = C.float(s.SoftCap)
 		}
 		r.stages = append(r.stages, st)
 	}
@@ -77,7 +88,7 @@ func cbool(v bool) C.int32_t {
 }
 
 // abiLayout reports the size of each ABI struct this package fills and the offset of
-// each field, by the names gollm.h gives them, for the test that pins them to ABI 8.
+// each field, by the names gollm.h gives them, for the test that pins them to ABI 9.
 func abiLayout() map[string]uintptr {
 	var st C.gollm_stage
 	var f C.gollm_faults
@@ -92,8 +103,9 @@ func abiLayout() map[string]uintptr {
 		"gollm_stage.rope_dim": unsafe.Offsetof(st.rope_dim), "gollm_stage.rope_freqs": unsafe.Offsetof(st.rope_freqs),
 		"gollm_stage.window": unsafe.Offsetof(st.window), "gollm_stage.scale": unsafe.Offsetof(st.scale),
 		"gollm_stage.softcap": unsafe.Offsetof(st.softcap), "gollm_stage.activation": unsafe.Offsetof(st.activation),
-		"gollm_stage.gated": unsafe.Offsetof(st.gated),
-		"gollm_faults":      unsafe.Sizeof(f), "gollm_faults.fail_step": unsafe.Offsetof(f.fail_step),
+		"gollm_stage.gated": unsafe.Offsetof(st.gated), "gollm_stage.rope_long": unsafe.Offsetof(st.rope_long),
+		"gollm_stage.rope_scale": unsafe.Offsetof(st.rope_scale),
+		"gollm_faults":           unsafe.Sizeof(f), "gollm_faults.fail_step": unsafe.Offsetof(f.fail_step),
 		"gollm_faults.fail_mode": unsafe.Offsetof(f.fail_mode), "gollm_faults.fail_rank": unsafe.Offsetof(f.fail_rank),
 		"gollm_faults.fail_alloc": unsafe.Offsetof(f.fail_alloc),
 		"gollm_tuning":            unsafe.Sizeof(tn), "gollm_tuning.off": unsafe.Offsetof(tn.off),
@@ -102,7 +114,8 @@ func abiLayout() map[string]uintptr {
 		"gollm_tuning.skip":  unsafe.Offsetof(tn.skip),
 		"gollm_model_config": unsafe.Sizeof(mc), "gollm_model_config.norm": unsafe.Offsetof(mc.norm),
 		"gollm_model_config.tied_head": unsafe.Offsetof(mc.tied_head),
-		"gollm_weights_params":         unsafe.Sizeof(wp), "gollm_weights_params.config": unsafe.Offsetof(wp.config),
+		"gollm_model_config.qk_norm":   unsafe.Offsetof(mc.qk_norm), "gollm_model_config.post_norms": unsafe.Offsetof(mc.post_norms),
+		"gollm_weights_params": unsafe.Sizeof(wp), "gollm_weights_params.config": unsafe.Offsetof(wp.config),
 		"gollm_weights_params.num_stages": unsafe.Offsetof(wp.num_stages), "gollm_weights_params.stages": unsafe.Offsetof(wp.stages),
 		"gollm_weights_params.num_rope_freqs": unsafe.Offsetof(wp.num_rope_freqs),
 		"gollm_weights_params.rope_freqs":     unsafe.Offsetof(wp.rope_freqs),

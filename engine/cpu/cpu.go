@@ -1,9 +1,11 @@
 // Package cpu is gollm's pure-Go reference engine: a float32 forward pass over a paged KV
 // pool, and sampling, with the matmuls spread over GOMAXPROCS goroutines. It walks the
 // model's recipe (model.Config.Recipe), one method a stage — LayerNorm or RMSNorm,
-// learned or rotary positions (over the whole head or a part of it), multi-head,
-// multi-query or grouped-query attention with a window per layer, a plain or gated MLP, a
-// tied or separate LM head — and knows no architecture beyond it.
+// learned or rotary positions (over the whole head or a part of it, longrope's two
+// frequency sets), per-head query and key norms, multi-head, multi-query or grouped-query
+// attention with a window per layer and soft-capped scores, post-norms of the branches,
+// a plain or gated MLP, a tied or separate LM head with soft-capped logits — and knows no
+// architecture beyond it.
 package cpu
 
 import (
@@ -36,8 +38,9 @@ type Engine struct {
 	w *Weights
 	// recipe is the forward pass Step walks.
 	recipe model.Recipe
-	// freqs are the rotary frequencies of each rope the recipe's rotary stages use.
-	freqs map[model.Rope][]float32
+	// freqs are the rotary frequencies of each rope the recipe's rotary stages use;
+	// longFreqs longrope's frequencies of long sequences.
+	freqs, longFreqs map[model.Rope][]float32
 	// kv is the paged KV pool, laid out [block][layer][K,V][kv head][slot][head dim]
 	// so that one head's keys within a block are contiguous for attention.
 	kv []float32
@@ -158,8 +161,9 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 		return nil, fmt.Errorf("cpu: New: %w", err)
 	}
 	e := &Engine{
-		recipe: recipe,
-		freqs:  ropeFreqs(recipe),
+		recipe:    recipe,
+		freqs:     ropeFreqs(recipe),
+		longFreqs: longRopeFreqs(recipe),
 		info: engine.Info{
 			VocabSize:      cfg.VocabSize,
 			MaxSeqLen:      maxLen,
@@ -181,8 +185,12 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 func checkRecipe(r model.Recipe, cfg *model.Config) error {
 	for _, s := range r {
 		switch {
-		case s.Kind == model.StageAttention && s.SoftCap != 0:
-			return fmt.Errorf("layer %d: attention soft-capping (%g) is not implemented", s.Layer, s.SoftCap)
+		case (s.Kind == model.StageAttention || s.Kind == model.StageLMHead) && !(s.SoftCap >= 0):
+			return fmt.Errorf("layer %d: soft-cap %g must be positive or 0 (none)", s.Layer, s.SoftCap)
+		case s.Kind == model.StageQKNorm && !cfg.QKNorm, s.Kind == model.StagePostNorm && !cfg.PostNorms:
+			return fmt.Errorf("layer %d: a %s stage where the weights have no %s", s.Layer, s.Kind, s.Weight)
+		case (s.Kind == model.StageQKNorm || s.Kind == model.StagePostNorm) && s.Norm != model.RMSNorm:
+			return fmt.Errorf("layer %d: a %s stage under %s (only RMSNorm is implemented)", s.Layer, s.Kind, s.Norm)
 		case s.Kind == model.StageRotary && (s.Rope.Dim < 2 || s.Rope.Dim%2 != 0 || s.Rope.Dim > cfg.HeadDim):
 			return fmt.Errorf("layer %d: rotary dimensions %d must be even, at least 2 and at most head_dim %d", s.Layer, s.Rope.Dim, cfg.HeadDim)
 		case s.Kind == model.StageMLP && s.Gated != cfg.GatedMLP:
@@ -253,8 +261,9 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 		switch st := &e.recipe[i]; st.Kind {
 		case model.StageEmbed:
 			e.embedRows(b, n, 0, true)
+			e.scaleEmbeddings(st)
 		case model.StageLMHead:
-			e.lmHead(b, outs)
+			e.lmHead(b, outs, st)
 		default:
 			e.stage(b, st)
 		}
@@ -262,11 +271,12 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 	return e.sample(b, outs)
 }
 
-// lmHead runs the LM head on the rows whose logits someone reads — every row of a
+// lmHead runs the LM head st on the rows whose logits someone reads — every row of a
 // sequence that asks for context logits (written straight into its output), and the last
 // row of the others that sample or return logits —, each normed by the norm stage before
-// it; s.lastLogits gets each sequence's last row of logits.
-func (e *Engine) lmHead(b *engine.Batch, outs []engine.Output) {
+// it, its logits soft-capped where st says; s.lastLogits gets each sequence's last row of
+// logits.
+func (e *Engine) lmHead(b *engine.Batch, outs []engine.Output, st *model.Stage) {
 	w := e.w
 	H, V := w.cfg.Hidden, w.cfg.VocabSize
 	s := &e.s
@@ -312,6 +322,7 @@ func (e *Engine) lmHead(b *engine.Batch, outs []engine.Output) {
 		r0 += len(sq.Tokens)
 	}
 	matmul(s.lmOut, s.lmIn, w.lmHead, H, V, nil)
+	softcapRows(s.lmOut, st.SoftCap)
 }
 
 // sample fills every sequence's output from its last row's logits (s.lastLogits).
@@ -389,7 +400,11 @@ func (e *Engine) stage(b *engine.Batch, st *model.Stage) {
 		e.normRows(s.xn.rows, s.h.rows)
 		matmul(s.qkv.rows, s.xn.rows, l.qkv, cfg.Hidden, cfg.QKVWidth(), l.qkvB)
 	case model.StageRotary:
-		e.rotate(e.freqs[st.Rope], st.Rope.Dim)
+		e.rotate(b, st)
+	case model.StageQKNorm:
+		e.qkNorm(st)
+	case model.StagePostNorm:
+		e.postNorm(st)
 	case model.StageKVWrite:
 		e.writeKV(b, st.Layer)
 	case model.StageAttention:
@@ -465,6 +480,12 @@ func (e *Engine) normWeights(st *model.Stage) (g, b []float32) {
 		return w.layers[st.Layer].attnNorm, w.layers[st.Layer].attnNormB
 	case model.RoleMLPNorm:
 		return w.layers[st.Layer].mlpNorm, w.layers[st.Layer].mlpNormB
+	case model.RoleQNorm:
+		return w.layers[st.Layer].qNorm, nil
+	case model.RolePostAttnNorm:
+		return w.layers[st.Layer].postAttn, nil
+	case model.RolePostMLPNorm:
+		return w.layers[st.Layer].postMLP, nil
 	}
 	return w.finalNorm, w.finalNormB
 }
@@ -476,20 +497,28 @@ func (e *Engine) normRows(dst, x [][]float32) {
 	}
 }
 
-// rotate applies a rotary stage to the query and key heads of every row, at the row's
-// position: the first dim dimensions of each head rotate, dimension i pairing with
-// i + dim/2 (rotate_half) by the angle inv[i] · pos; the rest of the head passes.
-func (e *Engine) rotate(inv []float32, dim int) {
+// rotate applies rotary stage st to the query and key heads of every row, at the row's
+// position: the first Rope.Dim dimensions of each head rotate, dimension i pairing with
+// i + Dim/2 (rotate_half) by the angle inv[i] · pos, cos and sin times the rope's
+// CosSinScale; the rest of the head passes. Under longrope a row takes the long
+// frequencies where its sequence's length after the step asks for them.
+func (e *Engine) rotate(b *engine.Batch, st *model.Stage) {
 	cfg := &e.w.cfg
-	D, half := cfg.HeadDim, dim/2
+	D, half := cfg.HeadDim, st.Rope.Dim/2
 	heads := cfg.Heads + cfg.KVHeads // the query heads, then the key heads
+	short, long, scale := e.freqs[st.Rope], e.longFreqs[st.Rope], st.Rope.CosSinScale()
 	for r, ri := range e.s.rows {
 		row := e.s.qkv.rows[r]
 		pos := float32(ri.pos)
+		inv := short
+		if sq := &b.Seqs[ri.seq]; long != nil && st.Rope.UsesLong(sq.Pos+len(sq.Tokens)) {
+			inv = long
+		}
 		for i := range half {
-			// The angle as transformers computes it: a float32 product, then cos and sin.
+			// The angle as transformers computes it: a float32 product, then cos and sin
+			// (times the scale, exact when it is 1).
 			ang := float64(inv[i] * pos)
-			c, sn := float32(math.Cos(ang)), float32(math.Sin(ang))
+			c, sn := float32(math.Cos(ang))*scale, float32(math.Sin(ang))*scale
 			for h := range heads {
 				x := row[h*D : h*D+2*half]
 				a, b := x[i], x[i+half]
@@ -564,7 +593,7 @@ func (e *Engine) attention(b *engine.Batch, st *model.Stage) {
 	cfg := &e.w.cfg
 	heads, D, T := cfg.Heads, cfg.HeadDim, e.info.TokensPerBlock
 	group := cfg.Heads / cfg.KVHeads
-	li, window, scale := st.Layer, st.Window, st.Scale
+	li, window, scale, capped := st.Layer, st.Window, st.Scale, st.SoftCap
 	workers := runtime.GOMAXPROCS(0)
 	for len(s.scores) < workers {
 		s.scores = append(s.scores, make([]float32, e.info.MaxSeqLen))
@@ -592,6 +621,9 @@ func (e *Engine) attention(b *engine.Batch, st *model.Stage) {
 				keys := e.kv[base+slot*D : base+(slot+cnt)*D]
 				for j := range cnt {
 					v := dot(q, keys[j*D:(j+1)*D]) * scale
+					if capped > 0 {
+						v = softcap(v, capped)
+					}
 					sc[t-first+j] = v
 					best = max(best, v)
 				}

@@ -62,11 +62,16 @@ func TestCheckRecipeRefusesWhatIsNotImplemented(t *testing.T) {
 		edit func(s *model.Stage)
 		want string
 	}{
-		{"soft-capped attention", func(s *model.Stage) {
+		{"a negative attention soft-cap", func(s *model.Stage) {
 			if s.Kind == model.StageAttention && s.Layer == 1 {
-				s.SoftCap = 50
+				s.SoftCap = -50
 			}
-		}, "layer 1: attention soft-capping (50) is not implemented"},
+		}, "layer 1: soft-cap -50 must be positive"},
+		{"a post-norm the weights lack", func(s *model.Stage) {
+			if s.Kind == model.StageResidual && s.Layer == 0 {
+				*s = model.Stage{Kind: model.StagePostNorm, Layer: 0, Weight: model.RolePostAttnNorm, Norm: model.RMSNorm, Eps: 1e-6}
+			}
+		}, "layer 0: a post_norm stage where the weights have no post_attn_norm"},
 		{"an odd rotary width", func(s *model.Stage) {
 			if s.Kind == model.StageRotary {
 				s.Rope.Dim = 5

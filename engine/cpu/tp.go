@@ -16,8 +16,8 @@ import (
 // KV heads under the shared block tables; a step walks the recipe, each stage on the
 // ranks one after the other, and adds their partial results where GPUs all-reduce — the
 // embedding's lookups, and the branch at each residual stage (a layer's attention output
-// and MLP output) — and joins their vocabulary rows of the LM head's logits where GPUs
-// gather them.
+// and MLP output; before its post-norm, where the layer has one) — and joins their
+// vocabulary rows of the LM head's logits where GPUs gather them.
 type TensorParallel struct {
 	// mu serialises Step and Close.
 	mu sync.Mutex
@@ -91,14 +91,19 @@ func (t *TensorParallel) Close() error {
 // allReduce adds every rank's rows of part into sum, then adds sum to every rank's
 // residual stream: what an all-reduce after a row-parallel projection does.
 func (t *TensorParallel) allReduce(part func(e *Engine) [][]float32) {
+	t.reduce(part)
+	for _, e := range t.ranks {
+		addRows(e.s.h.rows, t.sum.rows)
+	}
+}
+
+// reduce adds every rank's rows of part into t.sum.
+func (t *TensorParallel) reduce(part func(e *Engine) [][]float32) {
 	n := len(t.ranks[0].s.rows)
 	t.sum.resize(n, t.cfg.Hidden)
 	clear(t.sum.data)
 	for _, e := range t.ranks {
 		addRows(t.sum.rows, part(e))
-	}
-	for _, e := range t.ranks {
-		addRows(e.s.h.rows, t.sum.rows)
 	}
 }
 
@@ -124,16 +129,37 @@ func (t *TensorParallel) Step(b *engine.Batch) ([]engine.Output, error) {
 		return outs, nil
 	}
 	// The recipe's stages run on every rank; a residual stage adds the ranks' branches
-	// (the all-reduce), and the embedding and the LM head join the ranks' vocabulary rows.
+	// (the all-reduce) — a post-norm first sums them into every rank's branch, which it
+	// normalises whole —, and the embedding and the LM head join the ranks' vocabulary rows.
 	var last [][]float32
+	summed := false // the branch is the ranks' sum already (a post-norm's)
 	for i := range t.ranks[0].recipe {
 		switch st := &t.ranks[0].recipe[i]; st.Kind {
 		case model.StageEmbed:
 			t.embed(b, n)
+			for _, e := range t.ranks {
+				e.scaleEmbeddings(st)
+			}
+		case model.StagePostNorm:
+			t.reduce(func(e *Engine) [][]float32 { return e.s.tmp.rows })
+			for _, e := range t.ranks {
+				for r, row := range t.sum.rows {
+					copy(e.s.tmp.rows[r], row)
+				}
+				e.stage(b, st)
+			}
+			summed = true
 		case model.StageResidual:
+			if summed {
+				for _, e := range t.ranks {
+					addRows(e.s.h.rows, e.s.tmp.rows)
+				}
+				summed = false
+				continue
+			}
 			t.allReduce(func(e *Engine) [][]float32 { return e.s.tmp.rows })
 		case model.StageLMHead:
-			last = t.lmHead(b, outs)
+			last = t.lmHead(b, outs, st)
 		default:
 			for _, e := range t.ranks {
 				e.stage(b, st)
@@ -171,10 +197,10 @@ func (t *TensorParallel) embed(b *engine.Batch, n int) {
 	}
 }
 
-// lmHead runs the LM head on the rows whose logits someone reads, each rank its
-// vocabulary rows, normed by the norm stage before it; it returns each sequence's last
-// row of whole-vocabulary logits (nil where none is read).
-func (t *TensorParallel) lmHead(b *engine.Batch, outs []engine.Output) [][]float32 {
+// lmHead runs the LM head st on the rows whose logits someone reads, each rank its
+// vocabulary rows, normed by the norm stage before it, soft-capped where st says; it
+// returns each sequence's last row of whole-vocabulary logits (nil where none is read).
+func (t *TensorParallel) lmHead(b *engine.Batch, outs []engine.Output, st *model.Stage) [][]float32 {
 	H, V, VR := t.cfg.Hidden, t.cfg.VocabSize, t.layout.VocabRows
 	var need []int // row of the residual stream
 	for si := range b.Seqs {
@@ -214,6 +240,7 @@ func (t *TensorParallel) lmHead(b *engine.Batch, outs []engine.Output) [][]float
 			copy(t.logits.rows[i][lo:hi], t.part.rows[i][:hi-lo])
 		}
 	}
+	softcapRows(t.logits.rows, st.SoftCap)
 	last := make([][]float32, len(b.Seqs))
 	for i, si := range seqOf {
 		sq := &b.Seqs[si]

@@ -47,6 +47,11 @@ type layerW struct {
 	up, upB []float32
 	// down [hidden][inner] and downB [hidden]: the MLP's second projection.
 	down, downB []float32
+	// qNorm and kNorm [head_dim]: the per-head norms of queries and keys (nil without).
+	qNorm, kNorm []float32
+	// postAttn and postMLP [hidden]: the norms of attention's and the MLP's outputs
+	// before the residual add (nil without).
+	postAttn, postMLP []float32
 }
 
 // NewWeights checks m against its descriptor (every role present with the length its
@@ -104,6 +109,10 @@ func NewWeights(m *model.Float32) (*Weights, error) {
 		set(&l.upB, model.RoleUpBias, i)
 		set(&l.down, model.RoleDown, i)
 		set(&l.downB, model.RoleDownBias, i)
+		set(&l.qNorm, model.RoleQNorm, i)
+		set(&l.kNorm, model.RoleKNorm, i)
+		set(&l.postAttn, model.RolePostAttnNorm, i)
+		set(&l.postMLP, model.RolePostMLPNorm, i)
 	}
 	if err != nil {
 		return nil, err
