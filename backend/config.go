@@ -103,7 +103,7 @@ type modelConfig struct {
 const (
 	defaultFreeGPUMemFraction = 0.9
 	defaultTokensPerBlock     = 64
-	// defaultResponseSenders: one sender falls behind 64 GPU streams (bench/tritonbench/study.sh).
+	// defaultResponseSenders: 1 falls behind 64 GPU streams, >4 gains nothing (bench/results/2026-11-26-senders-h100.jsonl).
 	defaultResponseSenders = 4
 	// defaultMaxSeqLen caps the longest sequence of a model whose context is longer, so
 	// that a default KV pool and the GPU's decode attention stay modest; max_seq_len raises
