@@ -62,6 +62,7 @@ const (
 	inReturnFinish      = "return_finish_reason"
 	inDecoderInputIDs   = "decoder_input_ids"
 	inMinP              = "min_p"
+	inSpeculative       = "speculative_decoding"
 
 	outOutputIDs      = "output_ids"
 	outSequenceLength = "sequence_length"
@@ -105,7 +106,7 @@ var knownInputs = map[string]bool{
 	inTopPDecay: true, inTopPMin: true, inTopPResetIDs: true, inTopKAlias: true, inTopPAlias: true,
 	inReturnPerf: true, inStopText: true, inBadText: true, inBiasWords: true, inBiasWeights: true,
 	inReturnNumInput: true, inReturnNumOutput: true, inReturnTopLogprobs: true, inReturnFinish: true,
-	inDecoderInputIDs: true, inGuideType: true, inGuide: true, inMinP: true,
+	inDecoderInputIDs: true, inGuideType: true, inGuide: true, inMinP: true, inSpeculative: true,
 }
 
 // maxTopLogprobs bounds return_top_logprobs (OpenAI's top_logprobs allows 20).
@@ -347,6 +348,14 @@ func readRequest(tensors []triton.Tensor, requested []string, lim limits) (*pars
 
 	if err := in.sampling(p, lim); err != nil {
 		return nil, err
+	}
+	// Speculative decoding, where the model runs it, unless the request turns it off.
+	if in[inSpeculative] != nil {
+		on, err := in.flag(inSpeculative)
+		if err != nil {
+			return nil, err
+		}
+		r.NoSpeculation = !on
 	}
 
 	// Output options. Naming an output does not ask for it: the generate endpoint

@@ -232,8 +232,8 @@ func finishReason(f batchmanager.FinishReason) string {
 	return ""
 }
 
-// addPerf adds the perf metrics outputs (TensorRT-LLM's names and types; gollm has no
-// speculative decoding, so its three outputs are 0).
+// addPerf adds the perf metrics outputs (TensorRT-LLM's names and types; the three of
+// speculative decoding are 0 for a request that proposed nothing).
 func addPerf(add func(string, triton.DataType, []byte, ...int64), p *batchmanager.PerfMetrics) {
 	ns := func(t time.Time) []byte {
 		v := int64(0)
@@ -249,9 +249,13 @@ func addPerf(add func(string, triton.DataType, []byte, ...int64), p *batchmanage
 	add(outFirstScheduledTime, triton.TypeInt64, ns(p.FirstScheduled), 1, 1)
 	add(outFirstTokenTime, triton.TypeInt64, ns(p.FirstToken), 1, 1)
 	add(outLastTokenTime, triton.TypeInt64, ns(p.LastToken), 1, 1)
-	add(outAcceptanceRate, triton.TypeFP32, float32Bytes([]float32{0}), 1, 1)
-	add(outTotalAcceptedDraftTokens, triton.TypeInt32, int32Bytes([]int32{0}), 1, 1)
-	add(outTotalDraftTokens, triton.TypeInt32, int32Bytes([]int32{0}), 1, 1)
+	rate := float32(0)
+	if p.DraftTokens > 0 {
+		rate = float32(p.AcceptedDraftTokens) / float32(p.DraftTokens)
+	}
+	add(outAcceptanceRate, triton.TypeFP32, float32Bytes([]float32{rate}), 1, 1)
+	add(outTotalAcceptedDraftTokens, triton.TypeInt32, int32Bytes([]int32{int32(p.AcceptedDraftTokens)}), 1, 1)
+	add(outTotalDraftTokens, triton.TypeInt32, int32Bytes([]int32{int32(p.DraftTokens)}), 1, 1)
 }
 
 // int32Bytes serializes little-endian.

@@ -14,6 +14,7 @@ import (
 	"gollm/engine"
 	"gollm/guide"
 	"gollm/kvcache"
+	"gollm/speculate"
 )
 
 // Sentinel errors carried (wrapped) by final error responses; test with errors.Is.
@@ -132,6 +133,14 @@ type Manager struct {
 	// admittedAhead is admitAhead's scratch.
 	admittedAhead []*request
 
+	// hidden is the proposer when it reads the target's hidden states; nil otherwise.
+	hidden speculate.HiddenReader
+	// specCands and specReqs are propose's scratch; specTotal counts speculation since
+	// the start.
+	specCands []*request
+	specReqs  []*speculate.Request
+	specTotal specTotals
+
 	// statsEnc encodes the stats JSON of ReturnBatchManagerStats.
 	statsEnc statsEncoder
 
@@ -208,6 +217,8 @@ type request struct {
 	complete bool
 	// all lists the branches: the embedded one, then forks.
 	all []*branch
+	// spec is the request's speculation state, from its first proposal on.
+	spec *specRequest
 }
 
 // branch is one sequence of a request.
@@ -300,6 +311,10 @@ func newManager(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*
 	if info.VocabSize <= 0 || info.MaxSeqLen <= 0 {
 		return nil, fmt.Errorf("batchmanager: engine info: VocabSize %d and MaxSeqLen %d must be positive", info.VocabSize, info.MaxSeqLen)
 	}
+	if cfg.Speculation, err = cfg.Speculation.withDefaults(info, cfg.ModelType); err != nil {
+		return nil, err
+	}
+	hidden, _ := cfg.Speculation.Proposer.(speculate.HiddenReader)
 	pool, err := kvcache.New(kvcache.Config{NumBlocks: info.NumBlocks, TokensPerBlock: info.TokensPerBlock, EnableReuse: cfg.EnableKVCacheReuse})
 	if err != nil {
 		return nil, fmt.Errorf("batchmanager: KV pool from engine info: %w", err)
@@ -316,6 +331,7 @@ func newManager(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*
 		quit:    make(chan struct{}),
 		done:    make(chan struct{}),
 		byID:    map[uint64]*request{},
+		hidden:  hidden,
 	}
 	if cfg.Overlap {
 		if p, ok := eng.(engine.Pipeliner); ok {
@@ -401,6 +417,7 @@ func (m *Manager) Stats() Stats {
 // loop is the worker goroutine.
 func (m *Manager) loop() {
 	defer close(m.done)
+	defer m.closeProposer()
 	// The engine may hold thread-bound state (a CUDA context); keep it on one thread.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -477,6 +494,9 @@ func (m *Manager) failAll(err error) {
 	}
 	m.byID = map[uint64]*request{}
 	m.waiting, m.running, m.paused, m.held, m.sched = nil, nil, nil, nil, nil
+	if sp := m.cfg.Speculation.Proposer; sp != nil {
+		sp.Reset()
+	}
 	m.batch.Seqs = m.batch.Seqs[:0]
 	if pool, perr := kvcache.New(kvcache.Config{NumBlocks: m.info.NumBlocks, TokensPerBlock: m.info.TokensPerBlock, EnableReuse: m.cfg.EnableKVCacheReuse}); perr == nil {
 		m.pool = pool
@@ -578,6 +598,9 @@ func (m *Manager) iterate() bool {
 		return false
 	}
 	m.schedule()
+	if len(m.sched) > 0 {
+		m.propose()
+	}
 	if len(m.sched) == 0 {
 		m.applyEnds(m.pollEnd())
 		m.applyStops(m.pollStop())
@@ -743,6 +766,7 @@ func (m *Manager) newRequest(ir *InferenceRequest) (*request, error) {
 // response.
 func (m *Manager) release(r *request) {
 	m.releaseKV(r)
+	m.forgetSpec(r)
 	delete(m.byID, r.id)
 	r.phase = phaseDone
 }

@@ -120,7 +120,9 @@ func alive(ref seqRef) bool {
 // a row whose next tokens the host chooses — or when nothing goes on, a chunk does not
 // fit the budget, or a block cannot be had.
 func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
-	if m.cfg.ModelType == V1 || m.cfg.Policy == StaticBatch || len(m.paused) > 0 || len(base) == 0 {
+	if m.cfg.ModelType == V1 || m.cfg.Policy == StaticBatch || len(m.paused) > 0 || len(base) == 0 || m.hidden != nil {
+		// A proposer that reads hidden states needs every step's (m.hidden): no step is
+		// launched ahead, whose rows ask for none.
 		return nil
 	}
 	if len(m.waiting) > 0 && !joinsAhead(m.waiting[0]) {
@@ -145,6 +147,10 @@ func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 			// Its next mask needs its next token (guided decoding runs unpipelined).
 			return nil
 		case s.Sample && !r.runsAhead():
+			return nil
+		case s.Draft > 0 || s.Sample && m.speculates(r) && m.perSequenceDraft(len(base), 1) > 0:
+			// Its tokens are not known before its outputs are read, or it may carry
+			// proposals in the next step, which the scheduler makes.
 			return nil
 		case !s.Sample && (s.ReturnLogits || r.width > 1):
 			// The host chooses its token from these logits, or a group may fork after

@@ -92,6 +92,9 @@ type InferenceRequest struct {
 	// is chosen: the logits come back from the engine (after the embedding bias) and the
 	// manager samples or scores them with the engine's rules (engine.Sampler).
 	LogitsPostProcessor LogitsPostProcessor
+	// NoSpeculation keeps the request out of speculative decoding (the
+	// speculative_decoding input set false).
+	NoSpeculation bool
 	// BatchedPostProcessing hands the request's logits to Config's
 	// BatchedLogitsPostProcessor, with those of every other such request of the
 	// iteration, in one call.
@@ -132,6 +135,9 @@ type PerfMetrics struct {
 	ReusedBlocks int
 	// NewBlocks counts the KV blocks allocated for it (copies for beams included).
 	NewBlocks int
+	// DraftTokens and AcceptedDraftTokens count its proposed tokens (speculative
+	// decoding) and those the model accepted.
+	DraftTokens, AcceptedDraftTokens int
 }
 
 // FinishReason says why a request ended.

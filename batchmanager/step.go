@@ -21,6 +21,9 @@ type iterCounts struct {
 	emptySlots int
 	// pausedNow and resumedNow count this iteration's pauses and resumes.
 	pausedNow, resumedNow int
+	// drafted and accepted count the iteration's proposed tokens and those accepted;
+	// specSteps its sequences that verified proposals.
+	drafted, accepted, specSteps int
 	// engine is the wall time of the iteration's Engine.Step.
 	engine time.Duration
 }
@@ -173,14 +176,19 @@ func (m *Manager) fillBatch() {
 	seqs := m.batch.Seqs[:n]
 	m.refs = slices.Grow(m.refs[:0], n)
 	i := 0
+	hidden := false
 	for _, r := range m.sched {
 		for _, b := range r.branches() {
 			if b.n == 0 {
 				continue
 			}
+			draft := 0
+			if b == &r.branch && r.spec != nil {
+				draft = r.spec.draft
+			}
 			start, end := b.computed, b.computed+b.n
-			last := end == len(b.tokens)
-			if b.n == 1 && b.generated > 0 && last {
+			last := end == len(b.tokens)+draft
+			if b.n-draft == 1 && b.generated > 0 && last {
 				m.it.genReqs++
 			} else {
 				m.it.ctxReqs++
@@ -204,17 +212,31 @@ func (m *Manager) fillBatch() {
 			s.ContextLogits = b == &r.branch && r.ctxLogits != nil && start < r.promptLen && !r.ctxSent
 			s.Feed = 0
 			s.Allowed = nil // guideMasks sets it
+			s.Draft, s.DraftProbs = draft, nil
+			if draft > 0 {
+				s.DraftProbs = r.spec.probs
+			}
+			s.ReturnHidden = m.hidden != nil && b == &r.branch && m.speculates(r)
+			hidden = hidden || s.ReturnHidden
 			m.refs = append(m.refs, seqRef{r, b})
 			i++
 		}
 	}
 	m.batch.Seqs = seqs
+	m.batch.HiddenLayers = nil
+	if hidden {
+		m.batch.HiddenLayers = m.hidden.HiddenLayers()
+	}
 }
 
 // advance applies one branch's output: the computed positions, the context logits, and
 // for a sampled branch its new token and stop conditions. A host-sampled branch keeps
 // its logits for afterStep.
 func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engine.Output) {
+	if seq.Draft > 0 {
+		m.acceptDraft(r, b, seq, out)
+		return
+	}
 	vocab := m.info.VocabSize
 	if seq.ContextLogits {
 		rows := min(b.n, r.promptLen-b.computed)
@@ -227,6 +249,9 @@ func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engi
 	b.computed += b.n
 	if m.cfg.EnableKVCacheReuse {
 		b.kv.Commit(b.computed)
+	}
+	if seq.ReturnHidden {
+		m.observe(r, seq.Pos, b.n, out)
 	}
 	if r.hostSampled() {
 		if seq.ReturnLogits {
@@ -257,26 +282,34 @@ func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engi
 			return
 		}
 	}
+	logits := out.Logits
+	if r.hostSampled() {
+		logits = b.rawLogits
+		b.rawLogits = nil
+	}
+	m.takeToken(r, b, tok, lp, logits)
+}
+
+// takeToken adds one generated token to b, with its log-probability and (when the
+// request wants rows: generation logits, top log-probabilities) its position's logits,
+// and applies the stop conditions; it says whether b is done (ended or failed).
+func (m *Manager) takeToken(r *request, b *branch, tok int32, lp float32, logits []float32) bool {
+	vocab := m.info.VocabSize
 	if tok < 0 || int(tok) >= vocab {
 		r.failed = fmt.Errorf("%w: sampled token %d outside the vocabulary [0, %d)", ErrEngine, tok, vocab)
-		return
+		return true
 	}
 	m.it.genTokens++
 	m.tokenTimes(r)
 	if slices.Contains(r.req.EndIDs, tok) {
 		// The end token is not part of the output (as in TensorRT-LLM).
 		b.ended, b.finish = true, FinishedEndID
-		return
+		return true
 	}
 	if r.wantsRows() {
-		logits := out.Logits
-		if r.hostSampled() {
-			logits = b.rawLogits
-			b.rawLogits = nil
-		}
 		if len(logits) != vocab {
 			r.failed = fmt.Errorf("%w: %d generation logits, vocabulary is %d", ErrEngine, len(logits), vocab)
-			return
+			return true
 		}
 		if r.req.ReturnGenerationLogits {
 			b.genLogits = append(b.genLogits, logits...)
@@ -295,7 +328,7 @@ func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engi
 		st, err := b.gst.Advance(tok)
 		if err != nil {
 			r.failed = fmt.Errorf("%w: guided decoding: %w", ErrEngine, err)
-			return
+			return true
 		}
 		b.gst = st
 	}
@@ -305,6 +338,7 @@ func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engi
 		// The text is complete: nothing but an end token could follow.
 		b.ended, b.finish = true, FinishedEndID
 	}
+	return b.ended
 }
 
 // seqFailure is the sentinel a sequence's own failure ends its request with: an
@@ -502,10 +536,21 @@ func (m *Manager) respond(r *request) {
 			}
 		}
 	default:
-		if r.req.Streaming && m.streamDue(&r.branch) {
-			m.send(r.id, m.streamResult(r, &r.branch), false, nil)
+		// A step with proposals may add several tokens: each goes out as it would have
+		// from steps of its own.
+		for r.req.Streaming && m.streamDue(&r.branch) {
+			m.send(r.id, m.streamResult(r, &r.branch, m.streamChunk(&r.branch)), false, nil)
 		}
 	}
+}
+
+// streamChunk is the most tokens a streaming response of b carries before its last:
+// the first token alone, then Config.StreamInterval.
+func (m *Manager) streamChunk(b *branch) int {
+	if b.sent == 0 {
+		return 1
+	}
+	return max(1, m.cfg.StreamInterval)
 }
 
 // streamDue says whether a streaming sequence has a response due that is not its last:
@@ -525,7 +570,7 @@ func (m *Manager) complete(r *request) {
 		r.phase = phaseHeld
 		m.held = append(m.held, r)
 		if r.width == 1 && r.req.Streaming && r.generated > r.sent {
-			m.send(r.id, m.streamResult(r, &r.branch), false, nil)
+			m.send(r.id, m.streamResult(r, &r.branch, 0), false, nil)
 		}
 		return
 	}
@@ -555,7 +600,21 @@ func (m *Manager) sendLast(r *request, padTo int) {
 			m.send(r.id, Result{SequenceFinal: true, PromptLen: r.promptLen, Perf: m.perf(r)}, true, nil)
 		}
 	case r.req.Streaming:
-		m.send(r.id, m.streamResult(r, &r.branch), true, nil)
+		// A step with proposals may have added several tokens before the end: the
+		// responses due after each token that did not end the request go out first, as
+		// from steps of their own. The token that ends it (a stop word, the length
+		// limit) goes with the final response; an end token is none of the output.
+		b := &r.branch
+		last := b.generated
+		if b.finish == FinishedStopWord || b.finish == FinishedLength {
+			last--
+		}
+		for last-b.sent >= m.streamChunk(b) && b.sent < last {
+			res := m.streamResult(r, b, m.streamChunk(b))
+			res.Finish = NotFinished
+			m.send(r.id, res, false, nil)
+		}
+		m.send(r.id, m.streamResult(r, b, 0), true, nil)
 	default:
 		m.send(r.id, m.finalResult(r, &r.branch, padTo), true, nil)
 	}
@@ -587,7 +646,7 @@ func (m *Manager) finishV1Batch() {
 func (m *Manager) branchResult(r *request, b *branch, last bool) Result {
 	var res Result
 	if r.req.Streaming {
-		res = m.streamResult(r, b)
+		res = m.streamResult(r, b, 0)
 	} else {
 		res = m.finalResult(r, b, 0)
 	}
@@ -601,11 +660,26 @@ func (m *Manager) branchResult(r *request, b *branch, last bool) Result {
 // streamResult is a streaming response: the tokens b generated since its last one
 // (usually one; none on the final response after an end token), with what the request
 // asked for of them.
-func (m *Manager) streamResult(r *request, b *branch) Result {
+func (m *Manager) streamResult(r *request, b *branch, most int) Result {
 	from, to := b.sent, b.generated
+	if most > 0 {
+		to = min(to, from+most)
+	}
 	b.sent = to
 	res := Result{Tokens: b.tokens[r.promptLen+from : r.promptLen+to : r.promptLen+to], Length: to - from}
 	m.addExtras(&res, r, b, from, to, true)
+	if to < b.generated {
+		// Some of a step's tokens (speculative decoding): the response their own step
+		// would have sent.
+		res.Generated, res.Finish = to, NotFinished
+		if b.logProbs != nil {
+			var c float32
+			for _, x := range b.logProbs[:to] {
+				c += x
+			}
+			res.CumLogProb = c
+		}
+	}
 	r.ctxSent = true
 	// The rows sent are the response's now: the next ones start a new buffer.
 	b.genLogits, b.genFrom = nil, to

@@ -23,6 +23,8 @@ type Sampler struct {
 	cand []candidate
 	// masks holds the tokens the masks forbid at this step.
 	masks []int32
+	// probs holds a row's distribution (Probs, speculative verification) [vocab].
+	probs []float64
 }
 
 // candidate is a token with its processed logit.

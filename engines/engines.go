@@ -20,6 +20,7 @@ import (
 	"gollm/bridge/cuda"
 	"gollm/engine"
 	"gollm/engine/cpu"
+	"gollm/hostmem"
 	"gollm/model"
 )
 
@@ -88,6 +89,9 @@ type Model struct {
 	refs int
 	// cfg is read from the folder's config.json at Open.
 	cfg model.Config
+	// elems counts the elements of the weights, for the memory checks before a load
+	// (memcheck.go).
+	elems int64
 	// mu guards cpu and gpu.
 	mu sync.Mutex
 	// cpu holds the CPU engines' weights, loaded by the first.
@@ -161,7 +165,7 @@ func Open(dir string) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, werr := c.Weights()
+	ws, werr := c.Weights()
 	cerr := c.Close()
 	if werr != nil {
 		return nil, fmt.Errorf("%s: %w", dir, werr)
@@ -169,7 +173,7 @@ func Open(dir string) (*Model, error) {
 	if cerr != nil {
 		return nil, fmt.Errorf("%s: close: %w", dir, cerr)
 	}
-	m := &Model{dir: dir, key: key, refs: 1, cfg: c.Config}
+	m := &Model{dir: dir, key: key, refs: 1, cfg: c.Config, elems: weightElements(ws)}
 	opened[key] = m
 	return m, nil
 }
@@ -200,9 +204,25 @@ func (m *Model) NewEngine(kind Kind, device int, s Settings) (engine.Engine, err
 	return nil, fmt.Errorf("engines: kind %d is neither CPU nor GPU", kind)
 }
 
-// newCPU makes a CPU engine; the first one converts the weights to float32.
+// newCPU makes a CPU engine; the first one converts the weights to float32. Before it
+// allocates, it checks that the weights it would convert and its KV pool fit in what the
+// process may still take of the host's memory.
 func (m *Model) newCPU(s Settings) (engine.Engine, error) {
+	tokens := s.KVTokens
+	if tokens == 0 {
+		tokens = m.defaultCPUTokens(s)
+	}
+	blocks := (tokens + s.TokensPerBlock - 1) / s.TokensPerBlock
 	m.mu.Lock()
+	weights := int64(0)
+	if m.cpu == nil {
+		weights = m.elems * 4
+	}
+	kv := int64(blocks) * int64(s.TokensPerBlock) * m.kvBytesPerToken(4)
+	if err := fitsHost(weights, kv, blocks*s.TokensPerBlock, hostmem.Read()); err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
 	if m.cpu == nil {
 		f, err := model.LoadFloat32(m.dir)
 		if err != nil {
@@ -218,11 +238,6 @@ func (m *Model) newCPU(s Settings) (engine.Engine, error) {
 	}
 	w := m.cpu
 	m.mu.Unlock()
-	tokens := s.KVTokens
-	if tokens == 0 {
-		tokens = m.defaultCPUTokens(s)
-	}
-	blocks := (tokens + s.TokensPerBlock - 1) / s.TokensPerBlock
 	e, err := cpu.New(w, engine.KVConfig{NumBlocks: blocks, TokensPerBlock: s.TokensPerBlock, MaxSeqLen: s.MaxSeqLen})
 	if err != nil {
 		return nil, err
@@ -241,7 +256,7 @@ func (m *Model) newCPU(s Settings) (engine.Engine, error) {
 // default.
 func (m *Model) defaultCPUTokens(s Settings) int {
 	want := int64(s.MaxSeqs) * int64(s.MaxSeqLen)
-	perToken := int64(m.cfg.Layers) * 2 * int64(m.cfg.KVHeads) * int64(m.cfg.HeadDim) * 4
+	perToken := m.kvBytesPerToken(4)
 	budget := int64(2 << 30)
 	if total, err := memTotal(); err == nil {
 		budget = total / 4
@@ -297,6 +312,9 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 	}
 	w := m.gpu[gpuKey{device: device, dtype: dtype, tp: 1}]
 	if w == nil {
+		if err := fitsDevice(device, m.elems*2, "the weights in "+dtype); err != nil {
+			return nil, err
+		}
 		ckpt, err := model.Open(m.dir)
 		if err != nil {
 			return nil, err
@@ -372,6 +390,10 @@ func (m *Model) newGPUTP(device int, dtype string, s Settings) (engine.Engine, e
 		if w := m.gpu[key]; w != nil {
 			shares[r] = w
 			continue
+		}
+		// Each rank holds about its share of the weights (more where heads are few).
+		if err := fitsDevice(device+r, m.elems*2/int64(n), fmt.Sprintf("rank %d's share of the weights in %s", r, dtype)); err != nil {
+			return nil, fmt.Errorf("tensor_parallel_size %d: %w", n, err)
 		}
 		if ckpt == nil {
 			if ckpt, err = model.Open(m.dir); err != nil {
@@ -450,4 +472,34 @@ func (m *Model) Release() {
 		delete(m.gpu, d)
 	}
 	m.cpu = nil
+}
+
+// NewEagle3Head makes an EAGLE-3 head h for this model (its target) on the CPU, with a
+// KV pool of kv: it reads the model's embedding unless it has its own, so the model's
+// CPU weights are loaded if no CPU instance has loaded them yet.
+func (m *Model) NewEagle3Head(h *model.Eagle3, kv engine.KVConfig) (engine.Head, error) {
+	c := &h.Config
+	switch {
+	case c.VocabSize != m.cfg.VocabSize:
+		return nil, fmt.Errorf("EAGLE-3 head: its vocabulary has %d tokens, the model's %d", c.VocabSize, m.cfg.VocabSize)
+	case c.TargetHidden != m.cfg.Hidden:
+		return nil, fmt.Errorf("EAGLE-3 head: it reads hidden states of width %d, the model's are %d wide", c.TargetHidden, m.cfg.Hidden)
+	}
+	var embed []float32
+	if h.Embed == nil {
+		m.mu.Lock()
+		if m.cpu == nil {
+			f, err := model.LoadFloat32(m.dir)
+			if err == nil {
+				m.cpu, err = cpu.NewWeights(f)
+			}
+			if err != nil {
+				m.mu.Unlock()
+				return nil, fmt.Errorf("EAGLE-3 head: the model's embedding: %w", err)
+			}
+		}
+		embed = m.cpu.Embedding()
+		m.mu.Unlock()
+	}
+	return cpu.NewEagle3(h, m.cfg.Layers, embed, kv)
 }

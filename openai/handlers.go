@@ -420,6 +420,9 @@ func chatPrompt(mi *modelInfo, req *ChatRequest) (string, *APIError) {
 	}
 	msgs := make([]TemplateMessage, len(req.Messages))
 	for i, m := range req.Messages {
+		if api := checkMessage(i, &m); api != nil {
+			return "", api
+		}
 		switch {
 		case m.Role == "":
 			return "", invalid("messages", "messages[%d] has no role", i)
@@ -480,4 +483,24 @@ func chatLogprobs(tokens []tokenInfo) *ChatLogprobs {
 		lp.Content = append(lp.Content, tl)
 	}
 	return lp
+}
+
+// messageRoles are the roles OpenAI's chat API takes, each with whether its messages
+// must carry content (an assistant's may be left out).
+var messageRoles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": false, "tool": true, "function": true}
+
+// checkMessage refuses a message as OpenAI does: an unknown role, or a missing or null
+// content where the role needs one.
+func checkMessage(i int, m *ChatMessage) *APIError {
+	if m.Role == "" {
+		return nil // said by the caller
+	}
+	needsContent, ok := messageRoles[m.Role]
+	switch {
+	case !ok:
+		return invalid(fmt.Sprintf("messages[%d].role", i), "Invalid value for 'messages[%d].role': %q. Supported values are: 'system', 'assistant', 'user', 'function', 'tool', and 'developer'.", i, m.Role)
+	case needsContent && !m.Content.Set:
+		return invalid(fmt.Sprintf("messages[%d].content", i), "Missing required parameter: 'messages[%d].content'.", i)
+	}
+	return nil
 }

@@ -331,8 +331,14 @@ func (s *Server) params(mi *modelInfo, f *samplingFields, maxTokens *int, maxTok
 		}
 	}
 	if maxTokens != nil {
-		if *maxTokens < 1 {
-			return nil, 0, invalid(maxTokensName, "%s must be at least 1, got %d", maxTokensName, *maxTokens)
+		switch v := *maxTokens; {
+		case v < 1:
+			return nil, 0, invalid(maxTokensName, "%s must be at least 1, got %d", maxTokensName, v)
+		case mi.maxSeqLen > 0 && v > mi.maxSeqLen:
+			return nil, 0, invalid(maxTokensName, "%s is too large: %d. This model's maximum sequence length is %d tokens", maxTokensName, v, mi.maxSeqLen)
+		case v > math.MaxInt32:
+			// Triton's max_tokens is INT32: a larger number would wrap.
+			return nil, 0, invalid(maxTokensName, "%s is too large: %d, more than %d", maxTokensName, v, math.MaxInt32)
 		}
 		p.maxTokens = *maxTokens
 	}

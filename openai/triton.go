@@ -477,7 +477,7 @@ func (c *choiceRunner) run(ctx context.Context) {
 				if s, ok := status.FromError(err); ok && s.Code() == codes.Canceled {
 					return
 				}
-				emit(piece{err: fromTriton("generate", err)})
+				emit(piece{err: notServing(reqCtx, c.client, fromTriton("generate", err))})
 				return
 			}
 		}
@@ -488,7 +488,7 @@ func (c *choiceRunner) run(ctx context.Context) {
 			// An error is the request's final response: read the stream to its end
 			// rather than cancel it (tritonserver 2.51 keeps a model busy when a stream
 			// is cancelled after its final response), then report it.
-			failure, done = tritonRequestError(m, first), true
+			failure, done = notServing(reqCtx, c.client, tritonRequestError(m, first)), true
 			continue
 		}
 		r, err := decodeResponse(msg.GetInferResponse())
@@ -549,6 +549,9 @@ func tritonRequestError(msg string, first bool) *APIError {
 	switch {
 	case strings.Contains(msg, "unknown model"):
 		return &APIError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found", Message: msg}
+	case strings.Contains(msg, "is shutting down"):
+		// The backend's refusal while the server stops or the model unloads.
+		return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: msg}
 	case first && !strings.Contains(msg, "cancel"):
 		e := &APIError{Status: http.StatusBadRequest, Type: "invalid_request_error", Message: msg}
 		switch {

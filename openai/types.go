@@ -115,6 +115,8 @@ type MessageContent struct {
 	Text string
 	// Null says the content was null or absent.
 	Null bool
+	// Set says the content was given and not null.
+	Set bool
 }
 
 // UnmarshalJSON accepts a string, null or a list of text parts.
@@ -123,6 +125,7 @@ func (c *MessageContent) UnmarshalJSON(b []byte) error {
 		c.Null = true
 		return nil
 	}
+	c.Set = true
 	if err := json.Unmarshal(b, &c.Text); err == nil {
 		return nil
 	}

@@ -429,6 +429,9 @@ type Engine struct {
 	queue []*launchRec
 	// check validates each batch's structure as every engine does.
 	check *engine.BatchChecker
+	// verifier decides the tokens of sequences with proposals; nil on a tensor-parallel
+	// rank.
+	verifier *engine.Sampler
 	// rank is the engine's tensor-parallel rank (0 on one GPU): a rank past 0 gets no
 	// logits back (rank 0's are every rank's).
 	rank int
@@ -527,6 +530,12 @@ func newEngine(w *Weights, opts Options, comm *C.gollm_comm) (*Engine, error) {
 		NumBlocks: int(info.num_blocks), TokensPerBlock: int(info.tokens_per_block),
 		EndIDs: cfg.EOSIDs,
 	}
+	if comm == nil {
+		// Proposals are verified on the host from their rows' logits (verifyDrafts); a
+		// tensor-parallel rank's engine has none of its own to verify with.
+		e.info.MaxDraft = engine.MaxDraftTokens
+		e.verifier = engine.NewSampler(cfg.VocabSize)
+	}
 	e.prep.init(cfg.VocabSize)
 	e.preps[0].init(cfg.VocabSize)
 	e.preps[1].init(cfg.VocabSize)
@@ -612,7 +621,45 @@ func (e *Engine) stepParts(b *engine.Batch, parts [][]piece) ([]engine.Output, e
 			return nil, err
 		}
 	}
+	if err := e.verifyDrafts(b, outs); err != nil {
+		return nil, err
+	}
 	return outs, nil
+}
+
+// verifyDrafts decides the tokens of b's sequences with proposals from the logits of
+// their rows, which the step returned as context logits, by the rules every engine
+// follows (engine.Sampler.Verify). The GPU computes the rows; the acceptance runs on the
+// host, at the cost of copying Draft+1 rows of logits back per such sequence.
+func (e *Engine) verifyDrafts(b *engine.Batch, outs []engine.Output) error {
+	V := e.info.VocabSize
+	for i := range b.Seqs {
+		sq := &b.Seqs[i]
+		if sq.Draft == 0 {
+			continue
+		}
+		o := &outs[i]
+		all := o.ContextLogits
+		o.ContextLogits = nil
+		if e.verifier == nil || len(all) != len(sq.Tokens)*V {
+			return fmt.Errorf("cuda: sequence %d: %d logits for %d rows to verify", sq.ID, len(all), len(sq.Tokens))
+		}
+		first := len(sq.Tokens) - sq.Draft - 1
+		rows := make([][]float32, sq.Draft+1)
+		for r := range rows {
+			at := (first + r) * V
+			rows[r] = all[at : at+V : at+V]
+		}
+		if err := e.verifier.Verify(rows, sq, o); err != nil {
+			if errors.Is(err, engine.ErrAllMasked) {
+				// The sequence's own failure (Output.Err): the rest of the batch goes on.
+				o.Token, o.Err = -1, fmt.Errorf("cuda: sequence %d: %w", sq.ID, err)
+				continue
+			}
+			return fmt.Errorf("cuda: sequence %d: %w", sq.ID, err)
+		}
+	}
+	return nil
 }
 
 // runPart runs one library call over pieces of b's sequences and fills their outputs.

@@ -56,7 +56,8 @@ func (e *Engine) Launch(b *engine.Batch) error {
 		return errors.New("cuda: Launch: fed sequences without a launched predecessor")
 	}
 	parts := splitBatch(b, e.opts.MaxTokens, e.opts.MaxSeqs)
-	if len(parts) != 1 || fed && !prev.async {
+	drafted := slices.ContainsFunc(b.Seqs, func(s engine.Sequence) bool { return s.Draft > 0 })
+	if len(parts) != 1 || fed && !prev.async || drafted {
 		return e.launchOnHost(b, parts, fed, prev)
 	}
 	// One call, enqueued: its arrays in the prep no waiting call uses.
@@ -93,7 +94,8 @@ func (e *Engine) Launch(b *engine.Batch) error {
 	return nil
 }
 
-// launchOnHost runs a launch that cannot wait in the library: every launch before it is
+// launchOnHost runs a launch that cannot wait in the library — several calls, fed from a
+// launch on the host, or proposals to verify on the host: every launch before it is
 // waited for, fed tokens are taken from the previous one's outputs, and the batch runs
 // now; its outcome waits in the queue.
 func (e *Engine) launchOnHost(b *engine.Batch, parts [][]piece, fed bool, prev *launchRec) error {

@@ -103,6 +103,15 @@ func (p *stepPrep) build(b *engine.Batch, part []piece, info engine.Info) {
 		}
 		p.tokens = append(p.tokens, sq.Tokens[pc.from:pc.to]...)
 		p.blocks = append(p.blocks, sq.Blocks[:need]...)
+		if sq.Draft > 0 {
+			// Proposals to verify (engine.Sequence.Draft): every row's logits come back and
+			// the host verifies them (verifyDrafts); nothing is sampled on the GPU.
+			d.flags |= C.GOLLM_SEQ_CONTEXT_LOGITS
+			p.logitsLen += n * V
+			p.seqs = append(p.seqs, d)
+			p.ids = append(p.ids, sq.ID)
+			continue
+		}
 		if sq.ContextLogits {
 			d.flags |= C.GOLLM_SEQ_CONTEXT_LOGITS
 			p.logitsLen += n * V
@@ -160,7 +169,7 @@ func (p *stepPrep) collect(b *engine.Batch, part []piece, logits []float32, outs
 		sq := &b.Seqs[pc.seq]
 		o := &outs[pc.seq]
 		off := int(p.seqs[i].logits_offset)
-		if sq.ContextLogits && logits != nil {
+		if (sq.ContextLogits || sq.Draft > 0) && logits != nil {
 			n := (pc.to - pc.from) * V
 			rows := logits[off : off+n : off+n]
 			if pc.from == 0 && pc.last {
@@ -170,7 +179,7 @@ func (p *stepPrep) collect(b *engine.Batch, part []piece, logits []float32, outs
 			}
 			off += n
 		}
-		if !pc.last {
+		if !pc.last || sq.Draft > 0 {
 			continue
 		}
 		o.Token = -1

@@ -173,6 +173,8 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 			NumBlocks:      kv.NumBlocks,
 			TokensPerBlock: kv.TokensPerBlock,
 			EndIDs:         cfg.EOSIDs,
+			MaxDraft:       engine.MaxDraftTokens,
+			Hidden:         cfg.Hidden,
 		},
 		w:  w,
 		kv: make([]float32, int64(kv.NumBlocks)*perBlock),
@@ -266,6 +268,10 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 			e.lmHead(b, outs, st)
 		default:
 			e.stage(b, st)
+			if len(b.HiddenLayers) > 0 && st.Layer >= 0 && (i+1 == len(e.recipe) || e.recipe[i+1].Layer != st.Layer) {
+				// The layer's last stage: its output, for the sequences that read it.
+				e.captureHidden(b, st.Layer, outs)
+			}
 		}
 	}
 	return e.sample(b, outs)
@@ -286,6 +292,9 @@ func (e *Engine) lmHead(b *engine.Batch, outs []engine.Output, st *model.Stage) 
 		switch {
 		case sq.ContextLogits:
 			m += len(sq.Tokens)
+		case sq.Draft > 0:
+			m += sq.Draft + 1
+			mScratch += sq.Draft + 1
 		case sq.Sample || sq.ReturnLogits:
 			m++
 			mScratch++
@@ -312,6 +321,9 @@ func (e *Engine) lmHead(b *engine.Batch, outs []engine.Output, st *model.Stage) 
 				s.lmOut = append(s.lmOut, out[i*V:(i+1)*V:(i+1)*V])
 			}
 			s.lastLogits[si] = s.lmOut[len(s.lmOut)-1]
+		case sq.Draft > 0:
+			s.lastLogits[si] = e.draftRows(sq, r0, k)
+			k += sq.Draft + 1
 		case sq.Sample || sq.ReturnLogits:
 			s.lmIn = append(s.lmIn, s.hf.rows[len(s.lmIn)])
 			e.norm(s.lmIn[len(s.lmIn)-1], s.h.rows[r0+len(sq.Tokens)-1])
@@ -535,6 +547,9 @@ func (e *Engine) finish(sq *engine.Sequence, last []float32, sp *engine.Sampler,
 	out.Token = -1
 	if last == nil {
 		return nil
+	}
+	if sq.Draft > 0 {
+		return e.verify(sq, last, sp, out)
 	}
 	if !sq.Sample {
 		if sq.ReturnLogits {

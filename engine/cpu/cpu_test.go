@@ -272,7 +272,7 @@ func TestInfoDescribesModelAndPool(t *testing.T) {
 	m := smallGPT2(1)
 	e := newCPU(t, m, 10, 16)
 	want := engine.Info{VocabSize: 300, MaxSeqLen: 64, Layers: 2, KVHeads: 4, HeadDim: 16,
-		NumBlocks: 10, TokensPerBlock: 16, EndIDs: []int32{299}}
+		NumBlocks: 10, TokensPerBlock: 16, EndIDs: []int32{299}, MaxDraft: engine.MaxDraftTokens, Hidden: 64}
 	if got := e.Info(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Info() = %+v, want %+v", got, want)
 	}

@@ -69,6 +69,8 @@ func NewTensorParallel(cfg *model.Config, ws []model.Weight, n int, kv engine.KV
 	t.info = t.ranks[0].info
 	t.info.VocabSize = cfg.VocabSize
 	t.info.KVHeads = cfg.KVHeads
+	// Its step has no verification rows nor hidden states: both are refused.
+	t.info.MaxDraft, t.info.Hidden = 0, 0
 	t.check = engine.NewBatchChecker(t.info, "cpu")
 	return t, nil
 }

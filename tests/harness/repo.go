@@ -33,6 +33,12 @@ func prepareRepository(root, dir string, opts Options) error {
 		if m.Name == "" {
 			m.Name = "gpt2"
 		}
+		if m.Dir != "" {
+			if err := os.CopyFS(filepath.Join(dir, m.Name), os.DirFS(filepath.Join(root, m.Dir))); err != nil {
+				return fmt.Errorf("prepare model %s from %s: %w", m.Name, m.Dir, err)
+			}
+			continue
+		}
 		srcPath, src := shippedPath, shipped
 		if m.Config != "" {
 			srcPath = filepath.Join(root, m.Config)
