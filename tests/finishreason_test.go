@@ -2,6 +2,7 @@ package tests
 
 import (
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -156,7 +157,12 @@ func TestFinishReasonThroughTriton(t *testing.T) {
 				stopped = true
 			}
 		}
+		// Half-close and read to the end, as clients should: a stream cancelled after
+		// its final response keeps tritonserver 2.51's model busy (README, Known limits).
 		_ = stream.CloseSend()
+		if _, err := stream.Recv(); err != io.EOF {
+			t.Errorf("after the final response: %v, want the end of the stream", err)
+		}
 		reasons, toks := finishReasons(t, rs)
 		if got := reasons[len(reasons)-1]; got != "abort" {
 			t.Errorf("finish_reason %q after the stop input, want abort", got)
