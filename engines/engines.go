@@ -48,7 +48,7 @@ type Settings struct {
 	// checkpoint's own when it is one of them, else float16. The CPU engine computes in
 	// float32.
 	DataType string
-	// TokensPerBlock is the positions per KV block.
+	// TokensPerBlock sets the KV block size in positions.
 	TokensPerBlock int
 	// KVTokens is the KV pool's size in tokens (rounded up to whole blocks); 0 sizes it:
 	// on the GPU from KVFreeFraction, on the CPU to MaxSeqs sequences of MaxSeqLen
@@ -81,13 +81,13 @@ type Settings struct {
 // serve one checkpoint under several names (TensorRT-LLM's "ensemble" and
 // "tensorrt_llm", say) hold one copy of its weights.
 type Model struct {
-	// dir is the checkpoint folder.
+	// dir is read again by each instance, for the weights its kind needs.
 	dir string
 	// key is the folder's registry key (fingerprint).
 	key string
 	// refs counts the Opens not yet released (guarded by openMu).
 	refs int
-	// cfg is the architecture descriptor.
+	// cfg is read from the folder's config.json at Open.
 	cfg model.Config
 	// elems counts the elements of the weights, for the memory checks before a load
 	// (memcheck.go).

@@ -12,7 +12,7 @@ import (
 // family is one architecture's loader: how its config.json reads and where its tensors
 // are.
 type family struct {
-	// name is the family's name in Config.Family.
+	// name goes into Config.Family, for logs.
 	name string
 	// modelTypes are the config.json model_type values it loads.
 	modelTypes []string
@@ -252,9 +252,9 @@ func (c *Config) checkLayerFeatures(field func(string) string) error {
 // configParser reads typed fields from config.json, keeping the first error, which names
 // the field.
 type configParser struct {
-	// m is the decoded top-level object.
+	// m holds config.json's top-level fields, not yet typed.
 	m map[string]json.RawMessage
-	// err is the first error met.
+	// err keeps the first error, which names the field.
 	err error
 	// names maps descriptor fields to the config.json fields a family read them from,
 	// for check's messages.

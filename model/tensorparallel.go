@@ -19,7 +19,7 @@ import (
 
 // TPLayout is one rank's share of a model split over Size ranks.
 type TPLayout struct {
-	// Size is the number of ranks.
+	// Size counts the ranks.
 	Size int
 	// Heads and KVHeads are each rank's query and KV heads.
 	Heads, KVHeads int

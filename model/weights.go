@@ -25,11 +25,11 @@ type Part struct {
 // Weight is one role's weight: its parts joined along the rows give the canonical
 // [Rows][Cols] matrix ([Rows] for a vector, Cols 1).
 type Weight struct {
-	// Role is the part the weight plays.
+	// Role says where the engine uses the weight.
 	Role Role
 	// Layer is the block it belongs to, -1 for the model's own weights.
 	Layer int
-	// Rows and Cols are the canonical shape.
+	// Rows and Cols give the canonical shape, whatever the checkpoint's layout.
 	Rows, Cols int
 	// Parts hold the data, in row order.
 	Parts []Part
@@ -269,7 +269,7 @@ func (c *Checkpoint) checkLayerCount() error {
 // Float32 holds a model's weights converted to float32 in the canonical layout, as the
 // CPU engine computes with them.
 type Float32 struct {
-	// Config is the descriptor.
+	// Config describes the architecture the weights are for.
 	Config Config
 	// Model holds the model-level roles (those before FirstLayerRole); nil where absent.
 	Model [NumRoles][]float32

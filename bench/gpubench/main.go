@@ -64,7 +64,7 @@ type workload struct {
 	name string
 	// kind is decode, tput, lat or beam.
 	kind string
-	// width is a beam workload's beam width.
+	// width holds a beam<W>_ workload's beam width, 1 otherwise.
 	width int
 	// batch, in and out are the batch size, prompt length and new tokens.
 	batch, in, out int

@@ -65,13 +65,13 @@ type scratch struct {
 	// norm is the last norm stage walked: the stages after it that read the block input
 	// (QKV, the MLP, the LM head) read its norm of the residual stream.
 	norm *model.Stage
-	// h is the residual stream [N][hidden].
+	// h holds the residual stream, [N][hidden].
 	h buf
-	// xn is a norm's output [N][hidden].
+	// xn holds a norm's output, [N][hidden].
 	xn buf
-	// qkv is the fused projection [N][QKVWidth].
+	// qkv holds the fused projection's output, [N][QKVWidth].
 	qkv buf
-	// att is the attention output [N][heads·head_dim].
+	// att holds the attention output before its projection, [N][heads·head_dim].
 	att buf
 	// tmp is a projection output before the residual add [N][hidden].
 	tmp buf

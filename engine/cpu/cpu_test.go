@@ -96,7 +96,7 @@ func smallGPT2(seed uint64) *model.Float32 {
 type invarianceModel struct {
 	// name names it in subtest names.
 	name string
-	// m is the model.
+	// m is shared by the engines whose outputs are compared.
 	m *model.Float32
 }
 

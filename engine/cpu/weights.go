@@ -17,9 +17,9 @@ import (
 // model.Float32's slices without copying (its matrices are already [out][in], each
 // output a dot product of two contiguous vectors): the caller must not modify them.
 type Weights struct {
-	// cfg is the architecture descriptor.
+	// cfg says how the weights are used.
 	cfg model.Config
-	// embed is the token embedding [vocab][hidden].
+	// embed holds the token embedding, [vocab][hidden].
 	embed []float32
 	// pos is the learned position embedding [positions][hidden]; nil under rotary
 	// positions.

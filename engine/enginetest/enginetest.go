@@ -167,7 +167,7 @@ func ReadSafetensors(path string) (map[string]*model.Tensor, error) {
 
 // Golden holds transformers' reference outputs for a fixture checkpoint.
 type Golden struct {
-	// PromptIDs is the prompt.
+	// PromptIDs were fed to transformers for the logits below.
 	PromptIDs []int32
 	// PromptLogits are the prompt's logits [len(PromptIDs)][vocab].
 	PromptLogits []float32
