@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds libgollm_cuda.so on the GPU machine from a checkout's cuda/, one nvcc per source
+# file on every core at once (the longest, forward.cu, first), for sm_90 (H100/H200):
+#   bash tests/gpu/build_lib.sh OUT.so [SRC_DIR]
+# Sourced env.sh first puts cuBLAS 13 on the loader's path; the library links that one.
+set -uo pipefail
+out=$(realpath -m "$1")
+root=$(cd "$(dirname "$0")/../.." && pwd)
+src=${2:-$root/cuda}
+source "$root/tests/gpu/env.sh" > /dev/null
+nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2> /dev/null)
+cublas=$(ls "${cublas_dir:-/nonexistent}/libcublas.so.13" /usr/local/cuda/lib64/libcublas.so.13 \
+  /usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13 2> /dev/null | head -1)
+[ -n "$nvcc" ] && [ -n "$cublas" ] || { echo "FAIL: nvcc ($nvcc) or libcublas.so.13 ($cublas) not found"; exit 1; }
+export NVCC=$nvcc FLAGS="-std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 -Xcompiler=-fPIC,-fvisibility=hidden"
+obj=$(mktemp -d)
+t0=$SECONDS
+# shellcheck disable=SC2016
+ls "$src"/forward.cu "$src"/*.cu | awk '!seen[$0]++' |
+  xargs -P "$(nproc)" -I{} bash -c '$NVCC $FLAGS -c "$1" -o "$2/$(basename "$1" .cu).o"' _ {} "$obj" ||
+  { echo "FAIL: build of $src"; exit 1; }
+mkdir -p "$(dirname "$out")"
+# shellcheck disable=SC2086
+$NVCC $FLAGS -shared -cudart static -Xlinker=-rpath,'$ORIGIN',--exclude-libs,ALL \
+  -o "$out" "$obj"/*.o -Xlinker="$cublas" -ldl || { echo "FAIL: link $out"; exit 1; }
+rm -rf "$obj"
+echo "built $out in $((SECONDS - t0)) s"
