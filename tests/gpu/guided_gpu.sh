@@ -73,7 +73,13 @@ for _ in $(seq 30); do curl -sf localhost:9000/health > /dev/null && break; slee
   -requests 512 -rounds "${ROUNDS:-4}" -max-tokens 64 -openai-pid "$api" -triton-pid "$triton_pid" \
   > "$out/abload.jsonl" 2> "$out/abload.log" || fail "abload"
 tail -8 "$out/abload.log"
-python3 "$root/bench/openai/summarize.py" "$out" "${COMMIT:-unknown}" 64 64 > "$out/openai-rows.jsonl" 2> "$out/openai.txt"
+python3 "$root/bench/openai/summarize.py" "$out" "${COMMIT:-unknown}" 64 64 2> "$out/openai.txt" |
+  python3 -c 'import json, sys
+for l in sys.stdin:
+    r = json.loads(l)
+    r.update(machine=sys.argv[1] + " (host: " + r["machine"] + ")", model="gpt2-124M", dtype="float16",
+             note="KIND_GPU, random weights; the same greedy streaming requests to Triton gRPC and through gollm-openai, alternating")
+    print(json.dumps(r))' "$machine" > "$out/openai-rows.jsonl"
 cat "$out/openai.txt"
 python3 - "$out/openai-rows.jsonl" <<'PY' && pass "gollm-openai ≥ 0.95× Triton gRPC tokens/s at c=64" || fail "gollm-openai ≥ 0.95× Triton gRPC tokens/s at c=64"
 import json, sys
@@ -87,7 +93,7 @@ PY
 site=/tmp/gollm-guided-site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$root"/.whl/*.whl > "$out/pip.log" 2>&1 || fail "wheels"
 (cd "$root/tests/openai" && PYTHONPATH="$site" GOLLM_OPENAI_URL=http://127.0.0.1:9000/v1 GOLLM_METRICS_URL=http://127.0.0.1:8002/metrics \
-  GOLLM_MODEL=gpt2 GOLLM_CHAT_MODEL=gpt2 GOLLM_AUSTEN_MODEL=austen GOLLM_INTERVAL_MODEL=gpt2 \
+  GOLLM_MODEL=gpt2 GOLLM_CHAT_MODEL=gpt2 GOLLM_AUSTEN_MODEL=austen GOLLM_INTERVAL_MODEL=gpt2 GOLLM_TOOL_MODELS=hermes=austen \
   timeout 300 python3 -m unittest -v test_openai.StructuredOutputs > "$out/structured.log" 2>&1) \
   && pass "openai StructuredOutputs on KIND_GPU (100/100 json_schema answers validate)" \
   || { fail "openai StructuredOutputs on KIND_GPU"; tail -30 "$out/structured.log"; }
