@@ -25,7 +25,7 @@
 #   EXTRA    workloads added to every engine run (gpubench's, e.g. tput_b64_i128_o128)
 # A cell's request count keeps it to seconds on an H100 for the 8B shape: under max load
 # 1,024 requests of input 128 (256 of input 2,048 or output 2,048); at concurrency C, 2C
-# (at least 4) of input and output 128, else C. The default grid (2 shapes × 2 impls × 10
+# (at least 4) of input and output 128, C (at least 4) of input 2,048, C of output 2,048. The default grid (2 shapes × 2 impls × 10
 # cells) fits one device call of 9 minutes with the checkpoints' writing. Output 2,048 is
 # 2,048 steps a cell whatever the count (13-60 s each, and Llama-2-7B's KV pool holds only
 # about 45 such sequences, so its concurrency 64 and up run in waves): IO=128/2048 is a
@@ -59,8 +59,10 @@ cells() {
       if [ "$c" = max ]; then
         if [ "$o" -ge 1024 ] || [ "$i" -ge 1024 ]; then n=256; else n=1024; fi
         c=0
-      elif [ "$o" -ge 1024 ] || [ "$i" -ge 1024 ]; then
+      elif [ "$o" -ge 1024 ]; then
         n=$c
+      elif [ "$i" -ge 1024 ]; then
+        n=$((c < 4 ? 4 : c))
       else
         n=$((2 * c < 4 ? 4 : 2 * c))
       fi
