@@ -79,8 +79,8 @@ echo "== $nshapes shapes × $nimpl impls, $share s each (budget $BUDGET_S s)"
 
 missing=
 for shape in $SHAPES; do
-  # save_pretrained writes the weights after config.json: the last shard's index or file
-  # says the checkpoint is whole.
+  # A checkpoint with weights is reused (as gpu_peers.make_checkpoint reuses one with a
+  # config.json); importing torch alone costs seconds.
   ls "$CKPTS/$shape"/model*.safetensors > /dev/null 2>&1 || missing="$missing $shape"
 done
 echo "== checkpoints to write:${missing:- none}"
