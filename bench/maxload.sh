@@ -23,6 +23,9 @@
 #            in the order of IO, then CONC, so the first named are the ones kept
 #   CKPTS    where the checkpoints go [/tmp/gollm-maxload/ckpt]; written once, reused
 #   EXTRA    workloads added to every engine run (gpubench's, e.g. tput_b64_i128_o128)
+#   PORT     tritonserver's HTTP port, gRPC and metrics the next two [8000]
+#   KIND     the tritonserver model's instance kind [KIND_GPU]; KIND_CPU tries the script
+#            on a machine without a GPU (IMPL=triton, a small checkpoint in CKPTS/SHAPE)
 # A cell's request count keeps it to seconds on an H100 for the 8B shape: under max load
 # 1,024 requests of input 128 (256 of input 2,048 or output 2,048); at concurrency C, 2C
 # (at least 4) of input and output 128, C (at least 4) of input 2,048, C of output 2,048. The default grid (2 shapes × 2 impls × 10
@@ -42,6 +45,7 @@ CONC=${CONC:-"max 256 64 8 1"}
 IMPL=${IMPL:-"engine triton"}
 BUDGET_S=${BUDGET_S:-480}
 CKPTS=${CKPTS:-/tmp/gollm-maxload/ckpt}
+port=${PORT:-8000}
 w=/tmp/gollm-maxload
 mkdir -p "$w" "$CKPTS"
 commit=$(head -1 "$bins/commit" 2> /dev/null || echo unknown)
@@ -114,7 +118,7 @@ for shape in $SHAPES; do
     elif [ -x "$w/srv/pytriton/tritonserver/bin/tritonserver" ]; then
       echo "== $shape: through tritonserver (tritonbench)"
       repo="$w/repo-$shape" && rm -rf "$repo" && mkdir -p "$repo/m/1"
-      sed -e 's/kind: KIND_CPU/kind: KIND_GPU/' -e 's/^name: "gpt2"/name: "m"/' -e 's/^max_batch_size: .*/max_batch_size: 1024/' \
+      sed -e "s/kind: KIND_CPU/kind: ${KIND:-KIND_GPU}/" -e 's/^name: "gpt2"/name: "m"/' -e 's/^max_batch_size: .*/max_batch_size: 1024/' \
         "$root/model_repository/gpt2/config.pbtxt" > "$repo/m/config.pbtxt"
       for kv in "gpt_model_path $ckpt" "enable_chunked_context true" "max_num_tokens 8192"; do
         set -- $kv
@@ -122,13 +126,14 @@ for shape in $SHAPES; do
         printf 'parameters { key: "%s" value: { string_value: "%s" } }\n' "$1" "$2" >> "$repo/m/config.pbtxt"
       done
       "$w/srv/pytriton/tritonserver/bin/tritonserver" --model-repository="$repo" --backend-directory="$w/backends" \
-        --grpc-port=8001 --http-port=8000 --metrics-port=8002 > "$out/tritonserver-$shape.log" 2>&1 &
+        --http-port="$port" --grpc-port=$((port + 1)) --metrics-port=$((port + 2)) > "$out/tritonserver-$shape.log" 2>&1 &
       pid=$!
       remaining=$((share - (SECONDS - t0)))
-      timeout "$remaining" "$bins/tritonbench" -addr 127.0.0.1:8001 -model m -name "$shape" -conns 8 \
+      timeout "$remaining" "$bins/tritonbench" -addr 127.0.0.1:$((port + 1)) -model m -name "$shape" -conns 8 \
         -wait 150s -workloads "$(cells | paste -sd, -)" > "$w/triton-$shape.jsonl" 2> "$out/tritonbench-$shape.log"
       rc=$?
-      curl -s localhost:8002/metrics | grep '^gollm_' > "$out/metrics-$shape.txt"
+      sleep 1 # the last final responses' bookkeeping
+      curl -s localhost:$((port + 2))/metrics | grep '^gollm_' > "$out/metrics-$shape.txt"
       kill -INT "$pid" 2> /dev/null
       wait "$pid"
       cat "$w/triton-$shape.jsonl" >> "$raw"
