@@ -178,7 +178,6 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 		// admits what fits.
 		opts.NumBlocks, opts.KVFreeFraction = 0, kvFraction
 		opts.MaxTokens = max(maxTok, maxNumTokens)
-		opts.MaxSeqLen = max(maxLen, 2048)
 	}
 	var eng benchEngine
 	start := time.Now()
