@@ -149,6 +149,7 @@ bto=$(value tinyllama-1.1B tput_b64_i128_o128 gollm-engine-overlap tokens_per_s)
 if [ -f "$carry/tritonserver.tar.xz" ]; then
   [ -n "$t8" ] && pass "triton: Llama-3.1-8B max load through tritonserver ($t8 tokens/s)" || fail "triton: Llama-3.1-8B max load (see $out/tritonbench-llama3.1-8B.log, $out/tritonserver-llama3.1-8B.log)"
   m=$out/metrics-llama3.1-8B.txt
+  [ -f "$m" ] || : > "$m"
   most=$(awk '/^gollm_sequences_per_iteration_max/ {print $2}' "$m" | sort -g | tail -1)
   used=$(awk '/^gollm_kv_blocks_used/ {s += $2} END {print s + 0}' "$m")
   awk -v v="${most:-0}" 'BEGIN {exit !(v > 64)}' && pass "triton: iterations of up to $most sequences (gollm_sequences_per_iteration_max)" ||
