@@ -114,6 +114,7 @@ for shape in $SHAPES; do
         -max-batch 1024 -max-num-tokens 8192 -reps 3 -workloads "$list" \
         > "$w/engine-$shape.jsonl" 2> "$out/gpubench-$shape.log"
       rc=$?
+      grep '^gpubench: ' "$out/gpubench-$shape.log" | sed 's/^/   /'
       cat "$w/engine-$shape.jsonl" >> "$raw"
     elif [ -x "$w/srv/pytriton/tritonserver/bin/tritonserver" ]; then
       echo "== $shape: through tritonserver (tritonbench)"
@@ -132,6 +133,8 @@ for shape in $SHAPES; do
       timeout "$remaining" "$bins/tritonbench" -addr 127.0.0.1:$((port + 1)) -model m -name "$shape" -conns 8 \
         -wait 150s -workloads "$(cells | paste -sd, -)" > "$w/triton-$shape.jsonl" 2> "$out/tritonbench-$shape.log"
       rc=$?
+      grep '^tritonbench: ' "$out/tritonbench-$shape.log" | sed 's/^/   /'
+      grep -oE 'gollm: (instance ready|instance on GPU|batch size limited).*' "$out/tritonserver-$shape.log" | cut -c1-300 | sed 's/^/   /'
       sleep 1 # the last final responses' bookkeeping
       curl -s localhost:$((port + 2))/metrics | grep '^gollm_' > "$out/metrics-$shape.txt"
       kill -INT "$pid" 2> /dev/null
