@@ -27,8 +27,11 @@ func TestLargeBatchThroughTriton(t *testing.T) {
 	ck := demoCheckpoint(t)
 	const tightBlocks = 40
 	s := harness.Start(t, harness.Options{Models: []harness.Model{
+		// The admission window gathers the streams that reach an idle instance over
+		// milliseconds into one prompt step, so that a loaded test machine, slow to open
+		// 300 streams, still runs them together.
 		{Name: "wide", MaxBatchSize: 256, Parameters: map[string]string{
-			"max_tokens_in_paged_kv_cache": "32768", "tokens_per_block": "16"}},
+			"max_tokens_in_paged_kv_cache": "32768", "tokens_per_block": "16", "admission_window_us": "200000"}},
 		{Name: "tight", MaxBatchSize: 512, Parameters: map[string]string{
 			"max_tokens_in_paged_kv_cache": fmt.Sprint(tightBlocks * 16), "tokens_per_block": "16"}},
 	}})
