@@ -126,7 +126,10 @@ for shape in $SHAPES; do
         sed -i "/key: \"$1\"/d" "$repo/m/config.pbtxt"
         printf 'parameters { key: "%s" value: { string_value: "%s" } }\n' "$1" "$2" >> "$repo/m/config.pbtxt"
       done
-      "$w/srv/pytriton/tritonserver/bin/tritonserver" --model-repository="$repo" --backend-directory="$w/backends" \
+      rm -f "$w/trace-$shape".*
+      # The iteration trace (backend/profile.go) says where a step's time went: the engine,
+      # the batch manager, the response senders (bench/tritonbench/trace.py).
+      GOLLM_ITER_TRACE="$w/trace-$shape" "$w/srv/pytriton/tritonserver/bin/tritonserver" --model-repository="$repo" --backend-directory="$w/backends" \
         --http-port="$port" --grpc-port=$((port + 1)) --metrics-port=$((port + 2)) > "$out/tritonserver-$shape.log" 2>&1 &
       pid=$!
       remaining=$((share - (SECONDS - t0)))
@@ -140,6 +143,8 @@ for shape in $SHAPES; do
       kill -INT "$pid" 2> /dev/null
       wait "$pid"
       cat "$w/triton-$shape.jsonl" >> "$raw"
+      python3 "$root/bench/tritonbench/trace.py" "$w/trace-$shape".* > "$out/trace-$shape.txt" 2>&1 &&
+        tail -8 "$out/trace-$shape.txt" | sed 's/^/   /'
     else
       echo "   no tritonserver.tar.xz in $bins: the tritonserver part is left out"
       continue
