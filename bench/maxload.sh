@@ -173,12 +173,17 @@ for r in rows:
     if "concurrency" not in r:
         continue
     key = (r["model"], r["workload"], r["impl"])
-    cells.setdefault(key, {"requests": r.get("requests")})[r["metric"]] = r["value"]
-print(f"{'model':<13} {'workload':<22} {'impl':<21} {'reqs':>5} {'tokens/s':>9} {'TTFT p50':>9} {'p99':>9} {'ITL p50':>8} {'p99':>8}  (ms)")
+    c = cells.setdefault(key, {"requests": r.get("requests")})
+    c[r["metric"]] = r["value"]
+    for k in ("seqs_per_iteration_mean", "engine_ms_per_iteration"):
+        if k in r:
+            c[k] = r[k]
+print(f"{'model':<13} {'workload':<22} {'impl':<21} {'reqs':>5} {'tokens/s':>9} {'TTFT p50':>9} {'p99':>9} {'ITL p50':>8} {'p99':>8} {'seq/it':>7} {'eng ms/it':>9}  (ms)")
 for (m, wl, impl), c in sorted(cells.items()):
     g = lambda k: c.get(k, float("nan"))
     print(f"{m:<13} {wl:<22} {impl:<21} {c['requests']:>5} {g('tokens_per_s'):>9.0f} {g('ttft_ms'):>9.1f} "
-          f"{g('ttft_ms_p99'):>9.1f} {g('itl_ms'):>8.2f} {g('itl_ms_p99'):>8.2f}")
+          f"{g('ttft_ms_p99'):>9.1f} {g('itl_ms'):>8.2f} {g('itl_ms_p99'):>8.2f} "
+          f"{g('seqs_per_iteration_mean'):>7.1f} {g('engine_ms_per_iteration'):>9.2f}")
 for r in rows:
     if "concurrency" not in r:
         print(f"{r['model']:<13} {r['workload']:<22} {r['impl']:<21} {r['metric']} {r['value']:.1f}")

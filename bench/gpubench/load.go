@@ -20,11 +20,12 @@ func runLoadWorkload(eng benchEngine, l loadstat.Load, name, dtype, impl string)
 	warm.Requests = min(l.Requests, 8)
 	warm.Concurrency = 0
 	warm.Out = min(l.Out, 8)
-	if _, err := runLoad(eng, warm); err != nil {
+	if _, err := runLoad(eng, warm, nil); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
 	start := time.Now()
-	reqs, err := runLoad(eng, l)
+	var it iterations
+	reqs, err := runLoad(eng, l, &it)
 	if err != nil {
 		return err
 	}
@@ -35,16 +36,31 @@ func runLoadWorkload(eng benchEngine, l loadstat.Load, name, dtype, impl string)
 	fmt.Fprintf(os.Stderr, "gpubench: %s: %d requests in %.1f s\n", l.Name, l.Requests, time.Since(start).Seconds())
 	base := map[string]any{"model": name, "dtype": dtype, "impl": impl, "max_batch_size": maxBatch,
 		"max_num_tokens": maxNumTokens, "kv_blocks": eng.Info().NumBlocks}
-	for _, r := range s.Rows(l, base) {
+	rows := s.Rows(l, base)
+	if len(rows) > 0 && it.n > 0 {
+		// What the run's steps were: how many, how full, and the engine's share of them
+		// (Engine.Step's wall time, or the wait for a step launched ahead).
+		rows[0]["iterations"] = it.n
+		rows[0]["seqs_per_iteration_mean"] = float64(it.seqs) / float64(it.n)
+		rows[0]["seqs_per_iteration_max"] = it.most
+		rows[0]["engine_ms_per_iteration"] = it.engine.Seconds() * 1e3 / float64(it.n)
+	}
+	for _, r := range rows {
 		j, _ := json.Marshal(r)
 		fmt.Println(string(j))
 	}
 	return nil
 }
 
+// iterations sums the batch manager's iteration stats of a run.
+type iterations struct {
+	n, seqs, most int
+	engine        time.Duration
+}
+
 // runLoad offers l's requests to a batch manager (random prompts, greedy, no end token,
-// streamed) and returns each one's timeline.
-func runLoad(eng benchEngine, l loadstat.Load) ([]loadstat.Request, error) {
+// streamed) and returns each one's timeline; it (optional) gets the iterations' stats.
+func runLoad(eng benchEngine, l loadstat.Load, it *iterations) ([]loadstat.Request, error) {
 	vocab := eng.Info().VocabSize
 	rng := rand.New(rand.NewPCG(uint64(l.Requests), uint64(l.In)))
 	queue := make([]*batchmanager.InferenceRequest, l.Requests)
@@ -107,6 +123,17 @@ func runLoad(eng benchEngine, l loadstat.Load) ([]loadstat.Request, error) {
 			} else if final {
 				done <- nil
 			}
+		},
+		IterationStats: func(st batchmanager.Stats) {
+			if it == nil {
+				return
+			}
+			mu.Lock()
+			it.n++
+			it.seqs += st.ScheduledRequests
+			it.most = max(it.most, st.ScheduledRequests)
+			it.engine += st.EngineTime
+			mu.Unlock()
 		},
 	}, nil)
 	if err != nil {

@@ -44,7 +44,8 @@ func TestRunLoad(t *testing.T) {
 		}
 		e := &fakeEngine{}
 		e.SyncPipeline = engine.NewSyncPipeline(e)
-		reqs, err := runLoad(e, l)
+		var it iterations
+		reqs, err := runLoad(e, l, &it)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -52,8 +53,8 @@ func TestRunLoad(t *testing.T) {
 		if s.Tokens != l.Requests*l.Out || len(s.TTFT) != l.Requests {
 			t.Errorf("%s: %d tokens, %d first tokens; want %d, %d", tc.name, s.Tokens, len(s.TTFT), l.Requests*l.Out, l.Requests)
 		}
-		if e.most != tc.most {
-			t.Errorf("%s: at most %d sequences a step, want %d", tc.name, e.most, tc.most)
+		if e.most != tc.most || it.most != tc.most {
+			t.Errorf("%s: at most %d sequences a step (%d by the stats), want %d", tc.name, e.most, it.most, tc.most)
 		}
 	}
 }
