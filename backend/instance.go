@@ -188,11 +188,16 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 	if err != nil {
 		return nil, fmt.Errorf("instance %s: %w", name, err)
 	}
+	maxBatch, why := batchLimit(ms.cfg.MaxBatchSize, eng.Info())
+	if why != "" {
+		log.Warn("batch size limited by the KV pool: "+why, zap.Int("max_batch_size", ms.cfg.MaxBatchSize),
+			zap.Int("sequences_per_iteration", maxBatch))
+	}
 	cfg := batchmanager.Config{
 		Speculation:          spec,
 		ModelType:            ms.cfg.ModelType,
 		Policy:               ms.cfg.Policy,
-		MaxBatchSize:         ms.cfg.MaxBatchSize,
+		MaxBatchSize:         maxBatch,
 		MaxNumTokens:         ms.cfg.MaxNumTokens,
 		EnableChunkedContext: ms.cfg.EnableChunkedContext,
 		EnableKVCacheReuse:   ms.cfg.EnableKVCacheReuse,
@@ -219,6 +224,7 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 	}
 	info := eng.Info()
 	log.Info("instance ready", zap.String("kind", kind.String()), zap.Bool("overlap_scheduler", cfg.Overlap), zap.Int("kv_blocks", info.NumBlocks),
+		zap.Int("sequences_per_iteration", cfg.MaxBatchSize),
 		zap.Int("tokens_per_block", info.TokensPerBlock))
 	return in, nil
 }

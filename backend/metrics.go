@@ -33,6 +33,7 @@ const (
 	metricSpecSteps
 	metricSpecAcceptanceRate
 	metricSpecAcceptedLength
+	metricSequencesPerIterationMax
 	numMetrics
 )
 
@@ -79,6 +80,8 @@ var metricDefs = [numMetrics]metricDef{
 		"Share of the proposed tokens accepted since the instance started"},
 	metricSpecAcceptedLength: {"gollm_speculative_mean_accepted_length", triton.MetricGauge,
 		"Tokens a sequence gains per step that verifies proposals (accepted ones plus one), since the instance started"},
+	metricSequencesPerIterationMax: {"gollm_sequences_per_iteration_max", triton.MetricGauge,
+		"The most sequences one iteration has run since the instance started (at most max_batch_size)"},
 }
 
 // metricValues are the values of one instance's series. Counters hold the batch
@@ -86,9 +89,11 @@ var metricDefs = [numMetrics]metricDef{
 type metricValues [numMetrics]float64
 
 // statsValues maps an iteration's stats to metric values. queued is the number of
-// requests the backend holds that the manager has not taken yet.
-func statsValues(s batchmanager.Stats, queued int) metricValues {
+// requests the backend holds that the manager has not taken yet; prev are the values
+// shown before (the running maximum goes on from them).
+func statsValues(s batchmanager.Stats, queued int, prev metricValues) metricValues {
 	var v metricValues
+	v[metricSequencesPerIterationMax] = max(prev[metricSequencesPerIterationMax], float64(s.ScheduledRequests))
 	v[metricRequestsActive] = float64(s.ActiveRequestCount)
 	v[metricRequestsPaused] = float64(s.PausedRequests)
 	v[metricRequestsQueued] = float64(s.WaitingRequests + queued)

@@ -35,7 +35,7 @@ func busyStats() batchmanager.Stats {
 
 func TestStatsValues(t *testing.T) {
 	t.Run("an iteration's stats map onto the gauges and counter totals", func(t *testing.T) {
-		got := statsValues(busyStats(), 3)
+		got := statsValues(busyStats(), 3, metricValues{})
 		want := metricValues{
 			metricRequestsActive:     5,
 			metricRequestsPaused:     1,
@@ -47,36 +47,50 @@ func TestStatsValues(t *testing.T) {
 			metricIterations:         41,
 			metricKVBlocksReused:     9,
 			metricInstanceReady:      1,
+
+			metricSequencesPerIterationMax: 4,
 		}
 		if got != want {
 			t.Errorf("got  %v\nwant %v", got, want)
 		}
 	})
+	t.Run("the most sequences an iteration ran is kept across smaller iterations", func(t *testing.T) {
+		s := busyStats()
+		s.ScheduledRequests = 300
+		big := statsValues(s, 0, metricValues{})
+		s.ScheduledRequests = 2
+		if got := statsValues(s, 0, big)[metricSequencesPerIterationMax]; got != 300 {
+			t.Errorf("after an iteration of 300 sequences and one of 2: got %v, want 300", got)
+		}
+		if got := idleValues(big)[metricSequencesPerIterationMax]; got != 300 {
+			t.Errorf("idle after 300 sequences: got %v, want 300", got)
+		}
+	})
 	t.Run("tokens per iteration counts one token per generation step, not sampled tokens", func(t *testing.T) {
 		s := busyStats()
 		s.TotalContextTokens, s.GenerationRequests, s.TotalGenerationTokens = 0, 6, 6
-		if got := statsValues(s, 0)[metricTokensPerIteration]; got != 6 {
+		if got := statsValues(s, 0, metricValues{})[metricTokensPerIteration]; got != 6 {
 			t.Errorf("got %v, want 6", got)
 		}
 		s.TotalContextTokens, s.ContextRequests, s.GenerationRequests, s.TotalGenerationTokens = 12, 1, 0, 1
-		if got := statsValues(s, 0)[metricTokensPerIteration]; got != 12 {
+		if got := statsValues(s, 0, metricValues{})[metricTokensPerIteration]; got != 12 {
 			t.Errorf("a prompt of 12 finishing with a sampled token: got %v, want 12", got)
 		}
 	})
 	t.Run("the iteration that ends the last request leaves tokens per iteration at 0", func(t *testing.T) {
 		s := busyStats()
 		s.ActiveRequestCount, s.PausedRequests, s.WaitingRequests = 0, 0, 0
-		if got := statsValues(s, 0)[metricTokensPerIteration]; got != 0 {
+		if got := statsValues(s, 0, metricValues{})[metricTokensPerIteration]; got != 0 {
 			t.Errorf("got %v, want 0", got)
 		}
-		if got := statsValues(s, 1)[metricTokensPerIteration]; got != 20 {
+		if got := statsValues(s, 1, metricValues{})[metricTokensPerIteration]; got != 20 {
 			t.Errorf("with a request queued in the backend: got %v, want 20", got)
 		}
 	})
 }
 
 func TestIdleValues(t *testing.T) {
-	busy := statsValues(busyStats(), 1)
+	busy := statsValues(busyStats(), 1, metricValues{})
 	got := idleValues(busy)
 	want := metricValues{
 		metricKVBlocksFree:   100,
@@ -84,6 +98,8 @@ func TestIdleValues(t *testing.T) {
 		metricIterations:     41,
 		metricKVBlocksReused: 9,
 		metricInstanceReady:  1,
+
+		metricSequencesPerIterationMax: 4,
 	}
 	if got != want {
 		t.Errorf("got  %v\nwant %v", got, want)
@@ -94,7 +110,7 @@ func TestIdleValues(t *testing.T) {
 }
 
 func TestMetricUpdates(t *testing.T) {
-	busy := statsValues(busyStats(), 0)
+	busy := statsValues(busyStats(), 0, metricValues{})
 	t.Run("nothing changed: no update, so no crossing into Triton", func(t *testing.T) {
 		if u := metricUpdates(nil, busy, busy); len(u) != 0 {
 			t.Errorf("got %v", u)
@@ -184,7 +200,7 @@ func TestMetricSeriesFollowTheStats(t *testing.T) {
 		s.ActiveRequestCount, s.UsedKVCacheBlocks, s.FreeKVCacheBlocks = 2, 2+i/2, 8-i/2
 		s.GenerationRequests = 2
 		s.ReusedKVCacheBlocks = uint64(i)
-		apply(statsValues(s, 0))
+		apply(statsValues(s, 0, metricValues{}))
 	}
 	if series[metricRequestsActive] != 2 || series[metricKVBlocksUsed] != 4 || series[metricIterations] != 5 || series[metricKVBlocksReused] != 4 {
 		t.Fatalf("mid-run: %v", series)
@@ -195,10 +211,10 @@ func TestMetricSeriesFollowTheStats(t *testing.T) {
 	s.ReusedKVCacheBlocks = 0
 	s.IterationCounter++
 	s.ActiveRequestCount, s.UsedKVCacheBlocks, s.FreeKVCacheBlocks, s.ReusedKVCacheBlocks = 1, 1, 9, 3
-	apply(statsValues(s, 0))
+	apply(statsValues(s, 0, metricValues{}))
 	s.IterationCounter++
 	s.ActiveRequestCount, s.UsedKVCacheBlocks, s.FreeKVCacheBlocks, s.GenerationRequests = 0, 0, 10, 1
-	apply(statsValues(s, 0))
+	apply(statsValues(s, 0, metricValues{}))
 	want := metricValues{
 		metricKVBlocksFree:   10,
 		metricKVBlocksMax:    10,

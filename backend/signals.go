@@ -114,7 +114,11 @@ func (in *instance) iterationStats(s batchmanager.Stats) {
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	v := statsValues(s, len(in.queue))
+	var prev metricValues
+	if in.metrics != nil {
+		prev = in.metrics.last
+	}
+	v := statsValues(s, len(in.queue), prev)
 	if in.broken.Load() != nil {
 		// The iteration whose step broke the engine reports after EngineFailed.
 		v[metricInstanceReady] = 0

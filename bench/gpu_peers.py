@@ -43,6 +43,20 @@ def gemma3_4b_text():
                                 rope_scaling={"rope_type": "linear", "factor": 8.0})
 
 
+def llama31_8b():
+    """Llama-3.1-8B's shape: GQA of 8 KV heads, vocabulary 128,256, llama3 rope scaling
+    (transformers 5's rope_parameters, or transformers 4's rope_scaling)."""
+    kw = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+              num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+              rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=128001, tie_word_embeddings=False)
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}
+    try:
+        return LlamaConfig(**kw, rope_parameters=dict(rope, rope_theta=500000.0))
+    except (TypeError, ValueError):
+        return LlamaConfig(**kw, rope_theta=500000.0, rope_scaling=rope)
+
+
 MODELS = {
     "gpt2-124M": GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
                             bos_token_id=0, eos_token_id=0),
@@ -56,6 +70,8 @@ MODELS = {
                              num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
                              max_position_embeddings=4096, rms_norm_eps=1e-5, bos_token_id=1,
                              eos_token_id=2, tie_word_embeddings=False),
+    # Issue 34's max-load shape (bench/maxload.sh).
+    "llama3.1-8B": llama31_8b(),
     # Tensor parallelism's second shape (tests/gpu/tp_check.sh); no peer run of it here.
     "llama2-13B": LlamaConfig(vocab_size=32000, hidden_size=5120, intermediate_size=13824,
                               num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=40,

@@ -24,6 +24,18 @@
 // parallelism, NCCL); its figures carry "tp" and an impl ending in -tpN. -random-gb N
 // gives the model of -ckpt's config.json random weights in memory (at most N GB; no
 // weight files read), for full-size shapes whose files would not fit the disk.
+//
+// load_c<C>_n<N>_i<I>_o<O> runs N streaming greedy requests through the batch manager
+// (the overlap schedule with -overlap, chunked prompts under a -max-num-tokens budget a
+// step, at most -max-batch sequences a step) as a server drives it: C in flight at once,
+// the next offered as one ends, or with C = 0 all N offered at once (max load, as
+// trtllm-bench's throughput mode). It reports output tokens per second over the run and
+// the time to the first token and the gap between tokens at p50, p90 and p99
+// (bench/loadstat), each row with "requests" and "concurrency"; the workload is
+// maxload_i<I>_o<O> or load_c<C>_i<I>_o<O>. It runs once, after a short warm-up load of
+// its own shape (every decode bucket is captured at engine creation), and with any load
+// workload the KV pool is sized from the free memory (-kv-fraction), not from the
+// workloads.
 package main
 
 import (
@@ -39,6 +51,7 @@ import (
 	"time"
 
 	"gollm/batchmanager"
+	"gollm/bench/loadstat"
 	"gollm/bridge/cuda"
 	"gollm/engine"
 	"gollm/guide"
@@ -51,6 +64,12 @@ var overlap bool
 
 // guideRegex is -guide-regex.
 var guideRegex string
+
+// maxBatch, maxNumTokens and kvFraction are -max-batch, -max-num-tokens and -kv-fraction.
+var (
+	maxBatch, maxNumTokens int
+	kvFraction             float64
+)
 
 // benchEngine is what the workloads run on: a GPU engine, or a tensor-parallel one.
 type benchEngine interface {
@@ -103,6 +122,9 @@ func main() {
 	tp := flag.Int("tp", 1, "tensor_parallel_size: split the model over GPUs 0..tp-1")
 	randomGB := flag.Float64("random-gb", 0, "> 0: random weights for -ckpt's config.json, at most this many GB")
 	flag.StringVar(&guideRegex, "guide-regex", `[^\x00]*`, "the guided workloads' constraint (a regular expression)")
+	flag.IntVar(&maxBatch, "max-batch", 1024, "load workloads: the batch manager's max_batch_size (the engine's MaxSeqs)")
+	flag.IntVar(&maxNumTokens, "max-num-tokens", 8192, "load workloads: the most tokens a step (chunked prompts fill what decode leaves)")
+	flag.Float64Var(&kvFraction, "kv-fraction", 0.9, "load workloads: the share of the free GPU memory the KV pool takes")
 	flag.Parse()
 	if err := run(*ckptDir, *name, *list, *reps, *dtype, *lib, *graphs, *warmup, *tp, *randomGB); err != nil {
 		fmt.Fprintln(os.Stderr, "gpubench:", err)
@@ -112,9 +134,21 @@ func main() {
 
 func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup bool, tp int, randomGB float64) error {
 	var ws []workload
+	var loads []loadstat.Load
 	maxTok, maxSeqs, maxLen := 0, 0, 0
 	for _, s := range strings.Split(list, ",") {
-		w, err := parseWorkload(strings.TrimSpace(s))
+		s = strings.TrimSpace(s)
+		if loadstat.IsLoad(s) {
+			l, err := loadstat.Parse(s)
+			if err != nil {
+				return err
+			}
+			loads = append(loads, l)
+			maxSeqs = max(maxSeqs, min(l.InFlight(), maxBatch))
+			maxLen = max(maxLen, l.In+l.Out)
+			continue
+		}
+		w, err := parseWorkload(s)
 		if err != nil {
 			return err
 		}
@@ -139,6 +173,12 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 	opts := cuda.Options{DType: dtype, Library: lib, TokensPerBlock: T,
 		NumBlocks: 2 * perSeq * maxSeqs, MaxTokens: max(maxTok, 8192), MaxSeqs: max(maxSeqs, 64),
 		DisableCUDAGraphs: !graphs, SkipWarmup: !warmup, Tuning: cuda.TuningFromEnv()}
+	if len(loads) > 0 {
+		// As a server sizes it: what the weights and scratch leave. The batch manager
+		// admits what fits.
+		opts.NumBlocks, opts.KVFreeFraction = 0, kvFraction
+		opts.MaxTokens = max(maxTok, maxNumTokens)
+	}
 	var eng benchEngine
 	start := time.Now()
 	if tp > 1 {
@@ -165,6 +205,9 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 		}
 		fmt.Fprintf(os.Stderr, "gpubench: %s on %s, weights %.1f MB, ready in %.1f s\n", name, e.DeviceName,
 			float64(e.WeightBytes)/1e6, time.Since(start).Seconds())
+		fmt.Fprintf(os.Stderr, "gpubench: at most %d sequences a step: scratch %.2f GB, KV pool %.2f GB (%d blocks); warm-up %d GEMM shapes and %d decode graphs in %.1f s\n",
+			opts.MaxSeqs, float64(e.ScratchBytes)/1e9, float64(e.KVBytes)/1e9, e.Info().NumBlocks,
+			e.WarmupGEMMShapes, e.WarmupGraphs, e.WarmupTime.Seconds())
 		eng = e
 	}
 	defer eng.Close()
@@ -183,6 +226,11 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 		impl += fmt.Sprintf("-tp%d", tp)
 	}
 	short := map[string]string{"float16": "fp16", "bfloat16": "bf16"}[dtype]
+	for _, l := range loads {
+		if err := runLoadWorkload(eng, l, name, short, impl); err != nil {
+			return fmt.Errorf("%s: %w", l.Name, err)
+		}
+	}
 	for _, w := range ws {
 		rng := rand.New(rand.NewPCG(uint64(w.batch), uint64(w.in)))
 		prompts := make([][]int32, w.batch)

@@ -23,6 +23,10 @@
 // with tensor_parallel_size N against the same checkpoint on one GPU. Floating-point sums
 // in another order may turn a near-tie the other way, so it passes when every stream
 // ends and at least -min-same of them are identical; it prints each difference.
+// load_c<C>_n<N>_i<I>_o<O> (bench/loadstat) sends N streaming greedy requests, each on
+// a stream of its own, C at a time (the next sent as one ends) or all at once for C = 0,
+// and reports output tokens per second and the time to the first token and between
+// tokens at p50, p90 and p99, as gpubench's load workloads do for the engine alone.
 // -conns N spreads the streams over N gRPC connections (stream k on connection k mod N);
 // -streaming=false asks each request for one final response with all its tokens (impl
 // "gollm-triton-nostream"), to tell the cost of per-token responses from the rest.
@@ -47,6 +51,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"gollm/bench/loadstat"
 	"gollm/kserve"
 )
 
@@ -128,6 +133,12 @@ func run(addr, modelName, name, check, expect, list string, reps, vocab int, wai
 		if w == "" {
 			continue
 		}
+		if loadstat.IsLoad(w) {
+			if err := runLoadWorkload(cs, modelName, name, w, vocab, opts); err != nil {
+				return fmt.Errorf("%s: %w", w, err)
+			}
+			continue
+		}
 		if err := runWorkload(cs, modelName, name, w, reps, vocab, opts); err != nil {
 			return fmt.Errorf("%s: %w", w, err)
 		}
@@ -139,8 +150,9 @@ func run(addr, modelName, name, check, expect, list string, reps, vocab int, wai
 type result struct {
 	// tokens hold the streamed output_ids, in order.
 	tokens []int32
-	// times are when each response with tokens arrived.
-	times []time.Time
+	// times are when each response with tokens arrived, counts how many tokens each held.
+	times  []time.Time
+	counts []int
 	// final is when the final response arrived (the stream's close comes after).
 	final time.Time
 }
@@ -203,6 +215,7 @@ func request(s kserve.GRPCInferenceService_ModelStreamInferClient, modelName, id
 			raw := r.GetRawOutputContents()[i]
 			if len(raw) > 0 {
 				res.times = append(res.times, time.Now())
+				res.counts = append(res.counts, len(raw)/4)
 			}
 			for j := 0; j+4 <= len(raw); j += 4 {
 				res.tokens = append(res.tokens, int32(binary.LittleEndian.Uint32(raw[j:])))
