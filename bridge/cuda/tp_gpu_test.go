@@ -231,9 +231,11 @@ func TestGPUTensorParallelMatchesOneGPU(t *testing.T) {
 	fixtures := tpFixtures(t)
 	for _, name := range []string{"gpt2-tiny", "llama-tiny", "qwen2-tiny", "gpt2-vocab999"} {
 		dir := fixtures[name]
-		for _, n := range ways {
-			t.Run(fmt.Sprintf("%s/tp%d", name, n), func(t *testing.T) {
+		for _, v := range tpVariants(name, ways) {
+			n := v.n
+			t.Run(fmt.Sprintf("%s/tp%d%s", name, n, v.suffix), func(t *testing.T) {
 				opts := tpOptions(lib)
+				opts.Tuning.NoCustomAllReduce = v.nccl
 				tp, one, ref := tpOn(t, dir, n, opts), oneOn(t, dir, opts), cpuOn(t, dir)
 				V := one.Info().VocabSize
 				if tp.Info().VocabSize != V || tp.Info().NumBlocks < 64 {
@@ -299,6 +301,27 @@ func TestGPUTensorParallelMatchesOneGPU(t *testing.T) {
 			})
 		}
 	}
+}
+
+// tpVariant is a rank count, and whether NCCL all-reduces everything (the custom
+// all-reduce off).
+type tpVariant struct {
+	n      int
+	nccl   bool
+	suffix string
+}
+
+// tpVariants are each rank count with the custom all-reduce, and for llama-tiny the most
+// ranks with NCCL alone too, so that both paths stay checked.
+func tpVariants(name string, ways []int) []tpVariant {
+	var out []tpVariant
+	for _, n := range ways {
+		out = append(out, tpVariant{n: n})
+	}
+	if n := ways[len(ways)-1]; n > 1 && name == "llama-tiny" {
+		out = append(out, tpVariant{n: n, nccl: true, suffix: "/nccl"})
+	}
+	return out
 }
 
 // tpRequests are n requests of random prompts, some streamed, some sampled.
