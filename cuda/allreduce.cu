@@ -8,7 +8,6 @@
 
 #include "allreduce.cuh"
 #include "internal.h"
-#include "layernorm.cuh"
 
 namespace gollm {
 
@@ -222,8 +221,30 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
   DeviceGuard dg(c->devices[r]);
   const int rows = p.rows, H = p.hidden;
   const size_t n = (size_t)rows * H;
-  cudaStream_t st = nullptr;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  // The stream, events and graph go whatever happens (a capture left open is ended).
+  struct Res {
+    cudaStream_t st = nullptr;
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    cudaGraphExec_t ex = nullptr;
+    ~Res() {
+      if (st) {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs != cudaStreamCaptureStatusNone) {
+          cudaGraph_t g = nullptr;
+          cudaStreamEndCapture(st, &g);
+          if (g) cudaGraphDestroy(g);
+        }
+        cudaStreamSynchronize(st);
+      }
+      if (ex) cudaGraphExecDestroy(ex);
+      if (e0) cudaEventDestroy(e0);
+      if (e1) cudaEventDestroy(e1);
+      if (st) cudaStreamDestroy(st);
+      cudaGetLastError();
+    }
+  } res;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&res.st, cudaStreamNonBlocking));
+  cudaStream_t st = res.st;
   DevMem part, h, xn, gamma, bias, payload;
   part.alloc(n * 4, "bench partial sums");
   h.alloc(n * 4, "bench residual");
@@ -255,8 +276,8 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
     if (p.method == GOLLM_AR_NCCL_F32) {
       res = L.AllReduce(part.p, recv.p, n, nccl::kFloat32, nccl::kSum, c->comms[r], st);
       if (res == nccl::kSuccess)
-        residual_layernorm<T>(h.as<float>(), recv.as<float>(), bias.as<float>(), xn.as<T>(), gamma.as<float>(),
-                              nullptr, rows, H, 1e-5f, true, Stream(st, false));
+        residual_norm<T>(h.as<float>(), recv.as<float>(), bias.as<float>(), xn.as<T>(), gamma.as<float>(), rows,
+                         H, 1e-5f, st);
     } else {
       res = L.AllReduce(payload.p, payload.p, n, dt, nccl::kSum, c->comms[r], st);
     }
@@ -292,34 +313,30 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
     one();
     read_back((*checks)[0 * c->n + r]);
     bar.wait();
-    cudaGraphExec_t ex = graph_of(3);
+    res.ex = graph_of(3);
     bar.wait();
-    for (int k = 0; k < 2; k++) CUDA_CHECK(cudaGraphLaunch(ex, st));
+    for (int k = 0; k < 2; k++) CUDA_CHECK(cudaGraphLaunch(res.ex, st));
     read_back((*checks)[1 * c->n + r]);
-    CUDA_CHECK(cudaGraphExecDestroy(ex));
+    CUDA_CHECK(cudaGraphExecDestroy(res.ex));
+    res.ex = nullptr;
   }
   // Timing: a graph of iters calls, replayed once untimed and reps times timed; the ranks
   // start each replay together.
   CUDA_CHECK(cudaMemcpy(h.p, hh.data(), n * 4, cudaMemcpyHostToDevice));
   bar.wait();
-  cudaGraphExec_t ex = graph_of(p.iters);
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
+  res.ex = graph_of(p.iters);
+  CUDA_CHECK(cudaEventCreate(&res.e0));
+  CUDA_CHECK(cudaEventCreate(&res.e1));
   for (int k = 0; k <= p.reps; k++) {
     bar.wait();
-    CUDA_CHECK(cudaEventRecord(e0, st));
-    CUDA_CHECK(cudaGraphLaunch(ex, st));
-    CUDA_CHECK(cudaEventRecord(e1, st));
-    CUDA_CHECK(cudaEventSynchronize(e1));
+    CUDA_CHECK(cudaEventRecord(res.e0, st));
+    CUDA_CHECK(cudaGraphLaunch(res.ex, st));
+    CUDA_CHECK(cudaEventRecord(res.e1, st));
+    CUDA_CHECK(cudaEventSynchronize(res.e1));
     float ms = 0.f;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, res.e0, res.e1));
     if (k > 0) out.ms.push_back(ms / p.iters);
   }
-  CUDA_CHECK(cudaGraphExecDestroy(ex));
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaStreamDestroy(st);
   if (peer && peer->herr[r] != 0) out.err = ar_error(*peer, r, peer->herr[r], tmo);
 }
 

@@ -685,3 +685,17 @@ void setup_kernels(gollm_engine* e) {
 }
 
 }  // namespace gollm
+
+namespace gollm {
+
+template <typename T>
+void residual_norm(float* h, const float* a, const float* bias, T* xn, const float* gamma, int n,
+                   int hidden, float eps, cudaStream_t st) {
+  residual_layernorm<T>(h, a, bias, xn, gamma, nullptr, n, hidden, eps, true, Stream(st, false));
+}
+template void residual_norm<__half>(float*, const float*, const float*, __half*, const float*, int,
+                                    int, float, cudaStream_t);
+template void residual_norm<__nv_bfloat16>(float*, const float*, const float*, __nv_bfloat16*,
+                                           const float*, int, int, float, cudaStream_t);
+
+}  // namespace gollm

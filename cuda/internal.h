@@ -386,6 +386,11 @@ int warmup_gemms(gollm_engine* e);
 // of the device inputs) from the previous step's sampled tokens.
 void feed_tokens(gollm_engine* e, const Layout& L, size_t pairs_off, int n);
 void setup_kernels(gollm_engine* e);
+// residual_norm is the residual add and RMSNorm a step without the custom all-reduce runs
+// after NCCL's (residual_layernorm), for gollm_allreduce_bench.
+template <typename T>
+void residual_norm(float* h, const float* a, const float* bias, T* xn, const float* gamma, int n,
+                   int hidden, float eps, cudaStream_t st);
 
 // step.cu
 // step runs one step; inject makes it fail after its forward pass is enqueued (faults.cu).

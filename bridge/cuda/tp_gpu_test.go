@@ -35,6 +35,10 @@ const (
 	// GPUs chose) under which the GPUs may choose differently: their logits' rms is 1-2.6
 	// on these fixtures, and fp16 puts them a few 1e-3 apart.
 	tpTieGap = 0.02
+	// tpLogProbGap bounds a sampled token's log-probability against one GPU's: logits a
+	// few 1e-3 apart move it by as much; a wrong merge of the ranks' candidates (a shard's
+	// sum of exponentials left out) by about ln(n/(n-1)), 0.29 at 4 ranks.
+	tpLogProbGap = 0.05
 )
 
 // tpLibrary is the library for the tensor-parallel tests, skipping without one or with
@@ -276,6 +280,11 @@ func TestGPUTensorParallelMatchesOneGPU(t *testing.T) {
 									t.Fatalf("step %d, sequence %d, logits row %d: relative L2 %.3g from one GPU's (bar %g)", k, i, r/V, e, tpRelL2)
 								}
 							}
+						}
+						// The greedy rows' log-probabilities: on the plain greedy steps (9 on)
+						// merged from the ranks' candidates, not from joined logits.
+						if g.Token == w.Token && math.Abs(float64(g.LogProb-w.LogProb)) > tpLogProbGap {
+							t.Fatalf("step %d, sequence %d: token %d's log-probability %.4f, one GPU %.4f (bar %g)", k, i, g.Token, g.LogProb, w.LogProb, tpLogProbGap)
 						}
 						if g.Token != w.Token {
 							gap := cpuGap(t, ref, seqs[i].History, g.Token, w.Token)

@@ -106,7 +106,7 @@ if has tp; then
   echo "== tp: tests/gpu/tp_check.sh's tests and abort tests"
   mkdir -p "$b/tpcarry"
   cp "$lib" "$b/bin/cudatest" "$b/bin/commit" "$b/tpcarry/" 2> /dev/null
-  TP_SKIP_BENCH=1 TP_SKIP_1GPU=1 bash "$root/tests/gpu/tp_check.sh" "$b/tpcarry" "$out/tp" 2>&1 | grep -E '^(PASS|FAIL|==|    )' | grep -v '^== carry'
+  TP_TEST_S=${TP_TEST_S:-240} TP_SKIP_BENCH=1 TP_SKIP_1GPU=1 bash "$root/tests/gpu/tp_check.sh" "$b/tpcarry" "$out/tp" 2>&1 | grep -E '^(PASS|FAIL|==|    )' | grep -v '^== carry'
   [ "${PIPESTATUS[0]}" -eq 0 ] || fails=$((fails + 1))
 fi
 
