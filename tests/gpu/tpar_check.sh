@@ -130,11 +130,9 @@ if has arbench; then
   ways=2
   [ "$ngpu" -ge 4 ] && ways=2,4
   rm -f "$out/tpar-allreduce.jsonl"
-  if timeout 120 "$b/bin/arbench" -lib "$lib" -tp $ways 2> "$out/arbench.log" | tag "$out/tpar-allreduce.jsonl"; then
-    pass "arbench: TP $ways"
-  else
-    fail "arbench"; tail -8 "$out/arbench.log"
-  fi
+  timeout 120 "$b/bin/arbench" -lib "$lib" -tp $ways 2> "$out/arbench.log" | tag "$out/tpar-allreduce.jsonl"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 0 ]; then pass "arbench: TP $ways"; else fail "arbench (exit $rc)"; tail -8 "$out/arbench.log"; fi
   python3 - "$out/tpar-allreduce.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
