@@ -498,12 +498,13 @@ GOLLM_API int32_t gollm_nccl_describe(const char* nccl_lib, gollm_nccl_info* out
  * gollm_nccl_describe does; the caller holds one reference. Then one engine per rank,
  * each from its own thread, created at the same time: creation agrees on the KV pool's
  * blocks (the fewest any rank can hold, so that one block table serves every rank) and its
- * warm-up runs collectives. */
+ * warm-up runs collectives. Where every pair of the GPUs has peer access (ABI 12), it
+ * enables it and gives each rank the custom all-reduce's buffers (about 8 MiB a GPU). */
 GOLLM_API int32_t gollm_comm_create_all(int32_t n, const int32_t* devices, const char* nccl_lib,
                                         gollm_comm** out, gollm_status* status);
 
 /* gollm_comm_abort aborts every rank's communicator (ncclCommAbort, the ranks in parallel):
- * collectives waiting for a rank that failed return, and every later call of an engine on
+ * collectives waiting for a rank that failed return (the custom all-reduce's too), and every later call of an engine on
  * comm fails with GOLLM_ERR_NCCL. The engines cannot step again; destroy them. cause (may
  * be NULL) goes into their errors. Safe from any thread, while the engines' threads wait. */
 GOLLM_API int32_t gollm_comm_abort(gollm_comm* comm, const char* cause, gollm_status* status);
