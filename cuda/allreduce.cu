@@ -156,7 +156,9 @@ std::string ar_error(const PeerBufs& p, int rank, int word, unsigned long long t
   const int peer = word >> 8;
   char buf[400];
   if ((word & 0xff) == kArAborted)
-    std::snprintf(buf, sizeof buf, "tensor parallel rank %d: the custom all-reduce stopped waiting for rank %d: the communicators were aborted",
+    std::snprintf(buf, sizeof buf,
+                  "tensor parallel rank %d: the custom all-reduce stopped waiting for rank %d: a rank's "
+                  "wait timed out or the communicators were aborted",
                   rank, peer);
   else
     std::snprintf(buf, sizeof buf,

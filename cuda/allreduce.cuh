@@ -12,7 +12,7 @@ struct ArArgs {
   uint32_t* flags[kArMaxRanks];  // each rank's flags [kArMaxRanks][kArBlocks]
   uint32_t* counter;             // this rank's epochs [kArBlocks]
   int* err;                      // this rank's error word (pinned host)
-  const int* abort;              // the set's abort word (pinned host)
+  int* abort;                    // the set's abort word (pinned host)
   unsigned long long timeout_ns;
   unsigned long long slot;       // bytes a parity slot
   int rank, n;
@@ -59,7 +59,9 @@ __device__ __forceinline__ void ar_add(const uint4& u, float* acc) {
 
 // ar_wait spins until the flag reaches epoch (wrapping compare: a peer is at most one call
 // ahead), checking the abort word and the clock every 256 polls; false, with the error word
-// set, when the set was aborted or timeout_ns passed.
+// set, when the set was aborted or timeout_ns passed. A timeout sets the abort word too:
+// the ranks' calls no longer pair up, and every later wait of the step (on any rank) ends
+// at once instead of after its own timeout.
 __device__ bool ar_wait(const ArArgs& a, const uint32_t* flag, uint32_t epoch, int peer) {
   if ((int)(ar_ld_acquire(flag) - epoch) >= 0) return true;
   const unsigned long long t0 = ar_clock_ns();
@@ -72,7 +74,11 @@ __device__ bool ar_wait(const ArArgs& a, const uint32_t* flag, uint32_t epoch, i
     else if (ar_clock_ns() - t0 > a.timeout_ns)
       code = kArTimedOut;
     if (code) {
-      *reinterpret_cast<volatile int*>(a.err) = code | (peer << 8);
+      // A timeout's word wins over the aborts it causes (written before the abort word).
+      volatile int* err = a.err;
+      if (code == kArTimedOut || *err == 0) *err = code | (peer << 8);
+      __threadfence_system();
+      if (code == kArTimedOut) *reinterpret_cast<volatile int*>(a.abort) = 1;
       __threadfence_system();
       return false;
     }
