@@ -114,7 +114,9 @@ void launch_ar(const ArArgs& a, const float* part, float* h, const float* bias, 
 }  // namespace
 
 bool ar_fits(const gollm_engine* e, int rows, int hidden, size_t psize) {
-  return e->ar && (size_t)rows * hidden * psize <= e->ar_bytes && fits(*e->comm->peer, rows, hidden, psize);
+  // The limit counts 2-byte elements whatever the payload, so that the embedding's fp32
+  // sum goes where the layers' sums of its rows go.
+  return e->ar && (size_t)rows * hidden * 2 <= e->ar_bytes && fits(*e->comm->peer, rows, hidden, psize);
 }
 
 template <typename T>

@@ -288,9 +288,9 @@ typedef struct gollm_tuning {
                            1 << gollm_stage_kind) left out of every step, so that a step's
                            time without them says what they cost in place (the results are
                            wrong); other builds refuse a nonzero value */
-  int32_t allreduce_bytes;      /* tensor parallelism: the largest payload (rows x hidden x
-                                   the payload's bytes) the custom all-reduce takes, 1 to
-                                   4 MiB; 0: 1 MiB. Larger ones go to NCCL (ABI 12) */
+  int32_t allreduce_bytes;      /* tensor parallelism: the largest all-reduce (rows x hidden
+                                   x 2 bytes) the custom all-reduce takes, 1 to 4 MiB; 0:
+                                   1 MiB. Larger ones go to NCCL (ABI 12) */
   int32_t allreduce_timeout_ms; /* how long the custom all-reduce waits for a peer before the
                                    step fails (the communicators are then aborted), 1 to
                                    600000; 0: 20000 */

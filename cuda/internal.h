@@ -412,7 +412,7 @@ void tp_graph_launch(gollm_engine* e, cudaGraphExec_t g);
 void tp_check(gollm_engine* e);
 
 // allreduce.cu: ar_fits says whether the engine's custom all-reduce takes rows x hidden of
-// psize-byte payload; tp_reduce_norm enqueues it (allreduce.cuh's ar_norm_kernel: h =
+// psize-byte payload (within allreduce_bytes counted at 2 bytes an element); tp_reduce_norm enqueues it (allreduce.cuh's ar_norm_kernel: h =
 // (h + Σ part) + bias, or Σ part without add, and xn its norm; the payload fp32 with f32,
 // else T); ar_error words a rank's error word; allreduce_bench is gollm_allreduce_bench.
 bool ar_fits(const gollm_engine* e, int rows, int hidden, size_t psize);
