@@ -123,6 +123,11 @@ int32_t gollm_comm_abort(gollm_comm* comm, const char* cause, gollm_status* stat
   return guarded(status, [&] { abort_comm(comm, cause); });
 }
 
+int32_t gollm_allreduce_bench(gollm_comm* comm, const gollm_allreduce_params* params,
+                              gollm_allreduce_result* out, gollm_status* status) {
+  return guarded(status, [&] { allreduce_bench(comm, params, out); });
+}
+
 void gollm_comm_release(gollm_comm* comm) {
   try {
     release_comm(comm);

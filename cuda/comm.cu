@@ -141,11 +141,27 @@ void create_comm(int32_t n, const int32_t* devices, const char* nccl_lib, gollm_
     call += "] (NCCL " + std::to_string(L.version) + ", " + L.path + ")";
     nccl_fail(call, r, nullptr);
   }
+  // The custom all-reduce where every pair of GPUs has peer access (NCCL otherwise).
+  if (n > 1) {
+    try {
+      c->peer_why = peer_access(n, devices);
+      if (c->peer_why.empty()) c->peer = make_peer_bufs(n, devices, kArSlotBytes);
+    } catch (...) {
+      for (int i = 0; i < n; i++) {
+        if (cudaSetDevice(devices[i]) != cudaSuccess) cudaGetLastError();
+        if (c->comms[i]) L.CommDestroy(c->comms[i]);
+      }
+      throw;
+    }
+  }
   *out = c.release();
 }
 
 void abort_comm(gollm_comm* c, const char* cause) {
   if (!c) invalid("gollm_comm_abort: comm is NULL");
+  // First the custom all-reduce's kernels: those waiting for a peer end (their error word
+  // says aborted).
+  if (c->peer) *reinterpret_cast<volatile int*>(c->peer->herr + kArMaxRanks) = 1;
   {
     // An engine's call enqueues and returns: the guard is free within microseconds, unless
     // a call is blocked inside NCCL (its queue full behind a collective that waits for a
@@ -335,6 +351,22 @@ void tp_graph_launch(gollm_engine* e, cudaGraphExec_t g) {
 }
 
 void tp_check(gollm_engine* e) {
+  // A custom all-reduce that gave up waiting for a peer: the ranks' flags no longer pair
+  // up, so the communicators are aborted (every rank's next call fails) and the step
+  // fails with why.
+  gollm_comm* c = e->comm;
+  if (c->peer && !c->aborted.load()) {
+    const int word = *reinterpret_cast<volatile int*>(c->peer->herr + e->tp_rank);
+    if (word != 0) {
+      const std::string why = ar_error(*c->peer, e->tp_rank, word, e->ar_timeout_ns);
+      try {
+        abort_comm(c, why.c_str());
+      } catch (const Error&) {
+        // The abort's own failure: the engine is lost either way.
+      }
+      throw Error(GOLLM_ERR_NCCL, why + "; the communicators were aborted and the engine cannot run again");
+    }
+  }
   std::shared_lock<std::shared_timed_mutex> lk(e->comm->guard);
   if (e->comm->aborted.load()) aborted_error(e);
   const nccl::Lib& L = nccl::lib();

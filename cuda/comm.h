@@ -1,10 +1,12 @@
 // comm.h — tensor parallelism's communication: NCCL, opened at run time with dlopen
 // (the path the caller gives, else libnccl.so.2) through the project's own minimal declarations of
-// the calls it makes, and gollm_comm, the communicators of the GPUs one instance spreads a
-// model over. Included by internal.h; comm.cu implements it.
+// the calls it makes; the custom all-reduce's peer buffers (allreduce.cu); and gollm_comm,
+// the communicators of the GPUs one instance spreads a model over. Included by internal.h;
+// comm.cu and allreduce.cu implement it.
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -27,7 +29,9 @@ typedef CommImpl* comm_t;       // ncclComm_t
 typedef int result_t;           // ncclResult_t
 constexpr result_t kSuccess = 0;     // ncclSuccess
 constexpr result_t kInProgress = 7;  // ncclInProgress (non-blocking communicators only)
-constexpr int kFloat32 = 7;          // ncclFloat32 (ncclDataType_t)
+constexpr int kFloat16 = 6;          // ncclFloat16 (ncclDataType_t)
+constexpr int kFloat32 = 7;          // ncclFloat32
+constexpr int kBfloat16 = 9;         // ncclBfloat16
 constexpr int kSum = 0;              // ncclSum (ncclRedOp_t)
 
 // Lib is the opened library's entry points.
@@ -51,6 +55,48 @@ struct Lib {
 const Lib& lib(const char* path = nullptr);
 
 }  // namespace nccl
+
+// The custom all-reduce (allreduce.cu): one kernel a call, each rank writing its partial
+// sums (rounded to the payload type) into its own buffer, raising a flag in each peer's
+// memory and reading the peers' buffers over NVLink once their flags are up — peer access
+// between the GPUs of one process, no host round trip, so that decode graphs capture it.
+// A launch runs up to kArBlocks blocks; block b owns region b of each parity slot (the
+// rows it reduces) and the flags [src rank][b]; its call count (the epoch, in counters[b])
+// picks the slot, so that a rank one call ahead writes the other one.
+constexpr int kArMaxRanks = 8;
+constexpr int kArBlocks = 64;
+constexpr size_t kArSlotBytes = 4u << 20;  // a parity slot of the engines' buffers
+constexpr size_t kArDefaultBytes = 1u << 20;  // the largest payload a call sends by default
+constexpr unsigned kArTimeoutMs = 20000;      // a flag's wait before the step fails
+// Error words (PeerBufs.herr): what a rank's kernel met, with the peer it waited for in
+// bits 8 and up.
+constexpr int kArTimedOut = 1, kArAborted = 2;
+
+// PeerBufs are the custom all-reduce's buffers on every rank: each rank's device memory
+// ([2][slot] payload, then flags [kArMaxRanks][kArBlocks] and counters [kArBlocks],
+// uint32), the peers' mapped into each other's address space, and pinned host words the
+// kernels write their errors to (herr[rank]) and read the abort from (herr[kArMaxRanks]).
+struct PeerBufs {
+  int n = 0;
+  size_t slot = 0;
+  std::vector<int> devices;
+  std::vector<char*> mem;
+  int* herr = nullptr;
+  PeerBufs() = default;
+  PeerBufs(const PeerBufs&) = delete;
+  PeerBufs& operator=(const PeerBufs&) = delete;
+  ~PeerBufs();
+  uint32_t* flags(int r) const { return reinterpret_cast<uint32_t*>(mem[r] + 2 * slot); }
+  uint32_t* counters(int r) const { return flags(r) + kArMaxRanks * kArBlocks; }
+  size_t bytes() const { return 2 * slot + (kArMaxRanks + 1) * kArBlocks * 4; }
+};
+
+// peer_access says why n devices cannot take the custom all-reduce ("" when they can: every
+// pair has peer access, which it enables). make_peer_bufs allocates the buffers (slot
+// bytes a parity slot) on each device, zeroed.
+std::string peer_access(int n, const int* devices);
+std::unique_ptr<PeerBufs> make_peer_bufs(int n, const int* devices, size_t slot);
+
 }  // namespace gollm
 
 // gollm_comm: the NCCL communicators of n GPUs driven by this process, rank i on
@@ -83,6 +129,10 @@ struct gollm_comm {
   // destroys them first (an in-flight one is freed when its launch ends, which the abort's
   // flag makes happen). Guarded by mu; see comm_graph_add.
   std::vector<std::pair<int, cudaGraphExec_t>> graphs;
+  // The custom all-reduce's buffers, or null (then peer_why says why: no peer access, or
+  // more ranks than kArMaxRanks): NCCL all-reduces everything.
+  std::unique_ptr<gollm::PeerBufs> peer;
+  std::string peer_why;
 };
 
 namespace gollm {

@@ -73,6 +73,10 @@ void check_tuning(const gollm_tuning& t) {
     invalid("tuning.tile_blocks %d must be in [0, 4]", t.tile_blocks);
   if (t.decode_parts < 0 || t.decode_parts > 16)
     invalid("tuning.decode_parts %d must be in [0, 16]", t.decode_parts);
+  if (t.allreduce_bytes < 0 || (size_t)t.allreduce_bytes > kArSlotBytes)
+    invalid("tuning.allreduce_bytes %d must be in [0, %zu]", t.allreduce_bytes, kArSlotBytes);
+  if (t.allreduce_timeout_ms < 0 || t.allreduce_timeout_ms > 600000)
+    invalid("tuning.allreduce_timeout_ms %d must be in [0, 600000]", t.allreduce_timeout_ms);
 #ifndef GOLLM_MEASURE
   if (t.skip != 0)
     invalid("tuning.skip %d: this library was built without GOLLM_MEASURE, which leaving stages "
@@ -175,6 +179,11 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     e->tiled = !(tn.off & GOLLM_TUNING_NO_TILED) && e->tiled_rows > 0 && tiled_fits(1, c.hidden) &&
                tiled_fits(1, c.inner) && tiled_fits(1, c.heads * c.head_dim);
     e->fused = !tp && !(tn.off & GOLLM_TUNING_NO_FUSED) && c.hidden % 8 == 0 && c.inner % 8 == 0;
+    // Every rank decides alike (the same tuning and shapes), so that the ranks' custom
+    // all-reduces pair up.
+    e->ar = tp && comm->peer && !(tn.off & GOLLM_TUNING_NO_CUSTOM_AR) && c.hidden % 8 == 0;
+    e->ar_bytes = tn.allreduce_bytes > 0 ? (size_t)tn.allreduce_bytes : kArDefaultBytes;
+    e->ar_timeout_ns = (unsigned long long)(tn.allreduce_timeout_ms > 0 ? tn.allreduce_timeout_ms : kArTimeoutMs) * 1000000ull;
     // The staged gemv wins over cuBLAS on narrow models only, up to 4 rows
     // (bench/results/2026-11-21-gpu-h200.jsonl); wider ones take the streaming gemv.
     e->gemv_rows_max = tn.gemv_rows >= 0 ? tn.gemv_rows : c.hidden <= 1024 ? kFusedRows : 0;

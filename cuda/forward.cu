@@ -111,6 +111,7 @@ struct Flow {
   const float* qkv_bias = nullptr;    // the QKV bias, where the KV write must add it
   bool branch_in_h = false;           // the branch's projection added it to h
   const float* branch_bias = nullptr; // tmp holds the branch without this bias
+  bool ar_pending = false;            // tmp is a rank's share: RESIDUAL's kernel all-reduces it
 
   Flow(gollm_engine* e_, const Plan& pl_, const Layout& L_, int parts_)
       : e(e_), pl(pl_), L(L_), d(e_->w->cfg), N(pl_.n), NG(gemm_rows(pl_.n)), parts(parts_),
@@ -174,11 +175,20 @@ void embed(Flow<T>& f, const Stage& s) {
   const bool rms = nx.s.norm == GOLLM_NORM_RMS;
   const int VR = f.d.V;
   if (f.tp) {
+    // The custom all-reduce sums the lookups in fp32 (one rank's is nonzero: exact) into h
+    // and norms them in the same kernel.
+    const bool custom = ar_fits(e, f.N, f.d.H, 4);
+    float* look = custom ? f.tmp : f.h;
     embedding_shard<T>(f.I32(f.L.row_tok), f.I32(f.L.row_pos), static_cast<const T*>(w->embed),
-                       e->tp_rank == 0 ? static_cast<const T*>(w->pos) : nullptr, f.h, f.N, f.d.H,
+                       e->tp_rank == 0 ? static_cast<const T*>(w->pos) : nullptr, look, f.N, f.d.H,
                        e->tp_rank * VR, VR, f.st0, s.s.scale);
-    tp_all_reduce(e, f.h, (size_t)f.N * f.d.H, "the embedding", -1);
-    norm_rows<T>(f.h, f.xn, nx.gamma, nx.beta, f.N, f.d.H, nx.s.eps, rms, f.st0);
+    if (custom) {
+      tp_reduce_norm<T>(e, look, f.h, nullptr, f.xn, nx.gamma, nx.beta, f.N, f.d.H, nx.s.eps, rms,
+                        false, true);
+    } else {
+      tp_all_reduce(e, f.h, (size_t)f.N * f.d.H, "the embedding", -1);
+      norm_rows<T>(f.h, f.xn, nx.gamma, nx.beta, f.N, f.d.H, nx.s.eps, rms, f.st0);
+    }
   } else {
     embedding_layernorm<T>(f.I32(f.L.row_tok), f.I32(f.L.row_pos), static_cast<const T*>(w->embed),
                            static_cast<const T*>(w->pos), f.h, f.xn, nx.gamma, nx.beta, f.N, f.d.H,
@@ -288,6 +298,18 @@ void attention(Flow<T>& f, const Stage& s) {
                         f.small() || f.few_dec, f.st);
 }
 
+// tp_share leaves a rank's share of the branch in tmp to RESIDUAL's custom all-reduce
+// (fused with the residual add and the next norm), or all-reduces it with NCCL in fp32
+// where the custom one does not take it: a POST_NORM between (its norm needs the whole
+// sum first), payloads past the custom one's size, GPUs without peer access.
+template <typename T>
+void tp_share(Flow<T>& f, const char* what, int layer, bool post) {
+  if (!post && ar_fits(f.e, f.N, f.d.H, sizeof(T)))
+    f.ar_pending = true;
+  else
+    tp_all_reduce(f.e, f.tmp, (size_t)f.N * f.d.H, what, layer);
+}
+
 // branch projects x ([N][in] T) into the residual width — OUT, and the MLP's down
 // projection —: the branch RESIDUAL adds. On one GPU a gemv adds it (with its bias) to h
 // itself, unless a POST_NORM follows (post); otherwise it goes to tmp, with its bias from
@@ -319,7 +341,7 @@ void branch(Flow<T>& f, const void* w, const float* bias, int in, const T* x, co
       gemm<T>(e, x, w, f.tmp, f.NG, in, f.d.H);
       break;
   }
-  if (f.tp) tp_all_reduce(e, f.tmp, (size_t)f.N * f.d.H, what, layer);
+  if (f.tp) tp_share(f, what, layer, post);
   f.branch_bias = bias;
 }
 
@@ -416,12 +438,13 @@ void moe(Flow<T>& f, const Stage& s) {
     f.branch_in_h = true;
     return;
   }
-  if (f.tp) tp_all_reduce(e, f.tmp, (size_t)f.N * f.d.H, "the experts' output", s.s.layer);
+  if (f.tp) tp_share(f, "the experts' output", s.s.layer, s.post != nullptr);
   f.branch_bias = nullptr;
 }
 
 // RESIDUAL: h += the branch (with its bias, where its projection left it), and the NORM
-// after it in the same kernel — unless the branch's projection added it already.
+// after it in the same kernel — unless the branch's projection added it already. A
+// tensor-parallel rank's share left in tmp is all-reduced by that kernel too.
 template <typename T>
 void residual(Flow<T>& f, const Stage& s) {
   if (f.branch_in_h) {
@@ -429,6 +452,13 @@ void residual(Flow<T>& f, const Stage& s) {
     return;
   }
   const Stage& nx = *s.next;
+  if (f.ar_pending) {
+    f.ar_pending = false;
+    tp_reduce_norm<T>(f.e, f.tmp, f.h, f.branch_bias, f.xn, nx.gamma, nx.beta, f.N, f.d.H,
+                      nx.s.eps, nx.s.norm == GOLLM_NORM_RMS, true, false);
+    f.norm = &nx;
+    return;
+  }
   if (const Stage* p = f.post) {
     post_residual_norm<T>(f.h, f.tmp, f.branch_bias, p->gamma, p->s.eps, f.xn, nx.gamma, nx.beta,
                           f.N, f.d.H, nx.s.eps, nx.s.norm == GOLLM_NORM_RMS, f.stc);
@@ -443,7 +473,8 @@ void residual(Flow<T>& f, const Stage& s) {
 
 // LM_HEAD, per chunk of logit rows: the head (a gemv with the final norm on the few-row
 // paths, else cuBLAS over the normed rows gathered), the gather and join of the ranks'
-// vocabulary rows, the sampling, and (eager mode) the logits copies.
+// vocabulary rows (or, on a tensor-parallel decode step of plain greedy rows, the ranks'
+// candidates merged), the sampling, and (eager mode) the logits copies.
 template <typename T>
 void lm_head(Flow<T>& f, const Stage& s, bool capture) {
   gollm_engine* e = f.e;
@@ -455,6 +486,9 @@ void lm_head(Flow<T>& f, const Stage& s, bool capture) {
   float* logits = f.tp ? e->tp_logits.as<float>() : part;
   float* retlog = e->retlog.as<float>();
   float* hlog = e->hlog.as<float>();
+  // A tensor-parallel decode step of plain greedy rows (no logits returned: every rank
+  // decides alike) samples from the ranks' candidates instead of the joined logits.
+  const bool candidates = f.tp && e->ar && pl.decode_only && pl.all_greedy && !(s.s.softcap > 0.f);
   for (size_t ci = 0; ci < pl.chunks.size(); ci++) {
     const Chunk& ch = pl.chunks[ci];
     const float* padded = nullptr;  // the LM head's padded rows, when sampling reads them
@@ -475,6 +509,13 @@ void lm_head(Flow<T>& f, const Stage& s, bool capture) {
         padded = e->logits_pad.as<float>();
       else if (e->logits_pad.p)
         unpad_rows(e->logits_pad.as<float>(), part, ch.count, VR, lm_head_ld(VR), f.st);
+    }
+    if (candidates) {
+      // Each rank's maximum, its index and its sum of exponentials, merged: no logits leave
+      // a rank.
+      tp_greedy(e, part, f.I32(f.L.samp_seq) + ch.samp_first, f.I32(f.L.samp_row) + ch.samp_first,
+                ch.samp_count, VR);
+      continue;
     }
     if (f.tp) {
       tp_all_gather(e, part, e->tp_gather.as<float>(), (size_t)ch.count * VR);
@@ -642,5 +683,19 @@ void setup_kernels(gollm_engine* e) {
   else
     setup_kernels_t<__half>(e);
 }
+
+}  // namespace gollm
+
+namespace gollm {
+
+template <typename T>
+void residual_norm(float* h, const float* a, const float* bias, T* xn, const float* gamma, int n,
+                   int hidden, float eps, cudaStream_t st) {
+  residual_layernorm<T>(h, a, bias, xn, gamma, nullptr, n, hidden, eps, true, Stream(st, false));
+}
+template void residual_norm<__half>(float*, const float*, const float*, __half*, const float*, int,
+                                    int, float, cudaStream_t);
+template void residual_norm<__nv_bfloat16>(float*, const float*, const float*, __nv_bfloat16*,
+                                           const float*, int, int, float, cudaStream_t);
 
 }  // namespace gollm

@@ -45,7 +45,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 11
+#define GOLLM_ABI_VERSION 12
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -267,7 +267,9 @@ enum gollm_tuning_off {
                                   (cuBLAS then) */
   GOLLM_TUNING_NO_PROMPT_GRAPHS = 64, /* prompt steps replayed from graphs of their padded
                                          shape (every such step then runs kernel by kernel) */
-  GOLLM_TUNING_NO_CTX_MMA = 128       /* context attention on mma.sync (the WMMA kernel then) */
+  GOLLM_TUNING_NO_CTX_MMA = 128,      /* context attention on mma.sync (the WMMA kernel then) */
+  GOLLM_TUNING_NO_CUSTOM_AR = 256     /* tensor parallelism's custom all-reduce over peer
+                                         access (NCCL then, in fp32, for every all-reduce) */
 };
 
 /* gollm_tuning chooses among kernel paths that give the same results within rounding, to
@@ -286,6 +288,12 @@ typedef struct gollm_tuning {
                            1 << gollm_stage_kind) left out of every step, so that a step's
                            time without them says what they cost in place (the results are
                            wrong); other builds refuse a nonzero value */
+  int32_t allreduce_bytes;      /* tensor parallelism: the largest all-reduce (rows x hidden
+                                   x 2 bytes) the custom all-reduce takes, 1 to 4 MiB; 0:
+                                   1 MiB. Larger ones go to NCCL (ABI 12) */
+  int32_t allreduce_timeout_ms; /* how long the custom all-reduce waits for a peer before the
+                                   step fails (the communicators are then aborted), 1 to
+                                   600000; 0: 20000 */
 } gollm_tuning;
 
 /* gollm_engine_params sizes an engine. */
@@ -490,15 +498,47 @@ GOLLM_API int32_t gollm_nccl_describe(const char* nccl_lib, gollm_nccl_info* out
  * gollm_nccl_describe does; the caller holds one reference. Then one engine per rank,
  * each from its own thread, created at the same time: creation agrees on the KV pool's
  * blocks (the fewest any rank can hold, so that one block table serves every rank) and its
- * warm-up runs collectives. */
+ * warm-up runs collectives. Where every pair of the GPUs has peer access (ABI 12), it
+ * enables it and gives each rank the custom all-reduce's buffers (about 8 MiB a GPU). */
 GOLLM_API int32_t gollm_comm_create_all(int32_t n, const int32_t* devices, const char* nccl_lib,
                                         gollm_comm** out, gollm_status* status);
 
 /* gollm_comm_abort aborts every rank's communicator (ncclCommAbort, the ranks in parallel):
- * collectives waiting for a rank that failed return, and every later call of an engine on
+ * collectives waiting for a rank that failed return (the custom all-reduce's too), and every later call of an engine on
  * comm fails with GOLLM_ERR_NCCL. The engines cannot step again; destroy them. cause (may
  * be NULL) goes into their errors. Safe from any thread, while the engines' threads wait. */
 GOLLM_API int32_t gollm_comm_abort(gollm_comm* comm, const char* cause, gollm_status* status);
+
+/* gollm_allreduce_bench measures and checks tensor parallelism's all-reduce on comm's GPUs
+ * (ABI 12): one thread a rank, each with random partial sums [rows][hidden] fp32, a
+ * residual stream and a norm's weights; no engine may use comm meanwhile. */
+enum gollm_allreduce_method {
+  GOLLM_AR_CUSTOM = 0,    /* the custom all-reduce fused with the residual add and RMSNorm,
+                             the payload in the compute type (dtype) */
+  GOLLM_AR_NCCL_F32 = 1,  /* ncclAllReduce of the fp32 sums, then the residual add and
+                             RMSNorm's kernel: what a step without the custom one runs */
+  GOLLM_AR_NCCL = 2       /* ncclAllReduce of rows x hidden elements of dtype alone */
+};
+typedef struct gollm_allreduce_params {
+  int32_t method;   /* gollm_allreduce_method */
+  int32_t dtype;    /* GOLLM_DTYPE_F16 or GOLLM_DTYPE_BF16 */
+  int32_t rows, hidden;  /* hidden a multiple of 8 */
+  int32_t iters;    /* calls in the timed graph, 1..10000 */
+  int32_t reps;     /* replays of it timed (after one untimed), 1..100 */
+  int32_t check;    /* nonzero: one call and then a graph of 3 replayed twice, each
+                       result against the host's sums (GOLLM_AR_NCCL: none) */
+  int32_t timeout_ms; /* the custom all-reduce's wait for a peer; 0: 20000 */
+} gollm_allreduce_params;
+typedef struct gollm_allreduce_result {
+  float us_per_call;    /* median over the replays of the slowest rank's time a call */
+  float max_err_h;      /* the largest |h - host sum| over every rank and check */
+  float max_err_xn;     /* the largest |xn - host norm| relative to max(1, |host norm|) */
+  int32_t ranks_differ; /* elements of h or xn in which a rank's bits differ from rank 0's */
+  int32_t custom;       /* 1: the custom all-reduce ran (0: no peer access; reason says why) */
+  char reason[256];
+} gollm_allreduce_result;
+GOLLM_API int32_t gollm_allreduce_bench(struct gollm_comm* comm, const gollm_allreduce_params* params,
+                                        gollm_allreduce_result* out, gollm_status* status);
 
 /* gollm_comm_release drops the caller's reference; the communicators are destroyed once
  * the engines made on them are destroyed too. */

@@ -340,6 +340,12 @@ struct gollm_engine {
   gollm_comm* comm = nullptr;
   int tp_rank = 0, tp_size = 1;
   gollm::DevMem tp_gather, tp_logits;
+  // The custom all-reduce (allreduce.cu): on where the communicators have peer buffers and
+  // the tuning leaves it on, for payloads up to ar_bytes; a peer's flag waited for up to
+  // ar_timeout_ns.
+  bool ar = false;
+  size_t ar_bytes = 0;
+  unsigned long long ar_timeout_ns = 0;
   gollm::MoeBufs moe;             // the mixture-of-experts stage's buffers (moe.cu)
 };
 
@@ -380,6 +386,11 @@ int warmup_gemms(gollm_engine* e);
 // of the device inputs) from the previous step's sampled tokens.
 void feed_tokens(gollm_engine* e, const Layout& L, size_t pairs_off, int n);
 void setup_kernels(gollm_engine* e);
+// residual_norm is the residual add and RMSNorm a step without the custom all-reduce runs
+// after NCCL's (residual_layernorm), for gollm_allreduce_bench.
+template <typename T>
+void residual_norm(float* h, const float* a, const float* bias, T* xn, const float* gamma, int n,
+                   int hidden, float eps, cudaStream_t st);
 
 // step.cu
 // step runs one step; inject makes it fail after its forward pass is enqueued (faults.cu).
@@ -399,6 +410,22 @@ void tp_all_reduce(gollm_engine* e, float* buf, size_t count, const char* what, 
 void tp_all_gather(gollm_engine* e, const float* send, float* recv, size_t count);
 void tp_graph_launch(gollm_engine* e, cudaGraphExec_t g);
 void tp_check(gollm_engine* e);
+
+// allreduce.cu: ar_fits says whether the engine's custom all-reduce takes rows x hidden of
+// psize-byte payload (within allreduce_bytes counted at 2 bytes an element); tp_reduce_norm enqueues it (allreduce.cuh's ar_norm_kernel: h =
+// (h + Σ part) + bias, or Σ part without add, and xn its norm; the payload fp32 with f32,
+// else T); ar_error words a rank's error word; allreduce_bench is gollm_allreduce_bench.
+bool ar_fits(const gollm_engine* e, int rows, int hidden, size_t psize);
+template <typename T>
+void tp_reduce_norm(gollm_engine* e, const float* part, float* h, const float* bias, T* xn,
+                    const float* gamma, const float* beta, int rows, int hidden, float eps,
+                    bool rms, bool add, bool f32);
+// tp_greedy samples a decode step's plain greedy rows from each rank's LM head rows (part,
+// [entries' rows][vr]) without gathering them (allreduce.cuh's ar_greedy_kernel).
+void tp_greedy(gollm_engine* e, const float* part, const int32_t* samp_seq, const int32_t* samp_row,
+               int entries, int vr);
+std::string ar_error(const PeerBufs& p, int rank, int word, unsigned long long timeout_ns);
+void allreduce_bench(gollm_comm* c, const gollm_allreduce_params* p, gollm_allreduce_result* out);
 
 // faults.cu
 FailStep fail_step_of(const gollm_faults& f);

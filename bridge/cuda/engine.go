@@ -102,6 +102,15 @@ type Tuning struct {
 	// DecodeParts splits decode attention that many ways at every batch size (1..16); 0
 	// splits by the rows and their lengths.
 	DecodeParts int
+	// NoCustomAllReduce all-reduces tensor parallelism's sums with NCCL in fp32 instead of
+	// the custom all-reduce over peer access (fused with the residual add and the norm).
+	NoCustomAllReduce bool
+	// AllReduceBytes is the largest payload (rows × hidden × 2 bytes) the custom
+	// all-reduce takes (up to 4 MiB); 0 keeps 1 MiB. Larger ones go to NCCL.
+	AllReduceBytes int
+	// AllReduceTimeout is how long the custom all-reduce waits for a peer before the step
+	// fails and the communicators are aborted (1 ms to 10 min); 0 keeps 20 s.
+	AllReduceTimeout time.Duration
 	// Skip leaves the stage kinds of its bits (1 << model.StageKind) out of every step, so
 	// that a step's time without them says what they cost in place; the results are
 	// wrong. Only a library built with GOLLM_MEASURE takes it.
@@ -111,7 +120,8 @@ type Tuning struct {
 // TuningFromEnv reads the measuring switches, so that benchmarks and the GPU checks can
 // compare kernel paths without a rebuild: GOLLM_CUDA_PDL=0, GOLLM_CUDA_BULK=0,
 // GOLLM_CUDA_FUSED=0, GOLLM_CUDA_GROUPED=0, GOLLM_CUDA_STREAM=0, GOLLM_CUDA_TILED=0,
-// GOLLM_CUDA_PROMPT_GRAPHS=0 and GOLLM_CUDA_CTX_MMA=0 turn a path off;
+// GOLLM_CUDA_PROMPT_GRAPHS=0, GOLLM_CUDA_CTX_MMA=0 and GOLLM_CUDA_CUSTOM_AR=0 turn a path
+// off; GOLLM_CUDA_AR_BYTES=n sets the custom all-reduce's largest payload;
 // GOLLM_CUDA_GEMV_ROWS=n and GOLLM_CUDA_TILED_ROWS=n (0: off), GOLLM_CUDA_TILE_BLOCKS=k,
 // GOLLM_CUDA_DECODE_PARTS=n and GOLLM_CUDA_SKIP=bits set the numbers. The backend never
 // reads them.
@@ -132,7 +142,8 @@ func TuningFromEnv() Tuning {
 		NoTiled: off("GOLLM_CUDA_TILED"), NoPromptGraphs: off("GOLLM_CUDA_PROMPT_GRAPHS"),
 		NoCtxMMA: off("GOLLM_CUDA_CTX_MMA"), GemvRows: num("GOLLM_CUDA_GEMV_ROWS", -1),
 		TiledRows: num("GOLLM_CUDA_TILED_ROWS", -1), TileBlocks: num("GOLLM_CUDA_TILE_BLOCKS", 0),
-		DecodeParts: num("GOLLM_CUDA_DECODE_PARTS", 0), Skip: num("GOLLM_CUDA_SKIP", 0)}
+		DecodeParts: num("GOLLM_CUDA_DECODE_PARTS", 0), Skip: num("GOLLM_CUDA_SKIP", 0),
+		NoCustomAllReduce: off("GOLLM_CUDA_CUSTOM_AR"), AllReduceBytes: num("GOLLM_CUDA_AR_BYTES", 0)}
 }
 
 // c is t as gollm_tuning.
@@ -145,7 +156,7 @@ func (t Tuning) c() C.gollm_tuning {
 	}{{t.NoPDL, C.GOLLM_TUNING_NO_PDL}, {t.NoBulk, C.GOLLM_TUNING_NO_BULK}, {t.NoFused, C.GOLLM_TUNING_NO_FUSED},
 		{t.NoGrouped, C.GOLLM_TUNING_NO_GROUPED}, {t.NoStream, C.GOLLM_TUNING_NO_STREAM},
 		{t.NoTiled, C.GOLLM_TUNING_NO_TILED}, {t.NoPromptGraphs, C.GOLLM_TUNING_NO_PROMPT_GRAPHS},
-		{t.NoCtxMMA, C.GOLLM_TUNING_NO_CTX_MMA}} {
+		{t.NoCtxMMA, C.GOLLM_TUNING_NO_CTX_MMA}, {t.NoCustomAllReduce, C.GOLLM_TUNING_NO_CUSTOM_AR}} {
 		if b.on {
 			out.off |= b.bit
 		}
@@ -160,6 +171,10 @@ func (t Tuning) c() C.gollm_tuning {
 		return -1
 	}
 	out.gemv_rows, out.tiled_rows = rows(t.GemvRows), rows(t.TiledRows)
+	out.allreduce_bytes = C.int32_t(min(max(t.AllReduceBytes, 0), 1<<30))
+	if t.AllReduceTimeout > 0 {
+		out.allreduce_timeout_ms = C.int32_t(min(max(t.AllReduceTimeout.Milliseconds(), 1), 1<<30))
+	}
 	return out
 }
 

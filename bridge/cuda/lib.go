@@ -44,6 +44,8 @@ type lib struct {
 	engineReset, deviceInfo, weightsBytes                  unsafe.Pointer
 	// ncclDescribe … commRelease are ABI 7's tensor-parallel calls.
 	ncclDescribe, commCreateAll, commAbort, commRelease unsafe.Pointer
+	// allreduceBench is ABI 12's measure of the all-reduce alone.
+	allreduceBench unsafe.Pointer
 }
 
 var (
@@ -140,6 +142,7 @@ func (l *lib) resolve() error {
 		{"gollm_comm_create_all", &l.commCreateAll},
 		{"gollm_comm_abort", &l.commAbort},
 		{"gollm_comm_release", &l.commRelease},
+		{"gollm_allreduce_bench", &l.allreduceBench},
 	} {
 		cname := C.CString(s.name)
 		p := C.gollm_sym(l.handle, cname)

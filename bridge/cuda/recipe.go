@@ -92,7 +92,7 @@ func cbool(v bool) C.int32_t {
 }
 
 // abiLayout reports the size of each ABI struct this package fills and the offset of
-// each field, by the names gollm.h gives them, for the test that pins them to ABI 11.
+// each field, by the names gollm.h gives them, for the test that pins them to ABI 12.
 func abiLayout() map[string]uintptr {
 	var st C.gollm_stage
 	var f C.gollm_faults
@@ -100,6 +100,8 @@ func abiLayout() map[string]uintptr {
 	var wp C.gollm_weights_params
 	var ep C.gollm_engine_params
 	var mc C.gollm_model_config
+	var ap C.gollm_allreduce_params
+	var ar C.gollm_allreduce_result
 	return map[string]uintptr{
 		"gollm_stage": unsafe.Sizeof(st), "gollm_stage.kind": unsafe.Offsetof(st.kind),
 		"gollm_stage.layer": unsafe.Offsetof(st.layer), "gollm_stage.weight": unsafe.Offsetof(st.weight),
@@ -117,7 +119,10 @@ func abiLayout() map[string]uintptr {
 		"gollm_tuning":            unsafe.Sizeof(tn), "gollm_tuning.off": unsafe.Offsetof(tn.off),
 		"gollm_tuning.gemv_rows": unsafe.Offsetof(tn.gemv_rows), "gollm_tuning.tiled_rows": unsafe.Offsetof(tn.tiled_rows),
 		"gollm_tuning.tile_blocks": unsafe.Offsetof(tn.tile_blocks), "gollm_tuning.decode_parts": unsafe.Offsetof(tn.decode_parts),
-		"gollm_tuning.skip":  unsafe.Offsetof(tn.skip),
+		"gollm_tuning.skip": unsafe.Offsetof(tn.skip), "gollm_tuning.allreduce_bytes": unsafe.Offsetof(tn.allreduce_bytes),
+		"gollm_tuning.allreduce_timeout_ms": unsafe.Offsetof(tn.allreduce_timeout_ms),
+		"gollm_allreduce_params":            unsafe.Sizeof(ap), "gollm_allreduce_params.timeout_ms": unsafe.Offsetof(ap.timeout_ms),
+		"gollm_allreduce_result": unsafe.Sizeof(ar), "gollm_allreduce_result.reason": unsafe.Offsetof(ar.reason),
 		"gollm_model_config": unsafe.Sizeof(mc), "gollm_model_config.norm": unsafe.Offsetof(mc.norm),
 		"gollm_model_config.tied_head": unsafe.Offsetof(mc.tied_head),
 		"gollm_model_config.qk_norm":   unsafe.Offsetof(mc.qk_norm), "gollm_model_config.post_norms": unsafe.Offsetof(mc.post_norms),

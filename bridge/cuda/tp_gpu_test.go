@@ -35,6 +35,10 @@ const (
 	// GPUs chose) under which the GPUs may choose differently: their logits' rms is 1-2.6
 	// on these fixtures, and fp16 puts them a few 1e-3 apart.
 	tpTieGap = 0.02
+	// tpLogProbGap bounds a sampled token's log-probability against one GPU's: logits a
+	// few 1e-3 apart move it by as much; a wrong merge of the ranks' candidates (a shard's
+	// sum of exponentials left out) by about ln(n/(n-1)), 0.29 at 4 ranks.
+	tpLogProbGap = 0.05
 )
 
 // tpLibrary is the library for the tensor-parallel tests, skipping without one or with
@@ -231,9 +235,11 @@ func TestGPUTensorParallelMatchesOneGPU(t *testing.T) {
 	fixtures := tpFixtures(t)
 	for _, name := range []string{"gpt2-tiny", "llama-tiny", "qwen2-tiny", "gpt2-vocab999"} {
 		dir := fixtures[name]
-		for _, n := range ways {
-			t.Run(fmt.Sprintf("%s/tp%d", name, n), func(t *testing.T) {
+		for _, v := range tpVariants(name, ways) {
+			n := v.n
+			t.Run(fmt.Sprintf("%s/tp%d%s", name, n, v.suffix), func(t *testing.T) {
 				opts := tpOptions(lib)
+				opts.Tuning.NoCustomAllReduce = v.nccl
 				tp, one, ref := tpOn(t, dir, n, opts), oneOn(t, dir, opts), cpuOn(t, dir)
 				V := one.Info().VocabSize
 				if tp.Info().VocabSize != V || tp.Info().NumBlocks < 64 {
@@ -275,6 +281,11 @@ func TestGPUTensorParallelMatchesOneGPU(t *testing.T) {
 								}
 							}
 						}
+						// The greedy rows' log-probabilities: on the plain greedy steps (9 on)
+						// merged from the ranks' candidates, not from joined logits.
+						if g.Token == w.Token && math.Abs(float64(g.LogProb-w.LogProb)) > tpLogProbGap {
+							t.Fatalf("step %d, sequence %d: token %d's log-probability %.4f, one GPU %.4f (bar %g)", k, i, g.Token, g.LogProb, w.LogProb, tpLogProbGap)
+						}
 						if g.Token != w.Token {
 							gap := cpuGap(t, ref, seqs[i].History, g.Token, w.Token)
 							if gap >= tpTieGap {
@@ -299,6 +310,27 @@ func TestGPUTensorParallelMatchesOneGPU(t *testing.T) {
 			})
 		}
 	}
+}
+
+// tpVariant is a rank count, and whether NCCL all-reduces everything (the custom
+// all-reduce off).
+type tpVariant struct {
+	n      int
+	nccl   bool
+	suffix string
+}
+
+// tpVariants are each rank count with the custom all-reduce, and for llama-tiny the most
+// ranks with NCCL alone too, so that both paths stay checked.
+func tpVariants(name string, ways []int) []tpVariant {
+	var out []tpVariant
+	for _, n := range ways {
+		out = append(out, tpVariant{n: n})
+	}
+	if n := ways[len(ways)-1]; n > 1 && name == "llama-tiny" {
+		out = append(out, tpVariant{n: n, nccl: true, suffix: "/nccl"})
+	}
+	return out
 }
 
 // tpRequests are n requests of random prompts, some streamed, some sampled.

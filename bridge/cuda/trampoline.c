@@ -74,3 +74,8 @@ int32_t call_comm_abort(void* f, gollm_comm* c, const char* cause, gollm_status*
   return ((int32_t(*)(gollm_comm*, const char*, gollm_status*))f)(c, cause, st);
 }
 void call_comm_release(void* f, gollm_comm* c) { ((void (*)(gollm_comm*))f)(c); }
+int32_t call_allreduce_bench(void* f, gollm_comm* c, const gollm_allreduce_params* p,
+                             gollm_allreduce_result* out, gollm_status* st) {
+  return ((int32_t(*)(gollm_comm*, const gollm_allreduce_params*, gollm_allreduce_result*,
+                      gollm_status*))f)(c, p, out, st);
+}

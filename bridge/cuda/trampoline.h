@@ -33,5 +33,7 @@ int32_t call_comm_create_all(void* f, int32_t n, const int32_t* devices, const c
                              gollm_comm** out, gollm_status* st);
 int32_t call_comm_abort(void* f, gollm_comm* c, const char* cause, gollm_status* st);
 void call_comm_release(void* f, gollm_comm* c);
+int32_t call_allreduce_bench(void* f, gollm_comm* c, const gollm_allreduce_params* p,
+                             gollm_allreduce_result* out, gollm_status* st);
 
 #endif

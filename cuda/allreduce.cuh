@@ -1,0 +1,290 @@
+// allreduce.cuh — tensor parallelism's custom all-reduce (comm.h: PeerBufs), fused with the
+// residual add and the norm after it. Included by allreduce.cu alone.
+#pragma once
+#include "common.cuh"
+#include "comm.h"
+
+namespace gollm {
+
+// ArArgs is what a launch needs of the peer buffers, for the calling rank.
+struct ArArgs {
+  char* data[kArMaxRanks];       // each rank's [2][slot] payload (peers' through peer access)
+  uint32_t* flags[kArMaxRanks];  // each rank's flags [kArMaxRanks][kArBlocks]
+  uint32_t* counter;             // this rank's epochs [kArBlocks]
+  int* err;                      // this rank's error word (pinned host)
+  int* abort;                    // the set's abort word (pinned host)
+  unsigned long long timeout_ns;
+  unsigned long long slot;       // bytes a parity slot
+  int rank, n;
+};
+
+constexpr int kArThreads = 512;
+
+// The flags cross GPUs: release stores and acquire loads at system scope (a peer's data
+// written before its flag is seen after it), the payload read past L1 (__ldcg).
+__device__ __forceinline__ uint32_t ar_ld_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void ar_st_release(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long ar_clock_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Vectors of W = 16 / sizeof(P) payload elements: one 16-byte load or store.
+template <typename P> struct ArVec { static constexpr int W = 16 / sizeof(P); };
+
+template <typename P>
+__device__ __forceinline__ void ar_store(P* dst, const float* v) {
+  constexpr int W = ArVec<P>::W;
+  alignas(16) P out[W];
+#pragma unroll
+  for (int i = 0; i < W; i++) out[i] = from_f32<P>(v[i]);
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
+}
+
+// ar_add adds the W payload elements packed in u to acc.
+template <typename P>
+__device__ __forceinline__ void ar_add(const uint4& u, float* acc) {
+  constexpr int W = ArVec<P>::W;
+  const P* p = reinterpret_cast<const P*>(&u);
+#pragma unroll
+  for (int i = 0; i < W; i++) acc[i] += to_f32(p[i]);
+}
+
+// ar_wait spins until the flag reaches epoch (wrapping compare: a peer is at most one call
+// ahead), checking the abort word and the clock every 256 polls; false, with the error word
+// set, when the set was aborted or timeout_ns passed. A timeout sets the abort word too:
+// the ranks' calls no longer pair up, and every later wait of the step (on any rank) ends
+// at once instead of after its own timeout.
+__device__ bool ar_wait(const ArArgs& a, const uint32_t* flag, uint32_t epoch, int peer) {
+  if ((int)(ar_ld_acquire(flag) - epoch) >= 0) return true;
+  const unsigned long long t0 = ar_clock_ns();
+  for (unsigned k = 1;; k++) {
+    if ((int)(ar_ld_acquire(flag) - epoch) >= 0) return true;
+    if ((k & 255) != 0) continue;
+    int code = 0;
+    if (*reinterpret_cast<const volatile int*>(a.abort) != 0)
+      code = kArAborted;
+    else if (ar_clock_ns() - t0 > a.timeout_ns)
+      code = kArTimedOut;
+    if (code) {
+      // A timeout's word wins over the aborts it causes (written before the abort word).
+      volatile int* err = a.err;
+      if (code == kArTimedOut || *err == 0) *err = code | (peer << 8);
+      __threadfence_system();
+      if (code == kArTimedOut) *reinterpret_cast<volatile int*>(a.abort) = 1;
+      __threadfence_system();
+      return false;
+    }
+  }
+}
+
+// ar_norm_kernel all-reduces part over the ranks and adds it to the residual stream, then
+// norms it — every rank the same sums in the same order (rank 0 to n-1), so that their h
+// and xn agree bit for bit whatever order the peers arrive in.
+//   part:  [n_rows][hidden] fp32, this rank's partial sums (sent rounded to P)
+//   h:     [n_rows][hidden] fp32; h = (h + Σ part) + bias when add, else Σ part
+//   bias:  [hidden] fp32 or null
+//   xn:    [n_rows][hidden] T = norm(h): RMSNorm when rms, else LayerNorm with beta
+//          ([hidden] fp32 or null); gamma [hidden] fp32
+// Grid: G = min(n_rows, kArBlocks) blocks of kArThreads; block b reduces rows b, b + G, …,
+// which it stages in region b (slot / kArBlocks bytes) of its epoch's slot. hidden % 8 == 0.
+// Launched without PDL: part is complete when it starts.
+template <typename T, typename P>
+__global__ void __launch_bounds__(kArThreads)
+    ar_norm_kernel(ArArgs a, const float* part, float* h, const float* __restrict__ bias,
+                   T* __restrict__ xn, const float* __restrict__ gamma,
+                   const float* __restrict__ beta, int n_rows, int hidden, float eps, bool rms,
+                   bool add) {
+  constexpr int W = ArVec<P>::W;
+  __shared__ float red[32];
+  __shared__ int bad;
+  const int b = blockIdx.x, G = gridDim.x, nv = hidden / W;
+  const uint32_t epoch = a.counter[b] + 1;
+  const size_t off = (size_t)(epoch & 1) * a.slot + (size_t)b * (a.slot / kArBlocks);
+  if (threadIdx.x == 0) bad = 0;
+  // This rank's rows into its own buffer, rounded to the payload type.
+  P* mine = reinterpret_cast<P*>(a.data[a.rank] + off);
+  for (int r = b, j = 0; r < n_rows; r += G, j++) {
+    const float* src = part + (int64_t)r * hidden;
+    for (int v = threadIdx.x; v < nv; v += blockDim.x) {
+      float x[W];
+#pragma unroll
+      for (int i = 0; i < W; i += 4) {
+        const float4 q = *reinterpret_cast<const float4*>(src + v * W + i);
+        x[i] = q.x, x[i + 1] = q.y, x[i + 2] = q.z, x[i + 3] = q.w;
+      }
+      ar_store<P>(mine + (int64_t)j * hidden + v * W, x);
+    }
+  }
+  __syncthreads();
+  // Thread t < n raises this block's flag in rank t's memory, then waits for rank t's in
+  // this rank's: the release orders the block's stores (ordered before it by the barrier)
+  // before the flag; the acquire and the barrier after order the peers' payload before
+  // this block's loads.
+  const int t = threadIdx.x;
+  if (t < a.n && t != a.rank) {
+    ar_st_release(a.flags[t] + a.rank * kArBlocks + b, epoch);
+    if (!ar_wait(a, a.flags[a.rank] + t * kArBlocks + b, epoch, t)) bad = 1;
+  }
+  __syncthreads();
+  if (t == 0) a.counter[b] = epoch;
+  if (bad) return;  // the step fails (the host reads the error word); h is left as it is
+  for (int r = b, j = 0; r < n_rows; r += G, j++) {
+    float* hr = h + (int64_t)r * hidden;
+    float s = 0.f;
+    for (int v = threadIdx.x; v < nv; v += blockDim.x) {
+      // Every rank's vector loaded before any is added: the peers' loads cross NVLink
+      // together.
+      uint4 raw[kArMaxRanks];
+#pragma unroll
+      for (int src = 0; src < kArMaxRanks; src++)
+        if (src < a.n)
+          raw[src] = __ldcg(reinterpret_cast<const uint4*>(
+              reinterpret_cast<const P*>(a.data[src] + off) + (int64_t)j * hidden + v * W));
+      float acc[W];
+#pragma unroll
+      for (int i = 0; i < W; i++) acc[i] = 0.f;
+#pragma unroll
+      for (int src = 0; src < kArMaxRanks; src++)
+        if (src < a.n) ar_add<P>(raw[src], acc);
+#pragma unroll
+      for (int i = 0; i < W; i += 4) {
+        const int c = v * W + i;
+        float4 o;
+        if (add) {
+          const float4 hv = *reinterpret_cast<const float4*>(hr + c);
+          o = make_float4(hv.x + acc[i], hv.y + acc[i + 1], hv.z + acc[i + 2], hv.w + acc[i + 3]);
+        } else {
+          o = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
+        }
+        if (bias) {
+          const float4 bv = *reinterpret_cast<const float4*>(bias + c);
+          o.x += bv.x, o.y += bv.y, o.z += bv.z, o.w += bv.w;
+        }
+        *reinterpret_cast<float4*>(hr + c) = o;
+        s += rms ? o.x * o.x + o.y * o.y + o.z * o.z + o.w * o.w : o.x + o.y + o.z + o.w;
+      }
+    }
+    // The norm over the row this block wrote (each thread reads back its own stores).
+    float mean = 0.f, var;
+    if (rms) {
+      var = block_sum(s, red);
+    } else {
+      mean = block_sum(s, red) / hidden;
+      float d2 = 0.f;
+      for (int c = threadIdx.x * 4; c < hidden; c += blockDim.x * 4) {
+        // The same threads own the same columns as above only when W == 4; read back
+        // through L1 either way (this block wrote them).
+        const float4 q = *reinterpret_cast<const float4*>(hr + c);
+        d2 += (q.x - mean) * (q.x - mean) + (q.y - mean) * (q.y - mean) + (q.z - mean) * (q.z - mean) +
+              (q.w - mean) * (q.w - mean);
+      }
+      var = block_sum(d2, red);
+    }
+    const float rstd = rsqrtf(var / hidden + eps);
+    T* xr = xn + (int64_t)r * hidden;
+    for (int c = threadIdx.x * 4; c < hidden; c += blockDim.x * 4) {
+      const float4 q = *reinterpret_cast<const float4*>(hr + c);
+      const float4 g = *reinterpret_cast<const float4*>(gamma + c);
+      float4 be = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (beta) be = *reinterpret_cast<const float4*>(beta + c);
+      store4<T>(xr + c, (q.x - mean) * rstd * g.x + be.x, (q.y - mean) * rstd * g.y + be.y,
+                (q.z - mean) * rstd * g.z + be.z, (q.w - mean) * rstd * g.w + be.w);
+    }
+  }
+}
+
+// ar_greedy_combine merges (m, i, z) — a maximum, its index and the sum of exp(w - m) over
+// its part — into (bv, bi, sum); on equal maxima the lower index stays (the first maximum,
+// as one GPU's greedy sampling picks it).
+__device__ __forceinline__ void ar_greedy_combine(float& bv, int& bi, float& sum, float m, int i, float z) {
+  if (m == -INFINITY) return;
+  if (m > bv) {
+    sum = sum * __expf(bv - m) + z;
+    bv = m, bi = i;
+  } else {
+    sum += z * __expf(m - bv);
+    if (m == bv) bi = min(bi, i);
+  }
+}
+
+// ar_greedy_kernel samples plain greedy rows without gathering the vocabulary: each rank
+// reduces its rows of the vocabulary to (maximum, first index of it, Σ exp(w - maximum)),
+// the custom all-reduce's buffers carry those 16 bytes a row, and every rank merges them
+// in rank order (vocabulary order) into the token and its log-probability, -log Σ — alike
+// on every rank. For decode steps whose rows are all greedy_fast and return no logits.
+//   part: [rows][vr] fp32, this rank's LM head rows (vocabulary rows first..first+valid)
+//   samp_seq, samp_row: entry e's sequence (< 0: padding) and its row of part
+//   out_tok, out_lp: [sequences]; -2 where every logit is -inf
+// Grid: G = min(entries, kArBlocks) blocks of kArThreads; block b takes entries b, b + G, ….
+__global__ void __launch_bounds__(kArThreads)
+    ar_greedy_kernel(ArArgs a, const float* __restrict__ part, const int32_t* __restrict__ samp_seq,
+                     const int32_t* __restrict__ samp_row, int32_t* __restrict__ out_tok,
+                     float* __restrict__ out_lp, int entries, int vr, int valid, int first) {
+  __shared__ float fred[32], sred[32];
+  __shared__ int ired[32];
+  __shared__ int bad;
+  const int b = blockIdx.x, G = gridDim.x;
+  const uint32_t epoch = a.counter[b] + 1;
+  const size_t off = (size_t)(epoch & 1) * a.slot + (size_t)b * (a.slot / kArBlocks);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  if (threadIdx.x == 0) bad = 0;
+  float4* mine = reinterpret_cast<float4*>(a.data[a.rank] + off);
+  for (int e = b, j = 0; e < entries; e += G, j++) {
+    float bv = -INFINITY, sum = 0.f;
+    int bi = 0x7fffffff;
+    if (samp_seq[e] >= 0) {
+      const float* w = part + (int64_t)samp_row[e] * vr;
+      for (int i = threadIdx.x; i < valid; i += blockDim.x) ar_greedy_combine(bv, bi, sum, w[i], first + i, 1.f);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float m = __shfl_xor_sync(0xffffffffu, bv, o), z = __shfl_xor_sync(0xffffffffu, sum, o);
+      const int i = __shfl_xor_sync(0xffffffffu, bi, o);
+      ar_greedy_combine(bv, bi, sum, m, i, z);
+    }
+    __syncthreads();  // the shared slots may still be read for the previous entry
+    if (lane == 0) fred[warp] = bv, ired[warp] = bi, sred[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      bv = -INFINITY, bi = 0x7fffffff, sum = 0.f;
+      for (int q = 0; q < nw; q++) ar_greedy_combine(bv, bi, sum, fred[q], ired[q], sred[q]);
+      mine[j] = make_float4(bv, __int_as_float(bi), sum, 0.f);
+    }
+  }
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t < a.n && t != a.rank) {
+    ar_st_release(a.flags[t] + a.rank * kArBlocks + b, epoch);
+    if (!ar_wait(a, a.flags[a.rank] + t * kArBlocks + b, epoch, t)) bad = 1;
+  }
+  __syncthreads();
+  if (t == 0) a.counter[b] = epoch;
+  if (bad) return;
+  // A thread an entry: the ranks' triples merged in rank order.
+  for (int e = b + G * t, j = t; e < entries; e += G * blockDim.x, j += blockDim.x) {
+    const int s = samp_seq[e];
+    if (s < 0) continue;
+    float bv = -INFINITY, sum = 0.f;
+    int bi = 0x7fffffff;
+    for (int src = 0; src < a.n; src++) {
+      const float4 q = __ldcg(reinterpret_cast<const float4*>(a.data[src] + off) + j);
+      ar_greedy_combine(bv, bi, sum, q.x, __float_as_int(q.y), q.z);
+    }
+    if (bv == -INFINITY) {
+      out_tok[s] = -2;
+      continue;
+    }
+    out_tok[s] = bi;
+    out_lp[s] = -logf(sum);
+  }
+}
+
+}  // namespace gollm

@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# Issue 38's custom all-reduce on a machine of 2 or 4 GPUs, in two calls of under 8
+# minutes, run from this tree with CARRY = .carry/tpar (tests/gpu/tpar_carry.sh: the Go
+# binaries cudatest, gpubench, arbench; the library is built here from cuda/):
+#   bash tests/gpu/tpar_check.sh CARRY OUTDIR
+# Prints PASS or FAIL for each check and the benchmarks' tables; exits 1 when a check
+# failed. In order:
+#   build   libgollm_cuda.so of this tree for sm_90, one nvcc a source file on every core
+#           (into build/tpar/, kept while the machine stays warm)
+#   ar      TestGPUAllReduceMatchesHost: the custom all-reduce (fused with the residual
+#           add and RMSNorm) over 2 and 4 GPUs, fp16 and bf16, eager and replayed from a
+#           graph, against the host's sums — bit for bit in h on every rank — and NCCL's
+#           fp32 path against the same sums
+#   tp      tests/gpu/tp_check.sh's tests (TP_SKIP_BENCH=1 TP_SKIP_1GPU=1): TP 2 and 4
+#           against one GPU on the tiny fixtures (llama-tiny with NCCL alone too), the
+#           batch manager, the overlap path, an error every rank raises; then the abort
+#           tests: a step failing on every rank recovered from, rank 1 failing alone
+#           (rank 0 released by the abort), and TestGPUTensorParallelFailedRankTimesOut
+#           (rank 0 released by the all-reduce's own 2 s timeout)
+#   arbench the all-reduce alone at 2 KB–8 MB, TP 2 and 4: the custom one, NCCL's fp32
+#           path and NCCL in fp16, rows in OUTDIR/tpar-allreduce.jsonl and a table
+#   decode  gpubench with random weights (no files) of the Llama-2-7B and -13B shapes,
+#           fp16, decode b1 i128 o128 (ms/token) and b64 i128 o128 (tokens/s) at TP 1, 2
+#           and 4 (13B: 1 and 4; 7B also at TP 4 with GOLLM_CUDA_CUSTOM_AR=0: NCCL alone), rows in
+#           OUTDIR/tpar-decode.jsonl; a table of speed-ups against TP 1 beside the issue's
+#           targets (a missed target is reported, not failed)
+# TPAR_STAGES (default "build ar tp arbench decode") picks stages: everything takes more
+# than one call's 10 minutes, so run "build ar tp arbench" (about 6 minutes) and then
+# "decode" (about 5; the library stays built while the machine is warm). TPAR_MODELS
+# (default "llama2-7B llama2-13B") and TPAR_TP (default "1 2 4" for 7B, "1 4" for 13B,
+# cut to the GPUs there are) narrow the decode benchmark; TPAR_REPS its repetitions
+# (default 2).
+set -uo pipefail
+carry=$(cd "$1" && pwd) out=$2
+root=$(cd "$(dirname "$0")/../.." && pwd)
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+stages=${TPAR_STAGES:-build ar tp arbench decode}
+has() { [[ " $stages " == *" $1 "* ]]; }
+fails=0
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1"; fails=$((fails + 1)); }
+b=$root/build/tpar
+mkdir -p "$b/bin" "$b/obj"
+if [ -f "$carry/bins.tar.xz" ]; then tar xJf "$carry/bins.tar.xz" -C "$b/bin"; else cp "$carry"/* "$b/bin/"; fi
+commit=$(head -1 "$b/bin/commit" 2> /dev/null)
+echo "== carry: $commit $(grep -c dirty "$b/bin/commit" 2> /dev/null) dirty files"
+# env.sh: cuBLAS and NCCL on the loader's path ($cublas_dir, $nccl_dir).
+source "$root/tests/gpu/env.sh"
+lib=$b/libgollm_cuda.so
+ngpu=$(nvidia-smi -L | grep -c '^GPU')
+machine=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "== $ngpu × $machine"
+nvidia-smi topo -m > "$out/topo.txt" 2>&1 && head -$((ngpu + 1)) "$out/topo.txt"
+
+if has build; then
+  echo "== build"
+  nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2> /dev/null)
+  cublas=$(ls "${cublas_dir:-/nonexistent}/libcublas.so.13" /usr/local/cuda/lib64/libcublas.so.13 \
+    /usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13 2> /dev/null | head -1)
+  if [ -z "$nvcc" ] || [ -z "$cublas" ]; then
+    fail "build: nvcc ($nvcc) or libcublas.so.13 ($cublas) not found"
+  else
+    export NVCC=$nvcc FLAGS="-std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 -Xcompiler=-fPIC,-fvisibility=hidden"
+    t0=$SECONDS
+    rm -f "$b/obj"/*.o "$lib"
+    # forward.cu, the longest, first.
+    # shellcheck disable=SC2016
+    if ls "$root"/cuda/forward.cu "$root"/cuda/*.cu | awk '!seen[$0]++' |
+      xargs -P "$(nproc)" -I{} bash -c '$NVCC $FLAGS -c "$1" -o "$2/$(basename "$1" .cu).o"' _ {} "$b/obj" > "$out/build.log" 2>&1 &&
+      # shellcheck disable=SC2086
+      $NVCC $FLAGS -shared -cudart static -Xlinker=-rpath,'$ORIGIN',--exclude-libs,ALL \
+        -o "$lib" "$b/obj"/*.o -Xlinker="$cublas" -ldl >> "$out/build.log" 2>&1; then
+      pass "build: libgollm_cuda.so in $((SECONDS - t0)) s"
+    else
+      fail "build"; tail -20 "$out/build.log"
+    fi
+  fi
+fi
+[ -f "$lib" ] || { echo "no library: stopping"; echo "== $((fails + 1)) failed"; exit 1; }
+
+# gotests NAME RUN LOG: the bridge/cuda tests matching RUN; PASS/FAIL per test.
+gotests() {
+  local name=$1 run=$2 log=$3
+  (cd "$root/bridge/cuda" && GOLLM_CUDA_LIB="$lib" NCCL_DEBUG=${NCCL_DEBUG:-WARN} timeout 150 \
+    "$b/bin/cudatest" -test.run "$run" -test.v -test.count=1 > "$log" 2>&1)
+  local rc=$?
+  grep -E '^\s*--- (PASS|FAIL|SKIP)' "$log" | grep -vE '^\s{8,}--- PASS' | sed -E 's/^(\s*)--- (PASS|FAIL|SKIP): /\2 \1/' | sed "s/^\(PASS\|FAIL\|SKIP\) /\1 $name: /"
+  grep -E '_test\.go:[0-9]+: ' "$log" | head -20 | sed 's/^/    /'
+  if [ $rc -eq 0 ]; then pass "$name: exit 0"; else
+    fail "$name: exit $rc$([ $rc -eq 124 ] && echo ' (timed out)')"
+    tail -15 "$log" | sed 's/^/    /'
+  fi
+  fails=$((fails + $(grep -cE '^\s*--- FAIL' "$log")))
+  local skips
+  skips=$(grep -cE '^\s*--- SKIP' "$log")
+  if [ "$skips" -gt 0 ]; then fail "$name: $skips skipped"; fi
+}
+
+if has ar; then
+  echo "== ar: the custom all-reduce against the host's sums"
+  gotests ar 'TestGPUAllReduceMatchesHost' "$out/ar.log"
+fi
+
+if has tp; then
+  echo "== tp: tests/gpu/tp_check.sh's tests and abort tests"
+  mkdir -p "$b/tpcarry"
+  cp "$lib" "$b/bin/cudatest" "$b/bin/commit" "$b/tpcarry/" 2> /dev/null
+  TP_TEST_S=${TP_TEST_S:-240} TP_SKIP_BENCH=1 TP_SKIP_1GPU=1 bash "$root/tests/gpu/tp_check.sh" "$b/tpcarry" "$out/tp" 2>&1 | grep -E '^(PASS|FAIL|==|    )' | grep -v '^== carry'
+  [ "${PIPESTATUS[0]}" -eq 0 ] || fails=$((fails + 1))
+fi
+
+# tag FILE [SUFFIX]: BENCH.md's date, commit and machine added to each row of stdin (its
+# impl ending in SUFFIX), into FILE.
+tag() {
+  python3 -c '
+import json, sys, datetime
+for line in sys.stdin:
+    line = line.strip()
+    if not line.startswith("{"):
+        continue
+    r = json.loads(line)
+    r["impl"] += sys.argv[3]
+    print(json.dumps({"date": datetime.date.today().isoformat(), "commit": sys.argv[1], "machine": sys.argv[2], **r}), flush=True)
+' "$commit" "$machine" "${2:-}" >> "$1"
+}
+
+if has arbench; then
+  echo "== arbench: the all-reduce alone, custom beside NCCL"
+  ways=2
+  [ "$ngpu" -ge 4 ] && ways=2,4
+  rm -f "$out/tpar-allreduce.jsonl"
+  timeout 120 "$b/bin/arbench" -lib "$lib" -tp $ways 2> "$out/arbench.log" | tag "$out/tpar-allreduce.jsonl"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 0 ]; then pass "arbench: TP $ways"; else fail "arbench (exit $rc)"; tail -8 "$out/arbench.log"; fi
+  python3 - "$out/tpar-allreduce.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+fig = {(r["tp"], r["bytes"], r["impl"].split("-")[0] + ("-f32" if r["impl"] == "nccl-f32" else "")): r["value"] / 1e3 for r in rows}
+bad = [r for r in rows if r["impl"] == "gollm-custom-ar" and (r["ranks_differ"] or r["max_err_h"] > 0)]
+print("| TP | bytes | custom, fused (µs) | NCCL fp32 + norm (µs) | NCCL fp16 alone (µs) |")
+print("| --- | --- | --- | --- | --- |")
+for tp, b in sorted({(r["tp"], r["bytes"]) for r in rows}):
+    f = lambda k: f"{fig[(tp, b, k)]:.2f}" if (tp, b, k) in fig else "—"
+    print(f"| {tp} | {b:,} | {f('gollm')} | {f('nccl-f32')} | {f('nccl')} |")
+t = fig.get((4, 8192, "gollm"))
+print(f"8 KB at TP 4: {t:.2f} µs (target ≤ 8): {'TARGET met' if t <= 8 else 'TARGET missed'}" if t else "8 KB at TP 4: not measured")
+for r in bad:
+    print(f"FAIL arbench check: {r['workload']}: h off by {r['max_err_h']}, {r['ranks_differ']} elements differ between ranks")
+sys.exit(1 if bad else 0)
+PY
+  [ $? -eq 0 ] || fails=$((fails + 1))
+fi
+
+if has decode; then
+  echo "== decode: gpubench, random weights, TP 1/2/4"
+  rm -f "$out/tpar-decode.jsonl"
+  W=decode_b1_i128_o128,tput_b64_i128_o128
+  for m in ${TPAR_MODELS:-llama2-7B llama2-13B}; do
+    d=/tmp/gollm-tpar/$m
+    mkdir -p "$d"
+    python3 - "$m" "$d/config.json" <<'PY'
+import json, sys
+h, i, l = {"llama2-7B": (4096, 11008, 32), "llama2-13B": (5120, 13824, 40)}[sys.argv[1]]
+json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h, "intermediate_size": i,
+           "num_hidden_layers": l, "num_attention_heads": h // 128, "num_key_value_heads": h // 128,
+           "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+           "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
+           "torch_dtype": "float16"}, open(sys.argv[2], "w"))
+PY
+    gb=$([ "$m" = llama2-7B ] && echo 15 || echo 28)
+    # 13B at TP 1 and 4 (the issue's target); 7B at each, and at TP 4 with NCCL alone.
+    want=${TPAR_TP:-1 2 4}
+    [ "$m" = llama2-13B ] && want=${TPAR_TP:-1 4}
+    runs=""
+    for tp in $want; do [ "$tp" -le "$ngpu" ] && runs="$runs $tp"; done
+    [ "$m" = llama2-7B ] && [ "$ngpu" -ge 4 ] && [ -z "${TPAR_TP:-}" ] && runs="$runs 4nccl"
+    for run in $runs; do
+      tp=${run%nccl} ar=1 suffix=""
+      [ "$run" != "$tp" ] && ar=0 suffix=-nccl
+      GOLLM_CUDA_CUSTOM_AR=$ar timeout 150 "$b/bin/gpubench" -ckpt "$d" -model "$m" -lib "$lib" -dtype float16 \
+        -random-gb $gb -workloads $W -reps "${TPAR_REPS:-2}" -tp "$tp" 2> "$out/decode-$m-$run.log" |
+        tag "$out/tpar-decode.jsonl" "$suffix"
+      rc=${PIPESTATUS[0]}
+      if [ "$rc" -eq 0 ]; then pass "decode: $m TP $run"; else fail "decode: $m TP $run (exit $rc)"; tail -5 "$out/decode-$m-$run.log"; fi
+      grep gpubench: "$out/decode-$m-$run.log" | sed 's/^/    /'
+    done
+  done
+  python3 - "$out/tpar-decode.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+fig = {(r["model"], r.get("tp", 1), r["impl"].endswith("-nccl"), r["workload"]): r["value"] for r in rows}
+targets = {("llama2-7B", 2, "decode_b1_i128_o128"): 1.7, ("llama2-7B", 4, "decode_b1_i128_o128"): 2.6,
+           ("llama2-13B", 4, "decode_b1_i128_o128"): 2.8, ("llama2-7B", 4, "tput_b64_i128_o128"): 3.3}
+print("| model | workload | TP 1 | TP 2 | TP 4 | TP 4, NCCL alone |")
+print("| --- | --- | --- | --- | --- | --- |")
+for m in ("llama2-7B", "llama2-13B"):
+    for w, unit in (("decode_b1_i128_o128", "ms/token"), ("tput_b64_i128_o128", "tokens/s")):
+        base = fig.get((m, 1, False, w))
+        if base is None:
+            continue
+        cells = []
+        for tp, nccl in ((1, False), (2, False), (4, False), (4, True)):
+            v = fig.get((m, tp, nccl, w))
+            if v is None:
+                cells.append("—")
+                continue
+            up = base / v if unit == "ms/token" else v / base
+            cells.append(f"{v:.3f} ({up:.2f}×)" if unit == "ms/token" else f"{v:,.0f} ({up:.2f}×)")
+        print(f"| {m} | {w} ({unit}) | " + " | ".join(cells) + " |")
+for (m, tp, w), want in targets.items():
+    a, v = fig.get((m, 1, False, w)), fig.get((m, tp, False, w))
+    if a and v:
+        up = a / v if w.startswith("decode") else v / a
+        print(f"{m} {w} TP {tp}: {up:.2f}× (target ≥ {want}×): {'TARGET met' if up >= want else 'TARGET missed'}")
+PY
+fi
+
+echo "== $fails failed"
+[ "$fails" -eq 0 ]
