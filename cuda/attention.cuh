@@ -364,9 +364,11 @@ void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_
 // warp's keys and values are loaded together, so a chunk of 32 positions costs one
 // memory round trip instead of the three dependent phases of the per-head kernel.
 // Grid (rows, kv_heads · slices, parts), slices = ceil(G / GB) for G = heads / kv_heads;
-// kGqaThreads threads. Part p of a row covers an equal share of its positions (at least
-// kGqaMinPart each), merged by the last part to finish, as attention_decode_kernel does
-// (the same partial, part_ml and tickets arrays). Warp w takes the chunks of 32
+// kGqaThreads threads. A row's positions split into min(cap, ceil(len / kGqaMinPart))
+// equal parts — its length and the engine's cap alone decide them, not the grid —, block z
+// taking parts z, z + parts, …; the parts are merged in order by the last block to finish,
+// as attention_decode_kernel does (the same partial, part_ml and tickets arrays, cap parts
+// a row and head). Warp w takes the chunks of 32
 // positions w, w + kGqaWarps, …: lane l scores position j0 + l against the block's
 // queries (each key read whole by its lane, D/8 16-byte pieces), then the warp reads the
 // chunk's value rows, 32/(D/8) rows a load (lane l: row l / (D/8), piece l % (D/8)),
@@ -389,7 +391,7 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
     const int32_t* __restrict__ dec_rows, const int32_t* __restrict__ row_pos,
     const int32_t* __restrict__ row_seq, const DevSeq* __restrict__ seqs,
     const int32_t* __restrict__ blocks, KVGeom g, int layer, int window,
-    float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets) {
+    float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets, int cap) {
   constexpr int D8 = D / 8;                   // 16-byte pieces of a key or value row
   constexpr int KPL = 32 / D8;                // value rows a warp reads per load
   constexpr int PB = D8 < 8 ? D8 : 8;         // pieces loaded together
@@ -398,7 +400,7 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
   __shared__ float wm[kGqaWarps][GB], wl[kGqaWarps][GB];
   __shared__ float wo[kGqaWarps][GB][D];
   griddep_launch();
-  const int i = blockIdx.x, part = blockIdx.z, parts = gridDim.z;
+  const int i = blockIdx.x, parts = cap;
   const int G = g.heads / g.kv_heads, slices = (G + GB - 1) / GB;
   const int kvh = blockIdx.y / slices;
   const int h0 = kvh * G + (blockIdx.y % slices) * GB;  // the block's first query head
@@ -406,16 +408,16 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
   const int r = dec_rows[i];
   const int len = row_pos[r] + 1;
   const int lo = window > 0 ? max(0, len - window) : 0;
+  // A row's parts follow its length and cap alone; block z takes parts z, z + gridDim.z, …
   const int active = min(parts, (len - lo + kGqaMinPart - 1) / kGqaMinPart);
-  if (part >= active) return;  // part 0 always runs, so the grid still waits below
+  if ((int)blockIdx.z >= active) return;  // part 0 always runs, so the grid still waits below
   const int share = (len - lo + active - 1) / active;
-  const int start = lo + part * share, end = min(len, start + share);
   const int32_t* table = blocks + seqs[row_seq[r]].blk_off;
   const int TB = g.tokens_per_block;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int vrow = lane / D8, vc = lane % D8;
   // The first chunk's block-table entry (the step's inputs, not the previous kernel's).
-  int64_t blk = table[min(start + warp * 32 + lane, end - 1) / TB];
+  int64_t blk = table[min(lo + (int)blockIdx.z * share + warp * 32 + lane, min(len, lo + ((int)blockIdx.z + 1) * share) - 1) / TB];
   griddep_wait();
   for (int t = threadIdx.x; t < GB * D; t += kGqaThreads) {
     const int gg = t / D;
@@ -423,6 +425,9 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
   }
   __syncthreads();
 
+  for (int part = blockIdx.z; part < active; part += gridDim.z) {
+  const int start = lo + part * share, end = min(len, start + share);
+  if (part != (int)blockIdx.z) blk = table[min(start + warp * 32 + lane, end - 1) / TB];
   float m[GB], l[GB], acc[GB][8];
 #pragma unroll
   for (int gg = 0; gg < GB; gg++) {
@@ -554,9 +559,11 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
       if (d == 0) part_ml[pi * 2] = M, part_ml[pi * 2 + 1] = L;
     }
   }
+  __syncthreads();  // wo, wm and wl are rewritten by the next part
+  }  // parts
   if (active == 1) return;
-  // One ticket per (row, block of heads).
-  if (!last_block_of(tickets + (int64_t)i * g.heads + h0, active)) return;
+  // One ticket per (row, block of heads); min(gridDim.z, active) blocks arrive.
+  if (!last_block_of(tickets + (int64_t)i * g.heads + h0, min((int)gridDim.z, active))) return;
   for (int t = threadIdx.x; t < nh * D; t += kGqaThreads) {
     const int gg = t / D, d = t % D, head = h0 + gg;
     const int64_t pi = ((int64_t)i * g.heads + head) * parts;
@@ -569,14 +576,14 @@ template <typename T, int D>
 void attention_decode_gqa_d(const float* qkv, T* att, const T* kv, const int32_t* dec_rows,
                             const int32_t* row_pos, const int32_t* row_seq, const DevSeq* seqs,
                             const int32_t* blocks, KVGeom g, int layer, int window, int rows,
-                            int parts, float* partial, float* part_ml, int* tickets,
+                            int parts, int cap, float* partial, float* part_ml, int* tickets,
                             Stream stream) {
   const int G = g.heads / g.kv_heads, GB = gqa_group(G);
   const dim3 grid(rows, g.kv_heads * ((G + GB - 1) / GB), parts);
 #define GOLLM_GQA_LAUNCH(gb)                                                                   \
   launch("attention_decode_gqa_kernel", attention_decode_gqa_kernel<T, D, gb>, grid,         \
          kGqaThreads, 0, stream, qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, \
-         layer, window, partial, part_ml, tickets)
+         layer, window, partial, part_ml, tickets, cap)
   switch (GB) {
     case 1: GOLLM_GQA_LAUNCH(1); break;
     case 2: GOLLM_GQA_LAUNCH(2); break;
@@ -591,25 +598,25 @@ template <typename T>
 void attention_decode_gqa(const float* qkv, T* att, const T* kv, const int32_t* dec_rows,
                           const int32_t* row_pos, const int32_t* row_seq, const DevSeq* seqs,
                           const int32_t* blocks, KVGeom g, int layer, int window, int rows,
-                          int parts, float* partial, float* part_ml, int* tickets,
+                          int parts, int cap, float* partial, float* part_ml, int* tickets,
                           Stream stream) {
   if (rows == 0) return;
   switch (g.head_dim) {
     case 16:
       attention_decode_gqa_d<T, 16>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
-                                    layer, window, rows, parts, partial, part_ml, tickets, stream);
+                                    layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
       break;
     case 32:
       attention_decode_gqa_d<T, 32>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
-                                    layer, window, rows, parts, partial, part_ml, tickets, stream);
+                                    layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
       break;
     case 64:
       attention_decode_gqa_d<T, 64>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
-                                    layer, window, rows, parts, partial, part_ml, tickets, stream);
+                                    layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
       break;
     default:
       attention_decode_gqa_d<T, 128>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
-                                     layer, window, rows, parts, partial, part_ml, tickets, stream);
+                                     layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
       break;
   }
 }
