@@ -3,7 +3,9 @@
 // kernels' set-up). The one file that includes the kernels: each is compiled, registered
 // and given its shared-memory limit here alone.
 //
-// A step's rows decide its path, which every projection dispatcher follows:
+// Under batch invariance (the default; cuda/README.md) every step takes the Tiled path,
+// the LM head too, so that a row's arithmetic never depends on the rows beside it.
+// Without it a step's rows decide its path, which every projection dispatcher follows:
 //   Stream  1–2 rows (up to 4 on models up to 1024 wide): the streaming gemv, its input norm
 //           and its epilogue (bias, activation, gate·up, QKV's rotary and KV write, the
 //           residual add) in the kernel;
