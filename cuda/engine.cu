@@ -179,7 +179,9 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
 #endif
     // Batch invariance takes the tiled projections for every step: widths whose rows are
     // not whole chunks of 32 columns (odd test shapes) cannot, and run without it.
-    const bool widths = tiled_fits(1, c.hidden) && (c.inner == 0 || tiled_fits(1, c.inner)) &&
+    bool dense = false;  // a dense MLP layer (the experts' widths are the MoE kernels')
+    for (const Stage& s : w->recipe) dense = dense || s.s.kind == GOLLM_STAGE_MLP;
+    const bool widths = tiled_fits(1, c.hidden) && (!dense || tiled_fits(1, c.inner)) &&
                         tiled_fits(1, c.heads * c.head_dim);
     e->invariant = !(tn.off & GOLLM_TUNING_NO_INVARIANT) && !(tn.off & GOLLM_TUNING_NO_TILED) && widths;
     if (e->invariant) e->tiled_rows = kTileMaxRows;
@@ -230,7 +232,7 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     size_t pf = 0;
     int tiles = 1;
     for (int i = 0; i < 5; i++) {
-      if (rows[i] <= 0 || cols[i] <= 0) continue;
+      if (rows[i] <= 0 || !tiled_fits(1, cols[i])) continue;  // a projection no step runs tiled
       const TileShape s = tile_shape(rows[i], cols[i], e->tile_blocks);
       pf = std::max(pf, tile_part_floats(s));
       // Tiles of 64 weight rows where a device's shared memory takes no wider ones.
