@@ -426,140 +426,140 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
   __syncthreads();
 
   for (int part = blockIdx.z; part < active; part += gridDim.z) {
-  const int start = lo + part * share, end = min(len, start + share);
-  if (part != (int)blockIdx.z) blk = table[min(start + warp * 32 + lane, end - 1) / TB];
-  float m[GB], l[GB], acc[GB][8];
-#pragma unroll
-  for (int gg = 0; gg < GB; gg++) {
-    m[gg] = -INFINITY, l[gg] = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; e++) acc[gg][e] = 0.f;
-  }
-  const int64_t kstride = g.at(0, layer, 1, kvh, 0) - g.at(0, layer, 0, kvh, 0);  // K → V
-  for (int j0 = start + warp * 32; j0 < end; j0 += kGqaWarps * 32) {
-    const int jk = min(j0 + lane, end - 1);
-    const int64_t kbase = g.at(blk, layer, 0, kvh, jk % TB);
-    // The next chunk's table entry, while this one's keys and values load.
-    const int jn = j0 + kGqaWarps * 32;
-    if (jn < end) blk = table[min(jn + lane, end - 1) / TB];
-    // Value rows of this chunk: row vrow + KPL·u sits at lane (vrow + KPL·u)'s key slot.
-    uint4 vv[PB];
-#pragma unroll
-    for (int u = 0; u < PB; u++) {
-      const int64_t vb = __shfl_sync(0xffffffffu, kbase, vrow + KPL * u);
-      vv[u] = reinterpret_cast<const uint4*>(kv + vb + kstride)[vc];
-    }
-    float s[GB];
-#pragma unroll
-    for (int gg = 0; gg < GB; gg++) s[gg] = 0.f;
-    const uint4* kp = reinterpret_cast<const uint4*>(kv + kbase);
-#pragma unroll
-    for (int c0 = 0; c0 < D8; c0 += PB) {
-      uint4 kk[PB];
-#pragma unroll
-      for (int u = 0; u < PB; u++) kk[u] = kp[c0 + u];
-#pragma unroll
-      for (int u = 0; u < PB; u++) {
-        float kf[8];
-        to_f32x8<T>(kk[u], kf);
-#pragma unroll
-        for (int gg = 0; gg < GB; gg++) {
-          const float4 qa = *reinterpret_cast<const float4*>(&qs[gg][(c0 + u) * 8]);
-          const float4 qb = *reinterpret_cast<const float4*>(&qs[gg][(c0 + u) * 8 + 4]);
-          s[gg] = fmaf(qa.x, kf[0], s[gg]);
-          s[gg] = fmaf(qa.y, kf[1], s[gg]);
-          s[gg] = fmaf(qa.z, kf[2], s[gg]);
-          s[gg] = fmaf(qa.w, kf[3], s[gg]);
-          s[gg] = fmaf(qb.x, kf[4], s[gg]);
-          s[gg] = fmaf(qb.y, kf[5], s[gg]);
-          s[gg] = fmaf(qb.z, kf[6], s[gg]);
-          s[gg] = fmaf(qb.w, kf[7], s[gg]);
-        }
-      }
-    }
-    const bool valid = j0 + lane < end;
-    float sc[GB];
+    const int start = lo + part * share, end = min(len, start + share);
+    if (part != (int)blockIdx.z) blk = table[min(start + warp * 32 + lane, end - 1) / TB];
+    float m[GB], l[GB], acc[GB][8];
 #pragma unroll
     for (int gg = 0; gg < GB; gg++) {
-      const float sv = valid ? s[gg] : -INFINITY;
-      const float mn = fmaxf(m[gg], warp_max(sv));  // finite: the chunk has a position
-      sc[gg] = __expf(m[gg] - mn);
-      const float p = __expf(sv - mn);
-      l[gg] = l[gg] * sc[gg] + p;  // this lane's share; added over the warp at the end
-      m[gg] = mn;
-      ps[warp][gg][lane] = p;
+      m[gg] = -INFINITY, l[gg] = 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[gg][e] = 0.f;
     }
-    __syncwarp();
-#pragma unroll
-    for (int gg = 0; gg < GB; gg++)
-#pragma unroll
-      for (int e = 0; e < 8; e++) acc[gg][e] *= sc[gg];
-#pragma unroll
-    for (int u0 = 0; u0 < D8; u0 += PB) {
-      if (u0 > 0) {
-#pragma unroll
-        for (int u = 0; u < PB; u++) {
-          const int64_t vb = __shfl_sync(0xffffffffu, kbase, vrow + KPL * (u0 + u));
-          vv[u] = reinterpret_cast<const uint4*>(kv + vb + kstride)[vc];
-        }
-      }
+    const int64_t kstride = g.at(0, layer, 1, kvh, 0) - g.at(0, layer, 0, kvh, 0);  // K → V
+    for (int j0 = start + warp * 32; j0 < end; j0 += kGqaWarps * 32) {
+      const int jk = min(j0 + lane, end - 1);
+      const int64_t kbase = g.at(blk, layer, 0, kvh, jk % TB);
+      // The next chunk's table entry, while this one's keys and values load.
+      const int jn = j0 + kGqaWarps * 32;
+      if (jn < end) blk = table[min(jn + lane, end - 1) / TB];
+      // Value rows of this chunk: row vrow + KPL·u sits at lane (vrow + KPL·u)'s key slot.
+      uint4 vv[PB];
 #pragma unroll
       for (int u = 0; u < PB; u++) {
-        const int row = vrow + KPL * (u0 + u);  // past the end: probability 0
-        float vf[8];
-        to_f32x8<T>(vv[u], vf);
+        const int64_t vb = __shfl_sync(0xffffffffu, kbase, vrow + KPL * u);
+        vv[u] = reinterpret_cast<const uint4*>(kv + vb + kstride)[vc];
+      }
+      float s[GB];
 #pragma unroll
-        for (int gg = 0; gg < GB; gg++) {
-          const float p = ps[warp][gg][row];
+      for (int gg = 0; gg < GB; gg++) s[gg] = 0.f;
+      const uint4* kp = reinterpret_cast<const uint4*>(kv + kbase);
 #pragma unroll
-          for (int e = 0; e < 8; e++) acc[gg][e] = fmaf(p, vf[e], acc[gg][e]);
+      for (int c0 = 0; c0 < D8; c0 += PB) {
+        uint4 kk[PB];
+#pragma unroll
+        for (int u = 0; u < PB; u++) kk[u] = kp[c0 + u];
+#pragma unroll
+        for (int u = 0; u < PB; u++) {
+          float kf[8];
+          to_f32x8<T>(kk[u], kf);
+#pragma unroll
+          for (int gg = 0; gg < GB; gg++) {
+            const float4 qa = *reinterpret_cast<const float4*>(&qs[gg][(c0 + u) * 8]);
+            const float4 qb = *reinterpret_cast<const float4*>(&qs[gg][(c0 + u) * 8 + 4]);
+            s[gg] = fmaf(qa.x, kf[0], s[gg]);
+            s[gg] = fmaf(qa.y, kf[1], s[gg]);
+            s[gg] = fmaf(qa.z, kf[2], s[gg]);
+            s[gg] = fmaf(qa.w, kf[3], s[gg]);
+            s[gg] = fmaf(qb.x, kf[4], s[gg]);
+            s[gg] = fmaf(qb.y, kf[5], s[gg]);
+            s[gg] = fmaf(qb.z, kf[6], s[gg]);
+            s[gg] = fmaf(qb.w, kf[7], s[gg]);
+          }
         }
       }
+      const bool valid = j0 + lane < end;
+      float sc[GB];
+#pragma unroll
+      for (int gg = 0; gg < GB; gg++) {
+        const float sv = valid ? s[gg] : -INFINITY;
+        const float mn = fmaxf(m[gg], warp_max(sv));  // finite: the chunk has a position
+        sc[gg] = __expf(m[gg] - mn);
+        const float p = __expf(sv - mn);
+        l[gg] = l[gg] * sc[gg] + p;  // this lane's share; added over the warp at the end
+        m[gg] = mn;
+        ps[warp][gg][lane] = p;
+      }
+      __syncwarp();
+#pragma unroll
+      for (int gg = 0; gg < GB; gg++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[gg][e] *= sc[gg];
+#pragma unroll
+      for (int u0 = 0; u0 < D8; u0 += PB) {
+        if (u0 > 0) {
+#pragma unroll
+          for (int u = 0; u < PB; u++) {
+            const int64_t vb = __shfl_sync(0xffffffffu, kbase, vrow + KPL * (u0 + u));
+            vv[u] = reinterpret_cast<const uint4*>(kv + vb + kstride)[vc];
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < PB; u++) {
+          const int row = vrow + KPL * (u0 + u);  // past the end: probability 0
+          float vf[8];
+          to_f32x8<T>(vv[u], vf);
+#pragma unroll
+          for (int gg = 0; gg < GB; gg++) {
+            const float p = ps[warp][gg][row];
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[gg][e] = fmaf(p, vf[e], acc[gg][e]);
+          }
+        }
+      }
+      __syncwarp();  // ps is rewritten by the next chunk
     }
-    __syncwarp();  // ps is rewritten by the next chunk
-  }
-  // The warp's totals: sums over its lanes, outputs over the lanes that share a piece.
+    // The warp's totals: sums over its lanes, outputs over the lanes that share a piece.
 #pragma unroll
-  for (int gg = 0; gg < GB; gg++) {
-    l[gg] = warp_sum(l[gg]);
+    for (int gg = 0; gg < GB; gg++) {
+      l[gg] = warp_sum(l[gg]);
 #pragma unroll
-    for (int o = D8; o < 32; o <<= 1)
+      for (int o = D8; o < 32; o <<= 1)
 #pragma unroll
-      for (int e = 0; e < 8; e++) acc[gg][e] += __shfl_xor_sync(0xffffffffu, acc[gg][e], o);
-  }
-  if (lane < D8) {
-#pragma unroll
-    for (int gg = 0; gg < GB; gg++)
-#pragma unroll
-      for (int e = 0; e < 8; e++) wo[warp][gg][lane * 8 + e] = acc[gg][e];
-  }
-  if (lane == 0) {
-#pragma unroll
-    for (int gg = 0; gg < GB; gg++) wm[warp][gg] = m[gg], wl[warp][gg] = l[gg];
-  }
-  __syncthreads();
-  // Merge the warps (a warp with no chunk holds max -inf, sum 0).
-  for (int t = threadIdx.x; t < nh * D; t += kGqaThreads) {
-    const int gg = t / D, d = t % D, head = h0 + gg;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kGqaWarps; w++) M = fmaxf(M, wm[w][gg]);
-    float L = 0.f, O = 0.f;
-#pragma unroll
-    for (int w = 0; w < kGqaWarps; w++) {
-      const float f = __expf(wm[w][gg] - M);
-      L += wl[w][gg] * f;
-      O += wo[w][gg][d] * f;
+        for (int e = 0; e < 8; e++) acc[gg][e] += __shfl_xor_sync(0xffffffffu, acc[gg][e], o);
     }
-    if (active == 1) {
-      att[(int64_t)r * g.q_width() + (int64_t)head * D + d] = from_f32<T>(O / L);
-    } else {
-      const int64_t pi = ((int64_t)i * g.heads + head) * parts + part;
-      partial[pi * D + d] = O;
-      if (d == 0) part_ml[pi * 2] = M, part_ml[pi * 2 + 1] = L;
+    if (lane < D8) {
+#pragma unroll
+      for (int gg = 0; gg < GB; gg++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) wo[warp][gg][lane * 8 + e] = acc[gg][e];
     }
-  }
-  __syncthreads();  // wo, wm and wl are rewritten by the next part
+    if (lane == 0) {
+#pragma unroll
+      for (int gg = 0; gg < GB; gg++) wm[warp][gg] = m[gg], wl[warp][gg] = l[gg];
+    }
+    __syncthreads();
+    // Merge the warps (a warp with no chunk holds max -inf, sum 0).
+    for (int t = threadIdx.x; t < nh * D; t += kGqaThreads) {
+      const int gg = t / D, d = t % D, head = h0 + gg;
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kGqaWarps; w++) M = fmaxf(M, wm[w][gg]);
+      float L = 0.f, O = 0.f;
+#pragma unroll
+      for (int w = 0; w < kGqaWarps; w++) {
+        const float f = __expf(wm[w][gg] - M);
+        L += wl[w][gg] * f;
+        O += wo[w][gg][d] * f;
+      }
+      if (active == 1) {
+        att[(int64_t)r * g.q_width() + (int64_t)head * D + d] = from_f32<T>(O / L);
+      } else {
+        const int64_t pi = ((int64_t)i * g.heads + head) * parts + part;
+        partial[pi * D + d] = O;
+        if (d == 0) part_ml[pi * 2] = M, part_ml[pi * 2 + 1] = L;
+      }
+    }
+    __syncthreads();  // wo, wm and wl are rewritten by the next part
   }  // parts
   if (active == 1) return;
   // One ticket per (row, block of heads); min(gridDim.z, active) blocks arrive.

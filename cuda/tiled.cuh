@@ -197,64 +197,64 @@ __global__ void __launch_bounds__(kTileThreads) tiled_kernel(GemvArgs a, TileSha
       for (int j = 0; j < (SER ? NT : 1); j++) tot[mt][j][0] = tot[mt][j][1] = tot[mt][j][2] = tot[mt][j][3] = 0.f;
   }
   for (int sp = split; sp < (SER ? sh.splits : split + 1); sp++) {
-  if (SER && sp > 0) {
-    // The next split's first two stages (the last one's loop left both free).
-    c0 = sp * sh.kc, nch = min(sh.kc, a.in / 32 - c0);
-    steps = (nch + kTileChunks - 1) / kTileChunks;
-    stage_w(0);
-    stage_x(0);
-    cp_async_commit();
-    stage_w(1);
-    stage_x(1);
-    cp_async_commit();
-  }
+    if (SER && sp > 0) {
+      // The next split's first two stages (the last one's loop left both free).
+      c0 = sp * sh.kc, nch = min(sh.kc, a.in / 32 - c0);
+      steps = (nch + kTileChunks - 1) / kTileChunks;
+      stage_w(0);
+      stage_x(0);
+      cp_async_commit();
+      stage_w(1);
+      stage_x(1);
+      cp_async_commit();
+    }
 #pragma unroll
-  for (int mt = 0; mt < MT; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-    for (int j = 0; j < NT; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
-  for (int k = 0; k < steps; k++) {
-    // Pending groups here: step k's input (and k+1's), or step k's and k+1's pieces.
-    if (k + 1 < steps)
-      cp_async_wait<1>();
-    else
-      cp_async_wait<0>();
-    __syncthreads();
-    const T* xs = stage(k);
-    const T* ws = xs + (size_t)M * xld;
-    const int ck = min(kTileChunks, nch - k * kTileChunks);
+      for (int j = 0; j < NT; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+    for (int k = 0; k < steps; k++) {
+      // Pending groups here: step k's input (and k+1's), or step k's and k+1's pieces.
+      if (k + 1 < steps)
+        cp_async_wait<1>();
+      else
+        cp_async_wait<0>();
+      __syncthreads();
+      const T* xs = stage(k);
+      const T* ws = xs + (size_t)M * xld;
+      const int ck = min(kTileChunks, nch - k * kTileChunks);
 #pragma unroll
-    for (int i = 0; i < kTileChunks; i++) {
-      if (i < ck) {
-        uint4 wv[NT];
+      for (int i = 0; i < kTileChunks; i++) {
+        if (i < ck) {
+          uint4 wv[NT];
 #pragma unroll
-        for (int j = 0; j < NT; j++)
-          wv[j] = *reinterpret_cast<const uint4*>(ws + ((warp * NT + j) * 8 + g) * xld + i * 32 + q * 8);
+          for (int j = 0; j < NT; j++)
+            wv[j] = *reinterpret_cast<const uint4*>(ws + ((warp * NT + j) * 8 + g) * xld + i * 32 + q * 8);
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-          const T* r0 = xs + (mt * 16 + g) * xld + i * 32 + q * 8;
-          const uint4 x0 = *reinterpret_cast<const uint4*>(r0);
-          const uint4 x1 = *reinterpret_cast<const uint4*>(r0 + 8 * xld);
+          for (int mt = 0; mt < MT; mt++) {
+            const T* r0 = xs + (mt * 16 + g) * xld + i * 32 + q * 8;
+            const uint4 x0 = *reinterpret_cast<const uint4*>(r0);
+            const uint4 x1 = *reinterpret_cast<const uint4*>(r0 + 8 * xld);
 #pragma unroll
-          for (int j = 0; j < NT; j++) {
-            mma_16816<T>(acc[mt][j], x0.x, x1.x, x0.y, x1.y, wv[j].x, wv[j].y);
-            mma_16816<T>(acc[mt][j], x0.z, x1.z, x0.w, x1.w, wv[j].z, wv[j].w);
+            for (int j = 0; j < NT; j++) {
+              mma_16816<T>(acc[mt][j], x0.x, x1.x, x0.y, x1.y, wv[j].x, wv[j].y);
+              mma_16816<T>(acc[mt][j], x0.z, x1.z, x0.w, x1.w, wv[j].z, wv[j].w);
+            }
           }
         }
       }
+      __syncthreads();  // stage k & 1 is free: step k + 2 goes there
+      stage_w(k + 2);
+      stage_x(k + 2);
+      cp_async_commit();
     }
-    __syncthreads();  // stage k & 1 is free: step k + 2 goes there
-    stage_w(k + 2);
-    stage_x(k + 2);
-    cp_async_commit();
-  }
-  if (SER && sh.splits > 1) {
+    if (SER && sh.splits > 1) {
 #pragma unroll
-    for (int mt = 0; mt < (SER ? MT : 1); mt++)
+      for (int mt = 0; mt < (SER ? MT : 1); mt++)
 #pragma unroll
-      for (int j = 0; j < (SER ? NT : 1); j++)
+        for (int j = 0; j < (SER ? NT : 1); j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) tot[mt][j][e] += acc[mt < MT ? mt : 0][j < NT ? j : 0][e];
-  }
+          for (int e = 0; e < 4; e++) tot[mt][j][e] += acc[mt < MT ? mt : 0][j < NT ? j : 0][e];
+    }
   }  // splits
 
   float* ts = reinterpret_cast<float*>(tile_sm);  // the sums [M][LD], over the stages
