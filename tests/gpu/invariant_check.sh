@@ -8,10 +8,12 @@
 #    start, middle and end of batches of 2, 7 and 64, and chunked against whole prefill,
 #    bitwise, fp16 and bf16, on GPT-2, LLaMA (GQA), Qwen3 and Mixtral fixtures and widened
 #    random-weight shapes (OUT/gotest.log);
-# 3. check.py on CHECK_ONLY (default: GPT-2 124M, the TinyLlama shape, the odd LLaMA,
-#    Mixtral), fp16 and bf16: every batch row bitwise its single run, 64/64 tokens
+# 3. check.py on CHECK_ONLY (default: GPT-2 124M, the TinyLlama shape, Mixtral), fp16 and
+#    bf16: every batch row bitwise its single run, 64/64 tokens
 #    (OUT/check.json);
-# 4. gpubench on the Llama-2-7B shape, base and new alternating (ROUNDS, default 2): decode
+# 4. gpubench on the Llama-2-7B shape, base and new alternating (ROUNDS, default 2; VARIANTS,
+#    space-separated VAR=VALUE settings such as GOLLM_CUDA_TILE_BLOCKS=3, add runs of the new
+#    library with them, variant new+VAR=VALUE, each round): decode
 #    b1 i128 o128 (ms/token) and b64 i128 o128 (tokens/s); rows in OUT/invariant-ab.jsonl
 #    (BENCH.md's fields; copy them to bench/results/), then new/base of the medians.
 # Prints PASS or FAIL per check; exits non-zero if any failed.
@@ -73,7 +75,7 @@ if [ -f "$new" ]; then
   verdict "$rc" "TestGPUBatchInvariance (bitwise: alone vs batches of 2, 7, 64; chunked vs whole)"
   python3 "$root/tests/gpu/check.py" --bin "$b/bin/new/gollm-gpucheck" --lib "$new" \
     --work /tmp/gollm-invariant-check --json "$out/check.json" \
-    --only "${CHECK_ONLY:-gpt2-124M,tinyllama-1.1B,llama-odd-640x10h2kv,mixtral-2L-8x2}" \
+    --only "${CHECK_ONLY:-gpt2-124M,tinyllama-1.1B,mixtral-2L-8x2}" \
     ${CHECK_DTYPES:+--dtypes "$CHECK_DTYPES"} 2>&1 | grep -E '^\||^FAIL|passed|failed' | tail -40
   verdict "${PIPESTATUS[0]}" "check.py (batch rows bitwise, 64/64 tokens)"
 fi
@@ -88,11 +90,14 @@ t0=$SECONDS
 for round in $(seq "${ROUNDS:-2}"); do
   order="base new"
   [ $((round % 2)) = 0 ] && order="new base"
-  for v in $order; do
-    timeout "${STAGE_S:-90}" "$b/bin/$v/gpubench" -ckpt "$w/llama2-7B" -model llama2-7B \
-      -lib "$b/lib/libgollm_cuda_$v.so" -workloads decode_b1_i128_o128,tput_b64_i128_o128 -reps 3 \
-      2>> "$out/gpubench.err" | tag_rows date "$(date -u +%F)" machine "$machine" variant "$v" round "$round" commit "$(grep "^$v " "$b/commit" | cut -d' ' -f2)" \
-      >> "$out/invariant-ab.jsonl" || echo "FAIL: gpubench $v (round $round): $(tail -2 "$out/gpubench.err")"
+  for v in $order ${VARIANTS:-}; do
+    lib=$v envs=()
+    case $v in *=*) lib=new envs=("$v") v=new+$v ;; esac
+    env "${envs[@]}" timeout "${STAGE_S:-90}" "$b/bin/$lib/gpubench" -ckpt "$w/llama2-7B" -model llama2-7B \
+      -lib "$b/lib/libgollm_cuda_$lib.so" -workloads decode_b1_i128_o128,tput_b64_i128_o128 -reps 3 \
+      2>> "$out/gpubench.err" | tag_rows date "$(date -u +%F)" machine "$machine" variant "$v" round "$round" \
+      commit "$(grep "^$lib " "$b/commit" | cut -d' ' -f2)" >> "$out/invariant-ab.jsonl" ||
+      echo "FAIL: gpubench $v (round $round): $(tail -2 "$out/gpubench.err")"
   done
 done
 echo "bench in $((SECONDS - t0)) s"
@@ -108,11 +113,16 @@ for line in open(sys.argv[1]):
     t[k + (r["variant"],)].append(r["value"])
 print(f"{'model':10} {'workload':22} {'metric':13} {'base':>22} {'new':>22} new/base")
 bad = 0
+variants = sorted({v for (*_, v) in t} - {"base", "new"})
 for k in order:
     b, n = t[k + ("base",)], t[k + ("new",)]
     f = lambda xs: "/".join("%.4g" % x for x in xs)
     ratio = statistics.median(n) / statistics.median(b) if b and n else float("nan")
     print(f"{k[0]:10} {k[1]:22} {k[2]:13} {f(b):>22} {f(n):>22} {ratio:.3f}")
+    for v in variants:
+        x = t[k + (v,)]
+        if x and b:
+            print(f"  {v}: {f(x)}, /base {statistics.median(x) / statistics.median(b):.3f}")
     # The targets: b64 throughput within 3% of the base; b1 not noticeably slower (5%).
     cost = ratio if k[2] == "ms_per_token" else 1 / ratio if ratio else float("inf")
     limit = 1.05 if k[2] == "ms_per_token" else 1.03
