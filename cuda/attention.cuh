@@ -1094,7 +1094,10 @@ __global__ void __launch_bounds__(128) attention_context_mma_kernel(
   // keys and are copied by all its threads (a warp computes those that meet its own);
   // otherwise the warp's own, copied by its lanes into its own buffers. `shared` is the
   // same in every thread of the block, so the barrier below is too.
-  const int lo = shared ? ks_all : kstart, hi = shared ? ke_all : kend;
+  // Chunks start at multiples of KC, so that a query's online softmax meets the same chunks
+  // whichever tiles share its block and wherever its tile starts (batch and prefix
+  // invariance under a sliding window; keys before a query's window weigh exactly zero).
+  const int lo = (shared ? ks_all : kstart) / KC * KC, hi = shared ? ke_all : kend;
   // [2][KC][DP] keys, then [2][KC][DP] values: the block's, or warp w's at w · 4 · KC · DP.
   T* kbuf = reinterpret_cast<T*>(ctx_mma_smem_buf) + (shared ? 0 : (size_t)warp * (4 * KC * DP));
   T* vbuf = kbuf + 2 * KC * DP;
