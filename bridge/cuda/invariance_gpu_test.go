@@ -73,7 +73,7 @@ var invariantModels = []invariantModel{
 	{fixture: "gpt2-tiny", wide: map[string]any{"n_embd": 2048, "n_head": 16, "n_layer": 2, "n_positions": 1024}},
 	{fixture: "llama-tiny", wide: map[string]any{"hidden_size": 2048, "num_attention_heads": 32,
 		"num_key_value_heads": 4, "head_dim": 64, "intermediate_size": 5632, "num_hidden_layers": 2,
-		"max_position_embeddings": 2048, "vocab_size": 32000}},
+		"max_position_embeddings": 2048, "vocab_size": 4096}},
 	{fixture: "qwen3-tiny", wide: map[string]any{"hidden_size": 2048, "num_attention_heads": 16,
 		"num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 6144, "num_hidden_layers": 2,
 		"layer_types": []string{"full_attention", "full_attention"}, "max_position_embeddings": 2048}},
