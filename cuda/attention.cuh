@@ -364,9 +364,11 @@ void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_
 // warp's keys and values are loaded together, so a chunk of 32 positions costs one
 // memory round trip instead of the three dependent phases of the per-head kernel.
 // Grid (rows, kv_heads · slices, parts), slices = ceil(G / GB) for G = heads / kv_heads;
-// kGqaThreads threads. Part p of a row covers an equal share of its positions (at least
-// kGqaMinPart each), merged by the last part to finish, as attention_decode_kernel does
-// (the same partial, part_ml and tickets arrays). Warp w takes the chunks of 32
+// kGqaThreads threads. A row's positions split into min(cap, ceil(len / kGqaMinPart))
+// equal parts — its length and the engine's cap alone decide them, not the grid —, block z
+// taking parts z, z + parts, …; the parts are merged in order by the last block to finish,
+// as attention_decode_kernel does (the same partial, part_ml and tickets arrays, cap parts
+// a row and head). Warp w takes the chunks of 32
 // positions w, w + kGqaWarps, …: lane l scores position j0 + l against the block's
 // queries (each key read whole by its lane, D/8 16-byte pieces), then the warp reads the
 // chunk's value rows, 32/(D/8) rows a load (lane l: row l / (D/8), piece l % (D/8)),
@@ -389,7 +391,7 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
     const int32_t* __restrict__ dec_rows, const int32_t* __restrict__ row_pos,
     const int32_t* __restrict__ row_seq, const DevSeq* __restrict__ seqs,
     const int32_t* __restrict__ blocks, KVGeom g, int layer, int window,
-    float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets) {
+    float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets, int cap) {
   constexpr int D8 = D / 8;                   // 16-byte pieces of a key or value row
   constexpr int KPL = 32 / D8;                // value rows a warp reads per load
   constexpr int PB = D8 < 8 ? D8 : 8;         // pieces loaded together
@@ -398,7 +400,7 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
   __shared__ float wm[kGqaWarps][GB], wl[kGqaWarps][GB];
   __shared__ float wo[kGqaWarps][GB][D];
   griddep_launch();
-  const int i = blockIdx.x, part = blockIdx.z, parts = gridDim.z;
+  const int i = blockIdx.x, parts = cap;
   const int G = g.heads / g.kv_heads, slices = (G + GB - 1) / GB;
   const int kvh = blockIdx.y / slices;
   const int h0 = kvh * G + (blockIdx.y % slices) * GB;  // the block's first query head
@@ -406,16 +408,16 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
   const int r = dec_rows[i];
   const int len = row_pos[r] + 1;
   const int lo = window > 0 ? max(0, len - window) : 0;
+  // A row's parts follow its length and cap alone; block z takes parts z, z + gridDim.z, …
   const int active = min(parts, (len - lo + kGqaMinPart - 1) / kGqaMinPart);
-  if (part >= active) return;  // part 0 always runs, so the grid still waits below
+  if ((int)blockIdx.z >= active) return;  // part 0 always runs, so the grid still waits below
   const int share = (len - lo + active - 1) / active;
-  const int start = lo + part * share, end = min(len, start + share);
   const int32_t* table = blocks + seqs[row_seq[r]].blk_off;
   const int TB = g.tokens_per_block;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int vrow = lane / D8, vc = lane % D8;
   // The first chunk's block-table entry (the step's inputs, not the previous kernel's).
-  int64_t blk = table[min(start + warp * 32 + lane, end - 1) / TB];
+  int64_t blk = table[min(lo + (int)blockIdx.z * share + warp * 32 + lane, min(len, lo + ((int)blockIdx.z + 1) * share) - 1) / TB];
   griddep_wait();
   for (int t = threadIdx.x; t < GB * D; t += kGqaThreads) {
     const int gg = t / D;
@@ -423,140 +425,145 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
   }
   __syncthreads();
 
-  float m[GB], l[GB], acc[GB][8];
-#pragma unroll
-  for (int gg = 0; gg < GB; gg++) {
-    m[gg] = -INFINITY, l[gg] = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; e++) acc[gg][e] = 0.f;
-  }
-  const int64_t kstride = g.at(0, layer, 1, kvh, 0) - g.at(0, layer, 0, kvh, 0);  // K → V
-  for (int j0 = start + warp * 32; j0 < end; j0 += kGqaWarps * 32) {
-    const int jk = min(j0 + lane, end - 1);
-    const int64_t kbase = g.at(blk, layer, 0, kvh, jk % TB);
-    // The next chunk's table entry, while this one's keys and values load.
-    const int jn = j0 + kGqaWarps * 32;
-    if (jn < end) blk = table[min(jn + lane, end - 1) / TB];
-    // Value rows of this chunk: row vrow + KPL·u sits at lane (vrow + KPL·u)'s key slot.
-    uint4 vv[PB];
-#pragma unroll
-    for (int u = 0; u < PB; u++) {
-      const int64_t vb = __shfl_sync(0xffffffffu, kbase, vrow + KPL * u);
-      vv[u] = reinterpret_cast<const uint4*>(kv + vb + kstride)[vc];
-    }
-    float s[GB];
-#pragma unroll
-    for (int gg = 0; gg < GB; gg++) s[gg] = 0.f;
-    const uint4* kp = reinterpret_cast<const uint4*>(kv + kbase);
-#pragma unroll
-    for (int c0 = 0; c0 < D8; c0 += PB) {
-      uint4 kk[PB];
-#pragma unroll
-      for (int u = 0; u < PB; u++) kk[u] = kp[c0 + u];
-#pragma unroll
-      for (int u = 0; u < PB; u++) {
-        float kf[8];
-        to_f32x8<T>(kk[u], kf);
-#pragma unroll
-        for (int gg = 0; gg < GB; gg++) {
-          const float4 qa = *reinterpret_cast<const float4*>(&qs[gg][(c0 + u) * 8]);
-          const float4 qb = *reinterpret_cast<const float4*>(&qs[gg][(c0 + u) * 8 + 4]);
-          s[gg] = fmaf(qa.x, kf[0], s[gg]);
-          s[gg] = fmaf(qa.y, kf[1], s[gg]);
-          s[gg] = fmaf(qa.z, kf[2], s[gg]);
-          s[gg] = fmaf(qa.w, kf[3], s[gg]);
-          s[gg] = fmaf(qb.x, kf[4], s[gg]);
-          s[gg] = fmaf(qb.y, kf[5], s[gg]);
-          s[gg] = fmaf(qb.z, kf[6], s[gg]);
-          s[gg] = fmaf(qb.w, kf[7], s[gg]);
-        }
-      }
-    }
-    const bool valid = j0 + lane < end;
-    float sc[GB];
+  for (int part = blockIdx.z; part < active; part += gridDim.z) {
+    const int start = lo + part * share, end = min(len, start + share);
+    if (part != (int)blockIdx.z) blk = table[min(start + warp * 32 + lane, end - 1) / TB];
+    float m[GB], l[GB], acc[GB][8];
 #pragma unroll
     for (int gg = 0; gg < GB; gg++) {
-      const float sv = valid ? s[gg] : -INFINITY;
-      const float mn = fmaxf(m[gg], warp_max(sv));  // finite: the chunk has a position
-      sc[gg] = __expf(m[gg] - mn);
-      const float p = __expf(sv - mn);
-      l[gg] = l[gg] * sc[gg] + p;  // this lane's share; added over the warp at the end
-      m[gg] = mn;
-      ps[warp][gg][lane] = p;
+      m[gg] = -INFINITY, l[gg] = 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[gg][e] = 0.f;
     }
-    __syncwarp();
-#pragma unroll
-    for (int gg = 0; gg < GB; gg++)
-#pragma unroll
-      for (int e = 0; e < 8; e++) acc[gg][e] *= sc[gg];
-#pragma unroll
-    for (int u0 = 0; u0 < D8; u0 += PB) {
-      if (u0 > 0) {
-#pragma unroll
-        for (int u = 0; u < PB; u++) {
-          const int64_t vb = __shfl_sync(0xffffffffu, kbase, vrow + KPL * (u0 + u));
-          vv[u] = reinterpret_cast<const uint4*>(kv + vb + kstride)[vc];
-        }
-      }
+    const int64_t kstride = g.at(0, layer, 1, kvh, 0) - g.at(0, layer, 0, kvh, 0);  // K → V
+    for (int j0 = start + warp * 32; j0 < end; j0 += kGqaWarps * 32) {
+      const int jk = min(j0 + lane, end - 1);
+      const int64_t kbase = g.at(blk, layer, 0, kvh, jk % TB);
+      // The next chunk's table entry, while this one's keys and values load.
+      const int jn = j0 + kGqaWarps * 32;
+      if (jn < end) blk = table[min(jn + lane, end - 1) / TB];
+      // Value rows of this chunk: row vrow + KPL·u sits at lane (vrow + KPL·u)'s key slot.
+      uint4 vv[PB];
 #pragma unroll
       for (int u = 0; u < PB; u++) {
-        const int row = vrow + KPL * (u0 + u);  // past the end: probability 0
-        float vf[8];
-        to_f32x8<T>(vv[u], vf);
+        const int64_t vb = __shfl_sync(0xffffffffu, kbase, vrow + KPL * u);
+        vv[u] = reinterpret_cast<const uint4*>(kv + vb + kstride)[vc];
+      }
+      float s[GB];
 #pragma unroll
-        for (int gg = 0; gg < GB; gg++) {
-          const float p = ps[warp][gg][row];
+      for (int gg = 0; gg < GB; gg++) s[gg] = 0.f;
+      const uint4* kp = reinterpret_cast<const uint4*>(kv + kbase);
 #pragma unroll
-          for (int e = 0; e < 8; e++) acc[gg][e] = fmaf(p, vf[e], acc[gg][e]);
+      for (int c0 = 0; c0 < D8; c0 += PB) {
+        uint4 kk[PB];
+#pragma unroll
+        for (int u = 0; u < PB; u++) kk[u] = kp[c0 + u];
+#pragma unroll
+        for (int u = 0; u < PB; u++) {
+          float kf[8];
+          to_f32x8<T>(kk[u], kf);
+#pragma unroll
+          for (int gg = 0; gg < GB; gg++) {
+            const float4 qa = *reinterpret_cast<const float4*>(&qs[gg][(c0 + u) * 8]);
+            const float4 qb = *reinterpret_cast<const float4*>(&qs[gg][(c0 + u) * 8 + 4]);
+            s[gg] = fmaf(qa.x, kf[0], s[gg]);
+            s[gg] = fmaf(qa.y, kf[1], s[gg]);
+            s[gg] = fmaf(qa.z, kf[2], s[gg]);
+            s[gg] = fmaf(qa.w, kf[3], s[gg]);
+            s[gg] = fmaf(qb.x, kf[4], s[gg]);
+            s[gg] = fmaf(qb.y, kf[5], s[gg]);
+            s[gg] = fmaf(qb.z, kf[6], s[gg]);
+            s[gg] = fmaf(qb.w, kf[7], s[gg]);
+          }
         }
       }
+      const bool valid = j0 + lane < end;
+      float sc[GB];
+#pragma unroll
+      for (int gg = 0; gg < GB; gg++) {
+        const float sv = valid ? s[gg] : -INFINITY;
+        const float mn = fmaxf(m[gg], warp_max(sv));  // finite: the chunk has a position
+        sc[gg] = __expf(m[gg] - mn);
+        const float p = __expf(sv - mn);
+        l[gg] = l[gg] * sc[gg] + p;  // this lane's share; added over the warp at the end
+        m[gg] = mn;
+        ps[warp][gg][lane] = p;
+      }
+      __syncwarp();
+#pragma unroll
+      for (int gg = 0; gg < GB; gg++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[gg][e] *= sc[gg];
+#pragma unroll
+      for (int u0 = 0; u0 < D8; u0 += PB) {
+        if (u0 > 0) {
+#pragma unroll
+          for (int u = 0; u < PB; u++) {
+            const int64_t vb = __shfl_sync(0xffffffffu, kbase, vrow + KPL * (u0 + u));
+            vv[u] = reinterpret_cast<const uint4*>(kv + vb + kstride)[vc];
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < PB; u++) {
+          const int row = vrow + KPL * (u0 + u);  // past the end: probability 0
+          float vf[8];
+          to_f32x8<T>(vv[u], vf);
+#pragma unroll
+          for (int gg = 0; gg < GB; gg++) {
+            const float p = ps[warp][gg][row];
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[gg][e] = fmaf(p, vf[e], acc[gg][e]);
+          }
+        }
+      }
+      __syncwarp();  // ps is rewritten by the next chunk
     }
-    __syncwarp();  // ps is rewritten by the next chunk
-  }
-  // The warp's totals: sums over its lanes, outputs over the lanes that share a piece.
+    // The warp's totals: sums over its lanes, outputs over the lanes that share a piece.
 #pragma unroll
-  for (int gg = 0; gg < GB; gg++) {
-    l[gg] = warp_sum(l[gg]);
+    for (int gg = 0; gg < GB; gg++) {
+      l[gg] = warp_sum(l[gg]);
 #pragma unroll
-    for (int o = D8; o < 32; o <<= 1)
+      for (int o = D8; o < 32; o <<= 1)
 #pragma unroll
-      for (int e = 0; e < 8; e++) acc[gg][e] += __shfl_xor_sync(0xffffffffu, acc[gg][e], o);
-  }
-  if (lane < D8) {
-#pragma unroll
-    for (int gg = 0; gg < GB; gg++)
-#pragma unroll
-      for (int e = 0; e < 8; e++) wo[warp][gg][lane * 8 + e] = acc[gg][e];
-  }
-  if (lane == 0) {
-#pragma unroll
-    for (int gg = 0; gg < GB; gg++) wm[warp][gg] = m[gg], wl[warp][gg] = l[gg];
-  }
-  __syncthreads();
-  // Merge the warps (a warp with no chunk holds max -inf, sum 0).
-  for (int t = threadIdx.x; t < nh * D; t += kGqaThreads) {
-    const int gg = t / D, d = t % D, head = h0 + gg;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kGqaWarps; w++) M = fmaxf(M, wm[w][gg]);
-    float L = 0.f, O = 0.f;
-#pragma unroll
-    for (int w = 0; w < kGqaWarps; w++) {
-      const float f = __expf(wm[w][gg] - M);
-      L += wl[w][gg] * f;
-      O += wo[w][gg][d] * f;
+        for (int e = 0; e < 8; e++) acc[gg][e] += __shfl_xor_sync(0xffffffffu, acc[gg][e], o);
     }
-    if (active == 1) {
-      att[(int64_t)r * g.q_width() + (int64_t)head * D + d] = from_f32<T>(O / L);
-    } else {
-      const int64_t pi = ((int64_t)i * g.heads + head) * parts + part;
-      partial[pi * D + d] = O;
-      if (d == 0) part_ml[pi * 2] = M, part_ml[pi * 2 + 1] = L;
+    if (lane < D8) {
+#pragma unroll
+      for (int gg = 0; gg < GB; gg++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) wo[warp][gg][lane * 8 + e] = acc[gg][e];
     }
-  }
+    if (lane == 0) {
+#pragma unroll
+      for (int gg = 0; gg < GB; gg++) wm[warp][gg] = m[gg], wl[warp][gg] = l[gg];
+    }
+    __syncthreads();
+    // Merge the warps (a warp with no chunk holds max -inf, sum 0).
+    for (int t = threadIdx.x; t < nh * D; t += kGqaThreads) {
+      const int gg = t / D, d = t % D, head = h0 + gg;
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kGqaWarps; w++) M = fmaxf(M, wm[w][gg]);
+      float L = 0.f, O = 0.f;
+#pragma unroll
+      for (int w = 0; w < kGqaWarps; w++) {
+        const float f = __expf(wm[w][gg] - M);
+        L += wl[w][gg] * f;
+        O += wo[w][gg][d] * f;
+      }
+      if (active == 1) {
+        att[(int64_t)r * g.q_width() + (int64_t)head * D + d] = from_f32<T>(O / L);
+      } else {
+        const int64_t pi = ((int64_t)i * g.heads + head) * parts + part;
+        partial[pi * D + d] = O;
+        if (d == 0) part_ml[pi * 2] = M, part_ml[pi * 2 + 1] = L;
+      }
+    }
+    __syncthreads();  // wo, wm and wl are rewritten by the next part
+  }  // parts
   if (active == 1) return;
-  // One ticket per (row, block of heads).
-  if (!last_block_of(tickets + (int64_t)i * g.heads + h0, active)) return;
+  // One ticket per (row, block of heads); min(gridDim.z, active) blocks arrive.
+  if (!last_block_of(tickets + (int64_t)i * g.heads + h0, min((int)gridDim.z, active))) return;
   for (int t = threadIdx.x; t < nh * D; t += kGqaThreads) {
     const int gg = t / D, d = t % D, head = h0 + gg;
     const int64_t pi = ((int64_t)i * g.heads + head) * parts;
@@ -569,14 +576,14 @@ template <typename T, int D>
 void attention_decode_gqa_d(const float* qkv, T* att, const T* kv, const int32_t* dec_rows,
                             const int32_t* row_pos, const int32_t* row_seq, const DevSeq* seqs,
                             const int32_t* blocks, KVGeom g, int layer, int window, int rows,
-                            int parts, float* partial, float* part_ml, int* tickets,
+                            int parts, int cap, float* partial, float* part_ml, int* tickets,
                             Stream stream) {
   const int G = g.heads / g.kv_heads, GB = gqa_group(G);
   const dim3 grid(rows, g.kv_heads * ((G + GB - 1) / GB), parts);
 #define GOLLM_GQA_LAUNCH(gb)                                                                   \
   launch("attention_decode_gqa_kernel", attention_decode_gqa_kernel<T, D, gb>, grid,         \
          kGqaThreads, 0, stream, qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, \
-         layer, window, partial, part_ml, tickets)
+         layer, window, partial, part_ml, tickets, cap)
   switch (GB) {
     case 1: GOLLM_GQA_LAUNCH(1); break;
     case 2: GOLLM_GQA_LAUNCH(2); break;
@@ -591,25 +598,25 @@ template <typename T>
 void attention_decode_gqa(const float* qkv, T* att, const T* kv, const int32_t* dec_rows,
                           const int32_t* row_pos, const int32_t* row_seq, const DevSeq* seqs,
                           const int32_t* blocks, KVGeom g, int layer, int window, int rows,
-                          int parts, float* partial, float* part_ml, int* tickets,
+                          int parts, int cap, float* partial, float* part_ml, int* tickets,
                           Stream stream) {
   if (rows == 0) return;
   switch (g.head_dim) {
     case 16:
       attention_decode_gqa_d<T, 16>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
-                                    layer, window, rows, parts, partial, part_ml, tickets, stream);
+                                    layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
       break;
     case 32:
       attention_decode_gqa_d<T, 32>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
-                                    layer, window, rows, parts, partial, part_ml, tickets, stream);
+                                    layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
       break;
     case 64:
       attention_decode_gqa_d<T, 64>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
-                                    layer, window, rows, parts, partial, part_ml, tickets, stream);
+                                    layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
       break;
     default:
       attention_decode_gqa_d<T, 128>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
-                                     layer, window, rows, parts, partial, part_ml, tickets, stream);
+                                     layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
       break;
   }
 }
@@ -1087,7 +1094,10 @@ __global__ void __launch_bounds__(128) attention_context_mma_kernel(
   // keys and are copied by all its threads (a warp computes those that meet its own);
   // otherwise the warp's own, copied by its lanes into its own buffers. `shared` is the
   // same in every thread of the block, so the barrier below is too.
-  const int lo = shared ? ks_all : kstart, hi = shared ? ke_all : kend;
+  // Chunks start at multiples of KC, so that a query's online softmax meets the same chunks
+  // whichever tiles share its block and wherever its tile starts (batch and prefix
+  // invariance under a sliding window; keys before a query's window weigh exactly zero).
+  const int lo = (shared ? ks_all : kstart) / KC * KC, hi = shared ? ke_all : kend;
   // [2][KC][DP] keys, then [2][KC][DP] values: the block's, or warp w's at w · 4 · KC · DP.
   T* kbuf = reinterpret_cast<T*>(ctx_mma_smem_buf) + (shared ? 0 : (size_t)warp * (4 * KC * DP));
   T* vbuf = kbuf + 2 * KC * DP;

@@ -171,13 +171,25 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     // (bench/results/2026-11-26-tiled-h100.jsonl).
     e->tiled_rows = tn.tiled_rows >= 0 ? tn.tiled_rows : c.hidden <= 1024 ? 16 : 0;
     e->tile_blocks = (tn.tile_blocks > 0 ? tn.tile_blocks : 1) * e->sms;
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, w->device));
+    // Less the tiled kernel's static shared memory (its rows' KV offsets and positions,
+    // the ticket's flag), with room to spare.
+    e->tile_smem = optin > 2048 ? (size_t)optin - 2048 : 0;
     e->decode_parts = tn.decode_parts;
     e->ctx_mma = !(tn.off & GOLLM_TUNING_NO_CTX_MMA);
 #ifdef GOLLM_MEASURE
     e->skip = tn.skip;
 #endif
-    e->tiled = !(tn.off & GOLLM_TUNING_NO_TILED) && e->tiled_rows > 0 && tiled_fits(1, c.hidden) &&
-               tiled_fits(1, c.inner) && tiled_fits(1, c.heads * c.head_dim);
+    // Batch invariance takes the tiled projections for every step: widths whose rows are
+    // not whole chunks of 32 columns (odd test shapes) cannot, and run without it.
+    bool dense = false;  // a dense MLP layer (the experts' widths are the MoE kernels')
+    for (const Stage& s : w->recipe) dense = dense || s.s.kind == GOLLM_STAGE_MLP;
+    const bool widths = tiled_fits(1, c.hidden) && (!dense || tiled_fits(1, c.inner)) &&
+                        tiled_fits(1, c.heads * c.head_dim);
+    e->invariant = !(tn.off & GOLLM_TUNING_NO_INVARIANT) && !(tn.off & GOLLM_TUNING_NO_TILED) && widths;
+    if (e->invariant) e->tiled_rows = kTileMaxRows;
+    e->tiled = !(tn.off & GOLLM_TUNING_NO_TILED) && e->tiled_rows > 0 && widths;
     e->fused = !tp && !(tn.off & GOLLM_TUNING_NO_FUSED) && c.hidden % 8 == 0 && c.inner % 8 == 0;
     // Every rank decides alike (the same tuning and shapes), so that the ranks' custom
     // all-reduces pair up.
@@ -222,15 +234,18 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->acc.alloc((size_t)kFusedRows * d.H * 8, "residual additions");
   CUDA_CHECK(cudaMemsetAsync(e->tickets.p, 0, e->tickets.bytes, e->stream));
   if (e->tiled) {
-    // The tiled projections: QKV, output, gate and up, down (their weight rows, columns).
-    const int64_t rows[4] = {d.qkv, d.H, d.up, d.H};
-    const int cols[4] = {d.H, d.att, d.H, d.I};
+    // The tiled projections: QKV, output, gate and up, down (their weight rows, columns),
+    // and under batch invariance the LM head.
+    const int64_t rows[5] = {d.qkv, d.H, d.up, d.H, e->invariant ? (int64_t)d.V : 0};
+    const int cols[5] = {d.H, d.att, d.H, d.I, d.H};
     size_t pf = 0;
     int tiles = 1;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
+      if (rows[i] <= 0 || !tiled_fits(1, cols[i])) continue;  // a projection no step runs tiled
       const TileShape s = tile_shape(rows[i], cols[i], e->tile_blocks);
       pf = std::max(pf, tile_part_floats(s));
-      tiles = std::max(tiles, s.tiles);
+      // Tiles of 64 weight rows where a device's shared memory takes no wider ones.
+      tiles = std::max(tiles, (int)((rows[i] + kTileSlots - 1) / kTileSlots));
     }
     if (pf) e->tile_part.alloc(pf * 4, "tiled projections' partial sums");
     e->tile_tickets.alloc((size_t)tiles * 4, "tiled projections' tickets");

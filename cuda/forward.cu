@@ -3,7 +3,9 @@
 // kernels' set-up). The one file that includes the kernels: each is compiled, registered
 // and given its shared-memory limit here alone.
 //
-// A step's rows decide its path, which every projection dispatcher follows:
+// Under batch invariance (the default; cuda/README.md) every step takes the Tiled path,
+// the LM head too, so that a row's arithmetic never depends on the rows beside it.
+// Without it a step's rows decide its path, which every projection dispatcher follows:
 //   Stream  1–2 rows (up to 4 on models up to 1024 wide): the streaming gemv, its input norm
 //           and its epilogue (bias, activation, gate·up, QKV's rotary and KV write, the
 //           residual add) in the kernel;
@@ -129,7 +131,9 @@ struct Flow {
                           gemv_stream_fits(N, d.I) && gemv_stream_fits(N, d.att) && chunks_ok;
     const bool staged = N <= e->gemv_rows_max && gemv_fits(N, H) && gemv_fits(N, d.I) &&
                         gemv_fits(N, d.att) && chunks_ok;
-    if (streamed)
+    if (e->invariant)
+      path = Path::Tiled;  // every row count: one kernel's arithmetic (tiled.cuh)
+    else if (streamed)
       path = Path::Stream;
     else if (staged)
       path = Path::Gemv;
@@ -138,8 +142,13 @@ struct Flow {
     fused = path == Path::Gemv && e->fused && pl.tiles.empty() && (int)pl.dec_rows.size() == N &&
             N <= kFusedRows;
     if (fused) acc = e->acc.as<unsigned long long>();
-    few_dec = (int)pl.dec_rows.size() <= kFusedRows;
+    few_dec = !e->invariant && (int)pl.dec_rows.size() <= kFusedRows;
+    // Under batch invariance a decode row's positions split by its length alone, into at
+    // most cap parts (the engine's one-row split count); the step's rows only decide how
+    // many blocks share a row's parts (decode_cap).
+    cap = e->invariant ? attention_splits(e, 1, e->max_len) : parts;
   }
+  int cap;  // decode attention: the most parts a row's positions split into
   bool small() const { return path == Path::Stream || path == Path::Gemv; }
   const int32_t* I32(size_t off) const { return reinterpret_cast<const int32_t*>(din + off); }
   // args holds what every gemv and tiled launch of the step shares: n rows over the
@@ -240,12 +249,12 @@ void qkv(Flow<T>& f, const Stage& s) {
     case Path::Tiled:
       a.x = f.xn;
       if (whole) {
-        tiled_proj<T, GEMV_OUT_ROPE>(a, e->tile_blocks, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
+        tiled_proj<T, GEMV_OUT_ROPE>(a, e->tile_blocks, e->tile_smem, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
       } else if (apart) {
-        tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
+        tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, e->tile_smem, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
         f.kv_written = false;
       } else {
-        tiled_proj<T, GEMV_OUT_QKV>(a, e->tile_blocks, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
+        tiled_proj<T, GEMV_OUT_QKV>(a, e->tile_blocks, e->tile_smem, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
       }
       break;
     case Path::Blas:
@@ -277,10 +286,11 @@ template <typename T>
 void attention(Flow<T>& f, const Stage& s) {
   gollm_engine* e = f.e;
   const int l = s.s.layer, window = s.s.window, rows = (int)f.pl.dec_rows.size();
+  // The per-head kernel's grid is its split count: under invariance the fixed one.
   if (s.s.softcap > 0.f) {
     attention_capped<T>(f.qkv, f.att, f.kv, f.tiles, f.I32(f.L.dec_rows), f.I32(f.L.row_pos),
                         f.I32(f.L.row_seq), f.seqs, f.words, e->geom, l, window,
-                        (int)f.pl.tiles.size(), rows, f.parts, e->max_len, e->partial.as<float>(),
+                        (int)f.pl.tiles.size(), rows, f.cap, e->max_len, e->partial.as<float>(),
                         e->part_ml.as<float>(), e->tickets.as<int>(), f.small() || f.few_dec,
                         s.s.softcap, f.st);
     return;
@@ -289,11 +299,12 @@ void attention(Flow<T>& f, const Stage& s) {
                        (int)f.pl.tiles.size(), e->ctx_mma, e->sms, f.st);
   if (e->grouped && !f.few_dec)
     attention_decode_gqa<T>(f.qkv, f.att, f.kv, f.I32(f.L.dec_rows), f.I32(f.L.row_pos),
-                            f.I32(f.L.row_seq), f.seqs, f.words, e->geom, l, window, rows, f.parts,
-                            e->partial.as<float>(), e->part_ml.as<float>(), e->tickets.as<int>(), f.st);
+                            f.I32(f.L.row_seq), f.seqs, f.words, e->geom, l, window, rows,
+                            std::min(f.parts, f.cap), f.cap, e->partial.as<float>(),
+                            e->part_ml.as<float>(), e->tickets.as<int>(), f.st);
   else
     attention_decode<T>(f.qkv, f.att, f.kv, f.I32(f.L.dec_rows), f.I32(f.L.row_pos), f.I32(f.L.row_seq),
-                        f.seqs, f.words, e->geom, l, window, rows, f.parts, e->max_len,
+                        f.seqs, f.words, e->geom, l, window, rows, f.cap, e->max_len,
                         e->partial.as<float>(), e->part_ml.as<float>(), e->tickets.as<int>(),
                         f.small() || f.few_dec, f.st);
 }
@@ -334,7 +345,7 @@ void branch(Flow<T>& f, const void* w, const float* bias, int in, const T* x, co
       break;
     case Path::Tiled:
       a.bias = f.tp ? nullptr : bias;
-      tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
+      tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, e->tile_smem, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
       if (!f.tp) bias = nullptr;
       break;
     case Path::Blas:
@@ -386,9 +397,9 @@ void mlp(Flow<T>& f, const Stage& s) {
     case Path::Tiled:
       a.out = f.d.I, a.x = f.xn, a.y = f.fch;
       if (gated)
-        tiled_proj<T, GEMV_OUT_GATED>(a, e->tile_blocks, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
+        tiled_proj<T, GEMV_OUT_GATED>(a, e->tile_blocks, e->tile_smem, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
       else
-        tiled_proj<T, GEMV_OUT_ACT>(a, e->tile_blocks, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
+        tiled_proj<T, GEMV_OUT_ACT>(a, e->tile_blocks, e->tile_smem, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
       break;
     case Path::Blas:
       gemm<T>(e, f.xn, s.w, f.fc, f.NG, f.d.H, f.d.up);
@@ -425,8 +436,10 @@ void moe(Flow<T>& f, const Stage& s) {
   p.add = into_h;
   // The tensor cores where an expert gets more rows on average than a gemv tile holds
   // (each further tile of a gemv reads the expert's weights again).
-  p.mma = (int64_t)f.N * s.s.top_k > (int64_t)kMoeRows * c.experts && c.moe_inner % 8 == 0 &&
-          c.shared_inner % 8 == 0;
+  // Under batch invariance one of them at every row count (a row's arithmetic then does not
+  // depend on how many rows its experts get).
+  const bool mma_fits = c.moe_inner % 8 == 0 && c.shared_inner % 8 == 0;
+  p.mma = e->invariant ? mma_fits : (int64_t)f.N * s.s.top_k > (int64_t)kMoeRows * c.experts && mma_fits;
   for (int r0 = 0; r0 < f.N; r0 += m.chunk) {
     p.n = std::min(m.chunk, f.N - r0);
     p.x = f.xn + (int64_t)r0 * f.d.H;
@@ -497,6 +510,12 @@ void lm_head(Flow<T>& f, const Stage& s, bool capture) {
       a.idx = f.I32(f.L.lrow_src) + ch.first;
       a.w = s.w, a.in = H, a.out = VR, a.y = part;
       gemv_any<T, GEMV_IN_LN, GEMV_OUT_F32>(f, a);
+    } else if (e->invariant) {
+      // The head's rows gathered, then the tiled kernel into this rank's logits.
+      gather_rows<T>(f.xn, f.I32(f.L.lrow_src) + ch.first, e->xf.as<T>(), ch.count, H, f.st);
+      GemvArgs a{};
+      a.bulk = e->bulk, a.n = ch.count, a.w = s.w, a.in = H, a.out = VR, a.x = e->xf.as<T>(), a.y = part;
+      tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, e->tile_smem, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
     } else {
       gather_rows<T>(f.xn, f.I32(f.L.lrow_src) + ch.first, e->xf.as<T>(), ch.count, H, f.st);
       gemm_lm_head<T>(e, gemm_rows(ch.count));
@@ -531,7 +550,7 @@ void lm_head(Flow<T>& f, const Stage& s, bool capture) {
     sample(logits, padded, f.I32(f.L.samp_seq) + ch.samp_first, f.I32(f.L.samp_row) + ch.samp_first,
            f.seqs, f.words, f.words, reinterpret_cast<const float*>(f.din), retlog,
            e->dtok.as<int32_t>(), e->dlp.as<float>(), ch.samp_count, V, e->greedy_part.as<float>(),
-           e->greedy_tickets.as<int>(), pl.all_greedy, e->sms, f.st);
+           e->greedy_tickets.as<int>(), pl.all_greedy, e->sms, f.st, e->invariant);
     if (!capture) {
       for (const CopyOut& cp : pl.copies)
         if (cp.chunk == (int)ci && cp.from_ret)

@@ -255,7 +255,9 @@ typedef struct gollm_weights_params {
 } gollm_weights_params;
 
 /* Kernel paths gollm_tuning.off turns off. Each is on by default where the GPU has it;
- * turning one off keeps results within rounding (batch invariance holds). */
+ * turning one off keeps results within rounding. Batch invariance is on by default: a
+ * row's results are then bitwise the same whatever else the step holds, and the bits
+ * below only move the paths of a library running without it. */
 enum gollm_tuning_off {
   GOLLM_TUNING_NO_PDL = 1,     /* programmatic dependent launch (sm_90) */
   GOLLM_TUNING_NO_BULK = 2,    /* bulk (TMA) copies of the gemv and MLP weights (sm_90) */
@@ -268,8 +270,13 @@ enum gollm_tuning_off {
   GOLLM_TUNING_NO_PROMPT_GRAPHS = 64, /* prompt steps replayed from graphs of their padded
                                          shape (every such step then runs kernel by kernel) */
   GOLLM_TUNING_NO_CTX_MMA = 128,      /* context attention on mma.sync (the WMMA kernel then) */
-  GOLLM_TUNING_NO_CUSTOM_AR = 256     /* tensor parallelism's custom all-reduce over peer
+  GOLLM_TUNING_NO_CUSTOM_AR = 256,    /* tensor parallelism's custom all-reduce over peer
                                          access (NCCL then, in fp32, for every all-reduce) */
+  GOLLM_TUNING_NO_INVARIANT = 512     /* batch invariance (cuda/README.md): the kernels then
+                                         follow the step's row count (the streaming and staged
+                                         gemv, the fused MLP, cuBLAS; decode attention's splits
+                                         by batch), and a row's results depend within rounding
+                                         on the rows beside it */
 };
 
 /* gollm_tuning chooses among kernel paths that give the same results within rounding, to

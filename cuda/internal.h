@@ -287,10 +287,13 @@ struct gollm_engine {
   bool bulk = false;              // gemv and MLP weights staged by bulk copies (sm_90 and later)
   bool fused = true;              // decode-only steps of up to kFusedRows rows: fused.cuh's MLP
   bool grouped = true;            // decode attention by KV head (attention_decode_gqa)
+  bool invariant = true;          // batch invariance: one projection kernel (tiled) and fixed
+                                  // decode-attention splits at every row count
   bool stream_gemv = true;        // few-row steps: gemv_stream
   bool tiled = true;              // steps of up to tiled_rows rows: tiled.cuh's projections
   bool ctx_mma = true;            // context attention by attention_context_mma_kernel
   int tile_blocks = 0;            // the blocks a tiled launch aims at (tile_shape)
+  size_t tile_smem = 0;           // the tiled kernels' dynamic shared memory limit
   int tiled_rows = 0;             // the most token rows on the tiled path
   int decode_parts = 0;           // decode attention's splits at every size (0: decode_splits)
 #ifdef GOLLM_MEASURE
@@ -381,6 +384,7 @@ void stage(gollm_engine* e, const Plan& pl, const Layout& L);
 
 // forward.cu
 void run_forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool capture);
+int attention_splits(const gollm_engine* e, int rows, int max_len);
 int warmup_gemms(gollm_engine* e);
 // feed_tokens writes the fed rows' tokens (n (row, previous sequence) pairs at pairs_off
 // of the device inputs) from the previous step's sampled tokens.

@@ -447,16 +447,21 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(
   }
 }
 
-// sample: greedy rows by sample_greedy_kernel, the others by sample_kernel. padded, when
+// sample: greedy rows by sample_greedy_kernel, the others by sample_kernel (invariant:
+// greedy rows split as a step of one row would split them). padded, when
 // not null, holds the same logits at a row stride of lm_head_ld(V) (the LM head's output
 // before unpad_rows); it is given only when every row is greedy, whose kernel then reads
 // it in place of logits.
 inline void sample(float* logits, const float* padded, const int32_t* samp_seq,
             const int32_t* samp_row, const DevSeq* seqs, const int32_t* pen, const int32_t* masks,
             const float* bias, float* retlog, int32_t* out_tok, float* out_lp, int count, int V,
-            float* greedy_part, int* greedy_tickets, bool all_greedy, int sms, Stream stream) {
+            float* greedy_part, int* greedy_tickets, bool all_greedy, int sms, Stream stream,
+            bool invariant = false) {
   if (count == 0) return;
-  launch("sample_greedy_kernel", sample_greedy_kernel, dim3(count, greedy_splits(count, sms)),
+  // Under batch invariance a row's slices (and so its log-probability's sum) are those of
+  // a step of one row, whatever the count.
+  const int splits = greedy_splits(invariant ? 1 : count, sms);
+  launch("sample_greedy_kernel", sample_greedy_kernel, dim3(count, splits),
          kGreedyThreads, 0, stream, padded ? padded : logits, samp_seq, samp_row, seqs,
          greedy_part, greedy_tickets, out_tok, out_lp, V,
          padded ? (int64_t)lm_head_ld(V) : (int64_t)V);

@@ -10,6 +10,15 @@
 
 namespace gollm {
 
+// attention_splits is how many ways decode attention splits each row's positions for a
+// step of rows decode rows up to max_len long: gollm_tuning.decode_parts where set, else
+// decode_splits. Under batch invariance forward() caps a row's parts at a step of one
+// row's count.
+int attention_splits(const gollm_engine* e, int rows, int max_len) {
+  return e->decode_parts > 0 ? e->decode_parts
+                             : decode_splits(std::max(1, rows), e->w->cfg.heads, e->sms, max_len);
+}
+
 namespace {
 
 int bucket_for(gollm_engine* e, int s) { return std::min(pow2_at_least(s), e->max_seqs); }
@@ -68,13 +77,6 @@ void swap_staging(gollm_engine* e) {
   e->hlog.swap(e->alt_hlog);
 }
 
-// attention_splits is how many ways decode attention splits each row's positions for a
-// step of rows decode rows up to max_len long: gollm_tuning.decode_parts where set, else
-// decode_splits.
-int attention_splits(const gollm_engine* e, int rows, int max_len) {
-  return e->decode_parts > 0 ? e->decode_parts
-                             : decode_splits(std::max(1, rows), e->w->cfg.heads, e->sms, max_len);
-}
 
 // kPromptGraphs is the most prompt graphs an engine keeps; kPromptSeen bounds the keys
 // remembered as seen once. Past its first kPromptGraphs captures an engine captures again

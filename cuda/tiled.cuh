@@ -8,7 +8,10 @@
 //
 // Beyond 16 rows, or on models wider than 1024, cuBLAS's kernels win (engine.cu's
 // tiled_rows): a block's chain — input loads after the wait, the partial sums' stores,
-// fence and ticket, the last block's merge and epilogue — is longer than theirs.
+// fence and ticket, the last block's merge and epilogue — is longer than theirs. Under
+// batch invariance (the default) every projection of every step runs here, whatever its
+// rows: a row's sums then take the same mma.sync sequence over the same splits of K, fixed
+// by the shape (tile_shape), and the same merge, alone or among any others.
 #pragma once
 #include "gemv.cuh"
 
@@ -74,21 +77,44 @@ __host__ __device__ __forceinline__ size_t tile_smem(int M, int NT, int kc, int 
 // The epilogue's operands of a thread's slot (bias, rotary frequency) are loaded before
 // the wait, the rows' positions and KV offsets into shared memory.
 // Dynamic shared memory: tile_smem(MT·16, NT, kc, sizeof(T)).
-template <typename T, int MT, int NT, int OUT>
+//
+// SER (steps of more than kTileMaxRows rows, MT = 4): grid (row tiles of M rows, tiles); a
+// block takes its M rows and its tile over every split in turn, each split's sums from
+// zero, added in split order into its totals — the arithmetic of the merge above, so that
+// a row's outputs are bitwise the same whichever variant, row count or place in the step
+// computes them (cuda/README.md's invariance). The row tile is the grid's fastest index:
+// the blocks that read one weight tile run together and share it through L2.
+template <typename T, int MT, int NT, int OUT, bool SER = false>
 __global__ void __launch_bounds__(kTileThreads) tiled_kernel(GemvArgs a, TileShape sh,
                                                              float* __restrict__ part,
                                                              int* __restrict__ tickets) {
   constexpr int M = MT * 16, C = kTileSlots * NT, P = C / 2, LD = C + 4;
   constexpr bool kPair = OUT == GEMV_OUT_GATED || OUT == GEMV_OUT_ROPE;
   constexpr bool kKV = OUT == GEMV_OUT_QKV || OUT == GEMV_OUT_ROPE;
+  static_assert(!SER || M == kTileMaxRows, "a serial block takes kTileMaxRows rows");
   extern __shared__ __align__(16) unsigned char tile_sm[];
   __shared__ int64_t kvrow[kTileMaxRows];
   __shared__ int rowpos[kTileMaxRows];
   griddep_launch();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int tile = blockIdx.x / sh.splits, split = blockIdx.x % sh.splits, n = a.n;
-  const int c0 = split * sh.kc, nch = min(sh.kc, a.in / 32 - c0);
-  const int steps = (nch + kTileChunks - 1) / kTileChunks, xld = tile_xld(sh.kc);
+  int tile = blockIdx.x / sh.splits, split = blockIdx.x % sh.splits;
+  if (SER) {
+    // This block's rows: the arguments' row-indexed operands moved to its first.
+    const int r0 = blockIdx.x * M;
+    tile = blockIdx.y, split = 0;
+    a.n = min(M, a.n - r0);
+    a.x = static_cast<const T*>(a.x) + (int64_t)r0 * a.in;
+    if (OUT == GEMV_OUT_ACT || OUT == GEMV_OUT_GATED)
+      a.y = static_cast<T*>(a.y) + (int64_t)r0 * a.out;
+    else
+      a.y = static_cast<float*>(a.y) + (int64_t)r0 * a.out;
+    if (a.row_pos) a.row_pos += r0;
+    if (a.row_seq) a.row_seq += r0;
+  }
+  const int n = a.n;
+  int c0 = split * sh.kc, nch = min(sh.kc, a.in / 32 - c0);
+  int steps = (nch + kTileChunks - 1) / kTileChunks;
+  const int xld = tile_xld(sh.kc);
   // Stage k % 2: [M][xld] input rows, then [C][xld] weight rows.
   auto stage = [&](int k) { return reinterpret_cast<T*>(tile_sm) + (size_t)(k & 1) * (M + C) * xld; };
   // stage_w / stage_x copy step k's weight rows / input rows into stage k % 2: rows
@@ -101,7 +127,7 @@ __global__ void __launch_bounds__(kTileThreads) tiled_kernel(GemvArgs a, TileSha
 #pragma unroll
   for (int i = 0; i < RW; i++) {
     const int64_t row = tile_w_row<OUT, NT>(a, tile, pr + 8 * i);
-    wrow[i] = row < 0 ? nullptr : static_cast<const T*>(a.w) + row * a.in + (int64_t)c0 * 32 + pc * 8;
+    wrow[i] = row < 0 ? nullptr : static_cast<const T*>(a.w) + row * a.in + pc * 8;
   }
   // staged says whether this thread copies a piece of step k: pieces past the step's
   // chunks are neither copied nor read.
@@ -113,7 +139,7 @@ __global__ void __launch_bounds__(kTileThreads) tiled_kernel(GemvArgs a, TileSha
     for (int i = 0; i < RW; i++) {
       T* d = dst + (size_t)8 * i * xld;
       if (wrow[i])
-        cp_async16(d, wrow[i] + k * kTileStep);
+        cp_async16(d, wrow[i] + (int64_t)c0 * 32 + k * kTileStep);
       else
         *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
     }
@@ -163,48 +189,85 @@ __global__ void __launch_bounds__(kTileThreads) tiled_kernel(GemvArgs a, TileSha
   cp_async_commit();
 
   float acc[MT][NT][4];
+  float tot[SER ? MT : 1][SER ? NT : 1][4];  // SER: the splits' sums so far
+  if (SER) {
 #pragma unroll
-  for (int mt = 0; mt < MT; mt++)
+    for (int mt = 0; mt < (SER ? MT : 1); mt++)
 #pragma unroll
-    for (int j = 0; j < NT; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
-  for (int k = 0; k < steps; k++) {
-    // Pending groups here: step k's input (and k+1's), or step k's and k+1's pieces.
-    if (k + 1 < steps)
-      cp_async_wait<1>();
-    else
-      cp_async_wait<0>();
-    __syncthreads();
-    const T* xs = stage(k);
-    const T* ws = xs + (size_t)M * xld;
-    const int ck = min(kTileChunks, nch - k * kTileChunks);
+      for (int j = 0; j < (SER ? NT : 1); j++) tot[mt][j][0] = tot[mt][j][1] = tot[mt][j][2] = tot[mt][j][3] = 0.f;
+  }
+  for (int sp = split; sp < (SER ? sh.splits : split + 1); sp++) {
+    if (SER && sp > 0) {
+      // The next split's first two stages (the last one's loop left both free).
+      c0 = sp * sh.kc, nch = min(sh.kc, a.in / 32 - c0);
+      steps = (nch + kTileChunks - 1) / kTileChunks;
+      stage_w(0);
+      stage_x(0);
+      cp_async_commit();
+      stage_w(1);
+      stage_x(1);
+      cp_async_commit();
+    }
 #pragma unroll
-    for (int i = 0; i < kTileChunks; i++) {
-      if (i < ck) {
-        uint4 wv[NT];
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int j = 0; j < NT; j++)
-          wv[j] = *reinterpret_cast<const uint4*>(ws + ((warp * NT + j) * 8 + g) * xld + i * 32 + q * 8);
+      for (int j = 0; j < NT; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+    for (int k = 0; k < steps; k++) {
+      // Pending groups here: step k's input (and k+1's), or step k's and k+1's pieces.
+      if (k + 1 < steps)
+        cp_async_wait<1>();
+      else
+        cp_async_wait<0>();
+      __syncthreads();
+      const T* xs = stage(k);
+      const T* ws = xs + (size_t)M * xld;
+      const int ck = min(kTileChunks, nch - k * kTileChunks);
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-          const T* r0 = xs + (mt * 16 + g) * xld + i * 32 + q * 8;
-          const uint4 x0 = *reinterpret_cast<const uint4*>(r0);
-          const uint4 x1 = *reinterpret_cast<const uint4*>(r0 + 8 * xld);
+      for (int i = 0; i < kTileChunks; i++) {
+        if (i < ck) {
+          uint4 wv[NT];
 #pragma unroll
-          for (int j = 0; j < NT; j++) {
-            mma_16816<T>(acc[mt][j], x0.x, x1.x, x0.y, x1.y, wv[j].x, wv[j].y);
-            mma_16816<T>(acc[mt][j], x0.z, x1.z, x0.w, x1.w, wv[j].z, wv[j].w);
+          for (int j = 0; j < NT; j++)
+            wv[j] = *reinterpret_cast<const uint4*>(ws + ((warp * NT + j) * 8 + g) * xld + i * 32 + q * 8);
+#pragma unroll
+          for (int mt = 0; mt < MT; mt++) {
+            const T* r0 = xs + (mt * 16 + g) * xld + i * 32 + q * 8;
+            const uint4 x0 = *reinterpret_cast<const uint4*>(r0);
+            const uint4 x1 = *reinterpret_cast<const uint4*>(r0 + 8 * xld);
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+              mma_16816<T>(acc[mt][j], x0.x, x1.x, x0.y, x1.y, wv[j].x, wv[j].y);
+              mma_16816<T>(acc[mt][j], x0.z, x1.z, x0.w, x1.w, wv[j].z, wv[j].w);
+            }
           }
         }
       }
+      __syncthreads();  // stage k & 1 is free: step k + 2 goes there
+      stage_w(k + 2);
+      stage_x(k + 2);
+      cp_async_commit();
     }
-    __syncthreads();  // stage k & 1 is free: step k + 2 goes there
-    stage_w(k + 2);
-    stage_x(k + 2);
-    cp_async_commit();
-  }
+    if (SER && sh.splits > 1) {
+#pragma unroll
+      for (int mt = 0; mt < (SER ? MT : 1); mt++)
+#pragma unroll
+        for (int j = 0; j < (SER ? NT : 1); j++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) tot[mt][j][e] += acc[mt < MT ? mt : 0][j < NT ? j : 0][e];
+    }
+  }  // splits
 
   float* ts = reinterpret_cast<float*>(tile_sm);  // the sums [M][LD], over the stages
-  if (sh.splits == 1) {
+  if (SER && sh.splits > 1) {
+#pragma unroll
+    for (int mt = 0; mt < (SER ? MT : 1); mt++)
+#pragma unroll
+      for (int j = 0; j < (SER ? NT : 1); j++) {
+        const int r = mt * 16 + g, col = (warp * NT + j) * 8 + 2 * q;
+        *reinterpret_cast<float2*>(ts + r * LD + col) = make_float2(tot[mt][j][0], tot[mt][j][1]);
+        *reinterpret_cast<float2*>(ts + (r + 8) * LD + col) = make_float2(tot[mt][j][2], tot[mt][j][3]);
+      }
+  } else if (SER || sh.splits == 1) {
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -298,23 +361,51 @@ inline int64_t tile_rows(const GemvArgs& a) {
   return OUT == GEMV_OUT_GATED ? 2 * (int64_t)a.out : a.out;
 }
 
-// tiled_proj runs a projection of a.n rows (tiled_fits) with GEMV_IN_T operands; part and
-// tickets as tile_part_floats and tile_shape size them (tickets zero between launches).
+// tiled_proj runs a projection of a.n rows (any count; in % 32 == 0) with GEMV_IN_T
+// operands; part and tickets as tile_part_floats and tile_shape size them (tickets zero
+// between launches). The reduction's splits follow the shape alone (tile_shape's kc);
+// past kTileMaxRows rows, blocks of kTileMaxRows rows take every split in turn (SER).
+// Where a launch would need more shared memory than smem_max (a device's per-block
+// limit) its tiles take 64 weight rows instead of 128: the same splits, the same sums.
 template <typename T, int OUT>
-void tiled_proj(const GemvArgs& a, int blocks, float* part, int* tickets, Stream st) {
-  const TileShape sh = tile_shape(tile_rows<OUT>(a), a.in, blocks);
+void tiled_proj(const GemvArgs& a, int blocks, size_t smem_max, float* part, int* tickets, Stream st) {
+  const int64_t wrows = tile_rows<OUT>(a);
+  TileShape sh = tile_shape(wrows, a.in, blocks);
+  auto with_nt = [&](int nt) {
+    TileShape s = sh;
+    s.nt = nt;
+    s.tiles = (int)((wrows + kTileSlots * nt - 1) / (kTileSlots * nt));
+    return s;
+  };
+  if (a.n > kTileMaxRows) {
+    const int rt = (a.n + kTileMaxRows - 1) / kTileMaxRows;
+    if (tile_smem(kTileMaxRows, 2, sh.kc, sizeof(T)) <= smem_max) {
+      const TileShape s2 = with_nt(2);
+      launch("tiled_kernel", tiled_kernel<T, 4, 2, OUT, true>, dim3(rt, s2.tiles), kTileThreads,
+             tile_smem(kTileMaxRows, 2, s2.kc, sizeof(T)), st, a, s2, part, tickets);
+    } else {
+      const TileShape s1 = with_nt(1);
+      launch("tiled_kernel", tiled_kernel<T, 4, 1, OUT, true>, dim3(rt, s1.tiles), kTileThreads,
+             tile_smem(kTileMaxRows, 1, s1.kc, sizeof(T)), st, a, s1, part, tickets);
+    }
+    return;
+  }
+  const int m = a.n <= 16 ? 16 : a.n <= 32 ? 32 : 64;
+  if (sh.nt == 2 && tile_smem(m, 2, sh.kc, sizeof(T)) > smem_max) sh = with_nt(1);
   if (sh.nt == 2)
     tiled_launch_nt<T, 2, OUT>(a, sh, part, tickets, st);
   else
     tiled_launch_nt<T, 1, OUT>(a, sh, part, tickets, st);
 }
 
-// tiled_allow_smem lets every tiled kernel use the shared memory it needs (up to 216 KB).
+// tiled_allow_smem lets every tiled kernel use the shared memory it needs (up to 216 KB),
+// or what the device allows (tiled_proj keeps within it).
 template <typename T, int OUT>
 void tiled_allow_smem_out(int device) {
-  void (*ks[6])(GemvArgs, TileShape, float*, int*) = {
+  void (*ks[8])(GemvArgs, TileShape, float*, int*) = {
       tiled_kernel<T, 1, 1, OUT>, tiled_kernel<T, 2, 1, OUT>, tiled_kernel<T, 4, 1, OUT>,
-      tiled_kernel<T, 1, 2, OUT>, tiled_kernel<T, 2, 2, OUT>, tiled_kernel<T, 4, 2, OUT>};
+      tiled_kernel<T, 1, 2, OUT>, tiled_kernel<T, 2, 2, OUT>, tiled_kernel<T, 4, 2, OUT>,
+      tiled_kernel<T, 4, 1, OUT, true>, tiled_kernel<T, 4, 2, OUT, true>};
   for (auto k : ks) allow_dynamic_smem(k, device);
 }
 

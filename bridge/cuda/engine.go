@@ -69,7 +69,8 @@ type Options struct {
 
 // Tuning selects the CUDA engine's kernel paths (gollm_tuning). The paths give the same
 // results within rounding; these exist to measure one against another. The zero value
-// keeps every default.
+// keeps every default, batch invariance included; the other switches and the row limits
+// move the paths of an engine without it (NoInvariant).
 type Tuning struct {
 	// NoPDL turns programmatic dependent launch off (sm_90 and later use it).
 	NoPDL bool
@@ -90,6 +91,11 @@ type Tuning struct {
 	NoPromptGraphs bool
 	// NoCtxMMA runs context attention on the WMMA kernel instead of the mma.sync one.
 	NoCtxMMA bool
+	// NoInvariant turns batch invariance off (cuda/README.md): projections then take the
+	// kernel that suits the step's row count (the streaming and staged gemv, the fused
+	// MLP, cuBLAS) and decode attention splits by the batch, so that a sequence's results
+	// depend, within rounding, on what runs beside it. NoTiled turns it off too.
+	NoInvariant bool
 	// GemvRows is the most token rows on the staged gemv path (0..8); 0 keeps the default
 	// (4 on models up to 1024 wide), and a negative value turns the path off.
 	GemvRows int
@@ -120,8 +126,8 @@ type Tuning struct {
 // TuningFromEnv reads the measuring switches, so that benchmarks and the GPU checks can
 // compare kernel paths without a rebuild: GOLLM_CUDA_PDL=0, GOLLM_CUDA_BULK=0,
 // GOLLM_CUDA_FUSED=0, GOLLM_CUDA_GROUPED=0, GOLLM_CUDA_STREAM=0, GOLLM_CUDA_TILED=0,
-// GOLLM_CUDA_PROMPT_GRAPHS=0, GOLLM_CUDA_CTX_MMA=0 and GOLLM_CUDA_CUSTOM_AR=0 turn a path
-// off; GOLLM_CUDA_AR_BYTES=n sets the custom all-reduce's largest payload;
+// GOLLM_CUDA_PROMPT_GRAPHS=0, GOLLM_CUDA_CTX_MMA=0, GOLLM_CUDA_INVARIANT=0 and GOLLM_CUDA_CUSTOM_AR=0
+// turn a path off; GOLLM_CUDA_AR_BYTES=n sets the custom all-reduce's largest payload;
 // GOLLM_CUDA_GEMV_ROWS=n and GOLLM_CUDA_TILED_ROWS=n (0: off), GOLLM_CUDA_TILE_BLOCKS=k,
 // GOLLM_CUDA_DECODE_PARTS=n and GOLLM_CUDA_SKIP=bits set the numbers. The backend never
 // reads them.
@@ -140,7 +146,7 @@ func TuningFromEnv() Tuning {
 	return Tuning{NoPDL: off("GOLLM_CUDA_PDL"), NoBulk: off("GOLLM_CUDA_BULK"), NoFused: off("GOLLM_CUDA_FUSED"),
 		NoGrouped: off("GOLLM_CUDA_GROUPED"), NoStream: off("GOLLM_CUDA_STREAM"),
 		NoTiled: off("GOLLM_CUDA_TILED"), NoPromptGraphs: off("GOLLM_CUDA_PROMPT_GRAPHS"),
-		NoCtxMMA: off("GOLLM_CUDA_CTX_MMA"), GemvRows: num("GOLLM_CUDA_GEMV_ROWS", -1),
+		NoCtxMMA: off("GOLLM_CUDA_CTX_MMA"), NoInvariant: off("GOLLM_CUDA_INVARIANT"), GemvRows: num("GOLLM_CUDA_GEMV_ROWS", -1),
 		TiledRows: num("GOLLM_CUDA_TILED_ROWS", -1), TileBlocks: num("GOLLM_CUDA_TILE_BLOCKS", 0),
 		DecodeParts: num("GOLLM_CUDA_DECODE_PARTS", 0), Skip: num("GOLLM_CUDA_SKIP", 0),
 		NoCustomAllReduce: off("GOLLM_CUDA_CUSTOM_AR"), AllReduceBytes: num("GOLLM_CUDA_AR_BYTES", 0)}
@@ -156,7 +162,8 @@ func (t Tuning) c() C.gollm_tuning {
 	}{{t.NoPDL, C.GOLLM_TUNING_NO_PDL}, {t.NoBulk, C.GOLLM_TUNING_NO_BULK}, {t.NoFused, C.GOLLM_TUNING_NO_FUSED},
 		{t.NoGrouped, C.GOLLM_TUNING_NO_GROUPED}, {t.NoStream, C.GOLLM_TUNING_NO_STREAM},
 		{t.NoTiled, C.GOLLM_TUNING_NO_TILED}, {t.NoPromptGraphs, C.GOLLM_TUNING_NO_PROMPT_GRAPHS},
-		{t.NoCtxMMA, C.GOLLM_TUNING_NO_CTX_MMA}, {t.NoCustomAllReduce, C.GOLLM_TUNING_NO_CUSTOM_AR}} {
+		{t.NoCtxMMA, C.GOLLM_TUNING_NO_CTX_MMA}, {t.NoCustomAllReduce, C.GOLLM_TUNING_NO_CUSTOM_AR},
+		{t.NoInvariant, C.GOLLM_TUNING_NO_INVARIANT}} {
 		if b.on {
 			out.off |= b.bit
 		}

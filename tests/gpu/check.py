@@ -36,9 +36,14 @@ float32 on the prompt followed by gollm's generated tokens (teacher forcing). It
   k-th and (k+1)-th experts closer than 6 × transformers' own fp16/bf16 router-logit error
   on that sequence (column routing_near_ties): routing is a discrete choice, and a flip
   there changes the hidden state the logits come from;
-- the same tokens from each prompt alone and inside the batch of 64 (a difference is
-  accepted on the same terms; the top-2 gaps and the tolerance go to NAME-DTYPE.gaps.json
-  beside the run's output, for tests/gpu/triton_e2e.sh's streams);
+- batch invariance (cuda/README.md's guarantee), on every model whose widths the library
+  runs invariant (invariant_expected): each prompt's tokens alone and inside the batch of
+  64 (with and without graphs) identical, and its prompt and decode logits bitwise
+  identical (column batch_bitwise); its chunked prefill's logits bitwise the whole
+  prompt's where no chunk is a single token (column chunked_bitwise; a lone token takes
+  decode attention). On other models a token difference is accepted on the terms of the
+  greedy check; the top-2 gaps and the tolerance go to NAME-DTYPE.gaps.json beside the
+  run's output, for tests/gpu/triton_e2e.sh's streams;
 - as a yardstick, transformers itself in the run's dtype against its float32: the
   relative L2 error of its own fp16/bf16 logits on the logit prompts (column hf_relL2).
   A run fails when gollm's error exceeds max(1e-2, 1.5 × transformers' own in that dtype);
@@ -263,6 +268,26 @@ def check_tokens(prompts, gen, refs, gaps, tol_gap):
             if g[k] != am[k]:
                 (accepted if gaps[i][k] < tol_gap else fails).append((i, k, g[k], am[k], gaps[i][k]))
     return fails, accepted, min_gap
+
+
+def invariant_expected(ckpt):
+    """Whether the library runs the checkpoint batch-invariant (engine.cu: every width a
+    projection reads or writes a whole number of 32-column chunks), unless
+    GOLLM_CUDA_INVARIANT=0 turns it off."""
+    if os.environ.get("GOLLM_CUDA_INVARIANT") == "0":
+        return False
+    with open(os.path.join(ckpt, "config.json")) as f:
+        c = json.load(f)
+    hidden = c.get("hidden_size") or c.get("n_embd")
+    heads = c.get("num_attention_heads") or c.get("n_head")
+    head_dim = c.get("head_dim") or hidden // heads
+    inner = c.get("intermediate_size") or c.get("n_inner") or 4 * hidden
+    return all(w % 32 == 0 for w in (hidden, inner, heads * head_dim))
+
+
+def bitwise_rows(a, b):
+    """Whether two logit tensors are bitwise identical."""
+    return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
 def same_tokens(a, b, gaps, tol_gap):
@@ -519,7 +544,35 @@ def main():
             failures.append(f"{label}: prompt {f_[0]} step {f_[1]}: gollm {f_[2]}, transformers {f_[3]} (top-2 gap {f_[4]:.2e})")
         for a in accepted:
             notes.append(f"{label}: accepted divergence prompt {a[0]} step {a[1]} (gap {a[4]:.2e})")
+        invariant = invariant_expected(ckpt)
+        row["invariant"] = "yes" if invariant else "no"
+        if invariant:
+            # Bitwise: the first KLOGITS prompts' logits alone and in the batch (the decode
+            # rows too: the tokens must agree), and chunked against whole where no 7-token
+            # chunk is a lone token.
+            nbit, nchunk, nchunked = 0, 0, 0
+            for i in range(KLOGITS):
+                P = len(prompts[i])
+                same = bitwise_rows(g[f"batchlogits.prompt_logits.{i}"], g[f"single.prompt_logits.{i}"]) and \
+                    bitwise_rows(g[f"batchlogits.decode_logits.{i}"], g[f"single.decode_logits.{i}"])
+                nbit += same
+                if not same:
+                    failures.append(f"{label}: prompt {i}: logits in the batch not bitwise those alone")
+                if P % 7 != 1:
+                    nchunked += 1
+                    ok = bitwise_rows(g[f"chunked.prompt_logits.{i}"], g[f"single.prompt_logits.{i}"])
+                    nchunk += ok
+                    if not ok:
+                        failures.append(f"{label}: prompt {i}: chunked prefill's logits not bitwise the whole prompt's")
+            row["batch_bitwise"] = f"{nbit}/{KLOGITS}"
+            row["chunked_bitwise"] = f"{nchunk}/{nchunked}"
         for k in ("batch", "batchlogits"):
+            if invariant:
+                diff = [i for i in range(len(prompts)) if gen["single"][i] != gen[k][i]]
+                row[f"{k}_same"] = f"{len(prompts) - len(diff)}/{len(prompts)}"
+                for i in diff:
+                    failures.append(f"{label}: {k}: prompt {i}'s tokens differ from its single run (invariant)")
+                continue
             bad, ok = same_tokens(gen["single"], gen[k], gaps, tol_gap)
             row[f"{k}_same"] = f"{len(prompts) - len(bad) - len(ok)}/{len(prompts)}"
             for b in bad:
