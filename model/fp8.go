@@ -237,9 +237,9 @@ func parseCompressedTensors(raw json.RawMessage) (*Quant, error) {
 	return q, nil
 }
 
-// scaleShape is the canonical shape of the scales of a rows × cols weight under q:
-// [ceil(rows/BlockRows)][ceil(cols/BlockCols)], a zero block covering the dimension.
-func (q *Quant) scaleShape(rows, cols int) (int, int) {
+// block is the rows and columns one scale covers in a rows × cols weight under q, a zero
+// block side covering the dimension.
+func (q *Quant) block(rows, cols int) (int, int) {
 	br, bc := q.BlockRows, q.BlockCols
 	if br == 0 {
 		br = rows
@@ -247,26 +247,28 @@ func (q *Quant) scaleShape(rows, cols int) (int, int) {
 	if bc == 0 {
 		bc = cols
 	}
-	return (rows + br - 1) / br, (cols + bc - 1) / bc
+	return br, bc
 }
 
 // fp8Scale finds and checks the scales of F8_E4M3 tensor t ([rows][cols]) and returns
-// them as an owned F32 tensor of the canonical shape (Quant.scaleShape).
-func (c *Checkpoint) fp8Scale(t *Tensor, rows, cols int) (*Tensor, error) {
+// them as an owned F32 tensor of the canonical shape [ceil(rows/br)][ceil(cols/bc)], with
+// the block br × bc one scale covers.
+func (c *Checkpoint) fp8Scale(t *Tensor, rows, cols int) (_ *Tensor, br, bc int, _ error) {
 	q := c.quant
 	if q == nil {
-		return nil, fmt.Errorf("tensor %s: dtype F8_E4M3, but config.json has no quantization_config", t.Name)
+		return nil, 0, 0, fmt.Errorf("tensor %s: dtype F8_E4M3, but config.json has no quantization_config", t.Name)
 	}
 	base, ok := strings.CutSuffix(t.Name, "weight")
 	if !ok {
-		return nil, fmt.Errorf("tensor %s: dtype F8_E4M3 on a tensor not named …weight", t.Name)
+		return nil, 0, 0, fmt.Errorf("tensor %s: dtype F8_E4M3 on a tensor not named …weight", t.Name)
 	}
 	name := base + q.ScaleSuffix
 	s, err := c.Tensor(name)
 	if err != nil {
-		return nil, fmt.Errorf("tensor %s: dtype F8_E4M3 without its scales: %w", t.Name, err)
+		return nil, 0, 0, fmt.Errorf("tensor %s: dtype F8_E4M3 without its scales: %w", t.Name, err)
 	}
-	sr, sc := q.scaleShape(rows, cols)
+	br, bc = q.block(rows, cols)
+	sr, sc := (rows+br-1)/br, (cols+bc-1)/bc
 	n := s.NumElements()
 	fits := false
 	switch {
@@ -278,18 +280,19 @@ func (c *Checkpoint) fp8Scale(t *Tensor, rows, cols int) (*Tensor, error) {
 		fits = slices.Equal(s.Shape, []int{sr, sc})
 	}
 	if !fits {
-		return nil, fmt.Errorf("tensor %s: shape %v does not hold the scales of %s %v under %s (want %d×%d)", s.Name, s.Shape, t.Name, t.Shape, q, sr, sc)
+		return nil, 0, 0, fmt.Errorf("tensor %s: shape %v does not hold the scales of %s %v under %s (want %d×%d)", s.Name, s.Shape, t.Name, t.Shape, q, sr, sc)
 	}
 	v, err := s.Float32()
 	if err != nil {
-		return nil, err
+		return nil, 0, 0, err
 	}
 	for i, x := range v {
 		if !(x > 0) || math.IsInf(float64(x), 0) {
-			return nil, fmt.Errorf("tensor %s: scale %d is %g, not positive and finite", s.Name, i, x)
+			return nil, 0, 0, fmt.Errorf("tensor %s: scale %d is %g, not positive and finite", s.Name, i, x)
 		}
 	}
-	return NewFloatTensor(s.Name, "F32", []int{sr, sc}, v)
+	st, err := NewFloatTensor(s.Name, "F32", []int{sr, sc}, v)
+	return st, br, bc, err
 }
 
 // e4m3Table decodes every float8_e4m3fn byte: 1 sign, 4 exponent (bias 7), 3 mantissa
@@ -363,8 +366,10 @@ func dequantizeFP8(dst []float32, p *Part, cols int) error {
 	if err != nil {
 		return err
 	}
-	sr, sc := s.Shape[0], s.Shape[1]
-	br, bc := (p.Rows+sr-1)/sr, (cols+sc-1)/sc
+	sc, br, bc := s.Shape[1], p.BlockRows, p.BlockCols
+	if br < 1 || bc < 1 || len(sv) != ((p.Rows+br-1)/br)*((cols+bc-1)/bc) {
+		return fmt.Errorf("tensor %s: %d scales for blocks of %d×%d in %d×%d", s.Name, len(sv), br, bc, p.Rows, cols)
+	}
 	for r := range p.Rows {
 		row := sv[(r/br)*sc : (r/br+1)*sc]
 		src := t.Data[r*cols : (r+1)*cols]
@@ -403,7 +408,7 @@ func QuantizeFP8(ws []Weight) ([]Weight, error) {
 		if err != nil {
 			return nil, err
 		}
-		out[i].Parts = []Part{{Tensor: qt, Rows: w.Rows, Scale: st}}
+		out[i].Parts = []Part{{Tensor: qt, Rows: w.Rows, Scale: st, BlockRows: FP8BlockSize, BlockCols: FP8BlockSize}}
 	}
 	return out, nil
 }
@@ -459,4 +464,56 @@ func (c *Checkpoint) fp8Hint(r Role, transposed bool) string {
 		return ""
 	}
 	return " (or F8_E4M3 with its scales)"
+}
+
+// DequantizeFP8 returns ws with every FP8 part replaced by an owned F32 tensor of its
+// real values, for an engine that computes in float types only.
+func DequantizeFP8(ws []Weight) ([]Weight, error) {
+	out := make([]Weight, len(ws))
+	for i, w := range ws {
+		out[i] = w
+		if !w.FP8() {
+			continue
+		}
+		out[i].Parts = slices.Clone(w.Parts)
+		for j := range out[i].Parts {
+			p := &out[i].Parts[j]
+			if p.Scale == nil {
+				continue
+			}
+			v := make([]float32, p.Rows*w.Cols)
+			if err := dequantizeFP8(v, p, w.Cols); err != nil {
+				return nil, fmt.Errorf("%s: %w", &w, err)
+			}
+			t, err := NewFloatTensor(p.Tensor.Name, "F32", []int{p.Rows, w.Cols}, v)
+			if err != nil {
+				return nil, err
+			}
+			*p = Part{Tensor: t, Rows: p.Rows}
+		}
+	}
+	return out, nil
+}
+
+// LoadFloat32FP8 is LoadFloat32 with the projections quantized to FP8 first
+// (QuantizeFP8), as `quantization: fp8` serves a float checkpoint: the float32 weights
+// carry FP8's rounding. An FP8 checkpoint's projections are taken as stored.
+func LoadFloat32FP8(dir string) (*Float32, error) {
+	c, err := Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	defer c.Close()
+	ws, err := c.Weights()
+	if err == nil {
+		ws, err = QuantizeFP8(ws)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	m, err := NewFloat32(c.Config, ws)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	return m, nil
 }

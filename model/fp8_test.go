@@ -304,3 +304,66 @@ func TestQuantizeFP8(t *testing.T) {
 		t.Error("embeddings or LM head changed")
 	}
 }
+
+// TestDequantizeFP8 gives float parts with the values Float32 computes from the FP8 ones.
+func TestDequantizeFP8(t *testing.T) {
+	ck, err := Open(fp8ctDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	ws, err := ck.Weights()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := DequantizeFP8(ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range ds {
+		if ds[i].FP8() || ws[i].FP8() != (ws[i].Role == RoleQKV || ws[i].Role == RoleOut || ws[i].Role == RoleUp || ws[i].Role == RoleDown) {
+			t.Fatalf("%s: FP8 left", &ds[i])
+		}
+		a, err := ws[i].Float32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := ds[i].Float32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(a, b) {
+			t.Fatalf("%s: dequantized values differ", &ds[i])
+		}
+	}
+}
+
+// TestLoadFloat32FP8 loads a float checkpoint as `quantization: fp8` serves it: the
+// projections on the FP8 grid of their blocks, the rest as stored.
+func TestLoadFloat32FP8(t *testing.T) {
+	a, err := LoadFloat32("../testdata/llama-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := LoadFloat32FP8("../testdata/llama-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range a.Layers {
+		for r := range NumRoles {
+			x, y := a.Layers[l][r], b.Layers[l][r]
+			if fp8Role(r) && x != nil {
+				if slices.Equal(x, y) {
+					t.Errorf("layer %d %s: not quantized", l, r)
+				}
+				for k := range x {
+					if d := math.Abs(float64(x[k] - y[k])); d > math.Abs(float64(x[k]))/16+1e-3 {
+						t.Fatalf("layer %d %s [%d]: %g became %g", l, r, k, x[k], y[k])
+					}
+				}
+			} else if !slices.Equal(x, y) {
+				t.Errorf("layer %d %s changed", l, r)
+			}
+		}
+	}
+}

@@ -25,6 +25,9 @@ type Part struct {
 	// where one scale covers it): the weight is the stored value times its block's scale.
 	// Nil for a part in a float type.
 	Scale *Tensor
+	// BlockRows and BlockCols are the br × bc weights one scale covers (a block is cut
+	// short at the matrix's edge).
+	BlockRows, BlockCols int
 }
 
 // Weight is one role's weight: its parts joined along the rows give the canonical
@@ -173,8 +176,9 @@ func (c *Checkpoint) Weights() ([]Weight, error) {
 				return fmt.Errorf("tensor %s: shape %v, expected %v for %s", t.Name, t.Shape, want, c.shapeWhy(r))
 			}
 			var scale *Tensor
+			var br, bc int
 			if fp8 {
-				if scale, err = c.fp8Scale(t, split[i], cols); err != nil {
+				if scale, br, bc, err = c.fp8Scale(t, split[i], cols); err != nil {
 					return err
 				}
 			}
@@ -183,7 +187,7 @@ func (c *Checkpoint) Weights() ([]Weight, error) {
 					return err
 				}
 			}
-			w.Parts = append(w.Parts, Part{Tensor: t, Transposed: pn.transposed, Rows: split[i], Scale: scale})
+			w.Parts = append(w.Parts, Part{Tensor: t, Transposed: pn.transposed, Rows: split[i], Scale: scale, BlockRows: br, BlockCols: bc})
 		}
 		out = append(out, w)
 		return nil
