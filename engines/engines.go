@@ -48,6 +48,9 @@ type Settings struct {
 	// checkpoint's own when it is one of them, else float16. The CPU engine computes in
 	// float32.
 	DataType string
+	// Quantization "fp8" quantizes the projections of a float checkpoint to FP8 at load
+	// (model.QuantizeFP8); empty serves the weights as stored.
+	Quantization string
 	// TokensPerBlock sets the KV block size in positions.
 	TokensPerBlock int
 	// KVTokens is the KV pool's size in tokens (rounded up to whole blocks); 0 sizes it:
@@ -94,8 +97,9 @@ type Model struct {
 	elems int64
 	// mu guards cpu and gpu.
 	mu sync.Mutex
-	// cpu holds the CPU engines' weights, loaded by the first.
-	cpu *cpu.Weights
+	// cpu holds the CPU engines' weights, loaded by the first; cpuFP8 those of the
+	// engines of `quantization: fp8`.
+	cpu, cpuFP8 *cpu.Weights
 	// gpu holds the model's reference to its weights on each device, by compute type.
 	gpu map[gpuKey]*cuda.Weights
 }
@@ -214,8 +218,12 @@ func (m *Model) newCPU(s Settings) (engine.Engine, error) {
 	}
 	blocks := (tokens + s.TokensPerBlock - 1) / s.TokensPerBlock
 	m.mu.Lock()
+	held, load := &m.cpu, model.LoadFloat32
+	if s.Quantization == "fp8" {
+		held, load = &m.cpuFP8, model.LoadFloat32FP8
+	}
 	weights := int64(0)
-	if m.cpu == nil {
+	if *held == nil {
 		weights = m.elems * 4
 	}
 	kv := int64(blocks) * int64(s.TokensPerBlock) * m.kvBytesPerToken(4)
@@ -223,8 +231,8 @@ func (m *Model) newCPU(s Settings) (engine.Engine, error) {
 		m.mu.Unlock()
 		return nil, err
 	}
-	if m.cpu == nil {
-		f, err := model.LoadFloat32(m.dir)
+	if *held == nil {
+		f, err := load(m.dir)
 		if err != nil {
 			m.mu.Unlock()
 			return nil, err
@@ -234,9 +242,9 @@ func (m *Model) newCPU(s Settings) (engine.Engine, error) {
 			m.mu.Unlock()
 			return nil, fmt.Errorf("load %s: %w", m.dir, err)
 		}
-		m.cpu = w
+		*held = w
 	}
-	w := m.cpu
+	w := *held
 	m.mu.Unlock()
 	e, err := cpu.New(w, engine.KVConfig{NumBlocks: blocks, TokensPerBlock: s.TokensPerBlock, MaxSeqLen: s.MaxSeqLen})
 	if err != nil {
@@ -307,6 +315,11 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	dtype := computeType(s.DataType, m.cfg.DType)
+	if s.Quantization == "fp8" {
+		// The GPU engine stores no FP8 weights yet: quantizing to serve fp16 matrices
+		// would cost FP8's error for none of its memory or speed.
+		return nil, fmt.Errorf("quantization fp8: the GPU engine has no FP8 weights yet; serve the checkpoint in %s, or quantized on the CPU engine", dtype)
+	}
 	if s.TensorParallel > 1 {
 		return m.newGPUTP(device, dtype, s)
 	}
@@ -471,7 +484,7 @@ func (m *Model) Release() {
 		w.Release()
 		delete(m.gpu, d)
 	}
-	m.cpu = nil
+	m.cpu, m.cpuFP8 = nil, nil
 }
 
 // NewEagle3Head makes an EAGLE-3 head h for this model (its target) on the CPU, with a

@@ -289,6 +289,15 @@ func LoadShard(ckpt *model.Checkpoint, size, rank int, opts Options) (*Weights, 
 	if err != nil {
 		return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
 	}
+	if q := ckpt.Quant(); q != nil {
+		// The arena holds fp16/bf16 matrices: an FP8 checkpoint's projections are
+		// dequantized on the host into float32 copies, held until the arena has converted them.
+		if ws, err = model.DequantizeFP8(ws); err != nil {
+			return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
+		}
+		opts.Logger.Info("fp8 checkpoint dequantized to the compute type", zap.String("checkpoint", ckpt.Dir),
+			zap.String("quantization", q.String()), zap.String("dtype", opts.DType))
+	}
 	rankCfg := cfg
 	if size != 1 {
 		l, err := cfg.TensorParallel(size)
