@@ -110,6 +110,8 @@ type gpuKey struct {
 	device   int
 	dtype    string
 	tp, rank int
+	// quant is the weights' Settings.Quantization.
+	quant string
 }
 
 var (
@@ -315,15 +317,10 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	dtype := computeType(s.DataType, m.cfg.DType)
-	if s.Quantization == "fp8" {
-		// The GPU engine stores no FP8 weights yet: quantizing to serve fp16 matrices
-		// would cost FP8's error for none of its memory or speed.
-		return nil, fmt.Errorf("quantization fp8: the GPU engine has no FP8 weights yet; serve the checkpoint in %s, or quantized on the CPU engine", dtype)
-	}
 	if s.TensorParallel > 1 {
 		return m.newGPUTP(device, dtype, s)
 	}
-	w := m.gpu[gpuKey{device: device, dtype: dtype, tp: 1}]
+	w := m.gpu[gpuKey{device: device, dtype: dtype, tp: 1, quant: s.Quantization}]
 	if w == nil {
 		if err := fitsDevice(device, m.elems*2, "the weights in "+dtype); err != nil {
 			return nil, err
@@ -332,7 +329,7 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 		if err != nil {
 			return nil, err
 		}
-		w, err = cuda.LoadWeights(ckpt, cuda.Options{Device: device, DType: dtype, Logger: s.Logger})
+		w, err = cuda.LoadWeights(ckpt, cuda.Options{Device: device, DType: dtype, Quantization: s.Quantization, Logger: s.Logger})
 		if cerr := ckpt.Close(); err == nil && cerr != nil {
 			err = cerr
 		}
@@ -342,7 +339,7 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 		if m.gpu == nil {
 			m.gpu = map[gpuKey]*cuda.Weights{}
 		}
-		m.gpu[gpuKey{device: device, dtype: dtype, tp: 1}] = w
+		m.gpu[gpuKey{device: device, dtype: dtype, tp: 1, quant: s.Quantization}] = w
 	}
 	opts := cuda.Options{Device: device, DType: dtype, TokensPerBlock: s.TokensPerBlock,
 		KVFreeFraction: s.KVFreeFraction, MaxSeqs: s.MaxSeqs, MaxSeqLen: s.MaxSeqLen, Logger: s.Logger}
@@ -399,7 +396,7 @@ func (m *Model) newGPUTP(device int, dtype string, s Settings) (engine.Engine, e
 		}
 	}()
 	for r := range n {
-		key := gpuKey{device: device + r, dtype: dtype, tp: n, rank: r}
+		key := gpuKey{device: device + r, dtype: dtype, tp: n, rank: r, quant: s.Quantization}
 		if w := m.gpu[key]; w != nil {
 			shares[r] = w
 			continue
@@ -413,7 +410,7 @@ func (m *Model) newGPUTP(device int, dtype string, s Settings) (engine.Engine, e
 				return nil, err
 			}
 		}
-		w, err := cuda.LoadShard(ckpt, n, r, cuda.Options{Device: device + r, DType: dtype, Logger: s.Logger})
+		w, err := cuda.LoadShard(ckpt, n, r, cuda.Options{Device: device + r, DType: dtype, Quantization: s.Quantization, Logger: s.Logger})
 		if err != nil {
 			return nil, fmt.Errorf("tensor_parallel_size %d: rank %d on GPU %d: %w", n, r, device+r, err)
 		}
