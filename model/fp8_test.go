@@ -367,3 +367,40 @@ func TestLoadFloat32FP8(t *testing.T) {
 		}
 	}
 }
+
+// TestFloat32ToE4M3Nearest compares the encoder with a search of every code for the
+// nearest (ties to the even code) over random magnitudes of every binade and the
+// midpoints between neighbouring codes.
+func TestFloat32ToE4M3Nearest(t *testing.T) {
+	nearest := func(f float32) uint8 {
+		best := uint8(0)
+		for b := uint8(1); b <= 0x7e; b++ {
+			d, e := math.Abs(float64(E4M3ToFloat32(b)-f)), math.Abs(float64(E4M3ToFloat32(best)-f))
+			if d < e || (d == e && b&1 == 0) {
+				best = b
+			}
+		}
+		return best
+	}
+	var vals []float32
+	for b := uint8(0); b < 0x7e; b++ {
+		lo, hi := E4M3ToFloat32(b), E4M3ToFloat32(b+1)
+		vals = append(vals, (lo+hi)/2, lo+(hi-lo)*0.49, lo+(hi-lo)*0.51)
+	}
+	x := uint32(12345)
+	for range 20000 {
+		x = x*1664525 + 1013904223
+		vals = append(vals, float32(math.Ldexp(float64(x>>8)/(1<<24), int(x%20)-12)))
+	}
+	for _, v := range vals {
+		if v >= 448 {
+			continue
+		}
+		if got, want := Float32ToE4M3(v), nearest(v); got != want {
+			t.Fatalf("Float32ToE4M3(%g) = %#x (%g), nearest %#x (%g)", v, got, E4M3ToFloat32(got), want, E4M3ToFloat32(want))
+		}
+		if got := Float32ToE4M3(-v); v != 0 && got != nearest(v)|0x80 {
+			t.Fatalf("Float32ToE4M3(%g) = %#x", -v, got)
+		}
+	}
+}

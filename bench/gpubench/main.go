@@ -24,6 +24,8 @@
 // parallelism, NCCL); its figures carry "tp" and an impl ending in -tpN. -random-gb N
 // gives the model of -ckpt's config.json random weights in memory (at most N GB; no
 // weight files read), for full-size shapes whose files would not fit the disk.
+// -quantization fp8 loads the projections in FP8 (128×128 block scales, quantized at
+// load); its figures carry dtype "fp8" (the activations in -dtype).
 package main
 
 import (
@@ -51,6 +53,9 @@ var overlap bool
 
 // guideRegex is -guide-regex.
 var guideRegex string
+
+// quantization is -quantization: "fp8" loads the projections in FP8.
+var quantization string
 
 // benchEngine is what the workloads run on: a GPU engine, or a tensor-parallel one.
 type benchEngine interface {
@@ -103,6 +108,7 @@ func main() {
 	tp := flag.Int("tp", 1, "tensor_parallel_size: split the model over GPUs 0..tp-1")
 	randomGB := flag.Float64("random-gb", 0, "> 0: random weights for -ckpt's config.json, at most this many GB")
 	flag.StringVar(&guideRegex, "guide-regex", `[^\x00]*`, "the guided workloads' constraint (a regular expression)")
+	flag.StringVar(&quantization, "quantization", "", "fp8: the projections in FP8, quantized at load")
 	flag.Parse()
 	if err := run(*ckptDir, *name, *list, *reps, *dtype, *lib, *graphs, *warmup, *tp, *randomGB); err != nil {
 		fmt.Fprintln(os.Stderr, "gpubench:", err)
@@ -136,7 +142,7 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 	perSeq := (maxLen + T - 1) / T
 	// Twice the blocks of maxSeqs sequences: a beam writes into a copy of a block it
 	// shares with its siblings.
-	opts := cuda.Options{DType: dtype, Library: lib, TokensPerBlock: T,
+	opts := cuda.Options{DType: dtype, Quantization: quantization, Library: lib, TokensPerBlock: T,
 		NumBlocks: 2 * perSeq * maxSeqs, MaxTokens: max(maxTok, 8192), MaxSeqs: max(maxSeqs, 64),
 		DisableCUDAGraphs: !graphs, SkipWarmup: !warmup, Tuning: cuda.TuningFromEnv()}
 	var eng benchEngine
@@ -183,6 +189,9 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 		impl += fmt.Sprintf("-tp%d", tp)
 	}
 	short := map[string]string{"float16": "fp16", "bfloat16": "bf16"}[dtype]
+	if quantization != "" {
+		short = quantization
+	}
 	for _, w := range ws {
 		rng := rand.New(rand.NewPCG(uint64(w.batch), uint64(w.in)))
 		prompts := make([][]int32, w.batch)
