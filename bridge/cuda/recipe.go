@@ -100,8 +100,14 @@ func abiLayout() map[string]uintptr {
 	var wp C.gollm_weights_params
 	var ep C.gollm_engine_params
 	var mc C.gollm_model_config
+	var ts C.gollm_tensor
+	var wt C.gollm_weight
 	return map[string]uintptr{
-		"gollm_stage": unsafe.Sizeof(st), "gollm_stage.kind": unsafe.Offsetof(st.kind),
+		"gollm_tensor": unsafe.Sizeof(ts), "gollm_tensor.dtype": unsafe.Offsetof(ts.dtype),
+		"gollm_tensor.scale": unsafe.Offsetof(ts.scale), "gollm_tensor.block_rows": unsafe.Offsetof(ts.block_rows),
+		"gollm_tensor.block_cols": unsafe.Offsetof(ts.block_cols), "gollm_weight": unsafe.Sizeof(wt),
+		"gollm_weight.part": unsafe.Offsetof(wt.part),
+		"gollm_stage":       unsafe.Sizeof(st), "gollm_stage.kind": unsafe.Offsetof(st.kind),
 		"gollm_stage.layer": unsafe.Offsetof(st.layer), "gollm_stage.weight": unsafe.Offsetof(st.weight),
 		"gollm_stage.norm": unsafe.Offsetof(st.norm), "gollm_stage.eps": unsafe.Offsetof(st.eps),
 		"gollm_stage.rope_dim": unsafe.Offsetof(st.rope_dim), "gollm_stage.rope_freqs": unsafe.Offsetof(st.rope_freqs),
