@@ -65,7 +65,7 @@ __device__ __forceinline__ float dot16(const float (&wf)[16], const T* __restric
 
 // fp8_gemv_kernel: grid ceil(out / 8), block 256 (a warp an output row), R ≥ n rows of x.
 // Each lane reads 16 consecutive weights a load (a 128-column group holds eight lanes'),
-// two loads in flight; the warp's sums meet by shuffles.
+// four loads in flight; the warp's sums meet by shuffles.
 template <typename T, int R>
 __global__ void __launch_bounds__(kFp8GemvWarps * 32)
     fp8_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ w, const float* __restrict__ s,
@@ -93,14 +93,17 @@ __global__ void __launch_bounds__(kFp8GemvWarps * 32)
     for (int r = 0; r < R; r++)
       if (r < n) acc[r] = fmaf(dot16<T>(wf, x + (size_t)r * in + k), sc, acc[r]);
   };
+  // Four loads a lane in flight, then what is left one at a time.
+  constexpr int kStride = 32 * 16;
   int k = lane * 16;
-  for (; k + 32 * 16 < in; k += 2 * 32 * 16) {
-    const uint4 w0 = __ldg(reinterpret_cast<const uint4*>(wr + k));
-    const uint4 w1 = __ldg(reinterpret_cast<const uint4*>(wr + k + 32 * 16));
-    step(w0, k);
-    step(w1, k + 32 * 16);
+  for (; k + 3 * kStride < in; k += 4 * kStride) {
+    uint4 wv[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) wv[u] = __ldg(reinterpret_cast<const uint4*>(wr + k + u * kStride));
+#pragma unroll
+    for (int u = 0; u < 4; u++) step(wv[u], k + u * kStride);
   }
-  if (k < in) step(__ldg(reinterpret_cast<const uint4*>(wr + k)), k);
+  for (; k < in; k += kStride) step(__ldg(reinterpret_cast<const uint4*>(wr + k)), k);
 #pragma unroll
   for (int r = 0; r < R; r++) {
     float v = acc[r];
