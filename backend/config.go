@@ -221,6 +221,8 @@ var params = []paramSpec{
 			c.DataType = "float16"
 		case "bf16", "bfloat16":
 			c.DataType = "bfloat16"
+		case "fp8", "float8":
+			return fmt.Errorf("%q: want fp16 or bf16 (float16, bfloat16): the activations' type; FP8 weights come from an FP8 checkpoint or quantization fp8", v)
 		default:
 			return fmt.Errorf("%q: want fp16 or bf16 (float16, bfloat16)", v)
 		}
