@@ -66,7 +66,8 @@ template <typename T>
 void proj(gollm_engine* e, const void* x, const void* w, const float* ws, float* y, int n, int in,
           int out, Stream st) {
   if (ws)
-    fp8_proj<T>(static_cast<const T*>(x), static_cast<const uint8_t*>(w), ws, y, n, in, out, st);
+    fp8_proj<T>(static_cast<const T*>(x), static_cast<const uint8_t*>(w), ws, y, n, in, out, e->sms,
+                e->fp8_part.as<float>(), e->fp8_part.bytes / 4, st);
   else
     gemm<T>(e, x, w, y, gemm_rows(n), in, out);
 }

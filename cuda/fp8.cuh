@@ -9,8 +9,12 @@
 //                    (16 bytes), decoded in registers; memory-bound, so half fp16's bytes
 //                    is about half its time.
 //   fp8_mma_kernel   more rows: tiles of 64 rows × 32 outputs, 128 columns a pass through
-//                    shared memory, m16n8k16 tensor-core products (the weights widened to
-//                    T, exact: every e4m3 value is a T value), each pass's sum scaled.
+//                    shared memory (the next pass's loads in flight meanwhile), m16n8k16
+//                    tensor-core products (the weights widened to T, exact: every e4m3
+//                    value is a T value), each pass's sum scaled. Where the tiles are too
+//                    few for the GPU (a decode batch of 64 rows) the column groups split
+//                    over blockIdx.z into partial sums that fp8_sum_splits_kernel adds in
+//                    order.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -23,6 +27,7 @@ namespace gollm {
 constexpr int kFp8GemvRows = 8;    // the most rows fp8_gemv_kernel takes
 constexpr int kFp8GemvWarps = 8;   // output rows a gemv block
 constexpr int kFp8TileM = 64, kFp8TileN = 32;
+constexpr int kFp8MaxSplits = 8;   // fp8_mma_kernel's most column-group splits
 
 // fp8x2_to_float2 decodes two e4m3 bytes (the lower one first).
 __device__ __forceinline__ float2 fp8x2_to_float2(uint16_t v) {
@@ -119,30 +124,52 @@ __global__ void __launch_bounds__(kFp8GemvWarps * 32)
 template <typename T>
 __global__ void __launch_bounds__(128)
     fp8_mma_kernel(const T* __restrict__ x, const uint8_t* __restrict__ w, const float* __restrict__ s,
-                   float* __restrict__ y, int n, int in, int out) {
+                   float* __restrict__ y, int n, int in, int out, int groups_per_split) {
   // Rows padded by 16 bytes: a warp's fragment loads meet distinct banks.
   __shared__ __align__(16) T xs[kFp8TileM][kFp8Group + 8];
   __shared__ __align__(16) uint8_t wsm[kFp8TileN][kFp8Group + 16];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int m0 = blockIdx.y * kFp8TileM, o0 = blockIdx.x * kFp8TileN;
   const int G = (in + kFp8Group - 1) / kFp8Group;
+  // Split z of the column groups (blockIdx.z; one split: all of them) writes its own
+  // [n][out] slice of y.
+  const int g0 = blockIdx.z * groups_per_split, g1 = min(G, g0 + groups_per_split);
+  y += (size_t)blockIdx.z * n * out;
   float acc[4][4] = {};
   griddep_wait();
-  for (int kb = 0; kb < G; kb++) {
+  // The next pass's tiles are loaded into registers while this pass computes from shared
+  // memory: 8 16-byte pieces of x and 2 of w a thread.
+  constexpr int kXPieces = kFp8TileM * kFp8Group / 8 / 128, kWPieces = kFp8TileN * kFp8Group / 16 / 128;
+  uint4 xr[kXPieces], wr[kWPieces];
+  auto fetch = [&](int kb) {
     const int k0 = kb * kFp8Group;
-    for (int i = threadIdx.x; i < kFp8TileM * kFp8Group / 8; i += 128) {
-      const int r = i / (kFp8Group / 8), c = (i % (kFp8Group / 8)) * 8;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (m0 + r < n && k0 + c < in) v = __ldg(reinterpret_cast<const uint4*>(x + (size_t)(m0 + r) * in + k0 + c));
-      *reinterpret_cast<uint4*>(&xs[r][c]) = v;
+#pragma unroll
+    for (int j = 0; j < kXPieces; j++) {
+      const int i = threadIdx.x + j * 128, r = i / (kFp8Group / 8), c = (i % (kFp8Group / 8)) * 8;
+      xr[j] = m0 + r < n && k0 + c < in ? __ldg(reinterpret_cast<const uint4*>(x + (size_t)(m0 + r) * in + k0 + c))
+                                        : make_uint4(0, 0, 0, 0);
     }
-    for (int i = threadIdx.x; i < kFp8TileN * kFp8Group / 16; i += 128) {
-      const int r = i / (kFp8Group / 16), c = (i % (kFp8Group / 16)) * 16;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (o0 + r < out && k0 + c < in) v = __ldg(reinterpret_cast<const uint4*>(w + (size_t)(o0 + r) * in + k0 + c));
-      *reinterpret_cast<uint4*>(&wsm[r][c]) = v;
+#pragma unroll
+    for (int j = 0; j < kWPieces; j++) {
+      const int i = threadIdx.x + j * 128, r = i / (kFp8Group / 16), c = (i % (kFp8Group / 16)) * 16;
+      wr[j] = o0 + r < out && k0 + c < in ? __ldg(reinterpret_cast<const uint4*>(w + (size_t)(o0 + r) * in + k0 + c))
+                                          : make_uint4(0, 0, 0, 0);
+    }
+  };
+  if (g0 < g1) fetch(g0);
+  for (int kb = g0; kb < g1; kb++) {
+#pragma unroll
+    for (int j = 0; j < kXPieces; j++) {
+      const int i = threadIdx.x + j * 128;
+      *reinterpret_cast<uint4*>(&xs[i / (kFp8Group / 8)][(i % (kFp8Group / 8)) * 8]) = xr[j];
+    }
+#pragma unroll
+    for (int j = 0; j < kWPieces; j++) {
+      const int i = threadIdx.x + j * 128;
+      *reinterpret_cast<uint4*>(&wsm[i / (kFp8Group / 16)][(i % (kFp8Group / 16)) * 16]) = wr[j];
     }
     __syncthreads();
+    if (kb + 1 < g1) fetch(kb + 1);
     float part[4][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kFp8Group; kk += 16) {
@@ -182,9 +209,32 @@ __global__ void __launch_bounds__(128)
     }
 }
 
-// fp8_proj launches the projection of n rows (the file's comment).
+// fp8_sum_splits_kernel: y [n·out] = Σ_z part[z][n·out], the splits in order (the same
+// sum whatever the schedule).
+__global__ void fp8_sum_splits_kernel(const float* __restrict__ part, float* __restrict__ y, size_t count,
+                                      int splits) {
+  griddep_wait();
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+    float v = 0.f;
+    for (int z = 0; z < splits; z++) v += part[z * count + i];
+    y[i] = v;
+  }
+}
+
+// fp8_splits is how many column-group splits fp8_mma_kernel takes for a grid of tiles
+// blocks over G groups: enough blocks for two a multiprocessor, each split four groups
+// at the least, within the partials' room (part_floats) for n × out each.
+inline int fp8_splits(int tiles, int G, int sms, size_t n_out, size_t part_floats) {
+  int z = 1;
+  while (z < kFp8MaxSplits && tiles * z < 2 * sms && G / (2 * z) >= 4 && (size_t)(2 * z) * n_out <= part_floats) z *= 2;
+  return z;
+}
+
+// fp8_proj launches the projection of n rows (the file's comment); part (part_floats
+// floats) takes the partial sums of a split launch.
 template <typename T>
-void fp8_proj(const T* x, const uint8_t* w, const float* s, float* y, int n, int in, int out, Stream st) {
+void fp8_proj(const T* x, const uint8_t* w, const float* s, float* y, int n, int in, int out, int sms,
+              float* part, size_t part_floats, Stream st) {
   if (n <= 0) return;
   if (n <= kFp8GemvRows) {
     const int blocks = (out + kFp8GemvWarps - 1) / kFp8GemvWarps;
@@ -199,8 +249,18 @@ void fp8_proj(const T* x, const uint8_t* w, const float* s, float* y, int n, int
       launch("fp8_gemv_kernel", fp8_gemv_kernel<T, 8>, blocks, threads, 0, st, x, w, s, y, n, in, out);
     return;
   }
-  const dim3 grid((out + kFp8TileN - 1) / kFp8TileN, (n + kFp8TileM - 1) / kFp8TileM);
-  launch("fp8_mma_kernel", fp8_mma_kernel<T>, grid, 128, 0, st, x, w, s, y, n, in, out);
+  const int G = (in + kFp8Group - 1) / kFp8Group;
+  const int gx = (out + kFp8TileN - 1) / kFp8TileN, gy = (n + kFp8TileM - 1) / kFp8TileM;
+  const size_t n_out = (size_t)n * out;
+  const int z = part ? fp8_splits(gx * gy, G, sms, n_out, part_floats) : 1;
+  const int per = (G + z - 1) / z;
+  if (z == 1) {
+    launch("fp8_mma_kernel", fp8_mma_kernel<T>, dim3(gx, gy, 1), 128, 0, st, x, w, s, y, n, in, out, per);
+    return;
+  }
+  launch("fp8_mma_kernel", fp8_mma_kernel<T>, dim3(gx, gy, z), 128, 0, st, x, w, s, part, n, in, out, per);
+  const int blocks = (int)std::min<size_t>((n_out + 255) / 256, (size_t)sms * 8);
+  launch("fp8_sum_splits_kernel", fp8_sum_splits_kernel, blocks, 256, 0, st, (const float*)part, y, n_out, z);
 }
 
 }  // namespace gollm

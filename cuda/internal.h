@@ -302,6 +302,7 @@ struct gollm_engine {
   int gemv_rows_max = gollm::kFusedRows;  // most rows on the staged gemv (engine.cu)
   int mlp_k[3] = {};              // mlp_kernel's units per block for 1, 2 and 4 rows
   gollm::DevMem acc;              // fixed-point residual additions of fused steps
+  gollm::DevMem fp8_part;         // FP8 projections' split partial sums (fp8.cuh), FP8 models only
   gollm::DevMem h, xn, qkv, att, tmp, fc, fch, xf, logits, retlog;  // activations
   gollm::DevMem logits_pad;  // the LM head's output rows, 16-byte aligned, where vocab % 4 != 0
   gollm::DevMem partial, part_ml, tickets;      // decode attention split-K
