@@ -56,7 +56,7 @@ func (q *Quant) String() string {
 	case q.BlockRows == 1 && q.BlockCols == 0:
 		g = "per-channel"
 	default:
-		g = fmt.Sprintf("%d×%d blocks", q.BlockRows, q.BlockCols)
+		g = fmt.Sprintf("%d×%d block", q.BlockRows, q.BlockCols)
 	}
 	act := "dynamic"
 	if q.StaticActivations {

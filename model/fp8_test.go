@@ -55,7 +55,7 @@ func TestFP8CheckpointsLoad(t *testing.T) {
 		// block is the rows and columns one scale covers in this fixture.
 		br, bc int
 	}{
-		{fp8Dir, "weight_scale_inv", "fp8 float8_e4m3fn weights, 128×128 blocks scales, dynamic activations", 128, 128},
+		{fp8Dir, "weight_scale_inv", "fp8 float8_e4m3fn weights, 128×128 block scales, dynamic activations", 128, 128},
 		{fp8ctDir, "weight_scale", "compressed-tensors float8_e4m3fn weights, per-channel scales, dynamic activations", 1, 1 << 20},
 	} {
 		ck, err := Open(c.dir)
