@@ -27,7 +27,10 @@ import time
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, FineGrainedFP8Config, LlamaConfig, LlamaForCausalLM
-from transformers.integrations.finegrained_fp8 import Fp8Quantize
+try:
+    from transformers.integrations.finegrained_fp8 import Fp8Quantize
+except ImportError:  # an older transformers: the same 128×128 block quantization by hand
+    Fp8Quantize = None
 
 STEPS = 16
 LENGTHS = [1, 7, 16, 33, 64, 100, 128, 200]
@@ -50,11 +53,13 @@ def make_checkpoint(d):
     class Holder:
         quantization_config = qc
 
-    op = Fp8Quantize(Holder())
+    op = Fp8Quantize(Holder()) if Fp8Quantize else None
+    if op is None:
+        print("note: this transformers has no Fp8Quantize; quantizing its way by hand")
     sd = {}
     for k, v in model.state_dict().items():
         if k.endswith("_proj.weight"):
-            sd.update(op._quantize_one(k, v.detach().clone()))
+            sd.update(op._quantize_one(k, v.detach().clone()) if op else quantize_blocks(k, v.detach().float()))
         else:
             sd[k] = v.to(torch.bfloat16)
     os.makedirs(d, exist_ok=True)
@@ -63,6 +68,16 @@ def make_checkpoint(d):
     model.config.save_pretrained(d)
     save_file({k: v.contiguous() for k, v in sd.items()}, os.path.join(d, "model.safetensors"),
               metadata={"format": "pt"})
+
+
+def quantize_blocks(k, w):
+    """transformers' Fp8Quantize: one scale a 128×128 block, its largest magnitude over 448."""
+    r, c = w.shape
+    b = w.reshape(r // 128, 128, c // 128, 128)
+    amax = b.abs().amax(dim=(1, 3))
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    q = (b / scale[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn).reshape(r, c)
+    return {k: q, k[:-len("weight")] + "weight_scale_inv": scale.float()}
 
 
 def logits(model, prompts, gen):
