@@ -70,24 +70,36 @@ __device__ __forceinline__ float dot16(const float (&wf)[16], const T* __restric
 
 // fp8_gemv_kernel: grid ceil(out / 8), block 256 (a warp an output row), R ≥ n rows of x.
 // Each lane reads 16 consecutive weights a load (a 128-column group holds eight lanes'),
-// four loads in flight; the warp's sums meet by shuffles.
+// four loads in flight, the first before the wait for the kernel before; the warp's sums
+// meet by shuffles.
 template <typename T, int R>
 __global__ void __launch_bounds__(kFp8GemvWarps * 32)
     fp8_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ w, const float* __restrict__ s,
                     float* __restrict__ y, int n, int in, int out) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int o = blockIdx.x * kFp8GemvWarps + warp;
-  griddep_wait();
   if (o >= out) return;
   const int G = (in + kFp8Group - 1) / kFp8Group;
   const uint8_t* wr = w + (size_t)o * in;
   const float* sr = s + (size_t)o * G;
+  // Four loads a lane in flight; the first four go out before the wait for the kernel
+  // before, which the weights do not depend on.
+  constexpr int kStride = 32 * 16;
+  int k = lane * 16;
+  uint4 wv[4];
+  auto fetch = [&]() {
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      wv[u] = k + u * kStride < in ? __ldg(reinterpret_cast<const uint4*>(wr + k + u * kStride)) : make_uint4(0, 0, 0, 0);
+  };
+  fetch();
+  griddep_wait();
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; r++) acc[r] = 0.f;
-  auto step = [&](uint4 wv, int k) {
-    const float sc = __ldg(sr + k / kFp8Group);
-    const uint16_t* p = reinterpret_cast<const uint16_t*>(&wv);
+  auto step = [&](uint4 v, int kc) {
+    const float sc = __ldg(sr + kc / kFp8Group);
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(&v);
     float wf[16];
 #pragma unroll
     for (int i = 0; i < 8; i++) {
@@ -96,19 +108,15 @@ __global__ void __launch_bounds__(kFp8GemvWarps * 32)
     }
 #pragma unroll
     for (int r = 0; r < R; r++)
-      if (r < n) acc[r] = fmaf(dot16<T>(wf, x + (size_t)r * in + k), sc, acc[r]);
+      if (r < n) acc[r] = fmaf(dot16<T>(wf, x + (size_t)r * in + kc), sc, acc[r]);
   };
-  // Four loads a lane in flight, then what is left one at a time.
-  constexpr int kStride = 32 * 16;
-  int k = lane * 16;
-  for (; k + 3 * kStride < in; k += 4 * kStride) {
-    uint4 wv[4];
+  while (k < in) {
 #pragma unroll
-    for (int u = 0; u < 4; u++) wv[u] = __ldg(reinterpret_cast<const uint4*>(wr + k + u * kStride));
-#pragma unroll
-    for (int u = 0; u < 4; u++) step(wv[u], k + u * kStride);
+    for (int u = 0; u < 4; u++)
+      if (k + u * kStride < in) step(wv[u], k + u * kStride);
+    k += 4 * kStride;
+    if (k < in) fetch();
   }
-  for (; k < in; k += kStride) step(__ldg(reinterpret_cast<const uint4*>(wr + k)), k);
 #pragma unroll
   for (int r = 0; r < R; r++) {
     float v = acc[r];
