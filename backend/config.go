@@ -57,6 +57,9 @@ type modelConfig struct {
 	// DataType is data_type: the GPU engine's weight, activation and KV type, "float16" or
 	// "bfloat16"; empty means the checkpoint's own when it is one of them, else float16.
 	DataType string
+	// Quantization is quantization: "fp8" quantizes a float checkpoint's projections to
+	// FP8 at load (model.QuantizeFP8); empty serves the weights as stored.
+	Quantization string
 	// ResponseSenders is response_senders: the goroutines per instance that send
 	// responses to Triton (each request's in order).
 	ResponseSenders int
@@ -218,8 +221,21 @@ var params = []paramSpec{
 			c.DataType = "float16"
 		case "bf16", "bfloat16":
 			c.DataType = "bfloat16"
+		case "fp8", "float8":
+			return fmt.Errorf("%q: want fp16 or bf16 (float16, bfloat16): the activations' type; FP8 weights come from an FP8 checkpoint or quantization fp8", v)
 		default:
 			return fmt.Errorf("%q: want fp16 or bf16 (float16, bfloat16)", v)
+		}
+		return nil
+	}},
+	{"quantization", func(c *modelConfig, v string) error {
+		switch strings.ToLower(strings.TrimSpace(v)) {
+		case "", "none":
+			c.Quantization = ""
+		case "fp8":
+			c.Quantization = "fp8"
+		default:
+			return fmt.Errorf("%q: want fp8 or none", v)
 		}
 		return nil
 	}},

@@ -74,6 +74,7 @@ func TestParseModelConfigValues(t *testing.T) {
 		"response_senders":               "2",
 		"shutdown_grace_secs":            "2.5",
 		"data_type":                      "BF16",
+		"quantization":                   " FP8",
 		"max_queue_delay_microseconds":   "100",
 		"max_attention_window_size":      "${max_attention_window_size}", // unknown and unfilled
 	}), "/repo/gpt2", 3)
@@ -96,6 +97,7 @@ func TestParseModelConfigValues(t *testing.T) {
 		{"response_senders", c.ResponseSenders, 2},
 		{"shutdown_grace_secs", c.ShutdownGrace, 2500 * time.Millisecond},
 		{"data_type", c.DataType, "bfloat16"},
+		{"quantization", c.Quantization, "fp8"},
 		{"max_batch_size", c.MaxBatchSize, 8},
 		{"decoupled", c.Decoupled, false},
 	}
@@ -182,8 +184,12 @@ func TestParseModelConfigErrors(t *testing.T) {
 			`parameter "shutdown_grace_secs": "-1": want seconds s with 0 ≤ s ≤ 3600`},
 		{"a shutdown grace that is not a number is refused", 8, map[string]string{"shutdown_grace_secs": "soon"},
 			`parameter "shutdown_grace_secs": "soon": want seconds`},
-		{"an unknown data type is refused", 8, map[string]string{"data_type": "fp8"},
-			`parameter "data_type": "fp8": want fp16 or bf16 (float16, bfloat16)`},
+		{"an unknown data type is refused", 8, map[string]string{"data_type": "int8"},
+			`parameter "data_type": "int8": want fp16 or bf16 (float16, bfloat16)`},
+		{"data type fp8 points to quantization", 8, map[string]string{"data_type": "fp8"},
+			`parameter "data_type": "fp8": want fp16 or bf16 (float16, bfloat16): the activations' type; FP8 weights come from an FP8 checkpoint or quantization fp8`},
+		{"an unknown quantization is refused", 8, map[string]string{"quantization": "awq"},
+			`parameter "quantization": "awq": want fp8 or none`},
 		{"max_batch_size 0 is refused", 0, nil, `max_batch_size is 0: it must be at least 1`},
 	}
 	for _, tt := range tests {

@@ -208,6 +208,7 @@ func (ms *modelState) engineFreed() {
 func (ms *modelState) engineSettings(log *zap.Logger) engines.Settings {
 	return engines.Settings{
 		DataType:          ms.cfg.DataType,
+		Quantization:      ms.cfg.Quantization,
 		TokensPerBlock:    ms.cfg.TokensPerBlock,
 		KVTokens:          ms.cfg.MaxTokensInPagedKVCache,
 		KVFreeFraction:    ms.cfg.KVCacheFreeGPUMemFraction,

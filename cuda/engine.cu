@@ -232,6 +232,11 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->part_ml.alloc(dec * c.heads * e->max_parts * 2 * 4, "attention partial stats");
   e->tickets.alloc(dec * c.heads * 4, "attention tickets");
   e->acc.alloc((size_t)kFusedRows * d.H * 8, "residual additions");
+  // FP8 projections split their columns where a step's row tiles are few: partial sums of
+  // up to 8 splits of 64 rows of the widest projection (fp8.cuh's fp8_splits fits them in).
+  if (w->fp8)
+    e->fp8_part.alloc((size_t)8 * std::min<size_t>(NG, 64) * std::max<size_t>({(size_t)d.qkv, (size_t)d.up, (size_t)d.H}) * 4,
+                      "FP8 split partial sums");
   CUDA_CHECK(cudaMemsetAsync(e->tickets.p, 0, e->tickets.bytes, e->stream));
   if (e->tiled) {
     // The tiled projections: QKV, output, gate and up, down (their weight rows, columns),
@@ -271,7 +276,7 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
                    e->logits_pad.bytes + e->retlog.bytes +
                    e->partial.bytes + e->part_ml.bytes + e->tickets.bytes + e->din.bytes +
                    e->tile_part.bytes + e->tile_tickets.bytes +
-                   e->dtok.bytes + e->dlp.bytes + e->blas_ws.bytes + e->acc.bytes +
+                   e->dtok.bytes + e->dlp.bytes + e->blas_ws.bytes + e->acc.bytes + e->fp8_part.bytes +
                    e->tp_gather.bytes + e->tp_logits.bytes;
 
   // A block holds, for every layer, the keys and values of the KV heads only.

@@ -39,6 +39,7 @@
 #include "attention.cuh"
 #include "dense.cuh"
 #include "embedding.cuh"
+#include "fp8.cuh"
 #include "fused.cuh"
 #include "gemv.cuh"
 #include "internal.h"
@@ -59,6 +60,18 @@ namespace {
 template <typename T>
 void gemm(gollm_engine* e, const void* x, const void* w, float* y, int m, int in, int out) {
   matmul_xwt<T>(e->blas, static_cast<const T*>(x), static_cast<const T*>(w), y, m, in, out);
+}
+
+// proj is a projection stage's GEMM in the format of its weights: the FP8 kernels over the
+// step's n rows where the weights are FP8 (scales ws), else cuBLAS over gemm_rows(n).
+template <typename T>
+void proj(gollm_engine* e, const void* x, const void* w, const float* ws, float* y, int n, int in,
+          int out, Stream st) {
+  if (ws)
+    fp8_proj<T>(static_cast<const T*>(x), static_cast<const uint8_t*>(w), ws, y, n, in, out, e->sms,
+                e->fp8_part.as<float>(), e->fp8_part.bytes / 4, st);
+  else
+    gemm<T>(e, x, w, y, gemm_rows(n), in, out);
 }
 
 // The LM head's GEMM runs over lm_head_ld(V) rows of weights (zero past V), so that cuBLAS
@@ -139,6 +152,9 @@ struct Flow {
       path = Path::Gemv;
     else if (e->tiled && N <= e->tiled_rows && tiled_fits(N, H))
       path = Path::Tiled;
+    // FP8 weights take their own kernels (proj), which write fp32 as cuBLAS does: the Blas
+    // path's epilogue kernels follow them.
+    if (e->w->fp8) path = Path::Blas;
     fused = path == Path::Gemv && e->fused && pl.tiles.empty() && (int)pl.dec_rows.size() == N &&
             N <= kFusedRows;
     if (fused) acc = e->acc.as<unsigned long long>();
@@ -258,7 +274,7 @@ void qkv(Flow<T>& f, const Stage& s) {
       }
       break;
     case Path::Blas:
-      gemm<T>(e, f.xn, s.w, f.qkv, f.NG, f.d.H, f.d.qkv);
+      proj<T>(e, f.xn, s.w, s.ws, f.qkv, f.N, f.d.H, f.d.qkv, f.st);
       f.kv_written = false, f.qkv_bias = s.b;
       break;
   }
@@ -327,8 +343,8 @@ void tp_share(Flow<T>& f, const char* what, int layer, bool post) {
 // the tiled kernel or left to the residual add. A tensor-parallel rank's share is
 // all-reduced there, its bias (the whole one, on every rank) left for after.
 template <typename T>
-void branch(Flow<T>& f, const void* w, const float* bias, int in, const T* x, const char* what,
-            int layer, bool post) {
+void branch(Flow<T>& f, const void* w, const float* ws, const float* bias, int in, const T* x,
+            const char* what, int layer, bool post) {
   gollm_engine* e = f.e;
   GemvArgs a = f.args(f.N);
   a.w = w, a.in = in, a.out = f.d.H, a.x = x, a.y = f.tmp;
@@ -349,7 +365,7 @@ void branch(Flow<T>& f, const void* w, const float* bias, int in, const T* x, co
       if (!f.tp) bias = nullptr;
       break;
     case Path::Blas:
-      gemm<T>(e, x, w, f.tmp, f.NG, in, f.d.H);
+      proj<T>(e, x, w, ws, f.tmp, f.N, in, f.d.H, f.st);
       break;
   }
   if (f.tp) tp_share(f, what, layer, post);
@@ -402,14 +418,14 @@ void mlp(Flow<T>& f, const Stage& s) {
         tiled_proj<T, GEMV_OUT_ACT>(a, e->tile_blocks, e->tile_smem, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
       break;
     case Path::Blas:
-      gemm<T>(e, f.xn, s.w, f.fc, f.NG, f.d.H, f.d.up);
+      proj<T>(e, f.xn, s.w, s.ws, f.fc, f.N, f.d.H, f.d.up, f.st);
       if (gated)
         gated_act<T>(f.fc, s.b, f.fch, f.N, f.d.I, act, f.st);
       else
         bias_act<T>(f.fc, s.b, f.fch, f.N, f.d.I, act, f.st);
       break;
   }
-  branch(f, s.w2, s.b2, f.d.I, f.fch, "the MLP output", s.s.layer, s.post != nullptr);
+  branch(f, s.w2, s.ws2, s.b2, f.d.I, f.fch, "the MLP output", s.s.layer, s.post != nullptr);
 }
 
 // MOE: the mixture of experts on x (moe.cuh), in passes of up to the engine's chunk of
@@ -579,7 +595,7 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       case GOLLM_STAGE_KV_WRITE: kv_write(f, s); break;
       case GOLLM_STAGE_ATTENTION: attention(f, s); break;
       case GOLLM_STAGE_OUT:
-        branch(f, s.w, s.b, f.d.att, f.att, "the attention output", s.s.layer, s.post != nullptr);
+        branch(f, s.w, s.ws, s.b, f.d.att, f.att, "the attention output", s.s.layer, s.post != nullptr);
         break;
       case GOLLM_STAGE_MLP: mlp(f, s); break;
       case GOLLM_STAGE_RESIDUAL: residual(f, s); break;
@@ -610,7 +626,7 @@ int warmup_gemms_t(gollm_engine* e) {
   CUDA_CHECK(cudaMemsetAsync(e->fch.p, 0, e->fch.bytes, e->stream));
   CUDA_CHECK(cudaMemsetAsync(e->xf.p, 0, e->xf.bytes, e->stream));
   int shapes = 0;
-  const int top = gemm_rows(e->max_tokens);
+  const int top = e->w->fp8 ? 0 : gemm_rows(e->max_tokens);  // FP8 projections: no cuBLAS
   for (int m = 16; m <= top; m = gemm_rows(m + 1)) {
     gemm<T>(e, e->xn.p, qkv->w, e->qkv.as<float>(), m, d.H, d.qkv);
     gemm<T>(e, e->att.p, out->w, e->tmp.as<float>(), m, d.att, d.H);

@@ -45,7 +45,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 12
+#define GOLLM_ABI_VERSION 13
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -65,7 +65,9 @@ typedef struct gollm_status {
   char message[1024];  /* NUL-terminated description; empty on success */
 } gollm_status;
 
-enum gollm_dtype { GOLLM_DTYPE_F32 = 0, GOLLM_DTYPE_F16 = 1, GOLLM_DTYPE_BF16 = 2 };
+/* GOLLM_DTYPE_F8E4M3: float8_e4m3fn weights with fp32 scales (gollm_tensor.scale), for the
+ * projections QKV, OUT, UP and DOWN only, on compute capability 8.9 and newer. */
+enum gollm_dtype { GOLLM_DTYPE_F32 = 0, GOLLM_DTYPE_F16 = 1, GOLLM_DTYPE_BF16 = 2, GOLLM_DTYPE_F8E4M3 = 3 };
 
 enum gollm_activation {
   GOLLM_ACT_GELU_TANH = 0, /* gelu_new, gelu_pytorch_tanh, gelu_fast */
@@ -212,6 +214,12 @@ typedef struct gollm_tensor {
   int64_t cols;       /* the weight's columns (1 for a vector) */
   int32_t dtype;      /* a gollm_dtype */
   int32_t transposed; /* nonzero: stored [cols][rows] (GPT-2's Conv1D) instead of [rows][cols] */
+  /* ABI 13, F8E4M3 only: fp32 scales [ceil(rows/block_rows)][ceil(cols/block_cols)], the weight
+   * being the stored value times its block's scale; block_cols a multiple of 128 or at
+   * least cols (one scale across the row). cols a multiple of 16. Every part of every
+   * QKV, OUT, UP and DOWN is F8E4M3, or none is. */
+  const float* scale;
+  int32_t block_rows, block_cols;
 } gollm_tensor;
 
 /* gollm_weight tags a piece with its role and layer. A role's pieces (the query, key and

@@ -111,6 +111,8 @@ struct Stage {
   const void* w2 = nullptr;      // MLP's DOWN [hidden][inner], MOE's EXPERT_DOWN
                                  // [experts][hidden][moe_inner]
   const float* b2 = nullptr;     // its bias [hidden]
+  const float* ws = nullptr;     // FP8 weights (gollm_weights.fp8): w's scales [rows][ceil(cols/128)]
+  const float* ws2 = nullptr;    // and w2's
   const void* router = nullptr;       // MOE: ROUTER [experts][hidden]
   const void* shared_w = nullptr;     // MOE: SHARED_UP [2·shared_inner][hidden], or null
   const void* shared_w2 = nullptr;    // MOE: SHARED_DOWN [hidden][shared_inner]
@@ -174,6 +176,7 @@ struct gollm_weights {
   std::atomic<int> refs{1};    // engines and the creator
   int device = 0;              // CUDA ordinal
   int dtype = GOLLM_DTYPE_F16; // compute type
+  bool fp8 = false;            // QKV, OUT, UP, DOWN are float8_e4m3fn with scales (fp8.cuh)
   gollm_model_config cfg{};    // the architecture
   gollm::DevMem arena;         // all weights
   const void* embed = nullptr;     // [vocab][hidden]
@@ -302,6 +305,7 @@ struct gollm_engine {
   int gemv_rows_max = gollm::kFusedRows;  // most rows on the staged gemv (engine.cu)
   int mlp_k[3] = {};              // mlp_kernel's units per block for 1, 2 and 4 rows
   gollm::DevMem acc;              // fixed-point residual additions of fused steps
+  gollm::DevMem fp8_part;         // FP8 projections' split partial sums (fp8.cuh), FP8 models only
   gollm::DevMem h, xn, qkv, att, tmp, fc, fch, xf, logits, retlog;  // activations
   gollm::DevMem logits_pad;  // the LM head's output rows, 16-byte aligned, where vocab % 4 != 0
   gollm::DevMem partial, part_ml, tickets;      // decode attention split-K

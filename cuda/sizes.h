@@ -13,6 +13,9 @@
 
 namespace gollm {
 
+// kFp8Group is the columns one scale of an FP8 weight covers in the arena (fp8.cuh).
+constexpr int kFp8Group = 128;
+
 // pow2_at_least is the smallest power of two not below v (1 for v <= 1): decode graphs'
 // batch buckets and prompt graphs' padded counts.
 inline int pow2_at_least(int v) {

@@ -302,7 +302,7 @@ void upload(const gollm_tensor& t, const char* what, bool matrix, int dtype, voi
             DevMem& staging, cudaStream_t stream) {
   if (!t.data) invalid("%s: no data", what);
   if (t.dtype < GOLLM_DTYPE_F32 || t.dtype > GOLLM_DTYPE_BF16)
-    invalid("%s: dtype %d is not F32, F16 or BF16", what, t.dtype);
+    invalid("%s: dtype %d is not F32, F16 or BF16 (F8E4M3: the projections only)", what, t.dtype);
   const int64_t n = t.rows * t.cols;
   const size_t bytes = (size_t)n * dtype_size(t.dtype);
   if (staging.bytes < bytes) staging.alloc(bytes, "weight staging");
@@ -321,6 +321,28 @@ void upload(const gollm_tensor& t, const char* what, bool matrix, int dtype, voi
     convert<__half>(staging.p, t.dtype, static_cast<__half*>(dst), n, stream);
   // The staging buffer is reused by the next tensor; the host data may be unmapped.
   CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+// fp8_role says whether a role may be stored in FP8 (fp8.cuh's projections).
+bool fp8_role(int role) {
+  return role == GOLLM_ROLE_QKV || role == GOLLM_ROLE_OUT || role == GOLLM_ROLE_UP || role == GOLLM_ROLE_DOWN;
+}
+
+// upload_fp8 copies an F8E4M3 part's bytes to dst ([rows][cols]) and its scales, each
+// repeated over its block, to sdst ([rows][ceil(cols/128)], fp8.cuh's layout).
+void upload_fp8(const gollm_tensor& t, const char* what, uint8_t* dst, float* sdst) {
+  if (!t.data || !t.scale) invalid("%s: F8E4M3 without %s", what, t.data ? "scales" : "data");
+  const int64_t G = (t.cols + kFp8Group - 1) / kFp8Group;
+  const int64_t bc = std::min<int64_t>(t.block_cols, t.cols), sc = (t.cols + t.block_cols - 1) / t.block_cols;
+  std::vector<float> sv((size_t)(t.rows * G));
+  for (int64_t r = 0; r < t.rows; r++)
+    for (int64_t g = 0; g < G; g++) {
+      const float v = t.scale[(r / t.block_rows) * sc + g * kFp8Group / bc];
+      if (!(v > 0.f) || !std::isfinite(v)) invalid("%s: scale of row %lld, column %lld is %g", what, (long long)r, (long long)(g * kFp8Group), v);
+      sv[(size_t)(r * G + g)] = v;
+    }
+  CUDA_CHECK(cudaMemcpy(dst, t.data, (size_t)(t.rows * t.cols), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(sdst, sv.data(), sv.size() * 4, cudaMemcpyHostToDevice));
 }
 
 }  // namespace
@@ -355,6 +377,7 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
                                          : (layer >= 0 && layer < c.layers ? 1 + layer : -1);
   };
   std::vector<int64_t> given((size_t)slots * GOLLM_ROLES, 0);
+  int fp8_parts = 0, float_parts = 0;
   for (int i = 0; i < p->num_weights; i++) {
     const gollm_weight& wt = p->weights[i];
     if (wt.role < 0 || wt.role >= GOLLM_ROLES) invalid("weights[%d]: role %d is not a gollm_role", i, wt.role);
@@ -367,7 +390,32 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
       invalid("layer %d %s: a part of %lld×%lld does not fit [%lld][%lld]", wt.layer,
               role_name(wt.role), (long long)wt.part.rows, (long long)wt.part.cols,
               (long long)rows, (long long)cols);
+    if (wt.part.dtype == GOLLM_DTYPE_F8E4M3) {
+      const gollm_tensor& t = wt.part;
+      if (!fp8_role(wt.role) || t.transposed)
+        invalid("layer %d %s: F8E4M3 is for the projections QKV, OUT, UP and DOWN, stored [out][in]", wt.layer, role_name(wt.role));
+      if (t.cols % 16 != 0 || t.block_rows < 1 || t.block_cols < 1 ||
+          (t.block_cols % kFp8Group != 0 && t.block_cols < t.cols))
+        invalid("layer %d %s: F8E4M3 of %lld columns with scale blocks of %d×%d (want columns a multiple of 16, "
+                "blocks a multiple of 128 columns or whole rows)",
+                wt.layer, role_name(wt.role), (long long)t.cols, t.block_rows, t.block_cols);
+      fp8_parts++;
+    } else if (fp8_role(wt.role)) {
+      float_parts++;
+    }
     given[(size_t)slot * GOLLM_ROLES + wt.role] += wt.part.rows;
+  }
+  if (fp8_parts > 0 && float_parts > 0)
+    invalid("weights: %d projection parts are F8E4M3 and %d are not; FP8 needs every QKV, OUT, UP and DOWN "
+            "part in FP8", fp8_parts, float_parts);
+  w->fp8 = fp8_parts > 0;
+  if (w->fp8) {
+    int major = 0, minor = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p->device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, p->device));
+    if (major * 10 + minor < 89)
+      invalid("FP8 weights need a GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell); GPU %d is %d.%d",
+              p->device, major, minor);
   }
   // Every role present with all its rows; an optional bias absent in every layer or none.
   bool has_opt[GOLLM_ROLES] = {};
@@ -396,8 +444,10 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
   auto head_role = [&](int r) {
     return r == GOLLM_ROLE_LM_HEAD || (c.tied_head && r == GOLLM_ROLE_EMBED);
   };
+  // FP8 projections: one byte a weight, then their scales [rows][ceil(cols/128)] fp32.
   size_t off = 0;
   std::vector<size_t> where((size_t)slots * GOLLM_ROLES, SIZE_MAX);
+  std::vector<size_t> where_s((size_t)slots * GOLLM_ROLES, SIZE_MAX);
   for (int slot = 0; slot < slots; slot++)
     for (int r = 0; r < GOLLM_ROLES; r++) {
       if (given[(size_t)slot * GOLLM_ROLES + r] == 0) continue;
@@ -405,6 +455,12 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
       slot_shape(slot, r, rows, cols);
       if (slot == 0 && head_role(r)) rows = lm_head_ld((int)rows);
       where[(size_t)slot * GOLLM_ROLES + r] = off;
+      if (w->fp8 && fp8_role(r)) {
+        off = align_up(off + (size_t)(rows * cols));
+        where_s[(size_t)slot * GOLLM_ROLES + r] = off;
+        off = align_up(off + (size_t)(rows * ((cols + kFp8Group - 1) / kFp8Group)) * 4);
+        continue;
+      }
       off = align_up(off + (size_t)(rows * cols) * (is_matrix(r) ? es : 4));
     }
   const size_t freq_off = off;
@@ -414,6 +470,10 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
   auto at = [&](int slot, int r) -> void* {
     const size_t o = where[(size_t)slot * GOLLM_ROLES + r];
     return o == SIZE_MAX ? nullptr : base + o;
+  };
+  auto scales = [&](int slot, int r) -> const float* {
+    const size_t o = where_s[(size_t)slot * GOLLM_ROLES + r];
+    return o == SIZE_MAX ? nullptr : reinterpret_cast<const float*>(base + o);
   };
 
   cudaStream_t stream;
@@ -427,9 +487,16 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
     const int slot = slot_of(wt.role, wt.layer);
     int64_t& row = filled[(size_t)slot * GOLLM_ROLES + wt.role];
     const bool matrix = is_matrix(wt.role);
-    char* dst = static_cast<char*>(at(slot, wt.role)) + (size_t)(row * wt.part.cols) * (matrix ? es : 4);
     char what[96];
     std::snprintf(what, sizeof what, "layer %d %s rows %lld…", wt.layer, role_name(wt.role), (long long)row);
+    if (wt.part.dtype == GOLLM_DTYPE_F8E4M3) {
+      const int64_t G = (wt.part.cols + kFp8Group - 1) / kFp8Group;
+      upload_fp8(wt.part, what, static_cast<uint8_t*>(at(slot, wt.role)) + (size_t)(row * wt.part.cols),
+                 reinterpret_cast<float*>(base + where_s[(size_t)slot * GOLLM_ROLES + wt.role]) + (size_t)(row * G));
+      row += wt.part.rows;
+      continue;
+    }
+    char* dst = static_cast<char*>(at(slot, wt.role)) + (size_t)(row * wt.part.cols) * (matrix ? es : 4);
     upload(wt.part, what, matrix, p->dtype, dst, staging, stream);
     row += wt.part.rows;
   }
@@ -469,13 +536,16 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
         break;
       case GOLLM_STAGE_QKV:
         st.w = at(slot, GOLLM_ROLE_QKV), st.b = static_cast<const float*>(at(slot, GOLLM_ROLE_QKV_BIAS));
+        st.ws = scales(slot, GOLLM_ROLE_QKV);
         break;
       case GOLLM_STAGE_OUT:
         st.w = at(slot, GOLLM_ROLE_OUT), st.b = static_cast<const float*>(at(slot, GOLLM_ROLE_OUT_BIAS));
+        st.ws = scales(slot, GOLLM_ROLE_OUT);
         break;
       case GOLLM_STAGE_MLP:
         st.w = at(slot, GOLLM_ROLE_UP), st.b = static_cast<const float*>(at(slot, GOLLM_ROLE_UP_BIAS));
         st.w2 = at(slot, GOLLM_ROLE_DOWN), st.b2 = static_cast<const float*>(at(slot, GOLLM_ROLE_DOWN_BIAS));
+        st.ws = scales(slot, GOLLM_ROLE_UP), st.ws2 = scales(slot, GOLLM_ROLE_DOWN);
         break;
       case GOLLM_STAGE_MOE:
         st.w = at(slot, GOLLM_ROLE_EXPERT_UP), st.w2 = at(slot, GOLLM_ROLE_EXPERT_DOWN);

@@ -48,6 +48,9 @@ type Settings struct {
 	// checkpoint's own when it is one of them, else float16. The CPU engine computes in
 	// float32.
 	DataType string
+	// Quantization "fp8" quantizes the projections of a float checkpoint to FP8 at load
+	// (model.QuantizeFP8); empty serves the weights as stored.
+	Quantization string
 	// TokensPerBlock sets the KV block size in positions.
 	TokensPerBlock int
 	// KVTokens is the KV pool's size in tokens (rounded up to whole blocks); 0 sizes it:
@@ -94,8 +97,9 @@ type Model struct {
 	elems int64
 	// mu guards cpu and gpu.
 	mu sync.Mutex
-	// cpu holds the CPU engines' weights, loaded by the first.
-	cpu *cpu.Weights
+	// cpu holds the CPU engines' weights, loaded by the first; cpuFP8 those of the
+	// engines of `quantization: fp8`.
+	cpu, cpuFP8 *cpu.Weights
 	// gpu holds the model's reference to its weights on each device, by compute type.
 	gpu map[gpuKey]*cuda.Weights
 }
@@ -106,6 +110,8 @@ type gpuKey struct {
 	device   int
 	dtype    string
 	tp, rank int
+	// quant is the weights' Settings.Quantization.
+	quant string
 }
 
 var (
@@ -214,8 +220,12 @@ func (m *Model) newCPU(s Settings) (engine.Engine, error) {
 	}
 	blocks := (tokens + s.TokensPerBlock - 1) / s.TokensPerBlock
 	m.mu.Lock()
+	held, load := &m.cpu, model.LoadFloat32
+	if s.Quantization == "fp8" {
+		held, load = &m.cpuFP8, model.LoadFloat32FP8
+	}
 	weights := int64(0)
-	if m.cpu == nil {
+	if *held == nil {
 		weights = m.elems * 4
 	}
 	kv := int64(blocks) * int64(s.TokensPerBlock) * m.kvBytesPerToken(4)
@@ -223,8 +233,8 @@ func (m *Model) newCPU(s Settings) (engine.Engine, error) {
 		m.mu.Unlock()
 		return nil, err
 	}
-	if m.cpu == nil {
-		f, err := model.LoadFloat32(m.dir)
+	if *held == nil {
+		f, err := load(m.dir)
 		if err != nil {
 			m.mu.Unlock()
 			return nil, err
@@ -234,9 +244,9 @@ func (m *Model) newCPU(s Settings) (engine.Engine, error) {
 			m.mu.Unlock()
 			return nil, fmt.Errorf("load %s: %w", m.dir, err)
 		}
-		m.cpu = w
+		*held = w
 	}
-	w := m.cpu
+	w := *held
 	m.mu.Unlock()
 	e, err := cpu.New(w, engine.KVConfig{NumBlocks: blocks, TokensPerBlock: s.TokensPerBlock, MaxSeqLen: s.MaxSeqLen})
 	if err != nil {
@@ -310,7 +320,7 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 	if s.TensorParallel > 1 {
 		return m.newGPUTP(device, dtype, s)
 	}
-	w := m.gpu[gpuKey{device: device, dtype: dtype, tp: 1}]
+	w := m.gpu[gpuKey{device: device, dtype: dtype, tp: 1, quant: s.Quantization}]
 	if w == nil {
 		if err := fitsDevice(device, m.elems*2, "the weights in "+dtype); err != nil {
 			return nil, err
@@ -319,7 +329,7 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 		if err != nil {
 			return nil, err
 		}
-		w, err = cuda.LoadWeights(ckpt, cuda.Options{Device: device, DType: dtype, Logger: s.Logger})
+		w, err = cuda.LoadWeights(ckpt, cuda.Options{Device: device, DType: dtype, Quantization: s.Quantization, Logger: s.Logger})
 		if cerr := ckpt.Close(); err == nil && cerr != nil {
 			err = cerr
 		}
@@ -329,7 +339,7 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 		if m.gpu == nil {
 			m.gpu = map[gpuKey]*cuda.Weights{}
 		}
-		m.gpu[gpuKey{device: device, dtype: dtype, tp: 1}] = w
+		m.gpu[gpuKey{device: device, dtype: dtype, tp: 1, quant: s.Quantization}] = w
 	}
 	opts := cuda.Options{Device: device, DType: dtype, TokensPerBlock: s.TokensPerBlock,
 		KVFreeFraction: s.KVFreeFraction, MaxSeqs: s.MaxSeqs, MaxSeqLen: s.MaxSeqLen, Logger: s.Logger}
@@ -386,7 +396,7 @@ func (m *Model) newGPUTP(device int, dtype string, s Settings) (engine.Engine, e
 		}
 	}()
 	for r := range n {
-		key := gpuKey{device: device + r, dtype: dtype, tp: n, rank: r}
+		key := gpuKey{device: device + r, dtype: dtype, tp: n, rank: r, quant: s.Quantization}
 		if w := m.gpu[key]; w != nil {
 			shares[r] = w
 			continue
@@ -400,7 +410,7 @@ func (m *Model) newGPUTP(device int, dtype string, s Settings) (engine.Engine, e
 				return nil, err
 			}
 		}
-		w, err := cuda.LoadShard(ckpt, n, r, cuda.Options{Device: device + r, DType: dtype, Logger: s.Logger})
+		w, err := cuda.LoadShard(ckpt, n, r, cuda.Options{Device: device + r, DType: dtype, Quantization: s.Quantization, Logger: s.Logger})
 		if err != nil {
 			return nil, fmt.Errorf("tensor_parallel_size %d: rank %d on GPU %d: %w", n, r, device+r, err)
 		}
@@ -471,7 +481,7 @@ func (m *Model) Release() {
 		w.Release()
 		delete(m.gpu, d)
 	}
-	m.cpu = nil
+	m.cpu, m.cpuFP8 = nil, nil
 }
 
 // NewEagle3Head makes an EAGLE-3 head h for this model (its target) on the CPU, with a

@@ -27,6 +27,8 @@ type Checkpoint struct {
 	files []*stFile
 	// tensors indexes every tensor of every file by its stored name.
 	tensors map[string]*Tensor
+	// quant is the FP8 scheme of quantization_config; nil for a float checkpoint.
+	quant *Quant
 }
 
 // Open reads dir/config.json and maps the weights: dir/model.safetensors, or the shards
@@ -41,7 +43,18 @@ func Open(dir string) (_ *Checkpoint, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open checkpoint: %s: %w", cfgPath, err)
 	}
-	c := &Checkpoint{Dir: dir, Config: cfg, fam: fam, fields: fields, tensors: map[string]*Tensor{}}
+	var qc struct {
+		// Quant is the checkpoint's quantization, if any.
+		Quant json.RawMessage `json:"quantization_config"`
+	}
+	if err := json.Unmarshal(raw, &qc); err != nil {
+		return nil, fmt.Errorf("open checkpoint: %s: %w", cfgPath, err)
+	}
+	quant, err := parseQuant(qc.Quant)
+	if err != nil {
+		return nil, fmt.Errorf("open checkpoint: %s: %w", cfgPath, err)
+	}
+	c := &Checkpoint{Dir: dir, Config: cfg, fam: fam, fields: fields, tensors: map[string]*Tensor{}, quant: quant}
 	defer func() {
 		if err != nil {
 			c.Close()
@@ -76,6 +89,9 @@ func Open(dir string) (_ *Checkpoint, err error) {
 	}
 	return c, nil
 }
+
+// Quant is the checkpoint's FP8 scheme; nil for a float checkpoint.
+func (c *Checkpoint) Quant() *Quant { return c.quant }
 
 // weightFiles lists the safetensors files of dir: model.safetensors if present, else the
 // distinct shards of the index's weight_map, in name order.

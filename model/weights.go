@@ -20,6 +20,14 @@ type Part struct {
 	Transposed bool
 	// Rows is the number of the weight's rows this part holds.
 	Rows int
+	// Scale holds the dequantization scales of a part stored in F8_E4M3, F32
+	// [ceil(Rows/br)][ceil(cols/bc)] for blocks of br × bc weights (a whole dimension
+	// where one scale covers it): the weight is the stored value times its block's scale.
+	// Nil for a part in a float type.
+	Scale *Tensor
+	// BlockRows and BlockCols are the br × bc weights one scale covers (a block is cut
+	// short at the matrix's edge).
+	BlockRows, BlockCols int
 }
 
 // Weight is one role's weight: its parts joined along the rows give the canonical
@@ -53,11 +61,18 @@ func (w *Weight) Float32() ([]float32, error) {
 	out := make([]float32, w.Rows*w.Cols)
 	row := 0
 	for _, p := range w.Parts {
+		dst := out[row*w.Cols : (row+p.Rows)*w.Cols]
+		if p.Scale != nil {
+			if err := dequantizeFP8(dst, &p, w.Cols); err != nil {
+				return nil, err
+			}
+			row += p.Rows
+			continue
+		}
 		v, err := p.Tensor.Float32()
 		if err != nil {
 			return nil, err
 		}
-		dst := out[row*w.Cols : (row+p.Rows)*w.Cols]
 		if p.Transposed {
 			transposeInto(dst, v, w.Cols, p.Rows)
 		} else {
@@ -153,18 +168,26 @@ func (c *Checkpoint) Weights() ([]Weight, error) {
 			default:
 				want = []int{split[i], cols}
 			}
-			if t.DType != "F32" && t.DType != "F16" && t.DType != "BF16" {
-				return fmt.Errorf("tensor %s: dtype %s, expected F32, F16 or BF16", t.Name, t.DType)
+			fp8 := t.DType == "F8_E4M3" && !r.IsVector() && !pn.transposed
+			if t.DType != "F32" && t.DType != "F16" && t.DType != "BF16" && !fp8 {
+				return fmt.Errorf("tensor %s: dtype %s, expected F32, F16 or BF16%s", t.Name, t.DType, c.fp8Hint(r, pn.transposed))
 			}
 			if !slices.Equal(t.Shape, want) {
 				return fmt.Errorf("tensor %s: shape %v, expected %v for %s", t.Name, t.Shape, want, c.shapeWhy(r))
+			}
+			var scale *Tensor
+			var br, bc int
+			if fp8 {
+				if scale, br, bc, err = c.fp8Scale(t, split[i], cols); err != nil {
+					return err
+				}
 			}
 			if pn.plusOne {
 				if t, err = plusOne(t); err != nil {
 					return err
 				}
 			}
-			w.Parts = append(w.Parts, Part{Tensor: t, Transposed: pn.transposed, Rows: split[i]})
+			w.Parts = append(w.Parts, Part{Tensor: t, Transposed: pn.transposed, Rows: split[i], Scale: scale, BlockRows: br, BlockCols: bc})
 		}
 		out = append(out, w)
 		return nil

@@ -36,6 +36,8 @@
 // its own shape (every decode bucket is captured at engine creation), and with any load
 // workload the KV pool is sized from the free memory (-kv-fraction), not from the
 // workloads.
+// -quantization fp8 loads the projections in FP8 (128×128 block scales, quantized at
+// load); its figures carry dtype "fp8" (the activations in -dtype).
 package main
 
 import (
@@ -70,6 +72,9 @@ var (
 	maxBatch, maxNumTokens int
 	kvFraction             float64
 )
+
+// quantization is -quantization: "fp8" loads the projections in FP8.
+var quantization string
 
 // benchEngine is what the workloads run on: a GPU engine, or a tensor-parallel one.
 type benchEngine interface {
@@ -125,6 +130,7 @@ func main() {
 	flag.IntVar(&maxBatch, "max-batch", 1024, "load workloads: the batch manager's max_batch_size (the engine's MaxSeqs)")
 	flag.IntVar(&maxNumTokens, "max-num-tokens", 8192, "load workloads: the most tokens a step (chunked prompts fill what decode leaves)")
 	flag.Float64Var(&kvFraction, "kv-fraction", 0.9, "load workloads: the share of the free GPU memory the KV pool takes")
+	flag.StringVar(&quantization, "quantization", "", "fp8: the projections in FP8, quantized at load")
 	flag.Parse()
 	if err := run(*ckptDir, *name, *list, *reps, *dtype, *lib, *graphs, *warmup, *tp, *randomGB); err != nil {
 		fmt.Fprintln(os.Stderr, "gpubench:", err)
@@ -170,7 +176,7 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 	perSeq := (maxLen + T - 1) / T
 	// Twice the blocks of maxSeqs sequences: a beam writes into a copy of a block it
 	// shares with its siblings.
-	opts := cuda.Options{DType: dtype, Library: lib, TokensPerBlock: T,
+	opts := cuda.Options{DType: dtype, Quantization: quantization, Library: lib, TokensPerBlock: T,
 		NumBlocks: 2 * perSeq * maxSeqs, MaxTokens: max(maxTok, 8192), MaxSeqs: max(maxSeqs, 64),
 		DisableCUDAGraphs: !graphs, SkipWarmup: !warmup, Tuning: cuda.TuningFromEnv()}
 	if len(loads) > 0 {
@@ -226,6 +232,9 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 		impl += fmt.Sprintf("-tp%d", tp)
 	}
 	short := map[string]string{"float16": "fp16", "bfloat16": "bf16"}[dtype]
+	if quantization != "" {
+		short = quantization
+	}
 	for _, l := range loads {
 		if err := runLoadWorkload(eng, l, name, short, impl); err != nil {
 			return fmt.Errorf("%s: %w", l.Name, err)

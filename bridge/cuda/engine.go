@@ -28,6 +28,9 @@ type Options struct {
 	// DType is the compute type of weights, activations and KV cache: "float16" (default)
 	// or "bfloat16"; "fp16" and "bf16" are accepted too.
 	DType string
+	// Quantization "fp8" quantizes a float checkpoint's projections to FP8 at load
+	// (model.QuantizeFP8), as an FP8 checkpoint's are stored; empty loads them as stored.
+	Quantization string
 	// TokensPerBlock is the number of positions per KV block (default 64).
 	TokensPerBlock int
 	// NumBlocks sets the KV pool's size in blocks; 0 sizes it from KVFreeFraction.
@@ -231,6 +234,8 @@ func tensorDType(name string) (C.int32_t, bool) {
 		return C.GOLLM_DTYPE_F16, true
 	case "BF16":
 		return C.GOLLM_DTYPE_BF16, true
+	case "F8_E4M3":
+		return C.GOLLM_DTYPE_F8E4M3, true
 	}
 	return 0, false
 }
@@ -311,6 +316,9 @@ func LoadShard(ckpt *model.Checkpoint, size, rank int, opts Options) (*Weights, 
 	if err != nil {
 		return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
 	}
+	if ws, err = fp8Weights(ws, ckpt, size, opts); err != nil {
+		return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
+	}
 	rankCfg := cfg
 	if size != 1 {
 		l, err := cfg.TensorParallel(size)
@@ -348,6 +356,14 @@ func LoadShard(ckpt *model.Checkpoint, size, rank int, opts Options) (*Weights, 
 				cols: C.int64_t(w.Cols), dtype: code}
 			if p.Transposed {
 				t.transposed = 1
+			}
+			if p.Scale != nil {
+				if len(p.Scale.Data) == 0 || p.Scale.DType != "F32" || len(p.Tensor.Data) != p.Rows*w.Cols {
+					return nil, fmt.Errorf("cuda: load %s: %s: FP8 part of %d bytes with %s scales of %d bytes", ckpt.Dir, &w, len(p.Tensor.Data), p.Scale.DType, len(p.Scale.Data))
+				}
+				pin.Pin(&p.Scale.Data[0])
+				t.scale = (*C.float)(unsafe.Pointer(&p.Scale.Data[0]))
+				t.block_rows, t.block_cols = C.int32_t(p.BlockRows), C.int32_t(p.BlockCols)
 			}
 			parts = append(parts, C.gollm_weight{role: C.int32_t(w.Role), layer: C.int32_t(w.Layer), part: t})
 		}

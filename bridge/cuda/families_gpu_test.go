@@ -35,6 +35,12 @@ func gpuFamilyMatches(t *testing.T, fixture, dtype string) {
 		t.Fatal(err)
 	}
 	e := gpuEngineWith(t, fixture, Options{NumBlocks: 32, TokensPerBlock: 8, MaxTokens: 64, MaxSeqs: 8, DType: dtype})
+	engineMatches(t, e, g, dtype)
+}
+
+// engineMatches runs gpuFamilyMatches' checks on engine e (NumBlocks 32 of 8 positions)
+// against golden g.
+func engineMatches(t *testing.T, e *Engine, g enginetest.Golden, dtype string) {
 	V := e.Info().VocabSize
 	// The bar is per row against transformers in float32. In bfloat16 these tiny models
 	// (hidden 32-64) err far more than wide ones: transformers' own bfloat16 run of the

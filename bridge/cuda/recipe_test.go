@@ -114,15 +114,18 @@ func TestRecipeOfCarriesEveryStage(t *testing.T) {
 	}
 }
 
-// TestABILayoutIsVersion12 pins the structs this package fills to gollm.h's ABI 12 — sizes
+// TestABILayoutIsVersion13 pins the structs this package fills to gollm.h's ABI 13 — sizes
 // and field offsets as x86-64 and arm64 C compilers lay them out —, so that a field added,
 // moved or resized without bumping GOLLM_ABI_VERSION fails here rather than in a library
 // built from another header.
-func TestABILayoutIsVersion12(t *testing.T) {
-	if v := headerABI(); v != 12 {
+func TestABILayoutIsVersion13(t *testing.T) {
+	if v := headerABI(); v != 13 {
 		t.Fatalf("gollm.h has ABI %d: update this test's layout with the version", v)
 	}
 	want := map[string]uintptr{
+		// ABI 13: an FP8 tensor's scales and their block.
+		"gollm_tensor": 48, "gollm_tensor.dtype": 24, "gollm_tensor.scale": 32, "gollm_tensor.block_rows": 40,
+		"gollm_tensor.block_cols": 44, "gollm_weight": 56, "gollm_weight.part": 8,
 		"gollm_stage": 72, "gollm_stage.kind": 0, "gollm_stage.layer": 4, "gollm_stage.weight": 8,
 		"gollm_stage.norm": 12, "gollm_stage.eps": 16, "gollm_stage.rope_dim": 20, "gollm_stage.rope_freqs": 24,
 		"gollm_stage.window": 28, "gollm_stage.scale": 32, "gollm_stage.softcap": 36,
@@ -148,7 +151,7 @@ func TestABILayoutIsVersion12(t *testing.T) {
 	got := abiLayout()
 	for k, w := range want {
 		if g, ok := got[k]; !ok || g != w {
-			t.Errorf("%s: %d, ABI 12 has %d", k, g, w)
+			t.Errorf("%s: %d, ABI 13 has %d", k, g, w)
 		}
 	}
 	if len(got) != len(want) {

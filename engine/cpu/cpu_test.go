@@ -34,6 +34,8 @@ var fixtures = []struct {
 	{"mixtral-tiny", "mixtral-tiny-golden.safetensors"},
 	{"qwen2moe-tiny", "qwen2moe-tiny-golden.safetensors"},
 	{"qwen3moe-tiny", "qwen3moe-tiny-golden.safetensors"},
+	{"llama-fp8-tiny", "llama-fp8-tiny-golden.safetensors"},
+	{"llama-fp8ct-tiny", "llama-fp8ct-tiny-golden.safetensors"},
 }
 
 func TestLogitsAndGreedyTokensMatchTransformers(t *testing.T) {

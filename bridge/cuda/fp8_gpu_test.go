@@ -1,0 +1,154 @@
+package cuda
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"gollm/engine"
+	"gollm/engine/cpu"
+	"gollm/engine/enginetest"
+	"gollm/model"
+)
+
+// fp8Engine loads testdata/<fixture> with o on the first GPU, failing (not skipping) where
+// a GPU is there but the load fails; it returns the engine and the arena's bytes.
+func fp8Engine(t *testing.T, fixture string, o Options) (*Engine, int64) {
+	t.Helper()
+	path := os.Getenv("GOLLM_CUDA_LIB")
+	if path == "" {
+		path, _ = filepath.Abs(filepath.Join("..", "..", "build", LibraryName))
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Skipf("%s not built", path)
+	}
+	if n, err := DeviceCount(path); err != nil || n == 0 {
+		t.Skipf("no GPU here (%d, %v)", n, err)
+	}
+	ckpt, err := model.Open(filepath.Join("..", "..", "testdata", fixture))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ckpt.Close()
+	o.Library = path
+	w, err := LoadWeights(ckpt, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Release()
+	e, err := NewEngine(w, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	return e, w.Bytes()
+}
+
+// fp8Bound is the most bytes an arena may hold with the projections in FP8: every weight
+// in 16 bits less half the projections' elements (FP8 saves one byte each, its scales
+// 1/32 of that back).
+func fp8Bound(t *testing.T, fixture string) int64 {
+	t.Helper()
+	ckpt, err := model.Open(filepath.Join("..", "..", "testdata", fixture))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ckpt.Close()
+	ws, err := ckpt.Weights()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all, proj int64
+	for _, w := range ws {
+		n := int64(w.Rows) * int64(w.Cols)
+		all += n
+		if fp8Projection(w.Role) {
+			proj += n
+		}
+	}
+	return 2*all - proj/2
+}
+
+// TestGPUFP8CheckpointsMatchTransformers: both published FP8 formats (transformers'
+// 128×128 blocks, compressed-tensors' channels) load with their projections in FP8 — the
+// arena holds a byte a projection weight — and give transformers' logits of the same
+// checkpoint (dequantized, float32) on every kind of step as the dense families do: the
+// prompt's (fp8_mma_kernel), decode steps (fp8_gemv_kernel), a longer prompt beside a
+// decode row, greedy generation from decode graphs; 2e-2 relative L2 a row in float16,
+// 0.12 in bfloat16 (the families' bars: the weights are exact, the activations rounded).
+func TestGPUFP8CheckpointsMatchTransformers(t *testing.T) {
+	for _, fixture := range []string{"llama-fp8-tiny", "llama-fp8ct-tiny"} {
+		for _, dtype := range []string{"float16", "bfloat16"} {
+			t.Run(fixture+" "+dtype, func(t *testing.T) {
+				g, err := enginetest.LoadGolden(filepath.Join("..", "..", "testdata", fixture+"-golden.safetensors"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				e, bytes := fp8Engine(t, fixture, Options{NumBlocks: 32, TokensPerBlock: 8, MaxTokens: 64, MaxSeqs: 8, DType: dtype})
+				if bound := fp8Bound(t, fixture); bytes > bound {
+					t.Fatalf("the arena holds %d bytes, more than %d: the projections are not in FP8", bytes, bound)
+				}
+				engineMatches(t, e, g, dtype)
+			})
+		}
+	}
+}
+
+// TestGPUQuantizeFP8MatchesCPU: a float checkpoint with quantization fp8 (llama-tiny)
+// keeps its projections in FP8 on the GPU and gives the CPU engine's logits on the same
+// quantized weights (model.LoadFloat32FP8) within 2e-2 relative L2 a row in float16: the
+// prompt's rows, then 12 decode steps of the CPU's greedy tokens.
+func TestGPUQuantizeFP8MatchesCPU(t *testing.T) {
+	const fixture = "llama-tiny"
+	e, bytes := fp8Engine(t, fixture, Options{NumBlocks: 32, TokensPerBlock: 8, MaxTokens: 64, MaxSeqs: 8,
+		DType: "float16", Quantization: "fp8"})
+	if bound := fp8Bound(t, fixture); bytes > bound {
+		t.Fatalf("the arena holds %d bytes, more than %d: the projections are not in FP8", bytes, bound)
+	}
+	m, err := model.LoadFloat32FP8(filepath.Join("..", "..", "testdata", fixture))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ce, err := cpu.NewFromModel(m, engine.KVConfig{NumBlocks: 32, TokensPerBlock: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ce.Close()
+	V := m.Config.VocabSize
+	prompt := []int32{17, 401, 3, 998, 250, 250, 12, 77, 640, 5, 31, 900}
+	blocks := []int32{5, 1, 7, 2}
+	step := func(eng engine.Engine, s engine.Sequence) engine.Output {
+		t.Helper()
+		out, err := eng.Step(&engine.Batch{Seqs: []engine.Sequence{s}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	seq := engine.Sequence{ID: 1, Tokens: prompt, Blocks: blocks, History: slices.Clone(prompt), ContextLogits: true, Sample: true}
+	want, got := step(ce, seq), step(e, seq)
+	worst := 0.0
+	for i := range prompt {
+		err := enginetest.RelL2(got.ContextLogits[i*V:(i+1)*V], want.ContextLogits[i*V:(i+1)*V])
+		worst = max(worst, err)
+		if err > 2e-2 {
+			t.Errorf("prompt row %d: relative L2 %.3g from the CPU engine's", i, err)
+		}
+	}
+	history := slices.Clone(prompt)
+	tok := want.Token
+	for k := range 12 {
+		history = append(history, tok)
+		s := engine.Sequence{ID: 1, Tokens: []int32{tok}, Pos: len(history) - 1, Blocks: blocks, Sample: true,
+			History: history, NumGenerated: k + 1, ReturnLogits: true}
+		w, g := step(ce, s), step(e, s)
+		err := enginetest.RelL2(g.Logits, w.Logits)
+		worst = max(worst, err)
+		if err > 2e-2 {
+			t.Errorf("decode step %d: relative L2 %.3g from the CPU engine's", k, err)
+		}
+		tok = w.Token
+	}
+	t.Logf("worst relative L2 from the CPU engine %.3g; arena %d bytes", worst, bytes)
+}
