@@ -182,12 +182,14 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     e->skip = tn.skip;
 #endif
     // Batch invariance takes the tiled projections for every step: widths whose rows are
-    // not whole chunks of 32 columns (odd test shapes) cannot, and run without it.
+    // not whole chunks of 32 columns (odd test shapes) cannot, nor FP8 weights, whose gemv
+    // and tensor-core kernels (fp8.cuh) part by row count; those run without it.
     bool dense = false;  // a dense MLP layer (the experts' widths are the MoE kernels')
     for (const Stage& s : w->recipe) dense = dense || s.s.kind == GOLLM_STAGE_MLP;
     const bool widths = tiled_fits(1, c.hidden) && (!dense || tiled_fits(1, c.inner)) &&
                         tiled_fits(1, c.heads * c.head_dim);
-    e->invariant = !(tn.off & GOLLM_TUNING_NO_INVARIANT) && !(tn.off & GOLLM_TUNING_NO_TILED) && widths;
+    e->invariant =
+        !(tn.off & GOLLM_TUNING_NO_INVARIANT) && !(tn.off & GOLLM_TUNING_NO_TILED) && widths && !w->fp8;
     if (e->invariant) e->tiled_rows = kTileMaxRows;
     e->tiled = !(tn.off & GOLLM_TUNING_NO_TILED) && e->tiled_rows > 0 && widths;
     e->fused = !tp && !(tn.off & GOLLM_TUNING_NO_FUSED) && c.hidden % 8 == 0 && c.inner % 8 == 0;
