@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"gollm/engine"
+	"gollm/guide"
 )
 
 // Guided decoding. A request with a constraint (InferenceRequest.Guide) has, per
@@ -33,13 +34,33 @@ type guideJob struct {
 	b   *branch
 	s   *engine.Sequence
 	err error
+	// key names the row's mask among the shared ones when shared is set (maskKey); the
+	// job that makes it (lead) stores it in Manager.masks, the others wait for it.
+	key    maskKey
+	shared bool
+	lead   bool
 }
+
+// maskKey names a mask that rows in the same place of the same constraint share: a
+// place whose mask is its automaton state's table alone (guide.State.MaskKey), with the
+// request's end tokens (at most two; requests with more make their own).
+type maskKey struct {
+	g     *guide.Guide
+	state uint64
+	ends  [2]int32
+}
+
+// maxSharedMasks bounds Manager.masks; past it the cache starts again.
+const maxSharedMasks = 256
 
 // guideMasks fills the Allowed mask of the rows of seqs that choose a token under a
 // constraint (an engine-sampled row that samples, or a host-sampled one that returns
-// its logits).
+// its logits). A row whose mask is its constraint state's alone gets that state's mask,
+// made once and shared by every such row (the engine then also uploads it once); the
+// others are made for their rows, spread over the cores.
 func (m *Manager) guideMasks(seqs []engine.Sequence, refs []seqRef) {
 	jobs := m.guideJobs[:0]
+	pending := 0
 	for i, ref := range refs {
 		b := ref.b
 		b.allowed = nil
@@ -47,21 +68,38 @@ func (m *Manager) guideMasks(seqs []engine.Sequence, refs []seqRef) {
 			continue
 		}
 		s := &seqs[i]
-		if s.Sample || ref.r.hostSampled() && s.ReturnLogits {
-			jobs = append(jobs, guideJob{r: ref.r, b: b, s: s})
-		} else {
+		if !(s.Sample || ref.r.hostSampled() && s.ReturnLogits) {
 			s.Allowed = nil
+			continue
 		}
+		j := guideJob{r: ref.r, b: b, s: s}
+		m.shareMask(&j)
+		if j.shared && !j.lead {
+			if mask := m.masks[j.key]; mask != nil {
+				s.Allowed, b.allowed = mask, mask
+				continue
+			}
+			// Another row of this step makes it (nil: being made).
+		}
+		if !j.shared || j.lead {
+			pending++
+		}
+		jobs = append(jobs, j)
 	}
 	m.guideJobs = jobs[:0]
 	if len(jobs) == 0 {
 		return
 	}
 	defer clear(jobs)
-	workers := min(runtime.GOMAXPROCS(0), (len(jobs)+3)/4)
+	run := func(k int) {
+		if j := &jobs[k]; !j.shared || j.lead {
+			m.guideMask(j)
+		}
+	}
+	workers := min(runtime.GOMAXPROCS(0), (pending+3)/4)
 	if workers <= 1 {
 		for k := range jobs {
-			m.guideMask(&jobs[k])
+			run(k)
 		}
 	} else {
 		var next atomic.Int64
@@ -69,11 +107,30 @@ func (m *Manager) guideMasks(seqs []engine.Sequence, refs []seqRef) {
 		for range workers {
 			wg.Go(func() {
 				for k := next.Add(1) - 1; k < int64(len(jobs)); k = next.Add(1) - 1 {
-					m.guideMask(&jobs[k])
+					run(int(k))
 				}
 			})
 		}
 		wg.Wait()
+	}
+	for k := range jobs {
+		j := &jobs[k]
+		switch {
+		case j.lead && j.err == nil:
+			m.masks[j.key] = j.s.Allowed
+		case j.lead:
+			delete(m.masks, j.key)
+		}
+	}
+	for k := range jobs {
+		if j := &jobs[k]; j.shared && !j.lead {
+			// Its lead made the mask this step (or failed, and so does it).
+			if mask := m.masks[j.key]; mask != nil {
+				j.s.Allowed, j.b.allowed = mask, mask
+			} else {
+				j.s.Allowed, j.err = nil, fmt.Errorf("%w: the constraint allows no token here", ErrGuide)
+			}
+		}
 	}
 	for _, j := range jobs {
 		if j.err != nil && j.r.failed == nil {
@@ -82,17 +139,47 @@ func (m *Manager) guideMasks(seqs []engine.Sequence, refs []seqRef) {
 	}
 }
 
+// shareMask sets j.key and j.shared when j's row can take a shared mask, and j.lead when
+// no mask of that key exists or is being made yet (it is then marked as being made).
+func (m *Manager) shareMask(j *guideJob) {
+	r, b := j.r, j.b
+	if len(r.req.EndIDs) > 2 {
+		return
+	}
+	key, ok, err := b.gst.MaskKey(m.guideBudget(r, b))
+	if err != nil || !ok {
+		return // Mask meets the error again, in its job
+	}
+	j.key = maskKey{g: r.req.Guide, state: key, ends: [2]int32{-1, -1}}
+	copy(j.key.ends[:], r.req.EndIDs)
+	j.shared = true
+	if m.masks == nil || len(m.masks) >= maxSharedMasks {
+		m.masks = make(map[maskKey][]uint64)
+	}
+	if _, ok := m.masks[j.key]; !ok {
+		// nil marks it as being made by this job.
+		m.masks[j.key] = nil
+		j.lead = true
+		return
+	}
+}
+
+// guideBudget is the tokens b may still take, the one being chosen included.
+func (m *Manager) guideBudget(r *request, b *branch) int {
+	return min(r.maxNew-b.generated, m.info.MaxSeqLen-len(b.tokens))
+}
+
 // guideMask makes one row's mask. A failure (j.err) fails the request; its row runs
 // unconstrained, for nothing.
 func (m *Manager) guideMask(j *guideJob) {
 	r, b, s := j.r, j.b, j.s
 	s.Allowed = nil
 	words := engine.MaskWords(m.info.VocabSize)
-	if len(b.mask) != words {
+	if j.lead || len(b.mask) != words {
+		// A shared mask is the cache's from now on, never written again.
 		b.mask = make([]uint64, words)
 	}
-	// The tokens the branch may still take, this one included.
-	budget := min(r.maxNew-b.generated, m.info.MaxSeqLen-len(b.tokens))
+	budget := m.guideBudget(r, b)
 	n, err := b.gst.Mask(b.mask, budget)
 	if err != nil {
 		j.err = fmt.Errorf("%w: %w", ErrGuide, err)
@@ -127,4 +214,7 @@ func (m *Manager) guideMask(j *guideJob) {
 		return
 	}
 	s.Allowed, b.allowed = b.mask, b.mask
+	if j.lead {
+		b.mask = nil
+	}
 }

@@ -112,6 +112,8 @@ type Manager struct {
 	// beamJobs is scoreBeams' scratch; guideJobs guideMasks'.
 	beamJobs  []beamJob
 	guideJobs []guideJob
+	// masks are the shared guided decoding masks (guideMasks), read-only once made.
+	masks map[maskKey][]uint64
 	// now is when the current iteration started.
 	now time.Time
 	// batch is the engine batch, reused each iteration.
