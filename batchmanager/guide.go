@@ -20,9 +20,11 @@ import (
 // whose text is complete ends at once, without a step for its end token.
 //
 // The masks are made on the host between the step that chose the tokens and the step
-// that uses them, spread over the cores. Requests with a constraint are therefore not
-// run in the overlap schedule (Config.Overlap): a row launched before its
-// predecessor's token is read would have no mask (overlap.go).
+// that samples with them, spread over the cores. In the overlap schedule (Config.Overlap)
+// a guided row is launched before its predecessor's token is read, without its mask
+// (engine.Sequence.LateMask), on an engine that takes masks late (engine.LateMasker):
+// the mask is made once that token is applied and handed over while the engine runs the
+// row's forward pass (overlap.go's lateMasks).
 
 // ErrGuide wraps a request's failure under its constraint: the constraint allows no
 // token (the vocabulary lacks the bytes it needs next) or passes a limit at run time.

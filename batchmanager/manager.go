@@ -121,8 +121,13 @@ type Manager struct {
 	// it counts this iteration's work for the stats.
 	it iterCounts
 
-	// pipe launches and waits for iterations under Config.Overlap; nil without it.
+	// pipe launches and waits for iterations under Config.Overlap; nil without it. late is
+	// pipe when it takes guided masks after a launch (guided requests then run ahead too).
 	pipe engine.Pipeliner
+	late engine.LateMasker
+	// lateSeqs and lateRefs are lateMasks' scratch.
+	lateSeqs []engine.Sequence
+	lateRefs []seqRef
 	// launched counts the iterations launched on pipe and not waited for.
 	launched int
 	// ahead is the iteration launched ahead of its outputs' predecessor (Config.Overlap),
@@ -341,6 +346,7 @@ func newManager(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*
 		} else {
 			m.pipe = engine.NewSyncPipeline(eng)
 		}
+		m.late, _ = m.pipe.(engine.LateMasker)
 		m.placeholder = []int32{0}
 	}
 	m.last = m.snapshot(time.Now())

@@ -26,7 +26,7 @@ void build_plan(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, Pl
   need(in->num_penalties == 0 || (in->penalty_tokens && in->penalty_counts), "penalty arrays");
   need(in->num_masks == 0 || in->mask_tokens, "mask_tokens");
   need(in->num_bias == 0 || in->bias, "bias");
-  need(in->num_allowed == 0 || in->allowed, "allowed");
+  need(in->num_allowed == 0 || in->allowed || in->late_allowed, "allowed");
 
   pl = Plan{};
   pl.s = in->num_seqs;
@@ -76,6 +76,9 @@ void build_plan(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, Pl
         int32_t t = in->mask_tokens[q.mask_offset + k];
         if (t < 0 || t >= V) invalid("sequence %d: masked token %d outside the vocabulary", s, t);
       }
+      if (in->late_allowed && q.allowed_offset != -1)
+        invalid("sequence %d: allowed_offset %d in a launch whose masks come later (late_allowed)",
+                s, q.allowed_offset);
       if (q.allowed_offset < -1 ||
           q.allowed_offset >= 0 && (int64_t)q.allowed_offset + (V + 31) / 32 > in->num_allowed)
         invalid("sequence %d: allowed tokens [%d, +%d words) outside the %lld words", s,

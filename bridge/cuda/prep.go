@@ -68,6 +68,8 @@ type stepPrep struct {
 	// shared are the masks of allowed by their Go slices, so that rows given the same
 	// mask (the batch manager's shared masks of one constraint state) upload it once.
 	shared []sharedMask
+	// offs are a late launch's rows' mask offsets (SupplyMasks).
+	offs []int32
 	// logitsLen is the number of floats of returned logits.
 	logitsLen int
 	// outTok and outLP receive the sampled tokens and log-probabilities.

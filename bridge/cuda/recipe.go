@@ -92,7 +92,7 @@ func cbool(v bool) C.int32_t {
 }
 
 // abiLayout reports the size of each ABI struct this package fills and the offset of
-// each field, by the names gollm.h gives them, for the test that pins them to ABI 11.
+// each field, by the names gollm.h gives them, for the test that pins them to ABI 12.
 func abiLayout() map[string]uintptr {
 	var st C.gollm_stage
 	var f C.gollm_faults
@@ -100,7 +100,10 @@ func abiLayout() map[string]uintptr {
 	var wp C.gollm_weights_params
 	var ep C.gollm_engine_params
 	var mc C.gollm_model_config
+	var in C.gollm_step_in
 	return map[string]uintptr{
+		"gollm_step_in": unsafe.Sizeof(in), "gollm_step_in.num_allowed": unsafe.Offsetof(in.num_allowed),
+		"gollm_step_in.feed": unsafe.Offsetof(in.feed), "gollm_step_in.late_allowed": unsafe.Offsetof(in.late_allowed),
 		"gollm_stage": unsafe.Sizeof(st), "gollm_stage.kind": unsafe.Offsetof(st.kind),
 		"gollm_stage.layer": unsafe.Offsetof(st.layer), "gollm_stage.weight": unsafe.Offsetof(st.weight),
 		"gollm_stage.norm": unsafe.Offsetof(st.norm), "gollm_stage.eps": unsafe.Offsetof(st.eps),

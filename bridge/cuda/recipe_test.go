@@ -113,12 +113,12 @@ func TestRecipeOfCarriesEveryStage(t *testing.T) {
 	}
 }
 
-// TestABILayoutIsVersion11 pins the structs this package fills to gollm.h's ABI 11 — sizes
+// TestABILayoutIsVersion12 pins the structs this package fills to gollm.h's ABI 12 — sizes
 // and field offsets as x86-64 and arm64 C compilers lay them out —, so that a field added,
 // moved or resized without bumping GOLLM_ABI_VERSION fails here rather than in a library
 // built from another header.
-func TestABILayoutIsVersion11(t *testing.T) {
-	if v := headerABI(); v != 11 {
+func TestABILayoutIsVersion12(t *testing.T) {
+	if v := headerABI(); v != 12 {
 		t.Fatalf("gollm.h has ABI %d: update this test's layout with the version", v)
 	}
 	want := map[string]uintptr{
@@ -140,11 +140,12 @@ func TestABILayoutIsVersion11(t *testing.T) {
 		"gollm_weights_params.weights": 112, "gollm_weights_params.faults": 120,
 		"gollm_engine_params": 112, "gollm_engine_params.tuning": 36, "gollm_engine_params.faults": 64,
 		"gollm_engine_params.mem_budget": 88, "gollm_engine_params.comm": 96, "gollm_engine_params.tp_vocab": 108,
+		"gollm_step_in": 152, "gollm_step_in.num_allowed": 120, "gollm_step_in.feed": 136, "gollm_step_in.late_allowed": 144,
 	}
 	got := abiLayout()
 	for k, w := range want {
 		if g, ok := got[k]; !ok || g != w {
-			t.Errorf("%s: %d, ABI 11 has %d", k, g, w)
+			t.Errorf("%s: %d, ABI 12 has %d", k, g, w)
 		}
 	}
 	if len(got) != len(want) {
