@@ -164,12 +164,14 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
   // the graph is replayed this time, so that its results do not depend on that.
   PromptPad pp;
   const bool padded = !use_graph && prompt_pad(e, in, pl, pp);
-  if (late && (pl.s == 0 || !pl.copies.empty() || pl.chunks.size() != 1))
-    invalid("gollm_launch: late_allowed with logits returned or no sampling");
+  if (late && pl.s == 0) invalid("gollm_launch: late_allowed on an empty step");
   Launched& l = e->launched[(e->launched_head + e->launched_count) % 2];
   l.late = false;
   if (pl.s > 0) {
     fill_plan(e, in, use_graph ? bucket : 0, padded ? &pp : nullptr, pl);
+    // The sampling of a late step reads the one chunk's logits its LM head leaves.
+    if (late && (!pl.copies.empty() || pl.chunks.size() != 1))
+      invalid("gollm_launch: late_allowed with logits returned");
     Layout L = layout_fixed(pl);
     fill_var(e, in, pl, L);
     // The fed rows' (row, previous sequence) pairs follow the variable part.
