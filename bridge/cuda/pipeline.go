@@ -157,8 +157,13 @@ func (e *Engine) SupplyMasks(b *engine.Batch) error {
 	if len(b.Seqs) != r.n {
 		return fmt.Errorf("cuda: SupplyMasks for %d sequences, %d launched", len(b.Seqs), r.n)
 	}
+	return e.supply(r, b)
+}
+
+// supply hands the library the masks of r's late launch (b's rows'; none with b nil).
+func (e *Engine) supply(r *launchRec, b *engine.Batch) error {
 	p := r.prep
-	offs := p.supplyOffsets(b, (e.info.VocabSize+31)/32)
+	offs := p.supplyOffsets(b, r.n, (e.info.VocabSize+31)/32)
 	var pin runtime.Pinner
 	defer pin.Unpin()
 	var offPtr *C.int32_t
@@ -192,15 +197,17 @@ func (p *stepPrep) lateRows(b *engine.Batch) int {
 
 // supplyOffsets lays out b's masks for gollm_supply_allowed in p.allowed (each distinct
 // one once) and returns each row's offset there, -1 for none.
-func (p *stepPrep) supplyOffsets(b *engine.Batch, words int) []int32 {
+func (p *stepPrep) supplyOffsets(b *engine.Batch, n, words int) []int32 {
 	p.allowed = p.allowed[:0]
 	clear(p.shared)
 	p.shared = p.shared[:0]
 	p.offs = p.offs[:0]
-	for i := range b.Seqs {
+	for i := range n {
 		off := int32(-1)
-		if s := &b.Seqs[i]; s.Sample && s.Allowed != nil {
-			off = int32(p.allow(s.Allowed, words))
+		if b != nil {
+			if s := &b.Seqs[i]; s.Sample && s.Allowed != nil {
+				off = int32(p.allow(s.Allowed, words))
+			}
 		}
 		p.offs = append(p.offs, off)
 	}
@@ -283,8 +290,16 @@ func (e *Engine) Wait() ([]engine.Output, error) {
 	r := e.queue[0]
 	e.queue = append(e.queue[:0], e.queue[1:]...)
 	if r.late {
-		// Its masks never came: the library's wait refuses it, the host's never ran it.
-		r.late, r.hostRun, r.async = false, nil, false
+		// Its masks never came (the caller drains after a failure): the library's launch is
+		// completed without them, so that the library waits for nothing, and dropped; the
+		// host's never ran.
+		r.late, r.hostRun = false, nil
+		if r.async {
+			if err := e.supply(r, nil); err == nil {
+				e.finish(r)
+			}
+			r.async = false
+		}
 		return nil, errors.New("cuda: Wait for a launch whose masks never came (SupplyMasks)")
 	}
 	e.finish(r)
