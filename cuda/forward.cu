@@ -467,8 +467,8 @@ void lm_head(Flow<T>& f, const Stage& s, bool capture) {
       gather_rows<T>(f.xn, f.I32(f.L.lrow_src) + ch.first, e->xf.as<T>(), ch.count, H, f.st);
       gemm_lm_head<T>(e, gemm_rows(ch.count));
       // Greedy sampling reads the padded rows where it is all that reads them (one GPU, no
-      // logits copied back, sampled in the step), which saves unpad_rows' copy.
-      bool keep_padded = e->logits_pad.p && pl.all_greedy && !f.tp && !(s.s.softcap > 0.f) && !pl.late;
+      // logits copied back), which saves unpad_rows' copy.
+      bool keep_padded = e->logits_pad.p && pl.all_greedy && !f.tp && !(s.s.softcap > 0.f);
       for (const CopyOut& cp : pl.copies)
         if (cp.chunk == (int)ci && !cp.from_ret) keep_padded = false;
       if (keep_padded)
@@ -488,6 +488,7 @@ void lm_head(Flow<T>& f, const Stage& s, bool capture) {
                                      (size_t)cp.rows * V * 4, cudaMemcpyDeviceToHost, f.st.st));
     }
     // A late step samples when its masks come (sample_late), from the logits left here.
+    if (pl.late) e->late_padded = padded != nullptr;
     if (!pl.late)
       sample(logits, padded, f.I32(f.L.samp_seq) + ch.samp_first, f.I32(f.L.samp_row) + ch.samp_first,
              f.seqs, f.words, f.words, reinterpret_cast<const float*>(f.din), retlog,
@@ -639,11 +640,13 @@ void feed_tokens(gollm_engine* e, const Layout& L, size_t pairs_off, int n) {
 }
 
 void sample_late(gollm_engine* e, const Launched& l) {
-  // One GPU, one chunk, no logits returned (launch checks): the LM head's unpadded rows
-  // are in e->logits, the inputs at the launch's offsets of din.
+  // One GPU, one chunk, no logits returned (launch checks): the LM head's rows are in
+  // e->logits, or padded in e->logits_pad (l.padded), the inputs at the launch's offsets
+  // of din.
   const char* din = e->din.as<char>();
   const int32_t* words = reinterpret_cast<const int32_t*>(din);
-  sample(e->logits.as<float>(), nullptr, reinterpret_cast<const int32_t*>(din + l.samp_seq),
+  sample(e->logits.as<float>(), l.padded ? e->logits_pad.as<float>() : nullptr,
+         reinterpret_cast<const int32_t*>(din + l.samp_seq),
          reinterpret_cast<const int32_t*>(din + l.samp_row),
          reinterpret_cast<const DevSeq*>(din + l.seqs_off), words, words,
          reinterpret_cast<const float*>(din), e->retlog.as<float>(), e->dtok.as<int32_t>(),

@@ -274,6 +274,7 @@ struct Launched {
   size_t samp_seq = 0, samp_row = 0;  // the sampling list in the input buffers
   int samp_count = 0;
   bool all_greedy = false;
+  bool padded = false;  // the logits are the LM head's padded rows (late_padded)
 };
 
 }  // namespace gollm
@@ -326,6 +327,11 @@ struct gollm_engine {
   gollm::Launched launched[2];    // launched steps not waited for, oldest at launched_head
   int launched_head = 0, launched_count = 0;
   std::map<int, cudaGraphExec_t> graph_execs;  // decode graphs by batch bucket (×2, +1: all greedy; ×2, +1: late_allowed)
+  // late_padded says the last late step's LM head left its rows padded (lm_head's
+  // keep_padded) for the sampling gollm_supply_allowed enqueues; late_padded_keys the
+  // same for each late decode graph, captured or replayed.
+  bool late_padded = false;
+  std::map<int, bool> late_padded_keys;
   // Prompt graphs (steps on the many-rows path, replayed where their padded counts
   // recur): on unless gollm_tuning turns them off; a key is captured the second time it is
   // seen (prompt_seen, cleared when it grows past its bound), at most kPromptGraphs are

@@ -224,11 +224,13 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
         // Replays see other lengths: size the splits for the longest possible row.
         cudaGraphExec_t g = capture_graph(e, pl, L, attention_splits(e, bucket, e->max_len));
         it = e->graph_execs.emplace(key, g).first;
+        if (late) e->late_padded_keys[key] = e->late_padded;  // set by the capture
         // Instantiating may allocate: as for the buffers above, no rank replays the new
         // graph's collectives before every rank has instantiated its own.
         if (e->tp_size > 1) comm_barrier(e->comm, e->tp_rank);
       }
       cudaGraphExec_t ex = it->second;
+      if (late) e->late_padded = e->late_padded_keys.at(key);
       if (e->comm)
         tp_graph_launch(e, ex);  // its collectives: not after an abort
       else
@@ -253,6 +255,7 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
       l.samp_row = L.samp_row + (size_t)pl.chunks[0].samp_first * 4;
       l.samp_count = pl.chunks[0].samp_count;
       l.all_greedy = pl.all_greedy;
+      l.padded = e->late_padded;
     } else {
       CUDA_CHECK(cudaMemcpyAsync(e->htok.p, e->dtok.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
       CUDA_CHECK(cudaMemcpyAsync(e->hlp.p, e->dlp.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
