@@ -268,7 +268,6 @@ struct Launched {
   // A launch with late_allowed until gollm_supply_allowed: what its sampling needs.
   bool late = false;
   size_t seqs_off = 0;   // its descriptors in the input buffers
-  int seqs_count = 0;    // descriptors (padding included)
   size_t late_off = 0;   // the masks' words in the input buffers
   int64_t late_cap = 0;  // the most words they may take
   size_t samp_seq = 0, samp_row = 0;  // the sampling list in the input buffers

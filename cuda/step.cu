@@ -249,7 +249,7 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
     if (inject && !e->fail.early) inject_step_fault(e);
     if (late) {
       l.late = true;
-      l.seqs_off = L.seqs, l.seqs_count = (int)pl.seqs.size();
+      l.seqs_off = L.seqs;
       l.late_off = late_off, l.late_cap = in->num_allowed;
       l.samp_seq = L.samp_seq + (size_t)pl.chunks[0].samp_first * 4;
       l.samp_row = L.samp_row + (size_t)pl.chunks[0].samp_first * 4;
@@ -356,6 +356,7 @@ void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out, bool in
   if (e->launched_count > 0)
     invalid("gollm_step: %d launched steps are not waited for", e->launched_count);
   if (in->feed) invalid("gollm_step: fed sequences need gollm_launch");
+  if (in->late_allowed) invalid("gollm_step: late_allowed needs gollm_launch");
   // A rank past 0 of a tensor-parallel engine returns no logits but checks the step
   // against the same length as rank 0.
   launch(e, in, out->logits || e->tp_rank > 0 ? out->logits_len : 0, inject);
