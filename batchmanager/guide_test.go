@@ -1,12 +1,15 @@
 package batchmanager
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"gollm/engine"
 	"gollm/guide"
@@ -356,4 +359,66 @@ func TestGuidedOverlapGivesTheSameResponses(t *testing.T) {
 			t.Logf("%d rows fed ahead, %d of them masked late", eng.fed.Load(), eng.late.Load())
 		})
 	}
+}
+
+// masksFailing is a fake engine whose SupplyMasks fails once when told to (a CUDA error
+// while the masks of a step launched ahead are uploaded).
+type masksFailing struct {
+	*recoveringFake
+	pipe *engine.SyncPipeline
+	fail atomic.Bool
+}
+
+func (l *masksFailing) Launch(b *engine.Batch) error   { return l.pipe.Launch(b) }
+func (l *masksFailing) Wait() ([]engine.Output, error) { return l.pipe.Wait() }
+func (l *masksFailing) SupplyMasks(b *engine.Batch) error {
+	if l.fail.CompareAndSwap(true, false) {
+		return errors.New("injected: masks upload failed")
+	}
+	return l.pipe.SupplyMasks(b)
+}
+
+// TestGuidedOverlapFailedMasksFailTheRequestsInFlight fails the handing over of a
+// step's late masks: like any failed step, the guided requests in flight end with
+// ErrEngine, the engine is asked to recover once, and the next guided request runs.
+func TestGuidedOverlapFailedMasksFailTheRequestsInFlight(t *testing.T) {
+	rf := &recoveringFake{fakeEngine: newFake(64, 4)}
+	rf.delay = time.Millisecond
+	tb := &tokenizer.TokenBytes{Bytes: make([][]byte, 50)}
+	for i := range tb.Bytes {
+		tb.Bytes[i] = []byte{"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWX"[i]}
+	}
+	v, err := guide.NewVocab(tb, 50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := guide.NewCompiler(v, 0).Guide(guide.KindRegex, `[a-zA-Z]*`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := &masksFailing{recoveringFake: rf, pipe: engine.NewSyncPipeline(rf)}
+	m, c := start(t, eng, Config{Overlap: true})
+	c.add(&InferenceRequest{ID: 1, InputIDs: []int32{1, 2}, MaxNewTokens: 100, PadID: -1, Streaming: true, Guide: g},
+		&InferenceRequest{ID: 2, InputIDs: []int32{3}, MaxNewTokens: 100, PadID: -1, Streaming: true, Guide: g})
+	eventually(t, "both requests stream", func() bool { return len(c.responses(1)) > 3 && len(c.responses(2)) > 3 })
+	eng.fail.Store(true)
+	c.wait(t, 2)
+	for _, id := range []uint64{1, 2} {
+		rs := c.responses(id)
+		if last := rs[len(rs)-1]; !last.final || !errors.Is(last.err, ErrEngine) || !strings.Contains(last.err.Error(), "masks upload failed") {
+			t.Fatalf("request %d: last response %+v, want a final ErrEngine naming the failed upload", id, last)
+		}
+	}
+	rf.mu.Lock()
+	causes := len(rf.causes)
+	rf.mu.Unlock()
+	if causes != 1 {
+		t.Errorf("Recover was called %d times, want once", causes)
+	}
+	c.add(&InferenceRequest{ID: 3, InputIDs: []int32{1, 2, 3}, MaxNewTokens: 5, PadID: -1, Guide: g})
+	c.wait(t, 1)
+	if got, err := c.tokensOf(t, 3); err != nil || len(got) != 8 {
+		t.Fatalf("after the failure: %v, %v; want the prompt and 5 tokens", got, err)
+	}
+	poolWhole(t, m)
 }

@@ -129,7 +129,7 @@ func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 		// launched ahead, whose rows ask for none.
 		return nil
 	}
-	if len(m.waiting) > 0 && !joinsAhead(m.waiting[0]) {
+	if len(m.waiting) > 0 && !m.joinsAhead(m.waiting[0]) {
 		// The scheduler admits it, in turn.
 		return nil
 	}
@@ -304,10 +304,11 @@ func (m *Manager) planChunk(a *aheadStep, s *engine.Sequence, ref seqRef, budget
 
 // joinsAhead says whether a waiting request may be admitted into a step launched ahead:
 // one sequence, no batched post-processor (which runs over a whole step's logits), no
-// constraint (its masks are made where the scheduler builds a batch).
-// Its prompt's tokens are known, so it needs nothing the step before samples.
-func joinsAhead(r *request) bool {
-	return r.width == 1 && !r.req.BatchedPostProcessing && r.req.Guide == nil
+// constraint unless the engine takes masks late (its first mask is then made with the
+// others of the step, lateMasks). Its prompt's tokens are known, so it needs nothing the
+// step before samples.
+func (m *Manager) joinsAhead(r *request) bool {
+	return r.width == 1 && !r.req.BatchedPostProcessing && (r.req.Guide == nil || m.late != nil)
 }
 
 // admitAhead admits waiting requests into the step ahead a, as the scheduler admits
@@ -330,7 +331,7 @@ func (m *Manager) admitAhead(a *aheadStep) {
 	saved := m.sched
 	m.sched = m.admittedAhead[:0]
 	m.batch.BlockCopies = m.batch.BlockCopies[:0]
-	m.admit(budget, joinsAhead)
+	m.admit(budget, m.joinsAhead)
 	admitted := m.sched
 	defer clear(admitted) // hold no request past the step
 	m.admittedAhead = admitted[:0]
@@ -358,6 +359,9 @@ func (m *Manager) admitAhead(a *aheadStep) {
 			s.ReturnLogits = last
 		} else {
 			s.Sample, s.ReturnLogits = last, r.wantsRows()
+		}
+		if s.Sample && r.req.Guide != nil {
+			s.LateMask, a.late = true, true
 		}
 		a.batch.Seqs = append(a.batch.Seqs, s)
 		a.refs = append(a.refs, seqRef{r, b})
