@@ -306,6 +306,8 @@ void fill_var(gollm_engine* e, const gollm_step_in* in, Plan& pl, Layout& L) {
   // The padding block's id, for the padding sequences of a graph bucket.
   const int64_t pad_word = base + (int64_t)W.size();
   W.push_back(e->num_blocks);
+  // allow_at: each distinct allowed_offset's words in W (absolute word index).
+  std::vector<std::pair<int32_t, int32_t>> allow_at;
   for (int s = 0; s < (int)pl.seqs.size(); s++) {
     DevSeq& d = pl.seqs[s];
     int keep_ret = s < pl.s ? d.ret_row : -1;
@@ -343,11 +345,18 @@ void fill_var(gollm_engine* e, const gollm_step_in* in, Plan& pl, Layout& L) {
       W.insert(W.end(), in->mask_tokens + q.mask_offset, in->mask_tokens + q.mask_offset + q.mask_count);
       d.min_p = q.min_p;
       if (q.allowed_offset >= 0) {
-        d.allow_off = (int32_t)(base + (int64_t)W.size());
-        const int words = (V + 31) / 32;
-        size_t at = W.size();
-        W.resize(at + words);
-        std::memcpy(W.data() + at, in->allowed + q.allowed_offset, (size_t)words * 4);
+        // Rows given the same words (one constraint state's mask) share one copy.
+        d.allow_off = -1;
+        for (const auto& a : allow_at)
+          if (a.first == q.allowed_offset) d.allow_off = a.second;
+        if (d.allow_off < 0) {
+          d.allow_off = (int32_t)(base + (int64_t)W.size());
+          allow_at.emplace_back(q.allowed_offset, d.allow_off);
+          const int words = (V + 31) / 32;
+          size_t at = W.size();
+          W.resize(at + words);
+          std::memcpy(W.data() + at, in->allowed + q.allowed_offset, (size_t)words * 4);
+        }
       }
     }
     if ((q.flags & (GOLLM_SEQ_SAMPLE | GOLLM_SEQ_RETURN_LOGITS)) && q.bias_offset >= 0) {
