@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -52,8 +53,13 @@ type maskKey struct {
 	ends  [2]int32
 }
 
-// maxSharedMasks bounds Manager.masks; past it the cache starts again.
-const maxSharedMasks = 256
+// maxSharedMasks bounds Manager.masks, and maxMaskGuides the constraints it holds masks
+// of (each keeps its guide, and the guide's tables, alive); past either the cache starts
+// again. A step without a guided row empties it.
+const (
+	maxSharedMasks = 256
+	maxMaskGuides  = 16
+)
 
 // guideMasks fills the Allowed mask of the rows of seqs that choose a token under a
 // constraint (an engine-sampled row that samples, or a host-sampled one that returns
@@ -90,6 +96,9 @@ func (m *Manager) guideMasks(seqs []engine.Sequence, refs []seqRef) {
 	}
 	m.guideJobs = jobs[:0]
 	if len(jobs) == 0 {
+		if m.masks != nil && !slices.ContainsFunc(refs, func(ref seqRef) bool { return ref.r.req.Guide != nil }) {
+			m.dropMasks()
+		}
 		return
 	}
 	defer clear(jobs)
@@ -155,6 +164,12 @@ func (m *Manager) shareMask(j *guideJob) {
 	j.key = maskKey{g: r.req.Guide, state: key, ends: [2]int32{-1, -1}}
 	copy(j.key.ends[:], r.req.EndIDs)
 	j.shared = true
+	if !slices.Contains(m.maskGuides, j.key.g) {
+		if len(m.maskGuides) == maxMaskGuides {
+			m.dropMasks()
+		}
+		m.maskGuides = append(m.maskGuides, j.key.g)
+	}
 	if m.masks == nil || len(m.masks) >= maxSharedMasks {
 		m.masks = make(map[maskKey][]uint64)
 	}
@@ -164,6 +179,12 @@ func (m *Manager) shareMask(j *guideJob) {
 		j.lead = true
 		return
 	}
+}
+
+// dropMasks empties the shared masks, holding none of their guides.
+func (m *Manager) dropMasks() {
+	clear(m.maskGuides)
+	m.masks, m.maskGuides = nil, m.maskGuides[:0]
 }
 
 // guideBudget is the tokens b may still take, the one being chosen included.

@@ -112,8 +112,10 @@ type Manager struct {
 	// beamJobs is scoreBeams' scratch; guideJobs guideMasks'.
 	beamJobs  []beamJob
 	guideJobs []guideJob
-	// masks are the shared guided decoding masks (guideMasks), read-only once made.
-	masks map[maskKey][]uint64
+	// masks are the shared guided decoding masks (guideMasks), read-only once made;
+	// maskGuides the constraints they are of.
+	masks      map[maskKey][]uint64
+	maskGuides []*guide.Guide
 	// now is when the current iteration started.
 	now time.Time
 	// batch is the engine batch, reused each iteration.
