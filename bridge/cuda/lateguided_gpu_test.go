@@ -297,3 +297,37 @@ func TestGPUGuidedOverlapMatchesUnpipelined(t *testing.T) {
 		}
 	}
 }
+
+// TestMasksUploadOncePerSlice checks (no GPU) that rows given the same mask slice share
+// its words, in a step's arrays and in a late launch's, and that equal masks in other
+// slices each get their own; a late launch's rows start with no words.
+func TestMasksUploadOncePerSlice(t *testing.T) {
+	info := engine.Info{VocabSize: 100, MaxSeqLen: 64, NumBlocks: 8, TokensPerBlock: 4}
+	var p stepPrep
+	p.init(info.VocabSize)
+	shared := make([]uint64, engine.MaskWords(100))
+	shared[1] = 1 << 35 // token 99
+	other := slices.Clone(shared)
+	row := func(id uint64, m []uint64) engine.Sequence {
+		return engine.Sequence{ID: id, Tokens: []int32{1}, Blocks: []int32{int32(id)}, Sample: true, History: []int32{1}, Allowed: m}
+	}
+	b := &engine.Batch{Seqs: []engine.Sequence{row(0, shared), row(1, nil), row(2, shared), row(3, other)}}
+	p.build(b, splitBatch(b, 100, 10)[0], info)
+	offs := []int32{int32(p.seqs[0].allowed_offset), int32(p.seqs[1].allowed_offset), int32(p.seqs[2].allowed_offset), int32(p.seqs[3].allowed_offset)}
+	if want := []int32{0, -1, 0, 4}; !slices.Equal(offs, want) || len(p.allowed) != 8 {
+		t.Fatalf("offsets %v over %d words; want %v over 8", offs, len(p.allowed), want)
+	}
+	if p.allowed[3] != 1<<3 || p.allowed[7] != 1<<3 {
+		t.Fatalf("token 99's bit is not bit 3 of word 3: %x", p.allowed)
+	}
+	// A late launch: no words at the launch, room for three masks, then the same layout.
+	if n := p.lateRows(b); n != 3 || len(p.allowed) != 0 || p.seqs[0].allowed_offset != -1 || p.seqs[2].allowed_offset != -1 {
+		t.Fatalf("late launch: %d rows with room, %d words, offsets %d and %d", n, len(p.allowed), p.seqs[0].allowed_offset, p.seqs[2].allowed_offset)
+	}
+	if got := p.supplyOffsets(b, 4, 4); !slices.Equal(got, []int32{0, -1, 0, 4}) || len(p.allowed) != 8 {
+		t.Fatalf("supplied offsets %v over %d words", got, len(p.allowed))
+	}
+	if got := p.supplyOffsets(nil, 4, 4); !slices.Equal(got, []int32{-1, -1, -1, -1}) || len(p.allowed) != 0 {
+		t.Fatalf("no masks: offsets %v over %d words", got, len(p.allowed))
+	}
+}
