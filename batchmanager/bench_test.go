@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"gollm/engine"
+	"gollm/guide"
 )
 
 // instantEngine returns at once: a benchmark of it measures the manager alone.
@@ -45,9 +46,16 @@ const benchOutputLen = 128
 // schedBench measures one iteration of the manager (intake, scheduling, block
 // bookkeeping, building the batch, applying outputs, streaming responses, stats JSON)
 // with `active` sequences in flight and an engine that returns at once.
-func schedBench(b *testing.B, active int) {
+func schedBench(b *testing.B, active int) { schedBenchWith(b, active, nil, false) }
+
+// schedBenchWith is schedBench with every request under g when g is set (an engine
+// that samples allowed tokens), in the overlap schedule when overlap is set.
+func schedBenchWith(b *testing.B, active int, g *guide.Guide, overlap bool) {
 	const prompt, tpb = 16, 16
-	eng := &instantEngine{info: engine.Info{VocabSize: 50000, MaxSeqLen: 4096, NumBlocks: active * 12, TokensPerBlock: tpb}}
+	var eng engine.Engine = &instantEngine{info: engine.Info{VocabSize: 50000, MaxSeqLen: 4096, NumBlocks: active * 12, TokensPerBlock: tpb}}
+	if g != nil {
+		eng = &guidedEngine{instantEngine{info: engine.Info{VocabSize: g.Vocab().Size(), MaxSeqLen: 4096, NumBlocks: active * 12, TokensPerBlock: tpb}}}
+	}
 	next := uint64(0)
 	var finished int
 	newReq := func(out int) *InferenceRequest {
@@ -56,7 +64,7 @@ func schedBench(b *testing.B, active int) {
 		for i := range p {
 			p[i] = int32(next+uint64(i)) % 50000
 		}
-		return &InferenceRequest{ID: next, InputIDs: p, MaxNewTokens: out, PadID: -1, Streaming: true}
+		return &InferenceRequest{ID: next, InputIDs: p, MaxNewTokens: out, PadID: -1, Streaming: true, Guide: g}
 	}
 	var queue []*InferenceRequest
 	// Stagger the first requests' lengths so that finishes spread over the iterations.
@@ -84,7 +92,7 @@ func schedBench(b *testing.B, active int) {
 		PollStopSignal:          func() map[uint64]struct{} { return nil },
 		ReturnBatchManagerStats: func(string) {},
 	}
-	m, err := newManager(eng, Config{MaxBatchSize: active, Policy: GuaranteedNoEvict}, cb, nil)
+	m, err := newManager(eng, Config{MaxBatchSize: active, Policy: GuaranteedNoEvict, Overlap: overlap}, cb, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 
 	"gollm/engine"
+	"gollm/guide"
 )
 
 // Guided decoding. A request with a constraint (InferenceRequest.Guide) has, per
@@ -19,9 +21,11 @@ import (
 // whose text is complete ends at once, without a step for its end token.
 //
 // The masks are made on the host between the step that chose the tokens and the step
-// that uses them, spread over the cores. Requests with a constraint are therefore not
-// run in the overlap schedule (Config.Overlap): a row launched before its
-// predecessor's token is read would have no mask (overlap.go).
+// that samples with them, spread over the cores. In the overlap schedule (Config.Overlap)
+// a guided row is launched before its predecessor's token is read, without its mask
+// (engine.Sequence.LateMask), on an engine that takes masks late (engine.LateMasker):
+// the mask is made once that token is applied and handed over while the engine runs the
+// row's forward pass (overlap.go's lateMasks).
 
 // ErrGuide wraps a request's failure under its constraint: the constraint allows no
 // token (the vocabulary lacks the bytes it needs next) or passes a limit at run time.
@@ -33,13 +37,38 @@ type guideJob struct {
 	b   *branch
 	s   *engine.Sequence
 	err error
+	// key names the row's mask among the shared ones when shared is set (maskKey); the
+	// job that makes it (lead) stores it in Manager.masks, the others wait for it.
+	key    maskKey
+	shared bool
+	lead   bool
 }
+
+// maskKey names a mask that rows in the same place of the same constraint share: a
+// place whose mask is its automaton state's table alone (guide.State.MaskKey), with the
+// request's end tokens (at most two; requests with more make their own).
+type maskKey struct {
+	g     *guide.Guide
+	state uint64
+	ends  [2]int32
+}
+
+// maxSharedMasks bounds Manager.masks, and maxMaskGuides the constraints it holds masks
+// of (each keeps its guide, and the guide's tables, alive); past either the cache starts
+// again. A step without a guided row empties it.
+const (
+	maxSharedMasks = 256
+	maxMaskGuides  = 16
+)
 
 // guideMasks fills the Allowed mask of the rows of seqs that choose a token under a
 // constraint (an engine-sampled row that samples, or a host-sampled one that returns
-// its logits).
+// its logits). A row whose mask is its constraint state's alone gets that state's mask,
+// made once and shared by every such row (the engine then also uploads it once); the
+// others are made for their rows, spread over the cores.
 func (m *Manager) guideMasks(seqs []engine.Sequence, refs []seqRef) {
 	jobs := m.guideJobs[:0]
+	pending := 0
 	for i, ref := range refs {
 		b := ref.b
 		b.allowed = nil
@@ -47,21 +76,41 @@ func (m *Manager) guideMasks(seqs []engine.Sequence, refs []seqRef) {
 			continue
 		}
 		s := &seqs[i]
-		if s.Sample || ref.r.hostSampled() && s.ReturnLogits {
-			jobs = append(jobs, guideJob{r: ref.r, b: b, s: s})
-		} else {
+		if !(s.Sample || ref.r.hostSampled() && s.ReturnLogits) {
 			s.Allowed = nil
+			continue
 		}
+		j := guideJob{r: ref.r, b: b, s: s}
+		m.shareMask(&j)
+		if j.shared && !j.lead {
+			if mask := m.masks[j.key]; mask != nil {
+				s.Allowed, b.allowed = mask, mask
+				continue
+			}
+			// Another row of this step makes it (nil: being made).
+		}
+		if !j.shared || j.lead {
+			pending++
+		}
+		jobs = append(jobs, j)
 	}
 	m.guideJobs = jobs[:0]
 	if len(jobs) == 0 {
+		if m.masks != nil && !slices.ContainsFunc(refs, func(ref seqRef) bool { return ref.r.req.Guide != nil }) {
+			m.dropMasks()
+		}
 		return
 	}
 	defer clear(jobs)
-	workers := min(runtime.GOMAXPROCS(0), (len(jobs)+3)/4)
+	run := func(k int) {
+		if j := &jobs[k]; !j.shared || j.lead {
+			m.guideMask(j)
+		}
+	}
+	workers := min(runtime.GOMAXPROCS(0), (pending+3)/4)
 	if workers <= 1 {
 		for k := range jobs {
-			m.guideMask(&jobs[k])
+			run(k)
 		}
 	} else {
 		var next atomic.Int64
@@ -69,11 +118,30 @@ func (m *Manager) guideMasks(seqs []engine.Sequence, refs []seqRef) {
 		for range workers {
 			wg.Go(func() {
 				for k := next.Add(1) - 1; k < int64(len(jobs)); k = next.Add(1) - 1 {
-					m.guideMask(&jobs[k])
+					run(int(k))
 				}
 			})
 		}
 		wg.Wait()
+	}
+	for k := range jobs {
+		j := &jobs[k]
+		switch {
+		case j.lead && j.err == nil:
+			m.masks[j.key] = j.s.Allowed
+		case j.lead:
+			delete(m.masks, j.key)
+		}
+	}
+	for k := range jobs {
+		if j := &jobs[k]; j.shared && !j.lead {
+			// Its lead made the mask this step (or failed, and so does it).
+			if mask := m.masks[j.key]; mask != nil {
+				j.s.Allowed, j.b.allowed = mask, mask
+			} else {
+				j.s.Allowed, j.err = nil, fmt.Errorf("%w: the constraint allows no token here", ErrGuide)
+			}
+		}
 	}
 	for _, j := range jobs {
 		if j.err != nil && j.r.failed == nil {
@@ -82,17 +150,59 @@ func (m *Manager) guideMasks(seqs []engine.Sequence, refs []seqRef) {
 	}
 }
 
+// shareMask sets j.key and j.shared when j's row can take a shared mask, and j.lead when
+// no mask of that key exists or is being made yet (it is then marked as being made).
+func (m *Manager) shareMask(j *guideJob) {
+	r, b := j.r, j.b
+	if len(r.req.EndIDs) > 2 {
+		return
+	}
+	key, ok, err := b.gst.MaskKey(m.guideBudget(r, b))
+	if err != nil || !ok {
+		return // Mask meets the error again, in its job
+	}
+	j.key = maskKey{g: r.req.Guide, state: key, ends: [2]int32{-1, -1}}
+	copy(j.key.ends[:], r.req.EndIDs)
+	j.shared = true
+	if !slices.Contains(m.maskGuides, j.key.g) {
+		if len(m.maskGuides) == maxMaskGuides {
+			m.dropMasks()
+		}
+		m.maskGuides = append(m.maskGuides, j.key.g)
+	}
+	if m.masks == nil || len(m.masks) >= maxSharedMasks {
+		m.masks = make(map[maskKey][]uint64)
+	}
+	if _, ok := m.masks[j.key]; !ok {
+		// nil marks it as being made by this job.
+		m.masks[j.key] = nil
+		j.lead = true
+		return
+	}
+}
+
+// dropMasks empties the shared masks, holding none of their guides.
+func (m *Manager) dropMasks() {
+	clear(m.maskGuides)
+	m.masks, m.maskGuides = nil, m.maskGuides[:0]
+}
+
+// guideBudget is the tokens b may still take, the one being chosen included.
+func (m *Manager) guideBudget(r *request, b *branch) int {
+	return min(r.maxNew-b.generated, m.info.MaxSeqLen-len(b.tokens))
+}
+
 // guideMask makes one row's mask. A failure (j.err) fails the request; its row runs
 // unconstrained, for nothing.
 func (m *Manager) guideMask(j *guideJob) {
 	r, b, s := j.r, j.b, j.s
 	s.Allowed = nil
 	words := engine.MaskWords(m.info.VocabSize)
-	if len(b.mask) != words {
+	if j.lead || len(b.mask) != words {
+		// A shared mask is the cache's from now on, never written again.
 		b.mask = make([]uint64, words)
 	}
-	// The tokens the branch may still take, this one included.
-	budget := min(r.maxNew-b.generated, m.info.MaxSeqLen-len(b.tokens))
+	budget := m.guideBudget(r, b)
 	n, err := b.gst.Mask(b.mask, budget)
 	if err != nil {
 		j.err = fmt.Errorf("%w: %w", ErrGuide, err)
@@ -127,4 +237,7 @@ func (m *Manager) guideMask(j *guideJob) {
 		return
 	}
 	s.Allowed, b.allowed = b.mask, b.mask
+	if j.lead {
+		b.mask = nil
+	}
 }

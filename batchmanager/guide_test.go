@@ -1,11 +1,15 @@
 package batchmanager
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"gollm/engine"
 	"gollm/guide"
@@ -280,4 +284,141 @@ func TestGuidedEndTokenThatIsText(t *testing.T) {
 			t.Errorf("request %d: %q (the end token 'a' cut it short?)", id, text)
 		}
 	}
+}
+
+// TestGuidedOverlapGivesTheSameResponses runs guided requests (a regex, a JSON schema,
+// sampled and greedy, streaming or not, beside unconstrained ones and staggered arrivals)
+// with and without the overlap schedule: every response must be the same, the guided
+// rows must have run ahead with their masks supplied after the launch, and every text
+// must follow its constraint.
+func TestGuidedOverlapGivesTheSameResponses(t *testing.T) {
+	v, bs := tinyVocab(t)
+	c := guide.NewCompiler(v, 0)
+	re := `[ab]{2,9}(-[01]+)*`
+	gRe, err := c.Guide(guide.KindRegex, re)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gJSON, err := c.Guide(guide.KindJSONSchema, `{"type":"object","properties":{"a":{"type":"array","items":{"enum":["ab","b-"]},"maxItems":5},"b":{"type":"boolean"}},"required":["a"]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reOK := regexp.MustCompile(`^` + re + `$`)
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"guaranteed_no_evict", Config{Policy: GuaranteedNoEvict}},
+		{"max_utilization, chunked", Config{Policy: MaxUtilization, EnableChunkedContext: true, MaxNumTokens: 24}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(21, 22))
+			var arrivals []arrival
+			kinds := map[uint64]string{}
+			for i := range 32 {
+				r := &InferenceRequest{ID: uint64(i), InputIDs: randPrompt(rng, 1+rng.IntN(20), 999), PadID: -1,
+					EndIDs: []int32{999}, Streaming: i%2 == 0, ExcludeInputInOutput: true, ReturnLogProbs: i%4 == 1,
+					Sampling: engine.SamplingParams{Seed: uint64(i)}}
+				if i%5 != 0 {
+					r.Sampling.Temperature = 1.5
+				}
+				switch i % 3 {
+				case 0:
+					r.Guide, r.MaxNewTokens, kinds[r.ID] = gRe, 16, "regex"
+				case 1:
+					r.Guide, r.MaxNewTokens, kinds[r.ID] = gJSON, 48, "json"
+				default:
+					r.MaxNewTokens, kinds[r.ID] = 1+rng.IntN(20), "free"
+				}
+				arrivals = append(arrivals, arrival{at: 1 + rng.IntN(12), req: r})
+			}
+			want := runResponses(t, cpuEngine(t, 256, 8), tc.cfg, arrivals)
+			cfg := tc.cfg
+			cfg.Overlap = true
+			eng := newCountingPipe(cpuEngine(t, 256, 8))
+			got := runResponses(t, eng, cfg, arrivals)
+			for _, a := range arrivals {
+				id := a.req.ID
+				if !reflect.DeepEqual(got[id], want[id]) {
+					t.Errorf("request %d (%s): with overlap\n%+v\nwithout\n%+v", id, kinds[id], got[id], want[id])
+				}
+				var toks []int32
+				for _, r := range got[id] {
+					if r.err != nil {
+						t.Errorf("request %d: %v", id, r.err)
+					}
+					toks = append(toks, r.out.Tokens...)
+				}
+				if text := textOf(toks, bs); kinds[id] == "regex" && !reOK.MatchString(text) {
+					t.Errorf("request %d: %q does not match %s", id, text, re)
+				}
+			}
+			if late := eng.late.Load(); late < 100 {
+				t.Errorf("only %d guided rows got their masks after their launch; guided requests hardly ran ahead", late)
+			}
+			t.Logf("%d rows fed ahead, %d of them masked late", eng.fed.Load(), eng.late.Load())
+		})
+	}
+}
+
+// masksFailing is a fake engine whose SupplyMasks fails once when told to (a CUDA error
+// while the masks of a step launched ahead are uploaded).
+type masksFailing struct {
+	*recoveringFake
+	pipe *engine.SyncPipeline
+	fail atomic.Bool
+}
+
+func (l *masksFailing) Launch(b *engine.Batch) error   { return l.pipe.Launch(b) }
+func (l *masksFailing) Wait() ([]engine.Output, error) { return l.pipe.Wait() }
+func (l *masksFailing) SupplyMasks(b *engine.Batch) error {
+	if l.fail.CompareAndSwap(true, false) {
+		return errors.New("injected: masks upload failed")
+	}
+	return l.pipe.SupplyMasks(b)
+}
+
+// TestGuidedOverlapFailedMasksFailTheRequestsInFlight fails the handing over of a
+// step's late masks: like any failed step, the guided requests in flight end with
+// ErrEngine, the engine is asked to recover once, and the next guided request runs.
+func TestGuidedOverlapFailedMasksFailTheRequestsInFlight(t *testing.T) {
+	rf := &recoveringFake{fakeEngine: newFake(64, 4)}
+	rf.delay = time.Millisecond
+	tb := &tokenizer.TokenBytes{Bytes: make([][]byte, 50)}
+	for i := range tb.Bytes {
+		tb.Bytes[i] = []byte{"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWX"[i]}
+	}
+	v, err := guide.NewVocab(tb, 50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := guide.NewCompiler(v, 0).Guide(guide.KindRegex, `[a-zA-Z]*`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := &masksFailing{recoveringFake: rf, pipe: engine.NewSyncPipeline(rf)}
+	m, c := start(t, eng, Config{Overlap: true})
+	c.add(&InferenceRequest{ID: 1, InputIDs: []int32{1, 2}, MaxNewTokens: 100, PadID: -1, Streaming: true, Guide: g},
+		&InferenceRequest{ID: 2, InputIDs: []int32{3}, MaxNewTokens: 100, PadID: -1, Streaming: true, Guide: g})
+	eventually(t, "both requests stream", func() bool { return len(c.responses(1)) > 3 && len(c.responses(2)) > 3 })
+	eng.fail.Store(true)
+	c.wait(t, 2)
+	for _, id := range []uint64{1, 2} {
+		rs := c.responses(id)
+		if last := rs[len(rs)-1]; !last.final || !errors.Is(last.err, ErrEngine) || !strings.Contains(last.err.Error(), "masks upload failed") {
+			t.Fatalf("request %d: last response %+v, want a final ErrEngine naming the failed upload", id, last)
+		}
+	}
+	rf.mu.Lock()
+	causes := len(rf.causes)
+	rf.mu.Unlock()
+	if causes != 1 {
+		t.Errorf("Recover was called %d times, want once", causes)
+	}
+	c.add(&InferenceRequest{ID: 3, InputIDs: []int32{1, 2, 3}, MaxNewTokens: 5, PadID: -1, Guide: g})
+	c.wait(t, 1)
+	if got, err := c.tokensOf(t, 3); err != nil || len(got) != 8 {
+		t.Fatalf("after the failure: %v, %v; want the prompt and 5 tokens", got, err)
+	}
+	poolWhole(t, m)
 }

@@ -112,6 +112,10 @@ type Manager struct {
 	// beamJobs is scoreBeams' scratch; guideJobs guideMasks'.
 	beamJobs  []beamJob
 	guideJobs []guideJob
+	// masks are the shared guided decoding masks (guideMasks), read-only once made;
+	// maskGuides the constraints they are of.
+	masks      map[maskKey][]uint64
+	maskGuides []*guide.Guide
 	// now is when the current iteration started.
 	now time.Time
 	// batch is the engine batch, reused each iteration.
@@ -119,8 +123,13 @@ type Manager struct {
 	// it counts this iteration's work for the stats.
 	it iterCounts
 
-	// pipe launches and waits for iterations under Config.Overlap; nil without it.
+	// pipe launches and waits for iterations under Config.Overlap; nil without it. late is
+	// pipe when it takes guided masks after a launch (guided requests then run ahead too).
 	pipe engine.Pipeliner
+	late engine.LateMasker
+	// lateSeqs and lateRefs are lateMasks' scratch.
+	lateSeqs []engine.Sequence
+	lateRefs []seqRef
 	// launched counts the iterations launched on pipe and not waited for.
 	launched int
 	// ahead is the iteration launched ahead of its outputs' predecessor (Config.Overlap),
@@ -339,6 +348,7 @@ func newManager(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*
 		} else {
 			m.pipe = engine.NewSyncPipeline(eng)
 		}
+		m.late, _ = m.pipe.(engine.LateMasker)
 		m.placeholder = []int32{0}
 	}
 	m.last = m.snapshot(time.Now())

@@ -30,6 +30,8 @@ type aheadStep struct {
 	batch engine.Batch
 	// refs name each row's request and branch.
 	refs []seqRef
+	// late says some rows' masks are to be supplied (engine.LateMasker).
+	late bool
 }
 
 // stepPiped runs the scheduled batch through the pipe: it is launched, then its
@@ -82,15 +84,17 @@ func (m *Manager) keepSpare(a *aheadStep) {
 	clear(a.batch.Seqs)
 	a.batch.Seqs = a.batch.Seqs[:0]
 	a.batch.BlockCopies = a.batch.BlockCopies[:0]
+	a.late = false
 	m.spare = a
 }
 
 // runsAhead says whether r may have rows launched ahead: the engine samples it, and
 // nothing it samples with reads the token the row is fed (penalties and bad words of
 // several tokens read the history, top-p decay the last token; beams and sampled
-// groups are chosen among on the host).
-func (r *request) runsAhead() bool {
-	if r.hostSampled() || r.beams || r.width > 1 || r.req.TopPDecay > 0 || r.req.Guide != nil {
+// groups are chosen among on the host), or only what its masks come with after the
+// launch (a constraint, with lateMasks: engine.LateMasker).
+func (r *request) runsAhead(lateMasks bool) bool {
+	if r.hostSampled() || r.beams || r.width > 1 || r.req.TopPDecay > 0 || r.req.Guide != nil && !lateMasks {
 		return false
 	}
 	p := &r.sampling
@@ -125,7 +129,7 @@ func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 		// launched ahead, whose rows ask for none.
 		return nil
 	}
-	if len(m.waiting) > 0 && !joinsAhead(m.waiting[0]) {
+	if len(m.waiting) > 0 && !m.joinsAhead(m.waiting[0]) {
 		// The scheduler admits it, in turn.
 		return nil
 	}
@@ -143,10 +147,10 @@ func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 	for i := range base {
 		s, r := &base[i], refs[i].r
 		switch {
-		case r.req.Guide != nil:
-			// Its next mask needs its next token (guided decoding runs unpipelined).
+		case r.req.Guide != nil && m.late == nil:
+			// Its next mask needs its next token, and the engine takes masks only at launch.
 			return nil
-		case s.Sample && !r.runsAhead():
+		case s.Sample && !r.runsAhead(m.late != nil):
 			return nil
 		case s.Draft > 0 || s.Sample && m.speculates(r) && m.perSequenceDraft(len(base), 1) > 0:
 			// Its tokens are not known before its outputs are read, or it may carry
@@ -227,7 +231,9 @@ func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 			NumGenerated: s.NumGenerated + 1,
 			ReturnLogits: s.ReturnLogits,
 			Feed:         i + 1,
+			LateMask:     r.req.Guide != nil,
 		})
+		a.late = a.late || r.req.Guide != nil
 		a.refs = append(a.refs, ref)
 	}
 	if len(m.waiting) > 0 {
@@ -288,6 +294,9 @@ func (m *Manager) planChunk(a *aheadStep, s *engine.Sequence, ref seqRef, budget
 	} else {
 		row.Sample, row.ReturnLogits = last, r.wantsRows()
 	}
+	if row.Sample && r.req.Guide != nil {
+		row.LateMask, a.late = true, true
+	}
 	a.batch.Seqs = append(a.batch.Seqs, row)
 	a.refs = append(a.refs, ref)
 	return true
@@ -295,10 +304,11 @@ func (m *Manager) planChunk(a *aheadStep, s *engine.Sequence, ref seqRef, budget
 
 // joinsAhead says whether a waiting request may be admitted into a step launched ahead:
 // one sequence, no batched post-processor (which runs over a whole step's logits), no
-// constraint (its masks are made where the scheduler builds a batch).
-// Its prompt's tokens are known, so it needs nothing the step before samples.
-func joinsAhead(r *request) bool {
-	return r.width == 1 && !r.req.BatchedPostProcessing && r.req.Guide == nil
+// constraint unless the engine takes masks late (its first mask is then made with the
+// others of the step, lateMasks). Its prompt's tokens are known, so it needs nothing the
+// step before samples.
+func (m *Manager) joinsAhead(r *request) bool {
+	return r.width == 1 && !r.req.BatchedPostProcessing && (r.req.Guide == nil || m.late != nil)
 }
 
 // admitAhead admits waiting requests into the step ahead a, as the scheduler admits
@@ -321,7 +331,7 @@ func (m *Manager) admitAhead(a *aheadStep) {
 	saved := m.sched
 	m.sched = m.admittedAhead[:0]
 	m.batch.BlockCopies = m.batch.BlockCopies[:0]
-	m.admit(budget, joinsAhead)
+	m.admit(budget, m.joinsAhead)
 	admitted := m.sched
 	defer clear(admitted) // hold no request past the step
 	m.admittedAhead = admitted[:0]
@@ -350,6 +360,9 @@ func (m *Manager) admitAhead(a *aheadStep) {
 		} else {
 			s.Sample, s.ReturnLogits = last, r.wantsRows()
 		}
+		if s.Sample && r.req.Guide != nil {
+			s.LateMask, a.late = true, true
+		}
 		a.batch.Seqs = append(a.batch.Seqs, s)
 		a.refs = append(a.refs, seqRef{r, b})
 	}
@@ -367,6 +380,16 @@ func (m *Manager) stepAhead() {
 	for _, ref := range a.refs {
 		if alive(ref) {
 			m.sched = append(m.sched, ref.r)
+		}
+	}
+	if a.late {
+		// The tokens of the step before are applied: its guided rows' masks now, while
+		// the engine runs its forward pass; the step after it launches behind them.
+		m.lateMasks(a)
+		if err := m.late.SupplyMasks(&a.batch); err != nil {
+			m.keepSpare(a)
+			m.failStep(err)
+			return
 		}
 	}
 	if next := m.planAhead(a.batch.Seqs, a.refs); next != nil {
@@ -412,4 +435,34 @@ func (m *Manager) stepAhead() {
 	}
 	m.keepSpare(a)
 	m.running = compact(m.running, phaseRunning)
+}
+
+// lateMasks makes the masks of a's rows launched without them (engine.Sequence.LateMask),
+// as the scheduler makes a step's: the rows whose branches still run get their
+// constraint's mask after the tokens applied since; the others, computed for nothing,
+// none.
+func (m *Manager) lateMasks(a *aheadStep) {
+	seqs, refs := m.lateSeqs[:0], m.lateRefs[:0]
+	for i, ref := range a.refs {
+		s := &a.batch.Seqs[i]
+		if !s.LateMask {
+			continue
+		}
+		s.Allowed = nil
+		if alive(ref) {
+			seqs = append(seqs, *s)
+			refs = append(refs, ref)
+		}
+	}
+	m.guideMasks(seqs, refs)
+	k := 0
+	for i, ref := range a.refs {
+		if s := &a.batch.Seqs[i]; s.LateMask && alive(ref) {
+			s.Allowed = seqs[k].Allowed
+			k++
+		}
+	}
+	clear(seqs)
+	clear(refs)
+	m.lateSeqs, m.lateRefs = seqs[:0], refs[:0]
 }

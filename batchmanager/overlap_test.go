@@ -21,6 +21,8 @@ type countingPipe struct {
 	fed  atomic.Int64
 	// most is the most tokens of one launch.
 	most atomic.Int64
+	// late counts the rows whose masks came after their launch.
+	late atomic.Int64
 }
 
 func (c *countingPipe) Launch(b *engine.Batch) error {
@@ -38,6 +40,16 @@ func (c *countingPipe) Launch(b *engine.Batch) error {
 }
 
 func (c *countingPipe) Wait() ([]engine.Output, error) { return c.pipe.Wait() }
+
+// SupplyMasks counts the rows given their masks after their launch.
+func (c *countingPipe) SupplyMasks(b *engine.Batch) error {
+	for _, s := range b.Seqs {
+		if s.LateMask && s.Allowed != nil {
+			c.late.Add(1)
+		}
+	}
+	return c.pipe.SupplyMasks(b)
+}
 
 func newCountingPipe(eng engine.Engine) *countingPipe {
 	return &countingPipe{Engine: eng, pipe: engine.NewSyncPipeline(eng)}

@@ -211,7 +211,7 @@ func (m *Manager) fillBatch() {
 			}
 			s.ContextLogits = b == &r.branch && r.ctxLogits != nil && start < r.promptLen && !r.ctxSent
 			s.Feed = 0
-			s.Allowed = nil // guideMasks sets it
+			s.Allowed, s.LateMask = nil, false // guideMasks sets Allowed
 			s.Draft, s.DraftProbs = draft, nil
 			if draft > 0 {
 				s.DraftProbs = r.spec.probs

@@ -93,6 +93,11 @@ int32_t gollm_wait(gollm_engine* e, gollm_step_out* out, gollm_status* status) {
   return guarded(status, [&] { wait_step(e, out); });
 }
 
+int32_t gollm_supply_allowed(gollm_engine* e, const int32_t* offsets, int32_t num_seqs,
+                             const uint32_t* allowed, int64_t num_allowed, gollm_status* status) {
+  return guarded(status, [&] { supply_allowed(e, offsets, num_seqs, allowed, num_allowed); });
+}
+
 int32_t gollm_engine_reset(gollm_engine* e, gollm_status* status) {
   return guarded(status, [&] { reset_engine(e); });
 }

@@ -387,12 +387,12 @@ struct DevSeq {
   float min_p;          // min-p cut; 0: none
 };
 
-// greedy_fast says whether a sequence's token is a plain argmax of its raw logits: greedy,
-// no bias, penalties or masks (guided decoding's included), no logits returned. Those rows take sample_greedy_kernel.
+// greedy_fast says whether a sequence's token is a plain argmax of its raw logits, or of
+// those guided decoding's bitmask allows: greedy, no bias, penalties or token masks, no
+// logits returned. Those rows take sample_greedy_kernel.
 __host__ __device__ __forceinline__ bool greedy_fast(const DevSeq& sq) {
   return (sq.flags & GOLLM_SEQ_SAMPLE) && (sq.temperature == 0.f || sq.top_k == 1) &&
-         sq.bias_off < 0 && sq.pen_cnt == 0 && sq.mask_cnt == 0 && sq.ret_row < 0 &&
-         sq.allow_off < 0;
+         sq.bias_off < 0 && sq.pen_cnt == 0 && sq.mask_cnt == 0 && sq.ret_row < 0;
 }
 
 // CtxTile is up to ctx_queries(head_dim) consecutive new tokens of one sequence.

@@ -563,10 +563,13 @@ void lm_head(Flow<T>& f, const Stage& s, bool capture) {
           CUDA_CHECK(cudaMemcpyAsync(hlog + cp.dst, logits + (int64_t)cp.row * V,
                                      (size_t)cp.rows * V * 4, cudaMemcpyDeviceToHost, f.st.st));
     }
-    sample(logits, padded, f.I32(f.L.samp_seq) + ch.samp_first, f.I32(f.L.samp_row) + ch.samp_first,
-           f.seqs, f.words, f.words, reinterpret_cast<const float*>(f.din), retlog,
-           e->dtok.as<int32_t>(), e->dlp.as<float>(), ch.samp_count, V, e->greedy_part.as<float>(),
-           e->greedy_tickets.as<int>(), pl.all_greedy, e->sms, f.st, e->invariant);
+    // A late step samples when its masks come (sample_late), from the logits left here.
+    if (pl.late) e->late_padded = padded != nullptr;
+    if (!pl.late)
+      sample(logits, padded, f.I32(f.L.samp_seq) + ch.samp_first, f.I32(f.L.samp_row) + ch.samp_first,
+             f.seqs, f.words, f.words, reinterpret_cast<const float*>(f.din), retlog,
+             e->dtok.as<int32_t>(), e->dlp.as<float>(), ch.samp_count, V, e->greedy_part.as<float>(),
+             e->greedy_tickets.as<int>(), pl.all_greedy, e->sms, f.st, e->invariant);
     if (!capture) {
       for (const CopyOut& cp : pl.copies)
         if (cp.chunk == (int)ci && cp.from_ret)
@@ -710,6 +713,21 @@ void feed_tokens(gollm_engine* e, const Layout& L, size_t pairs_off, int n) {
   launch("feed_tokens_kernel", feed_tokens_kernel, (n + 127) / 128, 128, 0, Stream(e->stream, false),
          reinterpret_cast<int32_t*>(din + L.row_tok), e->dtok.as<const int32_t>(),
          reinterpret_cast<const int32_t*>(din + pairs_off), n, e->vocab);
+}
+
+void sample_late(gollm_engine* e, const Launched& l) {
+  // One GPU, one chunk, no logits returned (launch checks): the LM head's rows are in
+  // e->logits, or padded in e->logits_pad (l.padded), the inputs at the launch's offsets
+  // of din.
+  const char* din = e->din.as<char>();
+  const int32_t* words = reinterpret_cast<const int32_t*>(din);
+  sample(e->logits.as<float>(), l.padded ? e->logits_pad.as<float>() : nullptr,
+         reinterpret_cast<const int32_t*>(din + l.samp_seq),
+         reinterpret_cast<const int32_t*>(din + l.samp_row),
+         reinterpret_cast<const DevSeq*>(din + l.seqs_off), words, words,
+         reinterpret_cast<const float*>(din), e->retlog.as<float>(), e->dtok.as<int32_t>(),
+         e->dlp.as<float>(), l.samp_count, e->vocab, e->greedy_part.as<float>(),
+         e->greedy_tickets.as<int>(), l.all_greedy, e->sms, Stream(e->stream, false));
 }
 
 void setup_kernels(gollm_engine* e) {

@@ -45,7 +45,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 13
+#define GOLLM_ABI_VERSION 14
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -420,6 +420,12 @@ typedef struct gollm_step_in {
                                     sequence of the step launched just before, still not
                                     waited for, whose sampled token is this sequence's one
                                     new token (its entry in tokens is then a placeholder) */
+  /* ABI 14: guided decoding's masks after the launch. Nonzero (gollm_launch only): the
+     forward pass is enqueued now and the sampling when gollm_supply_allowed gives the
+     masks; allowed is then not read (may be NULL), num_allowed is the most words that call
+     may give, and every allowed_offset must be -1. Needs one GPU, no logits returned, no
+     context logits. */
+  int32_t late_allowed;
 } gollm_step_in;
 
 /* gollm_step_out receives a step's results in host memory the caller owns. */
@@ -489,6 +495,17 @@ GOLLM_API int32_t gollm_step(gollm_engine* e, const gollm_step_in* in, gollm_ste
 GOLLM_API int32_t gollm_launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len,
                                gollm_status* status);
 GOLLM_API int32_t gollm_wait(gollm_engine* e, gollm_step_out* out, gollm_status* status);
+
+/* gollm_supply_allowed (ABI 14) gives the latest launch, made with late_allowed, its guided
+ * decoding masks and enqueues its sampling: offsets[num_seqs] is each sequence's
+ * allowed_offset (as gollm_seq's: -1, or its (vocab+31)/32 words in allowed), allowed
+ * holds num_allowed words, at most the launch's num_allowed; rows may share words. It must
+ * come before the next gollm_launch and before the gollm_wait for that launch; the wait for
+ * the launch before it may come first. The host computes the masks from that launch's
+ * tokens while the GPU runs this one's forward pass. */
+GOLLM_API int32_t gollm_supply_allowed(gollm_engine* e, const int32_t* offsets, int32_t num_seqs,
+                                       const uint32_t* allowed, int64_t num_allowed,
+                                       gollm_status* status);
 
 /* gollm_engine_reset readies an engine after a gollm_step that failed: it waits for the
  * failed step's work, clears a pending error, ends a capture left open and zeroes the

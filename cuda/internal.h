@@ -249,6 +249,7 @@ struct Plan {
   int max_len = 0;             // longest sequence after the step
   bool decode_only = false;    // every sequence: one token, sampled, no logits returned
   bool all_greedy = false;     // every sequence sampled by sample_greedy_kernel alone
+  bool late = false;           // the sampling waits for gollm_supply_allowed (not enqueued)
 };
 
 }  // namespace gollm
@@ -267,6 +268,15 @@ struct Launched {
   const int32_t* htok = nullptr;
   const float* hlp = nullptr;
   const float* hlog = nullptr;
+  // A launch with late_allowed until gollm_supply_allowed: what its sampling needs.
+  bool late = false;
+  size_t seqs_off = 0;   // its descriptors in the input buffers
+  size_t late_off = 0;   // the masks' words in the input buffers
+  int64_t late_cap = 0;  // the most words they may take
+  size_t samp_seq = 0, samp_row = 0;  // the sampling list in the input buffers
+  int samp_count = 0;
+  bool all_greedy = false;
+  bool padded = false;  // the logits are the LM head's padded rows (late_padded)
 };
 
 }  // namespace gollm
@@ -322,7 +332,12 @@ struct gollm_engine {
   gollm::HostMem alt_hin, alt_htok, alt_hlp, alt_hlog;
   gollm::Launched launched[2];    // launched steps not waited for, oldest at launched_head
   int launched_head = 0, launched_count = 0;
-  std::map<int, cudaGraphExec_t> graph_execs;  // decode graphs by batch bucket (×2, +1: all greedy)
+  std::map<int, cudaGraphExec_t> graph_execs;  // decode graphs by batch bucket (×2, +1: all greedy; ×2, +1: late_allowed)
+  // late_padded says the last late step's LM head left its rows padded (lm_head's
+  // keep_padded) for the sampling gollm_supply_allowed enqueues; late_padded_keys the
+  // same for each late decode graph, captured or replayed.
+  bool late_padded = false;
+  std::map<int, bool> late_padded_keys;
   // Prompt graphs (steps on the many-rows path, replayed where their padded counts
   // recur): on unless gollm_tuning turns them off; a key is captured the second time it is
   // seen (prompt_seen, cleared when it grows past its bound), at most kPromptGraphs are
@@ -393,6 +408,9 @@ int warmup_gemms(gollm_engine* e);
 // feed_tokens writes the fed rows' tokens (n (row, previous sequence) pairs at pairs_off
 // of the device inputs) from the previous step's sampled tokens.
 void feed_tokens(gollm_engine* e, const Layout& L, size_t pairs_off, int n);
+// sample_late enqueues the sampling of launch l (late_allowed) over the logits its forward
+// pass left, its inputs uploaded.
+void sample_late(gollm_engine* e, const Launched& l);
 void setup_kernels(gollm_engine* e);
 // residual_norm is the residual add and RMSNorm a step without the custom all-reduce runs
 // after NCCL's (residual_layernorm), for gollm_allreduce_bench.
@@ -408,6 +426,9 @@ void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out, bool in
 void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool inject = false);
 void wait_step(gollm_engine* e, gollm_step_out* out);
 void drop_launched(gollm_engine* e);
+// supply_allowed completes a launch with late_allowed (gollm_supply_allowed).
+void supply_allowed(gollm_engine* e, const int32_t* offsets, int32_t num_seqs,
+                    const uint32_t* allowed, int64_t num_allowed);
 void warmup(gollm_engine* e, gollm_engine_info& inf);
 
 // comm.cu: a step's collectives on the engine's stream (each holds the communicators'

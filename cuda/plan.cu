@@ -26,7 +26,7 @@ void build_plan(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, Pl
   need(in->num_penalties == 0 || (in->penalty_tokens && in->penalty_counts), "penalty arrays");
   need(in->num_masks == 0 || in->mask_tokens, "mask_tokens");
   need(in->num_bias == 0 || in->bias, "bias");
-  need(in->num_allowed == 0 || in->allowed, "allowed");
+  need(in->num_allowed == 0 || in->allowed || in->late_allowed, "allowed");
 
   pl = Plan{};
   pl.s = in->num_seqs;
@@ -76,6 +76,9 @@ void build_plan(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, Pl
         int32_t t = in->mask_tokens[q.mask_offset + k];
         if (t < 0 || t >= V) invalid("sequence %d: masked token %d outside the vocabulary", s, t);
       }
+      if (in->late_allowed && q.allowed_offset != -1)
+        invalid("sequence %d: allowed_offset %d in a launch whose masks come later (late_allowed)",
+                s, q.allowed_offset);
       if (q.allowed_offset < -1 ||
           q.allowed_offset >= 0 && (int64_t)q.allowed_offset + (V + 31) / 32 > in->num_allowed)
         invalid("sequence %d: allowed tokens [%d, +%d words) outside the %lld words", s,
@@ -303,6 +306,8 @@ void fill_var(gollm_engine* e, const gollm_step_in* in, Plan& pl, Layout& L) {
   // The padding block's id, for the padding sequences of a graph bucket.
   const int64_t pad_word = base + (int64_t)W.size();
   W.push_back(e->num_blocks);
+  // allow_at: each distinct allowed_offset's words in W (absolute word index).
+  std::vector<std::pair<int32_t, int32_t>> allow_at;
   for (int s = 0; s < (int)pl.seqs.size(); s++) {
     DevSeq& d = pl.seqs[s];
     int keep_ret = s < pl.s ? d.ret_row : -1;
@@ -340,11 +345,18 @@ void fill_var(gollm_engine* e, const gollm_step_in* in, Plan& pl, Layout& L) {
       W.insert(W.end(), in->mask_tokens + q.mask_offset, in->mask_tokens + q.mask_offset + q.mask_count);
       d.min_p = q.min_p;
       if (q.allowed_offset >= 0) {
-        d.allow_off = (int32_t)(base + (int64_t)W.size());
-        const int words = (V + 31) / 32;
-        size_t at = W.size();
-        W.resize(at + words);
-        std::memcpy(W.data() + at, in->allowed + q.allowed_offset, (size_t)words * 4);
+        // Rows given the same words (one constraint state's mask) share one copy.
+        d.allow_off = -1;
+        for (const auto& a : allow_at)
+          if (a.first == q.allowed_offset) d.allow_off = a.second;
+        if (d.allow_off < 0) {
+          d.allow_off = (int32_t)(base + (int64_t)W.size());
+          allow_at.emplace_back(q.allowed_offset, d.allow_off);
+          const int words = (V + 31) / 32;
+          size_t at = W.size();
+          W.resize(at + words);
+          std::memcpy(W.data() + at, in->allowed + q.allowed_offset, (size_t)words * 4);
+        }
       }
     }
     if ((q.flags & (GOLLM_SEQ_SAMPLE | GOLLM_SEQ_RETURN_LOGITS)) && q.bias_offset >= 0) {

@@ -228,14 +228,16 @@ __device__ __forceinline__ void greedy_merge(float& bv, int& bi, float& sum) {
 // first maximum of its slice of the row and the sum of exp(w - its max); the last block of
 // a row to finish (an atomic ticket, reset by it) merges the slices into the token and its
 // log-probability, -log Σ exp(w - max) (last_block_of). Rows that are not greedy_fast exit
-// at once, the whole block.
+// at once, the whole block. A row with guided decoding's bitmask (allow_off) counts only
+// the tokens it allows, as sample_kernel would after masking the rest.
 //   logits: rows of V fp32 at a stride of ld floats (the LM head's padded rows, or V).
+//   words: the step's input words (bit i%32 of words[allow_off + i/32] allows token i).
 //   part: [entries][splits][3] fp32 scratch; tickets: [entries] int, zero between.
 __global__ void __launch_bounds__(kGreedyThreads) sample_greedy_kernel(
     const float* __restrict__ logits, const int32_t* __restrict__ samp_seq,
     const int32_t* __restrict__ samp_row, const DevSeq* __restrict__ seqs,
-    float* __restrict__ part, int* __restrict__ tickets, int32_t* __restrict__ out_tok,
-    float* __restrict__ out_lp, int V, int64_t ld) {
+    const uint32_t* __restrict__ words, float* __restrict__ part, int* __restrict__ tickets,
+    int32_t* __restrict__ out_tok, float* __restrict__ out_lp, int V, int64_t ld) {
   __shared__ float fred[32];
   __shared__ int ired[32];
   __shared__ float sred[32];
@@ -245,6 +247,7 @@ __global__ void __launch_bounds__(kGreedyThreads) sample_greedy_kernel(
   const int s = samp_seq[e];
   if (s < 0 || !greedy_fast(seqs[s])) return;
   const float* w = logits + (int64_t)samp_row[e] * ld;
+  const uint32_t* allow = seqs[s].allow_off >= 0 ? words + seqs[s].allow_off : nullptr;
   griddep_wait();
   const int per = (V + splits - 1) / splits;
   const int lo = g * per, hi = min(V, lo + per);
@@ -259,6 +262,13 @@ __global__ void __launch_bounds__(kGreedyThreads) sample_greedy_kernel(
       const int i = i0 + u * blockDim.x;
       x[u] = w[min(i, hi - 1)];  // clamped: every load issued, none behind a branch
       if (i >= hi) x[u] = -INFINITY;
+    }
+    if (allow) {
+#pragma unroll
+      for (int u = 0; u < kGreedyUnroll; u++) {
+        const int i = min(i0 + u * blockDim.x, hi - 1);
+        if (!((allow[i >> 5] >> (i & 31)) & 1u)) x[u] = -INFINITY;
+      }
     }
 #pragma unroll
     for (int u = 0; u < kGreedyUnroll; u++) {
@@ -463,7 +473,7 @@ inline void sample(float* logits, const float* padded, const int32_t* samp_seq,
   const int splits = greedy_splits(invariant ? 1 : count, sms);
   launch("sample_greedy_kernel", sample_greedy_kernel, dim3(count, splits),
          kGreedyThreads, 0, stream, padded ? padded : logits, samp_seq, samp_row, seqs,
-         greedy_part, greedy_tickets, out_tok, out_lp, V,
+         reinterpret_cast<const uint32_t*>(masks), greedy_part, greedy_tickets, out_tok, out_lp, V,
          padded ? (int64_t)lm_head_ld(V) : (int64_t)V);
   if (all_greedy) return;  // sample_kernel would exit at once for every row
   launch("sample_kernel", sample_kernel, count, kSampleThreads, 0, stream, logits, samp_seq,

@@ -148,25 +148,44 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
   DeviceGuard dg(e->device);
   if (e->comm) tp_check(e);
   if (inject && e->fail.early) inject_step_fault(e);  // before any of the step's work
+  if (e->launched_count > 0 && e->launched[(e->launched_head + e->launched_count - 1) % 2].late)
+    invalid("gollm_launch: the launch before waits for its masks (gollm_supply_allowed)");
+  const bool late = in->late_allowed != 0;
+  if (late && (e->tp_size > 1 || in->num_allowed > INT32_MAX))
+    invalid("gollm_launch: late_allowed needs one GPU and at most 2^31 words");
   const int nfeed = check_feed(e, in);
   // This step's staging must not be the one a launched step still copies through.
   if (e->launched_count == 1 && e->launched[e->launched_head].hin == e->hin.p) swap_staging(e);
   copy_blocks(e, in);
   Plan& pl = e->plan;
   build_plan(e, in, logits_len, pl);
+  pl.late = late;
   const int bucket = e->graphs && pl.decode_only ? bucket_for(e, pl.s) : 0;
   const bool use_graph = pl.s > 0 && bucket > 0 && bucket <= e->max_tokens;
   // A step on the many-rows path is padded to its prompt graph's counts whether or not
   // the graph is replayed this time, so that its results do not depend on that.
   PromptPad pp;
   const bool padded = !use_graph && prompt_pad(e, in, pl, pp);
+  if (late && pl.s == 0) invalid("gollm_launch: late_allowed on an empty step");
+  Launched& l = e->launched[(e->launched_head + e->launched_count) % 2];
+  l.late = false;
   if (pl.s > 0) {
     fill_plan(e, in, use_graph ? bucket : 0, padded ? &pp : nullptr, pl);
+    // The sampling of a late step reads the one chunk's logits its LM head leaves.
+    if (late && (!pl.copies.empty() || pl.chunks.size() != 1))
+      invalid("gollm_launch: late_allowed with logits returned");
     Layout L = layout_fixed(pl);
     fill_var(e, in, pl, L);
     // The fed rows' (row, previous sequence) pairs follow the variable part.
     const size_t pairs_off = align_up(L.total);
     if (nfeed > 0) L.total = pairs_off + (size_t)nfeed * 8;
+    // A late launch's masks come after the rest, uploaded by gollm_supply_allowed.
+    const size_t upload = L.total;
+    const size_t late_off = align_up(L.total);
+    if (late) {
+      L.total = late_off + (size_t)in->num_allowed * 4;
+      if (L.total / 4 > INT32_MAX) invalid("step: inputs exceed 2^31 words");
+    }
     // Steps whose rows are all plain greedy skip the general sampling kernel's launch.
     pl.all_greedy = true;
     for (int s = 0; s < pl.s; s++) pl.all_greedy = pl.all_greedy && greedy_fast(pl.seqs[s]);
@@ -197,26 +216,28 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
       for (int s = 0, row = 0, k = 0; s < pl.s; row += in->seqs[s].token_count, s++)
         if (in->feed[s] >= 0) pairs[2 * k] = row, pairs[2 * k + 1] = in->feed[s], k++;
     }
-    CUDA_CHECK(cudaMemcpyAsync(e->din.p, e->hin.p, L.total, cudaMemcpyHostToDevice, e->stream));
+    CUDA_CHECK(cudaMemcpyAsync(e->din.p, e->hin.p, upload, cudaMemcpyHostToDevice, e->stream));
     // The previous step's sampled tokens are still in dtok: this step samples after this.
     feed_tokens(e, L, pairs_off, nfeed);
     if (use_graph) {
-      const int key = bucket * 2 + (pl.all_greedy ? 1 : 0);
+      const int key = (bucket * 2 + (pl.all_greedy ? 1 : 0)) * 2 + (late ? 1 : 0);
       auto it = e->graph_execs.find(key);
       if (it == e->graph_execs.end()) {
         // Replays see other lengths: size the splits for the longest possible row.
         cudaGraphExec_t g = capture_graph(e, pl, L, attention_splits(e, bucket, e->max_len));
         it = e->graph_execs.emplace(key, g).first;
+        if (late) e->late_padded_keys[key] = e->late_padded;  // set by the capture
         // Instantiating may allocate: as for the buffers above, no rank replays the new
         // graph's collectives before every rank has instantiated its own.
         if (e->tp_size > 1) comm_barrier(e->comm, e->tp_rank);
       }
       cudaGraphExec_t ex = it->second;
+      if (late) e->late_padded = e->late_padded_keys.at(key);
       if (e->comm)
         tp_graph_launch(e, ex);  // its collectives: not after an abort
       else
         CUDA_CHECK(cudaGraphLaunch(ex, e->stream));
-    } else if (padded) {
+    } else if (padded && !late) {
       const int splits = attention_splits(e, pp.decs, e->max_len);
       cudaGraphExec_t ex = prompt_graph(e, PromptKey{pp, pl.all_greedy}, pl, L, splits);
       if (ex)
@@ -228,12 +249,22 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
     }
     // With the forward pass enqueued and running: the injected fault (gollm_faults).
     if (inject && !e->fail.early) inject_step_fault(e);
-    CUDA_CHECK(cudaMemcpyAsync(e->htok.p, e->dtok.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
-    CUDA_CHECK(cudaMemcpyAsync(e->hlp.p, e->dlp.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
+    if (late) {
+      l.late = true;
+      l.seqs_off = L.seqs;
+      l.late_off = late_off, l.late_cap = in->num_allowed;
+      l.samp_seq = L.samp_seq + (size_t)pl.chunks[0].samp_first * 4;
+      l.samp_row = L.samp_row + (size_t)pl.chunks[0].samp_first * 4;
+      l.samp_count = pl.chunks[0].samp_count;
+      l.all_greedy = pl.all_greedy;
+      l.padded = e->late_padded;
+    } else {
+      CUDA_CHECK(cudaMemcpyAsync(e->htok.p, e->dtok.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
+      CUDA_CHECK(cudaMemcpyAsync(e->hlp.p, e->dlp.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
+    }
   }
-  Launched& l = e->launched[(e->launched_head + e->launched_count) % 2];
   if (!l.done) CUDA_CHECK(cudaEventCreateWithFlags(&l.done, cudaEventDisableTiming));
-  CUDA_CHECK(cudaEventRecord(l.done, e->stream));
+  if (!l.late) CUDA_CHECK(cudaEventRecord(l.done, e->stream));
   l.s = pl.s;
   l.sample.resize(pl.s);
   for (int s = 0; s < pl.s; s++) l.sample[s] = (in->seqs[s].flags & GOLLM_SEQ_SAMPLE) != 0;
@@ -251,6 +282,7 @@ void wait_step(gollm_engine* e, gollm_step_out* out) {
   if (e->launched_count == 0) invalid("gollm_wait: no step is launched");
   DeviceGuard dg(e->device);
   Launched& l = e->launched[e->launched_head];
+  if (l.late) invalid("gollm_wait: the step waits for its masks (gollm_supply_allowed)");
   // Whatever happens below, this step is no longer waited for.
   e->launched_head = (e->launched_head + 1) % 2;
   e->launched_count--;
@@ -276,6 +308,47 @@ void wait_step(gollm_engine* e, gollm_step_out* out) {
 void drop_launched(gollm_engine* e) {
   e->launched_head = 0;
   e->launched_count = 0;
+  for (Launched& l : e->launched) l.late = false;
+}
+
+void supply_allowed(gollm_engine* e, const int32_t* offsets, int32_t num_seqs,
+                    const uint32_t* allowed, int64_t num_allowed) {
+  if (!e) invalid("gollm_supply_allowed: engine is NULL");
+  if (e->launched_count == 0) invalid("gollm_supply_allowed: no step is launched");
+  Launched& l = e->launched[(e->launched_head + e->launched_count - 1) % 2];
+  if (!l.late) invalid("gollm_supply_allowed: the latest launch was not made with late_allowed");
+  if (num_seqs != l.s) invalid("gollm_supply_allowed: %d offsets for a step of %d sequences", num_seqs, l.s);
+  if (num_allowed < 0 || num_allowed > l.late_cap)
+    invalid("gollm_supply_allowed: %lld words; the launch has room for %lld", (long long)num_allowed,
+            (long long)l.late_cap);
+  if (num_seqs > 0 && !offsets) invalid("gollm_supply_allowed: offsets is NULL");
+  if (num_allowed > 0 && !allowed) invalid("gollm_supply_allowed: allowed is NULL");
+  const int words = (e->vocab + 31) / 32;
+  for (int s = 0; s < num_seqs; s++)
+    if (offsets[s] < -1 || offsets[s] >= 0 && (int64_t)offsets[s] + words > num_allowed)
+      invalid("gollm_supply_allowed: sequence %d: allowed tokens [%d, +%d words) outside the %lld words",
+              s, offsets[s], words, (long long)num_allowed);
+  DeviceGuard dg(e->device);
+  // The launch's own staging still holds its descriptors: only the masks' offsets change,
+  // which nothing before the sampling reads.
+  char* h = static_cast<char*>(const_cast<void*>(l.hin));
+  DevSeq* d = reinterpret_cast<DevSeq*>(h + l.seqs_off);
+  const int32_t base = (int32_t)(l.late_off / 4);
+  for (int s = 0; s < num_seqs; s++) d[s].allow_off = offsets[s] < 0 ? -1 : base + offsets[s];
+  if (num_allowed > 0) std::memcpy(h + l.late_off, allowed, (size_t)num_allowed * 4);
+  char* din = e->din.as<char>();
+  CUDA_CHECK(cudaMemcpyAsync(din + l.seqs_off, h + l.seqs_off, (size_t)num_seqs * sizeof(DevSeq),
+                             cudaMemcpyHostToDevice, e->stream));
+  if (num_allowed > 0)
+    CUDA_CHECK(cudaMemcpyAsync(din + l.late_off, h + l.late_off, (size_t)num_allowed * 4,
+                               cudaMemcpyHostToDevice, e->stream));
+  sample_late(e, l);
+  CUDA_CHECK(cudaMemcpyAsync(const_cast<int32_t*>(l.htok), e->dtok.p, (size_t)l.s * 4,
+                             cudaMemcpyDeviceToHost, e->stream));
+  CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(l.hlp), e->dlp.p, (size_t)l.s * 4,
+                             cudaMemcpyDeviceToHost, e->stream));
+  CUDA_CHECK(cudaEventRecord(l.done, e->stream));
+  l.late = false;
 }
 
 void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out, bool inject) {
@@ -285,6 +358,7 @@ void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out, bool in
   if (e->launched_count > 0)
     invalid("gollm_step: %d launched steps are not waited for", e->launched_count);
   if (in->feed) invalid("gollm_step: fed sequences need gollm_launch");
+  if (in->late_allowed) invalid("gollm_step: late_allowed needs gollm_launch");
   // A rank past 0 of a tensor-parallel engine returns no logits but checks the step
   // against the same length as rank 0.
   launch(e, in, out->logits || e->tp_rank > 0 ? out->logits_len : 0, inject);

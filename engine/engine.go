@@ -42,6 +42,18 @@ type Pipeliner interface {
 	Wait() ([]Output, error)
 }
 
+// LateMasker is implemented by a Pipeliner whose launch may leave guided decoding's masks
+// (Sequence.Allowed) of its rows marked Sequence.LateMask to a later call, so that the
+// host makes them from the tokens of the launch before while the engine already runs
+// this one's forward pass; only the sampling waits for them. After Launch(b) with such
+// rows, SupplyMasks(b) must come, with those rows' Allowed set (nil: unconstrained), before
+// the next Launch and before the Wait that returns b's outputs; a Wait for the launch
+// before b may come between. b must not change between the two calls but for Allowed. An
+// error fails b's iteration as Launch's would.
+type LateMasker interface {
+	SupplyMasks(b *Batch) error
+}
+
 // Recoverer is implemented by an engine that can check and restore itself after a Step
 // failed (a CUDA error). Recover returns nil when the engine is fit to run steps again —
 // whatever the failed step left half done, such as counters of split reductions, is
@@ -145,6 +157,8 @@ type Sequence struct {
 	// applied after the other masks; a mask of one token is that token, chosen without a
 	// draw.
 	Allowed []uint64
+	// LateMask says that Allowed comes after the launch, by LateMasker.SupplyMasks.
+	LateMask bool
 	// Feed, when positive, makes the one new token the token sampled for sequence
 	// Feed-1 of the batch launched just before (Pipeliner); Tokens[0] is then only a
 	// placeholder in the vocabulary, and History lacks that token. Step refuses it.

@@ -25,6 +25,10 @@ type SyncPipeline struct {
 	batch  Batch
 	toks   []int32
 	failed []fedFailure
+	// late is a launch whose masks are to come (LateMasker): it runs at SupplyMasks.
+	late *Batch
+	// latePred is run's pred for late.
+	latePred bool
 }
 
 // syncResult is one launched iteration's outcome.
@@ -36,14 +40,39 @@ type syncResult struct {
 // NewSyncPipeline wraps eng.
 func NewSyncPipeline(eng Engine) *SyncPipeline { return &SyncPipeline{eng: eng} }
 
-// Launch runs b now (Pipeliner).
+// Launch runs b now (Pipeliner), or at SupplyMasks when a row's masks come late.
 func (p *SyncPipeline) Launch(b *Batch) error {
-	if len(p.queue) >= 2 {
+	if len(p.queue) >= 2 || len(p.queue) == 1 && p.late != nil {
 		return errors.New("engine: Launch with two iterations waiting")
 	}
+	if p.late != nil {
+		return errors.New("engine: Launch before the masks of the launch before it (SupplyMasks)")
+	}
+	pred := len(p.queue) > 0 && p.lastOK
+	if slices.ContainsFunc(b.Seqs, func(s Sequence) bool { return s.LateMask }) {
+		// Its predecessor may be waited for before the masks come; its outputs stay in
+		// p.last for the feeds.
+		p.late, p.latePred = b, pred
+		return nil
+	}
+	return p.run(b, pred)
+}
+
+// SupplyMasks runs the launch that waited for its masks (LateMasker).
+func (p *SyncPipeline) SupplyMasks(b *Batch) error {
+	if p.late == nil || p.late != b {
+		return errors.New("engine: SupplyMasks for a batch that is not the latest launch with late masks")
+	}
+	p.late = nil
+	return p.run(b, p.latePred)
+}
+
+// run runs b as Launch does; pred says a launch before it that succeeded waited when b
+// was launched.
+func (p *SyncPipeline) run(b *Batch, pred bool) error {
 	run := b
 	if slices.ContainsFunc(b.Seqs, func(s Sequence) bool { return s.Feed != 0 }) {
-		if len(p.queue) == 0 || !p.lastOK {
+		if !pred {
 			p.push(nil, errors.New("engine: a fed sequence without a waiting predecessor that succeeded"))
 			return nil
 		}
@@ -102,9 +131,17 @@ func (p *SyncPipeline) push(outs []Output, err error) {
 	p.last, p.lastOK = outs, err == nil
 }
 
+// The synchronous pipeline takes masks late.
+var _ LateMasker = (*SyncPipeline)(nil)
+
 // Wait returns the oldest launched iteration's outputs (Pipeliner).
 func (p *SyncPipeline) Wait() ([]Output, error) {
 	if len(p.queue) == 0 {
+		if p.late != nil {
+			// Dropped (the caller drains after a failure).
+			p.late = nil
+			return nil, errors.New("engine: Wait for a launch whose masks never came")
+		}
 		return nil, errors.New("engine: Wait with no iteration launched")
 	}
 	r := p.queue[0]

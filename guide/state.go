@@ -287,6 +287,42 @@ func (s State) Mask(dst []uint64, budget int) (int, error) {
 	return n, nil
 }
 
+// MaskKey says whether s's mask under budget (Mask) is its automaton state's token table
+// alone — no first-token rule, one stack, whose top's tokens either return nowhere (the
+// grammar's root, or no token leaves the rule) and a budget that binds none of them —
+// and if so returns a key for it: two states of one guide with equal keys have equal
+// masks and Accepting, whatever their budgets. Masks so named can be made once and
+// shared, read-only, by every sequence in such a state.
+func (s State) MaskKey(budget int) (uint64, bool, error) {
+	if s.first || len(s.tops) != 1 {
+		return 0, false, nil
+	}
+	p := s.g.p
+	f := s.tops[0]
+	if !p.hasBytes[f.state] {
+		return 0, false, nil
+	}
+	t, err := s.g.table(f.state)
+	if err != nil {
+		return 0, false, err
+	}
+	upRest := int64(0)
+	if f.up != nil {
+		upRest = int64(f.up.rest)
+		if len(t.unc) > 0 {
+			return 0, false, nil
+		}
+	}
+	if budget >= 0 && int64(t.maxDelta) > int64(budget)-1-upRest {
+		return 0, false, nil
+	}
+	key := uint64(uint32(f.state)) << 1
+	if s.accept {
+		key |= 1
+	}
+	return key, true, nil
+}
+
 // Rest is the fewest bytes that complete the text from s.
 func (s State) Rest() int {
 	best := inf

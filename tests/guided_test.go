@@ -18,8 +18,15 @@ import (
 // the first token's space): JSON-schema answers on the ids path validate against the
 // schema (jsonschema), regex, grammar and any-JSON answers on the text path match, beams
 // follow the constraint, and bad constraints are refused naming the input while the
-// server goes on serving. The backend's log must show no failed step.
+// server goes on serving. The backend's log must show no failed step. It runs without and
+// with the overlap scheduler (guided steps launched ahead, their masks made late).
 func TestGuidedDecoding(t *testing.T) {
+	for _, overlap := range []string{"false", "true"} {
+		t.Run("overlap_scheduler="+overlap, func(t *testing.T) { guidedDecoding(t, overlap) })
+	}
+}
+
+func guidedDecoding(t *testing.T, overlap string) {
 	root, err := harness.Root()
 	if err != nil {
 		t.Fatal(err)
@@ -35,8 +42,8 @@ func TestGuidedDecoding(t *testing.T) {
 		t.Fatalf("the llama demo checkpoint is missing (`make demo` writes it): %v", err)
 	}
 	s := harness.Start(t, harness.Options{Models: []harness.Model{
-		{Name: "austen", Checkpoint: "model_repository/austen/1", Parameters: map[string]string{"max_beam_width": "2"}},
-		{Name: "llama", Checkpoint: llamaDemo},
+		{Name: "austen", Checkpoint: "model_repository/austen/1", Parameters: map[string]string{"max_beam_width": "2", "overlap_scheduler": overlap}},
+		{Name: "llama", Checkpoint: llamaDemo, Parameters: map[string]string{"overlap_scheduler": overlap}},
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

@@ -17,10 +17,11 @@
 // Triton). guided_… is serve_… with every request under a guided decoding constraint
 // (-guide-regex, over the checkpoint's tokenizer.json; its default allows any text, so
 // that every request still generates O tokens and the figure sets the masks' cost — the
-// host's per step and the GPU's upload and masking — beside serve_'s: run the two in one
-// call without -overlap, which guided requests do not use). -overlap runs the static workloads with each decode step launched before the
+// host's per step and the GPU's upload and masking — beside serve_'s, with or without
+// -overlap). -overlap runs the static workloads with each decode step launched before the
 // previous one is read, fed on the GPU (engine.Pipeliner), and the batch manager's
-// workloads with its overlap schedule. -tp N splits the model over GPUs 0..N-1 (tensor
+// workloads with its overlap schedule (guided steps launched without their masks, which
+// come while the forward pass runs: engine.LateMasker). -tp N splits the model over GPUs 0..N-1 (tensor
 // parallelism, NCCL); its figures carry "tp" and an impl ending in -tpN. -random-gb N
 // gives the model of -ckpt's config.json random weights in memory (at most N GB; no
 // weight files read), for full-size shapes whose files would not fit the disk.

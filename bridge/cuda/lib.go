@@ -42,6 +42,8 @@ type lib struct {
 	abiVersion, deviceCount, weightsCreate, weightsRelease unsafe.Pointer
 	engineCreate, step, launch, wait, engineDestroy        unsafe.Pointer
 	engineReset, deviceInfo, weightsBytes                  unsafe.Pointer
+	// supplyAllowed is ABI 12's gollm_supply_allowed.
+	supplyAllowed unsafe.Pointer
 	// ncclDescribe … commRelease are ABI 7's tensor-parallel calls.
 	ncclDescribe, commCreateAll, commAbort, commRelease unsafe.Pointer
 	// allreduceBench is ABI 12's measure of the all-reduce alone.
@@ -134,6 +136,7 @@ func (l *lib) resolve() error {
 		{"gollm_step", &l.step},
 		{"gollm_launch", &l.launch},
 		{"gollm_wait", &l.wait},
+		{"gollm_supply_allowed", &l.supplyAllowed},
 		{"gollm_engine_destroy", &l.engineDestroy},
 		{"gollm_engine_reset", &l.engineReset},
 		{"gollm_device_describe", &l.deviceInfo},

@@ -26,6 +26,19 @@ type launchRec struct {
 	// outs and err are the outcome of a launch that completed on the host.
 	outs []engine.Output
 	err  error
+	// late says the launch waits for its masks (engine.LateMasker): in the library when
+	// async (its forward pass enqueued), else on the host, which runs it all at
+	// SupplyMasks with hostRun's arguments.
+	late    bool
+	hostRun *hostRun
+}
+
+// hostRun is a launch on the host whose masks come late: launchOnHost's arguments.
+type hostRun struct {
+	b     *engine.Batch
+	parts [][]piece
+	fed   bool
+	prev  *launchRec
 }
 
 // Launch starts one iteration without waiting for it (engine.Pipeliner). A batch that
@@ -44,6 +57,9 @@ func (e *Engine) Launch(b *engine.Batch) error {
 	if len(e.queue) >= 2 {
 		return errors.New("cuda: Launch with two iterations launched and not waited for")
 	}
+	if len(e.queue) > 0 && e.queue[len(e.queue)-1].late {
+		return errors.New("cuda: Launch before the masks of the launch before it (SupplyMasks)")
+	}
 	if _, err := e.check.CheckLaunch(b); err != nil {
 		return err
 	}
@@ -57,7 +73,21 @@ func (e *Engine) Launch(b *engine.Batch) error {
 	}
 	parts := splitBatch(b, e.opts.MaxTokens, e.opts.MaxSeqs)
 	drafted := slices.ContainsFunc(b.Seqs, func(s engine.Sequence) bool { return s.Draft > 0 })
-	if len(parts) != 1 || fed && !prev.async || drafted {
+	late := slices.ContainsFunc(b.Seqs, func(s engine.Sequence) bool { return s.LateMask })
+	// The library takes masks late for a step whose rows return no logits (one GPU: a
+	// tensor-parallel engine steps its ranks, under engine.SyncPipeline).
+	lateLib := e.rank == 0 && !slices.ContainsFunc(b.Seqs, func(s engine.Sequence) bool {
+		return s.ReturnLogits || s.ContextLogits || s.ReturnHidden
+	})
+	if len(parts) != 1 || fed && !prev.async || drafted || late && !lateLib {
+		if late {
+			// Everything before it is waited for now; it runs when its masks come.
+			for _, r := range e.queue {
+				e.finish(r)
+			}
+			e.queue = append(e.queue, &launchRec{late: true, hostRun: &hostRun{b, parts, fed, prev}})
+			return nil
+		}
 		return e.launchOnHost(b, parts, fed, prev)
 	}
 	// One call, enqueued: its arrays in the prep no waiting call uses.
@@ -86,12 +116,102 @@ func (e *Engine) Launch(b *engine.Batch) error {
 	var pin runtime.Pinner
 	defer pin.Unpin()
 	in := p.stepIn(&pin)
+	if late {
+		// The masks' room: a mask a row, every mask distinct at worst.
+		in.late_allowed = 1
+		in.allowed, in.num_allowed = nil, C.int64_t(p.lateRows(b)*((e.info.VocabSize+31)/32))
+	}
 	var st C.gollm_status
 	if err := statusErr("gollm_launch", C.call_launch(e.lib.launch, e.ptr, in, C.int64_t(p.logitsLen), &st), &st); err != nil {
 		return err
 	}
-	e.queue = append(e.queue, &launchRec{async: true, prep: p, n: len(b.Seqs)})
+	e.queue = append(e.queue, &launchRec{async: true, prep: p, n: len(b.Seqs), late: late})
 	return nil
+}
+
+// SupplyMasks gives the latest launch, made with rows whose masks come late, its rows'
+// Allowed (engine.LateMasker): the library uploads them and enqueues the sampling behind
+// the forward pass already running; a launch on the host runs now.
+func (e *Engine) SupplyMasks(b *engine.Batch) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return errors.New("cuda: SupplyMasks on a closed engine")
+	}
+	if len(e.queue) == 0 || !e.queue[len(e.queue)-1].late {
+		return errors.New("cuda: SupplyMasks with no launch waiting for its masks")
+	}
+	r := e.queue[len(e.queue)-1]
+	words := engine.MaskWords(e.info.VocabSize)
+	for i := range b.Seqs {
+		if a := b.Seqs[i].Allowed; a != nil && len(a) != words {
+			return fmt.Errorf("cuda: sequence %d: Allowed has %d words, a vocabulary of %d needs %d", b.Seqs[i].ID, len(a), e.info.VocabSize, words)
+		}
+	}
+	r.late = false
+	if h := r.hostRun; h != nil {
+		r.hostRun = nil
+		r.outs, r.err = e.runOnHost(h.b, h.parts, h.fed, h.prev)
+		return nil
+	}
+	if len(b.Seqs) != r.n {
+		return fmt.Errorf("cuda: SupplyMasks for %d sequences, %d launched", len(b.Seqs), r.n)
+	}
+	return e.supply(r, b)
+}
+
+// supply hands the library the masks of r's late launch (b's rows'; none with b nil).
+func (e *Engine) supply(r *launchRec, b *engine.Batch) error {
+	p := r.prep
+	offs := p.supplyOffsets(b, r.n, (e.info.VocabSize+31)/32)
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	var offPtr *C.int32_t
+	var allowPtr *C.uint32_t
+	if len(offs) > 0 {
+		pin.Pin(&offs[0])
+		offPtr = (*C.int32_t)(unsafe.Pointer(&offs[0]))
+	}
+	if len(p.allowed) > 0 {
+		pin.Pin(&p.allowed[0])
+		allowPtr = (*C.uint32_t)(unsafe.Pointer(&p.allowed[0]))
+	}
+	var st C.gollm_status
+	return statusErr("gollm_supply_allowed", C.call_supply_allowed(e.lib.supplyAllowed, e.ptr, offPtr,
+		C.int32_t(len(offs)), allowPtr, C.int64_t(len(p.allowed)), &st), &st)
+}
+
+// lateRows counts the rows of b that may get a mask at SupplyMasks; build left every
+// row's allowed_offset at -1 and p.allowed empty, as a late launch must have them.
+func (p *stepPrep) lateRows(b *engine.Batch) int {
+	n := 0
+	for i := range p.seqs {
+		p.seqs[i].allowed_offset = -1
+		if s := &b.Seqs[i]; s.Sample && (s.LateMask || s.Allowed != nil) {
+			n++
+		}
+	}
+	p.allowed = p.allowed[:0]
+	return n
+}
+
+// supplyOffsets lays out b's masks for gollm_supply_allowed in p.allowed (each distinct
+// one once) and returns each row's offset there, -1 for none.
+func (p *stepPrep) supplyOffsets(b *engine.Batch, n, words int) []int32 {
+	p.allowed = p.allowed[:0]
+	clear(p.shared)
+	p.shared = p.shared[:0]
+	p.offs = p.offs[:0]
+	for i := range n {
+		off := int32(-1)
+		if b != nil {
+			if s := &b.Seqs[i]; s.Sample && s.Allowed != nil {
+				off = int32(p.allow(s.Allowed, words))
+			}
+		}
+		p.offs = append(p.offs, off)
+	}
+	return p.offs
 }
 
 // launchOnHost runs a launch that cannot wait in the library — several calls, fed from a
@@ -102,11 +222,18 @@ func (e *Engine) launchOnHost(b *engine.Batch, parts [][]piece, fed bool, prev *
 	for _, r := range e.queue {
 		e.finish(r)
 	}
+	outs, err := e.runOnHost(b, parts, fed, prev)
+	e.queue = append(e.queue, &launchRec{outs: outs, err: err})
+	return nil
+}
+
+// runOnHost runs b now, its fed tokens taken from prev's outputs (every launch before it
+// waited for).
+func (e *Engine) runOnHost(b *engine.Batch, parts [][]piece, fed bool, prev *launchRec) ([]engine.Output, error) {
 	run := b
 	if fed {
 		if prev.err != nil {
-			e.queue = append(e.queue, &launchRec{err: fmt.Errorf("cuda: the iteration this one is fed from failed: %w", prev.err)})
-			return nil
+			return nil, fmt.Errorf("cuda: the iteration this one is fed from failed: %w", prev.err)
 		}
 		c := &engine.Batch{Seqs: slices.Clone(b.Seqs), BlockCopies: b.BlockCopies}
 		for i := range c.Seqs {
@@ -115,7 +242,7 @@ func (e *Engine) launchOnHost(b *engine.Batch, parts [][]piece, fed bool, prev *
 				continue
 			}
 			if s.Feed > len(prev.outs) || prev.outs[s.Feed-1].Token < 0 {
-				return fmt.Errorf("cuda: sequence %d: Feed = %d names no sampled sequence of the %d launched before", s.ID, s.Feed, len(prev.outs))
+				return nil, fmt.Errorf("cuda: sequence %d: Feed = %d names no sampled sequence of the %d launched before", s.ID, s.Feed, len(prev.outs))
 			}
 			t := prev.outs[s.Feed-1].Token
 			s.Tokens = []int32{t}
@@ -124,9 +251,7 @@ func (e *Engine) launchOnHost(b *engine.Batch, parts [][]piece, fed bool, prev *
 		}
 		run = c
 	}
-	outs, err := e.stepParts(run, parts)
-	e.queue = append(e.queue, &launchRec{outs: outs, err: err})
-	return nil
+	return e.stepParts(run, parts)
 }
 
 // finish waits in the library for a launch that is waiting there, keeping its outcome.
@@ -151,6 +276,8 @@ func (e *Engine) finish(r *launchRec) {
 }
 
 // Wait returns the oldest launched iteration's outputs (engine.Pipeliner).
+// A launch still waiting for its masks is dropped with an error (the caller drains the
+// pipe after a failure).
 func (e *Engine) Wait() ([]engine.Output, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -162,6 +289,19 @@ func (e *Engine) Wait() ([]engine.Output, error) {
 	}
 	r := e.queue[0]
 	e.queue = append(e.queue[:0], e.queue[1:]...)
+	if r.late {
+		// Its masks never came (the caller drains after a failure): the library's launch is
+		// completed without them, so that the library waits for nothing, and dropped; the
+		// host's never ran.
+		r.late, r.hostRun = false, nil
+		if r.async {
+			if err := e.supply(r, nil); err == nil {
+				e.finish(r)
+			}
+			r.async = false
+		}
+		return nil, errors.New("cuda: Wait for a launch whose masks never came (SupplyMasks)")
+	}
 	e.finish(r)
 	return r.outs, r.err
 }
@@ -240,5 +380,8 @@ func (p *stepPrep) collectLaunched(logits []float32, outs []engine.Output, V int
 	}
 }
 
-// The GPU engine overlaps on its own.
-var _ engine.Pipeliner = (*Engine)(nil)
+// The GPU engine overlaps on its own, guided rows included.
+var (
+	_ engine.Pipeliner  = (*Engine)(nil)
+	_ engine.LateMasker = (*Engine)(nil)
+)

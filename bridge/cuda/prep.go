@@ -8,6 +8,7 @@ import "C"
 import (
 	"fmt"
 	"slices"
+	"unsafe"
 
 	"gollm/engine"
 )
@@ -64,6 +65,11 @@ type stepPrep struct {
 	bias []float32
 	// allowed holds guided decoding's bitmasks, 32-bit words.
 	allowed []uint32
+	// shared are the masks of allowed by their Go slices, so that rows given the same
+	// mask (the batch manager's shared masks of one constraint state) upload it once.
+	shared []sharedMask
+	// offs are a late launch's rows' mask offsets (SupplyMasks).
+	offs []int32
 	// logitsLen is the number of floats of returned logits.
 	logitsLen int
 	// outTok and outLP receive the sampled tokens and log-probabilities.
@@ -90,6 +96,8 @@ func (p *stepPrep) build(b *engine.Batch, part []piece, info engine.Info) {
 	p.tokens, p.blocks = p.tokens[:0], p.blocks[:0]
 	p.penTok, p.penCnt, p.masks, p.bias = p.penTok[:0], p.penCnt[:0], p.masks[:0], p.bias[:0]
 	p.allowed = p.allowed[:0]
+	clear(p.shared)
+	p.shared = p.shared[:0]
 	p.logitsLen = 0
 	for _, pc := range part {
 		sq := &b.Seqs[pc.seq]
@@ -147,11 +155,7 @@ func (p *stepPrep) build(b *engine.Batch, part []piece, info engine.Info) {
 			d.mask_count = C.int32_t(len(p.masks) - int(d.mask_offset))
 			d.min_p = C.float(sp.MinP)
 			if sq.Allowed != nil {
-				// The library's words are 32 bits: each 64-bit word's low half first.
-				d.allowed_offset = C.int32_t(len(p.allowed))
-				for i := range (V + 31) / 32 {
-					p.allowed = append(p.allowed, uint32(sq.Allowed[i/2]>>(32*(i%2))))
-				}
+				d.allowed_offset = C.int32_t(p.allow(sq.Allowed, (V+31)/32))
 			}
 		}
 		p.seqs = append(p.seqs, d)
@@ -191,6 +195,31 @@ func (p *stepPrep) collect(b *engine.Batch, part []piece, logits []float32, outs
 			o.Err = maskedErr(o, sq.ID)
 		}
 	}
+}
+
+// sharedMask is a mask placed in stepPrep.allowed.
+type sharedMask struct {
+	// first is the mask's first word (its identity).
+	first *uint64
+	// off is its offset in allowed.
+	off int
+}
+
+// allow places mask (engine.Sequence.Allowed) in p.allowed as words 32-bit words and
+// returns their offset: once per distinct mask of the call. The 64-bit words go over as
+// they lie in memory, which on the little-endian hosts Go and CUDA share is the 32-bit
+// words' order, low half first.
+func (p *stepPrep) allow(mask []uint64, words int) int {
+	first := &mask[0]
+	for _, m := range p.shared {
+		if m.first == first {
+			return m.off
+		}
+	}
+	off := len(p.allowed)
+	p.allowed = append(p.allowed, unsafe.Slice((*uint32)(unsafe.Pointer(first)), 2*len(mask))[:words]...)
+	p.shared = append(p.shared, sharedMask{first, off})
+	return off
 }
 
 // maskedErr turns a sampled token of -2 (every token masked, gollm_step_out.tokens)

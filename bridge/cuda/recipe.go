@@ -92,7 +92,7 @@ func cbool(v bool) C.int32_t {
 }
 
 // abiLayout reports the size of each ABI struct this package fills and the offset of
-// each field, by the names gollm.h gives them, for the test that pins them to ABI 13.
+// each field, by the names gollm.h gives them, for the test that pins them to ABI 14.
 func abiLayout() map[string]uintptr {
 	var st C.gollm_stage
 	var f C.gollm_faults
@@ -102,6 +102,7 @@ func abiLayout() map[string]uintptr {
 	var mc C.gollm_model_config
 	var ap C.gollm_allreduce_params
 	var ar C.gollm_allreduce_result
+	var in C.gollm_step_in
 	var ts C.gollm_tensor
 	var wt C.gollm_weight
 	return map[string]uintptr{
@@ -109,7 +110,9 @@ func abiLayout() map[string]uintptr {
 		"gollm_tensor.scale": unsafe.Offsetof(ts.scale), "gollm_tensor.block_rows": unsafe.Offsetof(ts.block_rows),
 		"gollm_tensor.block_cols": unsafe.Offsetof(ts.block_cols), "gollm_weight": unsafe.Sizeof(wt),
 		"gollm_weight.part": unsafe.Offsetof(wt.part),
-		"gollm_stage":       unsafe.Sizeof(st), "gollm_stage.kind": unsafe.Offsetof(st.kind),
+		"gollm_step_in":     unsafe.Sizeof(in), "gollm_step_in.num_allowed": unsafe.Offsetof(in.num_allowed),
+		"gollm_step_in.feed": unsafe.Offsetof(in.feed), "gollm_step_in.late_allowed": unsafe.Offsetof(in.late_allowed),
+		"gollm_stage": unsafe.Sizeof(st), "gollm_stage.kind": unsafe.Offsetof(st.kind),
 		"gollm_stage.layer": unsafe.Offsetof(st.layer), "gollm_stage.weight": unsafe.Offsetof(st.weight),
 		"gollm_stage.norm": unsafe.Offsetof(st.norm), "gollm_stage.eps": unsafe.Offsetof(st.eps),
 		"gollm_stage.rope_dim": unsafe.Offsetof(st.rope_dim), "gollm_stage.rope_freqs": unsafe.Offsetof(st.rope_freqs),

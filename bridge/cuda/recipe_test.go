@@ -114,12 +114,12 @@ func TestRecipeOfCarriesEveryStage(t *testing.T) {
 	}
 }
 
-// TestABILayoutIsVersion13 pins the structs this package fills to gollm.h's ABI 13 — sizes
+// TestABILayoutIsVersion14 pins the structs this package fills to gollm.h's ABI 14 — sizes
 // and field offsets as x86-64 and arm64 C compilers lay them out —, so that a field added,
 // moved or resized without bumping GOLLM_ABI_VERSION fails here rather than in a library
 // built from another header.
-func TestABILayoutIsVersion13(t *testing.T) {
-	if v := headerABI(); v != 13 {
+func TestABILayoutIsVersion14(t *testing.T) {
+	if v := headerABI(); v != 14 {
 		t.Fatalf("gollm.h has ABI %d: update this test's layout with the version", v)
 	}
 	want := map[string]uintptr{
@@ -147,11 +147,12 @@ func TestABILayoutIsVersion13(t *testing.T) {
 		"gollm_weights_params.weights": 112, "gollm_weights_params.faults": 120,
 		"gollm_engine_params": 120, "gollm_engine_params.tuning": 36, "gollm_engine_params.faults": 72,
 		"gollm_engine_params.mem_budget": 96, "gollm_engine_params.comm": 104, "gollm_engine_params.tp_vocab": 116,
+		"gollm_step_in": 152, "gollm_step_in.num_allowed": 120, "gollm_step_in.feed": 136, "gollm_step_in.late_allowed": 144,
 	}
 	got := abiLayout()
 	for k, w := range want {
 		if g, ok := got[k]; !ok || g != w {
-			t.Errorf("%s: %d, ABI 13 has %d", k, g, w)
+			t.Errorf("%s: %d, ABI 14 has %d", k, g, w)
 		}
 	}
 	if len(got) != len(want) {

@@ -52,6 +52,12 @@ int32_t call_wait(void* f, gollm_engine* e, gollm_step_out* out, gollm_status* s
   return ((int32_t(*)(gollm_engine*, gollm_step_out*, gollm_status*))f)(e, out, st);
 }
 
+int32_t call_supply_allowed(void* f, gollm_engine* e, const int32_t* offsets, int32_t num_seqs,
+                            const uint32_t* allowed, int64_t num_allowed, gollm_status* st) {
+  return ((int32_t(*)(gollm_engine*, const int32_t*, int32_t, const uint32_t*, int64_t,
+                      gollm_status*))f)(e, offsets, num_seqs, allowed, num_allowed, st);
+}
+
 void call_engine_destroy(void* f, gollm_engine* e) { ((void (*)(gollm_engine*))f)(e); }
 int32_t call_engine_reset(void* f, gollm_engine* e, gollm_status* st) {
   return ((int32_t(*)(gollm_engine*, gollm_status*))f)(e, st);

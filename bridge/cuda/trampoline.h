@@ -24,6 +24,8 @@ int32_t call_step(void* f, gollm_engine* e, const gollm_step_in* in, gollm_step_
 int32_t call_launch(void* f, gollm_engine* e, const gollm_step_in* in, int64_t logits_len,
                     gollm_status* st);
 int32_t call_wait(void* f, gollm_engine* e, gollm_step_out* out, gollm_status* st);
+int32_t call_supply_allowed(void* f, gollm_engine* e, const int32_t* offsets, int32_t num_seqs,
+                            const uint32_t* allowed, int64_t num_allowed, gollm_status* st);
 void call_engine_destroy(void* f, gollm_engine* e);
 int32_t call_engine_reset(void* f, gollm_engine* e, gollm_status* st);
 int32_t call_device_info(void* f, int32_t device, gollm_device_info* out, gollm_status* st);
