@@ -60,6 +60,9 @@ type modelConfig struct {
 	// Quantization is quantization: "fp8" quantizes a float checkpoint's projections to
 	// FP8 at load (model.QuantizeFP8); empty serves the weights as stored.
 	Quantization string
+	// BatchInvariant is batch_invariant: GPU engines give a sequence's logits bitwise
+	// independent of what runs beside it, at a cost to speed.
+	BatchInvariant bool
 	// ResponseSenders is response_senders: the goroutines per instance that send
 	// responses to Triton (each request's in order).
 	ResponseSenders int
@@ -238,6 +241,10 @@ var params = []paramSpec{
 			return fmt.Errorf("%q: want fp8 or none", v)
 		}
 		return nil
+	}},
+	{"batch_invariant", func(c *modelConfig, v string) (err error) {
+		c.BatchInvariant, err = parseBool(v)
+		return err
 	}},
 	{"tensor_parallel_size", func(c *modelConfig, v string) (err error) {
 		c.TensorParallelSize, err = intAtLeast(v, 1)

@@ -75,6 +75,7 @@ func TestParseModelConfigValues(t *testing.T) {
 		"shutdown_grace_secs":            "2.5",
 		"data_type":                      "BF16",
 		"quantization":                   " FP8",
+		"batch_invariant":                "True",
 		"max_queue_delay_microseconds":   "100",
 		"max_attention_window_size":      "${max_attention_window_size}", // unknown and unfilled
 	}), "/repo/gpt2", 3)
@@ -98,6 +99,7 @@ func TestParseModelConfigValues(t *testing.T) {
 		{"shutdown_grace_secs", c.ShutdownGrace, 2500 * time.Millisecond},
 		{"data_type", c.DataType, "bfloat16"},
 		{"quantization", c.Quantization, "fp8"},
+		{"batch_invariant", c.BatchInvariant, true},
 		{"max_batch_size", c.MaxBatchSize, 8},
 		{"decoupled", c.Decoupled, false},
 	}
@@ -190,6 +192,8 @@ func TestParseModelConfigErrors(t *testing.T) {
 			`parameter "data_type": "fp8": want fp16 or bf16 (float16, bfloat16): the activations' type; FP8 weights come from an FP8 checkpoint or quantization fp8`},
 		{"an unknown quantization is refused", 8, map[string]string{"quantization": "awq"},
 			`parameter "quantization": "awq": want fp8 or none`},
+		{"a batch_invariant that is not a boolean is refused", 8, map[string]string{"batch_invariant": "always"},
+			`parameter "batch_invariant": "always"`},
 		{"max_batch_size 0 is refused", 0, nil, `max_batch_size is 0: it must be at least 1`},
 	}
 	for _, tt := range tests {

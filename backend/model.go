@@ -209,6 +209,7 @@ func (ms *modelState) engineSettings(log *zap.Logger) engines.Settings {
 	return engines.Settings{
 		DataType:          ms.cfg.DataType,
 		Quantization:      ms.cfg.Quantization,
+		BatchInvariant:    ms.cfg.BatchInvariant,
 		TokensPerBlock:    ms.cfg.TokensPerBlock,
 		KVTokens:          ms.cfg.MaxTokensInPagedKVCache,
 		KVFreeFraction:    ms.cfg.KVCacheFreeGPUMemFraction,

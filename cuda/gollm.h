@@ -284,7 +284,8 @@ enum gollm_tuning_off {
                                          follow the step's row count (the streaming and staged
                                          gemv, the fused MLP, cuBLAS; decode attention's splits
                                          by batch), and a row's results depend within rounding
-                                         on the rows beside it */
+                                         on the rows beside it. bridge/cuda sets it unless
+                                         the model asks for invariance (batch_invariant) */
 };
 
 /* gollm_tuning chooses among kernel paths that give the same results within rounding, to

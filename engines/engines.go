@@ -51,6 +51,9 @@ type Settings struct {
 	// Quantization "fp8" quantizes the projections of a float checkpoint to FP8 at load
 	// (model.QuantizeFP8); empty serves the weights as stored.
 	Quantization string
+	// BatchInvariant asks the GPU engine for a sequence's logits bitwise independent of
+	// the rest of its step (batch_invariant; the CPU engine always gives them).
+	BatchInvariant bool
 	// TokensPerBlock sets the KV block size in positions.
 	TokensPerBlock int
 	// KVTokens is the KV pool's size in tokens (rounded up to whole blocks); 0 sizes it:
@@ -342,7 +345,8 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 		m.gpu[gpuKey{device: device, dtype: dtype, tp: 1, quant: s.Quantization}] = w
 	}
 	opts := cuda.Options{Device: device, DType: dtype, TokensPerBlock: s.TokensPerBlock,
-		KVFreeFraction: s.KVFreeFraction, MaxSeqs: s.MaxSeqs, MaxSeqLen: s.MaxSeqLen, Logger: s.Logger}
+		KVFreeFraction: s.KVFreeFraction, MaxSeqs: s.MaxSeqs, MaxSeqLen: s.MaxSeqLen,
+		BatchInvariant: s.BatchInvariant, Logger: s.Logger}
 	switch {
 	case s.KVTokens > 0:
 		opts.NumBlocks = (s.KVTokens + s.TokensPerBlock - 1) / s.TokensPerBlock
@@ -421,7 +425,7 @@ func (m *Model) newGPUTP(device int, dtype string, s Settings) (engine.Engine, e
 		shares[r] = w
 	}
 	opts := cuda.Options{DType: dtype, TokensPerBlock: s.TokensPerBlock, KVFreeFraction: s.KVFreeFraction,
-		MaxSeqs: s.MaxSeqs, MaxSeqLen: s.MaxSeqLen, Logger: s.Logger}
+		MaxSeqs: s.MaxSeqs, MaxSeqLen: s.MaxSeqLen, BatchInvariant: s.BatchInvariant, Logger: s.Logger}
 	switch {
 	case s.KVTokens > 0:
 		opts.NumBlocks = (s.KVTokens + s.TokensPerBlock - 1) / s.TokensPerBlock

@@ -65,6 +65,9 @@ import (
 // overlap is -overlap.
 var overlap bool
 
+// batchInvariant is -batch-invariant.
+var batchInvariant bool
+
 // guideRegex is -guide-regex.
 var guideRegex string
 
@@ -127,6 +130,7 @@ func main() {
 	flag.BoolVar(&overlap, "overlap", false, "launch each step before reading the previous one (the overlap schedule)")
 	tp := flag.Int("tp", 1, "tensor_parallel_size: split the model over GPUs 0..tp-1")
 	randomGB := flag.Float64("random-gb", 0, "> 0: random weights for -ckpt's config.json, at most this many GB")
+	flag.BoolVar(&batchInvariant, "batch-invariant", false, "batch invariance on (batch_invariant)")
 	flag.StringVar(&guideRegex, "guide-regex", `[^\x00]*`, "the guided workloads' constraint (a regular expression)")
 	flag.IntVar(&maxBatch, "max-batch", 1024, "load workloads: the batch manager's max_batch_size (the engine's MaxSeqs)")
 	flag.IntVar(&maxNumTokens, "max-num-tokens", 8192, "load workloads: the most tokens a step (chunked prompts fill what decode leaves)")
@@ -179,7 +183,7 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 	// shares with its siblings.
 	opts := cuda.Options{DType: dtype, Quantization: quantization, Library: lib, TokensPerBlock: T,
 		NumBlocks: 2 * perSeq * maxSeqs, MaxTokens: max(maxTok, 8192), MaxSeqs: max(maxSeqs, 64),
-		DisableCUDAGraphs: !graphs, SkipWarmup: !warmup, Tuning: cuda.TuningFromEnv()}
+		DisableCUDAGraphs: !graphs, SkipWarmup: !warmup, BatchInvariant: batchInvariant, Tuning: cuda.TuningFromEnv()}
 	if len(loads) > 0 {
 		// As a server sizes it: what the weights and scratch leave. The batch manager
 		// admits what fits.

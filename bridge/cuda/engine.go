@@ -61,6 +61,11 @@ type Options struct {
 	// once, every decode graph captured; well under a second). Served engines warm up:
 	// otherwise the first step of each new token count or batch bucket pays milliseconds.
 	SkipWarmup bool
+	// BatchInvariant makes a sequence's logits bitwise independent of the rest of its
+	// step (cuda/README.md's guarantee): every projection then takes the tiled kernel at
+	// every row count, which costs decode speed, so it is the model's choice
+	// (batch_invariant), off by default.
+	BatchInvariant bool
 	// Tuning turns kernel paths off, for A/B tests; the zero value keeps every path the
 	// GPU has.
 	Tuning Tuning
@@ -94,7 +99,8 @@ type Tuning struct {
 	NoPromptGraphs bool
 	// NoCtxMMA runs context attention on the WMMA kernel instead of the mma.sync one.
 	NoCtxMMA bool
-	// NoInvariant turns batch invariance off (cuda/README.md): projections then take the
+	// NoInvariant turns batch invariance off where Options.BatchInvariant asks for it
+	// (cuda/README.md): projections then take the
 	// kernel that suits the step's row count (the streaming and staged gemv, the fused
 	// MLP, cuBLAS) and decode attention splits by the batch, so that a sequence's results
 	// depend, within rounding, on what runs beside it. NoTiled turns it off too.
@@ -124,6 +130,13 @@ type Tuning struct {
 	// that a step's time without them says what they cost in place; the results are
 	// wrong. Only a library built with GOLLM_MEASURE takes it.
 	Skip int
+}
+
+// tuning is opts.Tuning with invariance off unless the engine asks for it.
+func (opts Options) tuning() Tuning {
+	t := opts.Tuning
+	t.NoInvariant = t.NoInvariant || !opts.BatchInvariant
+	return t
 }
 
 // TuningFromEnv reads the measuring switches, so that benchmarks and the GPU checks can
@@ -531,7 +544,7 @@ func newEngine(w *Weights, opts Options, comm *C.gollm_comm) (*Engine, error) {
 		kv_free_fraction: C.float(opts.KVFreeFraction), max_tokens: C.int32_t(opts.MaxTokens),
 		max_seqs: C.int32_t(opts.MaxSeqs), max_logit_rows: C.int32_t(opts.MaxLogitRows),
 		max_seq_len: C.int32_t(opts.MaxSeqLen), mem_budget: C.int64_t(opts.MemBudget),
-		tuning: opts.Tuning.c(),
+		tuning: opts.tuning().c(),
 	}
 	if comm != nil {
 		p.comm, p.tp_rank, p.tp_vocab = comm, C.int32_t(w.tpRank), C.int32_t(w.cfg.VocabSize)

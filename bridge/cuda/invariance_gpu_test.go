@@ -170,7 +170,7 @@ func testInvariance(t *testing.T, m invariantModel, dtype string) {
 		t.Skipf("%s not built", path)
 	}
 	e, err := New(ckpt, Options{DType: dtype, NumBlocks: (most + 2) * per, TokensPerBlock: perBlock,
-		MaxTokens: 4096, MaxSeqs: most + 1, MaxSeqLen: maxLen, Library: path})
+		MaxTokens: 4096, MaxSeqs: most + 1, MaxSeqLen: maxLen, BatchInvariant: true, Library: path})
 	if err != nil {
 		t.Skipf("no GPU engine here: %v", err)
 	}

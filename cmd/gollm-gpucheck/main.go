@@ -46,6 +46,8 @@ type options struct {
 	logitPrompts int
 	// sampling runs the CPU-vs-GPU sampling comparison.
 	sampling bool
+	// invariant is -batch-invariant.
+	invariant bool
 	// lib is libgollm_cuda.so's path ("" searches).
 	lib string
 }
@@ -59,6 +61,7 @@ func main() {
 	flag.IntVar(&o.steps, "steps", 32, "decode steps per prompt")
 	flag.IntVar(&o.logitPrompts, "logit-prompts", 8, "prompts whose logits are written")
 	flag.BoolVar(&o.sampling, "sampling", false, "compare sampling with the CPU engine")
+	flag.BoolVar(&o.invariant, "batch-invariant", false, "batch invariance on (the engine's BatchInvariant)")
 	flag.StringVar(&o.lib, "lib", "", "path of libgollm_cuda.so")
 	flag.Parse()
 	if err := run(o); err != nil {
@@ -136,7 +139,7 @@ func run(o options) error {
 	numBlocks := perSeq*len(pf.Prompts) + 64
 	t0 := time.Now()
 	eng, err := cuda.New(ckpt, cuda.Options{DType: o.dtype, TokensPerBlock: T, NumBlocks: numBlocks, Library: o.lib,
-		Tuning: cuda.TuningFromEnv()})
+		BatchInvariant: o.invariant, Tuning: cuda.TuningFromEnv()})
 	if err != nil {
 		return err
 	}

@@ -8,12 +8,14 @@
 #    start, middle and end of batches of 2, 7 and 64, and chunked against whole prefill,
 #    bitwise, fp16 and bf16, on GPT-2, LLaMA (GQA), Qwen3 and Mixtral fixtures and widened
 #    random-weight shapes (OUT/gotest.log);
-# 3. check.py on CHECK_ONLY (default: GPT-2 124M, the TinyLlama shape, Mixtral), fp16 and
-#    bf16: every batch row bitwise its single run, 64/64 tokens
+# 3. check.py --batch-invariant on CHECK_ONLY (default: GPT-2 124M, the TinyLlama shape,
+#    Mixtral), fp16 and bf16: every batch row bitwise its single run, 64/64 tokens
 #    (OUT/check.json);
-# 4. gpubench on the Llama-2-7B shape, base and new alternating (ROUNDS, default 2; VARIANTS,
-#    space-separated VAR=VALUE settings such as GOLLM_CUDA_TILE_BLOCKS=3, add runs of the new
-#    library with them, variant new+VAR=VALUE, each round): decode
+# 4. gpubench on the Llama-2-7B shape, base and new (invariance off, the default)
+#    alternating — the throughput limits hold new to the base —, and the new library with
+#    each of VARIANTS (default -batch-invariant: its cost; a gpubench flag, variant
+#    new-FLAG, or a VAR=VALUE setting such as GOLLM_CUDA_TILE_BLOCKS=3, variant new+VAR=VALUE),
+#    ROUNDS rounds (default 2): decode
 #    b1 i128 o128 (ms/token) and b64 i128 o128 (tokens/s); rows in OUT/invariant-ab.jsonl
 #    (BENCH.md's fields; copy them to bench/results/), then new/base of the medians.
 # Prints PASS or FAIL per check; exits non-zero if any failed.
@@ -73,7 +75,7 @@ if [ -f "$new" ]; then
     -test.run 'GPUBatchInvariance' -test.v -test.count=1 > "$out/gotest.log" 2>&1) &
   gotest=$!
   python3 "$root/tests/gpu/check.py" --bin "$b/bin/new/gollm-gpucheck" --lib "$new" \
-    --work /tmp/gollm-invariant-check --json "$out/check.json" \
+    --work /tmp/gollm-invariant-check --json "$out/check.json" --batch-invariant \
     --only "${CHECK_ONLY:-gpt2-124M,tinyllama-1.1B,mixtral-2L-8x2}" \
     ${CHECK_DTYPES:+--dtypes "$CHECK_DTYPES"} > "$out/check.log" 2>&1
   crc=$?
@@ -95,10 +97,10 @@ t0=$SECONDS
 for round in $(seq "${ROUNDS:-2}"); do
   order="base new"
   [ $((round % 2)) = 0 ] && order="new base"
-  for v in $order ${VARIANTS:-}; do
-    lib=$v envs=()
-    case $v in *=*) lib=new envs=("$v") v=new+$v ;; esac
-    env "${envs[@]}" timeout "${STAGE_S:-90}" "$b/bin/$lib/gpubench" -ckpt "$w/llama2-7B" -model llama2-7B \
+  for v in $order ${VARIANTS--batch-invariant}; do
+    lib=$v envs=() flags=()
+    case $v in *=*) lib=new envs=("$v") v=new+$v ;; -*) lib=new flags=("$v") v=new$v ;; esac
+    env "${envs[@]}" timeout "${STAGE_S:-90}" "$b/bin/$lib/gpubench" "${flags[@]}" -ckpt "$w/llama2-7B" -model llama2-7B \
       -lib "$b/lib/libgollm_cuda_$lib.so" -workloads decode_b1_i128_o128,tput_b64_i128_o128 -reps 3 \
       2>> "$out/gpubench.err" | tag_rows date "$(date -u +%F)" machine "$machine" variant "$v" round "$round" \
       commit "$(grep "^$lib " "$b/commit" | cut -d' ' -f2)" >> "$out/invariant-ab.jsonl" ||
