@@ -18,7 +18,7 @@
 # libtriton_gollm.so, gpubench, gollm-openai, abload, GPT-2's tokenizer.json and optionally
 # cudatest (tests/gpu/guided_carry.sh packs them); the CUDA library is
 # $GOLLM_CUDA_LIB, else BINDIR's. The openai and jsonschema wheels (Python 3.12) come
-# from the checkout's .whl/. Rows (BENCH.md's format, COMMIT and MACHINE from the
+# from the checkout's .whl/ (or $WHL_DIR). Rows (BENCH.md's format, COMMIT and MACHINE from the
 # environment) go to OUTDIR/guided-gpu.jsonl; PASS/FAIL lines to stdout.
 set -uo pipefail
 carry=$1 out=$2
@@ -122,7 +122,7 @@ sys.exit(0 if ratio >= 0.95 else 1)
 PY
 
 site=/tmp/gollm-guided-site
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$root"/.whl/*.whl > "$out/pip.log" 2>&1 || fail "wheels"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "${WHL_DIR:-$root/.whl}"/*.whl > "$out/pip.log" 2>&1 || fail "wheels"
 (cd "$root/tests/openai" && PYTHONPATH="$site" GOLLM_OPENAI_URL=http://127.0.0.1:9000/v1 GOLLM_METRICS_URL=http://127.0.0.1:8002/metrics \
   GOLLM_MODEL=gpt2 GOLLM_CHAT_MODEL=gpt2 GOLLM_AUSTEN_MODEL=austen GOLLM_INTERVAL_MODEL=gpt2 GOLLM_TOOL_MODELS=hermes=austen \
   timeout 300 python3 -m unittest -v test_openai.StructuredOutputs > "$out/structured.log" 2>&1) \
