@@ -18,6 +18,10 @@ type Part struct {
 	Transposed bool
 	// Rows is the number of the weight's rows this part holds.
 	Rows int
+	// Perm, when not nil, says stored row i is the part's row Perm[i]: a GGUF file's
+	// LLaMA query and key projections store each head's rows in the order of llama.cpp's
+	// rotary pairs, which this maps back (see gguf_llama.go).
+	Perm []int32
 }
 
 // Weight is one role's weight: its parts joined along the rows give the canonical
@@ -51,19 +55,52 @@ func (w *Weight) Float32() ([]float32, error) {
 	out := make([]float32, w.Rows*w.Cols)
 	row := 0
 	for _, p := range w.Parts {
+		dst := out[row*w.Cols : (row+p.Rows)*w.Cols]
+		if IsQuantized(p.Tensor.DType) {
+			if err := p.dequantize(dst, w.Cols); err != nil {
+				return nil, err
+			}
+			row += p.Rows
+			continue
+		}
 		v, err := p.Tensor.Float32()
 		if err != nil {
 			return nil, err
 		}
-		dst := out[row*w.Cols : (row+p.Rows)*w.Cols]
-		if p.Transposed {
+		switch {
+		case p.Transposed:
 			transposeInto(dst, v, w.Cols, p.Rows)
-		} else {
+		case p.Perm != nil:
+			for i, r := range p.Perm {
+				copy(dst[int(r)*w.Cols:int(r+1)*w.Cols], v[i*w.Cols:(i+1)*w.Cols])
+			}
+		default:
 			copy(dst, v)
 		}
 		row += p.Rows
 	}
 	return out, nil
+}
+
+// dequantize writes a block-quantized part's rows into dst [Rows][cols], in order.
+func (p *Part) dequantize(dst []float32, cols int) error {
+	rb, err := RowBytes(p.Tensor.DType, cols)
+	if err != nil {
+		return fmt.Errorf("tensor %s: %w", p.Tensor.Name, err)
+	}
+	if len(p.Tensor.Data) != p.Rows*rb {
+		return fmt.Errorf("tensor %s: %d bytes for %d rows of %d", p.Tensor.Name, len(p.Tensor.Data), p.Rows, rb)
+	}
+	for i := range p.Rows {
+		r := i
+		if p.Perm != nil {
+			r = int(p.Perm[i])
+		}
+		if err := DequantizeRow(p.Tensor.DType, p.Tensor.Data[i*rb:(i+1)*rb], dst[r*cols:(r+1)*cols]); err != nil {
+			return fmt.Errorf("tensor %s: %w", p.Tensor.Name, err)
+		}
+	}
+	return nil
 }
 
 // transposeInto writes the [cols][rows] transpose of the row-major [rows][cols] matrix w
