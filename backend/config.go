@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"gollm/batchmanager"
+	"gollm/engines"
 )
 
 // modelConfig is what gollm reads from a model's config.pbtxt (as Triton's JSON).
@@ -57,6 +58,9 @@ type modelConfig struct {
 	// DataType is data_type: the GPU engine's weight, activation and KV type, "float16" or
 	// "bfloat16"; empty means the checkpoint's own when it is one of them, else float16.
 	DataType string
+	// CPUWeightFormat is cpu_weight_format: how the CPU engine stores the weight matrices
+	// (engines.CheckCPUWeightFormat); empty means as the checkpoint stores them.
+	CPUWeightFormat string
 	// ResponseSenders is response_senders: the goroutines per instance that send
 	// responses to Triton (each request's in order).
 	ResponseSenders int
@@ -206,6 +210,14 @@ var params = []paramSpec{
 	{"exclude_input_in_output", func(c *modelConfig, v string) (err error) {
 		c.ExcludeInputInOutput, err = parseBool(v)
 		return err
+	}},
+	{"cpu_weight_format", func(c *modelConfig, v string) error {
+		v = strings.ToLower(strings.TrimSpace(v))
+		if err := engines.CheckCPUWeightFormat(v); err != nil {
+			return err
+		}
+		c.CPUWeightFormat = v
+		return nil
 	}},
 	{"data_type", func(c *modelConfig, v string) error {
 		switch strings.ToLower(strings.TrimSpace(v)) {

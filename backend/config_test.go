@@ -73,6 +73,7 @@ func TestParseModelConfigValues(t *testing.T) {
 		"response_senders":               "2",
 		"shutdown_grace_secs":            "2.5",
 		"data_type":                      "BF16",
+		"cpu_weight_format":              "Q8_0",
 		"max_queue_delay_microseconds":   "100",
 		"max_attention_window_size":      "${max_attention_window_size}", // unknown and unfilled
 	}), "/repo/gpt2", 3)
@@ -95,6 +96,7 @@ func TestParseModelConfigValues(t *testing.T) {
 		{"response_senders", c.ResponseSenders, 2},
 		{"shutdown_grace_secs", c.ShutdownGrace, 2500 * time.Millisecond},
 		{"data_type", c.DataType, "bfloat16"},
+		{"cpu_weight_format", c.CPUWeightFormat, "q8_0"},
 		{"max_batch_size", c.MaxBatchSize, 8},
 		{"decoupled", c.Decoupled, false},
 	}
@@ -181,6 +183,8 @@ func TestParseModelConfigErrors(t *testing.T) {
 			`parameter "shutdown_grace_secs": "soon": want seconds`},
 		{"an unknown data type is refused", 8, map[string]string{"data_type": "fp8"},
 			`parameter "data_type": "fp8": want fp16 or bf16 (float16, bfloat16)`},
+		{"an unknown CPU weight format names the allowed ones", 8, map[string]string{"cpu_weight_format": "int4"},
+			`parameter "cpu_weight_format": "int4" is not a weight format (want one of auto, fp32, fp16, bf16, q8_0, q4_k)`},
 		{"max_batch_size 0 is refused", 0, nil, `max_batch_size is 0: it must be at least 1`},
 	}
 	for _, tt := range tests {

@@ -171,6 +171,7 @@ func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logg
 func (ms *modelState) engineSettings(log *zap.Logger) engines.Settings {
 	return engines.Settings{
 		DataType:          ms.cfg.DataType,
+		CPUWeightFormat:   ms.cfg.CPUWeightFormat,
 		TokensPerBlock:    ms.cfg.TokensPerBlock,
 		KVTokens:          ms.cfg.MaxTokensInPagedKVCache,
 		KVFreeFraction:    ms.cfg.KVCacheFreeGPUMemFraction,

@@ -1,7 +1,8 @@
 // Package engines makes the engine a model instance asks for — the pure-Go CPU engine or
 // the CUDA engine — from one checkpoint folder, sharing weights between the instances of
-// a model: one float32 copy for its KIND_CPU instances, one device copy per GPU for its
-// KIND_GPU ones (AITemplate's shared constants). The backend names a kind, never a
+// a model: one host copy per weight format for its KIND_CPU instances (mapped from the
+// checkpoint's files where the format is the stored one), one device copy per GPU for
+// its KIND_GPU ones (AITemplate's shared constants). The backend names a kind, never a
 // concrete engine or loader.
 package engines
 
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -47,6 +49,10 @@ type Settings struct {
 	// checkpoint's own when it is one of them, else float16. The CPU engine computes in
 	// float32.
 	DataType string
+	// CPUWeightFormat is how the CPU engine stores the weight matrices
+	// (cpu_weight_format: cpu.ParseWeightFormat); empty means as the checkpoint stores
+	// them.
+	CPUWeightFormat string
 	// TokensPerBlock is the positions per KV block.
 	TokensPerBlock int
 	// KVTokens is the KV pool's size in tokens (rounded up to whole blocks); 0 sizes it:
@@ -90,8 +96,8 @@ type Model struct {
 	cfg model.Config
 	// mu guards cpu and gpu.
 	mu sync.Mutex
-	// cpu holds the CPU engines' weights, loaded by the first.
-	cpu *cpu.Weights
+	// cpu holds the CPU engines' weights by format, loaded by the first of each.
+	cpu map[cpu.WeightFormat]*cpu.Weights
 	// gpu holds the model's reference to its weights on each device, by compute type.
 	gpu map[gpuKey]*cuda.Weights
 }
@@ -140,6 +146,13 @@ func fingerprint(dir string) (string, error) {
 		fmt.Fprintf(&b, "\x00%s:%d:%d", n, fi.Size(), fi.ModTime().UnixNano())
 	}
 	return b.String(), nil
+}
+
+// CheckCPUWeightFormat says whether s is a cpu_weight_format the CPU engine takes
+// (auto, fp32, fp16, bf16, q8_0, q4_k), naming them when it is not.
+func CheckCPUWeightFormat(s string) error {
+	_, err := cpu.ParseWeightFormat(s)
+	return err
 }
 
 // Open reads the checkpoint folder's config and checks every weight's name, dtype and
@@ -200,23 +213,36 @@ func (m *Model) NewEngine(kind Kind, device int, s Settings) (engine.Engine, err
 	return nil, fmt.Errorf("engines: kind %d is neither CPU nor GPU", kind)
 }
 
-// newCPU makes a CPU engine; the first one converts the weights to float32.
+// newCPU makes a CPU engine; the first one of its weight format loads the weights.
 func (m *Model) newCPU(s Settings) (engine.Engine, error) {
+	format, err := cpu.ParseWeightFormat(s.CPUWeightFormat)
+	if err != nil {
+		return nil, fmt.Errorf("parameter \"cpu_weight_format\": %w", err)
+	}
 	m.mu.Lock()
-	if m.cpu == nil {
-		f, err := model.LoadFloat32(m.dir)
+	w := m.cpu[format]
+	if w == nil {
+		c, err := model.Open(m.dir)
 		if err != nil {
 			m.mu.Unlock()
 			return nil, err
 		}
-		w, err := cpu.NewWeights(f)
-		if err != nil {
+		start := time.Now()
+		if w, err = cpu.LoadWeights(c, format); err != nil {
 			m.mu.Unlock()
-			return nil, fmt.Errorf("load %s: %w", m.dir, err)
+			return nil, err
 		}
-		m.cpu = w
+		if m.cpu == nil {
+			m.cpu = map[cpu.WeightFormat]*cpu.Weights{}
+		}
+		m.cpu[format] = w
+		fields := []zap.Field{zap.String("path", m.dir), zap.String("cpu_weight_format", string(format)),
+			zap.Float64("weights_gb", float64(w.Bytes())/1e9), zap.Duration("took", time.Since(start))}
+		for f, rows := range w.Formats() {
+			fields = append(fields, zap.Int("rows_"+f, rows))
+		}
+		s.Logger.Info("CPU weights loaded", fields...)
 	}
-	w := m.cpu
 	m.mu.Unlock()
 	tokens := s.KVTokens
 	if tokens == 0 {
@@ -449,5 +475,8 @@ func (m *Model) Release() {
 		w.Release()
 		delete(m.gpu, d)
 	}
-	m.cpu = nil
+	for f, w := range m.cpu {
+		_ = w.Release()
+		delete(m.cpu, f)
+	}
 }

@@ -83,6 +83,8 @@ type scratch struct {
 	samplers []*engine.Sampler
 	// errs collects the sampling errors of one step, per sequence.
 	errs []error
+	// mm holds the matrix products' buffers.
+	mm mulScratch
 }
 
 // buf is a row-major matrix with per-row views, regrown only when too small.
@@ -120,6 +122,7 @@ func NewFromModel(m *model.Float32, kv engine.KVConfig) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer w.Release() // the engine holds its own reference
 	return New(w, kv)
 }
 
@@ -147,6 +150,9 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 	if perBlock > maxKVFloats || int64(kv.NumBlocks) > maxKVFloats/perBlock {
 		return nil, fmt.Errorf("cpu: New: KV pool of %d blocks × %d floats exceeds %d floats", kv.NumBlocks, perBlock, int64(maxKVFloats))
 	}
+	if !w.acquire() {
+		return nil, errors.New("cpu: New: the weights are released")
+	}
 	e := &Engine{
 		info: engine.Info{
 			VocabSize:      cfg.VocabSize,
@@ -169,14 +175,19 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 func (e *Engine) Info() engine.Info { return e.info }
 
 // Close frees the KV pool and drops the engine's reference to its weights, which are
-// freed once nothing else holds them; later Steps fail.
+// freed (a checkpoint they point into unmapped) once nothing else holds them; later
+// Steps fail.
 func (e *Engine) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.closed {
+		return nil
+	}
 	e.closed = true
+	err := e.w.release()
 	e.kv, e.w = nil, nil
 	e.s = scratch{}
-	return nil
+	return err
 }
 
 // kvBase returns the offset in the pool of slot 0 of (block, layer, kind, kv head),
@@ -264,7 +275,7 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 		}
 		r0 += len(sq.Tokens)
 	}
-	matmul(s.lmOut, s.lmIn, w.lmHead, H, V, nil)
+	w.lmHead.mul(s.lmOut, s.lmIn, nil, &s.mm)
 
 	// Sampling reads only its own sequence's row, so sequences are spread over the
 	// goroutines, each with its own sampler buffers.
@@ -318,7 +329,7 @@ func (e *Engine) embedRows(b *engine.Batch, n, first int, withPos bool) {
 		tok := int(b.Seqs[ri.seq].Tokens[ri.pos-b.Seqs[ri.seq].Pos]) - first
 		h := s.h.rows[r]
 		if tok >= 0 && tok < cfg.VocabSize {
-			copy(h, w.embed[tok*H:(tok+1)*H])
+			w.embed.row(tok, h)
 		} else {
 			clear(h)
 		}
@@ -340,13 +351,13 @@ func (e *Engine) attnBlock(b *engine.Batch, li int) {
 	s := &e.s
 	l := &w.layers[li]
 	e.normRows(s.xn.rows, s.h.rows, l.attnNorm, l.attnNormB)
-	matmul(s.qkv.rows, s.xn.rows, l.qkv, cfg.Hidden, cfg.QKVWidth(), l.qkvB)
+	l.qkv.mul(s.qkv.rows, s.xn.rows, l.qkvB, &s.mm)
 	if cfg.Positions == model.RotaryPositions {
 		e.rotate()
 	}
 	e.writeKV(b, li)
 	e.attention(b, li)
-	matmul(s.tmp.rows, s.att.rows, l.out, cfg.AttnWidth(), cfg.Hidden, l.outB)
+	l.out.mul(s.tmp.rows, s.att.rows, l.outB, &s.mm)
 }
 
 // mlpBlock runs layer li's MLP on the residual stream into s.tmp, before the residual
@@ -357,13 +368,12 @@ func (e *Engine) mlpBlock(li int) {
 	s := &e.s
 	l := &w.layers[li]
 	n := len(s.rows)
-	upW, _, _ := cfg.Shape(model.RoleUp)
 	act := s.up.rows
 	if cfg.GatedMLP {
 		act = s.act.rows
 	}
 	e.normRows(s.xn.rows, s.h.rows, l.mlpNorm, l.mlpNormB)
-	matmul(s.up.rows, s.xn.rows, l.up, cfg.Hidden, upW, l.upB)
+	l.up.mul(s.up.rows, s.xn.rows, l.upB, &s.mm)
 	parallelFor(n, 1, max(1, 4096/cfg.Inner), func(_, lo, hi int) {
 		for r := lo; r < hi; r++ {
 			if cfg.GatedMLP {
@@ -373,7 +383,7 @@ func (e *Engine) mlpBlock(li int) {
 			}
 		}
 	})
-	matmul(s.tmp.rows, act, l.down, cfg.Inner, cfg.Hidden, l.downB)
+	l.down.mul(s.tmp.rows, act, l.downB, &s.mm)
 }
 
 // copyBlocks copies whole KV blocks of the pool, in order (a block is contiguous: every

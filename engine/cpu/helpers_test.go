@@ -110,21 +110,26 @@ type kernelPath struct {
 }
 
 // kernelPaths lists the kernel paths this machine can run: the pure-Go loops always,
-// the AVX2 assembly where the CPU has it.
+// the AVX2 assembly where the CPU has it, and with it the AVX-512VL register tile of
+// prompt steps where the CPU has that too.
 func kernelPaths(t testing.TB) []kernelPath {
 	t.Helper()
-	choose := func(avx bool) func(t testing.TB) {
+	hasAVX2, hasTile := useAVX2, useTile
+	choose := func(avx, tile bool) func(t testing.TB) {
 		return func(t testing.TB) {
-			old := useAVX2
-			useAVX2 = avx
-			t.Cleanup(func() { useAVX2 = old })
+			oldA, oldT := useAVX2, useTile
+			useAVX2, useTile = avx, tile
+			t.Cleanup(func() { useAVX2, useTile = oldA, oldT })
 		}
 	}
-	paths := []kernelPath{{"the pure-Go kernels", choose(false)}}
-	if useAVX2 {
-		paths = append(paths, kernelPath{"the AVX2 kernels", choose(true)})
+	paths := []kernelPath{{"the pure-Go kernels", choose(false, false)}}
+	if hasAVX2 {
+		paths = append(paths, kernelPath{"the AVX2 kernels", choose(true, false)})
 	} else {
-		t.Log("this CPU lacks AVX2/FMA: only the pure-Go kernels are tested")
+		t.Log("this CPU lacks AVX2/FMA/F16C: only the pure-Go kernels are tested")
+	}
+	if hasTile {
+		paths = append(paths, kernelPath{"the AVX-512 tile", choose(true, true)})
 	}
 	return paths
 }

@@ -66,59 +66,9 @@ const rowBlock = 16
 
 // matmul computes ys[r][j] = bias[j] + Σ_k xs[r][k]·wt[j][k] for every row r and
 // every j < out, where wt is the weight matrix transposed, [out][in] row-major (so each
-// output is a dot product of two contiguous vectors). bias may be nil. The output
-// columns are split over GOMAXPROCS goroutines, so each reads only its share of the
-// weights, once per block of rowBlock rows.
+// output is a dot product of two contiguous vectors). bias may be nil.
 func matmul(ys, xs [][]float32, wt []float32, in, out int, bias []float32) {
-	n := len(xs)
-	if n == 0 || out == 0 {
-		return
-	}
-	minCols := max(4, matmulMinWork/max(1, n*in))
-	parallelFor(out, 4, minCols, func(_, lo, hi int) {
-		matmulCols(ys, xs, wt, in, bias, lo, hi)
-	})
-}
-
-// matmulCols is matmul restricted to output columns [j0, j1).
-func matmulCols(ys, xs [][]float32, wt []float32, in int, bias []float32, j0, j1 int) {
-	n := len(xs)
-	for r0 := 0; r0 < n; r0 += rowBlock {
-		r1 := min(r0+rowBlock, n)
-		j := j0
-		for ; j+4 <= j1; j += 4 {
-			w0 := wt[j*in : (j+1)*in]
-			w1 := wt[(j+1)*in : (j+2)*in]
-			w2 := wt[(j+2)*in : (j+3)*in]
-			w3 := wt[(j+3)*in : (j+4)*in]
-			var b0, b1, b2, b3 float32
-			if bias != nil {
-				b0, b1, b2, b3 = bias[j], bias[j+1], bias[j+2], bias[j+3]
-			}
-			r := r0
-			for ; r+2 <= r1; r += 2 {
-				y0, y1 := ys[r][j:j+4], ys[r+1][j:j+4]
-				a0, a1, a2, a3, c0, c1, c2, c3 := dot2x4(xs[r][:in], xs[r+1][:in], w0, w1, w2, w3)
-				y0[0], y0[1], y0[2], y0[3] = a0+b0, a1+b1, a2+b2, a3+b3
-				y1[0], y1[1], y1[2], y1[3] = c0+b0, c1+b1, c2+b2, c3+b3
-			}
-			if r < r1 {
-				y := ys[r][j : j+4]
-				a0, a1, a2, a3 := dot1x4(xs[r][:in], w0, w1, w2, w3)
-				y[0], y[1], y[2], y[3] = a0+b0, a1+b1, a2+b2, a3+b3
-			}
-		}
-		for ; j < j1; j++ {
-			w := wt[j*in : (j+1)*in]
-			var b float32
-			if bias != nil {
-				b = bias[j]
-			}
-			for r := r0; r < r1; r++ {
-				ys[r][j] = dot(xs[r][:in], w) + b
-			}
-		}
-	}
+	f32Matrix(wt, out, in).mul(ys, xs, bias, &mulScratch{})
 }
 
 // dot returns Σ x[k]·w[k].

@@ -2,12 +2,41 @@ package cpu
 
 import xcpu "golang.org/x/sys/cpu"
 
-// useAVX2 selects the AVX2/FMA dot-product kernel; the pure-Go loops run where the CPU
-// lacks it. Tests flip it to check both paths.
-var useAVX2 = xcpu.X86.HasAVX2 && xcpu.X86.HasFMA
+// useAVX2 selects the AVX2/FMA/F16C kernels (kernels_amd64.s, kernelsq_amd64.s); the
+// pure-Go loops run where the CPU lacks them. Tests flip it to check both paths.
+var useAVX2 = xcpu.X86.HasAVX2 && xcpu.X86.HasFMA && xcpu.X86.HasF16C
+
+// useTile selects the float register tile of prompt steps (tile_amd64.s), which needs
+// AVX-512VL's 32 vector registers; without it prompt steps run the one-row kernels.
+var useTile = useAVX2 && xcpu.X86.HasAVX512F && xcpu.X86.HasAVX512VL
 
 // dot4AVX2 writes the dot products of x[:n] with w0..w3[:n] into out (kernels_amd64.s).
 // Every pointer must be valid for n elements.
 //
 //go:noescape
 func dot4AVX2(x, w0, w1, w2, w3 *float32, n int, out *[4]float32)
+
+// dot4F16AVX2 and dot4BF16AVX2 are dot4AVX2 over rows of n halves or bfloat16s.
+//
+//go:noescape
+func dot4F16AVX2(x *float32, w0, w1, w2, w3 *byte, n int, out *[4]float32)
+
+//go:noescape
+func dot4BF16AVX2(x *float32, w0, w1, w2, w3 *byte, n int, out *[4]float32)
+
+// tileF32AVX512 writes out[r·6+j] = Σ_k x[r][k]·w[j][k] over n floats (tile_amd64.s).
+//
+//go:noescape
+func tileF32AVX512(x *[4]*float32, w *[6]*float32, n int, out *[24]float32)
+
+// dot4Q8AVX2, dot4Q4KAVX2 and dot4Q6KAVX2 are dotQ8Go, dotQ4KGo and dotQ6KGo of four
+// weight rows (kernelsq_amd64.s).
+//
+//go:noescape
+func dot4Q8AVX2(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32)
+
+//go:noescape
+func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32)
+
+//go:noescape
+func dot4Q6KAVX2(q *int8, d *float32, bs16 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32)

@@ -4,11 +4,12 @@ package cpu
 
 import "unsafe"
 
-// useAVX2 is false off amd64: the pure-Go loops run.
-var useAVX2 = false
+// useAVX2 and useTile are false off amd64: the pure-Go loops run.
+var useAVX2, useTile = false, false
 
-// dot4AVX2 is never called off amd64 (useAVX2 is false); it computes the same sums in
-// plain Go so that the package compiles everywhere.
+// The assembly kernels are never called off amd64 (useAVX2 is false); these compute the
+// same sums in plain Go so that the package compiles everywhere.
+
 func dot4AVX2(x, w0, w1, w2, w3 *float32, n int, out *[4]float32) {
 	xs := unsafe.Slice(x, n)
 	ws := [4][]float32{unsafe.Slice(w0, n), unsafe.Slice(w1, n), unsafe.Slice(w2, n), unsafe.Slice(w3, n)}
@@ -18,5 +19,39 @@ func dot4AVX2(x, w0, w1, w2, w3 *float32, n int, out *[4]float32) {
 			s += v * w[k]
 		}
 		out[j] = s
+	}
+}
+
+func dot4F16AVX2(x *float32, w0, w1, w2, w3 *byte, n int, out *[4]float32) {
+	*out = dot4x16Go(unsafe.Slice(x, n), &[4][]byte{unsafe.Slice(w0, 2*n), unsafe.Slice(w1, 2*n), unsafe.Slice(w2, 2*n), unsafe.Slice(w3, 2*n)}, false)
+}
+
+func dot4BF16AVX2(x *float32, w0, w1, w2, w3 *byte, n int, out *[4]float32) {
+	*out = dot4x16Go(unsafe.Slice(x, n), &[4][]byte{unsafe.Slice(w0, 2*n), unsafe.Slice(w1, 2*n), unsafe.Slice(w2, 2*n), unsafe.Slice(w3, 2*n)}, true)
+}
+
+func tileF32AVX512(x *[4]*float32, w *[6]*float32, n int, out *[24]float32) {
+	for r := range 4 {
+		for j := range 6 {
+			out[r*6+j] = dotGo(unsafe.Slice(x[r], n), unsafe.Slice(w[j], n))
+		}
+	}
+}
+
+func dot4Q8AVX2(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32) {
+	for j, w := range [4]*byte{w0, w1, w2, w3} {
+		out[j] = dotQ8Go(unsafe.Slice(q, 32*nb), unsafe.Slice(d, nb), unsafe.Slice(w, 34*nb))
+	}
+}
+
+func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32) {
+	for j, w := range [4]*byte{w0, w1, w2, w3} {
+		out[j] = dotQ4KGo(unsafe.Slice(q, 256*ns), unsafe.Slice(d, ns), unsafe.Slice(bs32, 8*ns), unsafe.Slice(w, 144*ns))
+	}
+}
+
+func dot4Q6KAVX2(q *int8, d *float32, bs16 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32) {
+	for j, w := range [4]*byte{w0, w1, w2, w3} {
+		out[j] = dotQ6KGo(unsafe.Slice(q, 256*ns), unsafe.Slice(d, ns), unsafe.Slice(bs16, 16*ns), unsafe.Slice(w, 210*ns))
 	}
 }

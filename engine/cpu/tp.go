@@ -180,7 +180,7 @@ func (t *TensorParallel) Step(b *engine.Batch) ([]engine.Output, error) {
 	t.logits.resize(len(in), V)
 	t.part.resize(len(in), VR)
 	for r, e := range t.ranks {
-		matmul(t.part.rows, in, e.w.lmHead, H, VR, nil)
+		e.w.lmHead.mul(t.part.rows, in, nil, &e.s.mm)
 		lo, hi := r*VR, min(V, (r+1)*VR)
 		for i := range in {
 			copy(t.logits.rows[i][lo:hi], t.part.rows[i][:hi-lo])

@@ -1,0 +1,230 @@
+package cpu
+
+import (
+	"encoding/binary"
+	"math"
+
+	"gollm/model"
+)
+
+// The drivers of matrix.mul, one per family of formats. Each computes the outputs of a
+// range of a part's stored rows for every input row. Prompt steps (many input rows) take
+// the weights in blocks that stay in the core's L2 cache while every input row passes
+// over them, so that each weight is read from memory once per step, not once per row;
+// on amd64 with AVX-512VL a register tile of 4 input rows × 6 weight rows (24
+// accumulators of the 32 vector registers) computes the float products. Whatever the
+// path, every output element is computed by the same sequence of operations as the
+// one-row kernels do, so prompts and decode steps, batched or not, agree bit for bit.
+
+// blockBytes is the size of the block of weights kept in L2 while the input rows pass.
+const blockBytes = 192 << 10
+
+// tileRows is the input rows of the float register tile; tileCols its weight rows.
+const tileRows, tileCols = 4, 6
+
+// blockRows is the number of weight rows of rowBytes each in a block (a multiple of
+// tileCols, at least one tile).
+func blockRows(rowBytes int) int {
+	return max(tileCols, blockBytes/max(1, rowBytes)/tileCols*tileCols)
+}
+
+// mulF32 computes the outputs of float32 part p's stored rows [i0, i1).
+func mulF32(p *matPart, cols int, ys, xs [][]float32, bias []float32, i0, i1 int) {
+	if useTile && len(xs) >= tileRows {
+		for b0 := i0; b0 < i1; b0 += blockRows(4 * cols) {
+			b1 := min(b0+blockRows(4*cols), i1)
+			gemmF32(p, cols, ys, xs, bias, b0, b1, p.f32[b0*cols:b1*cols], b0)
+		}
+		return
+	}
+	rowsF32(p, cols, ys, xs, bias, i0, i1, p.f32[i0*cols:i1*cols], i0)
+}
+
+// rowsF32 computes stored rows [i0, i1) of p, whose float32 values w hold from stored
+// row base on, with the one-row kernels, input rows in blocks of rowBlock.
+func rowsF32(p *matPart, cols int, ys, xs [][]float32, bias []float32, i0, i1 int, w []float32, base int) {
+	n := len(xs)
+	wr := func(i int) []float32 { return w[(i-base)*cols : (i-base+1)*cols] }
+	for r0 := 0; r0 < n; r0 += rowBlock {
+		r1 := min(r0+rowBlock, n)
+		i := i0
+		for ; i+4 <= i1; i += 4 {
+			w0, w1, w2, w3 := wr(i), wr(i+1), wr(i+2), wr(i+3)
+			r := r0
+			for ; r+2 <= r1; r += 2 {
+				a0, a1, a2, a3, c0, c1, c2, c3 := dot2x4(xs[r][:cols], xs[r+1][:cols], w0, w1, w2, w3)
+				store4(p, ys[r], bias, i, [4]float32{a0, a1, a2, a3})
+				store4(p, ys[r+1], bias, i, [4]float32{c0, c1, c2, c3})
+			}
+			if r < r1 {
+				a0, a1, a2, a3 := dot1x4(xs[r][:cols], w0, w1, w2, w3)
+				store4(p, ys[r], bias, i, [4]float32{a0, a1, a2, a3})
+			}
+		}
+		for ; i < i1; i++ {
+			wi := wr(i)
+			for r := r0; r < r1; r++ {
+				store1(p, ys[r], bias, i, dot(xs[r][:cols], wi))
+			}
+		}
+	}
+}
+
+// gemmF32 computes stored rows [i0, i1) of p (float32 values w from stored row base on)
+// for every input row with the register tile; the input rows and weight rows left over
+// by whole tiles go through the one-row kernels, which compute the same sums.
+func gemmF32(p *matPart, cols int, ys, xs [][]float32, bias []float32, i0, i1 int, w []float32, base int) {
+	n := len(xs)
+	wr := func(i int) []float32 { return w[(i-base)*cols : (i-base+1)*cols] }
+	nt := n / tileRows * tileRows
+	var xp [tileRows]*float32
+	var wp [tileCols]*float32
+	var out [tileRows * tileCols]float32
+	for r := 0; r < nt; r += tileRows {
+		for k := range tileRows {
+			xp[k] = &xs[r+k][:cols][0]
+		}
+		i := i0
+		for ; i+tileCols <= i1; i += tileCols {
+			for k := range tileCols {
+				wp[k] = &wr(i + k)[0]
+			}
+			tileF32(&xp, &wp, cols, &out)
+			for k := range tileRows {
+				y := ys[r+k]
+				for c := range tileCols {
+					store1(p, y, bias, i+c, out[k*tileCols+c])
+				}
+			}
+		}
+		if i < i1 {
+			rowsF32(p, cols, ys[r:r+tileRows], xs[r:r+tileRows], bias, i, i1, w, base)
+		}
+	}
+	if nt < n {
+		rowsF32(p, cols, ys[nt:], xs[nt:], bias, i0, i1, w, base)
+	}
+}
+
+// mul16 computes the outputs of 16-bit part p's stored rows [i0, i1) on worker wk. A
+// prompt step widens a block of weight rows into the worker's scratch and runs the
+// float32 kernels on it; a decode step widens each weight in registers as it is read
+// (assembly), or, in pure Go, widens the block too. Widening is exact, so the sums are
+// those of the same weights stored in float32.
+func mul16(p *matPart, cols int, ys, xs [][]float32, bias []float32, i0, i1 int, s *mulScratch, wk int) {
+	if useAVX2 && !(useTile && len(xs) >= tileRows) {
+		bf := p.f == fmtBF16
+		i := i0
+		for ; i+4 <= i1; i += 4 {
+			w := [4][]byte{p.rowRaw(i), p.rowRaw(i + 1), p.rowRaw(i + 2), p.rowRaw(i + 3)}
+			for r, x := range xs {
+				store4(p, ys[r], bias, i, dot4x16(x[:cols], &w, bf))
+			}
+		}
+		for ; i < i1; i++ {
+			w := [4][]byte{p.rowRaw(i), p.rowRaw(i), p.rowRaw(i), p.rowRaw(i)}
+			for r, x := range xs {
+				store1(p, ys[r], bias, i, dot4x16(x[:cols], &w, bf)[0])
+			}
+		}
+		return
+	}
+	nb := blockRows(4 * cols)
+	s.wide[wk] = grow(s.wide[wk], nb*cols)
+	wide := s.wide[wk]
+	for b0 := i0; b0 < i1; b0 += nb {
+		b1 := min(b0+nb, i1)
+		widen16(p, cols, b0, b1, wide)
+		if useTile && len(xs) >= tileRows {
+			gemmF32(p, cols, ys, xs, bias, b0, b1, wide, b0)
+		} else {
+			rowsF32(p, cols, ys, xs, bias, b0, b1, wide, b0)
+		}
+	}
+}
+
+// widen16 writes stored rows [i0, i1) of 16-bit part p into dst as float32.
+func widen16(p *matPart, cols, i0, i1 int, dst []float32) {
+	src := p.raw[i0*p.rowBytes : i1*p.rowBytes]
+	dst = dst[:(i1-i0)*cols]
+	if p.f == fmtBF16 {
+		for k := range dst {
+			dst[k] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*k:])) << 16)
+		}
+		return
+	}
+	for k := range dst {
+		dst[k] = model.F16ToFloat32(binary.LittleEndian.Uint16(src[2*k:]))
+	}
+}
+
+// dot4x16Go returns the dot products of x with four 16-bit rows, widened into a buffer
+// and summed as dot1x4Go sums.
+func dot4x16Go(x []float32, w *[4][]byte, bf bool) [4]float32 {
+	n := len(x)
+	var rows [4][]float32
+	for k := range 4 {
+		rows[k] = make([]float32, n)
+		for i := range n {
+			h := binary.LittleEndian.Uint16(w[k][2*i:])
+			if bf {
+				rows[k][i] = math.Float32frombits(uint32(h) << 16)
+			} else {
+				rows[k][i] = model.F16ToFloat32(h)
+			}
+		}
+	}
+	a, b, c, d := dot1x4Go(x, rows[0], rows[1], rows[2], rows[3])
+	return [4]float32{a, b, c, d}
+}
+
+// mulQ8 computes the outputs of Q8_0 part p's stored rows [i0, i1) against the
+// quantized inputs a, a block of weight rows at a time.
+func mulQ8(p *matPart, ys [][]float32, a *act8, bias []float32, i0, i1 int) {
+	n := len(ys)
+	nb := blockRows(p.rowBytes) / 4 * 4
+	for b0 := i0; b0 < i1; b0 += nb {
+		b1 := min(b0+nb, i1)
+		for r := range n {
+			q, d := a.row(r)
+			i := b0
+			for ; i+4 <= b1; i += 4 {
+				w := [4][]byte{p.rowRaw(i), p.rowRaw(i + 1), p.rowRaw(i + 2), p.rowRaw(i + 3)}
+				store4(p, ys[r], bias, i, dot4Q8(q, d, &w))
+			}
+			for ; i < b1; i++ {
+				store1(p, ys[r], bias, i, dotQ8Go(q, d, p.rowRaw(i)))
+			}
+		}
+	}
+}
+
+// mulQK computes the outputs of Q4_K or Q6_K part p's stored rows [i0, i1) against the
+// quantized inputs a, a block of weight rows at a time.
+func mulQK(p *matPart, ys [][]float32, a *act8K, bias []float32, i0, i1 int) {
+	n := len(ys)
+	nb := blockRows(p.rowBytes) / 4 * 4
+	q6 := p.f == fmtQ6K
+	for b0 := i0; b0 < i1; b0 += nb {
+		b1 := min(b0+nb, i1)
+		for r := range n {
+			q, d, bs16, bs32 := a.row(r)
+			i := b0
+			for ; i+4 <= b1; i += 4 {
+				w := [4][]byte{p.rowRaw(i), p.rowRaw(i + 1), p.rowRaw(i + 2), p.rowRaw(i + 3)}
+				if q6 {
+					store4(p, ys[r], bias, i, dot4Q6K(q, d, bs16, &w))
+				} else {
+					store4(p, ys[r], bias, i, dot4Q4K(q, d, bs32, &w))
+				}
+			}
+			for ; i < b1; i++ {
+				if q6 {
+					store1(p, ys[r], bias, i, dotQ6KGo(q, d, bs16, p.rowRaw(i)))
+				} else {
+					store1(p, ys[r], bias, i, dotQ4KGo(q, d, bs32, p.rowRaw(i)))
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,321 @@
+#include "textflag.h"
+
+// The integer kernels of kernelsq.go in AVX2: four weight rows against one quantized
+// input row. Products are summed exactly (VPMADDUBSW of unsigned by signed bytes into
+// int16 pairs, which cannot saturate for these value ranges, then VPMADDWD into eight
+// int32 lanes, lane l holding values 4l..4l+3 of each 32), lanes are scaled with a
+// separate multiply and add, never fused, and reduced as reduce8 does: the same bits as
+// the Go kernels.
+
+// REDUCE8 reduces the eight float32 lanes of Y into the low lane of X (T a temporary).
+#define REDUCE8(Y, X, T) \
+	VEXTRACTF128 $1, Y, T; \
+	VADDPS       T, X, X; \
+	VHADDPS      X, X, X; \
+	VHADDPS      X, X, X
+
+// HALF loads the half at OFF(P), widens it to float32 in the low lane of X and
+// multiplies it by the float32 at D (T a general-purpose temporary).
+#define HALF(OFF, P, D, X, T) \
+	MOVWLZX   OFF(P), T; \
+	VMOVD     T, X; \
+	VCVTPH2PS X, X; \
+	VMULSS    D, X, X
+
+// func dot4Q8AVX2(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32)
+//
+// out[j] = dotQ8Go(q[:32nb], d[:nb], wj): Q8_0 weight rows against a Q8_0 input row.
+// The input's signs move onto the weights (VPSIGNB) so that its magnitudes can be the
+// unsigned operand.
+TEXT ·dot4Q8AVX2(SB), NOSPLIT, $0-64
+	MOVQ q+0(FP), SI
+	MOVQ d+8(FP), R12
+	MOVQ nb+16(FP), CX
+	MOVQ w0+24(FP), R8
+	MOVQ w1+32(FP), R9
+	MOVQ w2+40(FP), R10
+	MOVQ w3+48(FP), R11
+	VXORPS  Y0, Y0, Y0
+	VXORPS  Y1, Y1, Y1
+	VXORPS  Y2, Y2, Y2
+	VXORPS  Y3, Y3, Y3
+	VPCMPEQW Y15, Y15, Y15
+	VPSRLW  $15, Y15, Y15 // int16 ones
+
+// Q8ROW adds weight row P's block to accumulator A (the input in Y4, |input| in Y5).
+#define Q8ROW(P, A) \
+	VMOVDQU    2(P), Y6; \
+	VPSIGNB    Y4, Y6, Y6; \
+	VPMADDUBSW Y6, Y5, Y6; \
+	VPMADDWD   Y15, Y6, Y6; \
+	VCVTDQ2PS  Y6, Y6; \
+	HALF(0, P, (R12), X7, BX); \
+	VBROADCASTSS X7, Y7; \
+	VMULPS     Y7, Y6, Y6; \
+	VADDPS     Y6, A, A; \
+	ADDQ       $34, P
+
+q8loop:
+	TESTQ CX, CX
+	JZ    q8done
+	VMOVDQU (SI), Y4
+	VPABSB  Y4, Y5
+	Q8ROW(R8, Y0)
+	Q8ROW(R9, Y1)
+	Q8ROW(R10, Y2)
+	Q8ROW(R11, Y3)
+	ADDQ $32, SI
+	ADDQ $4, R12
+	DECQ CX
+	JMP  q8loop
+
+q8done:
+	MOVQ out+56(FP), DI
+	REDUCE8(Y0, X0, X4)
+	REDUCE8(Y1, X1, X4)
+	REDUCE8(Y2, X2, X4)
+	REDUCE8(Y3, X3, X4)
+	VMOVSS X0, 0(DI)
+	VMOVSS X1, 4(DI)
+	VMOVSS X2, 8(DI)
+	VMOVSS X3, 12(DI)
+	VZEROUPPER
+	RET
+
+// func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32)
+//
+// out[j] = dotQ4KGo(q[:256ns], d[:ns], bs32[:8ns], wj): Q4_K weight rows against a
+// Q8_K input row. Per super-block the 6-bit scales and mins are unpacked with 32-bit
+// masks, the scales widened to int16 on the stack (0(SP)..15(SP) their bytes,
+// 16(SP)..31(SP) the words), and each sub-block's int16 pairs are scaled by VPMADDWD.
+TEXT ·dot4Q4KAVX2(SB), NOSPLIT, $32-72
+	MOVQ q+0(FP), SI
+	MOVQ d+8(FP), R12
+	MOVQ bs32+16(FP), R13
+	MOVQ ns+24(FP), CX
+	MOVQ w0+32(FP), R8
+	MOVQ w1+40(FP), R9
+	MOVQ w2+48(FP), R10
+	MOVQ w3+56(FP), R11
+	VXORPS  Y0, Y0, Y0
+	VXORPS  Y1, Y1, Y1
+	VXORPS  Y2, Y2, Y2
+	VXORPS  Y3, Y3, Y3
+	VXORPS  X4, X4, X4
+	VXORPS  X5, X5, X5
+	VXORPS  X6, X6, X6
+	VXORPS  X7, X7, X7
+	MOVL    $0x0f0f0f0f, BX
+	VMOVD   BX, X14
+	VPBROADCASTD X14, Y14 // nibble mask
+
+// Q4SUB adds sub-block pair c (qs bytes 16+32c of P: low nibbles sub-block 2c, high
+// 2c+1) to the int32 lanes of Y8.
+#define Q4SUB(P, C) \
+	VMOVDQU       (16+32*C)(P), Y10; \
+	VPAND         Y14, Y10, Y11; \
+	VPSRLW        $4, Y10, Y10; \
+	VPAND         Y14, Y10, Y10; \
+	VPMADDUBSW    (64*C)(SI), Y11, Y11; \
+	VPBROADCASTW  (16+4*C)(SP), Y12; \
+	VPMADDWD      Y12, Y11, Y11; \
+	VPADDD        Y11, Y8, Y8; \
+	VPMADDUBSW    (64*C+32)(SI), Y10, Y10; \
+	VPBROADCASTW  (18+4*C)(SP), Y12; \
+	VPMADDWD      Y12, Y10, Y10; \
+	VPADDD        Y10, Y8, Y8
+
+// Q4ROW adds weight row P's super-block to accumulator A and min accumulator M.
+#define Q4ROW(P, A, M) \
+	MOVL 4(P), BX; \
+	MOVL 8(P), DX; \
+	MOVL 12(P), DI; \
+	MOVL BX, R14; \
+	ANDL $0x3f3f3f3f, R14; \
+	MOVL R14, 0(SP); \
+	MOVL DX, R14; \
+	ANDL $0x3f3f3f3f, R14; \
+	MOVL R14, 8(SP); \
+	SHRL $6, BX; \
+	ANDL $0x03030303, BX; \
+	SHLL $4, BX; \
+	MOVL DI, R14; \
+	ANDL $0x0f0f0f0f, R14; \
+	ORL  BX, R14; \
+	MOVL R14, 4(SP); \
+	SHRL $6, DX; \
+	ANDL $0x03030303, DX; \
+	SHLL $4, DX; \
+	SHRL $4, DI; \
+	ANDL $0x0f0f0f0f, DI; \
+	ORL  DX, DI; \
+	MOVL DI, 12(SP); \
+	VPMOVZXBW 0(SP), X8; \
+	VMOVDQU   X8, 16(SP); \
+	VPMOVZXBW 8(SP), X9; \
+	VPMADDWD  (R13), X9, X9; \
+	VPSHUFD   $0x4e, X9, X10; \
+	VPADDD    X10, X9, X9; \
+	VPSHUFD   $0xb1, X9, X10; \
+	VPADDD    X10, X9, X9; \
+	VCVTDQ2PS X9, X9; \
+	VPXOR     Y8, Y8, Y8; \
+	Q4SUB(P, 0); \
+	Q4SUB(P, 1); \
+	Q4SUB(P, 2); \
+	Q4SUB(P, 3); \
+	VCVTDQ2PS Y8, Y8; \
+	HALF(0, P, (R12), X13, BX); \
+	VBROADCASTSS X13, Y13; \
+	VMULPS    Y13, Y8, Y8; \
+	VADDPS    Y8, A, A; \
+	HALF(2, P, (R12), X13, BX); \
+	VMULSS    X13, X9, X9; \
+	VADDSS    X9, M, M; \
+	ADDQ      $144, P
+
+q4loop:
+	TESTQ CX, CX
+	JZ    q4done
+	Q4ROW(R8, Y0, X4)
+	Q4ROW(R9, Y1, X5)
+	Q4ROW(R10, Y2, X6)
+	Q4ROW(R11, Y3, X7)
+	ADDQ $256, SI
+	ADDQ $4, R12
+	ADDQ $16, R13
+	DECQ CX
+	JMP  q4loop
+
+q4done:
+	MOVQ out+64(FP), DI
+	REDUCE8(Y0, X0, X8)
+	REDUCE8(Y1, X1, X8)
+	REDUCE8(Y2, X2, X8)
+	REDUCE8(Y3, X3, X8)
+	VSUBSS X4, X0, X0
+	VSUBSS X5, X1, X1
+	VSUBSS X6, X2, X2
+	VSUBSS X7, X3, X3
+	VMOVSS X0, 0(DI)
+	VMOVSS X1, 4(DI)
+	VMOVSS X2, 8(DI)
+	VMOVSS X3, 12(DI)
+	VZEROUPPER
+	RET
+
+// func dot4Q6KAVX2(q *int8, d *float32, bs16 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32)
+//
+// out[j] = dotQ6KGo(q[:256ns], d[:ns], bs16[:16ns], wj): Q6_K weight rows against a
+// Q8_K input row. The 6-bit values are assembled from ql's nibbles and qh's bit pairs
+// (word shifts, then byte masks: 0x0f for the low bits, 0x30 for the high ones in place);
+// each 32 values span two 16-value sub-blocks, one per 128-bit lane, so their int16
+// scales are broadcast per lane from the stack (0(SP)..31(SP): the 16 scales widened).
+// The −32 offset's term, 32·Σ sc·(sums of 16 inputs), leaves lane 0 before conversion.
+TEXT ·dot4Q6KAVX2(SB), NOSPLIT, $32-72
+	MOVQ q+0(FP), SI
+	MOVQ d+8(FP), R12
+	MOVQ bs16+16(FP), R13
+	MOVQ ns+24(FP), CX
+	MOVQ w0+32(FP), R8
+	MOVQ w1+40(FP), R9
+	MOVQ w2+48(FP), R10
+	MOVQ w3+56(FP), R11
+	VXORPS  Y0, Y0, Y0
+	VXORPS  Y1, Y1, Y1
+	VXORPS  Y2, Y2, Y2
+	VXORPS  Y3, Y3, Y3
+	MOVL    $0x0f0f0f0f, BX
+	VMOVD   BX, X4
+	VPBROADCASTD X4, Y4 // low-bits mask
+	MOVL    $0x30303030, BX
+	VMOVD   BX, X5
+	VPBROADCASTD X5, Y5 // high-bits mask
+
+// Q6GRP adds the 32 values in VAL (unsigned 6-bit) times the input at QOFF(SI), scaled
+// by sub-block scales 2G and 2G+1, to the int32 lanes of Y6.
+#define Q6GRP(VAL, QOFF, G) \
+	VPMADDUBSW   QOFF(SI), VAL, VAL; \
+	VPBROADCASTW (4*(G))(SP), X7; \
+	VPBROADCASTW (4*(G)+2)(SP), X13; \
+	VINSERTI128  $1, X13, Y7, Y7; \
+	VPMADDWD     Y7, VAL, VAL; \
+	VPADDD       VAL, Y6, Y6
+
+// Q6HALF adds the 128 values of half C of weight row P's super-block.
+#define Q6HALF(P, C) \
+	VMOVDQU (64*C)(P), Y8; \
+	VMOVDQU (64*C+32)(P), Y9; \
+	VMOVDQU (128+32*C)(P), Y10; \
+	VPSLLW  $4, Y10, Y12; \
+	VPAND   Y5, Y12, Y12; \
+	VPAND   Y4, Y8, Y11; \
+	VPOR    Y12, Y11, Y11; \
+	Q6GRP(Y11, (128*C), 4*C); \
+	VPSLLW  $2, Y10, Y12; \
+	VPAND   Y5, Y12, Y12; \
+	VPAND   Y4, Y9, Y11; \
+	VPOR    Y12, Y11, Y11; \
+	Q6GRP(Y11, (128*C+32), 4*C+1); \
+	VPAND   Y5, Y10, Y12; \
+	VPSRLW  $4, Y8, Y11; \
+	VPAND   Y4, Y11, Y11; \
+	VPOR    Y12, Y11, Y11; \
+	Q6GRP(Y11, (128*C+64), 4*C+2); \
+	VPSRLW  $2, Y10, Y12; \
+	VPAND   Y5, Y12, Y12; \
+	VPSRLW  $4, Y9, Y11; \
+	VPAND   Y4, Y11, Y11; \
+	VPOR    Y12, Y11, Y11; \
+	Q6GRP(Y11, (128*C+96), 4*C+3)
+
+// Q6ROW adds weight row P's super-block to accumulator A.
+#define Q6ROW(P, A) \
+	VPMOVSXBW    192(P), Y9; \
+	VMOVDQU      Y9, 0(SP); \
+	VPMADDWD     (R13), Y9, Y10; \
+	VEXTRACTI128 $1, Y10, X11; \
+	VPADDD       X11, X10, X10; \
+	VPSHUFD      $0x4e, X10, X11; \
+	VPADDD       X11, X10, X10; \
+	VPSHUFD      $0xb1, X10, X11; \
+	VPADDD       X11, X10, X10; \
+	VMOVD        X10, BX; \
+	SHLL         $5, BX; \
+	VPXOR        Y6, Y6, Y6; \
+	Q6HALF(P, 0); \
+	Q6HALF(P, 1); \
+	VMOVD        BX, X13; \
+	VPSUBD       Y13, Y6, Y6; \
+	VCVTDQ2PS    Y6, Y6; \
+	HALF(208, P, (R12), X13, BX); \
+	VBROADCASTSS X13, Y13; \
+	VMULPS       Y13, Y6, Y6; \
+	VADDPS       Y6, A, A; \
+	ADDQ         $210, P
+
+q6loop:
+	TESTQ CX, CX
+	JZ    q6done
+	Q6ROW(R8, Y0)
+	Q6ROW(R9, Y1)
+	Q6ROW(R10, Y2)
+	Q6ROW(R11, Y3)
+	ADDQ $256, SI
+	ADDQ $4, R12
+	ADDQ $32, R13
+	DECQ CX
+	JMP  q6loop
+
+q6done:
+	MOVQ out+64(FP), DI
+	REDUCE8(Y0, X0, X8)
+	REDUCE8(Y1, X1, X8)
+	REDUCE8(Y2, X2, X8)
+	REDUCE8(Y3, X3, X8)
+	VMOVSS X0, 0(DI)
+	VMOVSS X1, 4(DI)
+	VMOVSS X2, 8(DI)
+	VMOVSS X3, 12(DI)
+	VZEROUPPER
+	RET

@@ -1,0 +1,307 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"gollm/model"
+)
+
+// encodeRows stores rows×cols values in dtype, row by row.
+func encodeRows(t testing.TB, dtype string, v []float32, rows, cols int) []byte {
+	t.Helper()
+	rb, err := model.RowBytes(dtype, cols)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]byte, rows*rb)
+	for r := range rows {
+		row, dst := v[r*cols:(r+1)*cols], out[r*rb:(r+1)*rb]
+		switch dtype {
+		case "F16", "BF16":
+			tn, err := model.NewFloatTensor("w", dtype, []int{cols}, row)
+			if err != nil {
+				t.Fatal(err)
+			}
+			copy(dst, tn.Data)
+		default:
+			if err := model.QuantizeRow(dtype, row, dst); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return out
+}
+
+// decodeRows is the float32 values rows stored in dtype hold.
+func decodeRows(t testing.TB, dtype string, raw []byte, rows, cols int) []float32 {
+	t.Helper()
+	rb, _ := model.RowBytes(dtype, cols)
+	out := make([]float32, rows*cols)
+	for r := range rows {
+		if err := model.DequantizeRow(dtype, raw[r*rb:(r+1)*rb], out[r*cols:(r+1)*cols]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// randomMatrix returns rows×cols values with the spread of a layer's weights, a few
+// of them large (as real weights have).
+func randomMatrix(rng *rand.Rand, rows, cols int) []float32 {
+	v := randomLogits(rng, rows*cols, 0.05)
+	for i := range v {
+		if rng.IntN(200) == 0 {
+			v[i] *= 20
+		}
+	}
+	return v
+}
+
+// rowMatrix wraps one part of rows stored in dtype as a matrix.
+func rowMatrix(t testing.TB, dtype string, raw []byte, f32 []float32, rows, cols int, perm []int32) *matrix {
+	t.Helper()
+	f, ok := formatOf(dtype)
+	if !ok {
+		t.Fatalf("no format %s", dtype)
+	}
+	m := &matrix{rows: rows, cols: cols}
+	if err := m.addPart(f, rows, raw, f32, perm); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestSixteenBitKernelsGiveTheFloat32Sums(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	forEachKernelPath(t, func(t *testing.T) {
+		for _, dtype := range []string{"F16", "BF16"} {
+			for _, cols := range []int{1, 7, 8, 64, 133} {
+				w := randomMatrix(rng, 4, cols)
+				raw := encodeRows(t, dtype, w, 4, cols)
+				wide := decodeRows(t, dtype, raw, 4, cols)
+				x := randomLogits(rng, cols, 1)
+				rb := 2 * cols
+				rows := [4][]byte{raw[:rb], raw[rb : 2*rb], raw[2*rb : 3*rb], raw[3*rb:]}
+				got := dot4x16(x, &rows, dtype == "BF16")
+				a, b, c, d := dot1x4(x, wide[:cols], wide[cols:2*cols], wide[2*cols:3*cols], wide[3*cols:])
+				if want := [4]float32{a, b, c, d}; got != want {
+					t.Errorf("%s, %d columns: %v, the same weights in float32 give %v", dtype, cols, got, want)
+				}
+			}
+		}
+	})
+}
+
+// product is ys = xs·mᵀ with m's mul on a fresh scratch.
+func product(m *matrix, xs [][]float32, bias []float32) [][]float32 {
+	ys := make([][]float32, len(xs))
+	for r := range ys {
+		ys[r] = make([]float32, m.rows)
+	}
+	m.mul(ys, xs, bias, &mulScratch{})
+	return ys
+}
+
+// rowsOf splits v into rows of cols.
+func rowsOf(v []float32, cols int) [][]float32 {
+	var out [][]float32
+	for i := 0; i < len(v); i += cols {
+		out = append(out, v[i:i+cols])
+	}
+	return out
+}
+
+func TestMatrixProductsDoNotDependOnTheRowsAround(t *testing.T) {
+	// Every format, through the one-row kernels (a single input row) and the prompt path
+	// (tiles, blocks, widened weights): each row's outputs must be the same bits.
+	rng := rand.New(rand.NewPCG(6, 6))
+	for _, dtype := range []string{"F32", "F16", "BF16", model.DTypeQ8_0, model.DTypeQ4_K, model.DTypeQ6_K} {
+		cols := 512
+		for _, rows := range []int{4, 7, 30, 600} {
+			w := randomMatrix(rng, rows, cols)
+			var raw []byte
+			var f32 []float32
+			if dtype == "F32" {
+				f32 = w
+			} else {
+				raw = encodeRows(t, dtype, w, rows, cols)
+			}
+			bias := randomLogits(rng, rows, 1)
+			xs := rowsOf(randomLogits(rng, 9*cols, 1), cols)
+			forEachKernelPath(t, func(t *testing.T) {
+				m := rowMatrix(t, dtype, raw, f32, rows, cols, nil)
+				all := product(m, xs, bias)
+				for r, x := range xs {
+					one := product(m, [][]float32{x}, bias)[0]
+					if !slices.Equal(one, all[r]) {
+						t.Fatalf("%s %d×%d: row %d alone differs from the batch of %d by %g", dtype, rows, cols, r, len(xs), maxAbsDiff(one, all[r]))
+					}
+				}
+				five := product(m, xs[:5], bias)
+				for r := range five {
+					if !slices.Equal(five[r], all[r]) {
+						t.Fatalf("%s %d×%d: row %d of a batch of 5 differs from a batch of 9", dtype, rows, cols, r)
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestAssemblyAndGoKernelsAgree(t *testing.T) {
+	if !useAVX2 {
+		t.Skip("this CPU lacks AVX2: only the Go kernels run")
+	}
+	rng := rand.New(rand.NewPCG(7, 7))
+	for _, dtype := range []string{"F32", "F16", "BF16", model.DTypeQ8_0, model.DTypeQ4_K, model.DTypeQ6_K} {
+		for _, cols := range []int{256, 768, 2048} {
+			rows := 37
+			w := randomMatrix(rng, rows, cols)
+			var raw []byte
+			var f32 []float32
+			if dtype == "F32" {
+				f32 = w
+			} else {
+				raw = encodeRows(t, dtype, w, rows, cols)
+			}
+			m := rowMatrix(t, dtype, raw, f32, rows, cols, nil)
+			xs := rowsOf(randomLogits(rng, 6*cols, 1), cols)
+			asm := product(m, xs, nil)
+			hasTile := useTile
+			useAVX2, useTile = false, false
+			goRes := product(m, xs, nil)
+			useAVX2, useTile = true, hasTile
+			for r := range xs {
+				switch {
+				case model.IsQuantized(dtype):
+					// Integer sums and unfused float steps: the same bits.
+					if !slices.Equal(asm[r], goRes[r]) {
+						t.Errorf("%s, %d columns, row %d: assembly and Go differ by %g", dtype, cols, r, maxAbsDiff(asm[r], goRes[r]))
+					}
+				default:
+					// FMA lanes against Go's one ordered sum: float rounding apart.
+					if e := relL2(asm[r], goRes[r]); e > 1e-5 {
+						t.Errorf("%s, %d columns, row %d: assembly and Go differ (relative L2 %.3g)", dtype, cols, r, e)
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestQuantizedProductsApproximateTheFloatOnes(t *testing.T) {
+	// Against the float product of the dequantized weights: the weights' own error is
+	// not the kernels' to answer for, only the inputs' 8-bit quantization.
+	rng := rand.New(rand.NewPCG(8, 8))
+	for _, dtype := range []string{model.DTypeQ8_0, model.DTypeQ4_K, model.DTypeQ6_K} {
+		forEachKernelPath(t, func(t *testing.T) {
+			rows, cols := 64, 1024
+			w := randomMatrix(rng, rows, cols)
+			raw := encodeRows(t, dtype, w, rows, cols)
+			deq := decodeRows(t, dtype, raw, rows, cols)
+			xs := rowsOf(randomLogits(rng, 3*cols, 1), cols)
+			got := product(rowMatrix(t, dtype, raw, nil, rows, cols, nil), xs, nil)
+			want := product(f32Matrix(deq, rows, cols), xs, nil)
+			for r := range xs {
+				if e := relL2(got[r], want[r]); e > 0.02 {
+					t.Errorf("%s row %d: relative L2 error %.3g against the dequantized weights' product", dtype, r, e)
+				}
+			}
+			// And the weights' quantization error itself, for the record.
+			exact := product(f32Matrix(w, rows, cols), xs, nil)
+			t.Logf("%s: relative L2 error against the unquantized weights' product %.3g", dtype, relL2(got[0], exact[0]))
+		})
+	}
+}
+
+func TestPermutedRowsLandWhereTheyBelong(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	rows, cols := 12, 256
+	for _, dtype := range []string{"F32", "F16", model.DTypeQ8_0, model.DTypeQ4_K} {
+		w := randomMatrix(rng, rows, cols)
+		perm := make([]int32, rows)
+		for i := range perm {
+			perm[i] = int32(i)
+		}
+		rng.Shuffle(rows, func(i, j int) { perm[i], perm[j] = perm[j], perm[i] })
+		stored := make([]float32, rows*cols) // stored row i is row perm[i]
+		for i, p := range perm {
+			copy(stored[i*cols:(i+1)*cols], w[int(p)*cols:int(p+1)*cols])
+		}
+		var raw []byte
+		var f32 []float32
+		if dtype == "F32" {
+			f32 = stored
+		} else {
+			raw = encodeRows(t, dtype, stored, rows, cols)
+			w = make([]float32, rows*cols)
+			deq := decodeRows(t, dtype, raw, rows, cols)
+			for i, p := range perm {
+				copy(w[int(p)*cols:int(p+1)*cols], deq[i*cols:(i+1)*cols])
+			}
+		}
+		m := rowMatrix(t, dtype, raw, f32, rows, cols, perm)
+		for r := range rows {
+			got := make([]float32, cols)
+			m.row(r, got)
+			if !slices.Equal(got, w[r*cols:(r+1)*cols]) {
+				t.Errorf("%s: row %d is not the row the permutation puts there", dtype, r)
+			}
+		}
+		xs := rowsOf(randomLogits(rng, 5*cols, 1), cols)
+		got := product(m, xs, nil)
+		want := product(f32Matrix(w, rows, cols), xs, nil)
+		for r := range xs {
+			if e := relL2(got[r], want[r]); e > 0.02 {
+				t.Errorf("%s row %d: relative L2 error %.3g against the rows in order", dtype, r, e)
+			}
+		}
+	}
+}
+
+// BenchmarkMatrixDecode measures one input row against a TinyLlama-sized MLP matrix
+// (5632×2048) in each format: bytes read per second are what decode speed comes down to.
+func BenchmarkMatrixDecode(b *testing.B) {
+	benchMatrix(b, 1)
+}
+
+// BenchmarkMatrixPrompt measures 128 input rows against the same matrix.
+func BenchmarkMatrixPrompt(b *testing.B) {
+	benchMatrix(b, 128)
+}
+
+func benchMatrix(b *testing.B, n int) {
+	rng := rand.New(rand.NewPCG(10, 10))
+	rows, cols := 5632, 2048
+	w := randomMatrix(rng, rows, cols)
+	xs := rowsOf(randomLogits(rng, n*cols, 1), cols)
+	for _, dtype := range []string{"F32", "F16", "BF16", model.DTypeQ8_0, model.DTypeQ4_K, model.DTypeQ6_K} {
+		var raw []byte
+		var f32 []float32
+		if dtype == "F32" {
+			f32 = w
+		} else {
+			raw = encodeRows(b, dtype, w, rows, cols)
+		}
+		m := rowMatrix(b, dtype, raw, f32, rows, cols, nil)
+		ys := make([][]float32, n)
+		for r := range ys {
+			ys[r] = make([]float32, rows)
+		}
+		var s mulScratch
+		b.Run(fmt.Sprintf("%s", dtype), func(b *testing.B) {
+			b.SetBytes(m.bytes())
+			for range b.N {
+				m.mul(ys, xs, nil, &s)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1e6, "ms/op")
+			b.ReportMetric(2*float64(rows*cols*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}
+
+var _ = math.Abs
