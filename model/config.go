@@ -87,6 +87,9 @@ const (
 	// RopeLlama3 is Llama 3.1's wavelength-dependent scaling: long wavelengths divided
 	// by Factor, short ones kept, the band between interpolated.
 	RopeLlama3
+	// RopeDivisors divides each frequency by its own Divisors entry (a GGUF file's
+	// rope_freqs tensor, which is how llama.cpp stores Llama 3.1's scaling).
+	RopeDivisors
 )
 
 // String names the kind as config.json's rope_type does.
@@ -96,6 +99,8 @@ func (k RopeKind) String() string {
 		return "linear"
 	case RopeLlama3:
 		return "llama3"
+	case RopeDivisors:
+		return "divisors"
 	}
 	return "default"
 }
@@ -117,6 +122,8 @@ type Rope struct {
 	LowFreqFactor, HighFreqFactor float64
 	// OriginalMaxPositions is the context the model was trained on (llama3).
 	OriginalMaxPositions int
+	// Divisors divide the frequencies one by one [Dim/2] (RopeDivisors).
+	Divisors []float32
 }
 
 // Config is the architecture descriptor and hyperparameters of a checkpoint: everything

@@ -38,6 +38,9 @@ type partName struct {
 	name string
 	// transposed says the tensor is stored [in][out] (GPT-2's Conv1D).
 	transposed bool
+	// ropeHeads, when positive, says the tensor's rows are ropeHeads heads stored in
+	// llama.cpp's rotary order (ropePerm).
+	ropeHeads int
 }
 
 // families are the supported architectures.

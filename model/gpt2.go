@@ -59,7 +59,7 @@ func parseGPT2(p *configParser, c *Config) {
 
 // gpt2Names maps the roles onto GPT-2's tensor names; its matrices are Conv1D weights.
 func gpt2Names(c *Config, r Role, l int) []partName {
-	one := func(name string, transposed bool) []partName { return []partName{{name, transposed}} }
+	one := func(name string, transposed bool) []partName { return []partName{{name: name, transposed: transposed}} }
 	if !r.PerLayer() {
 		switch r {
 		case RoleEmbed:

@@ -19,6 +19,10 @@ func (r Rope) InvFreq() []float32 {
 		for i := range inv {
 			inv[i] = float32(float64(inv[i]) / r.Factor)
 		}
+	case RopeDivisors:
+		for i := range inv {
+			inv[i] = float32(float64(inv[i]) / float64(r.Divisors[i]))
+		}
 	case RopeLlama3:
 		// Wavelengths longer than the original context over low_freq_factor are divided
 		// by factor, those shorter than it over high_freq_factor kept, and the band

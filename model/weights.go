@@ -176,13 +176,23 @@ func (c *Checkpoint) Weights() ([]Weight, error) {
 			default:
 				want = []int{split[i], cols}
 			}
-			if t.DType != "F32" && t.DType != "F16" && t.DType != "BF16" {
+			switch {
+			case t.DType == "F32" || t.DType == "F16" || t.DType == "BF16":
+			case c.gguf == nil:
 				return fmt.Errorf("tensor %s: dtype %s, expected F32, F16 or BF16", t.Name, t.DType)
+			case r.IsVector() || !IsQuantized(t.DType):
+				return fmt.Errorf("tensor %s: GGML type %s, expected F32, F16 or BF16 (or, for a matrix, Q8_0, Q4_K or Q6_K)", t.Name, t.DType)
 			}
 			if !slices.Equal(t.Shape, want) {
 				return fmt.Errorf("tensor %s: shape %v, expected %v for %s", t.Name, t.Shape, want, c.shapeWhy(r))
 			}
-			w.Parts = append(w.Parts, Part{Tensor: t, Transposed: pn.transposed, Rows: split[i]})
+			p := Part{Tensor: t, Transposed: pn.transposed, Rows: split[i]}
+			if pn.ropeHeads > 0 {
+				if p.Perm, err = ropePerm(split[i], pn.ropeHeads); err != nil {
+					return fmt.Errorf("tensor %s: %w", t.Name, err)
+				}
+			}
+			w.Parts = append(w.Parts, p)
 		}
 		out = append(out, w)
 		return nil
