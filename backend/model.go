@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"path/filepath"
 	"sync"
 
 	"go.uber.org/zap"
@@ -121,10 +120,10 @@ func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logg
 	if err != nil {
 		return nil, fmt.Errorf("model %q: %w", name, err)
 	}
-	tok, err := tokenizer.Load(filepath.Join(cfg.ModelPath, "tokenizer.json"))
+	tok, err := model.LoadTokenizer(cfg.ModelPath)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		log.Info("the checkpoint has no tokenizer.json: text_input and text_output are unavailable", zap.String("path", cfg.ModelPath))
+		log.Info("the checkpoint has no tokenizer (tokenizer.json, or a GGUF file's tokenizer metadata): text_input and text_output are unavailable", zap.String("path", cfg.ModelPath))
 		tok = nil
 	case err != nil:
 		return nil, fmt.Errorf("model %q: %w", name, err)

@@ -94,6 +94,8 @@ type Model struct {
 	refs int
 	// cfg is the architecture descriptor.
 	cfg model.Config
+	// gguf is the GGUF file of a GGUF checkpoint, "" for a Hugging Face folder.
+	gguf string
 	// mu guards cpu and gpu.
 	mu sync.Mutex
 	// cpu holds the CPU engines' weights by format, loaded by the first of each.
@@ -128,6 +130,11 @@ func fingerprint(dir string) (string, error) {
 	if real, err = filepath.Abs(real); err != nil {
 		return "", err
 	}
+	if fi, err := os.Stat(real); err != nil {
+		return "", err
+	} else if !fi.IsDir() { // a GGUF file
+		return fmt.Sprintf("%s\x00%d:%d", real, fi.Size(), fi.ModTime().UnixNano()), nil
+	}
 	ents, err := os.ReadDir(real)
 	if err != nil {
 		return "", err
@@ -136,7 +143,8 @@ func fingerprint(dir string) (string, error) {
 	b.WriteString(real)
 	for _, e := range ents {
 		n := e.Name()
-		if n != "config.json" && !strings.HasSuffix(n, ".safetensors") && !strings.HasSuffix(n, ".safetensors.index.json") {
+		if n != "config.json" && !strings.HasSuffix(n, ".safetensors") && !strings.HasSuffix(n, ".safetensors.index.json") &&
+			!strings.HasSuffix(n, ".gguf") {
 			continue
 		}
 		fi, err := os.Stat(filepath.Join(real, n))
@@ -182,7 +190,7 @@ func Open(dir string) (*Model, error) {
 	if cerr != nil {
 		return nil, fmt.Errorf("%s: close: %w", dir, cerr)
 	}
-	m := &Model{dir: dir, key: key, refs: 1, cfg: c.Config}
+	m := &Model{dir: dir, key: key, refs: 1, cfg: c.Config, gguf: c.GGUF}
 	opened[key] = m
 	return m, nil
 }
@@ -315,6 +323,9 @@ func computeType(set, stored string) string {
 // newGPU makes a GPU engine on device. libgollm_cuda.so is opened here, not when the
 // backend loads, so a server without a GPU still serves KIND_CPU.
 func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
+	if m.gguf != "" {
+		return nil, fmt.Errorf("%s is a GGUF file, which KIND_CPU instances serve; KIND_GPU instances serve Hugging Face checkpoints (safetensors)", m.gguf)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	dtype := computeType(s.DataType, m.cfg.DType)
