@@ -1,19 +1,21 @@
 """Write GGUF files from the project's own checkpoints with llama.cpp's `gguf` package, as
 its convert_hf_to_gguf.py lays them out for the LLaMA family, for the tests:
 
-    python3 testdata/make_gguf.py model SRC OUT TYPE...
+    python3 testdata/make_gguf.py model SRC OUT TYPE... [--no-ref]
     python3 testdata/make_gguf.py spm TOKENIZER.model TOKENIZER_CONFIG.json OUT.gguf
     python3 testdata/make_gguf.py bpe TOKENIZER.json TOKENIZER_CONFIG.json PRE OUT.gguf
 
 `model` converts the Hugging Face LLaMA checkpoint SRC (config.json, model.safetensors in
-F32/F16/BF16, a byte-level BPE tokenizer.json and tokenizer_config.json) into OUT/TYPE.gguf
+F32/F16/BF16, tokenizer.json — byte-level BPE, or SentencePiece-style BPE with byte
+fallback — and tokenizer_config.json) into OUT/TYPE.gguf
 for each TYPE of F32, F16, BF16, Q8_0 and Q4_K_M, and writes beside each the same weights
 in safetensors form, OUT/TYPE-ref/: every tensor as the GGUF holds it, dequantized by
 gguf's own code (llama.cpp's reference), un-permuted and renamed back, in float32. Q8_0 is
 gguf's own quantizer; Q4_K and Q6_K, which gguf reads but does not write, are quantized
 here (a plain min/max fit: the tests check the reading, not the quantizer). Q4_K_M
 follows llama.cpp's mixture: Q4_K matrices, Q6_K for the embedding/LM head and, in
-alternate layers, the value and MLP-down projections.
+alternate layers, the value and MLP-down projections. --no-ref skips the safetensors
+forms (bench/llamacpp.sh, whose models are large).
 
 `spm` and `bpe` write tokenizer-only files (no tensors): a SentencePiece model's pieces,
 scores and types as convert_hf_to_gguf.py's _set_vocab_sentencepiece reads them, or a
@@ -31,28 +33,35 @@ import gguf
 from gguf import GGMLQuantizationType as T
 
 
-def read_safetensors(path):
-    """The tensors of a safetensors file as float32 arrays."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
+class Safetensors:
+    """A safetensors file, memory-mapped; get() reads one tensor as float32."""
+
+    def __init__(self, path):
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            self.header = {k: v for k, v in json.loads(f.read(n)).items() if k != "__metadata__"}
+        self.data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
+        self.path = path
+
+    def names(self):
+        return sorted(self.header)
+
+    def shape(self, name):
+        return tuple(self.header[name]["shape"])
+
+    def get(self, name):
+        info = self.header[name]
         b, e = info["data_offsets"]
-        raw = data[b:e]
+        raw = self.data[b:e]
         if info["dtype"] == "F32":
-            a = np.frombuffer(raw, dtype="<f4")
+            a = raw.view("<f4")
         elif info["dtype"] == "F16":
-            a = np.frombuffer(raw, dtype="<f2").astype(np.float32)
+            a = raw.view("<f2").astype(np.float32)
         elif info["dtype"] == "BF16":
-            a = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+            a = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
         else:
-            raise SystemExit(f"{path}: tensor {name}: dtype {info['dtype']}")
-        out[name] = a.reshape(info["shape"]).astype(np.float32)
-    return out
+            raise SystemExit(f"{self.path}: tensor {name}: dtype {info['dtype']}")
+        return a.reshape(info["shape"]).astype(np.float32)
 
 
 def write_safetensors(path, tensors):
@@ -173,6 +182,37 @@ def mixture(kind, name, layer):
     return T.Q4_K
 
 
+def add_spm_tokenizer(w, tok, tcfg):
+    """A SentencePiece-style tokenizer.json (BPE with byte fallback, Llama 2's layout) as
+    tokenizer.ggml.* (model llama): the pieces by id, scores falling with the id (the
+    order of a SentencePiece BPE model's scores), the types by what each piece is."""
+    vocab = dict(tok["model"]["vocab"])
+    added = {t["id"]: t for t in tok.get("added_tokens", [])}
+    for t in added.values():
+        vocab[t["content"]] = t["id"]
+    n = max(vocab.values()) + 1
+    tokens = [f"[PAD{i}]" for i in range(n)]
+    types = [gguf.TokenType.UNUSED] * n
+    for s, i in vocab.items():
+        tokens[i] = s
+        if i in added:
+            types[i] = gguf.TokenType.CONTROL if added[i].get("special") else gguf.TokenType.USER_DEFINED
+        elif len(s) == 6 and s.startswith("<0x") and s.endswith(">"):
+            types[i] = gguf.TokenType.BYTE
+        else:
+            types[i] = gguf.TokenType.NORMAL
+    unk = tok["model"].get("unk_token")
+    if unk in vocab:
+        types[vocab[unk]] = gguf.TokenType.UNKNOWN
+        w.add_unk_token_id(vocab[unk])
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([-float(i) for i in range(n)])
+    w.add_token_types(types)
+    add_specials(w, tcfg, vocab, tok)
+
+
 def add_bpe_tokenizer(w, tok, tcfg, pre):
     """A byte-level BPE tokenizer.json as tokenizer.ggml.* (model gpt2)."""
     vocab = dict(tok["model"]["vocab"])
@@ -227,10 +267,12 @@ def add_specials(w, tcfg, vocab, tok=None):
 
 
 def convert(src, out, kinds):
+    ref_too = "--no-ref" not in kinds
+    kinds = [k for k in kinds if k != "--no-ref"]
     cfg = json.load(open(os.path.join(src, "config.json")))
     tok = json.load(open(os.path.join(src, "tokenizer.json")))
     tcfg = json.load(open(os.path.join(src, "tokenizer_config.json")))
-    ts = read_safetensors(os.path.join(src, "model.safetensors"))
+    ts = Safetensors(os.path.join(src, "model.safetensors"))
     heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     theta = (cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta", 10000.0)
@@ -258,13 +300,16 @@ def convert(src, out, kinds):
         w.add_rope_freq_base(theta)
         w.add_rope_dimension_count(head_dim)
         w.add_vocab_size(cfg["vocab_size"])
-        add_bpe_tokenizer(w, tok, tcfg, "gpt2")
+        if tok["model"].get("byte_fallback"):
+            add_spm_tokenizer(w, tok, tcfg)
+        else:
+            add_bpe_tokenizer(w, tok, tcfg, "gpt2")
         ref = {}
-        for hf in sorted(ts):
+        for hf in ts.names():
             if hf not in names:
                 raise SystemExit(f"{src}: no GGUF name for {hf}")
             gg = names[hf]
-            a = ts[hf]
+            a = ts.get(hf)
             if gg.endswith("attn_q.weight"):
                 a = permute(a, heads)
             elif gg.endswith("attn_k.weight"):
@@ -275,15 +320,19 @@ def convert(src, out, kinds):
                 w.add_tensor(gg, data)
             else:
                 w.add_tensor(gg, data, raw_dtype=raw)
+            if not ref_too:
+                continue
             if gg.endswith("attn_q.weight"):
                 back = unpermute(back, heads)
             elif gg.endswith("attn_k.weight"):
                 back = unpermute(back, kv)
-            ref[hf] = back.reshape(ts[hf].shape)
+            ref[hf] = back.reshape(ts.shape(hf))
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
+        if not ref_too:
+            continue
         rdir = os.path.join(out, f"{kind}-ref")
         os.makedirs(rdir, exist_ok=True)
         rcfg = dict(cfg)

@@ -147,7 +147,23 @@ func mul16(p *matPart, cols int, ys, xs [][]float32, bias []float32, i0, i1 int,
 func widen16(p *matPart, cols, i0, i1 int, dst []float32) {
 	src := p.raw[i0*p.rowBytes : i1*p.rowBytes]
 	dst = dst[:(i1-i0)*cols]
-	if p.f == fmtBF16 {
+	if len(dst) == 0 {
+		return
+	}
+	switch {
+	case !useAVX2:
+		widen16Go(src, dst, p.f == fmtBF16)
+	case p.f == fmtBF16:
+		widenBF16AVX2(&src[0], &dst[0], len(dst))
+	default:
+		widenF16AVX2(&src[0], &dst[0], len(dst))
+	}
+}
+
+// widen16Go writes the halves (bf: bfloat16s) of src into dst as float32.
+func widen16Go(src []byte, dst []float32, bf bool) {
+	src = src[:2*len(dst)]
+	if bf {
 		for k := range dst {
 			dst[k] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*k:])) << 16)
 		}

@@ -40,3 +40,11 @@ func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte,
 
 //go:noescape
 func dot4Q6KAVX2(q *int8, d *float32, bs16 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32)
+
+// widenF16AVX2 and widenBF16AVX2 write n halves or bfloat16s at src as float32s.
+//
+//go:noescape
+func widenF16AVX2(src *byte, dst *float32, n int)
+
+//go:noescape
+func widenBF16AVX2(src *byte, dst *float32, n int)

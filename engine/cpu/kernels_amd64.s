@@ -240,3 +240,79 @@ bf16done:
 	VMOVSS X3, 12(DI)
 	VZEROUPPER
 	RET
+
+// func widenF16AVX2(src *byte, dst *float32, n int)
+//
+// dst[i] = the IEEE half at src[2i], for n values (n a multiple of 8 for the vector
+// loop; the rest one by one).
+TEXT ·widenF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ src+0(FP), SI
+	MOVQ dst+8(FP), DI
+	MOVQ n+16(FP), CX
+	XORQ AX, AX
+	MOVQ CX, DX
+	ANDQ $-32, DX
+
+wf16loop32:
+	CMPQ AX, DX
+	JGE  wf16loop1
+	VCVTPH2PS (SI)(AX*2), Y0
+	VCVTPH2PS 16(SI)(AX*2), Y1
+	VCVTPH2PS 32(SI)(AX*2), Y2
+	VCVTPH2PS 48(SI)(AX*2), Y3
+	VMOVUPS   Y0, (DI)(AX*4)
+	VMOVUPS   Y1, 32(DI)(AX*4)
+	VMOVUPS   Y2, 64(DI)(AX*4)
+	VMOVUPS   Y3, 96(DI)(AX*4)
+	ADDQ $32, AX
+	JMP  wf16loop32
+
+wf16loop1:
+	CMPQ AX, CX
+	JGE  wf16done
+	MOVWLZX   (SI)(AX*2), BX
+	VMOVD     BX, X0
+	VCVTPH2PS X0, X0
+	VMOVSS    X0, (DI)(AX*4)
+	INCQ AX
+	JMP  wf16loop1
+
+wf16done:
+	VZEROUPPER
+	RET
+
+// func widenBF16AVX2(src *byte, dst *float32, n int)
+//
+// dst[i] = the bfloat16 at src[2i], for n values.
+TEXT ·widenBF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ src+0(FP), SI
+	MOVQ dst+8(FP), DI
+	MOVQ n+16(FP), CX
+	XORQ AX, AX
+	MOVQ CX, DX
+	ANDQ $-16, DX
+
+wbf16loop16:
+	CMPQ AX, DX
+	JGE  wbf16loop1
+	VPMOVZXWD (SI)(AX*2), Y0
+	VPMOVZXWD 16(SI)(AX*2), Y1
+	VPSLLD    $16, Y0, Y0
+	VPSLLD    $16, Y1, Y1
+	VMOVUPS   Y0, (DI)(AX*4)
+	VMOVUPS   Y1, 32(DI)(AX*4)
+	ADDQ $16, AX
+	JMP  wbf16loop16
+
+wbf16loop1:
+	CMPQ AX, CX
+	JGE  wbf16done
+	MOVWLZX (SI)(AX*2), BX
+	SHLL    $16, BX
+	MOVL    BX, (DI)(AX*4)
+	INCQ AX
+	JMP  wbf16loop1
+
+wbf16done:
+	VZEROUPPER
+	RET

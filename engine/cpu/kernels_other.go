@@ -55,3 +55,11 @@ func dot4Q6KAVX2(q *int8, d *float32, bs16 *int16, ns int, w0, w1, w2, w3 *byte,
 		out[j] = dotQ6KGo(unsafe.Slice(q, 256*ns), unsafe.Slice(d, ns), unsafe.Slice(bs16, 16*ns), unsafe.Slice(w, 210*ns))
 	}
 }
+
+func widenF16AVX2(src *byte, dst *float32, n int) {
+	widen16Go(unsafe.Slice(src, 2*n), unsafe.Slice(dst, n), false)
+}
+
+func widenBF16AVX2(src *byte, dst *float32, n int) {
+	widen16Go(unsafe.Slice(src, 2*n), unsafe.Slice(dst, n), true)
+}

@@ -155,7 +155,7 @@ func dotQ8Go(q []int8, d []float32, w []byte) float32 {
 // bs32): per super-block, d·dx·Σ_j sc_j·Σ q4·qx − dmin·dx·Σ_j m_j·Σ qx.
 func dotQ4KGo(q []int8, d []float32, bs32 []int16, w []byte) float32 {
 	var acc [8]float32
-	var macc float32
+	var macc [4]float32 // lane k: mins 2k and 2k+1
 	for s, dx := range d {
 		blk := w[s*model.Q4KBytes : (s+1)*model.Q4KBytes]
 		ds, dm := f16(blk)*dx, f16(blk[2:])*dx
@@ -163,7 +163,7 @@ func dotQ4KGo(q []int8, d []float32, bs32 []int16, w []byte) float32 {
 		qs := blk[16:]
 		x := q[s*256 : s*256+256]
 		var sumi [8]int32
-		var summ int32
+		var summ [4]int32
 		for j := range 8 {
 			chunk := qs[j/2*32 : j/2*32+32]
 			shift := uint(j%2) * 4
@@ -174,14 +174,16 @@ func dotQ4KGo(q []int8, d []float32, bs32 []int16, w []byte) float32 {
 				}
 				sumi[l] += int32(sc[j]) * p
 			}
-			summ += int32(m[j]) * int32(bs32[s*8+j])
+			summ[j/2] += int32(m[j]) * int32(bs32[s*8+j])
 		}
 		for l := range 8 {
 			acc[l] += float32(float32(sumi[l]) * ds)
 		}
-		macc += float32(float32(summ) * dm)
+		for k := range 4 {
+			macc[k] += float32(float32(summ[k]) * dm)
+		}
 	}
-	return reduce8(&acc) - macc
+	return reduce8(&acc) - ((macc[0] + macc[1]) + (macc[2] + macc[3]))
 }
 
 // dotQ6KGo returns the dot product of a Q6_K weight row w with the input row (q, d,
