@@ -195,7 +195,10 @@ func QuantizeRow(dtype string, src []float32, dst []byte) error {
 
 // roundHalfAway rounds to the nearest integer, halves away from zero (C's roundf).
 func roundHalfAway(x float32) int {
-	return int(math.Round(float64(x)))
+	if x >= 0 {
+		return int(x + 0.5)
+	}
+	return -int(-x + 0.5)
 }
 
 // quantQ8_0 quantizes 32 values symmetrically: d = max|x|/127, q = round(x/d).
@@ -218,7 +221,7 @@ func quantQ8_0(x []float32, blk []byte) {
 // fitScaleMin finds, for values x (weighted by w) quantized to 0..nmax as
 // x ≈ scale·q − min (min ≥ 0), a scale and min of small weighted squared error: the
 // range's own, then the least-squares fit for each of a few nearby scales' rounding,
-// keeping the best.
+// keeping the best; q receives the values' quantization under it.
 func fitScaleMin(x, w []float32, nmax int, q []uint8) (scale, mn float32) {
 	lo, hi := x[0], x[0]
 	for _, v := range x {
@@ -229,51 +232,51 @@ func fitScaleMin(x, w []float32, nmax int, q []uint8) (scale, mn float32) {
 		clear(q)
 		return 0, -lo
 	}
-	errOf := func(s, m float32) float64 {
-		var e float64
+	errOf := func(s, m float32) float32 {
+		var e float32
+		is := 1 / s
 		for i, v := range x {
-			qi := max(0, min(nmax, roundHalfAway((v+m)/s)))
-			d := float64(s*float32(qi) - m - v)
-			e += float64(w[i]) * d * d
+			qi := max(0, min(nmax, roundHalfAway((v+m)*is)))
+			d := s*float32(qi) - m - v
+			e += w[i] * d * d
 		}
 		return e
 	}
 	bestS, bestM := (hi-lo)/float32(nmax), -lo
 	best := errOf(bestS, bestM)
-	tmp := make([]uint8, len(x))
-	for step := -4; step <= 8; step++ {
-		iscale := (float32(nmax) + 0.1*float32(step)) / (hi - lo)
+	for step := -2; step <= 3; step++ {
+		iscale := (float32(nmax) + 0.25*float32(step)) / (hi - lo)
 		// Round with this scale, then solve the weighted least squares for scale and min.
-		var sw, swq, swq2, swx, swqx float64
+		var sw, swq, swq2, swx, swqx float32
 		for i, v := range x {
-			qi := max(0, min(nmax, roundHalfAway(iscale*(v-lo))))
-			tmp[i] = uint8(qi)
-			wi := float64(w[i])
+			qi := float32(max(0, min(nmax, roundHalfAway(iscale*(v-lo)))))
+			wi := w[i]
 			sw += wi
-			swq += wi * float64(qi)
-			swq2 += wi * float64(qi) * float64(qi)
-			swx += wi * float64(v)
-			swqx += wi * float64(qi) * float64(v)
+			swq += wi * qi
+			swq2 += wi * qi * qi
+			swx += wi * v
+			swqx += wi * qi * v
 		}
 		det := sw*swq2 - swq*swq
-		if det <= 0 {
+		if !(det > 0) {
 			continue
 		}
-		s := (sw*swqx - swq*swx) / det
+		sc := (sw*swqx - swq*swx) / det
 		m := (swq2*swx - swq*swqx) / det // x ≈ s·q + m, so the stored min is −m
 		if m > 0 {
 			m = 0
-			s = swqx / swq2
+			sc = swqx / swq2
 		}
-		if !(s > 0) {
+		if !(sc > 0) {
 			continue
 		}
-		if e := errOf(float32(s), float32(-m)); e < best {
-			best, bestS, bestM = e, float32(s), float32(-m)
+		if e := errOf(sc, -m); e < best {
+			best, bestS, bestM = e, sc, -m
 		}
 	}
+	is := 1 / bestS
 	for i, v := range x {
-		q[i] = uint8(max(0, min(nmax, roundHalfAway((v+bestM)/bestS))))
+		q[i] = uint8(max(0, min(nmax, roundHalfAway((v+bestM)*is))))
 	}
 	return bestS, bestM
 }

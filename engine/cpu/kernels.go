@@ -71,11 +71,15 @@ func matmul(ys, xs [][]float32, wt []float32, in, out int, bias []float32) {
 	f32Matrix(wt, out, in).mul(ys, xs, bias, &mulScratch{})
 }
 
-// dot returns Σ x[k]·w[k].
+// dot returns Σ x[k]·w[k], as one output of dot1x4.
 func dot(x, w []float32) float32 {
 	if useAVX2 {
-		s, _, _, _ := dot1x4(x, w, w, w, w)
-		return s
+		n := len(x)
+		if n == 0 {
+			return 0
+		}
+		w = w[:n] // the assembly reads n values of each
+		return dot1AVX2(&x[0], &w[0], n)
 	}
 	return dotGo(x, w)
 }
@@ -161,6 +165,16 @@ func dot2x4Go(x0, x1, w0, w1, w2, w3 []float32) (a0, a1, a2, a3, c0, c1, c2, c3 
 
 // axpy adds a·x to y.
 func axpy(y []float32, a float32, x []float32) {
+	if useAVX2 && len(y) > 0 {
+		x = x[:len(y)] // the assembly reads len(y) values of x
+		axpyAVX2(&y[0], a, &x[0], len(y))
+		return
+	}
+	axpyGo(y, a, x)
+}
+
+// axpyGo adds a·x to y in plain Go.
+func axpyGo(y []float32, a float32, x []float32) {
 	x = x[:len(y)]
 	for i := range y {
 		y[i] += a * x[i]

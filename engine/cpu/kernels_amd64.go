@@ -48,3 +48,13 @@ func widenF16AVX2(src *byte, dst *float32, n int)
 
 //go:noescape
 func widenBF16AVX2(src *byte, dst *float32, n int)
+
+// dot1AVX2 is one output of dot4AVX2 (kernels_amd64.s).
+//
+//go:noescape
+func dot1AVX2(x, w *float32, n int) float32
+
+// axpyAVX2 adds a·x to y over n floats, rounding each product (kernels_amd64.s).
+//
+//go:noescape
+func axpyAVX2(y *float32, a float32, x *float32, n int)

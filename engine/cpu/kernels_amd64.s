@@ -316,3 +316,77 @@ wbf16loop1:
 wbf16done:
 	VZEROUPPER
 	RET
+
+// func dot1AVX2(x, w *float32, n int) float32
+//
+// Σ x[k]·w[k] computed exactly as one output of dot4AVX2: eight FMA lanes over n&^7
+// elements, reduced in the same order, then the tail one element at a time.
+TEXT ·dot1AVX2(SB), NOSPLIT, $0-28
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), R8
+	MOVQ n+16(FP), CX
+	VXORPS Y0, Y0, Y0
+	XORQ AX, AX
+	MOVQ CX, DX
+	ANDQ $-8, DX
+
+d1loop8:
+	CMPQ AX, DX
+	JGE  d1reduce
+	VMOVUPS     (SI)(AX*4), Y4
+	VFMADD231PS (R8)(AX*4), Y4, Y0
+	ADDQ $8, AX
+	JMP  d1loop8
+
+d1reduce:
+	VEXTRACTF128 $1, Y0, X4
+	VADDPS       X4, X0, X0
+	VHADDPS      X0, X0, X0
+	VHADDPS      X0, X0, X0
+
+d1tail:
+	CMPQ AX, CX
+	JGE  d1done
+	VMOVSS      (SI)(AX*4), X4
+	VFMADD231SS (R8)(AX*4), X4, X0
+	INCQ AX
+	JMP  d1tail
+
+d1done:
+	VMOVSS X0, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func axpyAVX2(y *float32, a float32, x *float32, n int)
+//
+// y[i] += a·x[i], the product rounded before the add (as the Go loop computes it).
+TEXT ·axpyAVX2(SB), NOSPLIT, $0-32
+	MOVQ y+0(FP), DI
+	VBROADCASTSS a+8(FP), Y1
+	MOVQ x+16(FP), SI
+	MOVQ n+24(FP), CX
+	XORQ AX, AX
+	MOVQ CX, DX
+	ANDQ $-8, DX
+
+axloop8:
+	CMPQ AX, DX
+	JGE  axtail
+	VMULPS  (SI)(AX*4), Y1, Y2
+	VADDPS  (DI)(AX*4), Y2, Y2
+	VMOVUPS Y2, (DI)(AX*4)
+	ADDQ $8, AX
+	JMP  axloop8
+
+axtail:
+	CMPQ AX, CX
+	JGE  axdone
+	VMULSS (SI)(AX*4), X1, X2
+	VADDSS (DI)(AX*4), X2, X2
+	VMOVSS X2, (DI)(AX*4)
+	INCQ AX
+	JMP  axtail
+
+axdone:
+	VZEROUPPER
+	RET

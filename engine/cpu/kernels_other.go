@@ -63,3 +63,13 @@ func widenF16AVX2(src *byte, dst *float32, n int) {
 func widenBF16AVX2(src *byte, dst *float32, n int) {
 	widen16Go(unsafe.Slice(src, 2*n), unsafe.Slice(dst, n), true)
 }
+
+func dot1AVX2(x, w *float32, n int) float32 {
+	var out [4]float32
+	dot4AVX2(x, w, w, w, w, n, &out)
+	return out[0]
+}
+
+func axpyAVX2(y *float32, a float32, x *float32, n int) {
+	axpyGo(unsafe.Slice(y, n), a, unsafe.Slice(x, n))
+}

@@ -156,3 +156,4 @@ tiletail:
 tiledone:
 	VZEROUPPER
 	RET
+
