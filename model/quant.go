@@ -205,7 +205,7 @@ func roundHalfAway(x float32) int {
 func quantQ8_0(x []float32, blk []byte) {
 	var amax float32
 	for _, v := range x {
-		amax = max(amax, float32(math.Abs(float64(v))))
+		amax = max(amax, math.Float32frombits(math.Float32bits(v)&^(1<<31)))
 	}
 	d := amax / 127
 	var id float32

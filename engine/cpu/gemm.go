@@ -160,6 +160,20 @@ func widen16(p *matPart, cols, i0, i1 int, dst []float32) {
 	}
 }
 
+// widenRow writes the halves (bf: bfloat16s) of src into dst as float32.
+func widenRow(src []byte, dst []float32, bf bool) {
+	if !useAVX2 || len(dst) == 0 {
+		widen16Go(src, dst, bf)
+		return
+	}
+	src = src[:2*len(dst)]
+	if bf {
+		widenBF16AVX2(&src[0], &dst[0], len(dst))
+	} else {
+		widenF16AVX2(&src[0], &dst[0], len(dst))
+	}
+}
+
 // widen16Go writes the halves (bf: bfloat16s) of src into dst as float32.
 func widen16Go(src []byte, dst []float32, bf bool) {
 	src = src[:2*len(dst)]

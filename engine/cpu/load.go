@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"gollm/model"
 )
@@ -119,6 +120,9 @@ func LoadWeights(c *model.Checkpoint, f WeightFormat) (_ *Weights, err error) {
 				return nil, fmt.Errorf("cpu: load %s: %s: %w", c.Dir, mw, err)
 			}
 			*w.vectorOf(mw.Role, mw.Layer) = v
+			for _, p := range mw.Parts {
+				c.Evict(p.Tensor)
+			}
 			continue
 		}
 		m, inPlace, err := loadMatrix(mw, f, cfg.TiedHead)
@@ -127,6 +131,14 @@ func LoadWeights(c *model.Checkpoint, f WeightFormat) (_ *Weights, err error) {
 		}
 		mapped = mapped || inPlace
 		*w.matrixOf(mw.Role, mw.Layer) = m
+		// The parts copied out of the mapping leave the resident set (the page cache
+		// keeps them), so that a checkpoint quantized at load does not peak at both
+		// forms' size.
+		for pi, p := range mw.Parts {
+			if !sameMemory(p.Tensor.Data, m.parts[pi]) {
+				c.Evict(p.Tensor)
+			}
+		}
 	}
 	for r := range model.NumRoles {
 		if _, _, present := cfg.Shape(r); !present || !matrixRole(r) {
@@ -146,6 +158,20 @@ func LoadWeights(c *model.Checkpoint, f WeightFormat) (_ *Weights, err error) {
 		w.ckpt = c
 	}
 	return w, nil
+}
+
+// sameMemory says part mp uses the tensor data in place.
+func sameMemory(data []byte, mp matPart) bool {
+	if len(data) == 0 {
+		return false
+	}
+	switch {
+	case len(mp.raw) > 0:
+		return &mp.raw[0] == &data[0]
+	case len(mp.f32) > 0:
+		return unsafe.Pointer(&mp.f32[0]) == unsafe.Pointer(&data[0])
+	}
+	return false
 }
 
 // loadMatrix makes the matrix of weight mw in format f; inPlace says some part points
@@ -221,7 +247,13 @@ func convertPart(m *matrix, fm format, p *model.Part, cols int) error {
 			return whole[i*cols : (i+1)*cols]
 		}
 		s := canon[i]
-		_ = model.DequantizeRow(p.Tensor.DType, p.Tensor.Data[s*srcBytes:(s+1)*srcBytes], buf)
+		src := p.Tensor.Data[s*srcBytes : (s+1)*srcBytes]
+		switch p.Tensor.DType {
+		case "F16", "BF16":
+			widenRow(src, buf, p.Tensor.DType == "BF16")
+		default:
+			_ = model.DequantizeRow(p.Tensor.DType, src, buf)
+		}
 		return buf
 	}
 	if fm == fmtF32 {
