@@ -110,26 +110,26 @@ type kernelPath struct {
 }
 
 // kernelPaths lists the kernel paths this machine can run: the pure-Go loops always,
-// the AVX2 assembly where the CPU has it, and with it the AVX-512VL register tile of
-// prompt steps where the CPU has that too.
+// the AVX2 assembly where the CPU has it, and with it the AVX-512 kernels (the register
+// tile of prompt steps, VNNI's Q8_0) where the CPU has those too.
 func kernelPaths(t testing.TB) []kernelPath {
 	t.Helper()
-	hasAVX2, hasTile := useAVX2, useTile
-	choose := func(avx, tile bool) func(t testing.TB) {
+	hasAVX2, hasVNNI, hasTile := useAVX2, useVNNI, useTile
+	choose := func(avx, vnni, tile bool) func(t testing.TB) {
 		return func(t testing.TB) {
-			oldA, oldT := useAVX2, useTile
-			useAVX2, useTile = avx, tile
-			t.Cleanup(func() { useAVX2, useTile = oldA, oldT })
+			oldA, oldV, oldT := useAVX2, useVNNI, useTile
+			useAVX2, useVNNI, useTile = avx, vnni, tile
+			t.Cleanup(func() { useAVX2, useVNNI, useTile = oldA, oldV, oldT })
 		}
 	}
-	paths := []kernelPath{{"the pure-Go kernels", choose(false, false)}}
+	paths := []kernelPath{{"the pure-Go kernels", choose(false, false, false)}}
 	if hasAVX2 {
-		paths = append(paths, kernelPath{"the AVX2 kernels", choose(true, false)})
+		paths = append(paths, kernelPath{"the AVX2 kernels", choose(true, false, false)})
 	} else {
 		t.Log("this CPU lacks AVX2/FMA/F16C: only the pure-Go kernels are tested")
 	}
-	if hasTile {
-		paths = append(paths, kernelPath{"the AVX-512 tile", choose(true, true)})
+	if hasTile || hasVNNI {
+		paths = append(paths, kernelPath{"the AVX-512 kernels", choose(true, hasVNNI, hasTile)})
 	}
 	return paths
 }

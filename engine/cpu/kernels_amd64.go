@@ -6,6 +6,10 @@ import xcpu "golang.org/x/sys/cpu"
 // pure-Go loops run where the CPU lacks them. Tests flip it to check both paths.
 var useAVX2 = xcpu.X86.HasAVX2 && xcpu.X86.HasFMA && xcpu.X86.HasF16C
 
+// useVNNI selects the Q8_0 kernel on AVX-512 VNNI's VPDPBUSD (the same integers as
+// the AVX2 kernel's, so the same results).
+var useVNNI = useAVX2 && xcpu.X86.HasAVX512VNNI && xcpu.X86.HasAVX512VL
+
 // useTile selects the float register tile of prompt steps (tile_amd64.s), which needs
 // AVX-512VL's 32 vector registers; without it prompt steps run the one-row kernels.
 var useTile = useAVX2 && xcpu.X86.HasAVX512F && xcpu.X86.HasAVX512VL
@@ -34,6 +38,9 @@ func tileF32AVX512(x *[4]*float32, w *[6]*float32, n int, out *[24]float32)
 //
 //go:noescape
 func dot4Q8AVX2(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32)
+
+//go:noescape
+func dot4Q8VNNI(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32)
 
 //go:noescape
 func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32)

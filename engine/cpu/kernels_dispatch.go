@@ -42,7 +42,11 @@ func dot4Q8(q []int8, d []float32, w *[4][]byte) [4]float32 {
 	q = q[:nb*model.Q8Elems]
 	n := nb * model.Q8Bytes
 	w0, w1, w2, w3 := w[0][:n], w[1][:n], w[2][:n], w[3][:n]
-	dot4Q8AVX2(&q[0], &d[0], nb, &w0[0], &w1[0], &w2[0], &w3[0], &out)
+	if useVNNI {
+		dot4Q8VNNI(&q[0], &d[0], nb, &w0[0], &w1[0], &w2[0], &w3[0], &out)
+	} else {
+		dot4Q8AVX2(&q[0], &d[0], nb, &w0[0], &w1[0], &w2[0], &w3[0], &out)
+	}
 	return out
 }
 

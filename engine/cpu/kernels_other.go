@@ -4,8 +4,8 @@ package cpu
 
 import "unsafe"
 
-// useAVX2 and useTile are false off amd64: the pure-Go loops run.
-var useAVX2, useTile = false, false
+// useAVX2, useVNNI and useTile are false off amd64: the pure-Go loops run.
+var useAVX2, useVNNI, useTile = false, false, false
 
 // The assembly kernels are never called off amd64 (useAVX2 is false); these compute the
 // same sums in plain Go so that the package compiles everywhere.
@@ -42,6 +42,10 @@ func dot4Q8AVX2(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float
 	for j, w := range [4]*byte{w0, w1, w2, w3} {
 		out[j] = dotQ8Go(unsafe.Slice(q, 32*nb), unsafe.Slice(d, nb), unsafe.Slice(w, 34*nb))
 	}
+}
+
+func dot4Q8VNNI(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32) {
+	dot4Q8AVX2(q, d, nb, w0, w1, w2, w3, out)
 }
 
 func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32) {

@@ -156,6 +156,63 @@ q8done:
 	VZEROUPPER
 	RET
 
+// func dot4Q8VNNI(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32)
+//
+// dot4Q8AVX2 with AVX-512 VNNI: VPDPBUSD sums each lane's four byte products in one
+// instruction (VPMADDUBSW and VPMADDWD before); the integers, so the results, are the same.
+TEXT ·dot4Q8VNNI(SB), NOSPLIT, $0-64
+	MOVQ q+0(FP), SI
+	MOVQ d+8(FP), R12
+	MOVQ nb+16(FP), CX
+	MOVQ w0+24(FP), R8
+	MOVQ w1+32(FP), R9
+	MOVQ w2+40(FP), R10
+	MOVQ w3+48(FP), R11
+	VXORPS  Y0, Y0, Y0
+	VXORPS  Y1, Y1, Y1
+	VXORPS  Y2, Y2, Y2
+	VXORPS  Y3, Y3, Y3
+
+// Q8ROWV adds weight row P's block to accumulator A (the input in Y4, |input| in Y5).
+#define Q8ROWV(P, A) \
+	VMOVDQU    2(P), Y6; \
+	VPSIGNB    Y4, Y6, Y6; \
+	VPXOR      Y8, Y8, Y8; \
+	VPDPBUSD   Y6, Y5, Y8; \
+	VCVTDQ2PS  Y8, Y8; \
+	HALF(0, P, (R12), X7, BX); \
+	VBROADCASTSS X7, Y7; \
+	VMULPS     Y7, Y8, Y8; \
+	VADDPS     Y8, A, A; \
+	ADDQ       $34, P
+
+q8vloop:
+	TESTQ CX, CX
+	JZ    q8vdone
+	VMOVDQU (SI), Y4
+	VPABSB  Y4, Y5
+	Q8ROWV(R8, Y0)
+	Q8ROWV(R9, Y1)
+	Q8ROWV(R10, Y2)
+	Q8ROWV(R11, Y3)
+	ADDQ $32, SI
+	ADDQ $4, R12
+	DECQ CX
+	JMP  q8vloop
+
+q8vdone:
+	MOVQ out+56(FP), DI
+	REDUCE8(Y0, X0, X4)
+	REDUCE8(Y1, X1, X4)
+	REDUCE8(Y2, X2, X4)
+	REDUCE8(Y3, X3, X4)
+	VMOVSS X0, 0(DI)
+	VMOVSS X1, 4(DI)
+	VMOVSS X2, 8(DI)
+	VMOVSS X3, 12(DI)
+	VZEROUPPER
+	RET
+
 // func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32)
 //
 // out[j] = dotQ4KGo(q[:256ns], d[:ns], bs32[:8ns], wj): Q4_K weight rows against a

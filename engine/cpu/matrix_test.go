@@ -175,10 +175,17 @@ func TestAssemblyAndGoKernelsAgree(t *testing.T) {
 			m := rowMatrix(t, dtype, raw, f32, rows, cols, nil)
 			xs := rowsOf(randomLogits(rng, 6*cols, 1), cols)
 			asm := product(m, xs, nil)
-			hasTile := useTile
-			useAVX2, useTile = false, false
+			hasVNNI, hasTile := useVNNI, useTile
+			useAVX2, useVNNI, useTile = false, false, false
 			goRes := product(m, xs, nil)
-			useAVX2, useTile = true, hasTile
+			useAVX2 = true
+			avx2 := product(m, xs, nil)
+			useVNNI, useTile = hasVNNI, hasTile
+			for r := range xs {
+				if model.IsQuantized(dtype) && !slices.Equal(avx2[r], asm[r]) {
+					t.Errorf("%s, %d columns, row %d: the AVX2 and AVX-512 kernels differ by %g", dtype, cols, r, maxAbsDiff(avx2[r], asm[r]))
+				}
+			}
 			for r := range xs {
 				switch {
 				case model.IsQuantized(dtype):
