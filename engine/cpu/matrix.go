@@ -42,10 +42,6 @@ func formatOf(dtype string) (format, bool) {
 	return 0, false
 }
 
-// quantized says the format's dot products run on integers, against activations
-// quantized to 8 bits (act8 for Q8_0, act8K for the k-quants).
-func (f format) quantized() bool { return f >= fmtQ8 }
-
 // matrix is a weight matrix [rows][cols], each output's weights one contiguous row (the
 // canonical [out][in] layout), held as parts of consecutive rows — a fused projection's
 // tensors, each in its stored format (a GGUF file may store a model's value projection
