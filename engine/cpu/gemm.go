@@ -3,6 +3,7 @@ package cpu
 import (
 	"encoding/binary"
 	"math"
+	"unsafe"
 
 	"gollm/model"
 )
@@ -28,8 +29,19 @@ func blockRows(rowBytes int) int {
 	return max(tileCols, blockBytes/max(1, rowBytes)/tileCols*tileCols)
 }
 
-// mulF32 computes the outputs of float32 part p's stored rows [i0, i1).
-func mulF32(p *matPart, cols int, ys, xs [][]float32, bias []float32, i0, i1 int) {
+// mulF32 computes the outputs of float32 part p's stored rows [i0, i1) on worker wk.
+func mulF32(p *matPart, cols int, ys, xs [][]float32, bias []float32, i0, i1 int, s *mulScratch, wk int) {
+	if s.packed {
+		nb := blockRows(4 * cols)
+		for b0 := i0; b0 < i1; b0 += nb {
+			b1 := min(b0+nb, i1)
+			s.wide[wk] = packW(s.wide[wk], cols, b1-b0, func(i int) unsafe.Pointer {
+				return unsafe.Pointer(&p.rowF32(b0+i, cols)[0])
+			}, unsafe.Pointer(&s.zeros[0]), 0, false)
+			gemmPacked(p, cols, ys, bias, b0, b1, s.wide[wk], s.xpack)
+		}
+		return
+	}
 	if useTile && len(xs) >= tileRows {
 		for b0 := i0; b0 < i1; b0 += blockRows(4 * cols) {
 			b1 := min(b0+blockRows(4*cols), i1)
@@ -112,6 +124,17 @@ func gemmF32(p *matPart, cols int, ys, xs [][]float32, bias []float32, i0, i1 in
 // (assembly), or, in pure Go, widens the block too. Widening is exact, so the sums are
 // those of the same weights stored in float32.
 func mul16(p *matPart, cols int, ys, xs [][]float32, bias []float32, i0, i1 int, s *mulScratch, wk int) {
+	if s.packed {
+		nb := blockRows(4 * cols)
+		for b0 := i0; b0 < i1; b0 += nb {
+			b1 := min(b0+nb, i1)
+			s.wide[wk] = packW(s.wide[wk], cols, b1-b0, func(i int) unsafe.Pointer {
+				return unsafe.Pointer(&p.rowRaw(b0 + i)[0])
+			}, unsafe.Pointer(&s.zeros[0]), 16, p.f == fmtBF16)
+			gemmPacked(p, cols, ys, bias, b0, b1, s.wide[wk], s.xpack)
+		}
+		return
+	}
 	if useAVX2 && !(useTile && len(xs) >= tileRows) {
 		bf := p.f == fmtBF16
 		i := i0
@@ -139,6 +162,51 @@ func mul16(p *matPart, cols int, ys, xs [][]float32, bias []float32, i0, i1 int,
 			gemmF32(p, cols, ys, xs, bias, b0, b1, wide, b0)
 		} else {
 			rowsF32(p, cols, ys, xs, bias, b0, b1, wide, b0)
+		}
+	}
+}
+
+// packW packs rows weight rows of cols values into dst for the register tile, 6 rows at
+// a time ([⌈rows/6⌉][cols/8][6][8]), the last tile padded with zero rows; row(i) is row
+// i's first value (float32, or 16-bit when bits is 16: bf says bfloat16). zero points at
+// a row of zeros at least cols floats long.
+func packW(dst []float32, cols, rows int, row func(i int) unsafe.Pointer, zero unsafe.Pointer, bits int, bf bool) []float32 {
+	tiles := (rows + tileCols - 1) / tileCols
+	dst = grow(dst, tiles*tileCols*cols)
+	for t := range tiles {
+		var src [6]*float32
+		for k := range tileCols {
+			if i := t*tileCols + k; i < rows {
+				src[k] = (*float32)(row(i))
+			} else {
+				src[k] = (*float32)(zero)
+			}
+		}
+		if bits == 16 {
+			packRows16AVX2((*[6]*byte)(unsafe.Pointer(&src)), tileCols, cols, &dst[t*tileCols*cols], bf)
+		} else {
+			packRowsF32AVX2(&src, tileCols, cols, &dst[t*tileCols*cols])
+		}
+	}
+	return dst
+}
+
+// gemmPacked computes stored rows [i0, i1) of p for every input row from the packed
+// weight rows (packW) and input rows (mulScratch.packX), tile by tile; the padding's
+// outputs are dropped.
+func gemmPacked(p *matPart, cols int, ys [][]float32, bias []float32, i0, i1 int, wpack, xpack []float32) {
+	n := len(ys)
+	var out [tileRows * tileCols]float32
+	for rt := 0; rt*tileRows < n; rt++ {
+		xt := &xpack[rt*tileRows*cols]
+		for ct := 0; i0+ct*tileCols < i1; ct++ {
+			tilePackedF32AVX512(xt, &wpack[ct*tileCols*cols], cols, &out)
+			for k := 0; k < tileRows && rt*tileRows+k < n; k++ {
+				y := ys[rt*tileRows+k]
+				for j := 0; j < tileCols && i0+ct*tileCols+j < i1; j++ {
+					store1(p, y, bias, i0+ct*tileCols+j, out[k*tileCols+j])
+				}
+			}
 		}
 	}
 }

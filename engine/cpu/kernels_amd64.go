@@ -33,6 +33,21 @@ func dot4BF16AVX2(x *float32, w0, w1, w2, w3 *byte, n int, out *[4]float32)
 //go:noescape
 func tileF32AVX512(x *[4]*float32, w *[6]*float32, n int, out *[24]float32)
 
+// tilePackedF32AVX512 is tileF32AVX512 on packed operands: x [n/8][4][8], w
+// [n/8][6][8], n a multiple of 8 (tile_amd64.s).
+//
+//go:noescape
+func tilePackedF32AVX512(x, w *float32, n int, out *[24]float32)
+
+// packRowsF32AVX2 and packRows16AVX2 interleave rows rows of n values by 8 into dst
+// [n/8][rows][8] (tile_amd64.s), the 16-bit ones widened.
+//
+//go:noescape
+func packRowsF32AVX2(src *[6]*float32, rows, n int, dst *float32)
+
+//go:noescape
+func packRows16AVX2(src *[6]*byte, rows, n int, dst *float32, bf bool)
+
 // dot4Q8AVX2, dot4Q4KAVX2 and dot4Q6KAVX2 are dotQ8Go, dotQ4KGo and dotQ6KGo of four
 // weight rows (kernelsq_amd64.s).
 //

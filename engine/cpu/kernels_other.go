@@ -38,6 +38,40 @@ func tileF32AVX512(x *[4]*float32, w *[6]*float32, n int, out *[24]float32) {
 	}
 }
 
+func tilePackedF32AVX512(x, w *float32, n int, out *[24]float32) {
+	xs, ws := unsafe.Slice(x, 4*n), unsafe.Slice(w, 6*n)
+	for r := range 4 {
+		for j := range 6 {
+			var s float32
+			for k := range n {
+				s += xs[(k/8*4+r)*8+k%8] * ws[(k/8*6+j)*8+k%8]
+			}
+			out[r*6+j] = s
+		}
+	}
+}
+
+func packRowsF32AVX2(src *[6]*float32, rows, n int, dst *float32) {
+	d := unsafe.Slice(dst, rows*n)
+	for r := range rows {
+		row := unsafe.Slice(src[r], n)
+		for k := range n {
+			d[(k/8*rows+r)*8+k%8] = row[k]
+		}
+	}
+}
+
+func packRows16AVX2(src *[6]*byte, rows, n int, dst *float32, bf bool) {
+	d := unsafe.Slice(dst, rows*n)
+	row := make([]float32, n)
+	for r := range rows {
+		widen16Go(unsafe.Slice(src[r], 2*n), row, bf)
+		for k := range n {
+			d[(k/8*rows+r)*8+k%8] = row[k]
+		}
+	}
+}
+
 func dot4Q8AVX2(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32) {
 	for j, w := range [4]*byte{w0, w1, w2, w3} {
 		out[j] = dotQ8Go(unsafe.Slice(q, 32*nb), unsafe.Slice(d, nb), unsafe.Slice(w, 34*nb))

@@ -168,8 +168,15 @@ type mulScratch struct {
 	// a8 and a8K are the inputs quantized for Q8_0 and for the k-quants.
 	a8  act8
 	a8K act8K
-	// wide are per-worker float32 copies of a block of 16-bit weight rows.
+	// wide are per-worker float32 copies of a block of weight rows, packed for the
+	// register tile (or row by row).
 	wide [][]float32
+	// xpack holds the input rows packed for the register tile, 4 at a time
+	// ([⌈n/4⌉][cols/8][4][8]), when packed says this product uses it.
+	xpack  []float32
+	packed bool
+	// zeros is a row of zeros (float32 and 16-bit) that pads tiles.
+	zeros []float32
 }
 
 // mul computes ys[r][j] = bias[j] + Σ_k xs[r][k]·W[j][k] for every row r of xs and every
@@ -194,6 +201,13 @@ func (m *matrix) mul(ys, xs [][]float32, bias []float32, s *mulScratch) {
 			}
 		}
 	}
+	s.packed = false
+	if useTile && n >= tileRows && m.cols%8 == 0 && m.hasFloat() {
+		s.packX(xs, m.cols)
+		for len(s.wide) < runtime.GOMAXPROCS(0) {
+			s.wide = append(s.wide, nil)
+		}
+	}
 	if need8 {
 		s.a8.quantize(xs, m.cols)
 	}
@@ -216,7 +230,7 @@ func (m *matrix) mul(ys, xs [][]float32, bias []float32, s *mulScratch) {
 func (m *matrix) mulPart(p *matPart, ys, xs [][]float32, bias []float32, i0, i1 int, s *mulScratch, w int) {
 	switch p.f {
 	case fmtF32:
-		mulF32(p, m.cols, ys, xs, bias, i0, i1)
+		mulF32(p, m.cols, ys, xs, bias, i0, i1, s, w)
 	case fmtF16, fmtBF16:
 		mul16(p, m.cols, ys, xs, bias, i0, i1, s, w)
 	case fmtQ8:
@@ -224,6 +238,38 @@ func (m *matrix) mulPart(p *matPart, ys, xs [][]float32, bias []float32, i0, i1 
 	case fmtQ4K, fmtQ6K:
 		mulQK(p, ys, &s.a8K, bias, i0, i1)
 	}
+}
+
+// hasFloat says whether any part is in a float format.
+func (m *matrix) hasFloat() bool {
+	for i := range m.parts {
+		if m.parts[i].f <= fmtBF16 {
+			return true
+		}
+	}
+	return false
+}
+
+// packX packs the input rows for the register tile into s.xpack, 4 rows at a time, the
+// last tile padded with rows of zeros.
+func (s *mulScratch) packX(xs [][]float32, cols int) {
+	tiles := (len(xs) + tileRows - 1) / tileRows
+	s.xpack = grow(s.xpack, tiles*tileRows*cols)
+	if len(s.zeros) < cols {
+		s.zeros = make([]float32, cols)
+	}
+	var src [6]*float32
+	for t := range tiles {
+		for k := range tileRows {
+			if r := t*tileRows + k; r < len(xs) {
+				src[k] = &xs[r][:cols][0]
+			} else {
+				src[k] = &s.zeros[0]
+			}
+		}
+		packRowsF32AVX2(&src, tileRows, cols, &s.xpack[t*tileRows*cols])
+	}
+	s.packed = true
 }
 
 // store4 writes the outputs of stored rows i..i+3 of p for input row r, adding the bias.
