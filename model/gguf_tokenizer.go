@@ -351,6 +351,10 @@ func (g *ggufFile) tokenizerFiles() (tok, cfg []byte, err error) {
 	return tok, cfg, nil
 }
 
+// maxMergedPiece bounds the pieces spmMerges splits (SentencePiece's own limit on a
+// piece is 16 characters).
+const maxMergedPiece = 256
+
 // spmMerges derives a SentencePiece vocabulary's merges as transformers'
 // SentencePieceExtractor does: for every normal piece, each split into two normal
 // pieces (the left one's id, then the right one's, ordering a piece's splits); pieces by
@@ -377,6 +381,9 @@ func spmMerges(t *ggufTokenizer) [][2]string {
 	for _, id := range order {
 		s := t.tokens[id]
 		local = local[:0]
+		if len(s) > maxMergedPiece {
+			continue // no real piece is this long; splitting one costs its length squared
+		}
 		for i := range s {
 			if i == 0 || !utf8.RuneStart(s[i]) {
 				continue
