@@ -9,7 +9,8 @@
    layers, hidden 2048, 32 heads, 4 KV heads, MLP 5632, Mistral's 32,000-token
    vocabulary) and its GGUF forms: BF16 written by testdata/make_gguf.py, F32, F16, Q8_0 and
    Q4_K_M by llama-quantize (llama.cpp's own Q4_K_M mixture) — in --work;
-3. --rounds rounds, each running, for every format, bench/cpubench (gollm's engine alone)
+3. --rounds rounds, each running, for every format (each run once the load average is
+   below --max-load, where given), bench/cpubench (gollm's engine alone)
    then llama-bench on the same GGUF file, both with --threads threads: pp128 (one prompt
    of 128 tokens) and tg128 (128 tokens generated one by one), each process's peak RSS
    read by /usr/bin/time; gollm also on the safetensors checkpoint quantized at load
@@ -123,6 +124,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--work", default="/tmp/gollm-llamacpp")
     ap.add_argument("--formats", default="F32,F16,BF16,Q8_0,Q4_K_M")
+    ap.add_argument("--max-load", type=float, default=0,
+                    help="before each run, wait until the 1-minute load average is below this (0: do not wait)")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     build_llama_cpp()
@@ -144,6 +147,7 @@ def main():
     runs = {}
     for r in range(args.rounds):
         for impl, dtype, label, thunk in cases:
+            wait_for_quiet(args.max_load)
             res = thunk()
             log(f"round {r + 1}: {label}: " + ", ".join(f"{k} {v:.2f}" for k, v in res.items()) + f" (load {os.getloadavg()[0]:.1f})")
             for k, v in res.items():
@@ -166,6 +170,16 @@ def main():
         med = {k: statistics.median(runs[(impl, dtype, k)]) for k in ("pp128", "tg128", "rss")}
         print(f"{dtype:8} {impl:32} {med['pp128']:10.2f} {med['tg128']:10.2f} {med['rss']:12.3f}")
     print(f"load average {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end; {args.rounds} rounds, medians")
+
+
+def wait_for_quiet(limit):
+    """Waits (up to an hour) until the 1-minute load average is below limit: on a shared
+    machine, llama.cpp's spinning threads lose far more to other processes than gollm's."""
+    if limit <= 0:
+        return
+    deadline = time.time() + 3600
+    while os.getloadavg()[0] >= limit and time.time() < deadline:
+        time.sleep(10)
 
 
 def cpu_name():
