@@ -184,8 +184,10 @@ def mixture(kind, name, layer):
 
 def add_spm_tokenizer(w, tok, tcfg):
     """A SentencePiece-style tokenizer.json (BPE with byte fallback, Llama 2's layout) as
-    tokenizer.ggml.* (model llama): the pieces by id, scores falling with the id (the
-    order of a SentencePiece BPE model's scores), the types by what each piece is."""
+    tokenizer.ggml.* (model llama): the pieces by id; as scores, each piece made by a merge
+    the merge's rank negated (llama.cpp merges the pair whose piece scores highest, which
+    is the file's merge order), the others below every merge; the types by what each
+    piece is."""
     vocab = dict(tok["model"]["vocab"])
     added = {t["id"]: t for t in tok.get("added_tokens", [])}
     for t in added.values():
@@ -208,7 +210,13 @@ def add_spm_tokenizer(w, tok, tcfg):
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
-    w.add_token_scores([-float(i) for i in range(n)])
+    merges = [m.split(" ") if isinstance(m, str) else m for m in tok["model"]["merges"]]
+    scores = [-float(len(merges) + i) for i in range(n)]
+    for rank, (left, right) in enumerate(merges):
+        piece = vocab.get(left + right)
+        if piece is not None and scores[piece] < -rank:
+            scores[piece] = -float(rank)
+    w.add_token_scores(scores)
     w.add_token_types(types)
     add_specials(w, tcfg, vocab, tok)
 
