@@ -12,6 +12,12 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 OPENAI_PORT ?= 9000
+# tritonserver's own HTTP and metrics ports, on loopback: HTTP_PORT and METRICS_PORT are
+# gollm-openai's guard in front of them, which refuses request bodies over
+# MAX_REQUEST_BYTES (scripts/serve.sh says why).
+TRITON_HTTP_PORT ?= $(shell expr $(HTTP_PORT) + 10)
+TRITON_METRICS_PORT ?= $(shell expr $(METRICS_PORT) + 10)
+MAX_REQUEST_BYTES ?= 4194304
 # gollm ends its requests in flight at once when the server stops (shutdown_grace_secs
 # 0), so a short exit timeout costs nothing; it bounds the wait for a model that
 # tritonserver 2.51's gRPC frontend keeps alive after a cancelled stream (README, Known
@@ -38,7 +44,8 @@ CPU_SERVER_FLAGS := --allow-gpu-metrics=false --pinned-memory-pool-byte-size=0
 # bare "context deadline exceeded" (golang/go#75804; it failed CI once on FuzzWordList).
 # FUZZTIME=30s (or 1000x) overrides every target's budget.
 FUZZ := ./model:FuzzOpen:20000x ./model:FuzzOpenGGUF:20000x ./tokenizer:FuzzTokenizer:500000x ./backend:FuzzParseRequest:300000x \
-	./backend:FuzzWordList:350000x ./backend:FuzzStopStrings:250000x
+	./backend:FuzzWordList:350000x ./backend:FuzzStopStrings:250000x ./guide:FuzzCompileJSONSchema:2000x \
+	./guide:FuzzCompileEBNF:2000x ./guide:FuzzCompileRegex:1000x
 FUZZTIME ?=
 
 .PHONY: all deps build demo demo-gpt2 demo-llama serve test check unit fuzz clean
@@ -76,6 +83,7 @@ serve:
 	@bash scripts/step.sh "build: build/gollm-openai" go build -trimpath -o build/gollm-openai ./cmd/gollm-openai
 	@HTTP_PORT=$(HTTP_PORT) GRPC_PORT=$(GRPC_PORT) METRICS_PORT=$(METRICS_PORT) \
 	  OPENAI_PORT=$(OPENAI_PORT) EXIT_TIMEOUT=$(EXIT_TIMEOUT) \
+	  TRITON_HTTP_PORT=$(TRITON_HTTP_PORT) TRITON_METRICS_PORT=$(TRITON_METRICS_PORT) MAX_REQUEST_BYTES=$(MAX_REQUEST_BYTES) \
 	  TRITON_FLAGS="$(if $(filter 0,$(cuda)),$(CPU_SERVER_FLAGS))" exec bash scripts/serve.sh
 
 check:

@@ -126,6 +126,12 @@ func modelInitialize(m triton.Model) error {
 	if log == nil {
 		return errNotInitialized
 	}
+	if name, err := m.Name(); err == nil {
+		if version, err := m.Version(); err == nil {
+			// A model loading beside one of its name and version whose unload has begun.
+			checkUnloads(name, version)
+		}
+	}
 	st, err := loadModel(m, log)
 	if err == nil {
 		err = m.SetState(st)
@@ -143,7 +149,7 @@ func modelFinalize(m triton.Model) error {
 	switch st := st.(type) {
 	case *modelState:
 		log := st.log
-		st.weights.Release()
+		st.releaseWeights()
 		log.Info("model unloaded")
 		// The state is dead from here (nothing references it), so this returns its memory.
 		releaseMemory(log, "the model's unload")
@@ -183,6 +189,8 @@ func instanceInitialize(ti triton.ModelInstance) error {
 	}
 	if err == nil {
 		triton.InstanceLoaded()
+		ms.engines.Add(1)
+		in.startWatch()
 	}
 	if err != nil {
 		// What the instance built is garbage now; the model's share goes at its unload.

@@ -77,6 +77,9 @@ type modelConfig struct {
 	// StreamInterval is stream_interval: a streaming request's responses after its first
 	// carry this many tokens each (batchmanager.Config.StreamInterval).
 	StreamInterval int
+	// FinalFlagDelay is final_flag_delay_ms: how long at the least a streaming request's
+	// final response follows its previous one (cancelfinal.go); 0: no wait.
+	FinalFlagDelay time.Duration
 	// TensorParallelSize is tensor_parallel_size: the GPUs one KIND_GPU instance spreads
 	// the model over — the instance Triton puts on GPU d drives GPUs d to d+N-1 (NCCL).
 	// Above 1, the instance groups' GPUs must start disjoint runs and no group may be
@@ -99,6 +102,9 @@ type modelConfig struct {
 	// SkipSpecialTokens is skip_special_tokens (postprocessing): OUTPUT leaves special
 	// tokens out, as text_output does.
 	SkipSpecialTokens bool
+	// Speculation is speculative decoding's settings (speculation.go); its Mode is
+	// specNone when off.
+	Speculation speculationConfig
 	// Warnings are things to log that do not stop the load (unknown parameters).
 	Warnings []string
 }
@@ -259,6 +265,11 @@ var params = []paramSpec{
 		c.StreamInterval, err = intBetween(v, 1, maxStreamInterval)
 		return err
 	}},
+	{"final_flag_delay_ms", func(c *modelConfig, v string) error {
+		n, err := intBetween(v, 0, int(maxFinalFlagDelay/time.Millisecond))
+		c.FinalFlagDelay = time.Duration(n) * time.Millisecond
+		return err
+	}},
 	{"gollm_role", func(c *modelConfig, v string) error {
 		r, err := oneOf(v, roleModel, rolePreprocessing, rolePostprocessing)
 		c.Role = r
@@ -286,6 +297,14 @@ var params = []paramSpec{
 // maxAdmissionWindow bounds admission_window_us: a wait longer than a second before a
 // first token is a misconfiguration, not a latency budget.
 const maxAdmissionWindow = time.Second
+
+// defaultFinalFlagDelay is final_flag_delay_ms's default: in a stress test of streams
+// cancelled as their last token went out, 5 ms still let tritonserver 2.51 crash on a
+// loaded 2-core machine, 20 ms did not in 1,000 rounds.
+const defaultFinalFlagDelay = 20 * time.Millisecond
+
+// maxFinalFlagDelay bounds final_flag_delay_ms.
+const maxFinalFlagDelay = time.Second
 
 // maxStreamInterval bounds stream_interval: past a few hundred tokens a client might as
 // well not stream.
@@ -317,6 +336,7 @@ func parseModelConfig(raw []byte, modelDir string, version uint64) (*modelConfig
 		KVCacheFreeGPUMemFraction: defaultFreeGPUMemFraction,
 		TokensPerBlock:            defaultTokensPerBlock,
 		ResponseSenders:           defaultResponseSenders,
+		FinalFlagDelay:            defaultFinalFlagDelay,
 		Role:                      roleModel,
 		AddSpecialTokens:          true,
 		SkipSpecialTokens:         true,
@@ -392,6 +412,9 @@ func parseModelConfig(raw []byte, modelDir string, version uint64) (*modelConfig
 	}
 	if c.ModelType == batchmanager.V1 && c.EnableChunkedContext {
 		return nil, fmt.Errorf(`parameter "enable_chunked_context": chunked context needs in-flight batching, but gpt_model_type is V1`)
+	}
+	if err := c.Speculation.finish(c, modelDir); err != nil {
+		return nil, err
 	}
 	return c, nil
 }

@@ -60,6 +60,8 @@ const (
 	inReturnNumOutput   = "return_num_output_tokens"
 	inReturnTopLogprobs = "return_top_logprobs"
 	inDecoderInputIDs   = "decoder_input_ids"
+	inMinP              = "min_p"
+	inSpeculative       = "speculative_decoding"
 
 	outOutputIDs      = "output_ids"
 	outSequenceLength = "sequence_length"
@@ -102,7 +104,7 @@ var knownInputs = map[string]bool{
 	inTopPDecay: true, inTopPMin: true, inTopPResetIDs: true, inTopKAlias: true, inTopPAlias: true,
 	inReturnPerf: true, inStopText: true, inBadText: true, inBiasWords: true, inBiasWeights: true,
 	inReturnNumInput: true, inReturnNumOutput: true, inReturnTopLogprobs: true,
-	inDecoderInputIDs: true,
+	inDecoderInputIDs: true, inGuideType: true, inGuide: true, inMinP: true, inSpeculative: true,
 }
 
 // maxTopLogprobs bounds return_top_logprobs (OpenAI's top_logprobs allows 20).
@@ -114,6 +116,8 @@ type encoder interface {
 	Encode(text string) []int32
 	// EncodePrompt tokenizes a prompt with what the checkpoint puts around one (BOS).
 	EncodePrompt(text string) []int32
+	// EncodePromptUpTo is EncodePrompt stopping, false, once past n tokens.
+	EncodePromptUpTo(text string, n int) ([]int32, bool)
 }
 
 // maxTextWords bounds the strings of stop_words, bad_words and embedding_bias_words,
@@ -144,6 +148,11 @@ type limits struct {
 	MaxBeamWidth int
 	// Tokenizer encodes text_input; nil when the checkpoint has no tokenizer.json.
 	Tokenizer encoder
+	// MaxPromptBytes is the longest text_input that can fit MaxSeqLen tokens (MaxSeqLen
+	// × the tokenizer's MaxTokenBytes), refused at once when longer; 0: no such bound.
+	MaxPromptBytes int
+	// Guides compiles guided decoding's constraints; nil: not available.
+	Guides *guides
 }
 
 // parsedRequest is a validated request.
@@ -170,14 +179,34 @@ type parsedRequest struct {
 	GenerationLogits bool
 	// TopLogprobs is return_top_logprobs: -1 for none, else the alternatives per token.
 	TopLogprobs int
+	// PromptText is text_input while it waits to be tokenized (tokenizePrompt), which
+	// readRequest leaves for its caller to do off Execute; "" once Req.InputIDs hold it.
+	PromptText string
+	// inputLen is input_lengths, -1 when absent; promptName and outName are the inputs
+	// the prompt and the output length came in.
+	inputLen            int
+	promptName, outName string
 }
 
 // inputs indexes a request's tensors by name.
 type inputs map[string]*triton.Tensor
 
 // parseRequest validates a request's inputs (copied out of Triton) and the outputs it
-// asks for, and builds the batch manager's request. Errors name the tensor and the rule.
+// asks for, and builds the batch manager's request, its text prompt tokenized. Errors
+// name the tensor and the rule.
 func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*parsedRequest, error) {
+	p, err := readRequest(tensors, requested, lim)
+	if err != nil || p.PromptText == "" {
+		return p, err
+	}
+	return p, p.tokenizePrompt(lim)
+}
+
+// readRequest is parseRequest without the tokenization of a text prompt, which it
+// leaves in PromptText (after refusing a text too long to fit, by its bytes alone):
+// that can take a while, and its caller runs it off the path that feeds the batch
+// manager.
+func readRequest(tensors []triton.Tensor, requested []string, lim limits) (*parsedRequest, error) {
 	in := inputs{}
 	for i := range tensors {
 		t := &tensors[i]
@@ -217,41 +246,37 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 			return nil, err
 		}
 	case text != nil:
+		if lim.Tokenizer == nil {
+			return nil, fmt.Errorf("input %q: the checkpoint has no tokenizer.json, so only %q can be served", inTextInput, inInputIDs)
+		}
+		if n := len(text.Data) - 4; lim.MaxPromptBytes > 0 && n > lim.MaxPromptBytes {
+			// Refused by its size, before it is read: no token of the tokenizer stands for
+			// more than MaxPromptBytes / MaxSeqLen bytes.
+			return nil, fmt.Errorf("input %q: %d bytes of text cannot fit the model's maximum sequence length %d (a token stands for at most %d bytes of this tokenizer, so at most %d bytes can)",
+				inTextInput, n, lim.MaxSeqLen, lim.MaxPromptBytes/lim.MaxSeqLen, lim.MaxPromptBytes)
+		}
 		s, err := in.text(inTextInput)
 		if err != nil {
 			return nil, err
 		}
-		if lim.Tokenizer == nil {
-			return nil, fmt.Errorf("input %q: the checkpoint has no tokenizer.json, so only %q can be served", inTextInput, inInputIDs)
+		if s == "" {
+			return nil, fmt.Errorf("input %q: the prompt is empty", inTextInput)
 		}
-		r.InputIDs = lim.Tokenizer.EncodePrompt(s)
+		p.PromptText = s
 		p.Text = true
 	default:
 		return nil, fmt.Errorf("missing input: one of %q or %q is required", inInputIDs, inTextInput)
 	}
-	name := inInputIDs
-	if in[inTextInput] != nil {
-		name = inTextInput
-	}
-	if len(r.InputIDs) == 0 {
-		return nil, fmt.Errorf("input %q: the prompt is empty", name)
+	p.promptName, p.inputLen = inInputIDs, -1
+	if p.Text {
+		p.promptName = inTextInput
 	}
 	if in[inInputLengths] != nil {
-		// input_lengths may be shorter than input_ids: the rest is padding, as when a
-		// client pads prompts to a common length.
 		n, err := in.int32Scalar(inInputLengths)
 		if err != nil {
 			return nil, err
 		}
-		if n < 1 || int(n) > len(r.InputIDs) {
-			return nil, fmt.Errorf("input %q: %d must be between 1 and the prompt's length %d", inInputLengths, n, len(r.InputIDs))
-		}
-		r.InputIDs = r.InputIDs[:n]
-	}
-	for i, id := range r.InputIDs {
-		if id < 0 || int(id) >= lim.VocabSize {
-			return nil, fmt.Errorf("input %q: token id %d at position %d is outside the vocabulary [0, %d)", name, id, i, lim.VocabSize)
-		}
+		p.inputLen = int(n)
 	}
 	// An encoder-decoder model's decoder prompt: TensorRT-LLM's preprocessing model always
 	// makes one (the pad token) and its end_to_end_test.py hands it on. gollm serves
@@ -274,13 +299,13 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 	if err != nil {
 		return nil, err
 	}
-	if n < 1 {
-		return nil, fmt.Errorf("input %q: must be at least 1, got %d", outName, n)
+	r.MaxNewTokens, p.outName = int(n), outName
+	if !p.Text {
+		// The lengths are checked once the prompt's tokens are known.
+		if err := p.checkPrompt(lim); err != nil {
+			return nil, err
+		}
 	}
-	if len(r.InputIDs)+int(n) > lim.MaxSeqLen {
-		return nil, fmt.Errorf("input %q: prompt length %d + %d exceeds the model's maximum sequence length %d", outName, len(r.InputIDs), n, lim.MaxSeqLen)
-	}
-	r.MaxNewTokens = int(n)
 
 	// Streaming.
 	streamName, err := in.oneOfNames(inStreaming, inStream)
@@ -320,6 +345,14 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 	if err := in.sampling(p, lim); err != nil {
 		return nil, err
 	}
+	// Speculative decoding, where the model runs it, unless the request turns it off.
+	if in[inSpeculative] != nil {
+		on, err := in.flag(inSpeculative)
+		if err != nil {
+			return nil, err
+		}
+		r.NoSpeculation = !on
+	}
 
 	// Output options. Naming an output does not ask for it: the generate endpoint
 	// names every output of the model.
@@ -353,13 +386,17 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 		return nil, fmt.Errorf("input %q: not available with beam search (%q %d)", inReturnTopLogprobs, inBeamWidth, r.BeamWidth)
 	}
 	p.TopLogprobs = int(k)
-	// Top log-probabilities are computed from the generation logits, off the engine's
-	// loop, as the responses are made.
-	r.ReturnGenerationLogits = p.GenerationLogits || k >= 0
+	// Top log-probabilities come from the batch manager, which takes them from each
+	// position's logits at its step and keeps nothing more of the row.
+	r.ReturnGenerationLogits = p.GenerationLogits
+	r.ReturnTopLogprobs, r.TopLogprobs = k >= 0, max(int(k), 0)
 	if r.BeamWidth > 1 && r.ReturnGenerationLogits {
 		return nil, fmt.Errorf("input %q: not available with beam search (%q %d)", inReturnGenLogits, inBeamWidth, r.BeamWidth)
 	}
 	if err := in.textWords(p, lim); err != nil {
+		return nil, err
+	}
+	if err := in.guided(p, lim); err != nil {
 		return nil, err
 	}
 	var c tokenCounts
@@ -373,6 +410,48 @@ func parseRequest(tensors []triton.Tensor, requested []string, lim limits) (*par
 		p.Counts = &c
 	}
 	return p, nil
+}
+
+// tokenizePrompt tokenizes PromptText into Req.InputIDs — stopping once it is sure to
+// leave no room for the output length asked for — and checks the prompt.
+func (p *parsedRequest) tokenizePrompt(lim limits) error {
+	r := &p.Req
+	most := lim.MaxSeqLen - max(r.MaxNewTokens, 1)
+	if p.inputLen >= 0 {
+		// input_lengths may cut the prompt: it needs the whole.
+		most = lim.MaxSeqLen
+	}
+	ids, ok := lim.Tokenizer.EncodePromptUpTo(p.PromptText, max(most, 0))
+	if !ok {
+		return fmt.Errorf("input %q: the prompt is more than %d tokens: with %q %d it exceeds the model's maximum sequence length %d",
+			inTextInput, max(most, 0), p.outName, r.MaxNewTokens, lim.MaxSeqLen)
+	}
+	r.InputIDs, p.PromptText = ids, ""
+	return p.checkPrompt(lim)
+}
+
+// checkPrompt checks the prompt's tokens: input_lengths (which may leave the rest of
+// input_ids out, as padding of prompts to a common length), the vocabulary, and the
+// length rule (batchmanager.CheckLengths, the one every door applies).
+func (p *parsedRequest) checkPrompt(lim limits) error {
+	r := &p.Req
+	if len(r.InputIDs) == 0 {
+		// The length rule's words for it, before input_lengths can say less.
+		return batchmanager.CheckLengths(0, r.MaxNewTokens, lim.MaxSeqLen, fmt.Sprintf("input %q", p.promptName), "")
+	}
+	if p.inputLen >= 0 {
+		if p.inputLen < 1 || p.inputLen > len(r.InputIDs) {
+			return fmt.Errorf("input %q: %d must be between 1 and the prompt's length %d", inInputLengths, p.inputLen, len(r.InputIDs))
+		}
+		r.InputIDs = r.InputIDs[:p.inputLen]
+	}
+	for i, id := range r.InputIDs {
+		if id < 0 || int(id) >= lim.VocabSize {
+			return fmt.Errorf("input %q: token id %d at position %d is outside the vocabulary [0, %d)", p.promptName, id, i, lim.VocabSize)
+		}
+	}
+	return batchmanager.CheckLengths(len(r.InputIDs), r.MaxNewTokens, lim.MaxSeqLen,
+		fmt.Sprintf("input %q", p.promptName), fmt.Sprintf("input %q", p.outName))
 }
 
 // textWords reads the text-level inputs of TensorRT-LLM's ensemble: stop_words (stop
@@ -544,6 +623,9 @@ func (in inputs) sampling(p *parsedRequest, lim limits) error {
 		if s.TopP, err = in.float32Scalar(topPName, def.TopP, func(v float32) bool { return v >= 0 && v <= 1 }, "must be between 0 and 1"); err != nil {
 			return err
 		}
+	}
+	if s.MinP, err = in.float32Scalar(inMinP, 0, func(v float32) bool { return v >= 0 && v <= 1 }, "must be between 0 and 1 (0: none)"); err != nil {
+		return err
 	}
 	if t := in[inRandomSeed]; t != nil {
 		if err := in.check(inRandomSeed, triton.TypeUint64); err != nil {

@@ -62,6 +62,14 @@ func (fakeTokenizer) Encode(text string) []int32 {
 // EncodePrompt is Encode: the fake puts nothing around a prompt.
 func (f fakeTokenizer) EncodePrompt(text string) []int32 { return f.Encode(text) }
 
+// EncodePromptUpTo is EncodePrompt, false past n tokens.
+func (f fakeTokenizer) EncodePromptUpTo(text string, n int) ([]int32, bool) {
+	if len(text) > n {
+		return nil, false
+	}
+	return f.EncodePrompt(text), true
+}
+
 // testLimits are the limits of a 1000-token, 64-position model.
 func testLimits() limits {
 	return limits{VocabSize: 1000, MaxSeqLen: 64, EndIDs: []int32{999}, Decoupled: true, Tokenizer: fakeTokenizer{}}
@@ -167,6 +175,8 @@ func TestParseRequestErrors(t *testing.T) {
 	beams := lim
 	beams.MaxBeamWidth = 4
 	noTokenizer.Tokenizer = nil
+	boundedText := lim
+	boundedText.MaxPromptBytes = 64 * 4
 	tests := []struct {
 		name   string
 		inputs []triton.Tensor
@@ -215,6 +225,10 @@ func TestParseRequestErrors(t *testing.T) {
 			`input "text_input": not valid UTF-8: byte offset 5 (of 6) starts an invalid sequence (byte 0x80)`},
 		{"text ending in a cut character", []triton.Tensor{str(inTextInput, "caf\xc3"), n}, lim,
 			`input "text_input": not valid UTF-8: byte offset 3 (of 4) starts an invalid sequence (byte 0xc3)`},
+		{"text too long to fit, by its bytes alone (not even read)", []triton.Tensor{str(inTextInput, strings.Repeat("\xff", 257)), n}, boundedText,
+			`input "text_input": 257 bytes of text cannot fit the model's maximum sequence length 64 (a token stands for at most 4 bytes of this tokenizer, so at most 256 bytes can)`},
+		{"text of more tokens than leave room for the output", []triton.Tensor{str(inTextInput, strings.Repeat("a", 61)), i32(inMaxTokens, 4)}, boundedText,
+			`input "text_input": the prompt is more than 60 tokens: with "max_tokens" 4 it exceeds the model's maximum sequence length 64`},
 		{"a malformed string", []triton.Tensor{badBytes, n}, lim,
 			`input "text_input": want one string (a 4-byte length and 3 bytes), got 5 bytes`},
 		{"an end_id outside the vocabulary", []triton.Tensor{prompt, n, i32(inEndID, 1000)}, lim,
@@ -414,15 +428,17 @@ func TestTopLogprobsInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.TopLogprobs != -1 || p.Req.ReturnGenerationLogits {
-		t.Errorf("absent: top %d, generation logits %v; want -1, false", p.TopLogprobs, p.Req.ReturnGenerationLogits)
+	if p.TopLogprobs != -1 || p.Req.ReturnGenerationLogits || p.Req.ReturnTopLogprobs {
+		t.Errorf("absent: top %d, generation logits %v, top logprobs %v; want -1, false, false", p.TopLogprobs, p.Req.ReturnGenerationLogits, p.Req.ReturnTopLogprobs)
 	}
 	p, err = parseRequest(append(base, i32(inReturnTopLogprobs, 3)), nil, testLimits())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.TopLogprobs != 3 || !p.Req.ReturnGenerationLogits || p.GenerationLogits {
-		t.Errorf("3: top %d, engine logits %v, generation_logits sent %v; want 3, true, false", p.TopLogprobs, p.Req.ReturnGenerationLogits, p.GenerationLogits)
+	// The batch manager keeps the top 3 per token, never the generation logits.
+	if p.TopLogprobs != 3 || !p.Req.ReturnTopLogprobs || p.Req.TopLogprobs != 3 || p.Req.ReturnGenerationLogits || p.GenerationLogits {
+		t.Errorf("3: top %d, manager's top logprobs %v (%d), generation logits %v, sent %v; want 3, true (3), false, false",
+			p.TopLogprobs, p.Req.ReturnTopLogprobs, p.Req.TopLogprobs, p.Req.ReturnGenerationLogits, p.GenerationLogits)
 	}
 	lim := testLimits()
 	lim.MaxBeamWidth = 4

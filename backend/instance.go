@@ -39,6 +39,10 @@ type inflight struct {
 	departing atomic.Bool
 	// responses counts the responses sent.
 	responses int
+	// cancelSeen is set once Triton reported the request cancelled (under the instance's mu).
+	cancelSeen bool
+	// lastSent is when its last response went to Triton (its sender goroutine's).
+	lastSent time.Time
 }
 
 // instance is one model instance: an engine, its batch manager, and the requests
@@ -63,6 +67,9 @@ type instance struct {
 	metrics *instanceMetrics
 	// queue holds requests Execute accepted that the manager has not taken yet.
 	queue []*batchmanager.InferenceRequest
+	// engineGone is set, once idle, before the engine is freed at the model's unload
+	// (unloadwatch.go): no request is queued after it.
+	engineGone bool
 	// inflight holds every request between Execute and its final response.
 	inflight map[uint64]*inflight
 
@@ -72,6 +79,9 @@ type instance struct {
 	senders []*sender
 	// sendersDone is done when every sender goroutine has exited.
 	sendersDone sync.WaitGroup
+	// heldFinals holds final responses back a moment
+	// (cancelfinal.go).
+	heldFinals heldFinals
 
 	// pollFactories and pollCancelled are PollStopSignal's scratch (manager goroutine).
 	pollFactories []triton.ResponseFactory
@@ -88,6 +98,13 @@ type instance struct {
 	// broken is set (wrapping batchmanager.ErrEngineBroken) once the engine failed a step
 	// and could not recover: the instance is not ready, and refuses every request.
 	broken atomic.Pointer[error]
+	// tokenizing counts the goroutines tokenizing long prompts (prompt.go).
+	tokenizing sync.WaitGroup
+	// engineMu guards engineStopped, set once stopEngine ran.
+	engineMu      sync.Mutex
+	engineStopped bool
+	// watch is the unload watcher (unloadwatch.go).
+	watch unloadWatch
 }
 
 // newInstance builds the engine and batch manager of an instance.
@@ -167,7 +184,12 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 			_ = eng.Close()
 		}
 	}()
+	spec, err := ms.proposer(eng, ek, device, log)
+	if err != nil {
+		return nil, fmt.Errorf("instance %s: %w", name, err)
+	}
 	cfg := batchmanager.Config{
+		Speculation:          spec,
 		ModelType:            ms.cfg.ModelType,
 		Policy:               ms.cfg.Policy,
 		MaxBatchSize:         ms.cfg.MaxBatchSize,
@@ -190,6 +212,9 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 		EngineFailed:   in.engineFailed,
 	}, log.Named("batchmanager"))
 	if err != nil {
+		if spec.Proposer != nil {
+			_ = spec.Proposer.Close()
+		}
 		return nil, fmt.Errorf("instance %s: %w", name, err)
 	}
 	info := eng.Info()
@@ -201,7 +226,8 @@ func newInstance(ms *modelState, ti triton.ModelInstance) (_ *instance, err erro
 // close shuts the batch manager down (every request still in flight or queued gets a
 // final error), waits for the last responses to go out, and frees the engine.
 func (in *instance) close() error {
-	in.mgr.Shutdown()
+	in.stopWatch()
+	err := in.stopEngine()
 	in.stopSender()
 	// Nothing should be left; if something is, it still gets its final response.
 	in.mu.Lock()
@@ -214,15 +240,33 @@ func (in *instance) close() error {
 		in.log.Warn("request still in flight at shutdown", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID))
 		in.finish(f, &batchmanager.Result{}, triton.Errorf(triton.CodeUnavailable, "model %q is unloading", in.ms.cfg.Name))
 	}
+	if terr := in.trace.write(); terr != nil {
+		in.log.Warn("write the iteration trace", zap.Error(terr))
+	}
+	return err
+}
+
+// stopEngine shuts the batch manager down (every request still in flight or queued gets
+// a final error), sends the final flags held back, deletes the instance's metrics and
+// frees the engine — once: at finalize, or before it when the model's unload has begun
+// and the instance is idle (unloadwatch.go). The senders go on until close.
+func (in *instance) stopEngine() error {
+	in.engineMu.Lock()
+	defer in.engineMu.Unlock()
+	if in.engineStopped {
+		return nil
+	}
+	in.engineStopped = true
+	// Long prompts still being tokenized join the queue (and its final errors) first.
+	in.tokenizing.Wait()
+	in.mgr.Shutdown()
+	in.heldFinals.flush(in.enqueue)
 	in.mu.Lock()
 	merr := in.metrics.close()
 	in.metrics = nil
 	in.mu.Unlock()
 	if merr != nil {
 		in.log.Warn("delete the instance's metrics", zap.Error(merr))
-	}
-	if terr := in.trace.write(); terr != nil {
-		in.log.Warn("write the iteration trace", zap.Error(terr))
 	}
 	currentGPUGauges().detach(in.name, in.gpu.UUID)
 	return in.eng.Close()
@@ -326,6 +370,17 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 		in.stopRequest(r, factory, tritonID, ts)
 		return false
 	}
+	// A short text prompt is tokenized here; a long one off Execute, once the request
+	// is released (prompt.go).
+	later := len(p.PromptText) > inlinePromptBytes
+	if p.PromptText != "" && !later {
+		if err := p.tokenizePrompt(in.ms.lim); err != nil {
+			handedOver = true
+			in.log.Debug("request refused", zap.String("request_id", tritonID), zap.Error(err))
+			in.reject(r, factory, true, tritonID, ts, triton.WithCode(triton.CodeInvalidArg, err))
+			return false
+		}
+	}
 
 	f := &inflight{
 		id:        nextID.Add(1),
@@ -364,25 +419,48 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 	if err := r.Release(); err != nil {
 		in.log.Error("release request", zap.String("request_id", tritonID), zap.Error(err))
 	}
+	in.mu.Lock()
+	if in.engineGone {
+		// The engine was freed at the model's unload (unloadwatch.go) after the check
+		// above.
+		in.mu.Unlock()
+		err := triton.Errorf(triton.CodeUnavailable, "model %q is unloading", in.ms.cfg.Name)
+		if l := in.away.left(); l != nil {
+			err = l.err
+		}
+		in.sendFinal(factory, err, tritonID)
+		if derr := factory.Delete(); derr != nil {
+			in.log.Error("delete response factory", zap.String("request_id", tritonID), zap.Error(derr))
+		}
+		return false
+	}
 	in.ms.track(f)
 	requestStarted()
-	in.mu.Lock()
 	in.inflight[f.id] = f
-	in.queue = append(in.queue, &p.Req)
+	if !later {
+		in.queue = append(in.queue, &p.Req)
+	}
 	in.mu.Unlock()
+	if later {
+		in.log.Debug("request accepted; its long prompt is tokenized off Execute", zap.Uint64("id", f.id), zap.String("request_id", tritonID),
+			zap.Int("prompt_bytes", len(p.PromptText)), zap.Int("max_new_tokens", p.Req.MaxNewTokens))
+		in.tokenizeLater(f, p)
+		return true
+	}
 	in.log.Debug("request queued", zap.Uint64("id", f.id), zap.String("request_id", tritonID),
 		zap.Int("prompt", len(p.Req.InputIDs)), zap.Int("max_new_tokens", p.Req.MaxNewTokens),
 		zap.Bool("streaming", f.streaming), zap.Bool("text", f.spec.text != nil))
 	return true
 }
 
-// read copies a request's inputs and validates them.
+// read copies a request's inputs and validates them; a text prompt is left for the
+// caller to tokenize (readRequest).
 func (in *instance) read(r triton.Request) (*parsedRequest, error) {
 	tensors, requested, err := requestIO(r)
 	if err != nil {
 		return nil, err
 	}
-	p, err := parseRequest(tensors, requested, in.ms.lim)
+	p, err := readRequest(tensors, requested, in.ms.lim)
 	if err != nil {
 		in.log.Debug("request refused", zap.String("request_id", r.ID()), zap.String("inputs", describe(tensors)), zap.Error(err))
 		return nil, triton.WithCode(triton.CodeInvalidArg, err)

@@ -3,15 +3,15 @@ package main
 import (
 	"math"
 	"os"
-	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"go.uber.org/zap"
+
+	"gollm/hostmem"
 )
 
 // The Go runtime's memory, set deliberately (issue 11). The backend's heap holds large
@@ -48,7 +48,7 @@ func configureMemory(log *zap.Logger) {
 			zap.String("GOGC", gogc))
 		return
 	}
-	if limit, file := cgroupMemoryLimit(); limit > 0 {
+	if limit, file := hostmem.CgroupLimit(); limit > 0 {
 		soft := int64(float64(limit) * cgroupLimitShare)
 		debug.SetMemoryLimit(soft)
 		log.Info("Go memory settings: soft limit 90% of the container's memory limit (set GOMEMLIMIT to choose another, or off)",
@@ -66,63 +66,6 @@ func limitString(b int64) string {
 		return "none"
 	}
 	return strconv.FormatInt(b>>20, 10) + " MiB"
-}
-
-// cgroupMemoryLimit returns the memory limit of the process's cgroup and the file it
-// was read from, or 0 when there is none (or it cannot be read).
-func cgroupMemoryLimit() (int64, string) {
-	b, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		return 0, ""
-	}
-	return cgroupLimitFrom(string(b), "/sys/fs/cgroup", func(p string) ([]byte, error) { return os.ReadFile(p) })
-}
-
-// cgroupLimitFrom reads the memory limit for the cgroup membership in procCgroup (the
-// text of /proc/self/cgroup) below root; read reads a file.
-func cgroupLimitFrom(procCgroup, root string, read func(string) ([]byte, error)) (int64, string) {
-	var candidates []string
-	for _, line := range strings.Split(procCgroup, "\n") {
-		// hierarchy-ID:controllers:path
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		switch {
-		case parts[0] == "0" && parts[1] == "":
-			candidates = append(candidates, filepath.Join(root, parts[2], "memory.max"), filepath.Join(root, "memory.max"))
-		case hasController(parts[1], "memory"):
-			candidates = append(candidates, filepath.Join(root, "memory", parts[2], "memory.limit_in_bytes"),
-				filepath.Join(root, "memory", "memory.limit_in_bytes"))
-		}
-	}
-	for _, file := range candidates {
-		b, err := read(file)
-		if err != nil {
-			continue
-		}
-		v := strings.TrimSpace(string(b))
-		if v == "max" {
-			return 0, ""
-		}
-		n, err := strconv.ParseInt(v, 10, 64)
-		// cgroup v1 writes "no limit" as a page-rounded MaxInt64.
-		if err != nil || n <= 0 || n >= 1<<60 {
-			return 0, ""
-		}
-		return n, file
-	}
-	return 0, ""
-}
-
-// hasController says whether a cgroup v1 controller list ("cpu,cpuacct") names c.
-func hasController(list, c string) bool {
-	for _, x := range strings.Split(list, ",") {
-		if x == c {
-			return true
-		}
-	}
-	return false
 }
 
 // releaseMemory collects now and returns the freed memory to the OS: after a failed

@@ -28,6 +28,11 @@ const (
 	metricIterations
 	metricKVBlocksReused
 	metricInstanceReady
+	metricSpecDraftTokens
+	metricSpecAcceptedTokens
+	metricSpecSteps
+	metricSpecAcceptanceRate
+	metricSpecAcceptedLength
 	numMetrics
 )
 
@@ -64,6 +69,16 @@ var metricDefs = [numMetrics]metricDef{
 		"KV cache blocks reused from shared prompt prefixes instead of computed"},
 	metricInstanceReady: {"gollm_instance_ready", triton.MetricGauge,
 		"1 while the instance serves; 0 once its engine failed and could not recover (it refuses every request)"},
+	metricSpecDraftTokens: {"gollm_speculative_draft_tokens", triton.MetricCounter,
+		"Tokens proposed by speculative decoding"},
+	metricSpecAcceptedTokens: {"gollm_speculative_accepted_tokens", triton.MetricCounter,
+		"Proposed tokens the model accepted"},
+	metricSpecSteps: {"gollm_speculative_steps", triton.MetricCounter,
+		"Steps of a sequence that verified proposed tokens"},
+	metricSpecAcceptanceRate: {"gollm_speculative_acceptance_rate", triton.MetricGauge,
+		"Share of the proposed tokens accepted since the instance started"},
+	metricSpecAcceptedLength: {"gollm_speculative_mean_accepted_length", triton.MetricGauge,
+		"Tokens a sequence gains per step that verifies proposals (accepted ones plus one), since the instance started"},
 }
 
 // metricValues are the values of one instance's series. Counters hold the batch
@@ -80,17 +95,27 @@ func statsValues(s batchmanager.Stats, queued int) metricValues {
 	v[metricKVBlocksUsed] = float64(s.UsedKVCacheBlocks)
 	v[metricKVBlocksFree] = float64(s.FreeKVCacheBlocks)
 	v[metricKVBlocksMax] = float64(s.MaxKVCacheBlocks)
-	// A generation step runs one token through the model (TotalGenerationTokens counts
-	// sampled tokens, which includes the last chunk of each prompt). The manager
+	// A generation step runs one token through the model, and its proposals
+	// (speculative decoding) one each (TotalGenerationTokens counts sampled tokens, which
+	// includes the last chunk of each prompt). The manager
 	// reports no idle iterations, so once nothing is left the gauge drops to 0 instead
 	// of showing the last iteration forever.
 	if s.ActiveRequestCount > 0 || s.WaitingRequests+queued > 0 {
-		v[metricTokensPerIteration] = float64(s.TotalContextTokens + s.GenerationRequests)
+		v[metricTokensPerIteration] = float64(s.TotalContextTokens + s.GenerationRequests + s.DraftTokens)
 	}
 	v[metricIterations] = float64(s.IterationCounter)
 	v[metricKVBlocksReused] = float64(s.ReusedKVCacheBlocks)
 	// An iteration ran, so the engine serves: a broken one never reports again.
 	v[metricInstanceReady] = 1
+	v[metricSpecDraftTokens] = float64(s.DraftTokensTotal)
+	v[metricSpecAcceptedTokens] = float64(s.AcceptedDraftTokensTotal)
+	v[metricSpecSteps] = float64(s.SpeculativeStepsTotal)
+	if s.DraftTokensTotal > 0 {
+		v[metricSpecAcceptanceRate] = float64(s.AcceptedDraftTokensTotal) / float64(s.DraftTokensTotal)
+	}
+	if s.SpeculativeStepsTotal > 0 {
+		v[metricSpecAcceptedLength] = float64(s.AcceptedDraftTokensTotal+s.SpeculativeStepsTotal) / float64(s.SpeculativeStepsTotal)
+	}
 	return v
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"sync"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -30,8 +31,17 @@ type modelState struct {
 	weights *engines.Model
 	// tok is the checkpoint's tokenizer; nil when it has no tokenizer.json.
 	tok *tokenizer.Tokenizer
+	// draft is the draft model of speculative decoding (draft_model); nil without one.
+	draft *draftModel
 	// lim are the request limits of this model.
 	lim limits
+	// tokenizers tokenize long text prompts off Execute (prompt.go).
+	tokenizers *tokenizerPool
+
+	// engines counts the instances whose engines are not freed yet; weightsOnce releases
+	// the model's reference to the weights once (unloadwatch.go, modelFinalize).
+	engines     atomic.Int32
+	weightsOnce sync.Once
 
 	// mu guards byTritonID.
 	mu sync.Mutex
@@ -131,12 +141,17 @@ func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logg
 		log.Warn("the tokenizer has more tokens than the model's vocabulary; prompts using them are refused",
 			zap.Int("tokenizer", tok.VocabSize()), zap.Int("model", mc.VocabSize))
 	}
+	draft, err := openDraft(&cfg.Speculation, weights, tok, log)
+	if err != nil {
+		return nil, triton.WithCode(triton.CodeInvalidArg, fmt.Errorf("model %q: %w", name, err))
+	}
 	ms := &modelState{
 		cfg:     cfg,
 		version: version,
 		log:     log,
 		weights: weights,
 		tok:     tok,
+		draft:   draft,
 		lim: limits{
 			VocabSize:            mc.VocabSize,
 			MaxSeqLen:            maxLen,
@@ -153,7 +168,12 @@ func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logg
 	}
 	if tok != nil {
 		ms.lim.Tokenizer = tok
+		if b := tok.MaxTokenBytes(); b > 0 {
+			ms.lim.MaxPromptBytes = maxLen * b
+		}
 	}
+	ms.tokenizers = newTokenizerPool()
+	ms.lim.Guides = &guides{tok: tok, vocab: mc.VocabSize}
 	log.Info("model loaded",
 		zap.String("gpt_model_path", cfg.ModelPath), zap.Uint64("version", version),
 		zap.String("family", mc.Family), zap.String("model_type", mc.ModelType),
@@ -164,6 +184,23 @@ func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logg
 		zap.Bool("tokenizer", tok != nil))
 	loaded = true
 	return ms, nil
+}
+
+// releaseWeights drops the model's references to the shared weights (and the draft
+// model's), once.
+func (ms *modelState) releaseWeights() {
+	ms.weightsOnce.Do(func() {
+		ms.weights.Release()
+		ms.draft.release()
+	})
+}
+
+// engineFreed counts an instance's engine freed at the model's unload; with the last,
+// the weights go too (the model serves nothing more).
+func (ms *modelState) engineFreed() {
+	if ms.engines.Add(-1) == 0 {
+		ms.releaseWeights()
+	}
 }
 
 // engineSettings are what an instance's engine is sized with.

@@ -149,11 +149,10 @@ func convertOutputs(res *batchmanager.Result, spec *outputSpec, final bool) (out
 		add(outGenLogits, triton.TypeFP32, float32Bytes(res.GenerationLogits), 1, 1, rows, vocab)
 	}
 	if k := spec.asked.topLogprobs; spec.asked.tokenLogprobs && res.Beams == nil {
-		lps, ids, tops := topLogprobs(res, spec.vocab, k)
-		rows := int64(len(lps))
-		add(outTokenLogprobs, triton.TypeFP32, float32Bytes(lps), 1, rows)
-		add(outTopLogprobs, triton.TypeFP32, float32Bytes(tops), 1, rows, int64(k))
-		add(outTopLogprobIDs, triton.TypeInt32, int32Bytes(ids), 1, rows, int64(k))
+		rows := int64(len(res.TokenLogprobs))
+		add(outTokenLogprobs, triton.TypeFP32, float32Bytes(res.TokenLogprobs), 1, rows)
+		add(outTopLogprobs, triton.TypeFP32, float32Bytes(res.TopLogprobs), 1, rows, int64(k))
+		add(outTopLogprobIDs, triton.TypeInt32, int32Bytes(res.TopLogprobIDs), 1, rows, int64(k))
 	}
 	if spec.asked.sequences || want[outSequenceIndex] {
 		add(outSequenceIndex, triton.TypeInt32, int32Bytes([]int32{int32(res.SequenceIndex)}), 1, 1)
@@ -200,8 +199,8 @@ func convertOutputs(res *batchmanager.Result, spec *outputSpec, final bool) (out
 	return outs, empty
 }
 
-// addPerf adds the perf metrics outputs (TensorRT-LLM's names and types; gollm has no
-// speculative decoding, so its three outputs are 0).
+// addPerf adds the perf metrics outputs (TensorRT-LLM's names and types; the three of
+// speculative decoding are 0 for a request that proposed nothing).
 func addPerf(add func(string, triton.DataType, []byte, ...int64), p *batchmanager.PerfMetrics) {
 	ns := func(t time.Time) []byte {
 		v := int64(0)
@@ -217,9 +216,13 @@ func addPerf(add func(string, triton.DataType, []byte, ...int64), p *batchmanage
 	add(outFirstScheduledTime, triton.TypeInt64, ns(p.FirstScheduled), 1, 1)
 	add(outFirstTokenTime, triton.TypeInt64, ns(p.FirstToken), 1, 1)
 	add(outLastTokenTime, triton.TypeInt64, ns(p.LastToken), 1, 1)
-	add(outAcceptanceRate, triton.TypeFP32, float32Bytes([]float32{0}), 1, 1)
-	add(outTotalAcceptedDraftTokens, triton.TypeInt32, int32Bytes([]int32{0}), 1, 1)
-	add(outTotalDraftTokens, triton.TypeInt32, int32Bytes([]int32{0}), 1, 1)
+	rate := float32(0)
+	if p.DraftTokens > 0 {
+		rate = float32(p.AcceptedDraftTokens) / float32(p.DraftTokens)
+	}
+	add(outAcceptanceRate, triton.TypeFP32, float32Bytes([]float32{rate}), 1, 1)
+	add(outTotalAcceptedDraftTokens, triton.TypeInt32, int32Bytes([]int32{int32(p.AcceptedDraftTokens)}), 1, 1)
+	add(outTotalDraftTokens, triton.TypeInt32, int32Bytes([]int32{int32(p.DraftTokens)}), 1, 1)
 }
 
 // int32Bytes serializes little-endian.

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"math"
 	"reflect"
-	"slices"
 	"strings"
 	"testing"
 
@@ -288,10 +287,10 @@ func TestTokenCounts(t *testing.T) {
 // begins with the prompt), the k best ids best first with ties to the lower id, and no
 // generation_logits unless asked.
 func TestTopLogprobs(t *testing.T) {
-	row0 := []float32{0, 1, 2, 3, 3, 0, 0, 0, 0, -1} // ids 3 and 4 tie
-	row1 := []float32{5, 0, 0, 0, 0, 0, 0, 0, 0, 4}
+	// The batch manager computes them (batchmanager.TestTopLogprobsMatchTheGenerationLogits);
+	// the response carries them with their shapes: [1, tokens] and [1, tokens, k].
 	res := &batchmanager.Result{Tokens: []int32{7, 8, 4, 9}, Length: 4, PromptLen: 2, Generated: 2,
-		GenerationLogits: append(slices.Clone(row0), row1...)}
+		TokenLogprobs: []float32{-1.5, -0.25}, TopLogprobIDs: []int32{3, 4, 0, 9}, TopLogprobs: []float32{-1.5, -1.5, -0.125, -0.25}}
 	s := spec(askedOutputs{tokenLogprobs: true, topLogprobs: 2}, nil, nil, false)
 	outs, _ := convertOutputs(res, s, true)
 	byName := map[string]output{}
@@ -301,13 +300,6 @@ func TestTopLogprobs(t *testing.T) {
 	if _, ok := byName[outGenLogits]; ok {
 		t.Error("generation_logits sent without being asked")
 	}
-	lse := func(row []float32) float64 {
-		var z float64
-		for _, v := range row {
-			z += math.Exp(float64(v))
-		}
-		return math.Log(z)
-	}
 	f32s := func(o output) []float32 {
 		v := make([]float32, len(o.Data)/4)
 		for i := range v {
@@ -315,27 +307,25 @@ func TestTopLogprobs(t *testing.T) {
 		}
 		return v
 	}
-	wantLP := []float32{float32(3 - lse(row0)), float32(4 - lse(row1))} // tokens 4 and 9
-	if o := byName[outTokenLogprobs]; !reflect.DeepEqual(o.Shape, []int64{1, 2}) || !reflect.DeepEqual(f32s(o), wantLP) {
-		t.Errorf("token_logprobs %v %v, want [1 2] %v", o.Shape, f32s(o), wantLP)
+	if o := byName[outTokenLogprobs]; !reflect.DeepEqual(o.Shape, []int64{1, 2}) || !reflect.DeepEqual(f32s(o), res.TokenLogprobs) {
+		t.Errorf("token_logprobs %v %v, want [1 2] %v", o.Shape, f32s(o), res.TokenLogprobs)
 	}
-	if o := byName[outTopLogprobIDs]; !reflect.DeepEqual(o.Shape, []int64{1, 2, 2}) || !reflect.DeepEqual(o.Data, int32Bytes([]int32{3, 4, 0, 9})) {
-		t.Errorf("top_logprob_ids %v %v, want [1 2 2] [3 4 0 9]", o.Shape, o.Data)
+	if o := byName[outTopLogprobIDs]; !reflect.DeepEqual(o.Shape, []int64{1, 2, 2}) || !reflect.DeepEqual(o.Data, int32Bytes(res.TopLogprobIDs)) {
+		t.Errorf("top_logprob_ids %v %v, want [1 2 2] %v", o.Shape, o.Data, res.TopLogprobIDs)
 	}
-	wantTop := []float32{float32(3 - lse(row0)), float32(3 - lse(row0)), float32(5 - lse(row1)), float32(4 - lse(row1))}
-	if o := byName[outTopLogprobs]; !reflect.DeepEqual(o.Shape, []int64{1, 2, 2}) || !reflect.DeepEqual(f32s(o), wantTop) {
-		t.Errorf("top_logprobs %v %v, want [1 2 2] %v", o.Shape, f32s(o), wantTop)
+	if o := byName[outTopLogprobs]; !reflect.DeepEqual(o.Shape, []int64{1, 2, 2}) || !reflect.DeepEqual(f32s(o), res.TopLogprobs) {
+		t.Errorf("top_logprobs %v %v, want [1 2 2] %v", o.Shape, f32s(o), res.TopLogprobs)
 	}
 
 	// Streaming, k 0: this response's one token, no alternatives.
-	one := &batchmanager.Result{Tokens: []int32{9}, Length: 1, Generated: 2, GenerationLogits: slices.Clone(row1)}
+	one := &batchmanager.Result{Tokens: []int32{9}, Length: 1, Generated: 2, TokenLogprobs: []float32{-0.25}, TopLogprobIDs: []int32{}, TopLogprobs: []float32{}}
 	outs, _ = convertOutputs(one, spec(askedOutputs{tokenLogprobs: true}, nil, nil, true), false)
 	for _, o := range outs {
 		if o.Name == outTopLogprobIDs && (!reflect.DeepEqual(o.Shape, []int64{1, 1, 0}) || len(o.Data) != 0) {
 			t.Errorf("k 0: top_logprob_ids %v %v, want [1 1 0] and nothing", o.Shape, o.Data)
 		}
-		if o.Name == outTokenLogprobs && !reflect.DeepEqual(f32s(o), wantLP[1:]) {
-			t.Errorf("streaming: token_logprobs %v, want %v", f32s(o), wantLP[1:])
+		if o.Name == outTokenLogprobs && !reflect.DeepEqual(f32s(o), one.TokenLogprobs) {
+			t.Errorf("streaming: token_logprobs %v, want %v", f32s(o), one.TokenLogprobs)
 		}
 	}
 }

@@ -39,14 +39,27 @@ type sendItem struct {
 	final bool
 	// err makes it an error response.
 	err error
+	// held marks a final response already held back once (cancelfinal.go).
+	held bool
 }
 
 // sendResponse is the batch manager's SendResponse: it queues the response for the
 // sender goroutine and returns at once.
 func (in *instance) sendResponse(id uint64, res batchmanager.Result, final bool, err error) {
 	item := sendItem{id: id, res: res, final: final, err: err}
+	if final && errors.Is(err, batchmanager.ErrCancelled) {
+		if at, ok := in.heldFinals.cancelledAt(id); ok {
+			in.heldFinals.after(cancelledFinalDelay-time.Since(at), item, in.enqueue)
+			return
+		}
+	}
+	in.enqueue(item)
+}
+
+// enqueue queues a response for its request's sender goroutine.
+func (in *instance) enqueue(item sendItem) {
 	// One request's responses all go through one sender, so they stay in order.
-	sd := in.senders[id%uint64(len(in.senders))]
+	sd := in.senders[item.id%uint64(len(in.senders))]
 	sd.mu.Lock()
 	sd.q = append(sd.q, item)
 	sd.mu.Unlock()
@@ -92,22 +105,23 @@ func (in *instance) stopSender() {
 func (in *instance) deliver(item sendItem) {
 	in.mu.Lock()
 	f := in.inflight[item.id]
-	if f != nil && item.final {
-		// Out of inflight before the factory goes: pollStop reads factories under mu.
-		delete(in.inflight, item.id)
-		requestEnded()
-		if len(in.inflight) == 0 {
-			// The manager reports stats only for iterations that ran the engine, so a
-			// request it ended otherwise (cancelled while waiting, a failed iteration)
-			// would leave the gauges as they were. With nothing in flight the manager
-			// holds nothing: the idle values are the truth. Under mu, so a request
-			// accepted after this is not hidden.
-			in.metrics.idle()
-		}
+	// A streaming request's final response follows its previous one after
+	// final_flag_delay_ms at the least (cancelfinal.go); it stays in flight until then.
+	var hold time.Duration
+	if f != nil && item.final && !item.held && item.err == nil && f.streaming && f.responses > 0 {
+		hold = in.ms.cfg.FinalFlagDelay - time.Since(f.lastSent)
+	}
+	if f != nil && item.final && hold <= 0 {
+		in.forgetLocked(item.id)
 	}
 	in.mu.Unlock()
 	if f == nil {
 		in.log.Warn("response for a request that is not in flight", zap.Uint64("id", item.id), zap.Bool("final", item.final), zap.Error(item.err))
+		return
+	}
+	if hold > 0 {
+		item.held = true
+		in.heldFinals.after(hold, item, in.enqueue)
 		return
 	}
 	defer func() {
@@ -128,6 +142,22 @@ func (in *instance) deliver(item sendItem) {
 	}
 	if err := in.respond(f, &item.res, 0); err != nil {
 		in.log.Error("send response", zap.Uint64("id", f.id), zap.String("request_id", f.tritonID), zap.Error(err))
+	}
+}
+
+// forgetLocked takes a request out of inflight at its final response (mu held).
+func (in *instance) forgetLocked(id uint64) {
+	// Out of inflight before the factory goes: pollStop reads factories under mu.
+	delete(in.inflight, id)
+	in.heldFinals.cancelledAt(id)
+	requestEnded()
+	if len(in.inflight) == 0 {
+		// The manager reports stats only for iterations that ran the engine, so a
+		// request it ended otherwise (cancelled while waiting, a failed iteration) would
+		// leave the gauges as they were. With nothing in flight the manager holds
+		// nothing: the idle values are the truth. Under mu, so a request accepted after
+		// this is not hidden.
+		in.metrics.idle()
 	}
 }
 
@@ -184,6 +214,7 @@ func (in *instance) respond(f *inflight, res *batchmanager.Result, flags uint32)
 		}
 	}
 	f.responses++
+	f.lastSent = time.Now()
 	return resp.Send(flags, nil)
 }
 

@@ -73,6 +73,14 @@ func newDeparture(ti triton.ModelInstance, ms *modelState, log *zap.Logger) (*de
 // left returns the departure once seen, nil before.
 func (d *departure) left() *leaving { return d.seen.Load() }
 
+// mark records a departure err seen outside the stop poll (unloadwatch.go), unless one
+// was seen already.
+func (d *departure) mark(err error) {
+	if d.seen.CompareAndSwap(nil, &leaving{at: time.Now(), err: err}) {
+		d.log.Info("the model is going away", zap.NamedError("reason", err))
+	}
+}
+
 // due is called from the batch manager's stop poll (its goroutine): it asks Triton, at
 // most every departureCheck and only while busy (requests are in flight), whether the
 // model is going away, and returns the departure once its grace has run out — the

@@ -50,8 +50,9 @@ func (in *instance) pollStop() map[uint64]struct{} {
 			add(id)
 			continue
 		}
-		if f.stop.Load() {
-			// A stop request ends it with a normal final response (pollEnd).
+		if f.stop.Load() || f.cancelSeen {
+			// A stop request ends it with a normal final response (pollEnd); a
+			// cancelled one is ending (its final response may be held a moment).
 			continue
 		}
 		in.pollIDs = append(in.pollIDs, id)
@@ -68,9 +69,13 @@ func (in *instance) pollStop() map[uint64]struct{} {
 		in.log.Error("poll cancellation", zap.Error(err))
 		return stop
 	}
+	now := time.Now()
 	for i, c := range in.pollCancelled {
 		if c {
-			add(in.pollIDs[i])
+			id := in.pollIDs[i]
+			in.inflight[id].cancelSeen = true
+			in.heldFinals.markCancelled(id, now)
+			add(id)
 		}
 	}
 	return stop

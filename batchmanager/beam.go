@@ -131,7 +131,7 @@ func (m *Manager) beamStep(r *request) {
 			r.failed = fmt.Errorf("%w: beam %d has no logits", ErrInternal, i)
 			return
 		case b.masked:
-			r.failed = fmt.Errorf("%w: beam %d: every token is masked (bad words, min length and bias leave no choice)", ErrEngine, i)
+			r.failed = fmt.Errorf("%w: beam %d: %w", ErrInvalidRequest, i, engine.ErrAllMasked)
 			return
 		}
 		for k, c := range b.top {
@@ -208,8 +208,17 @@ func (m *Manager) beamStep(r *request) {
 		copy(toks, p.tokens)
 		b := &branch{tokens: append(toks, c.tok), kv: kv, computed: p.computed, generated: p.generated + 1,
 			cumLogProb: c.cum, logProbs: append(slices.Clone(p.logProbs), c.lp), index: k, seed: p.seed, topP: p.topP,
-			sent: p.sent}
+			sent: p.sent, gst: p.gst}
 		children = append(children, b)
+		if r.req.Guide != nil {
+			if b.gst, err = p.gst.Advance(c.tok); err != nil {
+				for _, ch := range children {
+					_ = ch.kv.Release()
+				}
+				r.failed = fmt.Errorf("%w: guided decoding: %w", ErrEngine, err)
+				return
+			}
+		}
 	}
 	for _, p := range beams {
 		if p.kv != nil {
@@ -222,6 +231,12 @@ func (m *Manager) beamStep(r *request) {
 	for _, b := range children {
 		m.checkStop(r, b)
 		switch {
+		case !b.ended && r.req.Guide != nil && b.gst.Done():
+			// The text is complete: a finished beam, as at an end token.
+			s.addHyp(hyp{tokens: b.tokens[r.promptLen:], logProbs: b.logProbs, cum: b.cumLogProb,
+				score: lengthPenalty(b.cumLogProb, b.generated, r.req.LengthPenalty), finish: FinishedEndID}, W)
+			_ = b.kv.Release()
+			b.kv = nil
 		case b.ended && b.finish == FinishedStopWord:
 			s.addHyp(hyp{tokens: b.tokens[r.promptLen:], logProbs: b.logProbs, cum: b.cumLogProb,
 				score: lengthPenalty(b.cumLogProb, b.generated, r.req.LengthPenalty), finish: FinishedStopWord}, W)
@@ -349,7 +364,7 @@ func (sc *beamScorer) score(j beamJob) {
 	if t := r.sampling.Temperature; t > 0 {
 		scale = 1 / float64(t)
 	}
-	seq := engine.Sequence{Sampling: r.sampling, History: b.tokens, NumGenerated: b.generated}
+	seq := engine.Sequence{Sampling: r.sampling, History: b.tokens, NumGenerated: b.generated, Allowed: b.allowed}
 	sc.sampler.Process(b.logits, &seq)
 	b.masked = !engine.LogSoftmax(b.logits, b.logits, scale)
 	b.top = b.top[:0]

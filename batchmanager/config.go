@@ -82,6 +82,10 @@ type Config struct {
 	// nothing in the step after; requests that arrive join the next step launched, as
 	// without it (one sequence each; others wait for the overlap to pause). The tokens
 	// are those without it. Engines that cannot overlap (engine.Pipeliner) run
-	// it through engine.SyncPipeline: same schedule, nothing overlapped.
+	// it through engine.SyncPipeline: same schedule, nothing overlapped. Speculation
+	// takes precedence: a step with proposals, or before which requests may propose, is
+	// not launched ahead.
 	Overlap bool
+	// Speculation runs speculative decoding when its Proposer is set (speculate.go).
+	Speculation Speculation
 }

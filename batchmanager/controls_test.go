@@ -250,3 +250,48 @@ func TestAFailedSampleNamesItsRequestOnce(t *testing.T) {
 	}
 	poolWhole(t, m)
 }
+
+// TestASequenceWithEveryTokenMaskedFailsAlone: a request whose bad words, after its
+// history, leave no token (which admission cannot foresee) fails alone with an error
+// that says so; the requests of the same steps generate what they generate alone, and
+// every KV block comes back.
+func TestASequenceWithEveryTokenMaskedFailsAlone(t *testing.T) {
+	for _, overlap := range []bool{false, true} {
+		t.Run(fmt.Sprintf("overlap %v", overlap), func(t *testing.T) {
+			eng := cpuEngine(t, 64, 8)
+			m, c := start(t, eng, Config{Overlap: overlap})
+			V := eng.Info().VocabSize
+			bad := make([][]int32, V)
+			for i := range bad {
+				bad[i] = []int32{7, int32(i)}
+			}
+			prompts := [][]int32{{1, 2, 3}, {4, 5}, {9, 10, 11, 12}}
+			var reqs []*InferenceRequest
+			for i, p := range prompts {
+				reqs = append(reqs, &InferenceRequest{ID: uint64(i + 1), InputIDs: p, MaxNewTokens: 6, PadID: -1, Streaming: i == 1})
+			}
+			reqs = append(reqs, &InferenceRequest{ID: 9, InputIDs: []int32{1, 2, 7}, MaxNewTokens: 6, PadID: -1,
+				Sampling: engine.SamplingParams{BadWords: bad}})
+			c.add(reqs...)
+			c.wait(t, len(reqs))
+			for i, p := range prompts {
+				got, err := c.tokensOf(t, uint64(i+1))
+				if err != nil {
+					t.Fatalf("request %d failed beside the poisoned one: %v", i+1, err)
+				}
+				if i != 1 {
+					got = got[len(p):]
+				}
+				if want := soloGreedy(t, p, 6); !slices.Equal(got, want) {
+					t.Errorf("request %d: %v, alone %v", i+1, got, want)
+				}
+			}
+			rs := c.responses(9)
+			err := rs[len(rs)-1].err
+			if !errors.Is(err, ErrInvalidRequest) || !errors.Is(err, engine.ErrAllMasked) || !strings.Contains(err.Error(), "generated token 1") {
+				t.Errorf("the poisoned request: %v", err)
+			}
+			poolWhole(t, m)
+		})
+	}
+}

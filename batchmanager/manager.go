@@ -12,7 +12,9 @@ import (
 	"go.uber.org/zap"
 
 	"gollm/engine"
+	"gollm/guide"
 	"gollm/kvcache"
+	"gollm/speculate"
 )
 
 // Sentinel errors carried (wrapped) by final error responses; test with errors.Is.
@@ -103,10 +105,13 @@ type Manager struct {
 	refs []seqRef
 	// sampler chooses the tokens of host-sampled requests and scores beams.
 	sampler *engine.Sampler
+	// best is addTopLogprobs' scratch.
+	best []int
 	// beamScorers score beams' logits rows, one per worker goroutine (scoreBeams).
 	beamScorers []*beamScorer
-	// beamJobs is scoreBeams' scratch.
-	beamJobs []beamJob
+	// beamJobs is scoreBeams' scratch; guideJobs guideMasks'.
+	beamJobs  []beamJob
+	guideJobs []guideJob
 	// now is when the current iteration started.
 	now time.Time
 	// batch is the engine batch, reused each iteration.
@@ -127,6 +132,14 @@ type Manager struct {
 	placeholder []int32
 	// admittedAhead is admitAhead's scratch.
 	admittedAhead []*request
+
+	// hidden is the proposer when it reads the target's hidden states; nil otherwise.
+	hidden speculate.HiddenReader
+	// specCands and specReqs are propose's scratch; specTotal counts speculation since
+	// the start.
+	specCands []*request
+	specReqs  []*speculate.Request
+	specTotal specTotals
 
 	// statsEnc encodes the stats JSON of ReturnBatchManagerStats.
 	statsEnc statsEncoder
@@ -164,7 +177,7 @@ type request struct {
 	phase phase
 	// promptLen is the prompt's length.
 	promptLen int
-	// maxNew is MaxNewTokens capped by the model's MaxSeqLen.
+	// maxNew is MaxNewTokens (CheckLengths: it fits the model's MaxSeqLen).
 	maxNew int
 	// worstBlocks is the most KV blocks the request can need (all its branches).
 	worstBlocks int
@@ -204,6 +217,8 @@ type request struct {
 	complete bool
 	// all lists the branches: the embedded one, then forks.
 	all []*branch
+	// spec is the request's speculation state, from its first proposal on.
+	spec *specRequest
 }
 
 // branch is one sequence of a request.
@@ -220,8 +235,17 @@ type branch struct {
 	cumLogProb float32
 	// logProbs are the generated tokens' log-probabilities (when asked; beams always).
 	logProbs []float32
-	// genLogits are the generated positions' logits (when asked), [generated][vocab].
+	// genLogits are the generated positions' logits (when asked) from token genFrom on,
+	// [generated-genFrom][vocab]: a streaming request's rows leave with the response
+	// that carries them.
 	genLogits []float32
+	genFrom   int
+	// tokLPs, topIDs and topLPs are the generated tokens' log-probabilities and their
+	// positions' best alternatives (ReturnTopLogprobs), [generated] and
+	// [generated][TopLogprobs].
+	tokLPs []float32
+	topIDs []int32
+	topLPs []float32
 	// sent is the number of generated tokens already streamed.
 	sent int
 	// n is the number of tokens scheduled this iteration.
@@ -246,8 +270,13 @@ type branch struct {
 	top    []tokLP
 	masked bool
 	// rawLogits are logits as the engine returned them, before a post-processor
-	// (ReturnGenerationLogits of a host-sampled request).
+	// (ReturnGenerationLogits or ReturnTopLogprobs of a host-sampled request).
 	rawLogits []float32
+	// gst is the branch's place in its request's constraint (guided decoding).
+	gst guide.State
+	// mask is the branch's buffer for its allowed tokens; allowed is it when this
+	// iteration's row of the branch samples under the constraint, else nil.
+	mask, allowed []uint64
 }
 
 // branches lists r's branches, the embedded one first (the slice is r's own).
@@ -282,6 +311,10 @@ func newManager(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*
 	if info.VocabSize <= 0 || info.MaxSeqLen <= 0 {
 		return nil, fmt.Errorf("batchmanager: engine info: VocabSize %d and MaxSeqLen %d must be positive", info.VocabSize, info.MaxSeqLen)
 	}
+	if cfg.Speculation, err = cfg.Speculation.withDefaults(info, cfg.ModelType); err != nil {
+		return nil, err
+	}
+	hidden, _ := cfg.Speculation.Proposer.(speculate.HiddenReader)
 	pool, err := kvcache.New(kvcache.Config{NumBlocks: info.NumBlocks, TokensPerBlock: info.TokensPerBlock, EnableReuse: cfg.EnableKVCacheReuse})
 	if err != nil {
 		return nil, fmt.Errorf("batchmanager: KV pool from engine info: %w", err)
@@ -298,6 +331,7 @@ func newManager(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*
 		quit:    make(chan struct{}),
 		done:    make(chan struct{}),
 		byID:    map[uint64]*request{},
+		hidden:  hidden,
 	}
 	if cfg.Overlap {
 		if p, ok := eng.(engine.Pipeliner); ok {
@@ -383,6 +417,7 @@ func (m *Manager) Stats() Stats {
 // loop is the worker goroutine.
 func (m *Manager) loop() {
 	defer close(m.done)
+	defer m.closeProposer()
 	// The engine may hold thread-bound state (a CUDA context); keep it on one thread.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -459,6 +494,9 @@ func (m *Manager) failAll(err error) {
 	}
 	m.byID = map[uint64]*request{}
 	m.waiting, m.running, m.paused, m.held, m.sched = nil, nil, nil, nil, nil
+	if sp := m.cfg.Speculation.Proposer; sp != nil {
+		sp.Reset()
+	}
 	m.batch.Seqs = m.batch.Seqs[:0]
 	if pool, perr := kvcache.New(kvcache.Config{NumBlocks: m.info.NumBlocks, TokensPerBlock: m.info.TokensPerBlock, EnableReuse: m.cfg.EnableKVCacheReuse}); perr == nil {
 		m.pool = pool
@@ -560,6 +598,9 @@ func (m *Manager) iterate() bool {
 		return false
 	}
 	m.schedule()
+	if len(m.sched) > 0 {
+		m.propose()
+	}
 	if len(m.sched) == 0 {
 		m.applyEnds(m.pollEnd())
 		m.applyStops(m.pollStop())
@@ -632,25 +673,29 @@ func (m *Manager) intake() {
 // newRequest validates an InferenceRequest against the model and the pool.
 func (m *Manager) newRequest(ir *InferenceRequest) (*request, error) {
 	n := len(ir.InputIDs)
-	if n == 0 {
-		return nil, errors.New("input_ids: the prompt is empty")
+	if err := CheckLengths(n, ir.MaxNewTokens, m.info.MaxSeqLen, "input_ids", "request_output_len"); err != nil {
+		return nil, err
 	}
 	for i, t := range ir.InputIDs {
 		if t < 0 || int(t) >= m.info.VocabSize {
 			return nil, fmt.Errorf("input_ids[%d] = %d is outside the vocabulary [0, %d)", i, t, m.info.VocabSize)
 		}
 	}
-	if ir.MaxNewTokens < 1 {
-		return nil, fmt.Errorf("request_output_len: must be at least 1, got %d", ir.MaxNewTokens)
-	}
-	if n >= m.info.MaxSeqLen {
-		return nil, fmt.Errorf("input_ids: a prompt of %d tokens leaves no room under the model's max sequence length %d", n, m.info.MaxSeqLen)
-	}
 	if !m.cfg.EnableChunkedContext && m.cfg.MaxNumTokens > 0 && n > m.cfg.MaxNumTokens {
 		return nil, fmt.Errorf("input_ids: a prompt of %d tokens exceeds max_num_tokens %d (enable_chunked_context splits long prompts)", n, m.cfg.MaxNumTokens)
 	}
 	if err := checkSampling(ir, m.info.VocabSize); err != nil {
 		return nil, err
+	}
+	var gst guide.State
+	if ir.Guide != nil {
+		if v := ir.Guide.Vocab().Size(); v != m.info.VocabSize {
+			return nil, fmt.Errorf("guided decoding: the constraint's vocabulary has %d tokens, the model's %d", v, m.info.VocabSize)
+		}
+		var err error
+		if gst, err = ir.Guide.Start(); err != nil {
+			return nil, fmt.Errorf("guided decoding: %w", err)
+		}
 	}
 	for i, w := range ir.StopWords {
 		if len(w) == 0 {
@@ -666,7 +711,7 @@ func (m *Manager) newRequest(ir *InferenceRequest) (*request, error) {
 	if err != nil {
 		return nil, err
 	}
-	maxNew := min(ir.MaxNewTokens, m.info.MaxSeqLen-n)
+	maxNew := ir.MaxNewTokens
 	// The last generated token is never fed back, so the KV holds n+maxNew-1 positions.
 	worst := m.pool.BlocksFor(n + maxNew - 1)
 	forkAt := n
@@ -695,6 +740,7 @@ func (m *Manager) newRequest(ir *InferenceRequest) (*request, error) {
 		forkAt:      forkAt,
 	}
 	r.tokens = make([]int32, n, n+maxNew)
+	r.gst = gst
 	r.all = []*branch{&r.branch}
 	copy(r.tokens, ir.InputIDs)
 	r.sampling.EndIDs = ir.EndIDs
@@ -720,6 +766,7 @@ func (m *Manager) newRequest(ir *InferenceRequest) (*request, error) {
 // response.
 func (m *Manager) release(r *request) {
 	m.releaseKV(r)
+	m.forgetSpec(r)
 	delete(m.byID, r.id)
 	r.phase = phaseDone
 }
@@ -849,6 +896,8 @@ func (m *Manager) checkGroup(ir *InferenceRequest) (width int, beams bool, err e
 		return 0, false, fmt.Errorf("runtime_top_p_min: %g must be in (0, 1]", ir.TopPMin)
 	case ir.TopPResetID < -1 || int(ir.TopPResetID) >= m.info.VocabSize:
 		return 0, false, fmt.Errorf("runtime_top_p_reset_ids: %d is outside the vocabulary [0, %d) (-1: none)", ir.TopPResetID, m.info.VocabSize)
+	case ir.ReturnTopLogprobs && (ir.TopLogprobs < 0 || ir.TopLogprobs > m.info.VocabSize):
+		return 0, false, fmt.Errorf("top log-probabilities: %d alternatives per token, want 0 to the vocabulary's %d", ir.TopLogprobs, m.info.VocabSize)
 	}
 	if ir.BatchedPostProcessing && m.cfg.BatchedLogitsPostProcessor == nil {
 		return 0, false, errors.New("logits post-processor: the request asks for the batched one, and none is configured")
@@ -859,8 +908,8 @@ func (m *Manager) checkGroup(ir *InferenceRequest) (width int, beams bool, err e
 		if ir.NumReturnSequences > width {
 			return 0, false, fmt.Errorf("num_return_sequences: %d exceeds beam_width %d (beam search returns at most its beams)", ir.NumReturnSequences, width)
 		}
-		if ir.ReturnGenerationLogits {
-			return 0, false, errors.New("return_generation_logits: not available with beam search (beam_width > 1)")
+		if ir.ReturnGenerationLogits || ir.ReturnTopLogprobs {
+			return 0, false, errors.New("return_generation_logits and top log-probabilities: not available with beam search (beam_width > 1)")
 		}
 		if m.cfg.MaxBeamWidth > 0 && width > m.cfg.MaxBeamWidth {
 			return 0, false, fmt.Errorf("beam_width: %d exceeds the model's max_beam_width %d", width, m.cfg.MaxBeamWidth)

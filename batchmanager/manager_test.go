@@ -107,8 +107,9 @@ func TestStopConditions(t *testing.T) {
 		&InferenceRequest{ID: 2, InputIDs: prompt, MaxNewTokens: 20, PadID: -1, StopWords: [][]int32{stop}, ExcludeInputInOutput: true},
 		&InferenceRequest{ID: 3, InputIDs: randPrompt(rand.New(rand.NewPCG(3, 3)), 120, 50), MaxNewTokens: 50, PadID: -1, ExcludeInputInOutput: true},
 		&InferenceRequest{ID: 4, InputIDs: prompt, MaxNewTokens: 20, EndIDs: []int32{endID}, PadID: -1, Streaming: true},
+		&InferenceRequest{ID: 5, InputIDs: randPrompt(rand.New(rand.NewPCG(3, 3)), 120, 50), MaxNewTokens: 8, PadID: -1, ExcludeInputInOutput: true},
 	)
-	c.wait(t, 4)
+	c.wait(t, 5)
 	check := func(id uint64, want []int32) {
 		t.Helper()
 		got, err := c.tokensOf(t, id)
@@ -118,10 +119,17 @@ func TestStopConditions(t *testing.T) {
 	}
 	t.Run("end id ends it and is left out", func(t *testing.T) { check(1, solo[:endAt]) })
 	t.Run("a stop word ends it and is kept", func(t *testing.T) { check(2, solo[:stopAt]) })
-	t.Run("the model's max sequence length ends it", func(t *testing.T) {
-		got, _ := c.tokensOf(t, 3)
-		if len(got) != 128-120 {
-			t.Errorf("got %d tokens, want %d", len(got), 8)
+	t.Run("a prompt and output over the model's max sequence length are refused, not cut", func(t *testing.T) {
+		_, err := c.tokensOf(t, 3)
+		if !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), "request_output_len: prompt length 120 + 50 exceeds the model's maximum sequence length 128 (at most 8 new tokens fit)") {
+			t.Errorf("error %v", err)
+		}
+	})
+	t.Run("the model's max sequence length is reached", func(t *testing.T) {
+		got, err := c.tokensOf(t, 5)
+		rs := c.responses(5)
+		if err != nil || len(got) != 128-120 || rs[len(rs)-1].out.Finish != FinishedLength {
+			t.Errorf("got %d tokens (%v), finish %v, want %d", len(got), err, rs[len(rs)-1].out.Finish, 8)
 		}
 	})
 	t.Run("streaming end id sends an empty final response", func(t *testing.T) {

@@ -90,7 +90,7 @@ func (m *Manager) keepSpare(a *aheadStep) {
 // several tokens read the history, top-p decay the last token; beams and sampled
 // groups are chosen among on the host).
 func (r *request) runsAhead() bool {
-	if r.hostSampled() || r.beams || r.width > 1 || r.req.TopPDecay > 0 {
+	if r.hostSampled() || r.beams || r.width > 1 || r.req.TopPDecay > 0 || r.req.Guide != nil {
 		return false
 	}
 	p := &r.sampling
@@ -120,7 +120,9 @@ func alive(ref seqRef) bool {
 // a row whose next tokens the host chooses — or when nothing goes on, a chunk does not
 // fit the budget, or a block cannot be had.
 func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
-	if m.cfg.ModelType == V1 || m.cfg.Policy == StaticBatch || len(m.paused) > 0 || len(base) == 0 {
+	if m.cfg.ModelType == V1 || m.cfg.Policy == StaticBatch || len(m.paused) > 0 || len(base) == 0 || m.hidden != nil {
+		// A proposer that reads hidden states needs every step's (m.hidden): no step is
+		// launched ahead, whose rows ask for none.
 		return nil
 	}
 	if len(m.waiting) > 0 && !joinsAhead(m.waiting[0]) {
@@ -141,7 +143,14 @@ func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 	for i := range base {
 		s, r := &base[i], refs[i].r
 		switch {
+		case r.req.Guide != nil:
+			// Its next mask needs its next token (guided decoding runs unpipelined).
+			return nil
 		case s.Sample && !r.runsAhead():
+			return nil
+		case s.Draft > 0 || s.Sample && m.speculates(r) && m.perSequenceDraft(len(base), 1) > 0:
+			// Its tokens are not known before its outputs are read, or it may carry
+			// proposals in the next step, which the scheduler makes.
 			return nil
 		case !s.Sample && (s.ReturnLogits || r.width > 1):
 			// The host chooses its token from these logits, or a group may fork after
@@ -277,7 +286,7 @@ func (m *Manager) planChunk(a *aheadStep, s *engine.Sequence, ref seqRef, budget
 	if r.hostSampled() {
 		row.ReturnLogits = last
 	} else {
-		row.Sample, row.ReturnLogits = last, r.req.ReturnGenerationLogits
+		row.Sample, row.ReturnLogits = last, r.wantsRows()
 	}
 	a.batch.Seqs = append(a.batch.Seqs, row)
 	a.refs = append(a.refs, ref)
@@ -285,9 +294,12 @@ func (m *Manager) planChunk(a *aheadStep, s *engine.Sequence, ref seqRef, budget
 }
 
 // joinsAhead says whether a waiting request may be admitted into a step launched ahead:
-// one sequence, and no batched post-processor (which runs over a whole step's logits).
+// one sequence, no batched post-processor (which runs over a whole step's logits), no
+// constraint (its masks are made where the scheduler builds a batch).
 // Its prompt's tokens are known, so it needs nothing the step before samples.
-func joinsAhead(r *request) bool { return r.width == 1 && !r.req.BatchedPostProcessing }
+func joinsAhead(r *request) bool {
+	return r.width == 1 && !r.req.BatchedPostProcessing && r.req.Guide == nil
+}
 
 // admitAhead admits waiting requests into the step ahead a, as the scheduler admits
 // them (the same fit checks and reservations), and adds their prompt rows after its fed
@@ -311,6 +323,7 @@ func (m *Manager) admitAhead(a *aheadStep) {
 	m.batch.BlockCopies = m.batch.BlockCopies[:0]
 	m.admit(budget, joinsAhead)
 	admitted := m.sched
+	defer clear(admitted) // hold no request past the step
 	m.admittedAhead = admitted[:0]
 	m.sched = saved
 	a.batch.BlockCopies = append(a.batch.BlockCopies, m.batch.BlockCopies...)
@@ -335,7 +348,7 @@ func (m *Manager) admitAhead(a *aheadStep) {
 		if r.hostSampled() {
 			s.ReturnLogits = last
 		} else {
-			s.Sample, s.ReturnLogits = last, r.req.ReturnGenerationLogits
+			s.Sample, s.ReturnLogits = last, r.wantsRows()
 		}
 		a.batch.Seqs = append(a.batch.Seqs, s)
 		a.refs = append(a.refs, seqRef{r, b})
@@ -349,6 +362,7 @@ func (m *Manager) stepAhead() {
 	a := m.ahead
 	m.ahead = nil
 	m.it = iterCounts{}
+	clear(m.sched) // hold no finished request
 	m.sched = m.sched[:0]
 	for _, ref := range a.refs {
 		if alive(ref) {

@@ -207,8 +207,8 @@ func TestOverlapEngineFailuresAndPanics(t *testing.T) {
 	m, c := start(t, eng, Config{Overlap: true})
 	for round, want := range []error{ErrEngine, ErrInternal} {
 		base := uint64(10 * round)
-		c.add(&InferenceRequest{ID: base + 1, InputIDs: []int32{1, 2}, MaxNewTokens: 200, PadID: -1, Streaming: true},
-			&InferenceRequest{ID: base + 2, InputIDs: []int32{3}, MaxNewTokens: 200, PadID: -1, Streaming: true})
+		c.add(&InferenceRequest{ID: base + 1, InputIDs: []int32{1, 2}, MaxNewTokens: 120, PadID: -1, Streaming: true},
+			&InferenceRequest{ID: base + 2, InputIDs: []int32{3}, MaxNewTokens: 120, PadID: -1, Streaming: true})
 		eventually(t, "both requests stream", func() bool { return len(c.responses(base+1)) > 3 && len(c.responses(base+2)) > 3 })
 		eng.fakeEngine.mu.Lock()
 		if want == ErrEngine {

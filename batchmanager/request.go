@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"gollm/engine"
+	"gollm/guide"
 )
 
 // InferenceRequest is one generation request as the manager sees it.
@@ -39,6 +40,12 @@ type InferenceRequest struct {
 	ReturnContextLogits bool
 	// ReturnGenerationLogits fills Result.GenerationLogits.
 	ReturnGenerationLogits bool
+	// ReturnTopLogprobs fills Result.TokenLogprobs, and TopLogprobIDs and TopLogprobs
+	// with TopLogprobs alternatives per token: computed from each generated position's
+	// logits at its step, so that no logits row is kept past it.
+	ReturnTopLogprobs bool
+	// TopLogprobs is the alternatives per token of ReturnTopLogprobs (0 or more).
+	TopLogprobs int
 	// ReturnPerfMetrics fills Result.Perf.
 	ReturnPerfMetrics bool
 	// Arrival is when the request arrived (Result.Perf.Arrival); zero: when the manager
@@ -71,6 +78,12 @@ type InferenceRequest struct {
 	// TopPResetID resets the runtime top-p when generated; -1: none.
 	TopPResetID int32
 
+	// Guide, when set, constrains the generated text (guided decoding): each sampled
+	// token is one the constraint allows, an end token only where the text may end, and
+	// a sequence whose text is complete ends there (FinishedEndID) without a sampled end
+	// token. Its vocabulary must be the model's.
+	Guide *guide.Guide
+
 	// TextStop, when set, sees each sequence's generated tokens after every token and
 	// ends the sequence when it says so (stop strings matched on the text); the sequence
 	// then finishes with FinishedStopWord.
@@ -79,6 +92,9 @@ type InferenceRequest struct {
 	// is chosen: the logits come back from the engine (after the embedding bias) and the
 	// manager samples or scores them with the engine's rules (engine.Sampler).
 	LogitsPostProcessor LogitsPostProcessor
+	// NoSpeculation keeps the request out of speculative decoding (the
+	// speculative_decoding input set false).
+	NoSpeculation bool
 	// BatchedPostProcessing hands the request's logits to Config's
 	// BatchedLogitsPostProcessor, with those of every other such request of the
 	// iteration, in one call.
@@ -119,6 +135,9 @@ type PerfMetrics struct {
 	ReusedBlocks int
 	// NewBlocks counts the KV blocks allocated for it (copies for beams included).
 	NewBlocks int
+	// DraftTokens and AcceptedDraftTokens count its proposed tokens (speculative
+	// decoding) and those the model accepted.
+	DraftTokens, AcceptedDraftTokens int
 }
 
 // FinishReason says why a request ended.
@@ -127,7 +146,8 @@ type FinishReason uint8
 const (
 	// NotFinished marks a response that is not the request's last.
 	NotFinished FinishReason = iota
-	// FinishedEndID: an end token was sampled (it is not part of the output).
+	// FinishedEndID: an end token was sampled (it is not part of the output), or a
+	// guided sequence's text is complete.
 	FinishedEndID
 	// FinishedStopWord: a stop word was generated (it is part of the output).
 	FinishedStopWord
@@ -178,6 +198,16 @@ type Result struct {
 	// GenerationLogits are the logits of this response's generated positions [n][vocab]
 	// (ReturnGenerationLogits; nil otherwise).
 	GenerationLogits []float32
+	// TokenLogprobs are the log-probabilities of this response's generated tokens under
+	// the model's distribution at their positions — the log-softmax, in float64, of the
+	// logits after the embedding bias, before penalties and temperature
+	// (ReturnTopLogprobs; nil otherwise).
+	TokenLogprobs []float32
+	// TopLogprobIDs and TopLogprobs are, for each of those tokens, the TopLogprobs most
+	// likely tokens of its position and their log-probabilities, best first (ties: the
+	// lower id), [n][TopLogprobs] (ReturnTopLogprobs).
+	TopLogprobIDs []int32
+	TopLogprobs   []float32
 	// PromptLen is the prompt's length in tokens.
 	PromptLen int
 	// Generated is the number of tokens generated so far (the end token excluded).

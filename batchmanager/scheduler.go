@@ -31,6 +31,7 @@ import (
 // one token per branch; contexts take what the token budget leaves), then admissions:
 // paused requests before new ones, in order, stopping at the first that does not fit.
 func (m *Manager) schedule() {
+	clear(m.sched) // hold no finished request
 	m.sched = m.sched[:0]
 	m.batch.BlockCopies = m.batch.BlockCopies[:0]
 	m.it = iterCounts{}
@@ -190,6 +191,7 @@ func (m *Manager) pause(r *request) {
 		m.log.Error("releasing KV blocks of a paused request", zap.Uint64("request", r.id), zap.Error(err))
 	}
 	r.kv, r.computed, r.n = nil, 0, 0
+	m.forgetSpec(r)
 	r.phase = phasePaused
 	if n := len(m.running); n > 0 && m.running[n-1] == r {
 		// The usual victim: dropping it moves nothing (a compaction per pause would

@@ -52,6 +52,15 @@ type Stats struct {
 	WaitingRequests int
 	// ReusedKVCacheBlocks is the total number of blocks reused by prefix since start.
 	ReusedKVCacheBlocks uint64
+	// DraftTokens is the number of tokens proposed in the iteration (speculative
+	// decoding), AcceptedDraftTokens those accepted, and SpeculativeSequences the
+	// sequences that verified proposals.
+	DraftTokens, AcceptedDraftTokens, SpeculativeSequences int
+	// DraftTokensTotal, AcceptedDraftTokensTotal and SpeculativeStepsTotal are the same
+	// counts since start: acceptance rate AcceptedDraftTokensTotal / DraftTokensTotal,
+	// mean accepted length (tokens a speculative step gives a sequence)
+	// (AcceptedDraftTokensTotal + SpeculativeStepsTotal) / SpeculativeStepsTotal.
+	DraftTokensTotal, AcceptedDraftTokensTotal, SpeculativeStepsTotal uint64
 	// EngineTime is the wall time of the iteration's Engine.Step; the rest of the
 	// iteration is the manager's and its callbacks'. Not in the JSON (the seed has no
 	// such field); IterationStats callbacks and traces read it.
@@ -83,6 +92,8 @@ type statsGollm struct {
 	PausedRequests      int    `json:"Paused Requests"`
 	WaitingRequests     int    `json:"Waiting Requests"`
 	ReusedKVCacheBlocks uint64 `json:"Reused KV cache blocks"`
+	DraftTokens         int    `json:"Draft Tokens,omitempty"`
+	AcceptedDraftTokens int    `json:"Accepted Draft Tokens,omitempty"`
 }
 
 // statsInflight is the JSON of an in-flight batching iteration.
@@ -129,7 +140,8 @@ func (s *Stats) common(stamp string) statsCommon {
 
 // gollm are gollm's own fields.
 func (s *Stats) gollm() statsGollm {
-	return statsGollm{PausedRequests: s.PausedRequests, WaitingRequests: s.WaitingRequests, ReusedKVCacheBlocks: s.ReusedKVCacheBlocks}
+	return statsGollm{PausedRequests: s.PausedRequests, WaitingRequests: s.WaitingRequests, ReusedKVCacheBlocks: s.ReusedKVCacheBlocks,
+		DraftTokens: s.DraftTokens, AcceptedDraftTokens: s.AcceptedDraftTokens}
 }
 
 // inflightJSON is the JSON form of an in-flight batching iteration.
@@ -190,25 +202,31 @@ func (e *statsEncoder) encode(s *Stats) ([]byte, error) {
 func (m *Manager) snapshot(now time.Time) Stats {
 	ps := m.pool.Stats()
 	return Stats{
-		Time:                  now,
-		IterationCounter:      m.iter,
-		ActiveRequestCount:    len(m.running) + len(m.paused) + len(m.held),
-		MaxRequestCount:       m.cfg.MaxBatchSize,
-		MaxKVCacheBlocks:      ps.Max,
-		FreeKVCacheBlocks:     ps.Free,
-		UsedKVCacheBlocks:     ps.Used,
-		TokensPerKVCacheBlock: m.pool.TokensPerBlock(),
-		ScheduledRequests:     len(m.sched),
-		ContextRequests:       m.it.ctxReqs,
-		GenerationRequests:    m.it.genReqs,
-		TotalContextTokens:    m.it.ctxTokens,
-		TotalGenerationTokens: m.it.genTokens,
-		EmptyGenerationSlots:  m.it.emptySlots,
-		PausedRequests:        len(m.paused),
-		WaitingRequests:       len(m.waiting),
-		ReusedKVCacheBlocks:   ps.Reused,
-		EngineTime:            m.it.engine,
-		V1:                    m.cfg.ModelType == V1,
+		Time:                     now,
+		IterationCounter:         m.iter,
+		ActiveRequestCount:       len(m.running) + len(m.paused) + len(m.held),
+		MaxRequestCount:          m.cfg.MaxBatchSize,
+		MaxKVCacheBlocks:         ps.Max,
+		FreeKVCacheBlocks:        ps.Free,
+		UsedKVCacheBlocks:        ps.Used,
+		TokensPerKVCacheBlock:    m.pool.TokensPerBlock(),
+		ScheduledRequests:        len(m.sched),
+		ContextRequests:          m.it.ctxReqs,
+		GenerationRequests:       m.it.genReqs,
+		TotalContextTokens:       m.it.ctxTokens,
+		TotalGenerationTokens:    m.it.genTokens,
+		EmptyGenerationSlots:     m.it.emptySlots,
+		PausedRequests:           len(m.paused),
+		WaitingRequests:          len(m.waiting),
+		ReusedKVCacheBlocks:      ps.Reused,
+		DraftTokens:              m.it.drafted,
+		AcceptedDraftTokens:      m.it.accepted,
+		SpeculativeSequences:     m.it.specSteps,
+		DraftTokensTotal:         m.specTotal.drafted,
+		AcceptedDraftTokensTotal: m.specTotal.accepted,
+		SpeculativeStepsTotal:    m.specTotal.steps,
+		EngineTime:               m.it.engine,
+		V1:                       m.cfg.ModelType == V1,
 	}
 }
 

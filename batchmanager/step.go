@@ -1,6 +1,7 @@
 package batchmanager
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -20,6 +21,9 @@ type iterCounts struct {
 	emptySlots int
 	// pausedNow and resumedNow count this iteration's pauses and resumes.
 	pausedNow, resumedNow int
+	// drafted and accepted count the iteration's proposed tokens and those accepted;
+	// specSteps its sequences that verified proposals.
+	drafted, accepted, specSteps int
 	// engine is the wall time of the iteration's Engine.Step.
 	engine time.Duration
 }
@@ -35,7 +39,14 @@ type seqRef struct {
 // step builds the engine batch from m.sched, runs it, and applies the outputs: new
 // tokens, stop conditions, beam selection, responses.
 func (m *Manager) step() {
+	// The batch's sequences and references reach the requests' buffers: none is held
+	// past the step, or a finished request's would stay live while the manager idles.
+	defer func() {
+		clear(m.batch.Seqs)
+		clear(m.refs)
+	}()
 	m.fillBatch()
+	m.guideMasks(m.batch.Seqs, m.refs)
 	if m.cfg.ModelType == V1 {
 		m.it.emptySlots = len(m.held)
 	}
@@ -66,7 +77,6 @@ func (m *Manager) step() {
 		m.afterStep(r)
 		m.respond(r)
 	}
-	clear(m.refs)
 	m.running = compact(m.running, phaseRunning)
 	m.finishV1Batch()
 }
@@ -93,6 +103,12 @@ func (m *Manager) failStep(err error) {
 	}
 }
 
+// wantsRows says whether r reads its generated positions' logits rows: to return them,
+// or to take its top log-probabilities from them.
+func (r *request) wantsRows() bool {
+	return r.req.ReturnGenerationLogits || r.req.ReturnTopLogprobs
+}
+
 // hostSampled says whether the manager, not the engine, chooses r's tokens from the
 // logits the engine returns: beam search, and requests with a logits post-processor.
 func (r *request) hostSampled() bool {
@@ -113,7 +129,7 @@ func (m *Manager) batchedPostProcess(outs []engine.Output) {
 	var reqs []*request
 	for i, ref := range m.refs {
 		if ref.r.req.BatchedPostProcessing && m.batch.Seqs[i].ReturnLogits && len(outs[i].Logits) == m.info.VocabSize {
-			if ref.r.req.ReturnGenerationLogits && !ref.r.beams {
+			if ref.r.wantsRows() && !ref.r.beams {
 				ref.b.rawLogits = slices.Clone(outs[i].Logits)
 			}
 			ids = append(ids, ref.r.id)
@@ -160,14 +176,19 @@ func (m *Manager) fillBatch() {
 	seqs := m.batch.Seqs[:n]
 	m.refs = slices.Grow(m.refs[:0], n)
 	i := 0
+	hidden := false
 	for _, r := range m.sched {
 		for _, b := range r.branches() {
 			if b.n == 0 {
 				continue
 			}
+			draft := 0
+			if b == &r.branch && r.spec != nil {
+				draft = r.spec.draft
+			}
 			start, end := b.computed, b.computed+b.n
-			last := end == len(b.tokens)
-			if b.n == 1 && b.generated > 0 && last {
+			last := end == len(b.tokens)+draft
+			if b.n-draft == 1 && b.generated > 0 && last {
 				m.it.genReqs++
 			} else {
 				m.it.ctxReqs++
@@ -186,21 +207,36 @@ func (m *Manager) fillBatch() {
 				s.ReturnLogits = last
 			} else {
 				s.Sample = last
-				s.ReturnLogits = r.req.ReturnGenerationLogits
+				s.ReturnLogits = r.wantsRows()
 			}
 			s.ContextLogits = b == &r.branch && r.ctxLogits != nil && start < r.promptLen && !r.ctxSent
 			s.Feed = 0
+			s.Allowed = nil // guideMasks sets it
+			s.Draft, s.DraftProbs = draft, nil
+			if draft > 0 {
+				s.DraftProbs = r.spec.probs
+			}
+			s.ReturnHidden = m.hidden != nil && b == &r.branch && m.speculates(r)
+			hidden = hidden || s.ReturnHidden
 			m.refs = append(m.refs, seqRef{r, b})
 			i++
 		}
 	}
 	m.batch.Seqs = seqs
+	m.batch.HiddenLayers = nil
+	if hidden {
+		m.batch.HiddenLayers = m.hidden.HiddenLayers()
+	}
 }
 
 // advance applies one branch's output: the computed positions, the context logits, and
 // for a sampled branch its new token and stop conditions. A host-sampled branch keeps
 // its logits for afterStep.
 func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engine.Output) {
+	if seq.Draft > 0 {
+		m.acceptDraft(r, b, seq, out)
+		return
+	}
 	vocab := m.info.VocabSize
 	if seq.ContextLogits {
 		rows := min(b.n, r.promptLen-b.computed)
@@ -213,6 +249,9 @@ func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engi
 	b.computed += b.n
 	if m.cfg.EnableKVCacheReuse {
 		b.kv.Commit(b.computed)
+	}
+	if seq.ReturnHidden {
+		m.observe(r, seq.Pos, b.n, out)
 	}
 	if r.hostSampled() {
 		if seq.ReturnLogits {
@@ -229,6 +268,12 @@ func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engi
 	if !seq.Sample && !(r.hostSampled() && seq.ReturnLogits) {
 		return
 	}
+	if out.Err != nil {
+		// This sequence alone failed (every token masked: its settings leave no choice
+		// after this history); its request ends, the rest of the batch goes on.
+		r.failed = fmt.Errorf("%w: generated token %d: %w", seqFailure(out.Err), b.generated+1, out.Err)
+		return
+	}
 	tok, lp := out.Token, out.LogProb
 	if r.hostSampled() {
 		var err error
@@ -237,27 +282,41 @@ func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engi
 			return
 		}
 	}
+	logits := out.Logits
+	if r.hostSampled() {
+		logits = b.rawLogits
+		b.rawLogits = nil
+	}
+	m.takeToken(r, b, tok, lp, logits)
+}
+
+// takeToken adds one generated token to b, with its log-probability and (when the
+// request wants rows: generation logits, top log-probabilities) its position's logits,
+// and applies the stop conditions; it says whether b is done (ended or failed).
+func (m *Manager) takeToken(r *request, b *branch, tok int32, lp float32, logits []float32) bool {
+	vocab := m.info.VocabSize
 	if tok < 0 || int(tok) >= vocab {
 		r.failed = fmt.Errorf("%w: sampled token %d outside the vocabulary [0, %d)", ErrEngine, tok, vocab)
-		return
+		return true
 	}
 	m.it.genTokens++
 	m.tokenTimes(r)
 	if slices.Contains(r.req.EndIDs, tok) {
 		// The end token is not part of the output (as in TensorRT-LLM).
 		b.ended, b.finish = true, FinishedEndID
-		return
+		return true
 	}
-	if r.req.ReturnGenerationLogits {
-		logits := out.Logits
-		if r.hostSampled() {
-			logits = b.rawLogits
-		}
+	if r.wantsRows() {
 		if len(logits) != vocab {
 			r.failed = fmt.Errorf("%w: %d generation logits, vocabulary is %d", ErrEngine, len(logits), vocab)
-			return
+			return true
 		}
-		b.genLogits = append(b.genLogits, logits...)
+		if r.req.ReturnGenerationLogits {
+			b.genLogits = append(b.genLogits, logits...)
+		}
+		if r.req.ReturnTopLogprobs {
+			m.best = b.addTopLogprobs(logits, tok, r.req.TopLogprobs, m.best)
+		}
 	}
 	b.tokens = append(b.tokens, tok)
 	b.generated++
@@ -265,8 +324,30 @@ func (m *Manager) advance(r *request, b *branch, seq *engine.Sequence, out *engi
 		b.logProbs = append(b.logProbs, lp)
 		b.cumLogProb += lp
 	}
+	if r.req.Guide != nil {
+		st, err := b.gst.Advance(tok)
+		if err != nil {
+			r.failed = fmt.Errorf("%w: guided decoding: %w", ErrEngine, err)
+			return true
+		}
+		b.gst = st
+	}
 	m.decayTopP(r, b, tok)
 	m.checkStop(r, b)
+	if !b.ended && r.req.Guide != nil && b.gst.Done() {
+		// The text is complete: nothing but an end token could follow.
+		b.ended, b.finish = true, FinishedEndID
+	}
+	return b.ended
+}
+
+// seqFailure is the sentinel a sequence's own failure ends its request with: an
+// invalid request where its settings leave no token to choose, else an engine error.
+func seqFailure(err error) error {
+	if errors.Is(err, engine.ErrAllMasked) {
+		return ErrInvalidRequest
+	}
+	return ErrEngine
 }
 
 // tokenTimes records the first and latest token times (perf metrics).
@@ -318,7 +399,7 @@ func (r *request) initialTopP() float32 {
 func (m *Manager) hostSample(r *request, b *branch, seq *engine.Sequence) (int32, float32, error) {
 	w := b.logits
 	b.logits = nil
-	if r.req.ReturnGenerationLogits && !r.req.BatchedPostProcessing {
+	if r.wantsRows() && !r.req.BatchedPostProcessing {
 		b.rawLogits = slices.Clone(w)
 	}
 	if pp := r.req.LogitsPostProcessor; pp != nil {
@@ -398,7 +479,7 @@ func (m *Manager) forkSamples(r *request) {
 			return
 		}
 		b := &branch{tokens: make([]int32, r.promptLen, r.promptLen+r.maxNew), kv: kv, computed: r.computed,
-			index: i, seed: branchSeed(r.sampling.Seed, i), topP: r.initialTopP()}
+			index: i, seed: branchSeed(r.sampling.Seed, i), topP: r.initialTopP(), gst: r.gst}
 		copy(b.tokens, r.tokens[:r.promptLen])
 		if r.req.ReturnLogProbs {
 			b.logProbs = make([]float32, 0, r.maxNew)
@@ -455,10 +536,21 @@ func (m *Manager) respond(r *request) {
 			}
 		}
 	default:
-		if r.req.Streaming && m.streamDue(&r.branch) {
-			m.send(r.id, m.streamResult(r, &r.branch), false, nil)
+		// A step with proposals may add several tokens: each goes out as it would have
+		// from steps of its own.
+		for r.req.Streaming && m.streamDue(&r.branch) {
+			m.send(r.id, m.streamResult(r, &r.branch, m.streamChunk(&r.branch)), false, nil)
 		}
 	}
+}
+
+// streamChunk is the most tokens a streaming response of b carries before its last:
+// the first token alone, then Config.StreamInterval.
+func (m *Manager) streamChunk(b *branch) int {
+	if b.sent == 0 {
+		return 1
+	}
+	return max(1, m.cfg.StreamInterval)
 }
 
 // streamDue says whether a streaming sequence has a response due that is not its last:
@@ -478,7 +570,7 @@ func (m *Manager) complete(r *request) {
 		r.phase = phaseHeld
 		m.held = append(m.held, r)
 		if r.width == 1 && r.req.Streaming && r.generated > r.sent {
-			m.send(r.id, m.streamResult(r, &r.branch), false, nil)
+			m.send(r.id, m.streamResult(r, &r.branch, 0), false, nil)
 		}
 		return
 	}
@@ -508,7 +600,21 @@ func (m *Manager) sendLast(r *request, padTo int) {
 			m.send(r.id, Result{SequenceFinal: true, PromptLen: r.promptLen, Perf: m.perf(r)}, true, nil)
 		}
 	case r.req.Streaming:
-		m.send(r.id, m.streamResult(r, &r.branch), true, nil)
+		// A step with proposals may have added several tokens before the end: the
+		// responses due after each token that did not end the request go out first, as
+		// from steps of their own. The token that ends it (a stop word, the length
+		// limit) goes with the final response; an end token is none of the output.
+		b := &r.branch
+		last := b.generated
+		if b.finish == FinishedStopWord || b.finish == FinishedLength {
+			last--
+		}
+		for last-b.sent >= m.streamChunk(b) && b.sent < last {
+			res := m.streamResult(r, b, m.streamChunk(b))
+			res.Finish = NotFinished
+			m.send(r.id, res, false, nil)
+		}
+		m.send(r.id, m.streamResult(r, b, 0), true, nil)
 	default:
 		m.send(r.id, m.finalResult(r, &r.branch, padTo), true, nil)
 	}
@@ -540,7 +646,7 @@ func (m *Manager) finishV1Batch() {
 func (m *Manager) branchResult(r *request, b *branch, last bool) Result {
 	var res Result
 	if r.req.Streaming {
-		res = m.streamResult(r, b)
+		res = m.streamResult(r, b, 0)
 	} else {
 		res = m.finalResult(r, b, 0)
 	}
@@ -554,12 +660,29 @@ func (m *Manager) branchResult(r *request, b *branch, last bool) Result {
 // streamResult is a streaming response: the tokens b generated since its last one
 // (usually one; none on the final response after an end token), with what the request
 // asked for of them.
-func (m *Manager) streamResult(r *request, b *branch) Result {
+func (m *Manager) streamResult(r *request, b *branch, most int) Result {
 	from, to := b.sent, b.generated
+	if most > 0 {
+		to = min(to, from+most)
+	}
 	b.sent = to
 	res := Result{Tokens: b.tokens[r.promptLen+from : r.promptLen+to : r.promptLen+to], Length: to - from}
 	m.addExtras(&res, r, b, from, to, true)
+	if to < b.generated {
+		// Some of a step's tokens (speculative decoding): the response their own step
+		// would have sent.
+		res.Generated, res.Finish = to, NotFinished
+		if b.logProbs != nil {
+			var c float32
+			for _, x := range b.logProbs[:to] {
+				c += x
+			}
+			res.CumLogProb = c
+		}
+	}
 	r.ctxSent = true
+	// The rows sent are the response's now: the next ones start a new buffer.
+	b.genLogits, b.genFrom = nil, to
 	return res
 }
 
@@ -601,10 +724,16 @@ func (m *Manager) addExtras(res *Result, r *request, b *branch, from, to int, wi
 		res.ContextLogits = r.ctxLogits
 	}
 	if r.req.ReturnGenerationLogits {
-		res.GenerationLogits = b.genLogits[from*vocab : to*vocab : to*vocab]
+		lo, hi := (from-b.genFrom)*vocab, (to-b.genFrom)*vocab
+		res.GenerationLogits = b.genLogits[lo:hi:hi]
 		if res.GenerationLogits == nil {
 			res.GenerationLogits = []float32{}
 		}
+	}
+	if r.req.ReturnTopLogprobs {
+		k := r.req.TopLogprobs
+		res.TokenLogprobs = b.tokLPs[from:to:to]
+		res.TopLogprobIDs, res.TopLogprobs = b.topIDs[from*k:to*k:to*k], b.topLPs[from*k:to*k:to*k]
 	}
 	res.Perf = m.perf(r)
 }

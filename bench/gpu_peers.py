@@ -7,7 +7,8 @@ and bench/gpubench:
 
 It writes random-weight fp16 checkpoints (GPT-2 124M; the GPT-350M shape of
 FasterTransformer's table: 24 layers, 16 heads of 64, vocabulary 51,200; the TinyLlama-1.1B
-and Llama-2-7B shapes — pick with --models), measures the device-to-device copy bandwidth,
+and Llama-2-7B shapes) and bf16 ones (the Qwen3-8B and Gemma-3-4B text shapes; pick with
+--models), measures the device-to-device copy bandwidth,
 runs gpubench (the engine alone), then the same workloads in transformers (eager
 `generate`, and `generate` with cache_implementation="static", which compiles), and writes
 every figure as a JSON line in BENCH.md's format to bench/results/<date>-gpu-<gpu>.jsonl
@@ -23,7 +24,24 @@ import sys
 import time
 
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, GPT2Config, LlamaConfig, Qwen3Config
+
+
+def gemma3_4b_text():
+    """Gemma 3 4B's language model (gemma-3-4b-it's text_config with the config class's
+    defaults), in transformers 5's rope_parameters or transformers 4's fields."""
+    kw = dict(vocab_size=262208, hidden_size=2560, intermediate_size=10240, num_hidden_layers=34,
+              num_attention_heads=8, num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256,
+              sliding_window=1024, max_position_embeddings=131072, rms_norm_eps=1e-6, bos_token_id=2,
+              eos_token_id=1, pad_token_id=0, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True)
+    try:
+        return Gemma3TextConfig(**kw, rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}})
+    except (TypeError, ValueError):
+        return Gemma3TextConfig(**kw, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                                rope_scaling={"rope_type": "linear", "factor": 8.0})
+
 
 MODELS = {
     "gpt2-124M": GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
@@ -43,12 +61,22 @@ MODELS = {
                               num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=40,
                               max_position_embeddings=4096, rms_norm_eps=1e-5, bos_token_id=1,
                               eos_token_id=2, tie_word_embeddings=False),
+    # Issue 37's dense targets (bench/dense_peers.sh), in bf16 as they are served.
+    "qwen3-8B": Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                            num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                            max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                            bos_token_id=151643, eos_token_id=151645, tie_word_embeddings=False),
+    "gemma3-4B": gemma3_4b_text(),
 }
+# The models benchmarked in bfloat16; the others in float16.
+BF16 = {"qwen3-8B", "gemma3-4B"}
 WORKLOADS = {
     "gpt2-124M": ["decode_b1_i128_o128", "tput_b64_i128_o128", "beam4_b16_i128_o128"],
     "gpt-350M": ["lat_b1_i128_o8", "lat_b8_i128_o8", "lat_b64_i128_o8", "lat_b1_i512_o32", "lat_b16_i512_o32"],
     "tinyllama-1.1B": ["decode_b1_i128_o128", "tput_b64_i128_o128", "beam4_b16_i128_o128"],
     "llama2-7B": ["decode_b1_i128_o128", "tput_b64_i128_o128"],
+    "qwen3-8B": ["decode_b1_i128_o128", "tput_b64_i128_o128"],
+    "gemma3-4B": ["decode_b1_i128_o128", "tput_b64_i128_o128"],
 }
 # transformers' static cache compiles per shape; only these run it (the rest: eager).
 STATIC = {"decode_b1_i128_o128", "tput_b64_i128_o128", "lat_b1_i128_o8"}
@@ -60,13 +88,17 @@ def parse(w):
     return kind, b, i, o
 
 
+def torch_dtype(name):
+    return torch.bfloat16 if name in BF16 else torch.float16
+
+
 def make_checkpoint(root, name):
     d = os.path.join(root, name)
     if not os.path.exists(os.path.join(d, "config.json")):
         torch.manual_seed(1)
         # Made on the GPU in fp16: a 7B model initialised on the CPU in fp32 takes minutes.
         with torch.device("cuda"):
-            m = AutoModelForCausalLM.from_config(MODELS[name], torch_dtype=torch.float16)
+            m = AutoModelForCausalLM.from_config(MODELS[name], torch_dtype=torch_dtype(name))
         m.save_pretrained(d, safe_serialization=True)
         del m
         torch.cuda.empty_cache()
@@ -87,7 +119,8 @@ def step_bytes(name, ctx):
         layers, kv_width = cfg.n_layer, cfg.n_embd
     else:
         layers = cfg.num_hidden_layers
-        kv_width = cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv_width = cfg.num_key_value_heads * head_dim
     return 2 * total + 2 * 2 * layers * kv_width * ctx
 
 
@@ -110,7 +143,7 @@ def copy_bandwidth():
     return 2 * n / times[len(times) // 2]
 
 
-def hf_run(model, b, i, o, static, vocab, beams=1):
+def hf_run(model, b, i, o, static, vocab, beams=1, reps=3, first_too=True):
     ids = torch.randint(0, vocab, (b, i), device="cuda")
     mask = torch.ones_like(ids)
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None, attention_mask=mask)
@@ -129,9 +162,9 @@ def hf_run(model, b, i, o, static, vocab, beams=1):
 
     gen(o)  # warm-up (and compilation)
     gen(o)
-    reps = 3
     full = sorted(gen(o) for _ in range(reps))[reps // 2]
-    first = sorted(gen(1) for _ in range(reps))[reps // 2]
+    # The first token's time, which decode figures subtract; the others do not read it.
+    first = sorted(gen(1) for _ in range(reps))[reps // 2] if first_too else 0.0
     return full, first
 
 
@@ -153,7 +186,12 @@ def main():
     ap.add_argument("--skip-static", action="store_true")
     ap.add_argument("--models", default="gpt2-124M,gpt-350M", help="comma-separated: " + ",".join(MODELS))
     ap.add_argument("--workloads", default="", help="comma-separated subset of the models' workloads (default: all)")
+    ap.add_argument("--hf-workloads", default="", help="comma-separated workloads transformers runs (default: all)")
+    ap.add_argument("--skip-eager", action="store_true", help="transformers' static-cache generate only")
+    ap.add_argument("--graphs-only", action="store_true", help="gpubench with CUDA graphs only")
+    ap.add_argument("--reps", type=int, default=0, help="timed repetitions (gpubench's -reps; transformers' 3); 0: defaults")
     args = ap.parse_args()
+    t_start = time.time()
     if args.workloads:
         keep = set(args.workloads.split(","))
         for k in WORKLOADS:
@@ -173,7 +211,8 @@ def main():
     results = []
 
     def add(model, workload, impl, metric, value):
-        r = dict(base, model=model, dtype="fp16", workload=workload, impl=impl, metric=metric, value=round(value, 4))
+        dt = "bf16" if model in BF16 else "fp16"
+        r = dict(base, model=model, dtype=dt, workload=workload, impl=impl, metric=metric, value=round(value, 4))
         results.append(r)
         print(json.dumps(r), flush=True)
 
@@ -181,10 +220,14 @@ def main():
     print(f"device-to-device copy: {bw / 1e12:.2f} TB/s (read + write)", flush=True)
     for name in args.models.split(","):
         ckpt = make_checkpoint(args.work, name)
-        cmd = [args.gpubench, "-ckpt", ckpt, "-model", name, "-workloads", ",".join(WORKLOADS[name])]
+        print(f"[{time.time() - t_start:.0f}s] {name}: checkpoint ready", flush=True)
+        cmd = [args.gpubench, "-ckpt", ckpt, "-model", name, "-workloads", ",".join(WORKLOADS[name]),
+               "-dtype", "bfloat16" if name in BF16 else "float16"]
         if args.lib:
             cmd += ["-lib", args.lib]
-        for extra in ([], ["-graphs=false"]):
+        if args.reps:
+            cmd += ["-reps", str(args.reps)]
+        for extra in ([],) if args.graphs_only else ([], ["-graphs=false"]):
             res = subprocess.run(cmd + extra, capture_output=True, text=True)
             sys.stderr.write(res.stderr)
             if res.returncode != 0:
@@ -207,27 +250,33 @@ def main():
                 add(name, w, "floor", "latency_ms", step * o * 1e3)
             else:
                 add(name, w, "floor", "tokens_per_s", b / step)
-        if args.skip_hf:
+        print(f"[{time.time() - t_start:.0f}s] {name}: gpubench done", flush=True)
+        hf_workloads = [w for w in WORKLOADS[name] if not args.hf_workloads or w in args.hf_workloads.split(",")]
+        if args.skip_hf or not hf_workloads:
             continue
         try:
-            model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float16)
+            model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch_dtype(name))
         except TypeError:
-            model = AutoModelForCausalLM.from_pretrained(ckpt, torch_dtype=torch.float16)
+            model = AutoModelForCausalLM.from_pretrained(ckpt, torch_dtype=torch_dtype(name))
         model = model.cuda().eval()
         with torch.no_grad():
-            for w in WORKLOADS[name]:
+            for w in hf_workloads:
                 kind, b, i, o = parse(w)
                 for impl, static in (("hf-eager", False), ("hf-static", True)):
                     if static and (args.skip_static or w not in STATIC):
                         continue
+                    if not static and args.skip_eager:
+                        continue
                     try:
                         beams = int(kind[4:]) if kind.startswith("beam") else 1
-                        full, first = hf_run(model, b, i, o, static, cfg.vocab_size, beams)
+                        full, first = hf_run(model, b, i, o, static, cfg.vocab_size, beams, reps=args.reps or 3,
+                                             first_too=kind == "decode")
                     except Exception as e:  # a peer failing must not lose the other figures
                         print(f"{impl} {name} {w}: {type(e).__name__}: {e}", flush=True)
                         continue
                     metric, value = figure(kind, b, o, full, first)
                     add(name, w, impl, metric, value)
+        print(f"[{time.time() - t_start:.0f}s] {name}: transformers done", flush=True)
         del model
         torch.cuda.empty_cache()
 

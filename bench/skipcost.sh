@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# What each kind of kernel costs in place (issue 17: where a step's time goes), on the
-# GPU machine: gpubench with GOLLM_CUDA_SKIP set to one kind at a time (cuda/forward.cu's
-# kSkip* bits: 1 QKV, 2 decode attention, 4 output projection, 8 MLP up, 16 MLP down,
-# 32 the cuBLAS path's residual norms, 64 LM head, 128 sampling, 256 the QKV epilogue
-# kernel (qkv_kv_write; with rotary qkv_rope_write), 512 the activation kernel (bias_act or
-# gated_act) — the last two on the many-rows path), so that the difference
-# from the whole step is that kind's cost inside the graph, overlap with its neighbours
-# included — which ncu's serialized kernels do not show. The skipped steps compute wrong
-# tokens; only their time is read.
+# What each stage of the recipe costs in place (issue 17: where a step's time goes), on
+# the GPU machine: gpubench with GOLLM_CUDA_SKIP set to one stage kind at a time (bit
+# 1 << gollm_stage_kind: 4 QKV, 16 the KV write's own kernel, 32 attention, 64 the output
+# projection, 128 the MLP, 256 the residual adds with their norms, 512 the LM head and
+# sampling), so that the difference from the whole step is that stage's cost inside the
+# graph, overlap with its neighbours included — which ncu's serialized kernels do not show.
+# The skipped steps compute wrong tokens; only their time is read. The library must be
+# built with GOLLM_MEASURE (cmake -DGOLLM_MEASURE=ON, or nvcc -DGOLLM_MEASURE): others
+# refuse a skip.
 #   bash bench/skipcost.sh CARRY OUTDIR
 # CARRY holds gpubench and libgollm_cuda.so (loose or in bins.tar.xz). Rows go to
 # OUTDIR/skipcost.jsonl, with "skip" added. (Builds against each other: bench/libab.sh.)
@@ -26,9 +26,9 @@ bench() {
     tee -a "$out/skipcost.jsonl"
 }
 W=decode_b1_i128_o128,tput_b64_i128_o128
-for s in 0 1 2 4 8 16 32 64 128 256 512; do bench gpt2-124M $W $s; done
-for s in 0 1 2 4 8 16 32 64 256 512; do bench tinyllama-1.1B $W $s; done
-for s in 0 2; do bench gpt-350M decode_b1_i128_o128 $s; done
+for s in 0 4 16 32 64 128 256 512; do bench gpt2-124M $W $s; done
+for s in 0 4 16 32 64 128 256 512; do bench tinyllama-1.1B $W $s; done
+for s in 0 32; do bench gpt-350M decode_b1_i128_o128 $s; done
 python3 - "$out/skipcost.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -73,6 +73,7 @@ int32_t gollm_step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out
                    gollm_status* status) {
   return guarded(status, [&] {
     if (!e) invalid("gollm_step: engine is NULL");
+    AllocFault af(e->fail_alloc.c_str());
     e->steps++;
     step(e, in, out, fail_this_step(e));
   });
@@ -82,6 +83,7 @@ int32_t gollm_launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_le
                      gollm_status* status) {
   return guarded(status, [&] {
     if (!e) invalid("gollm_launch: engine is NULL");
+    AllocFault af(e->fail_alloc.c_str());
     e->steps++;
     launch(e, in, logits_len, fail_this_step(e));
   });
@@ -108,13 +110,13 @@ void gollm_engine_destroy(gollm_engine* e) {
   }
 }
 
-int32_t gollm_nccl_describe(gollm_nccl_info* out, gollm_status* status) {
-  return guarded(status, [&] { nccl_describe(out); });
+int32_t gollm_nccl_describe(const char* nccl_lib, gollm_nccl_info* out, gollm_status* status) {
+  return guarded(status, [&] { nccl_describe(nccl_lib, out); });
 }
 
-int32_t gollm_comm_create_all(int32_t n, const int32_t* devices, gollm_comm** out,
-                              gollm_status* status) {
-  return guarded(status, [&] { create_comm(n, devices, out); });
+int32_t gollm_comm_create_all(int32_t n, const int32_t* devices, const char* nccl_lib,
+                              gollm_comm** out, gollm_status* status) {
+  return guarded(status, [&] { create_comm(n, devices, nccl_lib, out); });
 }
 
 int32_t gollm_comm_abort(gollm_comm* comm, const char* cause, gollm_status* status) {

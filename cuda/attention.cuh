@@ -13,8 +13,8 @@ namespace gollm {
 // blockIdx.x (16-byte loads and 8-byte pool stores: head_dim is a multiple of 8, which
 // engine creation enforces, so the four never straddle a head or the q/k/v parts).
 //   qkv:  [n][qkv_width] fp32 from the QKV GEMM, queries then keys then values; bias
-//         [qkv_width] fp32 (or null) is added here, and the queries are scaled by
-//         1/sqrt(head_dim) in place for the attention kernels.
+//         [qkv_width] fp32 (or null) is added here, and the queries are scaled by the
+//         attention's scale (1/sqrt(head_dim)) in place for the attention kernels.
 //   keys and values go to the pool at the row's position: block blocks[seq.blk_off + pos/T],
 //   slot pos%T, page geom.page(block, layer, 0|1, kv head), [slot][head_dim] within it.
 // The bias and the row's block-table lookups come before the wait for the GEMM.
@@ -91,12 +91,14 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_write_kernel(
     put(c0 + d, row[c0 + d] + (bias ? bias[c0 + d] : 0.f));
 }
 
+// qkv_kv_write is the QKV epilogue as a kernel of its own: bias, queries times scale,
+// rotary over rope_dim dimensions of each head where inv_freq is given, the KV write.
 template <typename T>
 void qkv_kv_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
                   const int32_t* row_seq, const DevSeq* seqs, const int32_t* blocks, KVGeom g,
-                  int layer, int n, const float* inv_freq, int rope_dim, Stream stream) {
+                  int layer, int n, const float* inv_freq, int rope_dim, float scale,
+                  Stream stream) {
   if (n == 0) return;
-  const float scale = 1.f / sqrtf((float)g.head_dim);
   if (inv_freq) {
     launch("qkv_rope_write_kernel", qkv_rope_write_kernel<T>, dim3(n, g.heads + 2 * g.kv_heads),
            kRopeThreads, 0, stream, qkv, bias, kv, row_pos, row_seq, seqs, blocks, g, layer, scale,
@@ -126,8 +128,8 @@ void qkv_kv_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
 // head_dim % 8 == 0. Dynamic shared memory: decode_smem(head_dim, part_len).
 // A part of up to kDecodeMinPart = kDecodeThreads positions costs one round of key loads
 // (a key per thread) and one of value loads (kDecodeVUnroll rows per group of 8 lanes at
-// head_dim 64), so rows up to 256 long take one block and no merge (H100, 124M b1 decode:
-// 0.45 -> 0.42 ms/token against 128 and 128).
+// head_dim 64), so rows up to 256 long take one block and no merge.
+// 256 and 256: bench/results/2026-11-21-gpu-h100.jsonl.
 constexpr int kDecodeThreads = 256;
 constexpr int kDecodeVUnroll = 8;  // value rows a thread group has in flight
 
@@ -162,8 +164,9 @@ __device__ __forceinline__ float merge_parts(const float* partial, const float* 
 // QKV kernel this one follows) are loaded before the wait, so their round trips overlap
 // that kernel. Only the query and the newest position's key and value are read after.
 // kPre turns that prefetch on: it pays for small grids (decode at small batch, where the
-// kernel is all latency) and costs occupancy (its registers) for large ones.
-template <typename T, bool kPre>
+// kernel is all latency) and costs occupancy (its registers) for large ones. kCap
+// soft-caps the scores at ±softcap (softcap·tanh(s/softcap), Gemma 2's).
+template <typename T, bool kPre, bool kCap>
 __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att,
                               const T* __restrict__ kv, const int32_t* __restrict__ dec_rows,
                               const int32_t* __restrict__ row_pos,
@@ -172,7 +175,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
                               KVGeom g, int layer, int window, int max_len,
                               float* __restrict__ partial, float* __restrict__ part_ml,
                               int* __restrict__ tickets, int i, int head, int part, int parts,
-                              float* smem) {
+                              float* smem, float softcap) {
   using T2 = typename Pair<T>::type;
   const int D = g.head_dim, D8 = D / 8;
   const int kvh = g.kv_head(head);
@@ -250,6 +253,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
         }
       }
     }
+    if constexpr (kCap) acc = softcap * tanhf(acc / softcap);
     s[j - start] = acc;
     mx = fmaxf(mx, acc);
   }
@@ -324,18 +328,19 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
     out[d] = from_f32<T>(merge_parts(partial, part_ml, pi, active, D, d));
 }
 
-template <typename T, bool kPre>
+template <typename T, bool kPre, bool kCap = false>
 __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
     const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
     const int32_t* __restrict__ dec_rows, const int32_t* __restrict__ row_pos,
     const int32_t* __restrict__ row_seq, const DevSeq* __restrict__ seqs,
     const int32_t* __restrict__ blocks, KVGeom g, int layer, int window, int max_len,
-    float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets) {
+    float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets,
+    float softcap) {
   extern __shared__ float smem[];
   griddep_launch();  // decode_attend waits for the previous kernel itself
-  decode_attend<T, kPre>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer,
-                         window, max_len, partial, part_ml, tickets, blockIdx.x, blockIdx.y,
-                         blockIdx.z, gridDim.z, smem);
+  decode_attend<T, kPre, kCap>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer,
+                               window, max_len, partial, part_ml, tickets, blockIdx.x, blockIdx.y,
+                               blockIdx.z, gridDim.z, smem, softcap);
 }
 
 template <typename T>
@@ -349,7 +354,7 @@ void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_
   auto k = prefetch ? attention_decode_kernel<T, true> : attention_decode_kernel<T, false>;
   launch("attention_decode_kernel", k, grid, kDecodeThreads, decode_smem(g.head_dim, max_len),
          stream, qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer, window, max_len,
-         partial, part_ml, tickets);
+         partial, part_ml, tickets, 0.f);
 }
 
 // Grouped decode attention: the decode attention of attention_decode_kernel, with one
@@ -368,8 +373,8 @@ void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_
 // weighting them by the probabilities it left in shared memory. The warps' (max, sum,
 // output) are merged last. D is a power of two, 16…128.
 //   qkv: [N][qkv_width] fp32, queries pre-scaled; att: [N][heads·D] T.
-// GOLLM_GQA_WARPS (-D at build time) measures other block sizes (bench/libab.sh): 8 warps
-// lost on an H100 at batch 64 (cuda/README.md).
+// GOLLM_GQA_WARPS (-D at build time) builds other block sizes to measure (bench/libab.sh).
+// 4 warps: bench/results/2026-11-27-inplace-h100.jsonl.
 #ifndef GOLLM_GQA_WARPS
 #define GOLLM_GQA_WARPS 4
 #endif
@@ -629,12 +634,13 @@ inline size_t ctx_smem(int head_dim) {
 // of earlier ones.
 //   qkv: [N][qkv_width] fp32, queries pre-scaled; att: [N][heads·head_dim] T output.
 // Shared memory layout in ctx_smem; rows of keys and values are padded by one pair so
-// that lanes reading different keys hit different banks.
-template <typename T>
+// that lanes reading different keys hit different banks. kCap soft-caps the scores at
+// ±softcap, as decode_attend does.
+template <typename T, bool kCap = false>
 __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
     const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
     const CtxTile* __restrict__ tiles, const DevSeq* __restrict__ seqs,
-    const int32_t* __restrict__ blocks, KVGeom g, int layer, int window) {
+    const int32_t* __restrict__ blocks, KVGeom g, int layer, int window, float softcap) {
   extern __shared__ float smem[];
   griddep_launch();
   griddep_wait();
@@ -692,6 +698,7 @@ __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
           s3 = fmaf(qi[d + 3], to_f32(kj[d + 3]), s3);
         }
         sc = (s0 + s1) + (s2 + s3);
+        if constexpr (kCap) sc = softcap * tanhf(sc / softcap);
       }
       ss[i * (kCtxKeys + 1) + j] = sc;
     }
@@ -1167,7 +1174,7 @@ void attention_context(const float* qkv, T* att, const T* kv, const CtxTile* til
     return;
   }
   launch("attention_context_kernel", attention_context_kernel<T>, grid, kCtxThreads,
-         ctx_smem(g.head_dim), stream, qkv, att, kv, tiles, seqs, blocks, g, layer, window);
+         ctx_smem(g.head_dim), stream, qkv, att, kv, tiles, seqs, blocks, g, layer, window, 0.f);
 }
 
 }  // namespace gollm

@@ -4,7 +4,6 @@
 #include <dlfcn.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -21,11 +20,10 @@ Lib* loaded = nullptr;  // never freed: NCCL stays open for the process
 
 }  // namespace
 
-const Lib& lib() {
+const Lib& lib(const char* want) {
   std::lock_guard<std::mutex> lk(lib_mu);
   if (loaded) return *loaded;
-  const char* env = std::getenv("GOLLM_NCCL_LIB");
-  const std::string path = env && *env ? env : "libnccl.so.2";
+  const std::string path = want && *want ? want : "libnccl.so.2";
   void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char* why = dlerror();
@@ -107,15 +105,15 @@ constexpr int kAgreeSeconds = 300;
 
 }  // namespace
 
-void nccl_describe(gollm_nccl_info* out) {
+void nccl_describe(const char* nccl_lib, gollm_nccl_info* out) {
   if (!out) invalid("gollm_nccl_describe: out is NULL");
   *out = gollm_nccl_info{};
-  const nccl::Lib& L = nccl::lib();
+  const nccl::Lib& L = nccl::lib(nccl_lib);
   out->version = L.version;
   std::snprintf(out->path, sizeof out->path, "%s", L.path.c_str());
 }
 
-void create_comm(int32_t n, const int32_t* devices, gollm_comm** out) {
+void create_comm(int32_t n, const int32_t* devices, const char* nccl_lib, gollm_comm** out) {
   if (!out) invalid("gollm_comm_create_all: out is NULL");
   if (n < 1 || n > 64 || !devices)
     invalid("gollm_comm_create_all: %d devices (want 1 to 64) and devices %s", n,
@@ -130,7 +128,7 @@ void create_comm(int32_t n, const int32_t* devices, gollm_comm** out) {
       if (devices[j] == devices[i])
         invalid("gollm_comm_create_all: ranks %d and %d both on device %d", j, i, devices[i]);
   }
-  const nccl::Lib& L = nccl::lib();
+  const nccl::Lib& L = nccl::lib(nccl_lib);
   std::unique_ptr<gollm_comm> c(new gollm_comm);
   c->n = n;
   c->devices.assign(devices, devices + n);

@@ -1,5 +1,5 @@
 // comm.h — tensor parallelism's communication: NCCL, opened at run time with dlopen
-// ($GOLLM_NCCL_LIB, else libnccl.so.2) through the project's own minimal declarations of
+// (the path the caller gives, else libnccl.so.2) through the project's own minimal declarations of
 // the calls it makes, and gollm_comm, the communicators of the GPUs one instance spreads a
 // model over. Included by internal.h; comm.cu implements it.
 #pragma once
@@ -45,9 +45,10 @@ struct Lib {
   result_t (*AllGather)(const void*, void*, size_t, int, comm_t, cudaStream_t) = nullptr;
 };
 
-// lib opens NCCL once (later calls return the same); throws GOLLM_ERR_NCCL naming what
-// was tried when it cannot.
-const Lib& lib();
+// lib opens NCCL once — path, or libnccl.so.2 when path is null or empty — and later
+// calls return the same whatever their path; throws GOLLM_ERR_NCCL naming what was tried
+// when it cannot.
+const Lib& lib(const char* path = nullptr);
 
 }  // namespace nccl
 }  // namespace gollm
@@ -87,10 +88,10 @@ struct gollm_comm {
 namespace gollm {
 
 // comm.cu
-void create_comm(int32_t n, const int32_t* devices, gollm_comm** out);
+void create_comm(int32_t n, const int32_t* devices, const char* nccl_lib, gollm_comm** out);
 void abort_comm(gollm_comm* c, const char* cause);
 void release_comm(gollm_comm* c);
-void nccl_describe(gollm_nccl_info* out);
+void nccl_describe(const char* nccl_lib, gollm_nccl_info* out);
 // comm_claim takes rank's engine slot (invalid if taken); comm_agree_min proposes v for the
 // KV pool's blocks and returns the smallest proposal once every rank made one (or throws
 // when a rank failed first, or the communicators were aborted); comm_abandon tells the

@@ -84,6 +84,13 @@ __device__ __forceinline__ void store4(T* dst, float a, float b, float c, float 
 }
 
 // Pair conversions for 4-byte loads of two elements.
+// embed_scaled is v (an embedding element, exact in T) times scale as transformers
+// computes it in T: scale rounded to T, the product rounded to T (Gemma's embed_scale).
+template <typename T>
+__device__ __forceinline__ float embed_scaled(float v, float scale) {
+  return to_f32(from_f32<T>(v * to_f32(from_f32<T>(scale))));
+}
+
 __device__ __forceinline__ float2 to_f32x2(__half2 x) { return __half22float2(x); }
 __device__ __forceinline__ float2 to_f32x2(__nv_bfloat162 x) { return __bfloat1622float2(x); }
 template <typename T> struct Pair;
@@ -376,13 +383,16 @@ struct DevSeq {
   int32_t bias_off;     // embedding bias, or -1
   int32_t ret_row;      // row of the returned-logits buffer, or -1
   double uniform;       // this step's draw in [0, 1)
+  int32_t allow_off;    // guided decoding's bitmask of allowed tokens, or -1
+  float min_p;          // min-p cut; 0: none
 };
 
 // greedy_fast says whether a sequence's token is a plain argmax of its raw logits: greedy,
-// no bias, penalties or masks, no logits returned. Those rows take sample_greedy_kernel.
+// no bias, penalties or masks (guided decoding's included), no logits returned. Those rows take sample_greedy_kernel.
 __host__ __device__ __forceinline__ bool greedy_fast(const DevSeq& sq) {
   return (sq.flags & GOLLM_SEQ_SAMPLE) && (sq.temperature == 0.f || sq.top_k == 1) &&
-         sq.bias_off < 0 && sq.pen_cnt == 0 && sq.mask_cnt == 0 && sq.ret_row < 0;
+         sq.bias_off < 0 && sq.pen_cnt == 0 && sq.mask_cnt == 0 && sq.ret_row < 0 &&
+         sq.allow_off < 0;
 }
 
 // CtxTile is up to ctx_queries(head_dim) consecutive new tokens of one sequence.
@@ -391,6 +401,19 @@ struct CtxTile {
   int32_t row0;  // token row of its first query
   int32_t n;     // queries in the tile
   int32_t pos0;  // position of its first query
+};
+
+// QkvExtra is what the QKV epilogue adds to qkv_rope_write_kernel's: the per-head norms'
+// weights (RMSNorm over head_dim, eps; null: none), longrope's long frequencies and the
+// length past which a sequence takes them (long_freq null: one set), and the factor on
+// cos and sin.
+struct QkvExtra {
+  const float* q_gamma = nullptr;   // [head_dim] fp32, the query heads'
+  const float* k_gamma = nullptr;   // [head_dim] fp32, the key heads'
+  float eps = 0.f;
+  const float* long_freq = nullptr;  // [rope_dim/2] fp32
+  int long_from = 0;                 // a sequence longer than this takes long_freq
+  float rope_scale = 1.f;
 };
 
 // KVGeom locates a (block, layer, K|V, kv head) page of the pool, laid out

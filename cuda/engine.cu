@@ -1,7 +1,6 @@
 // engine.cu — creating an engine on shared weights (stream, cuBLAS, scratch buffers sized
 // for the step limits, the paged KV pool, the kernels' shared-memory limits, the warm-up)
 // and destroying it.
-#include <cstdlib>
 #include <exception>
 #include <memory>
 
@@ -64,11 +63,22 @@ struct Arrival {
   }
 };
 
-// env_knob is a measuring knob's value: environment variable name's integer clamped to
-// 0…hi, or fallback when it is not set.
-int env_knob(const char* name, int hi, int fallback) {
-  const char* v = std::getenv(name);
-  return v ? std::min(std::max(atoi(v), 0), hi) : fallback;
+// check_tuning refuses a gollm_tuning field out of its range, naming it.
+void check_tuning(const gollm_tuning& t) {
+  if (t.gemv_rows < -1 || t.gemv_rows > kGemvMaxRows)
+    invalid("tuning.gemv_rows %d must be -1 or in [0, %d]", t.gemv_rows, kGemvMaxRows);
+  if (t.tiled_rows < -1 || t.tiled_rows > kTileMaxRows)
+    invalid("tuning.tiled_rows %d must be -1 or in [0, %d]", t.tiled_rows, kTileMaxRows);
+  if (t.tile_blocks < 0 || t.tile_blocks > 4)
+    invalid("tuning.tile_blocks %d must be in [0, 4]", t.tile_blocks);
+  if (t.decode_parts < 0 || t.decode_parts > 16)
+    invalid("tuning.decode_parts %d must be in [0, 16]", t.decode_parts);
+#ifndef GOLLM_MEASURE
+  if (t.skip != 0)
+    invalid("tuning.skip %d: this library was built without GOLLM_MEASURE, which leaving stages "
+            "out needs",
+            t.skip);
+#endif
 }
 
 }  // namespace
@@ -87,8 +97,7 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   if (p->max_seq_len < 0 || p->max_seq_len > c.max_positions || p->max_seq_len > 32768)
     invalid("max_seq_len %d must be in [0, min(max_positions %d, 32768)]", p->max_seq_len,
             c.max_positions);
-  if (p->gemv_rows < -1 || p->gemv_rows > kGemvMaxRows)
-    invalid("gemv_rows %d must be -1 or in [0, %d]", p->gemv_rows, kGemvMaxRows);
+  check_tuning(p->tuning);
   if (p->mem_budget < 0) invalid("mem_budget %lld must not be negative", (long long)p->mem_budget);
   gollm_comm* comm = p->comm;
   if (comm) {
@@ -106,7 +115,8 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   } else if (p->tp_rank != 0 || (p->tp_vocab != 0 && p->tp_vocab != c.vocab_size)) {
     invalid("tp_rank %d and tp_vocab %d need a communicator (comm is NULL)", p->tp_rank, p->tp_vocab);
   }
-  const FailStep fail = fail_step_from_env();
+  const FailStep fail = fail_step_of(p->faults);
+  AllocFault af(p->faults.fail_alloc);
   DeviceGuard dg(w->device);
   const Dims d(c);
   std::unique_ptr<gollm_engine, void (*)(gollm_engine*)> e(new gollm_engine, destroy_engine);
@@ -127,11 +137,13 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     arrival.rank = p->tp_rank;
   }
   const bool tp = e->tp_size > 1;
+  const gollm_tuning& tn = p->tuning;
   e->graphs = p->cuda_graphs != 0;
   // Prompt graphs, on one GPU (NCCL sets up a collective's size on its first use, which a
   // capture must not do; the decode graphs' warm-up runs each size once first).
-  e->prompt_graphs = e->graphs && !comm && env_knob("GOLLM_CUDA_PROMPT_GRAPHS", 1, 1) == 1;
+  e->prompt_graphs = e->graphs && !comm && !(tn.off & GOLLM_TUNING_NO_PROMPT_GRAPHS);
   e->fail = fail;
+  if (p->faults.fail_alloc) e->fail_alloc = p->faults.fail_alloc;
   e->max_tokens = p->max_tokens;
   e->max_seqs = p->max_seqs;
   e->max_logit_rows = std::max(p->max_logit_rows, p->max_seqs);
@@ -144,40 +156,28 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     e->sms = std::max(1, sms);
     int major = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, w->device));
-    e->pdl = major >= 9 && !(p->tuning_off & GOLLM_TUNING_NO_PDL);
-    e->bulk = major >= 9 && !(p->tuning_off & GOLLM_TUNING_NO_BULK);
-    // Under tensor parallelism every step takes the cuBLAS path, whose projections write
-    // fp32 outputs that the all-reduces add (the gemv kernels add into the residual
-    // stream); models wide enough to split take it on one GPU too (below).
-    e->grouped = !(p->tuning_off & GOLLM_TUNING_NO_GROUPED) && gqa_decode_fits(c.head_dim);
-    e->stream_gemv = !tp && !(p->tuning_off & GOLLM_TUNING_NO_STREAM);
-    // The tiled projections beat cuBLAS at up to 16 rows on models up to 1024 wide (H100:
-    // GPT-2 decode b8 0.475 against 0.490 ms/token, GPT-350M b8 i128 o8 9.5 against 9.9 ms)
-    // and lose beyond (GPT-2 b64 66k against 87k tokens/s, the TinyLlama shape b4 1.51
-    // against 1.40 ms/token): their blocks' chain of loads, fence, ticket and merge is
-    // longer than cuBLAS's kernels. A block a multiprocessor. To measure:
-    // GOLLM_CUDA_TILED_ROWS=n (0-64) moves the row limit, GOLLM_CUDA_TILE_BLOCKS=k (0-4)
-    // aims at k blocks a multiprocessor.
-    e->tiled_rows = env_knob("GOLLM_CUDA_TILED_ROWS", kTileMaxRows, c.hidden <= 1024 ? 16 : 0);
-    e->tile_blocks = env_knob("GOLLM_CUDA_TILE_BLOCKS", 4, 1) * e->sms;
-    // A measuring knob: decode attention split n ways (1-16) at every batch size.
-    e->decode_parts = env_knob("GOLLM_CUDA_DECODE_PARTS", 16, 0);
-    // A measuring knob: context attention on the WMMA kernel of before (0).
-    e->ctx_mma = env_knob("GOLLM_CUDA_CTX_MMA", 1, 1) == 1;
-    // A measuring knob: kernels left out of every step (wrong results; their cost in place).
-    e->skip = env_knob("GOLLM_CUDA_SKIP", 1023, 0);
-    e->tiled = !tp && !(p->tuning_off & GOLLM_TUNING_NO_TILED) && e->tiled_rows > 0 &&
-               tiled_fits(1, c.hidden) && tiled_fits(1, c.inner) && tiled_fits(1, c.heads * c.head_dim);
-    e->fused = !tp && !(p->tuning_off & GOLLM_TUNING_NO_FUSED) && c.hidden % 8 == 0 && c.inner % 8 == 0;
-    // The staged gemv kernels beat cuBLAS's GEMMs on narrow models only (H100, decode b1:
-    // GPT-2 124M 0.31 ms/token against 0.36, GPT-350M faster too; the TinyLlama-1.1B
-    // shape, hidden 2048, 2.00 against 1.44): their weight streams reach 0.7-1.1 TB/s,
-    // which small matrices hide behind launch costs and large ones do not. (Steps of one or
-    // two rows, up to four on narrow models, take the streaming gemv before either:
-    // forward.cu's stream_rows.)
-    e->gemv_rows_max = c.hidden <= 1024 ? kFusedRows : 0;
-    if (p->gemv_rows >= 0) e->gemv_rows_max = p->gemv_rows;
-    if (tp) e->gemv_rows_max = 0;
+    e->pdl = major >= 9 && !(tn.off & GOLLM_TUNING_NO_PDL);
+    e->bulk = major >= 9 && !(tn.off & GOLLM_TUNING_NO_BULK);
+    e->grouped = !(tn.off & GOLLM_TUNING_NO_GROUPED) && gqa_decode_fits(c.head_dim);
+    // The few-row kernels serve tensor-parallel ranks too: their projections into the
+    // residual width then write fp32 outputs that the all-reduce adds (forward.cu). The
+    // fused MLP adds into the residual stream itself, which a rank's share must not.
+    e->stream_gemv = !(tn.off & GOLLM_TUNING_NO_STREAM);
+    // The tiled projections win over cuBLAS on narrow models only, up to 16 rows
+    // (bench/results/2026-11-26-tiled-h100.jsonl).
+    e->tiled_rows = tn.tiled_rows >= 0 ? tn.tiled_rows : c.hidden <= 1024 ? 16 : 0;
+    e->tile_blocks = (tn.tile_blocks > 0 ? tn.tile_blocks : 1) * e->sms;
+    e->decode_parts = tn.decode_parts;
+    e->ctx_mma = !(tn.off & GOLLM_TUNING_NO_CTX_MMA);
+#ifdef GOLLM_MEASURE
+    e->skip = tn.skip;
+#endif
+    e->tiled = !(tn.off & GOLLM_TUNING_NO_TILED) && e->tiled_rows > 0 && tiled_fits(1, c.hidden) &&
+               tiled_fits(1, c.inner) && tiled_fits(1, c.heads * c.head_dim);
+    e->fused = !tp && !(tn.off & GOLLM_TUNING_NO_FUSED) && c.hidden % 8 == 0 && c.inner % 8 == 0;
+    // The staged gemv wins over cuBLAS on narrow models only, up to 4 rows
+    // (bench/results/2026-11-21-gpu-h200.jsonl); wider ones take the streaming gemv.
+    e->gemv_rows_max = tn.gemv_rows >= 0 ? tn.gemv_rows : c.hidden <= 1024 ? kFusedRows : 0;
   }
   CUDA_CHECK(cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&e->blas));

@@ -1,8 +1,8 @@
-// faults.cu — the debugging switches that make a step or an allocation fail
-// (GOLLM_CUDA_FAIL_STEP, GOLLM_CUDA_FAIL_ALLOC; gollm.h), so that the failure paths of the
-// engine, the Go bridge and the backend run on a real GPU; and gollm_engine_reset, which
-// readies an engine after a failed step or finds its context lost.
-#include <cstdlib>
+// faults.cu — the injected failures that make a step or an allocation fail (gollm_faults,
+// which bridge/cuda fills from GOLLM_CUDA_FAIL_STEP, GOLLM_CUDA_FAIL_RANK and
+// GOLLM_CUDA_FAIL_ALLOC; the messages name those switches), so that the failure paths of
+// the engine, the Go bridge and the backend run on a real GPU; and gollm_engine_reset,
+// which readies an engine after a failed step or finds its context lost.
 #include <cstring>
 #include <string>
 
@@ -18,33 +18,34 @@ __global__ void fault_trap_kernel() { __trap(); }
 
 }  // namespace
 
-FailStep fail_step_from_env() {
-  FailStep f;
-  const char* v = std::getenv("GOLLM_CUDA_FAIL_STEP");
-  if (!v || !*v) return f;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  if (end == v || n < 1 || n > (1L << 30) ||
-      (*end && std::strcmp(end, ":lost") != 0 && std::strcmp(end, ":early") != 0))
-    invalid("GOLLM_CUDA_FAIL_STEP=%s: want N, N:lost or N:early, with N >= 1 the step that fails", v);
-  f.step = (int)n;
-  f.lost = std::strcmp(end, ":lost") == 0;
-  f.early = std::strcmp(end, ":early") == 0;
-  if (const char* r = std::getenv("GOLLM_CUDA_FAIL_RANK"); r && *r) {
-    const long k = std::strtol(r, &end, 10);
-    if (end == r || *end || k < 0 || k > 64)
-      invalid("GOLLM_CUDA_FAIL_RANK=%s: want the tensor-parallel rank that fails, 0 to 64", r);
-    f.rank = (int)k;
-  }
-  return f;
+FailStep fail_step_of(const gollm_faults& f) {
+  FailStep fs;
+  if (f.fail_step < 0 || f.fail_mode < GOLLM_FAIL_ENQUEUED || f.fail_mode > GOLLM_FAIL_EARLY ||
+      f.fail_rank < -1 || f.fail_rank > 64)
+    invalid("faults: fail_step %d, fail_mode %d and fail_rank %d: want a step >= 0 (0: none), a "
+            "gollm_fail_mode and a rank of -1 to 64",
+            f.fail_step, f.fail_mode, f.fail_rank);
+  fs.step = f.fail_step;
+  fs.lost = f.fail_mode == GOLLM_FAIL_LOST;
+  fs.early = f.fail_mode == GOLLM_FAIL_EARLY;
+  fs.rank = f.fail_rank;
+  return fs;
 }
 
 bool fail_this_step(const gollm_engine* e) {
   return e->fail.step > 0 && e->steps == e->fail.step && (e->fail.rank < 0 || e->fail.rank == e->tp_rank);
 }
 
+namespace {
+// alloc_fault is the calling thread's gollm_faults.fail_alloc while an AllocFault lives.
+thread_local const char* alloc_fault = nullptr;
+}  // namespace
+
+AllocFault::AllocFault(const char* text) : prev(alloc_fault) { alloc_fault = text; }
+AllocFault::~AllocFault() { alloc_fault = prev; }
+
 void maybe_fail_alloc(size_t n, const char* what) {
-  const char* v = std::getenv("GOLLM_CUDA_FAIL_ALLOC");
+  const char* v = alloc_fault;
   if (!v || !*v || !what || !std::strstr(what, v)) return;
   char buf[320];
   std::snprintf(buf, sizeof buf,

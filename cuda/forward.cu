@@ -1,24 +1,41 @@
-// forward.cu — the forward pass of one step, driven by the architecture descriptor, and
-// every other kernel launch (sampling, the warm-up's GEMMs, the kernels' set-up). The one
-// file that includes the kernels: each is compiled, registered and given its shared-memory
-// limit here alone.
+// forward.cu — the forward pass of one step, a walk over the model's recipe with one
+// dispatcher a stage, and every other kernel launch (sampling, the warm-up's GEMMs, the
+// kernels' set-up). The one file that includes the kernels: each is compiled, registered
+// and given its shared-memory limit here alone.
 //
-// A layer is: norm → QKV projection (+ bias) → rotary on queries and keys where the model
-// has it → keys and values into the paged pool → causal attention (through each query
-// head's KV head, within the layer's sliding window) → output projection (+ bias) into the
-// residual stream → norm → MLP (act(up), or act(gate) · up) → down projection into the
-// residual stream. Few rows take the gemv kernels with their neighbours fused; decode steps
-// of up to kFusedRows rows take the one-kernel MLP; the rest take cuBLAS.
+// A step's rows decide its path, which every projection dispatcher follows:
+//   Stream  1–2 rows (up to 4 on models up to 1024 wide): the streaming gemv, its input norm
+//           and its epilogue (bias, activation, gate·up, QKV's rotary and KV write, the
+//           residual add) in the kernel;
+//   Gemv    up to gemv_rows_max rows (4 on models up to 1024 wide): the staged gemv, the same
+//           fusions but gate·up and rotary, which follow as kernels of their own; a
+//           decode-only step's MLP in one kernel (fused.cuh);
+//   Tiled   up to tiled_rows rows (16 on models up to 1024 wide): tensor-core projections
+//           over the norm the kernel before wrote, epilogues as the streaming gemv's but
+//           for the residual add;
+//   Blas    the rest: cuBLAS's GEMMs in fp32, each followed by its epilogue's kernel.
+// A projection whose kernel lacks the epilogue a stage after it needs writes fp32 and
+// leaves that stage its own kernel (the rotary and KV write: qkv_kv_write; gate·up:
+// gated_act; the residual add: residual_layernorm, which also computes the next norm).
 //
 // Under tensor parallelism (a rank's share of the weights: its heads, MLP units and
-// vocabulary rows) every step takes the cuBLAS path, and the rank all-reduces (NCCL, on
-// the step's stream, inside the decode graphs too) the fp32 outputs of its row-parallel
-// projections — the embedding's lookups, each layer's attention output and MLP output —
-// before the residual add and norm that follow them run unchanged on every rank; the LM
-// head's rows are all-gathered and joined into whole-vocabulary logits, which every rank
+// vocabulary rows) the same paths run, except that a projection into the residual width
+// writes its fp32 partial sums without bias, which the rank all-reduces (NCCL, on the
+// step's stream, inside the decode graphs too) before the residual add, bias and norm
+// that follow run unchanged on every rank; the fused MLP, which adds into the residual
+// stream itself, does not run. The embedding's lookups are all-reduced too, and the LM
+// head's rows all-gathered and joined into whole-vocabulary logits, which every rank
 // samples alike.
+//
+// The dense families' stages (dense.cuh) keep to the same rules: QK_NORM and a longrope
+// ROTARY are applied by the QKV epilogue's own kernel (qkv_extra_write), as a partial
+// rotary is; a POST_NORM makes its branch's projection write fp32 to tmp, which RESIDUAL
+// norms before the add (post_residual_norm), and keeps the fused MLP off; soft-capped
+// attention takes the kernels with the cap (attention_capped), a soft-capped LM head a
+// kernel over its logits.
 #include "activation.cuh"
 #include "attention.cuh"
+#include "dense.cuh"
 #include "embedding.cuh"
 #include "fused.cuh"
 #include "gemv.cuh"
@@ -33,33 +50,17 @@ namespace gollm {
 
 namespace {
 
-// A step's cuBLAS calls on the engine's buffers, for m rows (gemm_rows of the step's): a
-// layer's QKV, output projection, MLP up and MLP down, and the LM head over xf. forward
-// and the warm-up both make them, so the warm-up meets exactly a step's shapes.
+// gemm is a projection's cuBLAS GEMM over m rows (gemm_rows of the step's; the rows past
+// the step's are never read): y [m][out] fp32 = x [m][in] · w [out][in]ᵀ. The dispatchers
+// and the warm-up both call it, so that the warm-up meets exactly a step's shapes.
 template <typename T>
-void gemm_qkv(gollm_engine* e, const LayerW& lw, int m) {
-  const Dims d(e->w->cfg);
-  matmul_xwt<T>(e->blas, e->xn.as<T>(), static_cast<const T*>(lw.qkv_w), e->qkv.as<float>(), m, d.H, d.qkv);
+void gemm(gollm_engine* e, const void* x, const void* w, float* y, int m, int in, int out) {
+  matmul_xwt<T>(e->blas, static_cast<const T*>(x), static_cast<const T*>(w), y, m, in, out);
 }
-template <typename T>
-void gemm_proj(gollm_engine* e, const LayerW& lw, int m) {
-  const Dims d(e->w->cfg);
-  matmul_xwt<T>(e->blas, e->att.as<T>(), static_cast<const T*>(lw.out_w), e->tmp.as<float>(), m, d.att, d.H);
-}
-template <typename T>
-void gemm_up(gollm_engine* e, const LayerW& lw, int m) {
-  const Dims d(e->w->cfg);
-  matmul_xwt<T>(e->blas, e->xn.as<T>(), static_cast<const T*>(lw.up_w), e->fc.as<float>(), m, d.H, d.up);
-}
-template <typename T>
-void gemm_down(gollm_engine* e, const LayerW& lw, int m) {
-  const Dims d(e->w->cfg);
-  matmul_xwt<T>(e->blas, e->fch.as<T>(), static_cast<const T*>(lw.down_w), e->tmp.as<float>(), m, d.I, d.H);
-}
-// The LM head's GEMM runs over lm_head_ld(V) rows of weights (zero past V): where V is not
-// a multiple of 4 (GPT-2's 50,257) cuBLAS otherwise takes a slow kernel (H100, GPT-2 b64:
-// 107 µs, 0.9 TB/s). Its output rows then go to logits_pad, and unpad_rows moves them into
-// logits.
+
+// The LM head's GEMM runs over lm_head_ld(V) rows of weights (zero past V), so that cuBLAS
+// never meets an odd vocabulary such as GPT-2's 50,257, for which it takes a slow kernel.
+// Its output rows then go to logits_pad, and unpad_rows moves them into logits.
 template <typename T>
 void gemm_lm_head(gollm_engine* e, int m) {
   const Dims d(e->w->cfg);
@@ -69,312 +70,420 @@ void gemm_lm_head(gollm_engine* e, int m) {
 }
 
 // stream_rows is the most rows a step takes the streaming gemv for, on a model of hidden
-// width H — where it beat the other paths on an H100, alternating in one lease: 1 row (GPT-2
-// 0.31 -> 0.28 ms/token, GPT-350M b1 i128 o8 6.7 -> 5.5 ms, the TinyLlama shape 1.43 -> 1.08,
-// Llama-2-7B 6.34 -> 5.14, against the staged gemv or cuBLAS), 2 rows (TinyLlama 1.38 ->
-// 1.16, Llama-2-7B 5.89 -> 5.36), and 4 rows of a narrow model (GPT-2 0.46 -> 0.42); wide
-// models at 4 rows stay on cuBLAS (TinyLlama 1.40 against 1.45 streamed).
+// width H (bench/results/2026-11-26-gpu-h100.jsonl).
 inline int stream_rows(int H) { return H <= 1024 ? 4 : 2; }
 
-// gemv_any runs a few-row projection on the streaming gemv or the staged one.
+// Path is how a step's projections run (the file's comment).
+enum class Path { Stream, Gemv, Tiled, Blas };
+
+// Flow is a step as the walk goes: its operands, the path its rows take, and what the
+// stages walked leave for the next — the last norm, whether its output is in xn, whether
+// the QKV kernel wrote the keys, where the branch is.
+template <typename T>
+struct Flow {
+  gollm_engine* e;
+  const Plan& pl;
+  const Layout& L;
+  const Dims d;
+  const int N, NG, parts;
+  const bool tp;
+  Path path = Path::Blas;
+  bool fused = false;    // a decode-only step's MLP in one kernel
+  bool few_dec = false;  // few decode rows: decode attention a block per query head
+  const Stream st0, st, stc;  // no PDL; PDL; after a collective (NCCL's kernels: none)
+  char* din;
+  const int32_t* words;
+  const DevSeq* seqs;
+  const CtxTile* tiles;
+  float* h;
+  T* xn;
+  float* qkv;
+  T* att;
+  float* tmp;
+  float* fc;
+  T* fch;
+  T* kv;
+  unsigned long long* acc = nullptr;  // the fused MLP's fixed-point additions to h
+  const Stage* norm = nullptr;        // the last NORM walked: what reads x reads its norm of h
+  const Stage* post = nullptr;        // a POST_NORM walked since the branch: RESIDUAL's
+  bool kv_written = true;             // the QKV kernel applied its epilogue
+  const float* qkv_bias = nullptr;    // the QKV bias, where the KV write must add it
+  bool branch_in_h = false;           // the branch's projection added it to h
+  const float* branch_bias = nullptr; // tmp holds the branch without this bias
+
+  Flow(gollm_engine* e_, const Plan& pl_, const Layout& L_, int parts_)
+      : e(e_), pl(pl_), L(L_), d(e_->w->cfg), N(pl_.n), NG(gemm_rows(pl_.n)), parts(parts_),
+        tp(e_->tp_size > 1), st0(e_->stream, false), st(e_->stream, e_->pdl),
+        stc(e_->tp_size > 1 ? st0 : st), din(e_->din.as<char>()),
+        words(reinterpret_cast<const int32_t*>(din)),
+        seqs(reinterpret_cast<const DevSeq*>(din + L_.seqs)),
+        tiles(reinterpret_cast<const CtxTile*>(din + L_.tiles)), h(e_->h.as<float>()),
+        xn(e_->xn.as<T>()), qkv(e_->qkv.as<float>()), att(e_->att.as<T>()),
+        tmp(e_->tmp.as<float>()), fc(e_->fc.as<float>()), fch(e_->fch.as<T>()), kv(e_->kv.as<T>()) {
+    const int H = d.H;
+    const bool chunks_ok =
+        pl.chunks.size() <= 1 && (pl.chunks.empty() || pl.chunks[0].count <= kGemvMaxRows);
+    const bool streamed = e->stream_gemv && N <= stream_rows(H) && gemv_stream_fits(N, H) &&
+                          gemv_stream_fits(N, d.I) && gemv_stream_fits(N, d.att) && chunks_ok;
+    const bool staged = N <= e->gemv_rows_max && gemv_fits(N, H) && gemv_fits(N, d.I) &&
+                        gemv_fits(N, d.att) && chunks_ok;
+    if (streamed)
+      path = Path::Stream;
+    else if (staged)
+      path = Path::Gemv;
+    else if (e->tiled && N <= e->tiled_rows && tiled_fits(N, H))
+      path = Path::Tiled;
+    fused = path == Path::Gemv && e->fused && pl.tiles.empty() && (int)pl.dec_rows.size() == N &&
+            N <= kFusedRows;
+    if (fused) acc = e->acc.as<unsigned long long>();
+    few_dec = (int)pl.dec_rows.size() <= kFusedRows;
+  }
+  bool small() const { return path == Path::Stream || path == Path::Gemv; }
+  const int32_t* I32(size_t off) const { return reinterpret_cast<const int32_t*>(din + off); }
+  // args holds what every gemv and tiled launch of the step shares: n rows over the
+  // residual stream, its input normed by the last norm walked.
+  GemvArgs args(int n) const {
+    GemvArgs a{};
+    a.bulk = e->bulk, a.n = n, a.h = h, a.acc = acc;
+    if (norm) {
+      a.gamma = norm->gamma, a.beta = norm->beta, a.eps = norm->s.eps;
+      a.rms = norm->s.norm == GOLLM_NORM_RMS;
+    }
+    return a;
+  }
+};
+
+// gemv_any runs a few-row projection on the path's gemv kernel.
 template <typename T, int IN, int OUT>
-void gemv_any(const GemvArgs& a, int sms, bool streamed, Stream st) {
-  if (streamed)
-    gemv_stream<T, IN, OUT>(a, sms, st);
+void gemv_any(const Flow<T>& f, const GemvArgs& a) {
+  if (f.path == Path::Stream)
+    gemv_stream<T, IN, OUT>(a, f.e->sms, f.st);
   else
-    gemv<T, IN, OUT>(a, sms, st);
+    gemv<T, IN, OUT>(a, f.e->sms, f.st);
 }
 
-// GOLLM_CUDA_SKIP's bits: the kernels a step leaves out, so that a step's time without
-// them says what they cost in place (in a graph, with their neighbours' overlap), which
-// ncu's serialized figures do not. The results are wrong; for measuring alone.
-constexpr int kSkipQKV = 1, kSkipAttn = 2, kSkipOut = 4, kSkipUp = 8, kSkipDown = 16,
-              kSkipNorm = 32, kSkipHead = 64, kSkipSample = 128, kSkipKV = 256, kSkipAct = 512;
-
-// forward enqueues the whole step on the engine's stream: the layers, then per chunk the
-// LM head, the sampling and (eager mode) the logits copies. In graph mode it is captured.
+// EMBED, with the NORM after it in the same kernel (one GPU), or after the all-reduce that
+// adds the ranks' lookups — each rank looks its vocabulary rows up, rank 0 adding the
+// positions.
 template <typename T>
-void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool capture) {
-  gollm_weights* w = e->w;
-  const gollm_model_config& c = w->cfg;
-  const Dims d(c);
-  // V is the whole vocabulary (logits, sampling); VR the LM head's rows on this GPU (this
-  // rank's under tensor parallelism, else V).
-  const int N = pl.n, H = d.H, V = e->vocab, VR = d.V;
-  const bool tp = e->tp_size > 1;
-  const int NG = gemm_rows(N);  // cuBLAS's row count (the rows past N are never read)
-  const float eps = c.norm_eps;
-  const bool rms = c.norm == GOLLM_NORM_RMS;
-  const float* inv_freq = c.positions == GOLLM_POS_ROTARY ? w->inv_freq : nullptr;
-  // Kernels after the first may overlap their predecessor's tail (sm_90); not a kernel
-  // after a collective (stc), whose kernels are NCCL's own: nothing of it to overlap.
-  const Stream st0(e->stream, false), st(e->stream, e->pdl);
-  const Stream stc = e->tp_size > 1 ? st0 : st;
-  char* din = e->din.as<char>();
-  auto I32 = [&](size_t off) { return reinterpret_cast<const int32_t*>(din + off); };
-  const int32_t* words = reinterpret_cast<const int32_t*>(din);
-  const DevSeq* seqs = reinterpret_cast<const DevSeq*>(din + L.seqs);
-  const CtxTile* tiles = reinterpret_cast<const CtxTile*>(din + L.tiles);
-  float* h = e->h.as<float>();
-  T* xn = e->xn.as<T>();
-  float* qkv = e->qkv.as<float>();
-  T* att = e->att.as<T>();
-  float* tmp = e->tmp.as<float>();
-  float* fc = e->fc.as<float>();
-  T* fch = e->fch.as<T>();
-  T* kv = e->kv.as<T>();
-
-  // Few rows: gemv kernels with their neighbours fused, reading the weights once (decode at
-  // small batch). Up to stream_rows(H) rows take the streaming gemv, whose warps read their
-  // weight rows straight into registers; the rest of the few-row steps keep the staged gemv
-  // and one-kernel MLP (narrow models, hidden up to 1024; their passes through shared
-  // memory keep too few bytes in flight for wider ones) or cuBLAS.
-  auto chunks_ok = [&] {
-    return pl.chunks.size() <= 1 && (pl.chunks.empty() || pl.chunks[0].count <= kGemvMaxRows);
-  };
-  const bool streamed = e->stream_gemv && N <= stream_rows(H) && gemv_stream_fits(N, H) &&
-                        gemv_stream_fits(N, d.I) && gemv_stream_fits(N, d.att) && chunks_ok();
-  const bool small = streamed || (!tp && N <= e->gemv_rows_max && gemv_fits(N, H) &&
-                                  gemv_fits(N, d.I) && gemv_fits(N, d.att) && chunks_ok());
-  // Decode-only steps of few rows: four kernels a layer (five with rotary), the MLP in one
-  // (fused.cuh) with the residual stream's additions in fixed point.
-  const bool fused = small && !streamed && e->fused && pl.tiles.empty() &&
-                     (int)pl.dec_rows.size() == N &&
-                     N <= kFusedRows;
-  unsigned long long* acc = fused ? e->acc.as<unsigned long long>() : nullptr;
-  // Steps of up to tiled_rows rows that the gemv kernels do not take (engine.cu: 16 on
-  // models up to 1024 wide): the tiled projections (tensor cores, epilogues fused)
-  // instead of cuBLAS.
-  const bool tiled = !small && e->tiled && N <= e->tiled_rows && tiled_fits(N, H);
-  float* tpart = e->tile_part.as<float>();
-  int* ttick = e->tile_tickets.as<int>();
-  const bool few_dec = (int)pl.dec_rows.size() <= kFusedRows;
-  auto on = [&](int bit) { return (e->skip & bit) == 0; };
-  if (tp) {
-    // Each rank looks its vocabulary rows up (rank 0 adds the positions); the all-reduce
-    // adds the shares, then layer 0's norm.
-    embedding_shard<T>(I32(L.row_tok), I32(L.row_pos), static_cast<const T*>(w->embed),
-                       e->tp_rank == 0 ? static_cast<const T*>(w->pos) : nullptr, h, N, H,
-                       e->tp_rank * VR, VR, st0);
-    tp_all_reduce(e, h, (size_t)N * H, "the embedding", -1);
-    norm_rows<T>(h, xn, w->layers[0].norm1_w, w->layers[0].norm1_b, N, H, eps, rms, st0);
+void embed(Flow<T>& f, const Stage& s) {
+  gollm_engine* e = f.e;
+  const gollm_weights* w = e->w;
+  const Stage& nx = *s.next;
+  const bool rms = nx.s.norm == GOLLM_NORM_RMS;
+  const int VR = f.d.V;
+  if (f.tp) {
+    embedding_shard<T>(f.I32(f.L.row_tok), f.I32(f.L.row_pos), static_cast<const T*>(w->embed),
+                       e->tp_rank == 0 ? static_cast<const T*>(w->pos) : nullptr, f.h, f.N, f.d.H,
+                       e->tp_rank * VR, VR, f.st0, s.s.scale);
+    tp_all_reduce(e, f.h, (size_t)f.N * f.d.H, "the embedding", -1);
+    norm_rows<T>(f.h, f.xn, nx.gamma, nx.beta, f.N, f.d.H, nx.s.eps, rms, f.st0);
   } else {
-    embedding_layernorm<T>(I32(L.row_tok), I32(L.row_pos), static_cast<const T*>(w->embed),
-                           static_cast<const T*>(w->pos), h, xn, w->layers[0].norm1_w,
-                           w->layers[0].norm1_b, N, H, eps, rms, st0, acc);
+    embedding_layernorm<T>(f.I32(f.L.row_tok), f.I32(f.L.row_pos), static_cast<const T*>(w->embed),
+                           static_cast<const T*>(w->pos), f.h, f.xn, nx.gamma, nx.beta, f.N, f.d.H,
+                           nx.s.eps, rms, f.st0, f.acc, s.s.scale);
   }
-  // gemv_args holds what every gemv of the step shares: n rows over the residual stream.
-  auto gemv_args = [&](int n) {
-    GemvArgs a{};
-    a.bulk = e->bulk, a.n = n, a.h = h, a.eps = eps, a.rms = rms, a.acc = acc;
-    return a;
-  };
-  // qkv_args is layer l's QKV projection over the step's rows with what its epilogues
-  // write to: the queries, keys and values, the query scale, the rotary frequencies
-  // (GEMV_OUT_F32 reads none of the KV part).
-  auto qkv_args = [&](int l, const LayerW& lw) {
-    GemvArgs a = gemv_args(N);
-    a.w = lw.qkv_w, a.bias = lw.qkv_b, a.in = H, a.out = d.qkv, a.y = qkv;
-    a.kv = kv, a.row_pos = I32(L.row_pos), a.row_seq = I32(L.row_seq);
-    a.seqs = seqs, a.blocks = words, a.geom = e->geom, a.layer = l;
-    a.qscale = 1.f / sqrtf((float)c.head_dim), a.inv_freq = inv_freq;
-    return a;
-  };
-  // kv_write adds bias (or nothing) to layer l's QKV rows, scales the queries, rotates and
-  // writes keys and values to the pool: the QKV epilogue as a kernel of its own.
-  auto kv_write = [&](int l, const float* bias) {
-    if (on(kSkipKV))
-      qkv_kv_write<T>(qkv, bias, kv, I32(L.row_pos), I32(L.row_seq), seqs, words, e->geom, l, N,
-                      inv_freq, c.rope_dim, st);
-  };
-  // Rotary over the whole head fits the streaming gemv's and the tiled kernel's epilogue.
-  const bool rope_epilogue = inv_freq && c.rope_dim == c.head_dim;
-  for (int l = 0; l < c.layers; l++) {
-    const LayerW& lw = w->layers[l];
-    const int window = c.sliding_window > 0 && l >= c.window_from_layer ? c.sliding_window : 0;
-    if (!on(kSkipQKV)) {
-    } else if (small) {
-      // QKV with the attention norm before; without rotary positions the KV write after,
-      // with them qkv_kv_write rotates and writes (the bias is added here) — or, with
-      // rotary over the whole head, the streaming gemv does both itself.
-      GemvArgs a = qkv_args(l, lw);
-      a.gamma = lw.norm1_w, a.beta = lw.norm1_b;
-      if (rope_epilogue && streamed) {
-        gemv_stream<T, GEMV_IN_LN, GEMV_OUT_ROPE>(a, e->sms, st);
-      } else if (inv_freq) {
-        gemv_any<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, streamed, st);
-        kv_write(l, nullptr);
+  f.norm = &nx;
+}
+
+// NORM: computed by the kernel before it where that kernel does (EMBED, RESIDUAL), by the
+// gemv kernels that read it on the few-row paths, else by norm_rows into xn.
+template <typename T>
+void norm(Flow<T>& f, const Stage& s) {
+  if (f.norm == &s) return;
+  f.norm = &s;
+  if (!f.small())
+    norm_rows<T>(f.h, f.xn, s.gamma, s.beta, f.N, f.d.H, s.s.eps, s.s.norm == GOLLM_NORM_RMS, f.st);
+}
+
+// QKV, with the bias, the query scale, the layer's rotary and the KV write in its
+// kernel's epilogue where the kernel has them: the streaming gemv and the tiled kernel
+// rotate whole heads, the gemv kernels write keys and values; otherwise — a partial rotary,
+// q/k norms, longrope — it writes fp32 and KV_WRITE's kernel does the rest.
+template <typename T>
+void qkv(Flow<T>& f, const Stage& s) {
+  gollm_engine* e = f.e;
+  GemvArgs a = f.args(f.N);
+  a.w = s.w, a.bias = s.b, a.in = f.d.H, a.out = f.d.qkv, a.y = f.qkv;
+  a.kv = f.kv, a.row_pos = f.I32(f.L.row_pos), a.row_seq = f.I32(f.L.row_seq);
+  a.seqs = f.seqs, a.blocks = f.words, a.geom = e->geom, a.layer = s.s.layer;
+  a.qscale = s.qscale, a.inv_freq = s.inv_freq;
+  // whole: the streaming and tiled kernels' rotary epilogue serves; apart: the epilogue
+  // needs KV_WRITE's kernel on the paths that lack it (rotary on the staged gemv) and on
+  // every path for a partial rotary, q/k norms or longrope (Stage.extra).
+  const bool rope = s.inv_freq != nullptr, apart = rope || s.extra;
+  const bool whole = rope && !s.extra && s.rope_dim == f.d.D;
+  f.kv_written = true, f.qkv_bias = nullptr;
+  switch (f.path) {
+    case Path::Stream:
+    case Path::Gemv:
+      if (whole && f.path == Path::Stream) {
+        gemv_stream<T, GEMV_IN_LN, GEMV_OUT_ROPE>(a, e->sms, f.st);
+      } else if (apart) {
+        gemv_any<T, GEMV_IN_LN, GEMV_OUT_F32>(f, a);
+        f.kv_written = false;
       } else {
-        gemv_any<T, GEMV_IN_LN, GEMV_OUT_QKV>(a, e->sms, streamed, st);
+        gemv_any<T, GEMV_IN_LN, GEMV_OUT_QKV>(f, a);
       }
-    } else if (tiled) {
-      // As the small path's QKV, over xn (the norm the kernel before wrote).
-      GemvArgs a = qkv_args(l, lw);
-      a.x = xn;
-      if (rope_epilogue) {
-        tiled_proj<T, GEMV_OUT_ROPE>(a, e->tile_blocks, tpart, ttick, st);
-      } else if (inv_freq) {
-        tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, tpart, ttick, st);
-        kv_write(l, nullptr);
+      break;
+    case Path::Tiled:
+      a.x = f.xn;
+      if (whole) {
+        tiled_proj<T, GEMV_OUT_ROPE>(a, e->tile_blocks, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
+      } else if (apart) {
+        tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
+        f.kv_written = false;
       } else {
-        tiled_proj<T, GEMV_OUT_QKV>(a, e->tile_blocks, tpart, ttick, st);
+        tiled_proj<T, GEMV_OUT_QKV>(a, e->tile_blocks, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
       }
-    } else {
-      gemm_qkv<T>(e, lw, NG);
-      kv_write(l, lw.qkv_b);
-    }
-    attention_context<T>(qkv, att, kv, tiles, seqs, words, e->geom, l, window,
-                         (int)pl.tiles.size(), e->ctx_mma, e->sms, st);
-    // Decode attention: steps of few decode rows keep the per-head kernel with its loads
-    // before the wait (tiny grids: all latency); more rows read each KV head once for all
-    // its query heads.
-    if (!on(kSkipAttn)) {
-    } else if (e->grouped && !few_dec)
-      attention_decode_gqa<T>(qkv, att, kv, I32(L.dec_rows), I32(L.row_pos), I32(L.row_seq),
-                              seqs, words, e->geom, l, window, (int)pl.dec_rows.size(), parts,
-                              e->partial.as<float>(), e->part_ml.as<float>(),
-                              e->tickets.as<int>(), st);
-    else
-      attention_decode<T>(qkv, att, kv, I32(L.dec_rows), I32(L.row_pos), I32(L.row_seq), seqs,
-                          words, e->geom, l, window, (int)pl.dec_rows.size(), parts, e->max_len,
-                          e->partial.as<float>(), e->part_ml.as<float>(), e->tickets.as<int>(),
-                          small || few_dec, st);
-    const bool last = l + 1 == c.layers;
-    if (small) {
-      GemvArgs a = gemv_args(N);
-      // Attention output projection, added to the residual stream; in a fused step its
-      // single writer per entry also moves the last MLP's fixed-point additions into h.
-      a.w = lw.out_w, a.bias = lw.out_b, a.in = d.att, a.out = H, a.x = att, a.hout = h;
-      if (on(kSkipOut)) gemv_any<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, streamed, st);
-      if (fused) {
-        MlpArgs m{};
-        m.bulk = e->bulk;
-        m.w_up = lw.up_w, m.b_up = lw.up_b, m.w_down = lw.down_w, m.b_down = lw.down_b;
-        m.gamma = lw.norm2_w, m.beta = lw.norm2_b, m.eps = eps, m.rms = rms, m.h = h, m.acc = acc;
-        m.n = N, m.hidden = H, m.inner = d.I, m.act = c.activation, m.gated = c.gated_mlp != 0;
-        const int R = gemv_rows(N);
-        m.k = e->mlp_k[mlp_slot(R)];
-        if (on(kSkipUp)) mlp<T>(m, R, st);
-        continue;
-      }
-      // MLP up-projection with the MLP norm before and the activation after (a gated MLP
-      // takes its gate and up outputs in fp32, then gated_act).
-      a.w = lw.up_w, a.bias = lw.up_b, a.in = H, a.out = d.up, a.gamma = lw.norm2_w,
-      a.beta = lw.norm2_b, a.act = c.activation;
-      if (!on(kSkipUp)) {
-      } else if (c.gated_mlp && streamed) {
-        // Gate and up rows in one kernel, act(gate) · up stored (a.out: the units).
-        a.y = fch, a.out = d.I;
-        gemv_stream<T, GEMV_IN_LN, GEMV_OUT_GATED>(a, e->sms, st);
-      } else if (c.gated_mlp) {
-        a.y = fc;
-        gemv<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, st);
-        gated_act<T>(fc, nullptr, fch, N, d.I, c.activation, st);
-      } else {
-        a.y = fch;
-        gemv_any<T, GEMV_IN_LN, GEMV_OUT_ACT>(a, e->sms, streamed, st);
-      }
-      // MLP down-projection, added to the residual stream.
-      a = gemv_args(N);
-      a.w = lw.down_w, a.bias = lw.down_b, a.in = d.I, a.out = H, a.x = fch, a.hout = h;
-      if (on(kSkipDown)) gemv_any<T, GEMV_IN_T, GEMV_OUT_RESID>(a, e->sms, streamed, st);
-      continue;
-    }
-    // Output projection into tmp, then the residual add and the MLP norm; the MLP's first
-    // projection and its activation (or gate · up); the down projection into tmp, then the
-    // residual add and the next norm. The tiled kernels add their biases and apply the
-    // activation themselves; cuBLAS's GEMMs leave both to the kernels after them.
-    // into_tmp runs a projection into the residual stream's width: tiled (with its bias),
-    // or cuBLAS's GEMM (gemm) and, under tensor parallelism, the all-reduce of its shares.
-    auto into_tmp = [&](const void* wt, const float* bias, int in, const T* x, auto gemm,
-                        const char* what) {
-      if (tiled) {
-        GemvArgs a = gemv_args(N);
-        a.w = wt, a.bias = bias, a.in = in, a.out = H, a.x = x, a.y = tmp;
-        tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, tpart, ttick, st);
+      break;
+    case Path::Blas:
+      gemm<T>(e, f.xn, s.w, f.qkv, f.NG, f.d.H, f.d.qkv);
+      f.kv_written = false, f.qkv_bias = s.b;
+      break;
+  }
+}
+
+// KV_WRITE (and ROTARY's rotation): the QKV epilogue as a kernel of its own, where the QKV
+// kernel did not apply it.
+template <typename T>
+void kv_write(Flow<T>& f, const Stage& s) {
+  if (f.kv_written) return;
+  if (s.extra)
+    qkv_extra_write<T>(f.qkv, f.qkv_bias, f.kv, f.I32(f.L.row_pos), f.I32(f.L.row_seq), f.seqs,
+                       f.words, f.e->geom, s.s.layer, f.N, s.inv_freq, s.rope_dim, s.qscale, s.qkx,
+                       f.st);
+  else
+    qkv_kv_write<T>(f.qkv, f.qkv_bias, f.kv, f.I32(f.L.row_pos), f.I32(f.L.row_seq), f.seqs,
+                    f.words, f.e->geom, s.s.layer, f.N, s.inv_freq, s.rope_dim, s.qscale, f.st);
+  f.kv_written = true;
+}
+
+// ATTENTION: the prompt rows' tiles, then the decode rows — steps of few decode rows keep
+// the per-head kernel with its loads before the wait (tiny grids: all latency); more read
+// each KV head once for all its query heads.
+template <typename T>
+void attention(Flow<T>& f, const Stage& s) {
+  gollm_engine* e = f.e;
+  const int l = s.s.layer, window = s.s.window, rows = (int)f.pl.dec_rows.size();
+  if (s.s.softcap > 0.f) {
+    attention_capped<T>(f.qkv, f.att, f.kv, f.tiles, f.I32(f.L.dec_rows), f.I32(f.L.row_pos),
+                        f.I32(f.L.row_seq), f.seqs, f.words, e->geom, l, window,
+                        (int)f.pl.tiles.size(), rows, f.parts, e->max_len, e->partial.as<float>(),
+                        e->part_ml.as<float>(), e->tickets.as<int>(), f.small() || f.few_dec,
+                        s.s.softcap, f.st);
+    return;
+  }
+  attention_context<T>(f.qkv, f.att, f.kv, f.tiles, f.seqs, f.words, e->geom, l, window,
+                       (int)f.pl.tiles.size(), e->ctx_mma, e->sms, f.st);
+  if (e->grouped && !f.few_dec)
+    attention_decode_gqa<T>(f.qkv, f.att, f.kv, f.I32(f.L.dec_rows), f.I32(f.L.row_pos),
+                            f.I32(f.L.row_seq), f.seqs, f.words, e->geom, l, window, rows, f.parts,
+                            e->partial.as<float>(), e->part_ml.as<float>(), e->tickets.as<int>(), f.st);
+  else
+    attention_decode<T>(f.qkv, f.att, f.kv, f.I32(f.L.dec_rows), f.I32(f.L.row_pos), f.I32(f.L.row_seq),
+                        f.seqs, f.words, e->geom, l, window, rows, f.parts, e->max_len,
+                        e->partial.as<float>(), e->part_ml.as<float>(), e->tickets.as<int>(),
+                        f.small() || f.few_dec, f.st);
+}
+
+// branch projects x ([N][in] T) into the residual width — OUT, and the MLP's down
+// projection —: the branch RESIDUAL adds. On one GPU a gemv adds it (with its bias) to h
+// itself, unless a POST_NORM follows (post); otherwise it goes to tmp, with its bias from
+// the tiled kernel or left to the residual add. A tensor-parallel rank's share is
+// all-reduced there, its bias (the whole one, on every rank) left for after.
+template <typename T>
+void branch(Flow<T>& f, const void* w, const float* bias, int in, const T* x, const char* what,
+            int layer, bool post) {
+  gollm_engine* e = f.e;
+  GemvArgs a = f.args(f.N);
+  a.w = w, a.in = in, a.out = f.d.H, a.x = x, a.y = f.tmp;
+  switch (f.path) {
+    case Path::Stream:
+    case Path::Gemv:
+      if (!f.tp && !post) {
+        a.bias = bias, a.hout = f.h;
+        gemv_any<T, GEMV_IN_T, GEMV_OUT_RESID>(f, a);
+        f.branch_in_h = true;
         return;
       }
-      gemm();
-      if (tp) tp_all_reduce(e, tmp, (size_t)N * H, what, l);
-    };
-    if (on(kSkipOut))
-      into_tmp(lw.out_w, lw.out_b, d.att, att, [&] { gemm_proj<T>(e, lw, NG); }, "the attention output");
-    if (on(kSkipNorm))
-      residual_layernorm<T>(h, tmp, tiled ? nullptr : lw.out_b, xn, lw.norm2_w, lw.norm2_b, N, H,
-                            eps, rms, stc);
-    if (!on(kSkipUp)) {
-    } else if (tiled) {
-      GemvArgs a = gemv_args(N);
-      a.w = lw.up_w, a.bias = lw.up_b, a.in = H, a.out = d.I, a.x = xn, a.y = fch, a.act = c.activation;
-      if (c.gated_mlp)
-        tiled_proj<T, GEMV_OUT_GATED>(a, e->tile_blocks, tpart, ttick, st);
-      else
-        tiled_proj<T, GEMV_OUT_ACT>(a, e->tile_blocks, tpart, ttick, st);
-    } else {
-      gemm_up<T>(e, lw, NG);
-      if (!on(kSkipAct)) {
-      } else if (c.gated_mlp) {
-        gated_act<T>(fc, lw.up_b, fch, N, d.I, c.activation, st);
-      } else {
-        bias_act<T>(fc, lw.up_b, fch, N, d.I, c.activation, st);
-      }
-    }
-    if (on(kSkipDown))
-      into_tmp(lw.down_w, lw.down_b, d.I, fch, [&] { gemm_down<T>(e, lw, NG); }, "the MLP output");
-    const LayerW& nx = last ? lw : w->layers[l + 1];
-    if (on(kSkipNorm))
-      residual_layernorm<T>(h, tmp, tiled ? nullptr : lw.down_b, xn, last ? w->final_w : nx.norm1_w,
-                            last ? w->final_b : nx.norm1_b, N, H, eps, rms, stc);
+      gemv_any<T, GEMV_IN_T, GEMV_OUT_F32>(f, a);
+      break;
+    case Path::Tiled:
+      a.bias = f.tp ? nullptr : bias;
+      tiled_proj<T, GEMV_OUT_F32>(a, e->tile_blocks, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
+      if (!f.tp) bias = nullptr;
+      break;
+    case Path::Blas:
+      gemm<T>(e, x, w, f.tmp, f.NG, in, f.d.H);
+      break;
   }
+  if (f.tp) tp_all_reduce(e, f.tmp, (size_t)f.N * f.d.H, what, layer);
+  f.branch_bias = bias;
+}
+
+// MLP: one kernel on a fused step (adding to h in fixed point); else the first projection
+// with its activation — gate·up in the streaming and tiled kernels' epilogue, gated_act
+// after the others —, then the down projection as the branch.
+template <typename T>
+void mlp(Flow<T>& f, const Stage& s) {
+  gollm_engine* e = f.e;
+  const int act = s.s.activation;
+  const bool gated = s.s.gated != 0;
+  if (f.fused) {
+    MlpArgs m{};
+    m.bulk = e->bulk;
+    m.w_up = s.w, m.b_up = s.b, m.w_down = s.w2, m.b_down = s.b2;
+    m.gamma = f.norm->gamma, m.beta = f.norm->beta, m.eps = f.norm->s.eps;
+    m.rms = f.norm->s.norm == GOLLM_NORM_RMS, m.h = f.h, m.acc = f.acc;
+    m.n = f.N, m.hidden = f.d.H, m.inner = f.d.I, m.act = act, m.gated = gated;
+    const int R = gemv_rows(f.N);
+    m.k = e->mlp_k[mlp_slot(R)];
+    mlp<T>(m, R, f.st);
+    f.branch_in_h = true;
+    return;
+  }
+  GemvArgs a = f.args(f.N);
+  a.w = s.w, a.bias = s.b, a.in = f.d.H, a.out = f.d.up, a.act = act;
+  switch (f.path) {
+    case Path::Stream:
+    case Path::Gemv:
+      if (gated && f.path == Path::Stream) {
+        a.y = f.fch, a.out = f.d.I;
+        gemv_stream<T, GEMV_IN_LN, GEMV_OUT_GATED>(a, e->sms, f.st);
+      } else if (gated) {
+        a.y = f.fc;
+        gemv<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, f.st);
+        gated_act<T>(f.fc, nullptr, f.fch, f.N, f.d.I, act, f.st);
+      } else {
+        a.y = f.fch;
+        gemv_any<T, GEMV_IN_LN, GEMV_OUT_ACT>(f, a);
+      }
+      break;
+    case Path::Tiled:
+      a.out = f.d.I, a.x = f.xn, a.y = f.fch;
+      if (gated)
+        tiled_proj<T, GEMV_OUT_GATED>(a, e->tile_blocks, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
+      else
+        tiled_proj<T, GEMV_OUT_ACT>(a, e->tile_blocks, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
+      break;
+    case Path::Blas:
+      gemm<T>(e, f.xn, s.w, f.fc, f.NG, f.d.H, f.d.up);
+      if (gated)
+        gated_act<T>(f.fc, s.b, f.fch, f.N, f.d.I, act, f.st);
+      else
+        bias_act<T>(f.fc, s.b, f.fch, f.N, f.d.I, act, f.st);
+      break;
+  }
+  branch(f, s.w2, s.b2, f.d.I, f.fch, "the MLP output", s.s.layer, s.post != nullptr);
+}
+
+// RESIDUAL: h += the branch (with its bias, where its projection left it), and the NORM
+// after it in the same kernel — unless the branch's projection added it already.
+template <typename T>
+void residual(Flow<T>& f, const Stage& s) {
+  if (f.branch_in_h) {
+    f.branch_in_h = false;
+    return;
+  }
+  const Stage& nx = *s.next;
+  if (const Stage* p = f.post) {
+    post_residual_norm<T>(f.h, f.tmp, f.branch_bias, p->gamma, p->s.eps, f.xn, nx.gamma, nx.beta,
+                          f.N, f.d.H, nx.s.eps, nx.s.norm == GOLLM_NORM_RMS, f.stc);
+    f.post = nullptr;
+    f.norm = &nx;
+    return;
+  }
+  residual_layernorm<T>(f.h, f.tmp, f.branch_bias, f.xn, nx.gamma, nx.beta, f.N, f.d.H, nx.s.eps,
+                        nx.s.norm == GOLLM_NORM_RMS, f.stc);
+  f.norm = &nx;
+}
+
+// LM_HEAD, per chunk of logit rows: the head (a gemv with the final norm on the few-row
+// paths, else cuBLAS over the normed rows gathered), the gather and join of the ranks'
+// vocabulary rows, the sampling, and (eager mode) the logits copies.
+template <typename T>
+void lm_head(Flow<T>& f, const Stage& s, bool capture) {
+  gollm_engine* e = f.e;
+  const Plan& pl = f.pl;
+  const int V = e->vocab, VR = f.d.V, H = f.d.H;
   // The LM head writes part ([rows][VR]); the whole-vocabulary logits are part itself on
   // one GPU, else the join of every rank's part.
   float* part = e->logits.as<float>();
-  float* logits = tp ? e->tp_logits.as<float>() : part;
+  float* logits = f.tp ? e->tp_logits.as<float>() : part;
   float* retlog = e->retlog.as<float>();
   float* hlog = e->hlog.as<float>();
   for (size_t ci = 0; ci < pl.chunks.size(); ci++) {
     const Chunk& ch = pl.chunks[ci];
     const float* padded = nullptr;  // the LM head's padded rows, when sampling reads them
-    if (!on(kSkipHead)) {
-    } else if (small) {
-      // The final norm is fused into the LM head's gemv.
-      GemvArgs a = gemv_args(ch.count);
-      a.idx = I32(L.lrow_src) + ch.first;
-      a.gamma = w->final_w, a.beta = w->final_b, a.w = w->lm_head, a.in = H, a.out = VR, a.y = part;
-      gemv_any<T, GEMV_IN_LN, GEMV_OUT_F32>(a, e->sms, streamed, st);
+    if (f.small()) {
+      GemvArgs a = f.args(ch.count);
+      a.idx = f.I32(f.L.lrow_src) + ch.first;
+      a.w = s.w, a.in = H, a.out = VR, a.y = part;
+      gemv_any<T, GEMV_IN_LN, GEMV_OUT_F32>(f, a);
     } else {
-      gather_rows<T>(xn, I32(L.lrow_src) + ch.first, e->xf.as<T>(), ch.count, H, st);
+      gather_rows<T>(f.xn, f.I32(f.L.lrow_src) + ch.first, e->xf.as<T>(), ch.count, H, f.st);
       gemm_lm_head<T>(e, gemm_rows(ch.count));
       // Greedy sampling reads the padded rows where it is all that reads them (one GPU, no
-      // logits copied back): unpad_rows' copy (GPT-2 b64: 12.9 MB, 9.7 µs) is then not made.
-      bool keep_padded = e->logits_pad.p && pl.all_greedy && !tp;
+      // logits copied back), which saves unpad_rows' copy.
+      bool keep_padded = e->logits_pad.p && pl.all_greedy && !f.tp && !(s.s.softcap > 0.f);
       for (const CopyOut& cp : pl.copies)
         if (cp.chunk == (int)ci && !cp.from_ret) keep_padded = false;
       if (keep_padded)
         padded = e->logits_pad.as<float>();
       else if (e->logits_pad.p)
-        unpad_rows(e->logits_pad.as<float>(), part, ch.count, VR, lm_head_ld(VR), st);
+        unpad_rows(e->logits_pad.as<float>(), part, ch.count, VR, lm_head_ld(VR), f.st);
     }
-    if (tp) {
+    if (f.tp) {
       tp_all_gather(e, part, e->tp_gather.as<float>(), (size_t)ch.count * VR);
-      join_vocab(e->tp_gather.as<float>(), logits, ch.count, VR, V, e->tp_size, st0);
+      join_vocab(e->tp_gather.as<float>(), logits, ch.count, VR, V, e->tp_size, f.st0);
     }
+    if (s.s.softcap > 0.f) softcap(logits, (int64_t)ch.count * V, s.s.softcap, f.st);
     if (!capture) {
       for (const CopyOut& cp : pl.copies)
         if (cp.chunk == (int)ci && !cp.from_ret)
           CUDA_CHECK(cudaMemcpyAsync(hlog + cp.dst, logits + (int64_t)cp.row * V,
-                                     (size_t)cp.rows * V * 4, cudaMemcpyDeviceToHost, st.st));
+                                     (size_t)cp.rows * V * 4, cudaMemcpyDeviceToHost, f.st.st));
     }
-    if (on(kSkipSample))
-      sample(logits, padded, I32(L.samp_seq) + ch.samp_first, I32(L.samp_row) + ch.samp_first, seqs,
-           words, words, reinterpret_cast<const float*>(din), retlog, e->dtok.as<int32_t>(),
-           e->dlp.as<float>(), ch.samp_count, V, e->greedy_part.as<float>(),
-           e->greedy_tickets.as<int>(), pl.all_greedy, e->sms, st);
+    sample(logits, padded, f.I32(f.L.samp_seq) + ch.samp_first, f.I32(f.L.samp_row) + ch.samp_first,
+           f.seqs, f.words, f.words, reinterpret_cast<const float*>(f.din), retlog,
+           e->dtok.as<int32_t>(), e->dlp.as<float>(), ch.samp_count, V, e->greedy_part.as<float>(),
+           e->greedy_tickets.as<int>(), pl.all_greedy, e->sms, f.st);
     if (!capture) {
       for (const CopyOut& cp : pl.copies)
         if (cp.chunk == (int)ci && cp.from_ret)
           CUDA_CHECK(cudaMemcpyAsync(hlog + cp.dst, retlog + (int64_t)cp.row * V,
-                                     (size_t)cp.rows * V * 4, cudaMemcpyDeviceToHost, st.st));
+                                     (size_t)cp.rows * V * 4, cudaMemcpyDeviceToHost, f.st.st));
+    }
+  }
+}
+
+// forward enqueues the whole step on the engine's stream, walking the recipe (checked at
+// weights creation: weights.cu's check_recipe): each stage's dispatcher picks its kernel
+// by the step's path, or finds its work done by a neighbour's kernel. In graph mode it is
+// captured.
+template <typename T>
+void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool capture) {
+  Flow<T> f(e, pl, L, parts);
+  for (const Stage& s : e->w->recipe) {
+#ifdef GOLLM_MEASURE
+    if (e->skip >> s.s.kind & 1) continue;
+#endif
+    switch (s.s.kind) {
+      case GOLLM_STAGE_EMBED: embed(f, s); break;
+      case GOLLM_STAGE_NORM: norm(f, s); break;
+      case GOLLM_STAGE_QKV: qkv(f, s); break;
+      case GOLLM_STAGE_ROTARY: break;  // applied by the kernel that writes the keys
+      case GOLLM_STAGE_KV_WRITE: kv_write(f, s); break;
+      case GOLLM_STAGE_ATTENTION: attention(f, s); break;
+      case GOLLM_STAGE_OUT:
+        branch(f, s.w, s.b, f.d.att, f.att, "the attention output", s.s.layer, s.post != nullptr);
+        break;
+      case GOLLM_STAGE_MLP: mlp(f, s); break;
+      case GOLLM_STAGE_RESIDUAL: residual(f, s); break;
+      case GOLLM_STAGE_LM_HEAD: lm_head(f, s, capture); break;
+      case GOLLM_STAGE_QK_NORM: break;  // applied by the kernel that writes the keys
+      case GOLLM_STAGE_POST_NORM: f.post = &s; break;
     }
   }
 }
@@ -383,7 +492,14 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
 // four GEMMs, the LM head), so that no step of a served model pays a shape's first call.
 template <typename T>
 int warmup_gemms_t(gollm_engine* e) {
-  const LayerW& lw = e->w->layers[0];
+  const Dims d(e->w->cfg);
+  const Stage *qkv = nullptr, *out = nullptr, *mlp = nullptr;
+  for (const Stage& s : e->w->recipe) {
+    if (s.s.layer != 0) continue;
+    if (s.s.kind == GOLLM_STAGE_QKV) qkv = &s;
+    if (s.s.kind == GOLLM_STAGE_OUT) out = &s;
+    if (s.s.kind == GOLLM_STAGE_MLP) mlp = &s;
+  }
   // Inputs zeroed: the calls compute on them.
   CUDA_CHECK(cudaMemsetAsync(e->xn.p, 0, e->xn.bytes, e->stream));
   CUDA_CHECK(cudaMemsetAsync(e->att.p, 0, e->att.bytes, e->stream));
@@ -392,10 +508,10 @@ int warmup_gemms_t(gollm_engine* e) {
   int shapes = 0;
   const int top = gemm_rows(e->max_tokens);
   for (int m = 16; m <= top; m = gemm_rows(m + 1)) {
-    gemm_qkv<T>(e, lw, m);
-    gemm_proj<T>(e, lw, m);
-    gemm_up<T>(e, lw, m);
-    gemm_down<T>(e, lw, m);
+    gemm<T>(e, e->xn.p, qkv->w, e->qkv.as<float>(), m, d.H, d.qkv);
+    gemm<T>(e, e->att.p, out->w, e->tmp.as<float>(), m, d.att, d.H);
+    gemm<T>(e, e->xn.p, mlp->w, e->fc.as<float>(), m, d.H, d.up);
+    gemm<T>(e, e->fch.p, mlp->w2, e->tmp.as<float>(), m, d.I, d.H);
     shapes += 4;
   }
   const int rtop = gemm_rows(e->max_logit_rows);
@@ -426,8 +542,9 @@ void setup_kernels_t(gollm_engine* e) {
   gemv_allow_smem<T>(e->device);
   if (e->stream_gemv) gemv_stream_allow_smem<T>(e->device);
   if (e->tiled) tiled_allow_smem<T>(e->device);
+  // The fused MLP adds to h itself: a post-normed MLP output cannot take it.
   if (e->fused)
-    e->fused = fused_setup<T>(c.hidden, c.inner, c.gated_mlp != 0, e->sms, e->device, e->mlp_k);
+    e->fused = !c.post_norms && fused_setup<T>(c.hidden, c.inner, c.gated_mlp != 0, e->sms, e->device, e->mlp_k);
   allow_smem_max(attention_context_tc_kernel<T>, e->device);
   allow_smem_max(attention_context_mma_kernel<T, 64>, e->device);
   allow_smem_max(attention_context_mma_kernel<T, 80>, e->device);
@@ -441,6 +558,14 @@ void setup_kernels_t(gollm_engine* e) {
             e->max_len, ds);
   allow_smem_max(attention_decode_kernel<T, true>, e->device);
   allow_smem_max(attention_decode_kernel<T, false>, e->device);
+  // The soft-capped variants (dense.cuh's attention_capped), for the models that take them.
+  bool capped = false;
+  for (const Stage& s : e->w->recipe) capped = capped || (s.s.kind == GOLLM_STAGE_ATTENTION && s.s.softcap > 0.f);
+  if (capped) {
+    allow_smem_max(attention_context_kernel<T, true>, e->device);
+    allow_smem_max(attention_decode_kernel<T, true, true>, e->device);
+    allow_smem_max(attention_decode_kernel<T, false, true>, e->device);
+  }
 }
 
 }  // namespace

@@ -416,8 +416,8 @@ __device__ __forceinline__ void gemv_input(const GemvArgs& a, const LnParams& lp
       // Wide rows (the streaming gemv's models, hidden up to 8192): a row at a time over
       // the whole block, thread t holding columns 4(t + 256v) in registers — every load of
       // the row issued together, one memory round trip — then the mean and the variance by
-      // two block sums, as the path above does for narrow rows. (The warp-a-row loop below
-      // cost the TinyLlama shape's QKV gemv 6 of its 14 µs.)
+      // two block sums, as the path above does for narrow rows (rather than the
+      // warp-a-row loop below, whose loads come one round trip at a time).
       __shared__ float red[kGemvWarps][1];
       constexpr int V = kGemvWideCols / (4 * kGemvThreads);
       const int in4 = in / 4;
@@ -704,6 +704,7 @@ void gemv_allow_smem(int device) {
   gemv_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_ACT>(device);
   gemv_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_F32>(device);
   gemv_allow_smem_one<T, GEMV_IN_T, GEMV_OUT_RESID>(device);
+  gemv_allow_smem_one<T, GEMV_IN_T, GEMV_OUT_F32>(device);  // tensor-parallel branches
 }
 
 // Streaming gemv: the projections of steps of 1–4 rows (forward.cu's stream_rows),
@@ -711,9 +712,8 @@ void gemv_allow_smem(int device) {
 // flight to read the weights at the memory's rate. Each warp streams its own weight rows from
 // global memory straight into registers, kGemvStreamUnroll 16-byte loads a row and two
 // rows at a time, and only the input rows sit in shared memory.
-// GOLLM_STREAM_UNROLL and GOLLM_STREAM_BLOCKS (-D at build time) are for measuring builds
-// against each other (bench/libab.sh): 4 loads at 3 blocks a multiprocessor lost on an H100
-// (GPT-2 b1 0.274 -> 0.288 ms/token, cuda/README.md).
+// GOLLM_STREAM_UNROLL and GOLLM_STREAM_BLOCKS (-D at build time) build others to measure
+// (bench/libab.sh). 8 loads at 2 blocks: bench/results/2026-11-27-inplace-h100.jsonl.
 #ifndef GOLLM_STREAM_UNROLL
 #define GOLLM_STREAM_UNROLL 8
 #endif
@@ -1039,6 +1039,7 @@ void gemv_stream_allow_smem(int device) {
   gemv_stream_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_ROPE>(device);
   gemv_stream_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_ACT>(device);
   gemv_stream_allow_smem_one<T, GEMV_IN_T, GEMV_OUT_RESID>(device);
+  gemv_stream_allow_smem_one<T, GEMV_IN_T, GEMV_OUT_F32>(device);  // tensor-parallel branches
 }
 
 }  // namespace gollm

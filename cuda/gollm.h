@@ -1,7 +1,10 @@
 /* gollm.h — the C ABI of libgollm_cuda.so, gollm's CUDA engine for decoder-only language
- * models described by a gollm_model_config (GPT-2 and the LLaMA family: LayerNorm or
- * RMSNorm, learned or rotary positions, multi-head, multi-query or grouped-query attention
- * with an optional sliding window, a plain or gated MLP, a tied or separate LM head).
+ * models described by a gollm_model_config (their shapes) and a recipe (their forward pass
+ * as an ordered list of gollm_stage, with the values each takes in its layer: LayerNorm or
+ * RMSNorm, learned or rotary positions over a whole head or part of it (longrope's two
+ * frequency sets), per-head query and key norms, multi-head, multi-query or grouped-query
+ * attention with a window per layer and soft-capped scores, post-norms of the branches,
+ * a plain or gated MLP, a tied or separate LM head with soft-capped logits).
  *
  * Every function reports failure through a gollm_status {code, message} and returns the
  * code; none aborts or exits, and no C++ exception crosses it. Objects:
@@ -15,9 +18,11 @@
  *                  spreads a model over, one rank a GPU (ABI 7). Each rank's engine runs on
  *                  that rank's share of the weights and all-reduces and all-gathers with the
  *                  others inside its steps, so the ranks' steps must run at the same time,
- *                  from one thread each. NCCL (libnccl.so.2, or $GOLLM_NCCL_LIB) is opened
- *                  with dlopen when the first communicator is made: without it the library
- *                  still loads and serves a model on one GPU.
+ *                  from one thread each. NCCL (libnccl.so.2, or the path the caller gives)
+ *                  is opened with dlopen when the first communicator is made: without it
+ *                  the library still loads and serves a model on one GPU.
+ *
+ * The library reads no environment variable: every setting comes through these calls.
  *
  * The engine keeps no per-request state: each gollm_step names, for every scheduled
  * sequence, its new tokens, position, block table and sampling parameters.
@@ -39,7 +44,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 7
+#define GOLLM_ABI_VERSION 10
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -48,7 +53,7 @@ enum gollm_code {
   GOLLM_ERR_CUBLAS = 3,           /* a cuBLAS error */
   GOLLM_ERR_OUT_OF_MEMORY = 4,    /* device or pinned host memory ran out */
   GOLLM_ERR_INTERNAL = 5,         /* anything else (a C++ exception) */
-  GOLLM_ERR_ALL_MASKED = 6,       /* sampling found every token masked */
+  GOLLM_ERR_ALL_MASKED = 6,       /* unused: a masked row is its token -2, not an error */
   GOLLM_ERR_NCCL = 7              /* NCCL is missing or failed, or the communicators were
                                      aborted (gollm_comm_abort) */
 };
@@ -75,10 +80,11 @@ enum gollm_norm {
 
 enum gollm_positions {
   GOLLM_POS_LEARNED = 0, /* a position embedding added to the token embedding */
-  GOLLM_POS_ROTARY = 1   /* queries and keys rotated by rope_inv_freq * position */
+  GOLLM_POS_ROTARY = 1   /* queries and keys rotated by position (the recipe's ROTARY) */
 };
 
-/* gollm_model_config is the architecture descriptor (model.Config in Go). */
+/* gollm_model_config is the model's shapes (model.Config in Go): the sizes of its weights
+ * and buffers, and which roles it has. What its layers compute is its recipe. */
 typedef struct gollm_model_config {
   int32_t vocab_size;        /* tokens */
   int32_t max_positions;     /* longest sequence */
@@ -88,18 +94,70 @@ typedef struct gollm_model_config {
   int32_t kv_heads;          /* key/value heads; divides heads */
   int32_t head_dim;          /* a multiple of 8, at most 256 */
   int32_t inner;             /* MLP units (the gate's and the up-projection's each when gated) */
-  int32_t norm;              /* a gollm_norm, for every norm of the model */
-  float norm_eps;            /* the norms' epsilon */
-  int32_t positions;         /* a gollm_positions */
-  int32_t rope_dim;          /* rotated dimensions of a head (rotary): even, at most head_dim;
-                                dimension i pairs with i + rope_dim/2 */
-  int32_t activation;        /* a gollm_activation */
-  int32_t gated_mlp;         /* nonzero: act(gate(x)) * up(x) -> down */
+  int32_t norm;              /* a gollm_norm: the norms' kind (LayerNorm's have bias roles) */
+  int32_t positions;         /* a gollm_positions (learned ones have POS_EMBED) */
+  int32_t gated_mlp;         /* nonzero: UP holds the gate's rows, then the up-projection's */
   int32_t tied_head;         /* nonzero: the LM head is the token embedding */
-  int32_t sliding_window;    /* > 0: a query attends to the last sliding_window positions
-                                (its own included) in the layers from window_from_layer on */
-  int32_t window_from_layer; /* the first layer with the sliding window */
+  int32_t qk_norm;           /* nonzero: the layers have Q_NORM and K_NORM (ABI 9) */
+  int32_t post_norms;        /* nonzero: the layers have POST_ATTN_NORM and POST_MLP_NORM */
 } gollm_model_config;
+
+/* gollm_stage_kind is what a stage of the recipe does (model.StageKind in Go, the same
+ * order). x is the block input, h the fp32 residual stream, the branch what a projection
+ * into the residual width wrote. */
+enum gollm_stage_kind {
+  GOLLM_STAGE_EMBED = 0,     /* h = EMBED[token] (× scale) (+ POS_EMBED[position] under learned
+                                positions) */
+  GOLLM_STAGE_NORM = 1,      /* x = norm(h) for the stage that reads it (QKV, MLP, LM_HEAD) */
+  GOLLM_STAGE_QKV = 2,       /* queries, keys, values = x·QKVᵀ + QKV_BIAS */
+  GOLLM_STAGE_ROTARY = 3,    /* queries and keys rotated by position */
+  GOLLM_STAGE_KV_WRITE = 4,  /* keys and values into the paged pool */
+  GOLLM_STAGE_ATTENTION = 5, /* causal attention over the pool, through each query head's KV head
+                                (scores soft-capped where softcap > 0) */
+  GOLLM_STAGE_OUT = 6,       /* branch = attention·OUTᵀ + OUT_BIAS */
+  GOLLM_STAGE_MLP = 7,       /* branch = DOWN·act(UP·x) (gated: act(gate) · up) + biases */
+  GOLLM_STAGE_RESIDUAL = 8,  /* h += branch */
+  GOLLM_STAGE_LM_HEAD = 9,   /* logits = x·LM_HEADᵀ of the rows whose logits are read (soft-capped
+                                where softcap > 0) */
+  GOLLM_STAGE_QK_NORM = 10,  /* each query head normed by Q_NORM, each key head by K_NORM, over
+                                head_dim (ABI 9) */
+  GOLLM_STAGE_POST_NORM = 11, /* branch = norm(branch) (POST_ATTN_NORM or POST_MLP_NORM) */
+  GOLLM_STAGE_KINDS
+};
+
+/* gollm_stage is one stage of the recipe with its values; fields its kind does not read
+ * are zero. The recipe is a pre-norm decoder: EMBED, then per layer NORM, QKV, [QK_NORM],
+ * [ROTARY], KV_WRITE, ATTENTION, OUT, [POST_NORM], RESIDUAL, NORM, MLP, [POST_NORM],
+ * RESIDUAL, then NORM, LM_HEAD — QK_NORM where the config has qk_norm, POST_NORM where it
+ * has post_norms (the library refuses another order, naming the stage). */
+typedef struct gollm_stage {
+  int32_t kind;       /* a gollm_stage_kind */
+  int32_t layer;      /* its layer; -1 for the model's own (EMBED, the final NORM, LM_HEAD) */
+  int32_t weight;     /* NORM, QK_NORM, POST_NORM: its weight's role (NORM: ATTN_NORM,
+                         MLP_NORM, FINAL_NORM, under LayerNorm its bias the role after it;
+                         QK_NORM: Q_NORM; POST_NORM: POST_ATTN_NORM, POST_MLP_NORM) */
+  int32_t norm;       /* NORM, QK_NORM, POST_NORM: a gollm_norm, the config's (RMS for the
+                         last two) */
+  float eps;          /* NORM, QK_NORM, POST_NORM: epsilon */
+  int32_t rope_dim;   /* ROTARY: rotated dimensions of each query and key head, even, at most
+                         head_dim; dimension i pairs with i + rope_dim/2, the rest pass */
+  int32_t rope_freqs; /* ROTARY: its rope_dim/2 frequencies start at rope_freqs[rope_freqs]
+                         of gollm_weights_params (position p turns pair i by rope_freqs[i]·p) */
+  int32_t window;     /* ATTENTION: > 0, a query attends to its last window positions (its
+                         own included); 0, to all */
+  float scale;        /* ATTENTION: the query·key scale (1/√head_dim, or the model's), applied
+                         to the queries as they are written; EMBED: > 0, the embeddings'
+                         multiplier, it and the product rounded to the compute type */
+  float softcap;      /* ATTENTION, LM_HEAD: > 0, scores or logits become
+                         softcap·tanh(x/softcap); 0: none */
+  int32_t activation; /* MLP: a gollm_activation */
+  int32_t gated;      /* MLP: nonzero, act(gate) · up; the config's gated_mlp */
+  int32_t rope_long;  /* ROTARY: > 0 (longrope), a sequence longer than rope_long positions
+                         after the step takes the long frequencies, which follow the short
+                         ones (rope_freqs + rope_dim/2); 0: one set (ABI 9) */
+  float rope_scale;   /* ROTARY: cos and sin are multiplied by it (longrope's attention
+                         factor; 1 otherwise) */
+} gollm_stage;
 
 /* gollm_role is the part a weight plays (model.Role in Go, the same order). Matrices are
  * [out][in] in these terms; vectors (norms, biases) [n]:
@@ -109,7 +167,8 @@ typedef struct gollm_model_config {
  *   (the query rows, then the key rows, then the value rows) and QKV_BIAS;
  *   OUT [hidden][heads*head_dim] and OUT_BIAS [hidden]; MLP_NORM, MLP_NORM_BIAS [hidden];
  *   UP [inner or, gated, 2*inner][hidden] (the gate's rows first) and UP_BIAS;
- *   DOWN [hidden][inner] and DOWN_BIAS [hidden].
+ *   DOWN [hidden][inner] and DOWN_BIAS [hidden]; Q_NORM, K_NORM [head_dim] (qk_norm);
+ *   POST_ATTN_NORM, POST_MLP_NORM [hidden] (post_norms).
  * The *_NORM_BIAS roles exist under LayerNorm only; a bias role is absent when the model
  * has none (every bias of a role is given, or none). */
 enum gollm_role {
@@ -118,6 +177,7 @@ enum gollm_role {
   GOLLM_ROLE_ATTN_NORM, GOLLM_ROLE_ATTN_NORM_BIAS, GOLLM_ROLE_QKV, GOLLM_ROLE_QKV_BIAS,
   GOLLM_ROLE_OUT, GOLLM_ROLE_OUT_BIAS, GOLLM_ROLE_MLP_NORM, GOLLM_ROLE_MLP_NORM_BIAS,
   GOLLM_ROLE_UP, GOLLM_ROLE_UP_BIAS, GOLLM_ROLE_DOWN, GOLLM_ROLE_DOWN_BIAS,
+  GOLLM_ROLE_Q_NORM, GOLLM_ROLE_K_NORM, GOLLM_ROLE_POST_ATTN_NORM, GOLLM_ROLE_POST_MLP_NORM,
   GOLLM_ROLES
 };
 #define GOLLM_FIRST_LAYER_ROLE GOLLM_ROLE_ATTN_NORM
@@ -139,15 +199,71 @@ typedef struct gollm_weight {
   gollm_tensor part; /* the piece */
 } gollm_weight;
 
+/* gollm_faults makes chosen calls fail, so that the failure paths of the engine and of its
+ * callers run on a real GPU (bridge/cuda reads them from GOLLM_CUDA_FAIL_STEP,
+ * GOLLM_CUDA_FAIL_RANK and GOLLM_CUDA_FAIL_ALLOC for its tests). All zero: none. */
+enum gollm_fail_mode {
+  GOLLM_FAIL_ENQUEUED = 0, /* a real failing CUDA call after the step's forward pass is
+                              enqueued (gollm_engine_reset then recovers) */
+  GOLLM_FAIL_LOST = 1,     /* a kernel of the step traps: the context is lost */
+  GOLLM_FAIL_EARLY = 2     /* before any of the step's work is enqueued (a tensor-parallel
+                              rank's peers then wait for collectives that do not come) */
+};
+typedef struct gollm_faults {
+  int32_t fail_step;      /* > 0: the engine's fail_step-th gollm_step or gollm_launch fails once */
+  int32_t fail_mode;      /* a gollm_fail_mode */
+  int32_t fail_rank;      /* -1: every tensor-parallel rank fails; else only this one */
+  const char* fail_alloc; /* non-empty: every device allocation whose purpose contains it
+                             ("weights", "KV pool", "logits", …) fails as out of memory */
+} gollm_faults;
+
 /* gollm_weights_params describes a checkpoint to copy onto a GPU. */
 typedef struct gollm_weights_params {
   int32_t device;              /* CUDA device ordinal */
   int32_t dtype;               /* GOLLM_DTYPE_F16 or GOLLM_DTYPE_BF16: weights, activations, KV */
-  gollm_model_config config;   /* the architecture */
-  const float* rope_inv_freq;  /* [rope_dim/2] rotary frequencies (rotary positions only) */
+  gollm_model_config config;   /* the shapes */
+  int32_t num_stages;          /* entries of stages */
+  const gollm_stage* stages;   /* the recipe: the forward pass in order */
+  int32_t num_rope_freqs;      /* entries of rope_freqs */
+  const float* rope_freqs;     /* the rotary stages' frequencies (gollm_stage.rope_freqs) */
   int32_t num_weights;         /* entries of weights */
   const gollm_weight* weights; /* every piece of every role the architecture has */
+  gollm_faults faults;         /* fail_alloc only */
 } gollm_weights_params;
+
+/* Kernel paths gollm_tuning.off turns off. Each is on by default where the GPU has it;
+ * turning one off keeps results within rounding (batch invariance holds). */
+enum gollm_tuning_off {
+  GOLLM_TUNING_NO_PDL = 1,     /* programmatic dependent launch (sm_90) */
+  GOLLM_TUNING_NO_BULK = 2,    /* bulk (TMA) copies of the gemv and MLP weights (sm_90) */
+  GOLLM_TUNING_NO_FUSED = 4,   /* the one-kernel MLP of decode steps of up to 4 rows */
+  GOLLM_TUNING_NO_GROUPED = 8, /* decode attention a block per KV head (all its query heads) */
+  GOLLM_TUNING_NO_STREAM = 16, /* the streaming gemv of few-row steps (narrow models then
+                                  take the staged gemv and fused MLP, wide ones cuBLAS) */
+  GOLLM_TUNING_NO_TILED = 32,  /* the tensor-core projections of steps of up to 64 rows
+                                  (cuBLAS then) */
+  GOLLM_TUNING_NO_PROMPT_GRAPHS = 64, /* prompt steps replayed from graphs of their padded
+                                         shape (every such step then runs kernel by kernel) */
+  GOLLM_TUNING_NO_CTX_MMA = 128       /* context attention on mma.sync (the WMMA kernel then) */
+};
+
+/* gollm_tuning chooses among kernel paths that give the same results within rounding, to
+ * measure one against another. */
+typedef struct gollm_tuning {
+  int32_t off;          /* gollm_tuning_off bits */
+  int32_t gemv_rows;    /* most token rows on the staged gemv path, 0..8; -1: the default
+                           (4 on models up to 1024 wide, else 0) */
+  int32_t tiled_rows;   /* most token rows on the tiled projections, 0..64; -1: the default
+                           (16 on models up to 1024 wide, else 0) */
+  int32_t tile_blocks;  /* the tiled launches aim at tile_blocks blocks a multiprocessor,
+                           1..4; 0: 1 */
+  int32_t decode_parts; /* decode attention split this many ways at every batch size, 1..16;
+                           0: by decode_splits */
+  int32_t skip;         /* libraries built with GOLLM_MEASURE only: stage kinds (bit
+                           1 << gollm_stage_kind) left out of every step, so that a step's
+                           time without them says what they cost in place (the results are
+                           wrong); other builds refuse a nonzero value */
+} gollm_tuning;
 
 /* gollm_engine_params sizes an engine. */
 typedef struct gollm_engine_params {
@@ -164,9 +280,8 @@ typedef struct gollm_engine_params {
   int32_t max_seq_len;        /* longest sequence served, at most the model's max_positions
                                  and 32768 (decode attention holds a row's scores in shared
                                  memory); 0: the model's max_positions, at most 8192 */
-  int32_t tuning_off;         /* gollm_tuning bits: kernel paths to turn off (A/B tests) */
-  int32_t gemv_rows;          /* most token rows on the gemv path, 0..8; -1: the default (4,
-                                 past which cuBLAS's GEMMs win) */
+  gollm_tuning tuning;        /* kernel paths, for A/B measurement; zero fields: the defaults */
+  gollm_faults faults;        /* injected failures (tests); zero: none */
   int64_t mem_budget;         /* > 0 with num_blocks 0: the engine's scratch buffers and KV
                                  pool together take at most this many device bytes (the
                                  pool gets what the scratch leaves; kv_free_fraction is not
@@ -184,19 +299,6 @@ typedef struct gollm_engine_params {
                                  the weights' config holds this rank's ceil(tp_vocab / ranks)
                                  rows of the embedding and LM head. 0 without comm. */
 } gollm_engine_params;
-
-/* Kernel paths gollm_engine_params.tuning_off turns off. Each is on by default where the
- * GPU has it; turning one off keeps results within rounding (batch invariance holds). */
-enum gollm_tuning {
-  GOLLM_TUNING_NO_PDL = 1,   /* programmatic dependent launch (sm_90) */
-  GOLLM_TUNING_NO_BULK = 2,  /* bulk (TMA) copies of the gemv and MLP weights (sm_90) */
-  GOLLM_TUNING_NO_FUSED = 4,   /* the one-kernel MLP of decode steps of up to 4 rows */
-  GOLLM_TUNING_NO_GROUPED = 8, /* decode attention a block per KV head (all its query heads) */
-  GOLLM_TUNING_NO_STREAM = 16, /* the streaming gemv of few-row steps (narrow models then
-                                  take the staged gemv and fused MLP, wide ones cuBLAS) */
-  GOLLM_TUNING_NO_TILED = 32   /* the tensor-core projections of steps of up to 64 rows
-                                  (cuBLAS then) */
-};
 
 /* gollm_engine_info describes a created engine. */
 typedef struct gollm_engine_info {
@@ -239,6 +341,12 @@ typedef struct gollm_seq {
                                         and bad words, decided by the caller */
   int32_t bias_offset;               /* embedding bias: bias[bias_offset .. +vocab), or -1 */
   double uniform;                    /* the draw in [0, 1) for this step */
+  /* ABI 10: guided decoding and min-p. */
+  int32_t allowed_offset;            /* the tokens it may sample (guided decoding): bit i%32 of
+                                        allowed[allowed_offset + i/32] for token i, (vocab+31)/32
+                                        words, applied after the masks; -1: every token */
+  float min_p;                       /* after top-k and top-p, keep the tokens at least min_p
+                                        times as likely as the most likely one; 0: none */
 } gollm_seq;
 
 /* gollm_step_in is one iteration's work; every array is in host memory. */
@@ -260,6 +368,8 @@ typedef struct gollm_step_in {
   const int32_t* block_copies;   /* [num_block_copies][2]: (src, dst) KV blocks, each in
                                     [0, num_blocks), copied whole, in order, before the
                                     forward pass (the copy-on-write of beams) */
+  int64_t num_allowed;           /* ABI 10: length of allowed, in 32-bit words */
+  const uint32_t* allowed;       /* guided decoding's token bitmasks (gollm_seq.allowed_offset) */
   const int32_t* feed;           /* [num_seqs] or NULL (gollm_launch only): -1, or the
                                     sequence of the step launched just before, still not
                                     waited for, whose sampled token is this sequence's one
@@ -268,7 +378,8 @@ typedef struct gollm_step_in {
 
 /* gollm_step_out receives a step's results in host memory the caller owns. */
 typedef struct gollm_step_out {
-  int32_t* tokens;     /* [num_seqs]: sampled token, -1 when the sequence samples none */
+  int32_t* tokens;     /* [num_seqs]: sampled token, -1 when the sequence samples none,
+                          -2 when every token is masked (that sequence's failure alone) */
   float* log_probs;    /* [num_seqs]: log-probability of the sampled token */
   float* logits;       /* returned logits, at each gollm_seq.logits_offset; may be NULL when
                           no sequence asks for logits */
@@ -287,7 +398,7 @@ typedef struct gollm_device_info {
 /* gollm_nccl_info describes the NCCL library tensor parallelism uses (ABI 7). */
 typedef struct gollm_nccl_info {
   int32_t version;  /* ncclGetVersion's code: 22703 for 2.27.3 */
-  char path[512];   /* what was opened: $GOLLM_NCCL_LIB, else libnccl.so.2 */
+  char path[512];   /* what was opened: the path asked for, else libnccl.so.2 */
 } gollm_nccl_info;
 
 typedef struct gollm_weights gollm_weights;
@@ -337,34 +448,28 @@ GOLLM_API int32_t gollm_wait(gollm_engine* e, gollm_step_out* out, gollm_status*
  * failed step's work, clears a pending error, ends a capture left open and zeroes the
  * counters that split reductions leave set when a step is cut short, so that no later step
  * computes from them. GOLLM_ERR_CUDA means the CUDA context is lost (a sticky error, such
- * as an illegal address or a trap): the engine cannot serve again; destroy it.
- *
- * Debugging switches, read when an engine or allocation is made: GOLLM_CUDA_FAIL_STEP=N
- * makes the engine's Nth gollm_step fail once, with a real failing CUDA call after its
- * forward pass is enqueued (gollm_engine_reset then recovers); GOLLM_CUDA_FAIL_STEP=N:lost
- * makes a kernel of that step trap instead, which loses the context; N:early fails it before
- * any of its work is enqueued (under tensor parallelism the other ranks then wait for its
- * collectives). GOLLM_CUDA_FAIL_RANK=R makes only tensor-parallel rank R fail.
- * GOLLM_CUDA_FAIL_ALLOC=TEXT fails, with GOLLM_ERR_OUT_OF_MEMORY, every device allocation
- * whose purpose contains TEXT ("weights", "KV pool", "logits", …). */
+ * as an illegal address or a trap): the engine cannot serve again; destroy it. Failures
+ * can be injected to test this path (gollm_faults). */
 GOLLM_API int32_t gollm_engine_reset(gollm_engine* e, gollm_status* status);
 
 /* gollm_engine_destroy frees an engine and its reference to the weights (and to its
  * communicators). */
 GOLLM_API void gollm_engine_destroy(gollm_engine* e);
 
-/* gollm_nccl_describe opens NCCL (once; $GOLLM_NCCL_LIB, else libnccl.so.2 on the
+/* gollm_nccl_describe opens NCCL (once; nccl_lib when not NULL or empty, else libnccl.so.2 on the
  * loader's path) and describes it: GOLLM_ERR_NCCL, naming what was tried, when it cannot
  * be opened. Needs no GPU. */
-GOLLM_API int32_t gollm_nccl_describe(gollm_nccl_info* out, gollm_status* status);
+GOLLM_API int32_t gollm_nccl_describe(const char* nccl_lib, gollm_nccl_info* out,
+                                      gollm_status* status);
 
 /* gollm_comm_create_all makes the communicators of n GPUs of this process
- * (ncclCommInitAll over devices[0..n), rank i on devices[i]); the caller holds one
- * reference. Then one engine per rank, each from its own thread, created at the same
- * time: creation agrees on the KV pool's blocks (the fewest any rank can hold, so that
- * one block table serves every rank) and its warm-up runs collectives. */
-GOLLM_API int32_t gollm_comm_create_all(int32_t n, const int32_t* devices, gollm_comm** out,
-                                        gollm_status* status);
+ * (ncclCommInitAll over devices[0..n), rank i on devices[i]), opening NCCL as
+ * gollm_nccl_describe does; the caller holds one reference. Then one engine per rank,
+ * each from its own thread, created at the same time: creation agrees on the KV pool's
+ * blocks (the fewest any rank can hold, so that one block table serves every rank) and its
+ * warm-up runs collectives. */
+GOLLM_API int32_t gollm_comm_create_all(int32_t n, const int32_t* devices, const char* nccl_lib,
+                                        gollm_comm** out, gollm_status* status);
 
 /* gollm_comm_abort aborts every rank's communicator (ncclCommAbort, the ranks in parallel):
  * collectives waiting for a rank that failed return, and every later call of an engine on

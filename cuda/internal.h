@@ -3,12 +3,14 @@
 // gives the others. The kernels themselves are included by forward.cu alone (and
 // convert.cuh by weights.cu), so each kernel is compiled, registered and configured once.
 //
-//   weights.cu  the weight arena and the upload of role-tagged tensors
-//   engine.cu   engine creation (buffers, the KV pool, tuning switches) and destruction
+//   weights.cu  the weight arena, the upload of role-tagged tensors, the recipe checked
+//               and its stages' weights resolved
+//   engine.cu   engine creation (buffers, the KV pool, the tuning) and destruction
 //   plan.cu     checking a step's descriptor and laying out its device inputs
-//   forward.cu  every kernel launch: the forward pass, sampling, the warm-up GEMMs
+//   forward.cu  every kernel launch: the walk over the recipe with a dispatcher a stage,
+//               sampling, the warm-up GEMMs
 //   step.cu     one step end to end, CUDA graphs (capture and replay) and the warm-up
-//   faults.cu   the fault-injection switches, the reset after a failed step, device info
+//   faults.cu   injected failures (gollm_faults), the reset after a failed step, device info
 //   comm.cu     tensor parallelism: NCCL (dlopen), the communicators, a step's collectives
 //   api.cu      the C ABI: each entry point turns exceptions into a gollm_status
 #pragma once
@@ -17,6 +19,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <map>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -76,31 +79,51 @@ inline size_t align_up(size_t n, size_t a = 256) { return (n + a - 1) / a * a; }
 // invalid throws GOLLM_ERR_INVALID_ARGUMENT with a printf-style message.
 [[noreturn]] void invalid(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
-// LayerW points at one layer's weights in the arena: matrices [out][in] in the compute
-// type, vectors fp32; an absent bias (or LayerNorm bias under RMSNorm) is null.
-struct LayerW {
-  const float *norm1_w, *norm1_b;  // the norm before attention [hidden]
-  const void* qkv_w;                // [qkv_width][hidden]
-  const float* qkv_b;               // [qkv_width]
-  const void* out_w;                // [hidden][heads·head_dim]
-  const float* out_b;               // [hidden]
-  const float *norm2_w, *norm2_b;   // the norm before the MLP [hidden]
-  const void* up_w;                 // [inner or 2·inner][hidden], the gate's rows first
-  const float* up_b;                // [inner or 2·inner]
-  const void* down_w;               // [hidden][inner]
-  const float* down_b;              // [hidden]
+// Stage is a stage of the recipe (gollm_stage) with what it reads resolved: its weights
+// in the arena (matrices [out][in] in the compute type, vectors fp32; an absent bias, or
+// LayerNorm's bias under RMSNorm, null), and for QKV and KV_WRITE the epilogue values of
+// the stages around them, so that whichever kernel writes the keys applies them.
+struct Stage {
+  gollm_stage s{};
+  const float* gamma = nullptr;  // NORM, POST_NORM: weight [hidden]; QK_NORM: Q_NORM's
+  const float* beta = nullptr;   // NORM: LayerNorm's bias [hidden]; QK_NORM: K_NORM
+  const void* w = nullptr;       // QKV [qkv][hidden], OUT [hidden][att], MLP's UP [up][hidden],
+                                 // LM_HEAD [vocab rows][hidden] (padded: lm_head_ld)
+  const float* b = nullptr;      // their biases
+  const void* w2 = nullptr;      // MLP's DOWN [hidden][inner]
+  const float* b2 = nullptr;     // its bias [hidden]
+  const float* inv_freq = nullptr;  // QKV, KV_WRITE: the layer's rotary frequencies
+                                    // [rope_dim/2] on the device, or null (no rotary)
+  int rope_dim = 0;                 // QKV, KV_WRITE: the rotated dimensions of a head
+  float qscale = 0.f;               // QKV, KV_WRITE: the layer's attention scale
+  bool extra = false;               // QKV, KV_WRITE: the layer has q/k norms or a longrope
+  QkvExtra qkx;                     // rotary (qkv_extra_write does their epilogue)
+  const Stage* next = nullptr;      // EMBED, RESIDUAL: the NORM after it, which its kernel
+                                    // computes too
+  const Stage* post = nullptr;      // OUT, MLP: the POST_NORM after it, or null
 };
 
-// FailStep is GOLLM_CUDA_FAIL_STEP: the engine's step that fails (0: none), and whether
-// it loses the context (a trapping kernel) rather than failing one call, or fails early
-// (before any of the step's work is enqueued: a tensor-parallel rank's peers then wait
-// for collectives that do not come); rank is GOLLM_CUDA_FAIL_RANK, the tensor-parallel
-// rank that fails (-1: every one).
+// FailStep is gollm_faults' failing step: the engine's step that fails (0: none), and
+// whether it loses the context (a trapping kernel) rather than failing one call, or fails
+// early (before any of the step's work is enqueued: a tensor-parallel rank's peers then
+// wait for collectives that do not come); rank is the tensor-parallel rank that fails
+// (-1: every one).
 struct FailStep {
   int step = 0;
   bool lost = false;
   bool early = false;
   int rank = -1;
+};
+
+// AllocFault makes the device allocations the calling thread makes while it lives fail as
+// out of memory where their purpose contains text (gollm_faults.fail_alloc; null or empty:
+// none), so that weights, engine and step allocations can be failed on purpose.
+struct AllocFault {
+  explicit AllocFault(const char* text);
+  ~AllocFault();
+  AllocFault(const AllocFault&) = delete;
+  AllocFault& operator=(const AllocFault&) = delete;
+  const char* prev;
 };
 
 // Shape of one model: the sizes every file derives from gollm_model_config.
@@ -130,11 +153,8 @@ struct gollm_weights {
   gollm::DevMem arena;         // all weights
   const void* embed = nullptr;     // [vocab][hidden]
   const void* pos = nullptr;       // [max_positions][hidden], or null (rotary)
-  const float* final_w = nullptr;  // [hidden]
-  const float* final_b = nullptr;  // [hidden], or null (RMSNorm)
   const void* lm_head = nullptr;   // [vocab][hidden]: embed when tied
-  const float* inv_freq = nullptr; // [rope_dim/2] rotary frequencies, or null
-  std::vector<gollm::LayerW> layers;  // per layer
+  std::vector<gollm::Stage> recipe;   // the forward pass, checked, weights resolved
 };
 
 namespace gollm {
@@ -247,13 +267,11 @@ struct gollm_engine {
   bool ctx_mma = true;            // context attention by attention_context_mma_kernel
   int tile_blocks = 0;            // the blocks a tiled launch aims at (tile_shape)
   int tiled_rows = 0;             // the most token rows on the tiled path
-  int decode_parts = 0;           // GOLLM_CUDA_DECODE_PARTS: decode attention's splits (0: decode_splits)
-  int skip = 0;                   // GOLLM_CUDA_SKIP: kernels left out, for timing alone (forward.cu's kSkip*)
-  // Most rows on the gemv path (gollm_engine_params.gemv_rows; 0 for models wider than
-  // 1024, engine.cu). Past 4 rows cuBLAS's padded GEMMs win (H200, decode ms/token at 8
-  // rows: GPT-2 0.65 gemv vs 0.60-0.62, GPT-350M 1.49 vs 1.21-1.23); at 4 and fewer the
-  // gemv kernels do (GPT-350M 1.10 vs 1.20).
-  int gemv_rows_max = gollm::kFusedRows;
+  int decode_parts = 0;           // decode attention's splits at every size (0: decode_splits)
+#ifdef GOLLM_MEASURE
+  int skip = 0;                   // stage kinds left out of every step (gollm_tuning.skip)
+#endif
+  int gemv_rows_max = gollm::kFusedRows;  // most rows on the staged gemv (engine.cu)
   int mlp_k[3] = {};              // mlp_kernel's units per block for 1, 2 and 4 rows
   gollm::DevMem acc;              // fixed-point residual additions of fused steps
   gollm::DevMem h, xn, qkv, att, tmp, fc, fch, xf, logits, retlog;  // activations
@@ -274,7 +292,7 @@ struct gollm_engine {
   int launched_head = 0, launched_count = 0;
   std::map<int, cudaGraphExec_t> graph_execs;  // decode graphs by batch bucket (×2, +1: all greedy)
   // Prompt graphs (steps on the many-rows path, replayed where their padded counts
-  // recur): on unless GOLLM_CUDA_PROMPT_GRAPHS=0; a key is captured the second time it is
+  // recur): on unless gollm_tuning turns them off; a key is captured the second time it is
   // seen (prompt_seen, cleared when it grows past its bound), at most kPromptGraphs are
   // kept, the least recently replayed (PromptGraph.used: the step) dropped, and captures past
   // the first kPromptGraphs wait for replays (step.cu).
@@ -284,7 +302,8 @@ struct gollm_engine {
   int64_t prompt_captures = 0, prompt_replays = 0;
   gollm_engine_info info{};       // as reported at creation
   gollm::Plan plan;               // reused between steps
-  gollm::FailStep fail;           // GOLLM_CUDA_FAIL_STEP, read at creation
+  gollm::FailStep fail;           // the step gollm_faults makes fail
+  std::string fail_alloc;         // gollm_faults.fail_alloc, for the steps' allocations
   int64_t steps = 0;              // gollm_step calls so far (the warm-up's not counted)
   // The whole vocabulary: tokens, returned logits and sampling. Under tensor parallelism
   // w->cfg.vocab_size is this rank's rows of the embedding and LM head; else the same.
@@ -302,6 +321,8 @@ namespace gollm {
 
 // weights.cu
 void create_weights(const gollm_weights_params* p, gollm_weights** out);
+// check_recipe refuses a recipe the forward pass cannot walk, naming the stage.
+void check_recipe(const gollm_weights_params* p);
 void release_weights(gollm_weights* w);
 
 // engine.cu
@@ -350,9 +371,9 @@ void tp_graph_launch(gollm_engine* e, cudaGraphExec_t g);
 void tp_check(gollm_engine* e);
 
 // faults.cu
-FailStep fail_step_from_env();
-// fail_this_step says whether the engine's current step is the one GOLLM_CUDA_FAIL_STEP
-// (and GOLLM_CUDA_FAIL_RANK) make fail.
+FailStep fail_step_of(const gollm_faults& f);
+// fail_this_step says whether the engine's current step is the one its gollm_faults make
+// fail.
 bool fail_this_step(const gollm_engine* e);
 void maybe_fail_alloc(size_t n, const char* what);
 [[noreturn]] void inject_step_fault(gollm_engine* e);

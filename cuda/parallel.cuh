@@ -13,11 +13,13 @@ namespace gollm {
 // the sum is the embedding the model has on one GPU, to the bit.
 //   tokens, positions: [n] int32; wte: [rows][hidden] T; wpe: [max_positions][hidden] T or
 //   null; h: [n][hidden] fp32
-template <typename T>
+//   kScale: the row times scale, as embedding_layernorm_kernel's
+template <typename T, bool kScale = false>
 __global__ void embedding_shard_kernel(const int32_t* __restrict__ tokens,
                                        const int32_t* __restrict__ positions,
                                        const T* __restrict__ wte, const T* __restrict__ wpe,
-                                       float* __restrict__ h, int hidden, int first, int rows) {
+                                       float* __restrict__ h, int hidden, int first, int rows,
+                                       float scale) {
   griddep_launch();
   griddep_wait();
   const int r = blockIdx.x;
@@ -26,16 +28,22 @@ __global__ void embedding_shard_kernel(const int32_t* __restrict__ tokens,
   const T* te = wte + (int64_t)(mine ? t : 0) * hidden;
   const T* pe = wpe ? wpe + (int64_t)positions[r] * hidden : nullptr;
   float* hr = h + (int64_t)r * hidden;
-  for (int c = threadIdx.x; c < hidden; c += blockDim.x)
-    hr[c] = (mine ? to_f32(te[c]) : 0.f) + (pe ? to_f32(pe[c]) : 0.f);
+  for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
+    float v = mine ? to_f32(te[c]) : 0.f;
+    if constexpr (kScale) v = embed_scaled<T>(v, scale);
+    hr[c] = v + (pe ? to_f32(pe[c]) : 0.f);
+  }
 }
 
+// embedding_shard launches the kernel, with the scale where scale > 0.
 template <typename T>
 void embedding_shard(const int32_t* tokens, const int32_t* positions, const T* wte, const T* wpe,
-                     float* h, int n, int hidden, int first, int rows, Stream stream) {
+                     float* h, int n, int hidden, int first, int rows, Stream stream,
+                     float scale = 0.f) {
   if (n == 0) return;
-  launch("embedding_shard_kernel", embedding_shard_kernel<T>, n, 256, 0, stream, tokens, positions,
-         wte, wpe, h, hidden, first, rows);
+  launch("embedding_shard_kernel",
+         scale > 0.f ? embedding_shard_kernel<T, true> : embedding_shard_kernel<T, false>, n, 256, 0,
+         stream, tokens, positions, wte, wpe, h, hidden, first, rows, scale);
 }
 
 // join_vocab_kernel: grid (rows, ranks). Rank k's all-gathered logits of vocabulary rows

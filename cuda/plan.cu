@@ -13,7 +13,7 @@ namespace gollm {
 void build_plan(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, Plan& pl) {
   const int T = e->geom.tokens_per_block, V = e->vocab;
   if (in->num_seqs < 0 || in->num_tokens < 0 || in->num_block_ids < 0 || in->num_penalties < 0 ||
-      in->num_masks < 0 || in->num_bias < 0)
+      in->num_masks < 0 || in->num_bias < 0 || in->num_allowed < 0)
     invalid("step: negative array length");
   if (in->num_seqs > 0 && !in->seqs) invalid("step: seqs is NULL");
   if (in->num_seqs > e->max_seqs)
@@ -26,6 +26,7 @@ void build_plan(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, Pl
   need(in->num_penalties == 0 || (in->penalty_tokens && in->penalty_counts), "penalty arrays");
   need(in->num_masks == 0 || in->mask_tokens, "mask_tokens");
   need(in->num_bias == 0 || in->bias, "bias");
+  need(in->num_allowed == 0 || in->allowed, "allowed");
 
   pl = Plan{};
   pl.s = in->num_seqs;
@@ -75,6 +76,11 @@ void build_plan(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, Pl
         int32_t t = in->mask_tokens[q.mask_offset + k];
         if (t < 0 || t >= V) invalid("sequence %d: masked token %d outside the vocabulary", s, t);
       }
+      if (q.allowed_offset < -1 ||
+          q.allowed_offset >= 0 && (int64_t)q.allowed_offset + (V + 31) / 32 > in->num_allowed)
+        invalid("sequence %d: allowed tokens [%d, +%d words) outside the %lld words", s,
+                q.allowed_offset, (V + 31) / 32, (long long)in->num_allowed);
+      if (!(q.min_p >= 0.f && q.min_p <= 1.f)) invalid("sequence %d: min_p %g out of [0, 1]", s, q.min_p);
       if (!(q.temperature >= 0.f) || !(q.uniform >= 0.0 && q.uniform < 1.0))
         invalid("sequence %d: temperature %g or uniform %g out of range", s, q.temperature,
                 q.uniform);
@@ -303,6 +309,7 @@ void fill_var(gollm_engine* e, const gollm_step_in* in, Plan& pl, Layout& L) {
     d = DevSeq{};
     d.ret_row = keep_ret;
     d.bias_off = -1;
+    d.allow_off = -1;
     if (s >= pl.s) {
       d.blk_off = (int32_t)pad_word;
       d.ntok = 1;
@@ -331,6 +338,14 @@ void fill_var(gollm_engine* e, const gollm_step_in* in, Plan& pl, Layout& L) {
       d.mask_off = (int32_t)(base + (int64_t)W.size());
       d.mask_cnt = q.mask_count;
       W.insert(W.end(), in->mask_tokens + q.mask_offset, in->mask_tokens + q.mask_offset + q.mask_count);
+      d.min_p = q.min_p;
+      if (q.allowed_offset >= 0) {
+        d.allow_off = (int32_t)(base + (int64_t)W.size());
+        const int words = (V + 31) / 32;
+        size_t at = W.size();
+        W.resize(at + words);
+        std::memcpy(W.data() + at, in->allowed + q.allowed_offset, (size_t)words * 4);
+      }
     }
     if ((q.flags & (GOLLM_SEQ_SAMPLE | GOLLM_SEQ_RETURN_LOGITS)) && q.bias_offset >= 0) {
       d.bias_off = (int32_t)(base + (int64_t)W.size());

@@ -172,6 +172,16 @@ __device__ bool find_sorted(const float* w, int V, Limit lim, Weight wt, double 
   return true;
 }
 
+// min_p_limit narrows lim to the tokens min-p keeps: a probability at least min_p times
+// the largest, (w - mx)·scale ≥ ln(min_p) — a prefix of the sorted order too, so the two
+// limits meet at the shorter prefix.
+__device__ __forceinline__ Limit min_p_limit(Limit lim, float mx, float scale, float min_p) {
+  const float thr = mx + logf(min_p) / scale;
+  const Limit mp{true, order_key(thr), 0x7fffffff};
+  if (!lim.on || mp.key > lim.key) return mp;
+  return lim;
+}
+
 // sum_weight returns the total weight of the elements lim admits.
 __device__ double sum_weight(const float* w, int V, Limit lim, Weight wt, SampleScratch& sm) {
   double s = 0;
@@ -349,6 +359,12 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(
     __syncthreads();
   }
   for (int k = threadIdx.x; k < sq.mask_cnt; k += blockDim.x) w[masks[sq.mask_off + k]] = -INFINITY;
+  if (sq.allow_off >= 0) {
+    // Guided decoding: every token whose bit is clear is masked.
+    const uint32_t* allowed = reinterpret_cast<const uint32_t*>(masks) + sq.allow_off;
+    for (int i = threadIdx.x; i < V; i += blockDim.x)
+      if (!((allowed[i >> 5] >> (i & 31)) & 1u)) w[i] = -INFINITY;
+  }
   __syncthreads();
 
   // First maximum.
@@ -399,7 +415,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(
     int k = sq.top_k;
     if (k <= 0 || k > V) k = V;
     const bool useP = sq.top_p > 0.f && sq.top_p < 1.f;
-    if (k == V && !useP) {
+    if (k == V && !useP && sq.min_p <= 0.f) {
       // No cut: the draw runs over the whole row in id order.
       int t = find_in_id_order(w, V, [](int) { return true; }, mass, 0.0, sq.uniform * zall,
                                false, sm);
@@ -416,6 +432,10 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(
       }
       if (useP && find_sorted(w, V, lim, mass, (double)sq.top_p * z, true, sm)) {
         lim = Limit{true, sm.key, sm.id};
+        z = sum_weight(w, V, lim, mass, sm);
+      }
+      if (sq.min_p > 0.f) {
+        lim = min_p_limit(lim, mx, scale, sq.min_p);
         z = sum_weight(w, V, lim, mass, sm);
       }
       if (find_sorted(w, V, lim, mass, sq.uniform * z, false, sm)) tok = sm.id;

@@ -23,8 +23,7 @@ inline int pow2_at_least(int v) {
 
 // gemm_rows rounds a GEMM's row count up to one of a few sizes — 16, then eight a power-of-two
 // octave, multiples of 16 — so that cuBLAS meets a bounded set of shapes. Its first call on
-// a new shape costs milliseconds (about 9 ms a step of GPT-2's five GEMM shapes on an H200,
-// lazy or eager module loading alike), and in-flight batching gives nearly every mixed
+// a new shape costs milliseconds, and in-flight batching gives nearly every mixed
 // prompt/decode step a new token count. The extra rows (at most an eighth) are computed
 // from whatever the input buffer holds there and never read; buffers are sized for
 // gemm_rows(max rows). create_engine's warm-up calls every size once.
@@ -54,8 +53,8 @@ inline int decode_splits(int rows, int heads, int sms, int max_len) {
 // gqa_group is how many query heads a block of grouped decode attention holds for G heads
 // per KV head: G rounded up to a power of two, at most kGqaMaxGroup (more take several
 // blocks).
-// GOLLM_GQA_GROUP (-D at build time) measures smaller groups (bench/libab.sh): 4 lost on an
-// H100 (the TinyLlama shape at batch 64, 30.2k -> 28.8k tokens/s; cuda/README.md).
+// GOLLM_GQA_GROUP (-D at build time) builds smaller groups to measure (bench/libab.sh).
+// 8: bench/results/2026-11-27-inplace-h100.jsonl.
 #ifndef GOLLM_GQA_GROUP
 #define GOLLM_GQA_GROUP 8
 #endif
@@ -79,8 +78,8 @@ constexpr int kGemvMaxRows = 8;
 constexpr int kFusedRows = 4;
 // kGreedySplits is the most slices greedy sampling splits a row into; greedy_splits how
 // many a step of count rows takes: about four blocks a multiprocessor in all, so that a
-// batch of 64 is not 4,096 blocks of a few loads each (H100, GPT-2 b64: 24.8 µs for 12.9 MB
-// of logits at 64 slices a row).
+// batch of 64 is not 4,096 blocks of a few loads each.
+// 4 a multiprocessor: bench/results/2026-11-26-latency-h100.jsonl.
 constexpr int kGreedySplits = 64;
 inline int greedy_splits(int count, int sms) {
   return std::max(1, std::min(kGreedySplits, (4 * sms + count - 1) / std::max(count, 1)));

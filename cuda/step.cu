@@ -69,7 +69,7 @@ void swap_staging(gollm_engine* e) {
 }
 
 // attention_splits is how many ways decode attention splits each row's positions for a
-// step of rows decode rows up to max_len long: GOLLM_CUDA_DECODE_PARTS where set, else
+// step of rows decode rows up to max_len long: gollm_tuning.decode_parts where set, else
 // decode_splits.
 int attention_splits(const gollm_engine* e, int rows, int max_len) {
   return e->decode_parts > 0 ? e->decode_parts
@@ -224,7 +224,7 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
     } else {
       run_forward(e, pl, L, attention_splits(e, (int)pl.dec_rows.size(), pl.max_len), false);
     }
-    // With the forward pass enqueued and running: the injected fault (GOLLM_CUDA_FAIL_STEP).
+    // With the forward pass enqueued and running: the injected fault (gollm_faults).
     if (inject && !e->fail.early) inject_step_fault(e);
     CUDA_CHECK(cudaMemcpyAsync(e->htok.p, e->dtok.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
     CUDA_CHECK(cudaMemcpyAsync(e->hlp.p, e->dlp.p, (size_t)pl.s * 4, cudaMemcpyDeviceToHost, e->stream));
@@ -262,13 +262,7 @@ void wait_step(gollm_engine* e, gollm_step_out* out) {
   if (e->comm) tp_check(e);
   for (int s = 0; s < l.s; s++) {
     const bool sample = l.sample[s];
-    if (sample && l.htok[s] == -2) {
-      char buf[256];
-      std::snprintf(buf, sizeof buf,
-                    "sequence %d: every token is masked (bad words, min length and bias leave "
-                    "no choice)", s);
-      throw Error(GOLLM_ERR_ALL_MASKED, buf);
-    }
+    // -2 (every token masked) goes out as it is: that sequence fails, not the step.
     out->tokens[s] = sample ? l.htok[s] : -1;
     out->log_probs[s] = sample ? l.hlp[s] : 0.f;
   }

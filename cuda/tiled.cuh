@@ -6,11 +6,9 @@
 // split has more), the weights before it waits for the previous kernel, and a split's
 // last block merges the splits' sums and applies the epilogue.
 //
-// Measured on an H100 (cuda/README.md), it wins at up to 16 rows on models up to 1024
-// wide (GPT-2 decode b8 -4%, GPT-350M b8 i128 o8 -5%), which is where engine.cu turns it
-// on, and loses at 64 rows (GPT-2 b64 66k against cuBLAS's 87k tokens/s) and on wider
-// models: a block's chain — input loads after the wait, the partial sums' stores, fence
-// and ticket, the last block's merge and epilogue — is longer than cuBLAS's kernels.
+// Beyond 16 rows, or on models wider than 1024, cuBLAS's kernels win (engine.cu's
+// tiled_rows): a block's chain — input loads after the wait, the partial sums' stores,
+// fence and ticket, the last block's merge and epilogue — is longer than theirs.
 #pragma once
 #include "gemv.cuh"
 

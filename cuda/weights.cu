@@ -1,6 +1,8 @@
 // weights.cu — the weight arena: every role the architecture has, in one device
 // allocation, filled from the role-tagged host tensors of gollm_weights_params (matrices
-// converted to the compute type and laid out [out][in], vectors to fp32).
+// converted to the compute type and laid out [out][in], vectors to fp32); and the recipe,
+// checked against what the forward pass walks, with each stage's weights resolved.
+#include <cmath>
 #include <cstring>
 #include <memory>
 
@@ -69,6 +71,8 @@ bool role_shape(const gollm_model_config& c, int role, int64_t& rows, int64_t& c
     case GOLLM_ROLE_UP_BIAS: rows = d.up; return true;     // optional
     case GOLLM_ROLE_DOWN: rows = d.H, cols = d.I; return true;
     case GOLLM_ROLE_DOWN_BIAS: rows = d.H; return true;    // optional
+    case GOLLM_ROLE_Q_NORM: case GOLLM_ROLE_K_NORM: rows = d.D; return c.qk_norm != 0;
+    case GOLLM_ROLE_POST_ATTN_NORM: case GOLLM_ROLE_POST_MLP_NORM: rows = d.H; return c.post_norms != 0;
   }
   rows = 0;
   return false;
@@ -96,7 +100,8 @@ const char* role_name(int role) {
   static const char* names[GOLLM_ROLES] = {
       "embed", "pos_embed", "final_norm", "final_norm_bias", "lm_head",
       "attn_norm", "attn_norm_bias", "qkv", "qkv_bias", "out", "out_bias",
-      "mlp_norm", "mlp_norm_bias", "up", "up_bias", "down", "down_bias"};
+      "mlp_norm", "mlp_norm_bias", "up", "up_bias", "down", "down_bias",
+      "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm"};
   return role >= 0 && role < GOLLM_ROLES ? names[role] : "?";
 }
 
@@ -114,22 +119,136 @@ void check_config(const gollm_model_config& c) {
     invalid("config: head_dim %d must be a multiple of 8 from 8 to 256", c.head_dim);
   if (c.hidden % 8 != 0)
     invalid("config: hidden %d must be a multiple of 8", c.hidden);
-  if (!(c.norm_eps > 0.f)) invalid("config: norm_eps %g must be positive", c.norm_eps);
   if (c.norm != GOLLM_NORM_LAYER && c.norm != GOLLM_NORM_RMS)
     invalid("config: norm %d is not a gollm_norm", c.norm);
   if (c.positions != GOLLM_POS_LEARNED && c.positions != GOLLM_POS_ROTARY)
     invalid("config: positions %d is not a gollm_positions", c.positions);
-  if (c.positions == GOLLM_POS_ROTARY &&
-      (c.rope_dim < 2 || c.rope_dim % 2 != 0 || c.rope_dim > c.head_dim))
-    invalid("config: rope_dim %d must be even, at least 2 and at most head_dim %d", c.rope_dim,
-            c.head_dim);
-  if (c.activation < GOLLM_ACT_GELU_TANH || c.activation > GOLLM_ACT_SILU)
-    invalid("config: activation %d is not a gollm_activation", c.activation);
-  if (c.sliding_window < 0 || c.window_from_layer < 0)
-    invalid("config: sliding_window %d and window_from_layer %d must not be negative",
-            c.sliding_window, c.window_from_layer);
   if (c.hidden > 16384) invalid("config: hidden %d exceeds 16384", c.hidden);
 }
+
+const char* stage_name(int kind) {
+  static const char* names[GOLLM_STAGE_KINDS] = {"embed",    "norm",    "qkv",     "rotary",
+                                                 "kv_write", "attention", "out",   "mlp",
+                                                 "residual", "lm_head", "qk_norm", "post_norm"};
+  return kind >= 0 && kind < GOLLM_STAGE_KINDS ? names[kind] : "?";
+}
+
+// stage_fail throws for recipe stage i, naming it.
+[[noreturn]] void stage_fail(int i, const gollm_stage& s, const char* what) {
+  invalid("recipe stage %d (%s, layer %d): %s", i, stage_name(s.kind), s.layer, what);
+}
+
+// check_values refuses a stage's values out of range.
+void check_values(const gollm_weights_params* p, int i) {
+  const gollm_model_config& c = p->config;
+  const gollm_stage& s = p->stages[i];
+  char buf[256];
+  switch (s.kind) {
+    case GOLLM_STAGE_NORM:
+      if (s.norm != c.norm) stage_fail(i, s, "its norm kind is not the config's");
+      if (!(s.eps > 0.f) || !std::isfinite(s.eps)) stage_fail(i, s, "eps must be positive and finite");
+      if (s.weight != (s.layer < 0 ? GOLLM_ROLE_FINAL_NORM : GOLLM_ROLE_ATTN_NORM) &&
+          !(s.layer >= 0 && s.weight == GOLLM_ROLE_MLP_NORM))
+        stage_fail(i, s, "weight is not a norm role of its layer (ATTN_NORM, MLP_NORM; FINAL_NORM at -1)");
+      break;
+    case GOLLM_STAGE_QK_NORM:
+    case GOLLM_STAGE_POST_NORM:
+      if (s.norm != GOLLM_NORM_RMS) stage_fail(i, s, "only RMSNorm is implemented for it");
+      if (!(s.eps > 0.f) || !std::isfinite(s.eps)) stage_fail(i, s, "eps must be positive and finite");
+      if (s.kind == GOLLM_STAGE_QK_NORM ? s.weight != GOLLM_ROLE_Q_NORM
+                                        : s.weight != GOLLM_ROLE_POST_ATTN_NORM && s.weight != GOLLM_ROLE_POST_MLP_NORM)
+        stage_fail(i, s, "weight is not its role (Q_NORM; POST_ATTN_NORM or POST_MLP_NORM)");
+      break;
+    case GOLLM_STAGE_ROTARY: {
+      if (c.positions != GOLLM_POS_ROTARY) stage_fail(i, s, "the config has learned positions");
+      if (s.rope_dim < 2 || s.rope_dim % 2 != 0 || s.rope_dim > c.head_dim) {
+        std::snprintf(buf, sizeof buf, "rope_dim %d must be even, at least 2 and at most head_dim %d",
+                      s.rope_dim, c.head_dim);
+        stage_fail(i, s, buf);
+      }
+      // Longrope's long set follows its short one.
+      const int64_t sets = s.rope_long > 0 ? 2 : 1;
+      if (s.rope_long < 0) stage_fail(i, s, "rope_long must not be negative");
+      if (s.rope_freqs < 0 || (int64_t)s.rope_freqs + sets * (s.rope_dim / 2) > p->num_rope_freqs || !p->rope_freqs) {
+        std::snprintf(buf, sizeof buf, "its %lld frequencies from %d pass the %d given",
+                      (long long)(sets * (s.rope_dim / 2)), s.rope_freqs, p->num_rope_freqs);
+        stage_fail(i, s, buf);
+      }
+      if (!(s.rope_scale > 0.f) || !std::isfinite(s.rope_scale)) stage_fail(i, s, "rope_scale must be positive and finite");
+      break;
+    }
+    case GOLLM_STAGE_ATTENTION:
+      if (s.window < 0) stage_fail(i, s, "window must not be negative");
+      if (!(s.scale > 0.f) || !std::isfinite(s.scale)) stage_fail(i, s, "scale must be positive and finite");
+      if (!(s.softcap >= 0.f) || !std::isfinite(s.softcap)) stage_fail(i, s, "softcap must be 0 or positive and finite");
+      break;
+    case GOLLM_STAGE_EMBED:
+      if (!(s.scale >= 0.f) || !std::isfinite(s.scale)) stage_fail(i, s, "scale must be 0 or positive and finite");
+      break;
+    case GOLLM_STAGE_LM_HEAD:
+      if (!(s.softcap >= 0.f) || !std::isfinite(s.softcap)) stage_fail(i, s, "softcap must be 0 or positive and finite");
+      break;
+    case GOLLM_STAGE_MLP:
+      if (s.activation < GOLLM_ACT_GELU_TANH || s.activation > GOLLM_ACT_SILU)
+        stage_fail(i, s, "activation is not a gollm_activation");
+      if ((s.gated != 0) != (c.gated_mlp != 0)) stage_fail(i, s, "gated is not the config's gated_mlp");
+      break;
+  }
+}
+
+}  // namespace
+
+// The forward pass walks a pre-norm decoder (forward.cu): EMBED, then per layer NORM, QKV,
+// [QK_NORM], [ROTARY], KV_WRITE, ATTENTION, OUT, [POST_NORM], RESIDUAL, NORM, MLP,
+// [POST_NORM], RESIDUAL, then NORM, LM_HEAD. Its dispatchers rely on that order — a NORM
+// after EMBED and after each RESIDUAL, computed by their kernels; the q/k norm, rotary and
+// KV write right after the QKV projection, applied by its epilogue; a post-norm right
+// before the RESIDUAL that applies it —, so any other is refused here, naming the first
+// stage out of place.
+void check_recipe(const gollm_weights_params* p) {
+  const gollm_model_config& c = p->config;
+  const int n = p->num_stages;
+  if (n < 3 || !p->stages) invalid("recipe: %d stages at %p", n, (const void*)p->stages);
+  if (p->num_rope_freqs < 0) invalid("recipe: %d rotary frequencies", p->num_rope_freqs);
+  // The layer's stages after its first, in order; ROTARY is there under rotary positions,
+  // QK_NORM with the config's qk_norm, POST_NORM (twice) with its post_norms.
+  static const int body[] = {GOLLM_STAGE_QKV,       GOLLM_STAGE_QK_NORM,  GOLLM_STAGE_ROTARY,
+                             GOLLM_STAGE_KV_WRITE,  GOLLM_STAGE_ATTENTION, GOLLM_STAGE_OUT,
+                             GOLLM_STAGE_POST_NORM, GOLLM_STAGE_RESIDUAL, GOLLM_STAGE_NORM,
+                             GOLLM_STAGE_MLP,       GOLLM_STAGE_POST_NORM, GOLLM_STAGE_RESIDUAL};
+  auto present = [&](int kind) {
+    switch (kind) {
+      case GOLLM_STAGE_ROTARY: return c.positions == GOLLM_POS_ROTARY;
+      case GOLLM_STAGE_QK_NORM: return c.qk_norm != 0;
+      case GOLLM_STAGE_POST_NORM: return c.post_norms != 0;
+    }
+    return true;
+  };
+  int i = 0;
+  auto expect = [&](int kind, int layer) {
+    if (i >= n) invalid("recipe: ends after %d stages, before %s of layer %d", n, stage_name(kind), layer);
+    const gollm_stage& s = p->stages[i];
+    if (s.kind != kind || s.layer != layer) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "out of place: the forward pass walks %s of layer %d here",
+                    stage_name(kind), layer);
+      stage_fail(i, s, buf);
+    }
+    check_values(p, i);
+    i++;
+  };
+  expect(GOLLM_STAGE_EMBED, -1);
+  for (int l = 0; l < c.layers; l++) {
+    expect(GOLLM_STAGE_NORM, l);
+    for (int k : body)
+      if (present(k)) expect(k, l);
+  }
+  expect(GOLLM_STAGE_NORM, -1);
+  expect(GOLLM_STAGE_LM_HEAD, -1);
+  if (i != n) stage_fail(i, p->stages[i], "past the LM head");
+}
+
+namespace {
 
 // upload copies one host tensor onto the device at dst (row offset applied by the caller),
 // converted to the destination's type: matrices to T [rows][cols] (transposed from
@@ -169,8 +288,8 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
     invalid("dtype %d: the engine computes in F16 (1) or BF16 (2)", p->dtype);
   if (p->num_weights < 0 || (p->num_weights > 0 && !p->weights))
     invalid("weights: %d entries at %p", p->num_weights, (const void*)p->weights);
-  if (c.positions == GOLLM_POS_ROTARY && !p->rope_inv_freq)
-    invalid("rope_inv_freq: NULL under rotary positions");
+  check_recipe(p);
+  AllocFault af(p->faults.fail_alloc);
   DeviceGuard dg(p->device);
   std::unique_ptr<gollm_weights> w(new gollm_weights);
   w->device = p->device;
@@ -237,7 +356,7 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
       off = align_up(off + (size_t)(rows * cols) * (is_matrix(r) ? es : 4));
     }
   const size_t freq_off = off;
-  if (c.positions == GOLLM_POS_ROTARY) off = align_up(off + (size_t)c.rope_dim / 2 * 4);
+  off = align_up(off + (size_t)p->num_rope_freqs * 4);
   w->arena.alloc(off, "weights");
   char* base = w->arena.as<char>();
   auto at = [&](int slot, int r) -> void* {
@@ -268,33 +387,70 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
     CUDA_CHECK(cudaMemset(static_cast<char*>(at(0, r)) + (size_t)(rows * cols) * es, 0,
                           (size_t)((lm_head_ld((int)rows) - rows) * cols) * es));
   }
-  if (c.positions == GOLLM_POS_ROTARY) {
-    CUDA_CHECK(cudaMemcpy(base + freq_off, p->rope_inv_freq, (size_t)c.rope_dim / 2 * 4,
+  const float* freqs = reinterpret_cast<const float*>(base + freq_off);
+  if (p->num_rope_freqs > 0)
+    CUDA_CHECK(cudaMemcpy(base + freq_off, p->rope_freqs, (size_t)p->num_rope_freqs * 4,
                           cudaMemcpyHostToDevice));
-    w->inv_freq = reinterpret_cast<const float*>(base + freq_off);
-  }
 
   w->embed = at(0, GOLLM_ROLE_EMBED);
   w->pos = at(0, GOLLM_ROLE_POS_EMBED);
-  w->final_w = static_cast<const float*>(at(0, GOLLM_ROLE_FINAL_NORM));
-  w->final_b = static_cast<const float*>(at(0, GOLLM_ROLE_FINAL_NORM_BIAS));
   w->lm_head = c.tied_head ? w->embed : at(0, GOLLM_ROLE_LM_HEAD);
-  w->layers.resize(c.layers);
-  for (int l = 0; l < c.layers; l++) {
-    LayerW& L = w->layers[l];
-    const int s = 1 + l;
-    L.norm1_w = static_cast<const float*>(at(s, GOLLM_ROLE_ATTN_NORM));
-    L.norm1_b = static_cast<const float*>(at(s, GOLLM_ROLE_ATTN_NORM_BIAS));
-    L.qkv_w = at(s, GOLLM_ROLE_QKV);
-    L.qkv_b = static_cast<const float*>(at(s, GOLLM_ROLE_QKV_BIAS));
-    L.out_w = at(s, GOLLM_ROLE_OUT);
-    L.out_b = static_cast<const float*>(at(s, GOLLM_ROLE_OUT_BIAS));
-    L.norm2_w = static_cast<const float*>(at(s, GOLLM_ROLE_MLP_NORM));
-    L.norm2_b = static_cast<const float*>(at(s, GOLLM_ROLE_MLP_NORM_BIAS));
-    L.up_w = at(s, GOLLM_ROLE_UP);
-    L.up_b = static_cast<const float*>(at(s, GOLLM_ROLE_UP_BIAS));
-    L.down_w = at(s, GOLLM_ROLE_DOWN);
-    L.down_b = static_cast<const float*>(at(s, GOLLM_ROLE_DOWN_BIAS));
+  // Each stage's weights, and the values the stages around QKV and KV_WRITE give their
+  // epilogue: the layer's rotary and attention scale (check_recipe fixed their places).
+  const int n = p->num_stages;
+  w->recipe.resize(n);
+  for (int i = 0; i < n; i++) {
+    Stage& st = w->recipe[i];
+    st.s = p->stages[i];
+    const int slot = st.s.layer + 1;
+    switch (st.s.kind) {
+      case GOLLM_STAGE_NORM:
+        st.gamma = static_cast<const float*>(at(slot, st.s.weight));
+        st.beta = static_cast<const float*>(at(slot, st.s.weight + 1));
+        break;
+      case GOLLM_STAGE_QK_NORM:
+        st.gamma = static_cast<const float*>(at(slot, GOLLM_ROLE_Q_NORM));
+        st.beta = static_cast<const float*>(at(slot, GOLLM_ROLE_K_NORM));
+        break;
+      case GOLLM_STAGE_POST_NORM:
+        st.gamma = static_cast<const float*>(at(slot, st.s.weight));
+        break;
+      case GOLLM_STAGE_QKV:
+        st.w = at(slot, GOLLM_ROLE_QKV), st.b = static_cast<const float*>(at(slot, GOLLM_ROLE_QKV_BIAS));
+        break;
+      case GOLLM_STAGE_OUT:
+        st.w = at(slot, GOLLM_ROLE_OUT), st.b = static_cast<const float*>(at(slot, GOLLM_ROLE_OUT_BIAS));
+        break;
+      case GOLLM_STAGE_MLP:
+        st.w = at(slot, GOLLM_ROLE_UP), st.b = static_cast<const float*>(at(slot, GOLLM_ROLE_UP_BIAS));
+        st.w2 = at(slot, GOLLM_ROLE_DOWN), st.b2 = static_cast<const float*>(at(slot, GOLLM_ROLE_DOWN_BIAS));
+        break;
+      case GOLLM_STAGE_LM_HEAD:
+        st.w = w->lm_head;
+        break;
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    Stage& st = w->recipe[i];
+    if (st.s.kind == GOLLM_STAGE_EMBED || st.s.kind == GOLLM_STAGE_RESIDUAL) st.next = &w->recipe[i + 1];
+    if ((st.s.kind == GOLLM_STAGE_OUT || st.s.kind == GOLLM_STAGE_MLP) &&
+        w->recipe[i + 1].s.kind == GOLLM_STAGE_POST_NORM)
+      st.post = &w->recipe[i + 1];
+    if (st.s.kind != GOLLM_STAGE_QKV) continue;
+    // QKV, [QK_NORM], [ROTARY], KV_WRITE, ATTENTION.
+    int j = i + 1;
+    const Stage* qk = w->recipe[j].s.kind == GOLLM_STAGE_QK_NORM ? &w->recipe[j++] : nullptr;
+    const gollm_stage* rot = w->recipe[j].s.kind == GOLLM_STAGE_ROTARY ? &w->recipe[j++].s : nullptr;
+    const gollm_stage& att = w->recipe[j + 1].s;
+    for (Stage* e : {&st, &w->recipe[j]}) {
+      e->qscale = att.scale;
+      if (rot) e->inv_freq = freqs + rot->rope_freqs, e->rope_dim = rot->rope_dim;
+      if (qk) e->qkx.q_gamma = qk->gamma, e->qkx.k_gamma = qk->beta, e->qkx.eps = qk->s.eps;
+      if (rot && rot->rope_long > 0)
+        e->qkx.long_freq = e->inv_freq + rot->rope_dim / 2, e->qkx.long_from = rot->rope_long;
+      if (rot) e->qkx.rope_scale = rot->rope_scale;
+      e->extra = qk || (rot && (rot->rope_long > 0 || rot->rope_scale != 1.f));
+    }
   }
   *out = w.release();
 }

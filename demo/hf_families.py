@@ -18,6 +18,9 @@ ones without shipping their vocabularies:
   "<|begin_of_text|> $A" post-processing;
 - qwen2: NFC normalizer, Qwen2's Split regex, no BOS, ChatML specials and a non-special
   added token with lstrip/rstrip;
+- o200k: byte-level BPE with tiktoken's o200k split regex, the encoding Phi-4-mini's 200k
+  vocabulary extends (letters split by case, combining marks kept with their letters,
+  contraction suffixes on words), and Phi-4-mini's chat markers;
 - smollm: Digits(individual_digits) + GPT-2's ByteLevel regex.
 
 Writes OUT/<name>/tokenizer.json (and tokenizer_config.json) and prints, per tokenizer,
@@ -35,6 +38,12 @@ LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# tiktoken's o200k split (Phi-4-mini's vocabulary extends o200k): letters split by case,
+# marks kept with their letters, a contraction suffix on the word, slashes after punctuation.
+O200K_SPLIT = "|".join([
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"\p{N}{1,3}", r" ?[^\s\p{L}\p{N}]+[\r\n/]*", r"\s*[\r\n]+", r"\s+(?!\S)", r"\s+"])
 
 
 def sentencepiece_style(corpus):
@@ -147,6 +156,16 @@ def qwen2(corpus):
     return doc, {"add_bos_token": False, "bos_token": None, "eos_token": "<|im_end|>"}
 
 
+def o200k(corpus):
+    pre = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(O200K_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+    tok = byte_level(corpus, pre)
+    doc = specials(tok, ["<|endoftext|>", "<|system|>", "<|end|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|/tool|>"])
+    doc["post_processor"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    return doc, {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "add_bos_token": False}
+
+
 def smollm(corpus):
     pre = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
@@ -156,7 +175,8 @@ def smollm(corpus):
     return doc, {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}
 
 
-FAMILIES = {"sp-llama2": sp_llama2, "sp-metaspace": sp_metaspace, "llama3": llama3, "qwen2": qwen2, "smollm": smollm}
+FAMILIES = {"sp-llama2": sp_llama2, "sp-metaspace": sp_metaspace, "llama3": llama3, "qwen2": qwen2, "o200k": o200k,
+            "smollm": smollm}
 
 
 def hf_results(tok, config, texts, rng):

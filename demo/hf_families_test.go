@@ -21,6 +21,8 @@ var familyTexts = []string{
 	"def f(x):\n\treturn x  # comment\n\n\n", "if (a && b) { c(); }\r\n", "    indented", "trailing \n", " \n \n ",
 	"'s 'S 'll 'LL 'Re", "I'M DON'T", "ſ long s's",
 	"🙂🙂", "👩🏽‍💻", "\U0001F600x", "漢字かな交じり文", "中文，标点。", "Ελληνικά", "עִבְרִית",
+	"HTTPServer XMLHttpRequest iPhone McDonald's O'NEILL's", "camelCaseWords snake_case", "ǅungla ǈ ǋ", "नमस्ते दुनिया",
+	"a/b/c //x, ../y/", "it's THEY'RE we'Ve", "ǲ", "Ⅻ and ⅻ", "e\u0301\u0301", "ʰʲ ˢ", "x\r\n/\n",
 }
 
 func TestTokenizerFamiliesMatchHuggingFace(t *testing.T) {
@@ -38,7 +40,7 @@ func TestTokenizerFamiliesMatchHuggingFace(t *testing.T) {
 	if err := json.Unmarshal(out, &hf); err != nil {
 		t.Fatalf("reading python's output: %v", err)
 	}
-	for _, family := range []string{"sp-llama2", "sp-metaspace", "llama3", "qwen2", "smollm"} {
+	for _, family := range []string{"sp-llama2", "sp-metaspace", "llama3", "qwen2", "o200k", "smollm"} {
 		t.Run(family, func(t *testing.T) {
 			want, ok := hf[family]
 			if !ok || len(want.Plain) != len(texts) || len(want.DecodeKeep) != len(want.DecodeLists) {

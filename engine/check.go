@@ -61,6 +61,14 @@ func (c *BatchChecker) check(b *Batch, allowFeed bool) (int, error) {
 			c.blockMark[cp.Dst] = c.seqNo
 		}
 	}
+	for _, l := range b.HiddenLayers {
+		if c.info.Hidden == 0 {
+			return 0, fmt.Errorf("%s: HiddenLayers: this engine does not return hidden states", c.prefix)
+		}
+		if l < 0 || l >= c.info.Layers {
+			return 0, fmt.Errorf("%s: HiddenLayers: layer %d is outside the model's [0, %d)", c.prefix, l, c.info.Layers)
+		}
+	}
 	n := 0
 	for si := range b.Seqs {
 		sq := &b.Seqs[si]
@@ -75,6 +83,17 @@ func (c *BatchChecker) check(b *Batch, allowFeed bool) (int, error) {
 		}
 		if sq.Feed < 0 || sq.Feed > 0 && len(sq.Tokens) != 1 {
 			return fail("Feed = %d: a fed sequence has one new token (it has %d)", sq.Feed, len(sq.Tokens))
+		}
+		if sq.Allowed != nil && len(sq.Allowed) != MaskWords(V) {
+			return fail("Allowed has %d words, a vocabulary of %d needs %d", len(sq.Allowed), V, MaskWords(V))
+		}
+		if sq.ReturnHidden && len(b.HiddenLayers) == 0 {
+			return fail("ReturnHidden without Batch.HiddenLayers")
+		}
+		if sq.Draft != 0 || sq.DraftProbs != nil {
+			if err := c.checkDraft(sq); err != nil {
+				return fail("%v", err)
+			}
 		}
 		for i, t := range sq.Tokens {
 			if t < 0 || int(t) >= V {
@@ -112,4 +131,33 @@ func (c *BatchChecker) check(b *Batch, allowFeed bool) (int, error) {
 		n += len(sq.Tokens)
 	}
 	return n, nil
+}
+
+// checkDraft validates a sequence's proposals (Sequence.Draft, DraftProbs).
+func (c *BatchChecker) checkDraft(sq *Sequence) error {
+	V := c.info.VocabSize
+	switch {
+	case sq.Draft < 0:
+		return fmt.Errorf("%d proposed tokens (Draft) is negative", sq.Draft)
+	case sq.Draft == 0:
+		return fmt.Errorf("proposal distributions (DraftProbs) without proposals")
+	case c.info.MaxDraft == 0:
+		return fmt.Errorf("%d proposed tokens: this engine does not verify proposed tokens", sq.Draft)
+	case sq.Draft > c.info.MaxDraft:
+		return fmt.Errorf("%d proposed tokens exceed the engine's %d per sequence", sq.Draft, c.info.MaxDraft)
+	case sq.Draft >= len(sq.Tokens):
+		return fmt.Errorf("%d proposed tokens leave none of its %d tokens to verify them from", sq.Draft, len(sq.Tokens))
+	case !sq.Sample || sq.ContextLogits || sq.Feed != 0:
+		return fmt.Errorf("%d proposed tokens need Sample, and neither ContextLogits nor Feed", sq.Draft)
+	case len(sq.History) < sq.Draft:
+		return fmt.Errorf("%d proposed tokens exceed the %d tokens of History", sq.Draft, len(sq.History))
+	case sq.DraftProbs != nil && len(sq.DraftProbs) != sq.Draft*V:
+		return fmt.Errorf("proposal distributions (DraftProbs) hold %d values, want proposals × vocabulary = %d", len(sq.DraftProbs), sq.Draft*V)
+	}
+	for i, q := range sq.DraftProbs {
+		if !(q >= 0 && q <= 1) {
+			return fmt.Errorf("proposal distributions (DraftProbs): value %d is %g, not a probability", i, q)
+		}
+	}
+	return nil
 }

@@ -16,7 +16,9 @@ type Engine interface {
 	// Step runs one iteration over every sequence of b: the forward pass of each
 	// sequence's new tokens (their keys and values are written into the KV blocks named
 	// by its block table) and, for sequences with Sample set, the sampling of one token.
-	// The outputs are in the order of b.Seqs. An error fails the whole iteration.
+	// The outputs are in the order of b.Seqs. An error fails the whole iteration; a
+	// failure of one sequence alone (every token masked) is its Output.Err instead, and
+	// the other sequences' outputs stand.
 	Step(b *Batch) ([]Output, error)
 	// Close frees the engine's memory. The engine is unusable afterwards.
 	Close() error
@@ -64,7 +66,17 @@ type Info struct {
 	TokensPerBlock int
 	// EndIDs are the checkpoint's end-of-sequence tokens; empty when it names none.
 	EndIDs []int32
+	// MaxDraft is the most proposed tokens one sequence may carry in a step
+	// (Sequence.Draft); 0 when the engine does not verify proposals.
+	MaxDraft int
+	// Hidden is the width of the residual stream when the engine returns hidden states
+	// (Batch.HiddenLayers, Sequence.ReturnHidden); 0 when it does not.
+	Hidden int
 }
+
+// MaxDraftTokens bounds Info.MaxDraft on every engine: past a dozen proposals per step a
+// sequence rarely has any accepted, and each costs a row of the step.
+const MaxDraftTokens = 16
 
 // KVConfig sizes an engine's paged KV pool.
 type KVConfig struct {
@@ -85,6 +97,9 @@ type Batch struct {
 	// copy-on-write of beams (sequences sharing their prompt's blocks) that diverge
 	// inside a shared block. A batch with copies has at least one sequence.
 	BlockCopies []BlockCopy
+	// HiddenLayers are the layers whose outputs (the residual stream after the layer)
+	// are returned for the sequences with ReturnHidden: an EAGLE-3 head reads them.
+	HiddenLayers []int
 }
 
 // BlockCopy copies one KV block of the pool onto another: every layer's keys and
@@ -125,10 +140,36 @@ type Sequence struct {
 	// ContextLogits copies the logits of every position of Tokens into
 	// Output.ContextLogits.
 	ContextLogits bool
+	// Allowed, when not nil, are the only tokens the sampled position may take (guided
+	// decoding): bit i%64 of word i/64 for token i, MaskWords(VocabSize) words. It is
+	// applied after the other masks; a mask of one token is that token, chosen without a
+	// draw.
+	Allowed []uint64
 	// Feed, when positive, makes the one new token the token sampled for sequence
 	// Feed-1 of the batch launched just before (Pipeliner); Tokens[0] is then only a
 	// placeholder in the vocabulary, and History lacks that token. Step refuses it.
 	Feed int
+	// Draft, when positive, says that the last Draft of Tokens are proposed tokens to
+	// verify (speculative decoding): the step samples at each of the last Draft+1
+	// positions, as it would one token at a time, and keeps the proposals up to the
+	// first one the target does not accept, then the token it sampled after them
+	// (Output.Tokens). The keys and values written for the proposals that were not
+	// accepted are left in the KV blocks; the caller's next step overwrites them. Row i
+	// of the verification (0 ≤ i ≤ Draft) follows the rules with History's first
+	// len(History)-Draft+i tokens and NumGenerated+i. Needs Sample, no ContextLogits
+	// and no Feed, and at most Info.MaxDraft proposals.
+	Draft int
+	// ReturnHidden copies, for every position of Tokens, the outputs of
+	// Batch.HiddenLayers into Output.Hidden.
+	ReturnHidden bool
+	// DraftProbs, when set with Draft, are the distributions the proposals were drawn
+	// from, row-major [Draft][VocabSize]: the acceptance rule is then speculative
+	// sampling's (Leviathan et al. 2023, Chen et al. 2023), a proposal kept with
+	// probability min(1, p/q). Without them a proposal counts as certain (a point mass:
+	// prompt lookup, a greedy draft) and is kept when the token sampled at its position
+	// is the proposal, so that the tokens are those of decoding without speculation.
+	// Greedy sequences ignore them.
+	DraftProbs []float32
 }
 
 // SamplingParams are one sequence's sampling settings. The zero value is greedy.
@@ -139,6 +180,9 @@ type SamplingParams struct {
 	TopK int
 	// TopP keeps the smallest set of tokens whose probability reaches P; 0 or 1 means no limit.
 	TopP float32
+	// MinP, after top-k and top-p, keeps the tokens at least MinP times as likely as the
+	// most likely one (temperature applied); 0 means no limit.
+	MinP float32
 	// Seed starts the sequence's random stream; step n draws from (Seed, n), so the
 	// tokens do not depend on what else is in the batch.
 	Seed uint64
@@ -162,13 +206,34 @@ type SamplingParams struct {
 
 // Output is what one sequence produced in an iteration.
 type Output struct {
-	// Token is the sampled token; -1 when the sequence did not ask for one.
+	// Token is the sampled token; -1 when the sequence did not ask for one. With
+	// Sequence.Draft, the first of Tokens.
 	Token int32
 	// LogProb is the log-probability of Token under the distribution it was drawn from.
 	LogProb float32
-	// Logits are the sampled position's logits, when asked.
+	// Logits are the sampled position's logits, when asked; with Sequence.Draft, one
+	// row per token of Tokens, row-major [len(Tokens)][VocabSize].
 	Logits []float32
+	// Tokens are, for a sequence with Sequence.Draft, its new tokens in order: the
+	// proposals accepted, then the token sampled after them — 1 to Draft+1 tokens, of
+	// which all but the last equal the proposals. Nil for other sequences.
+	Tokens []int32
+	// LogProbs are the log-probabilities of Tokens, each as LogProb is Token's.
+	LogProbs []float32
+	// Hidden are, with ReturnHidden, the outputs of Batch.HiddenLayers at every position
+	// of Tokens, row-major [len(Tokens)][len(HiddenLayers)·Info.Hidden], the layers in
+	// the batch's order.
+	Hidden []float32
 	// ContextLogits are the logits of every position of Tokens, row-major
 	// [len(Tokens)][VocabSize], when asked.
 	ContextLogits []float32
+	// Err is this sequence's own failure, nil when it has none: its token could not be
+	// chosen (ErrAllMasked). Token is then -1, and the batch manager fails the
+	// sequence's request alone. A row fed from it in a step launched after this one
+	// (Pipeliner) runs on a placeholder token; its output means nothing.
+	Err error
 }
+
+// MaskWords is the length in 64-bit words of a Sequence.Allowed mask over a vocabulary
+// of v tokens.
+func MaskWords(v int) int { return (v + 63) / 64 }

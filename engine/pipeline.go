@@ -20,9 +20,11 @@ type SyncPipeline struct {
 	last []Output
 	// lastOK says last holds a successful launch's outputs.
 	lastOK bool
-	// batch and toks are Launch's scratch: b with its feeds resolved.
-	batch Batch
-	toks  []int32
+	// batch and toks are Launch's scratch: b with its feeds resolved; failed are its
+	// fed sequences whose predecessors failed.
+	batch  Batch
+	toks   []int32
+	failed []fedFailure
 }
 
 // syncResult is one launched iteration's outcome.
@@ -48,12 +50,13 @@ func (p *SyncPipeline) Launch(b *Batch) error {
 		p.batch.BlockCopies = b.BlockCopies
 		p.batch.Seqs = append(p.batch.Seqs[:0], b.Seqs...)
 		p.toks = slices.Grow(p.toks[:0], len(b.Seqs))[:len(b.Seqs)]
+		p.failed = p.failed[:0]
 		for i := range p.batch.Seqs {
 			s := &p.batch.Seqs[i]
 			if s.Feed == 0 {
 				continue
 			}
-			if s.Feed > len(p.last) || p.last[s.Feed-1].Token < 0 {
+			if s.Feed > len(p.last) || p.last[s.Feed-1].Token < 0 && p.last[s.Feed-1].Err == nil {
 				p.push(nil, fmt.Errorf("engine: sequence %d: Feed = %d names no sampled sequence of the %d before it", s.ID, s.Feed, len(p.last)))
 				return nil
 			}
@@ -62,6 +65,12 @@ func (p *SyncPipeline) Launch(b *Batch) error {
 				return nil
 			}
 			p.toks[i] = p.last[s.Feed-1].Token
+			if prev := p.last[s.Feed-1].Err; prev != nil {
+				// Its predecessor failed alone: the row runs on a placeholder token, for
+				// nothing, and fails as its predecessor did.
+				p.toks[i] = 0
+				p.failed = append(p.failed, fedFailure{i, prev})
+			}
 			s.Tokens = p.toks[i : i+1 : i+1]
 			s.History = append(s.History[:len(s.History)-1:len(s.History)-1], p.toks[i])
 			s.Feed = 0
@@ -69,8 +78,22 @@ func (p *SyncPipeline) Launch(b *Batch) error {
 		run = &p.batch
 	}
 	outs, err := p.eng.Step(run)
+	if err == nil {
+		for _, f := range p.failed {
+			outs[f.seq] = Output{Token: -1, Err: f.err}
+		}
+	}
+	p.failed = p.failed[:0]
 	p.push(outs, err)
 	return nil
+}
+
+// fedFailure is a fed sequence whose predecessor failed alone.
+type fedFailure struct {
+	// seq is its index in the batch.
+	seq int
+	// err is the predecessor's Output.Err.
+	err error
 }
 
 // push queues one outcome and remembers it for the next launch's feeds.

@@ -23,6 +23,8 @@ type Sampler struct {
 	cand []candidate
 	// masks holds the tokens the masks forbid at this step.
 	masks []int32
+	// probs holds a row's distribution (Probs, speculative verification) [vocab].
+	probs []float64
 }
 
 // candidate is a token with its processed logit.
@@ -38,8 +40,9 @@ func NewSampler(vocab int) *Sampler {
 	return &Sampler{work: make([]float32, vocab), hist: NewTokenCounts(vocab)}
 }
 
-// errAllMasked is returned when penalties and masks leave no token to choose.
-var errAllMasked = errors.New("every token is masked (bad words, min length and bias leave no choice)")
+// ErrAllMasked is a sequence's failure when the bias, penalties and masks leave no
+// token to choose (engines report it in Output.Err).
+var ErrAllMasked = errors.New("every token is masked (bad words, min length, bias and the guided decoding constraint leave no choice)")
 
 // Sample chooses a token from the raw logits row of sq's last position. It returns the
 // token, its log-probability, and a copy of the biased logits when sq.ReturnLogits is
@@ -53,19 +56,28 @@ func (s *Sampler) Sample(raw []float32, sq *Sequence) (int32, float32, []float32
 	if sq.ReturnLogits {
 		logits = slices.Clone(w)
 	}
+	if tok, ok := OnlyAllowed(sq.Allowed); ok {
+		// A forced continuation: no draw, unless another mask forbids it.
+		s.masks = AppendMasks(s.masks[:0], sq)
+		if !slices.Contains(s.masks, tok) && !math.IsInf(float64(w[tok]), -1) && !math.IsNaN(float64(w[tok])) {
+			return tok, 0, logits, nil
+		}
+	}
 	s.Process(w, sq)
 	tok, lp, err := s.Pick(w, p, sq.NumGenerated)
 	return tok, lp, logits, err
 }
 
 // Process applies, in place, what follows the bias in the rules to a row of biased
-// logits: the penalties over sq.History, then the masks (min length, bad words).
+// logits: the penalties over sq.History, then the masks (min length, bad words, the
+// guided decoding mask Allowed).
 func (s *Sampler) Process(w []float32, sq *Sequence) {
 	s.applyPenalties(w, &sq.Sampling, sq.History)
 	s.masks = AppendMasks(s.masks[:0], sq)
 	for _, t := range s.masks {
 		w[t] = float32(math.Inf(-1))
 	}
+	ApplyAllowed(w, sq.Allowed)
 }
 
 // AddBias adds bias to w when bias is set (len(bias) is len(w) or 0).
@@ -118,12 +130,12 @@ func (s *Sampler) applyPenalties(w []float32, p *SamplingParams, hist []int32) {
 
 // Pick chooses the token from the processed logits w (after Process). Greedy takes the first maximum
 // and reports its log-softmax at temperature 1; otherwise the logits are divided by the
-// temperature, cut to the top k, cut to the nucleus of mass top_p, and one token is
-// drawn; its log-probability is the log-softmax of the whole temperature-scaled row.
+// temperature, cut to the top k, cut to the nucleus of mass top_p, cut to the tokens at
+// least min_p times as likely as the first, and one token is drawn; its log-probability is the log-softmax of the whole temperature-scaled row.
 func (s *Sampler) Pick(w []float32, p *SamplingParams, numGenerated int) (int32, float32, error) {
 	best := argmax(w)
 	if math.IsInf(float64(w[best]), -1) || math.IsNaN(float64(w[best])) {
-		return -1, 0, errAllMasked
+		return -1, 0, ErrAllMasked
 	}
 	if p.Temperature == 0 || p.TopK == 1 {
 		return int32(best), float32(float64(w[best]) - logSumExpAt(w, w[best], 1)), nil
@@ -138,7 +150,7 @@ func (s *Sampler) Pick(w []float32, p *SamplingParams, numGenerated int) (int32,
 	}
 	useP := p.TopP > 0 && p.TopP < 1
 	tok := -1
-	if k == v && !useP {
+	if k == v && !useP && p.MinP <= 0 {
 		// No cut: draw over the whole row in index order, without sorting.
 		var z float64
 		for _, l := range w {
@@ -157,7 +169,29 @@ func (s *Sampler) Pick(w []float32, p *SamplingParams, numGenerated int) (int32,
 			}
 		}
 	} else {
-		cands, z := s.nucleus(w, k, useP, float64(p.TopP), mx, scale)
+		var cands []candidate
+		var z float64
+		if k < v || useP {
+			cands, z = s.nucleus(w, k, useP, float64(p.TopP), mx, scale)
+		}
+		if p.MinP > 0 {
+			// Min-p keeps a prefix of the sorted order too: the tokens at or above the
+			// threshold, computed in float32 as the GPU does.
+			thr := float32(mx) + float32(math.Log(float64(p.MinP)))/float32(scale)
+			if k < v || useP {
+				n := 0
+				for n < len(cands) && cands[n].logit >= thr {
+					n++
+				}
+				cands = cands[:n]
+			} else {
+				cands = s.above(w, thr)
+			}
+			z = 0
+			for _, c := range cands {
+				z += ExpFast((float64(c.logit) - mx) * scale)
+			}
+		}
 		target, cum := u*z, 0.0
 		for _, c := range cands {
 			e := ExpFast((float64(c.logit) - mx) * scale)
@@ -217,6 +251,27 @@ func (s *Sampler) nucleus(w []float32, k int, useP bool, topP, mx, scale float64
 		}
 	}
 	return cands, cum
+}
+
+// above returns the tokens of w with a logit of at least thr, best first, in s.cand.
+func (s *Sampler) above(w []float32, thr float32) []candidate {
+	c := s.cand[:0]
+	for i, l := range w {
+		if l >= thr {
+			c = append(c, candidate{int32(i), l})
+		}
+	}
+	slices.SortFunc(c, func(a, b candidate) int {
+		if better(a, b) {
+			return -1
+		}
+		if better(b, a) {
+			return 1
+		}
+		return 0
+	})
+	s.cand = c
+	return c
 }
 
 // better orders candidates: higher logit first, then lower id, so that ties resolve

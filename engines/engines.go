@@ -22,6 +22,7 @@ import (
 	"gollm/bridge/cuda"
 	"gollm/engine"
 	"gollm/engine/cpu"
+	"gollm/hostmem"
 	"gollm/model"
 )
 
@@ -96,6 +97,9 @@ type Model struct {
 	cfg model.Config
 	// gguf is the GGUF file of a GGUF checkpoint, "" for a Hugging Face folder.
 	gguf string
+	// elems counts the elements of the weights, and stored their bytes as the checkpoint
+	// stores them, for the memory checks before a load (memcheck.go).
+	elems, stored int64
 	// mu guards cpu and gpu.
 	mu sync.Mutex
 	// cpu holds the CPU engines' weights by format, loaded by the first of each.
@@ -182,7 +186,7 @@ func Open(dir string) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, werr := c.Weights()
+	ws, werr := c.Weights()
 	cerr := c.Close()
 	if werr != nil {
 		return nil, fmt.Errorf("%s: %w", dir, werr)
@@ -190,7 +194,7 @@ func Open(dir string) (*Model, error) {
 	if cerr != nil {
 		return nil, fmt.Errorf("%s: close: %w", dir, cerr)
 	}
-	m := &Model{dir: dir, key: key, refs: 1, cfg: c.Config, gguf: c.GGUF}
+	m := &Model{dir: dir, key: key, refs: 1, cfg: c.Config, gguf: c.GGUF, elems: weightElements(ws), stored: storedBytes(ws)}
 	opened[key] = m
 	return m, nil
 }
@@ -222,13 +226,29 @@ func (m *Model) NewEngine(kind Kind, device int, s Settings) (engine.Engine, err
 }
 
 // newCPU makes a CPU engine; the first one of its weight format loads the weights.
+// Before it allocates, it checks that the weights it would hold (in that format) and its
+// KV pool fit in what the process may still take of the host's memory.
 func (m *Model) newCPU(s Settings) (engine.Engine, error) {
 	format, err := cpu.ParseWeightFormat(s.CPUWeightFormat)
 	if err != nil {
 		return nil, fmt.Errorf("parameter \"cpu_weight_format\": %w", err)
 	}
+	tokens := s.KVTokens
+	if tokens == 0 {
+		tokens = m.defaultCPUTokens(s)
+	}
+	blocks := (tokens + s.TokensPerBlock - 1) / s.TokensPerBlock
 	m.mu.Lock()
 	w := m.cpu[format]
+	weights := int64(0)
+	if w == nil {
+		weights = m.cpuWeightBytes(format)
+	}
+	kv := int64(blocks) * int64(s.TokensPerBlock) * m.kvBytesPerToken(4)
+	if err := fitsHost(weights, string(format), kv, blocks*s.TokensPerBlock, hostmem.Read()); err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
 	if w == nil {
 		c, err := model.Open(m.dir)
 		if err != nil {
@@ -252,11 +272,6 @@ func (m *Model) newCPU(s Settings) (engine.Engine, error) {
 		s.Logger.Info("CPU weights loaded", fields...)
 	}
 	m.mu.Unlock()
-	tokens := s.KVTokens
-	if tokens == 0 {
-		tokens = m.defaultCPUTokens(s)
-	}
-	blocks := (tokens + s.TokensPerBlock - 1) / s.TokensPerBlock
 	e, err := cpu.New(w, engine.KVConfig{NumBlocks: blocks, TokensPerBlock: s.TokensPerBlock, MaxSeqLen: s.MaxSeqLen})
 	if err != nil {
 		return nil, err
@@ -275,7 +290,7 @@ func (m *Model) newCPU(s Settings) (engine.Engine, error) {
 // default.
 func (m *Model) defaultCPUTokens(s Settings) int {
 	want := int64(s.MaxSeqs) * int64(s.MaxSeqLen)
-	perToken := int64(m.cfg.Layers) * 2 * int64(m.cfg.KVHeads) * int64(m.cfg.HeadDim) * 4
+	perToken := m.kvBytesPerToken(4)
 	budget := int64(2 << 30)
 	if total, err := memTotal(); err == nil {
 		budget = total / 4
@@ -334,6 +349,9 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 	}
 	w := m.gpu[gpuKey{device: device, dtype: dtype, tp: 1}]
 	if w == nil {
+		if err := fitsDevice(device, m.elems*2, "the weights in "+dtype); err != nil {
+			return nil, err
+		}
 		ckpt, err := model.Open(m.dir)
 		if err != nil {
 			return nil, err
@@ -409,6 +427,10 @@ func (m *Model) newGPUTP(device int, dtype string, s Settings) (engine.Engine, e
 		if w := m.gpu[key]; w != nil {
 			shares[r] = w
 			continue
+		}
+		// Each rank holds about its share of the weights (more where heads are few).
+		if err := fitsDevice(device+r, m.elems*2/int64(n), fmt.Sprintf("rank %d's share of the weights in %s", r, dtype)); err != nil {
+			return nil, fmt.Errorf("tensor_parallel_size %d: %w", n, err)
 		}
 		if ckpt == nil {
 			if ckpt, err = model.Open(m.dir); err != nil {
@@ -490,4 +512,43 @@ func (m *Model) Release() {
 		_ = w.Release()
 		delete(m.cpu, f)
 	}
+}
+
+// NewEagle3Head makes an EAGLE-3 head h for this model (its target) on the CPU, with a
+// KV pool of kv: it reads the model's embedding unless it has its own, so the model's
+// CPU weights are loaded if no CPU instance has loaded them yet.
+func (m *Model) NewEagle3Head(h *model.Eagle3, kv engine.KVConfig) (engine.Head, error) {
+	c := &h.Config
+	switch {
+	case c.VocabSize != m.cfg.VocabSize:
+		return nil, fmt.Errorf("EAGLE-3 head: its vocabulary has %d tokens, the model's %d", c.VocabSize, m.cfg.VocabSize)
+	case c.TargetHidden != m.cfg.Hidden:
+		return nil, fmt.Errorf("EAGLE-3 head: it reads hidden states of width %d, the model's are %d wide", c.TargetHidden, m.cfg.Hidden)
+	}
+	var embed []float32
+	if h.Embed == nil {
+		m.mu.Lock()
+		var w *cpu.Weights
+		for _, loaded := range m.cpu {
+			w = loaded
+			break
+		}
+		if w == nil {
+			c, err := model.Open(m.dir)
+			if err == nil {
+				w, err = cpu.LoadWeights(c, cpu.FormatAuto)
+			}
+			if err != nil {
+				m.mu.Unlock()
+				return nil, fmt.Errorf("EAGLE-3 head: the model's embedding: %w", err)
+			}
+			if m.cpu == nil {
+				m.cpu = map[cpu.WeightFormat]*cpu.Weights{}
+			}
+			m.cpu[cpu.FormatAuto] = w
+		}
+		embed = w.Embedding()
+		m.mu.Unlock()
+	}
+	return cpu.NewEagle3(h, m.cfg.Layers, embed, kv)
 }

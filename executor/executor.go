@@ -225,11 +225,8 @@ func New(eng engine.Engine, cfg Config, log *zap.Logger) (*Executor, error) {
 // Enqueue queues a request and returns its ID. Requests the batch manager rejects
 // (bad values) get an error response rather than an error here.
 func (e *Executor) Enqueue(req Request) (uint64, error) {
-	if len(req.InputIDs) == 0 {
-		return 0, errors.New("executor: Request.InputIDs is empty")
-	}
-	if req.MaxNewTokens < 1 {
-		return 0, fmt.Errorf("executor: Request.MaxNewTokens must be at least 1, got %d", req.MaxNewTokens)
+	if err := batchmanager.CheckLengths(len(req.InputIDs), req.MaxNewTokens, e.info.MaxSeqLen, "Request.InputIDs", "Request.MaxNewTokens"); err != nil {
+		return 0, fmt.Errorf("executor: %w", err)
 	}
 	endIDs := e.info.EndIDs
 	if req.EndID != nil {

@@ -63,8 +63,9 @@ func Open(dir string) (_ *Checkpoint, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("open checkpoint: %w", err)
 	}
+	budget := newHeaderBudget()
 	for _, name := range files {
-		st, err := openSafetensors(filepath.Join(dir, name))
+		st, err := openSafetensorsWithin(filepath.Join(dir, name), budget)
 		if err != nil {
 			return nil, fmt.Errorf("open checkpoint: %w", err)
 		}
@@ -117,10 +118,18 @@ func weightFiles(dir string) ([]string, error) {
 // A missing index means the folder holds no weights at all.
 func readIndex(dir string) (map[string]string, error) {
 	path := filepath.Join(dir, "model.safetensors.index.json")
-	raw, err := os.ReadFile(path)
+	fi, err := os.Stat(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%s holds neither model.safetensors nor model.safetensors.index.json", dir)
 	}
+	if err != nil {
+		return nil, err
+	}
+	// An index names each tensor once, as a header does: the same bound.
+	if fi.Size() > maxHeaderBytes {
+		return nil, fmt.Errorf("%s: %d bytes is over the bound of %d bytes (100 MiB) on a shard index", path, fi.Size(), maxHeaderBytes)
+	}
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -133,6 +142,9 @@ func readIndex(dir string) (map[string]string, error) {
 	}
 	if len(index.WeightMap) == 0 {
 		return nil, fmt.Errorf("%s: weight_map is missing or empty", path)
+	}
+	if len(index.WeightMap) > maxTensors {
+		return nil, fmt.Errorf("%s: weight_map names %d tensors, over the bound of %d on a checkpoint's tensors", path, len(index.WeightMap), maxTensors)
 	}
 	for name, f := range index.WeightMap {
 		// Shards are plain file names beside the index; anything else could reach
@@ -181,13 +193,15 @@ func (c *Checkpoint) Tensor(name string) (*Tensor, error) {
 	if t, ok := c.tensors[name]; ok {
 		return t, nil
 	}
-	if c.fam != nil && c.fam.prefix != "" {
-		alt := c.fam.prefix + name
-		if rest, ok := strings.CutPrefix(name, c.fam.prefix); ok {
-			alt = rest
-		}
-		if t, ok := c.tensors[alt]; ok {
-			return t, nil
+	if c.fam != nil {
+		for _, prefix := range c.fam.prefixes() {
+			alt := prefix + name
+			if rest, ok := strings.CutPrefix(name, prefix); ok {
+				alt = rest
+			}
+			if t, ok := c.tensors[alt]; ok {
+				return t, nil
+			}
 		}
 	}
 	return nil, fmt.Errorf("tensor %s: %w in %s", name, ErrTensorNotFound, c.Dir)

@@ -87,9 +87,10 @@ const (
 	// RopeLlama3 is Llama 3.1's wavelength-dependent scaling: long wavelengths divided
 	// by Factor, short ones kept, the band between interpolated.
 	RopeLlama3
-	// RopeDivisors divides each frequency by its own Divisors entry (a GGUF file's
-	// rope_freqs tensor, which is how llama.cpp stores Llama 3.1's scaling).
-	RopeDivisors
+	// RopeLongRope is Phi-3's longrope: frequency i divided by a per-pair factor, the
+	// short set for a sequence of at most OriginalMaxPositions positions and the long set
+	// beyond, with cos and sin times an attention factor (Rope.LongRope).
+	RopeLongRope
 )
 
 // String names the kind as config.json's rope_type does.
@@ -99,8 +100,8 @@ func (k RopeKind) String() string {
 		return "linear"
 	case RopeLlama3:
 		return "llama3"
-	case RopeDivisors:
-		return "divisors"
+	case RopeLongRope:
+		return "longrope"
 	}
 	return "default"
 }
@@ -120,10 +121,22 @@ type Rope struct {
 	Factor float64
 	// LowFreqFactor and HighFreqFactor bound llama3's interpolated band.
 	LowFreqFactor, HighFreqFactor float64
-	// OriginalMaxPositions is the context the model was trained on (llama3).
+	// OriginalMaxPositions is the context the model was trained on (llama3; longrope's
+	// sequences longer than it take the long factors).
 	OriginalMaxPositions int
-	// Divisors divide the frequencies one by one [Dim/2] (RopeDivisors).
-	Divisors []float32
+	// LongRope holds longrope's factors (RopeLongRope); nil otherwise. A pointer, so that
+	// Rope stays comparable (the engines key their frequency tables by it).
+	LongRope *LongRope
+}
+
+// LongRope is longrope's scaling: per-pair divisors of the frequencies, one set for
+// sequences within the original context and one beyond it, and a factor on cos and sin.
+type LongRope struct {
+	// Short and Long are the divisors, one per rotated pair [Dim/2].
+	Short, Long []float64
+	// AttnFactor multiplies cos and sin: attention_factor, or √(1 + ln s / ln original)
+	// with s the context's growth (1 when s ≤ 1).
+	AttnFactor float64
 }
 
 // Config is the architecture descriptor and hyperparameters of a checkpoint: everything
@@ -183,6 +196,29 @@ type Config struct {
 	EOSIDs []int32
 	// DType is the checkpoint's weight type as stored ("float32", "float16", "bfloat16").
 	DType string
+
+	// QKNorm says the queries and keys are normalised per head (over HeadDim, with the
+	// model's Norm and NormEps) before rotary, by RoleQNorm and RoleKNorm (Qwen3, Gemma 3).
+	QKNorm bool
+	// PostNorms says attention's and the MLP's outputs are normalised (RolePostAttnNorm,
+	// RolePostMLPNorm) before the residual stream adds them (Gemma 2 and 3).
+	PostNorms bool
+	// EmbedScale, when positive, multiplies the token embedding (Gemma's √hidden). An
+	// engine rounds it and the product to its activations' type, as transformers does.
+	EmbedScale float64
+	// QueryScale, when positive, is attention's query·key scale in place of 1/√HeadDim
+	// (Gemma's query_pre_attn_scalar^-½).
+	QueryScale float64
+	// AttnSoftcap and FinalSoftcap, when positive, bound the attention scores (after the
+	// scale, before the mask and softmax) and the final logits by c·tanh(x/c) (Gemma 2).
+	AttnSoftcap, FinalSoftcap float64
+	// SlidingLayers, when set, marks the layers that have the sliding window, in any
+	// pattern (Gemma's alternate); when nil the window covers the layers from
+	// WindowFromLayer on.
+	SlidingLayers []bool
+	// LocalRope, when its Dim is positive, is the rotary embedding of the layers
+	// SlidingLayers marks (Gemma 3's rope_local_base_freq); Rope is the others'.
+	LocalRope Rope
 }
 
 // QKVWidth is the fused QKV projection's output width: queries, then keys, then values.
@@ -193,10 +229,34 @@ func (c *Config) AttnWidth() int { return c.Heads * c.HeadDim }
 
 // LayerWindow is layer l's sliding window, or 0 for full attention.
 func (c *Config) LayerWindow(l int) int {
+	if c.SlidingLayers != nil {
+		if c.SlidingLayers[l] {
+			return c.SlidingWindow
+		}
+		return 0
+	}
 	if c.SlidingWindow > 0 && l >= c.WindowFromLayer {
 		return c.SlidingWindow
 	}
 	return 0
+}
+
+// LayerRope is layer l's rotary embedding: LocalRope in the sliding layers where the
+// model has one, else Rope.
+func (c *Config) LayerRope(l int) Rope {
+	if c.LocalRope.Dim > 0 && c.SlidingLayers != nil && c.SlidingLayers[l] {
+		return c.LocalRope
+	}
+	return c.Rope
+}
+
+// AttnScale is attention's query·key scale: QueryScale where the model sets one, else
+// 1/√HeadDim (AttentionScale).
+func (c *Config) AttnScale() float32 {
+	if c.QueryScale > 0 {
+		return float32(c.QueryScale)
+	}
+	return AttentionScale(c.HeadDim)
 }
 
 // HasBias says whether the norm carries a bias vector.

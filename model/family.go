@@ -28,8 +28,20 @@ type family struct {
 	// ("transformer." for GPT2LMHeadModel, "model." for LlamaForCausalLM) and others
 	// omit; Checkpoint.Tensor finds a name either way.
 	prefix string
+	// morePrefixes are other base prefixes the family's checkpoints use, found as prefix
+	// is (Gemma 3's image-text checkpoints: language_model.model. as transformers 4
+	// saved them, model.language_model. as transformers 5 does).
+	morePrefixes []string
 	// layerPrefix formats layer l's tensor prefix without the base prefix ("h.3.").
 	layerPrefix func(l int) string
+}
+
+// prefixes lists the family's base prefixes, prefix first.
+func (f *family) prefixes() []string {
+	if f.prefix == "" {
+		return f.morePrefixes
+	}
+	return append([]string{f.prefix}, f.morePrefixes...)
 }
 
 // partName is one checkpoint tensor of a role.
@@ -41,10 +53,14 @@ type partName struct {
 	// ropeHeads, when positive, says the tensor's rows are ropeHeads heads stored in
 	// llama.cpp's rotary order (ropePerm).
 	ropeHeads int
+	// plusOne says the weight is 1 + the stored vector, in float32 (Gemma's RMSNorm
+	// scales by 1 + w): the engines then run a plain RMSNorm.
+	plusOne bool
 }
 
 // families are the supported architectures.
-var families = []*family{gpt2Family, llamaFamily}
+var families = []*family{gpt2Family, llamaFamily, phi3Family, qwen3Family, gemma2Family, gemma3Family,
+	gemma3VLFamily}
 
 // Limits bound config.json's sizes before anything proportional to them is allocated:
 // far beyond any released model, and far below what would let a corrupt config ask for
@@ -190,6 +206,45 @@ func (c *Config) check(names map[string]string) error {
 	}
 	if c.SlidingWindow < 0 {
 		return fmt.Errorf("field sliding_window: %d is negative", c.SlidingWindow)
+	}
+	return c.checkLayerFeatures(field)
+}
+
+// checkLayerFeatures verifies the fields Qwen3, Gemma and Phi-3 add against the rest of
+// the descriptor.
+func (c *Config) checkLayerFeatures(field func(string) string) error {
+	for _, v := range []struct {
+		name string
+		v    float64
+	}{{"query_pre_attn_scalar", c.QueryScale}, {"attn_logit_softcapping", c.AttnSoftcap},
+		{"final_logit_softcapping", c.FinalSoftcap}, {"hidden_size (the embedding scale)", c.EmbedScale}} {
+		if v.v < 0 || math.IsNaN(v.v) || math.IsInf(v.v, 0) || float32(v.v) == 0 && v.v != 0 {
+			return fmt.Errorf("field %s: must be positive and finite, got %g", v.name, v.v)
+		}
+	}
+	if c.SlidingLayers != nil && len(c.SlidingLayers) != c.Layers {
+		return fmt.Errorf("field layer_types: %d entries for %s %d", len(c.SlidingLayers), field("layers"), c.Layers)
+	}
+	if r := c.LocalRope; r.Dim > 0 {
+		if !(r.Theta > 0) || math.IsInf(r.Theta, 0) {
+			return fmt.Errorf("field %s: must be positive, got %g", field("rope_local_base_freq"), r.Theta)
+		}
+		if r.Dim%2 != 0 || r.Dim > c.HeadDim {
+			return fmt.Errorf("field head_dim: the local rope's %d dimensions must be even and at most %d", r.Dim, c.HeadDim)
+		}
+	}
+	for _, r := range []Rope{c.Rope, c.LocalRope} {
+		if r.Kind != RopeLongRope {
+			continue
+		}
+		l := r.LongRope
+		if l == nil || len(l.Short) != r.Dim/2 || len(l.Long) != r.Dim/2 {
+			return fmt.Errorf("field %s: longrope needs %d short and long factors", field("rope_scaling"), r.Dim/2)
+		}
+		if !(l.AttnFactor > 0) || math.IsInf(l.AttnFactor, 0) || r.OriginalMaxPositions < 1 {
+			return fmt.Errorf("field %s: longrope's attention factor %g and original context %d must be positive",
+				field("rope_scaling"), l.AttnFactor, r.OriginalMaxPositions)
+		}
 	}
 	return nil
 }

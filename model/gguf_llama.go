@@ -274,12 +274,16 @@ func (g *ggufFile) llamaConfig() (Config, *family, map[string]string, error) {
 		if err != nil {
 			return Config{}, nil, nil, err
 		}
+		div := make([]float64, len(v))
 		for i, f := range v {
 			if !(f > 0) {
 				return Config{}, nil, nil, fmt.Errorf("tensor rope_freqs.weight: value %d is %g, want a positive divisor", i, f)
 			}
+			div[i] = float64(f)
 		}
-		c.Rope.Kind, c.Rope.Divisors = RopeDivisors, v
+		// Longrope's per-pair divisors, the same set at any length, cos and sin unscaled.
+		c.Rope.Kind, c.Rope.OriginalMaxPositions = RopeLongRope, c.MaxPositions
+		c.Rope.LongRope = &LongRope{Short: div, Long: div, AttnFactor: 1}
 	}
 	has := func(name string) bool { return g.tensors[name] != nil }
 	c.TiedHead = !has("output.weight")

@@ -29,13 +29,13 @@ func parseLlama(p *configParser, c *Config) {
 	c.Layers = p.positive("num_hidden_layers", 0)
 	c.Heads = p.positive("num_attention_heads", 0)
 	c.KVHeads = p.positive("num_key_value_heads", c.Heads)
-	defPositions := 2048
-	if mt != "llama" {
-		defPositions = 32768
+	defPositions, defEps := 32768, 1e-6
+	if mt == "llama" {
+		defPositions = 2048
 	}
 	c.MaxPositions = p.positive("max_position_embeddings", defPositions)
 	c.Norm = RMSNorm
-	c.NormEps = float32(p.number("rms_norm_eps", 1e-6))
+	c.NormEps = float32(p.number("rms_norm_eps", defEps))
 	c.Positions = RotaryPositions
 	c.GatedMLP = true
 	c.Act = p.activation("hidden_act", "silu")
@@ -87,9 +87,6 @@ func parseLlama(p *configParser, c *Config) {
 	} else {
 		c.HeadDim = c.Hidden / c.Heads
 	}
-	if f := p.number("partial_rotary_factor", 1); f != 1 {
-		p.fail("partial_rotary_factor", fmt.Errorf("%g is not supported (only 1)", f))
-	}
 	c.Rope = parseRope(p, c.HeadDim, c.MaxPositions)
 	if c.SlidingWindow >= c.MaxPositions {
 		c.SlidingWindow = 0 // a window as long as the context changes nothing
@@ -132,7 +129,7 @@ func slidingLayersFrom(p *configParser, layers int) int {
 // rope_theta with rope_scaling. A scaling type the engines do not implement fails the
 // load naming it.
 func parseRope(p *configParser, headDim, maxPositions int) Rope {
-	r := Rope{Theta: 10000, Dim: headDim, Factor: 1}
+	r := Rope{Theta: 10000, Dim: rotaryDims(p, headDim), Factor: 1}
 	params, field := p.object("rope_parameters"), "rope_parameters"
 	if params == nil {
 		r.Theta = p.number("rope_theta", 10000)
@@ -175,13 +172,34 @@ func parseRope(p *configParser, headDim, maxPositions int) Rope {
 	if sub.err != nil {
 		p.fail(field, sub.err)
 	}
-	if f, ok := params["partial_rotary_factor"]; ok {
-		var v float64
-		if json.Unmarshal(f, &v) != nil || v != 1 {
-			p.fail(field, fmt.Errorf("partial_rotary_factor %s is not supported (only 1)", f))
+	return r
+}
+
+// rotaryDims reads partial_rotary_factor — beside the rope settings, or inside
+// rope_parameters (or rope_scaling) where transformers 5 keeps it — and returns how many
+// dimensions of each head rotate: int(head_dim · factor), as transformers computes it,
+// which must be even and at least 2.
+func rotaryDims(p *configParser, headDim int) int {
+	factor, field := p.number("partial_rotary_factor", 1), "partial_rotary_factor"
+	for _, name := range []string{"rope_parameters", "rope_scaling"} {
+		if params := p.object(name); params != nil && params["partial_rotary_factor"] != nil {
+			sub := &configParser{m: params}
+			factor, field = sub.number("partial_rotary_factor", factor), name+".partial_rotary_factor"
+			if sub.err != nil {
+				p.fail(name, sub.err)
+			}
+			break
 		}
 	}
-	return r
+	if p.err != nil {
+		return headDim
+	}
+	dim := int(float64(headDim) * factor)
+	if !(factor > 0 && factor <= 1) || dim < 2 || dim%2 != 0 {
+		p.fail(field, fmt.Errorf("%g rotates %d of head_dim %d dimensions: the factor must be in (0, 1] and rotate an even number, at least 2", factor, dim, headDim))
+		return headDim
+	}
+	return dim
 }
 
 // llamaNames maps the roles onto the LLaMA family's tensor names (torch Linear layout,
@@ -228,6 +246,10 @@ func llamaNames(c *Config, r Role, l int) []partName {
 		return one(lp + "mlp.down_proj.weight")
 	case RoleDownBias:
 		return one(lp + "mlp.down_proj.bias")
+	case RoleQNorm:
+		return one(lp + "self_attn.q_norm.weight")
+	case RoleKNorm:
+		return one(lp + "self_attn.k_norm.weight")
 	}
 	return nil
 }

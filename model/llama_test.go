@@ -42,6 +42,16 @@ func withRopeParameters(params map[string]any) func(map[string]any) {
 	return func(m map[string]any) { m["rope_parameters"] = params }
 }
 
+// withRopeAnd applies edit (nil: none), then sets field to v.
+func withRopeAnd(edit func(map[string]any), field string, v any) func(map[string]any) {
+	return func(m map[string]any) {
+		if edit != nil {
+			edit(m)
+		}
+		m[field] = v
+	}
+}
+
 func TestRopeInvFreq(t *testing.T) {
 	const theta, dim = 10000.0, 16
 	base := Rope{Theta: theta, Dim: dim, Factor: 1}.InvFreq()
@@ -114,6 +124,17 @@ func TestLlamaRopeConfigs(t *testing.T) {
 			Rope{Theta: 10000, Dim: 16, Factor: 1}},
 		{"dynamic in rope_parameters is the identity", withRopeParameters(map[string]any{"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}),
 			Rope{Theta: 10000, Dim: 16, Factor: 1}},
+		// Phi-3's partial rotary factor: int(head_dim · factor) dimensions rotate, the
+		// factor read beside the rope settings (transformers 4) or inside rope_parameters
+		// (transformers 5).
+		{"a partial rotary factor beside rope_theta", withRopeAnd(withRope(10000, nil), "partial_rotary_factor", 0.5),
+			Rope{Theta: 10000, Dim: 8, Factor: 1}},
+		{"a partial rotary factor inside rope_parameters", withRopeParameters(map[string]any{"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
+			Rope{Theta: 10000, Dim: 4, Factor: 1}},
+		{"a partial rotary factor that truncates, as transformers' int()", withRopeAnd(nil, "partial_rotary_factor", 0.4),
+			Rope{Theta: 10000, Dim: 6, Factor: 1}},
+		{"a partial rotary factor of 1", withRopeAnd(nil, "partial_rotary_factor", 1.0),
+			Rope{Theta: 10000, Dim: 16, Factor: 1}},
 		{"llama3 with its defaults", withRopeParameters(map[string]any{"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0}),
 			Rope{Theta: 500000, Dim: 16, Kind: RopeLlama3, Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192}},
 	} {
@@ -172,10 +193,14 @@ func TestUnsupportedLlamaOptionsFail(t *testing.T) {
 			[]string{"field rope_scaling", `rope type "longrope" is not supported`}},
 		{"su scaling (Phi-3's old longrope name)", withRope(10000, map[string]any{"type": "su"}),
 			[]string{"field rope_scaling", `rope type "su" is not supported`}},
-		{"a partial rotary factor beside the rope settings", set("partial_rotary_factor", 0.5),
-			[]string{"field partial_rotary_factor", "0.5 is not supported (only 1)"}},
-		{"a partial rotary factor inside rope_parameters", withRopeParameters(map[string]any{"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
-			[]string{"field rope_parameters", "partial_rotary_factor 0.25 is not supported"}},
+		{"a partial rotary factor above 1", set("partial_rotary_factor", 1.5),
+			[]string{"field partial_rotary_factor", "1.5 rotates 24 of head_dim 16", "(0, 1]"}},
+		{"a partial rotary factor that rotates an odd number", withRopeParameters(map[string]any{"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.3125}),
+			[]string{"field rope_parameters.partial_rotary_factor", "rotates 5 of head_dim 16", "even"}},
+		{"a partial rotary factor of zero", set("partial_rotary_factor", 0.0),
+			[]string{"field partial_rotary_factor", "rotates 0"}},
+		{"a partial rotary factor that is not a number", set("partial_rotary_factor", "half"),
+			[]string{"field partial_rotary_factor", "must be a number"}},
 		{"linear scaling without a factor", withRopeParameters(map[string]any{"rope_type": "linear", "rope_theta": 10000.0}),
 			[]string{"field rope_parameters.factor", "must be at least 1"}},
 		{"linear scaling by less than 1", withRope(10000, map[string]any{"type": "linear", "factor": 0.5}),

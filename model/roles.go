@@ -42,6 +42,14 @@ const (
 	// RoleDown is the MLP's second projection [hidden][inner]; RoleDownBias its bias.
 	RoleDown
 	RoleDownBias
+	// RoleQNorm and RoleKNorm are the per-head norms of the queries and keys [head_dim]
+	// (Config.QKNorm).
+	RoleQNorm
+	RoleKNorm
+	// RolePostAttnNorm and RolePostMLPNorm normalise attention's and the MLP's outputs
+	// before the residual add [hidden] (Config.PostNorms).
+	RolePostAttnNorm
+	RolePostMLPNorm
 
 	// NumRoles counts the roles.
 	NumRoles
@@ -55,6 +63,7 @@ var roleNames = [NumRoles]string{
 	"embed", "pos_embed", "final_norm", "final_norm_bias", "lm_head",
 	"attn_norm", "attn_norm_bias", "qkv", "qkv_bias", "out", "out_bias",
 	"mlp_norm", "mlp_norm_bias", "up", "up_bias", "down", "down_bias",
+	"q_norm", "k_norm", "post_attn_norm", "post_mlp_norm",
 }
 
 // String names the role.
@@ -104,6 +113,10 @@ func (c *Config) Shape(r Role) (rows, cols int, present bool) {
 		return H, c.Inner, true
 	case RoleDownBias:
 		return H, 1, c.MLPBias
+	case RoleQNorm, RoleKNorm:
+		return c.HeadDim, 1, c.QKNorm
+	case RolePostAttnNorm, RolePostMLPNorm:
+		return H, 1, c.PostNorms
 	}
 	return 0, 0, false
 }

@@ -2,15 +2,16 @@ package model
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -19,9 +20,35 @@ import (
 // ({"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}})
 // and the data region, which the offsets index from its first byte.
 
-// maxHeaderBytes bounds the JSON header; the reference implementation refuses more than
-// 100 MB too, and a larger length is a corrupt file, not a big model.
-const maxHeaderBytes = 100 << 20
+// Bounds on what safetensors headers may hold, so that a hostile or corrupt header is
+// refused in bounded time and memory, naming the bound, before anything it describes is
+// allocated: the header is read entry by entry, never whole into a map.
+const (
+	// maxHeaderBytes bounds one file's JSON header; the reference implementation refuses
+	// more than 100 MB too, and a larger length is a corrupt file, not a big model.
+	maxHeaderBytes = 100 << 20
+	// maxCheckpointHeaderBytes bounds the headers of all of a checkpoint's files: a
+	// released model of 160 shards and 90,000 tensors has 11 MB of them.
+	maxCheckpointHeaderBytes = 256 << 20
+	// maxTensors bounds a checkpoint's tensors, over all its files: the largest released
+	// models (mixtures of hundreds of experts, with FP8 scales) hold under 150,000.
+	maxTensors = 1 << 18
+	// maxDims bounds a tensor's rank (released checkpoints use at most 5).
+	maxDims = 8
+)
+
+// headerBudget is what a checkpoint's headers may still hold, spent file by file.
+type headerBudget struct {
+	// tensors is the number of tensors still allowed.
+	tensors int
+	// bytes is the header bytes still allowed.
+	bytes int64
+}
+
+// newHeaderBudget is the budget of one checkpoint.
+func newHeaderBudget() *headerBudget {
+	return &headerBudget{tensors: maxTensors, bytes: maxCheckpointHeaderBytes}
+}
 
 // dtypeSizes gives the element size of each safetensors dtype.
 var dtypeSizes = map[string]int{
@@ -227,10 +254,17 @@ type stEntry struct {
 	Offsets []int64 `json:"data_offsets"`
 }
 
-// openSafetensors maps path read-only and validates its header: every tensor's dtype is
-// known, its offsets lie inside the data region, its byte size is product(shape) times
-// the element size, and no two tensors overlap.
-func openSafetensors(path string) (_ *stFile, err error) {
+// openSafetensors maps path read-only and validates its header (openSafetensorsWithin)
+// under a budget of its own.
+func openSafetensors(path string) (*stFile, error) {
+	return openSafetensorsWithin(path, newHeaderBudget())
+}
+
+// openSafetensorsWithin maps path read-only and validates its header, spending budget:
+// every tensor's dtype is known, its rank at most maxDims, its offsets inside the data
+// region, its byte size product(shape) times the element size, no name appears twice
+// and no two tensors overlap.
+func openSafetensorsWithin(path string, budget *headerBudget) (_ *stFile, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -258,61 +292,76 @@ func openSafetensors(path string) (_ *stFile, err error) {
 		}
 	}()
 	n := binary.LittleEndian.Uint64(mapped)
-	if n > maxHeaderBytes || n > uint64(size-8) {
+	switch {
+	case n > uint64(size-8):
 		return nil, fmt.Errorf("%s: header length %d exceeds the file's %d bytes (truncated or not safetensors)", path, n, size)
+	case n > maxHeaderBytes:
+		return nil, fmt.Errorf("%s: header of %d bytes is over the bound of %d bytes (100 MiB) on one file's safetensors header", path, n, maxHeaderBytes)
+	case int64(n) > budget.bytes:
+		return nil, fmt.Errorf("%s: header of %d bytes takes the checkpoint's headers over the bound of %d bytes (256 MiB) on all its files' headers",
+			path, n, maxCheckpointHeaderBytes)
 	}
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(mapped[8:8+n], &raw); err != nil {
-		return nil, fmt.Errorf("%s: header is not valid JSON: %w", path, err)
-	}
+	budget.bytes -= int64(n)
 	data := mapped[8+n:]
-	st.tensors = make(map[string]*Tensor, len(raw))
+	st.tensors = map[string]*Tensor{}
 	type span struct {
 		name       string
 		begin, end int64
 	}
 	var spans []span
-	for name, msg := range raw {
+	err = readHeader(mapped[8:8+n], func(name string, dec *json.Decoder) error {
 		if name == "__metadata__" {
-			if err := json.Unmarshal(msg, &st.metadata); err != nil {
-				return nil, fmt.Errorf("%s: __metadata__ must map strings to strings: %w", path, err)
+			if st.metadata != nil {
+				return errors.New("__metadata__ appears twice")
 			}
-			continue
+			if err := dec.Decode(&st.metadata); err != nil {
+				return fmt.Errorf("__metadata__ must map strings to strings: %w", err)
+			}
+			return nil
 		}
-		var e stEntry
-		dec := json.NewDecoder(strings.NewReader(string(msg)))
-		dec.DisallowUnknownFields()
+		if _, dup := st.tensors[name]; dup {
+			return fmt.Errorf("tensor %s appears twice", name)
+		}
+		if budget.tensors == 0 {
+			return fmt.Errorf("more than %d tensors in the checkpoint, the bound on a checkpoint's tensors (the largest released models hold under 150,000)", maxTensors)
+		}
+		budget.tensors--
+		var e stEntryIn
 		if err := dec.Decode(&e); err != nil {
-			return nil, fmt.Errorf("%s: tensor %s: bad header entry: %w", path, name, err)
+			return fmt.Errorf("tensor %s: bad header entry: %w", name, err)
 		}
 		elem, ok := dtypeSizes[e.DType]
 		if !ok {
-			return nil, fmt.Errorf("%s: tensor %s: unknown dtype %q", path, name, e.DType)
+			return fmt.Errorf("tensor %s: unknown dtype %q", name, e.DType)
 		}
 		if len(e.Offsets) != 2 {
-			return nil, fmt.Errorf("%s: tensor %s: data_offsets must be [begin, end], got %v", path, name, e.Offsets)
+			return fmt.Errorf("tensor %s: data_offsets must be [begin, end], got %v", name, e.Offsets)
 		}
 		want := int64(elem)
 		for _, d := range e.Shape {
 			if d < 0 {
-				return nil, fmt.Errorf("%s: tensor %s: negative dimension in shape %v", path, name, e.Shape)
+				return fmt.Errorf("tensor %s: negative dimension in shape %v", name, e.Shape)
 			}
 			if d > 0 && want > math.MaxInt64/int64(d) {
-				return nil, fmt.Errorf("%s: tensor %s: shape %v overflows", path, name, e.Shape)
+				return fmt.Errorf("tensor %s: shape %v overflows", name, e.Shape)
 			}
 			want *= int64(d)
 		}
 		begin, end := e.Offsets[0], e.Offsets[1]
 		if begin < 0 || end < begin || end > int64(len(data)) {
-			return nil, fmt.Errorf("%s: tensor %s: data_offsets [%d, %d] outside the %d-byte data region (truncated file?)",
-				path, name, begin, end, len(data))
+			return fmt.Errorf("tensor %s: data_offsets [%d, %d] outside the %d-byte data region (truncated file?)",
+				name, begin, end, len(data))
 		}
 		if end-begin != want {
-			return nil, fmt.Errorf("%s: tensor %s: data_offsets span %d bytes but shape %v of %s needs %d",
-				path, name, end-begin, e.Shape, e.DType, want)
+			return fmt.Errorf("tensor %s: data_offsets span %d bytes but shape %v of %s needs %d",
+				name, end-begin, e.Shape, e.DType, want)
 		}
 		st.tensors[name] = &Tensor{Name: name, DType: e.DType, Shape: e.Shape, Data: data[begin:end:end]}
 		spans = append(spans, span{name, begin, end})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	sort.Slice(spans, func(i, j int) bool { return spans[i].begin < spans[j].begin })
 	for i := 1; i < len(spans); i++ {
@@ -321,6 +370,78 @@ func openSafetensors(path string) (_ *stFile, err error) {
 		}
 	}
 	return st, nil
+}
+
+// readHeader walks a header's top-level object, calling entry with each key and the
+// decoder positioned at its value, which entry must consume.
+func readHeader(header []byte, entry func(name string, dec *json.Decoder) error) error {
+	dec := json.NewDecoder(bytes.NewReader(header))
+	dec.DisallowUnknownFields()
+	notJSON := func(err error) error { return fmt.Errorf("header is not valid JSON: %w", err) }
+	tok, err := dec.Token()
+	if err != nil {
+		return notJSON(err)
+	}
+	if tok != json.Delim('{') {
+		return notJSON(fmt.Errorf("it is %v, not an object", tok))
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return notJSON(err)
+		}
+		name, ok := tok.(string)
+		if !ok {
+			return notJSON(fmt.Errorf("key %v", tok))
+		}
+		if err := entry(name, dec); err != nil {
+			var se *json.SyntaxError
+			if errors.As(err, &se) || errors.Is(err, io.ErrUnexpectedEOF) {
+				return notJSON(err)
+			}
+			return err
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return notJSON(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return notJSON(errors.New("data after the header's object"))
+	}
+	return nil
+}
+
+// stEntryIn is one tensor's entry in a header being read: stEntry with its arrays
+// bounded before they are decoded.
+type stEntryIn struct {
+	// DType is the element type.
+	DType string `json:"dtype"`
+	// Shape is the tensor's shape, at most maxDims long.
+	Shape boundedInts `json:"shape"`
+	// Offsets are [begin, end) byte offsets into the data region.
+	Offsets offsetPair `json:"data_offsets"`
+}
+
+// boundedInts is a shape of at most maxDims dimensions.
+type boundedInts []int
+
+// UnmarshalJSON refuses more than maxDims numbers before it allocates them.
+func (b *boundedInts) UnmarshalJSON(raw []byte) error {
+	if bytes.Count(raw, []byte(",")) >= maxDims {
+		return fmt.Errorf("shape has more than %d dimensions, the bound on a tensor's rank", maxDims)
+	}
+	return json.Unmarshal(raw, (*[]int)(b))
+}
+
+// offsetPair is data_offsets, read only when it is short enough to be [begin, end].
+type offsetPair []int64
+
+// UnmarshalJSON refuses a long array before it allocates it.
+func (o *offsetPair) UnmarshalJSON(raw []byte) error {
+	if bytes.Count(raw, []byte(",")) > 1 {
+		return errors.New("data_offsets must be [begin, end]")
+	}
+	return json.Unmarshal(raw, (*[]int64)(o))
 }
 
 // close unmaps the file.

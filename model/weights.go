@@ -1,8 +1,10 @@
 package model
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strconv"
@@ -186,6 +188,11 @@ func (c *Checkpoint) Weights() ([]Weight, error) {
 			if !slices.Equal(t.Shape, want) {
 				return fmt.Errorf("tensor %s: shape %v, expected %v for %s", t.Name, t.Shape, want, c.shapeWhy(r))
 			}
+			if pn.plusOne {
+				if t, err = plusOne(t); err != nil {
+					return err
+				}
+			}
 			p := Part{Tensor: t, Transposed: pn.transposed, Rows: split[i]}
 			if pn.ropeHeads > 0 {
 				if p.Perm, err = ropePerm(split[i], pn.ropeHeads); err != nil {
@@ -212,6 +219,20 @@ func (c *Checkpoint) Weights() ([]Weight, error) {
 	return out, nil
 }
 
+// plusOne returns a float32 copy of vector t with 1 added to every element, as Gemma's
+// RMSNorm computes its scale (1 + w.float()).
+func plusOne(t *Tensor) (*Tensor, error) {
+	v, err := t.Float32()
+	if err != nil {
+		return nil, err
+	}
+	data := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(data[4*i:], math.Float32bits(1+x))
+	}
+	return &Tensor{Name: t.Name + " + 1", DType: "F32", Shape: slices.Clone(t.Shape), Data: data}, nil
+}
+
 // shapeWhy names the config fields a role's shape comes from, for messages.
 func (c *Checkpoint) shapeWhy(r Role) string {
 	f := func(k string) string {
@@ -231,6 +252,8 @@ func (c *Checkpoint) shapeWhy(r Role) string {
 			cfg.HeadDim, f("hidden"), cfg.Hidden)
 	case RoleUp, RoleUpBias, RoleDown, RoleDownBias:
 		return fmt.Sprintf("%s %d, %s %d", f("inner"), cfg.Inner, f("hidden"), cfg.Hidden)
+	case RoleQNorm, RoleKNorm:
+		return fmt.Sprintf("head_dim %d", cfg.HeadDim)
 	}
 	return fmt.Sprintf("%s %d", f("hidden"), cfg.Hidden)
 }
@@ -242,7 +265,12 @@ func (c *Checkpoint) checkLayerCount() error {
 	root = root[:len(root)-2] // "h.0." → "h."
 	seen := map[int]bool{}
 	for name := range c.tensors {
-		name = strings.TrimPrefix(name, c.fam.prefix)
+		for _, prefix := range c.fam.prefixes() {
+			if rest, ok := strings.CutPrefix(name, prefix); ok {
+				name = rest
+				break
+			}
+		}
 		rest, ok := strings.CutPrefix(name, root)
 		if !ok {
 			continue

@@ -23,6 +23,8 @@ type ChatTemplate struct {
 	tmpl *jinja.Template
 	// tokens are the special tokens by name (bos_token, eos_token, ...), as strings.
 	tokens map[string]string
+	// src is the template's source (the tool-call format is read from it).
+	src string
 }
 
 // tokenizerConfig is the part of tokenizer_config.json a chat template needs.
@@ -111,7 +113,7 @@ func compileTemplate(src string, tokenizerConfigJSON []byte) (*ChatTemplate, err
 	if err := json.Unmarshal(tokenizerConfigJSON, &all); err != nil {
 		return nil, fmt.Errorf("parse tokenizer config: %w", err)
 	}
-	ct := &ChatTemplate{tmpl: tmpl, tokens: map[string]string{}}
+	ct := &ChatTemplate{tmpl: tmpl, tokens: map[string]string{}, src: src}
 	for _, k := range specialTokenKeys {
 		if s, ok := specialToken(all[k]); ok {
 			ct.tokens[k] = s
@@ -148,21 +150,41 @@ type TemplateMessage struct {
 	Content string
 	// Name is the optional participant name; left out of the template's view when empty.
 	Name string
+	// ToolCalls are an assistant message's calls, as templates read them ({"id", "type",
+	// "function": {"name", "arguments"}}, arguments a JSON object where they parse as one).
+	ToolCalls []any
+	// ToolCallID is the call a tool message answers.
+	ToolCallID string
 }
 
 // Render renders the conversation into a prompt. With addGenerationPrompt the prompt
 // ends where the assistant's answer starts. A template's raise_exception, or any other
 // failure, is returned as an error.
 func (c *ChatTemplate) Render(messages []TemplateMessage, addGenerationPrompt bool) (string, error) {
+	return c.RenderTools(messages, nil, addGenerationPrompt)
+}
+
+// RenderTools is Render with tools ({"type": "function", "function": {…}}) for the
+// template to show the model; none: the template sees no tools variable.
+func (c *ChatTemplate) RenderTools(messages []TemplateMessage, tools []any, addGenerationPrompt bool) (string, error) {
 	msgs := make([]any, len(messages))
 	for i, m := range messages {
 		v := map[string]any{"role": m.Role, "content": m.Content}
 		if m.Name != "" {
 			v["name"] = m.Name
 		}
+		if len(m.ToolCalls) > 0 {
+			v["tool_calls"] = m.ToolCalls
+		}
+		if m.ToolCallID != "" {
+			v["tool_call_id"] = m.ToolCallID
+		}
 		msgs[i] = v
 	}
 	data := map[string]any{"messages": msgs, "add_generation_prompt": addGenerationPrompt}
+	if len(tools) > 0 {
+		data["tools"] = tools
+	}
 	for k, v := range c.tokens {
 		data[k] = v
 	}

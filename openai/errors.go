@@ -1,13 +1,17 @@
 package openai
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"gollm/kserve"
 )
 
 // APIError is an error in OpenAI's shape, with its HTTP status.
@@ -54,6 +58,22 @@ func invalid(param, format string, args ...any) *APIError {
 func modelNotFound(name string) *APIError {
 	return &APIError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
 		Message: fmt.Sprintf("the model %q does not exist or is not ready; GET /v1/models lists those served", name)}
+}
+
+// notServing turns a 404 for a model into a 503 when Triton itself is not ready: a
+// request that arrives while the server shuts down (or before it has started) finds its
+// models gone, which is no fault of the client's and worth a retry elsewhere.
+func notServing(ctx context.Context, client kserve.GRPCInferenceServiceClient, api *APIError) *APIError {
+	if api == nil || api.Status != http.StatusNotFound {
+		return api
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if r, err := client.ServerReady(ctx, &kserve.ServerReadyRequest{}); err == nil && r.GetReady() {
+		return api
+	}
+	return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error",
+		Message: "Triton is not ready (shutting down or starting): " + api.Message}
 }
 
 // fromTriton turns an error of a Triton call into an APIError: a request Triton or the

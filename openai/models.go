@@ -139,10 +139,10 @@ func (r *registry) fetch(ctx context.Context, name string) (*modelInfo, *APIErro
 		if api.Status == http.StatusServiceUnavailable || api.Status == http.StatusInternalServerError {
 			return nil, api
 		}
-		return nil, modelNotFound(name)
+		return nil, notServing(ctx, r.client, modelNotFound(name))
 	}
 	if !ready.Ready {
-		return nil, modelNotFound(name)
+		return nil, notServing(ctx, r.client, modelNotFound(name))
 	}
 	cfg, err := r.client.ModelConfig(ctx, &kserve.ModelConfigRequest{Name: name})
 	if err != nil {

@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +34,8 @@ const (
 	maxStops = 4
 	// defaultCompletionTokens is max_tokens' default for completions (OpenAI's).
 	defaultCompletionTokens = 16
+	// DefaultWriteTimeout is Config.WriteTimeout's default.
+	DefaultWriteTimeout = 15 * time.Second
 )
 
 // Config configures a Server.
@@ -46,6 +50,11 @@ type Config struct {
 	Checkpoints map[string]string
 	// Log receives diagnostics; nil means none.
 	Log *zap.Logger
+	// WriteTimeout bounds each write of a response to its client (each event of a
+	// stream): a client that stops reading fills its connection's buffers, its next
+	// write fails after WriteTimeout, and its requests are stopped in Triton, their KV
+	// blocks and batch slots freed. 0 means DefaultWriteTimeout; negative, none.
+	WriteTimeout time.Duration
 }
 
 // Server is the OpenAI-compatible HTTP API.
@@ -60,6 +69,8 @@ type Server struct {
 	mux *http.ServeMux
 	// wg counts the requests in progress, for Wait.
 	wg sync.WaitGroup
+	// writeTimeout is Config.WriteTimeout, its default filled in (0: none).
+	writeTimeout time.Duration
 }
 
 // New makes a Server.
@@ -68,7 +79,14 @@ func New(cfg Config) *Server {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	s := &Server{triton: cfg.Triton, log: log, mux: http.NewServeMux(),
+	wt := cfg.WriteTimeout
+	switch {
+	case wt == 0:
+		wt = DefaultWriteTimeout
+	case wt < 0:
+		wt = 0
+	}
+	s := &Server{triton: cfg.Triton, log: log, mux: http.NewServeMux(), writeTimeout: wt,
 		models: &registry{client: cfg.Triton, repository: cfg.ModelRepository, overrides: cfg.Checkpoints, log: log,
 			models: map[string]*modelInfo{}, files: map[string]*checkpointFiles{}, refreshing: map[string]bool{}}}
 	s.mux.HandleFunc("GET /health", s.health)
@@ -87,6 +105,9 @@ func New(cfg Config) *Server {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.wg.Add(1)
 	defer s.wg.Done()
+	if s.writeTimeout > 0 {
+		w = &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: s.writeTimeout}
+	}
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler {
@@ -97,6 +118,66 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	s.mux.ServeHTTP(w, r)
+}
+
+// deadlineWriter gives every write and flush of a response a deadline of d from its
+// start, so that a client that stops reading cannot hold a handler — and the requests it
+// runs in Triton, each holding a batch slot and KV blocks — for longer than that once its
+// connection's buffers are full: the failed write ends the handler, which stops them.
+type deadlineWriter struct {
+	http.ResponseWriter
+	// rc sets the deadlines on the response's connection.
+	rc *http.ResponseController
+	// d is the time one write may take.
+	d time.Duration
+}
+
+// arm starts a write's deadline.
+func (w *deadlineWriter) arm() { _ = w.rc.SetWriteDeadline(time.Now().Add(w.d)) }
+
+// Write writes under a deadline.
+func (w *deadlineWriter) Write(p []byte) (int, error) {
+	w.arm()
+	return w.ResponseWriter.Write(p)
+}
+
+// FlushError flushes under a deadline (http.ResponseController.Flush finds it).
+func (w *deadlineWriter) FlushError() error {
+	w.arm()
+	return w.rc.Flush()
+}
+
+// Flush is FlushError without its error, for http.Flusher.
+func (w *deadlineWriter) Flush() { _ = w.FlushError() }
+
+// Unwrap is the response it wraps (http.ResponseController finds the rest there).
+func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// LimitSendBuffer makes every connection ln accepts keep at most bytes of unsent data in
+// the kernel (SO_SNDBUF), so that a client that stops reading blocks the server's writes
+// soon — and WriteTimeout ends them — rather than after megabytes of events; 0 keeps
+// the system's default.
+func LimitSendBuffer(ln net.Listener, bytes int) net.Listener {
+	if bytes <= 0 {
+		return ln
+	}
+	return sendBufferListener{Listener: ln, bytes: bytes}
+}
+
+// sendBufferListener is LimitSendBuffer's listener.
+type sendBufferListener struct {
+	net.Listener
+	// bytes is the send buffer of each connection.
+	bytes int
+}
+
+// Accept accepts a connection with the send buffer set.
+func (l sendBufferListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(l.bytes)
+	}
+	return c, err
 }
 
 // Wait waits for the requests in progress (after the HTTP server stopped taking new ones).
@@ -148,9 +229,9 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// decodeBody reads a JSON body into v; an unknown field is allowed (clients send
-// fields of newer API versions), malformed JSON is a 400.
-func decodeBody(r *http.Request, v any) *APIError {
+// decodeBody reads a JSON body into v. A field outside known is refused as OpenAI
+// refuses it; malformed JSON is a 400.
+func decodeBody(r *http.Request, v any, known map[string]bool) *APIError {
 	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBodyBytes))
 	if err != nil {
 		return invalid("", "read the request body: %v", err)
@@ -168,7 +249,60 @@ func decodeBody(r *http.Request, v any) *APIError {
 		}
 		return invalid("", "the request body is not valid JSON: %v", err)
 	}
+	if known != nil {
+		var fields map[string]json.RawMessage
+		if json.Unmarshal(body, &fields) == nil {
+			names := make([]string, 0, len(fields))
+			for k := range fields {
+				names = append(names, k)
+			}
+			sort.Strings(names)
+			for _, k := range names {
+				if why, unsupported := unsupportedFields[k]; unsupported {
+					return invalid(k, "%s is not supported: %s", k, why)
+				}
+				if !known[k] {
+					return invalid(k, "Unrecognized request argument supplied: %s", k)
+				}
+			}
+		}
+	}
 	return nil
+}
+
+// sharedFields are the fields completions and chat both read, vLLM's sampling extras
+// included, and OpenAI's that change nothing about the answer (accepted, unused).
+var sharedFields = []string{"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
+	"presence_penalty", "frequency_penalty", "logit_bias", "seed", "user",
+	"top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
+	"store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier"}
+
+// fieldSet is a set of field names: shared plus more.
+func fieldSet(more ...string) map[string]bool {
+	m := map[string]bool{}
+	for _, f := range append(append([]string{}, sharedFields...), more...) {
+		m[f] = true
+	}
+	return m
+}
+
+var (
+	// completionFields are /v1/completions' fields.
+	completionFields = fieldSet("prompt", "echo", "logprobs", "suffix", "best_of")
+	// chatFields are /v1/chat/completions' fields.
+	chatFields = fieldSet("messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+		"parallel_tool_calls", "response_format")
+)
+
+// unsupportedFields are OpenAI's fields gollm knows and does not serve, with why.
+var unsupportedFields = map[string]string{
+	"functions":          "use tools",
+	"function_call":      "use tool_choice",
+	"audio":              "the models served take and give text only",
+	"modalities":         "the models served take and give text only",
+	"prediction":         "predicted outputs are not implemented",
+	"reasoning_effort":   "the models served do not reason apart from their answer",
+	"web_search_options": "there is no web search",
 }
 
 // requestID is the client's X-Request-Id (printable, at most 128 bytes) or a new one.
@@ -197,8 +331,14 @@ func (s *Server) params(mi *modelInfo, f *samplingFields, maxTokens *int, maxTok
 		}
 	}
 	if maxTokens != nil {
-		if *maxTokens < 1 {
-			return nil, 0, invalid(maxTokensName, "%s must be at least 1, got %d", maxTokensName, *maxTokens)
+		switch v := *maxTokens; {
+		case v < 1:
+			return nil, 0, invalid(maxTokensName, "%s must be at least 1, got %d", maxTokensName, v)
+		case mi.maxSeqLen > 0 && v > mi.maxSeqLen:
+			return nil, 0, invalid(maxTokensName, "%s is too large: %d. This model's maximum sequence length is %d tokens", maxTokensName, v, mi.maxSeqLen)
+		case v > math.MaxInt32:
+			// Triton's max_tokens is INT32: a larger number would wrap.
+			return nil, 0, invalid(maxTokensName, "%s is too large: %d, more than %d", maxTokensName, v, math.MaxInt32)
 		}
 		p.maxTokens = *maxTokens
 	}
@@ -259,6 +399,31 @@ func (s *Server) params(mi *modelInfo, f *samplingFields, maxTokens *int, maxTok
 			p.bias[id] = float32(v)
 		}
 	}
+	if f.TopK != nil {
+		if *f.TopK < -1 {
+			return nil, 0, invalid("top_k", "top_k must be -1 or 0 (no limit) or a positive number, got %d", *f.TopK)
+		}
+		p.topK = max(0, *f.TopK)
+	}
+	if f.MinP != nil {
+		if !(*f.MinP >= 0 && *f.MinP <= 1) {
+			return nil, 0, invalid("min_p", "min_p must be between 0 and 1, got %v", *f.MinP)
+		}
+		p.minP = float32(*f.MinP)
+	}
+	if f.RepetitionPenalty != nil {
+		if !(*f.RepetitionPenalty > 0 && *f.RepetitionPenalty <= 100) {
+			return nil, 0, invalid("repetition_penalty", "repetition_penalty must be in (0, 100] (1: none), got %v", *f.RepetitionPenalty)
+		}
+		p.repetition = float32(*f.RepetitionPenalty)
+	}
+	if f.MinTokens != nil {
+		if *f.MinTokens < 0 || p.maxTokens > 0 && *f.MinTokens > p.maxTokens {
+			return nil, 0, invalid("min_tokens", "min_tokens must be between 0 and max_tokens, got %d", *f.MinTokens)
+		}
+		p.minTokens = *f.MinTokens
+	}
+	p.ignoreEOS = f.IgnoreEOS
 	if f.Seed != nil {
 		p.seed = uint64(*f.Seed)
 	} else {
@@ -403,12 +568,15 @@ func usageOf(res []choiceResult) *Usage {
 type sseWriter struct {
 	// w is the response.
 	w http.ResponseWriter
-	// flush pushes each event out at once.
-	flush func()
+	// flush pushes each event out at once; an error means the client is gone (or not
+	// reading).
+	flush func() error
 	// started says the headers went out.
 	started bool
 	// buf holds one event while it is built, reused.
 	buf bytes.Buffer
+	// ev is buf for events appended by hand (chunkAppender).
+	ev []byte
 }
 
 // start sends the headers of an event stream.
@@ -423,6 +591,17 @@ func (e *sseWriter) start(id string) {
 
 // event writes one data event holding v as JSON.
 func (e *sseWriter) event(v any) error {
+	if ca, ok := v.(chunkAppender); ok {
+		b, ok := ca.appendChunk(append(e.ev[:0], "data: "...))
+		if ok {
+			e.ev = append(b, '\n', '\n')
+			if _, err := e.w.Write(e.ev); err != nil {
+				return err
+			}
+			e.flush()
+			return nil
+		}
+	}
 	e.buf.Reset()
 	e.buf.WriteString("data: ")
 	// Encode adds a newline; one more ends the event.
@@ -433,21 +612,23 @@ func (e *sseWriter) event(v any) error {
 	if _, err := e.w.Write(e.buf.Bytes()); err != nil {
 		return err
 	}
-	e.flush()
-	return nil
+	return e.flush()
 }
 
 // done writes the final "[DONE]" event.
 func (e *sseWriter) done() {
 	_, _ = io.WriteString(e.w, "data: [DONE]\n\n")
-	e.flush()
+	_ = e.flush()
 }
 
 // newSSE wraps w.
 func newSSE(w http.ResponseWriter) *sseWriter {
-	flush := func() {}
-	if f, ok := w.(http.Flusher); ok {
-		flush = f.Flush
+	rc := http.NewResponseController(w)
+	flush := func() error {
+		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return err
+		}
+		return nil
 	}
 	return &sseWriter{w: w, flush: flush}
 }

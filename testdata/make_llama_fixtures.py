@@ -1,9 +1,9 @@
 """Write the tiny LLaMA-family fixture checkpoints and their golden logits with Hugging Face
 transformers, in float32 on the CPU so that they are exact.
 
-    python3 testdata/make_llama_fixtures.py testdata
+    python3 testdata/make_llama_fixtures.py testdata [NAME...]
 
-For each fixture it writes testdata/<name> (config.json, model.safetensors,
+(the NAMEs alone, when given). For each fixture it writes testdata/<name> (config.json, model.safetensors,
 generation_config.json as save_pretrained writes them) and testdata/<name>-golden.safetensors
 (prompt ids, prompt logits, greedy tokens and the logits of 16 decode steps). The four
 cover what the LLaMA family adds to GPT-2:
@@ -15,6 +15,8 @@ cover what the LLaMA family adds to GPT-2:
                 attention and MLP biases, tied embeddings
   qwen2-tiny    Qwen2: q/k/v biases, multi-query attention (1 KV head), tied embeddings
   mistral-tiny  Mistral with a sliding window of 8, shorter than the 12-token prompt
+  phi3-tiny     Phi-3: fused qkv_proj and gate_up_proj, and a partial rotary factor of 0.5
+                (8 of each head's 16 dimensions rotate)
 """
 import os
 import sys
@@ -23,9 +25,10 @@ import torch
 from safetensors.torch import save_file
 import transformers
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM)
+                          Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 out = sys.argv[1] if len(sys.argv) > 1 else "testdata"
+only = set(sys.argv[2:])
 common = dict(vocab_size=1000, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
               num_attention_heads=4, max_position_embeddings=128, rms_norm_eps=1e-6,
               bos_token_id=1, eos_token_id=2)
@@ -44,10 +47,14 @@ fixtures = [
                                                  tie_word_embeddings=True, rope_theta=1000000.0)),
     ("mistral-tiny", MistralForCausalLM, MistralConfig(**common, num_key_value_heads=2,
                                                        sliding_window=8, tie_word_embeddings=False)),
+    ("phi3-tiny", Phi3ForCausalLM, Phi3Config(**common, num_key_value_heads=2, partial_rotary_factor=0.5,
+                                              pad_token_id=None, tie_word_embeddings=False)),
 ]
 
 prompt = torch.tensor([[17, 401, 3, 998, 250, 250, 12, 77, 640, 5, 31, 900]])
 for name, cls, cfg in fixtures:
+    if only and name not in only:
+        continue
     torch.manual_seed(20261123)
     cfg._attn_implementation = "eager"
     model = cls(cfg).eval()

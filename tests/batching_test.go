@@ -226,6 +226,9 @@ func concurrentGreedy(t *testing.T, s *harness.Server, ck checkpointInfo, client
 		jobs[i] = job{prompt, n, greedyTokens(t, ck.dir, prompt, n)}
 	}
 	ctx := testContext(t, 3*time.Minute)
+	// Idle first, so that the iterations counted are these requests' alone.
+	waitMetric(t, ctx, s, metricActiveRequests, 0, time.Minute)
+	iterations := mustMetric(t, ctx, s, "gollm_iterations")
 	results := make([]streamResult, clients)
 	errs := allAtOnce(s, clients, func(i int, c kserve.GRPCInferenceServiceClient) (err error) {
 		j := jobs[i]
@@ -243,6 +246,18 @@ func concurrentGreedy(t *testing.T, s *harness.Server, ck checkpointInfo, client
 		case results[i].withTokens != 1+(j.n-1+every-1)/every:
 			t.Errorf("request %d: %d responses with tokens for %d tokens, want %d", i, results[i].withTokens, j.n, 1+(j.n-1+every-1)/every)
 		}
+	}
+	// Each token takes an iteration of its own request: run one after another, the
+	// requests would take at least as many iterations as tokens. Batched in flight, they
+	// share them.
+	tokens := 0
+	for _, j := range jobs {
+		tokens += j.n
+	}
+	ran := mustMetric(t, ctx, s, "gollm_iterations") - iterations
+	t.Logf("%d concurrent requests of %d tokens in all ran in %v iterations", clients, tokens, ran)
+	if ran > float64(tokens)/2 {
+		t.Errorf("%v iterations for %d concurrent requests of %d tokens in all: they did not share iterations", ran, clients, tokens)
 	}
 }
 

@@ -23,7 +23,7 @@ import (
 )
 
 func TestLlamaFamilyServesTransformersTokens(t *testing.T) {
-	fixtures := []string{"llama-tiny", "llama3-tiny", "qwen2-tiny", "mistral-tiny"}
+	fixtures := []string{"llama-tiny", "llama3-tiny", "qwen2-tiny", "mistral-tiny", "phi3-tiny"}
 	var models []harness.Model
 	for _, f := range fixtures {
 		models = append(models,

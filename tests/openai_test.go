@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -50,9 +51,19 @@ func TestOpenAI(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	srv := harness.Start(t, harness.Options{Models: []harness.Model{{Name: "gpt2"}, {Name: "gpt2plain", Checkpoint: plainDir},
+	models := []harness.Model{{Name: "gpt2"}, {Name: "gpt2plain", Checkpoint: plainDir},
 		{Name: "gpt2every3", Checkpoint: plainDir, Parameters: map[string]string{"stream_interval": "3"}},
-		{Name: "austen", Checkpoint: "model_repository/austen/1"}}})
+		{Name: "austen", Checkpoint: "model_repository/austen/1"}}
+	// The austen checkpoint under each tool-calling format's chat template
+	// (tests/openai/templates): the trained weights, a template with tools.
+	var toolModels []string
+	for _, format := range []string{"hermes", "llama3_json", "mistral"} {
+		dir := toolCheckpoint(t, root, format)
+		name := "austen_" + format
+		models = append(models, harness.Model{Name: name, Checkpoint: dir})
+		toolModels = append(toolModels, format+"="+name)
+	}
+	srv := harness.Start(t, harness.Options{Models: models})
 
 	conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30)))
@@ -69,13 +80,14 @@ func TestOpenAI(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "python3", filepath.Join(root, "tests", "openai", "test_openai.py"))
 	cmd.Env = append(os.Environ(),
-		"PYTHONPATH="+pyDir,
+		"PYTHONPATH="+pyDir+":"+filepath.Join(root, ".deps", "pyschema"),
 		"GOLLM_OPENAI_URL="+hs.URL+"/v1",
 		"GOLLM_METRICS_URL="+srv.MetricsURL(),
 		"GOLLM_MODEL=gpt2plain",
 		"GOLLM_CHAT_MODEL=gpt2",
 		"GOLLM_AUSTEN_MODEL=austen",
 		"GOLLM_INTERVAL_MODEL=gpt2every3",
+		"GOLLM_TOOL_MODELS="+strings.Join(toolModels, ","),
 	)
 	out, err := cmd.CombinedOutput()
 	t.Logf("test_openai.py:\n%s", out)
@@ -101,4 +113,38 @@ func TestOpenAI(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// toolCheckpoint is the austen checkpoint's files, linked, with a tokenizer_config.json
+// whose chat template is tests/openai/templates/<format>.jinja.
+func toolCheckpoint(t *testing.T, root, format string) string {
+	t.Helper()
+	src := filepath.Join(root, "model_repository", "austen", "1")
+	dir := t.TempDir()
+	for _, f := range []string{"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} {
+		if err := os.Symlink(filepath.Join(src, f), filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tmpl, err := os.ReadFile(filepath.Join(root, "tests", "openai", "templates", format+".jinja"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(src, "tokenizer_config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["chat_template"] = string(tmpl)
+	out, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }

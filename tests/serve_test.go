@@ -169,6 +169,9 @@ func TestCancellation(t *testing.T) {
 	t.Run("closing the stream mid-generation stops the request", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
+		waitMetric(t, ctx, s, metricActiveRequests, 0, 30*time.Second)
+		waitMetric(t, ctx, s, metricKVBlocksUsed, 0, 30*time.Second)
+		iterations := mustMetric(t, ctx, s, "gollm_iterations")
 		sctx, scancel := context.WithCancel(ctx)
 		stream, err := c.ModelStreamInfer(sctx)
 		if err != nil {
@@ -187,19 +190,34 @@ func TestCancellation(t *testing.T) {
 				t.Fatalf("response %d: error %s", i, msg.GetErrorMessage())
 			}
 		}
+		if active := mustMetric(t, ctx, s, metricActiveRequests); active != 1 {
+			t.Errorf("%s = %v mid-generation, want 1", metricActiveRequests, active)
+		}
 		scancel()
 		// Responses already buffered may still arrive; then the call ends as cancelled.
-		for range 500 {
+		for i := 0; ; i++ {
 			_, err := stream.Recv()
-			if err == nil {
+			if err == nil && i < 500 {
 				continue
+			}
+			if err == nil {
+				t.Fatal("the stream still delivers 500 responses after its context was cancelled")
 			}
 			if status.Code(err) != codes.Canceled {
 				t.Fatalf("after the cancellation: %v, want code Canceled", err)
 			}
-			return
+			break
 		}
-		t.Fatal("the stream still delivers 500 responses after its context was cancelled")
+		// The client library says Canceled whatever the server does: the server must have
+		// stopped the request, given its KV blocks back, and run far fewer iterations
+		// than its 500 tokens.
+		waitMetric(t, ctx, s, metricActiveRequests, 0, 30*time.Second)
+		waitMetric(t, ctx, s, metricKVBlocksUsed, 0, 30*time.Second)
+		ran := mustMetric(t, ctx, s, "gollm_iterations") - iterations
+		if ran >= 250 {
+			t.Errorf("%v iterations for a 500-token request cancelled after 3 tokens: the server did not stop it", ran)
+		}
+		t.Logf("the cancelled request ran %v iterations", ran)
 	})
 
 	t.Run("the server serves the next request correctly", func(t *testing.T) {

@@ -184,6 +184,8 @@ func parseTokenizer(raw []byte) (*Tokenizer, error) {
 		}
 	}
 
+	t.measureTokens()
+
 	if !isNull(f.PostProcessor) {
 		if err := t.buildPostProcessor("post_processor", f.PostProcessor); err != nil {
 			return nil, err
@@ -526,4 +528,41 @@ func (t *Tokenizer) buildDecoder(field string, raw json.RawMessage) error {
 		return fmt.Errorf("%s: type %q is not supported", field, c.Type)
 	}
 	return nil
+}
+
+// measureTokens sets pieceBytes and maxTokenBytes. A model token stands for the bytes of
+// a pre-token it spells: its length in bytes (byte-level models spell each byte as one
+// character; a <0xNN> or unknown token stands for one character, fewer bytes than its
+// spelling). Runs of unknown characters fused into one unknown token, and added tokens
+// that take the whitespace beside them, have no bound.
+func (t *Tokenizer) measureTokens() {
+	m := t.model
+	fullFallback := m.byteFallback
+	for _, id := range m.fallback {
+		fullFallback = fullFallback && id >= 0
+	}
+	piece := 0
+	if !(m.unk >= 0 && m.fuseUnk && !fullFallback) {
+		for tok := range t.vocab {
+			n := len(tok)
+			if t.byteLevel {
+				n = utf8.RuneCountInString(tok)
+			}
+			piece = max(piece, n, utf8.UTFMax)
+		}
+	}
+	t.pieceBytes, t.maxTokenBytes = piece, piece
+	if piece == 0 {
+		return
+	}
+	for _, list := range [][]addedToken{t.added.raw, t.added.norm} {
+		for _, a := range list {
+			if a.lstrip || a.rstrip {
+				// It takes the whitespace beside it, however long.
+				t.maxTokenBytes = 0
+				return
+			}
+			t.maxTokenBytes = max(t.maxTokenBytes, len(a.content), len(a.pattern))
+		}
+	}
 }

@@ -43,6 +43,10 @@ type Tokenizer struct {
 	dec []decoder
 	// prefix and suffix are the ids post-processing puts around a prompt.
 	prefix, suffix []int32
+	// pieceBytes is the most bytes of a pre-token one model token stands for, and
+	// maxTokenBytes the most bytes of text any token does (added tokens too); both 0
+	// when unbounded (runs of unknown characters fused into one token).
+	pieceBytes, maxTokenBytes int
 
 	// mu guards cache.
 	mu sync.Mutex
@@ -179,14 +183,7 @@ func (t *Tokenizer) PromptAffixes() (prefix, suffix []int32) { return t.prefix, 
 // Encode tokenizes text without special tokens around it (the library's
 // add_special_tokens=False): added tokens written in the text are still recognized.
 func (t *Tokenizer) Encode(text string) []int32 {
-	ids := []int32{}
-	for _, seg := range t.added.split(text, 0, false) {
-		if seg.id >= 0 {
-			ids = append(ids, seg.id)
-			continue
-		}
-		ids = t.encodeSegment(ids, seg)
-	}
+	ids, _ := t.encode(text, -1)
 	return ids
 }
 
@@ -195,28 +192,81 @@ func (t *Tokenizer) Encode(text string) []int32 {
 // EOS around the text. A prompt that already starts with the BOS token (a chat template
 // that writes it) does not get a second one.
 func (t *Tokenizer) EncodePrompt(text string) []int32 {
-	body := t.Encode(text)
+	ids, _ := t.encodePrompt(text, -1)
+	return ids
+}
+
+// EncodePromptUpTo is EncodePrompt for a prompt that may hold at most n tokens: it
+// stops as soon as the prompt is known to hold more — without tokenizing the rest, so
+// that its work is bounded by n rather than by the text — and then reports false.
+func (t *Tokenizer) EncodePromptUpTo(text string, n int) ([]int32, bool) {
+	return t.encodePrompt(text, max(n, 0))
+}
+
+// MaxTokenBytes is the most bytes of text one token stands for (the longest
+// vocabulary entry or added token), or 0 when that is unbounded (an unknown token that
+// runs of unknown characters are fused into). A text longer than n × MaxTokenBytes
+// bytes cannot be n tokens or fewer, whatever it holds — unless a normalizer shrinks it
+// (lower-casing or compatibility forms may, slightly).
+func (t *Tokenizer) MaxTokenBytes() int { return t.maxTokenBytes }
+
+// encodePrompt is EncodePrompt with at most limit tokens (limit < 0: no limit); false
+// when there are more.
+func (t *Tokenizer) encodePrompt(text string, limit int) ([]int32, bool) {
+	body, ok := t.encode(text, limit)
+	if !ok {
+		return nil, false
+	}
 	prefix := t.prefix
 	if len(prefix) > 0 && len(body) >= len(prefix) && slices.Equal(body[:len(prefix)], prefix) {
 		prefix = nil
 	}
+	if n := len(prefix) + len(body) + len(t.suffix); limit >= 0 && n > limit {
+		return nil, false
+	}
 	out := make([]int32, 0, len(prefix)+len(body)+len(t.suffix))
-	return append(append(append(out, prefix...), body...), t.suffix...)
+	return append(append(append(out, prefix...), body...), t.suffix...), true
+}
+
+// encode is Encode stopping once more than limit tokens are certain (limit < 0: no
+// limit); false then, with the ids so far.
+func (t *Tokenizer) encode(text string, limit int) ([]int32, bool) {
+	ids := []int32{}
+	for _, seg := range t.added.split(text, 0, false) {
+		if seg.id >= 0 {
+			ids = append(ids, seg.id)
+		} else {
+			var ok bool
+			if ids, ok = t.encodeSegment(ids, seg, limit); !ok {
+				return ids, false
+			}
+		}
+		if limit >= 0 && len(ids) > limit {
+			return ids, false
+		}
+	}
+	return ids, true
 }
 
 // encodeSegment appends the ids of a stretch of text between added tokens: normalized,
-// split again on the added tokens that match normalized text, pre-tokenized, BPE.
-func (t *Tokenizer) encodeSegment(ids []int32, seg segment) []int32 {
+// split again on the added tokens that match normalized text, pre-tokenized, BPE. With
+// limit ≥ 0 it stops, reporting false, once the ids are sure to pass it: a pre-token
+// that would (its bytes over pieceBytes are the fewest tokens it can make) is not run
+// through BPE at all.
+func (t *Tokenizer) encodeSegment(ids []int32, seg segment, limit int) ([]int32, bool) {
 	text := seg.text
 	if t.norm != nil {
 		text = t.norm.normalize(text)
 	}
 	if text == "" {
-		return ids
+		return ids, true
 	}
 	for _, sub := range t.added.split(text, seg.offset, true) {
 		if sub.id >= 0 {
 			ids = append(ids, sub.id)
+			if limit >= 0 && len(ids) > limit {
+				return ids, false
+			}
 			continue
 		}
 		pieces := []piece{{text: sub.text, first: sub.offset == 0}}
@@ -224,12 +274,19 @@ func (t *Tokenizer) encodeSegment(ids []int32, seg segment) []int32 {
 			pieces = p.preTokenize(pieces)
 		}
 		for _, p := range pieces {
-			if p.text != "" {
-				ids = t.encodePiece(ids, p.text)
+			if p.text == "" {
+				continue
+			}
+			if limit >= 0 && t.pieceBytes > 0 && len(ids)+(len(p.text)+t.pieceBytes-1)/t.pieceBytes > limit {
+				return ids, false
+			}
+			ids = t.encodePiece(ids, p.text)
+			if limit >= 0 && len(ids) > limit {
+				return ids, false
 			}
 		}
 	}
-	return ids
+	return ids, true
 }
 
 // encodePiece appends the BPE of one pre-token, through the cache.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -349,4 +350,37 @@ func TestTokenizerConfigAffixes(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestEncodePromptUpToStopsPastTheLimit(t *testing.T) {
+	tk := mustTokenizer(t, smallTokenizer(testMerges, nil))
+	// The longest vocabulary entry is the 13 bytes of <|endoftext|>, which is also added.
+	if tk.pieceBytes != len("<|endoftext|>") || tk.MaxTokenBytes() != len("<|endoftext|>") {
+		t.Fatalf("pieceBytes %d, MaxTokenBytes %d", tk.pieceBytes, tk.MaxTokenBytes())
+	}
+	texts := []string{"hello the world", " the hello<|endoftext|>aaaaa hex", strings.Repeat("aaaaaaa ", 40), "x"}
+	for _, text := range texts {
+		want := tk.EncodePrompt(text)
+		if got, ok := tk.EncodePromptUpTo(text, len(want)); !ok || !slices.Equal(got, want) {
+			t.Errorf("%q up to its %d tokens: %v, %v; want %v", text, len(want), got, ok, want)
+		}
+		if got, ok := tk.EncodePromptUpTo(text, len(want)-1); ok || got != nil {
+			t.Errorf("%q up to %d tokens: %v, %v; want none", text, len(want)-1, got, ok)
+		}
+		// No text is fewer tokens than its bytes over MaxTokenBytes.
+		if n := (len(text) + tk.MaxTokenBytes() - 1) / tk.MaxTokenBytes(); len(want) < n {
+			t.Errorf("%q: %d tokens, fewer than %d bytes / %d", text, len(want), len(text), tk.MaxTokenBytes())
+		}
+	}
+	t.Run("a giant word is refused without its BPE", func(t *testing.T) {
+		text := strings.Repeat("a", 4<<20)
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		ids, ok := tk.EncodePromptUpTo(text, 1000)
+		runtime.ReadMemStats(&after)
+		// Its BPE would allocate a symbol per byte (tens of bytes each).
+		if ok || ids != nil || after.TotalAlloc-before.TotalAlloc > uint64(len(text)) {
+			t.Errorf("%v, %v after allocating %d bytes for a %d-byte text", len(ids), ok, after.TotalAlloc-before.TotalAlloc, len(text))
+		}
+	})
 }

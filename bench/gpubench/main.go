@@ -14,7 +14,11 @@
 // (or beam search) with no end token, so every run generates exactly O tokens per
 // sequence. serve_… reports generated tokens per second of B plain requests queued at
 // once through the batch manager (what a server adds on top of the engine, less
-// Triton). -overlap runs the static workloads with each decode step launched before the
+// Triton). guided_… is serve_… with every request under a guided decoding constraint
+// (-guide-regex, over the checkpoint's tokenizer.json; its default allows any text, so
+// that every request still generates O tokens and the figure sets the masks' cost — the
+// host's per step and the GPU's upload and masking — beside serve_'s: run the two in one
+// call without -overlap, which guided requests do not use). -overlap runs the static workloads with each decode step launched before the
 // previous one is read, fed on the GPU (engine.Pipeliner), and the batch manager's
 // workloads with its overlap schedule. -tp N splits the model over GPUs 0..N-1 (tensor
 // parallelism, NCCL); its figures carry "tp" and an impl ending in -tpN.
@@ -26,6 +30,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -34,11 +39,16 @@ import (
 	"gollm/batchmanager"
 	"gollm/bridge/cuda"
 	"gollm/engine"
+	"gollm/guide"
 	"gollm/model"
+	"gollm/tokenizer"
 )
 
 // overlap is -overlap.
 var overlap bool
+
+// guideRegex is -guide-regex.
+var guideRegex string
 
 // benchEngine is what the workloads run on: a GPU engine, or a tensor-parallel one.
 type benchEngine interface {
@@ -72,8 +82,8 @@ func parseWorkload(s string) (workload, error) {
 		w.kind = "beam"
 		return w, nil
 	}
-	if w.kind != "decode" && w.kind != "tput" && w.kind != "lat" && w.kind != "serve" {
-		return w, fmt.Errorf("workload %q: kind %q is not decode, tput, lat, serve or beam<W> (W ≥ 2)", s, w.kind)
+	if w.kind != "decode" && w.kind != "tput" && w.kind != "lat" && w.kind != "serve" && w.kind != "guided" {
+		return w, fmt.Errorf("workload %q: kind %q is not decode, tput, lat, serve, guided or beam<W> (W ≥ 2)", s, w.kind)
 	}
 	return w, nil
 }
@@ -89,6 +99,7 @@ func main() {
 	warmup := flag.Bool("warmup", true, "warm the engine up at creation (false: fewer kernels for a profiler)")
 	flag.BoolVar(&overlap, "overlap", false, "launch each step before reading the previous one (the overlap schedule)")
 	tp := flag.Int("tp", 1, "tensor_parallel_size: split the model over GPUs 0..tp-1")
+	flag.StringVar(&guideRegex, "guide-regex", `[^\x00]*`, "the guided workloads' constraint (a regular expression)")
 	flag.Parse()
 	if err := run(*ckptDir, *name, *list, *reps, *dtype, *lib, *graphs, *warmup, *tp); err != nil {
 		fmt.Fprintln(os.Stderr, "gpubench:", err)
@@ -178,7 +189,13 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 			case w.kind == "beam":
 				total, err = beams(eng, prompts, w.width, w.out)
 			case w.kind == "serve":
-				total, err = serve(eng, prompts, w.out)
+				total, err = serve(eng, prompts, w.out, nil)
+			case w.kind == "guided":
+				g, gerr := guideFor(ckptDir, eng.Info().VocabSize)
+				if gerr != nil {
+					return gerr
+				}
+				total, err = serve(eng, prompts, w.out, g)
 			case overlap:
 				total, decode, err = staticOverlap(eng, prompts, w.out, perSeq)
 			default:
@@ -201,7 +218,7 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 		switch w.kind {
 		case "decode":
 			out["metric"], out["value"] = "ms_per_token", decode*1e3/float64(w.out-1)
-		case "tput", "beam", "serve":
+		case "tput", "beam", "serve", "guided":
 			out["metric"], out["value"] = "tokens_per_s", float64(w.batch*w.out)/total
 		case "lat":
 			out["metric"], out["value"] = "latency_ms", total*1e3
@@ -377,11 +394,11 @@ func staticOverlap(eng benchEngine, prompts [][]int32, out, perSeq int) (float64
 
 // serve runs one plain greedy request per prompt through a batch manager, all queued at
 // once, and returns the seconds until the last final response.
-func serve(eng benchEngine, prompts [][]int32, out int) (float64, error) {
+func serve(eng benchEngine, prompts [][]int32, out int, g *guide.Guide) (float64, error) {
 	queue := make([]*batchmanager.InferenceRequest, len(prompts))
 	for i, p := range prompts {
 		queue[i] = &batchmanager.InferenceRequest{ID: uint64(i + 1), InputIDs: p, MaxNewTokens: out, PadID: -1,
-			ExcludeInputInOutput: true, Streaming: true}
+			ExcludeInputInOutput: true, Streaming: true, Guide: g}
 	}
 	got := make([]int, len(prompts)+1)
 	return runManager(eng, queue, len(prompts), func(id uint64, res batchmanager.Result, final bool) error {
@@ -391,6 +408,28 @@ func serve(eng benchEngine, prompts [][]int32, out int) (float64, error) {
 		}
 		return nil
 	})
+}
+
+// guideFor compiles -guide-regex over the checkpoint's tokenizer, with every state's
+// table made before the timing (a served constraint's are, after its first requests).
+func guideFor(dir string, vocab int) (*guide.Guide, error) {
+	tok, err := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		return nil, fmt.Errorf("guided workloads need the checkpoint's tokenizer.json: %w", err)
+	}
+	tb, err := tok.TokenBytes()
+	if err != nil {
+		return nil, err
+	}
+	v, err := guide.NewVocab(tb, vocab)
+	if err != nil {
+		return nil, err
+	}
+	g, err := guide.NewCompiler(v, 0).Guide(guide.KindRegex, guideRegex)
+	if err != nil {
+		return nil, err
+	}
+	return g, g.Precompute()
 }
 
 func median(x []float64) float64 {

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -125,6 +126,31 @@ func TestCollectJoinsChunkedContextLogits(t *testing.T) {
 	}
 }
 
+// TestCollectTurnsAMaskedTokenIntoTheSequencesError: the library's token -2 (every
+// token masked) becomes that sequence's own error, and the others' outputs stand.
+func TestCollectTurnsAMaskedTokenIntoTheSequencesError(t *testing.T) {
+	info := testInfo()
+	var p stepPrep
+	p.init(info.VocabSize)
+	b := &engine.Batch{Seqs: []engine.Sequence{
+		{ID: 7, Tokens: []int32{1, 2}, Blocks: []int32{0}, Sample: true},
+		{ID: 9, Tokens: []int32{3}, Blocks: []int32{1}, Sample: true},
+	}}
+	outs := make([]engine.Output, 2)
+	for _, part := range splitBatch(b, 100, 10) {
+		p.build(b, part, info)
+		p.outTok[0], p.outLP[0] = -2, float32(math.NaN())
+		p.outTok[1], p.outLP[1] = 5, -0.25
+		p.collect(b, part, nil, outs, info.VocabSize)
+	}
+	if o := outs[0]; !errors.Is(o.Err, engine.ErrAllMasked) || !strings.Contains(o.Err.Error(), "sequence 7") || o.Token != -1 || o.LogProb != 0 {
+		t.Errorf("the masked sequence: %+v", o)
+	}
+	if o := outs[1]; o.Err != nil || o.Token != 5 || o.LogProb != -0.25 {
+		t.Errorf("the other sequence: %+v", o)
+	}
+}
+
 func TestMissingLibraryIsAnError(t *testing.T) {
 	ckpt, err := model.Open(filepath.Join("..", "..", "testdata", "gpt2-tiny"))
 	if err != nil {
@@ -203,26 +229,5 @@ func TestBuiltLibraryDescribesDevicesOrFailsCleanly(t *testing.T) {
 	}
 	if d.Name == "" || len(d.UUID) != 40 || d.UUID[:4] != "GPU-" || d.Total <= 0 || d.Free <= 0 || d.Free > d.Total {
 		t.Errorf("Device(0) = %+v", d)
-	}
-}
-
-// TestTuningFromEnv checks that each debugging switch reaches its field, and that values
-// other than a leading 0 leave the path on.
-func TestTuningFromEnv(t *testing.T) {
-	for _, name := range []string{"GOLLM_CUDA_PDL", "GOLLM_CUDA_BULK", "GOLLM_CUDA_FUSED",
-		"GOLLM_CUDA_GROUPED", "GOLLM_CUDA_STREAM", "GOLLM_CUDA_TILED", "GOLLM_CUDA_GEMV_ROWS"} {
-		t.Setenv(name, "")
-	}
-	if got := TuningFromEnv(); got != (Tuning{}) {
-		t.Fatalf("no switches set: got %+v, want the zero Tuning", got)
-	}
-	t.Setenv("GOLLM_CUDA_GROUPED", "0")
-	t.Setenv("GOLLM_CUDA_STREAM", "0")
-	t.Setenv("GOLLM_CUDA_TILED", "0")
-	t.Setenv("GOLLM_CUDA_PDL", "1")
-	t.Setenv("GOLLM_CUDA_GEMV_ROWS", "0")
-	want := Tuning{NoGrouped: true, NoStream: true, NoTiled: true, GemvRows: -1}
-	if got := TuningFromEnv(); got != want {
-		t.Fatalf("got %+v, want %+v", got, want)
 	}
 }

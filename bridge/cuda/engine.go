@@ -67,9 +67,9 @@ type Options struct {
 	Logger *zap.Logger
 }
 
-// Tuning selects the CUDA engine's kernel paths (gollm_engine_params.tuning_off and
-// gemv_rows). The paths give the same results within rounding; these exist to measure
-// one against another.
+// Tuning selects the CUDA engine's kernel paths (gollm_tuning). The paths give the same
+// results within rounding; these exist to measure one against another. The zero value
+// keeps every default.
 type Tuning struct {
 	// NoPDL turns programmatic dependent launch off (sm_90 and later use it).
 	NoPDL bool
@@ -85,29 +85,82 @@ type Tuning struct {
 	// NoTiled runs the steps the tiled tensor-core projections take (5–16 rows on models
 	// up to 1024 wide) on cuBLAS instead.
 	NoTiled bool
-	// GemvRows is the most token rows on the gemv path (0..8); 0 keeps the default (4),
-	// and a negative value turns the gemv path off.
+	// NoPromptGraphs runs every step that is not decode-only kernel by kernel, instead of
+	// replaying a graph of its padded shape.
+	NoPromptGraphs bool
+	// NoCtxMMA runs context attention on the WMMA kernel instead of the mma.sync one.
+	NoCtxMMA bool
+	// GemvRows is the most token rows on the staged gemv path (0..8); 0 keeps the default
+	// (4 on models up to 1024 wide), and a negative value turns the path off.
 	GemvRows int
+	// TiledRows is the most token rows on the tiled projections (0..64); 0 keeps the
+	// default (16 on models up to 1024 wide), and a negative value turns the path off.
+	TiledRows int
+	// TileBlocks makes the tiled launches aim at that many blocks a multiprocessor (1..4);
+	// 0 keeps 1.
+	TileBlocks int
+	// DecodeParts splits decode attention that many ways at every batch size (1..16); 0
+	// splits by the rows and their lengths.
+	DecodeParts int
+	// Skip leaves the stage kinds of its bits (1 << model.StageKind) out of every step, so
+	// that a step's time without them says what they cost in place; the results are
+	// wrong. Only a library built with GOLLM_MEASURE takes it.
+	Skip int
 }
 
-// TuningFromEnv reads the debugging switches GOLLM_CUDA_PDL=0, GOLLM_CUDA_BULK=0,
-// GOLLM_CUDA_FUSED=0, GOLLM_CUDA_GROUPED=0, GOLLM_CUDA_STREAM=0, GOLLM_CUDA_TILED=0 and
-// GOLLM_CUDA_GEMV_ROWS=n, so that benchmarks and the GPU checks can compare kernel paths
-// without a rebuild. The backend never reads them.
+// TuningFromEnv reads the measuring switches, so that benchmarks and the GPU checks can
+// compare kernel paths without a rebuild: GOLLM_CUDA_PDL=0, GOLLM_CUDA_BULK=0,
+// GOLLM_CUDA_FUSED=0, GOLLM_CUDA_GROUPED=0, GOLLM_CUDA_STREAM=0, GOLLM_CUDA_TILED=0,
+// GOLLM_CUDA_PROMPT_GRAPHS=0 and GOLLM_CUDA_CTX_MMA=0 turn a path off;
+// GOLLM_CUDA_GEMV_ROWS=n and GOLLM_CUDA_TILED_ROWS=n (0: off), GOLLM_CUDA_TILE_BLOCKS=k,
+// GOLLM_CUDA_DECODE_PARTS=n and GOLLM_CUDA_SKIP=bits set the numbers. The backend never
+// reads them.
 func TuningFromEnv() Tuning {
 	off := func(name string) bool { v := os.Getenv(name); return v != "" && v[0] == '0' }
-	t := Tuning{NoPDL: off("GOLLM_CUDA_PDL"), NoBulk: off("GOLLM_CUDA_BULK"), NoFused: off("GOLLM_CUDA_FUSED"),
+	num := func(name string, zero int) int {
+		n, err := strconv.Atoi(os.Getenv(name))
+		switch {
+		case err != nil:
+			return 0
+		case n == 0:
+			return zero
+		}
+		return n
+	}
+	return Tuning{NoPDL: off("GOLLM_CUDA_PDL"), NoBulk: off("GOLLM_CUDA_BULK"), NoFused: off("GOLLM_CUDA_FUSED"),
 		NoGrouped: off("GOLLM_CUDA_GROUPED"), NoStream: off("GOLLM_CUDA_STREAM"),
-		NoTiled: off("GOLLM_CUDA_TILED")}
-	if v := os.Getenv("GOLLM_CUDA_GEMV_ROWS"); v != "" {
-		if n, err := strconv.Atoi(v); err == nil {
-			t.GemvRows = n
-			if n == 0 {
-				t.GemvRows = -1
-			}
+		NoTiled: off("GOLLM_CUDA_TILED"), NoPromptGraphs: off("GOLLM_CUDA_PROMPT_GRAPHS"),
+		NoCtxMMA: off("GOLLM_CUDA_CTX_MMA"), GemvRows: num("GOLLM_CUDA_GEMV_ROWS", -1),
+		TiledRows: num("GOLLM_CUDA_TILED_ROWS", -1), TileBlocks: num("GOLLM_CUDA_TILE_BLOCKS", 0),
+		DecodeParts: num("GOLLM_CUDA_DECODE_PARTS", 0), Skip: num("GOLLM_CUDA_SKIP", 0)}
+}
+
+// c is t as gollm_tuning.
+func (t Tuning) c() C.gollm_tuning {
+	out := C.gollm_tuning{gemv_rows: -1, tiled_rows: -1, tile_blocks: C.int32_t(t.TileBlocks),
+		decode_parts: C.int32_t(t.DecodeParts), skip: C.int32_t(t.Skip)}
+	for _, b := range []struct {
+		on  bool
+		bit C.int32_t
+	}{{t.NoPDL, C.GOLLM_TUNING_NO_PDL}, {t.NoBulk, C.GOLLM_TUNING_NO_BULK}, {t.NoFused, C.GOLLM_TUNING_NO_FUSED},
+		{t.NoGrouped, C.GOLLM_TUNING_NO_GROUPED}, {t.NoStream, C.GOLLM_TUNING_NO_STREAM},
+		{t.NoTiled, C.GOLLM_TUNING_NO_TILED}, {t.NoPromptGraphs, C.GOLLM_TUNING_NO_PROMPT_GRAPHS},
+		{t.NoCtxMMA, C.GOLLM_TUNING_NO_CTX_MMA}} {
+		if b.on {
+			out.off |= b.bit
 		}
 	}
-	return t
+	rows := func(n int) C.int32_t {
+		switch {
+		case n < 0:
+			return 0
+		case n > 0:
+			return C.int32_t(n)
+		}
+		return -1
+	}
+	out.gemv_rows, out.tiled_rows = rows(t.GemvRows), rows(t.TiledRows)
+	return out
 }
 
 // withDefaults fills the zero fields.
@@ -183,8 +236,7 @@ type Weights struct {
 	once sync.Once
 }
 
-// The C ABI's enums follow the model package's (checked at build time by the array
-// sizes below, which fail to compile if the counts drift apart).
+// The roles follow the model package's too.
 var (
 	_ [int(C.GOLLM_ROLES) - int(model.NumRoles)]struct{}
 	_ [int(model.NumRoles) - int(C.GOLLM_ROLES)]struct{}
@@ -192,37 +244,17 @@ var (
 	_ [int(model.FirstLayerRole) - int(C.GOLLM_FIRST_LAYER_ROLE)]struct{}
 )
 
-// descriptor translates the model's descriptor into gollm_model_config.
+// descriptor translates the model's shapes into gollm_model_config.
 func descriptor(c *model.Config) C.gollm_model_config {
-	b := func(v bool) C.int32_t {
-		if v {
-			return 1
-		}
-		return 0
-	}
 	d := C.gollm_model_config{
 		vocab_size: C.int32_t(c.VocabSize), max_positions: C.int32_t(c.MaxPositions), hidden: C.int32_t(c.Hidden),
 		layers: C.int32_t(c.Layers), heads: C.int32_t(c.Heads), kv_heads: C.int32_t(c.KVHeads),
-		head_dim: C.int32_t(c.HeadDim), inner: C.int32_t(c.Inner), norm_eps: C.float(c.NormEps),
-		gated_mlp: b(c.GatedMLP), tied_head: b(c.TiedHead),
-		sliding_window: C.int32_t(c.SlidingWindow), window_from_layer: C.int32_t(c.WindowFromLayer),
-	}
-	if c.Norm == model.RMSNorm {
-		d.norm = C.GOLLM_NORM_RMS
+		head_dim: C.int32_t(c.HeadDim), inner: C.int32_t(c.Inner), norm: normCode(c.Norm),
+		gated_mlp: cbool(c.GatedMLP), tied_head: cbool(c.TiedHead), positions: C.GOLLM_POS_LEARNED,
+		qk_norm: cbool(c.QKNorm), post_norms: cbool(c.PostNorms),
 	}
 	if c.Positions == model.RotaryPositions {
 		d.positions = C.GOLLM_POS_ROTARY
-		d.rope_dim = C.int32_t(c.Rope.Dim)
-	}
-	switch c.Act {
-	case model.ActGeluErf:
-		d.activation = C.GOLLM_ACT_GELU_ERF
-	case model.ActReLU:
-		d.activation = C.GOLLM_ACT_RELU
-	case model.ActSiLU:
-		d.activation = C.GOLLM_ACT_SILU
-	default:
-		d.activation = C.GOLLM_ACT_GELU_TANH
 	}
 	return d
 }
@@ -265,6 +297,14 @@ func LoadShard(ckpt *model.Checkpoint, size, rank int, opts Options) (*Weights, 
 		}
 		rankCfg = cfg.RankConfig(l)
 	}
+	rec, err := recipeOf(&rankCfg)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
+	}
+	flt, err := faultsFromEnv()
+	if err != nil {
+		return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
+	}
 	l, err := openLib(opts.Library)
 	if err != nil {
 		return nil, err
@@ -287,26 +327,42 @@ func LoadShard(ckpt *model.Checkpoint, size, rank int, opts Options) (*Weights, 
 			parts = append(parts, C.gollm_weight{role: C.int32_t(w.Role), layer: C.int32_t(w.Layer), part: t})
 		}
 	}
-	p := &C.gollm_weights_params{device: C.int32_t(opts.Device), dtype: dt, config: descriptor(&rankCfg),
-		num_weights: C.int32_t(len(parts))}
-	if len(parts) > 0 {
-		pin.Pin(&parts[0])
-		p.weights = &parts[0]
-	}
-	if cfg.Positions == model.RotaryPositions {
-		inv := cfg.Rope.InvFreq()
-		pin.Pin(&inv[0])
-		p.rope_inv_freq = (*C.float)(unsafe.Pointer(&inv[0]))
-	}
-	var w *C.gollm_weights
-	var st C.gollm_status
-	if err := statusErr("gollm_weights_create", C.call_weights_create(l.weightsCreate, p, &w, &st), &st); err != nil {
+	w, err := createWeights(l, opts.Device, dt, &rankCfg, rec, parts, flt, &pin)
+	if err != nil {
 		return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
 	}
 	opts.Logger.Info("gpu weights loaded", zap.String("checkpoint", ckpt.Dir), zap.Int("device", opts.Device),
 		zap.String("dtype", opts.DType), zap.String("family", cfg.Family), zap.String("library", l.path),
 		zap.Int("tensor_parallel_rank", rank), zap.Int("tensor_parallel_size", size))
 	return &Weights{lib: l, ptr: w, cfg: cfg, device: opts.Device, dtype: opts.DType, dir: ckpt.Dir, tpSize: size, tpRank: rank}, nil
+}
+
+// createWeights calls gollm_weights_create with the shapes of cfg, its recipe rec, the
+// weights' pieces (pinned by the caller; their data too) and the injected faults.
+func createWeights(l *lib, device int, dt C.int32_t, cfg *model.Config, rec cRecipe, parts []C.gollm_weight,
+	flt faults, pin *runtime.Pinner) (*C.gollm_weights, error) {
+	p := &C.gollm_weights_params{device: C.int32_t(device), dtype: dt, config: descriptor(cfg),
+		num_weights: C.int32_t(len(parts)), num_stages: C.int32_t(len(rec.stages)),
+		num_rope_freqs: C.int32_t(len(rec.freqs)), faults: flt.c()}
+	defer freeFaults(&p.faults)
+	if len(parts) > 0 {
+		pin.Pin(&parts[0])
+		p.weights = &parts[0]
+	}
+	if len(rec.stages) > 0 {
+		pin.Pin(&rec.stages[0])
+		p.stages = &rec.stages[0]
+	}
+	if len(rec.freqs) > 0 {
+		pin.Pin(&rec.freqs[0])
+		p.rope_freqs = (*C.float)(unsafe.Pointer(&rec.freqs[0]))
+	}
+	var w *C.gollm_weights
+	var st C.gollm_status
+	if err := statusErr("gollm_weights_create", C.call_weights_create(l.weightsCreate, p, &w, &st), &st); err != nil {
+		return nil, err
+	}
+	return w, nil
 }
 
 // shardWeights is rank's share of ws for the GPU engine: model.ShardWeights (one share
@@ -373,6 +429,9 @@ type Engine struct {
 	queue []*launchRec
 	// check validates each batch's structure as every engine does.
 	check *engine.BatchChecker
+	// verifier decides the tokens of sequences with proposals; nil on a tensor-parallel
+	// rank.
+	verifier *engine.Sampler
 	// rank is the engine's tensor-parallel rank (0 on one GPU): a rank past 0 gets no
 	// logits back (rank 0's are every rank's).
 	rank int
@@ -430,7 +489,8 @@ func newEngine(w *Weights, opts Options, comm *C.gollm_comm) (*Engine, error) {
 		tokens_per_block: C.int32_t(opts.TokensPerBlock), num_blocks: C.int32_t(opts.NumBlocks),
 		kv_free_fraction: C.float(opts.KVFreeFraction), max_tokens: C.int32_t(opts.MaxTokens),
 		max_seqs: C.int32_t(opts.MaxSeqs), max_logit_rows: C.int32_t(opts.MaxLogitRows),
-		max_seq_len: C.int32_t(opts.MaxSeqLen), gemv_rows: -1, mem_budget: C.int64_t(opts.MemBudget),
+		max_seq_len: C.int32_t(opts.MaxSeqLen), mem_budget: C.int64_t(opts.MemBudget),
+		tuning: opts.Tuning.c(),
 	}
 	if comm != nil {
 		p.comm, p.tp_rank, p.tp_vocab = comm, C.int32_t(w.tpRank), C.int32_t(w.cfg.VocabSize)
@@ -442,31 +502,12 @@ func newEngine(w *Weights, opts Options, comm *C.gollm_comm) (*Engine, error) {
 	if !opts.SkipWarmup {
 		p.warmup = 1
 	}
-	t := opts.Tuning
-	if t.NoPDL {
-		p.tuning_off |= C.GOLLM_TUNING_NO_PDL
+	flt, err := faultsFromEnv()
+	if err != nil {
+		return nil, fmt.Errorf("cuda: NewEngine: %w", err)
 	}
-	if t.NoBulk {
-		p.tuning_off |= C.GOLLM_TUNING_NO_BULK
-	}
-	if t.NoFused {
-		p.tuning_off |= C.GOLLM_TUNING_NO_FUSED
-	}
-	if t.NoGrouped {
-		p.tuning_off |= C.GOLLM_TUNING_NO_GROUPED
-	}
-	if t.NoStream {
-		p.tuning_off |= C.GOLLM_TUNING_NO_STREAM
-	}
-	if t.NoTiled {
-		p.tuning_off |= C.GOLLM_TUNING_NO_TILED
-	}
-	switch {
-	case t.GemvRows < 0:
-		p.gemv_rows = 0
-	case t.GemvRows > 0:
-		p.gemv_rows = C.int32_t(t.GemvRows)
-	}
+	p.faults = flt.c()
+	defer freeFaults(&p.faults)
 	var info C.gollm_engine_info
 	var st C.gollm_status
 	if err := statusErr("gollm_engine_create", C.call_engine_create(e.lib.engineCreate, w.ptr, &p, &e.ptr, &info, &st), &st); err != nil {
@@ -488,6 +529,12 @@ func newEngine(w *Weights, opts Options, comm *C.gollm_comm) (*Engine, error) {
 		Layers: cfg.Layers, KVHeads: cfg.KVHeads, HeadDim: cfg.HeadDim,
 		NumBlocks: int(info.num_blocks), TokensPerBlock: int(info.tokens_per_block),
 		EndIDs: cfg.EOSIDs,
+	}
+	if comm == nil {
+		// Proposals are verified on the host from their rows' logits (verifyDrafts); a
+		// tensor-parallel rank's engine has none of its own to verify with.
+		e.info.MaxDraft = engine.MaxDraftTokens
+		e.verifier = engine.NewSampler(cfg.VocabSize)
 	}
 	e.prep.init(cfg.VocabSize)
 	e.preps[0].init(cfg.VocabSize)
@@ -574,7 +621,45 @@ func (e *Engine) stepParts(b *engine.Batch, parts [][]piece) ([]engine.Output, e
 			return nil, err
 		}
 	}
+	if err := e.verifyDrafts(b, outs); err != nil {
+		return nil, err
+	}
 	return outs, nil
+}
+
+// verifyDrafts decides the tokens of b's sequences with proposals from the logits of
+// their rows, which the step returned as context logits, by the rules every engine
+// follows (engine.Sampler.Verify). The GPU computes the rows; the acceptance runs on the
+// host, at the cost of copying Draft+1 rows of logits back per such sequence.
+func (e *Engine) verifyDrafts(b *engine.Batch, outs []engine.Output) error {
+	V := e.info.VocabSize
+	for i := range b.Seqs {
+		sq := &b.Seqs[i]
+		if sq.Draft == 0 {
+			continue
+		}
+		o := &outs[i]
+		all := o.ContextLogits
+		o.ContextLogits = nil
+		if e.verifier == nil || len(all) != len(sq.Tokens)*V {
+			return fmt.Errorf("cuda: sequence %d: %d logits for %d rows to verify", sq.ID, len(all), len(sq.Tokens))
+		}
+		first := len(sq.Tokens) - sq.Draft - 1
+		rows := make([][]float32, sq.Draft+1)
+		for r := range rows {
+			at := (first + r) * V
+			rows[r] = all[at : at+V : at+V]
+		}
+		if err := e.verifier.Verify(rows, sq, o); err != nil {
+			if errors.Is(err, engine.ErrAllMasked) {
+				// The sequence's own failure (Output.Err): the rest of the batch goes on.
+				o.Token, o.Err = -1, fmt.Errorf("cuda: sequence %d: %w", sq.ID, err)
+				continue
+			}
+			return fmt.Errorf("cuda: sequence %d: %w", sq.ID, err)
+		}
+	}
+	return nil
 }
 
 // runPart runs one library call over pieces of b's sequences and fills their outputs.
@@ -593,10 +678,6 @@ func (e *Engine) runPart(b *engine.Batch, part []piece, copies []engine.BlockCop
 	out := p.stepOut(&pin, logits, p.logitsLen)
 	var st C.gollm_status
 	if err := statusErr("gollm_step", C.call_step(e.lib.step, e.ptr, in, out, &st), &st); err != nil {
-		var ce *Error
-		if errors.As(err, &ce) && ce.Code == CodeAllMasked {
-			return fmt.Errorf("cuda: %s (sequence IDs of this call: %v)", ce.Message, p.ids)
-		}
 		return err
 	}
 	p.collect(b, part, logits, outs, e.info.VocabSize)

@@ -103,6 +103,21 @@ func openLib(explicit string) (*lib, error) {
 	return nil, fmt.Errorf("cuda: cannot load %s (set %s to its path): %w", LibraryName, EnvLibrary, errors.Join(errs...))
 }
 
+// preloadDeps opens the libraries in dir that libgollm_cuda.so links by soname
+// (cuBLAS 13), so that it loads in a process whose loader path lacks them — the tests'
+// on a machine that has them only in .deps. Ones missing are skipped.
+func preloadDeps(dir string) {
+	for _, name := range []string{"libcublasLt.so.13", "libcublas.so.13"} {
+		path := filepath.Join(dir, name)
+		if _, err := os.Stat(path); err != nil {
+			continue
+		}
+		cpath := C.CString(path)
+		C.gollm_open(cpath)
+		C.free(unsafe.Pointer(cpath))
+	}
+}
+
 // resolve looks up every entry point.
 func (l *lib) resolve() error {
 	for _, s := range []struct {
@@ -222,6 +237,10 @@ func Device(path string, ordinal int) (DeviceInfo, error) {
 		PCIBusID: C.GoString(&d.pci_bus_id[0]), Free: int64(d.free_bytes), Total: int64(d.total_bytes)}, nil
 }
 
+// ncclPath is $GOLLM_NCCL_LIB as a C string (empty: the loader's search), for the
+// caller to free.
+func ncclPath() *C.char { return C.CString(os.Getenv(EnvNCCL)) }
+
 // NCCLInfo describes the NCCL library tensor parallelism uses.
 type NCCLInfo struct {
 	// Version is NCCL's version code (22703 for 2.27.3).
@@ -240,7 +259,9 @@ func NCCL(path string) (NCCLInfo, error) {
 	}
 	var d C.gollm_nccl_info
 	var st C.gollm_status
-	if err := statusErr("gollm_nccl_describe", C.call_nccl_describe(l.ncclDescribe, &d, &st), &st); err != nil {
+	nl := ncclPath()
+	defer C.free(unsafe.Pointer(nl))
+	if err := statusErr("gollm_nccl_describe", C.call_nccl_describe(l.ncclDescribe, nl, &d, &st), &st); err != nil {
 		return NCCLInfo{}, err
 	}
 	return NCCLInfo{Version: int(d.version), Path: C.GoString(&d.path[0])}, nil

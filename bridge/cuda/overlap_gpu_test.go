@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -158,6 +159,59 @@ func TestGPULaunchFeedsTheSampledToken(t *testing.T) {
 				t.Error("a fed launch with nothing launched before it was accepted")
 			}
 		})
+	}
+}
+
+// TestGPUEveryTokenMaskedFailsTheSequenceAlone: a sequence whose bad words leave no
+// token after its history (sampling writes -2) fails alone — its Output.Err — in a step
+// and in a launch, while the other sequence gets the token it gets alone; a row fed from
+// the failed one runs (on token 0) without failing its launch, and the engine steps on.
+func TestGPUEveryTokenMaskedFailsTheSequenceAlone(t *testing.T) {
+	e := gpuEngineOn(t, "gpt2-tiny", 16, 16)
+	V := e.Info().VocabSize
+	bad := make([][]int32, V)
+	for i := range bad {
+		bad[i] = []int32{7, int32(i)}
+	}
+	poisoned := engine.Sequence{ID: 9, Tokens: []int32{5, 6, 7}, Blocks: []int32{3}, Sample: true, History: []int32{5, 6, 7},
+		Sampling: engine.SamplingParams{BadWords: bad}}
+	other := engine.Sequence{ID: 1, Tokens: []int32{1, 2}, Blocks: []int32{0}, Sample: true, History: []int32{1, 2},
+		Sampling: engine.SamplingParams{Temperature: 1, Seed: 3}}
+	alone, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{other}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, outs []engine.Output) {
+		t.Helper()
+		if outs[0].Err != nil || outs[0].Token != alone[0].Token {
+			t.Errorf("%s: the other sequence %+v, alone %+v", what, outs[0], alone[0])
+		}
+		if !errors.Is(outs[1].Err, engine.ErrAllMasked) || outs[1].Token != -1 {
+			t.Errorf("%s: the poisoned sequence %+v", what, outs[1])
+		}
+	}
+	outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{other, poisoned}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("step", outs)
+	if err := e.Launch(&engine.Batch{Seqs: []engine.Sequence{other, poisoned}}); err != nil {
+		t.Fatal(err)
+	}
+	fed := poisoned
+	fed.Tokens, fed.Pos, fed.Feed, fed.NumGenerated, fed.Sampling = []int32{0}, 3, 2, 1, engine.SamplingParams{}
+	fed.History = []int32{5, 6, 7, 0}
+	if err := e.Launch(&engine.Batch{Seqs: []engine.Sequence{fed}}); err != nil {
+		t.Fatal(err)
+	}
+	first, err1 := e.Wait()
+	_, err2 := e.Wait()
+	if err1 != nil || err2 != nil {
+		t.Fatalf("launched steps: %v, %v", err1, err2)
+	}
+	check("launch", first)
+	if outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{other}}); err != nil || outs[0].Token != alone[0].Token {
+		t.Fatalf("the step after: %+v, %v", outs, err)
 	}
 }
 

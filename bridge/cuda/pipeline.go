@@ -56,7 +56,8 @@ func (e *Engine) Launch(b *engine.Batch) error {
 		return errors.New("cuda: Launch: fed sequences without a launched predecessor")
 	}
 	parts := splitBatch(b, e.opts.MaxTokens, e.opts.MaxSeqs)
-	if len(parts) != 1 || fed && !prev.async {
+	drafted := slices.ContainsFunc(b.Seqs, func(s engine.Sequence) bool { return s.Draft > 0 })
+	if len(parts) != 1 || fed && !prev.async || drafted {
 		return e.launchOnHost(b, parts, fed, prev)
 	}
 	// One call, enqueued: its arrays in the prep no waiting call uses.
@@ -93,7 +94,8 @@ func (e *Engine) Launch(b *engine.Batch) error {
 	return nil
 }
 
-// launchOnHost runs a launch that cannot wait in the library: every launch before it is
+// launchOnHost runs a launch that cannot wait in the library — several calls, fed from a
+// launch on the host, or proposals to verify on the host: every launch before it is
 // waited for, fed tokens are taken from the previous one's outputs, and the batch runs
 // now; its outcome waits in the queue.
 func (e *Engine) launchOnHost(b *engine.Batch, parts [][]piece, fed bool, prev *launchRec) error {
@@ -141,10 +143,6 @@ func (e *Engine) finish(r *launchRec) {
 	out := p.stepOut(&pin, logits, p.logitsLen)
 	var st C.gollm_status
 	if err := statusErr("gollm_wait", C.call_wait(e.lib.wait, e.ptr, out, &st), &st); err != nil {
-		var ce *Error
-		if errors.As(err, &ce) && ce.Code == CodeAllMasked {
-			err = fmt.Errorf("cuda: %s (sequence IDs of this call: %v)", ce.Message, p.ids)
-		}
 		r.err = err
 		return
 	}
@@ -192,6 +190,8 @@ func (p *stepPrep) stepIn(pin *runtime.Pinner) *C.gollm_step_in {
 	in.penalty_counts = (*C.int32_t)(ptr(len(p.penCnt), unsafe.Pointer(unsafe.SliceData(p.penCnt))))
 	in.mask_tokens = (*C.int32_t)(ptr(len(p.masks), unsafe.Pointer(unsafe.SliceData(p.masks))))
 	in.bias = (*C.float)(ptr(len(p.bias), unsafe.Pointer(unsafe.SliceData(p.bias))))
+	in.num_allowed = C.int64_t(len(p.allowed))
+	in.allowed = (*C.uint32_t)(ptr(len(p.allowed), unsafe.Pointer(unsafe.SliceData(p.allowed))))
 	in.num_block_copies = C.int32_t(len(p.copies) / 2)
 	in.block_copies = (*C.int32_t)(ptr(len(p.copies), unsafe.Pointer(unsafe.SliceData(p.copies))))
 	in.feed = (*C.int32_t)(ptr(len(p.feed), unsafe.Pointer(unsafe.SliceData(p.feed))))
@@ -235,6 +235,7 @@ func (p *stepPrep) collectLaunched(logits []float32, outs []engine.Output, V int
 		}
 		if d.flags&C.GOLLM_SEQ_SAMPLE != 0 {
 			o.Token, o.LogProb = p.outTok[i], p.outLP[i]
+			o.Err = maskedErr(o, p.ids[i])
 		}
 	}
 }

@@ -6,6 +6,7 @@ package cuda
 import "C"
 
 import (
+	"fmt"
 	"slices"
 
 	"gollm/engine"
@@ -61,6 +62,8 @@ type stepPrep struct {
 	masks []int32
 	// bias holds the embedding biases.
 	bias []float32
+	// allowed holds guided decoding's bitmasks, 32-bit words.
+	allowed []uint32
 	// logitsLen is the number of floats of returned logits.
 	logitsLen int
 	// outTok and outLP receive the sampled tokens and log-probabilities.
@@ -86,6 +89,7 @@ func (p *stepPrep) build(b *engine.Batch, part []piece, info engine.Info) {
 	p.seqs, p.ids = p.seqs[:0], p.ids[:0]
 	p.tokens, p.blocks = p.tokens[:0], p.blocks[:0]
 	p.penTok, p.penCnt, p.masks, p.bias = p.penTok[:0], p.penCnt[:0], p.masks[:0], p.bias[:0]
+	p.allowed = p.allowed[:0]
 	p.logitsLen = 0
 	for _, pc := range part {
 		sq := &b.Seqs[pc.seq]
@@ -95,10 +99,19 @@ func (p *stepPrep) build(b *engine.Batch, part []piece, info engine.Info) {
 		d := C.gollm_seq{
 			token_offset: C.int32_t(len(p.tokens)), token_count: C.int32_t(n), pos: C.int32_t(pos),
 			block_offset: C.int32_t(len(p.blocks)), block_count: C.int32_t(need),
-			logits_offset: C.int64_t(p.logitsLen), bias_offset: -1,
+			logits_offset: C.int64_t(p.logitsLen), bias_offset: -1, allowed_offset: -1,
 		}
 		p.tokens = append(p.tokens, sq.Tokens[pc.from:pc.to]...)
 		p.blocks = append(p.blocks, sq.Blocks[:need]...)
+		if sq.Draft > 0 {
+			// Proposals to verify (engine.Sequence.Draft): every row's logits come back and
+			// the host verifies them (verifyDrafts); nothing is sampled on the GPU.
+			d.flags |= C.GOLLM_SEQ_CONTEXT_LOGITS
+			p.logitsLen += n * V
+			p.seqs = append(p.seqs, d)
+			p.ids = append(p.ids, sq.ID)
+			continue
+		}
 		if sq.ContextLogits {
 			d.flags |= C.GOLLM_SEQ_CONTEXT_LOGITS
 			p.logitsLen += n * V
@@ -132,6 +145,14 @@ func (p *stepPrep) build(b *engine.Batch, part []piece, info engine.Info) {
 			d.mask_offset = C.int32_t(len(p.masks))
 			p.masks = engine.AppendMasks(p.masks, sq)
 			d.mask_count = C.int32_t(len(p.masks) - int(d.mask_offset))
+			d.min_p = C.float(sp.MinP)
+			if sq.Allowed != nil {
+				// The library's words are 32 bits: each 64-bit word's low half first.
+				d.allowed_offset = C.int32_t(len(p.allowed))
+				for i := range (V + 31) / 32 {
+					p.allowed = append(p.allowed, uint32(sq.Allowed[i/2]>>(32*(i%2))))
+				}
+			}
 		}
 		p.seqs = append(p.seqs, d)
 		p.ids = append(p.ids, sq.ID)
@@ -148,7 +169,7 @@ func (p *stepPrep) collect(b *engine.Batch, part []piece, logits []float32, outs
 		sq := &b.Seqs[pc.seq]
 		o := &outs[pc.seq]
 		off := int(p.seqs[i].logits_offset)
-		if sq.ContextLogits && logits != nil {
+		if (sq.ContextLogits || sq.Draft > 0) && logits != nil {
 			n := (pc.to - pc.from) * V
 			rows := logits[off : off+n : off+n]
 			if pc.from == 0 && pc.last {
@@ -158,7 +179,7 @@ func (p *stepPrep) collect(b *engine.Batch, part []piece, logits []float32, outs
 			}
 			off += n
 		}
-		if !pc.last {
+		if !pc.last || sq.Draft > 0 {
 			continue
 		}
 		o.Token = -1
@@ -167,6 +188,17 @@ func (p *stepPrep) collect(b *engine.Batch, part []piece, logits []float32, outs
 		}
 		if sq.Sample {
 			o.Token, o.LogProb = p.outTok[i], p.outLP[i]
+			o.Err = maskedErr(o, sq.ID)
 		}
 	}
+}
+
+// maskedErr turns a sampled token of -2 (every token masked, gollm_step_out.tokens)
+// into the sequence's own failure; nil otherwise.
+func maskedErr(o *engine.Output, id uint64) error {
+	if o.Token != -2 {
+		return nil
+	}
+	o.Token, o.LogProb = -1, 0
+	return fmt.Errorf("cuda: sequence %d: %w", id, engine.ErrAllMasked)
 }

@@ -281,7 +281,9 @@ func NewTensorParallelEngine(ws []*Weights, opts Options) (*TPEngine, error) {
 	}
 	var comm *C.gollm_comm
 	var st C.gollm_status
-	if err := statusErr("gollm_comm_create_all", C.call_comm_create_all(l.commCreateAll, C.int32_t(n), &cdev[0], &comm, &st), &st); err != nil {
+	nl := ncclPath()
+	defer C.free(unsafe.Pointer(nl))
+	if err := statusErr("gollm_comm_create_all", C.call_comm_create_all(l.commCreateAll, C.int32_t(n), &cdev[0], nl, &comm, &st), &st); err != nil {
 		return nil, fmt.Errorf("cuda: tensor parallelism over GPUs %v: %w", devices, err)
 	}
 	t := &TPEngine{lib: l, comm: comm, devices: devices, log: opts.Logger, grace: tpGrace,

@@ -450,9 +450,9 @@ func TestGPUTensorParallelOverlap(t *testing.T) {
 	}
 }
 
-// TestGPUTensorParallelAllMasked: a step whose only sequence has every token masked
-// fails on every rank alike, after its work — an error naming it, not a lost engine —
-// and the engine steps on.
+// TestGPUTensorParallelAllMasked: a sequence whose every token is masked fails alone
+// (its Output.Err names it) on every rank alike, while the other sequence of the step
+// samples, and the engine steps on.
 func TestGPUTensorParallelAllMasked(t *testing.T) {
 	lib := tpLibrary(t, 1)
 	e := tpOn(t, filepath.Join("..", "..", "testdata", "gpt2-tiny"), tpRanks(lib), tpOptions(lib))
@@ -463,12 +463,11 @@ func TestGPUTensorParallelAllMasked(t *testing.T) {
 	}
 	s := engine.Sequence{ID: 9, Tokens: []int32{1, 2, 3}, Blocks: []int32{0}, Sample: true, History: []int32{1, 2, 3},
 		Sampling: engine.SamplingParams{BadWords: bad}}
-	_, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{s}})
-	if err == nil || !strings.Contains(err.Error(), "every token is masked") {
-		t.Fatalf("Step with every token masked = %v", err)
-	}
-	if rerr := e.Recover(err); rerr != nil {
-		t.Fatalf("Recover after every token masked = %v", rerr)
+	ok := engine.Sequence{ID: 10, Tokens: []int32{1, 2, 3}, Blocks: []int32{1}, Sample: true, History: []int32{1, 2, 3}}
+	outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{s, ok}})
+	if err != nil || !errors.Is(outs[0].Err, engine.ErrAllMasked) || !strings.Contains(outs[0].Err.Error(), "sequence 9") ||
+		outs[0].Token != -1 || outs[1].Err != nil || outs[1].Token < 0 {
+		t.Fatalf("Step with one sequence's every token masked = %+v, %v", outs, err)
 	}
 	s.Sampling = engine.SamplingParams{}
 	if outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{s}}); err != nil || outs[0].Token < 0 {

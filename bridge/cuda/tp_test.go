@@ -179,8 +179,8 @@ func TestTensorParallelEngineChecksItsShares(t *testing.T) {
 }
 
 // builtLibrary is the CUDA library to test against: $GOLLM_CUDA_LIB, else CMake's build;
-// the test is skipped when neither exists or it does not load here (cuBLAS not on the
-// loader's path).
+// the test is skipped when neither exists or it does not load here (cuBLAS neither on the
+// loader's path nor in .deps).
 func builtLibrary(t *testing.T) string {
 	t.Helper()
 	path := os.Getenv(EnvLibrary)
@@ -190,6 +190,8 @@ func builtLibrary(t *testing.T) string {
 	if _, err := os.Stat(path); err != nil {
 		t.Skipf("%s not built", path)
 	}
+	// cuBLAS from the CUDA wheels scripts/deps.sh installs, where the loader's path has none.
+	preloadDeps(filepath.Join("..", "..", ".deps", "cuda", "nvidia", "cu13", "lib"))
 	if _, err := openLib(path); err != nil {
 		t.Skipf("the library does not load here: %v", err)
 	}

@@ -62,12 +62,13 @@ int32_t call_device_info(void* f, int32_t device, gollm_device_info* out, gollm_
 int64_t call_weights_bytes(void* f, const gollm_weights* w) {
   return ((int64_t(*)(const gollm_weights*))f)(w);
 }
-int32_t call_nccl_describe(void* f, gollm_nccl_info* out, gollm_status* st) {
-  return ((int32_t(*)(gollm_nccl_info*, gollm_status*))f)(out, st);
+int32_t call_nccl_describe(void* f, const char* lib, gollm_nccl_info* out, gollm_status* st) {
+  return ((int32_t(*)(const char*, gollm_nccl_info*, gollm_status*))f)(lib, out, st);
 }
-int32_t call_comm_create_all(void* f, int32_t n, const int32_t* devices, gollm_comm** out,
-                             gollm_status* st) {
-  return ((int32_t(*)(int32_t, const int32_t*, gollm_comm**, gollm_status*))f)(n, devices, out, st);
+int32_t call_comm_create_all(void* f, int32_t n, const int32_t* devices, const char* lib,
+                             gollm_comm** out, gollm_status* st) {
+  return ((int32_t(*)(int32_t, const int32_t*, const char*, gollm_comm**, gollm_status*))f)(
+      n, devices, lib, out, st);
 }
 int32_t call_comm_abort(void* f, gollm_comm* c, const char* cause, gollm_status* st) {
   return ((int32_t(*)(gollm_comm*, const char*, gollm_status*))f)(c, cause, st);

@@ -28,9 +28,9 @@ void call_engine_destroy(void* f, gollm_engine* e);
 int32_t call_engine_reset(void* f, gollm_engine* e, gollm_status* st);
 int32_t call_device_info(void* f, int32_t device, gollm_device_info* out, gollm_status* st);
 int64_t call_weights_bytes(void* f, const gollm_weights* w);
-int32_t call_nccl_describe(void* f, gollm_nccl_info* out, gollm_status* st);
-int32_t call_comm_create_all(void* f, int32_t n, const int32_t* devices, gollm_comm** out,
-                             gollm_status* st);
+int32_t call_nccl_describe(void* f, const char* lib, gollm_nccl_info* out, gollm_status* st);
+int32_t call_comm_create_all(void* f, int32_t n, const int32_t* devices, const char* lib,
+                             gollm_comm** out, gollm_status* st);
 int32_t call_comm_abort(void* f, gollm_comm* c, const char* cause, gollm_status* st);
 void call_comm_release(void* f, gollm_comm* c);
 

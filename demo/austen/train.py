@@ -1,7 +1,13 @@
 """Train the demo model on the device machine (a GPU, torch and transformers), from what
 prepare.py wrote:
 
-    python3 demo/austen/train.py DATA OUT [SECONDS]
+    python3 demo/austen/train.py DATA OUT [SECONDS] [--layers N --hidden N --heads N
+        --kv-heads N --inner N --shard-mb N]
+
+Without the options it trains the shipped model (model_repository/austen/1). The options
+give another shape on the same tokenizer — the speculative decoding target whose draft is
+the shipped model (README.md, "The speculative decoding pair") — and --shard-mb splits
+the saved weights into files of at most that many megabytes (model.safetensors.index.json).
 
 A LLaMA-shaped model — 4 layers, hidden 256, 4 heads of 64 with 2 KV heads (grouped-query
 attention), a gated SiLU MLP 768 wide, RMSNorm, rotary positions, tied embeddings, the
@@ -14,11 +20,11 @@ the Hugging Face checkpoint in float16 (config.json, model.safetensors,
 generation_config.json, tokenizer.json, tokenizer_config.json with a chat template) and
 train.log with the curve and sample completions.
 """
+import argparse
 import json
 import math
 import os
 import shutil
-import sys
 import time
 
 import torch
@@ -75,8 +81,18 @@ def perplexity(model, ids):
 
 
 def main():
-    data, out = sys.argv[1], sys.argv[2]
-    seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 150
+    ap = argparse.ArgumentParser()
+    ap.add_argument("data")
+    ap.add_argument("out")
+    ap.add_argument("seconds", nargs="?", type=float, default=150)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--inner", type=int, default=768)
+    ap.add_argument("--shard-mb", type=int, default=0)
+    args = ap.parse_args()
+    data, out, seconds = args.data, args.out, args.seconds
     os.makedirs(out, exist_ok=True)
     log = open(os.path.join(out, "train.log"), "w")
 
@@ -90,8 +106,8 @@ def main():
     train = tokens(tok, os.path.join(data, "train.txt"))
     held = tokens(tok, os.path.join(data, "heldout.txt"))
     eos = tok.token_to_id("<|endoftext|>")
-    cfg = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=256, intermediate_size=768,
-                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    cfg = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=args.hidden, intermediate_size=args.inner,
+                      num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
                       max_position_embeddings=1024, rms_norm_eps=1e-5, rope_theta=10000.0,
                       tie_word_embeddings=True, attention_dropout=0.1, bos_token_id=eos, eos_token_id=eos,
                       pad_token_id=eos)
@@ -136,7 +152,10 @@ def main():
     model = model.half().eval()
     model.generation_config = GenerationConfig(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos,
                                                do_sample=True, temperature=0.8, top_p=0.95)
-    model.save_pretrained(out, safe_serialization=True)
+    if args.shard_mb > 0:
+        model.save_pretrained(out, safe_serialization=True, max_shard_size=f"{args.shard_mb}MB")
+    else:
+        model.save_pretrained(out, safe_serialization=True)
     shutil.copy(os.path.join(data, "tokenizer.json"), os.path.join(out, "tokenizer.json"))
     with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|endoftext|>",

@@ -1,8 +1,11 @@
 // Package cpu is gollm's pure-Go reference engine: a float32 forward pass over a paged KV
-// pool, and sampling, with the matmuls spread over GOMAXPROCS goroutines. It runs any
-// architecture model.Config describes — LayerNorm or RMSNorm, learned or rotary
-// positions, multi-head, multi-query or grouped-query attention with an optional sliding
-// window, a plain or gated MLP, a tied or separate LM head — from the descriptor alone.
+// pool, and sampling, with the matmuls spread over GOMAXPROCS goroutines. It walks the
+// model's recipe (model.Config.Recipe), one method a stage — LayerNorm or RMSNorm,
+// learned or rotary positions (over the whole head or a part of it, longrope's two
+// frequency sets), per-head query and key norms, multi-head, multi-query or grouped-query
+// attention with a window per layer and soft-capped scores, post-norms of the branches,
+// a plain or gated MLP, a tied or separate LM head with soft-capped logits — and knows no
+// architecture beyond it.
 package cpu
 
 import (
@@ -33,6 +36,11 @@ type Engine struct {
 	info engine.Info
 	// w holds the weights, shared with the other engines made on them; read-only.
 	w *Weights
+	// recipe is the forward pass Step walks.
+	recipe model.Recipe
+	// freqs are the rotary frequencies of each rope the recipe's rotary stages use;
+	// longFreqs longrope's frequencies of long sequences.
+	freqs, longFreqs map[model.Rope][]float32
 	// kv is the paged KV pool, laid out [block][layer][K,V][kv head][slot][head dim]
 	// so that one head's keys within a block are contiguous for attention.
 	kv []float32
@@ -54,6 +62,9 @@ type rowInfo struct {
 type scratch struct {
 	// rows places each token row of the step.
 	rows []rowInfo
+	// norm is the last norm stage walked: the stages after it that read the block input
+	// (QKV, the MLP, the LM head) read its norm of the residual stream.
+	norm *model.Stage
 	// h is the residual stream [N][hidden].
 	h buf
 	// xn is a norm's output [N][hidden].
@@ -81,8 +92,6 @@ type scratch struct {
 	scores [][]float32
 	// samplers hold the sampling buffers, one per goroutine.
 	samplers []*engine.Sampler
-	// errs collects the sampling errors of one step, per sequence.
-	errs []error
 	// mm holds the matrix products' buffers.
 	mm mulScratch
 }
@@ -150,10 +159,17 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 	if perBlock > maxKVFloats || int64(kv.NumBlocks) > maxKVFloats/perBlock {
 		return nil, fmt.Errorf("cpu: New: KV pool of %d blocks × %d floats exceeds %d floats", kv.NumBlocks, perBlock, int64(maxKVFloats))
 	}
+	recipe := cfg.Recipe()
+	if err := checkRecipe(recipe, cfg); err != nil {
+		return nil, fmt.Errorf("cpu: New: %w", err)
+	}
 	if !w.acquire() {
 		return nil, errors.New("cpu: New: the weights are released")
 	}
 	e := &Engine{
+		recipe:    recipe,
+		freqs:     ropeFreqs(recipe),
+		longFreqs: longRopeFreqs(recipe),
 		info: engine.Info{
 			VocabSize:      cfg.VocabSize,
 			MaxSeqLen:      maxLen,
@@ -163,12 +179,46 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 			NumBlocks:      kv.NumBlocks,
 			TokensPerBlock: kv.TokensPerBlock,
 			EndIDs:         cfg.EOSIDs,
+			MaxDraft:       engine.MaxDraftTokens,
+			Hidden:         cfg.Hidden,
 		},
 		w:  w,
 		kv: make([]float32, int64(kv.NumBlocks)*perBlock),
 	}
 	e.check = engine.NewBatchChecker(e.info, "cpu")
 	return e, nil
+}
+
+// checkRecipe refuses the stage values the engine does not implement.
+func checkRecipe(r model.Recipe, cfg *model.Config) error {
+	for _, s := range r {
+		switch {
+		case (s.Kind == model.StageAttention || s.Kind == model.StageLMHead) && !(s.SoftCap >= 0):
+			return fmt.Errorf("layer %d: soft-cap %g must be positive or 0 (none)", s.Layer, s.SoftCap)
+		case s.Kind == model.StageQKNorm && !cfg.QKNorm, s.Kind == model.StagePostNorm && !cfg.PostNorms:
+			return fmt.Errorf("layer %d: a %s stage where the weights have no %s", s.Layer, s.Kind, s.Weight)
+		case (s.Kind == model.StageQKNorm || s.Kind == model.StagePostNorm) && s.Norm != model.RMSNorm:
+			return fmt.Errorf("layer %d: a %s stage under %s (only RMSNorm is implemented)", s.Layer, s.Kind, s.Norm)
+		case s.Kind == model.StageRotary && (s.Rope.Dim < 2 || s.Rope.Dim%2 != 0 || s.Rope.Dim > cfg.HeadDim):
+			return fmt.Errorf("layer %d: rotary dimensions %d must be even, at least 2 and at most head_dim %d", s.Layer, s.Rope.Dim, cfg.HeadDim)
+		case s.Kind == model.StageMLP && s.Gated != cfg.GatedMLP:
+			return fmt.Errorf("layer %d: a gated MLP %v where the weights' shapes say %v", s.Layer, s.Gated, cfg.GatedMLP)
+		}
+	}
+	return nil
+}
+
+// ropeFreqs computes the frequencies of each rope the recipe's rotary stages use.
+func ropeFreqs(r model.Recipe) map[model.Rope][]float32 {
+	freqs := map[model.Rope][]float32{}
+	for _, s := range r {
+		if s.Kind == model.StageRotary {
+			if _, ok := freqs[s.Rope]; !ok {
+				freqs[s.Rope] = s.Rope.InvFreq()
+			}
+		}
+	}
+	return freqs
 }
 
 // Info describes the model and the pool.
@@ -220,26 +270,42 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 	if n == 0 {
 		return outs, nil
 	}
+	for i := range e.recipe {
+		switch st := &e.recipe[i]; st.Kind {
+		case model.StageEmbed:
+			e.embedRows(b, n, 0, true)
+			e.scaleEmbeddings(st)
+		case model.StageLMHead:
+			e.lmHead(b, outs, st)
+		default:
+			e.stage(b, st)
+			if len(b.HiddenLayers) > 0 && st.Layer >= 0 && (i+1 == len(e.recipe) || e.recipe[i+1].Layer != st.Layer) {
+				// The layer's last stage: its output, for the sequences that read it.
+				e.captureHidden(b, st.Layer, outs)
+			}
+		}
+	}
+	return e.sample(b, outs)
+}
+
+// lmHead runs the LM head st on the rows whose logits someone reads — every row of a
+// sequence that asks for context logits (written straight into its output), and the last
+// row of the others that sample or return logits —, each normed by the norm stage before
+// it, its logits soft-capped where st says; s.lastLogits gets each sequence's last row of
+// logits.
+func (e *Engine) lmHead(b *engine.Batch, outs []engine.Output, st *model.Stage) {
 	w := e.w
 	H, V := w.cfg.Hidden, w.cfg.VocabSize
 	s := &e.s
-	e.embedRows(b, n, 0, true)
-	for li := range w.layers {
-		e.attnBlock(b, li)
-		addRows(s.h.rows, s.tmp.rows)
-		e.mlpBlock(li)
-		addRows(s.h.rows, s.tmp.rows)
-	}
-
-	// The LM head runs only on the rows whose logits someone reads: every row of a
-	// sequence that asks for context logits (written straight into its output), and
-	// the last row of the others that sample or return logits.
 	m, mScratch := 0, 0
 	for si := range b.Seqs {
 		sq := &b.Seqs[si]
 		switch {
 		case sq.ContextLogits:
 			m += len(sq.Tokens)
+		case sq.Draft > 0:
+			m += sq.Draft + 1
+			mScratch += sq.Draft + 1
 		case sq.Sample || sq.ReturnLogits:
 			m++
 			mScratch++
@@ -262,13 +328,16 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 			outs[si].ContextLogits = out
 			for i := range sq.Tokens {
 				s.lmIn = append(s.lmIn, s.hf.rows[len(s.lmIn)])
-				e.norm(s.lmIn[len(s.lmIn)-1], s.h.rows[r0+i], w.finalNorm, w.finalNormB)
+				e.norm(s.lmIn[len(s.lmIn)-1], s.h.rows[r0+i])
 				s.lmOut = append(s.lmOut, out[i*V:(i+1)*V:(i+1)*V])
 			}
 			s.lastLogits[si] = s.lmOut[len(s.lmOut)-1]
+		case sq.Draft > 0:
+			s.lastLogits[si] = e.draftRows(sq, r0, k)
+			k += sq.Draft + 1
 		case sq.Sample || sq.ReturnLogits:
 			s.lmIn = append(s.lmIn, s.hf.rows[len(s.lmIn)])
-			e.norm(s.lmIn[len(s.lmIn)-1], s.h.rows[r0+len(sq.Tokens)-1], w.finalNorm, w.finalNormB)
+			e.norm(s.lmIn[len(s.lmIn)-1], s.h.rows[r0+len(sq.Tokens)-1])
 			s.lmOut = append(s.lmOut, s.logits.rows[k])
 			s.lastLogits[si] = s.logits.rows[k]
 			k++
@@ -276,26 +345,23 @@ func (e *Engine) Step(b *engine.Batch) ([]engine.Output, error) {
 		r0 += len(sq.Tokens)
 	}
 	w.lmHead.mul(s.lmOut, s.lmIn, nil, &s.mm)
+	softcapRows(s.lmOut, st.SoftCap)
+}
 
-	// Sampling reads only its own sequence's row, so sequences are spread over the
-	// goroutines, each with its own sampler buffers.
+// sample fills every sequence's output from its last row's logits (s.lastLogits).
+// Sampling reads only its own sequence's row, so sequences are spread over the
+// goroutines, each with its own sampler buffers.
+func (e *Engine) sample(b *engine.Batch, outs []engine.Output) ([]engine.Output, error) {
+	s, V := &e.s, e.w.cfg.VocabSize
 	for len(s.samplers) < runtime.GOMAXPROCS(0) {
 		s.samplers = append(s.samplers, engine.NewSampler(V))
 	}
-	if cap(s.errs) < len(b.Seqs) {
-		s.errs = make([]error, len(b.Seqs))
-	}
-	errs := s.errs[:len(b.Seqs)]
+	// A sequence whose token cannot be chosen fails alone (Output.Err).
 	parallelFor(len(b.Seqs), 1, 1, func(w, lo, hi int) {
 		for si := lo; si < hi; si++ {
-			errs[si] = e.finish(&b.Seqs[si], s.lastLogits[si], s.samplers[w], &outs[si])
+			outs[si].Err = e.finish(&b.Seqs[si], s.lastLogits[si], s.samplers[w], &outs[si])
 		}
 	})
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
-	}
 	return outs, nil
 }
 
@@ -342,44 +408,60 @@ func (e *Engine) embedRows(b *engine.Batch, n, first int, withPos bool) {
 	}
 }
 
-// attnBlock runs layer li's attention on the residual stream into s.tmp, before the
-// residual add: the norm, the QKV projection (rotated), the KV writes, attention and
-// the output projection.
-func (e *Engine) attnBlock(b *engine.Batch, li int) {
+// stage runs one stage of the recipe between the embedding and the LM head on the step's
+// rows. The projections write s.qkv, s.att (through attention) and s.tmp, the branch a
+// residual stage adds to s.h; a norm stage's norm is applied by the stages that read it.
+func (e *Engine) stage(b *engine.Batch, st *model.Stage) {
 	w := e.w
-	cfg := &w.cfg
 	s := &e.s
-	l := &w.layers[li]
-	e.normRows(s.xn.rows, s.h.rows, l.attnNorm, l.attnNormB)
-	l.qkv.mul(s.qkv.rows, s.xn.rows, l.qkvB, &s.mm)
-	if cfg.Positions == model.RotaryPositions {
-		e.rotate()
+	switch st.Kind {
+	case model.StageNorm:
+		s.norm = st
+	case model.StageQKV:
+		l := &w.layers[st.Layer]
+		e.normRows(s.xn.rows, s.h.rows)
+		l.qkv.mul(s.qkv.rows, s.xn.rows, l.qkvB, &s.mm)
+	case model.StageRotary:
+		e.rotate(b, st)
+	case model.StageQKNorm:
+		e.qkNorm(st)
+	case model.StagePostNorm:
+		e.postNorm(st)
+	case model.StageKVWrite:
+		e.writeKV(b, st.Layer)
+	case model.StageAttention:
+		e.attention(b, st)
+	case model.StageOut:
+		l := &w.layers[st.Layer]
+		l.out.mul(s.tmp.rows, s.att.rows, l.outB, &s.mm)
+	case model.StageMLP:
+		e.mlp(st)
+	case model.StageResidual:
+		addRows(s.h.rows, s.tmp.rows)
 	}
-	e.writeKV(b, li)
-	e.attention(b, li)
-	l.out.mul(s.tmp.rows, s.att.rows, l.outB, &s.mm)
 }
 
-// mlpBlock runs layer li's MLP on the residual stream into s.tmp, before the residual
-// add.
-func (e *Engine) mlpBlock(li int) {
+// mlp runs a layer's MLP on the normed residual stream into s.tmp: act(up), or
+// act(gate) · up when gated, then the down projection.
+func (e *Engine) mlp(st *model.Stage) {
 	w := e.w
 	cfg := &w.cfg
 	s := &e.s
-	l := &w.layers[li]
+	l := &w.layers[st.Layer]
 	n := len(s.rows)
 	act := s.up.rows
-	if cfg.GatedMLP {
+	if st.Gated {
 		act = s.act.rows
 	}
-	e.normRows(s.xn.rows, s.h.rows, l.mlpNorm, l.mlpNormB)
+	fn := activationOf(st.Act)
+	e.normRows(s.xn.rows, s.h.rows)
 	l.up.mul(s.up.rows, s.xn.rows, l.upB, &s.mm)
 	parallelFor(n, 1, max(1, 4096/cfg.Inner), func(_, lo, hi int) {
 		for r := lo; r < hi; r++ {
-			if cfg.GatedMLP {
-				gatedApply(w.act, act[r], s.up.rows[r][:cfg.Inner], s.up.rows[r][cfg.Inner:])
+			if st.Gated {
+				gatedApply(fn, act[r], s.up.rows[r][:cfg.Inner], s.up.rows[r][cfg.Inner:])
 			} else {
-				w.act.apply(act[r])
+				fn.apply(act[r])
 			}
 		}
 	})
@@ -399,36 +481,65 @@ func (e *Engine) copyBlocks(copies []engine.BlockCopy) {
 	}
 }
 
-// norm writes the model's norm of x (weight g, bias b where it has one) into dst.
-func (e *Engine) norm(dst, x, g, b []float32) {
-	if e.w.cfg.Norm == model.RMSNorm {
-		rmsNorm(dst, x, g, e.w.cfg.NormEps)
+// norm writes into dst the norm of x of the last norm stage walked (s.norm): its kind,
+// epsilon, weight and (LayerNorm) bias.
+func (e *Engine) norm(dst, x []float32) {
+	st := e.s.norm
+	g, b := e.normWeights(st)
+	if st.Norm == model.RMSNorm {
+		rmsNorm(dst, x, g, st.Eps)
 	} else {
-		layerNorm(dst, x, g, b, e.w.cfg.NormEps)
+		layerNorm(dst, x, g, b, st.Eps)
 	}
+}
+
+// normWeights returns the weight and bias (nil under RMSNorm) of norm stage st.
+func (e *Engine) normWeights(st *model.Stage) (g, b []float32) {
+	w := e.w
+	switch st.Weight {
+	case model.RoleAttnNorm:
+		return w.layers[st.Layer].attnNorm, w.layers[st.Layer].attnNormB
+	case model.RoleMLPNorm:
+		return w.layers[st.Layer].mlpNorm, w.layers[st.Layer].mlpNormB
+	case model.RoleQNorm:
+		return w.layers[st.Layer].qNorm, nil
+	case model.RolePostAttnNorm:
+		return w.layers[st.Layer].postAttn, nil
+	case model.RolePostMLPNorm:
+		return w.layers[st.Layer].postMLP, nil
+	}
+	return w.finalNorm, w.finalNormB
 }
 
 // normRows applies norm to every row.
-func (e *Engine) normRows(dst, x [][]float32, g, b []float32) {
+func (e *Engine) normRows(dst, x [][]float32) {
 	for r := range x {
-		e.norm(dst[r], x[r], g, b)
+		e.norm(dst[r], x[r])
 	}
 }
 
-// rotate applies the rotary embedding to the query and key heads of every row, at the
-// row's position: dimension i of a head pairs with i + Dim/2 (rotate_half).
-func (e *Engine) rotate() {
+// rotate applies rotary stage st to the query and key heads of every row, at the row's
+// position: the first Rope.Dim dimensions of each head rotate, dimension i pairing with
+// i + Dim/2 (rotate_half) by the angle inv[i] · pos, cos and sin times the rope's
+// CosSinScale; the rest of the head passes. Under longrope a row takes the long
+// frequencies where its sequence's length after the step asks for them.
+func (e *Engine) rotate(b *engine.Batch, st *model.Stage) {
 	cfg := &e.w.cfg
-	D, half := cfg.HeadDim, cfg.Rope.Dim/2
+	D, half := cfg.HeadDim, st.Rope.Dim/2
 	heads := cfg.Heads + cfg.KVHeads // the query heads, then the key heads
-	inv := e.w.invFreq
+	short, long, scale := e.freqs[st.Rope], e.longFreqs[st.Rope], st.Rope.CosSinScale()
 	for r, ri := range e.s.rows {
 		row := e.s.qkv.rows[r]
 		pos := float32(ri.pos)
+		inv := short
+		if sq := &b.Seqs[ri.seq]; long != nil && st.Rope.UsesLong(sq.Pos+len(sq.Tokens)) {
+			inv = long
+		}
 		for i := range half {
-			// The angle as transformers computes it: a float32 product, then cos and sin.
+			// The angle as transformers computes it: a float32 product, then cos and sin
+			// (times the scale, exact when it is 1).
 			ang := float64(inv[i] * pos)
-			c, sn := float32(math.Cos(ang)), float32(math.Sin(ang))
+			c, sn := float32(math.Cos(ang))*scale, float32(math.Sin(ang))*scale
 			for h := range heads {
 				x := row[h*D : h*D+2*half]
 				a, b := x[i], x[i+half]
@@ -440,11 +551,14 @@ func (e *Engine) rotate() {
 }
 
 // finish fills a sequence's output from its last row's logits: the returned logits
-// and, when it asks for one, the sampled token.
+// and, when it asks for one, the sampled token; an error is the sequence's own.
 func (e *Engine) finish(sq *engine.Sequence, last []float32, sp *engine.Sampler, out *engine.Output) error {
 	out.Token = -1
 	if last == nil {
 		return nil
+	}
+	if sq.Draft > 0 {
+		return e.verify(sq, last, sp, out)
 	}
 	if !sq.Sample {
 		if sq.ReturnLogits {
@@ -495,20 +609,19 @@ func (e *Engine) writeKV(b *engine.Batch, li int) {
 
 // attention computes, for every new token and query head, causal softmax attention over
 // its sequence's cached keys and values of the head's KV head (query head h reads KV
-// head h / (heads / kv_heads)), at positions from the layer's window start to pos, into
-// s.att. The (token, head) pairs are spread over the goroutines; each reads its
-// sequence's blocks in order.
-func (e *Engine) attention(b *engine.Batch, li int) {
+// head h / (heads / kv_heads)), the products times the stage's scale, at positions from
+// the stage's window start to pos, into s.att. The (token, head) pairs are spread over
+// the goroutines; each reads its sequence's blocks in order.
+func (e *Engine) attention(b *engine.Batch, st *model.Stage) {
 	s := &e.s
 	cfg := &e.w.cfg
 	heads, D, T := cfg.Heads, cfg.HeadDim, e.info.TokensPerBlock
 	group := cfg.Heads / cfg.KVHeads
-	window := cfg.LayerWindow(li)
+	li, window, scale, capped := st.Layer, st.Window, st.Scale, st.SoftCap
 	workers := runtime.GOMAXPROCS(0)
 	for len(s.scores) < workers {
 		s.scores = append(s.scores, make([]float32, e.info.MaxSeqLen))
 	}
-	scale := float32(1 / math.Sqrt(float64(D)))
 	// The work of a row grows with its position; weigh chunks by a typical length.
 	minItems := max(1, 8192/max(1, D*(s.rows[len(s.rows)-1].pos+1)))
 	parallelFor(len(s.rows)*heads, 1, minItems, func(w, lo, hi int) {
@@ -532,6 +645,9 @@ func (e *Engine) attention(b *engine.Batch, li int) {
 				keys := e.kv[base+slot*D : base+(slot+cnt)*D]
 				for j := range cnt {
 					v := dot(q, keys[j*D:(j+1)*D]) * scale
+					if capped > 0 {
+						v = softcap(v, capped)
+					}
 					sc[t-first+j] = v
 					best = max(best, v)
 				}

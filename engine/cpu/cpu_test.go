@@ -25,6 +25,12 @@ var fixtures = []struct {
 	{"llama3-tiny", "llama3-tiny-golden.safetensors"},
 	{"qwen2-tiny", "qwen2-tiny-golden.safetensors"},
 	{"mistral-tiny", "mistral-tiny-golden.safetensors"},
+	{"phi3-tiny", "phi3-tiny-golden.safetensors"},
+	{"qwen3-tiny", "qwen3-tiny-golden.safetensors"},
+	{"gemma2-tiny", "gemma2-tiny-golden.safetensors"},
+	{"gemma3-tiny", "gemma3-tiny-golden.safetensors"},
+	{"phi3-longrope-tiny", "phi3-longrope-tiny-golden.safetensors"},
+	{"phi4mini-tiny", "phi4mini-tiny-golden.safetensors"},
 }
 
 func TestLogitsAndGreedyTokensMatchTransformers(t *testing.T) {
@@ -91,14 +97,17 @@ type invarianceModel struct {
 	m *model.Float32
 }
 
-// invarianceModels are the small random GPT-2 and every LLaMA-family fixture, whose
-// rotary positions, grouped KV heads, QKV biases and (Mistral's) sliding window — 8
-// positions, shorter than the prompts below — each decide which cached positions a
-// chunk or a batched row reads.
+// invarianceModels are the small random GPT-2 and the LLaMA-shaped fixtures, whose
+// rotary positions, grouped KV heads, QKV biases and sliding windows (Mistral's 8
+// positions, Gemma's 6 and 5 on alternating layers, all shorter than the prompts below)
+// each decide which cached positions a chunk or a batched row reads, and whose q/k norms,
+// post-norms, soft-caps and longrope (Phi-4-mini's, within its original context) run on
+// every row alike.
 func invarianceModels(t *testing.T) []invarianceModel {
 	t.Helper()
 	ms := []invarianceModel{{"gpt2 random", smallGPT2(1)}}
-	for _, dir := range []string{"llama-tiny", "llama3-tiny", "qwen2-tiny", "mistral-tiny"} {
+	for _, dir := range []string{"llama-tiny", "llama3-tiny", "qwen2-tiny", "mistral-tiny", "qwen3-tiny", "gemma2-tiny",
+		"gemma3-tiny", "phi4mini-tiny"} {
 		ms = append(ms, invarianceModel{dir, loadModel(t, "../../testdata/"+dir)})
 	}
 	return ms
@@ -263,7 +272,7 @@ func TestInfoDescribesModelAndPool(t *testing.T) {
 	m := smallGPT2(1)
 	e := newCPU(t, m, 10, 16)
 	want := engine.Info{VocabSize: 300, MaxSeqLen: 64, Layers: 2, KVHeads: 4, HeadDim: 16,
-		NumBlocks: 10, TokensPerBlock: 16, EndIDs: []int32{299}}
+		NumBlocks: 10, TokensPerBlock: 16, EndIDs: []int32{299}, MaxDraft: engine.MaxDraftTokens, Hidden: 64}
 	if got := e.Info(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Info() = %+v, want %+v", got, want)
 	}

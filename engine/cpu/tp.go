@@ -13,10 +13,11 @@ import (
 // TensorParallel is the CPU engine split over ranks as tensor parallelism splits a model
 // over GPUs (model.ShardWeights): the reference the GPU engine's ranks are checked
 // against. Each rank is an Engine on its share of the weights, with a KV pool of its own
-// KV heads under the shared block tables; a step runs the ranks one after the other and
-// adds their partial results where GPUs all-reduce — the embedding's lookups, each
-// layer's attention output and MLP output — and joins their vocabulary rows of the LM
-// head's logits where GPUs gather them.
+// KV heads under the shared block tables; a step walks the recipe, each stage on the
+// ranks one after the other, and adds their partial results where GPUs all-reduce — the
+// embedding's lookups, and the branch at each residual stage (a layer's attention output
+// and MLP output; before its post-norm, where the layer has one) — and joins their
+// vocabulary rows of the LM head's logits where GPUs gather them.
 type TensorParallel struct {
 	// mu serialises Step and Close.
 	mu sync.Mutex
@@ -68,6 +69,8 @@ func NewTensorParallel(cfg *model.Config, ws []model.Weight, n int, kv engine.KV
 	t.info = t.ranks[0].info
 	t.info.VocabSize = cfg.VocabSize
 	t.info.KVHeads = cfg.KVHeads
+	// Its step has no verification rows nor hidden states: both are refused.
+	t.info.MaxDraft, t.info.Hidden = 0, 0
 	t.check = engine.NewBatchChecker(t.info, "cpu")
 	return t, nil
 }
@@ -90,14 +93,19 @@ func (t *TensorParallel) Close() error {
 // allReduce adds every rank's rows of part into sum, then adds sum to every rank's
 // residual stream: what an all-reduce after a row-parallel projection does.
 func (t *TensorParallel) allReduce(part func(e *Engine) [][]float32) {
+	t.reduce(part)
+	for _, e := range t.ranks {
+		addRows(e.s.h.rows, t.sum.rows)
+	}
+}
+
+// reduce adds every rank's rows of part into t.sum.
+func (t *TensorParallel) reduce(part func(e *Engine) [][]float32) {
 	n := len(t.ranks[0].s.rows)
 	t.sum.resize(n, t.cfg.Hidden)
 	clear(t.sum.data)
 	for _, e := range t.ranks {
 		addRows(t.sum.rows, part(e))
-	}
-	for _, e := range t.ranks {
-		addRows(e.s.h.rows, t.sum.rows)
 	}
 }
 
@@ -122,8 +130,62 @@ func (t *TensorParallel) Step(b *engine.Batch) ([]engine.Output, error) {
 	if n == 0 {
 		return outs, nil
 	}
-	// The embedding: each rank looks up the tokens of its vocabulary rows (rank 0 adds
-	// the positions); the sum is every token's row.
+	// The recipe's stages run on every rank; a residual stage adds the ranks' branches
+	// (the all-reduce) — a post-norm first sums them into every rank's branch, which it
+	// normalises whole —, and the embedding and the LM head join the ranks' vocabulary rows.
+	var last [][]float32
+	summed := false // the branch is the ranks' sum already (a post-norm's)
+	for i := range t.ranks[0].recipe {
+		switch st := &t.ranks[0].recipe[i]; st.Kind {
+		case model.StageEmbed:
+			t.embed(b, n)
+			for _, e := range t.ranks {
+				e.scaleEmbeddings(st)
+			}
+		case model.StagePostNorm:
+			t.reduce(func(e *Engine) [][]float32 { return e.s.tmp.rows })
+			for _, e := range t.ranks {
+				for r, row := range t.sum.rows {
+					copy(e.s.tmp.rows[r], row)
+				}
+				e.stage(b, st)
+			}
+			summed = true
+		case model.StageResidual:
+			if summed {
+				for _, e := range t.ranks {
+					addRows(e.s.h.rows, e.s.tmp.rows)
+				}
+				summed = false
+				continue
+			}
+			t.allReduce(func(e *Engine) [][]float32 { return e.s.tmp.rows })
+		case model.StageLMHead:
+			last = t.lmHead(b, outs, st)
+		default:
+			for _, e := range t.ranks {
+				e.stage(b, st)
+			}
+		}
+	}
+	r0 := t.ranks[0]
+	V := t.cfg.VocabSize
+	for len(t.samplers) < runtime.GOMAXPROCS(0) {
+		t.samplers = append(t.samplers, engine.NewSampler(V))
+	}
+	parallelFor(len(b.Seqs), 1, 1, func(w, lo, hi int) {
+		for si := lo; si < hi; si++ {
+			// A sequence whose token cannot be chosen fails alone (Output.Err).
+			outs[si].Err = r0.finish(&b.Seqs[si], last[si], t.samplers[w], &outs[si])
+		}
+	})
+	return outs, nil
+}
+
+// embed sets every rank's residual stream to the step's embeddings: each rank looks up
+// the tokens of its vocabulary rows (rank 0 adds the positions); the sum is every
+// token's row.
+func (t *TensorParallel) embed(b *engine.Batch, n int) {
 	for r, e := range t.ranks {
 		e.embedRows(b, n, r*t.layout.VocabRows, r == 0)
 	}
@@ -135,18 +197,12 @@ func (t *TensorParallel) Step(b *engine.Batch) ([]engine.Output, error) {
 			copy(e.s.h.rows[i], row)
 		}
 	}
-	for li := range t.cfg.Layers {
-		for _, e := range t.ranks {
-			e.attnBlock(b, li)
-		}
-		t.allReduce(func(e *Engine) [][]float32 { return e.s.tmp.rows })
-		for _, e := range t.ranks {
-			e.mlpBlock(li)
-		}
-		t.allReduce(func(e *Engine) [][]float32 { return e.s.tmp.rows })
-	}
+}
 
-	// The LM head on the rows whose logits someone reads, each rank its vocabulary rows.
+// lmHead runs the LM head st on the rows whose logits someone reads, each rank its
+// vocabulary rows, normed by the norm stage before it, soft-capped where st says; it
+// returns each sequence's last row of whole-vocabulary logits (nil where none is read).
+func (t *TensorParallel) lmHead(b *engine.Batch, outs []engine.Output, st *model.Stage) [][]float32 {
 	H, V, VR := t.cfg.Hidden, t.cfg.VocabSize, t.layout.VocabRows
 	var need []int // row of the residual stream
 	for si := range b.Seqs {
@@ -172,7 +228,7 @@ func (t *TensorParallel) Step(b *engine.Batch) ([]engine.Output, error) {
 		}
 		for r := from; r < first[si]+len(sq.Tokens); r++ {
 			x := make([]float32, H)
-			r0.norm(x, r0.s.h.rows[r], r0.w.finalNorm, r0.w.finalNormB)
+			r0.norm(x, r0.s.h.rows[r])
 			in = append(in, x)
 			seqOf = append(seqOf, si)
 		}
@@ -186,6 +242,7 @@ func (t *TensorParallel) Step(b *engine.Batch) ([]engine.Output, error) {
 			copy(t.logits.rows[i][lo:hi], t.part.rows[i][:hi-lo])
 		}
 	}
+	softcapRows(t.logits.rows, st.SoftCap)
 	last := make([][]float32, len(b.Seqs))
 	for i, si := range seqOf {
 		sq := &b.Seqs[si]
@@ -194,17 +251,5 @@ func (t *TensorParallel) Step(b *engine.Batch) ([]engine.Output, error) {
 		}
 		last[si] = t.logits.rows[i]
 	}
-	for len(t.samplers) < runtime.GOMAXPROCS(0) {
-		t.samplers = append(t.samplers, engine.NewSampler(V))
-	}
-	errs := make([]error, len(b.Seqs))
-	parallelFor(len(b.Seqs), 1, 1, func(w, lo, hi int) {
-		for si := lo; si < hi; si++ {
-			errs[si] = r0.finish(&b.Seqs[si], last[si], t.samplers[w], &outs[si])
-		}
-	})
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	return outs, nil
+	return last
 }

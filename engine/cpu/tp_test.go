@@ -14,11 +14,15 @@ import (
 // TestTensorParallelMatchesOneEngine runs the same batch — prompts of several lengths
 // with their context logits, then greedy and sampled decode steps — on the whole model
 // and split over 2 and 4 ranks, for GPT-2 (learned positions, fused transposed
-// projections, biases), LLaMA (grouped-query attention, rotary, gated MLP) and Qwen2 (one
-// KV head held by every rank, QKV biases, a tied head): the same tokens and
+// projections, biases), LLaMA (grouped-query attention, rotary, gated MLP), Qwen2 (one
+// KV head held by every rank, QKV biases, a tied head), Phi-3 (a partial rotary factor;
+// longrope, its sequences on both sides of the original context), Qwen3 (per-head q/k
+// norms) and Gemma 2 and 3 (post-norms of the ranks' summed branches, soft-caps, the
+// embedding scale) — over as many ranks as their heads allow: the same tokens and
 // log-probabilities, and logits within float32 rounding of a different summation order.
 func TestTensorParallelMatchesOneEngine(t *testing.T) {
-	for _, fixture := range []string{"gpt2-tiny", "llama-tiny", "qwen2-tiny"} {
+	for _, fixture := range []string{"gpt2-tiny", "llama-tiny", "qwen2-tiny", "phi3-tiny", "phi3-longrope-tiny",
+		"qwen3-tiny", "gemma2-tiny", "gemma3-tiny"} {
 		ck, err := model.Open(filepath.Join("..", "..", "testdata", fixture))
 		if err != nil {
 			t.Fatal(err)
@@ -38,6 +42,9 @@ func TestTensorParallelMatchesOneEngine(t *testing.T) {
 		}
 		want := runTP(t, one, 7)
 		for _, n := range []int{2, 4} {
+			if ck.Config.Heads%n != 0 {
+				continue
+			}
 			tp, err := NewTensorParallel(&ck.Config, ws, n, kv)
 			if err != nil {
 				t.Fatalf("%s over %d: %v", fixture, n, err)

@@ -23,8 +23,6 @@ import (
 type Weights struct {
 	// cfg is the architecture descriptor.
 	cfg model.Config
-	// act is the MLP nonlinearity.
-	act activation
 	// embed is the token embedding [vocab][hidden].
 	embed *matrix
 	// pos is the learned position embedding [positions][hidden]; nil under rotary
@@ -34,8 +32,6 @@ type Weights struct {
 	finalNorm, finalNormB []float32
 	// lmHead is the LM head [vocab][hidden]; embed when tied.
 	lmHead *matrix
-	// invFreq are the rotary frequencies [Rope.Dim/2]; nil under learned positions.
-	invFreq []float32
 	// layers hold the transformer blocks.
 	layers []layerW
 	// mu guards refs and ckpt.
@@ -67,6 +63,11 @@ type layerW struct {
 	// down [hidden][inner] and downB [hidden]: the MLP's second projection.
 	down  *matrix
 	downB []float32
+	// qNorm and kNorm [head_dim]: the per-head norms of queries and keys (nil without).
+	qNorm, kNorm []float32
+	// postAttn and postMLP [hidden]: the norms of attention's and the MLP's outputs
+	// before the residual add (nil without).
+	postAttn, postMLP []float32
 }
 
 // matrixRoles are the roles held as matrices; the rest are float32 vectors.
@@ -127,16 +128,13 @@ func NewWeights(m *model.Float32) (*Weights, error) {
 
 // newWeights makes the weights of cfg, empty, with the builder's reference.
 func newWeights(cfg model.Config) *Weights {
-	return &Weights{cfg: cfg, act: activationOf(cfg.Act), layers: make([]layerW, cfg.Layers), refs: 1}
+	return &Weights{cfg: cfg, layers: make([]layerW, cfg.Layers), refs: 1}
 }
 
-// finish ties the head and computes the rotary frequencies.
+// finish ties the head.
 func (w *Weights) finish() {
 	if w.cfg.TiedHead {
 		w.lmHead = w.embed
-	}
-	if w.cfg.Positions == model.RotaryPositions {
-		w.invFreq = w.cfg.Rope.InvFreq()
 	}
 }
 
@@ -184,6 +182,14 @@ func (w *Weights) vectorOf(r model.Role, l int) *[]float32 {
 		return &ly.mlpNormB
 	case model.RoleUpBias:
 		return &ly.upB
+	case model.RoleQNorm:
+		return &ly.qNorm
+	case model.RoleKNorm:
+		return &ly.kNorm
+	case model.RolePostAttnNorm:
+		return &ly.postAttn
+	case model.RolePostMLPNorm:
+		return &ly.postMLP
 	}
 	return &ly.downB
 }
@@ -204,7 +210,8 @@ func (w *Weights) Bytes() int64 {
 	vec := len(w.pos) + len(w.finalNorm) + len(w.finalNormB)
 	for i := range w.layers {
 		l := &w.layers[i]
-		vec += len(l.attnNorm) + len(l.attnNormB) + len(l.qkvB) + len(l.outB) + len(l.mlpNorm) + len(l.mlpNormB) + len(l.upB) + len(l.downB)
+		vec += len(l.attnNorm) + len(l.attnNormB) + len(l.qkvB) + len(l.outB) + len(l.mlpNorm) + len(l.mlpNormB) + len(l.upB) + len(l.downB) +
+			len(l.qNorm) + len(l.kNorm) + len(l.postAttn) + len(l.postMLP)
 	}
 	return n + 4*int64(vec)
 }

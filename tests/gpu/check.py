@@ -10,8 +10,16 @@ It writes checkpoints with transformers — GPT-2: the 124M shape, an odd one (6
 80, 5 layers, vocabulary 1,000) and one whose MLP is 1,002 wide; the LLaMA family: the
 TinyLlama-1.1B shape, a Llama-3 shape with llama3 rope scaling and a 128,256 vocabulary, a
 Qwen2 shape (q/k/v biases, tied embeddings), a Mistral shape whose sliding window is
-shorter than most prompts, and an odd one (hidden 640, 10 heads, 2 KV heads) — whose
-weights are rounded to bfloat16 so that both engines read exactly the same numbers; makes 64 prompts of mixed lengths; runs
+shorter than most prompts, an odd one (hidden 640, 10 heads, 2 KV heads), and a Phi-3
+shape whose partial rotary factor rotates 96 of each head's 128 dimensions; the families of
+issue 37: a Qwen3 shape (q/k norms, head_dim 128 with heads · head_dim ≠ hidden), Gemma 2
+shapes with head_dim 256 and 128 (post-norms, (1 + w) norms, the embedding scale,
+query_pre_attn_scalar, alternating windows shorter than most prompts, attention and final
+soft-caps set low enough to bend these logits), a Gemma 3 shape (q/k norms, five sliding
+layers with the local rope to one global layer with linear scaling), and Phi-3 and
+Phi-4-mini shapes with longrope whose original context most runs cross (the latter with a
+partial rotary) — whose weights are rounded to bfloat16 so that both engines read exactly
+the same numbers; makes 64 prompts of mixed lengths; runs
 gollm-gpucheck (each prompt alone, then all 64 as an in-flight batch, with and without
 CUDA graphs, and chunked prefill) in float16 and bfloat16; and runs transformers in
 float32 on the prompt followed by gollm's generated tokens (teacher forcing). It checks:
@@ -27,6 +35,11 @@ float32 on the prompt followed by gollm's generated tokens (teacher forcing). It
 - as a yardstick, transformers itself in the run's dtype against its float32: the
   relative L2 error of its own fp16/bf16 logits on the logit prompts (column hf_relL2).
   A run fails when gollm's error exceeds max(1e-2, 1.5 × transformers' own in that dtype);
+- longrope picks its frequency set by the sequence's length after each forward pass, so
+  for the longrope shapes the references run as gollm does — the prompt in one pass, then
+  one pass a generated token (and the chunked prefill's reference in the same 7-token
+  chunks) — rather than teacher-forced in a single pass, which would rotate the prompt by
+  the long factors wherever the generation crosses the original context;
 - sampling (odd model, float16): the GPU's sampled tokens agree with the CPU engine's
   on the same logits in at least 95% of the draws.
 
@@ -41,8 +54,8 @@ import time
 
 import torch
 from safetensors.torch import load_file
-from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig,
-                          Qwen2Config)
+from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, GPT2Config, LlamaConfig,
+                          MistralConfig, Phi3Config, Qwen2Config, Qwen3Config)
 
 TOL_LOGITS = 1e-2
 TOL_GAP = 1e-3
@@ -51,8 +64,10 @@ NPROMPTS = 64
 KLOGITS = 8
 
 
-def make_checkpoint(path, cfg, seed, save_dtypes):
-    """Random model with weights rounded to bf16 (exact in fp16 and fp32 too)."""
+def make_checkpoint(path, cfg, seed, save_dtypes, spread_norms=False):
+    """Random model with weights rounded to bf16 (exact in fp16 and fp32 too). With
+    spread_norms the norm weights are spread around their initial value (Gemma's 0, the
+    others' 1), so that a norm read as w where 1 + w is meant, or the reverse, shows."""
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():
@@ -66,6 +81,8 @@ def make_checkpoint(path, cfg, seed, save_dtypes):
             # count. GPT-2's stay as they were, so that its rows compare with earlier runs.
             if cfg.model_type != "gpt2" and name.endswith("bias"):
                 p.normal_(0.0, 0.02)
+            if spread_norms and "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
             p.copy_(p.to(torch.bfloat16).to(torch.float32))
     out = {}
     for name, dt in save_dtypes.items():
@@ -110,6 +127,68 @@ def reference(ckpt, prompts, gen, dtype=torch.float32):
     del model
     torch.cuda.empty_cache()
     return refs
+
+
+def reference_stepwise(ckpt, prompts, gen, chunk=0, dtype=torch.float32):
+    """transformers logits as gollm computes them under longrope: each prompt in one
+    forward pass (or in chunks of chunk tokens, with the cache), then gen's tokens one
+    pass each, so that each pass picks its frequency set by the sequence's length after
+    it. Rows as reference()'s: the prompt's, then one per fed token (gen=None: the
+    prompt's alone)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype, attn_implementation="eager")
+    except TypeError:
+        model = AutoModelForCausalLM.from_pretrained(ckpt, torch_dtype=dtype, attn_implementation="eager")
+    model = model.cuda().eval()
+    refs = []
+    with torch.no_grad():
+        for k, p in enumerate(prompts):
+            pieces = [p[i:i + chunk] for i in range(0, len(p), chunk)] if chunk else [p]
+            if gen is not None:
+                pieces += [[t] for t in gen[k][:STEPS]]
+            past, rows = None, []
+            for piece in pieces:
+                out = model(torch.tensor([piece], device="cuda"), past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                rows.append(out.logits[0].float().cpu())
+            refs.append(torch.cat(rows))
+    del model
+    torch.cuda.empty_cache()
+    return refs
+
+
+def gemma3_text_config(**kw):
+    """Gemma3TextConfig with a local rope base (sliding layers) and linear scaling on the
+    global ones, in transformers 5's rope_parameters or transformers 4's fields."""
+    try:
+        return Gemma3TextConfig(**kw, rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}})
+    except (TypeError, ValueError):
+        return Gemma3TextConfig(**kw, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                                rope_scaling={"rope_type": "linear", "factor": 8.0})
+
+
+def phi3_longrope_config(rotary, original, partial, **kw):
+    """Phi3Config with longrope: short factors near 1, long ones rising to 8 over the
+    rotated pairs, in transformers 5's rope_parameters or transformers 4's rope_scaling."""
+    half = rotary // 2
+    factors = {"short_factor": [1.0 + 0.01 * i for i in range(half)],
+               "long_factor": [1.0 + 7.0 * i / (half - 1) for i in range(half)]}
+    try:
+        return Phi3Config(**kw, original_max_position_embeddings=original, rope_parameters={
+            "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": partial,
+            "original_max_position_embeddings": original, **factors})
+    except (TypeError, ValueError):
+        return Phi3Config(**kw, original_max_position_embeddings=original, partial_rotary_factor=partial,
+                          rope_theta=10000.0, rope_scaling={"type": "longrope", **factors})
+
+
+# The shapes whose references run step by step (reference_stepwise): longrope's.
+STEPWISE = {"phi3-4L-longrope", "phi4mini-4L-longrope-partial"}
+# The shapes whose norm weights are spread (make_checkpoint): issue 37's families.
+SPREAD_NORMS = {"qwen3-4L-qknorm", "gemma2-4L-d256-cap", "gemma2-4L-d128-cap", "gemma3-6L-d256"} | STEPWISE
 
 
 def rms_diff_rows(a, b):
@@ -206,13 +285,75 @@ def main():
                                              max_position_embeddings=1024, rms_norm_eps=1e-6, bos_token_id=1,
                                              eos_token_id=2, tie_word_embeddings=False),
                                  {"f32": torch.float32}),
+        # Phi-3's fused projections and a partial rotary factor (Phi-4-mini's 0.75): 96 of
+        # each head's 128 dimensions rotate, so every path takes the rotary's own kernel
+        # rather than a projection's epilogue.
+        "phi3-4L-partial": (Phi3Config(vocab_size=32064, hidden_size=1024, intermediate_size=2816,
+                                       num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                                       partial_rotary_factor=0.75, max_position_embeddings=4096,
+                                       rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=32000,
+                                       pad_token_id=32000, tie_word_embeddings=False),
+                            {"f32": torch.float32}),
+        # Qwen3: per-head q/k norms before the rotary (the QKV epilogue's own kernel on every
+        # path), 16 heads of 128 in a model 1024 wide.
+        "qwen3-4L-qknorm": (Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                                        num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
+                                        head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                                        rope_theta=1000000.0, tie_word_embeddings=True, bos_token_id=151643,
+                                        eos_token_id=151645),
+                            {"f32": torch.float32}),
+        # Gemma 2 (the 2B/9B head of 256, and the 27B's 128, where the soft-cap keeps the
+        # scores off the tensor-core context kernel and the grouped decode kernel): windows of
+        # 128 and 96 on alternate layers, soft-caps low enough to bend random logits.
+        "gemma2-4L-d256-cap": (Gemma2Config(vocab_size=32000, hidden_size=1152, intermediate_size=4608,
+                                            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                            head_dim=256, query_pre_attn_scalar=256, sliding_window=128,
+                                            attn_logit_softcapping=1.0, final_logit_softcapping=5.0,
+                                            max_position_embeddings=8192, rms_norm_eps=1e-6, bos_token_id=2,
+                                            eos_token_id=1, pad_token_id=0,
+                                            hidden_activation="gelu_pytorch_tanh"),
+                               {"f32": torch.float32}),
+        "gemma2-4L-d128-cap": (Gemma2Config(vocab_size=32000, hidden_size=1024, intermediate_size=4096,
+                                            num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+                                            head_dim=128, query_pre_attn_scalar=144, sliding_window=96,
+                                            attn_logit_softcapping=1.0, final_logit_softcapping=5.0,
+                                            max_position_embeddings=8192, rms_norm_eps=1e-6, bos_token_id=2,
+                                            eos_token_id=1, pad_token_id=0,
+                                            hidden_activation="gelu_pytorch_tanh"),
+                               {"f32": torch.float32}),
+        # Gemma 3: five sliding layers (window 64, the local rope) to a global one (rope_theta
+        # 1e6, linear ×8: the 4B's), q/k norms with 1 + w, one KV head.
+        "gemma3-6L-d256": (gemma3_text_config(vocab_size=32000, hidden_size=1152, intermediate_size=6912,
+                                              num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1,
+                                              head_dim=256, query_pre_attn_scalar=256, sliding_window=64,
+                                              max_position_embeddings=32768, rms_norm_eps=1e-6, bos_token_id=2,
+                                              eos_token_id=1, pad_token_id=0,
+                                              hidden_activation="gelu_pytorch_tanh"),
+                           {"f32": torch.float32}),
+        # Phi-3 longrope: the original context (128) inside the prompts' range, so that runs
+        # take the short set, the long one, and switch during generation; Phi-4-mini's shape
+        # adds the partial rotary (96 of 128) to it.
+        "phi3-4L-longrope": (phi3_longrope_config(128, 128, 1.0, vocab_size=32064, hidden_size=1024,
+                                                  intermediate_size=2816, num_hidden_layers=4,
+                                                  num_attention_heads=8, num_key_value_heads=2,
+                                                  max_position_embeddings=4096, rms_norm_eps=1e-5,
+                                                  bos_token_id=1, eos_token_id=32000, pad_token_id=32000,
+                                                  tie_word_embeddings=False),
+                             {"f32": torch.float32}),
+        "phi4mini-4L-longrope-partial": (phi3_longrope_config(96, 256, 0.75, vocab_size=32064, hidden_size=768,
+                                                              intermediate_size=2048, num_hidden_layers=4,
+                                                              num_attention_heads=6, num_key_value_heads=2,
+                                                              max_position_embeddings=4096, rms_norm_eps=1e-5,
+                                                              bos_token_id=1, eos_token_id=32000,
+                                                              pad_token_id=32000, tie_word_embeddings=True),
+                                         {"f32": torch.float32}),
     }
     runs = []  # (model, dtype, ckpt dir, sampling?)
     only = set(filter(None, args.only.split(",")))
     for mi, (name, (cfg, saves)) in enumerate(shapes.items()):
         if only and name not in only:
             continue
-        dirs = make_checkpoint(os.path.join(args.work, name), cfg, 100 + mi, saves)
+        dirs = make_checkpoint(os.path.join(args.work, name), cfg, 100 + mi, saves, spread_norms=name in SPREAD_NORMS)
         if "f16" in dirs:
             runs += [(name, "float16", dirs["f16"], False), (name, "bfloat16", dirs["bf16"], False)]
         else:
@@ -249,10 +390,16 @@ def main():
                 samp = json.loads(line[len("SAMPLING "):])
         g = load_file(out)
         gen = {k: g[f"{k}.tokens"].long().tolist() for k in ("single", "batch", "batchlogits")}
-        refs = reference(ckpt, prompts, gen["single"])
-        # transformers in the run's dtype, on the logit prompts: the yardstick.
-        own = reference(ckpt, prompts[:KLOGITS], gen["single"][:KLOGITS],
-                        torch.float16 if dtype == "float16" else torch.bfloat16)
+        own_dtype = torch.float16 if dtype == "float16" else torch.bfloat16
+        if name in STEPWISE:
+            refs = reference_stepwise(ckpt, prompts, gen["single"])
+            own = reference_stepwise(ckpt, prompts[:KLOGITS], gen["single"][:KLOGITS], dtype=own_dtype)
+            chunk_refs = reference_stepwise(ckpt, prompts[:KLOGITS], None, chunk=7)
+        else:
+            refs = reference(ckpt, prompts, gen["single"])
+            # transformers in the run's dtype, on the logit prompts: the yardstick.
+            own = reference(ckpt, prompts[:KLOGITS], gen["single"][:KLOGITS], own_dtype)
+            chunk_refs = [r[:len(p)] for p, r in zip(prompts[:KLOGITS], refs)]
         hf_err = max(rel_l2_rows(own[i], refs[i]) for i in range(KLOGITS))
         row = {"run": label, "gollm_s": round(time.time() - t1, 1)}
         err = {"prompt": 0.0, "decode": 0.0, "batch_decode": 0.0, "batch_prompt": 0.0, "chunked": 0.0}
@@ -268,7 +415,7 @@ def main():
             # The batch fed its own tokens; compare its logits where they match the single run.
             if gen["batchlogits"][i] == gen["single"][i]:
                 err["batch_decode"] = max(err["batch_decode"], rel_l2_rows(g[f"batchlogits.decode_logits.{i}"], r[P:P + STEPS]))
-            err["chunked"] = max(err["chunked"], rel_l2_rows(g[f"chunked.prompt_logits.{i}"], r[:P]))
+            err["chunked"] = max(err["chunked"], rel_l2_rows(g[f"chunked.prompt_logits.{i}"], chunk_refs[i]))
         tol = max(TOL_LOGITS, 1.5 * hf_err)
         for k, v in err.items():
             row[f"relL2_{k}"] = f"{v:.2e}"

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +28,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"gollm/httpfront"
 	"gollm/kserve"
 )
 
@@ -64,6 +66,8 @@ type Model struct {
 	Parameters map[string]string
 	// InstanceCount sets instance_group's count when positive.
 	InstanceCount int
+	// MaxBatchSize sets max_batch_size when positive.
+	MaxBatchSize int
 	// Checkpoint is the checkpoint folder for gpt_model_path; empty means the demo
 	// checkpoint. Relative paths are taken from the repository root.
 	Checkpoint string
@@ -73,6 +77,10 @@ type Model struct {
 	// Config is the config.pbtxt to copy instead of the shipped gpt2 one, relative to
 	// the repository root (examples/trtllm/preprocessing/config.pbtxt).
 	Config string
+	// Dir is a whole model folder (config.pbtxt and version folders) to copy as it is,
+	// relative to the repository root, such as a model of another backend; the fields
+	// above but Name are then not used.
+	Dir string
 }
 
 // Options configure a server.
@@ -91,6 +99,10 @@ type Options struct {
 	LogVerbose int
 	// ExitTimeout is tritonserver's --exit-timeout-secs; zero means DefaultExitTimeout.
 	ExitTimeout time.Duration
+	// BackendDir is tritonserver's --backend-directory; empty means the one `make build`
+	// installs gollm into. PythonBackendDir makes one that also holds Triton's Python
+	// backend.
+	BackendDir string
 	// Env are extra environment variables of the server process ("NAME=value"), such
 	// as MALLOC_CHECK_=3 or GOMEMLIMIT.
 	Env []string
@@ -121,6 +133,12 @@ type Server struct {
 	tmp string
 	// http is the client of HTTP and Stop closes its idle connections.
 	http *http.Client
+	// front is the guard in front of the HTTP endpoint (FrontURL), as `make serve` runs
+	// it; frontSrv serves it.
+	front    *httpfront.Front
+	frontSrv *http.Server
+	// FrontPort is the guard's loopback port.
+	FrontPort int
 }
 
 // Root finds the repository root: the nearest parent folder of the working directory
@@ -255,15 +273,24 @@ func (s *Server) start(bin string, opts Options) error {
 		return fmt.Errorf("launch tritonserver: %w", err)
 	}
 	s.HTTPPort, s.GRPCPort, s.MetricsPort = ports[0], ports[1], ports[2]
+	backends := opts.BackendDir
+	if backends == "" {
+		backends = filepath.Join(s.Root, backendDir)
+	}
 	args := []string{
 		"--model-repository=" + s.RepoDir,
-		"--backend-directory=" + filepath.Join(s.Root, backendDir),
+		"--backend-directory=" + backends,
 		"--http-address=127.0.0.1", "--http-port=" + strconv.Itoa(s.HTTPPort),
 		"--grpc-address=127.0.0.1", "--grpc-port=" + strconv.Itoa(s.GRPCPort),
 		"--metrics-address=127.0.0.1", "--metrics-port=" + strconv.Itoa(s.MetricsPort),
 		"--allow-gpu-metrics=false",
 		"--exit-timeout-secs=" + strconv.Itoa(int(exitTimeout/time.Second)),
 		"--log-verbose=" + strconv.Itoa(verbose),
+	}
+	if !nvidiaDriver() {
+		// As `make serve` on a machine without a GPU: pinned host memory needs the CUDA
+		// driver, and gollm's tensors are all in ordinary host memory.
+		args = append(args, "--pinned-memory-pool-byte-size=0")
 	}
 	args = append(args, opts.Flags...)
 	f, err := os.Create(s.LogPath)
@@ -297,7 +324,41 @@ func (s *Server) start(bin string, opts Options) error {
 		s.kill()
 		return fmt.Errorf("%w\n--- tritonserver log (%s) ---\n%s", err, s.LogPath, s.LogTail(32<<10))
 	}
+	if err := s.startFront(); err != nil {
+		s.kill()
+		return fmt.Errorf("launch tritonserver: %w", err)
+	}
 	return nil
+}
+
+// startFront serves the HTTP endpoint through the guard `make serve` puts in front of it
+// (package httpfront, with its default bound), on a loopback port of its own.
+func (s *Server) startFront() error {
+	target, err := url.Parse(s.HTTPURL())
+	if err != nil {
+		return err
+	}
+	f, err := httpfront.New(httpfront.Config{Target: target})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("http front: %w", err)
+	}
+	s.front, s.FrontPort = f, ln.Addr().(*net.TCPAddr).Port
+	s.frontSrv = &http.Server{Handler: f, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = s.frontSrv.Serve(ln) }()
+	return nil
+}
+
+// nvidiaDriver says whether the machine has an NVIDIA driver, as scripts/cuda.sh decides.
+func nvidiaDriver() bool {
+	if _, err := os.Stat("/proc/driver/nvidia/version"); err == nil {
+		return true
+	}
+	_, err := exec.LookPath("nvidia-smi")
+	return err == nil
 }
 
 // waitReady polls /v2/health/ready, then the metrics page, until each answers 200, the
@@ -366,6 +427,10 @@ func (s *Server) StopWith(sig os.Signal) (int, error) {
 		// to --exit-timeout-secs, so idle keep-alive connections would delay every stop.
 		s.http.CloseIdleConnections()
 		http.DefaultClient.CloseIdleConnections()
+		if s.front != nil {
+			_ = s.frontSrv.Close()
+			s.front.CloseIdleConnections()
+		}
 		if err := s.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 			return -1, fmt.Errorf("stop tritonserver: %w", err)
 		}
@@ -394,6 +459,9 @@ func (s *Server) Exited() bool {
 func (s *Server) Close() {
 	if !s.Exited() {
 		s.kill()
+	}
+	if s.frontSrv != nil {
+		_ = s.frontSrv.Close()
 	}
 	os.RemoveAll(s.tmp)
 }
@@ -441,6 +509,10 @@ func ProcessRSS(pid int) (int64, error) {
 
 // HTTPURL is the base URL of the HTTP endpoint, such as http://127.0.0.1:41234.
 func (s *Server) HTTPURL() string { return "http://127.0.0.1:" + strconv.Itoa(s.HTTPPort) }
+
+// FrontURL is the base URL of the HTTP endpoint through the guard that `make serve`
+// puts in front of it (httpfront: request bodies over 4 MiB refused).
+func (s *Server) FrontURL() string { return "http://127.0.0.1:" + strconv.Itoa(s.FrontPort) }
 
 // HTTP is the HTTP client for this server: Stop closes its idle connections, which
 // tritonserver would otherwise wait for on exit. Use it rather than
@@ -534,4 +606,46 @@ func freePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// PythonBackendDir makes a backend directory in dir that holds gollm's backend (a link
+// to the one `make build` installs) and Triton's Python backend from the nvidia-pytriton
+// wheel (its library, utilities and the stub for this machine's python3, as pytriton
+// lays them out), and returns it with the environment a Python model needs: the stub's
+// libraries and PYTHONPATH's folders (the stub's embedded Python ignores PYTHONPATH; a
+// model reads them from GOLLM_PYTHONPATH).
+func PythonBackendDir(dir string) (string, []string, error) {
+	root, err := Root()
+	if err != nil {
+		return "", nil, err
+	}
+	wheel := filepath.Join(root, ".deps/pytriton/pytriton/tritonserver")
+	out, err := exec.Command("python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])").Output()
+	if err != nil {
+		return "", nil, fmt.Errorf("python backend: python3's version: %w", err)
+	}
+	stub := filepath.Join(wheel, "python_backend_stubs", strings.TrimSpace(string(out)), "triton_python_backend_stub")
+	py := filepath.Join(dir, "python")
+	if err := os.MkdirAll(py, 0o755); err != nil {
+		return "", nil, fmt.Errorf("python backend: %w", err)
+	}
+	links := map[string]string{
+		filepath.Join(dir, "gollm"):                         filepath.Join(root, backendDir, "gollm"),
+		filepath.Join(py, "libtriton_python.so"):            filepath.Join(wheel, "backends/python/libtriton_python.so"),
+		filepath.Join(py, "triton_python_backend_utils.py"): filepath.Join(wheel, "backends/python/triton_python_backend_utils.py"),
+		filepath.Join(py, "triton_python_backend_stub"):     stub,
+	}
+	for link, target := range links {
+		if _, err := os.Stat(target); err != nil {
+			return "", nil, fmt.Errorf("python backend: %w (run `make deps`)", err)
+		}
+		if err := os.Symlink(target, link); err != nil {
+			return "", nil, fmt.Errorf("python backend: %w", err)
+		}
+	}
+	env := []string{
+		"LD_LIBRARY_PATH=" + filepath.Join(root, ".deps/pytriton/nvidia_pytriton.libs"),
+		"GOLLM_PYTHONPATH=" + filepath.Join(root, ".deps/py"),
+	}
+	return dir, env, nil
 }

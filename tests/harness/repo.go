@@ -33,6 +33,12 @@ func prepareRepository(root, dir string, opts Options) error {
 		if m.Name == "" {
 			m.Name = "gpt2"
 		}
+		if m.Dir != "" {
+			if err := os.CopyFS(filepath.Join(dir, m.Name), os.DirFS(filepath.Join(root, m.Dir))); err != nil {
+				return fmt.Errorf("prepare model %s from %s: %w", m.Name, m.Dir, err)
+			}
+			continue
+		}
 		srcPath, src := shippedPath, shipped
 		if m.Config != "" {
 			srcPath = filepath.Join(root, m.Config)
@@ -95,6 +101,13 @@ func rewriteConfig(cfg string, m Model, checkpoint string) (string, error) {
 			return "", err
 		}
 	}
+	if m.MaxBatchSize > 0 {
+		loc := maxBatchRE.FindStringIndex(maskComments(cfg))
+		if loc == nil {
+			return "", fmt.Errorf("no max_batch_size to set")
+		}
+		cfg = cfg[:loc[0]] + fmt.Sprintf("max_batch_size: %d", m.MaxBatchSize) + cfg[loc[1]:]
+	}
 	if m.Outputs != nil {
 		if cfg, err = keepOutputs(cfg, m.Outputs); err != nil {
 			return "", err
@@ -105,6 +118,7 @@ func rewriteConfig(cfg string, m Model, checkpoint string) (string, error) {
 
 var (
 	decoupledRE = regexp.MustCompile(`decoupled\s*:\s*true`)
+	maxBatchRE  = regexp.MustCompile(`(?m)^max_batch_size\s*:\s*\d+`)
 	// quotedRE matches one protobuf text-format string literal.
 	quotedRE    = `"(?:[^"\\]|\\.)*"`
 	nameFieldRE = regexp.MustCompile(`^name\s*:\s*` + quotedRE)

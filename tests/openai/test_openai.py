@@ -24,6 +24,7 @@ import unittest
 import urllib.error
 import urllib.request
 
+import jsonschema
 import openai
 
 URL = os.environ["GOLLM_OPENAI_URL"]
@@ -354,6 +355,225 @@ class Austen(unittest.TestCase):
         self.assertNotEqual(default, greedy)
 
 
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "email": {"type": "string", "format": "email"},
+        "born": {"type": "string", "format": "date"},
+        "height": {"type": "number", "minimum": 1, "maximum": 3},
+        "married": {"type": "boolean"},
+        "children": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
+        "title": {"enum": ["Mr.", "Mrs.", "Miss", "Sir"]},
+        "estate": {"type": ["object", "null"], "properties": {"county": {"type": "string", "maxLength": 16},
+                                                            "acres": {"type": "integer", "minimum": 1}},
+                   "required": ["county", "acres"], "additionalProperties": False},
+    },
+    "required": ["name", "age", "email", "born", "married", "children", "title", "estate"],
+    "additionalProperties": False,
+}
+
+
+def raw_sse(body):
+    """POSTs a streaming chat request; returns the parsed data events (without [DONE])."""
+    req = urllib.request.Request(URL + "/chat/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    events = []
+    with urllib.request.urlopen(req, timeout=120) as r:
+        for line in r.read().decode().split("\n"):
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[len("data: "):]))
+    return events
+
+
+class StructuredOutputs(unittest.TestCase):
+    def test_100_json_schema_answers_validate(self):
+        # The austen model has never seen JSON: the mask alone makes its answers valid.
+        checker = jsonschema.FormatChecker()
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+        answers = []
+        for seed in range(10):
+            r = client.chat.completions.create(model=AUSTEN, messages=[{"role": "user", "content": "Describe Mr. Darcy."}],
+                                               response_format=fmt, n=10, seed=10 * seed, max_tokens=160)
+            for ch in r.choices:
+                answers.append(ch.message.content)
+                self.assertIn(ch.finish_reason, ("stop", "length"))
+        self.assertEqual(len(answers), 100)
+        for a in answers:
+            jsonschema.validate(json.loads(a), PERSON, format_checker=checker)
+        self.assertGreater(len(set(answers)), 90, "sampled answers should differ")
+        print("\nan answer:", answers[0])
+
+    def test_json_object_streamed(self):
+        stream = client.chat.completions.create(model=AUSTEN, messages=[{"role": "user", "content": "Your estate?"}],
+                                                response_format={"type": "json_object"}, stream=True, seed=3, max_tokens=80)
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        self.assertIsInstance(json.loads(text), dict)
+
+    def test_parse_with_pydantic_model(self):
+        import pydantic
+
+        class Visit(pydantic.BaseModel):
+            host: str = pydantic.Field(max_length=20)
+            guests: int = pydantic.Field(ge=1, le=12)
+            ball: bool
+
+        r = client.beta.chat.completions.parse(model=AUSTEN, messages=[{"role": "user", "content": "Plan a visit."}],
+                                               response_format=Visit, seed=5, max_tokens=80)
+        v = r.choices[0].message.parsed
+        self.assertIsInstance(v, Visit)
+        self.assertTrue(1 <= v.guests <= 12)
+
+    def test_bad_schemas_are_400(self):
+        def bad(fmt, *parts):
+            with self.assertRaises(openai.BadRequestError) as cm:
+                client.chat.completions.create(model=AUSTEN, messages=[{"role": "user", "content": "x"}], response_format=fmt)
+            for p in parts:
+                self.assertIn(p, str(cm.exception))
+        bad({"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "array", "uniqueItems": True}}}, "uniqueItems")
+        bad({"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "integer", "minimum": 5, "maximum": 1}}},
+            "no JSON value satisfies the schema")
+        bad({"type": "json_schema", "json_schema": {"name": "s", "strict": True,
+                                                    "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}},
+            "additionalProperties")
+        deep = {"type": "object", "properties": {"a": {}}}
+        for _ in range(100):
+            deep = {"type": "array", "items": deep}
+        bad({"type": "json_schema", "json_schema": {"name": "s", "schema": deep}}, "nests")
+        # The server goes on serving.
+        r = client.chat.completions.create(model=AUSTEN, messages=[{"role": "user", "content": "x"}], max_tokens=3)
+        self.assertTrue(r.choices[0].message.content is not None)
+
+
+class OpenAIShape(unittest.TestCase):
+    def test_stream_chunks_are_shaped_as_openai_s(self):
+        events = raw_sse({"model": AUSTEN, "messages": [{"role": "user", "content": "Hello."}], "max_tokens": 6,
+                          "stream": True, "stream_options": {"include_usage": True}, "seed": 1})
+        self.assertGreater(len(events), 2)
+        for e in events[:-1]:
+            self.assertIn("usage", e)
+            self.assertIsNone(e["usage"])
+            self.assertEqual(e["system_fingerprint"], events[0]["system_fingerprint"])
+        self.assertTrue(events[0]["system_fingerprint"])
+        last_content = events[-2]["choices"][0]
+        self.assertIsNotNone(last_content["finish_reason"])
+        if last_content["delta"].get("content") is None:
+            self.assertEqual(last_content["delta"], {})
+        self.assertEqual(events[-1]["choices"], [])
+        self.assertIsNotNone(events[-1]["usage"])
+        # Without include_usage the chunks carry no usage at all.
+        for e in raw_sse({"model": AUSTEN, "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 3, "stream": True}):
+            self.assertNotIn("usage", e)
+
+    def test_unknown_parameter_is_400(self):
+        with self.assertRaises(openai.BadRequestError) as cm:
+            client.chat.completions.create(model=AUSTEN, messages=[{"role": "user", "content": "x"}], extra_body={"frobnicate": 1})
+        self.assertIn("Unrecognized request argument supplied: frobnicate", str(cm.exception))
+
+    def test_context_length_exceeded(self):
+        with self.assertRaises(openai.BadRequestError) as cm:
+            client.completions.create(model=AUSTEN, prompt="very " * 2000, max_tokens=5)
+        self.assertEqual(cm.exception.code, "context_length_exceeded")
+
+    def test_vllm_sampling_extras(self):
+        msgs = [{"role": "user", "content": "Will you dance?"}]
+        for seed in range(3):
+            r = client.chat.completions.create(model=AUSTEN, messages=msgs, max_tokens=40, seed=seed,
+                                               extra_body={"ignore_eos": True})
+            self.assertEqual(r.usage.completion_tokens, 40)
+            self.assertEqual(r.choices[0].finish_reason, "length")
+            r = client.chat.completions.create(model=AUSTEN, messages=msgs, max_tokens=30, seed=seed,
+                                               extra_body={"min_tokens": 25})
+            self.assertGreaterEqual(r.usage.completion_tokens, 25)
+        a = client.completions.create(model=AUSTEN, prompt="It is a truth", max_tokens=12, temperature=1.0, seed=9,
+                                      extra_body={"top_k": 1})
+        b = client.completions.create(model=AUSTEN, prompt="It is a truth", max_tokens=12, temperature=0)
+        self.assertEqual(a.choices[0].text, b.choices[0].text, "top_k 1 is greedy")
+        c = client.completions.create(model=AUSTEN, prompt="It is a truth", max_tokens=12, temperature=0,
+                                      extra_body={"repetition_penalty": 5.0})
+        self.assertNotEqual(b.choices[0].text, c.choices[0].text, "a strong repetition penalty changes a greedy answer")
+
+
+TOOL_MODELS = dict(kv.split("=", 1) for kv in os.environ["GOLLM_TOOL_MODELS"].split(","))
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a town.",
+    "parameters": {"type": "object", "properties": {"town": {"type": "string", "maxLength": 16}, "unit": {"enum": ["c", "f"]}},
+                   "required": ["town", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The time somewhere.",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 10}},
+                   "required": ["zone"], "additionalProperties": False}}}
+SPECS = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "Is it raining in Bath?"}]
+
+
+class Tools(unittest.TestCase):
+    def check_calls(self, calls):
+        self.assertTrue(calls)
+        for tc in calls:
+            self.assertTrue(tc.id)
+            jsonschema.validate(json.loads(tc.function.arguments), SPECS[tc.function.name]["function"]["parameters"])
+
+    def test_required_calls_round_trip_through_each_template(self):
+        for fmt, model in TOOL_MODELS.items():
+            for seed in range(3):
+                r = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
+                                                   seed=seed, max_tokens=150)
+                ch = r.choices[0]
+                self.assertEqual(ch.finish_reason, "tool_calls", fmt)
+                self.check_calls(ch.message.tool_calls)
+                # The calls and their results go back through the template.
+                msgs = ASK + [{"role": "assistant", "content": None,
+                               "tool_calls": [tc.model_dump(exclude_none=True) for tc in ch.message.tool_calls]}]
+                calls_only = client.chat.completions.create(model=model, messages=msgs, tools=[WEATHER, TIME], seed=seed,
+                                                            max_tokens=4)
+                msgs += [{"role": "tool", "tool_call_id": tc.id, "content": "Rain, and 12 degrees."} for tc in ch.message.tool_calls]
+                r2 = client.chat.completions.create(model=model, messages=msgs, tools=[WEATHER, TIME], seed=seed, max_tokens=8)
+                # The results are in the prompt, after the calls.
+                self.assertGreater(r2.usage.prompt_tokens, calls_only.usage.prompt_tokens, fmt)
+
+    def test_named_function_and_one_call(self):
+        for fmt, model in TOOL_MODELS.items():
+            r = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER, TIME], seed=4, max_tokens=150,
+                                               tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                               parallel_tool_calls=False)
+            calls = r.choices[0].message.tool_calls
+            self.check_calls(calls)
+            self.assertEqual(len(calls), 1, fmt)
+            self.assertEqual(calls[0].function.name, "get_time", fmt)
+
+    def test_streamed_tool_call_deltas(self):
+        for fmt, model in TOOL_MODELS.items():
+            stream = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER], tool_choice="required",
+                                                    seed=6, max_tokens=150, stream=True)
+            calls, finish = {}, None
+            for chunk in stream:
+                for ch in chunk.choices:
+                    for d in ch.delta.tool_calls or []:
+                        c = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+                        c["id"] += d.id or ""
+                        c["name"] += d.function.name or ""
+                        c["arguments"] += d.function.arguments or ""
+                    finish = ch.finish_reason or finish
+            self.assertEqual(finish, "tool_calls", fmt)
+            self.assertTrue(calls, fmt)
+            for c in calls.values():
+                self.assertEqual(c["name"], "get_weather")
+                jsonschema.validate(json.loads(c["arguments"]), WEATHER["function"]["parameters"])
+
+    def test_none_and_auto_answer_in_text(self):
+        for model in TOOL_MODELS.values():
+            r = client.chat.completions.create(model=model, messages=ASK, tools=[WEATHER], tool_choice="none", seed=1, max_tokens=12)
+            self.assertIsNone(r.choices[0].message.tool_calls)
+            self.assertIsInstance(r.choices[0].message.content, str)
+
+    def test_template_without_tool_calls_is_refused(self):
+        with self.assertRaises(openai.BadRequestError) as cm:
+            client.chat.completions.create(model=CHAT, messages=ASK, tools=[WEATHER])
+        self.assertIn("writes no tool calls", str(cm.exception))
+
+
 class Errors(unittest.TestCase):
     def test_unknown_model(self):
         with self.assertRaises(openai.NotFoundError) as cm:
@@ -382,6 +602,26 @@ class Errors(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError) as cm:
             client.completions.create(model=MODEL, prompt="Hello", max_tokens=0)
         self.assertIn("max_tokens", str(cm.exception))
+
+    def test_prompt_too_long_is_refused_once_for_every_choice(self):
+        # A prompt longer than the model can take is refused by the frontend, once, in
+        # bounded time, however many choices it asks for: Triton sees no request.
+        triton_before = [metric(m, MODEL) for m in ("nv_inference_request_success", "nv_inference_request_failure")]
+        for prompt in ("a" * (2 << 20), "Call me Ishmael. " * 400):
+            for stream in (False, True):
+                start = time.time()
+                with self.assertRaises(openai.BadRequestError) as cm:
+                    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, n=4, stream=stream)
+                    list(r) if stream else None
+                took = time.time() - start
+                self.assertEqual(cm.exception.body["code"], "context_length_exceeded", str(cm.exception))
+                self.assertEqual(cm.exception.body["param"], "prompt")
+                self.assertLess(took, 2.0, f"refused after {took:.2f} s")
+        with self.assertRaises(openai.BadRequestError) as cm:
+            client.chat.completions.create(model=CHAT, messages=[{"role": "user", "content": "b" * (1 << 20)}], n=4)
+        self.assertEqual(cm.exception.body["param"], "messages")
+        triton_after = [metric(m, MODEL) for m in ("nv_inference_request_success", "nv_inference_request_failure")]
+        self.assertEqual(triton_before, triton_after, "the refused prompts reached Triton")
 
     def test_bad_temperature(self):
         for t in (-0.5, 2.5):

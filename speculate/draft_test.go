@@ -1,0 +1,154 @@
+package speculate
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"gollm/engine"
+	"gollm/engine/cpu"
+	"gollm/engine/enginetest"
+	"gollm/model"
+)
+
+// austenDir is the shipped demo model.
+const austenDir = "../model_repository/austen/1"
+
+var (
+	austenOnce  sync.Once
+	austenModel *model.Float32
+	austenErr   error
+)
+
+// austen is a CPU engine on the Austen model with a pool of blocks of 16 positions.
+func austen(t *testing.T, blocks int) *cpu.Engine {
+	t.Helper()
+	austenOnce.Do(func() { austenModel, austenErr = model.LoadFloat32(austenDir) })
+	if austenErr != nil {
+		t.Fatal(austenErr)
+	}
+	e, err := cpu.NewFromModel(austenModel, engine.KVConfig{NumBlocks: blocks, TokensPerBlock: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	return e
+}
+
+// greedyAfter decodes n greedy tokens after ctx on a fresh engine, one step each.
+func greedyAfter(t *testing.T, ctx []int32, n int) []int32 {
+	t.Helper()
+	e := austen(t, 16)
+	blocks := make([]int32, 16)
+	for i := range blocks {
+		blocks[i] = int32(i)
+	}
+	hist := slices.Clone(ctx)
+	toks, pos := ctx, 0
+	for range n {
+		outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{{ID: 1, Tokens: toks, Pos: pos, Blocks: blocks, Sample: true, History: hist}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pos += len(toks)
+		hist = append(hist, outs[0].Token)
+		toks = hist[len(hist)-1:]
+	}
+	return hist[len(ctx):]
+}
+
+// TestDraftProposesItsGreedyContinuation: a greedy sequence's proposals are the draft
+// model's greedy tokens; after the target keeps some of them and adds a token of its
+// own, the next proposals continue from there (the draft's KV of the rejected ones is
+// overwritten); Forget gives every block back.
+func TestDraftProposesItsGreedyContinuation(t *testing.T) {
+	d, err := NewDraft(austen(t, 32), 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := []int32{40, 318, 257, 3288, 11, 290, 262, 286}
+	r := &Request{Key: 7, Tokens: prompt, Max: 5}
+	if err := d.Propose([]*Request{r}); err != nil {
+		t.Fatal(err)
+	}
+	want := greedyAfter(t, prompt, 5)
+	if !slices.Equal(r.Draft, want) || len(r.Probs) != 0 {
+		t.Fatalf("proposals %v (probs %d), want %v", r.Draft, len(r.Probs), want)
+	}
+	// The target keeps two and samples a token of its own.
+	ctx := append(append(slices.Clone(prompt), want[:2]...), (want[2]+1)%4096)
+	r2 := &Request{Key: 7, Tokens: ctx, Max: 4, NumGenerated: 3}
+	other := &Request{Key: 8, Tokens: prompt[:5], Max: 3}
+	if err := d.Propose([]*Request{r2, other}); err != nil {
+		t.Fatal(err)
+	}
+	if want := greedyAfter(t, ctx, 4); !slices.Equal(r2.Draft, want) {
+		t.Fatalf("after a rejection: proposals %v, want %v", r2.Draft, want)
+	}
+	if want := greedyAfter(t, prompt[:5], 3); !slices.Equal(other.Draft, want) {
+		t.Fatalf("a second sequence in the same steps: proposals %v, want %v", other.Draft, want)
+	}
+	d.Forget(7)
+	d.Forget(8)
+	if used := d.pool.Stats().Used; used != 0 {
+		t.Fatalf("%d draft blocks still used after Forget", used)
+	}
+}
+
+// TestDraftSampledProposalsCarryTheirDistribution: a sampled sequence's proposals come
+// with the draft's distributions, one row each, which sum to 1 and give the proposal a
+// chance.
+func TestDraftSampledProposalsCarryTheirDistribution(t *testing.T) {
+	d, err := NewDraft(austen(t, 32), 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Request{Key: 1, Tokens: []int32{40, 318, 257}, Max: 4,
+		Sampling: engine.SamplingParams{Temperature: 0.9, TopP: 0.95, Seed: 3}}
+	if err := d.Propose([]*Request{r}); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Draft) != 4 || len(r.Probs) != 4*4096 {
+		t.Fatalf("%d proposals with %d probabilities, want 4 with %d", len(r.Draft), len(r.Probs), 4*4096)
+	}
+	for i, tok := range r.Draft {
+		row := r.Probs[i*4096 : (i+1)*4096]
+		var sum float64
+		for _, q := range row {
+			sum += float64(q)
+		}
+		if math.Abs(sum-1) > 1e-4 || row[tok] <= 0 {
+			t.Fatalf("proposal %d (%d): its row sums to %g and gives it %g", i, tok, sum, row[tok])
+		}
+	}
+}
+
+// TestDraftMustShareTheVocabulary: a draft with another vocabulary is refused, naming
+// both sizes.
+func TestDraftMustShareTheVocabulary(t *testing.T) {
+	m := enginetest.Random(enginetest.Llama(512, 64, 32, 1, 2, 1, 64), 1)
+	e, err := cpu.NewFromModel(m, engine.KVConfig{NumBlocks: 4, TokensPerBlock: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if _, err := NewDraft(e, 4096); err == nil || !strings.Contains(err.Error(), "512 tokens, the model's 4096") {
+		t.Fatalf("err = %v, want a vocabulary mismatch", err)
+	}
+}
+
+// TestDraftWithoutRoomProposesNothing: a sequence longer than the draft's pool gets no
+// proposals rather than an error.
+func TestDraftWithoutRoomProposesNothing(t *testing.T) {
+	d, err := NewDraft(austen(t, 1), 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := make([]int32, 40)
+	r := &Request{Key: 1, Tokens: long, Max: 3}
+	if err := d.Propose([]*Request{r}); err != nil || len(r.Draft) != 0 {
+		t.Fatalf("proposals %v, err %v; want none and no error", r.Draft, err)
+	}
+}
