@@ -276,6 +276,16 @@ func dot4x16Go(x []float32, w *[4][]byte, bf bool) [4]float32 {
 	return [4]float32{a, b, c, d}
 }
 
+// prefetch is the distance from stored row i of p to the row four after it, which the
+// integer kernels prefetch as they read rows i..i+3; 0 (the rows themselves) when that
+// row is past the end of the rows this worker reads.
+func prefetch(p *matPart, i, end int) int {
+	if i+8 > end {
+		return 0
+	}
+	return 4 * p.rowBytes
+}
+
 // mulQ8 computes the outputs of Q8_0 part p's stored rows [i0, i1) against the
 // quantized inputs a, a block of weight rows at a time.
 func mulQ8(p *matPart, ys [][]float32, a *act8, bias []float32, i0, i1 int) {
@@ -288,7 +298,7 @@ func mulQ8(p *matPart, ys [][]float32, a *act8, bias []float32, i0, i1 int) {
 			i := b0
 			for ; i+4 <= b1; i += 4 {
 				w := [4][]byte{p.rowRaw(i), p.rowRaw(i + 1), p.rowRaw(i + 2), p.rowRaw(i + 3)}
-				store4(p, ys[r], bias, i, dot4Q8(q, d, &w))
+				store4(p, ys[r], bias, i, dot4Q8(q, d, &w, prefetch(p, i, i1)))
 			}
 			for ; i < b1; i++ {
 				store1(p, ys[r], bias, i, dotQ8Go(q, d, p.rowRaw(i)))
@@ -311,9 +321,9 @@ func mulQK(p *matPart, ys [][]float32, a *act8K, bias []float32, i0, i1 int) {
 			for ; i+4 <= b1; i += 4 {
 				w := [4][]byte{p.rowRaw(i), p.rowRaw(i + 1), p.rowRaw(i + 2), p.rowRaw(i + 3)}
 				if q6 {
-					store4(p, ys[r], bias, i, dot4Q6K(q, d, bs16, &w))
+					store4(p, ys[r], bias, i, dot4Q6K(q, d, bs16, &w, prefetch(p, i, i1)))
 				} else {
-					store4(p, ys[r], bias, i, dot4Q4K(q, d, bs32, &w))
+					store4(p, ys[r], bias, i, dot4Q4K(q, d, bs32, &w, prefetch(p, i, i1)))
 				}
 			}
 			for ; i < b1; i++ {

@@ -29,8 +29,10 @@ func tileF32(x *[tileRows]*float32, w *[tileCols]*float32, n int, out *[tileRows
 	tileF32AVX512(x, w, n, out)
 }
 
-// dot4Q8 returns dotQ8Go of four weight rows.
-func dot4Q8(q []int8, d []float32, w *[4][]byte) [4]float32 {
+// dot4Q8 returns dotQ8Go of four weight rows, prefetching pf bytes ahead of each (the
+// distance to the next group of rows; 0 prefetches the rows themselves, which costs
+// nothing).
+func dot4Q8(q []int8, d []float32, w *[4][]byte, pf int) [4]float32 {
 	var out [4]float32
 	nb := len(d)
 	if !useAVX2 || nb == 0 {
@@ -43,15 +45,15 @@ func dot4Q8(q []int8, d []float32, w *[4][]byte) [4]float32 {
 	n := nb * model.Q8Bytes
 	w0, w1, w2, w3 := w[0][:n], w[1][:n], w[2][:n], w[3][:n]
 	if useVNNI {
-		dot4Q8VNNI(&q[0], &d[0], nb, &w0[0], &w1[0], &w2[0], &w3[0], &out)
+		dot4Q8VNNI(&q[0], &d[0], nb, &w0[0], &w1[0], &w2[0], &w3[0], &out, pf)
 	} else {
-		dot4Q8AVX2(&q[0], &d[0], nb, &w0[0], &w1[0], &w2[0], &w3[0], &out)
+		dot4Q8AVX2(&q[0], &d[0], nb, &w0[0], &w1[0], &w2[0], &w3[0], &out, pf)
 	}
 	return out
 }
 
-// dot4Q4K returns dotQ4KGo of four weight rows.
-func dot4Q4K(q []int8, d []float32, bs32 []int16, w *[4][]byte) [4]float32 {
+// dot4Q4K returns dotQ4KGo of four weight rows, prefetching as dot4Q8.
+func dot4Q4K(q []int8, d []float32, bs32 []int16, w *[4][]byte, pf int) [4]float32 {
 	var out [4]float32
 	ns := len(d)
 	if !useAVX2 || ns == 0 {
@@ -63,12 +65,12 @@ func dot4Q4K(q []int8, d []float32, bs32 []int16, w *[4][]byte) [4]float32 {
 	q, bs32 = q[:ns*model.KElems], bs32[:ns*8]
 	n := ns * model.Q4KBytes
 	w0, w1, w2, w3 := w[0][:n], w[1][:n], w[2][:n], w[3][:n]
-	dot4Q4KAVX2(&q[0], &d[0], &bs32[0], ns, &w0[0], &w1[0], &w2[0], &w3[0], &out)
+	dot4Q4KAVX2(&q[0], &d[0], &bs32[0], ns, &w0[0], &w1[0], &w2[0], &w3[0], &out, pf)
 	return out
 }
 
-// dot4Q6K returns dotQ6KGo of four weight rows.
-func dot4Q6K(q []int8, d []float32, bs16 []int16, w *[4][]byte) [4]float32 {
+// dot4Q6K returns dotQ6KGo of four weight rows, prefetching as dot4Q8.
+func dot4Q6K(q []int8, d []float32, bs16 []int16, w *[4][]byte, pf int) [4]float32 {
 	var out [4]float32
 	ns := len(d)
 	if !useAVX2 || ns == 0 {
@@ -80,6 +82,6 @@ func dot4Q6K(q []int8, d []float32, bs16 []int16, w *[4][]byte) [4]float32 {
 	q, bs16 = q[:ns*model.KElems], bs16[:ns*16]
 	n := ns * model.Q6KBytes
 	w0, w1, w2, w3 := w[0][:n], w[1][:n], w[2][:n], w[3][:n]
-	dot4Q6KAVX2(&q[0], &d[0], &bs16[0], ns, &w0[0], &w1[0], &w2[0], &w3[0], &out)
+	dot4Q6KAVX2(&q[0], &d[0], &bs16[0], ns, &w0[0], &w1[0], &w2[0], &w3[0], &out, pf)
 	return out
 }

@@ -72,23 +72,23 @@ func packRows16AVX2(src *[6]*byte, rows, n int, dst *float32, bf bool) {
 	}
 }
 
-func dot4Q8AVX2(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32) {
+func dot4Q8AVX2(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32, pf int) {
 	for j, w := range [4]*byte{w0, w1, w2, w3} {
 		out[j] = dotQ8Go(unsafe.Slice(q, 32*nb), unsafe.Slice(d, nb), unsafe.Slice(w, 34*nb))
 	}
 }
 
-func dot4Q8VNNI(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32) {
-	dot4Q8AVX2(q, d, nb, w0, w1, w2, w3, out)
+func dot4Q8VNNI(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32, pf int) {
+	dot4Q8AVX2(q, d, nb, w0, w1, w2, w3, out, pf)
 }
 
-func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32) {
+func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32, pf int) {
 	for j, w := range [4]*byte{w0, w1, w2, w3} {
 		out[j] = dotQ4KGo(unsafe.Slice(q, 256*ns), unsafe.Slice(d, ns), unsafe.Slice(bs32, 8*ns), unsafe.Slice(w, 144*ns))
 	}
 }
 
-func dot4Q6KAVX2(q *int8, d *float32, bs16 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32) {
+func dot4Q6KAVX2(q *int8, d *float32, bs16 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32, pf int) {
 	for j, w := range [4]*byte{w0, w1, w2, w3} {
 		out[j] = dotQ6KGo(unsafe.Slice(q, 256*ns), unsafe.Slice(d, ns), unsafe.Slice(bs16, 16*ns), unsafe.Slice(w, 210*ns))
 	}

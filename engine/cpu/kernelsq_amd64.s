@@ -5,7 +5,10 @@
 // int16 pairs, which cannot saturate for these value ranges, then VPMADDWD into eight
 // int32 lanes, lane l holding values 4l..4l+3 of each 32), lanes are scaled with a
 // separate multiply and add, never fused, and reduced as reduce8 does: the same bits as
-// the Go kernels.
+// the Go kernels. Each reads four weight rows of a 4-row group; pf is the distance to the
+// next group's same bytes, which it prefetches as it goes: a decode step streams the rows
+// from memory group after group, and the hardware's prefetchers lose track of four short
+// streams at a time.
 
 
 // Shuffle masks of the k-quant kernels (VPSHUFB, within each 128-bit lane): q4scale<>+32j
@@ -96,12 +99,13 @@ GLOBL q6scale<>(SB), RODATA|NOPTR, $256
 	VCVTPH2PS X, X; \
 	VMULSS    D, X, X
 
-// func dot4Q8AVX2(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32)
+// func dot4Q8AVX2(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32, pf int)
 //
 // out[j] = dotQ8Go(q[:32nb], d[:nb], wj): Q8_0 weight rows against a Q8_0 input row.
 // The input's signs move onto the weights (VPSIGNB) so that its magnitudes can be the
 // unsigned operand.
-TEXT ·dot4Q8AVX2(SB), NOSPLIT, $0-64
+TEXT ·dot4Q8AVX2(SB), NOSPLIT, $0-72
+	MOVQ pf+64(FP), R13
 	MOVQ q+0(FP), SI
 	MOVQ d+8(FP), R12
 	MOVQ nb+16(FP), CX
@@ -118,6 +122,7 @@ TEXT ·dot4Q8AVX2(SB), NOSPLIT, $0-64
 
 // Q8ROW adds weight row P's block to accumulator A (the input in Y4, |input| in Y5).
 #define Q8ROW(P, A) \
+	PREFETCHT0 (P)(R13*1); \
 	VMOVDQU    2(P), Y6; \
 	VPSIGNB    Y4, Y6, Y6; \
 	VPMADDUBSW Y6, Y5, Y6; \
@@ -156,11 +161,12 @@ q8done:
 	VZEROUPPER
 	RET
 
-// func dot4Q8VNNI(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32)
+// func dot4Q8VNNI(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32, pf int)
 //
 // dot4Q8AVX2 with AVX-512 VNNI: VPDPBUSD sums each lane's four byte products in one
 // instruction (VPMADDUBSW and VPMADDWD before); the integers, so the results, are the same.
-TEXT ·dot4Q8VNNI(SB), NOSPLIT, $0-64
+TEXT ·dot4Q8VNNI(SB), NOSPLIT, $0-72
+	MOVQ pf+64(FP), R13
 	MOVQ q+0(FP), SI
 	MOVQ d+8(FP), R12
 	MOVQ nb+16(FP), CX
@@ -175,6 +181,7 @@ TEXT ·dot4Q8VNNI(SB), NOSPLIT, $0-64
 
 // Q8ROWV adds weight row P's block to accumulator A (the input in Y4, |input| in Y5).
 #define Q8ROWV(P, A) \
+	PREFETCHT0 (P)(R13*1); \
 	VMOVDQU    2(P), Y6; \
 	VPSIGNB    Y4, Y6, Y6; \
 	VPXOR      Y8, Y8, Y8; \
@@ -213,11 +220,11 @@ q8vdone:
 	VZEROUPPER
 	RET
 
-// func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32)
+// func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32, pf int)
 //
 // out[j] = dotQ4KGo(q[:256ns], d[:ns], bs32[:8ns], wj): Q4_K weight rows against a
 // Q8_K input row. Each sub-block's int16 pairs are scaled by VPMADDWD with its scale.
-TEXT ·dot4Q4KAVX2(SB), NOSPLIT, $0-72
+TEXT ·dot4Q4KAVX2(SB), NOSPLIT, $0-80
 	MOVQ q+0(FP), SI
 	MOVQ d+8(FP), R12
 	MOVQ bs32+16(FP), R13
@@ -260,6 +267,10 @@ TEXT ·dot4Q4KAVX2(SB), NOSPLIT, $0-72
 // of Y15, from which VPSHUFB widens each sub-block's; the mins, widened in X9, meet the
 // inputs' 32-value sums in VPMADDWD's four lanes.
 #define Q4ROW(P, A, M) \
+	MOVQ      pf+72(FP), AX; \
+	PREFETCHT0 (P)(AX*1); \
+	PREFETCHT0 64(P)(AX*1); \
+	PREFETCHT0 128(P)(AX*1); \
 	MOVL      4(P), BX; \
 	MOVL      8(P), DX; \
 	MOVL      12(P), DI; \
@@ -343,7 +354,7 @@ q4done:
 	VZEROUPPER
 	RET
 
-// func dot4Q6KAVX2(q *int8, d *float32, bs16 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32)
+// func dot4Q6KAVX2(q *int8, d *float32, bs16 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32, pf int)
 //
 // out[j] = dotQ6KGo(q[:256ns], d[:ns], bs16[:16ns], wj): Q6_K weight rows against a
 // Q8_K input row. The 6-bit values are assembled from ql's nibbles and qh's bit pairs
@@ -351,7 +362,8 @@ q4done:
 // each 32 values span two 16-value sub-blocks, one per 128-bit lane, whose int8 scales
 // (in both lanes of Y14) VPSHUFB and VPSRAW widen per lane. The −32 offset's term,
 // 32·Σ sc·(sums of 16 inputs), leaves lane 0 before conversion.
-TEXT ·dot4Q6KAVX2(SB), NOSPLIT, $0-72
+TEXT ·dot4Q6KAVX2(SB), NOSPLIT, $0-80
+	MOVQ pf+72(FP), DX
 	MOVQ q+0(FP), SI
 	MOVQ d+8(FP), R12
 	MOVQ bs16+16(FP), R13
@@ -409,6 +421,10 @@ TEXT ·dot4Q6KAVX2(SB), NOSPLIT, $0-72
 
 // Q6ROW adds weight row P's super-block to accumulator A.
 #define Q6ROW(P, A) \
+	PREFETCHT0 (P)(DX*1); \
+	PREFETCHT0 64(P)(DX*1); \
+	PREFETCHT0 128(P)(DX*1); \
+	PREFETCHT0 192(P)(DX*1); \
 	VBROADCASTI128 192(P), Y14; \
 	VPMOVSXBW    192(P), Y9; \
 	VPMADDWD     (R13), Y9, Y9; \

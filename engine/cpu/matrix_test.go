@@ -424,3 +424,35 @@ func BenchmarkPromptMin(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDecodeDRAM times one input row against 12 matrices of 5632×2048 in turn —
+// more than the L3 cache holds in any format — as a decode step streams a model's
+// weights from memory: the bytes a second it reads, over wall time and CPU time.
+func BenchmarkDecodeDRAM(b *testing.B) {
+	rng := rand.New(rand.NewPCG(13, 13))
+	rows, cols, count := 5632, 2048, 12
+	w := randomMatrix(rng, rows, cols)
+	xs := rowsOf(randomLogits(rng, cols, 1), cols)
+	ys := [][]float32{make([]float32, rows)}
+	for _, dtype := range []string{"F16", model.DTypeQ8_0, model.DTypeQ4_K, model.DTypeQ6_K} {
+		raw := encodeRows(b, dtype, w, rows, cols)
+		ms := make([]*matrix, count)
+		var total int64
+		for i := range ms {
+			ms[i] = rowMatrix(b, dtype, slices.Clone(raw), nil, rows, cols, nil)
+			total += ms[i].bytes()
+		}
+		var s mulScratch
+		b.Run(dtype, func(b *testing.B) {
+			b.SetBytes(total)
+			cpu0 := cpuTime()
+			for range b.N {
+				for _, m := range ms {
+					m.mul(ys, xs, nil, &s)
+				}
+			}
+			cpu := cpuTime() - cpu0
+			b.ReportMetric(float64(total)*float64(b.N)/cpu.Seconds()/1e9, "GB/cpu-s")
+		})
+	}
+}
