@@ -5,11 +5,10 @@
 // int16 pairs, which cannot saturate for these value ranges, then VPMADDWD into eight
 // int32 lanes, lane l holding values 4l..4l+3 of each 32), lanes are scaled with a
 // separate multiply and add, never fused, and reduced as reduce8 does: the same bits as
-// the Go kernels. Each reads four weight rows of a 4-row group; pf is the distance to the
+// the Go kernels. Each reads the four weight rows of a group; pf is the distance to the
 // next group's same bytes, which it prefetches as it goes: a decode step streams the rows
 // from memory group after group, and the hardware's prefetchers lose track of four short
 // streams at a time.
-
 
 // Shuffle masks of the k-quant kernels (VPSHUFB, within each 128-bit lane): q4scale<>+32j
 // puts scale byte j in the low byte of every word, the high byte zero (Q4_K's unsigned
