@@ -276,10 +276,14 @@ func dot4x16Go(x []float32, w *[4][]byte, bf bool) [4]float32 {
 	return [4]float32{a, b, c, d}
 }
 
-// prefetch is the distance from stored row i of p to the row four after it, which the
-// integer kernels prefetch as they read rows i..i+3; 0 (the rows themselves) when that
-// row is past the end of the rows this worker reads.
+// prefetch is what the integer kernels prefetch ahead of rows i..i+3 of p read as quad
+// gives them: in an interleaved group, 1 KB further along its one stream (the hardware's
+// prefetchers alone fall behind the Q4_K kernel there); for rows stored whole, the same
+// bytes of the row four further on (0, the rows themselves, past end).
 func prefetch(p *matPart, i, end int) int {
+	if i < p.ilv {
+		return 1024
+	}
 	if i+8 > end {
 		return 0
 	}
@@ -289,49 +293,50 @@ func prefetch(p *matPart, i, end int) int {
 // mulQ8 computes the outputs of Q8_0 part p's stored rows [i0, i1) against the
 // quantized inputs a, a block of weight rows at a time.
 func mulQ8(p *matPart, ys [][]float32, a *act8, bias []float32, i0, i1 int) {
-	n := len(ys)
-	nb := blockRows(p.rowBytes) / 4 * 4
-	for b0 := i0; b0 < i1; b0 += nb {
-		b1 := min(b0+nb, i1)
-		for r := range n {
-			q, d := a.row(r)
-			i := b0
-			for ; i+4 <= b1; i += 4 {
-				w := [4][]byte{p.rowRaw(i), p.rowRaw(i + 1), p.rowRaw(i + 2), p.rowRaw(i + 3)}
-				store4(p, ys[r], bias, i, dot4Q8(q, d, &w, prefetch(p, i, i1)))
-			}
-			for ; i < b1; i++ {
-				store1(p, ys[r], bias, i, dotQ8Go(q, d, p.rowRaw(i)))
-			}
-		}
-	}
+	mulQuant(p, ys, bias, i0, i1, func(r int, w *[4][]byte, pf, step int) [4]float32 {
+		q, d := a.row(r)
+		return dot4Q8(q, d, w, pf, step)
+	})
 }
 
 // mulQK computes the outputs of Q4_K or Q6_K part p's stored rows [i0, i1) against the
-// quantized inputs a, a block of weight rows at a time.
+// quantized inputs a.
 func mulQK(p *matPart, ys [][]float32, a *act8K, bias []float32, i0, i1 int) {
+	q6 := p.f == fmtQ6K
+	mulQuant(p, ys, bias, i0, i1, func(r int, w *[4][]byte, pf, step int) [4]float32 {
+		q, d, bs16, bs32 := a.row(r)
+		if q6 {
+			return dot4Q6K(q, d, bs16, w, pf, step)
+		}
+		return dot4Q4K(q, d, bs32, w, pf, step)
+	})
+}
+
+// mulQuant computes the outputs of quantized part p's stored rows [i0, i1) for every
+// input row, a block of weight rows at a time: four rows at once where quad allows, one
+// at a time (the same kernel on a row four times over, so the same sums) where not.
+func mulQuant(p *matPart, ys [][]float32, bias []float32, i0, i1 int, dot func(r int, w *[4][]byte, pf, step int) [4]float32) {
 	n := len(ys)
 	nb := blockRows(p.rowBytes) / 4 * 4
-	q6 := p.f == fmtQ6K
+	var own []byte // gathers a single interleaved row (rowCopy returns a row stored whole in place)
 	for b0 := i0; b0 < i1; b0 += nb {
 		b1 := min(b0+nb, i1)
 		for r := range n {
-			q, d, bs16, bs32 := a.row(r)
-			i := b0
-			for ; i+4 <= b1; i += 4 {
-				w := [4][]byte{p.rowRaw(i), p.rowRaw(i + 1), p.rowRaw(i + 2), p.rowRaw(i + 3)}
-				if q6 {
-					store4(p, ys[r], bias, i, dot4Q6K(q, d, bs16, &w, prefetch(p, i, i1)))
-				} else {
-					store4(p, ys[r], bias, i, dot4Q4K(q, d, bs32, &w, prefetch(p, i, i1)))
+			for i := b0; i < b1; {
+				if i+4 <= b1 {
+					if w, step, ok := p.quad(i); ok {
+						store4(p, ys[r], bias, i, dot(r, &w, prefetch(p, i, i1), step))
+						i += 4
+						continue
+					}
 				}
-			}
-			for ; i < b1; i++ {
-				if q6 {
-					store1(p, ys[r], bias, i, dotQ6KGo(q, d, bs16, p.rowRaw(i)))
-				} else {
-					store1(p, ys[r], bias, i, dotQ4KGo(q, d, bs32, p.rowRaw(i)))
+				one := p.rowCopy(i, own)
+				if i < p.ilv {
+					own = one
 				}
+				w := [4][]byte{one, one, one, one}
+				store1(p, ys[r], bias, i, dot(r, &w, 0, p.blockBytes)[0])
+				i++
 			}
 		}
 	}

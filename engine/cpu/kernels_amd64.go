@@ -49,19 +49,20 @@ func packRowsF32AVX2(src *[6]*float32, rows, n int, dst *float32)
 func packRows16AVX2(src *[6]*byte, rows, n int, dst *float32, bf bool)
 
 // dot4Q8AVX2, dot4Q4KAVX2 and dot4Q6KAVX2 are dotQ8Go, dotQ4KGo and dotQ6KGo of four
-// weight rows, prefetching pf bytes ahead of each (kernelsq_amd64.s).
+// weight rows whose blocks lie step bytes apart, prefetching pf bytes ahead of each
+// (kernelsq_amd64.s).
 //
 //go:noescape
-func dot4Q8AVX2(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32, pf int)
+func dot4Q8AVX2(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32, pf, step int)
 
 //go:noescape
-func dot4Q8VNNI(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32, pf int)
+func dot4Q8VNNI(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32, pf, step int)
 
 //go:noescape
-func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32, pf int)
+func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32, pf, step int)
 
 //go:noescape
-func dot4Q6KAVX2(q *int8, d *float32, bs16 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32, pf int)
+func dot4Q6KAVX2(q *int8, d *float32, bs16 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32, pf, step int)
 
 // widenF16AVX2 and widenBF16AVX2 write n halves or bfloat16s at src as float32s.
 //

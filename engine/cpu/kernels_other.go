@@ -72,25 +72,25 @@ func packRows16AVX2(src *[6]*byte, rows, n int, dst *float32, bf bool) {
 	}
 }
 
-func dot4Q8AVX2(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32, pf int) {
+func dot4Q8AVX2(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32, pf, step int) {
 	for j, w := range [4]*byte{w0, w1, w2, w3} {
-		out[j] = dotQ8Go(unsafe.Slice(q, 32*nb), unsafe.Slice(d, nb), unsafe.Slice(w, 34*nb))
+		out[j] = dotQ8Go(unsafe.Slice(q, 32*nb), unsafe.Slice(d, nb), gatherBlocks(w, nb, 34, step))
 	}
 }
 
-func dot4Q8VNNI(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32, pf int) {
-	dot4Q8AVX2(q, d, nb, w0, w1, w2, w3, out, pf)
+func dot4Q8VNNI(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32, pf, step int) {
+	dot4Q8AVX2(q, d, nb, w0, w1, w2, w3, out, pf, step)
 }
 
-func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32, pf int) {
+func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32, pf, step int) {
 	for j, w := range [4]*byte{w0, w1, w2, w3} {
-		out[j] = dotQ4KGo(unsafe.Slice(q, 256*ns), unsafe.Slice(d, ns), unsafe.Slice(bs32, 8*ns), unsafe.Slice(w, 144*ns))
+		out[j] = dotQ4KGo(unsafe.Slice(q, 256*ns), unsafe.Slice(d, ns), unsafe.Slice(bs32, 8*ns), gatherBlocks(w, ns, 144, step))
 	}
 }
 
-func dot4Q6KAVX2(q *int8, d *float32, bs16 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32, pf int) {
+func dot4Q6KAVX2(q *int8, d *float32, bs16 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32, pf, step int) {
 	for j, w := range [4]*byte{w0, w1, w2, w3} {
-		out[j] = dotQ6KGo(unsafe.Slice(q, 256*ns), unsafe.Slice(d, ns), unsafe.Slice(bs16, 16*ns), unsafe.Slice(w, 210*ns))
+		out[j] = dotQ6KGo(unsafe.Slice(q, 256*ns), unsafe.Slice(d, ns), unsafe.Slice(bs16, 16*ns), gatherBlocks(w, ns, 210, step))
 	}
 }
 
@@ -110,4 +110,15 @@ func dot1AVX2(x, w *float32, n int) float32 {
 
 func axpyAVX2(y *float32, a float32, x *float32, n int) {
 	axpyGo(unsafe.Slice(y, n), a, unsafe.Slice(x, n))
+}
+
+// gatherBlocks copies a row's nb blocks of size bytes, step bytes apart from w, into one
+// slice.
+func gatherBlocks(w *byte, nb, size, step int) []byte {
+	src := unsafe.Slice(w, (nb-1)*step+size)
+	out := make([]byte, 0, nb*size)
+	for b := range nb {
+		out = append(out, src[b*step:b*step+size]...)
+	}
+	return out
 }

@@ -5,10 +5,12 @@
 // int16 pairs, which cannot saturate for these value ranges, then VPMADDWD into eight
 // int32 lanes, lane l holding values 4l..4l+3 of each 32), lanes are scaled with a
 // separate multiply and add, never fused, and reduced as reduce8 does: the same bits as
-// the Go kernels. Each reads the four weight rows of a group; pf is the distance to the
-// next group's same bytes, which it prefetches as it goes: a decode step streams the rows
-// from memory group after group, and the hardware's prefetchers lose track of four short
-// streams at a time.
+// the Go kernels. Each reads the four weight rows of a group, a row's blocks step bytes
+// apart: the block's size for rows stored one after the other, four times it for rows
+// interleaved block by block (matPart.ilv), which makes the group one sequential stream.
+// pf is the distance to the bytes to prefetch as each block is read: for rows one after
+// the other, the next group's same bytes (the hardware's prefetchers lose track of four
+// short streams at a time).
 
 // Shuffle masks of the k-quant kernels (VPSHUFB, within each 128-bit lane): q4scale<>+32j
 // puts scale byte j in the low byte of every word, the high byte zero (Q4_K's unsigned
@@ -98,12 +100,12 @@ GLOBL q6scale<>(SB), RODATA|NOPTR, $256
 	VCVTPH2PS X, X; \
 	VMULSS    D, X, X
 
-// func dot4Q8AVX2(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32, pf int)
+// func dot4Q8AVX2(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32, pf, step int)
 //
 // out[j] = dotQ8Go(q[:32nb], d[:nb], wj): Q8_0 weight rows against a Q8_0 input row.
 // The input's signs move onto the weights (VPSIGNB) so that its magnitudes can be the
 // unsigned operand.
-TEXT ·dot4Q8AVX2(SB), NOSPLIT, $0-72
+TEXT ·dot4Q8AVX2(SB), NOSPLIT, $0-80
 	MOVQ pf+64(FP), R13
 	MOVQ q+0(FP), SI
 	MOVQ d+8(FP), R12
@@ -131,7 +133,7 @@ TEXT ·dot4Q8AVX2(SB), NOSPLIT, $0-72
 	VBROADCASTSS X7, Y7; \
 	VMULPS     Y7, Y6, Y6; \
 	VADDPS     Y6, A, A; \
-	ADDQ       $34, P
+	ADDQ       step+72(FP), P
 
 q8loop:
 	TESTQ CX, CX
@@ -160,11 +162,11 @@ q8done:
 	VZEROUPPER
 	RET
 
-// func dot4Q8VNNI(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32, pf int)
+// func dot4Q8VNNI(q *int8, d *float32, nb int, w0, w1, w2, w3 *byte, out *[4]float32, pf, step int)
 //
 // dot4Q8AVX2 with AVX-512 VNNI: VPDPBUSD sums each lane's four byte products in one
 // instruction (VPMADDUBSW and VPMADDWD before); the integers, so the results, are the same.
-TEXT ·dot4Q8VNNI(SB), NOSPLIT, $0-72
+TEXT ·dot4Q8VNNI(SB), NOSPLIT, $0-80
 	MOVQ pf+64(FP), R13
 	MOVQ q+0(FP), SI
 	MOVQ d+8(FP), R12
@@ -190,7 +192,7 @@ TEXT ·dot4Q8VNNI(SB), NOSPLIT, $0-72
 	VBROADCASTSS X7, Y7; \
 	VMULPS     Y7, Y8, Y8; \
 	VADDPS     Y8, A, A; \
-	ADDQ       $34, P
+	ADDQ       step+72(FP), P
 
 q8vloop:
 	TESTQ CX, CX
@@ -219,11 +221,11 @@ q8vdone:
 	VZEROUPPER
 	RET
 
-// func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32, pf int)
+// func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32, pf, step int)
 //
 // out[j] = dotQ4KGo(q[:256ns], d[:ns], bs32[:8ns], wj): Q4_K weight rows against a
 // Q8_K input row. Each sub-block's int16 pairs are scaled by VPMADDWD with its scale.
-TEXT ·dot4Q4KAVX2(SB), NOSPLIT, $0-80
+TEXT ·dot4Q4KAVX2(SB), NOSPLIT, $0-88
 	MOVQ q+0(FP), SI
 	MOVQ d+8(FP), R12
 	MOVQ bs32+16(FP), R13
@@ -313,7 +315,7 @@ TEXT ·dot4Q4KAVX2(SB), NOSPLIT, $0-80
 	VBROADCASTSS X13, X13; \
 	VMULPS    X13, X9, X9; \
 	VADDPS    X9, M, M; \
-	ADDQ      $144, P
+	ADDQ      step+80(FP), P
 
 q4loop:
 	TESTQ CX, CX
@@ -353,7 +355,7 @@ q4done:
 	VZEROUPPER
 	RET
 
-// func dot4Q6KAVX2(q *int8, d *float32, bs16 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32, pf int)
+// func dot4Q6KAVX2(q *int8, d *float32, bs16 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32, pf, step int)
 //
 // out[j] = dotQ6KGo(q[:256ns], d[:ns], bs16[:16ns], wj): Q6_K weight rows against a
 // Q8_K input row. The 6-bit values are assembled from ql's nibbles and qh's bit pairs
@@ -361,7 +363,7 @@ q4done:
 // each 32 values span two 16-value sub-blocks, one per 128-bit lane, whose int8 scales
 // (in both lanes of Y14) VPSHUFB and VPSRAW widen per lane. The −32 offset's term,
 // 32·Σ sc·(sums of 16 inputs), leaves lane 0 before conversion.
-TEXT ·dot4Q6KAVX2(SB), NOSPLIT, $0-80
+TEXT ·dot4Q6KAVX2(SB), NOSPLIT, $0-88
 	MOVQ pf+72(FP), DX
 	MOVQ q+0(FP), SI
 	MOVQ d+8(FP), R12
@@ -445,7 +447,7 @@ TEXT ·dot4Q6KAVX2(SB), NOSPLIT, $0-80
 	VBROADCASTSS X13, Y13; \
 	VMULPS       Y13, Y6, Y6; \
 	VADDPS       Y6, A, A; \
-	ADDQ         $210, P
+	ADDQ         step+80(FP), P
 
 q6loop:
 	TESTQ CX, CX

@@ -176,8 +176,16 @@ func sameMemory(data []byte, mp matPart) bool {
 
 // loadMatrix makes the matrix of weight mw in format f; inPlace says some part points
 // into the checkpoint's mapping.
+//
+// Quantized parts of a matrix the engine multiplies by (all but an embedding that is not
+// also the LM head) are stored with their rows interleaved four at a time (matPart.ilv):
+// a decode step then streams each group of four rows as one run of memory, where rows
+// one after the other are four short streams the hardware's prefetchers follow badly —
+// the same repacking llama.cpp does at load. The copy replaces the mapped bytes, whose
+// pages the loader then drops.
 func loadMatrix(mw *model.Weight, f WeightFormat, tied bool) (m *matrix, inPlace bool, err error) {
 	m = &matrix{rows: mw.Rows, cols: mw.Cols}
+	products := mw.Role != model.RoleEmbed || tied
 	for _, p := range mw.Parts {
 		stored := p.Tensor.DType
 		want := f.target(mw.Role, tied, mw.Cols, stored)
@@ -185,25 +193,35 @@ func loadMatrix(mw *model.Weight, f WeightFormat, tied bool) (m *matrix, inPlace
 		if !ok {
 			return nil, false, fmt.Errorf("no CPU format for dtype %s", want)
 		}
-		if want == stored && !p.Transposed {
-			if fm == fmtF32 {
-				if v, ok := float32View(p.Tensor.Data); ok {
-					if err := m.addPart(fm, p.Rows, nil, v, p.Perm); err != nil {
-						return nil, false, err
-					}
-					inPlace = true
-					continue
-				}
-			} else {
-				if err := m.addPart(fm, p.Rows, p.Tensor.Data, nil, p.Perm); err != nil {
+		switch {
+		case want != stored || p.Transposed:
+			if err := convertPart(m, fm, &p, mw.Cols); err != nil {
+				return nil, false, err
+			}
+		case fm == fmtF32:
+			v, ok := float32View(p.Tensor.Data)
+			if !ok {
+				if err := convertPart(m, fm, &p, mw.Cols); err != nil {
 					return nil, false, err
 				}
+				break
+			}
+			if err := m.addPart(fm, p.Rows, nil, v, p.Perm); err != nil {
+				return nil, false, err
+			}
+			inPlace = true
+		default:
+			if err := m.addPart(fm, p.Rows, p.Tensor.Data, nil, p.Perm); err != nil {
+				return nil, false, err
+			}
+			if fm >= fmtQ8 && products {
+				m.parts[len(m.parts)-1].interleave()
+			} else {
 				inPlace = true
-				continue
 			}
 		}
-		if err := convertPart(m, fm, &p, mw.Cols); err != nil {
-			return nil, false, err
+		if last := &m.parts[len(m.parts)-1]; last.f >= fmtQ8 && products && last.ilv == 0 {
+			last.interleave()
 		}
 	}
 	return m, inPlace, nil

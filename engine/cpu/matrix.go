@@ -66,8 +66,14 @@ type matPart struct {
 	f32 []float32
 	// raw holds the other formats: rows × rowBytes.
 	raw []byte
-	// rowBytes is the stored size of one row.
-	rowBytes int
+	// rowBytes is the stored size of one row; blockBytes of one block of a quantized
+	// format.
+	rowBytes, blockBytes int
+	// ilv is the number of leading rows stored interleaved four at a time block by block
+	// (a multiple of 4; 0 for none): block b of row r of the group of rows 4g..4g+3 at
+	// 4g·rowBytes + (4b+r)·blockBytes, so that a group is one sequential stream, as
+	// llama.cpp repacks its quantized weights. The rows after them follow one another.
+	ilv int
 	// perm, when not nil, says stored row i is the part's row perm[i] (GGUF's LLaMA
 	// files store the query and key rows of each head interleaved for their rotary
 	// layout); outputs are written where their row belongs.
@@ -82,8 +88,64 @@ func (p *matPart) out(i int) int {
 	return p.row0 + i
 }
 
-// rowRaw is stored row i's bytes.
+// rowRaw is stored row i's bytes, for a row stored whole (not interleaved).
 func (p *matPart) rowRaw(i int) []byte { return p.raw[i*p.rowBytes : (i+1)*p.rowBytes] }
+
+// rowCopy is stored row i's bytes in one slice: in place for a row stored whole, else
+// gathered from its group into buf.
+func (p *matPart) rowCopy(i int, buf []byte) []byte {
+	if i >= p.ilv {
+		return p.rowRaw(i)
+	}
+	buf = buf[:0]
+	base := i/4*4*p.rowBytes + i%4*p.blockBytes
+	for b := range p.rowBytes / p.blockBytes {
+		at := base + 4*b*p.blockBytes
+		buf = append(buf, p.raw[at:at+p.blockBytes]...)
+	}
+	return buf
+}
+
+// quad returns the four stored rows i..i+3 as the integer kernels take them — each row's
+// bytes from its first block on, and the distance between a row's blocks — and whether
+// they can be taken together: a whole interleaved group, or four rows stored whole.
+func (p *matPart) quad(i int) (w [4][]byte, step int, ok bool) {
+	switch {
+	case i >= p.ilv:
+		for r := range 4 {
+			w[r] = p.raw[(i+r)*p.rowBytes:]
+		}
+		return w, p.blockBytes, true
+	case i%4 == 0 && i+4 <= p.ilv:
+		for r := range 4 {
+			w[r] = p.raw[i*p.rowBytes+r*p.blockBytes:]
+		}
+		return w, 4 * p.blockBytes, true
+	}
+	return w, 0, false
+}
+
+// interleave stores the first rows&^3 rows of a quantized part four at a time block by
+// block (matPart.ilv), in a new buffer.
+func (p *matPart) interleave() {
+	n := p.rows &^ 3
+	if n == 0 || p.blockBytes == 0 {
+		return
+	}
+	out := make([]byte, len(p.raw))
+	nb := p.rowBytes / p.blockBytes
+	for g := 0; g < n; g += 4 {
+		for r := range 4 {
+			src := p.raw[(g+r)*p.rowBytes:]
+			for b := range nb {
+				at := g*p.rowBytes + (4*b+r)*p.blockBytes
+				copy(out[at:at+p.blockBytes], src[b*p.blockBytes:(b+1)*p.blockBytes])
+			}
+		}
+	}
+	copy(out[n*p.rowBytes:], p.raw[n*p.rowBytes:])
+	p.raw, p.ilv = out, n
+}
 
 // rowF32 is stored row i of an fmtF32 part.
 func (p *matPart) rowF32(i, cols int) []float32 { return p.f32[i*cols : (i+1)*cols] }
@@ -110,6 +172,9 @@ func (m *matrix) addPart(f format, rows int, raw []byte, f32 []float32, perm []i
 			return fmt.Errorf("%d bytes for %d rows of %d %s values (want %d)", len(raw), rows, m.cols, f, rows*rb)
 		}
 		p.rowBytes = rb
+		if _, bb, _ := model.BlockLayout(f.String()); f >= fmtQ8 {
+			p.blockBytes = bb
+		}
 	}
 	if perm != nil && len(perm) != rows {
 		return fmt.Errorf("a row order of %d for %d rows", len(perm), rows)
@@ -157,7 +222,7 @@ func (m *matrix) row(r int, dst []float32) {
 			copy(dst, p.rowF32(i, m.cols))
 			return
 		}
-		_ = model.DequantizeRow(p.f.String(), p.rowRaw(i), dst[:m.cols]) // sizes checked by addPart
+		_ = model.DequantizeRow(p.f.String(), p.rowCopy(i, nil), dst[:m.cols]) // sizes checked by addPart
 		return
 	}
 }

@@ -79,6 +79,14 @@ func rowMatrix(t testing.TB, dtype string, raw []byte, f32 []float32, rows, cols
 	return m
 }
 
+// interleaved is m with its quantized part's rows interleaved four at a time, as
+// LoadWeights stores them (a copy; a float part is left as it is).
+func interleaved(m *matrix) *matrix {
+	c := &matrix{rows: m.rows, cols: m.cols, parts: slices.Clone(m.parts)}
+	c.parts[0].interleave()
+	return c
+}
+
 func TestSixteenBitKernelsGiveTheFloat32Sums(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 5))
 	forEachKernelPath(t, func(t *testing.T) {
@@ -139,6 +147,15 @@ func TestMatrixProductsDoNotDependOnTheRowsAround(t *testing.T) {
 			forEachKernelPath(t, func(t *testing.T) {
 				m := rowMatrix(t, dtype, raw, f32, rows, cols, nil)
 				all := product(m, xs, bias)
+				if model.IsQuantized(dtype) {
+					// Rows interleaved four at a time give the same sums.
+					il := product(interleaved(m), xs, bias)
+					for r := range xs {
+						if !slices.Equal(il[r], all[r]) {
+							t.Fatalf("%s %d×%d: row %d with the weight rows interleaved differs by %g", dtype, rows, cols, r, maxAbsDiff(il[r], all[r]))
+						}
+					}
+				}
 				for r, x := range xs {
 					one := product(m, [][]float32{x}, bias)[0]
 					if !slices.Equal(one, all[r]) {
@@ -256,6 +273,9 @@ func TestPermutedRowsLandWhereTheyBelong(t *testing.T) {
 			}
 		}
 		m := rowMatrix(t, dtype, raw, f32, rows, cols, perm)
+		if model.IsQuantized(dtype) {
+			m = interleaved(m)
+		}
 		for r := range rows {
 			got := make([]float32, cols)
 			m.row(r, got)
@@ -439,7 +459,7 @@ func BenchmarkDecodeDRAM(b *testing.B) {
 		ms := make([]*matrix, count)
 		var total int64
 		for i := range ms {
-			ms[i] = rowMatrix(b, dtype, slices.Clone(raw), nil, rows, cols, nil)
+			ms[i] = interleaved(rowMatrix(b, dtype, slices.Clone(raw), nil, rows, cols, nil))
 			total += ms[i].bytes()
 		}
 		var s mulScratch
