@@ -39,20 +39,7 @@ func main() {
 	reps := flag.Int("reps", 1, "timed repetitions of each test")
 	prof := flag.String("cpuprofile", "", "write a CPU profile of the timed runs here")
 	flag.Parse()
-	if *prof != "" {
-		f, err := os.Create(*prof)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "cpubench:", err)
-			os.Exit(1)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintln(os.Stderr, "cpubench:", err)
-			os.Exit(1)
-		}
-		defer pprof.StopCPUProfile()
-	}
-	if err := run(*path, *format, *threads, *p, *n, *reps); err != nil {
-		pprof.StopCPUProfile()
+	if err := run(*path, *format, *prof, *threads, *p, *n, *reps); err != nil {
 		fmt.Fprintln(os.Stderr, "cpubench:", err)
 		os.Exit(1)
 	}
@@ -73,7 +60,7 @@ type result struct {
 	DecodeRuns []float64      `json:"decode_runs"`
 }
 
-func run(path, format string, threads, p, n, reps int) error {
+func run(path, format, prof string, threads, p, n, reps int) error {
 	runtime.GOMAXPROCS(threads)
 	f, err := cpu.ParseWeightFormat(format)
 	if err != nil {
@@ -102,6 +89,17 @@ func run(path, format string, threads, p, n, reps int) error {
 		return err
 	}
 	defer e.Close()
+	if prof != "" { // after loading, which the profile leaves out
+		f, err := os.Create(prof)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	prompt := make([]int32, p)
 	for i := range prompt {

@@ -290,32 +290,35 @@ func prefetch(p *matPart, i, end int) int {
 	return 4 * p.rowBytes
 }
 
-// mulQ8 computes the outputs of Q8_0 part p's stored rows [i0, i1) against the
-// quantized inputs a, a block of weight rows at a time.
-func mulQ8(p *matPart, ys [][]float32, a *act8, bias []float32, i0, i1 int) {
-	mulQuant(p, ys, bias, i0, i1, func(r int, w *[4][]byte, pf, step int) [4]float32 {
-		q, d := a.row(r)
-		return dot4Q8(q, d, w, pf, step)
-	})
+// quantDot is the kernel mulQuant runs for a quantized part: the 8-bit inputs a8 for
+// Q8_0 weights, a8K for Q4_K and Q6_K ones.
+type quantDot struct {
+	f   format
+	a8  *act8
+	a8K *act8K
 }
 
-// mulQK computes the outputs of Q4_K or Q6_K part p's stored rows [i0, i1) against the
-// quantized inputs a.
-func mulQK(p *matPart, ys [][]float32, a *act8K, bias []float32, i0, i1 int) {
-	q6 := p.f == fmtQ6K
-	mulQuant(p, ys, bias, i0, i1, func(r int, w *[4][]byte, pf, step int) [4]float32 {
-		q, d, bs16, bs32 := a.row(r)
-		if q6 {
-			return dot4Q6K(q, d, bs16, w, pf, step)
-		}
+// dot returns the dot products of input row r with the four weight rows w (step: the
+// distance between one row's blocks; pf: what to prefetch).
+func (k *quantDot) dot(r int, w *[4][]byte, pf, step int) [4]float32 {
+	switch k.f {
+	case fmtQ8:
+		q, d := k.a8.row(r)
+		return dot4Q8(q, d, w, pf, step)
+	case fmtQ6K:
+		q, d, bs16, _ := k.a8K.row(r)
+		return dot4Q6K(q, d, bs16, w, pf, step)
+	default:
+		q, d, _, bs32 := k.a8K.row(r)
 		return dot4Q4K(q, d, bs32, w, pf, step)
-	})
+	}
 }
 
 // mulQuant computes the outputs of quantized part p's stored rows [i0, i1) for every
 // input row, a block of weight rows at a time: four rows at once where quad allows, one
 // at a time (the same kernel on a row four times over, so the same sums) where not.
-func mulQuant(p *matPart, ys [][]float32, bias []float32, i0, i1 int, dot func(r int, w *[4][]byte, pf, step int) [4]float32) {
+func mulQuant(p *matPart, ys [][]float32, bias []float32, i0, i1 int, k quantDot) {
+	k.f = p.f
 	n := len(ys)
 	nb := blockRows(p.rowBytes) / 4 * 4
 	var own []byte // gathers a single interleaved row (rowCopy returns a row stored whole in place)
@@ -325,7 +328,7 @@ func mulQuant(p *matPart, ys [][]float32, bias []float32, i0, i1 int, dot func(r
 			for i := b0; i < b1; {
 				if i+4 <= b1 {
 					if w, step, ok := p.quad(i); ok {
-						store4(p, ys[r], bias, i, dot(r, &w, prefetch(p, i, i1), step))
+						store4(p, ys[r], bias, i, k.dot(r, &w, prefetch(p, i, i1), step))
 						i += 4
 						continue
 					}
@@ -335,7 +338,7 @@ func mulQuant(p *matPart, ys [][]float32, bias []float32, i0, i1 int, dot func(r
 					own = one
 				}
 				w := [4][]byte{one, one, one, one}
-				store1(p, ys[r], bias, i, dot(r, &w, 0, p.blockBytes)[0])
+				store1(p, ys[r], bias, i, k.dot(r, &w, 0, p.blockBytes)[0])
 				i++
 			}
 		}

@@ -90,7 +90,9 @@ func (f WeightFormat) target(r model.Role, tied bool, cols int, stored string) s
 // stored dtype is the one f asks for, untransposed, are not copied: they are used in
 // place in the checkpoint's mapping, and the weights then own the checkpoint and close
 // it when released. Otherwise (and always on error) the checkpoint is closed before
-// LoadWeights returns. Quantizing runs on GOMAXPROCS goroutines.
+// LoadWeights returns. What is converted, quantized or repacked is held outside the Go
+// heap (buffers) until the weights are released. Quantizing runs on GOMAXPROCS
+// goroutines.
 func LoadWeights(c *model.Checkpoint, f WeightFormat) (_ *Weights, err error) {
 	mapped := false
 	defer func() {
@@ -112,6 +114,12 @@ func LoadWeights(c *model.Checkpoint, f WeightFormat) (_ *Weights, err error) {
 		return nil, fmt.Errorf("cpu: load %s: %w", c.Dir, err)
 	}
 	w := newWeights(cfg)
+	w.bufs = &buffers{}
+	defer func() {
+		if err != nil {
+			_ = w.bufs.free()
+		}
+	}()
 	for i := range ws {
 		mw := &ws[i]
 		if !matrixRole(mw.Role) {
@@ -125,7 +133,7 @@ func LoadWeights(c *model.Checkpoint, f WeightFormat) (_ *Weights, err error) {
 			}
 			continue
 		}
-		m, inPlace, err := loadMatrix(mw, f, cfg.TiedHead)
+		m, inPlace, err := loadMatrix(mw, f, cfg.TiedHead, w.bufs)
 		if err != nil {
 			return nil, fmt.Errorf("cpu: load %s: %s: %w", c.Dir, mw, err)
 		}
@@ -183,7 +191,7 @@ func sameMemory(data []byte, mp matPart) bool {
 // one after the other are four short streams the hardware's prefetchers follow badly —
 // the same repacking llama.cpp does at load. The copy replaces the mapped bytes, whose
 // pages the loader then drops.
-func loadMatrix(mw *model.Weight, f WeightFormat, tied bool) (m *matrix, inPlace bool, err error) {
+func loadMatrix(mw *model.Weight, f WeightFormat, tied bool, b *buffers) (m *matrix, inPlace bool, err error) {
 	m = &matrix{rows: mw.Rows, cols: mw.Cols}
 	products := mw.Role != model.RoleEmbed || tied
 	for _, p := range mw.Parts {
@@ -195,13 +203,13 @@ func loadMatrix(mw *model.Weight, f WeightFormat, tied bool) (m *matrix, inPlace
 		}
 		switch {
 		case want != stored || p.Transposed:
-			if err := convertPart(m, fm, &p, mw.Cols); err != nil {
+			if err := convertPart(m, fm, &p, mw.Cols, b); err != nil {
 				return nil, false, err
 			}
 		case fm == fmtF32:
 			v, ok := float32View(p.Tensor.Data)
 			if !ok {
-				if err := convertPart(m, fm, &p, mw.Cols); err != nil {
+				if err := convertPart(m, fm, &p, mw.Cols, b); err != nil {
 					return nil, false, err
 				}
 				break
@@ -215,20 +223,24 @@ func loadMatrix(mw *model.Weight, f WeightFormat, tied bool) (m *matrix, inPlace
 				return nil, false, err
 			}
 			if fm >= fmtQ8 && products {
-				m.parts[len(m.parts)-1].interleave()
+				if err := m.parts[len(m.parts)-1].interleave(b); err != nil {
+					return nil, false, err
+				}
 			} else {
 				inPlace = true
 			}
 		}
 		if last := &m.parts[len(m.parts)-1]; last.f >= fmtQ8 && products && last.ilv == 0 {
-			last.interleave()
+			if err := last.interleave(b); err != nil {
+				return nil, false, err
+			}
 		}
 	}
 	return m, inPlace, nil
 }
 
 // convertPart appends part p converted to format fm, its rows in their canonical order.
-func convertPart(m *matrix, fm format, p *model.Part, cols int) error {
+func convertPart(m *matrix, fm format, p *model.Part, cols int, b *buffers) error {
 	rows := p.Rows
 	// The part as float32 rows in canonical order: one row at a time from a row-major
 	// tensor, or the whole part at once from a transposed one.
@@ -275,7 +287,10 @@ func convertPart(m *matrix, fm format, p *model.Part, cols int) error {
 		return buf
 	}
 	if fm == fmtF32 {
-		out := make([]float32, rows*cols)
+		out, err := b.float32s(rows * cols)
+		if err != nil {
+			return err
+		}
 		for i := range rows {
 			copy(out[i*cols:], rowOf(i, out[i*cols:(i+1)*cols]))
 		}
@@ -285,7 +300,10 @@ func convertPart(m *matrix, fm format, p *model.Part, cols int) error {
 	if err != nil {
 		return err
 	}
-	out := make([]byte, rows*rb)
+	out, err := b.bytes(rows * rb)
+	if err != nil {
+		return err
+	}
 	workers := runtime.GOMAXPROCS(0)
 	var wg sync.WaitGroup
 	errs := make([]error, workers)

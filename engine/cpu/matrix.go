@@ -126,13 +126,17 @@ func (p *matPart) quad(i int) (w [4][]byte, step int, ok bool) {
 }
 
 // interleave stores the first rows&^3 rows of a quantized part four at a time block by
-// block (matPart.ilv), in a new buffer.
-func (p *matPart) interleave() {
+// block (matPart.ilv), in a new buffer from b; the one it replaces is dropped when it
+// is b's.
+func (p *matPart) interleave(b *buffers) error {
 	n := p.rows &^ 3
 	if n == 0 || p.blockBytes == 0 {
-		return
+		return nil
 	}
-	out := make([]byte, len(p.raw))
+	out, err := b.bytes(len(p.raw))
+	if err != nil {
+		return err
+	}
 	nb := p.rowBytes / p.blockBytes
 	for g := 0; g < n; g += 4 {
 		for r := range 4 {
@@ -144,7 +148,9 @@ func (p *matPart) interleave() {
 		}
 	}
 	copy(out[n*p.rowBytes:], p.raw[n*p.rowBytes:])
+	old := p.raw
 	p.raw, p.ilv = out, n
+	return b.drop(old)
 }
 
 // rowF32 is stored row i of an fmtF32 part.
@@ -298,10 +304,8 @@ func (m *matrix) mulPart(p *matPart, ys, xs [][]float32, bias []float32, i0, i1 
 		mulF32(p, m.cols, ys, xs, bias, i0, i1, s, w)
 	case fmtF16, fmtBF16:
 		mul16(p, m.cols, ys, xs, bias, i0, i1, s, w)
-	case fmtQ8:
-		mulQ8(p, ys, &s.a8, bias, i0, i1)
-	case fmtQ4K, fmtQ6K:
-		mulQK(p, ys, &s.a8K, bias, i0, i1)
+	case fmtQ8, fmtQ4K, fmtQ6K:
+		mulQuant(p, ys, bias, i0, i1, quantDot{a8: &s.a8, a8K: &s.a8K})
 	}
 }
 

@@ -83,7 +83,9 @@ func rowMatrix(t testing.TB, dtype string, raw []byte, f32 []float32, rows, cols
 // LoadWeights stores them (a copy; a float part is left as it is).
 func interleaved(m *matrix) *matrix {
 	c := &matrix{rows: m.rows, cols: m.cols, parts: slices.Clone(m.parts)}
-	c.parts[0].interleave()
+	if err := c.parts[0].interleave(nil); err != nil {
+		panic(err)
+	}
 	return c
 }
 

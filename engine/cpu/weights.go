@@ -42,6 +42,9 @@ type Weights struct {
 	// ckpt is the checkpoint whose mapping the matrices point into; nil when they own
 	// their memory.
 	ckpt *model.Checkpoint
+	// bufs hold the matrices LoadWeights converted, quantized or repacked; nil for
+	// weights made by NewWeights.
+	bufs *buffers
 }
 
 // layerW is one transformer block's weights, matrices [out][in]; absent biases are nil.
@@ -253,7 +256,7 @@ func (w *Weights) acquire() bool {
 	return true
 }
 
-// release drops a reference; the last unmaps the checkpoint.
+// release drops a reference; the last unmaps the checkpoint and the buffers.
 func (w *Weights) release() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -261,17 +264,22 @@ func (w *Weights) release() error {
 		return nil
 	}
 	w.refs--
-	if w.refs > 0 || w.ckpt == nil {
+	if w.refs > 0 || (w.ckpt == nil && w.bufs == nil) {
 		return nil
 	}
-	c := w.ckpt
-	w.ckpt = nil
+	c, b := w.ckpt, w.bufs
+	w.ckpt, w.bufs = nil, nil
 	w.embed, w.lmHead, w.layers = nil, nil, nil
-	return c.Close()
+	err := b.free()
+	if c != nil {
+		err = errors.Join(err, c.Close())
+	}
+	return err
 }
 
 // Release drops the builder's reference: the weights stay until the engines made on
-// them are closed too, and then a checkpoint they point into is unmapped.
+// them are closed too, and then a checkpoint they point into and the memory
+// LoadWeights took are unmapped.
 func (w *Weights) Release() error { return w.release() }
 
 // checkConfig rejects descriptors the engine cannot run (model.Open never makes one;
