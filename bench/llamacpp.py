@@ -10,7 +10,7 @@
    vocabulary) and its GGUF forms: BF16 written by testdata/make_gguf.py, F32, F16, Q8_0 and
    Q4_K_M by llama-quantize (llama.cpp's own Q4_K_M mixture) — in --work;
 3. --rounds rounds, each running, for every format (each run once the load average is
-   below --max-load, where given), bench/cpubench (gollm's engine alone)
+   below --max-load, where given, or --max-wait seconds have passed), bench/cpubench (gollm's engine alone)
    then llama-bench on the same GGUF file, both with --threads threads and --reps
    repetitions of each test: pp128 (one prompt of 128 tokens) and tg128 (128 tokens
    generated one by one), each process's peak RSS read by /usr/bin/time; gollm also on
@@ -131,6 +131,8 @@ def main():
     ap.add_argument("--formats", default="F32,F16,BF16,Q8_0,Q4_K_M")
     ap.add_argument("--max-load", type=float, default=0,
                     help="before each run, wait until the 1-minute load average is below this (0: do not wait)")
+    ap.add_argument("--max-wait", type=float, default=3600,
+                    help="seconds to wait for --max-load before running anyway (the runs alternate, so the ratio stays fair)")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     build_llama_cpp()
@@ -152,7 +154,7 @@ def main():
     runs = {}
     for r in range(args.rounds):
         for impl, dtype, label, thunk in cases:
-            wait_for_quiet(args.max_load)
+            wait_for_quiet(args.max_load, args.max_wait)
             res = thunk()
             log(f"round {r + 1}: {label}: " + ", ".join(f"{k} " + "/".join(f"{x:.2f}" for x in v) for k, v in res.items())
                 + f" (load {os.getloadavg()[0]:.1f})")
@@ -186,12 +188,13 @@ def main():
           "repetitions: medians (best)")
 
 
-def wait_for_quiet(limit):
-    """Waits (up to an hour) until the 1-minute load average is below limit: on a shared
-    machine, llama.cpp's spinning threads lose far more to other processes than gollm's."""
+def wait_for_quiet(limit, most):
+    """Waits (up to most seconds) until the 1-minute load average is below limit: on a
+    shared machine, llama.cpp's spinning threads lose far more to other processes than
+    gollm's."""
     if limit <= 0:
         return
-    deadline = time.time() + 3600
+    deadline = time.time() + most
     while os.getloadavg()[0] >= limit and time.time() < deadline:
         time.sleep(10)
 
