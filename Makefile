@@ -32,6 +32,12 @@ test: CUDA_DEFAULT := 1
 # make test also installs what only the tests use (genai-perf).
 test: TEST_DEPS := 1
 cuda = $(shell GOLLM_CUDA=$(or $(GOLLM_CUDA),$(CUDA_DEFAULT),auto) bash scripts/cuda.sh)
+# GOLLM_CUDA_ARCHS: the SM versions libgollm_cuda.so is compiled for, the last also as
+# PTX for newer GPUs. `make build` takes CMakeLists.txt's list (every architecture the
+# project supports) unless it is set (GOLLM_CUDA_ARCHS=90 for an H100 or H200 alone).
+# `make test` only checks that cuda/ compiles, beside the Go tests: for sm_80 and sm_90.
+TEST_CUDA_ARCHS := 80;90
+cuda_archs = $(if $(GOLLM_CUDA_ARCHS),-DGOLLM_CUDA_ARCHS="$(GOLLM_CUDA_ARCHS)",-UGOLLM_CUDA_ARCHS)
 # tritonserver's flags on a machine without a GPU: no GPU metrics (NVML and DCGM are
 # absent, and it would say so in two error lines) and no pinned host memory pool (it
 # needs the CUDA driver; gollm's tensors are all in ordinary host memory).
@@ -48,16 +54,16 @@ FUZZ := ./model:FuzzOpen:20000x ./model:FuzzOpenGGUF:20000x ./tokenizer:FuzzToke
 	./guide:FuzzCompileEBNF:2000x ./guide:FuzzCompileRegex:1000x
 FUZZTIME ?=
 
-.PHONY: all deps build demo demo-gpt2 demo-llama serve test check unit fuzz clean
+.PHONY: all deps build demo demo-gpt2 demo-llama serve test test-go test-cuda check unit fuzz clean
 
 all: build
 
 deps:
-	@GOLLM_CUDA=$(cuda) GOLLM_TEST_DEPS=$(TEST_DEPS) bash scripts/deps.sh
+	@GOLLM_CUDA=$(if $(BACKEND_ONLY),0,$(cuda)) GOLLM_TEST_DEPS=$(TEST_DEPS) bash scripts/deps.sh
 
 build: $(if $(filter 1,$(cuda)),deps)
-	@c=$(cuda); bash scripts/step.sh "build: build/install/backends/gollm/libtriton_gollm.so$$( [ $$c = 1 ] && echo ' and libgollm_cuda.so')" \
-	  bash -c 'cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DGOLLM_CUDA='$$c' && cmake --build build && cmake --install build --prefix build/install'
+	@c=$(if $(BACKEND_ONLY),0,$(cuda)); bash scripts/step.sh "build: build/install/backends/gollm/libtriton_gollm.so$$( [ $$c = 1 ] && echo ' and libgollm_cuda.so')" \
+	  bash -c 'cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DGOLLM_CUDA='$$c' $(cuda_archs) && cmake --build build && cmake --install build --prefix build/install'
 
 # A demo written before it had a tokenizer_config.json is written again (the same
 # weights). After the backend's build: -trimpath as there, so that the two share Go's
@@ -100,9 +106,21 @@ fuzz:
 	  go test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$$budget -fuzzminimizetime=50x $$pkg || exit 1; \
 	done
 
-test: deps build demo check
+# make test installs and builds what the tests need; the CUDA wheels' download and the
+# CUDA engine's compile (in build/cuda, not installed) run beside the checks and tests
+# (-k: both run to their end, and either failing fails make test).
+test: BACKEND_ONLY := 1
+test: deps build demo
+	@$(MAKE) --no-print-directory -k -j2 test-go $(if $(filter 1,$(cuda)),test-cuda)
+
+test-go: check
 	go test -count=1 -timeout 45m ./...
 	$(MAKE) --no-print-directory fuzz
+
+test-cuda:
+	@GOLLM_CUDA=1 bash scripts/deps.sh
+	@bash scripts/step.sh "build: build/cuda/libgollm_cuda.so (sm $(TEST_CUDA_ARCHS) + PTX)" \
+	  bash -c 'cmake -S . -B build/cuda -DCMAKE_BUILD_TYPE=Release -DGOLLM_CUDA=ON -DGOLLM_CUDA_ARCHS="$(TEST_CUDA_ARCHS)" && cmake --build build/cuda --target gollm_cuda'
 
 clean:
 	rm -rf build

@@ -17,7 +17,7 @@ import (
 
 // modelConfig is what gollm reads from a model's config.pbtxt (as Triton's JSON).
 type modelConfig struct {
-	// Name is the model's name.
+	// Name labels the model's logs, metrics and error messages.
 	Name string
 	// MaxBatchSize is max_batch_size: the most sequences in one iteration.
 	MaxBatchSize int
@@ -113,8 +113,7 @@ type modelConfig struct {
 const (
 	defaultFreeGPUMemFraction = 0.9
 	defaultTokensPerBlock     = 64
-	// defaultResponseSenders keeps up with 64 streams at about 1 ms per iteration on an
-	// H100 host (bench/results): Triton spends ~10-20 µs in each ResponseSend.
+	// defaultResponseSenders: 1 falls behind 64 GPU streams, >4 gains nothing (bench/results/2026-11-26-senders-h100.jsonl).
 	defaultResponseSenders = 4
 	// defaultMaxSeqLen caps the longest sequence of a model whose context is longer, so
 	// that a default KV pool and the GPU's decode attention stay modest; max_seq_len raises
@@ -124,7 +123,7 @@ const (
 
 // tritonConfig is the part of Triton's JSON model configuration gollm reads.
 type tritonConfig struct {
-	// Name is the model's name.
+	// Name labels the model in logs and messages.
 	Name string `json:"name"`
 	// MaxBatchSize is max_batch_size.
 	MaxBatchSize int `json:"max_batch_size"`
@@ -140,19 +139,19 @@ type tritonConfig struct {
 		Kind string `json:"kind"`
 		// Count is the group's instances per listed GPU (or in all, off the GPU).
 		Count int `json:"count"`
-		// GPUs are the group's devices.
+		// GPUs lists the CUDA devices of a KIND_GPU group.
 		GPUs []int `json:"gpus"`
 	} `json:"instance_group"`
 	// Parameters are the model's parameters, each with a string_value.
 	Parameters map[string]struct {
-		// StringValue is the parameter's value.
+		// StringValue holds every gollm parameter's value; parsing it is paramSpec's job.
 		StringValue string `json:"string_value"`
 	} `json:"parameters"`
 }
 
 // paramSpec describes one parameter: its name and how to apply its value.
 type paramSpec struct {
-	// name is the parameter's key in config.pbtxt.
+	// name is spelled as in TensorRT-LLM's config.pbtxt.
 	name string
 	// set parses a value (never "") into the config.
 	set func(c *modelConfig, v string) error

@@ -91,7 +91,7 @@ func (u *gpuUsers) remove(instance string) {
 type gpuDev struct {
 	// use names the device.
 	use engines.GPUUse
-	// users are the engines on it.
+	// users track the models and instances on the device and the memory each holds.
 	users gpuUsers
 	// nv is the device in NVML; nil without NVML.
 	nv *nvml.Device

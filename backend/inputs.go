@@ -59,6 +59,7 @@ const (
 	inReturnNumInput    = "return_num_input_tokens"
 	inReturnNumOutput   = "return_num_output_tokens"
 	inReturnTopLogprobs = "return_top_logprobs"
+	inReturnFinish      = "return_finish_reason"
 	inDecoderInputIDs   = "decoder_input_ids"
 	inMinP              = "min_p"
 	inSpeculative       = "speculative_decoding"
@@ -88,6 +89,7 @@ const (
 	outTokenLogprobs            = "token_logprobs"
 	outTopLogprobs              = "top_logprobs"
 	outTopLogprobIDs            = "top_logprob_ids"
+	outFinishReason             = "finish_reason"
 )
 
 // knownInputs are the inputs parseRequest reads; any other is refused (Triton checks
@@ -103,7 +105,7 @@ var knownInputs = map[string]bool{
 	inLenPenalty: true, inLengthPenalty: true, inEarlyStopping: true, inDiversityRate: true,
 	inTopPDecay: true, inTopPMin: true, inTopPResetIDs: true, inTopKAlias: true, inTopPAlias: true,
 	inReturnPerf: true, inStopText: true, inBadText: true, inBiasWords: true, inBiasWeights: true,
-	inReturnNumInput: true, inReturnNumOutput: true, inReturnTopLogprobs: true,
+	inReturnNumInput: true, inReturnNumOutput: true, inReturnTopLogprobs: true, inReturnFinish: true,
 	inDecoderInputIDs: true, inGuideType: true, inGuide: true, inMinP: true, inSpeculative: true,
 }
 
@@ -144,7 +146,7 @@ type limits struct {
 	// ExcludeInputInOutput is the model's exclude_input_in_output (the default of the
 	// input of that name).
 	ExcludeInputInOutput bool
-	// MaxBeamWidth is the model's max_beam_width.
+	// MaxBeamWidth bounds beam_width (the model's max_beam_width).
 	MaxBeamWidth int
 	// Tokenizer encodes text_input; nil when the checkpoint has no tokenizer.json.
 	Tokenizer encoder
@@ -179,6 +181,8 @@ type parsedRequest struct {
 	GenerationLogits bool
 	// TopLogprobs is return_top_logprobs: -1 for none, else the alternatives per token.
 	TopLogprobs int
+	// FinishReason asks for finish_reason (return_finish_reason).
+	FinishReason bool
 	// PromptText is text_input while it waits to be tokenized (tokenizePrompt), which
 	// readRequest leaves for its caller to do off Execute; "" once Req.InputIDs hold it.
 	PromptText string
@@ -408,6 +412,9 @@ func readRequest(tensors []triton.Tensor, requested []string, lim limits) (*pars
 	}
 	if c.Input || c.Output {
 		p.Counts = &c
+	}
+	if p.FinishReason, err = in.flag(inReturnFinish); err != nil {
+		return nil, err
 	}
 	return p, nil
 }

@@ -419,6 +419,28 @@ func TestTokenCountInputs(t *testing.T) {
 	}
 }
 
+// TestFinishReasonInput checks that return_finish_reason asks for finish_reason, and
+// only as BOOL.
+func TestFinishReasonInput(t *testing.T) {
+	base := []triton.Tensor{i32(inInputIDs, 1, 2, 3, 4), i32(inRequestOutputLen, 2)}
+	for _, c := range []struct {
+		in   []triton.Tensor
+		want bool
+	}{{base, false}, {append(slices.Clone(base), boolean(inReturnFinish, false)), false}, {append(slices.Clone(base), boolean(inReturnFinish, true)), true}} {
+		p, err := parseRequest(c.in, nil, testLimits())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.FinishReason != c.want {
+			t.Errorf("inputs %d: FinishReason %v, want %v", len(c.in), p.FinishReason, c.want)
+		}
+	}
+	_, err := parseRequest(append(base, i32(inReturnFinish, 1)), nil, testLimits())
+	if err == nil || !strings.Contains(err.Error(), inReturnFinish) {
+		t.Errorf("an INT32 %s: error %v, want one naming it", inReturnFinish, err)
+	}
+}
+
 // TestTopLogprobsInput checks return_top_logprobs: absent is none; k asks for the
 // generation logits internally without sending generation_logits; out-of-range values,
 // another type and beam search are refused, naming the input.

@@ -22,7 +22,7 @@ var nextID atomic.Uint64
 
 // inflight is the backend's state of one request from Execute to its final response.
 type inflight struct {
-	// id is the batch manager's request ID.
+	// id keys the request in the batch manager and in inflight.
 	id uint64
 	// tritonID is the client's request id, for logs and stop requests ("" if none).
 	tritonID string
@@ -48,17 +48,17 @@ type inflight struct {
 // instance is one model instance: an engine, its batch manager, and the requests
 // between Triton and the manager.
 type instance struct {
-	// ms is the model.
+	// ms holds what the model's instances share: config, weights, tokenizer, limits.
 	ms *modelState
 	// ti is Triton's instance.
 	ti triton.ModelInstance
-	// name is the instance's name.
+	// name labels the instance's logs and metrics (Triton's instance name).
 	name string
 	// log carries the model and instance names.
 	log *zap.Logger
 	// eng runs the iterations.
 	eng engine.Engine
-	// mgr is the batch manager.
+	// mgr schedules the requests onto eng, one iteration at a time.
 	mgr *batchmanager.Manager
 
 	// mu guards queue, inflight and metrics.
@@ -74,8 +74,8 @@ type instance struct {
 	inflight map[uint64]*inflight
 
 	// senders each send the responses of the requests whose ID falls to them (ID mod
-	// len), in order: Triton's ResponseSend costs tens of µs (the frontend encodes the
-	// response there), so one goroutine cannot keep up with a batch of 64 streams.
+	// len), in order: the frontend encodes each response inside Triton's ResponseSend,
+	// so one goroutine cannot keep up with a large batch of streams.
 	senders []*sender
 	// sendersDone is done when every sender goroutine has exited.
 	sendersDone sync.WaitGroup
@@ -86,7 +86,7 @@ type instance struct {
 	// pollFactories and pollCancelled are PollStopSignal's scratch (manager goroutine).
 	pollFactories []triton.ResponseFactory
 	pollCancelled []bool
-	// pollIDs are the IDs of pollFactories.
+	// pollIDs match pollFactories index by index.
 	pollIDs []uint64
 
 	// trace records iterations and sender batches (GOLLM_ITER_TRACE); nil when off.
@@ -392,7 +392,8 @@ func (in *instance) accept(r triton.Request, start uint64) (queued bool) {
 			asked: askedOutputs{logProbs: p.Req.ReturnLogProbs, contextLogits: p.Req.ReturnContextLogits,
 				generationLogits: p.GenerationLogits, perf: p.Perf,
 				tokenLogprobs: p.TopLogprobs >= 0, topLogprobs: max(p.TopLogprobs, 0),
-				sequences: p.Req.BeamWidth <= 1 && p.Req.NumReturnSequences > 1},
+				sequences:    p.Req.BeamWidth <= 1 && p.Req.NumReturnSequences > 1,
+				finishReason: p.FinishReason},
 			want:           p.Outputs,
 			streaming:      p.Req.Streaming,
 			padID:          p.Req.PadID,
@@ -565,7 +566,7 @@ func (in *instance) getRequests(max int) []*batchmanager.InferenceRequest {
 
 // tokenText adapts the checkpoint's tokenizer to what text answers need.
 type tokenText struct {
-	// t is the tokenizer.
+	// t holds the checkpoint's tokenizer.json.
 	t *tokenizer.Tokenizer
 }
 

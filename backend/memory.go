@@ -70,7 +70,7 @@ func limitString(b int64) string {
 
 // releaseMemory collects now and returns the freed memory to the OS: after a failed
 // load or an unload, whose garbage no later allocation would collect. It costs one
-// collection (tens of milliseconds at most), in a load or unload that took longer.
+// collection, in a load or unload that took longer.
 func releaseMemory(log *zap.Logger, why string) {
 	start := time.Now()
 	debug.FreeOSMemory()

@@ -38,11 +38,11 @@ const (
 
 // metricDef describes one metric family.
 type metricDef struct {
-	// name is the Prometheus name.
+	// name is what Prometheus scrapes (gollm_…).
 	name string
 	// kind is gauge or counter.
 	kind triton.MetricKind
-	// help is the description /metrics shows.
+	// help becomes the family's # HELP line on /metrics.
 	help string
 }
 
@@ -144,7 +144,7 @@ func idleValues(prev metricValues) metricValues {
 
 // metricUpdate is one change to a series.
 type metricUpdate struct {
-	// id is the series' family.
+	// id picks the family, hence the series, to change.
 	id metricID
 	// value is the gauge's new value, or the counter's increment.
 	value float64
@@ -179,7 +179,7 @@ func metricUpdates(dst []metricUpdate, prev, next metricValues) []metricUpdate {
 // metricFamilies are the backend's families, registered once in TRITONBACKEND_Initialize
 // and deleted in TRITONBACKEND_Finalize, so models and instances can come and go.
 type metricFamilies struct {
-	// fams are the families by metricID.
+	// fams are indexed by metricID, as metricDefs.
 	fams [numMetrics]*triton.MetricFamily
 }
 
@@ -211,9 +211,9 @@ func (f *metricFamilies) delete() error {
 // instance's mu (they compare with and update last); a nil *instanceMetrics does
 // nothing, for a server whose metrics are off.
 type instanceMetrics struct {
-	// series are the instance's metrics by metricID.
+	// series are indexed by metricID, as metricDefs.
 	series [numMetrics]*triton.Metric
-	// last are the values the series show.
+	// last holds what the series show, so that only changes cross into Triton.
 	last metricValues
 	// batch applies an observation's updates in one crossing into Triton.
 	batch triton.MetricBatch

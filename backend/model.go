@@ -18,9 +18,9 @@ import (
 // modelState is one loaded model: its configuration, the engines' shared weights and the
 // tokenizer its instances share.
 type modelState struct {
-	// cfg is the parsed configuration.
+	// cfg holds config.pbtxt's settings, checked at load.
 	cfg *modelConfig
-	// version is the model version loaded.
+	// version labels the metrics and names the model to the readiness probe at shutdown.
 	version uint64
 	// log carries the model's name.
 	log *zap.Logger

@@ -11,7 +11,7 @@ import (
 
 // output is one tensor of a Triton response, serialized.
 type output struct {
-	// Name is the output's name.
+	// Name must be one of the model's outputs in config.pbtxt.
 	Name string
 	// DataType is its element type.
 	DataType triton.DataType
@@ -25,7 +25,7 @@ type output struct {
 type textState struct {
 	// d detokenizes.
 	d detokenizer
-	// stops are the request's stop strings.
+	// stops cut text_output before the first stop string.
 	stops []string
 	// seqs hold each streamed sequence's text state, by sequence index.
 	seqs map[int]*textOut
@@ -60,13 +60,15 @@ type askedOutputs struct {
 	perf bool
 	// sequences: sequence_index (num_return_sequences > 1).
 	sequences bool
+	// finishReason: finish_reason (return_finish_reason).
+	finishReason bool
 }
 
 // outputSpec is what a request's responses carry.
 type outputSpec struct {
 	// vocab is the vocabulary size (logits shapes).
 	vocab int
-	// asked are the optional outputs asked for.
+	// asked turns on the optional outputs.
 	asked askedOutputs
 	// want are the outputs the client named; nil means all.
 	want map[string]bool
@@ -99,7 +101,7 @@ func convertOutputs(res *batchmanager.Result, spec *outputSpec, final bool) (out
 	vocab := int64(spec.vocab)
 	beams := res.Beams
 	if beams == nil {
-		beams = []batchmanager.BeamResult{{Tokens: res.Tokens[:res.Length], CumLogProb: res.CumLogProb, LogProbs: res.LogProbs}}
+		beams = []batchmanager.BeamResult{{Tokens: res.Tokens[:res.Length], CumLogProb: res.CumLogProb, LogProbs: res.LogProbs, Finish: res.Finish}}
 	}
 	W := int64(len(beams))
 	if len(res.Beams) == 0 && res.Beams != nil {
@@ -163,6 +165,15 @@ func convertOutputs(res *batchmanager.Result, spec *outputSpec, final bool) (out
 	if spec.asked.perf && res.Perf != nil {
 		addPerf(add, res.Perf)
 	}
+	if spec.asked.finishReason {
+		reasons := make([]string, len(beams))
+		if ended(res, final) {
+			for i, b := range beams {
+				reasons[i] = finishReason(b.Finish)
+			}
+		}
+		add(outFinishReason, triton.TypeBytes, bytesElements(reasons), 1, W)
+	}
 	if c := spec.counts; c != nil {
 		if c.Input {
 			add(outNumInput, triton.TypeInt32, int32Bytes([]int32{int32(res.PromptLen)}), 1, 1)
@@ -197,6 +208,28 @@ func convertOutputs(res *batchmanager.Result, spec *outputSpec, final bool) (out
 		outs = append(outs, output{Name: outTextOutput, DataType: triton.TypeBytes, Shape: []int64{W}, Data: bytesElements(texts)})
 	}
 	return outs, empty
+}
+
+// ended says res is the last response of its sequence (or of the request), the one
+// that carries why the sequence ended.
+func ended(res *batchmanager.Result, final bool) bool {
+	return final || res.SequenceFinal
+}
+
+// finishReason names why a sequence ended in finish_reason, with the words of vLLM's
+// Triton backend and of OpenAI's API, which its clients compare against: an end token,
+// a stop word and a stop string are all "stop"; a request ended by the stop input is
+// "abort"; "" while the sequence goes on.
+func finishReason(f batchmanager.FinishReason) string {
+	switch f {
+	case batchmanager.FinishedEndID, batchmanager.FinishedStopWord:
+		return "stop"
+	case batchmanager.FinishedLength:
+		return "length"
+	case batchmanager.FinishedCancelled:
+		return "abort"
+	}
+	return ""
 }
 
 // addPerf adds the perf metrics outputs (TensorRT-LLM's names and types; the three of

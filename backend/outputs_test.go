@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -281,6 +282,68 @@ func TestTokenCounts(t *testing.T) {
 		t.Errorf("streamed beams: num_output_tokens = %d, want 3 (every token so far)", got)
 	}
 }
+
+// TestFinishReason checks finish_reason: one BYTES element per beam, named in vLLM's
+// words on a sequence's last response ("" before it), and out only when asked.
+func TestFinishReason(t *testing.T) {
+	reasons := func(outs []output) []string {
+		t.Helper()
+		for _, o := range outs {
+			if o.Name != outFinishReason {
+				continue
+			}
+			if o.DataType != triton.TypeBytes || len(o.Shape) != 2 || o.Shape[0] != 1 {
+				t.Fatalf("finish_reason: type %v shape %v, want BYTES [1, beams]", o.DataType, o.Shape)
+			}
+			var got []string
+			for b := o.Data; len(b) >= 4; {
+				n := int(binary.LittleEndian.Uint32(b))
+				got = append(got, string(b[4:4+n]))
+				b = b[4+n:]
+			}
+			if int64(len(got)) != o.Shape[1] {
+				t.Fatalf("finish_reason: %d elements for shape %v", len(got), o.Shape)
+			}
+			return got
+		}
+		return nil
+	}
+	asked := spec(askedOutputs{finishReason: true}, nil, nil, true)
+	for _, c := range []struct {
+		finish batchmanager.FinishReason
+		want   string
+	}{
+		{batchmanager.FinishedEndID, "stop"}, {batchmanager.FinishedStopWord, "stop"},
+		{batchmanager.FinishedLength, "length"}, {batchmanager.FinishedCancelled, "abort"},
+	} {
+		outs, _ := convertOutputs(&batchmanager.Result{Tokens: []int32{4}, Length: 1, Finish: c.finish}, asked, true)
+		if got := reasons(outs); !slices.Equal(got, []string{c.want}) {
+			t.Errorf("final response ended by %v: finish_reason %q, want %q", c.finish, got, c.want)
+		}
+	}
+	outs, _ := convertOutputs(&batchmanager.Result{Tokens: []int32{4}, Length: 1}, asked, false)
+	if got := reasons(outs); !slices.Equal(got, []string{""}) {
+		t.Errorf("a response before the last: finish_reason %q, want [\"\"]", got)
+	}
+	seq := &batchmanager.Result{Tokens: []int32{4}, Length: 1, Finish: batchmanager.FinishedLength, SequenceIndex: 1, SequenceFinal: true}
+	if got := reasons(must(convertOutputs(seq, asked, false))); !slices.Equal(got, []string{"length"}) {
+		t.Errorf("a sequence's last response (num_return_sequences): finish_reason %q, want [length]", got)
+	}
+	beams := &batchmanager.Result{Tokens: []int32{7, 8}, Length: 2, Finish: batchmanager.FinishedEndID,
+		Beams: []batchmanager.BeamResult{{Tokens: []int32{7, 8}, Finish: batchmanager.FinishedEndID}, {Tokens: []int32{7, 9, 9}, Finish: batchmanager.FinishedLength}}}
+	if got := reasons(must(convertOutputs(beams, asked, true))); !slices.Equal(got, []string{"stop", "length"}) {
+		t.Errorf("finished beams: finish_reason %q, want [stop length]", got)
+	}
+	if got := reasons(must(convertOutputs(beams, asked, false))); !slices.Equal(got, []string{"", ""}) {
+		t.Errorf("streamed beams before the end: finish_reason %q, want two empty", got)
+	}
+	if got := reasons(must(convertOutputs(&batchmanager.Result{Finish: batchmanager.FinishedLength}, spec(askedOutputs{}, nil, nil, true), true))); got != nil {
+		t.Errorf("finish_reason %q without return_finish_reason", got)
+	}
+}
+
+// must drops convertOutputs' empty flag.
+func must(outs []output, _ bool) []output { return outs }
 
 // TestTopLogprobs checks token_logprobs, top_logprobs and top_logprob_ids against a
 // log-softmax computed here: the generated tokens' rows only (a non-streaming answer

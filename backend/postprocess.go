@@ -53,7 +53,7 @@ type textDecoder interface {
 // with the checkpoint's tokenizer, decoding as gollm's text_output does, so that the two
 // routes give the same text.
 type postprocessor struct {
-	// tok is the tokenizer.
+	// tok decodes TOKENS_BATCH with the checkpoint's tokenizer.
 	tok textDecoder
 	// skipSpecial is skip_special_tokens.
 	skipSpecial bool

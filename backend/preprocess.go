@@ -65,7 +65,7 @@ var preRefused = map[string]string{
 // with the checkpoint's tokenizer, so that what it hands the tensorrt_llm model is what
 // gollm's model makes of the same text.
 type preprocessor struct {
-	// tok is the tokenizer.
+	// tok encodes QUERY and the word lists with the checkpoint's tokenizer.
 	tok encoder
 	// addSpecial is add_special_tokens: QUERY is encoded as a prompt (with BOS).
 	addSpecial bool

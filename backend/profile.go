@@ -94,7 +94,7 @@ type traceRec struct {
 type iterTrace struct {
 	// path is where write puts the trace.
 	path string
-	// t0 is the trace's time origin.
+	// t0 makes the records' times relative: nanoseconds since the trace began.
 	t0 time.Time
 	// mu guards recs.
 	mu sync.Mutex

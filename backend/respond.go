@@ -31,9 +31,9 @@ type sender struct {
 
 // sendItem is one SendResponse call waiting for a sender goroutine.
 type sendItem struct {
-	// id is the request.
+	// id keys the request in the instance's inflight map.
 	id uint64
-	// res is the batch manager's result.
+	// res is sent as it came from the batch manager.
 	res batchmanager.Result
 	// final marks the last response.
 	final bool
@@ -191,7 +191,12 @@ func (in *instance) finish(f *inflight, res *batchmanager.Result, err error) {
 // respond sends one response with res's outputs; flags is ResponseFinal for the last. A
 // streaming response with nothing new becomes the final flag alone, or nothing.
 func (in *instance) respond(f *inflight, res *batchmanager.Result, flags uint32) error {
-	outs, empty := convertOutputs(res, &f.spec, flags&triton.ResponseFinal != 0)
+	final := flags&triton.ResponseFinal != 0
+	outs, empty := convertOutputs(res, &f.spec, final)
+	if f.spec.asked.finishReason && res.Finish != batchmanager.NotFinished && ended(res, final) {
+		// The reason goes out even when nothing else does (the end token).
+		empty = false
+	}
 	if f.spec.counts != nil {
 		// The first response always goes out, so that the prompt's count arrives even
 		// when the request ends at once with its end token.
@@ -238,9 +243,9 @@ func clientError(err error, f *inflight) error {
 
 // renamedError is an error with a new message that still unwraps to the original.
 type renamedError struct {
-	// msg is the message.
+	// msg names the client's request id in place of the backend's number.
 	msg string
-	// err is the original error.
+	// err keeps errors.Is working on the renamed error.
 	err error
 }
 

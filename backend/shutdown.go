@@ -110,9 +110,9 @@ func (d *departure) due(now time.Time, busy bool) *leaving {
 type modelProbe struct {
 	// server is the server the model runs in.
 	server triton.Server
-	// model is the model's name.
+	// model and version name what to ask Triton about.
 	model string
-	// version is the model's version.
+	// version identifies which of the model's versions to ask about.
 	version uint64
 	// log receives why a readiness question failed.
 	log *zap.Logger

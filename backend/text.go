@@ -37,7 +37,7 @@ type textOut struct {
 	dec tokenStream
 	// utf holds incomplete characters.
 	utf tokenizer.UTF8Stream
-	// stops are the stop strings.
+	// stops end the text before the first of them.
 	stops []string
 	// held is text withheld because a stop string may start there.
 	held string
@@ -131,7 +131,7 @@ func wholeText(d detokenizer, ids []int32, prompt int, stops []string) string {
 type textStopper struct {
 	// d detokenizes.
 	d detokenizer
-	// stops are the stop strings.
+	// stops end the sequence at the token that completes one.
 	stops []string
 	// seqs follow each sequence index: the tokens seen and their text.
 	seqs map[int]*stopState
@@ -139,7 +139,7 @@ type textStopper struct {
 
 // stopState is one sequence's text so far.
 type stopState struct {
-	// ids are the generated tokens seen.
+	// ids tell whether the next call extends them by one token or starts over (a beam that changed).
 	ids []int32
 	// out is their text.
 	out *textOut

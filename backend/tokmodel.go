@@ -25,8 +25,8 @@ import (
 // model with gollm_role preprocessing or postprocessing is the third and fourth: a model
 // of this backend with the tensors of TensorRT-LLM's Python model of that name, reading
 // the checkpoint folder's tokenizer and nothing else (no weights, no engine, no KV
-// pool). Each request is answered at once, inside Execute: tokenizing takes
-// microseconds to a millisecond, less than handing the work to a goroutine would save.
+// pool). Each request is answered at once, inside Execute: tokenizing one prompt is too
+// little work to be worth handing to a goroutine.
 
 // modelRole is gollm_role.
 type modelRole string
@@ -43,9 +43,9 @@ const (
 
 // tokenizerModel is a loaded preprocessing or postprocessing model.
 type tokenizerModel struct {
-	// cfg is the parsed configuration.
+	// cfg holds config.pbtxt's settings, checked at load.
 	cfg *modelConfig
-	// version is the model version loaded.
+	// version identifies the loaded version in logs.
 	version uint64
 	// log carries the model's name.
 	log *zap.Logger
@@ -124,7 +124,7 @@ func loadTokenizerModel(cfg *modelConfig, version uint64, log *zap.Logger) (*tok
 // tokenizerInstance is an instance of a tokenizer-only model; it answers each request
 // inside Execute, so it holds nothing of its own.
 type tokenizerInstance struct {
-	// tm is the model.
+	// tm holds the tokenizer and settings every instance of the model shares.
 	tm *tokenizerModel
 	// ti is Triton's instance.
 	ti triton.ModelInstance
@@ -244,9 +244,9 @@ func firstErr(err, factoryErr error) error {
 // batchInputs are a tokenizer-only model's request tensors by name; TensorRT-LLM's
 // Python models take batches, so every tensor has the batch size first.
 type batchInputs struct {
-	// t are the tensors by name.
+	// t keys the request's tensors by input name.
 	t map[string]*triton.Tensor
-	// batch is the batch size.
+	// batch is every tensor's first dimension.
 	batch int
 }
 

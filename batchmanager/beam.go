@@ -45,11 +45,9 @@ import (
 //
 // Cost on the GPU: every beam's logits row (vocabulary × 4 bytes, 200 KB for GPT-2) is
 // copied to the host each step and scored there (scoreBeams spreads the rows over the
-// cores), and a beam step cannot replay a CUDA graph (it returns logits). Measured on an
-// H100 with 16 host cores, beam 4 × 16 requests, 128 + 128 tokens (bench/results,
-// 4af5c57): GPT-2 124M 1,437 tokens/s against transformers' 2,152, TinyLlama-1.1B 1,736
-// against 930; scoring on one core gave 149 and 278. A top-2W selection on the GPU would copy 2W (token, score)
-// pairs per beam instead — about 64 bytes at width 4, some 3000× less — and keep decode
+// cores), and a beam step cannot replay a CUDA graph (it returns logits); the README's
+// Performance section has what that costs. A top-2W selection on the GPU would copy 2W
+// (token, score) pairs per beam instead — about 64 bytes at width 4 — and keep decode
 // steps in graphs; the host work (a pass over the vocabulary per beam) would go too.
 
 // beamSearch is a beam request's search state.
@@ -66,7 +64,7 @@ type hyp struct {
 	tokens []int32
 	// logProbs are their log-probabilities (an end token's last).
 	logProbs []float32
-	// cum is the sum of logProbs.
+	// cum ranks the hypothesis before the length penalty.
 	cum float32
 	// score is cum after the length penalty.
 	score float32
@@ -78,9 +76,9 @@ type hyp struct {
 type beamCand struct {
 	// beam is the parent's index in the request's branches.
 	beam int
-	// tok is the token.
+	// tok extends the parent beam.
 	tok int32
-	// lp is the token's log-probability.
+	// lp is tok's log-probability under the parent's distribution.
 	lp float32
 	// cum is the parent's cumulative log-probability plus lp.
 	cum float32
@@ -305,8 +303,8 @@ const minParallelBeamFloats = 1 << 18
 // scoreBeams scores the logits rows of every beam search of the step before the
 // searches select their beams (beamStep): each row's penalties and masks, temperature
 // and log-softmax, and its best 2W tokens. A step of 64 beams over GPT-2's vocabulary
-// is 3.2 M exponentials, tens of milliseconds on one core, so the rows are spread over
-// the machine's cores. The logits post-processor runs first, on the manager's
+// is 3.2 M exponentials, too many for one core between two steps, so the rows are
+// spread over the machine's cores. The logits post-processor runs first, on the manager's
 // goroutine, as for sampled requests; the results do not depend on the spreading.
 func (m *Manager) scoreBeams() {
 	jobs := m.beamJobs[:0]
@@ -375,7 +373,7 @@ func (sc *beamScorer) score(j beamJob) {
 
 // tokLP is a token with its log-probability.
 type tokLP struct {
-	// tok is the token.
+	// tok could continue the beam.
 	tok int32
 	// lp is its log-probability.
 	lp float32

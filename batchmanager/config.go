@@ -57,7 +57,7 @@ type Config struct {
 	// AdmissionWindow, when positive, gathers a burst: a request that arrives while
 	// nothing runs waits up to this long for others to arrive, so that requests sent
 	// together start in one prompt step instead of one step each as they trickle in
-	// (8 streams opened at once reach the manager over a few milliseconds). The wait
+	// (streams opened together reach the manager spread over several steps). The wait
 	// ends early once MaxBatchSize requests are waiting, or once none has arrived for a
 	// quarter of the window (the burst is over; a lone request waits that long).
 	// Requests arriving while others run are not held: they join the next step. 0 (the
@@ -66,9 +66,9 @@ type Config struct {
 	// StreamInterval, when above 1, gives a streaming request a response every
 	// StreamInterval generated tokens instead of every token; its final response carries
 	// what is left. Each response costs the server a send and the client a message
-	// (through tritonserver at batch 64, its gRPC streams carried about 63,000 responses
-	// a second, less than the engine generates), so a client that reads text, not
-	// token timings, trades a few iterations of latency for throughput. Beam search
+	// (through tritonserver at batch 64 those, not the engine, set the pace: README,
+	// Performance), so a client that reads text, not token timings, trades a few
+	// iterations of latency for throughput. Beam search
 	// streams as without it. 0 or 1 (the default): every token.
 	StreamInterval int
 	// Overlap launches the next iteration before the current one's outputs are read

@@ -98,7 +98,7 @@ func soloRunTopP(t testing.TB, e engine.Engine, prompt []int32, maxNew int, sp e
 type arrival struct {
 	// at is the GetInferenceRequests call from which it is available.
 	at int
-	// req is the request.
+	// req is handed out as it is.
 	req *InferenceRequest
 }
 

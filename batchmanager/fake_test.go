@@ -154,11 +154,11 @@ func (f *fakeEngine) Step(b *engine.Batch) ([]engine.Output, error) {
 
 // response is one SendResponse call.
 type response struct {
-	// out is the result.
+	// out is SendResponse's result.
 	out Result
-	// final is the final flag.
+	// final marks the request's last response.
 	final bool
-	// err is the error.
+	// err fails the request (with final).
 	err error
 }
 
@@ -174,9 +174,9 @@ type client struct {
 	finals map[uint64]int
 	// stops are the IDs to report at every poll until their final response.
 	stops map[uint64]struct{}
-	// stats are the JSON stats received.
+	// stats hold ReturnBatchManagerStats' JSON, in order.
 	stats []string
-	// typed are the Stats structs received.
+	// typed hold IterationStats' structs, in order.
 	typed []Stats
 	// maxSeen records every max passed to GetInferenceRequests.
 	maxSeen []int

@@ -68,7 +68,7 @@ type Manager struct {
 	cb Callbacks
 	// log receives the loop's diagnostics.
 	log *zap.Logger
-	// pool is the KV block bookkeeping.
+	// pool owns the KV blocks: the engine only reads and writes the ones it is handed.
 	pool *kvcache.Pool
 	// wake cuts an idle wait short (buffered, 1).
 	wake chan struct{}
@@ -146,7 +146,7 @@ type Manager struct {
 
 	// statsMu guards last and broken.
 	statsMu sync.Mutex
-	// last is the latest stats snapshot.
+	// last answers Stats() between iterations.
 	last Stats
 	// broken is set, wrapping ErrEngineBroken, once the engine could not recover from a
 	// failed step.
@@ -169,13 +169,13 @@ const (
 // sequences (num_return_sequences), whose other branches are in forks.
 type request struct {
 	branch
-	// req is the client's request.
+	// req belongs to the client; the manager only reads it.
 	req *InferenceRequest
 	// id is req.ID.
 	id uint64
 	// phase says which list holds the request.
 	phase phase
-	// promptLen is the prompt's length.
+	// promptLen counts the prompt's tokens at the front of tokens.
 	promptLen int
 	// maxNew is MaxNewTokens (CheckLengths: it fits the model's MaxSeqLen).
 	maxNew int
@@ -256,7 +256,7 @@ type branch struct {
 	finish FinishReason
 	// index is the branch's sequence index (num_return_sequences).
 	index int
-	// seed is the branch's random stream.
+	// seed starts the branch's random stream (from random_seed; each sampled sequence its own).
 	seed uint64
 	// topP is the branch's runtime top-p (runtime_top_p_decay moves it each step).
 	topP float32

@@ -15,7 +15,7 @@ import (
 type InferenceRequest struct {
 	// ID identifies the request; it must not be in flight already.
 	ID uint64
-	// InputIDs is the prompt.
+	// InputIDs holds the prompt's token ids, in the vocabulary.
 	InputIDs []int32
 	// MaxNewTokens is the number of tokens to generate at most (request_output_len).
 	MaxNewTokens int
@@ -208,7 +208,7 @@ type Result struct {
 	// lower id), [n][TopLogprobs] (ReturnTopLogprobs).
 	TopLogprobIDs []int32
 	TopLogprobs   []float32
-	// PromptLen is the prompt's length in tokens.
+	// PromptLen counts the prompt's tokens.
 	PromptLen int
 	// Generated is the number of tokens generated so far (the end token excluded).
 	Generated int

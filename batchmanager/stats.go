@@ -164,7 +164,7 @@ type statsEncoder struct {
 	enc *json.Encoder
 	// inflight and v1 are the values encoded, reused so that no copy is boxed.
 	inflight statsInflight
-	// v1 is the V1 form.
+	// v1 is encoded for V1 models, in place of inflight.
 	v1 statsV1
 	// sec is the Unix second that stamp formats.
 	sec int64

@@ -30,7 +30,7 @@ type iterCounts struct {
 
 // seqRef names the request and branch of one engine sequence of the batch.
 type seqRef struct {
-	// r is the request.
+	// r owns b.
 	r *request
 	// b is its branch.
 	b *branch

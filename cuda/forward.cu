@@ -42,6 +42,7 @@
 #include "internal.h"
 #include "layernorm.cuh"
 #include "matmul.cuh"
+#include "moe.cuh"
 #include "parallel.cuh"
 #include "sampling.cuh"
 #include "tiled.cuh"
@@ -378,6 +379,47 @@ void mlp(Flow<T>& f, const Stage& s) {
   branch(f, s.w2, s.b2, f.d.I, f.fch, "the MLP output", s.s.layer, s.post != nullptr);
 }
 
+// MOE: the mixture of experts on x (moe.cuh), in passes of up to the engine's chunk of
+// rows. On one GPU's few-row paths each pass adds its sum to h (RESIDUAL then does
+// nothing) unless a POST_NORM follows; otherwise it goes to tmp, all-reduced under tensor
+// parallelism, for RESIDUAL.
+// The few-row paths norm inside their gemv kernels and leave xn unwritten: the router's
+// kernel norms h itself and writes xn for the experts (an RMSNorm: every MoE family's).
+template <typename T>
+void moe(Flow<T>& f, const Stage& s) {
+  gollm_engine* e = f.e;
+  const gollm_model_config& c = e->w->cfg;
+  const Stage& nm = *f.norm;
+  const bool rms = nm.s.norm == GOLLM_NORM_RMS;
+  if (f.small() && !rms) norm_rows<T>(f.h, f.xn, nm.gamma, nm.beta, f.N, f.d.H, nm.s.eps, false, f.st);
+  const bool into_h = f.small() && !f.tp && !s.post;
+  MoeBufs& m = e->moe;
+  MoePass<T> p{};
+  p.s = &s, p.H = f.d.H, p.E = c.experts, p.K = s.s.top_k, p.MI = c.moe_inner, p.SI = c.shared_inner;
+  p.logits = m.logits.as<float>();
+  p.rt = MoeRoute{m.topi.as<int>(),    m.topw.as<float>(), m.sgate.as<float>(), m.sorted.as<int>(),
+                  m.pos.as<int>(), m.tiles.as<int4>(), m.ntiles.as<int>()};
+  p.act = m.act.as<T>(), p.y = m.y.as<float>(), p.sact = m.sact.as<T>(), p.sy = m.sy.as<float>();
+  p.add = into_h;
+  // The tensor cores where an expert gets more rows on average than a gemv tile holds
+  // (each further tile of a gemv reads the expert's weights again).
+  p.mma = (int64_t)f.N * s.s.top_k > (int64_t)kMoeRows * c.experts && c.moe_inner % 8 == 0 &&
+          c.shared_inner % 8 == 0;
+  for (int r0 = 0; r0 < f.N; r0 += m.chunk) {
+    p.n = std::min(m.chunk, f.N - r0);
+    p.x = f.xn + (int64_t)r0 * f.d.H;
+    if (f.small() && rms) p.nm = MoeNorm{f.h + (int64_t)r0 * f.d.H, nm.gamma, nm.s.eps};
+    p.out = (into_h ? f.h : f.tmp) + (int64_t)r0 * f.d.H;
+    moe_pass<T>(p, f.st);
+  }
+  if (into_h) {
+    f.branch_in_h = true;
+    return;
+  }
+  if (f.tp) tp_all_reduce(e, f.tmp, (size_t)f.N * f.d.H, "the experts' output", s.s.layer);
+  f.branch_bias = nullptr;
+}
+
 // RESIDUAL: h += the branch (with its bias, where its projection left it), and the NORM
 // after it in the same kernel — unless the branch's projection added it already.
 template <typename T>
@@ -484,21 +526,23 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
       case GOLLM_STAGE_LM_HEAD: lm_head(f, s, capture); break;
       case GOLLM_STAGE_QK_NORM: break;  // applied by the kernel that writes the keys
       case GOLLM_STAGE_POST_NORM: f.post = &s; break;
+      case GOLLM_STAGE_MOE: moe(f, s); break;
     }
   }
 }
 
 // warmup_gemms_t calls cuBLAS once on every padded row count a step can use (layer 0's
-// four GEMMs, the LM head), so that no step of a served model pays a shape's first call.
+// QKV and output GEMMs, the first dense MLP's two — none where every MLP is experts —,
+// the LM head), so that no step of a served model pays a shape's first call.
 template <typename T>
 int warmup_gemms_t(gollm_engine* e) {
   const Dims d(e->w->cfg);
   const Stage *qkv = nullptr, *out = nullptr, *mlp = nullptr;
   for (const Stage& s : e->w->recipe) {
+    if (s.s.kind == GOLLM_STAGE_MLP && !mlp) mlp = &s;
     if (s.s.layer != 0) continue;
     if (s.s.kind == GOLLM_STAGE_QKV) qkv = &s;
     if (s.s.kind == GOLLM_STAGE_OUT) out = &s;
-    if (s.s.kind == GOLLM_STAGE_MLP) mlp = &s;
   }
   // Inputs zeroed: the calls compute on them.
   CUDA_CHECK(cudaMemsetAsync(e->xn.p, 0, e->xn.bytes, e->stream));
@@ -510,9 +554,11 @@ int warmup_gemms_t(gollm_engine* e) {
   for (int m = 16; m <= top; m = gemm_rows(m + 1)) {
     gemm<T>(e, e->xn.p, qkv->w, e->qkv.as<float>(), m, d.H, d.qkv);
     gemm<T>(e, e->att.p, out->w, e->tmp.as<float>(), m, d.att, d.H);
+    shapes += 2;
+    if (!mlp) continue;
     gemm<T>(e, e->xn.p, mlp->w, e->fc.as<float>(), m, d.H, d.up);
     gemm<T>(e, e->fch.p, mlp->w2, e->tmp.as<float>(), m, d.I, d.H);
-    shapes += 4;
+    shapes += 2;
   }
   const int rtop = gemm_rows(e->max_logit_rows);
   for (int m = 16; m <= rtop; m = gemm_rows(m + 1)) {
@@ -550,6 +596,7 @@ void setup_kernels_t(gollm_engine* e) {
   allow_smem_max(attention_context_mma_kernel<T, 80>, e->device);
   allow_smem_max(attention_context_mma_kernel<T, 128>, e->device);
   allow_smem_max(attention_context_kernel<T>, e->device);
+  if (e->moe.chunk > 0) moe_allow_smem(e->device);
   // Decode attention holds a row's scores: what it needs follows the longest sequence.
   const size_t ds = decode_smem(c.head_dim, e->max_len);
   if (ds > dynamic_smem_max(attention_decode_kernel<T, true>, e->device))

@@ -4,7 +4,8 @@
  * RMSNorm, learned or rotary positions over a whole head or part of it (longrope's two
  * frequency sets), per-head query and key norms, multi-head, multi-query or grouped-query
  * attention with a window per layer and soft-capped scores, post-norms of the branches,
- * a plain or gated MLP, a tied or separate LM head with soft-capped logits).
+ * a plain or gated MLP or a mixture of experts, a tied or separate LM head with soft-capped
+ * logits).
  *
  * Every function reports failure through a gollm_status {code, message} and returns the
  * code; none aborts or exits, and no C++ exception crosses it. Objects:
@@ -44,7 +45,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 10
+#define GOLLM_ABI_VERSION 11
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -100,6 +101,11 @@ typedef struct gollm_model_config {
   int32_t tied_head;         /* nonzero: the LM head is the token embedding */
   int32_t qk_norm;           /* nonzero: the layers have Q_NORM and K_NORM (ABI 9) */
   int32_t post_norms;        /* nonzero: the layers have POST_ATTN_NORM and POST_MLP_NORM */
+  /* Mixture of experts (ABI 11): the layers whose recipe has a MOE stage hold the expert
+   * roles instead of UP and DOWN; all zero without experts. */
+  int32_t experts;           /* experts of a sparse layer, at most 4096 */
+  int32_t moe_inner;         /* an expert's units (its gate's and up-projection's each) */
+  int32_t shared_inner;      /* the shared expert's units; 0: none */
 } gollm_model_config;
 
 /* gollm_stage_kind is what a stage of the recipe does (model.StageKind in Go, the same
@@ -122,14 +128,20 @@ enum gollm_stage_kind {
   GOLLM_STAGE_QK_NORM = 10,  /* each query head normed by Q_NORM, each key head by K_NORM, over
                                 head_dim (ABI 9) */
   GOLLM_STAGE_POST_NORM = 11, /* branch = norm(branch) (POST_ATTN_NORM or POST_MLP_NORM) */
+  GOLLM_STAGE_MOE = 12,      /* branch = Σ over x's top_k experts of p_e · expert_e(x), p the
+                                softmax of x·ROUTERᵀ in fp32 (renormalised over the top_k
+                                with norm_topk), expert_e = EXPERT_DOWN_e·(act(gate_e) · up_e)
+                                of EXPERT_UP_e·x; with shared, + sigmoid(SHARED_GATE·x) ·
+                                SHARED_DOWN·(act(gate) · up) of SHARED_UP·x (ABI 11) */
   GOLLM_STAGE_KINDS
 };
 
 /* gollm_stage is one stage of the recipe with its values; fields its kind does not read
  * are zero. The recipe is a pre-norm decoder: EMBED, then per layer NORM, QKV, [QK_NORM],
- * [ROTARY], KV_WRITE, ATTENTION, OUT, [POST_NORM], RESIDUAL, NORM, MLP, [POST_NORM],
+ * [ROTARY], KV_WRITE, ATTENTION, OUT, [POST_NORM], RESIDUAL, NORM, MLP or MOE, [POST_NORM],
  * RESIDUAL, then NORM, LM_HEAD — QK_NORM where the config has qk_norm, POST_NORM where it
- * has post_norms (the library refuses another order, naming the stage). */
+ * has post_norms, MOE in a layer whose MLP is the experts (the library refuses another
+ * order, naming the stage). */
 typedef struct gollm_stage {
   int32_t kind;       /* a gollm_stage_kind */
   int32_t layer;      /* its layer; -1 for the model's own (EMBED, the final NORM, LM_HEAD) */
@@ -150,13 +162,17 @@ typedef struct gollm_stage {
                          multiplier, it and the product rounded to the compute type */
   float softcap;      /* ATTENTION, LM_HEAD: > 0, scores or logits become
                          softcap·tanh(x/softcap); 0: none */
-  int32_t activation; /* MLP: a gollm_activation */
-  int32_t gated;      /* MLP: nonzero, act(gate) · up; the config's gated_mlp */
+  int32_t activation; /* MLP, MOE: a gollm_activation */
+  int32_t gated;      /* MLP: nonzero, act(gate) · up; the config's gated_mlp. MOE: 1 */
   int32_t rope_long;  /* ROTARY: > 0 (longrope), a sequence longer than rope_long positions
                          after the step takes the long frequencies, which follow the short
                          ones (rope_freqs + rope_dim/2); 0: one set (ABI 9) */
   float rope_scale;   /* ROTARY: cos and sin are multiplied by it (longrope's attention
                          factor; 1 otherwise) */
+  int32_t experts;    /* MOE: the config's experts (ABI 11) */
+  int32_t top_k;      /* MOE: experts a token goes to, 1 … experts */
+  int32_t norm_topk;  /* MOE: nonzero, the top_k probabilities renormalised to sum to 1 */
+  int32_t shared;     /* MOE: nonzero, the shared expert (the config's shared_inner > 0) */
 } gollm_stage;
 
 /* gollm_role is the part a weight plays (model.Role in Go, the same order). Matrices are
@@ -168,7 +184,12 @@ typedef struct gollm_stage {
  *   OUT [hidden][heads*head_dim] and OUT_BIAS [hidden]; MLP_NORM, MLP_NORM_BIAS [hidden];
  *   UP [inner or, gated, 2*inner][hidden] (the gate's rows first) and UP_BIAS;
  *   DOWN [hidden][inner] and DOWN_BIAS [hidden]; Q_NORM, K_NORM [head_dim] (qk_norm);
- *   POST_ATTN_NORM, POST_MLP_NORM [hidden] (post_norms).
+ *   POST_ATTN_NORM, POST_MLP_NORM [hidden] (post_norms);
+ *   a sparse layer (a MOE stage) instead of UP, DOWN and their biases: ROUTER
+ *   [experts][hidden]; EXPERT_UP [experts·2·moe_inner][hidden] (expert by expert, its gate's
+ *   rows, then its up-projection's); EXPERT_DOWN [experts·hidden][moe_inner]; with a shared
+ *   expert SHARED_UP [2·shared_inner][hidden] (gate's rows first), SHARED_DOWN
+ *   [hidden][shared_inner], SHARED_GATE [1][hidden].
  * The *_NORM_BIAS roles exist under LayerNorm only; a bias role is absent when the model
  * has none (every bias of a role is given, or none). */
 enum gollm_role {
@@ -178,6 +199,8 @@ enum gollm_role {
   GOLLM_ROLE_OUT, GOLLM_ROLE_OUT_BIAS, GOLLM_ROLE_MLP_NORM, GOLLM_ROLE_MLP_NORM_BIAS,
   GOLLM_ROLE_UP, GOLLM_ROLE_UP_BIAS, GOLLM_ROLE_DOWN, GOLLM_ROLE_DOWN_BIAS,
   GOLLM_ROLE_Q_NORM, GOLLM_ROLE_K_NORM, GOLLM_ROLE_POST_ATTN_NORM, GOLLM_ROLE_POST_MLP_NORM,
+  GOLLM_ROLE_ROUTER, GOLLM_ROLE_EXPERT_UP, GOLLM_ROLE_EXPERT_DOWN, GOLLM_ROLE_SHARED_UP,
+  GOLLM_ROLE_SHARED_DOWN, GOLLM_ROLE_SHARED_GATE,
   GOLLM_ROLES
 };
 #define GOLLM_FIRST_LAYER_ROLE GOLLM_ROLE_ATTN_NORM

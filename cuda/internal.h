@@ -27,6 +27,7 @@
 #include "comm.h"
 #include "common.cuh"
 #include "gollm.h"
+#include "moe.h"
 #include "sizes.h"
 
 namespace gollm {
@@ -69,6 +70,22 @@ struct HostMem {
   }
 };
 
+// MoeBufs are the mixture-of-experts stage's buffers (moe.cuh), for passes of up to chunk
+// token rows routed to top_k experts each (P = chunk · top_k pairs); empty without experts.
+struct MoeBufs {
+  int chunk = 0;
+  DevMem logits;             // [chunk][experts + 1] fp32: the router's, then the shared gate's
+  DevMem topi, topw, sgate;  // [P] int32, [P] fp32, [chunk] fp32
+  DevMem sorted, pos;        // [P] int32: a slot's row, a pair's slot
+  DevMem tiles, ntiles;      // [moe_max_tiles] int4, one int32
+  DevMem act, y;             // [P][moe_inner] T, [P][hidden] fp32
+  DevMem sact, sy;           // the shared expert's: [chunk][shared_inner] T, [chunk][hidden] fp32
+  size_t bytes() const {
+    return logits.bytes + topi.bytes + topw.bytes + sgate.bytes + sorted.bytes + pos.bytes + tiles.bytes +
+           ntiles.bytes + act.bytes + y.bytes + sact.bytes + sy.bytes;
+  }
+};
+
 // DeviceGuard makes dev current for the calling thread for one ABI call.
 struct DeviceGuard {
   explicit DeviceGuard(int dev) { CUDA_CHECK(cudaSetDevice(dev)); }
@@ -88,10 +105,16 @@ struct Stage {
   const float* gamma = nullptr;  // NORM, POST_NORM: weight [hidden]; QK_NORM: Q_NORM's
   const float* beta = nullptr;   // NORM: LayerNorm's bias [hidden]; QK_NORM: K_NORM
   const void* w = nullptr;       // QKV [qkv][hidden], OUT [hidden][att], MLP's UP [up][hidden],
-                                 // LM_HEAD [vocab rows][hidden] (padded: lm_head_ld)
+                                 // LM_HEAD [vocab rows][hidden] (padded: lm_head_ld), MOE's
+                                 // EXPERT_UP [experts][2·moe_inner][hidden]
   const float* b = nullptr;      // their biases
-  const void* w2 = nullptr;      // MLP's DOWN [hidden][inner]
+  const void* w2 = nullptr;      // MLP's DOWN [hidden][inner], MOE's EXPERT_DOWN
+                                 // [experts][hidden][moe_inner]
   const float* b2 = nullptr;     // its bias [hidden]
+  const void* router = nullptr;       // MOE: ROUTER [experts][hidden]
+  const void* shared_w = nullptr;     // MOE: SHARED_UP [2·shared_inner][hidden], or null
+  const void* shared_w2 = nullptr;    // MOE: SHARED_DOWN [hidden][shared_inner]
+  const void* shared_gate = nullptr;  // MOE: SHARED_GATE [hidden]
   const float* inv_freq = nullptr;  // QKV, KV_WRITE: the layer's rotary frequencies
                                     // [rope_dim/2] on the device, or null (no rotary)
   int rope_dim = 0;                 // QKV, KV_WRITE: the rotated dimensions of a head
@@ -100,7 +123,7 @@ struct Stage {
   QkvExtra qkx;                     // rotary (qkv_extra_write does their epilogue)
   const Stage* next = nullptr;      // EMBED, RESIDUAL: the NORM after it, which its kernel
                                     // computes too
-  const Stage* post = nullptr;      // OUT, MLP: the POST_NORM after it, or null
+  const Stage* post = nullptr;      // OUT, MLP, MOE: the POST_NORM after it, or null
 };
 
 // FailStep is gollm_faults' failing step: the engine's step that fails (0: none), and
@@ -139,8 +162,10 @@ struct Dims {
 };
 
 // role_shape is a role's [rows, cols] under c (cols 1 for vectors), or false when the
-// architecture has no such role (model.Config.Shape in Go).
+// architecture has no such role (model.Config.Shape in Go); layer_role_shape the same in a
+// layer whose MLP is (sparse) or is not the experts (model.Config.LayerShape).
 bool role_shape(const gollm_model_config& c, int role, int64_t& rows, int64_t& cols);
+bool layer_role_shape(const gollm_model_config& c, bool sparse, int role, int64_t& rows, int64_t& cols);
 
 }  // namespace gollm
 
@@ -315,6 +340,7 @@ struct gollm_engine {
   gollm_comm* comm = nullptr;
   int tp_rank = 0, tp_size = 1;
   gollm::DevMem tp_gather, tp_logits;
+  gollm::MoeBufs moe;             // the mixture-of-experts stage's buffers (moe.cu)
 };
 
 namespace gollm {
@@ -329,6 +355,10 @@ void release_weights(gollm_weights* w);
 void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine** out,
                    gollm_engine_info* info);
 void destroy_engine(gollm_engine* e);
+
+// moe.cu: create_moe sizes the mixture-of-experts stage's buffers (none without a MOE
+// stage) and turns the fused MLP off for such a model; it returns their bytes.
+size_t create_moe(gollm_engine* e);
 // drop_graphs destroys the engine's decode graphs (through its communicator's registry
 // when it has one).
 void drop_graphs(gollm_engine* e);

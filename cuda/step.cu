@@ -315,7 +315,7 @@ void warmup(gollm_engine* e, gollm_engine_info& inf) {
       q.block_offset = 0, q.block_count = nblk;
       q.flags = GOLLM_SEQ_SAMPLE;
       q.temperature = greedy ? 0.f : 1.f;
-      q.bias_offset = -1;
+      q.bias_offset = -1, q.allowed_offset = -1;
       q.uniform = 0.5;
     }
     gollm_step_in in{};

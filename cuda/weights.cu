@@ -73,9 +73,29 @@ bool role_shape(const gollm_model_config& c, int role, int64_t& rows, int64_t& c
     case GOLLM_ROLE_DOWN_BIAS: rows = d.H; return true;    // optional
     case GOLLM_ROLE_Q_NORM: case GOLLM_ROLE_K_NORM: rows = d.D; return c.qk_norm != 0;
     case GOLLM_ROLE_POST_ATTN_NORM: case GOLLM_ROLE_POST_MLP_NORM: rows = d.H; return c.post_norms != 0;
+    // The experts' roles (a sparse layer's: layer_role_shape).
+    case GOLLM_ROLE_ROUTER: rows = c.experts, cols = d.H; return c.experts > 0;
+    case GOLLM_ROLE_EXPERT_UP: rows = (int64_t)c.experts * 2 * c.moe_inner, cols = d.H; return c.experts > 0;
+    case GOLLM_ROLE_EXPERT_DOWN: rows = (int64_t)c.experts * d.H, cols = c.moe_inner; return c.experts > 0;
+    case GOLLM_ROLE_SHARED_UP: rows = 2 * (int64_t)c.shared_inner, cols = d.H; return c.experts > 0 && c.shared_inner > 0;
+    case GOLLM_ROLE_SHARED_DOWN: rows = d.H, cols = c.shared_inner; return c.experts > 0 && c.shared_inner > 0;
+    case GOLLM_ROLE_SHARED_GATE: rows = 1, cols = d.H; return c.experts > 0 && c.shared_inner > 0;
   }
   rows = 0;
   return false;
+}
+
+bool layer_role_shape(const gollm_model_config& c, bool sparse, int role, int64_t& rows, int64_t& cols) {
+  switch (role) {
+    case GOLLM_ROLE_UP: case GOLLM_ROLE_UP_BIAS: case GOLLM_ROLE_DOWN: case GOLLM_ROLE_DOWN_BIAS:
+      if (sparse) return rows = 0, false;
+      break;
+    case GOLLM_ROLE_ROUTER: case GOLLM_ROLE_EXPERT_UP: case GOLLM_ROLE_EXPERT_DOWN:
+    case GOLLM_ROLE_SHARED_UP: case GOLLM_ROLE_SHARED_DOWN: case GOLLM_ROLE_SHARED_GATE:
+      if (!sparse) return rows = 0, false;
+      break;
+  }
+  return role_shape(c, role, rows, cols);
 }
 
 namespace {
@@ -90,7 +110,9 @@ bool optional_role(int role) {
 bool is_matrix(int role) {
   switch (role) {
     case GOLLM_ROLE_EMBED: case GOLLM_ROLE_POS_EMBED: case GOLLM_ROLE_LM_HEAD: case GOLLM_ROLE_QKV:
-    case GOLLM_ROLE_OUT: case GOLLM_ROLE_UP: case GOLLM_ROLE_DOWN:
+    case GOLLM_ROLE_OUT: case GOLLM_ROLE_UP: case GOLLM_ROLE_DOWN: case GOLLM_ROLE_ROUTER:
+    case GOLLM_ROLE_EXPERT_UP: case GOLLM_ROLE_EXPERT_DOWN: case GOLLM_ROLE_SHARED_UP:
+    case GOLLM_ROLE_SHARED_DOWN: case GOLLM_ROLE_SHARED_GATE:
       return true;
   }
   return false;
@@ -101,7 +123,8 @@ const char* role_name(int role) {
       "embed", "pos_embed", "final_norm", "final_norm_bias", "lm_head",
       "attn_norm", "attn_norm_bias", "qkv", "qkv_bias", "out", "out_bias",
       "mlp_norm", "mlp_norm_bias", "up", "up_bias", "down", "down_bias",
-      "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm"};
+      "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm",
+      "router", "expert_up", "expert_down", "shared_up", "shared_down", "shared_gate"};
   return role >= 0 && role < GOLLM_ROLES ? names[role] : "?";
 }
 
@@ -124,12 +147,19 @@ void check_config(const gollm_model_config& c) {
   if (c.positions != GOLLM_POS_LEARNED && c.positions != GOLLM_POS_ROTARY)
     invalid("config: positions %d is not a gollm_positions", c.positions);
   if (c.hidden > 16384) invalid("config: hidden %d exceeds 16384", c.hidden);
+  if (c.experts < 0 || c.experts > kMoeMaxExperts || c.moe_inner < 0 || c.moe_inner > (1 << 18) ||
+      c.shared_inner < 0 || c.shared_inner > (1 << 18) || (c.experts > 0) != (c.moe_inner > 0) ||
+      (c.experts == 0 && c.shared_inner > 0))
+    invalid("config: experts %d (at most %d), moe_inner %d and shared_inner %d (at most 262144) do not "
+            "describe experts, or their absence",
+            c.experts, kMoeMaxExperts, c.moe_inner, c.shared_inner);
 }
 
 const char* stage_name(int kind) {
   static const char* names[GOLLM_STAGE_KINDS] = {"embed",    "norm",    "qkv",     "rotary",
                                                  "kv_write", "attention", "out",   "mlp",
-                                                 "residual", "lm_head", "qk_norm", "post_norm"};
+                                                 "residual", "lm_head", "qk_norm", "post_norm",
+                                                 "moe"};
   return kind >= 0 && kind < GOLLM_STAGE_KINDS ? names[kind] : "?";
 }
 
@@ -193,13 +223,26 @@ void check_values(const gollm_weights_params* p, int i) {
         stage_fail(i, s, "activation is not a gollm_activation");
       if ((s.gated != 0) != (c.gated_mlp != 0)) stage_fail(i, s, "gated is not the config's gated_mlp");
       break;
+    case GOLLM_STAGE_MOE:
+      if (c.experts < 1) stage_fail(i, s, "the config has no experts");
+      if (s.experts != c.experts) stage_fail(i, s, "experts is not the config's");
+      if (s.top_k < 1 || s.top_k > s.experts || s.top_k > kMoeMaxTopK) {
+        std::snprintf(buf, sizeof buf, "top_k %d must be in [1, min(experts %d, %d)]", s.top_k, s.experts,
+                      kMoeMaxTopK);
+        stage_fail(i, s, buf);
+      }
+      if (s.activation < GOLLM_ACT_GELU_TANH || s.activation > GOLLM_ACT_SILU)
+        stage_fail(i, s, "activation is not a gollm_activation");
+      if (s.gated != 1) stage_fail(i, s, "experts are gated MLPs (gated 1)");
+      if ((s.shared != 0) != (c.shared_inner > 0)) stage_fail(i, s, "shared is not the config's shared_inner > 0");
+      break;
   }
 }
 
 }  // namespace
 
 // The forward pass walks a pre-norm decoder (forward.cu): EMBED, then per layer NORM, QKV,
-// [QK_NORM], [ROTARY], KV_WRITE, ATTENTION, OUT, [POST_NORM], RESIDUAL, NORM, MLP,
+// [QK_NORM], [ROTARY], KV_WRITE, ATTENTION, OUT, [POST_NORM], RESIDUAL, NORM, MLP or MOE,
 // [POST_NORM], RESIDUAL, then NORM, LM_HEAD. Its dispatchers rely on that order — a NORM
 // after EMBED and after each RESIDUAL, computed by their kernels; the q/k norm, rotary and
 // KV write right after the QKV projection, applied by its epilogue; a post-norm right
@@ -228,6 +271,8 @@ void check_recipe(const gollm_weights_params* p) {
   auto expect = [&](int kind, int layer) {
     if (i >= n) invalid("recipe: ends after %d stages, before %s of layer %d", n, stage_name(kind), layer);
     const gollm_stage& s = p->stages[i];
+    // A layer's MLP is dense or a mixture of experts.
+    if (kind == GOLLM_STAGE_MLP && s.kind == GOLLM_STAGE_MOE) kind = GOLLM_STAGE_MOE;
     if (s.kind != kind || s.layer != layer) {
       char buf[160];
       std::snprintf(buf, sizeof buf, "out of place: the forward pass walks %s of layer %d here",
@@ -296,8 +341,15 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
   w->dtype = p->dtype;
   w->cfg = c;
 
-  // Which roles each slot (the model's, then each layer's) receives, and how many rows.
+  // Which roles each slot (the model's, then each layer's) receives, and how many rows. A
+  // layer whose MLP is the experts (its recipe's MOE stage) holds their roles, not UP/DOWN.
   const int slots = 1 + c.layers;
+  std::vector<char> sparse(c.layers, 0);
+  for (int i = 0; i < p->num_stages; i++)
+    if (p->stages[i].kind == GOLLM_STAGE_MOE) sparse[p->stages[i].layer] = 1;
+  auto slot_shape = [&](int slot, int role, int64_t& rows, int64_t& cols) {
+    return slot == 0 ? role_shape(c, role, rows, cols) : layer_role_shape(c, sparse[slot - 1], role, rows, cols);
+  };
   auto slot_of = [&](int role, int layer) {
     return role < GOLLM_FIRST_LAYER_ROLE ? (layer == -1 ? 0 : -1)
                                          : (layer >= 0 && layer < c.layers ? 1 + layer : -1);
@@ -309,8 +361,8 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
     const int slot = slot_of(wt.role, wt.layer);
     if (slot < 0) invalid("weights[%d] (%s): layer %d outside the model", i, role_name(wt.role), wt.layer);
     int64_t rows, cols;
-    if (!role_shape(c, wt.role, rows, cols))
-      invalid("weights[%d]: the architecture has no %s", i, role_name(wt.role));
+    if (!slot_shape(slot, wt.role, rows, cols))
+      invalid("weights[%d]: layer %d of the architecture has no %s", i, wt.layer, role_name(wt.role));
     if (wt.part.rows < 1 || wt.part.cols != cols)
       invalid("layer %d %s: a part of %lld×%lld does not fit [%lld][%lld]", wt.layer,
               role_name(wt.role), (long long)wt.part.rows, (long long)wt.part.cols,
@@ -324,7 +376,7 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
     for (int r = slot == 0 ? 0 : GOLLM_FIRST_LAYER_ROLE; r < (slot == 0 ? GOLLM_FIRST_LAYER_ROLE : GOLLM_ROLES); r++) {
       int64_t rows, cols;
       const int64_t got = given[(size_t)slot * GOLLM_ROLES + r];
-      if (!role_shape(c, r, rows, cols)) continue;
+      if (!slot_shape(slot, r, rows, cols)) continue;
       if (optional_role(r)) {
         if (slot == 1) has_opt[r] = got > 0;
         if ((got > 0) != has_opt[r])
@@ -350,7 +402,7 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
     for (int r = 0; r < GOLLM_ROLES; r++) {
       if (given[(size_t)slot * GOLLM_ROLES + r] == 0) continue;
       int64_t rows, cols;
-      role_shape(c, r, rows, cols);
+      slot_shape(slot, r, rows, cols);
       if (slot == 0 && head_role(r)) rows = lm_head_ld((int)rows);
       where[(size_t)slot * GOLLM_ROLES + r] = off;
       off = align_up(off + (size_t)(rows * cols) * (is_matrix(r) ? es : 4));
@@ -425,6 +477,12 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
         st.w = at(slot, GOLLM_ROLE_UP), st.b = static_cast<const float*>(at(slot, GOLLM_ROLE_UP_BIAS));
         st.w2 = at(slot, GOLLM_ROLE_DOWN), st.b2 = static_cast<const float*>(at(slot, GOLLM_ROLE_DOWN_BIAS));
         break;
+      case GOLLM_STAGE_MOE:
+        st.w = at(slot, GOLLM_ROLE_EXPERT_UP), st.w2 = at(slot, GOLLM_ROLE_EXPERT_DOWN);
+        st.router = at(slot, GOLLM_ROLE_ROUTER);
+        st.shared_w = at(slot, GOLLM_ROLE_SHARED_UP), st.shared_w2 = at(slot, GOLLM_ROLE_SHARED_DOWN);
+        st.shared_gate = at(slot, GOLLM_ROLE_SHARED_GATE);
+        break;
       case GOLLM_STAGE_LM_HEAD:
         st.w = w->lm_head;
         break;
@@ -433,7 +491,7 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
   for (int i = 0; i < n; i++) {
     Stage& st = w->recipe[i];
     if (st.s.kind == GOLLM_STAGE_EMBED || st.s.kind == GOLLM_STAGE_RESIDUAL) st.next = &w->recipe[i + 1];
-    if ((st.s.kind == GOLLM_STAGE_OUT || st.s.kind == GOLLM_STAGE_MLP) &&
+    if ((st.s.kind == GOLLM_STAGE_OUT || st.s.kind == GOLLM_STAGE_MLP || st.s.kind == GOLLM_STAGE_MOE) &&
         w->recipe[i + 1].s.kind == GOLLM_STAGE_POST_NORM)
       st.post = &w->recipe[i + 1];
     if (st.s.kind != GOLLM_STAGE_QKV) continue;

@@ -76,7 +76,7 @@ var stDTypes = map[string]string{"float32": "F32", "float16": "F16", "bfloat16":
 
 // weightSpec describes one tensor of the checkpoint and how to draw it.
 type weightSpec struct {
-	// name is the HF tensor name.
+	// name spells the tensor as Hugging Face's model.safetensors does.
 	name string
 	// shape is the tensor's shape (Conv1D matrices are [in][out]).
 	shape []int

@@ -105,7 +105,7 @@ type Batch struct {
 // BlockCopy copies one KV block of the pool onto another: every layer's keys and
 // values, every position.
 type BlockCopy struct {
-	// Src is the block read.
+	// Src is only read.
 	Src int32
 	// Dst is the block written; no two copies of a batch write one block.
 	Dst int32
@@ -195,7 +195,7 @@ type SamplingParams struct {
 	FrequencyPenalty float32
 	// MinLength forbids every token of EndIDs until this many tokens have been generated.
 	MinLength int
-	// EndIDs are the end-of-sequence tokens MinLength masks.
+	// EndIDs lists the tokens MinLength forbids.
 	EndIDs []int32
 	// BadWords are token sequences that must not be generated: when a sequence's last
 	// tokens match a bad word's prefix, its final token is masked.

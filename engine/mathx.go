@@ -2,9 +2,9 @@ package engine
 
 import "math"
 
-// ExpFast returns e^x to within a few parts in 10^9, several times faster than
-// math.Exp: sampling takes an exponential of every vocabulary entry, and gelu one of
-// every MLP activation. It is exact enough for float32 results.
+// ExpFast returns e^x to within a few parts in 10^9, cheaper than math.Exp: sampling
+// takes an exponential of every vocabulary entry, and gelu one of every MLP
+// activation. It is exact enough for float32 results.
 func ExpFast(x float64) float64 {
 	if !(x >= -708) { // below the smallest normal result, -Inf, and NaN
 		if x != x {

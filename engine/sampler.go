@@ -15,7 +15,7 @@ import (
 // Sampler holds the buffers sampling reuses between sequences and steps. One goroutine
 // uses a Sampler at a time.
 type Sampler struct {
-	// work is the processed logits row [vocab].
+	// work holds a logits row [vocab] after bias, penalties and masks.
 	work []float32
 	// hist counts History's tokens for the penalties.
 	hist TokenCounts
@@ -29,7 +29,7 @@ type Sampler struct {
 
 // candidate is a token with its processed logit.
 type candidate struct {
-	// id is the token.
+	// id indexes the vocabulary.
 	id int32
 	// logit is its processed logit.
 	logit float32

@@ -54,7 +54,7 @@ type Settings struct {
 	// (cpu_weight_format: cpu.ParseWeightFormat); empty means as the checkpoint stores
 	// them.
 	CPUWeightFormat string
-	// TokensPerBlock is the positions per KV block.
+	// TokensPerBlock sets the KV block size in positions.
 	TokensPerBlock int
 	// KVTokens is the KV pool's size in tokens (rounded up to whole blocks); 0 sizes it:
 	// on the GPU from KVFreeFraction, on the CPU to MaxSeqs sequences of MaxSeqLen
@@ -87,13 +87,13 @@ type Settings struct {
 // serve one checkpoint under several names (TensorRT-LLM's "ensemble" and
 // "tensorrt_llm", say) hold one copy of its weights.
 type Model struct {
-	// dir is the checkpoint folder.
+	// dir is read again by each instance, for the weights its kind needs.
 	dir string
 	// key is the folder's registry key (fingerprint).
 	key string
 	// refs counts the Opens not yet released (guarded by openMu).
 	refs int
-	// cfg is the architecture descriptor.
+	// cfg is read from the checkpoint (config.json, or a GGUF file's metadata) at Open.
 	cfg model.Config
 	// gguf is the GGUF file of a GGUF checkpoint, "" for a Hugging Face folder.
 	gguf string

@@ -19,7 +19,7 @@ import (
 type gpuShare struct {
 	// Utilization is the fraction of the GPU's total memory, 0 < u ≤ 1.
 	Utilization float64
-	// Total is the GPU's memory in bytes.
+	// Total counts the device's whole memory, in bytes.
 	Total int64
 	// Weights are the model's weights on the GPU, in bytes.
 	Weights int64
@@ -100,7 +100,7 @@ func gpuHolders(uuid string) string {
 
 // GPUUse describes a GPU engine's device and the device memory it uses.
 type GPUUse struct {
-	// Ordinal is the CUDA device ordinal.
+	// Ordinal numbers the device as CUDA does (CUDA_VISIBLE_DEVICES applied).
 	Ordinal int
 	// Name and UUID identify the device ("GPU-…", as NVML and nvidia-smi show it).
 	Name, UUID string

@@ -70,9 +70,9 @@ type LogitsPostProcessorBatched func(reqIDs []uint64, logits [][]float32, tokens
 
 // Request is one generation request.
 type Request struct {
-	// InputIDs is the prompt's token IDs.
+	// InputIDs holds the prompt's token ids.
 	InputIDs []int32
-	// MaxNewTokens is the most tokens to generate.
+	// MaxNewTokens bounds the generated tokens.
 	MaxNewTokens int
 	// Streaming returns each token as it is generated; otherwise one final result.
 	Streaming bool
@@ -121,7 +121,7 @@ type OutputConfig struct {
 
 // Response is one answer for a request: an error (always final) or a Result.
 type Response struct {
-	// RequestID is the ID Enqueue returned.
+	// RequestID matches the ID Enqueue returned.
 	RequestID uint64
 	// Err is non-nil when the request failed or was cancelled; it is the last response.
 	Err error
@@ -160,11 +160,11 @@ type Result struct {
 
 // Executor runs requests on an engine with in-flight batching.
 type Executor struct {
-	// m is the batch manager.
+	// m schedules the requests onto the engine.
 	m *batchmanager.Manager
-	// info is the engine's description.
+	// info gives requests their default end tokens.
 	info engine.Info
-	// cfg is the executor's configuration.
+	// cfg holds the logits post-processors and the queue bound.
 	cfg Config
 
 	// mu guards everything below.

@@ -117,7 +117,7 @@ type Pool struct {
 	free []int32
 	// lruHead and lruTail end the list of reusable free blocks (head: evicted first).
 	lruHead, lruTail int32
-	// lruLen is the length of that list.
+	// lruLen counts the list's blocks.
 	lruLen int
 	// index maps a prefix key to the cached blocks with that key (almost always one).
 	index map[uint64][]int32

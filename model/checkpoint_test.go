@@ -341,7 +341,7 @@ func TestBrokenCheckpointsFail(t *testing.T) {
 			want:   []string{"field n_head", "positive integer"}},
 		{name: "an unsupported model_type is named",
 			config: setConfig("model_type", "bert"),
-			want:   []string{"field model_type", `"bert" is not supported`, "gpt2, llama, mistral, phi3, qwen2"}},
+			want:   []string{"field model_type", `"bert" is not supported`, "gpt2, llama, mistral, mixtral, phi3, qwen2, qwen2_moe"}},
 		{name: "a missing model_type with an unknown architecture is named",
 			config: func(m map[string]any) { delete(m, "model_type"); m["architectures"] = []string{"BertModel"} },
 			want:   []string{"field architectures", "BertModel"}},

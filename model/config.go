@@ -115,7 +115,7 @@ type Rope struct {
 	// Dim is the number of rotated dimensions of a head (head_dim, or less with a
 	// partial rotary factor).
 	Dim int
-	// Kind is the frequency scaling.
+	// Kind picks the frequency scaling.
 	Kind RopeKind
 	// Factor scales the frequencies (linear, llama3).
 	Factor float64
@@ -150,11 +150,11 @@ type Config struct {
 	VocabSize int
 	// MaxPositions is the longest sequence the model takes.
 	MaxPositions int
-	// Hidden is the model width.
+	// Hidden: the model's width (hidden_size, n_embd).
 	Hidden int
-	// Layers is the number of transformer blocks.
+	// Layers counts the transformer blocks.
 	Layers int
-	// Heads is the number of query heads.
+	// Heads counts the query heads.
 	Heads int
 	// KVHeads is the number of key/value heads (Heads without grouped-query attention);
 	// it divides Heads.
@@ -166,7 +166,7 @@ type Config struct {
 	Inner int
 	// Norm is the normalisation of the blocks and of the final norm.
 	Norm NormKind
-	// NormEps is the norm's epsilon.
+	// NormEps keeps the norms' division finite.
 	NormEps float32
 	// Positions is how positions are encoded.
 	Positions PosKind
@@ -181,8 +181,11 @@ type Config struct {
 	// GatedMLP says the MLP is act(gate(x)) · up(x) → down (SwiGLU); otherwise
 	// act(up(x)) → down.
 	GatedMLP bool
-	// Act is the MLP nonlinearity.
+	// Act: the MLP's nonlinearity.
 	Act Activation
+	// MoE, when set, makes the MLPs of the layers it marks a mixture of experts, each
+	// expert a gated MLP with Act (moe.go); nil: every MLP is dense.
+	MoE *MoE
 	// TiedHead says the LM head is the token embedding.
 	TiedHead bool
 	// SlidingWindow, when positive, limits attention to the last SlidingWindow positions

@@ -94,7 +94,7 @@ func TestRecipeOfTheDenseFamilies(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.fixture, func(t *testing.T) {
-			c, _, err := familyFixture(t, tc.fixture, nil)
+			c, err := familyFixture(t, tc.fixture, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -13,25 +13,8 @@ import (
 	"testing"
 )
 
-// parseAny reads config.json through the registered families, or through the pending
-// (MoE) ones when its model_type names one of them.
-func parseAny(raw []byte) (Config, Features, error) {
-	var probe struct {
-		ModelType string `json:"model_type"`
-	}
-	_ = json.Unmarshal(raw, &probe)
-	for _, pf := range pendingFamilies {
-		if slices.Contains(pf.modelTypes, probe.ModelType) {
-			c, x, _, err := parsePending(raw)
-			return c, x, err
-		}
-	}
-	c, _, _, err := parseConfig(raw)
-	return c, Features{}, err
-}
-
 // familyFixture parses testdata/<name>/config.json (edited by edit when not nil).
-func familyFixture(t *testing.T, name string, edit func(map[string]any)) (Config, Features, error) {
+func familyFixture(t *testing.T, name string, edit func(map[string]any)) (Config, error) {
 	t.Helper()
 	m := fixtureConfig(t, filepath.Join("../testdata", name))
 	if edit != nil {
@@ -41,7 +24,8 @@ func familyFixture(t *testing.T, name string, edit func(map[string]any)) (Config
 	if err != nil {
 		t.Fatal(err)
 	}
-	return parseAny(raw)
+	c, _, _, err := parseConfig(raw)
+	return c, err
 }
 
 // roleTensors looks up the tensors a role names in st (with or without one of the
@@ -86,8 +70,7 @@ func roleTensors(st *stFile, f *family, parts []partName, rows, cols int, what s
 // checkRoles maps every role of every layer onto the fixture's tensors: each role the
 // descriptor says the layer has is there in its canonical shape, no role names a tensor
 // the descriptor says is absent, and every stored tensor is some role's, exactly once.
-// pf is the pending family of an MoE fixture (its new roles), nil for a registered one.
-func checkRoles(t *testing.T, dir string, c *Config, x *Features, f *family, pf *pendingFamily) {
+func checkRoles(t *testing.T, dir string, c *Config, f *family) {
 	t.Helper()
 	st, err := openSafetensors(filepath.Join(dir, "model.safetensors"))
 	if err != nil {
@@ -113,32 +96,14 @@ func checkRoles(t *testing.T, dir string, c *Config, x *Features, f *family, pf 
 		}
 		for _, l := range layers {
 			what := fmt.Sprintf("%s of layer %d", r, l)
-			rows, cols, present := x.layerShape(c, r, l)
+			rows, cols, present := c.Shape(r)
+			if l >= 0 {
+				rows, cols, present = c.LayerShape(r, l)
+			}
 			parts := f.names(c, r, l)
 			if !present {
 				if _, err := roleTensors(st, f, parts, 0, 0, what); len(parts) > 0 && err == nil {
 					t.Errorf("%s is absent from the descriptor, but the checkpoint holds %v", what, parts)
-				}
-				continue
-			}
-			names, err := roleTensors(st, f, parts, rows, cols, what)
-			if err != nil || len(parts) == 0 {
-				t.Errorf("%s [%d][%d]: %v (names %v)", what, rows, cols, err, parts)
-				continue
-			}
-			claim(names, what)
-		}
-	}
-	for r := newRole(0); pf != nil && r < numNewRoles; r++ {
-		for l := range c.Layers {
-			what := fmt.Sprintf("%s of layer %d", r, l)
-			rows, cols, present := x.extraShape(c, r, l)
-			parts := pf.extraNames(c, x, r, l)
-			if !present {
-				if len(parts) > 0 {
-					if _, err := roleTensors(st, f, parts, 0, 0, what); err == nil || !strings.Contains(err.Error(), "missing") {
-						t.Errorf("%s is absent from the features, but the checkpoint holds %v", what, parts)
-					}
 				}
 				continue
 			}
@@ -167,51 +132,45 @@ func checkRoles(t *testing.T, dir string, c *Config, x *Features, f *family, pf 
 var familyFixtures = []struct {
 	name, family string
 	cfg          Config
-	x            Features
 }{
 	{"qwen3-tiny", "qwen3",
 		Config{VocabSize: 256, MaxPositions: 128, Hidden: 32, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16, Inner: 64,
 			Rope: Rope{Theta: 1e6, Dim: 16, Factor: 1}, Act: ActSiLU, TiedHead: true, BOSID: 1, EOSIDs: []int32{2},
-			QKNorm: true},
-		Features{}},
+			QKNorm: true}},
 	{"gemma2-tiny", "gemma2",
 		Config{VocabSize: 256, MaxPositions: 128, Hidden: 32, Layers: 3, Heads: 2, KVHeads: 1, HeadDim: 16, Inner: 64,
 			Rope: Rope{Theta: 10000, Dim: 16, Factor: 1}, Act: ActGeluTanh, TiedHead: true, BOSID: 2, EOSIDs: []int32{1, 107},
 			PostNorms: true, EmbedScale: math.Sqrt(32), QueryScale: 1 / math.Sqrt(24), AttnSoftcap: 4, FinalSoftcap: 3,
-			SlidingLayers: []bool{true, false, true}, SlidingWindow: 6},
-		Features{}},
+			SlidingLayers: []bool{true, false, true}, SlidingWindow: 6}},
 	{"gemma3-tiny", "gemma3",
 		Config{VocabSize: 256, MaxPositions: 128, Hidden: 32, Layers: 3, Heads: 2, KVHeads: 1, HeadDim: 16, Inner: 64,
 			Rope: Rope{Theta: 1e6, Dim: 16, Kind: RopeLinear, Factor: 2}, Act: ActGeluTanh, TiedHead: true, BOSID: 2,
 			EOSIDs: []int32{1, 106}, QKNorm: true, PostNorms: true, EmbedScale: math.Sqrt(32), QueryScale: 1 / math.Sqrt(20),
-			SlidingLayers: []bool{true, true, false}, SlidingWindow: 5, LocalRope: Rope{Theta: 10000, Dim: 16, Factor: 1}},
-		Features{}},
+			SlidingLayers: []bool{true, true, false}, SlidingWindow: 5, LocalRope: Rope{Theta: 10000, Dim: 16, Factor: 1}}},
 	{"phi3-longrope-tiny", "phi3",
 		Config{VocabSize: 256, MaxPositions: 128, Hidden: 32, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 8, Inner: 64,
 			Rope: Rope{Theta: 10000, Dim: 8, Factor: 1, Kind: RopeLongRope, OriginalMaxPositions: 8,
 				LongRope: &LongRope{Short: []float64{1, 1.05, 1.1, 1.15}, Long: []float64{1, 10.0 / 3, 17.0 / 3, 8},
 					AttnFactor: math.Sqrt(1 + math.Log(16)/math.Log(8))}},
-			Act: ActSiLU, BOSID: 1, EOSIDs: []int32{2, 7}},
-		Features{}},
+			Act: ActSiLU, BOSID: 1, EOSIDs: []int32{2, 7}}},
 	{"phi4mini-tiny", "phi3",
 		Config{VocabSize: 256, MaxPositions: 128, Hidden: 32, Layers: 2, Heads: 2, KVHeads: 1, HeadDim: 16, Inner: 64,
 			Rope: Rope{Theta: 10000, Dim: 12, Factor: 1, Kind: RopeLongRope, OriginalMaxPositions: 64,
 				LongRope: &LongRope{Short: []float64{1, 1.05, 1.1, 1.15, 1.2, 1.25}, Long: []float64{1, 2.4, 3.8, 5.2, 6.6, 8},
 					AttnFactor: math.Sqrt(1 + math.Log(2)/math.Log(64))}},
-			Act: ActSiLU, TiedHead: true, BOSID: 1, EOSIDs: []int32{2, 7}},
-		Features{}},
+			Act: ActSiLU, TiedHead: true, BOSID: 1, EOSIDs: []int32{2, 7}}},
 	{"mixtral-tiny", "mixtral",
 		Config{VocabSize: 192, MaxPositions: 128, Hidden: 32, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 8, Inner: 12,
-			Rope: Rope{Theta: 1e6, Dim: 8, Factor: 1}, Act: ActSiLU, BOSID: 1, EOSIDs: []int32{2}},
-		Features{MoE: &MoE{Experts: 8, TopK: 2, Inner: 12, NormTopK: true, Sparse: []bool{true, true}}}},
+			Rope: Rope{Theta: 1e6, Dim: 8, Factor: 1}, Act: ActSiLU, BOSID: 1, EOSIDs: []int32{2},
+			MoE: &MoE{Experts: 8, TopK: 2, Inner: 12, NormTopK: true, Sparse: []bool{true, true}}}},
 	{"qwen2moe-tiny", "qwen2_moe",
 		Config{VocabSize: 192, MaxPositions: 128, Hidden: 32, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 8, Inner: 64,
-			Rope: Rope{Theta: 1e6, Dim: 8, Factor: 1}, Act: ActSiLU, QKVBias: true, BOSID: 1, EOSIDs: []int32{2}},
-		Features{MoE: &MoE{Experts: 8, TopK: 2, Inner: 8, SharedInner: 32, Sparse: []bool{true, true}}}},
+			Rope: Rope{Theta: 1e6, Dim: 8, Factor: 1}, Act: ActSiLU, QKVBias: true, BOSID: 1, EOSIDs: []int32{2},
+			MoE: &MoE{Experts: 8, TopK: 2, Inner: 8, SharedInner: 32, Sparse: []bool{true, true}}}},
 	{"qwen3moe-tiny", "qwen3_moe",
 		Config{VocabSize: 256, MaxPositions: 128, Hidden: 32, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 8, Inner: 64,
-			Rope: Rope{Theta: 1e6, Dim: 8, Factor: 1}, Act: ActSiLU, BOSID: 1, EOSIDs: []int32{2}, QKNorm: true},
-		Features{MoE: &MoE{Experts: 8, TopK: 2, Inner: 8, NormTopK: true, Sparse: []bool{false, true}}}},
+			Rope: Rope{Theta: 1e6, Dim: 8, Factor: 1}, Act: ActSiLU, BOSID: 1, EOSIDs: []int32{2}, QKNorm: true,
+			MoE: &MoE{Experts: 8, TopK: 2, Inner: 8, NormTopK: true, Sparse: []bool{false, true}}}},
 }
 
 // sameFloat says whether a and b agree to a few ulps (the fixtures' factors are decimal).
@@ -237,46 +196,27 @@ func sameConfig(a, b Config) bool {
 	return reflect.DeepEqual(a, b)
 }
 
-// sameFeatures compares features.
-func sameFeatures(a, b Features) bool {
-	if (a.MoE == nil) != (b.MoE == nil) {
-		return false
-	}
-	if m, n := a.MoE, b.MoE; m != nil {
-		if m.Experts != n.Experts || m.TopK != n.TopK || m.Inner != n.Inner || m.NormTopK != n.NormTopK ||
-			m.SharedInner != n.SharedInner || !slices.Equal(m.Sparse, n.Sparse) {
-			return false
-		}
-	}
-	return true
-}
-
-// familyOfFixture returns the loader of a fixture's model_type, and its pending family
-// for an MoE one.
-func familyOfFixture(t *testing.T, modelType string) (*family, *pendingFamily) {
+// familyOfFixture returns the loader of a fixture's model_type.
+func familyOfFixture(t *testing.T, modelType string) *family {
 	t.Helper()
-	for _, pf := range pendingFamilies {
-		if slices.Contains(pf.modelTypes, modelType) {
-			return &pf.family, pf
-		}
-	}
 	for _, f := range families {
 		if slices.Contains(f.modelTypes, modelType) {
-			return f, nil
+			return f
 		}
 	}
 	t.Fatalf("no loader for model_type %q", modelType)
-	return nil, nil
+	return nil
 }
 
 // TestFamiliesReadTheFixtures parses each fixture's config.json (as transformers 5 wrote
-// it) into the descriptor and, for the MoE ones, the features their families add, and
-// maps every role of every layer onto the checkpoint's tensors: each one present in its
-// canonical shape, and no stored tensor left without a role.
+// it) into the descriptor (the MoE ones' experts too), and maps every role of every layer
+// onto the checkpoint's tensors: each one present in its canonical shape — the experts'
+// only in the sparse layers, the dense MLP's only in the others —, and no stored tensor
+// left without a role.
 func TestFamiliesReadTheFixtures(t *testing.T) {
 	for _, fx := range familyFixtures {
 		t.Run(fx.name, func(t *testing.T) {
-			c, x, err := familyFixture(t, fx.name, nil)
+			c, err := familyFixture(t, fx.name, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -289,11 +229,7 @@ func TestFamiliesReadTheFixtures(t *testing.T) {
 			if !sameConfig(c, want) {
 				t.Errorf("config\n got %+v\nwant %+v", c, want)
 			}
-			if !sameFeatures(x, fx.x) {
-				t.Errorf("features\n got %+v\nwant %+v", describe(x), describe(fx.x))
-			}
-			f, pf := familyOfFixture(t, c.ModelType)
-			checkRoles(t, filepath.Join("../testdata", fx.name), &c, &x, f, pf)
+			checkRoles(t, filepath.Join("../testdata", fx.name), &c, familyOfFixture(t, c.ModelType))
 			g, err := LoadGeneration(filepath.Join("../testdata", fx.name), c.VocabSize)
 			if err != nil {
 				t.Fatal(err)
@@ -312,15 +248,6 @@ func TestFamiliesReadTheFixtures(t *testing.T) {
 			checkGolden(t, fx.name, c.VocabSize)
 		})
 	}
-}
-
-// describe spells out the pointers of features for messages.
-func describe(x Features) string {
-	s := fmt.Sprintf("%+v", x)
-	if x.MoE != nil {
-		s += fmt.Sprintf(" moe %+v", *x.MoE)
-	}
-	return s
 }
 
 // checkGolden checks a fixture's golden file's shapes against its vocabulary: 14 prompt
@@ -371,7 +298,7 @@ func TestLongRopeFrequencies(t *testing.T) {
 		{"phi4mini-tiny", 30, []float64{1.0, 0.20518426597118378, 0.042196255177259445, 0.008695651777088642,
 			0.0017953618662431836, 0.00037132715806365013}, 1.0801234497346435},
 	} {
-		c, _, err := familyFixture(t, tc.fixture, nil)
+		c, err := familyFixture(t, tc.fixture, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -473,11 +400,11 @@ func TestFamiliesRefuseBadFields(t *testing.T) {
 		{"phi3-longrope-tiny", "a negative attention factor", rope(map[string]any{"attention_factor": -2.0}),
 			[]string{"field rope_parameters", "field attention_factor", "must be positive"}},
 		{"mixtral-tiny", "more experts a token than experts", set("num_experts_per_tok", 9),
-			[]string{"field num_experts_per_tok", "9 is outside [1, num_experts 8]"}},
+			[]string{"field num_experts_per_tok", "9 is outside [1, num_local_experts 8]"}},
 		{"mixtral-tiny", "no experts", set("num_local_experts", 0),
 			[]string{"field num_local_experts", "must be a positive integer"}},
 		{"mixtral-tiny", "an absurd expert count", set("num_local_experts", 1<<20),
-			[]string{"field num_experts", "outside [1, 4096]"}},
+			[]string{"field num_local_experts", "outside [1, 4096]"}},
 		{"mixtral-tiny", "both expert counts, differing", set("num_experts", 4),
 			[]string{"field num_local_experts", "8 differs from num_experts 4"}},
 		{"qwen2moe-tiny", "a sparse step of zero", set("decoder_sparse_step", 0),
@@ -494,7 +421,7 @@ func TestFamiliesRefuseBadFields(t *testing.T) {
 			[]string{"field num_experts_per_tok", "must be a positive integer"}},
 	} {
 		t.Run(tc.fixture+": "+tc.name, func(t *testing.T) {
-			_, _, err := familyFixture(t, tc.fixture, tc.edit)
+			_, err := familyFixture(t, tc.fixture, tc.edit)
 			if err == nil {
 				t.Fatal("parsed without error")
 			}
@@ -538,7 +465,7 @@ func TestFamiliesReadPublishedConfigs(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name, config string
-		check        func(t *testing.T, c Config, x Features)
+		check        func(t *testing.T, c Config)
 	}{
 		{"Qwen3-8B", `{"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "bos_token_id": 151643,
 			"eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 12288,
@@ -546,10 +473,10 @@ func TestFamiliesReadPublishedConfigs(t *testing.T) {
 			"num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null,
 			"rope_theta": 1000000, "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
 			"use_sliding_window": false, "vocab_size": 151936}`,
-			func(t *testing.T, c Config, x Features) {
+			func(t *testing.T, c Config) {
 				if c.HeadDim != 128 || c.AttnWidth() != 4096 || c.Rope.Theta != 1e6 || c.TiedHead || !c.QKNorm ||
-					c.SlidingWindow != 0 || c.PostNorms || !sameFeatures(x, Features{}) {
-					t.Errorf("%+v %s", c, describe(x))
+					c.SlidingWindow != 0 || c.PostNorms || c.MoE != nil {
+					t.Errorf("%+v", c)
 				}
 			}},
 		{"Qwen3-30B-A3B", `{"architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "bos_token_id": 151643,
@@ -560,10 +487,10 @@ func TestFamiliesReadPublishedConfigs(t *testing.T) {
 			"output_router_logits": false, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0,
 			"router_aux_loss_coef": 0.001, "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
 			"use_sliding_window": false, "vocab_size": 151936}`,
-			func(t *testing.T, c Config, x Features) {
-				want := Features{MoE: &MoE{Experts: 128, TopK: 8, Inner: 768, NormTopK: true, Sparse: all(48)}}
-				if c.HeadDim != 128 || c.AttnWidth() != 4096 || !c.QKNorm || !sameFeatures(x, want) {
-					t.Errorf("%+v %s", c, describe(x))
+			func(t *testing.T, c Config) {
+				want := MoE{Experts: 128, TopK: 8, Inner: 768, NormTopK: true, Sparse: all(48)}
+				if c.HeadDim != 128 || c.AttnWidth() != 4096 || !c.QKNorm || c.MoE == nil || !reflect.DeepEqual(*c.MoE, want) {
+					t.Errorf("%+v (moe %+v)", c, c.MoE)
 				}
 			}},
 		{"gemma-2-2b-it", `{"architectures": ["Gemma2ForCausalLM"], "attention_bias": false, "attn_logit_softcapping": 50.0,
@@ -572,7 +499,7 @@ func TestFamiliesReadPublishedConfigs(t *testing.T) {
 			"intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
 			"num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0, "query_pre_attn_scalar": 256,
 			"rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32", "vocab_size": 256000}`,
-			func(t *testing.T, c Config, _ Features) {
+			func(t *testing.T, c Config) {
 				if !c.TiedHead || c.Act != ActGeluTanh || c.Rope.Theta != 10000 || !c.PostNorms || c.QKNorm ||
 					c.EmbedScale != 48 || c.QueryScale != 1.0/16 || c.AttnSoftcap != 50 || c.FinalSoftcap != 30 ||
 					!slices.Equal(c.SlidingLayers, alternate(26, 2)) || c.SlidingWindow != 4096 || c.LocalRope.Dim != 0 ||
@@ -587,7 +514,7 @@ func TestFamiliesReadPublishedConfigs(t *testing.T) {
 			"num_key_value_heads": 1, "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
 			"rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": 512,
 			"sliding_window_pattern": 6, "torch_dtype": "bfloat16", "vocab_size": 262144}`,
-			func(t *testing.T, c Config, _ Features) {
+			func(t *testing.T, c Config) {
 				if c.Rope != (Rope{Theta: 1e6, Dim: 256, Factor: 1}) || !slices.Equal(c.EOSIDs, []int32{1, 106}) ||
 					!c.QKNorm || !c.PostNorms || c.EmbedScale != math.Sqrt(1152) || c.QueryScale != 1.0/16 ||
 					c.AttnSoftcap != 0 || c.FinalSoftcap != 0 || !slices.Equal(c.SlidingLayers, alternate(26, 6)) ||
@@ -601,7 +528,7 @@ func TestFamiliesReadPublishedConfigs(t *testing.T) {
 			"model_type": "gemma3", "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
 			"num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
 			"torch_dtype": "bfloat16", "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model"}}`,
-			func(t *testing.T, c Config, _ Features) {
+			func(t *testing.T, c Config) {
 				if c.VocabSize != 262208 || c.Heads != 8 || c.KVHeads != 4 || c.HeadDim != 256 || c.BOSID != 2 ||
 					c.Rope != (Rope{Theta: 1e6, Dim: 256, Kind: RopeLinear, Factor: 8}) || !c.QKNorm || !c.PostNorms ||
 					c.EmbedScale != math.Sqrt(2560) || c.QueryScale != 1.0/16 || !slices.Equal(c.SlidingLayers, alternate(34, 6)) ||
@@ -615,7 +542,7 @@ func TestFamiliesReadPublishedConfigs(t *testing.T) {
 			"num_key_value_heads": 32, "original_max_position_embeddings": 4096, "pad_token_id": 32000, "resid_pdrop": 0.0,
 			"rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000.0, "sliding_window": 2047,
 			"tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 32064}`,
-			func(t *testing.T, c Config, _ Features) {
+			func(t *testing.T, c Config) {
 				// Nothing beyond the LLaMA descriptor.
 				if c.SlidingWindow != 2047 || c.WindowFromLayer != 0 || c.Rope != (Rope{Theta: 10000, Dim: 96, Factor: 1}) {
 					t.Errorf("%+v", c)
@@ -628,7 +555,7 @@ func TestFamiliesReadPublishedConfigs(t *testing.T) {
 			"original_max_position_embeddings": 4096, "pad_token_id": 199999, "partial_rotary_factor": 0.75,
 			"rms_norm_eps": 1e-05, "rope_scaling": ` + string(phi4Rope) + `, "rope_theta": 10000.0, "sliding_window": 262144,
 			"tie_word_embeddings": true, "torch_dtype": "bfloat16", "vocab_size": 200064}`,
-			func(t *testing.T, c Config, _ Features) {
+			func(t *testing.T, c Config) {
 				want := &LongRope{Short: factors(1), Long: factors(2), AttnFactor: math.Sqrt(1 + math.Log(32)/math.Log(4096))}
 				if c.HeadDim != 128 || c.Rope.Dim != 96 || c.SlidingWindow != 0 || !c.TiedHead || c.Rope.Kind != RopeLongRope ||
 					c.Rope.OriginalMaxPositions != 4096 || !sameLongRope(c.Rope.LongRope, want) {
@@ -641,10 +568,10 @@ func TestFamiliesReadPublishedConfigs(t *testing.T) {
 			"num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": false, "rms_norm_eps": 1e-05,
 			"rope_theta": 1000000.0, "router_aux_loss_coef": 0.02, "sliding_window": null, "tie_word_embeddings": false,
 			"torch_dtype": "bfloat16", "vocab_size": 32000}`,
-			func(t *testing.T, c Config, x Features) {
-				want := Features{MoE: &MoE{Experts: 8, TopK: 2, Inner: 14336, NormTopK: true, Sparse: all(32)}}
-				if c.SlidingWindow != 0 || c.HeadDim != 128 || !sameFeatures(x, want) {
-					t.Errorf("%+v %s", c, describe(x))
+			func(t *testing.T, c Config) {
+				want := MoE{Experts: 8, TopK: 2, Inner: 14336, NormTopK: true, Sparse: all(32)}
+				if c.SlidingWindow != 0 || c.HeadDim != 128 || c.MoE == nil || !reflect.DeepEqual(*c.MoE, want) {
+					t.Errorf("%+v (moe %+v)", c, c.MoE)
 				}
 			}},
 		{"Qwen1.5-MoE-A2.7B", `{"architectures": ["Qwen2MoeForCausalLM"], "bos_token_id": 151643, "eos_token_id": 151643,
@@ -654,19 +581,19 @@ func TestFamiliesReadPublishedConfigs(t *testing.T) {
 			"tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_sliding_window": false, "vocab_size": 151936,
 			"decoder_sparse_step": 1, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
 			"num_experts_per_tok": 4, "num_experts": 60, "norm_topk_prob": false, "output_router_logits": false}`,
-			func(t *testing.T, c Config, x Features) {
-				want := Features{MoE: &MoE{Experts: 60, TopK: 4, Inner: 1408, SharedInner: 5632, Sparse: all(24)}}
-				if !c.QKVBias || c.OutBias || !sameFeatures(x, want) {
-					t.Errorf("%+v %s", c, describe(x))
+			func(t *testing.T, c Config) {
+				want := MoE{Experts: 60, TopK: 4, Inner: 1408, SharedInner: 5632, Sparse: all(24)}
+				if !c.QKVBias || c.OutBias || c.MoE == nil || !reflect.DeepEqual(*c.MoE, want) {
+					t.Errorf("%+v (moe %+v)", c, c.MoE)
 				}
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, x, err := parseAny([]byte(tc.config))
+			c, _, _, err := parseConfig([]byte(tc.config))
 			if err != nil {
 				t.Fatal(err)
 			}
-			tc.check(t, c, x)
+			tc.check(t, c)
 		})
 	}
 }
@@ -692,7 +619,7 @@ func FuzzParseFamilies(f *testing.F) {
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		c, x, err := parseAny(raw)
+		c, _, _, err := parseConfig(raw)
 		runtime.ReadMemStats(&after)
 		if grown := after.TotalAlloc - before.TotalAlloc; grown > 64<<20+uint64(len(raw))*64 {
 			t.Fatalf("parsing %d bytes allocated %d bytes", len(raw), grown)
@@ -703,7 +630,7 @@ func FuzzParseFamilies(f *testing.F) {
 			}
 			return
 		}
-		if c.SlidingLayers != nil && len(c.SlidingLayers) != c.Layers || x.MoE != nil && len(x.MoE.Sparse) != c.Layers {
+		if c.SlidingLayers != nil && len(c.SlidingLayers) != c.Layers || c.MoE != nil && len(c.MoE.Sparse) != c.Layers {
 			t.Fatalf("per-layer fields of %d layers for %d layers", len(c.SlidingLayers), c.Layers)
 		}
 		if l := c.Rope.LongRope; l != nil && (len(l.Short) != c.Rope.Dim/2 || len(l.Long) != c.Rope.Dim/2) {

@@ -12,7 +12,7 @@ import (
 // family is one architecture's loader: how its config.json reads and where its tensors
 // are.
 type family struct {
-	// name is the family's name in Config.Family.
+	// name goes into Config.Family, for logs.
 	name string
 	// modelTypes are the config.json model_type values it loads.
 	modelTypes []string
@@ -60,7 +60,7 @@ type partName struct {
 
 // families are the supported architectures.
 var families = []*family{gpt2Family, llamaFamily, phi3Family, qwen3Family, gemma2Family, gemma3Family,
-	gemma3VLFamily}
+	gemma3VLFamily, mixtralFamily, qwen2MoEFamily, qwen3MoEFamily}
 
 // Limits bound config.json's sizes before anything proportional to them is allocated:
 // far beyond any released model, and far below what would let a corrupt config ask for
@@ -207,6 +207,9 @@ func (c *Config) check(names map[string]string) error {
 	if c.SlidingWindow < 0 {
 		return fmt.Errorf("field sliding_window: %d is negative", c.SlidingWindow)
 	}
+	if err := c.checkMoE(field); err != nil {
+		return err
+	}
 	return c.checkLayerFeatures(field)
 }
 
@@ -252,9 +255,9 @@ func (c *Config) checkLayerFeatures(field func(string) string) error {
 // configParser reads typed fields from config.json, keeping the first error, which names
 // the field.
 type configParser struct {
-	// m is the decoded top-level object.
+	// m holds config.json's top-level fields, not yet typed.
 	m map[string]json.RawMessage
-	// err is the first error met.
+	// err keeps the first error, which names the field.
 	err error
 	// names maps descriptor fields to the config.json fields a family read them from,
 	// for check's messages.

@@ -45,6 +45,13 @@ const (
 	// StagePostNorm normalises the branch before the residual adds it: branch =
 	// norm(branch) (Weight RolePostAttnNorm or RolePostMLPNorm; Norm, Eps).
 	StagePostNorm
+	// StageMoE is a sparse layer's MLP on x, a mixture of experts: the router's logits
+	// (RoleRouter), a softmax over all Experts in float32, the TopK most probable experts
+	// (renormalised to sum to 1 when NormTopK), each a gated MLP (RoleExpertUp,
+	// RoleExpertDown) weighted by its probability, summed; plus, with SharedExpert,
+	// sigmoid(shared_gate · x) times the shared expert (RoleSharedGate, RoleSharedUp,
+	// RoleSharedDown): the branch the next StageResidual adds.
+	StageMoE
 
 	// NumStageKinds counts the kinds.
 	NumStageKinds
@@ -52,7 +59,7 @@ const (
 
 // stageNames are the kinds' names in messages.
 var stageNames = [NumStageKinds]string{"embed", "norm", "qkv", "rotary", "kv_write", "attention",
-	"out", "mlp", "residual", "lm_head", "qk_norm", "post_norm"}
+	"out", "mlp", "residual", "lm_head", "qk_norm", "post_norm", "moe"}
 
 // String names the kind.
 func (k StageKind) String() string {
@@ -89,9 +96,14 @@ type Stage struct {
 	// SoftCap, when positive, caps a StageAttention's scaled products, or a StageLMHead's
 	// logits, at ±SoftCap by SoftCap·tanh(x/SoftCap) (Gemma 2).
 	SoftCap float32
-	// Gated and Act are a StageMLP's kind: act(gate(x)) · up(x) when Gated, else act(up(x)).
+	// Gated and Act are a StageMLP's kind: act(gate(x)) · up(x) when Gated, else act(up(x));
+	// a StageMoE's experts are gated MLPs with Act.
 	Gated bool
 	Act   Activation
+	// Experts, TopK and NormTopK are a StageMoE's routing; SharedExpert adds its shared
+	// expert. The experts' widths are the descriptor's (Config.MoE).
+	Experts, TopK          int
+	NormTopK, SharedExpert bool
 }
 
 // Recipe is the forward pass as an ordered list of stages — the embedding, each layer's
@@ -108,7 +120,8 @@ func AttentionScale(d int) float32 {
 
 // Recipe derives the forward pass the descriptor describes: a pre-norm decoder, each
 // layer norm → QKV → [q/k norm] → rotary (under rotary positions) → KV write → attention
-// → output projection → [post-norm] → residual → norm → MLP → [post-norm] → residual.
+// → output projection → [post-norm] → residual → norm → MLP (or mixture of experts) →
+// [post-norm] → residual.
 func (c *Config) Recipe() Recipe {
 	r := make(Recipe, 0, 3+13*c.Layers)
 	norm := func(k StageKind, w Role, l int) Stage {
@@ -134,7 +147,7 @@ func (c *Config) Recipe() Recipe {
 		r = append(r,
 			Stage{Kind: StageResidual, Layer: l},
 			norm(StageNorm, RoleMLPNorm, l),
-			Stage{Kind: StageMLP, Layer: l, Gated: c.GatedMLP, Act: c.Act})
+			c.mlpStage(l))
 		if c.PostNorms {
 			r = append(r, norm(StagePostNorm, RolePostMLPNorm, l))
 		}
@@ -142,6 +155,15 @@ func (c *Config) Recipe() Recipe {
 	}
 	return append(r, norm(StageNorm, RoleFinalNorm, -1),
 		Stage{Kind: StageLMHead, Layer: -1, SoftCap: float32(c.FinalSoftcap)})
+}
+
+// mlpStage is layer l's MLP: the mixture of experts in a sparse layer, else the dense MLP.
+func (c *Config) mlpStage(l int) Stage {
+	if m := c.MoE; c.Sparse(l) {
+		return Stage{Kind: StageMoE, Layer: l, Gated: true, Act: c.Act, Experts: m.Experts, TopK: m.TopK,
+			NormTopK: m.NormTopK, SharedExpert: m.SharedInner > 0}
+	}
+	return Stage{Kind: StageMLP, Layer: l, Gated: c.GatedMLP, Act: c.Act}
 }
 
 // Layer returns layer l's stages (l = -1: the model's own, in order).

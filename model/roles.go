@@ -50,6 +50,23 @@ const (
 	// before the residual add [hidden] (Config.PostNorms).
 	RolePostAttnNorm
 	RolePostMLPNorm
+	// RoleRouter scores a mixture-of-experts layer's experts [experts][hidden]. The
+	// roles up to RoleSharedGate are those layers' alone, where RoleUp and RoleDown are
+	// absent (Config.LayerShape).
+	RoleRouter
+	// RoleExpertUp is every expert's gate and up projections [experts·2·moe_inner][hidden]:
+	// expert 0's gate rows, then its up rows, then expert 1's, …
+	RoleExpertUp
+	// RoleExpertDown is every expert's down projection [experts·hidden][moe_inner], expert
+	// by expert.
+	RoleExpertDown
+	// RoleSharedUp and RoleSharedDown are the shared expert's projections
+	// [2·shared_inner][hidden] (gate rows first) and [hidden][shared_inner].
+	RoleSharedUp
+	RoleSharedDown
+	// RoleSharedGate scales the shared expert's output by sigmoid(shared_gate · x)
+	// [1][hidden].
+	RoleSharedGate
 
 	// NumRoles counts the roles.
 	NumRoles
@@ -64,6 +81,7 @@ var roleNames = [NumRoles]string{
 	"attn_norm", "attn_norm_bias", "qkv", "qkv_bias", "out", "out_bias",
 	"mlp_norm", "mlp_norm_bias", "up", "up_bias", "down", "down_bias",
 	"q_norm", "k_norm", "post_attn_norm", "post_mlp_norm",
+	"router", "expert_up", "expert_down", "shared_up", "shared_down", "shared_gate",
 }
 
 // String names the role.
@@ -118,13 +136,30 @@ func (c *Config) Shape(r Role) (rows, cols int, present bool) {
 	case RolePostAttnNorm, RolePostMLPNorm:
 		return H, 1, c.PostNorms
 	}
-	return 0, 0, false
+	return c.moeShape(r)
+}
+
+// LayerShape is role r's shape in layer l: Shape, less the dense MLP's roles in a layer
+// whose MLP is the mixture of experts and the experts' in the others.
+func (c *Config) LayerShape(r Role, l int) (rows, cols int, present bool) {
+	switch r {
+	case RoleUp, RoleUpBias, RoleDown, RoleDownBias:
+		if c.Sparse(l) {
+			return 0, 0, false
+		}
+	case RoleRouter, RoleExpertUp, RoleExpertDown, RoleSharedUp, RoleSharedDown, RoleSharedGate:
+		if !c.Sparse(l) {
+			return 0, 0, false
+		}
+	}
+	return c.Shape(r)
 }
 
 // IsVector says whether the role is a vector (a norm weight or a bias).
 func (r Role) IsVector() bool {
 	switch r {
-	case RoleEmbed, RolePosEmbed, RoleLMHead, RoleQKV, RoleOut, RoleUp, RoleDown:
+	case RoleEmbed, RolePosEmbed, RoleLMHead, RoleQKV, RoleOut, RoleUp, RoleDown, RoleRouter, RoleExpertUp,
+		RoleExpertDown, RoleSharedUp, RoleSharedDown, RoleSharedGate:
 		return false
 	}
 	return true

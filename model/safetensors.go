@@ -240,15 +240,15 @@ type stFile struct {
 	mapped []byte
 	// tensors are the file's tensors, by stored name; their Data point into mapped.
 	tensors map[string]*Tensor
-	// metadata is the header's __metadata__ map.
+	// metadata holds the header's __metadata__ strings.
 	metadata map[string]string
 }
 
 // stEntry is one tensor's entry in a safetensors header.
 type stEntry struct {
-	// DType is the element type.
+	// DType names the element type (F32, F16, BF16, …).
 	DType string `json:"dtype"`
-	// Shape is the tensor's shape.
+	// Shape lists the tensor's dimensions, outermost first.
 	Shape []int `json:"shape"`
 	// Offsets are [begin, end) byte offsets into the data region.
 	Offsets []int64 `json:"data_offsets"`

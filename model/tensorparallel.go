@@ -10,13 +10,16 @@ import (
 // attention output and the MLP's second projection by input columns (each rank's partial
 // sums added by an all-reduce, after attention and after the MLP), the embedding and the
 // LM head by vocabulary rows (the embedding's lookups added by an all-reduce, the logits
-// gathered). Norms and the position embedding are whole on every rank; a bias added
-// after an all-reduce is kept by rank 0, zero elsewhere. When there are fewer KV heads
-// than ranks, each KV head is held by the ranks whose query heads read it.
+// gathered). A mixture of experts splits each expert (and the shared expert) as the MLP:
+// every rank holds its units of every expert and the whole router, routes every token
+// alike, and its experts' partial sums join the MLP's all-reduce. Norms and the position
+// embedding are whole on every rank; a bias added after an all-reduce is kept by rank 0,
+// zero elsewhere. When there are fewer KV heads than ranks, each KV head is held by the
+// ranks whose query heads read it.
 
 // TPLayout is one rank's share of a model split over Size ranks.
 type TPLayout struct {
-	// Size is the number of ranks.
+	// Size counts the ranks.
 	Size int
 	// Heads and KVHeads are each rank's query and KV heads.
 	Heads, KVHeads int
@@ -25,6 +28,9 @@ type TPLayout struct {
 	KVShare int
 	// Inner is each rank's MLP units.
 	Inner int
+	// MoEInner and SharedInner are each rank's units of every expert and of the shared
+	// expert: experts are split as the dense MLP is, each along its inner width.
+	MoEInner, SharedInner int
 	// VocabRows is each rank's rows of the embedding and the LM head: the vocabulary
 	// divided by Size, rounded up; the last rank's rows past the vocabulary are zero.
 	VocabRows int
@@ -54,6 +60,15 @@ func (c *Config) TensorParallel(n int) (TPLayout, error) {
 		return TPLayout{}, fmt.Errorf("tensor_parallel_size %d does not divide the MLP's %d units (intermediate_size, n_inner)", n, c.Inner)
 	}
 	l.Inner = c.Inner / n
+	if m := c.MoE; m != nil {
+		if m.Inner%n != 0 {
+			return TPLayout{}, fmt.Errorf("tensor_parallel_size %d does not divide the experts' %d units (moe_intermediate_size, or Mixtral's intermediate_size)", n, m.Inner)
+		}
+		if m.SharedInner%n != 0 {
+			return TPLayout{}, fmt.Errorf("tensor_parallel_size %d does not divide the shared expert's %d units (shared_expert_intermediate_size)", n, m.SharedInner)
+		}
+		l.MoEInner, l.SharedInner = m.Inner/n, m.SharedInner/n
+	}
 	return l, nil
 }
 
@@ -62,6 +77,11 @@ func (c *Config) TensorParallel(n int) (TPLayout, error) {
 func (c *Config) RankConfig(l TPLayout) Config {
 	r := *c
 	r.Heads, r.KVHeads, r.Inner, r.VocabSize = l.Heads, l.KVHeads, l.Inner, l.VocabRows
+	if c.MoE != nil {
+		m := *c.MoE
+		m.Inner, m.SharedInner = l.MoEInner, l.SharedInner
+		r.MoE = &m
+	}
 	return r
 }
 
@@ -84,6 +104,18 @@ func ShardWeights(ws []Weight, c *Config, l TPLayout, rank int) ([]Weight, error
 	if c.GatedMLP {
 		up = append(up, [2]int{c.Inner + u0, c.Inner + u0 + l.Inner})
 	}
+	// Each expert's gate and up rows of this rank's units, expert by expert; the shared
+	// expert's likewise.
+	var experts, shared [][2]int
+	if m := c.MoE; m != nil {
+		e0 := rank * l.MoEInner
+		for e := range m.Experts {
+			b := e * 2 * m.Inner
+			experts = append(experts, [2]int{b + e0, b + e0 + l.MoEInner}, [2]int{b + m.Inner + e0, b + m.Inner + e0 + l.MoEInner})
+		}
+		s0 := rank * l.SharedInner
+		shared = [][2]int{{s0, s0 + l.SharedInner}, {m.SharedInner + s0, m.SharedInner + s0 + l.SharedInner}}
+	}
 	out := make([]Weight, 0, len(ws))
 	for i := range ws {
 		w := &ws[i]
@@ -105,6 +137,14 @@ func ShardWeights(ws []Weight, c *Config, l TPLayout, rank int) ([]Weight, error
 			s, err = w.colRange(q0, q0+l.Heads*D)
 		case RoleDown:
 			s, err = w.colRange(u0, u0+l.Inner)
+		case RoleExpertUp:
+			s, err = w.rowRanges(experts)
+		case RoleExpertDown:
+			s, err = w.colRange(rank*l.MoEInner, (rank+1)*l.MoEInner)
+		case RoleSharedUp:
+			s, err = w.rowRanges(shared)
+		case RoleSharedDown:
+			s, err = w.colRange(rank*l.SharedInner, (rank+1)*l.SharedInner)
 		case RoleOutBias, RoleDownBias:
 			s = *w
 			if rank > 0 {

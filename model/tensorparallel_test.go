@@ -55,9 +55,12 @@ func close64(t *testing.T, what string, got, want []float64) {
 // output (query rows of the rank's heads, key and value rows of the KV heads they read,
 // gate and up rows of its units), row-parallel shares' partial sums over the ranks give
 // the whole output with the bias once, the vocabulary rows concatenate to the whole
-// embedding and LM head, and the rest is the same on every rank.
+// embedding and LM head, and the rest is the same on every rank. Mixtral's and
+// Qwen2-MoE's experts (and shared expert) split as the MLP does, each expert's gate and
+// up rows of the rank's units, its down projection's matching columns; the router and
+// the shared expert's gate are whole on every rank.
 func TestShardWeightsComputeTheWholeModel(t *testing.T) {
-	for _, fixture := range []string{"gpt2-tiny", "llama-tiny", "qwen2-tiny"} {
+	for _, fixture := range []string{"gpt2-tiny", "llama-tiny", "qwen2-tiny", "mixtral-tiny", "qwen2moe-tiny"} {
 		ck, err := Open(filepath.Join("..", "testdata", fixture))
 		if err != nil {
 			t.Fatal(err)
@@ -117,7 +120,24 @@ func TestShardWeightsComputeTheWholeModel(t *testing.T) {
 						}
 						close64(t, name+" rank share", got, want)
 					}
-				case RoleOut, RoleDown:
+				case RoleExpertUp, RoleSharedUp:
+					// Expert by expert (the shared expert: one), its gate rows of the rank's
+					// units, then its up rows.
+					x := randVec(rng, w.Cols)
+					whole := matVec(t, w, x)
+					inner, per := cfg.MoE.Inner, l.MoEInner
+					if w.Role == RoleSharedUp {
+						inner, per = cfg.MoE.SharedInner, l.SharedInner
+					}
+					for r := range n {
+						var want []float64
+						for e0 := 0; e0 < w.Rows; e0 += 2 * inner {
+							want = append(want, whole[e0+r*per:e0+(r+1)*per]...)
+							want = append(want, whole[e0+inner+r*per:e0+inner+(r+1)*per]...)
+						}
+						close64(t, name+" rank share", matVec(t, &shares[r][i], x), want)
+					}
+				case RoleOut, RoleDown, RoleExpertDown, RoleSharedDown:
 					x := randVec(rng, w.Cols)
 					whole := matVec(t, w, x)
 					sum := make([]float64, w.Rows)

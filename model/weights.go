@@ -29,11 +29,11 @@ type Part struct {
 // Weight is one role's weight: its parts joined along the rows give the canonical
 // [Rows][Cols] matrix ([Rows] for a vector, Cols 1).
 type Weight struct {
-	// Role is the part the weight plays.
+	// Role says where the engine uses the weight.
 	Role Role
 	// Layer is the block it belongs to, -1 for the model's own weights.
 	Layer int
-	// Rows and Cols are the canonical shape.
+	// Rows and Cols give the canonical shape, whatever the checkpoint's layout.
 	Rows, Cols int
 	// Parts hold the data, in row order.
 	Parts []Part
@@ -131,6 +131,15 @@ func partRows(c *Config, r Role, rows, n int) []int {
 		return []int{c.Heads * c.HeadDim, c.KVHeads * c.HeadDim, c.KVHeads * c.HeadDim}
 	case (r == RoleUp || r == RoleUpBias) && n == 2:
 		return []int{c.Inner, c.Inner}
+	case c.MoE != nil && (r == RoleExpertUp && n == 2*c.MoE.Experts || r == RoleExpertDown && n == c.MoE.Experts ||
+		r == RoleSharedUp && n == 2):
+		// Each expert's gate and up projections, or its down projection; the shared
+		// expert's gate and up.
+		split := make([]int, n)
+		for i := range split {
+			split[i] = rows / n
+		}
+		return split
 	}
 	return nil
 }
@@ -152,6 +161,9 @@ func (c *Checkpoint) Weights() ([]Weight, error) {
 	var out []Weight
 	add := func(r Role, l int) error {
 		rows, cols, present := cfg.Shape(r)
+		if l >= 0 {
+			rows, cols, present = cfg.LayerShape(r, l)
+		}
 		if !present {
 			return nil
 		}
@@ -254,6 +266,11 @@ func (c *Checkpoint) shapeWhy(r Role) string {
 		return fmt.Sprintf("%s %d, %s %d", f("inner"), cfg.Inner, f("hidden"), cfg.Hidden)
 	case RoleQNorm, RoleKNorm:
 		return fmt.Sprintf("head_dim %d", cfg.HeadDim)
+	case RoleRouter, RoleExpertUp, RoleExpertDown:
+		return fmt.Sprintf("%s %d, %s %d, %s %d", f("experts"), cfg.MoE.Experts, f("moe_inner"), cfg.MoE.Inner,
+			f("hidden"), cfg.Hidden)
+	case RoleSharedUp, RoleSharedDown, RoleSharedGate:
+		return fmt.Sprintf("shared_expert_intermediate_size %d, %s %d", cfg.MoE.SharedInner, f("hidden"), cfg.Hidden)
 	}
 	return fmt.Sprintf("%s %d", f("hidden"), cfg.Hidden)
 }
@@ -299,7 +316,7 @@ func (c *Checkpoint) checkLayerCount() error {
 // Float32 holds a model's weights converted to float32 in the canonical layout, as the
 // CPU engine computes with them.
 type Float32 struct {
-	// Config is the descriptor.
+	// Config describes the architecture the weights are for.
 	Config Config
 	// Model holds the model-level roles (those before FirstLayerRole); nil where absent.
 	Model [NumRoles][]float32

@@ -19,7 +19,7 @@ var specialTokenKeys = []string{"bos_token", "eos_token", "unk_token", "pad_toke
 
 // ChatTemplate is a checkpoint's compiled chat template and the special tokens it reads.
 type ChatTemplate struct {
-	// tmpl is the compiled template.
+	// tmpl is compiled once and rendered per request.
 	tmpl *jinja.Template
 	// tokens are the special tokens by name (bos_token, eos_token, ...), as strings.
 	tokens map[string]string
@@ -133,7 +133,7 @@ func specialToken(raw json.RawMessage) (string, bool) {
 		return s, true
 	}
 	var obj struct {
-		// Content is the token's text.
+		// Content holds the token's text.
 		Content *string `json:"content"`
 	}
 	if json.Unmarshal(raw, &obj) == nil && obj.Content != nil {
@@ -146,7 +146,7 @@ func specialToken(raw json.RawMessage) (string, bool) {
 type TemplateMessage struct {
 	// Role is system, user, assistant, ...
 	Role string
-	// Content is the message's text.
+	// Content holds the text, its parts joined (other part types are refused on decoding).
 	Content string
 	// Name is the optional participant name; left out of the template's view when empty.
 	Name string

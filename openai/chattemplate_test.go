@@ -12,18 +12,18 @@ import (
 // expectedCase is one entry of testdata/chat/expected.json, which gen.py writes with
 // Python's Jinja2 rendering as transformers' apply_chat_template does.
 type expectedCase struct {
-	// Config is the tokenizer_config.json file in testdata/chat.
+	// Config names a tokenizer_config.json in testdata/chat.
 	Config string `json:"config"`
 	// Conversation names the conversation.
 	Conversation string `json:"conversation"`
-	// Messages are the conversation's messages.
+	// Messages are rendered in order.
 	Messages []struct {
-		// Role is the message's role.
+		// Role is system, user or assistant.
 		Role string `json:"role"`
 		// Content is its text.
 		Content string `json:"content"`
 	} `json:"messages"`
-	// AddGenerationPrompt is the template's add_generation_prompt.
+	// AddGenerationPrompt is passed to the template as add_generation_prompt.
 	AddGenerationPrompt bool `json:"add_generation_prompt"`
 	// Output is the rendered prompt, when the template accepts the conversation.
 	Output *string `json:"output"`

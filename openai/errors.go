@@ -16,7 +16,7 @@ import (
 
 // APIError is an error in OpenAI's shape, with its HTTP status.
 type APIError struct {
-	// Status is the HTTP status.
+	// Status goes out as the HTTP status.
 	Status int
 	// Type is OpenAI's error type (invalid_request_error, not_found_error, ...).
 	Type string
@@ -33,7 +33,7 @@ func (e *APIError) Error() string { return e.Message }
 
 // errorBody is the JSON of an error response.
 type errorBody struct {
-	// Error is the error.
+	// Error wraps the error, as OpenAI's body does.
 	Error errorJSON `json:"error"`
 }
 
@@ -41,7 +41,7 @@ type errorBody struct {
 type errorJSON struct {
 	// Message says what is wrong.
 	Message string `json:"message"`
-	// Type is the error's type.
+	// Type is OpenAI's error type (invalid_request_error, server_error).
 	Type string `json:"type"`
 	// Param names the field at fault, or null.
 	Param *string `json:"param"`

@@ -89,7 +89,7 @@ type registry struct {
 
 	// mu guards models and files.
 	mu sync.Mutex
-	// models are the descriptions by model name.
+	// models are keyed by Triton model name.
 	models map[string]*modelInfo
 	// files are the checkpoint folders' contents by folder.
 	files map[string]*checkpointFiles
@@ -238,7 +238,7 @@ func (r *registry) checkpointFiles(dir string) *checkpointFiles {
 	}
 	if raw, err := os.ReadFile(filepath.Join(dir, "config.json")); err == nil {
 		var c struct {
-			// VocabSize is the model's vocabulary size.
+			// VocabSize sizes logit_bias's embedding_bias.
 			VocabSize int `json:"vocab_size"`
 			// NPositions is GPT-2's longest sequence.
 			NPositions int `json:"n_positions"`

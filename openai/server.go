@@ -455,7 +455,7 @@ type generation struct {
 	// ctx is the request's context; cancel ends every choice.
 	ctx    context.Context
 	cancel context.CancelFunc
-	// runners are the choices.
+	// runners run one choice each.
 	runners []*choiceRunner
 }
 
@@ -518,13 +518,13 @@ func (g *generation) each(f func(piece) bool) {
 
 // choiceResult is one choice, collected.
 type choiceResult struct {
-	// text is the whole text.
+	// text joins the choice's pieces.
 	text strings.Builder
 	// tokens are its tokens (with logprobs only).
 	tokens []tokenInfo
-	// finish is the finish reason.
+	// finish holds the backend's finish_reason.
 	finish string
-	// prompt and completion are the token counts.
+	// prompt and completion count tokens for usage.
 	prompt, completion int
 }
 
@@ -566,7 +566,7 @@ func usageOf(res []choiceResult) *Usage {
 
 // sseWriter writes Server-Sent Events.
 type sseWriter struct {
-	// w is the response.
+	// w carries the events to the client; flush pushes each out.
 	w http.ResponseWriter
 	// flush pushes each event out at once; an error means the client is gone (or not
 	// reading).

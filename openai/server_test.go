@@ -23,6 +23,8 @@ type fakeTriton struct {
 	kserve.GRPCInferenceServiceClient
 	// down makes every call fail as an unreachable server does.
 	down bool
+	// without names an input the model lacks.
+	without string
 }
 
 // ServerReady reports ready unless down.
@@ -48,10 +50,13 @@ func (f *fakeTriton) ModelReady(_ context.Context, in *kserve.ModelReadyRequest,
 func (f *fakeTriton) ModelConfig(_ context.Context, in *kserve.ModelConfigRequest, _ ...grpc.CallOption) (*kserve.ModelConfigResponse, error) {
 	cfg := &kserve.ModelConfig{Name: in.Name, Backend: "gollm", MaxBatchSize: 8,
 		ModelTransactionPolicy: &kserve.ModelTransactionPolicy{Decoupled: true}}
-	for _, n := range []string{inTextInput, inMaxTokens, inStream, inTemperature, inTopP, inSeed, inEmbeddingBias} {
-		cfg.Input = append(cfg.Input, &kserve.ModelInput{Name: n})
+	for _, n := range []string{inTextInput, inMaxTokens, inStream, inTemperature, inTopP, inSeed, inEmbeddingBias,
+		inStopWords, inReturnNumInput, inReturnNumOutput, inReturnFinish} {
+		if n != f.without {
+			cfg.Input = append(cfg.Input, &kserve.ModelInput{Name: n})
+		}
 	}
-	cfg.Output = []*kserve.ModelOutput{{Name: outTextOutput}, {Name: outOutputIDs}}
+	cfg.Output = []*kserve.ModelOutput{{Name: outTextOutput}, {Name: outOutputIDs}, {Name: outNumInput}, {Name: outNumOutput}, {Name: outFinishReason}}
 	return &kserve.ModelConfigResponse{Config: cfg}, nil
 }
 
@@ -164,20 +169,23 @@ func TestStatuses(t *testing.T) {
 
 // TestBuildRequest checks the tensors a choice sends: text, max_tokens and stream;
 // temperature whenever it is set (0 too: a model's default may be to sample); the seed
-// and top_p only when sampling; and a refusal when the model lacks an input.
+// and top_p only when sampling; the non-empty stop strings as stop_words; always the
+// backend's counts and finish reason; and a refusal when the model lacks an input.
 func TestBuildRequest(t *testing.T) {
 	resp, _ := (&fakeTriton{}).ModelConfig(context.Background(), &kserve.ModelConfigRequest{Name: "m"})
 	r := &registry{overrides: map[string]string{}}
 	mi := r.describe(resp.Config, "1")
+	const always = ",return_num_input_tokens,return_num_output_tokens,return_finish_reason"
 	for _, c := range []struct {
 		name   string
 		p      genParams
 		inputs string
 	}{
-		{"sampling at a temperature", genParams{temperature: ptr(float32(0.5)), seed: 9}, "text_input,max_tokens,stream,temperature,random_seed"},
-		{"with a nucleus", genParams{temperature: ptr(float32(0.5)), topP: ptr(float32(0.9)), seed: 9}, "text_input,max_tokens,stream,temperature,random_seed,runtime_top_p"},
-		{"greedy sends temperature 0 and no seed", genParams{temperature: ptr(float32(0)), topP: ptr(float32(0.9))}, "text_input,max_tokens,stream,temperature"},
-		{"the model's defaults send only the seed", genParams{seed: 9}, "text_input,max_tokens,stream,random_seed"},
+		{"sampling at a temperature", genParams{temperature: ptr(float32(0.5)), seed: 9}, "text_input,max_tokens,stream,temperature,random_seed" + always},
+		{"with a nucleus", genParams{temperature: ptr(float32(0.5)), topP: ptr(float32(0.9)), seed: 9}, "text_input,max_tokens,stream,temperature,random_seed,runtime_top_p" + always},
+		{"greedy sends temperature 0 and no seed", genParams{temperature: ptr(float32(0)), topP: ptr(float32(0.9))}, "text_input,max_tokens,stream,temperature" + always},
+		{"the model's defaults send only the seed", genParams{seed: 9}, "text_input,max_tokens,stream,random_seed" + always},
+		{"stop strings", genParams{seed: 9, stop: []string{"", "\n\n"}}, "text_input,max_tokens,stream,random_seed,stop_words" + always},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p := c.p
@@ -196,7 +204,18 @@ func TestBuildRequest(t *testing.T) {
 			if string(req.RawInputContents[0][4:]) != "hi" || req.Id != "x" {
 				t.Errorf("text_input %q, id %q", req.RawInputContents[0], req.Id)
 			}
+			for i, in := range req.Inputs {
+				if in.Name == inStopWords {
+					if want := "\x02\x00\x00\x00\n\n"; string(req.RawInputContents[i]) != want || in.Datatype != "BYTES" || in.Shape[1] != 1 {
+						t.Errorf("stop_words %s %v %q, want BYTES [1, 1] %q", in.Datatype, in.Shape, req.RawInputContents[i], want)
+					}
+				}
+			}
 		})
+	}
+	resp, _ = (&fakeTriton{without: inReturnFinish}).ModelConfig(context.Background(), &kserve.ModelConfigRequest{Name: "m"})
+	if _, err := buildRequest(r.describe(resp.Config, "1"), &genParams{prompt: "hi", maxTokens: 3}); err == nil || !strings.Contains(err.Error(), inReturnFinish) {
+		t.Errorf("a model without return_finish_reason: %v", err)
 	}
 	if _, err := buildRequest(mi, &genParams{prompt: "hi", maxTokens: 3, presence: 1}); err == nil || !strings.Contains(err.Error(), "presence_penalty") {
 		t.Errorf("a model without presence_penalty: %v", err)

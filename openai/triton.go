@@ -33,6 +33,8 @@ const (
 	inReturnTopLogprobs = "return_top_logprobs"
 	inReturnNumInput    = "return_num_input_tokens"
 	inReturnNumOutput   = "return_num_output_tokens"
+	inReturnFinish      = "return_finish_reason"
+	inStopWords         = "stop_words"
 	inStop              = "stop"
 	inTopK              = "runtime_top_k"
 	inMinP              = "min_p"
@@ -49,11 +51,12 @@ const (
 	outTopLogprobIDs = "top_logprob_ids"
 	outNumInput      = "num_input_tokens"
 	outNumOutput     = "num_output_tokens"
+	outFinishReason  = "finish_reason"
 )
 
 // genParams are one choice's generation settings, validated.
 type genParams struct {
-	// prompt is the prompt's text.
+	// prompt goes to text_input as it is.
 	prompt string
 	// maxTokens bounds the generated tokens.
 	maxTokens int
@@ -62,19 +65,19 @@ type genParams struct {
 	temperature *float32
 	// topP is the nucleus; nil leaves it to the model's default.
 	topP *float32
-	// seed is the sampling seed.
+	// seed goes to random_seed when sampling.
 	seed uint64
-	// presence and frequency are the penalties.
+	// presence and frequency go to the penalties of those names.
 	presence, frequency float32
 	// bias is the logit bias per vocabulary entry; nil for none.
 	bias []float32
-	// stop are the stop strings.
+	// stop are the stop strings, which the backend matches on the text it generates.
 	stop []string
 	// logprobs asks for the chosen tokens' log-probabilities.
 	logprobs bool
 	// topLogprobs asks for this many alternatives per token too.
 	topLogprobs int
-	// requestID is the Triton request id.
+	// requestID names the request in Triton, for stop requests and logs.
 	requestID string
 	// topK, minP and repetition are vLLM's sampling extras (0: none).
 	topK       int
@@ -90,7 +93,7 @@ type genParams struct {
 
 // tokenInfo is one generated token, for logprobs.
 type tokenInfo struct {
-	// id is the token's id.
+	// id indexes the vocabulary.
 	id int32
 	// text is the token's bytes as text (possibly part of a character).
 	text string
@@ -98,7 +101,8 @@ type tokenInfo struct {
 	logprob float64
 	// top are the most likely tokens, best first.
 	top []altToken
-	// end is the byte offset in the generated text where the token's text ends.
+	// end is where the token's own text ends, counted in bytes from the start of the
+	// generated tokens' texts: the token goes out once the text has come that far.
 	end int
 }
 
@@ -113,13 +117,14 @@ type altToken struct {
 // piece is what one choice adds in one step: text, the tokens it holds (with
 // logprobs), and at the end the finish reason and counts.
 type piece struct {
-	// index is the choice's index.
+	// index says which choice the piece belongs to.
 	index int
 	// text is new text.
 	text string
 	// tokens are the tokens whose text is now complete (with logprobs only).
 	tokens []tokenInfo
-	// finish is "stop" or "length" on the choice's last piece, else "".
+	// finish is the backend's finish_reason ("stop", "length", "abort") on the choice's
+	// last piece, else "".
 	finish string
 	// promptTokens and completionTokens are the counts, on the last piece.
 	promptTokens, completionTokens int
@@ -131,7 +136,7 @@ type piece struct {
 
 // tensor is one input with its raw little-endian contents.
 type tensor struct {
-	// name and datatype are the input's name and type.
+	// name and datatype are sent as the KServe input's.
 	name, datatype string
 	// shape is its shape, batch dimension first.
 	shape []int64
@@ -200,6 +205,11 @@ func buildRequest(mi *modelInfo, p *genParams) (*kserve.ModelInferRequest, error
 			return nil, err
 		}
 	}
+	if stops := nonEmpty(p.stop); len(stops) > 0 {
+		if err := add(inStopWords, "BYTES", []int64{1, int64(len(stops))}, bytesElements(stops)); err != nil {
+			return nil, err
+		}
+	}
 	i32 := func(v int32) []byte { return binary.LittleEndian.AppendUint32(nil, uint32(v)) }
 	if p.topK > 0 {
 		if err := add(inTopK, "INT32", one, i32(int32(p.topK))); err != nil {
@@ -236,11 +246,14 @@ func buildRequest(mi *modelInfo, p *genParams) (*kserve.ModelInferRequest, error
 			}
 		}
 	}
-	outs := []string{outTextOutput, outOutputIDs}
-	if mi.inputs[inReturnNumInput] && mi.outputs[outNumInput] {
-		ts = append(ts, tensor{inReturnNumInput, "BOOL", one, []byte{1}}, tensor{inReturnNumOutput, "BOOL", one, []byte{1}})
-		outs = append(outs, outNumInput, outNumOutput)
+	// The counts and the finish reason are the backend's, which knows them: the frontend
+	// does not count tokens again.
+	for _, name := range []string{inReturnNumInput, inReturnNumOutput, inReturnFinish} {
+		if err := add(name, "BOOL", one, []byte{1}); err != nil {
+			return nil, err
+		}
 	}
+	outs := []string{outTextOutput, outOutputIDs, outNumInput, outNumOutput, outFinishReason}
 	if p.logprobs {
 		if err := add(inReturnTopLogprobs, "INT32", one, binary.LittleEndian.AppendUint32(nil, uint32(p.topLogprobs))); err != nil {
 			return nil, err
@@ -286,6 +299,8 @@ type response struct {
 	topIDs      []int32
 	// numInput and numOutput are the counts; -1 when absent.
 	numInput, numOutput int
+	// finish is finish_reason: why the request ended, on its last response.
+	finish string
 	// final says it is the request's last response.
 	final bool
 }
@@ -303,15 +318,21 @@ func decodeResponse(r *kserve.ModelInferResponse) (*response, error) {
 		}
 		b := raw[i]
 		switch o.GetName() {
-		case outTextOutput:
+		case outTextOutput, outFinishReason:
 			// BYTES elements: a 4-byte length, then the bytes; a response has one.
+			var s strings.Builder
 			for len(b) >= 4 {
 				n := int(binary.LittleEndian.Uint32(b))
 				if 4+n > len(b) {
-					return nil, fmt.Errorf("output %q: element of %d bytes in %d", outTextOutput, n, len(b)-4)
+					return nil, fmt.Errorf("output %q: element of %d bytes in %d", o.GetName(), n, len(b)-4)
 				}
-				out.text += string(b[4 : 4+n])
+				s.Write(b[4 : 4+n])
 				b = b[4+n:]
+			}
+			if o.GetName() == outTextOutput {
+				out.text = s.String()
+			} else {
+				out.finish = s.String()
 			}
 		case outOutputIDs:
 			for ; len(b) >= 4; b = b[4:] {
@@ -344,11 +365,11 @@ func decodeResponse(r *kserve.ModelInferResponse) (*response, error) {
 type choiceRunner struct {
 	// client is Triton's gRPC client.
 	client kserve.GRPCInferenceServiceClient
-	// mi is the model.
+	// mi describes the model's tensors and tokenizer.
 	mi *modelInfo
-	// p are the settings.
+	// p holds the choice's validated settings.
 	p *genParams
-	// index is the choice's index.
+	// index says which choice it runs.
 	index int
 	// emit receives the pieces, in order; the last has finish or err set.
 	emit func(piece)
@@ -360,13 +381,15 @@ type choiceRunner struct {
 // cancelled after all.
 const stopGrace = 5 * time.Second
 
-// run sends the request and reads its responses until the final one, a matched stop
-// string, an error, or ctx's end (the client went away). The last two stop the request
-// in Triton, which frees its KV blocks: with a stop request naming it where the model
-// has a "stop" input (gollm's do; the request then ends with a normal final response and
-// its stream is read to the end), else by cancelling its stream. tritonserver 2.51 keeps
-// a model busy for good when a stream is cancelled as its last response is written
-// (README, Known limits), which a stop request never does.
+// run sends the request and reads its responses until the final one, an error, or ctx's
+// end (the client went away). The backend ends the request at a stop string and says
+// why it ended (finish_reason); text_output never holds a stop string, nor the text
+// that may begin one. When the client goes away the request is stopped in Triton, which
+// frees its KV blocks: with a stop request naming it where the model has a "stop" input
+// (gollm's do; the request then ends with a normal final response and its stream is read
+// to the end), else by cancelling its stream. tritonserver 2.51 keeps a model busy for
+// good when a stream is cancelled as its last response is written (README, Known
+// limits), which a stop request never does.
 func (c *choiceRunner) run(ctx context.Context) {
 	req, err := buildRequest(c.mi, c.p)
 	if err != nil {
@@ -406,14 +429,14 @@ func (c *choiceRunner) run(ctx context.Context) {
 		return
 	}
 	var (
-		stop       = newStopMatcher(c.p.stop)
-		generated  int // bytes of generated text so far (held text included)
-		pending    []tokenInfo
-		numInput   = -1
-		numOutput  int
-		idsSeen    int
-		first      = true
-		lastFinish string
+		text      int // bytes of generated text received
+		tokText   int // bytes of the generated tokens' own texts (logprobs)
+		pending   []tokenInfo
+		numInput  int
+		numOutput int
+		first     = true
+		// done says the final response (or an error response) has been read.
+		done bool
 		// failure is the error response, reported once the stream has ended.
 		failure *APIError
 	)
@@ -422,25 +445,15 @@ func (c *choiceRunner) run(ctx context.Context) {
 		first = false
 		c.emit(pc)
 	}
-	// release returns the pending tokens whose text ends within the first n bytes.
-	release := func(n int) []tokenInfo {
+	// release returns the pending tokens whose text has come.
+	release := func() []tokenInfo {
 		k := 0
-		for k < len(pending) && pending[k].end <= n {
+		for k < len(pending) && pending[k].end <= text {
 			k++
 		}
 		out := pending[:k:k]
 		pending = pending[k:]
 		return out
-	}
-	finish := func(reason string) {
-		if numInput < 0 && c.mi.tok != nil {
-			numInput = len(c.mi.tok.Encode(c.p.prompt))
-		}
-		if numOutput == 0 {
-			numOutput = idsSeen
-		}
-		lastFinish = reason
-		emit(piece{finish: reason, promptTokens: max(numInput, 0), completionTokens: numOutput, tokens: pending})
 	}
 	for {
 		msg, err := stream.Recv()
@@ -456,7 +469,7 @@ func (c *choiceRunner) run(ctx context.Context) {
 				switch {
 				case failure != nil:
 					emit(piece{err: failure})
-				case lastFinish == "":
+				case !done:
 					emit(piece{err: &APIError{Status: http.StatusBadGateway, Type: "server_error", Message: "Triton closed the stream before the request's final response"}})
 				}
 				return
@@ -468,14 +481,14 @@ func (c *choiceRunner) run(ctx context.Context) {
 				return
 			}
 		}
-		if lastFinish != "" || reqCtx.Err() != nil {
+		if done || reqCtx.Err() != nil {
 			continue // read the stream to its end after the final response or a stop
 		}
 		if m := msg.GetErrorMessage(); m != "" {
 			// An error is the request's final response: read the stream to its end
 			// rather than cancel it (tritonserver 2.51 keeps a model busy when a stream
 			// is cancelled after its final response), then report it.
-			failure, lastFinish = notServing(reqCtx, c.client, tritonRequestError(m, first)), "error"
+			failure, done = notServing(reqCtx, c.client, tritonRequestError(m, first)), true
 			continue
 		}
 		r, err := decodeResponse(msg.GetInferResponse())
@@ -500,44 +513,32 @@ func (c *choiceRunner) run(ctx context.Context) {
 				cancel()
 				return
 			}
-			// A response's text belongs to its last token.
-			generated += len(r.text)
 			for i := range toks {
-				toks[i].end = generated
+				tokText += len(toks[i].text)
+				toks[i].end = tokText
 			}
 			pending = append(pending, toks...)
-		} else {
-			generated += len(r.text)
 		}
-		idsSeen += len(r.ids)
-		out, matched := stop.push(r.text)
-		if matched {
-			pc := piece{text: out, tokens: release(stop.emitted)}
-			pending = nil // the tokens of the stop string are not returned
-			if pc.text != "" || len(pc.tokens) > 0 {
-				emit(pc)
+		text += len(r.text)
+		toks := release()
+		if r.final {
+			if r.finish == "" {
+				emit(piece{err: &APIError{Status: http.StatusBadGateway, Type: "server_error", Message: "Triton's final response carries no finish_reason"}})
+				done = true
+				continue
 			}
-			finish("stop")
-			if r.final {
-				continue // over anyway: read the stream to its end
+			if r.finish != "stop" || len(nonEmpty(c.p.stop)) == 0 {
+				// Only a stop string leaves tokens whose text is not returned.
+				toks = append(toks, pending...)
 			}
-			halt() // the request is still generating: stop it in Triton
-			continue
+			pending = nil
+		}
+		if r.text != "" || len(toks) > 0 {
+			emit(piece{text: r.text, tokens: toks})
 		}
 		if r.final {
-			out += stop.flush()
-			if out != "" {
-				emit(piece{text: out, tokens: release(stop.emitted)})
-			}
-			reason := "stop"
-			if numOutput >= c.p.maxTokens || idsSeen >= c.p.maxTokens {
-				reason = "length"
-			}
-			finish(reason)
-			continue
-		}
-		if toks := release(stop.emitted); out != "" || len(toks) > 0 {
-			emit(piece{text: out, tokens: toks})
+			done = true
+			emit(piece{finish: r.finish, promptTokens: numInput, completionTokens: numOutput})
 		}
 	}
 }
@@ -592,6 +593,28 @@ func (c *choiceRunner) tokenLogprobs(r *response) ([]tokenInfo, error) {
 // tokenText is a token's bytes as text (a byte-level token may hold part of a character).
 func (c *choiceRunner) tokenText(id int32) string {
 	return c.mi.tok.Decode([]int32{id})
+}
+
+// nonEmpty drops empty strings: an empty stop string stops nothing.
+func nonEmpty(ss []string) []string {
+	var out []string
+	for _, s := range ss {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// bytesElements serializes BYTES elements: each a 4-byte little-endian length, then its
+// bytes.
+func bytesElements(ss []string) []byte {
+	var b []byte
+	for _, s := range ss {
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(s)))
+		b = append(b, s...)
+	}
+	return b
 }
 
 // float32s reads little-endian FP32 values.

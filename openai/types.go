@@ -10,7 +10,7 @@ import (
 
 // fieldError is a field's value that its own decoder refused.
 type fieldError struct {
-	// field is the request field's name.
+	// field is named in the error message.
 	field string
 	// msg says what is wrong.
 	msg string
@@ -45,7 +45,7 @@ type StreamOptions struct {
 
 // samplingFields are the request fields completions and chat share.
 type samplingFields struct {
-	// Model is the Triton model's name.
+	// Model names the Triton model.
 	Model string `json:"model"`
 	// MaxTokens bounds the generated tokens (max_tokens).
 	MaxTokens *int `json:"max_tokens"`
@@ -57,7 +57,7 @@ type samplingFields struct {
 	N *int `json:"n"`
 	// Stream answers with Server-Sent Events.
 	Stream bool `json:"stream"`
-	// StreamOptions are the streaming options.
+	// StreamOptions need "stream": true.
 	StreamOptions *StreamOptions `json:"stream_options"`
 	// Stop are strings that end the generation; at most 4.
 	Stop StopList `json:"stop"`
@@ -105,7 +105,7 @@ type CompletionRequest struct {
 type ContentPart struct {
 	// Type is "text" (the only type a text model takes).
 	Type string `json:"type"`
-	// Text is the part's text.
+	// Text holds the part's text (type "text").
 	Text string `json:"text"`
 }
 
@@ -148,9 +148,9 @@ func (c *MessageContent) UnmarshalJSON(b []byte) error {
 type ChatMessage struct {
 	// Role is system, developer, user, assistant or tool.
 	Role string `json:"role"`
-	// Content is the message's text.
+	// Content may be a string or a list of text parts.
 	Content MessageContent `json:"content"`
-	// Name is an optional participant name.
+	// Name is passed to the chat template.
 	Name string `json:"name"`
 	// ToolCalls are an assistant message's calls (tools.go).
 	ToolCalls []ToolCall `json:"tool_calls"`
@@ -161,7 +161,7 @@ type ChatMessage struct {
 // ChatRequest is the body of POST /v1/chat/completions.
 type ChatRequest struct {
 	samplingFields
-	// Messages is the conversation.
+	// Messages are rendered in order by the chat template.
 	Messages []ChatMessage `json:"messages"`
 	// MaxCompletionTokens is max_tokens under its newer name.
 	MaxCompletionTokens *int `json:"max_completion_tokens"`
@@ -185,13 +185,13 @@ type Usage struct {
 	PromptTokens int `json:"prompt_tokens"`
 	// CompletionTokens is the tokens generated over all choices.
 	CompletionTokens int `json:"completion_tokens"`
-	// TotalTokens is the sum.
+	// TotalTokens sums the two counts.
 	TotalTokens int `json:"total_tokens"`
 }
 
 // CompletionLogprobs are the legacy completions' log-probabilities.
 type CompletionLogprobs struct {
-	// Tokens are the tokens' texts.
+	// Tokens hold each token's text.
 	Tokens []string `json:"tokens"`
 	// TokenLogprobs are their log-probabilities.
 	TokenLogprobs []float64 `json:"token_logprobs"`
@@ -203,7 +203,7 @@ type CompletionLogprobs struct {
 
 // CompletionChoice is one choice of a completion.
 type CompletionChoice struct {
-	// Index is the choice's index.
+	// Index says which of the n choices this is.
 	Index int `json:"index"`
 	// Text is the completion (or, streaming, its new part).
 	Text string `json:"text"`
@@ -221,7 +221,7 @@ type CompletionResponse struct {
 	Object string `json:"object"`
 	// Created is the Unix time of the request.
 	Created int64 `json:"created"`
-	// Model is the model's name.
+	// Model echoes the request's model.
 	Model string `json:"model"`
 	// Choices are the choices (streaming: the one that moved).
 	Choices []CompletionChoice `json:"choices"`
@@ -248,21 +248,21 @@ func (r *CompletionResponse) MarshalJSON() ([]byte, error) {
 
 // TopLogprob is one alternative token.
 type TopLogprob struct {
-	// Token is the token's text.
+	// Token holds the alternative's text.
 	Token string `json:"token"`
 	// Logprob is its log-probability.
 	Logprob float64 `json:"logprob"`
-	// Bytes are the token's UTF-8 bytes.
+	// Bytes hold the text's bytes, for tokens that split a character.
 	Bytes []int `json:"bytes"`
 }
 
 // TokenLogprob is one generated token with its log-probability and alternatives.
 type TokenLogprob struct {
-	// Token is the token's text.
+	// Token holds the token's text.
 	Token string `json:"token"`
 	// Logprob is its log-probability.
 	Logprob float64 `json:"logprob"`
-	// Bytes are the token's UTF-8 bytes.
+	// Bytes hold the text's bytes, for tokens that split a character.
 	Bytes []int `json:"bytes"`
 	// TopLogprobs are the most likely tokens at this position.
 	TopLogprobs []TopLogprob `json:"top_logprobs"`
@@ -270,7 +270,7 @@ type TokenLogprob struct {
 
 // ChatLogprobs are a chat choice's log-probabilities.
 type ChatLogprobs struct {
-	// Content are the generated tokens.
+	// Content holds one entry per generated token.
 	Content []TokenLogprob `json:"content"`
 }
 
@@ -286,7 +286,7 @@ type ChatMessageOut struct {
 
 // ChatChoice is one choice of a chat completion.
 type ChatChoice struct {
-	// Index is the choice's index.
+	// Index says which of the n choices this is.
 	Index int `json:"index"`
 	// Message is the answer (non-streaming).
 	Message *ChatMessageOut `json:"message,omitempty"`
@@ -306,7 +306,7 @@ type ChatResponse struct {
 	Object string `json:"object"`
 	// Created is the Unix time of the request.
 	Created int64 `json:"created"`
-	// Model is the model's name.
+	// Model echoes the request's model.
 	Model string `json:"model"`
 	// Choices are the choices (streaming: the one that moved).
 	Choices []ChatChoice `json:"choices"`
@@ -335,7 +335,7 @@ const systemFingerprint = "fp_gollm"
 
 // Model is one entry of /v1/models.
 type Model struct {
-	// ID is the Triton model's name.
+	// ID names the Triton model.
 	ID string `json:"id"`
 	// Object is "model".
 	Object string `json:"object"`
@@ -349,6 +349,6 @@ type Model struct {
 type ModelList struct {
 	// Object is "list".
 	Object string `json:"object"`
-	// Data are the models.
+	// Data holds one entry per ready model.
 	Data []Model `json:"data"`
 }

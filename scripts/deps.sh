@@ -284,6 +284,8 @@ if [ "$cuda" = 1 ]; then
   "$deps/cuda/nvidia/cu13/bin/nvcc" --version >/dev/null
   test -f "$deps/cuda/nvidia/cu13/lib/libcublas.so.13"
   what="$what, CUDA 13.0"
+elif [ "${GOLLM_CUDA:-auto}" = 0 ]; then
+  what="$what; CUDA not asked for (GOLLM_CUDA=0)"
 else
   what="$what; no CUDA (no NVIDIA driver here; GOLLM_CUDA=1 installs it)"
 fi

@@ -24,7 +24,7 @@ func TestBadInput(t *testing.T) {
 	cases := []struct {
 		// name reads as a sentence.
 		name string
-		// inputs are the request's inputs.
+		// inputs are sent as they are.
 		inputs []tensor
 		// tensor must be named in the error message.
 		tensor string

@@ -40,11 +40,11 @@ const testPrompt = "Hello, my name is"
 
 // tensor is one input of a request, its data already in the protocol's raw layout.
 type tensor struct {
-	// name is the input's name.
+	// name must be one of the model's inputs.
 	name string
 	// dtype is the KServe datatype ("INT32", "BOOL", "BYTES", "FP32").
 	dtype string
-	// shape is the input's shape.
+	// shape starts with the batch dimension.
 	shape []int64
 	// raw is the little-endian data (BYTES: each element prefixed by its uint32 length).
 	raw []byte
@@ -233,7 +233,7 @@ func streamInfer(ctx context.Context, c kserve.GRPCInferenceServiceClient, req *
 
 // checkpointInfo is what the tests need of the demo checkpoint.
 type checkpointInfo struct {
-	// dir is the checkpoint folder.
+	// dir holds config.json, the safetensors and tokenizer.json.
 	dir string
 	// cfg is its config.
 	cfg model.Config
@@ -290,7 +290,7 @@ var refEngines struct {
 
 // refEngine is a loaded reference engine.
 type refEngine struct {
-	// e is the CPU engine.
+	// e computes the reference tokens in the test process.
 	e *cpu.Engine
 	// blocks is the block table covering the whole pool.
 	blocks []int32
@@ -487,7 +487,7 @@ func sseEvents(ctx context.Context, c *http.Client, url string, body any) ([]str
 
 // generateOutput is the part of a generate response the tests read.
 type generateOutput struct {
-	// TextOutput is the generated text.
+	// TextOutput is nil when the response has none.
 	TextOutput *string `json:"text_output"`
 	// Error is set on an error event.
 	Error string `json:"error"`

@@ -68,11 +68,11 @@ func TestLlamaFamilyServesTransformersTokens(t *testing.T) {
 type llamaJob struct {
 	// name says what it tests.
 	name string
-	// model is the served model.
+	// model names the served model.
 	model string
-	// streaming is the request's streaming flag.
+	// streaming asks for one response per token.
 	streaming bool
-	// inputs are the request's inputs.
+	// inputs are sent as they are.
 	inputs []tensor
 	// check checks the responses, in the test's goroutine.
 	check func(t *testing.T, rs []*kserve.ModelInferResponse)

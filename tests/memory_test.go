@@ -22,7 +22,7 @@ import (
 type badCheckpoint struct {
 	// name is the model's name in the repository.
 	name string
-	// dir is the checkpoint folder.
+	// dir holds the broken checkpoint.
 	dir string
 	// says is what the load error must mention.
 	says string

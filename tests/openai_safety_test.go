@@ -175,8 +175,10 @@ func TestOpenAIRefusalsAndMemory(t *testing.T) {
 			_, _ = s.StopWith(syscall.SIGTERM)
 			close(stopped)
 		}()
-		time.Sleep(200 * time.Millisecond)
+		// tritonserver takes the signal in its own time: answers go on until its shutdown
+		// begins, and from the first refusal on every request must get 503.
 		seen := map[int]int{}
+		refusing := false
 		for done := false; !done; {
 			select {
 			case <-stopped:
@@ -188,11 +190,18 @@ func TestOpenAIRefusalsAndMemory(t *testing.T) {
 				t.Fatal(err)
 			}
 			seen[status]++
+			if status == http.StatusOK && !refusing {
+				continue
+			}
+			refusing = true
 			if status != http.StatusServiceUnavailable {
 				t.Errorf("during the shutdown: status %d, body %s; want 503", status, strings.TrimSpace(string(body)))
 			}
 		}
 		<-long
 		t.Logf("statuses during the shutdown: %v", seen)
+		if seen[http.StatusServiceUnavailable] == 0 {
+			t.Errorf("no request was refused with 503 while the server shut down: %v", seen)
+		}
 	})
 }

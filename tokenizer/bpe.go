@@ -33,7 +33,7 @@ type bpeModel struct {
 type merge struct {
 	// rank orders merges: lower merges first.
 	rank int32
-	// id is the merged token.
+	// id names the token the merge makes.
 	id int32
 }
 
@@ -179,7 +179,7 @@ func (m *bpeModel) mergeAll(ids []int32) []int32 {
 
 // symbol is one token of a word during BPE, in a doubly linked list.
 type symbol struct {
-	// id is the symbol's token.
+	// id indexes the vocabulary.
 	id int32
 	// prev and next index the neighbours; -1 at the ends.
 	prev, next int
@@ -195,7 +195,7 @@ type candidate struct {
 	left, right int
 	// leftID and rightID are the symbols' tokens when the candidate was made.
 	leftID, rightID int32
-	// id is the merged token.
+	// id names the token the merge would make.
 	id int32
 }
 

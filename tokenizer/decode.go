@@ -109,7 +109,7 @@ func (fuseDecoder) decode(toks []string) []string { return []string{strings.Join
 // stripDecoder removes up to start copies of a character from each token's start and up
 // to stop from its end.
 type stripDecoder struct {
-	// content is the character.
+	// content is stripped from the ends.
 	content rune
 	// start and stop are the most removed at each end.
 	start, stop int
@@ -139,7 +139,7 @@ func (s stripDecoder) decode(toks []string) []string {
 // metaspaceDecoder turns the replacement character back into spaces; in the first
 // token, where the pre-tokenizer put one in front, the library drops every one of them.
 type metaspaceDecoder struct {
-	// repl is the replacement.
+	// repl stands for a space in the pieces.
 	repl string
 	// dropFirst is set unless prepend_scheme is "never".
 	dropFirst bool
@@ -163,7 +163,7 @@ func (m metaspaceDecoder) decode(toks []string) []string {
 // returns what the new ones add, holding them back while that ends in U+FFFD (a
 // character a later token may complete).
 type StreamDecoder struct {
-	// t is the tokenizer.
+	// t decodes and knows the special tokens to skip.
 	t *Tokenizer
 	// skip leaves special tokens out.
 	skip bool

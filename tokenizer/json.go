@@ -16,7 +16,7 @@ import (
 
 // tokenizerFile is the part of tokenizer.json gollm reads.
 type tokenizerFile struct {
-	// AddedTokens are the special and added tokens.
+	// AddedTokens hold the special and added tokens, matched before the model.
 	AddedTokens []struct {
 		ID         *int32 `json:"id"`
 		Content    string `json:"content"`
@@ -31,7 +31,7 @@ type tokenizerFile struct {
 	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
 	PostProcessor json.RawMessage `json:"post_processor"`
 	Decoder       json.RawMessage `json:"decoder"`
-	// Model is the BPE model.
+	// Model holds the BPE vocabulary and merges.
 	Model struct {
 		Type         string            `json:"type"`
 		Vocab        map[string]int32  `json:"vocab"`

@@ -76,7 +76,7 @@ func (st stripNormalizer) normalize(s string) string {
 
 // piece is a pre-token in the making.
 type piece struct {
-	// text is the piece.
+	// text holds the piece's characters.
 	text string
 	// first says the piece starts the text given to Encode.
 	first bool
@@ -208,7 +208,7 @@ func (b byteLevelPre) preTokenize(in []piece) []piece {
 // ("▁"), one is put in front as prepend_scheme says, and with split each one starts a
 // piece.
 type metaspacePre struct {
-	// repl is the replacement.
+	// repl replaces spaces.
 	repl string
 	// scheme is "always", "first" or "never".
 	scheme string
@@ -271,7 +271,7 @@ func (d digitsPre) preTokenize(in []piece) []piece {
 type splitPre struct {
 	// literal is the delimiter when re is nil.
 	literal string
-	// re is the expression.
+	// re splits the text.
 	re *splitRegex
 	// behavior joins the delimiters to the pieces.
 	behavior splitBehavior
@@ -305,7 +305,7 @@ func (s splitPre) preTokenize(in []piece) []piece {
 // match of it that is followed by a non-space gives back its last character, which is
 // what the lookahead does.
 type splitRegex struct {
-	// re is the translated pattern.
+	// re holds the pattern translated to Go's syntax.
 	re *regexp.Regexp
 	// ws is the lookahead group's index, -1 when the pattern has none.
 	ws int

@@ -32,11 +32,11 @@ type Tokenizer struct {
 	added addedVocab
 	// norm is the normalizer; nil when there is none.
 	norm normalizer
-	// pre are the pre-tokenizers in order.
+	// pre run in order, each on the pieces of the one before.
 	pre []preTokenizer
 	// byteLevel says a ByteLevel pre-tokenizer is in pre: BPE then starts from bytes.
 	byteLevel bool
-	// model is the BPE model.
+	// model turns each piece into tokens.
 	model *bpeModel
 	// dec is the decoder chain; nil means tokens are joined with spaces (the library's
 	// behaviour without a decoder).

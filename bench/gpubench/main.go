@@ -21,7 +21,9 @@
 // call without -overlap, which guided requests do not use). -overlap runs the static workloads with each decode step launched before the
 // previous one is read, fed on the GPU (engine.Pipeliner), and the batch manager's
 // workloads with its overlap schedule. -tp N splits the model over GPUs 0..N-1 (tensor
-// parallelism, NCCL); its figures carry "tp" and an impl ending in -tpN.
+// parallelism, NCCL); its figures carry "tp" and an impl ending in -tpN. -random-gb N
+// gives the model of -ckpt's config.json random weights in memory (at most N GB; no
+// weight files read), for full-size shapes whose files would not fit the disk.
 package main
 
 import (
@@ -62,7 +64,7 @@ type workload struct {
 	name string
 	// kind is decode, tput, lat or beam.
 	kind string
-	// width is a beam workload's beam width.
+	// width holds a beam<W>_ workload's beam width, 1 otherwise.
 	width int
 	// batch, in and out are the batch size, prompt length and new tokens.
 	batch, in, out int
@@ -99,15 +101,16 @@ func main() {
 	warmup := flag.Bool("warmup", true, "warm the engine up at creation (false: fewer kernels for a profiler)")
 	flag.BoolVar(&overlap, "overlap", false, "launch each step before reading the previous one (the overlap schedule)")
 	tp := flag.Int("tp", 1, "tensor_parallel_size: split the model over GPUs 0..tp-1")
+	randomGB := flag.Float64("random-gb", 0, "> 0: random weights for -ckpt's config.json, at most this many GB")
 	flag.StringVar(&guideRegex, "guide-regex", `[^\x00]*`, "the guided workloads' constraint (a regular expression)")
 	flag.Parse()
-	if err := run(*ckptDir, *name, *list, *reps, *dtype, *lib, *graphs, *warmup, *tp); err != nil {
+	if err := run(*ckptDir, *name, *list, *reps, *dtype, *lib, *graphs, *warmup, *tp, *randomGB); err != nil {
 		fmt.Fprintln(os.Stderr, "gpubench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup bool, tp int) error {
+func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup bool, tp int, randomGB float64) error {
 	var ws []workload
 	maxTok, maxSeqs, maxLen := 0, 0, 0
 	for _, s := range strings.Split(list, ",") {
@@ -120,7 +123,11 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 		maxSeqs = max(maxSeqs, w.batch*max(1, w.width))
 		maxLen = max(maxLen, w.in+w.out)
 	}
-	ckpt, err := model.Open(ckptDir)
+	open := model.Open
+	if randomGB > 0 {
+		open = func(dir string) (*model.Checkpoint, error) { return model.OpenRandom(dir, 1, int64(randomGB*1e9)) }
+	}
+	ckpt, err := open(ckptDir)
 	if err != nil {
 		return err
 	}
@@ -161,6 +168,10 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 		eng = e
 	}
 	defer eng.Close()
+	// The weights are on the GPU: the host's copies (random ones: the model's size) go.
+	if err := ckpt.Close(); err != nil {
+		return err
+	}
 	impl := "gollm-engine"
 	if !graphs {
 		impl = "gollm-engine-nographs"

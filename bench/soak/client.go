@@ -21,7 +21,7 @@ import (
 type client struct {
 	// conn is the gRPC connection, shared by every worker.
 	conn *grpc.ClientConn
-	// c is the KServe client on it.
+	// c shares its connection.
 	c kserve.GRPCInferenceServiceClient
 }
 

@@ -357,11 +357,11 @@ func waitIdle(probe func() (sample, error), timeout time.Duration) (bool, sample
 
 // report is the soak's summary.
 type report struct {
-	// cfg are the settings.
+	// cfg records the run's settings beside its figures.
 	cfg config
 	// machine names the machine.
 	machine string
-	// done, failed and tokens are the totals.
+	// done, failed and tokens sum the workers' counters.
 	done, failed, tokens int64
 	// loadS is the load's duration and drainS when its last request ended, in seconds.
 	loadS, drainS float64

@@ -14,9 +14,9 @@ import (
 
 // series is one line of a Prometheus text page: a name, its labels and a value.
 type series struct {
-	// name is the metric family's name.
+	// name selects the family on /metrics.
 	name string
-	// labels are the series' labels.
+	// labels tell the series of a family apart.
 	labels map[string]string
 	// value is its value.
 	value float64

@@ -137,7 +137,7 @@ func run(addr, modelName, name, check, expect, list string, reps, vocab int, wai
 
 // result is one streamed request's tokens and their arrival times.
 type result struct {
-	// tokens are the streamed output_ids.
+	// tokens hold the streamed output_ids, in order.
 	tokens []int32
 	// times are when each response with tokens arrived.
 	times []time.Time
@@ -226,7 +226,7 @@ func runCheck(c kserve.GRPCInferenceServiceClient, modelName, promptsFile, expec
 		return err
 	}
 	var pf struct {
-		// Prompts are the token id lists.
+		// Prompts hold one token-id list per prompt.
 		Prompts [][]int32 `json:"prompts"`
 	}
 	if err := json.Unmarshal(raw, &pf); err != nil {
@@ -401,9 +401,9 @@ func expectedTokens(path string) ([][]int32, int, error) {
 		return nil, 0, fmt.Errorf("%s: %w", path, err)
 	}
 	var t struct {
-		// DType is the element type.
+		// DType must be I32 for the tokens.
 		DType string `json:"dtype"`
-		// Shape is the tensor's shape.
+		// Shape is [prompts, steps].
 		Shape []int `json:"shape"`
 		// Offsets bound the data after the header.
 		Offsets [2]int `json:"data_offsets"`

@@ -256,6 +256,9 @@ func descriptor(c *model.Config) C.gollm_model_config {
 	if c.Positions == model.RotaryPositions {
 		d.positions = C.GOLLM_POS_ROTARY
 	}
+	if m := c.MoE; m != nil {
+		d.experts, d.moe_inner, d.shared_inner = C.int32_t(m.Experts), C.int32_t(m.Inner), C.int32_t(m.SharedInner)
+	}
 	return d
 }
 

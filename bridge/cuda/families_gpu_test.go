@@ -36,10 +36,14 @@ func gpuFamilyMatches(t *testing.T, fixture, dtype string) {
 	}
 	e := gpuEngineWith(t, fixture, Options{NumBlocks: 32, TokensPerBlock: 8, MaxTokens: 64, MaxSeqs: 8, DType: dtype})
 	V := e.Info().VocabSize
+	// The bar is per row against transformers in float32. In bfloat16 these tiny models
+	// (hidden 32-64) err far more than wide ones: transformers' own bfloat16 run of the
+	// fixtures errs by up to 0.072 a row (gemma3-tiny; 0.018-0.026 for the others).
+	bar := map[string]float64{"float16": 2e-2, "bfloat16": 0.12}[dtype]
 	check := func(what string, got, want []float32) {
 		t.Helper()
-		if err := enginetest.RelL2(got, want); err > 2e-2 {
-			t.Errorf("%s: relative L2 error %.3g > 2e-2", what, err)
+		if err := enginetest.RelL2(got, want); err > bar {
+			t.Errorf("%s: relative L2 error %.3g > %.3g", what, err, bar)
 		}
 		if gap := top2Gap(want); gap > 0.05 && argmax(got) != argmax(want) {
 			t.Errorf("%s: argmax %d, transformers %d (top-2 gap %.3g)", what, argmax(got), argmax(want), gap)
@@ -77,8 +81,10 @@ func gpuFamilyMatches(t *testing.T, fixture, dtype string) {
 	}
 	P := len(g.PromptIDs)
 	for i := range whole {
-		want := g.PromptLogits[i*V : (i+1)*V]
-		if i >= P {
+		var want []float32
+		if i < P {
+			want = g.PromptLogits[i*V : (i+1)*V]
+		} else {
 			want = g.DecodeLogits[(i-P)*V : (i-P+1)*V]
 		}
 		check(fmt.Sprintf("whole sequence row %d", i), out[0].ContextLogits[i*V:(i+1)*V], want)

@@ -65,6 +65,10 @@ func recipeOf(c *model.Config) (cRecipe, error) {
 			st.activation, st.gated = C.int32_t(s.Act), cbool(s.Gated)
 		case model.StageLMHead:
 			st.softcap = C.float(s.SoftCap)
+		case model.StageMoE:
+			st.activation, st.gated = C.int32_t(s.Act), cbool(s.Gated)
+			st.experts, st.top_k = C.int32_t(s.Experts), C.int32_t(s.TopK)
+			st.norm_topk, st.shared = cbool(s.NormTopK), cbool(s.SharedExpert)
 		}
 		r.stages = append(r.stages, st)
 	}
@@ -88,7 +92,7 @@ func cbool(v bool) C.int32_t {
 }
 
 // abiLayout reports the size of each ABI struct this package fills and the offset of
-// each field, by the names gollm.h gives them, for the test that pins them to ABI 9.
+// each field, by the names gollm.h gives them, for the test that pins them to ABI 11.
 func abiLayout() map[string]uintptr {
 	var st C.gollm_stage
 	var f C.gollm_faults
@@ -104,8 +108,10 @@ func abiLayout() map[string]uintptr {
 		"gollm_stage.window": unsafe.Offsetof(st.window), "gollm_stage.scale": unsafe.Offsetof(st.scale),
 		"gollm_stage.softcap": unsafe.Offsetof(st.softcap), "gollm_stage.activation": unsafe.Offsetof(st.activation),
 		"gollm_stage.gated": unsafe.Offsetof(st.gated), "gollm_stage.rope_long": unsafe.Offsetof(st.rope_long),
-		"gollm_stage.rope_scale": unsafe.Offsetof(st.rope_scale),
-		"gollm_faults":           unsafe.Sizeof(f), "gollm_faults.fail_step": unsafe.Offsetof(f.fail_step),
+		"gollm_stage.rope_scale": unsafe.Offsetof(st.rope_scale), "gollm_stage.experts": unsafe.Offsetof(st.experts),
+		"gollm_stage.top_k": unsafe.Offsetof(st.top_k), "gollm_stage.norm_topk": unsafe.Offsetof(st.norm_topk),
+		"gollm_stage.shared": unsafe.Offsetof(st.shared),
+		"gollm_faults":       unsafe.Sizeof(f), "gollm_faults.fail_step": unsafe.Offsetof(f.fail_step),
 		"gollm_faults.fail_mode": unsafe.Offsetof(f.fail_mode), "gollm_faults.fail_rank": unsafe.Offsetof(f.fail_rank),
 		"gollm_faults.fail_alloc": unsafe.Offsetof(f.fail_alloc),
 		"gollm_tuning":            unsafe.Sizeof(tn), "gollm_tuning.off": unsafe.Offsetof(tn.off),
@@ -115,6 +121,7 @@ func abiLayout() map[string]uintptr {
 		"gollm_model_config": unsafe.Sizeof(mc), "gollm_model_config.norm": unsafe.Offsetof(mc.norm),
 		"gollm_model_config.tied_head": unsafe.Offsetof(mc.tied_head),
 		"gollm_model_config.qk_norm":   unsafe.Offsetof(mc.qk_norm), "gollm_model_config.post_norms": unsafe.Offsetof(mc.post_norms),
+		"gollm_model_config.experts": unsafe.Offsetof(mc.experts), "gollm_model_config.shared_inner": unsafe.Offsetof(mc.shared_inner),
 		"gollm_weights_params": unsafe.Sizeof(wp), "gollm_weights_params.config": unsafe.Offsetof(wp.config),
 		"gollm_weights_params.num_stages": unsafe.Offsetof(wp.num_stages), "gollm_weights_params.stages": unsafe.Offsetof(wp.stages),
 		"gollm_weights_params.num_rope_freqs": unsafe.Offsetof(wp.num_rope_freqs),

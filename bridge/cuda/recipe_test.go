@@ -18,7 +18,7 @@ import (
 // the table its rotary stages index, and nothing set that a kind does not read.
 func TestRecipeOfCarriesEveryStage(t *testing.T) {
 	for _, fixture := range []string{"gpt2-tiny", "llama3-tiny", "mistral-tiny", "phi3-tiny", "qwen3-tiny", "gemma2-tiny",
-		"gemma3-tiny", "phi3-longrope-tiny", "phi4mini-tiny"} {
+		"gemma3-tiny", "phi3-longrope-tiny", "phi4mini-tiny", "mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny"} {
 		ck, err := model.Open(filepath.Join("..", "..", "testdata", fixture))
 		if err != nil {
 			t.Fatal(err)
@@ -88,6 +88,12 @@ func TestRecipeOfCarriesEveryStage(t *testing.T) {
 					t.Errorf("%s stage %d: activation %d gated %d, want %s %v", fixture, i, g.activation, g.gated, w.Act, w.Gated)
 				}
 				zero.activation, zero.gated = 0, 0
+			case model.StageMoE:
+				if int(g.activation) != int(w.Act) || g.gated != 1 || int(g.experts) != w.Experts || int(g.top_k) != w.TopK ||
+					(g.norm_topk != 0) != w.NormTopK || (g.shared != 0) != w.SharedExpert {
+					t.Errorf("%s stage %d: %+v, want %+v", fixture, i, g, w)
+				}
+				zero.activation, zero.gated, zero.experts, zero.top_k, zero.norm_topk, zero.shared = 0, 0, 0, 0, 0, 0
 			}
 			if zero != (recipeStage{}) {
 				t.Errorf("%s stage %d (%s): fields its kind does not read are set: %+v", fixture, i, w.Kind, g)
@@ -107,36 +113,38 @@ func TestRecipeOfCarriesEveryStage(t *testing.T) {
 	}
 }
 
-// TestABILayoutIsVersion10 pins the structs this package fills to gollm.h's ABI 10 — sizes
+// TestABILayoutIsVersion11 pins the structs this package fills to gollm.h's ABI 11 — sizes
 // and field offsets as x86-64 and arm64 C compilers lay them out —, so that a field added,
 // moved or resized without bumping GOLLM_ABI_VERSION fails here rather than in a library
 // built from another header.
-func TestABILayoutIsVersion10(t *testing.T) {
-	if v := headerABI(); v != 10 {
+func TestABILayoutIsVersion11(t *testing.T) {
+	if v := headerABI(); v != 11 {
 		t.Fatalf("gollm.h has ABI %d: update this test's layout with the version", v)
 	}
 	want := map[string]uintptr{
-		"gollm_stage": 56, "gollm_stage.kind": 0, "gollm_stage.layer": 4, "gollm_stage.weight": 8,
+		"gollm_stage": 72, "gollm_stage.kind": 0, "gollm_stage.layer": 4, "gollm_stage.weight": 8,
 		"gollm_stage.norm": 12, "gollm_stage.eps": 16, "gollm_stage.rope_dim": 20, "gollm_stage.rope_freqs": 24,
 		"gollm_stage.window": 28, "gollm_stage.scale": 32, "gollm_stage.softcap": 36,
 		"gollm_stage.activation": 40, "gollm_stage.gated": 44, "gollm_stage.rope_long": 48, "gollm_stage.rope_scale": 52,
+		"gollm_stage.experts": 56, "gollm_stage.top_k": 60, "gollm_stage.norm_topk": 64, "gollm_stage.shared": 68,
 		"gollm_faults": 24, "gollm_faults.fail_step": 0, "gollm_faults.fail_mode": 4, "gollm_faults.fail_rank": 8,
 		"gollm_faults.fail_alloc": 16,
 		"gollm_tuning":            24, "gollm_tuning.off": 0, "gollm_tuning.gemv_rows": 4, "gollm_tuning.tiled_rows": 8,
 		"gollm_tuning.tile_blocks": 12, "gollm_tuning.decode_parts": 16, "gollm_tuning.skip": 20,
-		"gollm_model_config": 56, "gollm_model_config.norm": 32, "gollm_model_config.tied_head": 44,
-		"gollm_model_config.qk_norm": 48, "gollm_model_config.post_norms": 52,
-		"gollm_weights_params": 136, "gollm_weights_params.config": 8, "gollm_weights_params.num_stages": 64,
-		"gollm_weights_params.stages": 72, "gollm_weights_params.num_rope_freqs": 80,
-		"gollm_weights_params.rope_freqs": 88, "gollm_weights_params.num_weights": 96,
-		"gollm_weights_params.weights": 104, "gollm_weights_params.faults": 112,
+		"gollm_model_config": 68, "gollm_model_config.norm": 32, "gollm_model_config.tied_head": 44,
+		"gollm_model_config.qk_norm": 48, "gollm_model_config.post_norms": 52, "gollm_model_config.experts": 56,
+		"gollm_model_config.shared_inner": 64,
+		"gollm_weights_params":            144, "gollm_weights_params.config": 8, "gollm_weights_params.num_stages": 76,
+		"gollm_weights_params.stages": 80, "gollm_weights_params.num_rope_freqs": 88,
+		"gollm_weights_params.rope_freqs": 96, "gollm_weights_params.num_weights": 104,
+		"gollm_weights_params.weights": 112, "gollm_weights_params.faults": 120,
 		"gollm_engine_params": 112, "gollm_engine_params.tuning": 36, "gollm_engine_params.faults": 64,
 		"gollm_engine_params.mem_budget": 88, "gollm_engine_params.comm": 96, "gollm_engine_params.tp_vocab": 108,
 	}
 	got := abiLayout()
 	for k, w := range want {
 		if g, ok := got[k]; !ok || g != w {
-			t.Errorf("%s: %d, ABI 10 has %d", k, g, w)
+			t.Errorf("%s: %d, ABI 11 has %d", k, g, w)
 		}
 	}
 	if len(got) != len(want) {
@@ -309,6 +317,69 @@ func TestBuiltLibraryChecksTheRecipe(t *testing.T) {
 		pin.Unpin()
 		if err == nil || strings.Contains(err.Error(), "recipe") {
 			t.Errorf("%s: the derived recipe without weights: %v, want it past the recipe's check (a missing weight or no GPU)", fixture, err)
+		}
+	}
+}
+
+// TestBuiltLibraryChecksTheExperts hands the built library mixture-of-experts recipes it
+// cannot run — routing values out of range or not the weights', experts where the config
+// has none — each refused before any device work, naming the stage; Mixtral's and
+// Qwen2-MoE's derived recipes pass the check.
+func TestBuiltLibraryChecksTheExperts(t *testing.T) {
+	l, err := openLib(builtLibrary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fixture := range []string{"mixtral-tiny", "qwen2moe-tiny"} {
+		ck, err := model.Open(filepath.Join("..", "..", "testdata", fixture))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := ck.Config
+		_ = ck.Close()
+		// Layer 0's MOE stage: EMBED, then NORM QKV ROTARY KV_WRITE ATTENTION OUT RESIDUAL NORM.
+		const moe = 9
+		for _, tc := range []struct {
+			name string
+			edit func(r *cRecipe, c *model.Config)
+			want string
+		}{
+			{"no expert a token", func(r *cRecipe, _ *model.Config) { r.stages[moe].top_k = 0 },
+				"recipe stage 9 (moe, layer 0): top_k 0 must be in [1, min(experts 8, 64)]"},
+			{"more experts a token than experts", func(r *cRecipe, _ *model.Config) { r.stages[moe].top_k = 9 },
+				"top_k 9 must be in [1, min(experts 8, 64)]"},
+			{"experts the config has not", func(r *cRecipe, _ *model.Config) { r.stages[moe].experts = 16 },
+				"experts is not the config's"},
+			{"a shared expert the config has not", func(r *cRecipe, _ *model.Config) {
+				r.stages[moe].shared = 1 - r.stages[moe].shared
+			}, "shared is not the config's shared_inner > 0"},
+			{"experts that are not gated", func(r *cRecipe, _ *model.Config) { r.stages[moe].gated = 0 },
+				"experts are gated MLPs"},
+			{"a config without experts", func(_ *cRecipe, c *model.Config) { c.MoE = nil }, "the config has no experts"},
+		} {
+			c := cfg
+			rec, err := recipeOf(&c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if int(rec.stages[moe].kind) != int(model.StageMoE) {
+				t.Fatalf("%s: stage %d is kind %d", fixture, moe, rec.stages[moe].kind)
+			}
+			tc.edit(&rec, &c)
+			var pin runtime.Pinner
+			_, err = createWeights(l, 0, 1, &c, rec, nil, faults{rank: -1}, &pin)
+			pin.Unpin()
+			var ce *Error
+			if !errors.As(err, &ce) || ce.Code != CodeInvalidArgument || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s, %s: %v, want an invalid argument containing %q", fixture, tc.name, err, tc.want)
+			}
+		}
+		rec, _ := recipeOf(&cfg)
+		var pin runtime.Pinner
+		_, err = createWeights(l, 0, 1, &cfg, rec, nil, faults{rank: -1}, &pin)
+		pin.Unpin()
+		if err == nil || strings.Contains(err.Error(), "recipe") || strings.Contains(err.Error(), "config") {
+			t.Errorf("%s's derived recipe without weights: %v, want it past the checks (a missing weight or no GPU)", fixture, err)
 		}
 	}
 }

@@ -37,7 +37,7 @@ const (
 
 // Lib is an initialized NVML. Close it when done; NVML counts the inits.
 type Lib struct {
-	// p is the shim's library state.
+	// p points at the C shim's state for this Lib.
 	p unsafe.Pointer
 	// mu serializes calls (NVML is thread-safe, the shim's state is read-only; the
 	// mutex makes Close safe against calls in flight).
@@ -98,7 +98,7 @@ func (l *Lib) call(op string, f func(p unsafe.Pointer) C.int) error {
 
 // Error is a failed NVML call.
 type Error struct {
-	// Op is the NVML function.
+	// Op names the NVML function that failed.
 	Op string
 	// Code is its nvmlReturn_t.
 	Code int

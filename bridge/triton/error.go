@@ -35,7 +35,7 @@ func (c Code) String() string {
 // Error is an error with a Triton error code. Errors that Triton returns come back as
 // *Error; a Go error becomes a Triton error with CodeOf's code.
 type Error struct {
-	// Code is the Triton error code.
+	// Code travels to the client with the message.
 	Code Code
 	// Err is the underlying error; its text is the message.
 	Err error

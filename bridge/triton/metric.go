@@ -39,9 +39,9 @@ func (k MetricKind) String() string {
 type MetricFamily struct {
 	// p is Triton's object.
 	p *C.TRITONSERVER_MetricFamily
-	// kind is the family's kind.
+	// kind decides whether the family's metrics are set or added to.
 	kind MetricKind
-	// name is the family's name.
+	// name is kept for Name and error messages.
 	name string
 }
 

@@ -12,7 +12,7 @@ import (
 
 // Tensor is a copy of one input tensor of a request, in Go memory.
 type Tensor struct {
-	// Name is the input's name.
+	// Name matches one of the model's inputs in config.pbtxt.
 	Name string
 	// DataType is its element type.
 	DataType DataType

@@ -32,13 +32,13 @@ import (
 
 // options are the command's flags.
 type options struct {
-	// ckpt is the checkpoint folder.
+	// ckpt names the checkpoint folder (config.json, safetensors).
 	ckpt string
-	// dtype is the GPU compute type.
+	// dtype picks the GPU's compute type: float16 or bfloat16.
 	dtype string
 	// prompts is a JSON file {"prompts": [[ids…], …]}.
 	prompts string
-	// out is the safetensors file written.
+	// out receives the tokens and logits, for check.py.
 	out string
 	// steps is the number of decode steps after each prompt.
 	steps int
@@ -102,11 +102,11 @@ type seqRun struct {
 	blocks []int32
 	// hist is prompt plus generated tokens.
 	hist []int32
-	// gen are the generated tokens.
+	// gen collects the generated tokens, in order.
 	gen []int32
 	// promptLogits, decodeLogits collect logits when asked.
 	promptLogits, decodeLogits []float32
-	// start is the iteration it joins at.
+	// start counts the batch iterations before the sequence joins.
 	start int
 }
 
@@ -116,7 +116,7 @@ func run(o options) error {
 		return err
 	}
 	var pf struct {
-		// Prompts are the token id lists.
+		// Prompts hold one token-id list per prompt.
 		Prompts [][]int32 `json:"prompts"`
 	}
 	if err := json.Unmarshal(raw, &pf); err != nil {

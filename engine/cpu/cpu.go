@@ -4,8 +4,8 @@
 // learned or rotary positions (over the whole head or a part of it, longrope's two
 // frequency sets), per-head query and key norms, multi-head, multi-query or grouped-query
 // attention with a window per layer and soft-capped scores, post-norms of the branches,
-// a plain or gated MLP, a tied or separate LM head with soft-capped logits — and knows no
-// architecture beyond it.
+// a plain or gated MLP or a mixture of experts (moe.go), a tied or separate LM head with
+// soft-capped logits — and knows no architecture beyond it.
 package cpu
 
 import (
@@ -65,13 +65,13 @@ type scratch struct {
 	// norm is the last norm stage walked: the stages after it that read the block input
 	// (QKV, the MLP, the LM head) read its norm of the residual stream.
 	norm *model.Stage
-	// h is the residual stream [N][hidden].
+	// h holds the residual stream, [N][hidden].
 	h buf
-	// xn is a norm's output [N][hidden].
+	// xn holds a norm's output, [N][hidden].
 	xn buf
-	// qkv is the fused projection [N][QKVWidth].
+	// qkv holds the fused projection's output, [N][QKVWidth].
 	qkv buf
-	// att is the attention output [N][heads·head_dim].
+	// att holds the attention output before its projection, [N][heads·head_dim].
 	att buf
 	// tmp is a projection output before the residual add [N][hidden].
 	tmp buf
@@ -94,6 +94,8 @@ type scratch struct {
 	samplers []*engine.Sampler
 	// mm holds the matrix products' buffers.
 	mm mulScratch
+	// moe holds the mixture-of-experts stages' buffers.
+	moe moeScratch
 }
 
 // buf is a row-major matrix with per-row views, regrown only when too small.
@@ -203,6 +205,12 @@ func checkRecipe(r model.Recipe, cfg *model.Config) error {
 			return fmt.Errorf("layer %d: rotary dimensions %d must be even, at least 2 and at most head_dim %d", s.Layer, s.Rope.Dim, cfg.HeadDim)
 		case s.Kind == model.StageMLP && s.Gated != cfg.GatedMLP:
 			return fmt.Errorf("layer %d: a gated MLP %v where the weights' shapes say %v", s.Layer, s.Gated, cfg.GatedMLP)
+		case s.Kind == model.StageMLP && cfg.Sparse(s.Layer):
+			return fmt.Errorf("layer %d: a dense MLP where the weights are experts", s.Layer)
+		case s.Kind == model.StageMoE:
+			if err := checkMoEStage(s, cfg); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -436,6 +444,8 @@ func (e *Engine) stage(b *engine.Batch, st *model.Stage) {
 		l.out.mul(s.tmp.rows, s.att.rows, l.outB, &s.mm)
 	case model.StageMLP:
 		e.mlp(st)
+	case model.StageMoE:
+		e.moe(st)
 	case model.StageResidual:
 		addRows(s.h.rows, s.tmp.rows)
 	}

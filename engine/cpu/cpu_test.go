@@ -31,6 +31,9 @@ var fixtures = []struct {
 	{"gemma3-tiny", "gemma3-tiny-golden.safetensors"},
 	{"phi3-longrope-tiny", "phi3-longrope-tiny-golden.safetensors"},
 	{"phi4mini-tiny", "phi4mini-tiny-golden.safetensors"},
+	{"mixtral-tiny", "mixtral-tiny-golden.safetensors"},
+	{"qwen2moe-tiny", "qwen2moe-tiny-golden.safetensors"},
+	{"qwen3moe-tiny", "qwen3moe-tiny-golden.safetensors"},
 }
 
 func TestLogitsAndGreedyTokensMatchTransformers(t *testing.T) {
@@ -93,7 +96,7 @@ func smallGPT2(seed uint64) *model.Float32 {
 type invarianceModel struct {
 	// name names it in subtest names.
 	name string
-	// m is the model.
+	// m is shared by the engines whose outputs are compared.
 	m *model.Float32
 }
 
@@ -102,12 +105,13 @@ type invarianceModel struct {
 // positions, Gemma's 6 and 5 on alternating layers, all shorter than the prompts below)
 // each decide which cached positions a chunk or a batched row reads, and whose q/k norms,
 // post-norms, soft-caps and longrope (Phi-4-mini's, within its original context) run on
-// every row alike.
+// every row alike, and the mixtures of experts, whose rows are grouped by expert with
+// whichever rows share the step.
 func invarianceModels(t *testing.T) []invarianceModel {
 	t.Helper()
 	ms := []invarianceModel{{"gpt2 random", smallGPT2(1)}}
 	for _, dir := range []string{"llama-tiny", "llama3-tiny", "qwen2-tiny", "mistral-tiny", "qwen3-tiny", "gemma2-tiny",
-		"gemma3-tiny", "phi4mini-tiny"} {
+		"gemma3-tiny", "phi4mini-tiny", "mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny"} {
 		ms = append(ms, invarianceModel{dir, loadModel(t, "../../testdata/"+dir)})
 	}
 	return ms

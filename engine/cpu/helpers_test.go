@@ -37,7 +37,7 @@ func loadModel(t testing.TB, dir string) *model.Float32 {
 
 // golden holds transformers' reference outputs for a fixture.
 type golden struct {
-	// promptIDs is the prompt.
+	// promptIDs were fed to transformers for the logits below.
 	promptIDs []int32
 	// promptLogits are the prompt's logits [len(promptIDs)][vocab].
 	promptLogits []float32

@@ -149,16 +149,20 @@ func LoadWeights(c *model.Checkpoint, f WeightFormat) (_ *Weights, err error) {
 		}
 	}
 	for r := range model.NumRoles {
-		if _, _, present := cfg.Shape(r); !present || !matrixRole(r) {
+		if !matrixRole(r) {
+			continue
+		}
+		if !r.PerLayer() {
+			if _, _, present := cfg.Shape(r); present && *w.matrixOf(r, -1) == nil {
+				return nil, fmt.Errorf("cpu: load %s: %s is missing", c.Dir, r)
+			}
 			continue
 		}
 		for l := range cfg.Layers {
-			if r.PerLayer() && *w.matrixOf(r, l) == nil {
+			// A sparse layer has experts where a dense one has its MLP.
+			if _, _, present := cfg.LayerShape(r, l); present && *w.matrixOf(r, l) == nil {
 				return nil, fmt.Errorf("cpu: load %s: layer %d %s is missing", c.Dir, l, r)
 			}
-		}
-		if !r.PerLayer() && *w.matrixOf(r, -1) == nil {
-			return nil, fmt.Errorf("cpu: load %s: %s is missing", c.Dir, r)
 		}
 	}
 	w.finish()

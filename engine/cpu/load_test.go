@@ -80,7 +80,7 @@ func run16(t testing.TB, w *Weights) ([][]float32, []int32) {
 }
 
 func TestSixteenBitCheckpointsAreComputedWhereTheyLie(t *testing.T) {
-	for _, fx := range []string{"gpt2-tiny", "llama-tiny", "qwen2-tiny"} {
+	for _, fx := range []string{"gpt2-tiny", "llama-tiny", "qwen2-tiny", "qwen2moe-tiny"} {
 		for _, dtype := range []string{"F32", "F16", "BF16"} {
 			t.Run(fx+" in "+dtype, func(t *testing.T) {
 				forEachKernelPath(t, func(t *testing.T) {

@@ -25,9 +25,9 @@ type TensorParallel struct {
 	closed bool
 	// ranks are the shares' engines, rank order.
 	ranks []*Engine
-	// layout is the split.
+	// layout says which heads and rows each rank holds.
 	layout model.TPLayout
-	// cfg is the whole model's config.
+	// cfg describes the whole model; each rank's share is in layout.
 	cfg model.Config
 	// info is the whole model's (its vocabulary) over the ranks' pools.
 	info engine.Info

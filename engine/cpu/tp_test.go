@@ -18,11 +18,13 @@ import (
 // KV head held by every rank, QKV biases, a tied head), Phi-3 (a partial rotary factor;
 // longrope, its sequences on both sides of the original context), Qwen3 (per-head q/k
 // norms) and Gemma 2 and 3 (post-norms of the ranks' summed branches, soft-caps, the
-// embedding scale) — over as many ranks as their heads allow: the same tokens and
+// embedding scale), Mixtral, Qwen2-MoE and Qwen3-MoE (every expert, and the shared expert,
+// split along its units; the router whole on every rank) — over as many ranks as their
+// heads allow: the same tokens and
 // log-probabilities, and logits within float32 rounding of a different summation order.
 func TestTensorParallelMatchesOneEngine(t *testing.T) {
 	for _, fixture := range []string{"gpt2-tiny", "llama-tiny", "qwen2-tiny", "phi3-tiny", "phi3-longrope-tiny",
-		"qwen3-tiny", "gemma2-tiny", "gemma3-tiny"} {
+		"qwen3-tiny", "gemma2-tiny", "gemma3-tiny", "mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny"} {
 		ck, err := model.Open(filepath.Join("..", "..", "testdata", fixture))
 		if err != nil {
 			t.Fatal(err)

@@ -21,9 +21,9 @@ import (
 // their users: the builder's reference (Release) and each engine's (until Close); the
 // last to go unmaps the checkpoint.
 type Weights struct {
-	// cfg is the architecture descriptor.
+	// cfg says how the weights are used.
 	cfg model.Config
-	// embed is the token embedding [vocab][hidden].
+	// embed holds the token embedding, [vocab][hidden].
 	embed *matrix
 	// pos is the learned position embedding [positions][hidden]; nil under rotary
 	// positions.
@@ -71,6 +71,8 @@ type layerW struct {
 	// postAttn and postMLP [hidden]: the norms of attention's and the MLP's outputs
 	// before the residual add (nil without).
 	postAttn, postMLP []float32
+	// moe holds a sparse layer's experts (moe.go); zero in a dense layer.
+	moe moeW
 }
 
 // matrixRoles are the roles held as matrices; the rest are float32 vectors.
@@ -110,6 +112,9 @@ func NewWeights(m *model.Float32) (*Weights, error) {
 				where = fmt.Sprintf("layer %d %s", l, r)
 			}
 			rows, cols, present := cfg.Shape(r)
+			if l >= 0 {
+				rows, cols, present = cfg.LayerShape(r, l)
+			}
 			switch {
 			case !present && v != nil:
 				return nil, fmt.Errorf("cpu: NewWeights: %s is set, but the architecture has none", where)
@@ -193,6 +198,18 @@ func (w *Weights) vectorOf(r model.Role, l int) *[]float32 {
 		return &ly.postAttn
 	case model.RolePostMLPNorm:
 		return &ly.postMLP
+	case model.RoleRouter:
+		return &ly.moe.router
+	case model.RoleExpertUp:
+		return &ly.moe.up
+	case model.RoleExpertDown:
+		return &ly.moe.down
+	case model.RoleSharedUp:
+		return &ly.moe.sharedUp
+	case model.RoleSharedDown:
+		return &ly.moe.sharedDown
+	case model.RoleSharedGate:
+		return &ly.moe.sharedGate
 	}
 	return &ly.downB
 }
@@ -297,6 +314,10 @@ func checkConfig(c *model.Config) error {
 		return fmt.Errorf("norm epsilon %g must be positive and finite", c.NormEps)
 	case c.Positions == model.RotaryPositions && (c.Rope.Dim < 2 || c.Rope.Dim%2 != 0 || c.Rope.Dim > c.HeadDim):
 		return fmt.Errorf("rotary dimensions %d must be even, at least 2 and at most head_dim %d", c.Rope.Dim, c.HeadDim)
+	case c.MoE != nil && (c.MoE.Experts < 1 || c.MoE.TopK < 1 || c.MoE.TopK > c.MoE.Experts || c.MoE.Inner < 1 ||
+		c.MoE.SharedInner < 0 || len(c.MoE.Sparse) != c.Layers):
+		return fmt.Errorf("experts %d, top-k %d, inner %d, shared inner %d and %d sparse-layer marks for %d layers do not fit",
+			c.MoE.Experts, c.MoE.TopK, c.MoE.Inner, c.MoE.SharedInner, len(c.MoE.Sparse), c.Layers)
 	}
 	return nil
 }

@@ -89,8 +89,11 @@ func Random(cfg model.Config, seed uint64) *model.Float32 {
 		return x
 	}
 	std := float32(1 / math.Sqrt(float64(cfg.Hidden)))
-	fill := func(r model.Role) []float32 {
+	fill := func(r model.Role, l int) []float32 {
 		rows, cols, present := cfg.Shape(r)
+		if l >= 0 {
+			rows, cols, present = cfg.LayerShape(r, l)
+		}
 		if !present {
 			return nil
 		}
@@ -104,20 +107,22 @@ func Random(cfg model.Config, seed uint64) *model.Float32 {
 			return normal(n, 1, 0.1)
 		case model.RoleQKV:
 			return normal(n, 0, 2*std)
-		case model.RoleDown:
+		case model.RoleDown, model.RoleExpertDown, model.RoleSharedDown:
 			return normal(n, 0, std/2)
-		case model.RoleOut, model.RoleUp:
+		case model.RoleOut, model.RoleUp, model.RoleExpertUp, model.RoleSharedUp, model.RoleSharedGate:
 			return normal(n, 0, std)
+		case model.RoleRouter:
+			return normal(n, 0, 4*std)
 		}
 		return normal(n, 0, 0.1) // biases
 	}
 	m := &model.Float32{Config: cfg, Layers: make([][model.NumRoles][]float32, cfg.Layers)}
 	for r := model.Role(0); r < model.FirstLayerRole; r++ {
-		m.Model[r] = fill(r)
+		m.Model[r] = fill(r, -1)
 	}
 	for l := range m.Layers {
 		for r := model.FirstLayerRole; r < model.NumRoles; r++ {
-			m.Layers[l][r] = fill(r)
+			m.Layers[l][r] = fill(r, l)
 		}
 	}
 	return m
@@ -165,7 +170,7 @@ func ReadSafetensors(path string) (map[string]*model.Tensor, error) {
 
 // Golden holds transformers' reference outputs for a fixture checkpoint.
 type Golden struct {
-	// PromptIDs is the prompt.
+	// PromptIDs were fed to transformers for the logits below.
 	PromptIDs []int32
 	// PromptLogits are the prompt's logits [len(PromptIDs)][vocab].
 	PromptLogits []float32

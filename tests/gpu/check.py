@@ -18,7 +18,9 @@ query_pre_attn_scalar, alternating windows shorter than most prompts, attention 
 soft-caps set low enough to bend these logits), a Gemma 3 shape (q/k norms, five sliding
 layers with the local rope to one global layer with linear scaling), and Phi-3 and
 Phi-4-mini shapes with longrope whose original context most runs cross (the latter with a
-partial rotary) — whose weights are rounded to bfloat16 so that both engines read exactly
+partial rotary), and the mixtures of experts: Mixtral (8 experts, top 2), Qwen2-MoE (60
+experts, top 4 unnormalised, a gated shared expert, q/k/v biases) and Qwen3-MoE (128
+experts, top 8 renormalised, a dense first layer) — whose weights are rounded to bfloat16 so that both engines read exactly
 the same numbers; makes 64 prompts of mixed lengths; runs
 gollm-gpucheck (each prompt alone, then all 64 as an in-flight batch, with and without
 CUDA graphs, and chunked prefill) in float16 and bfloat16; and runs transformers in
@@ -55,7 +57,8 @@ import time
 import torch
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, GPT2Config, LlamaConfig,
-                          MistralConfig, Phi3Config, Qwen2Config, Qwen3Config)
+                          MistralConfig, MixtralConfig, Phi3Config, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
+                          Qwen3MoeConfig)
 
 TOL_LOGITS = 1e-2
 TOL_GAP = 1e-3
@@ -188,7 +191,8 @@ def phi3_longrope_config(rotary, original, partial, **kw):
 # The shapes whose references run step by step (reference_stepwise): longrope's.
 STEPWISE = {"phi3-4L-longrope", "phi4mini-4L-longrope-partial"}
 # The shapes whose norm weights are spread (make_checkpoint): issue 37's families.
-SPREAD_NORMS = {"qwen3-4L-qknorm", "gemma2-4L-d256-cap", "gemma2-4L-d128-cap", "gemma3-6L-d256"} | STEPWISE
+SPREAD_NORMS = {"qwen3-4L-qknorm", "gemma2-4L-d256-cap", "gemma2-4L-d128-cap", "gemma3-6L-d256",
+                "qwen3moe-3L-128x8"} | STEPWISE
 
 
 def rms_diff_rows(a, b):
@@ -347,6 +351,33 @@ def main():
                                                               bos_token_id=1, eos_token_id=32000,
                                                               pad_token_id=32000, tie_word_embeddings=True),
                                          {"f32": torch.float32}),
+        # Mixtures of experts, two or three layers of the published shapes' widths. Their
+        # routing is a discrete choice: where a token's k-th and (k+1)-th experts are nearly
+        # tied, rounding may send it elsewhere — in transformers' own float16 run as in
+        # gollm's, so the yardstick (hf_relL2) carries those rows too.
+        "mixtral-2L-8x2": (MixtralConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2048,
+                                         num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                                         num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=4096,
+                                         rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=None,
+                                         bos_token_id=1, eos_token_id=2, tie_word_embeddings=False),
+                           {"f32": torch.float32}),
+        "qwen2moe-2L-60x4": (Qwen2MoeConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                                            moe_intermediate_size=704, shared_expert_intermediate_size=2816,
+                                            num_experts=60, num_experts_per_tok=4, norm_topk_prob=False,
+                                            decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=2,
+                                            num_attention_heads=16, num_key_value_heads=16,
+                                            max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                                            use_sliding_window=False, bos_token_id=1, eos_token_id=2,
+                                            tie_word_embeddings=False),
+                             {"f32": torch.float32}),
+        "qwen3moe-3L-128x8": (Qwen3MoeConfig(vocab_size=32000, hidden_size=1024, intermediate_size=3072,
+                                             moe_intermediate_size=384, num_experts=128, num_experts_per_tok=8,
+                                             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],
+                                             num_hidden_layers=3, num_attention_heads=16, num_key_value_heads=4,
+                                             head_dim=128, max_position_embeddings=8192, rms_norm_eps=1e-6,
+                                             rope_theta=1000000.0, use_sliding_window=False, bos_token_id=1,
+                                             eos_token_id=2, tie_word_embeddings=False),
+                              {"f32": torch.float32}),
     }
     runs = []  # (model, dtype, ckpt dir, sampling?)
     only = set(filter(None, args.only.split(",")))

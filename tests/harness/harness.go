@@ -113,15 +113,15 @@ const DefaultExitTimeout = 20 * time.Second
 
 // Server is a running tritonserver.
 type Server struct {
-	// Root is the repository root.
+	// Root locates the build and the .deps the server runs from.
 	Root string
-	// RepoDir is the prepared model repository.
+	// RepoDir holds a temporary copy that the test owns.
 	RepoDir string
 	// LogPath is the file that holds the server's stdout and stderr.
 	LogPath string
-	// HTTPPort, GRPCPort and MetricsPort are the server's loopback ports.
+	// HTTPPort, GRPCPort and MetricsPort were free loopback ports at start.
 	HTTPPort, GRPCPort, MetricsPort int
-	// cmd is the server process.
+	// cmd runs tritonserver until Stop.
 	cmd *exec.Cmd
 	// done is closed when the process has exited; waitErr is Wait's result then.
 	done chan struct{}

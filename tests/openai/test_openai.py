@@ -147,6 +147,37 @@ class Completions(unittest.TestCase):
             self.assertEqual(got, want, f"stream={stream} stop={stop!r}")
             self.assertNotIn(stop, got)
 
+    def test_stop_string_with_logprobs_and_at_the_last_token(self):
+        # The backend ends the sequence at the stop string and says why: the logprobs'
+        # tokens are those whose text comes before it, and a stop string completed by the
+        # max_tokens-th token is still "stop".
+        lp = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=16, temperature=0, logprobs=0)
+        toks = lp.choices[0].logprobs.tokens
+        text = lp.choices[0].text
+        k = next(i for i in range(2, 14) if toks[i].strip() and text.index(toks[i]) == len("".join(toks[:i])))
+        for stream in (False, True):
+            kw = dict(model=MODEL, prompt="Once upon", temperature=0, logprobs=0, stop=[toks[k]])
+            if stream:
+                chunks = list(client.completions.create(max_tokens=16, stream=True, **kw))
+                got = "".join(c.choices[0].text for c in chunks)
+                got_toks = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+                reason = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+            else:
+                r = client.completions.create(max_tokens=16, **kw)
+                got, got_toks, reason = r.choices[0].text, r.choices[0].logprobs.tokens, [r.choices[0].finish_reason]
+            self.assertEqual(got, "".join(toks[:k]), f"stream={stream}")
+            self.assertEqual(got_toks, toks[:k], f"stream={stream}")
+            self.assertEqual(reason, ["stop"], f"stream={stream}")
+            # The stop string's token is the last one max_tokens allows.
+            at_last = client.completions.create(model=MODEL, prompt="Once upon", temperature=0, max_tokens=k + 1,
+                                                stop=[toks[k]], stream=stream)
+            if stream:
+                at_last = list(at_last)
+                reason = [c.choices[0].finish_reason for c in at_last if c.choices[0].finish_reason]
+            else:
+                reason = [at_last.choices[0].finish_reason]
+            self.assertEqual(reason, ["stop"], f"stream={stream}: a stop string at max_tokens")
+
     def test_n_with_seed(self):
         r = client.completions.create(model=MODEL, prompt="Pick", max_tokens=12, n=3, temperature=1.0, seed=42)
         self.assertEqual(sorted(c.index for c in r.choices), [0, 1, 2])

@@ -36,15 +36,15 @@ type result struct {
 	ttft time.Duration
 	// itl is the mean gap between tokens after the first.
 	itl time.Duration
-	// tokens is the number of tokens received.
+	// tokens counts the tokens received, for the throughput.
 	tokens int
 }
 
 // phase is one path's run of requests.
 type phase struct {
-	// results are the requests' timings.
+	// results hold one entry per request of the phase.
 	results []result
-	// wall is the phase's wall time.
+	// wall runs from the phase's first request to its last answer.
 	wall time.Duration
 }
 
@@ -202,7 +202,7 @@ func summarize(ph *phase) map[string]float64 {
 type timer struct {
 	// start is when the request was sent.
 	start time.Time
-	// times are the tokens' arrival times.
+	// times mark each token's arrival, for the inter-token latency.
 	times []time.Time
 }
 
@@ -231,10 +231,11 @@ func viaTriton(c kserve.GRPCInferenceServiceClient, model, prompt string, maxTok
 			{Name: "stream", Datatype: "BOOL", Shape: one},
 			{Name: "return_num_input_tokens", Datatype: "BOOL", Shape: one},
 			{Name: "return_num_output_tokens", Datatype: "BOOL", Shape: one},
+			{Name: "return_finish_reason", Datatype: "BOOL", Shape: one},
 		},
-		RawInputContents: [][]byte{text, binary.LittleEndian.AppendUint32(nil, uint32(maxTokens)), {1}, {1}, {1}},
+		RawInputContents: [][]byte{text, binary.LittleEndian.AppendUint32(nil, uint32(maxTokens)), {1}, {1}, {1}, {1}},
 		Outputs: []*kserve.ModelInferRequest_InferRequestedOutputTensor{{Name: "text_output"}, {Name: "output_ids"},
-			{Name: "num_input_tokens"}, {Name: "num_output_tokens"}},
+			{Name: "num_input_tokens"}, {Name: "num_output_tokens"}, {Name: "finish_reason"}},
 		Parameters: map[string]*kserve.InferParameter{
 			"triton_enable_empty_final_response": {ParameterChoice: &kserve.InferParameter_BoolParam{BoolParam: true}},
 		},
@@ -290,9 +291,9 @@ func viaOpenAI(hc *http.Client, base, model, prompt string, maxTokens int) (resu
 			continue
 		}
 		var chunk struct {
-			// Choices are the chunk's choices.
+			// Choices hold the one choice a request of n 1 streams.
 			Choices []struct {
-				// Text is the new text.
+				// Text is what the chunk adds.
 				Text string `json:"text"`
 				// FinishReason ends the choice.
 				FinishReason *string `json:"finish_reason"`

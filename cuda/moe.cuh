@@ -1,0 +1,573 @@
+// moe.cuh — the mixture-of-experts stage (forward.cu's moe dispatcher). A pass of up to
+// kMoeChunk token rows, all on the device (graphs replay it):
+//   1. moe_router_kernel: the router's logits (and the shared expert's gate);
+//   2. moe_route_kernel, one block: each row's softmax in fp32 and its top-k experts, then
+//      the (row, expert) pairs sorted by expert — counts, first slots, each pair's slot —
+//      and the tiles: each expert's slots in runs of at most R rows;
+//   3. the experts' gate·up, then down projections, grouped: a block takes one tile (rows of
+//      one expert) and reads only that expert's weights — moe_gemv_kernel where an expert
+//      gets at most kMoeRows rows on average (R = kMoeRows: a gemv a tile, the weights
+//      streamed once), else moe_mma_kernel (R = kMoeTileRows, mma.sync m16n8k16); the
+//      shared expert's the same way over every row;
+//   4. moe_combine_kernel: each row's experts' outputs weighted by its routing, in slot
+//      order, plus the gated shared expert's.
+// A row's arithmetic does not depend on which rows share its tile or its expert's slots.
+#pragma once
+#include "activation.cuh"
+#include "common.cuh"
+#include "gemv.cuh"
+#include "internal.h"
+#include "moe.h"
+
+namespace gollm {
+
+// MoeNorm is the RMSNorm a router kernel applies to the residual stream itself, where the
+// step's few-row path left xn unwritten: x = h · rsqrt(mean(h²) + eps) · gamma in fp32, and
+// the blocks of the first logit columns write it into xn (T) for the experts.
+struct MoeNorm {
+  const float* h;      // [n][H] fp32, or null: x is xn as it is
+  const float* gamma;  // [H]
+  float eps;
+};
+
+// moe_router_kernel: logits[r][j] = x[r] · W[j] fp32 [n][E + G], for the n rows of x
+// [n][H] (xn in T, or the norm of h: MoeNorm) and the E + G rows of W: the router's [E][H],
+// then with a shared expert (G = 1) its gate [H]. Grid (ceil((E + G) / 8), ceil(n /
+// kMoeRows)), 256 threads: warp w the logit column blockIdx.x · 8 + w of rows blockIdx.y ·
+// kMoeRows …, lanes along H in 8-column pieces (H % 8 == 0).
+template <typename T, bool NORM>
+__global__ void __launch_bounds__(256) moe_router_kernel(T* __restrict__ x, MoeNorm nm, const T* __restrict__ router,
+                                                         const T* __restrict__ gate, float* __restrict__ logits,
+                                                         int n, int H, int E, int G) {
+  __shared__ float inv_rms[kMoeRows];
+  griddep_launch();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int j = blockIdx.x * 8 + warp, r0 = blockIdx.y * kMoeRows;
+  const T* w = j < E ? router + (int64_t)j * H : gate;
+  griddep_wait();
+  if (NORM) {
+    // Warp w the mean square of row r0 + w (kMoeRows == 8 warps).
+    const int r = r0 + warp;
+    float ss = 0.f;
+    if (r < n)
+      for (int c = lane * 4; c < H; c += 128) {
+        const float4 v = *reinterpret_cast<const float4*>(nm.h + (int64_t)r * H + c);
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+    ss = warp_sum(ss);
+    if (lane == 0) inv_rms[warp] = rsqrtf(ss / H + nm.eps);
+    __syncthreads();
+  }
+  if (j >= E + G) return;
+  float acc[kMoeRows];
+#pragma unroll
+  for (int r = 0; r < kMoeRows; r++) acc[r] = 0.f;
+  for (int c = lane * 8; c < H; c += 256) {
+    const uint4 wv = *reinterpret_cast<const uint4*>(w + c);
+    float wf[8];
+    to_f32x8<T>(wv, wf);
+    float g[8];
+    if (NORM) {
+      const float4 g0 = *reinterpret_cast<const float4*>(nm.gamma + c), g1 = *reinterpret_cast<const float4*>(nm.gamma + c + 4);
+      g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w, g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
+    }
+#pragma unroll
+    for (int r = 0; r < kMoeRows; r++) {
+      if (r0 + r >= n) continue;
+      float xf[8];
+      if (NORM) {
+        const float* hr = nm.h + (int64_t)(r0 + r) * H + c;
+        const float4 h0 = *reinterpret_cast<const float4*>(hr), h1 = *reinterpret_cast<const float4*>(hr + 4);
+        const float s = inv_rms[r];
+        xf[0] = h0.x * s * g[0], xf[1] = h0.y * s * g[1], xf[2] = h0.z * s * g[2], xf[3] = h0.w * s * g[3];
+        xf[4] = h1.x * s * g[4], xf[5] = h1.y * s * g[5], xf[6] = h1.z * s * g[6], xf[7] = h1.w * s * g[7];
+        if (blockIdx.x == 0 && warp == 0) {
+          T* xo = x + (int64_t)(r0 + r) * H + c;
+          store4<T>(xo, xf[0], xf[1], xf[2], xf[3]);
+          store4<T>(xo + 4, xf[4], xf[5], xf[6], xf[7]);
+        }
+      } else {
+        to_f32x8<T>(*reinterpret_cast<const uint4*>(x + (int64_t)(r0 + r) * H + c), xf);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; i++) acc[r] = fmaf(wf[i], xf[i], acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kMoeRows; r++) {
+    const float v = warp_sum(acc[r]);
+    if (lane == 0 && r0 + r < n) logits[(int64_t)(r0 + r) * (E + G) + j] = v;
+  }
+}
+
+// warp_scan_incl is the inclusive prefix sum of v over the warp's lanes.
+__device__ __forceinline__ int warp_scan_incl(int v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int u = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += u;
+  }
+  return v;
+}
+
+// block_scan2 turns a and b into their exclusive prefix sums over the block's threads in
+// order, and gives their totals; sh holds 64 ints. Called by every thread.
+__device__ __forceinline__ void block_scan2(int& a, int& b, int& ta, int& tb, int* sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int ia = warp_scan_incl(a), ib = warp_scan_incl(b);
+  __syncthreads();
+  if (lane == 31) sh[warp] = ia, sh[32 + warp] = ib;
+  __syncthreads();
+  if (warp == 0) {
+    const int sa = warp_scan_incl(lane < nw ? sh[lane] : 0), sb = warp_scan_incl(lane < nw ? sh[32 + lane] : 0);
+    __syncwarp();
+    sh[lane] = sa, sh[32 + lane] = sb;
+  }
+  __syncthreads();
+  a = (warp ? sh[warp - 1] : 0) + ia - a;
+  b = (warp ? sh[32 + warp - 1] : 0) + ib - b;
+  ta = sh[nw - 1], tb = sh[32 + nw - 1];
+}
+
+// MoeRoute is a pass's routing: what moe_route_kernel writes and the projections read.
+struct MoeRoute {
+  int* topi;       // [n·K]: pair p = row·K + k's expert, k-th most probable first
+  float* topw;     // [n·K]: its weight
+  float* sgate;    // [n]: sigmoid of the shared expert's gate logit (shared only)
+  int* sorted;     // [n·K]: the row of each slot (pairs sorted by expert)
+  int* pos;        // [n·K]: each pair's slot
+  int4* tiles;     // [moe_max_tiles(n·K, E, R)]: (expert, first slot, rows, 0)
+  int* ntiles;     // the tiles listed
+};
+
+// moe_route_kernel: one block of kMoeSortThreads threads (fewer for passes of few pairs) over
+// a pass's n rows (logits
+// [n][E + G] fp32). Warp w routes rows w, w + 32, …: the softmax of the row's E logits,
+// its K most probable experts (the lower index first among equals; lane l holds experts
+// l, l + 32, …), their probabilities renormalised to sum to 1 when norm; with a shared
+// expert sgate[row] = sigmoid(logit E). Then the n·K pairs are counted by expert (their
+// rank within it from shared-memory atomics, so a pair's slot among its expert's may vary
+// from run to run — nothing computed depends on it), the counts scanned into first slots,
+// pos and sorted filled, and each expert's slots listed in tiles of at most R rows; a
+// single row's pairs are a tile each, in its routing order.
+// Dynamic shared memory: 3·E ints (counts, first slots, first tiles).
+__global__ void __launch_bounds__(kMoeSortThreads) moe_route_kernel(const float* __restrict__ logits, int n, int E,
+                                                                    int G, int K, int norm, int R, MoeRoute rt) {
+  extern __shared__ int moe_sm[];
+  __shared__ int scan[64];
+  griddep_launch();
+  int* cnt = moe_sm;
+  int* first = moe_sm + E;
+  int* tfirst = moe_sm + 2 * E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  griddep_wait();
+  for (int r = warp; r < n; r += blockDim.x / 32) {
+    const float* lg = logits + (int64_t)r * (E + G);
+    float m = -INFINITY;
+    for (int e = lane; e < E; e += 32) m = fmaxf(m, lg[e]);
+    m = warp_max(m);
+    float s = 0.f;
+    for (int e = lane; e < E; e += 32) s += expf(lg[e] - m);
+    s = warp_sum(s);
+    // taken marks this lane's experts already picked (expert lane + 32·i: bit i).
+    unsigned taken[kMoeMaxExperts / 32 / 32] = {};
+    float total = 0.f;
+    int* ti = rt.topi + (int64_t)r * K;
+    float* tw = rt.topw + (int64_t)r * K;
+    for (int k = 0; k < K; k++) {
+      float best = -1.f;
+      int bi = E;
+      for (int e = lane, i = 0; e < E; e += 32, i++) {
+        if (taken[i >> 5] >> (i & 31) & 1) continue;
+        const float p = expf(lg[e] - m) / s;
+        if (p > best) best = p, bi = e;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ob > best || (ob == best && oi < bi)) best = ob, bi = oi;
+      }
+      // Probabilities that are not numbers pick no expert: take one anyway, so that every
+      // pair names a real expert (the row's outputs are then no numbers either).
+      bi = min(bi, E - 1);
+      if ((bi & 31) == lane) taken[(bi >> 5) >> 5] |= 1u << ((bi >> 5) & 31);
+      if (lane == 0) ti[k] = bi, tw[k] = best;
+      total += best;
+    }
+    __syncwarp();
+    if (norm)
+      for (int k = lane; k < K; k += 32) tw[k] /= total;
+    if (G && lane == 0) rt.sgate[r] = 1.f / (1.f + expf(-lg[E]));
+  }
+  if (n == 1) {
+    // One row (decode at batch 1): its experts are distinct, each pair a tile of its own.
+    if (warp == 0) {
+      __syncwarp();
+      for (int k = lane; k < K; k += 32) {
+        rt.sorted[k] = 0, rt.pos[k] = k;
+        rt.tiles[k] = make_int4(rt.topi[k], k, 1, 0);
+      }
+      if (lane == 0) *rt.ntiles = K;
+    }
+    return;
+  }
+  __syncthreads();
+  const int P = n * K;
+  for (int p = threadIdx.x; p < P; p += blockDim.x) rt.pos[p] = atomicAdd(&cnt[rt.topi[p]], 1);
+  __syncthreads();
+  // Thread t scans its run of experts [e0, e1): first slots and first tiles.
+  const int per = (E + blockDim.x - 1) / blockDim.x, e0 = min(E, (int)threadIdx.x * per), e1 = min(E, e0 + per);
+  int a = 0, b = 0, ta, tb;
+  for (int e = e0; e < e1; e++) a += cnt[e], b += (cnt[e] + R - 1) / R;
+  block_scan2(a, b, ta, tb, scan);
+  for (int e = e0; e < e1; e++) {
+    first[e] = a, tfirst[e] = b;
+    a += cnt[e], b += (cnt[e] + R - 1) / R;
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) {
+    const int slot = first[rt.topi[p]] + rt.pos[p];
+    rt.pos[p] = slot;
+    rt.sorted[slot] = p / K;
+  }
+  for (int e = threadIdx.x; e < E; e += blockDim.x)
+    for (int t = 0; t * R < cnt[e]; t++)
+      rt.tiles[tfirst[e] + t] = make_int4(e, first[e] + t * R, min(R, cnt[e] - t * R), 0);
+  if (threadIdx.x == 0) *rt.ntiles = tb;
+}
+
+// MoeProj is one grouped projection of a pass: per tile, its expert's weights W_e = w +
+// e · wstride ([2·units][in] gated: the gate's rows, then the up-projection's; else
+// [units][in]) times the tile's input rows — x[sorted[slot]] with sorted, else x[slot] —
+// into y[slot]: T(act(gate) · up) [·][units] gated, else fp32 [·][units].
+struct MoeProj {
+  const void* w;
+  int64_t wstride;
+  const void* x;
+  const int* sorted;
+  const int4* tiles;   // null: a dense pass, tile t rows t·R … of n (the shared expert)
+  const int* ntiles;
+  void* y;
+  int in, units, act, n;
+};
+
+// moe_tile finds block b's tile: false when it has none.
+__device__ __forceinline__ bool moe_tile(const MoeProj& a, int b, int R, int& e, int& s0, int& cnt) {
+  if (a.tiles) {
+    if (b >= *a.ntiles) return false;
+    const int4 t = a.tiles[b];
+    e = t.x, s0 = t.y, cnt = t.z;
+    return true;
+  }
+  e = 0, s0 = b * R, cnt = min(R, a.n - s0);
+  return cnt > 0;
+}
+
+// moe_gemv_kernel: a grouped projection (MoeProj) as gemvs, a block a tile of up to
+// kMoeRows rows and 8·U units of it: warp w takes units (blockIdx.x · 8 + w) · U …, a unit
+// one weight row (two gated: its gate's and its up's), lanes along in — 16-byte pieces
+// when VEC (in % 8 == 0), else one element —, the tile's rows read from L1/L2 beside.
+// Grid (ceil(units / (8·U)), tiles bound), 256 threads.
+template <typename T, bool GATED, bool VEC>
+__global__ void __launch_bounds__(256) moe_gemv_kernel(MoeProj a) {
+  constexpr int U = GATED ? 2 : 4, RW = GATED ? 2 * U : U;
+  griddep_launch();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int u0 = (blockIdx.x * 8 + warp) * U;
+  if (u0 >= a.units) return;
+  griddep_wait();
+  int e, s0, cnt;
+  if (!moe_tile(a, blockIdx.y, kMoeRows, e, s0, cnt)) return;
+  const T* W = static_cast<const T*>(a.w) + (int64_t)e * a.wstride;
+  const T* wr[RW];
+#pragma unroll
+  for (int i = 0; i < U; i++) {
+    const bool ok = u0 + i < a.units;
+    wr[i] = ok ? W + (int64_t)(u0 + i) * a.in : nullptr;
+    if (GATED) wr[U + i] = ok ? W + (int64_t)(a.units + u0 + i) * a.in : nullptr;
+  }
+  const T* xr[kMoeRows];
+#pragma unroll
+  for (int r = 0; r < kMoeRows; r++)
+    xr[r] = r < cnt ? static_cast<const T*>(a.x) + (int64_t)(a.sorted ? a.sorted[s0 + r] : s0 + r) * a.in : nullptr;
+  float acc[RW][kMoeRows];
+#pragma unroll
+  for (int i = 0; i < RW; i++)
+#pragma unroll
+    for (int r = 0; r < kMoeRows; r++) acc[i][r] = 0.f;
+  if (VEC) {
+#pragma unroll 2
+    for (int c = lane * 8; c < a.in; c += 256) {
+      uint4 wv[RW];
+#pragma unroll
+      for (int i = 0; i < RW; i++)
+        wv[i] = wr[i] ? __ldg(reinterpret_cast<const uint4*>(wr[i] + c)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int r = 0; r < kMoeRows; r++) {
+        if (r < cnt) {
+          const uint4 xv = *reinterpret_cast<const uint4*>(xr[r] + c);
+#pragma unroll
+          for (int i = 0; i < RW; i++) dot8<T>(wv[i], xv, acc[i][r]);
+        }
+      }
+    }
+  } else {
+    for (int c = lane; c < a.in; c += 32) {
+      float wv[RW];
+#pragma unroll
+      for (int i = 0; i < RW; i++) wv[i] = wr[i] ? to_f32(wr[i][c]) : 0.f;
+#pragma unroll
+      for (int r = 0; r < kMoeRows; r++) {
+        if (r < cnt) {
+          const float xv = to_f32(xr[r][c]);
+#pragma unroll
+          for (int i = 0; i < RW; i++) acc[i][r] = fmaf(wv[i], xv, acc[i][r]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < RW; i++)
+#pragma unroll
+    for (int r = 0; r < kMoeRows; r++) acc[i][r] = warp_sum(acc[i][r]);
+  // Lane l stores unit l / kMoeRows of row l % kMoeRows (U · kMoeRows ≤ 32).
+  const int i = lane / kMoeRows, r = lane % kMoeRows;
+  if (i >= U || r >= cnt || u0 + i >= a.units) return;
+  float v = 0.f, up = 0.f;
+#pragma unroll
+  for (int ii = 0; ii < U; ii++)
+#pragma unroll
+    for (int rr = 0; rr < kMoeRows; rr++)
+      if (ii == i && rr == r) {
+        v = acc[ii][rr];
+        if (GATED) up = acc[U + ii][rr];
+      }
+  const int64_t o = (int64_t)(s0 + r) * a.units + u0 + i;
+  if (GATED)
+    static_cast<T*>(a.y)[o] = from_f32<T>(activate(v, a.act) * up);
+  else
+    static_cast<float*>(a.y)[o] = v;
+}
+
+// moe_mma_kernel: a grouped projection (MoeProj) on the tensor cores, a block a tile of up
+// to kMoeTileRows (64) rows and 128 weight rows: gated, 64 units' gate and up rows, else 128
+// output rows. Eight warps, 2 along the rows × 4 along the weights: warp (wm, wn) holds
+// rows 32·wm … +31 (two m16 tiles) and weight slots 32·wn … +31 (four n8 tiles); gated, a
+// warp's slots are 16 units' gate rows, then the same units' up rows, so that a thread
+// holds a unit's gate and up sums in acc[·][j] and acc[·][j + 2]. The reduction goes in
+// steps of 32 columns through shared memory (cp.async, two stages; rows, weights and
+// columns past the tile's zero-filled, in % 8 == 0), operands by ldmatrix.
+// Grid (ceil(units / 64) gated, else ceil(units / 128); tiles bound), 256 threads.
+constexpr int kMoeMmaK = 32;           // columns a stage holds
+constexpr int kMoeMmaLd = kMoeMmaK + 8;  // a row's stride in shared memory (80 bytes: ldmatrix conflict-free)
+template <typename T, bool GATED>
+__global__ void __launch_bounds__(256) moe_mma_kernel(MoeProj a) {
+  constexpr int M = kMoeTileRows, C = 128;
+  __shared__ __align__(16) T xs[2][M][kMoeMmaLd];
+  __shared__ __align__(16) T ws[2][C][kMoeMmaLd];
+  griddep_launch();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp >> 2, wn = warp & 3;
+  const int g = lane >> 2, q = lane & 3;
+  griddep_wait();
+  int e, s0, cnt;
+  if (!moe_tile(a, blockIdx.y, M, e, s0, cnt)) return;
+  const T* W = static_cast<const T*>(a.w) + (int64_t)e * a.wstride;
+  // Thread t stages piece t % 4 (8 columns) of x row t / 4 and of weight slots t / 4 and
+  // t / 4 + 64.
+  const int pc = threadIdx.x & 3, pr = threadIdx.x >> 2;
+  const T* xsrc = pr < cnt ? static_cast<const T*>(a.x) + (int64_t)(a.sorted ? a.sorted[s0 + pr] : s0 + pr) * a.in
+                           : nullptr;
+  const T* wsrc[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int slot = pr + 64 * h;
+    int64_t row;
+    if (GATED) {
+      // Slot s of warp column wn = s / 32: unit 16·wn + s % 16 of the block's, gate or up.
+      const int64_t u = (int64_t)blockIdx.x * 64 + 16 * (slot / 32) + slot % 16;
+      row = u < a.units ? (slot % 32 < 16 ? u : a.units + u) : -1;
+    } else {
+      const int64_t o = (int64_t)blockIdx.x * C + slot;
+      row = o < a.units ? o : -1;
+    }
+    wsrc[h] = row < 0 ? nullptr : W + row * a.in;
+  }
+  auto stage = [&](int k, int buf) {
+    const int c = k * kMoeMmaK + pc * 8;
+    const bool in = c < a.in;
+    cp_async16_zfill(&xs[buf][pr][pc * 8], xsrc && in ? xsrc + c : static_cast<const T*>(a.x), xsrc && in ? 16 : 0);
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+      cp_async16_zfill(&ws[buf][pr + 64 * h][pc * 8], wsrc[h] && in ? wsrc[h] + c : W, wsrc[h] && in ? 16 : 0);
+  };
+  float acc[2][4][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+  const int steps = (a.in + kMoeMmaK - 1) / kMoeMmaK;
+  stage(0, 0);
+  cp_async_commit();
+  for (int k = 0; k < steps; k++) {
+    if (k + 1 < steps) stage(k + 1, (k + 1) & 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const int b = k & 1;
+#pragma unroll
+    for (int kk = 0; kk < kMoeMmaK; kk += 16) {
+      uint32_t af[2][4], bf[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; mt++)
+        ldsm_x4(af[mt], &xs[b][32 * wm + 16 * mt + (lane & 7) + ((lane >> 3) & 1) * 8][kk + (lane >> 4) * 8]);
+#pragma unroll
+      for (int jp = 0; jp < 2; jp++)
+        ldsm_x4(bf[jp], &ws[b][32 * wn + 16 * jp + (lane & 7) + (lane >> 4) * 8][kk + ((lane >> 3) & 1) * 8]);
+#pragma unroll
+      for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+          mma_16816<T>(acc[mt][j], af[mt][0], af[mt][1], af[mt][2], af[mt][3], bf[j >> 1][(j & 1) * 2],
+                       bf[j >> 1][(j & 1) * 2 + 1]);
+    }
+    __syncthreads();  // stage b is free for step k + 2
+  }
+  // acc[mt][j][h·2 + c]: row 32·wm + 16·mt + g + 8·h, slot 32·wn + 8·j + 2·q + c.
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int r = 32 * wm + 16 * mt + g + 8 * h;
+      if (r >= cnt) continue;
+      const int64_t yrow = (int64_t)(s0 + r) * a.units;
+#pragma unroll
+      for (int c = 0; c < 2; c++) {
+        if (GATED) {
+#pragma unroll
+          for (int j = 0; j < 2; j++) {
+            const int64_t u = (int64_t)blockIdx.x * 64 + 16 * wn + 8 * j + 2 * q + c;
+            if (u < a.units)
+              static_cast<T*>(a.y)[yrow + u] =
+                  from_f32<T>(activate(acc[mt][j][2 * h + c], a.act) * acc[mt][j + 2][2 * h + c]);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; j++) {
+            const int64_t o = (int64_t)blockIdx.x * C + 32 * wn + 8 * j + 2 * q + c;
+            if (o < a.units) static_cast<float*>(a.y)[yrow + o] = acc[mt][j][2 * h + c];
+          }
+        }
+      }
+    }
+}
+
+// moe_combine_kernel: out[r] = Σ_k topw[r·K + k] · y[pos[r·K + k]] (k in order), plus
+// sgate[r] · sy[r] with a shared expert, for the pass's rows r: [n][H] fp32 added to out
+// when add (the residual stream), else written (the branch). Grid n, 256 threads, four
+// columns a thread (H % 4 == 0).
+__global__ void __launch_bounds__(256) moe_combine_kernel(const float* __restrict__ topw, const int* __restrict__ pos,
+                                                          const float* __restrict__ y, const float* __restrict__ sgate,
+                                                          const float* __restrict__ sy, float* __restrict__ out, int H,
+                                                          int K, int add) {
+  griddep_launch();
+  const int r = blockIdx.x;
+  griddep_wait();
+  for (int c = threadIdx.x * 4; c < H; c += 1024) {
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < K; k++) {
+      const float w = topw[r * K + k];
+      const float4 v = *reinterpret_cast<const float4*>(y + (int64_t)pos[r * K + k] * H + c);
+      s.x = fmaf(w, v.x, s.x), s.y = fmaf(w, v.y, s.y), s.z = fmaf(w, v.z, s.z), s.w = fmaf(w, v.w, s.w);
+    }
+    if (sy) {
+      const float w = sgate[r];
+      const float4 v = *reinterpret_cast<const float4*>(sy + (int64_t)r * H + c);
+      s.x = fmaf(w, v.x, s.x), s.y = fmaf(w, v.y, s.y), s.z = fmaf(w, v.z, s.z), s.w = fmaf(w, v.w, s.w);
+    }
+    float4* o = reinterpret_cast<float4*>(out + (int64_t)r * H + c);
+    if (add) {
+      const float4 h = *o;
+      s.x += h.x, s.y += h.y, s.z += h.z, s.w += h.w;
+    }
+    *o = s;
+  }
+}
+
+// MoePass is one pass of the stage: its rows' normed inputs, the stage's weights, the
+// buffers, where the output goes.
+template <typename T>
+struct MoePass {
+  T* x;                    // [n][H] the rows' normed inputs (written here with nm.h)
+  MoeNorm nm;              // the norm the router applies to h, where xn is not written
+  const Stage* s;          // the MOE stage (weights resolved)
+  int n, H, E, K, MI, SI;  // rows, hidden, experts, top-k, expert and shared units
+  float* logits;           // [n][E + 1]
+  MoeRoute rt;
+  T* act;                  // [n·K][MI]
+  float* y;                // [n·K][H]
+  T* sact;                 // [n][SI]
+  float* sy;               // [n][H]
+  float* out;              // [n][H]
+  bool add;                // add into out (the residual stream) rather than write it
+  bool mma;                // grouped GEMMs on the tensor cores (many rows)
+};
+
+// moe_project launches one grouped projection: on the tensor cores for a pass of many rows
+// (mma: every width a multiple of 8), else as gemvs.
+template <typename T, bool GATED>
+void moe_project(const MoeProj& a, int tiles, bool mma, Stream st) {
+  const int units = a.units;
+  if (mma)
+    launch("moe_mma_kernel", moe_mma_kernel<T, GATED>, dim3(ceil_div(units, GATED ? 64 : 128), tiles), 256, 0, st,
+           a);
+  else if (a.in % 8 == 0)
+    launch("moe_gemv_kernel", moe_gemv_kernel<T, GATED, true>, dim3(ceil_div(units, GATED ? 16 : 32), tiles), 256,
+           0, st, a);
+  else
+    launch("moe_gemv_kernel", moe_gemv_kernel<T, GATED, false>, dim3(ceil_div(units, GATED ? 16 : 32), tiles), 256,
+           0, st, a);
+}
+
+// moe_allow_smem lets the routing kernel hold the counts of kMoeMaxExperts experts.
+inline void moe_allow_smem(int device) { allow_dynamic_smem(moe_route_kernel, device); }
+
+// moe_pass launches a pass (the file's comment). The tile bounds size the grids; the tiles
+// a pass really has are on the device (blocks past them return at once).
+template <typename T>
+void moe_pass(const MoePass<T>& p, Stream st) {
+  const Stage& s = *p.s;
+  const int n = p.n, E = p.E, K = p.K, G = s.s.shared ? 1 : 0;
+  const int R = p.mma ? kMoeTileRows : kMoeRows;
+  const dim3 rgrid(ceil_div(E + G, 8), ceil_div(n, kMoeRows));
+  if (p.nm.h)
+    launch("moe_router_kernel", moe_router_kernel<T, true>, rgrid, 256, 0, st, p.x, p.nm,
+           static_cast<const T*>(s.router), static_cast<const T*>(s.shared_gate), p.logits, n, p.H, E, G);
+  else
+    launch("moe_router_kernel", moe_router_kernel<T, false>, rgrid, 256, 0, st, p.x, p.nm,
+           static_cast<const T*>(s.router), static_cast<const T*>(s.shared_gate), p.logits, n, p.H, E, G);
+  // Decode's few pairs take a smaller block (one row: a warp, which needs no sort).
+  const int threads = n == 1 ? 32 : n * K <= 256 && E <= 2048 ? 256 : kMoeSortThreads;
+  launch("moe_route_kernel", moe_route_kernel, 1, threads, (size_t)3 * E * sizeof(int), st,
+         static_cast<const float*>(p.logits), n, E, G, K, (int)s.s.norm_topk, R, p.rt);
+  const int tiles = moe_max_tiles(n * K, E, R);
+  MoeProj up{s.w, (int64_t)2 * p.MI * p.H, p.x, p.rt.sorted, p.rt.tiles, p.rt.ntiles, p.act, p.H, p.MI,
+             s.s.activation, n * K};
+  moe_project<T, true>(up, tiles, p.mma, st);
+  MoeProj down{s.w2, (int64_t)p.H * p.MI, p.act, nullptr, p.rt.tiles, p.rt.ntiles, p.y, p.MI, p.H, 0, n * K};
+  moe_project<T, false>(down, tiles, p.mma, st);
+  if (G) {
+    const int dense = ceil_div(n, R);
+    MoeProj sup{s.shared_w, 0, p.x, nullptr, nullptr, nullptr, p.sact, p.H, p.SI, s.s.activation, n};
+    moe_project<T, true>(sup, dense, p.mma, st);
+    MoeProj sdown{s.shared_w2, 0, p.sact, nullptr, nullptr, nullptr, p.sy, p.SI, p.H, 0, n};
+    moe_project<T, false>(sdown, dense, p.mma, st);
+  }
+  launch("moe_combine_kernel", moe_combine_kernel, n, 256, 0, st, static_cast<const float*>(p.rt.topw),
+         static_cast<const int*>(p.rt.pos), static_cast<const float*>(p.y), static_cast<const float*>(p.rt.sgate),
+         static_cast<const float*>(G ? p.sy : nullptr), p.out, p.H, K, (int)p.add);
+}
+
+}  // namespace gollm
