@@ -4,10 +4,11 @@ package tests
 // OpenAI API: the austen demo model written as GGUF files by llama.cpp's gguf package
 // (testdata/make_gguf.py) — float16, and Q4_K_M in a folder of its own — and its
 // safetensors checkpoint quantized at load (cpu_weight_format q8_0), beside the
-// checkpoint itself.
+// checkpoint itself; and damaged GGUF files, refused at load.
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net/http/httptest"
@@ -210,7 +211,7 @@ print(json.dumps(out))
 `
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "python3", "-c", script, hs.URL+"/v1", "austen", "austen_gguf", "austen_q4")
+	cmd := exec.CommandContext(ctx, "python3", "-c", script, hs.URL+"/v1", "austen", "austen_gguf", "austen_q4", "austen_q8")
 	cmd.Env = append(os.Environ(), "PYTHONPATH="+pyDir)
 	out, err := cmd.Output()
 	if err != nil {
@@ -227,5 +228,82 @@ print(json.dumps(out))
 	}
 	if q := chats["austen_q4"]; fmt.Sprint(q[1]) != fmt.Sprint(ref[1]) || q[0] == "" {
 		t.Errorf("austen_q4's chat %v: want the same %v prompt tokens (the template from the file) and a reply", q, ref[1])
+	}
+	if q := chats["austen_q8"]; fmt.Sprint(q[1]) != fmt.Sprint(ref[1]) || q[0] == "" {
+		t.Errorf("austen_q8's chat %v: want the same %v prompt tokens and a reply", q, ref[1])
+	}
+}
+
+// TestBadGGUFFilesRefusedAtLoad loads damaged GGUF files through tritonserver: each
+// load fails naming what is wrong, in bounded time and without a Go fatal error (the
+// counts and sizes read from the file are checked before anything is allocated by
+// them), and the server goes on serving the model it had.
+func TestBadGGUFFilesRefusedAtLoad(t *testing.T) {
+	root, err := harness.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := enginetest.MakeGGUF(root, "model", filepath.Join(root, "model_repository", "austen", "1"), dir, "F16"); err != nil {
+		t.Fatal(err)
+	}
+	good, err := os.ReadFile(filepath.Join(dir, "F16.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	patched := func(off int, v uint64) []byte {
+		b := slices.Clone(good)
+		binary.LittleEndian.PutUint64(b[off:], v)
+		return b
+	}
+	bad := []struct {
+		name string
+		file []byte
+		want string
+	}{
+		{"not_gguf", append([]byte("GGUX"), good[4:]...), "not a GGUF file"},
+		{"truncated", good[:len(good)/2], "run past the data region"},
+		{"huge_tensor_count", patched(8, 1<<40), "exceeds"},
+		{"huge_metadata_count", patched(16, 1<<60), "metadata count"},
+	}
+	models := []harness.Model{{}}
+	for _, b := range bad {
+		path := filepath.Join(dir, b.name+".gguf")
+		if err := os.WriteFile(path, b.file, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		models = append(models, harness.Model{Name: b.name, Checkpoint: path})
+	}
+	s := harness.Start(t, harness.Options{Models: models,
+		Flags: []string{"--model-control-mode=explicit", "--load-model=" + modelName}})
+	c := s.Client(t)
+	ctx := testContext(t, 5*time.Minute)
+	ck := demoCheckpoint(t)
+	want := greedyTokens(t, ck.dir, tokenPrompt, 4)
+	for _, b := range bad {
+		start := time.Now()
+		_, err := c.RepositoryModelLoad(ctx, &kserve.RepositoryModelLoadRequest{ModelName: b.name})
+		took := time.Since(start)
+		if err == nil {
+			t.Errorf("%s: loaded; want a refused load", b.name)
+			continue
+		}
+		if !strings.Contains(err.Error(), b.want) || !strings.Contains(err.Error(), b.name+".gguf") {
+			t.Errorf("%s: %v; want it to name the file and say %q", b.name, err, b.want)
+		}
+		if took > time.Minute {
+			t.Errorf("%s: refused after %v", b.name, took)
+		}
+		t.Logf("%s: refused in %v: %v", b.name, took.Round(time.Millisecond), err)
+		if live, err := c.ServerLive(ctx, &kserve.ServerLiveRequest{}); err != nil || !live.GetLive() {
+			t.Fatalf("the server is not live after %s's refused load: %v, %v", b.name, live, err)
+		}
+		res, err := streamInfer(ctx, c, inferRequest(modelName, b.name, tokenInputs(tokenPrompt, 4, true)))
+		if err != nil || res.errMsg != "" || !slices.Equal(res.tokens, want) {
+			t.Fatalf("after %s: tokens %v, %v, error %q; want %v", b.name, res.tokens, err, res.errMsg, want)
+		}
+	}
+	if strings.Contains(s.Log(), "fatal error") || strings.Contains(s.Log(), "panic:") {
+		t.Error("the server's log shows a Go fatal error or panic")
 	}
 }
