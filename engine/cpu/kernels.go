@@ -2,8 +2,6 @@ package cpu
 
 import (
 	"math"
-	"runtime"
-	"sync"
 
 	"gollm/engine"
 	"gollm/model"
@@ -15,46 +13,6 @@ import (
 // one path every output element is computed the same way, whichever kernel variant
 // computes it, so a row's result never depends on which other rows share the batch:
 // batched and unbatched runs are bit-identical.
-
-// parallelFor splits [0, n) into at most GOMAXPROCS contiguous chunks whose sizes are
-// multiples of align and at least minChunk, and runs fn on each, the last one on the
-// calling goroutine. worker is the chunk's index, below GOMAXPROCS.
-func parallelFor(n, align, minChunk int, fn func(worker, lo, hi int)) {
-	if n <= 0 {
-		return
-	}
-	chunks := runtime.GOMAXPROCS(0)
-	if minChunk < 1 {
-		minChunk = 1
-	}
-	if most := n / minChunk; most < chunks {
-		chunks = most
-	}
-	if chunks <= 1 {
-		fn(0, 0, n)
-		return
-	}
-	size := (n + chunks - 1) / chunks
-	if align > 1 {
-		size = (size + align - 1) / align * align
-	}
-	var wg sync.WaitGroup
-	w := 0
-	for lo := 0; lo < n; lo += size {
-		hi := min(lo+size, n)
-		if hi == n {
-			fn(w, lo, hi)
-			break
-		}
-		wg.Add(1)
-		go func(w, lo, hi int) {
-			defer wg.Done()
-			fn(w, lo, hi)
-		}(w, lo, hi)
-		w++
-	}
-	wg.Wait()
-}
 
 // matmulMinWork is the number of multiply-adds below which a matmul runs on the
 // calling goroutine: starting goroutines costs more than it saves.
