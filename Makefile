@@ -49,7 +49,7 @@ CPU_SERVER_FLAGS := --allow-gpu-metrics=false --pinned-memory-pool-byte-size=0
 # duration, Go's fuzz coordinator can race its own deadline and fail a clean run with a
 # bare "context deadline exceeded" (golang/go#75804; it failed CI once on FuzzWordList).
 # FUZZTIME=30s (or 1000x) overrides every target's budget.
-FUZZ := ./model:FuzzOpen:20000x ./tokenizer:FuzzTokenizer:500000x ./backend:FuzzParseRequest:300000x \
+FUZZ := ./model:FuzzOpen:20000x ./model:FuzzOpenGGUF:20000x ./tokenizer:FuzzTokenizer:500000x ./backend:FuzzParseRequest:300000x \
 	./backend:FuzzWordList:350000x ./backend:FuzzStopStrings:250000x ./guide:FuzzCompileJSONSchema:2000x \
 	./guide:FuzzCompileEBNF:2000x ./guide:FuzzCompileRegex:1000x
 FUZZTIME ?=

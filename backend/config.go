@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"gollm/batchmanager"
+	"gollm/engines"
 )
 
 // modelConfig is what gollm reads from a model's config.pbtxt (as Triton's JSON).
@@ -63,6 +64,9 @@ type modelConfig struct {
 	// BatchInvariant is batch_invariant: GPU engines give a sequence's logits bitwise
 	// independent of what runs beside it, at a cost to speed.
 	BatchInvariant bool
+	// CPUWeightFormat is cpu_weight_format: how the CPU engine stores the weight matrices
+	// (engines.CheckCPUWeightFormat); empty means as the checkpoint stores them.
+	CPUWeightFormat string
 	// ResponseSenders is response_senders: the goroutines per instance that send
 	// responses to Triton (each request's in order).
 	ResponseSenders int
@@ -217,6 +221,14 @@ var params = []paramSpec{
 	{"exclude_input_in_output", func(c *modelConfig, v string) (err error) {
 		c.ExcludeInputInOutput, err = parseBool(v)
 		return err
+	}},
+	{"cpu_weight_format", func(c *modelConfig, v string) error {
+		v = strings.ToLower(strings.TrimSpace(v))
+		if err := engines.CheckCPUWeightFormat(v); err != nil {
+			return err
+		}
+		c.CPUWeightFormat = v
+		return nil
 	}},
 	{"data_type", func(c *modelConfig, v string) error {
 		switch strings.ToLower(strings.TrimSpace(v)) {

@@ -76,6 +76,7 @@ func TestParseModelConfigValues(t *testing.T) {
 		"data_type":                      "BF16",
 		"quantization":                   " FP8",
 		"batch_invariant":                "True",
+		"cpu_weight_format":              "Q8_0",
 		"max_queue_delay_microseconds":   "100",
 		"max_attention_window_size":      "${max_attention_window_size}", // unknown and unfilled
 	}), "/repo/gpt2", 3)
@@ -100,6 +101,7 @@ func TestParseModelConfigValues(t *testing.T) {
 		{"data_type", c.DataType, "bfloat16"},
 		{"quantization", c.Quantization, "fp8"},
 		{"batch_invariant", c.BatchInvariant, true},
+		{"cpu_weight_format", c.CPUWeightFormat, "q8_0"},
 		{"max_batch_size", c.MaxBatchSize, 8},
 		{"decoupled", c.Decoupled, false},
 	}
@@ -194,6 +196,8 @@ func TestParseModelConfigErrors(t *testing.T) {
 			`parameter "quantization": "awq": want fp8 or none`},
 		{"a batch_invariant that is not a boolean is refused", 8, map[string]string{"batch_invariant": "always"},
 			`parameter "batch_invariant": "always"`},
+		{"an unknown CPU weight format names the allowed ones", 8, map[string]string{"cpu_weight_format": "int4"},
+			`parameter "cpu_weight_format": "int4" is not a weight format (want one of auto, fp32, fp16, bf16, q8_0, q4_k)`},
 		{"max_batch_size 0 is refused", 0, nil, `max_batch_size is 0: it must be at least 1`},
 	}
 	for _, tt := range tests {

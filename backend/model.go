@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 
@@ -131,10 +130,10 @@ func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logg
 	if err != nil {
 		return nil, fmt.Errorf("model %q: %w", name, err)
 	}
-	tok, err := tokenizer.Load(filepath.Join(cfg.ModelPath, "tokenizer.json"))
+	tok, err := model.LoadTokenizer(cfg.ModelPath)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		log.Info("the checkpoint has no tokenizer.json: text_input and text_output are unavailable", zap.String("path", cfg.ModelPath))
+		log.Info("the checkpoint has no tokenizer (tokenizer.json, or a GGUF file's tokenizer metadata): text_input and text_output are unavailable", zap.String("path", cfg.ModelPath))
 		tok = nil
 	case err != nil:
 		return nil, fmt.Errorf("model %q: %w", name, err)
@@ -210,6 +209,7 @@ func (ms *modelState) engineSettings(log *zap.Logger) engines.Settings {
 		DataType:          ms.cfg.DataType,
 		Quantization:      ms.cfg.Quantization,
 		BatchInvariant:    ms.cfg.BatchInvariant,
+		CPUWeightFormat:   ms.cfg.CPUWeightFormat,
 		TokensPerBlock:    ms.cfg.TokensPerBlock,
 		KVTokens:          ms.cfg.MaxTokensInPagedKVCache,
 		KVFreeFraction:    ms.cfg.KVCacheFreeGPUMemFraction,

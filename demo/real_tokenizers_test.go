@@ -2,8 +2,12 @@ package demo
 
 import (
 	"encoding/json"
-	"gollm/tokenizer"
+	"os"
+	"os/exec"
 	"path/filepath"
+
+	"gollm/model"
+	"gollm/tokenizer"
 	"slices"
 	"strings"
 	"testing"
@@ -67,6 +71,25 @@ func TestRealTokenizersMatchHuggingFace(t *testing.T) {
 					tc.vocab, tk.VocabSize(), prefix, suffix, tc.eos, tk.IsSpecial(tc.eos), tc.size, tc.bos)
 			}
 			compareWithHF(t, tk, texts, want)
+			// The same vocabulary as a GGUF file's tokenizer metadata, written as
+			// llama.cpp's converter writes it (the SentencePiece model's pieces, scores
+			// and types; the byte-level tokens and merges), read by gollm: the same ids.
+			ggufPath := filepath.Join(dir, tc.name+".gguf")
+			args := []string{"bpe", filepath.Join(dir, tc.name, "tokenizer.json"), filepath.Join(dir, tc.name, "tokenizer_config.json"), "llama-bpe", ggufPath}
+			if tc.name == "llama2" {
+				args = []string{"spm", filepath.Join(root, ".deps", "realtok", "mistral_common", "data", "tokenizer.model.v1"),
+					filepath.Join(dir, tc.name, "tokenizer_config.json"), ggufPath}
+			}
+			cmd := exec.Command("python3", append([]string{filepath.Join(root, "testdata", "make_gguf.py")}, args...)...)
+			cmd.Env = append(os.Environ(), "PYTHONPATH="+filepath.Join(root, ".deps", "gguf")+":"+RealTokenizersPythonPath(root))
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("python3 testdata/make_gguf.py %s (scripts/deps.sh installs the gguf package): %v\n%s", args[0], err, out)
+			}
+			gk, err := model.LoadTokenizer(ggufPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			compareWithHF(t, gk, texts, want)
 		})
 	}
 }

@@ -1,7 +1,8 @@
 // Package engines makes the engine a model instance asks for — the pure-Go CPU engine or
 // the CUDA engine — from one checkpoint folder, sharing weights between the instances of
-// a model: one float32 copy for its KIND_CPU instances, one device copy per GPU for its
-// KIND_GPU ones (AITemplate's shared constants). The backend names a kind, never a
+// a model: one host copy per weight format for its KIND_CPU instances (mapped from the
+// checkpoint's files where the format is the stored one), one device copy per GPU for
+// its KIND_GPU ones (AITemplate's shared constants). The backend names a kind, never a
 // concrete engine or loader.
 package engines
 
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -54,6 +56,10 @@ type Settings struct {
 	// BatchInvariant asks the GPU engine for a sequence's logits bitwise independent of
 	// the rest of its step (batch_invariant; the CPU engine always gives them).
 	BatchInvariant bool
+	// CPUWeightFormat is how the CPU engine stores the weight matrices
+	// (cpu_weight_format: cpu.ParseWeightFormat); empty means as the checkpoint stores
+	// them.
+	CPUWeightFormat string
 	// TokensPerBlock sets the KV block size in positions.
 	TokensPerBlock int
 	// KVTokens is the KV pool's size in tokens (rounded up to whole blocks); 0 sizes it:
@@ -93,16 +99,18 @@ type Model struct {
 	key string
 	// refs counts the Opens not yet released (guarded by openMu).
 	refs int
-	// cfg is read from the folder's config.json at Open.
+	// cfg is read from the checkpoint (config.json, or a GGUF file's metadata) at Open.
 	cfg model.Config
-	// elems counts the elements of the weights, for the memory checks before a load
-	// (memcheck.go).
-	elems int64
+	// gguf is the GGUF file of a GGUF checkpoint, "" for a Hugging Face folder.
+	gguf string
+	// elems counts the elements of the weights, and stored their bytes as the checkpoint
+	// stores them, for the memory checks before a load (memcheck.go).
+	elems, stored int64
 	// mu guards cpu and gpu.
 	mu sync.Mutex
-	// cpu holds the CPU engines' weights, loaded by the first; cpuFP8 those of the
-	// engines of `quantization: fp8`.
-	cpu, cpuFP8 *cpu.Weights
+	// cpu holds the CPU engines' weights by format (and FP8 quantization at load), loaded
+	// by the first of each.
+	cpu map[cpuKey]*cpu.Weights
 	// gpu holds the model's reference to its weights on each device, by compute type.
 	gpu map[gpuKey]*cuda.Weights
 }
@@ -135,6 +143,11 @@ func fingerprint(dir string) (string, error) {
 	if real, err = filepath.Abs(real); err != nil {
 		return "", err
 	}
+	if fi, err := os.Stat(real); err != nil {
+		return "", err
+	} else if !fi.IsDir() { // a GGUF file
+		return fmt.Sprintf("%s\x00%d:%d", real, fi.Size(), fi.ModTime().UnixNano()), nil
+	}
 	ents, err := os.ReadDir(real)
 	if err != nil {
 		return "", err
@@ -143,7 +156,8 @@ func fingerprint(dir string) (string, error) {
 	b.WriteString(real)
 	for _, e := range ents {
 		n := e.Name()
-		if n != "config.json" && !strings.HasSuffix(n, ".safetensors") && !strings.HasSuffix(n, ".safetensors.index.json") {
+		if n != "config.json" && !strings.HasSuffix(n, ".safetensors") && !strings.HasSuffix(n, ".safetensors.index.json") &&
+			!strings.HasSuffix(n, ".gguf") {
 			continue
 		}
 		fi, err := os.Stat(filepath.Join(real, n))
@@ -153,6 +167,13 @@ func fingerprint(dir string) (string, error) {
 		fmt.Fprintf(&b, "\x00%s:%d:%d", n, fi.Size(), fi.ModTime().UnixNano())
 	}
 	return b.String(), nil
+}
+
+// CheckCPUWeightFormat says whether s is a cpu_weight_format the CPU engine takes
+// (auto, fp32, fp16, bf16, q8_0, q4_k), naming them when it is not.
+func CheckCPUWeightFormat(s string) error {
+	_, err := cpu.ParseWeightFormat(s)
+	return err
 }
 
 // Open reads the checkpoint folder's config and checks every weight's name, dtype and
@@ -182,7 +203,7 @@ func Open(dir string) (*Model, error) {
 	if cerr != nil {
 		return nil, fmt.Errorf("%s: close: %w", dir, cerr)
 	}
-	m := &Model{dir: dir, key: key, refs: 1, cfg: c.Config, elems: weightElements(ws)}
+	m := &Model{dir: dir, key: key, refs: 1, cfg: c.Config, gguf: c.GGUF, elems: weightElements(ws), stored: storedBytes(ws)}
 	opened[key] = m
 	return m, nil
 }
@@ -213,43 +234,83 @@ func (m *Model) NewEngine(kind Kind, device int, s Settings) (engine.Engine, err
 	return nil, fmt.Errorf("engines: kind %d is neither CPU nor GPU", kind)
 }
 
-// newCPU makes a CPU engine; the first one converts the weights to float32. Before it
-// allocates, it checks that the weights it would convert and its KV pool fit in what the
-// process may still take of the host's memory.
+// cpuKey names a set of CPU weights: their format, and whether they were rounded to FP8
+// at load (quantization fp8).
+type cpuKey struct {
+	format cpu.WeightFormat
+	fp8    bool
+}
+
+// keepCPU holds w as the CPU weights of key; m.mu is held.
+func (m *Model) keepCPU(key cpuKey, w *cpu.Weights) {
+	if m.cpu == nil {
+		m.cpu = map[cpuKey]*cpu.Weights{}
+	}
+	m.cpu[key] = w
+}
+
+// newCPU makes a CPU engine; the first one of its weight format loads the weights.
+// Before it allocates, it checks that the weights it would hold (in that format) and its
+// KV pool fit in what the process may still take of the host's memory.
 func (m *Model) newCPU(s Settings) (engine.Engine, error) {
+	format, err := cpu.ParseWeightFormat(s.CPUWeightFormat)
+	if err != nil {
+		return nil, fmt.Errorf("parameter \"cpu_weight_format\": %w", err)
+	}
+	if s.Quantization == "fp8" && format != cpu.FormatAuto && format != cpu.FormatF32 {
+		return nil, fmt.Errorf("parameters \"quantization\" fp8 and \"cpu_weight_format\" %s: the CPU engine computes FP8-rounded weights in float32; set one of the two", format)
+	}
 	tokens := s.KVTokens
 	if tokens == 0 {
 		tokens = m.defaultCPUTokens(s)
 	}
 	blocks := (tokens + s.TokensPerBlock - 1) / s.TokensPerBlock
 	m.mu.Lock()
-	held, load := &m.cpu, model.LoadFloat32
-	if s.Quantization == "fp8" {
-		held, load = &m.cpuFP8, model.LoadFloat32FP8
-	}
+	key := cpuKey{format: format, fp8: s.Quantization == "fp8"}
+	w := m.cpu[key]
 	weights := int64(0)
-	if *held == nil {
-		weights = m.elems * 4
+	if w == nil {
+		weights = m.cpuWeightBytes(format)
+		if key.fp8 {
+			weights = m.elems * 4
+		}
 	}
 	kv := int64(blocks) * int64(s.TokensPerBlock) * m.kvBytesPerToken(4)
-	if err := fitsHost(weights, kv, blocks*s.TokensPerBlock, hostmem.Read()); err != nil {
+	if err := fitsHost(weights, string(format), kv, blocks*s.TokensPerBlock, hostmem.Read()); err != nil {
 		m.mu.Unlock()
 		return nil, err
 	}
-	if *held == nil {
-		f, err := load(m.dir)
-		if err != nil {
-			m.mu.Unlock()
-			return nil, err
+	if w == nil && key.fp8 {
+		// quantization fp8: the weights rounded as FP8 stores them, computed in float32.
+		f, err := model.LoadFloat32FP8(m.dir)
+		if err == nil {
+			w, err = cpu.NewWeights(f)
 		}
-		w, err := cpu.NewWeights(f)
 		if err != nil {
 			m.mu.Unlock()
 			return nil, fmt.Errorf("load %s: %w", m.dir, err)
 		}
-		*held = w
+		m.keepCPU(key, w)
 	}
-	w := *held
+	if w == nil {
+		c, err := model.Open(m.dir)
+		if err != nil {
+			m.mu.Unlock()
+			return nil, err
+		}
+		start := time.Now()
+		if w, err = cpu.LoadWeights(c, format); err != nil {
+			m.mu.Unlock()
+			return nil, err
+		}
+		m.keepCPU(key, w)
+		fields := []zap.Field{zap.String("path", m.dir), zap.String("cpu_weight_format", string(format)),
+			zap.Float64("weights_gb", float64(w.Bytes())/1e9), zap.Duration("took", time.Since(start))}
+		for f, rows := range w.Formats() {
+			fields = append(fields, zap.Int("rows_"+f, rows))
+		}
+		s.Logger.Info("CPU weights loaded", fields...)
+	}
 	m.mu.Unlock()
 	e, err := cpu.New(w, engine.KVConfig{NumBlocks: blocks, TokensPerBlock: s.TokensPerBlock, MaxSeqLen: s.MaxSeqLen})
 	if err != nil {
@@ -317,6 +378,9 @@ func computeType(set, stored string) string {
 // newGPU makes a GPU engine on device. libgollm_cuda.so is opened here, not when the
 // backend loads, so a server without a GPU still serves KIND_CPU.
 func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
+	if m.gguf != "" {
+		return nil, fmt.Errorf("%s is a GGUF file, which KIND_CPU instances serve; KIND_GPU instances serve Hugging Face checkpoints (safetensors)", m.gguf)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	dtype := computeType(s.DataType, m.cfg.DType)
@@ -485,7 +549,10 @@ func (m *Model) Release() {
 		w.Release()
 		delete(m.gpu, d)
 	}
-	m.cpu, m.cpuFP8 = nil, nil
+	for f, w := range m.cpu {
+		_ = w.Release()
+		delete(m.cpu, f)
+	}
 }
 
 // NewEagle3Head makes an EAGLE-3 head h for this model (its target) on the CPU, with a
@@ -502,17 +569,23 @@ func (m *Model) NewEagle3Head(h *model.Eagle3, kv engine.KVConfig) (engine.Head,
 	var embed []float32
 	if h.Embed == nil {
 		m.mu.Lock()
-		if m.cpu == nil {
-			f, err := model.LoadFloat32(m.dir)
+		var w *cpu.Weights
+		for _, loaded := range m.cpu {
+			w = loaded
+			break
+		}
+		if w == nil {
+			c, err := model.Open(m.dir)
 			if err == nil {
-				m.cpu, err = cpu.NewWeights(f)
+				w, err = cpu.LoadWeights(c, cpu.FormatAuto)
 			}
 			if err != nil {
 				m.mu.Unlock()
 				return nil, fmt.Errorf("EAGLE-3 head: the model's embedding: %w", err)
 			}
+			m.keepCPU(cpuKey{format: cpu.FormatAuto}, w)
 		}
-		embed = m.cpu.Embedding()
+		embed = w.Embedding()
 		m.mu.Unlock()
 	}
 	return cpu.NewEagle3(h, m.cfg.Layers, embed, kv)

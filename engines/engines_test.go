@@ -34,11 +34,11 @@ func TestCPUEnginesShareOneCopyOfTheWeights(t *testing.T) {
 		}
 		defer got[i].Close()
 	}
-	if m.cpu == nil || got[0] == got[1] {
+	if len(m.cpu) != 1 || got[0] == got[1] {
 		t.Fatal("the engines are not two engines on one model's weights")
 	}
-	w := m.cpu
-	if e, err := m.NewEngine(CPU, 0, settings); err != nil || m.cpu != w {
+	w := m.cpu[cpuKey{format: cpu.FormatAuto}]
+	if e, err := m.NewEngine(CPU, 0, settings); err != nil || len(m.cpu) != 1 || m.cpu[cpuKey{format: cpu.FormatAuto}] != w {
 		t.Errorf("a third engine reloaded the weights (%v)", err)
 	} else {
 		e.Close()
@@ -172,22 +172,22 @@ func TestModelsOfOneFolderShareOneModel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ea.Close()
-	w := a.cpu
+	w := a.cpu[cpuKey{format: cpu.FormatAuto}]
 	// The first model goes; the second keeps the weights and makes engines on them.
 	a.Release()
-	if b.Users() != 1 || b.cpu != w {
-		t.Fatalf("after one Release: %d users, weights kept %v; want 1 and true", b.Users(), b.cpu == w)
+	if b.Users() != 1 || b.cpu[cpuKey{format: cpu.FormatAuto}] != w {
+		t.Fatalf("after one Release: %d users, weights kept %v; want 1 and true", b.Users(), b.cpu[cpuKey{format: cpu.FormatAuto}] == w)
 	}
 	eb, err := b.NewEngine(CPU, 0, settings)
 	if err != nil {
 		t.Fatal(err)
 	}
 	eb.Close()
-	if b.cpu != w {
+	if b.cpu[cpuKey{format: cpu.FormatAuto}] != w {
 		t.Error("the second model loaded the weights again")
 	}
 	b.Release()
-	if b.cpu != nil {
+	if len(b.cpu) != 0 {
 		t.Error("the last Release kept the weights")
 	}
 	// Once released, or once its files change, the folder opens afresh.

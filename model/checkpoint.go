@@ -14,8 +14,11 @@ import (
 // Checkpoint is an open Hugging Face checkpoint folder: its config and its memory-mapped
 // safetensors weights.
 type Checkpoint struct {
-	// Dir is the checkpoint folder; tokenizer.json is read from it.
+	// Dir is the checkpoint folder; tokenizer.json is read from it. For a GGUF
+	// checkpoint it is the path it was opened from (the file, or its folder).
 	Dir string
+	// GGUF is the GGUF file of a GGUF checkpoint; "" for a Hugging Face folder.
+	GGUF string
 	// Config is the architecture descriptor read from config.json.
 	Config Config
 	// fam is the loader of the checkpoint's architecture.
@@ -29,11 +32,20 @@ type Checkpoint struct {
 	tensors map[string]*Tensor
 	// quant is the FP8 scheme of quantization_config; nil for a float checkpoint.
 	quant *Quant
+	// gguf is a GGUF checkpoint's mapped file.
+	gguf *ggufFile
 }
 
 // Open reads dir/config.json and maps the weights: dir/model.safetensors, or the shards
-// that dir/model.safetensors.index.json names. Close the checkpoint to unmap them.
+// that dir/model.safetensors.index.json names. dir may instead be a GGUF file, or a
+// folder holding one and no config.json (GGUFPath), whose metadata gives the config.
+// Close the checkpoint to unmap the weights.
 func Open(dir string) (_ *Checkpoint, err error) {
+	if g, err := GGUFPath(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("open checkpoint: %w", err)
+	} else if g != "" {
+		return openGGUFCheckpoint(dir, g)
+	}
 	cfgPath := filepath.Join(dir, "config.json")
 	raw, err := os.ReadFile(cfgPath)
 	if err != nil {
@@ -226,6 +238,10 @@ func (c *Checkpoint) Close() error {
 	var errs []error
 	for _, st := range c.files {
 		errs = append(errs, st.close())
+	}
+	if c.gguf != nil {
+		errs = append(errs, c.gguf.close())
+		c.gguf = nil
 	}
 	c.files = nil
 	c.tensors = nil

@@ -50,6 +50,9 @@ type partName struct {
 	name string
 	// transposed says the tensor is stored [in][out] (GPT-2's Conv1D).
 	transposed bool
+	// ropeHeads, when positive, says the tensor's rows are ropeHeads heads stored in
+	// llama.cpp's rotary order (ropePerm).
+	ropeHeads int
 	// plusOne says the weight is 1 + the stored vector, in float32 (Gemma's RMSNorm
 	// scales by 1 + w): the engines then run a plain RMSNorm.
 	plusOne bool

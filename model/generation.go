@@ -29,6 +29,9 @@ type Generation struct {
 // LoadGeneration reads dir/generation_config.json; a folder without one gives the zero
 // Generation. vocab bounds the end tokens. Errors name the file and the field.
 func LoadGeneration(dir string, vocab int) (Generation, error) {
+	if g, err := GGUFPath(dir); err == nil && g != "" {
+		return Generation{}, nil // a GGUF file has no generation defaults; its end tokens are the config's
+	}
 	path := filepath.Join(dir, "generation_config.json")
 	raw, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {

@@ -3,6 +3,7 @@ package model
 import (
 	"encoding/json"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -142,7 +143,7 @@ func TestLlamaRopeConfigs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.Rope != tc.want {
+			if !reflect.DeepEqual(c.Rope, tc.want) {
 				t.Errorf("rope %+v, want %+v", c.Rope, tc.want)
 			}
 		})

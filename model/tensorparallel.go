@@ -119,6 +119,11 @@ func ShardWeights(ws []Weight, c *Config, l TPLayout, rank int) ([]Weight, error
 	out := make([]Weight, 0, len(ws))
 	for i := range ws {
 		w := &ws[i]
+		for _, p := range w.Parts {
+			if p.Perm != nil || IsQuantized(p.Tensor.DType) {
+				return nil, fmt.Errorf("%s: a GGUF file's weights (row-permuted or quantized) are not split for tensor parallelism", w)
+			}
+		}
 		var s Weight
 		var err error
 		switch w.Role {

@@ -28,6 +28,10 @@ type Part struct {
 	// BlockRows and BlockCols are the br × bc weights one scale covers (a block is cut
 	// short at the matrix's edge).
 	BlockRows, BlockCols int
+	// Perm, when not nil, says stored row i is the part's row Perm[i]: a GGUF file's
+	// LLaMA query and key projections store each head's rows in the order of llama.cpp's
+	// rotary pairs, which this maps back (see gguf_llama.go).
+	Perm []int32
 }
 
 // Weight is one role's weight: its parts joined along the rows give the canonical
@@ -62,10 +66,17 @@ func (w *Weight) Float32() ([]float32, error) {
 	row := 0
 	for _, p := range w.Parts {
 		dst := out[row*w.Cols : (row+p.Rows)*w.Cols]
-		if p.Scale != nil {
-			if err := dequantizeFP8(dst, &p, w.Cols); err != nil {
-				return nil, err
-			}
+		var err error
+		switch {
+		case p.Scale != nil:
+			err = dequantizeFP8(dst, &p, w.Cols)
+		case IsQuantized(p.Tensor.DType):
+			err = p.dequantize(dst, w.Cols)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if p.Scale != nil || IsQuantized(p.Tensor.DType) {
 			row += p.Rows
 			continue
 		}
@@ -73,14 +84,40 @@ func (w *Weight) Float32() ([]float32, error) {
 		if err != nil {
 			return nil, err
 		}
-		if p.Transposed {
+		switch {
+		case p.Transposed:
 			transposeInto(dst, v, w.Cols, p.Rows)
-		} else {
+		case p.Perm != nil:
+			for i, r := range p.Perm {
+				copy(dst[int(r)*w.Cols:int(r+1)*w.Cols], v[i*w.Cols:(i+1)*w.Cols])
+			}
+		default:
 			copy(dst, v)
 		}
 		row += p.Rows
 	}
 	return out, nil
+}
+
+// dequantize writes a block-quantized part's rows into dst [Rows][cols], in order.
+func (p *Part) dequantize(dst []float32, cols int) error {
+	rb, err := RowBytes(p.Tensor.DType, cols)
+	if err != nil {
+		return fmt.Errorf("tensor %s: %w", p.Tensor.Name, err)
+	}
+	if len(p.Tensor.Data) != p.Rows*rb {
+		return fmt.Errorf("tensor %s: %d bytes for %d rows of %d", p.Tensor.Name, len(p.Tensor.Data), p.Rows, rb)
+	}
+	for i := range p.Rows {
+		r := i
+		if p.Perm != nil {
+			r = int(p.Perm[i])
+		}
+		if err := DequantizeRow(p.Tensor.DType, p.Tensor.Data[i*rb:(i+1)*rb], dst[r*cols:(r+1)*cols]); err != nil {
+			return fmt.Errorf("tensor %s: %w", p.Tensor.Name, err)
+		}
+	}
+	return nil
 }
 
 // transposeInto writes the [cols][rows] transpose of the row-major [rows][cols] matrix w
@@ -169,8 +206,12 @@ func (c *Checkpoint) Weights() ([]Weight, error) {
 				want = []int{split[i], cols}
 			}
 			fp8 := t.DType == "F8_E4M3" && !r.IsVector() && !pn.transposed
-			if t.DType != "F32" && t.DType != "F16" && t.DType != "BF16" && !fp8 {
+			switch {
+			case t.DType == "F32" || t.DType == "F16" || t.DType == "BF16" || fp8:
+			case c.gguf == nil:
 				return fmt.Errorf("tensor %s: dtype %s, expected F32, F16 or BF16%s", t.Name, t.DType, c.fp8Hint(r, pn.transposed))
+			case r.IsVector() || !IsQuantized(t.DType):
+				return fmt.Errorf("tensor %s: GGML type %s, expected F32, F16 or BF16 (or, for a matrix, Q8_0, Q4_K or Q6_K)", t.Name, t.DType)
 			}
 			if !slices.Equal(t.Shape, want) {
 				return fmt.Errorf("tensor %s: shape %v, expected %v for %s", t.Name, t.Shape, want, c.shapeWhy(r))
@@ -187,7 +228,13 @@ func (c *Checkpoint) Weights() ([]Weight, error) {
 					return err
 				}
 			}
-			w.Parts = append(w.Parts, Part{Tensor: t, Transposed: pn.transposed, Rows: split[i], Scale: scale, BlockRows: br, BlockCols: bc})
+			p := Part{Tensor: t, Transposed: pn.transposed, Rows: split[i], Scale: scale, BlockRows: br, BlockCols: bc}
+			if pn.ropeHeads > 0 {
+				if p.Perm, err = ropePerm(split[i], pn.ropeHeads); err != nil {
+					return fmt.Errorf("tensor %s: %w", t.Name, err)
+				}
+			}
+			w.Parts = append(w.Parts, p)
 		}
 		out = append(out, w)
 		return nil

@@ -221,6 +221,13 @@ func (r *registry) checkpointFiles(dir string) *checkpointFiles {
 		return f
 	}
 	f = &checkpointFiles{}
+	if g, err := model.GGUFPath(dir); err == nil && g != "" {
+		r.ggufFiles(f, dir)
+		r.mu.Lock()
+		r.files[dir] = f
+		r.mu.Unlock()
+		return f
+	}
 	f.chat, f.chatErr = LoadChatTemplate(dir)
 	if f.chatErr != nil && !errors.Is(f.chatErr, ErrNoChatTemplate) {
 		r.log.Warn("chat template unreadable", zap.String("checkpoint", dir), zap.Error(f.chatErr))
@@ -251,6 +258,27 @@ func (r *registry) checkpointFiles(dir string) *checkpointFiles {
 	r.files[dir] = f
 	r.mu.Unlock()
 	return f
+}
+
+// ggufFiles fills f from a GGUF checkpoint: its tokenizer and chat template from the
+// file's metadata (model.TokenizerFiles), its sizes from its config, no sampling
+// defaults.
+func (r *registry) ggufFiles(f *checkpointFiles, path string) {
+	tok, cfg, err := model.TokenizerFiles(path)
+	if err != nil {
+		f.tokErr, f.chatErr = err, err
+		r.log.Warn("GGUF tokenizer unreadable: no chat template or logprobs for this model", zap.String("checkpoint", path), zap.Error(err))
+	} else {
+		f.tok, f.tokErr = tokenizer.Parse(tok, cfg)
+		f.chat, f.chatErr = ParseChatTemplate(cfg)
+		if f.chatErr != nil && !errors.Is(f.chatErr, ErrNoChatTemplate) {
+			r.log.Warn("chat template unreadable", zap.String("checkpoint", path), zap.Error(f.chatErr))
+		}
+	}
+	if c, err := model.Open(path); err == nil {
+		f.vocab, f.maxSeqLen = c.Config.VocabSize, c.Config.MaxPositions
+		_ = c.Close()
+	}
 }
 
 // backendMaxSeqLen is the backend's default bound on max_seq_len (backend/config.go's

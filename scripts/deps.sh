@@ -259,6 +259,18 @@ if [ "${GOLLM_TEST_DEPS:-0}" = 1 ] && [ ! -f "$jinja_stamp" ]; then
   step "${JINJA[*]} (for the tests) into .deps/realtok/py" pip_q --target "$realtok/py" --upgrade --no-deps "${JINJA[@]}"
   touch "$jinja_stamp"
 fi
+# The gguf package (llama.cpp's reader and writer of GGUF files, pure Python over numpy,
+# which .deps/py has), for the tests that write GGUF fixtures from the project's own
+# checkpoints (testdata/make_gguf.py); its other dependencies are for its command-line
+# tools, not installed.
+GGUF_PY=gguf==0.19.0
+gguf_stamp="$deps/.stamp-gguf-$GGUF_PY"
+if [ ! -f "$gguf_stamp" ]; then
+  did=1
+  rm -rf "$deps/gguf"
+  step "the gguf package ($GGUF_PY) into .deps/gguf" pip_q --target "$deps/gguf" --no-deps "$GGUF_PY"
+  touch "$gguf_stamp"
+fi
 test -x "$deps/bin/tritonserver"
 "$deps/bin/perf_analyzer" --version >/dev/null 2>&1
 PYTHONPATH="$py" python3 -c 'import tokenizers, tritonclient.grpc'
@@ -266,7 +278,8 @@ PYTHONPATH="$deps/pyopenai" python3 -c 'import openai'
 PYTHONPATH="$deps/pyschema" python3 -c 'import jsonschema'
 test -f "$realtok/mistral_common/data/tokenizer.model.v1"
 PYTHONPATH="$realtok/py" python3 -c 'import sentencepiece'
-what="tritonserver 2.51.0, perf_analyzer, tritonclient, tokenizers, openai, jsonschema, Mistral's tokenizer"
+PYTHONPATH="$deps/gguf:$py" python3 -c 'import gguf'
+what="tritonserver 2.51.0, perf_analyzer, tritonclient, tokenizers, openai, jsonschema, Mistral's tokenizer, gguf"
 if [ "$cuda" = 1 ]; then
   "$deps/cuda/nvidia/cu13/bin/nvcc" --version >/dev/null
   test -f "$deps/cuda/nvidia/cu13/lib/libcublas.so.13"

@@ -95,7 +95,7 @@ func hugeLlama(t *testing.T, dir string, layers, hidden, heads, kvHeads, inner, 
 func TestHugeCheckpointRefusedBeforeItLoads(t *testing.T) {
 	ck := demoCheckpoint(t)
 	dir := filepath.Join(t.TempDir(), "huge")
-	// Llama-2-70B's shape: 69 billion parameters, 276 GB as float32.
+	// Llama-2-70B's shape: 69 billion parameters, 138 GB in bfloat16 as stored.
 	hugeLlama(t, dir, 80, 8192, 64, 8, 28672, 32000)
 	const huge = "huge"
 	s := harness.Start(t, harness.Options{Models: []harness.Model{{}, {Name: huge, Checkpoint: dir}},
@@ -122,7 +122,7 @@ func TestHugeCheckpointRefusedBeforeItLoads(t *testing.T) {
 	if err == nil {
 		t.Fatalf("the 69B-parameter checkpoint loaded in %v; want a refused load", took)
 	}
-	for _, w := range []string{"not enough memory for a KIND_CPU instance", "the weights as float32 (256.", "may take", "MemAvailable"} {
+	for _, w := range []string{"not enough memory for a KIND_CPU instance", "the weights (cpu_weight_format auto: 128.", "may take", "MemAvailable"} {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("load: %v; want it to say %q", err, w)
 		}

@@ -83,6 +83,22 @@ func Load(path string) (*Tokenizer, error) {
 	return t, nil
 }
 
+// Parse builds a tokenizer from the bytes of a tokenizer.json and, when not nil, of its
+// tokenizer_config.json, as Load reads them from files (model.TokenizerFiles makes them
+// for a GGUF checkpoint).
+func Parse(tokenizerJSON, tokenizerConfigJSON []byte) (*Tokenizer, error) {
+	t, err := parseTokenizer(tokenizerJSON)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer.json: %w", err)
+	}
+	if tokenizerConfigJSON != nil {
+		if err := t.applyConfig(tokenizerConfigJSON); err != nil {
+			return nil, fmt.Errorf("tokenizer_config.json: %w", err)
+		}
+	}
+	return t, nil
+}
+
 // tokenizerConfig is the part of tokenizer_config.json that changes encoding.
 type tokenizerConfig struct {
 	// AddBOSToken and AddEOSToken, when present, decide whether a prompt gets the BOS

@@ -92,6 +92,8 @@ type scratch struct {
 	scores [][]float32
 	// samplers hold the sampling buffers, one per goroutine.
 	samplers []*engine.Sampler
+	// mm holds the matrix products' buffers.
+	mm mulScratch
 	// moe holds the mixture-of-experts stages' buffers.
 	moe moeScratch
 }
@@ -131,6 +133,7 @@ func NewFromModel(m *model.Float32, kv engine.KVConfig) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer w.Release() // the engine holds its own reference
 	return New(w, kv)
 }
 
@@ -161,6 +164,9 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 	recipe := cfg.Recipe()
 	if err := checkRecipe(recipe, cfg); err != nil {
 		return nil, fmt.Errorf("cpu: New: %w", err)
+	}
+	if !w.acquire() {
+		return nil, errors.New("cpu: New: the weights are released")
 	}
 	e := &Engine{
 		recipe:    recipe,
@@ -227,14 +233,19 @@ func ropeFreqs(r model.Recipe) map[model.Rope][]float32 {
 func (e *Engine) Info() engine.Info { return e.info }
 
 // Close frees the KV pool and drops the engine's reference to its weights, which are
-// freed once nothing else holds them; later Steps fail.
+// freed (a checkpoint they point into unmapped) once nothing else holds them; later
+// Steps fail.
 func (e *Engine) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.closed {
+		return nil
+	}
 	e.closed = true
+	err := e.w.release()
 	e.kv, e.w = nil, nil
 	e.s = scratch{}
-	return nil
+	return err
 }
 
 // kvBase returns the offset in the pool of slot 0 of (block, layer, kind, kv head),
@@ -341,7 +352,7 @@ func (e *Engine) lmHead(b *engine.Batch, outs []engine.Output, st *model.Stage) 
 		}
 		r0 += len(sq.Tokens)
 	}
-	matmul(s.lmOut, s.lmIn, w.lmHead, H, V, nil)
+	w.lmHead.mul(s.lmOut, s.lmIn, nil, &s.mm)
 	softcapRows(s.lmOut, st.SoftCap)
 }
 
@@ -392,7 +403,7 @@ func (e *Engine) embedRows(b *engine.Batch, n, first int, withPos bool) {
 		tok := int(b.Seqs[ri.seq].Tokens[ri.pos-b.Seqs[ri.seq].Pos]) - first
 		h := s.h.rows[r]
 		if tok >= 0 && tok < cfg.VocabSize {
-			copy(h, w.embed[tok*H:(tok+1)*H])
+			w.embed.row(tok, h)
 		} else {
 			clear(h)
 		}
@@ -410,7 +421,6 @@ func (e *Engine) embedRows(b *engine.Batch, n, first int, withPos bool) {
 // residual stage adds to s.h; a norm stage's norm is applied by the stages that read it.
 func (e *Engine) stage(b *engine.Batch, st *model.Stage) {
 	w := e.w
-	cfg := &w.cfg
 	s := &e.s
 	switch st.Kind {
 	case model.StageNorm:
@@ -418,7 +428,7 @@ func (e *Engine) stage(b *engine.Batch, st *model.Stage) {
 	case model.StageQKV:
 		l := &w.layers[st.Layer]
 		e.normRows(s.xn.rows, s.h.rows)
-		matmul(s.qkv.rows, s.xn.rows, l.qkv, cfg.Hidden, cfg.QKVWidth(), l.qkvB)
+		l.qkv.mul(s.qkv.rows, s.xn.rows, l.qkvB, &s.mm)
 	case model.StageRotary:
 		e.rotate(b, st)
 	case model.StageQKNorm:
@@ -431,7 +441,7 @@ func (e *Engine) stage(b *engine.Batch, st *model.Stage) {
 		e.attention(b, st)
 	case model.StageOut:
 		l := &w.layers[st.Layer]
-		matmul(s.tmp.rows, s.att.rows, l.out, cfg.AttnWidth(), cfg.Hidden, l.outB)
+		l.out.mul(s.tmp.rows, s.att.rows, l.outB, &s.mm)
 	case model.StageMLP:
 		e.mlp(st)
 	case model.StageMoE:
@@ -449,14 +459,13 @@ func (e *Engine) mlp(st *model.Stage) {
 	s := &e.s
 	l := &w.layers[st.Layer]
 	n := len(s.rows)
-	upW := cfg.Inner
 	act := s.up.rows
 	if st.Gated {
-		upW, act = 2*cfg.Inner, s.act.rows
+		act = s.act.rows
 	}
 	fn := activationOf(st.Act)
 	e.normRows(s.xn.rows, s.h.rows)
-	matmul(s.up.rows, s.xn.rows, l.up, cfg.Hidden, upW, l.upB)
+	l.up.mul(s.up.rows, s.xn.rows, l.upB, &s.mm)
 	parallelFor(n, 1, max(1, 4096/cfg.Inner), func(_, lo, hi int) {
 		for r := lo; r < hi; r++ {
 			if st.Gated {
@@ -466,7 +475,7 @@ func (e *Engine) mlp(st *model.Stage) {
 			}
 		}
 	})
-	matmul(s.tmp.rows, act, l.down, cfg.Inner, cfg.Hidden, l.downB)
+	l.down.mul(s.tmp.rows, act, l.downB, &s.mm)
 }
 
 // copyBlocks copies whole KV blocks of the pool, in order (a block is contiguous: every

@@ -195,6 +195,18 @@ func (e *Eagle3) attend(r *engine.HeadRow) {
 	}
 }
 
-// Embedding is the model's token embedding [vocab][hidden] (read-only): an EAGLE-3 head
-// without its own reads the target's.
-func (w *Weights) Embedding() []float32 { return w.embed }
+// Embedding is the model's token embedding [vocab][hidden] in float32 (read-only): an
+// EAGLE-3 head without its own reads the target's. Stored in float32 on the Go heap
+// (NewWeights) it is the weights' own; otherwise a float32 copy, which outlives the
+// mappings LoadWeights made when the weights are released.
+func (w *Weights) Embedding() []float32 {
+	m := w.embed
+	if len(m.parts) == 1 && m.parts[0].f == fmtF32 && m.parts[0].perm == nil && w.ckpt == nil && w.bufs == nil {
+		return m.parts[0].f32
+	}
+	out := make([]float32, m.rows*m.cols)
+	for r := range m.rows {
+		m.row(r, out[r*m.cols:(r+1)*m.cols])
+	}
+	return out
+}

@@ -110,21 +110,26 @@ type kernelPath struct {
 }
 
 // kernelPaths lists the kernel paths this machine can run: the pure-Go loops always,
-// the AVX2 assembly where the CPU has it.
+// the AVX2 assembly where the CPU has it, and with it the AVX-512 kernels (the register
+// tile of prompt steps, VNNI's Q8_0) where the CPU has those too.
 func kernelPaths(t testing.TB) []kernelPath {
 	t.Helper()
-	choose := func(avx bool) func(t testing.TB) {
+	hasAVX2, hasVNNI, hasTile := useAVX2, useVNNI, useTile
+	choose := func(avx, vnni, tile bool) func(t testing.TB) {
 		return func(t testing.TB) {
-			old := useAVX2
-			useAVX2 = avx
-			t.Cleanup(func() { useAVX2 = old })
+			oldA, oldV, oldT := useAVX2, useVNNI, useTile
+			useAVX2, useVNNI, useTile = avx, vnni, tile
+			t.Cleanup(func() { useAVX2, useVNNI, useTile = oldA, oldV, oldT })
 		}
 	}
-	paths := []kernelPath{{"the pure-Go kernels", choose(false)}}
-	if useAVX2 {
-		paths = append(paths, kernelPath{"the AVX2 kernels", choose(true)})
+	paths := []kernelPath{{"the pure-Go kernels", choose(false, false, false)}}
+	if hasAVX2 {
+		paths = append(paths, kernelPath{"the AVX2 kernels", choose(true, false, false)})
 	} else {
-		t.Log("this CPU lacks AVX2/FMA: only the pure-Go kernels are tested")
+		t.Log("this CPU lacks AVX2/FMA/F16C: only the pure-Go kernels are tested")
+	}
+	if hasTile || hasVNNI {
+		paths = append(paths, kernelPath{"the AVX-512 kernels", choose(true, hasVNNI, hasTile)})
 	}
 	return paths
 }

@@ -2,8 +2,6 @@ package cpu
 
 import (
 	"math"
-	"runtime"
-	"sync"
 
 	"gollm/engine"
 	"gollm/model"
@@ -16,46 +14,6 @@ import (
 // computes it, so a row's result never depends on which other rows share the batch:
 // batched and unbatched runs are bit-identical.
 
-// parallelFor splits [0, n) into at most GOMAXPROCS contiguous chunks whose sizes are
-// multiples of align and at least minChunk, and runs fn on each, the last one on the
-// calling goroutine. worker is the chunk's index, below GOMAXPROCS.
-func parallelFor(n, align, minChunk int, fn func(worker, lo, hi int)) {
-	if n <= 0 {
-		return
-	}
-	chunks := runtime.GOMAXPROCS(0)
-	if minChunk < 1 {
-		minChunk = 1
-	}
-	if most := n / minChunk; most < chunks {
-		chunks = most
-	}
-	if chunks <= 1 {
-		fn(0, 0, n)
-		return
-	}
-	size := (n + chunks - 1) / chunks
-	if align > 1 {
-		size = (size + align - 1) / align * align
-	}
-	var wg sync.WaitGroup
-	w := 0
-	for lo := 0; lo < n; lo += size {
-		hi := min(lo+size, n)
-		if hi == n {
-			fn(w, lo, hi)
-			break
-		}
-		wg.Add(1)
-		go func(w, lo, hi int) {
-			defer wg.Done()
-			fn(w, lo, hi)
-		}(w, lo, hi)
-		w++
-	}
-	wg.Wait()
-}
-
 // matmulMinWork is the number of multiply-adds below which a matmul runs on the
 // calling goroutine: starting goroutines costs more than it saves.
 const matmulMinWork = 1 << 15
@@ -66,66 +24,20 @@ const rowBlock = 16
 
 // matmul computes ys[r][j] = bias[j] + Σ_k xs[r][k]·wt[j][k] for every row r and
 // every j < out, where wt is the weight matrix transposed, [out][in] row-major (so each
-// output is a dot product of two contiguous vectors). bias may be nil. The output
-// columns are split over GOMAXPROCS goroutines, so each reads only its share of the
-// weights, once per block of rowBlock rows.
+// output is a dot product of two contiguous vectors). bias may be nil.
 func matmul(ys, xs [][]float32, wt []float32, in, out int, bias []float32) {
-	n := len(xs)
-	if n == 0 || out == 0 {
-		return
-	}
-	minCols := max(4, matmulMinWork/max(1, n*in))
-	parallelFor(out, 4, minCols, func(_, lo, hi int) {
-		matmulCols(ys, xs, wt, in, bias, lo, hi)
-	})
+	f32Matrix(wt, out, in).mul(ys, xs, bias, &mulScratch{})
 }
 
-// matmulCols is matmul restricted to output columns [j0, j1).
-func matmulCols(ys, xs [][]float32, wt []float32, in int, bias []float32, j0, j1 int) {
-	n := len(xs)
-	for r0 := 0; r0 < n; r0 += rowBlock {
-		r1 := min(r0+rowBlock, n)
-		j := j0
-		for ; j+4 <= j1; j += 4 {
-			w0 := wt[j*in : (j+1)*in]
-			w1 := wt[(j+1)*in : (j+2)*in]
-			w2 := wt[(j+2)*in : (j+3)*in]
-			w3 := wt[(j+3)*in : (j+4)*in]
-			var b0, b1, b2, b3 float32
-			if bias != nil {
-				b0, b1, b2, b3 = bias[j], bias[j+1], bias[j+2], bias[j+3]
-			}
-			r := r0
-			for ; r+2 <= r1; r += 2 {
-				y0, y1 := ys[r][j:j+4], ys[r+1][j:j+4]
-				a0, a1, a2, a3, c0, c1, c2, c3 := dot2x4(xs[r][:in], xs[r+1][:in], w0, w1, w2, w3)
-				y0[0], y0[1], y0[2], y0[3] = a0+b0, a1+b1, a2+b2, a3+b3
-				y1[0], y1[1], y1[2], y1[3] = c0+b0, c1+b1, c2+b2, c3+b3
-			}
-			if r < r1 {
-				y := ys[r][j : j+4]
-				a0, a1, a2, a3 := dot1x4(xs[r][:in], w0, w1, w2, w3)
-				y[0], y[1], y[2], y[3] = a0+b0, a1+b1, a2+b2, a3+b3
-			}
-		}
-		for ; j < j1; j++ {
-			w := wt[j*in : (j+1)*in]
-			var b float32
-			if bias != nil {
-				b = bias[j]
-			}
-			for r := r0; r < r1; r++ {
-				ys[r][j] = dot(xs[r][:in], w) + b
-			}
-		}
-	}
-}
-
-// dot returns Σ x[k]·w[k].
+// dot returns Σ x[k]·w[k], as one output of dot1x4.
 func dot(x, w []float32) float32 {
 	if useAVX2 {
-		s, _, _, _ := dot1x4(x, w, w, w, w)
-		return s
+		n := len(x)
+		if n == 0 {
+			return 0
+		}
+		w = w[:n] // the assembly reads n values of each
+		return dot1AVX2(&x[0], &w[0], n)
 	}
 	return dotGo(x, w)
 }
@@ -211,6 +123,16 @@ func dot2x4Go(x0, x1, w0, w1, w2, w3 []float32) (a0, a1, a2, a3, c0, c1, c2, c3 
 
 // axpy adds a·x to y.
 func axpy(y []float32, a float32, x []float32) {
+	if useAVX2 && len(y) > 0 {
+		x = x[:len(y)] // the assembly reads len(y) values of x
+		axpyAVX2(&y[0], a, &x[0], len(y))
+		return
+	}
+	axpyGo(y, a, x)
+}
+
+// axpyGo adds a·x to y in plain Go.
+func axpyGo(y []float32, a float32, x []float32) {
 	x = x[:len(y)]
 	for i := range y {
 		y[i] += a * x[i]

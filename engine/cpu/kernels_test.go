@@ -210,3 +210,20 @@ func TestGatedActivationMultipliesTheUpProjection(t *testing.T) {
 		}
 	}
 }
+
+func TestAxpyAssemblyMatchesGo(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	for n := 0; n <= 70; n++ {
+		x, y := randomLogits(rng, n, 1), randomLogits(rng, n, 1)
+		a := float32(rng.NormFloat64())
+		want := append([]float32(nil), y...)
+		axpyGo(want, a, x)
+		got := append([]float32(nil), y...)
+		axpy(got, a, x)
+		for i := range got {
+			if got[i] != want[i] {
+				t.Fatalf("n=%d: axpy[%d] = %g, the Go loop %g", n, i, got[i], want[i])
+			}
+		}
+	}
+}

@@ -236,7 +236,7 @@ func (t *TensorParallel) lmHead(b *engine.Batch, outs []engine.Output, st *model
 	t.logits.resize(len(in), V)
 	t.part.resize(len(in), VR)
 	for r, e := range t.ranks {
-		matmul(t.part.rows, in, e.w.lmHead, H, VR, nil)
+		e.w.lmHead.mul(t.part.rows, in, nil, &e.s.mm)
 		lo, hi := r*VR, min(V, (r+1)*VR)
 		for i := range in {
 			copy(t.logits.rows[i][lo:hi], t.part.rows[i][:hi-lo])

@@ -173,7 +173,7 @@ func TestHiddenStatesAreTheResidualStream(t *testing.T) {
 	normed := make([]float32, H)
 	whole.norm(normed, last) // the final norm: the step's last norm stage
 	logits := make([]float32, 64)
-	matmul([][]float32{logits}, [][]float32{normed}, whole.w.lmHead, H, 64, nil)
+	whole.w.lmHead.mul([][]float32{logits}, [][]float32{normed}, nil, &mulScratch{})
 	if d := relL2(logits, outs[0].Logits); d > 1e-5 {
 		t.Errorf("the last layer's output through the head differs from the logits (rel L2 %g)", d)
 	}

@@ -10,6 +10,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 
 	"gollm/model"
 )
@@ -247,4 +250,22 @@ func LoadBeamGolden(path string) ([]BeamCase, error) {
 		return nil, fmt.Errorf("%s: no cases", path)
 	}
 	return g.Cases, nil
+}
+
+// GGUFPythonPath is the PYTHONPATH testdata/make_gguf.py runs with: the gguf package and
+// numpy that scripts/deps.sh installs into root/.deps.
+func GGUFPythonPath(root string) string {
+	return filepath.Join(root, ".deps", "gguf") + string(os.PathListSeparator) + filepath.Join(root, ".deps", "py")
+}
+
+// MakeGGUF runs testdata/make_gguf.py with args (its first the command: model, spm,
+// bpe), root being the repository's root.
+func MakeGGUF(root string, args ...string) error {
+	cmd := exec.Command("python3", append([]string{filepath.Join(root, "testdata", "make_gguf.py")}, args...)...)
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+GGUFPythonPath(root))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("python3 testdata/make_gguf.py %s (scripts/deps.sh installs the gguf package it needs): %w\n%s",
+			strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
