@@ -16,7 +16,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	// The CPU engine's matrix helpers (engine/cpu's pool) live as long as the process,
+	// GOMAXPROCS-1 of them at most, as the runtime's own workers do.
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("gollm/engine/cpu.(*pool).helper"))
 }
 
 // tinyDir is the tiny random GPT-2 checkpoint (vocab 1000, 128 positions).
