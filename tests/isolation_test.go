@@ -408,8 +408,11 @@ func TestLogprobsKeepNoLogitsRows(t *testing.T) {
 	after := settled()
 	t.Logf("%d streams × %d tokens with the top %d log-probabilities in %v (%.0f tokens/s): RSS idle %d MiB, peak %d MiB, after %d MiB",
 		streams, n, k, took.Round(time.Millisecond), float64(streams*n)/took.Seconds(), idle>>20, peak>>20, after>>20)
-	if float64(after) > 1.1*float64(idle) {
-		t.Errorf("RSS %d MiB after the run, more than 10%% over its idle %d MiB", after>>20, idle>>20)
+	// What the burst took goes back: at most a tenth of it stays, or a tenth of the idle
+	// figure where the burst was small (a few MiB of heap and pool buffers settle higher).
+	if stay := max(0.1*float64(idle), 0.1*float64(peak-idle)); float64(after-idle) > stay {
+		t.Errorf("RSS %d MiB after the run, more than %d MiB over its idle %d MiB (peak %d MiB)",
+			after>>20, int64(stay)>>20, idle>>20, peak>>20)
 	}
 }
 

@@ -172,8 +172,8 @@ func TestRSSAfterFailedLoads(t *testing.T) {
 	const mib = 1 << 20
 	t.Logf("RSS %d MiB after the warm-up and a failed load of each kind, %d MiB after %d more failed loads (%+d MiB)",
 		before/mib, after/mib, loads, (after-before)/mib)
-	// One failed load of the demo checkpoint builds ~60 MiB of float32 weights and a
-	// ~20 MiB tokenizer; the bound allows less than one load's worth to stay.
+	// One failed load of the demo checkpoint maps ~31 MiB of weights and builds a ~20 MiB
+	// tokenizer; the bound allows less than one load's worth to stay.
 	const bound = 32 * mib
 	if after-before > bound {
 		t.Errorf("RSS grew by %d MiB over %d failed loads; want at most %d MiB", (after-before)/mib, loads, bound/mib)
@@ -195,10 +195,16 @@ func TestRSSAfterFailedLoads(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("RSS %d MiB with the model loaded, %d MiB once it is unloaded (%+d MiB)", loaded/mib, unloaded/mib, (unloaded-loaded)/mib)
-	// The demo model's float32 weights alone are ~60 MiB.
-	const freed = 48 * mib
-	if loaded-unloaded < freed {
-		t.Errorf("unloading the model freed %d MiB of RSS, want at least %d MiB", (loaded-unloaded)/mib, freed/mib)
+	// The CPU engine computes on the weights where the file holds them (16-bit in place,
+	// the transposed Conv1D matrices copied), so unloading frees at least most of the
+	// file's size with the mapping and the copies.
+	st, err := os.Stat(filepath.Join(ck.dir, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if freed := st.Size() * 8 / 10; loaded-unloaded < freed {
+		t.Errorf("unloading the model freed %d MiB of RSS, want at least %d MiB (0.8 of the %d MiB weights file)",
+			(loaded-unloaded)/mib, freed/mib, st.Size()/mib)
 	}
 }
 
