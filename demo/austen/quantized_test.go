@@ -92,7 +92,7 @@ func perplexity(t testing.TB, f cpu.WeightFormat, ids []int32) (ppl float64, n i
 var quantizedFormats = []struct {
 	f     cpu.WeightFormat
 	bound float64
-}{{cpu.FormatF16, 0.001}, {cpu.FormatQ8, 0.02}, {cpu.FormatQ4K, 0.05}}
+}{{cpu.FormatF16, 0.001}, {cpu.FormatBF16, 0.01}, {cpu.FormatQ8, 0.02}, {cpu.FormatQ4K, 0.05}}
 
 // TestQuantizedPerplexity measures what the CPU engine's weight formats cost on the
 // held-out text: 8-bit (Q8_0, integer dot products against 8-bit activations) must stay

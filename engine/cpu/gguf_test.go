@@ -173,7 +173,7 @@ func TestGGUFLogitsMatchTheSafetensorsForm(t *testing.T) {
 			defer rw.Release()
 			got, want := contextLogits(t, gw, prompt), contextLogits(t, rw, prompt)
 			V := gw.cfg.VocabSize
-			if !strings.HasPrefix(kind, "Q") {
+			if !strings.HasPrefix(kind, "Q") && (kind != "BF16" || !useBF16) {
 				// The same float weights: the same bits.
 				if !slices.Equal(got, want) {
 					t.Errorf("logits differ from the safetensors form's by %g", maxAbsDiff(got, want))
@@ -181,7 +181,8 @@ func TestGGUFLogitsMatchTheSafetensorsForm(t *testing.T) {
 				return
 			}
 			// Quantized: the integer kernels quantize the activations to 8 bits, the float
-			// ones do not; the logits stay close and pick the same tokens almost always.
+			// ones do not (nor do the bfloat16 kernels round them to bfloat16 for the float32
+			// reference); the logits stay close and pick the same tokens almost always.
 			agree := 0
 			for i := range prompt {
 				g, w := got[i*V:(i+1)*V], want[i*V:(i+1)*V]

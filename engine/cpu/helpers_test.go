@@ -111,25 +111,26 @@ type kernelPath struct {
 
 // kernelPaths lists the kernel paths this machine can run: the pure-Go loops always,
 // the AVX2 assembly where the CPU has it, and with it the AVX-512 kernels (the register
-// tile of prompt steps, VNNI's Q8_0) where the CPU has those too.
+// tile of prompt steps, VNNI's Q8_0, BF16's bfloat16 kernels) where the CPU has those
+// too.
 func kernelPaths(t testing.TB) []kernelPath {
 	t.Helper()
-	hasAVX2, hasVNNI, hasTile := useAVX2, useVNNI, useTile
-	choose := func(avx, vnni, tile bool) func(t testing.TB) {
+	hasAVX2, hasVNNI, hasTile, hasBF16 := useAVX2, useVNNI, useTile, useBF16
+	choose := func(avx, vnni, tile, bf bool) func(t testing.TB) {
 		return func(t testing.TB) {
-			oldA, oldV, oldT := useAVX2, useVNNI, useTile
-			useAVX2, useVNNI, useTile = avx, vnni, tile
-			t.Cleanup(func() { useAVX2, useVNNI, useTile = oldA, oldV, oldT })
+			oldA, oldV, oldT, oldB := useAVX2, useVNNI, useTile, useBF16
+			useAVX2, useVNNI, useTile, useBF16 = avx, vnni, tile, bf
+			t.Cleanup(func() { useAVX2, useVNNI, useTile, useBF16 = oldA, oldV, oldT, oldB })
 		}
 	}
-	paths := []kernelPath{{"the pure-Go kernels", choose(false, false, false)}}
+	paths := []kernelPath{{"the pure-Go kernels", choose(false, false, false, false)}}
 	if hasAVX2 {
-		paths = append(paths, kernelPath{"the AVX2 kernels", choose(true, false, false)})
+		paths = append(paths, kernelPath{"the AVX2 kernels", choose(true, false, false, false)})
 	} else {
 		t.Log("this CPU lacks AVX2/FMA/F16C: only the pure-Go kernels are tested")
 	}
 	if hasTile || hasVNNI {
-		paths = append(paths, kernelPath{"the AVX-512 kernels", choose(true, hasVNNI, hasTile)})
+		paths = append(paths, kernelPath{"the AVX-512 kernels", choose(true, hasVNNI, hasTile, hasBF16)})
 	}
 	return paths
 }

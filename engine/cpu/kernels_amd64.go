@@ -14,6 +14,28 @@ var useVNNI = useAVX2 && xcpu.X86.HasAVX512VNNI && xcpu.X86.HasAVX512VL
 // AVX-512VL's 32 vector registers; without it prompt steps run the one-row kernels.
 var useTile = useAVX2 && xcpu.X86.HasAVX512F && xcpu.X86.HasAVX512VL
 
+// useBF16 selects, for bfloat16 weights, the kernels on AVX-512 BF16's VDPBF16PS over
+// the inputs rounded to bfloat16 (gemmbf16.go's mulBF16), twice the float32 FMA's products
+// an instruction.
+var useBF16 = useTile && xcpu.X86.HasAVX512BF16
+
+// tilePackedBF16AVX512 is the register tile on bfloat16 operands packed by 16: x
+// [n/16][4][16], w [n/16][6][16], n a multiple of 16 (tilebf16_amd64.s).
+//
+//go:noescape
+func tilePackedBF16AVX512(x, w *uint16, n int, out *[24]float32)
+
+// dot4BF16DP writes dotBF16Go of x (n bfloat16s, its chunks of 16 xstep bytes apart)
+// with rows w0..w3 into out (tilebf16_amd64.s).
+//
+//go:noescape
+func dot4BF16DP(x *uint16, xstep, n int, w0, w1, w2, w3 *byte, out *[4]float32)
+
+// packRowsBF16AVX2 interleaves 6 rows of n bfloat16s by 16 into dst [n/16][6][16].
+//
+//go:noescape
+func packRowsBF16AVX2(src *[6]*byte, n int, dst *uint16)
+
 // dot4AVX2 writes the dot products of x[:n] with w0..w3[:n] into out (kernels_amd64.s).
 // Every pointer must be valid for n elements.
 //

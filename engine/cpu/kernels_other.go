@@ -4,8 +4,8 @@ package cpu
 
 import "unsafe"
 
-// useAVX2, useVNNI and useTile are false off amd64: the pure-Go loops run.
-var useAVX2, useVNNI, useTile = false, false, false
+// useAVX2, useVNNI, useTile and useBF16 are false off amd64: the pure-Go loops run.
+var useAVX2, useVNNI, useTile, useBF16 = false, false, false, false
 
 // The assembly kernels are never called off amd64 (useAVX2 is false); these compute the
 // same sums in plain Go so that the package compiles everywhere.
@@ -91,6 +91,49 @@ func dot4Q4KAVX2(q *int8, d *float32, bs32 *int16, ns int, w0, w1, w2, w3 *byte,
 func dot4Q6KAVX2(q *int8, d *float32, bs16 *int16, ns int, w0, w1, w2, w3 *byte, out *[4]float32, pf, step int) {
 	for j, w := range [4]*byte{w0, w1, w2, w3} {
 		out[j] = dotQ6KGo(unsafe.Slice(q, 256*ns), unsafe.Slice(d, ns), unsafe.Slice(bs16, 16*ns), gatherBlocks(w, ns, 210, step))
+	}
+}
+
+func tilePackedBF16AVX512(x, w *uint16, n int, out *[24]float32) {
+	xs, ws := unsafe.Slice(x, 4*n), unsafe.Slice(w, 6*n)
+	var xr, wr [16]uint16
+	var acc [24][8]float32
+	for c := range n / 16 {
+		for r := range 4 {
+			copy(xr[:], xs[(c*4+r)*16:])
+			for j := range 6 {
+				copy(wr[:], ws[(c*6+j)*16:])
+				dpBF16(&acc[r*6+j], &xr, &wr)
+			}
+		}
+	}
+	for k := range acc {
+		out[k] = reduce8(&acc[k])
+	}
+}
+
+func dot4BF16DP(x *uint16, xstep, n int, w0, w1, w2, w3 *byte, out *[4]float32) {
+	xs := unsafe.Slice(x, (n/16-1)*xstep/2+16)
+	var xr, wr [16]uint16
+	for j, w := range [4]*byte{w0, w1, w2, w3} {
+		ws := unsafe.Slice((*uint16)(unsafe.Pointer(w)), n)
+		var acc [8]float32
+		for c := range n / 16 {
+			copy(xr[:], xs[c*xstep/2:])
+			copy(wr[:], ws[c*16:])
+			dpBF16(&acc, &xr, &wr)
+		}
+		out[j] = reduce8(&acc)
+	}
+}
+
+func packRowsBF16AVX2(src *[6]*byte, n int, dst *uint16) {
+	d := unsafe.Slice(dst, 6*n)
+	for r := range 6 {
+		row := unsafe.Slice((*uint16)(unsafe.Pointer(src[r])), n)
+		for c := range n / 16 {
+			copy(d[(c*6+r)*16:(c*6+r)*16+16], row[c*16:])
+		}
 	}
 }
 

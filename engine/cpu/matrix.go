@@ -246,6 +246,12 @@ type mulScratch struct {
 	// ([⌈n/4⌉][cols/8][4][8]), when packed says this product uses it.
 	xpack  []float32
 	packed bool
+	// xbf holds the input rows rounded to bfloat16 and packed for the tile (packBF16)
+	// when bf16 says this product takes the bfloat16 path; wbf are per-worker blocks of
+	// bfloat16 weight rows packed for it.
+	xbf  []uint16
+	wbf  [][]uint16
+	bf16 bool
 	// zeros is a row of zeros (float32 and 16-bit) that pads tiles.
 	zeros []float32
 }
@@ -273,10 +279,17 @@ func (m *matrix) mul(ys, xs [][]float32, bias []float32, s *mulScratch) {
 		}
 	}
 	s.packed = false
-	if useTile && n >= tileRows && m.cols%8 == 0 && m.hasFloat() {
+	s.bf16 = m.bfPacked()
+	if useTile && n >= tileRows && m.cols%8 == 0 && m.hasFloat(s.bf16) {
 		s.packX(xs, m.cols)
 		for len(s.wide) < runtime.GOMAXPROCS(0) {
 			s.wide = append(s.wide, nil)
+		}
+	}
+	if s.bf16 {
+		s.packBF16(xs, m.cols)
+		for len(s.wbf) < runtime.GOMAXPROCS(0) {
+			s.wbf = append(s.wbf, nil)
 		}
 	}
 	if need8 {
@@ -303,16 +316,21 @@ func (m *matrix) mulPart(p *matPart, ys, xs [][]float32, bias []float32, i0, i1 
 	case fmtF32:
 		mulF32(p, m.cols, ys, xs, bias, i0, i1, s, w)
 	case fmtF16, fmtBF16:
+		if p.f == fmtBF16 && s.bf16 {
+			mulBF16(p, m.cols, ys, bias, i0, i1, s, w)
+			return
+		}
 		mul16(p, m.cols, ys, xs, bias, i0, i1, s, w)
 	case fmtQ8, fmtQ4K, fmtQ6K:
 		mulQuant(p, ys, bias, i0, i1, quantDot{a8: &s.a8, a8K: &s.a8K})
 	}
 }
 
-// hasFloat says whether any part is in a float format.
-func (m *matrix) hasFloat() bool {
+// hasFloat says whether any part is in a float format that takes the float32 kernels
+// (bfloat16 ones not, where bf16 says they take the bfloat16 path).
+func (m *matrix) hasFloat(bf16 bool) bool {
 	for i := range m.parts {
-		if m.parts[i].f <= fmtBF16 {
+		if f := m.parts[i].f; f <= fmtBF16 && !(f == fmtBF16 && bf16) {
 			return true
 		}
 	}

@@ -194,12 +194,16 @@ func TestAssemblyAndGoKernelsAgree(t *testing.T) {
 			m := rowMatrix(t, dtype, raw, f32, rows, cols, nil)
 			xs := rowsOf(randomLogits(rng, 6*cols, 1), cols)
 			asm := product(m, xs, nil)
-			hasVNNI, hasTile := useVNNI, useTile
-			useAVX2, useVNNI, useTile = false, false, false
+			hasVNNI, hasTile, hasBF16 := useVNNI, useTile, useBF16
+			useAVX2, useVNNI, useTile, useBF16 = false, false, false, false
 			goRes := product(m, xs, nil)
 			useAVX2 = true
 			avx2 := product(m, xs, nil)
-			useVNNI, useTile = hasVNNI, hasTile
+			useVNNI, useTile, useBF16 = hasVNNI, hasTile, hasBF16
+			if dtype == "BF16" && useBF16 {
+				// The bfloat16 kernels: their own definition, exactly (TestBF16KernelsMatchTheirDefinition).
+				goRes = productBF16Go(raw, xs, rows, cols)
+			}
 			for r := range xs {
 				if model.IsQuantized(dtype) && !slices.Equal(avx2[r], asm[r]) {
 					t.Errorf("%s, %d columns, row %d: the AVX2 and AVX-512 kernels differ by %g", dtype, cols, r, maxAbsDiff(avx2[r], asm[r]))
@@ -212,6 +216,10 @@ func TestAssemblyAndGoKernelsAgree(t *testing.T) {
 					if !slices.Equal(asm[r], goRes[r]) {
 						t.Errorf("%s, %d columns, row %d: assembly and Go differ by %g", dtype, cols, r, maxAbsDiff(asm[r], goRes[r]))
 					}
+				case dtype == "BF16" && useBF16:
+					if !slices.Equal(asm[r], goRes[r]) {
+						t.Errorf("%s, %d columns, row %d: the bfloat16 kernels and dotBF16Go differ by %g", dtype, cols, r, maxAbsDiff(asm[r], goRes[r]))
+					}
 				default:
 					// FMA lanes against Go's one ordered sum: float rounding apart.
 					if e := relL2(asm[r], goRes[r]); e > 1e-5 {
@@ -219,6 +227,83 @@ func TestAssemblyAndGoKernelsAgree(t *testing.T) {
 					}
 				}
 			}
+		}
+	}
+}
+
+// productBF16Go is xs times the bfloat16 rows raw as the bfloat16 kernels define it: each
+// input rounded to bfloat16, each output dotBF16Go.
+func productBF16Go(raw []byte, xs [][]float32, rows, cols int) [][]float32 {
+	ys := make([][]float32, len(xs))
+	for r, x := range xs {
+		xb := make([]uint16, cols)
+		for k := range xb {
+			xb[k] = toBF16(x[k])
+		}
+		ys[r] = make([]float32, rows)
+		for j := range rows {
+			ys[r][j] = dotBF16Go(xb, raw[j*2*cols:(j+1)*2*cols])
+		}
+	}
+	return ys
+}
+
+func TestBF16KernelsMatchTheirDefinition(t *testing.T) {
+	if !useBF16 {
+		t.Skip("this CPU lacks AVX-512 BF16: bfloat16 weights take the float32 kernels")
+	}
+	rng := rand.New(rand.NewPCG(9, 9))
+	for _, cols := range []int{16, 48, 2048} {
+		for _, rows := range []int{1, 5, 6, 7, 37} {
+			// One to three input rows take the decode kernel, four and more the tile
+			// (its last tile padded); both must give the definition's bits.
+			for _, n := range []int{1, 3, 4, 5, 9} {
+				w := randomMatrix(rng, rows, cols)
+				raw := encodeRows(t, "BF16", w, rows, cols)
+				m := rowMatrix(t, "BF16", raw, nil, rows, cols, nil)
+				xs := rowsOf(randomLogits(rng, n*cols, 1), cols)
+				got := product(m, xs, nil)
+				want := productBF16Go(raw, xs, rows, cols)
+				wide := decodeRows(t, "BF16", raw, rows, cols)
+				for r, x := range xs {
+					if !slices.Equal(got[r], want[r]) {
+						t.Fatalf("%d×%d weights, %d inputs, row %d: the kernels and dotBF16Go differ by %g", rows, cols, n, r, maxAbsDiff(got[r], want[r]))
+					}
+					// Each input off by at most 2⁻⁹ of itself: each output by at most 2⁻⁹ of
+					// Σ|x·w| (the float32 sums' own rounding far below; 2⁻⁸ leaves room).
+					for j := range rows {
+						var exact, mag float64
+						for k, v := range x {
+							p := float64(v) * float64(wide[j*cols+k])
+							exact += p
+							mag += math.Abs(p)
+						}
+						if e := math.Abs(float64(got[r][j]) - exact); e > mag/256 {
+							t.Errorf("%d×%d weights, %d inputs, output %d,%d: %g, the exact product %g (Σ|x·w| %g)", rows, cols, n, r, j, got[r][j], exact, mag)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestBF16RoundingIsToNearestEven(t *testing.T) {
+	for _, tc := range []struct {
+		in   uint32
+		want uint16
+	}{
+		{0x3f800000, 0x3f80}, // 1
+		{0x3f808000, 0x3f80}, // a tie, to the even 1
+		{0x3f818000, 0x3f82}, // a tie, to the even above
+		{0x3f808001, 0x3f81}, // above the tie
+		{0xbf80ffff, 0xbf81},
+		{0x7f7fffff, 0x7f80}, // the largest float rounds to infinity
+		{0x7fc00001, 0x7fc0}, // a NaN stays a NaN
+		{0x7f800001, 0x7fc0}, // a signalling NaN too, quieted
+	} {
+		if got := toBF16(math.Float32frombits(tc.in)); got != tc.want {
+			t.Errorf("toBF16(%#08x) = %#04x, want %#04x", tc.in, got, tc.want)
 		}
 	}
 }
