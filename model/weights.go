@@ -66,17 +66,10 @@ func (w *Weight) Float32() ([]float32, error) {
 	row := 0
 	for _, p := range w.Parts {
 		dst := out[row*w.Cols : (row+p.Rows)*w.Cols]
-		var err error
-		switch {
-		case p.Scale != nil:
-			err = dequantizeFP8(dst, &p, w.Cols)
-		case IsQuantized(p.Tensor.DType):
-			err = p.dequantize(dst, w.Cols)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if p.Scale != nil || IsQuantized(p.Tensor.DType) {
+		if p.quantized() {
+			if err := p.dequantize(dst, w.Cols); err != nil {
+				return nil, err
+			}
 			row += p.Rows
 			continue
 		}
@@ -99,8 +92,15 @@ func (w *Weight) Float32() ([]float32, error) {
 	return out, nil
 }
 
-// dequantize writes a block-quantized part's rows into dst [Rows][cols], in order.
+// quantized says the part's values need its scales or blocks to be read: FP8 with
+// scales, or one of GGML's block formats.
+func (p *Part) quantized() bool { return p.Scale != nil || IsQuantized(p.Tensor.DType) }
+
+// dequantize writes a quantized part's rows into dst [Rows][cols], in order.
 func (p *Part) dequantize(dst []float32, cols int) error {
+	if p.Scale != nil {
+		return dequantizeFP8(dst, p, cols)
+	}
 	rb, err := RowBytes(p.Tensor.DType, cols)
 	if err != nil {
 		return fmt.Errorf("tensor %s: %w", p.Tensor.Name, err)
