@@ -27,7 +27,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 source "$root/tests/gpu/env.sh"
 w=/tmp/gollm-fp8
-mkdir -p "$w/bin" "$w/obj"
+mkdir -p "$w/bin"
 tar xJf "$carry/bins.tar.xz" -C "$w/bin"
 commit=$(cat "$w/bin/commit")
 echo "commit $commit"
@@ -38,28 +38,15 @@ check() {
 }
 
 # 1. The library.
-nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2> /dev/null)
-cublas=$(ls "${cublas_dir:-/nonexistent}/libcublas.so.13" /usr/local/cuda/lib64/libcublas.so.13 \
-  /usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13 2> /dev/null | head -1)
 lib=$w/libgollm_cuda.so
 t0=$SECONDS
-if [ -z "$nvcc" ] || [ -z "$cublas" ]; then
-  echo "FAIL: nvcc ($nvcc) or libcublas.so.13 ($cublas) not found"; exit 1
-fi
-export NVCC=$nvcc FLAGS="-std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 -Xcompiler=-fPIC,-fvisibility=hidden"
 if [ -n "${PREBUILT_LIB:-}" ]; then
   # A library another check of the same tree built in this lease (sm_90).
   cp "$PREBUILT_LIB" "$lib" && rc=0 || rc=1
   echo "prebuilt $PREBUILT_LIB" > "$out/build.log"
 else
-# shellcheck disable=SC2016
-ls "$root"/cuda/forward.cu "$root"/cuda/*.cu | awk '!seen[$0]++' |
-  xargs -P 16 -I{} bash -c '$NVCC $FLAGS -c "$1" -o "$2/$(basename "$1" .cu).o"' _ {} "$w/obj" > "$out/build.log" 2>&1
-rc=$?
-# shellcheck disable=SC2086
-[ $rc = 0 ] && $NVCC $FLAGS -shared -cudart static -Xlinker=-rpath,'$ORIGIN',--exclude-libs,ALL \
-  -o "$lib" "$w/obj"/*.o -Xlinker="$cublas" -ldl >> "$out/build.log" 2>&1
-rc=$?
+  bash "$root/tests/gpu/build_lib.sh" "$lib" > "$out/build.log" 2>&1
+  rc=$?
 fi
 check "libgollm_cuda.so builds ($((SECONDS - t0)) s)" "[ $rc = 0 ]"
 [ $rc = 0 ] || { tail -30 "$out/build.log"; exit 1; }
