@@ -12,7 +12,7 @@ nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2> /dev/null)
 cublas=$(ls "${cublas_dir:-/nonexistent}/libcublas.so.13" /usr/local/cuda/lib64/libcublas.so.13 \
   /usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13 2> /dev/null | head -1)
 [ -n "$nvcc" ] && [ -n "$cublas" ] || { echo "FAIL: nvcc ($nvcc) or libcublas.so.13 ($cublas) not found"; exit 1; }
-export NVCC=$nvcc FLAGS="-std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 -Xcompiler=-fPIC,-fvisibility=hidden"
+export NVCC=$nvcc FLAGS="-std=c++17 -O3 ${GOLLM_NVCC_EXTRA:-} -gencode=arch=compute_90,code=sm_90 -Xcompiler=-fPIC,-fvisibility=hidden"
 obj=$(mktemp -d)
 t0=$SECONDS
 # shellcheck disable=SC2016
