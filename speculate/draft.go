@@ -87,6 +87,9 @@ func (d *Draft) Propose(reqs []*Request) error {
 			d.runs = append(d.runs, run)
 		}
 	}
+	if pipe, ok := d.eng.(engine.Pipeliner); ok && d.chains() {
+		return d.proposeChained(pipe)
+	}
 	for step := 0; ; step++ {
 		d.batch.Seqs = d.batch.Seqs[:0]
 		var live []*draftRun
@@ -115,6 +118,114 @@ func (d *Draft) Propose(reqs []*Request) error {
 			}
 		}
 	}
+}
+
+// chains says whether this call's runs may be chained on the engine (proposeChained):
+// every one greedy, and nothing it samples with reads the fed token's history
+// (penalties, bad words of several tokens).
+func (d *Draft) chains() bool {
+	for _, run := range d.runs {
+		p := &run.req.Sampling
+		if run.sampled || p.RepetitionPenalty != 0 && p.RepetitionPenalty != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+			return false
+		}
+		for _, w := range p.BadWords {
+			if len(w) > 1 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// proposeChained runs the draft's steps on a Pipeliner, each launched before the
+// previous one's outputs are read, its rows fed by that one's sampled tokens on the
+// device (Sequence.Feed): step 0 catches every run up and samples its first proposal;
+// step j feeds proposal j-1 of each run that proposes more than j tokens. The engine
+// then runs the steps back to back, and the host reads each one's proposals while the
+// next computes. A run that meets an end token stops taking proposals; the rows already
+// launched for it compute for nothing, their keys and values past what it fed.
+func (d *Draft) proposeChained(pipe engine.Pipeliner) error {
+	// rows[j] are the runs of step j, in its batch's order.
+	var rows [2][]*draftRun
+	launched := 0
+	fail := func(err error) error {
+		for ; launched > 0; launched-- {
+			_, _ = pipe.Wait()
+		}
+		d.fail(err)
+		return fmt.Errorf("draft model: %w", err)
+	}
+	// launch launches step j: step 0 every run, step j the runs of step j-1 that have
+	// not ended and propose more than j tokens, fed by it.
+	launch := func(j int) error {
+		cur, prev := &rows[j%2], rows[(j+1)%2]
+		d.batch.Seqs = d.batch.Seqs[:0]
+		*cur = (*cur)[:0]
+		if j == 0 {
+			for _, run := range d.runs {
+				*cur = append(*cur, run)
+				d.batch.Seqs = append(d.batch.Seqs, d.row(run))
+			}
+		}
+		for i, run := range prev {
+			if j == 0 || run.done || run.req.Max <= j {
+				continue
+			}
+			// Proposal j-1, at position len(Tokens)+j-1, comes from step j-1's sampling:
+			// a placeholder here, and History lacks it (proposals up to j-2 are taken).
+			r := run.req
+			pos := len(r.Tokens) + j - 1
+			*cur = append(*cur, run)
+			d.batch.Seqs = append(d.batch.Seqs, engine.Sequence{
+				ID: r.Key, Tokens: run.hist[:1:1], Pos: pos, Blocks: run.st.kv.Blocks(), Sample: true,
+				Sampling: r.Sampling, History: run.hist[:pos:pos], NumGenerated: r.NumGenerated + j, Feed: i + 1,
+			})
+		}
+		if len(d.batch.Seqs) == 0 {
+			return nil
+		}
+		if err := pipe.Launch(&d.batch); err != nil {
+			return err
+		}
+		launched++
+		return nil
+	}
+	if err := launch(0); err != nil {
+		return fail(err)
+	}
+	for j := 0; launched > 0; j++ {
+		// Step j+1 is launched before step j's proposals are read, from the runs step
+		// j-1 left going; those step j ends compute a row for nothing.
+		if err := launch(j + 1); err != nil {
+			return fail(err)
+		}
+		outs, err := pipe.Wait()
+		launched--
+		cur := rows[j%2]
+		if err == nil && len(outs) != len(cur) {
+			err = fmt.Errorf("%d outputs for %d sequences", len(outs), len(cur))
+		}
+		if err != nil {
+			return fail(err)
+		}
+		for i, run := range cur {
+			if run.done {
+				continue
+			}
+			// The tokens step j fed: the catch-up at step 0, else proposal j-1.
+			n := len(run.st.fed)
+			fed := len(run.hist) - n
+			if j > 0 {
+				fed = 1
+			}
+			s := engine.Sequence{Tokens: run.hist[n : n+fed]}
+			if err := d.take(run, &s, &outs[i]); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	return nil
 }
 
 // start readies one request: its state caught up to what still matches its tokens, and
