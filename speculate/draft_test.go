@@ -224,8 +224,20 @@ func TestDraftChainsItsStepsOnAPipeliner(t *testing.T) {
 	if len(want[1]) != 2 {
 		t.Fatalf("the end token did not stop the second sequence: %v", want[1])
 	}
+	// The target kept all of the first sequence's and added its own (two tokens to catch
+	// up: one in a step ahead); a new sequence of three tokens (two ahead).
+	ctx = append(append(slices.Clone(ctx), want[0]...), 17)
+	next = []Request{{Key: 1, Tokens: ctx, Max: 3, NumGenerated: 8}, {Key: 4, Tokens: prompt[2:5], Max: 2}}
+	launches, fed := piped.launches, piped.fed
+	want = run(plain, next)
+	if got := run(chained, next); !slices.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("catching up in steps ahead: chained %v, want %v", got, want)
+	}
+	if piped.launches-launches != 5 || piped.fed-fed != 3 {
+		t.Fatalf("%d launches with %d fed rows, want 2 ahead, the main step and 2 fed", piped.launches-launches, piped.fed-fed)
+	}
 	// A sampled sequence: step by step.
-	launches := piped.launches
+	launches = piped.launches
 	sampled := []Request{{Key: 3, Tokens: prompt, Max: 3, Sampling: engine.SamplingParams{Temperature: 0.8, Seed: 1}}}
 	if got, want := run(chained, sampled), run(plain, sampled); !slices.EqualFunc(got, want, slices.Equal) {
 		t.Fatalf("sampled: %v, want %v", got, want)
