@@ -197,10 +197,12 @@ func (e *Engine) supply(r *launchRec, b *engine.Batch) error {
 // lateRows counts the rows of b that may get a mask at SupplyMasks; build left every
 // row's allowed_offset at -1 and p.allowed empty, as a late launch must have them.
 func (p *stepPrep) lateRows(b *engine.Batch) int {
-	n := 0
 	for i := range p.seqs {
 		p.seqs[i].allowed_offset = -1
-		if s := &b.Seqs[i]; s.Sample && (s.LateMask || s.Allowed != nil) {
+	}
+	n := 0
+	for i := range p.first {
+		if s := &b.Seqs[i]; p.rows[i] == 1 && s.Sample && (s.LateMask || s.Allowed != nil) {
 			n++
 		}
 	}
@@ -209,20 +211,27 @@ func (p *stepPrep) lateRows(b *engine.Batch) int {
 }
 
 // supplyOffsets lays out b's masks for gollm_supply_allowed in p.allowed (each distinct
-// one once) and returns each row's offset there, -1 for none.
+// one once) and returns each of the call's sequences' offset there, -1 for none: the rows
+// of proposals verified on the GPU (n is b's sequence count) take none.
 func (p *stepPrep) supplyOffsets(b *engine.Batch, n, words int) []int32 {
 	p.allowed = p.allowed[:0]
 	clear(p.shared)
 	p.shared = p.shared[:0]
 	p.offs = p.offs[:0]
 	for i := range n {
-		off := int32(-1)
-		if b != nil {
+		off, rows := int32(-1), 1
+		if i < len(p.rows) {
+			rows = p.rows[i]
+		}
+		if b != nil && rows == 1 {
 			if s := &b.Seqs[i]; s.Sample && s.Allowed != nil {
 				off = int32(p.allow(s.Allowed, words))
 			}
 		}
 		p.offs = append(p.offs, off)
+		for range rows - 1 {
+			p.offs = append(p.offs, -1)
+		}
 	}
 	return p.offs
 }

@@ -189,3 +189,33 @@ func TestCertainProposalsAreSampledInRowsOnTheGPU(t *testing.T) {
 		}
 	}
 }
+
+// TestRowsBesideALateMask: in a launch whose guided row's mask comes late, a sequence
+// verified in rows takes no mask room, and the supplied offsets cover every sequence of
+// the call — the guided row's, then -1 for each row of the verification.
+func TestRowsBesideALateMask(t *testing.T) {
+	info := testInfo()
+	info.MaxDraft = engine.MaxDraftTokens
+	hist := []int32{3, 4, 5, 6}
+	b := &engine.Batch{Seqs: []engine.Sequence{
+		{ID: 1, Tokens: []int32{1}, Blocks: []int32{0}, Sample: true, History: []int32{1}, LateMask: true},
+		{ID: 2, Tokens: hist[1:], Pos: 1, Blocks: []int32{1}, Sample: true, History: hist, NumGenerated: 1, Draft: 2},
+	}}
+	if _, err := engine.NewBatchChecker(info, "cuda").CheckLaunch(b); err != nil {
+		t.Fatal(err)
+	}
+	var p stepPrep
+	p.init(info.VocabSize)
+	p.build(b, splitBatch(b, 100, 10)[0], info)
+	if n := p.lateRows(b); n != 1 || len(p.seqs) != 4 {
+		t.Fatalf("%d rows with mask room among %d sequences, want 1 among 4", n, len(p.seqs))
+	}
+	words := engine.MaskWords(info.VocabSize)
+	b.Seqs[0].Allowed = make([]uint64, words)
+	if got := p.supplyOffsets(b, 2, (info.VocabSize+31)/32); !slices.Equal(got, []int32{0, -1, -1, -1}) {
+		t.Fatalf("supplied offsets %v", got)
+	}
+	if got := p.supplyOffsets(nil, 2, (info.VocabSize+31)/32); !slices.Equal(got, []int32{-1, -1, -1, -1}) {
+		t.Fatalf("no masks: offsets %v", got)
+	}
+}

@@ -68,7 +68,7 @@ fi
 
 # 2. Correctness.
 t0=$SECONDS
-tests='TestGPUVerifyRowsMatchOneTokenSteps|TestGPUSpeculationKeepsGreedyOutput|TestCertainProposalsAreSampledInRowsOnTheGPU|TestProposalsComeBackAsRowsAndAreVerifiedOnTheHost|TestABILayoutIsVersion15'
+tests='TestGPUVerifyRowsMatchOneTokenSteps|TestGPUSpeculationKeepsGreedyOutput|TestCertainProposalsAreSampledInRowsOnTheGPU|TestProposalsComeBackAsRowsAndAreVerifiedOnTheHost|TestRowsBesideALateMask|TestABILayoutIsVersion15'
 (cd "$root/bridge/cuda" && GOLLM_CUDA_LIB=$lib timeout 240 "$w/bin/cudatest" -test.count=1 -test.v -test.run "$tests" \
   > "$out/spec-verify.log" 2>&1)
 echo "Go tests: $((SECONDS - t0)) s"
