@@ -41,11 +41,13 @@ check() {
   if eval "$2"; then echo "PASS $1"; else echo "FAIL $1"; fails=$((fails + 1)); failed+=("$1"); fi
 }
 
-# 1. The library.
-lib=$w/libgollm_cuda.so
+# 1. The library, under build/ (kept on a warm machine: PREBUILT_LIB=build/spec/libgollm_cuda.so
+# in a later call of the same tree skips the build).
+lib=$root/build/spec/libgollm_cuda.so
+mkdir -p "$(dirname "$lib")"
 t0=$SECONDS
 if [ -n "${PREBUILT_LIB:-}" ]; then
-  cp "$PREBUILT_LIB" "$lib" && rc=0 || rc=1
+  { [ "$(realpath "$PREBUILT_LIB")" = "$lib" ] || cp "$PREBUILT_LIB" "$lib"; } && rc=0 || rc=1
   echo "prebuilt $PREBUILT_LIB" > "$out/build.log"
 else
   bash "$root/tests/gpu/build_lib.sh" "$lib" > "$out/build.log" 2>&1
@@ -53,7 +55,6 @@ else
 fi
 check "libgollm_cuda.so builds ($((SECONDS - t0)) s)" "[ $rc = 0 ]"
 [ $rc = 0 ] || { tail -30 "$out/build.log"; exit 1; }
-cp "$lib" "$out/libgollm_cuda.so" 2> /dev/null || true
 nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader | tee "$out/gpu.txt"
 
 # Optionally, the trained target.
