@@ -250,7 +250,7 @@ struct Plan {
   bool decode_only = false;    // every sequence: one token, sampled, no logits returned
   bool all_greedy = false;     // every sequence sampled by sample_greedy_kernel alone
   bool late = false;           // the sampling waits for gollm_supply_allowed (not enqueued)
-  bool chained = false;        // a sequence is GOLLM_SEQ_CHAINED: attention waits for every KV write
+  bool chained = false;        // a GOLLM_SEQ_CHAINED sequence: attention after every KV write
 };
 
 }  // namespace gollm

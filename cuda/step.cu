@@ -222,7 +222,8 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
     if (use_graph) {
       // Chained rows (a sequence's proposals) replay a graph whose attention waits for
       // every row's keys and values (forward.cu).
-      const int key = ((bucket * 2 + (pl.all_greedy ? 1 : 0)) * 2 + (late ? 1 : 0)) * 2 + (pl.chained ? 1 : 0);
+      const int key =
+          ((bucket * 2 + (pl.all_greedy ? 1 : 0)) * 2 + (late ? 1 : 0)) * 2 + (pl.chained ? 1 : 0);
       auto it = e->graph_execs.find(key);
       if (it == e->graph_execs.end()) {
         // Replays see other lengths: size the splits for the longest possible row.
@@ -241,7 +242,8 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
         CUDA_CHECK(cudaGraphLaunch(ex, e->stream));
     } else if (padded && !late) {
       const int splits = attention_splits(e, pp.decs, e->max_len);
-      cudaGraphExec_t ex = pl.chained ? nullptr : prompt_graph(e, PromptKey{pp, pl.all_greedy}, pl, L, splits);
+      cudaGraphExec_t ex =
+          pl.chained ? nullptr : prompt_graph(e, PromptKey{pp, pl.all_greedy}, pl, L, splits);
       if (ex)
         CUDA_CHECK(cudaGraphLaunch(ex, e->stream));
       else
