@@ -16,7 +16,8 @@
 #      chained, give the greedy output through the batch manager, overlap on and off), and
 #      the host-side tests of the rows' layout and the ABI (TestCertainProposals…,
 #      TestProposalsComeBack…, TestABILayoutIsVersion15);
-#   3. bench/specbench -engine gpu (overlap schedule on, as served), speculation off and on
+#   3. bench/specbench -engine gpu (overlap schedule on, as served; OVERLAP=off as the rows
+#      of 2026-11-27-speculative-gpu-h200.jsonl ran), speculation off and on
 #      alternating, 7 rounds: prompt lookup on a prompt the answer copies from and on a
 #      short one at batch 1, the draft model at batch 1, prompt lookup at batch 64; rows
 #      in OUTDIR/<date>-speculative-gpu.jsonl, the ratios printed against issue 36's
@@ -81,7 +82,7 @@ check "no GPU test skipped" "! grep -q -- '--- SKIP' '$out/spec-verify.log'"
 
 # 3. The benchmark.
 t0=$SECONDS
-(cd "$root" && GOLLM_CUDA_LIB=$lib timeout 330 "$w/bin/specbench" -engine gpu -lib "$lib" -rounds "${ROUNDS:-7}" \
+(cd "$root" && GOLLM_CUDA_LIB=$lib timeout 330 "$w/bin/specbench" -engine gpu -lib "$lib" -rounds "${ROUNDS:-7}" -overlap "${OVERLAP:-auto}" \
   -model "$target" -draft "$draft" -out "$out" > "$out/spec-bench.log" 2>&1)
 rc=$?
 echo "bench: $((SECONDS - t0)) s"
