@@ -152,9 +152,11 @@ func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 			return nil
 		case s.Sample && !r.runsAhead(m.late != nil):
 			return nil
-		case s.Draft > 0 || s.Sample && m.speculates(r) && m.perSequenceDraft(len(base), 1) > 0:
+		case s.Draft > 0 || s.Sample && m.speculates(r) && m.perSequenceDraft(len(base), 1) > 0 && r.proposesNext():
 			// Its tokens are not known before its outputs are read, or it may carry
-			// proposals in the next step, which the scheduler makes.
+			// proposals in the next step, which the scheduler makes. One whose proposals
+			// keep failing and that waits out its next step (specRequest.rest) runs
+			// ahead: the step ahead stands for that step.
 			return nil
 		case !s.Sample && (s.ReturnLogits || r.width > 1):
 			// The host chooses its token from these logits, or a group may fork after
@@ -242,6 +244,12 @@ func (m *Manager) planAhead(base []engine.Sequence, refs []seqRef) *aheadStep {
 	if len(a.batch.Seqs) == 0 {
 		m.keepSpare(a)
 		return nil
+	}
+	// The step ahead is a step the requests waiting out their proposals skip.
+	for _, ref := range a.refs {
+		if r := ref.r; ref.b == &r.branch && r.spec != nil && !r.proposesNext() {
+			r.spec.rest--
+		}
 	}
 	return a
 }

@@ -34,6 +34,10 @@ import (
 // stop for what the token budget (max_num_tokens) or the KV pool (max_utilization) does
 // not leave.
 //
+// A request the proposer has nothing for counts as one whose proposals failed. Under the
+// overlap schedule a request that waits out its next step has its steps launched ahead
+// meanwhile; one that may propose is not launched ahead of.
+//
 // Which requests speculate: single-sequence requests sampled by the engine, without a
 // runtime top-p decay (it moves with every token on the host), that did not opt out
 // (InferenceRequest.NoSpeculation), under in-flight batching. A step with proposals is
@@ -116,6 +120,12 @@ func (m *Manager) speculates(r *request) bool {
 	// would need a mask each, so guided requests decode one token a step.
 	return m.cfg.Speculation.Proposer != nil && !r.req.NoSpeculation && r.width == 1 && !r.hostSampled() &&
 		r.req.TopPDecay <= 0 && m.cfg.ModelType != V1 && r.req.Guide == nil
+}
+
+// proposesNext says whether r may ask for proposals at its next step: not while it
+// waits out steps after proposals that kept failing.
+func (r *request) proposesNext() bool {
+	return r.spec == nil || r.spec.avg >= lowAcceptance || r.spec.rest <= 0
 }
 
 // perSequenceDraft is the most proposals each of s speculating sequences may carry in
@@ -203,7 +213,14 @@ func (m *Manager) propose() {
 	V := m.info.VocabSize
 	for _, r := range asked {
 		q := &r.spec.req
-		if len(q.Draft) == 0 || budget <= 0 {
+		if len(q.Draft) == 0 {
+			// Nothing to propose (prompt lookup found no match) counts as a step with none
+			// accepted: a request the proposer rarely has anything for goes back to
+			// plain steps, which may run ahead (Config.Overlap), asking every fourth step.
+			r.spec.avg *= 0.7
+			continue
+		}
+		if budget <= 0 {
 			continue
 		}
 		d := min(len(q.Draft), q.Max, budget)

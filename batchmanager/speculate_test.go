@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"gollm/engine"
@@ -656,5 +657,46 @@ func TestEagle3KeepsGreedyOutput(t *testing.T) {
 			t.Errorf("the EAGLE-3 head proposed nothing")
 		}
 		t.Logf("EAGLE-3 head (random weights): %d of %d proposals accepted", last.AcceptedDraftTokensTotal, last.DraftTokensTotal)
+	}
+}
+
+// silent is a proposer that never has anything to propose, counting its calls.
+type silent struct{ calls atomic.Int64 }
+
+func (s *silent) Propose(reqs []*speculate.Request) error {
+	s.calls.Add(1)
+	for _, r := range reqs {
+		r.Draft = r.Draft[:0]
+	}
+	return nil
+}
+func (s *silent) Forget(uint64) {}
+func (s *silent) Reset()        {}
+func (s *silent) Close() error  { return nil }
+
+// TestSpeculationWithNothingToProposeRunsAhead: under the overlap schedule, a request
+// the proposer has nothing for stops blocking the steps ahead — its steps are launched
+// ahead of the outputs (fed rows) while it waits out its next proposals, and it is asked
+// only now and then — with the tokens of decoding without speculation.
+func TestSpeculationWithNothingToProposeRunsAhead(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	p := randPrompt(rng, 6, 1000)
+	const n = 60
+	want := soloGreedy(t, p, n)
+	pr := &silent{}
+	eng := newCountingPipe(cpuEngine(t, 32, 8))
+	c := runToEnd(t, eng, Config{Overlap: true, Speculation: Speculation{Proposer: pr, MaxDraft: 4}},
+		[]arrival{{at: 1, req: &InferenceRequest{ID: 1, InputIDs: p, MaxNewTokens: n, PadID: -1}}})
+	got, err := c.tokensOf(t, 1)
+	if err != nil || !slices.Equal(got, append(slices.Clone(p), want...)) {
+		t.Fatalf("%v (%v), want %v", got, err, want)
+	}
+	calls, fed := pr.calls.Load(), eng.fed.Load()
+	t.Logf("%d proposer calls, %d rows fed ahead, %d tokens", calls, fed, n)
+	if fed < n/2 {
+		t.Errorf("%d of %d steps ran ahead", fed, n)
+	}
+	if calls >= n/2 {
+		t.Errorf("the proposer was asked %d times in %d steps", calls, n)
 	}
 }

@@ -302,27 +302,30 @@ template <typename T>
 void attention(Flow<T>& f, const Stage& s) {
   gollm_engine* e = f.e;
   const int l = s.s.layer, window = s.s.window, rows = (int)f.pl.dec_rows.size();
+  // Chained decode rows read keys and values other rows of the step write, which the
+  // kernels load before their dependent-launch wait: they start after the writes instead.
+  const Stream& st = f.pl.chained ? f.st0 : f.st;
   // The per-head kernel's grid is its split count: under invariance the fixed one.
   if (s.s.softcap > 0.f) {
     attention_capped<T>(f.qkv, f.att, f.kv, f.tiles, f.I32(f.L.dec_rows), f.I32(f.L.row_pos),
                         f.I32(f.L.row_seq), f.seqs, f.words, e->geom, l, window,
                         (int)f.pl.tiles.size(), rows, f.cap, e->max_len, e->partial.as<float>(),
                         e->part_ml.as<float>(), e->tickets.as<int>(), f.small() || f.few_dec,
-                        s.s.softcap, f.st);
+                        s.s.softcap, st);
     return;
   }
   attention_context<T>(f.qkv, f.att, f.kv, f.tiles, f.seqs, f.words, e->geom, l, window,
-                       (int)f.pl.tiles.size(), e->ctx_mma, e->sms, f.st);
+                       (int)f.pl.tiles.size(), e->ctx_mma, e->sms, st);
   if (e->grouped && !f.few_dec)
     attention_decode_gqa<T>(f.qkv, f.att, f.kv, f.I32(f.L.dec_rows), f.I32(f.L.row_pos),
                             f.I32(f.L.row_seq), f.seqs, f.words, e->geom, l, window, rows,
                             std::min(f.parts, f.cap), f.cap, e->partial.as<float>(),
-                            e->part_ml.as<float>(), e->tickets.as<int>(), f.st);
+                            e->part_ml.as<float>(), e->tickets.as<int>(), st);
   else
     attention_decode<T>(f.qkv, f.att, f.kv, f.I32(f.L.dec_rows), f.I32(f.L.row_pos), f.I32(f.L.row_seq),
                         f.seqs, f.words, e->geom, l, window, rows, f.cap, e->max_len,
                         e->partial.as<float>(), e->part_ml.as<float>(), e->tickets.as<int>(),
-                        f.small() || f.few_dec, f.st);
+                        f.small() || f.few_dec, st);
 }
 
 // tp_share leaves a rank's share of the branch in tmp to RESIDUAL's custom all-reduce

@@ -45,7 +45,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 14
+#define GOLLM_ABI_VERSION 15
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -365,7 +365,12 @@ typedef struct gollm_engine_info {
 enum gollm_seq_flag {
   GOLLM_SEQ_SAMPLE = 1,         /* sample a token after the last new token */
   GOLLM_SEQ_RETURN_LOGITS = 2,  /* return the last position's logits (bias added) */
-  GOLLM_SEQ_CONTEXT_LOGITS = 4  /* return the raw logits of every new token */
+  GOLLM_SEQ_CONTEXT_LOGITS = 4, /* return the raw logits of every new token */
+  /* ABI 15: the sequence attends to positions other sequences of the step write (the
+     rows of one sequence's proposals, each a sequence of one token over the same block
+     table, speculative decoding): attention then starts after the step's keys and values
+     are all written. */
+  GOLLM_SEQ_CHAINED = 8
 };
 
 /* gollm_seq is one sequence's share of a step. Offsets index the arrays of gollm_step_in. */

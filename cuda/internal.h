@@ -250,6 +250,7 @@ struct Plan {
   bool decode_only = false;    // every sequence: one token, sampled, no logits returned
   bool all_greedy = false;     // every sequence sampled by sample_greedy_kernel alone
   bool late = false;           // the sampling waits for gollm_supply_allowed (not enqueued)
+  bool chained = false;        // a GOLLM_SEQ_CHAINED sequence: attention after every KV write
 };
 
 }  // namespace gollm
@@ -332,7 +333,7 @@ struct gollm_engine {
   gollm::HostMem alt_hin, alt_htok, alt_hlp, alt_hlog;
   gollm::Launched launched[2];    // launched steps not waited for, oldest at launched_head
   int launched_head = 0, launched_count = 0;
-  std::map<int, cudaGraphExec_t> graph_execs;  // decode graphs by batch bucket (×2, +1: all greedy; ×2, +1: late_allowed)
+  std::map<int, cudaGraphExec_t> graph_execs;  // decode graphs by batch bucket (×2, +1: all greedy; ×2, +1: late_allowed; ×2, +1: chained)
   // late_padded says the last late step's LM head left its rows padded (lm_head's
   // keep_padded) for the sampling gollm_supply_allowed enqueues; late_padded_keys the
   // same for each late decode graph, captured or replayed.

@@ -33,6 +33,7 @@ void build_plan(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, Pl
   pl.seqs.resize(pl.s);
   pl.words.clear();
   bool decode_only = pl.s > 0;
+  bool chained = false;
   int64_t n = 0;
   for (int s = 0; s < pl.s; s++) {
     const gollm_seq& q = in->seqs[s];
@@ -95,6 +96,7 @@ void build_plan(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, Pl
     if (want > 0 && (q.logits_offset < 0 || !in->seqs || q.logits_offset + want > logits_len))
       invalid("sequence %d: its %lld logits at offset %lld exceed the output's %lld", s,
               (long long)want, (long long)q.logits_offset, (long long)logits_len);
+    if (q.flags & GOLLM_SEQ_CHAINED) chained = true;
     n += q.token_count;
     pl.max_len = std::max<int>(pl.max_len, (int)end);
     if (q.token_count != 1 || !sample || ret || ctx) decode_only = false;
@@ -103,6 +105,7 @@ void build_plan(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, Pl
     invalid("step: %lld tokens exceed the engine's max_tokens %d", (long long)n, e->max_tokens);
   pl.n = (int)n;
   pl.decode_only = decode_only;
+  pl.chained = chained;
 }
 
 // prompt_pad says whether a step that is not decode-only can replay a prompt graph, and

@@ -220,7 +220,10 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
     // The previous step's sampled tokens are still in dtok: this step samples after this.
     feed_tokens(e, L, pairs_off, nfeed);
     if (use_graph) {
-      const int key = (bucket * 2 + (pl.all_greedy ? 1 : 0)) * 2 + (late ? 1 : 0);
+      // Chained rows (a sequence's proposals) replay a graph whose attention waits for
+      // every row's keys and values (forward.cu).
+      const int key =
+          ((bucket * 2 + (pl.all_greedy ? 1 : 0)) * 2 + (late ? 1 : 0)) * 2 + (pl.chained ? 1 : 0);
       auto it = e->graph_execs.find(key);
       if (it == e->graph_execs.end()) {
         // Replays see other lengths: size the splits for the longest possible row.
@@ -239,7 +242,8 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
         CUDA_CHECK(cudaGraphLaunch(ex, e->stream));
     } else if (padded && !late) {
       const int splits = attention_splits(e, pp.decs, e->max_len);
-      cudaGraphExec_t ex = prompt_graph(e, PromptKey{pp, pl.all_greedy}, pl, L, splits);
+      cudaGraphExec_t ex =
+          pl.chained ? nullptr : prompt_graph(e, PromptKey{pp, pl.all_greedy}, pl, L, splits);
       if (ex)
         CUDA_CHECK(cudaGraphLaunch(ex, e->stream));
       else
@@ -366,9 +370,9 @@ void step(gollm_engine* e, const gollm_step_in* in, gollm_step_out* out, bool in
 }
 
 // warmup readies a new engine for serving: every cuBLAS shape once, one prompt step and
-// one sampled step (the first launch of each kernel loads it), and the decode graph of
-// every batch bucket, greedy and sampled. Its steps use KV block 0 at position 0 onwards;
-// nothing has been stored in the pool yet.
+// one sampled step (the first launch of each kernel loads it), the decode graph of every
+// batch bucket, greedy and sampled, and those of chained rows up to 32. Its steps use KV
+// block 0 at position 0 onwards; nothing has been stored in the pool yet.
 void warmup(gollm_engine* e, gollm_engine_info& inf) {
   const auto t0 = std::chrono::steady_clock::now();
   DeviceGuard dg(e->device);
@@ -378,9 +382,11 @@ void warmup(gollm_engine* e, gollm_engine_info& inf) {
   std::vector<int32_t> tokens, blocks;
   std::vector<int32_t> otok(e->max_seqs);
   std::vector<float> olp(e->max_seqs);
-  // run: b sequences of k tokens from position 0, greedy or sampled at temperature 1.
-  auto run = [&](int b, int k, bool greedy) {
-    const int nblk = (k + T - 1) / T;
+  // run: b sequences of k tokens from position 0, greedy or sampled at temperature 1;
+  // chained, b rows of one token at positions 0..b-1 over one block table (a sequence's
+  // proposals verified in rows, GOLLM_SEQ_CHAINED).
+  auto run = [&](int b, int k, bool greedy, bool chained = false) {
+    const int nblk = ((chained ? b : k) + T - 1) / T;
     seqs.assign(b, gollm_seq{});
     tokens.assign((size_t)b * k, 0);
     blocks.assign(nblk, 0);
@@ -388,8 +394,9 @@ void warmup(gollm_engine* e, gollm_engine_info& inf) {
     for (int s = 0; s < b; s++) {
       gollm_seq& q = seqs[s];
       q.token_offset = s * k, q.token_count = k;
-      q.block_offset = 0, q.block_count = nblk;
-      q.flags = GOLLM_SEQ_SAMPLE;
+      q.block_offset = 0, q.block_count = chained ? s / T + 1 : nblk;
+      q.pos = chained ? s : 0;
+      q.flags = GOLLM_SEQ_SAMPLE | (chained ? GOLLM_SEQ_CHAINED : 0);
       q.temperature = greedy ? 0.f : 1.f;
       q.bias_offset = -1, q.allowed_offset = -1;
       q.uniform = 0.5;
@@ -420,6 +427,14 @@ void warmup(gollm_engine* e, gollm_engine_info& inf) {
     run(b, 1, true);
     run(b, 1, false);
     if (b == top) break;
+  }
+  // The buckets a step with proposals verified in rows takes (rows of up to
+  // engine.MaxDraftTokens+1 each, in the batch manager's default budget of 32): their
+  // graphs wait for the KV writes before attention, a key of their own.
+  const int chained_top = std::min({top, 32, e->max_len, T * e->num_blocks});
+  for (int b = 2; e->graphs && e->tp_size == 1 && b <= chained_top; b *= 2) {
+    run(b, 1, true, true);
+    run(b, 1, false, true);
   }
   inf.warmup_graphs = (int32_t)e->graph_execs.size();
   inf.warmup_ms = std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -13,7 +13,8 @@ import (
 // tokenizer), on an engine of the same kind with a KV pool of its own. Each iteration it
 // catches every sequence up — the tokens the target accepted since, on the first call
 // the whole prompt — and then runs up to Max steps of the draft model, all sequences
-// batched in each, one proposal per sequence per step. Greedy sequences get the draft's
+// batched in each, one proposal per sequence per step; on an engine that pipelines
+// (engine.Pipeliner) greedy calls chain those steps on the device (proposeChained). Greedy sequences get the draft's
 // greedy tokens (certain proposals: the output is that of decoding without
 // speculation); sampled ones get tokens drawn from the draft's distribution under the
 // sequence's own settings, with that distribution, for speculative sampling's rule.
@@ -59,6 +60,9 @@ type draftRun struct {
 	sampled bool
 	// done says it proposes no more this call.
 	done bool
+	// pre is how many of its catch-up tokens proposeChained feeds one a step first, and
+	// main the position of the first its main step 0 feeds.
+	pre, main int
 }
 
 // NewDraft makes a draft-model proposer on eng, which it owns from then on (Close
@@ -86,6 +90,9 @@ func (d *Draft) Propose(reqs []*Request) error {
 		if run := d.start(r); run != nil {
 			d.runs = append(d.runs, run)
 		}
+	}
+	if pipe, ok := d.eng.(engine.Pipeliner); ok && d.chains() {
+		return d.proposeChained(pipe)
 	}
 	for step := 0; ; step++ {
 		d.batch.Seqs = d.batch.Seqs[:0]
@@ -115,6 +122,152 @@ func (d *Draft) Propose(reqs []*Request) error {
 			}
 		}
 	}
+}
+
+// chains says whether this call's runs may be chained on the engine (proposeChained):
+// every one greedy, and nothing it samples with reads the fed token's history
+// (penalties, bad words of several tokens).
+func (d *Draft) chains() bool {
+	for _, run := range d.runs {
+		p := &run.req.Sampling
+		if run.sampled || p.RepetitionPenalty != 0 && p.RepetitionPenalty != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+			return false
+		}
+		for _, w := range p.BadWords {
+			if len(w) > 1 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// maxPreSteps is the most catch-up tokens of a run, past its last, that proposeChained
+// feeds in steps of one token ahead of its first proposal: a few chained decode steps
+// (graph replays on the GPU) cost less than one step of several tokens run eagerly.
+const maxPreSteps = 3
+
+// proposeChained runs the draft's steps on a Pipeliner, each launched before the
+// previous one's outputs are read, its rows fed by that one's sampled tokens on the
+// device (Sequence.Feed). A run's catch-up — the tokens the target accepted since, and
+// its own — goes first: all but the last of up to maxPreSteps+1 tokens in steps of one
+// token (their samples unread), more in the main step 0. Main step 0 feeds each run's
+// last token and samples its first proposal; main step j feeds proposal j-1 of each run
+// that proposes more than j tokens. The engine runs the steps back to back, and the host
+// reads each one's proposals while the next computes. A run that meets an end token
+// stops taking proposals; the rows already launched for it compute for nothing, their
+// keys and values past what it fed.
+func (d *Draft) proposeChained(pipe engine.Pipeliner) error {
+	pre := 0 // steps before main step 0
+	for _, run := range d.runs {
+		run.pre = 0
+		if m := len(run.hist) - len(run.st.fed); m <= maxPreSteps+1 {
+			run.pre = m - 1
+		}
+		run.main = len(run.st.fed) + run.pre
+		pre = max(pre, run.pre)
+	}
+	// rows[s%2] are the runs of step s, in its batch's order.
+	var rows [2][]*draftRun
+	launched := 0
+	fail := func(err error) error {
+		for ; launched > 0; launched-- {
+			_, _ = pipe.Wait()
+		}
+		d.fail(err)
+		return fmt.Errorf("draft model: %w", err)
+	}
+	launch := func(s int) error {
+		cur, prev := &rows[s%2], rows[(s+1)%2]
+		d.batch.Seqs = d.batch.Seqs[:0]
+		*cur = (*cur)[:0]
+		switch j := s - pre; {
+		case j < 0:
+			// A catch-up token of each run with one in this step, known on the host.
+			for _, run := range d.runs {
+				if k := run.pre + j; k >= 0 {
+					r, at := run.req, len(run.hist)-run.pre-1+k
+					*cur = append(*cur, run)
+					d.batch.Seqs = append(d.batch.Seqs, engine.Sequence{
+						ID: r.Key, Tokens: run.hist[at : at+1 : at+1], Pos: at, Blocks: run.st.kv.Blocks(), Sample: true,
+						Sampling: r.Sampling, History: run.hist[: at+1 : at+1], NumGenerated: r.NumGenerated,
+					})
+				}
+			}
+		case j == 0:
+			for _, run := range d.runs {
+				*cur = append(*cur, run)
+				q := d.row(run)
+				// Past the catch-up tokens the steps before feed (some may not be read yet).
+				q.Tokens, q.Pos = run.hist[run.main:len(run.hist):len(run.hist)], run.main
+				d.batch.Seqs = append(d.batch.Seqs, q)
+			}
+		default:
+			for i, run := range prev {
+				if run.done || run.req.Max <= j {
+					continue
+				}
+				// Proposal j-1, at position len(Tokens)+j-1, comes from step s-1's
+				// sampling: a placeholder here, and History lacks it (proposals up to j-2
+				// are taken).
+				r := run.req
+				pos := len(r.Tokens) + j - 1
+				*cur = append(*cur, run)
+				d.batch.Seqs = append(d.batch.Seqs, engine.Sequence{
+					ID: r.Key, Tokens: run.hist[:1:1], Pos: pos, Blocks: run.st.kv.Blocks(), Sample: true,
+					Sampling: r.Sampling, History: run.hist[:pos:pos], NumGenerated: r.NumGenerated + j, Feed: i + 1,
+				})
+			}
+		}
+		if len(d.batch.Seqs) == 0 {
+			return nil
+		}
+		if err := pipe.Launch(&d.batch); err != nil {
+			return err
+		}
+		launched++
+		return nil
+	}
+	if err := launch(0); err != nil {
+		return fail(err)
+	}
+	for s := 0; launched > 0; s++ {
+		// Step s+1 is launched before step s's outputs are read; rows of runs that step s
+		// ends compute for nothing.
+		if err := launch(s + 1); err != nil {
+			return fail(err)
+		}
+		outs, err := pipe.Wait()
+		launched--
+		cur := rows[s%2]
+		if err == nil && len(outs) != len(cur) {
+			err = fmt.Errorf("%d outputs for %d sequences", len(outs), len(cur))
+		}
+		if err != nil {
+			return fail(err)
+		}
+		for i, run := range cur {
+			if run.done {
+				continue
+			}
+			// The tokens step s fed: one before main step 0 and after it, the rest of
+			// the catch-up at it.
+			n := len(run.st.fed)
+			fed := 1
+			if s == pre {
+				fed = len(run.hist) - n
+			}
+			if s < pre {
+				run.st.fed = append(run.st.fed, run.hist[n])
+				continue
+			}
+			q := engine.Sequence{Tokens: run.hist[n : n+fed]}
+			if err := d.take(run, &q, &outs[i]); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	return nil
 }
 
 // start readies one request: its state caught up to what still matches its tokens, and

@@ -152,3 +152,97 @@ func TestDraftWithoutRoomProposesNothing(t *testing.T) {
 		t.Fatalf("proposals %v, err %v; want none and no error", r.Draft, err)
 	}
 }
+
+// pipedEngine is a CPU engine with the Pipeliner contract (engine.SyncPipeline), counting
+// the launches and the fed rows among them.
+type pipedEngine struct {
+	*cpu.Engine
+	pipe          *engine.SyncPipeline
+	launches, fed int
+}
+
+func (p *pipedEngine) Launch(b *engine.Batch) error {
+	p.launches++
+	for _, s := range b.Seqs {
+		if s.Feed > 0 {
+			p.fed++
+		}
+	}
+	return p.pipe.Launch(b)
+}
+
+func (p *pipedEngine) Wait() ([]engine.Output, error) { return p.pipe.Wait() }
+
+// TestDraftChainsItsStepsOnAPipeliner: on an engine that pipelines, a greedy call's
+// draft steps are launched each before the previous one's outputs are read, fed on the
+// engine (Sequence.Feed), and give the proposals of steps run one at a time — across
+// calls whose first tokens the target rejected, for sequences of different Max and for
+// one whose end token stops it early; a sampled sequence in the call runs step by step.
+func TestDraftChainsItsStepsOnAPipeliner(t *testing.T) {
+	cpuEng := austen(t, 64)
+	piped := &pipedEngine{Engine: cpuEng, pipe: engine.NewSyncPipeline(cpuEng)}
+	chained, err := NewDraft(piped, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := NewDraft(austen(t, 64), 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := []int32{40, 318, 257, 3288, 11, 290, 262, 286}
+	run := func(d *Draft, reqs []Request) [][]int32 {
+		var rs []*Request
+		for i := range reqs {
+			r := reqs[i]
+			r.Tokens = slices.Clone(r.Tokens)
+			rs = append(rs, &r)
+		}
+		if err := d.Propose(rs); err != nil {
+			t.Fatal(err)
+		}
+		var out [][]int32
+		for _, r := range rs {
+			out = append(out, slices.Clone(r.Draft))
+		}
+		return out
+	}
+	first := run(plain, []Request{{Key: 1, Tokens: prompt, Max: 5}, {Key: 2, Tokens: prompt[:5], Max: 2}})
+	if got := run(chained, []Request{{Key: 1, Tokens: prompt, Max: 5}, {Key: 2, Tokens: prompt[:5], Max: 2}}); !slices.EqualFunc(got, first, slices.Equal) {
+		t.Fatalf("chained proposals %v, want %v", got, first)
+	}
+	if piped.launches != 5 || piped.fed != 5 {
+		t.Fatalf("%d launches with %d fed rows, want 5 and 5 (4 + 1)", piped.launches, piped.fed)
+	}
+	// The target kept two of the first sequence's and added its own; the second
+	// sequence's end token is its second proposal.
+	ctx := append(append(slices.Clone(prompt), first[0][:2]...), (first[0][2]+1)%4096)
+	next := []Request{{Key: 1, Tokens: ctx, Max: 4, NumGenerated: 3}, {Key: 2, Tokens: prompt[:5], Max: 4, EndIDs: first[1][1:2]}}
+	want := run(plain, next)
+	if got := run(chained, next); !slices.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("after a rejection, with an end token: chained %v, want %v", got, want)
+	}
+	if len(want[1]) != 2 {
+		t.Fatalf("the end token did not stop the second sequence: %v", want[1])
+	}
+	// The target kept all of the first sequence's and added its own (two tokens to catch
+	// up: one in a step ahead); a new sequence of three tokens (two ahead).
+	ctx = append(append(slices.Clone(ctx), want[0]...), 17)
+	next = []Request{{Key: 1, Tokens: ctx, Max: 3, NumGenerated: 8}, {Key: 4, Tokens: prompt[2:5], Max: 2}}
+	launches, fed := piped.launches, piped.fed
+	want = run(plain, next)
+	if got := run(chained, next); !slices.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("catching up in steps ahead: chained %v, want %v", got, want)
+	}
+	if piped.launches-launches != 5 || piped.fed-fed != 3 {
+		t.Fatalf("%d launches with %d fed rows, want 2 ahead, the main step and 2 fed", piped.launches-launches, piped.fed-fed)
+	}
+	// A sampled sequence: step by step.
+	launches = piped.launches
+	sampled := []Request{{Key: 3, Tokens: prompt, Max: 3, Sampling: engine.SamplingParams{Temperature: 0.8, Seed: 1}}}
+	if got, want := run(chained, sampled), run(plain, sampled); !slices.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("sampled: %v, want %v", got, want)
+	}
+	if piped.launches != launches {
+		t.Fatal("a sampled sequence's steps were chained")
+	}
+}

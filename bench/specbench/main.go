@@ -6,8 +6,8 @@
 //
 //	go run ./bench/specbench -out bench/results
 //
-// Workloads: prompt lookup on a prompt the answer copies from (an Austen passage, then
-// its first words again), at batch 1; prompt lookup on a short prompt (the model's own
+// Workloads: prompt lookup on a prompt the answer copies from (copyingPrompt: a text,
+// then its opening again, where the model's answer repeats the text), at batch 1; prompt lookup on a short prompt (the model's own
 // repetitions) at batch 1; a draft model at batch 1 (-draft, by default the model
 // itself: every proposal accepted, so the row shows the mechanism's cost and ceiling,
 // not a trained pair's acceptance); prompt lookup at batch 64 (the policy's
@@ -50,6 +50,9 @@ type config struct {
 	verbose                     bool
 	// engine is "cpu" or "gpu"; lib the CUDA library's path.
 	engine, lib string
+	// overlap is the batch manager's overlap schedule: "on", "off", or "auto" (on for
+	// the GPU engine, as the backend's overlap_scheduler defaults).
+	overlap string
 }
 
 func main() {
@@ -65,6 +68,7 @@ func main() {
 	flag.BoolVar(&c.verbose, "v", false, "log every run")
 	flag.StringVar(&c.engine, "engine", "cpu", "cpu or gpu")
 	flag.StringVar(&c.lib, "lib", os.Getenv("GOLLM_CUDA_LIB"), "the CUDA library (-engine gpu; default build/libgollm_cuda.so)")
+	flag.StringVar(&c.overlap, "overlap", "auto", "the overlap schedule, off and on alike: on, off, or auto (on for -engine gpu, as served)")
 	flag.Parse()
 	if c.draft == "" {
 		c.draft = c.target
@@ -119,8 +123,11 @@ func run(c config) error {
 		return err
 	}
 	text := tok.Encode(string(passage))
-	copyPrompt := append(slices.Clone(text[:300]), tok.Encode("\n\n")...)
-	copyPrompt = append(copyPrompt, text[:12]...)
+	copyPrompt, copied, err := copyingPrompt(m, text, tok.Encode("\n\n"), c.maxNew)
+	if err != nil {
+		return err
+	}
+	log.Printf("lookup_copy_b1: the answer copies the prompt for its first %d of %d tokens", copied, c.maxNew)
 	plainPrompt := tok.EncodePrompt("It is a truth universally acknowledged")
 	lookupK, draftK := 8, 4
 	if c.k > 0 {
@@ -227,7 +234,11 @@ func run(c config) error {
 			row["impl"], row["date"], row["commit"], row["machine"] = "gollm-manager", date, commit, machine
 			row["model"], row["dtype"], row["workload"] = modelName(c.target), dtype, w.name
 			row["load_avg"], row["rounds"] = load, c.rounds
-			row["note"] = "batch manager and CPU engine in one process (no tritonserver), greedy; off and on alternating, median of the rounds; batch 1 (streaming): the decode rate, tokens after the first over the time from the first response to the last, batch 64: generated tokens over the wall time"
+			row["overlap_scheduler"] = c.overlap == "on" || c.overlap == "auto" && c.engine == "gpu"
+			if w.name == "lookup_copy_b1" {
+				row["copied_tokens"] = copied
+			}
+			row["note"] = "batch manager and " + strings.ToUpper(c.engine) + " engine in one process (no tritonserver), greedy; off and on alternating, median of the rounds; batch 1 (streaming): the decode rate, tokens after the first over the time from the first response to the last, batch 64: generated tokens over the wall time"
 			if f != nil {
 				line, err := json.Marshal(row)
 				if err != nil {
@@ -240,6 +251,74 @@ func run(c config) error {
 		}
 	}
 	return nil
+}
+
+// copyingPrompt is a prompt whose greedy answer copies a text in it, as an edit or a
+// summary quoting its source does: an Austen passage's opening, a text, a blank line and
+// the opening again. A small model does not copy a passage it is shown (it continues in
+// its own words), so the text is the model's own continuation of the opening, revised
+// until the answer repeats it: each round's text is the answer to the previous round's
+// prompt, and the prompt whose answer repeats the longest run of its text is kept, with
+// that run's length (copied; at most n, the answer's length). Greedy decoding on the CPU
+// engine (float32); the GPU's fp16 answer may part from it sooner.
+func copyingPrompt(m *model.Float32, text, sep []int32, n int) ([]int32, int, error) {
+	e, err := cpu.NewFromModel(m, engine.KVConfig{NumBlocks: 64, TokensPerBlock: 64})
+	if err != nil {
+		return nil, 0, err
+	}
+	defer e.Close()
+	blocks := make([]int32, 64)
+	for i := range blocks {
+		blocks[i] = int32(i)
+	}
+	greedy := func(prompt []int32) ([]int32, error) {
+		hist := slices.Clone(prompt)
+		toks, pos := prompt, 0
+		for range n {
+			outs, err := e.Step(&engine.Batch{Seqs: []engine.Sequence{{ID: 1, Tokens: toks, Pos: pos, Blocks: blocks, Sample: true, History: hist}}})
+			if err != nil {
+				return nil, err
+			}
+			pos += len(toks)
+			hist = append(hist, outs[0].Token)
+			toks = hist[len(hist)-1:]
+		}
+		return hist[len(prompt):], nil
+	}
+	var best []int32
+	copied := -1
+	for _, at := range []int{200, 0, 600, 1200} {
+		if at+60 > len(text) || 2*(60+n)+len(sep) > 64*64 {
+			continue
+		}
+		open := text[at : at+60]
+		doc, err := greedy(open)
+		if err != nil {
+			return nil, 0, err
+		}
+		for range 8 {
+			p := append(append(append(slices.Clone(open), doc...), sep...), open...)
+			ans, err := greedy(p)
+			if err != nil {
+				return nil, 0, err
+			}
+			run := 0
+			for run < n && ans[run] == doc[run] {
+				run++
+			}
+			if run > copied {
+				best, copied = p, run
+			}
+			if copied >= n*9/10 {
+				return best, copied, nil
+			}
+			doc = ans
+		}
+	}
+	if best == nil {
+		return nil, 0, fmt.Errorf("specbench: the passage is too short for a copying prompt")
+	}
+	return best, copied, nil
 }
 
 // newEngine makes an engine of c's kind on the checkpoint dir (m: its float32 weights,
@@ -267,7 +346,7 @@ func measure(c config, m *model.Float32, w workload, spec bool) (result, string,
 		return result{}, "", err
 	}
 	defer e.Close()
-	var cfg batchmanager.Config
+	cfg := batchmanager.Config{Overlap: c.overlap == "on" || c.overlap == "auto" && c.engine == "gpu"}
 	desc := "off"
 	if spec {
 		if cfg.Speculation, desc, err = w.spec(); err != nil {

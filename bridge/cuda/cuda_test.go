@@ -23,11 +23,11 @@ func TestSplitBatch(t *testing.T) {
 		maxTokens, maxSeq int
 		want              [][]piece
 	}{
-		{"a batch within the limits is one call", 100, 10, [][]piece{{{0, 0, 10, true}, {1, 0, 1, true}, {2, 0, 3, true}}}},
+		{"a batch within the limits is one call", 100, 10, [][]piece{{{0, 0, 10, true, false}, {1, 0, 1, true, false}, {2, 0, 3, true, false}}}},
 		{"a long prompt is cut into chunks", 4, 10, [][]piece{
-			{{0, 0, 4, false}}, {{0, 4, 8, false}}, {{0, 8, 10, true}, {1, 0, 1, true}, {2, 0, 1, false}}, {{2, 1, 3, true}},
+			{{0, 0, 4, false, false}}, {{0, 4, 8, false, false}}, {{0, 8, 10, true, false}, {1, 0, 1, true, false}, {2, 0, 1, false, false}}, {{2, 1, 3, true, false}},
 		}},
-		{"too many sequences start a new call", 100, 2, [][]piece{{{0, 0, 10, true}, {1, 0, 1, true}}, {{2, 0, 3, true}}}},
+		{"too many sequences start a new call", 100, 2, [][]piece{{{0, 0, 10, true, false}, {1, 0, 1, true, false}}, {{2, 0, 3, true, false}}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -585,8 +585,9 @@ func newEngine(w *Weights, opts Options, comm *C.gollm_comm) (*Engine, error) {
 		EndIDs: cfg.EOSIDs,
 	}
 	if comm == nil {
-		// Proposals are verified on the host from their rows' logits (verifyDrafts); a
-		// tensor-parallel rank's engine has none of its own to verify with.
+		// Proposals are verified in rows sampled on the GPU, or on the host from their rows'
+		// logits (verifyDrafts); a tensor-parallel rank's engine has none of its own to
+		// verify with.
 		e.info.MaxDraft = engine.MaxDraftTokens
 		e.verifier = engine.NewSampler(cfg.VocabSize)
 	}
@@ -675,21 +676,33 @@ func (e *Engine) stepParts(b *engine.Batch, parts [][]piece) ([]engine.Output, e
 			return nil, err
 		}
 	}
-	if err := e.verifyDrafts(b, outs); err != nil {
+	if err := e.verifyDrafts(b, outs, parts); err != nil {
 		return nil, err
 	}
 	return outs, nil
 }
 
-// verifyDrafts decides the tokens of b's sequences with proposals from the logits of
-// their rows, which the step returned as context logits, by the rules every engine
-// follows (engine.Sampler.Verify). The GPU computes the rows; the acceptance runs on the
-// host, at the cost of copying Draft+1 rows of logits back per such sequence.
-func (e *Engine) verifyDrafts(b *engine.Batch, outs []engine.Output) error {
+// verifyDrafts decides the tokens of b's sequences with proposals that were not
+// verified in rows on the GPU (parts' pieces say which were: collect accepted those)
+// from the logits of their rows, which the step returned as context logits, by the
+// rules every engine follows (engine.Sampler.Verify): proposals drawn from a
+// distribution, or rows whose logits are asked for, at the cost of copying Draft+1 rows
+// of logits back per such sequence.
+func (e *Engine) verifyDrafts(b *engine.Batch, outs []engine.Output, parts [][]piece) error {
 	V := e.info.VocabSize
+	onGPU := func(i int) bool {
+		for _, part := range parts {
+			for _, pc := range part {
+				if pc.seq == i {
+					return pc.rows
+				}
+			}
+		}
+		return false
+	}
 	for i := range b.Seqs {
 		sq := &b.Seqs[i]
-		if sq.Draft == 0 {
+		if sq.Draft == 0 || onGPU(i) {
 			continue
 		}
 		o := &outs[i]

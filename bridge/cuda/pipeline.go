@@ -72,7 +72,17 @@ func (e *Engine) Launch(b *engine.Batch) error {
 		return errors.New("cuda: Launch: fed sequences without a launched predecessor")
 	}
 	parts := splitBatch(b, e.opts.MaxTokens, e.opts.MaxSeqs)
-	drafted := slices.ContainsFunc(b.Seqs, func(s engine.Sequence) bool { return s.Draft > 0 })
+	// Proposals verified in rows on the GPU are sampled there like any row; those left to
+	// the host need their logits first.
+	drafted := false
+	for _, pc := range parts[0] {
+		drafted = drafted || b.Seqs[pc.seq].Draft > 0 && !pc.rows
+	}
+	for _, part := range parts[1:] {
+		for _, pc := range part {
+			drafted = drafted || b.Seqs[pc.seq].Draft > 0
+		}
+	}
 	late := slices.ContainsFunc(b.Seqs, func(s engine.Sequence) bool { return s.LateMask })
 	// The library takes masks late for a step whose rows return no logits (one GPU: a
 	// tensor-parallel engine steps its ranks, under engine.SyncPipeline).
@@ -102,15 +112,18 @@ func (e *Engine) Launch(b *engine.Batch) error {
 	}
 	p.feed = p.feed[:0]
 	if fed {
+		// One call: the library's sequences are the batch's, but for the rows of
+		// proposals verified on the GPU (stepPrep.first).
+		for range p.seqs {
+			p.feed = append(p.feed, -1)
+		}
 		for i := range b.Seqs {
-			f := int32(-1)
 			if s := &b.Seqs[i]; s.Feed > 0 {
 				if s.Feed > prev.n {
 					return fmt.Errorf("cuda: sequence %d: Feed = %d names no sequence of the %d launched before", s.ID, s.Feed, prev.n)
 				}
-				f = int32(s.Feed - 1) // one call: the library's rows are the batch's
+				p.feed[p.first[i]] = int32(prev.prep.first[s.Feed-1])
 			}
-			p.feed = append(p.feed, f)
 		}
 	}
 	var pin runtime.Pinner
@@ -184,10 +197,12 @@ func (e *Engine) supply(r *launchRec, b *engine.Batch) error {
 // lateRows counts the rows of b that may get a mask at SupplyMasks; build left every
 // row's allowed_offset at -1 and p.allowed empty, as a late launch must have them.
 func (p *stepPrep) lateRows(b *engine.Batch) int {
-	n := 0
 	for i := range p.seqs {
 		p.seqs[i].allowed_offset = -1
-		if s := &b.Seqs[i]; s.Sample && (s.LateMask || s.Allowed != nil) {
+	}
+	n := 0
+	for i := range p.first {
+		if s := &b.Seqs[i]; p.rows[i] == 1 && s.Sample && (s.LateMask || s.Allowed != nil) {
 			n++
 		}
 	}
@@ -196,26 +211,33 @@ func (p *stepPrep) lateRows(b *engine.Batch) int {
 }
 
 // supplyOffsets lays out b's masks for gollm_supply_allowed in p.allowed (each distinct
-// one once) and returns each row's offset there, -1 for none.
+// one once) and returns each of the call's sequences' offset there, -1 for none: the rows
+// of proposals verified on the GPU (n is b's sequence count) take none.
 func (p *stepPrep) supplyOffsets(b *engine.Batch, n, words int) []int32 {
 	p.allowed = p.allowed[:0]
 	clear(p.shared)
 	p.shared = p.shared[:0]
 	p.offs = p.offs[:0]
 	for i := range n {
-		off := int32(-1)
-		if b != nil {
+		off, rows := int32(-1), 1
+		if i < len(p.rows) {
+			rows = p.rows[i]
+		}
+		if b != nil && rows == 1 {
 			if s := &b.Seqs[i]; s.Sample && s.Allowed != nil {
 				off = int32(p.allow(s.Allowed, words))
 			}
 		}
 		p.offs = append(p.offs, off)
+		for range rows - 1 {
+			p.offs = append(p.offs, -1)
+		}
 	}
 	return p.offs
 }
 
 // launchOnHost runs a launch that cannot wait in the library — several calls, fed from a
-// launch on the host, or proposals to verify on the host: every launch before it is
+// launch on the host, or proposals whose logits the host verifies: every launch before it is
 // waited for, fed tokens are taken from the previous one's outputs, and the batch runs
 // now; its outcome waits in the queue.
 func (e *Engine) launchOnHost(b *engine.Batch, parts [][]piece, fed bool, prev *launchRec) error {
@@ -360,9 +382,13 @@ func (p *stepPrep) stepOut(pin *runtime.Pinner, logits []float32, n int) *C.goll
 // batch's sequence i: what each asked for is read from its descriptor's flags, since
 // the batch may have changed since the launch.
 func (p *stepPrep) collectLaunched(logits []float32, outs []engine.Output, V int) {
-	for i := range p.seqs {
-		d := &p.seqs[i]
+	for i, first := range p.first {
+		d := &p.seqs[first]
 		o := &outs[i]
+		if p.rows[i] > 1 {
+			p.acceptRows(first, p.rows[i], o, p.ids[first])
+			continue
+		}
 		off := int(d.logits_offset)
 		n := int(d.token_count)
 		if d.flags&C.GOLLM_SEQ_CONTEXT_LOGITS != 0 && logits != nil {
@@ -374,8 +400,8 @@ func (p *stepPrep) collectLaunched(logits []float32, outs []engine.Output, V int
 			o.Logits = logits[off : off+V : off+V]
 		}
 		if d.flags&C.GOLLM_SEQ_SAMPLE != 0 {
-			o.Token, o.LogProb = p.outTok[i], p.outLP[i]
-			o.Err = maskedErr(o, p.ids[i])
+			o.Token, o.LogProb = p.outTok[first], p.outLP[first]
+			o.Err = maskedErr(o, p.ids[first])
 		}
 	}
 }

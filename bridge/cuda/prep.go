@@ -22,24 +22,40 @@ type piece struct {
 	// last is set on the run that ends the sequence's Tokens: it samples and returns
 	// the last position's logits.
 	last bool
+	// rows says its proposals are verified in rows on the GPU (verifiesOnGPU).
+	rows bool
 }
 
 // splitBatch cuts b into library calls of at most maxTokens tokens and maxSeqs
-// sequences, in order; a prompt too long for one call is split into chunks.
+// sequences, in order; a prompt too long for one call is split into chunks. A sequence
+// whose proposals are verified in rows on the GPU (verifiesOnGPU) is never split: it
+// takes Draft+1 of a call's sequences and tokens, one a row.
 func splitBatch(b *engine.Batch, maxTokens, maxSeqs int) [][]piece {
 	var parts [][]piece
 	var cur []piece
-	curTok := 0
+	curTok, curSeqs := 0, 0
 	for si := range b.Seqs {
-		n := len(b.Seqs[si].Tokens)
-		for from := 0; from < n; {
-			if len(cur) == maxSeqs || curTok == maxTokens {
+		sq := &b.Seqs[si]
+		n := len(sq.Tokens)
+		if verifiesOnGPU(sq, maxTokens, maxSeqs) {
+			if curSeqs+n > maxSeqs || curTok+n > maxTokens {
 				parts = append(parts, cur)
-				cur, curTok = nil, 0
+				cur, curTok, curSeqs = nil, 0, 0
+			}
+			cur = append(cur, piece{seq: si, from: 0, to: n, last: true, rows: true})
+			curTok += n
+			curSeqs += n
+			continue
+		}
+		for from := 0; from < n; {
+			if curSeqs == maxSeqs || curTok == maxTokens {
+				parts = append(parts, cur)
+				cur, curTok, curSeqs = nil, 0, 0
 			}
 			k := min(n-from, maxTokens-curTok)
 			cur = append(cur, piece{seq: si, from: from, to: from + k, last: from+k == n})
 			curTok += k
+			curSeqs++
 			from += k
 		}
 	}
@@ -47,6 +63,22 @@ func splitBatch(b *engine.Batch, maxTokens, maxSeqs int) [][]piece {
 		parts = append(parts, cur)
 	}
 	return parts
+}
+
+// verifiesOnGPU says whether sq's proposals are verified as rows sampled on the GPU:
+// each of its last Draft+1 positions a sequence of one token of its own (over the same
+// block table, GOLLM_SEQ_CHAINED), sampled as a step of one token would sample it, so
+// that the step is a decode step (its graph replayed) and only the tokens come back.
+// That is Verify's rule wherever the proposals are certain (no DraftProbs, or greedy);
+// proposals drawn from a distribution (speculative sampling) and rows whose logits are
+// asked for come back as logits for the host to verify (verifyDrafts).
+func verifiesOnGPU(sq *engine.Sequence, maxTokens, maxSeqs int) bool {
+	p := &sq.Sampling
+	return sq.Draft > 0 && sq.Sample && !sq.ReturnLogits && !sq.ContextLogits && !sq.ReturnHidden &&
+		sq.Allowed == nil && !sq.LateMask && sq.Feed == 0 &&
+		(sq.DraftProbs == nil || p.Temperature == 0 || p.TopK == 1) &&
+		len(sq.Tokens) == sq.Draft+1 && len(sq.History) >= sq.Draft &&
+		sq.Draft+1 <= maxSeqs && sq.Draft+1 <= maxTokens
 }
 
 // stepPrep holds the flat arrays of one library call, reused between steps.
@@ -82,6 +114,11 @@ type stepPrep struct {
 	// feed is, for a launched call, each sequence's fed row of the call before (-1:
 	// none); empty when no sequence is fed.
 	feed []int32
+	// first and rows are, for each piece of the call, its first sequence in seqs and how
+	// many it has there: Draft+1 for proposals verified in rows on the GPU, else 1.
+	first, rows []int
+	// chained says some piece's proposals are verified in rows (rows > 1).
+	chained bool
 }
 
 // init sizes the per-vocabulary buffers.
@@ -99,8 +136,17 @@ func (p *stepPrep) build(b *engine.Batch, part []piece, info engine.Info) {
 	clear(p.shared)
 	p.shared = p.shared[:0]
 	p.logitsLen = 0
+	p.first, p.rows, p.chained = p.first[:0], p.rows[:0], false
 	for _, pc := range part {
 		sq := &b.Seqs[pc.seq]
+		p.first = append(p.first, len(p.seqs))
+		if pc.rows {
+			p.buildRows(sq, T, V)
+			p.rows = append(p.rows, sq.Draft+1)
+			p.chained = true
+			continue
+		}
+		p.rows = append(p.rows, 1)
 		n := pc.to - pc.from
 		pos := sq.Pos + pc.from
 		need := (pos + n + T - 1) / T
@@ -134,35 +180,100 @@ func (p *stepPrep) build(b *engine.Batch, part []piece, info engine.Info) {
 			p.bias = append(p.bias, sp.EmbeddingBias...)
 		}
 		if pc.last && sq.Sample {
-			d.flags |= C.GOLLM_SEQ_SAMPLE
-			d.temperature = C.float(sp.Temperature)
-			d.top_k = C.int32_t(sp.TopK)
-			d.top_p = C.float(sp.TopP)
-			d.repetition_penalty = C.float(sp.RepetitionPenalty)
-			d.presence_penalty = C.float(sp.PresencePenalty)
-			d.frequency_penalty = C.float(sp.FrequencyPenalty)
-			d.uniform = C.double(engine.Uniform(sp.Seed, sq.NumGenerated))
-			d.penalty_offset = C.int32_t(len(p.penTok))
-			if (sp.RepetitionPenalty != 0 && sp.RepetitionPenalty != 1) || sp.PresencePenalty != 0 || sp.FrequencyPenalty != 0 {
-				p.hist.Each(sq.History, func(t, n int32) {
-					p.penTok = append(p.penTok, t)
-					p.penCnt = append(p.penCnt, n)
-				})
-			}
-			d.penalty_count = C.int32_t(len(p.penTok) - int(d.penalty_offset))
-			d.mask_offset = C.int32_t(len(p.masks))
-			p.masks = engine.AppendMasks(p.masks, sq)
-			d.mask_count = C.int32_t(len(p.masks) - int(d.mask_offset))
-			d.min_p = C.float(sp.MinP)
-			if sq.Allowed != nil {
-				d.allowed_offset = C.int32_t(p.allow(sq.Allowed, (V+31)/32))
-			}
+			p.sampling(&d, sq, V)
 		}
 		p.seqs = append(p.seqs, d)
 		p.ids = append(p.ids, sq.ID)
 	}
-	p.outTok = slices.Grow(p.outTok[:0], len(part))[:len(part)]
-	p.outLP = slices.Grow(p.outLP[:0], len(part))[:len(part)]
+	p.outTok = slices.Grow(p.outTok[:0], len(p.seqs))[:len(p.seqs)]
+	p.outLP = slices.Grow(p.outLP[:0], len(p.seqs))[:len(p.seqs)]
+}
+
+// sampling fills d's sampling fields from sq, which samples after its last new token.
+func (p *stepPrep) sampling(d *C.gollm_seq, sq *engine.Sequence, V int) {
+	sp := &sq.Sampling
+	d.flags |= C.GOLLM_SEQ_SAMPLE
+	d.temperature = C.float(sp.Temperature)
+	d.top_k = C.int32_t(sp.TopK)
+	d.top_p = C.float(sp.TopP)
+	d.repetition_penalty = C.float(sp.RepetitionPenalty)
+	d.presence_penalty = C.float(sp.PresencePenalty)
+	d.frequency_penalty = C.float(sp.FrequencyPenalty)
+	d.uniform = C.double(engine.Uniform(sp.Seed, sq.NumGenerated))
+	d.penalty_offset = C.int32_t(len(p.penTok))
+	if (sp.RepetitionPenalty != 0 && sp.RepetitionPenalty != 1) || sp.PresencePenalty != 0 || sp.FrequencyPenalty != 0 {
+		p.hist.Each(sq.History, func(t, n int32) {
+			p.penTok = append(p.penTok, t)
+			p.penCnt = append(p.penCnt, n)
+		})
+	}
+	d.penalty_count = C.int32_t(len(p.penTok) - int(d.penalty_offset))
+	d.mask_offset = C.int32_t(len(p.masks))
+	p.masks = engine.AppendMasks(p.masks, sq)
+	d.mask_count = C.int32_t(len(p.masks) - int(d.mask_offset))
+	d.min_p = C.float(sp.MinP)
+	if sq.Allowed != nil {
+		d.allowed_offset = C.int32_t(p.allow(sq.Allowed, (V+31)/32))
+	}
+}
+
+// buildRows lays out sq's verification (verifiesOnGPU): row i (0 ≤ i ≤ Draft) is a
+// sequence of one token, Tokens[i] at Pos+i, over sq's blocks, sampled as Verify's row i
+// is — History's first len(History)-Draft+i tokens, NumGenerated+i — so that its token is
+// the one a step of one token would sample there. The rows share one copy of the
+// embedding bias.
+func (p *stepPrep) buildRows(sq *engine.Sequence, T, V int) {
+	k := sq.Draft
+	bias := int32(-1)
+	if len(sq.Sampling.EmbeddingBias) > 0 {
+		bias = int32(len(p.bias))
+		p.bias = append(p.bias, sq.Sampling.EmbeddingBias...)
+	}
+	row := *sq
+	for i := 0; i <= k; i++ {
+		pos := sq.Pos + i
+		need := (pos + 1 + T - 1) / T
+		d := C.gollm_seq{
+			token_offset: C.int32_t(len(p.tokens)), token_count: 1, pos: C.int32_t(pos),
+			block_offset: C.int32_t(len(p.blocks)), block_count: C.int32_t(need),
+			logits_offset: C.int64_t(p.logitsLen), bias_offset: C.int32_t(bias), allowed_offset: -1,
+			flags: C.GOLLM_SEQ_CHAINED,
+		}
+		p.tokens = append(p.tokens, sq.Tokens[i])
+		p.blocks = append(p.blocks, sq.Blocks[:need]...)
+		row.History = sq.History[:len(sq.History)-k+i]
+		row.NumGenerated = sq.NumGenerated + i
+		p.sampling(&d, &row, V)
+		p.seqs = append(p.seqs, d)
+		p.ids = append(p.ids, sq.ID)
+	}
+}
+
+// acceptRows fills o from the tokens sampled at the rows of a verification starting at
+// p.seqs[first]: the proposals up to the first that differs from the token sampled at
+// its position, then that token (Verify's rule for certain proposals). A row with every
+// token masked (-2) ends it; at the first row it is the sequence's failure.
+func (p *stepPrep) acceptRows(first, rows int, o *engine.Output, id uint64) {
+	o.Tokens = make([]int32, 0, rows)
+	o.LogProbs = make([]float32, 0, rows)
+	o.Logits, o.ContextLogits = nil, nil
+	for i := range rows {
+		t := p.outTok[first+i]
+		if t == -2 {
+			if i == 0 {
+				o.Token, o.LogProb, o.Tokens, o.LogProbs = -1, 0, nil, nil
+				o.Err = fmt.Errorf("cuda: sequence %d: %w", id, engine.ErrAllMasked)
+				return
+			}
+			break
+		}
+		o.Tokens = append(o.Tokens, t)
+		o.LogProbs = append(o.LogProbs, p.outLP[first+i])
+		if i == rows-1 || t != p.tokens[p.seqs[first+i+1].token_offset] {
+			break
+		}
+	}
+	o.Token, o.LogProb, o.Err = o.Tokens[0], o.LogProbs[0], nil
 }
 
 // collect moves one call's results into outs. Logits slices share the call's buffer,
@@ -172,7 +283,11 @@ func (p *stepPrep) collect(b *engine.Batch, part []piece, logits []float32, outs
 	for i, pc := range part {
 		sq := &b.Seqs[pc.seq]
 		o := &outs[pc.seq]
-		off := int(p.seqs[i].logits_offset)
+		if p.rows[i] > 1 {
+			p.acceptRows(p.first[i], p.rows[i], o, sq.ID)
+			continue
+		}
+		off := int(p.seqs[p.first[i]].logits_offset)
 		if (sq.ContextLogits || sq.Draft > 0) && logits != nil {
 			n := (pc.to - pc.from) * V
 			rows := logits[off : off+n : off+n]
@@ -191,7 +306,7 @@ func (p *stepPrep) collect(b *engine.Batch, part []piece, logits []float32, outs
 			o.Logits = logits[off : off+V : off+V]
 		}
 		if sq.Sample {
-			o.Token, o.LogProb = p.outTok[i], p.outLP[i]
+			o.Token, o.LogProb = p.outTok[p.first[i]], p.outLP[p.first[i]]
 			o.Err = maskedErr(o, sq.ID)
 		}
 	}

@@ -92,7 +92,7 @@ func cbool(v bool) C.int32_t {
 }
 
 // abiLayout reports the size of each ABI struct this package fills and the offset of
-// each field, by the names gollm.h gives them, for the test that pins them to ABI 14.
+// each field, by the names gollm.h gives them, for the test that pins them to ABI 15.
 func abiLayout() map[string]uintptr {
 	var st C.gollm_stage
 	var f C.gollm_faults

@@ -114,12 +114,12 @@ func TestRecipeOfCarriesEveryStage(t *testing.T) {
 	}
 }
 
-// TestABILayoutIsVersion14 pins the structs this package fills to gollm.h's ABI 14 — sizes
+// TestABILayoutIsVersion15 pins the structs this package fills to gollm.h's ABI 15 — sizes
 // and field offsets as x86-64 and arm64 C compilers lay them out —, so that a field added,
 // moved or resized without bumping GOLLM_ABI_VERSION fails here rather than in a library
 // built from another header.
-func TestABILayoutIsVersion14(t *testing.T) {
-	if v := headerABI(); v != 14 {
+func TestABILayoutIsVersion15(t *testing.T) {
+	if v := headerABI(); v != 15 {
 		t.Fatalf("gollm.h has ABI %d: update this test's layout with the version", v)
 	}
 	want := map[string]uintptr{
@@ -152,7 +152,7 @@ func TestABILayoutIsVersion14(t *testing.T) {
 	got := abiLayout()
 	for k, w := range want {
 		if g, ok := got[k]; !ok || g != w {
-			t.Errorf("%s: %d, ABI 14 has %d", k, g, w)
+			t.Errorf("%s: %d, ABI 15 has %d", k, g, w)
 		}
 	}
 	if len(got) != len(want) {

@@ -147,8 +147,9 @@ func run(o options) error {
 	fmt.Printf("engine on %s: %d blocks, weights %.1f MB, load %.2fs (warm-up %v: %d cuBLAS shapes, %d graphs)\n", eng.DeviceName, eng.Info().NumBlocks,
 		float64(eng.WeightBytes)/1e6, time.Since(t0).Seconds(), eng.WarmupTime, eng.WarmupGEMMShapes, eng.WarmupGraphs)
 	// The warm-up captures a greedy and a sampled graph for each batch bucket 1, 2, 4, …
-	// up to the default 256 sequences.
-	if want := 2 * bits.Len(256); eng.WarmupGraphs != want || eng.WarmupGEMMShapes == 0 {
+	// up to the default 256 sequences, and for chained rows (proposals verified in rows)
+	// 2, 4, … 32.
+	if want := 2*bits.Len(256) + 2*(bits.Len(32)-1); eng.WarmupGraphs != want || eng.WarmupGEMMShapes == 0 {
 		return fmt.Errorf("warm-up readied %d graphs and %d cuBLAS shapes, want %d graphs and some shapes", eng.WarmupGraphs, eng.WarmupGEMMShapes, want)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
