@@ -84,6 +84,7 @@ void proj(gollm_engine* e, const void* x, const void* w, const float* ws, float*
       if (p.use_lt) {
         fp8lt_quant<T>(lt, static_cast<const T*>(x), n, m, in, st);
         fp8lt_run(lt, p, p.algo, static_cast<const uint8_t*>(w), b->second, y, st.st);
+        if (p.bf16) fp8lt_widen(lt, y, m, out, st);
         return;
       }
     }
@@ -767,12 +768,13 @@ size_t create_fp8lt(gollm_engine* e) {
   e->fp8lt.reset(new Fp8Lt);
   Fp8Lt& lt = *e->fp8lt;
   CUBLAS_CHECK(cublasLtCreate(&lt.lt));
-  lt.ws = e->blas_ws.p, lt.ws_bytes = e->blas_ws.bytes;
+  lt.ws = e->blas_ws.p, lt.ws_bytes = e->blas_ws.bytes, lt.sms = e->sms;
   const Dims d(w->cfg);
   const size_t NG = gemm_rows(e->max_tokens);
   const size_t K = std::max({d.H, d.att, d.I}), G = (K + kFp8Group - 1) / kFp8Group;
   lt.xq.alloc(NG * K, "FP8 quantized activations");
   lt.xs.alloc(G * NG * 4, "FP8 activation scales");
+  lt.yb_need = NG * std::max({d.qkv, d.up, d.H}) * 2;
   std::vector<std::tuple<const float*, int, int>> ws;
   for (const Stage& s : w->recipe) {
     if (s.s.kind == GOLLM_STAGE_QKV) ws.emplace_back(s.ws, d.qkv, d.H);

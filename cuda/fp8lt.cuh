@@ -4,7 +4,9 @@
 //   xq  float8_e4m3fn [m][in], x quantized a row at a time in 1×128 groups along in by
 //       fp8_quant_rows_kernel, each group's scale amax / 448 (dynamic, fp32).
 // In cuBLASLt's column-major terms the product is D [out × m] = Wᵀ·x: A = W (transposed,
-// lda = in, scale mode BLK128x128_32F), B = xq (lda = in, VEC128_32F), D fp32 (ld = out).
+// lda = in, scale mode BLK128x128_32F), B = xq (lda = in, VEC128_32F), D fp32 (ld = out),
+// or, where this cuBLASLt has no fp32 D for block scaling, bf16 into a buffer that
+// fp8_widen_kernel widens into y (the Blas path's epilogues read fp32).
 // Scale layouts (cuBLASLt's, as PyTorch's _scaled_mm checks them for this recipe):
 //   A's blocks [ceil(out/128)][round_up(ceil(in/128), 4)]: block (ob, kb) at
 //     ob · round_up(Kb, 4) + kb — built at set-up from the arena's per-row scales, for
@@ -79,10 +81,14 @@ struct Fp8Lt {
   size_t ws_bytes = 0;
   DevMem xq, xs;  // quantized rows [NG][max in] and their scales [max G][NG]
   DevMem blk;     // every weight's block scales (the file's comment), one allocation
+  DevMem yb;      // bf16 products [NG][widest out], where cuBLASLt takes no fp32 D (the warm-up allocates it)
+  size_t yb_need = 0;  // its bytes
+  int sms = 1;         // the device's multiprocessors
   std::map<const float*, const float*> blocks;  // arena scales (Stage.ws) → their blocks
   // A shape's plan: use_lt false keeps fp8.cuh's kernels.
   struct Plan {
     bool use_lt = false;
+    bool bf16 = false;   // D in bf16 (lt.yb), widened into y by fp8_widen_kernel
     bool found = false;  // the heuristic had an algorithm (use_lt false: the mma kernel was faster)
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
@@ -90,14 +96,15 @@ struct Fp8Lt {
   };
   std::map<std::tuple<int, int, int>, Plan> plans;  // (m, in, out)
   bool reported = false;  // a shape without an algorithm was reported
+  static void drop(Plan& p) {
+    if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+    if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+    if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+    if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+    p.d = p.b = p.a = nullptr, p.desc = nullptr;
+  }
   ~Fp8Lt() {
-    for (auto& kv : plans) {
-      Plan& p = kv.second;
-      if (p.d) cublasLtMatrixLayoutDestroy(p.d);
-      if (p.b) cublasLtMatrixLayoutDestroy(p.b);
-      if (p.a) cublasLtMatrixLayoutDestroy(p.a);
-      if (p.desc) cublasLtMatmulDescDestroy(p.desc);
-    }
+    for (auto& kv : plans) drop(kv.second);
     if (lt) cublasLtDestroy(lt);
   }
 };
@@ -106,8 +113,16 @@ struct Fp8Lt {
 // than a broken step (descriptor set-up, the heuristic): false instead of an error.
 inline bool fp8lt_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
 
-// fp8lt_describe builds shape (m, in, out)'s descriptors into p; false where this cuBLASLt
-// does not know the attributes (older than block scaling).
+// fp8_widen_kernel: y [count] fp32 = yb [count] bf16 (grid-stride).
+__global__ void fp8_widen_kernel(const __nv_bfloat16* __restrict__ yb, float* __restrict__ y, size_t count) {
+  griddep_wait();
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+    y[i] = __bfloat162float(yb[i]);
+}
+
+// fp8lt_describe builds shape (m, in, out)'s descriptors into p (D in fp32, or bf16 where
+// p.bf16); false where this cuBLASLt does not know the attributes (older than block
+// scaling).
 inline bool fp8lt_describe(Fp8Lt::Plan& p, int m, int in, int out) {
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   const int32_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
@@ -118,7 +133,7 @@ inline bool fp8lt_describe(Fp8Lt::Plan& p, int m, int in, int out) {
          fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb)) &&
          fp8lt_ok(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, in, out, in)) &&
          fp8lt_ok(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, in, m, in)) &&
-         fp8lt_ok(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, out, m, out));
+         fp8lt_ok(cublasLtMatrixLayoutCreate(&p.d, p.bf16 ? CUDA_R_16BF : CUDA_R_32F, out, m, out));
 }
 
 // fp8lt_run enqueues plan p on (m rows of xq, weights w with blocks sa) into y.
@@ -128,8 +143,16 @@ inline void fp8lt_run(Fp8Lt& lt, const Fp8Lt::Plan& p, const cublasLtMatmulAlgo_
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs));
   const float one = 1.f, zero = 0.f;
-  CUBLAS_CHECK(cublasLtMatmul(lt.lt, p.desc, &one, w, p.a, lt.xq.p, p.b, &zero, y, p.d, y, p.d, &algo, lt.ws,
+  void* d = p.bf16 ? lt.yb.p : static_cast<void*>(y);
+  CUBLAS_CHECK(cublasLtMatmul(lt.lt, p.desc, &one, w, p.a, lt.xq.p, p.b, &zero, d, p.d, d, p.d, &algo, lt.ws,
                               lt.ws_bytes, st));
+}
+
+// fp8lt_widen enqueues the bf16 products' widening into y (plans with p.bf16).
+inline void fp8lt_widen(Fp8Lt& lt, float* y, int m, int out, Stream st) {
+  const size_t count = (size_t)m * out;
+  const int blocks = (int)std::min<size_t>((count + 255) / 256, (size_t)lt.sms * 8);
+  launch("fp8_widen_kernel", fp8_widen_kernel, blocks, 256, 0, st, (const __nv_bfloat16*)lt.yb.p, y, count);
 }
 
 // fp8lt_quant enqueues the quantization of x's n rows (padded to m) into lt.xq, lt.xs.
@@ -155,15 +178,29 @@ const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, con
   Fp8Lt::Plan& p = lt.plans[key];
   cublasLtMatmulHeuristicResult_t res[kFp8LtCandidates] = {};
   int found = 0;
-  // FP8 operands need 16-byte rows; the fp32 output 16-byte rows too.
-  if (in % 16 == 0 && out % 4 == 0 && fp8lt_describe(p, m, in, out)) {
+  // FP8 operands need 16-byte rows; the fp32 output 16-byte rows too. Where cuBLASLt has
+  // no fp32 D for block scaling, a bf16 D widened after (while the warm-up may still
+  // allocate its buffer: not inside a capture).
+  for (int bf = 0; bf < 2 && found <= 0; bf++) {
+    Fp8Lt::drop(p);
+    p.bf16 = bf == 1;
+    if (p.bf16 && !lt.yb.p && !timed) break;
+    if (in % 16 != 0 || out % 8 != 0 || !fp8lt_describe(p, m, in, out)) continue;
     cublasLtMatmulPreference_t pref = nullptr;
     if (fp8lt_ok(cublasLtMatmulPreferenceCreate(&pref))) {
       const size_t wsb = lt.ws_bytes;
-      if (fp8lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb)) &&
+      if (!fp8lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb)) ||
           !fp8lt_ok(cublasLtMatmulAlgoGetHeuristic(lt.lt, p.desc, p.a, p.b, p.d, p.d, pref, kFp8LtCandidates, res, &found)))
         found = 0;
       cublasLtMatmulPreferenceDestroy(pref);
+    }
+  }
+  if (found > 0 && p.bf16 && !lt.yb.p) {
+    try {
+      lt.yb.alloc(lt.yb_need, "FP8 GEMM bf16 products");
+    } catch (const Error&) {
+      cudaGetLastError();  // no room beside the KV pool: the mma kernel instead
+      found = 0;
     }
   }
   if (found <= 0) {
@@ -194,9 +231,17 @@ const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, con
         } else {
           fp8lt_quant<T>(lt, x, m, m, in, Stream(st, false));
           fp8lt_run(lt, p, res[c].algo, w, sa, y, st);
+          if (p.bf16) fp8lt_widen(lt, y, m, out, Stream(st, false));
         }
       };
-      once();
+      try {
+        once();
+      } catch (const Error& err) {
+        // A candidate cublasLtMatmul refuses (its status, returned at once) is left out; a
+        // CUDA error is the engine's.
+        if (err.code != GOLLM_ERR_CUBLAS) throw;
+        continue;
+      }
       CUDA_CHECK(cudaEventRecord(e0, st));
       for (int r = 0; r < kReps; r++) once();
       CUDA_CHECK(cudaEventRecord(e1, st));
