@@ -5,9 +5,9 @@
 // so by the arena (weights.cu). Weight-only: the activations stay in T, the products and
 // sums in fp32, each 128-column group's sum scaled once.
 //
-//   fp8_gemv_kernel  n ≤ 8 rows (decode): a warp an output row, 16 weights a lane a load
-//                    (16 bytes), decoded in registers; memory-bound, so half fp16's bytes
-//                    is about half its time.
+//   fp8_gemv_kernel  n ≤ 8 rows (decode): a warp two output rows, 16 weights a lane a
+//                    load (16 bytes), decoded in registers; memory-bound, so half fp16's
+//                    bytes is about half its time.
 //   fp8_mma_kernel   more rows: tiles of 64 rows × 32 outputs, 128 columns a pass through
 //                    shared memory (the next pass's loads in flight meanwhile), m16n8k16
 //                    tensor-core products (the weights widened to T, exact: every e4m3
@@ -25,7 +25,7 @@
 namespace gollm {
 
 constexpr int kFp8GemvRows = 8;    // the most rows fp8_gemv_kernel takes
-constexpr int kFp8GemvWarps = 8;   // output rows a gemv block
+constexpr int kFp8GemvWarps = 8;   // warps a gemv block
 constexpr int kFp8TileM = 64, kFp8TileN = 32;
 constexpr int kFp8MaxSplits = 8;   // fp8_mma_kernel's most column-group splits
 
@@ -53,77 +53,102 @@ __device__ __forceinline__ uint32_t fp8x2_to_t2(uint16_t v) {
   }
 }
 
-// dot16 is the dot product of 16 decoded weights with x[0..16).
+// load16 widens x[0..16) to fp32.
 template <typename T>
-__device__ __forceinline__ float dot16(const float (&wf)[16], const T* __restrict__ x) {
+__device__ __forceinline__ void load16(float (&xf)[16], const T* __restrict__ x) {
   const uint4 u0 = __ldg(reinterpret_cast<const uint4*>(x));
   const uint4 u1 = __ldg(reinterpret_cast<const uint4*>(x) + 1);
   const T* a = reinterpret_cast<const T*>(&u0);
   const T* b = reinterpret_cast<const T*>(&u1);
+#pragma unroll
+  for (int i = 0; i < 8; i++) xf[i] = to_f32(a[i]), xf[8 + i] = to_f32(b[i]);
+}
+
+// decode16 widens 16 e4m3 bytes to fp32.
+__device__ __forceinline__ void decode16(float (&wf)[16], uint4 v) {
+  const uint16_t* p = reinterpret_cast<const uint16_t*>(&v);
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    const float2 f = fp8x2_to_float2(p[i]);
+    wf[2 * i] = f.x, wf[2 * i + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ float dot16(const float (&a)[16], const float (&b)[16]) {
   float s = 0.f;
 #pragma unroll
-  for (int i = 0; i < 8; i++) s = fmaf(wf[i], to_f32(a[i]), s);
-#pragma unroll
-  for (int i = 0; i < 8; i++) s = fmaf(wf[8 + i], to_f32(b[i]), s);
+  for (int i = 0; i < 16; i++) s = fmaf(a[i], b[i], s);
   return s;
 }
 
-// fp8_gemv_kernel: grid ceil(out / 8), block 256 (a warp an output row), R ≥ n rows of x.
-// Each lane reads 16 consecutive weights a load (a 128-column group holds eight lanes'),
-// four loads in flight, the first before the wait for the kernel before; the warp's sums
-// meet by shuffles.
+constexpr int kFp8GemvOuts = 2;  // output rows a warp of fp8_gemv_kernel
+
+// fp8_gemv_kernel: grid ceil(out / 16), block 256, R ≥ n rows of x: warp i of a block
+// computes outputs 2i, 2i + 1 of its 16 (kFp8GemvOuts a warp, so that each piece of x is
+// loaded and widened once for two weight rows). Each lane reads 16 consecutive weights of
+// both rows a load (a 128-column group holds eight lanes'), four loads a row in flight
+// (128 bytes a lane), the first before the wait for the kernel before (the weights do not
+// depend on it); weights are streamed past L1 (x stays there). The warp's sums meet by
+// shuffles.
 template <typename T, int R>
 __global__ void __launch_bounds__(kFp8GemvWarps * 32)
     fp8_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ w, const float* __restrict__ s,
                     float* __restrict__ y, int n, int in, int out) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int o = blockIdx.x * kFp8GemvWarps + warp;
-  if (o >= out) return;
+  const int o0 = (blockIdx.x * kFp8GemvWarps + warp) * kFp8GemvOuts;
+  if (o0 >= out) return;
+  const bool two = o0 + 1 < out;  // the second row exists (else the first is read twice)
   const int G = (in + kFp8Group - 1) / kFp8Group;
-  const uint8_t* wr = w + (size_t)o * in;
-  const float* sr = s + (size_t)o * G;
-  // Four loads a lane in flight; the first four go out before the wait for the kernel
-  // before, which the weights do not depend on.
+  const uint8_t* w0 = w + (size_t)o0 * in;
+  const uint8_t* w1 = two ? w0 + in : w0;
+  const float* s0 = s + (size_t)o0 * G;
+  const float* s1 = two ? s0 + G : s0;
   constexpr int kStride = 32 * 16;
   int k = lane * 16;
-  uint4 wv[4];
+  uint4 wv[kFp8GemvOuts][4];
   auto fetch = [&]() {
 #pragma unroll
-    for (int u = 0; u < 4; u++)
-      wv[u] = k + u * kStride < in ? __ldg(reinterpret_cast<const uint4*>(wr + k + u * kStride)) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < 4; u++) {
+      const bool in_row = k + u * kStride < in;
+      wv[0][u] = in_row ? __ldcs(reinterpret_cast<const uint4*>(w0 + k + u * kStride)) : make_uint4(0, 0, 0, 0);
+      wv[1][u] = in_row ? __ldcs(reinterpret_cast<const uint4*>(w1 + k + u * kStride)) : make_uint4(0, 0, 0, 0);
+    }
   };
   fetch();
   griddep_wait();
-  float acc[R];
+  float acc[kFp8GemvOuts][R];
 #pragma unroll
-  for (int r = 0; r < R; r++) acc[r] = 0.f;
-  auto step = [&](uint4 v, int kc) {
-    const float sc = __ldg(sr + kc / kFp8Group);
-    const uint16_t* p = reinterpret_cast<const uint16_t*>(&v);
-    float wf[16];
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      const float2 f = fp8x2_to_float2(p[i]);
-      wf[2 * i] = f.x, wf[2 * i + 1] = f.y;
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++)
-      if (r < n) acc[r] = fmaf(dot16<T>(wf, x + (size_t)r * in + kc), sc, acc[r]);
-  };
+  for (int r = 0; r < R; r++) acc[0][r] = 0.f, acc[1][r] = 0.f;
   while (k < in) {
 #pragma unroll
-    for (int u = 0; u < 4; u++)
-      if (k + u * kStride < in) step(wv[u], k + u * kStride);
+    for (int u = 0; u < 4; u++) {
+      const int kc = k + u * kStride;
+      if (kc >= in) break;
+      const float sc0 = __ldg(s0 + kc / kFp8Group), sc1 = __ldg(s1 + kc / kFp8Group);
+      float wf0[16], wf1[16];
+      decode16(wf0, wv[0][u]);
+      decode16(wf1, wv[1][u]);
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        if (r >= n) break;
+        float xf[16];
+        load16<T>(xf, x + (size_t)r * in + kc);
+        acc[0][r] = fmaf(dot16(wf0, xf), sc0, acc[0][r]);
+        acc[1][r] = fmaf(dot16(wf1, xf), sc1, acc[1][r]);
+      }
+    }
     k += 4 * kStride;
     if (k < in) fetch();
   }
 #pragma unroll
-  for (int r = 0; r < R; r++) {
-    float v = acc[r];
+  for (int j = 0; j < kFp8GemvOuts; j++)
 #pragma unroll
-    for (int d = 16; d > 0; d /= 2) v += __shfl_xor_sync(0xffffffffu, v, d);
-    if (lane == 0 && r < n) y[(size_t)r * out + o] = v;
-  }
+    for (int r = 0; r < R; r++) {
+      float v = acc[j][r];
+#pragma unroll
+      for (int d = 16; d > 0; d /= 2) v += __shfl_xor_sync(0xffffffffu, v, d);
+      if (lane == 0 && r < n && (j == 0 || two)) y[(size_t)r * out + o0 + j] = v;
+    }
 }
 
 // fp8_mma_kernel: grid (ceil(out / 32), ceil(n / 64)), block 128: warp i computes rows
@@ -245,7 +270,8 @@ void fp8_proj(const T* x, const uint8_t* w, const float* s, float* y, int n, int
               float* part, size_t part_floats, Stream st) {
   if (n <= 0) return;
   if (n <= kFp8GemvRows) {
-    const int blocks = (out + kFp8GemvWarps - 1) / kFp8GemvWarps;
+    const int per = kFp8GemvWarps * kFp8GemvOuts;
+    const int blocks = (out + per - 1) / per;
     const int threads = kFp8GemvWarps * 32;
     if (n == 1)
       launch("fp8_gemv_kernel", fp8_gemv_kernel<T, 1>, blocks, threads, 0, st, x, w, s, y, n, in, out);

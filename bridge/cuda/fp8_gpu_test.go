@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -151,4 +152,97 @@ func TestGPUQuantizeFP8MatchesCPU(t *testing.T) {
 		tok = w.Token
 	}
 	t.Logf("worst relative L2 from the CPU engine %.3g; arena %d bytes", worst, bytes)
+}
+
+// gemmRows is cuda/sizes.h's gemm_rows: the padded row counts a step's GEMMs run on.
+func gemmRows(n int) int {
+	if n <= 16 {
+		return 16
+	}
+	p := 16
+	for p*2 <= n {
+		p *= 2
+	}
+	step := max(p/8, 16)
+	return (n + step - 1) / step * step
+}
+
+// TestGPUFP8RowCountsMatchCPU: the many-row FP8 projections (fp8lt.cuh: activations
+// quantized a row and 128 columns at a time, cuBLASLt's block-scaled FP8 GEMMs, or
+// fp8_mma_kernel where cuBLASLt takes no such shape or weight) give the CPU engine's
+// logits on the same FP8 weights within 2e-2 relative L2 a row, on prompt steps of 16,
+// 64, 256 and 1,024 rows, for three models: llama-fp8-tiny (transformers' 128×128 blocks,
+// widths multiples of 128: the warm-up must have found cuBLASLt algorithms for its four
+// projections at every padded row count, four GEMM shapes a row count beyond the LM
+// head's, so that the steps cannot have passed on the older kernels alone), llama-tiny
+// quantized at load (inputs 64 and 160 wide, outputs 128, 320 and 64: partial 128-column
+// groups and 128-row blocks, whichever kernel takes them) and llama-fp8ct-tiny
+// (per-channel scales: fp8_mma_kernel).
+func TestGPUFP8RowCountsMatchCPU(t *testing.T) {
+	const maxTokens, seqLen, perSeq = 1024, 128, 16
+	sizes := 0
+	for m := gemmRows(9); m <= gemmRows(maxTokens); m = gemmRows(m + 1) {
+		sizes++
+	}
+	for _, tc := range []struct {
+		fixture, quant string
+		lt             bool // every projection shape must take cuBLASLt
+	}{{"llama-fp8-tiny", "", true}, {"llama-tiny", "fp8", false}, {"llama-fp8ct-tiny", "", false}} {
+		t.Run(tc.fixture, func(t *testing.T) {
+			e, _ := fp8Engine(t, tc.fixture, Options{NumBlocks: 8*perSeq + 8, TokensPerBlock: 8, MaxTokens: maxTokens,
+				MaxSeqs: 8, DType: "float16", Quantization: tc.quant})
+			t.Logf("warm-up GEMM shapes %d (4 FP8 projections × %d row counts = %d, then the LM head's)",
+				e.WarmupGEMMShapes, sizes, 4*sizes)
+			if tc.lt && e.WarmupGEMMShapes < 4*sizes {
+				t.Errorf("the warm-up readied %d GEMM shapes, fewer than the %d FP8 projection shapes cuBLASLt "+
+					"should take (4 projections × %d row counts)", e.WarmupGEMMShapes, 4*sizes, sizes)
+			}
+			m, err := model.LoadFloat32FP8(filepath.Join("..", "..", "testdata", tc.fixture))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ce, err := cpu.NewFromModel(m, engine.KVConfig{NumBlocks: 8*perSeq + 8, TokensPerBlock: 8})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ce.Close()
+			V := m.Config.VocabSize
+			rng := rand.New(rand.NewPCG(34, 4))
+			for _, rows := range []int{16, 64, 256, 1024} {
+				nseq := max(1, rows/seqLen)
+				var b engine.Batch
+				for i := range nseq {
+					toks := make([]int32, rows/nseq)
+					for j := range toks {
+						toks[j] = int32(rng.IntN(V))
+					}
+					blocks := make([]int32, perSeq)
+					for j := range blocks {
+						blocks[j] = int32(i*perSeq + j)
+					}
+					b.Seqs = append(b.Seqs, engine.Sequence{ID: uint64(rows*10 + i), Tokens: toks, Blocks: blocks,
+						History: slices.Clone(toks), ContextLogits: true, Sample: true})
+				}
+				want, err := ce.Step(&b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := e.Step(&b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				worst := 0.0
+				for i, s := range b.Seqs {
+					for r := range s.Tokens {
+						err := enginetest.RelL2(got[i].ContextLogits[r*V:(r+1)*V], want[i].ContextLogits[r*V:(r+1)*V])
+						worst = max(worst, err)
+						if err > 2e-2 {
+							t.Errorf("%d rows: sequence %d row %d: relative L2 %.3g from the CPU engine's", rows, i, r, err)
+						}
+					}
+				}
+				t.Logf("%d rows: worst relative L2 from the CPU engine %.3g", rows, worst)
+			}
+		})
+	}
 }

@@ -22,6 +22,7 @@ ls "$src"/forward.cu "$src"/*.cu | awk '!seen[$0]++' |
 mkdir -p "$(dirname "$out")"
 # shellcheck disable=SC2086
 $NVCC $FLAGS -shared -cudart static -Xlinker=-rpath,'$ORIGIN',--exclude-libs,ALL \
-  -o "$out" "$obj"/*.o -Xlinker="$cublas" -ldl || { echo "FAIL: link $out"; exit 1; }
+  -o "$out" "$obj"/*.o -Xlinker="$cublas" -Xlinker="$(dirname "$cublas")/libcublasLt.so.13" -ldl ||
+  { echo "FAIL: link $out"; exit 1; }
 rm -rf "$obj"
 echo "built $out in $((SECONDS - t0)) s"

@@ -4,8 +4,10 @@
 # bridge/cuda (the GPU Go tests: TestGPUFP8…, TestGPUQuantizeFP8MatchesCPU, the dense
 # families' as a regression) and demo/austen (the FP8 perplexity on the GPU), gpubench and
 # gollm-gpucheck, and the commit, packed into OUT/bins.tar.xz. The library itself is built
-# on the GPU machine from cuda/ (the checkout travels).
-#   bash tests/gpu/fp8_carry.sh [OUT]
+# on the GPU machine from cuda/ (the checkout travels); with BASE=<commit>, that commit's
+# cuda/ goes to OUT/base/cuda too, for the A/B's BASE_LIB (fp8_check.sh's step 5):
+#   bash tests/gpu/build_lib.sh OUT/base.so OUT/base/cuda   (on the GPU machine)
+#   [BASE=<commit>] bash tests/gpu/fp8_carry.sh [OUT]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -20,5 +22,11 @@ echo "$(git rev-parse --short HEAD)$(git status --porcelain -- cuda bridge model
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 (cd "$stage" && XZ_OPT=-6 tar cJf "$out/bins.tar.xz" cudatest austentest gpubench gollm-gpucheck commit)
+if [ -n "${BASE:-}" ]; then
+  rm -rf "$out/base"
+  mkdir -p "$out/base"
+  git archive "$BASE" cuda | tar x -C "$out/base"
+  echo "base $(git rev-parse --short "$BASE") in $out/base/cuda"
+fi
 cat "$stage/commit"
 du -sh "$out/bins.tar.xz"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 34's FP8 on the GPU machine in one call (about 2 minutes of build, then about 4;
-# PREBUILT_LIB=path takes a library of the same tree built before instead):
+# Issue 34's FP8 on the GPU machine in one call (about 2 minutes of build, then about 6;
+# PREBUILT_LIB=path takes a library of the same tree built before instead, BASE_LIB=path
+# the base commit's library for the A/B of step 5):
 #   bash tests/gpu/fp8_check.sh CARRY OUTDIR
 # after `bash tests/gpu/fp8_carry.sh CARRY` here (CARRY default .carry/fp8). It
 #   1. builds libgollm_cuda.so from cuda/ for sm_90 (nvcc, a source file a core);
@@ -8,17 +9,22 @@
 #      fp16 and bf16, the arena's size proving the projections stayed FP8, logits within
 #      2e-2/0.12 of transformers' dequantized float32 on prompt, decode, mixed steps and
 #      graph-replayed greedy decoding), TestGPUQuantizeFP8MatchesCPU (quantization fp8
-#      against the CPU engine on the same quantized weights, 2e-2) and the dense
-#      families' test as a regression of the non-FP8 paths;
+#      against the CPU engine on the same quantized weights, 2e-2),
+#      TestGPUFP8RowCountsMatchCPU (cuBLASLt's block-scaled FP8 GEMMs at 16, 64, 256 and
+#      1,024 rows on widths that are not multiples of 128, against the CPU engine, 2e-2;
+#      the warm-up must have found their algorithms) and the dense families' test as a
+#      regression of the non-FP8 paths;
 #   3. the austen demo's held-out perplexity: GPU FP8 within 2% of GPU fp16, fp16 within
 #      2% of the CPU's float32; greedy agreement reported (TestGPUHeldOutPerplexityFP8);
 #   4. tests/gpu/fp8_check.py: a 1024-wide FP8 checkpoint written by transformers'
 #      quantizer, gollm against transformers on it (dequantized fp32: within 2e-2, greedy
 #      tokens; transformers' own FP8 path reported beside);
-#   5. gpubench on the Llama-3.1-8B shape (random weights) fp16 and FP8 (quantization fp8):
-#      decode b1 (ms/token, target ≤ 3.0 for FP8) and b64 (tokens/s), with each's floor
-#      (weight bytes a step over the measured copy bandwidth): OUTDIR/fp8-bench.jsonl in
-#      BENCH.md's format.
+#   5. gpubench on the Llama-3.1-8B shape (random weights, quantization fp8), this tree's
+#      library and BASE_LIB's alternating (ROUNDS, default 1): decode b1 (ms/token, target
+#      <= 3.0), b64 and max load i128/o128 (tokens/s, target >= 28,000); fp16's max load
+#      (target >= 14,000); each decode floor (weight bytes a step over the measured copy
+#      bandwidth); OUTDIR/fp8-bench.jsonl in BENCH.md's format with "variant", the
+#      medians and new/base ratios printed.
 # Prints PASS/FAIL per check and a count; exits 1 on a failure. Logs in OUTDIR.
 set -uo pipefail
 carry=$(cd "${1:-.carry/fp8}" && pwd) out=$2
@@ -56,11 +62,11 @@ machine=$(head -1 "$out/gpu.txt" | cut -d, -f1)
 # 2. The GPU Go tests.
 t0=$SECONDS
 (cd "$root/bridge/cuda" && GOLLM_CUDA_LIB=$lib timeout 300 "$w/bin/cudatest" -test.count=1 -test.v \
-  -test.run 'TestGPUFP8CheckpointsMatchTransformers|TestGPUQuantizeFP8MatchesCPU|TestGPUDenseFamiliesMatchTransformers' \
+  -test.run 'TestGPUFP8CheckpointsMatchTransformers|TestGPUQuantizeFP8MatchesCPU|TestGPUFP8RowCountsMatchCPU|TestGPUDenseFamiliesMatchTransformers' \
   > "$out/gotest.log" 2>&1)
 echo "Go GPU tests: $((SECONDS - t0)) s"
-grep -E '^(\s*--- |ok|FAIL|PASS|panic)|worst relative' "$out/gotest.log" | tail -40
-for t in TestGPUFP8CheckpointsMatchTransformers TestGPUQuantizeFP8MatchesCPU TestGPUDenseFamiliesMatchTransformers; do
+grep -E '^(\s*--- |ok|FAIL|PASS|panic)|worst relative|warm-up GEMM|^gollm: cuBLASLt' "$out/gotest.log" | tail -40
+for t in TestGPUFP8CheckpointsMatchTransformers TestGPUQuantizeFP8MatchesCPU TestGPUFP8RowCountsMatchCPU TestGPUDenseFamiliesMatchTransformers; do
   check "$t" "grep -q -- '^--- PASS: $t ' '$out/gotest.log'"
 done
 
@@ -82,7 +88,12 @@ grep -E '^(PASS|FAIL|INFO|transformers)' "$out/fp8-check.log"
 echo "fp8_check.py: $((SECONDS - t0)) s"
 check "fp8_check.py: gollm vs transformers on an FP8 checkpoint" "[ $rc = 0 ]"
 
-# 5. The Llama-3.1-8B shape, fp16 and FP8.
+# 5. The Llama-3.1-8B shape: this tree's library against BASE_LIB's (the base commit's),
+#    alternating, ROUNDS times (default 1): FP8 decode b1, b64 and max load (1,024
+#    requests of 128/128 offered at once, the overlap schedule, 1,024 sequences and 8,192
+#    tokens a step at most: bench/maxload.sh's cell); then fp16's max load (this tree's
+#    library: its fp16 path is the base's). Rows with "variant" (base or new) in
+#    OUTDIR/fp8-bench.jsonl, the medians and the new/base ratios printed.
 t0=$SECONDS
 ck=$w/llama31-8b
 mkdir -p "$ck"
@@ -97,16 +108,22 @@ JSON
 day=$(date -u +%F)
 rows=$out/fp8-bench.jsonl
 rm -f "$rows"
-for q in "" fp8; do
-  timeout 200 "$w/bin/gpubench" -ckpt "$ck" -model llama3.1-8B -random-gb 17 -lib "$lib" ${q:+-quantization $q} \
-    -workloads decode_b1_i128_o128,tput_b64_i128_o128 -reps 3 2>> "$out/gpubench.err" |
+bench() {  # LIB VARIANT QUANT WORKLOADS
+  timeout "${BENCH_S:-170}" "$w/bin/gpubench" -ckpt "$ck" -model llama3.1-8B -random-gb 20 -lib "$1" ${3:+-quantization $3} \
+    -overlap -max-batch 1024 -max-num-tokens 8192 -workloads "$4" -reps 3 2>> "$out/gpubench-$2.err" |
     python3 -c 'import json,sys
 for l in sys.stdin:
-    r = json.loads(l); r = {"date": sys.argv[1], "commit": sys.argv[2], "machine": sys.argv[3], **r}; print(json.dumps(r))' \
-      "$day" "$commit" "$machine" >> "$rows"
-  check "gpubench llama3.1-8B ${q:-fp16}" "grep -q '\"dtype\": \"${q:-fp16}\"' '$rows'"
+    r = json.loads(l); r = {"date": sys.argv[1], "commit": sys.argv[2], "machine": sys.argv[3], "variant": sys.argv[4], **r}; print(json.dumps(r))' \
+      "$day" "$commit" "$machine" "$2" >> "$rows"
+  check "gpubench llama3.1-8B ${3:-fp16} ($2)" "grep '\"variant\": \"$2\"' '$rows' | grep -q '\"dtype\": \"${3:-fp16}\"'"
+}
+fp8w=decode_b1_i128_o128,tput_b64_i128_o128,load_c0_n1024_i128_o128
+for round in $(seq "${ROUNDS:-1}"); do
+  [ -n "${BASE_LIB:-}" ] && bench "$BASE_LIB" base fp8 "$fp8w"
+  bench "$lib" new fp8 "$fp8w"
 done
-tail -4 "$out/gpubench.err"
+bench "$lib" new "" load_c0_n1024_i128_o128
+tail -3 "$out"/gpubench-*.err
 # The floors: the bytes a decode step reads (every weight but the embedding table; FP8's
 # projections a byte and their scales) over the copy bandwidth measured here.
 python3 - "$rows" "$day" "$commit" "$machine" <<'PY'
@@ -132,15 +149,31 @@ print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
 PY
 echo "bench: $((SECONDS - t0)) s"
 python3 - "$rows" <<'PY'
-import json, sys
+import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print(f"{'dtype':6} {'workload':22} {'impl':14} {'metric':13} value")
+cells = {}
 for r in rows:
-    print(f"{r['dtype']:6} {r['workload']:22} {r['impl']:14} {r['metric']:13} {r['value']}")
-fp8 = [r for r in rows if r["dtype"] == "fp8" and r["impl"] == "gollm-engine" and r["workload"].startswith("decode_b1")]
-if fp8:
-    v = fp8[0]["value"]
-    print(f"{'PASS' if v <= 3.0 else 'MISS'} target: Llama-3.1-8B shape FP8 decode b1 {v:.3f} ms/token (target <= 3.0)")
+    if r.get("impl") == "floor":
+        print(f"floor  {r['dtype']:5} {r['workload']:26} {r['value']} ms/token")
+        continue
+    cells.setdefault((r["dtype"], r["workload"], r["metric"]), {}).setdefault(r.get("variant", "new"), []).append(r["value"])
+print(f"{'dtype':5} {'workload':26} {'metric':13} {'base':>10} {'new':>10} {'new/base':>8}")
+for (dt, wl, m), v in sorted(cells.items()):
+    b = statistics.median(v["base"]) if "base" in v else None
+    n = statistics.median(v["new"]) if "new" in v else None
+    ratio = f"{n / b:8.3f}" if b and n else ""
+    print(f"{dt:5} {wl:26} {m:13} {b if b is not None else '':>10.6} {n if n is not None else '':>10.6} {ratio}")
+def new(dt, wl, m):
+    v = cells.get((dt, wl, m), {}).get("new")
+    return statistics.median(v) if v else None
+d = new("fp8", "decode_b1_i128_o128", "ms_per_token")
+if d is not None:
+    print(f"{'PASS' if d <= 3.0 else 'MISS'} target: Llama-3.1-8B shape FP8 decode b1 {d:.3f} ms/token (target <= 3.0)")
+for dt, target in (("fp8", 28000), ("fp16", 14000)):
+    ml = [new(dt, wl, m) for (x, wl, m) in cells if x == dt and wl.startswith("maxload") and m == "tokens_per_s"]
+    ml = [v for v in ml if v is not None]
+    if ml:
+        print(f"{'PASS' if ml[0] >= target else 'MISS'} target: Llama-3.1-8B shape {dt} max load i128/o128 {ml[0]:.0f} tokens/s (target >= {target})")
 PY
 
 echo "$((checks - fails)) passed, $fails failed"
