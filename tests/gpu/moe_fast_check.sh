@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The mixture-of-experts stage's kernels (moe.cuh: one-row gemvs and the fused down
 # projection and combination at batch 1, 16-row tensor-core tiles at a few rows an expert)
-# on the GPU machine in one call of about 7 minutes, against the base's library:
+# on the GPU machine in one call of at most 9 minutes (about 6), against the base's library:
 #   PREBUILT_LIB=new.so BASE_LIB=base.so bash tests/gpu/moe_fast_check.sh CARRY OUTDIR
 # after `bash tests/gpu/moe_fast_carry.sh CARRY` here (CARRY default .carry/moefast) and
 # `bash tests/gpu/build_lib.sh` of this tree (new.so) and of the base's cuda/ (base.so)
@@ -49,9 +49,12 @@ tests='TestGPUExpertsMatchTransformers|TestGPUExpertsAtEveryRowCount|TestGPUBatc
   -test.run "$tests" > "$out/gotest.log" 2>&1)
 echo "Go GPU tests: $((SECONDS - t0)) s"
 grep -E '^(\s*--- (FAIL|SKIP)|ok|FAIL|PASS|panic)|worst relative|rows: ' "$out/gotest.log" | tail -60
-for t in ${tests//|/ }; do
+for t in TestGPUExpertsMatchTransformers TestGPUExpertsAtEveryRowCount TestGPUBatchInvariance; do
   check "$t" "grep -q -- '^--- PASS: $t ' '$out/gotest.log'"
 done
+# It needs two GPUs for its comparison where the machine has them; a skip is no failure.
+check "TestGPUExpertsAcrossGPUs (passes or skips)" \
+  "grep -qE -- '^--- (PASS|SKIP): TestGPUExpertsAcrossGPUs ' '$out/gotest.log'"
 
 # 2. check.py's mixture-of-experts rows.
 t0=$SECONDS
@@ -83,9 +86,14 @@ for round in $(seq "${ROUNDS:-2}"); do
   order="base new"
   [ $((round % 2)) = 0 ] && order="new base"
   for v in $order; do
+    # The call's ten minutes: no run starts past BUDGET_S (default 420) of the script.
+    if [ "$SECONDS" -gt "${BUDGET_S:-420}" ]; then
+      echo "bench: out of time before $v round $round"
+      continue
+    fi
     lib=$base
     [ "$v" = new ] && lib=$new
-    timeout 150 "$w/bin/gpubench" -ckpt "$ck" -model qwen3-30b-a3b -dtype bfloat16 -random-gb 70 -lib "$lib" \
+    timeout 120 "$w/bin/gpubench" -ckpt "$ck" -model qwen3-30b-a3b -dtype bfloat16 -random-gb 70 -lib "$lib" \
       -workloads decode_b1_i128_o128,tput_b64_i128_o128 -reps 3 2>> "$out/gpubench.err" |
       python3 -c 'import json,sys
 for l in sys.stdin:
@@ -98,7 +106,7 @@ done
 echo "bench: $((SECONDS - t0)) s"
 check "gpubench qwen3-30b-a3b, both libraries" "[ \$(grep -c '\"variant\": \"new\"' '$rows') -ge 2 ] && [ \$(grep -c '\"variant\": \"base\"' '$rows') -ge 2 ]"
 short=$(echo "$machine" | tr 'A-Z' 'a-z' | sed 's/nvidia//' | awk '{print $1}')
-cp "$rows" "$root/bench/results/$day-moefast-$short.jsonl"
+[ -s "$rows" ] && cp "$rows" "$root/bench/results/$day-moefast-$short.jsonl"
 python3 - "$rows" <<'PY'
 import collections, json, statistics, sys
 t = collections.defaultdict(list)
