@@ -489,12 +489,7 @@ void moe(Flow<T>& f, const Stage& s) {
                   m.pos.as<int>(), m.tiles.as<int4>(), m.ntiles.as<int>()};
   p.act = m.act.as<T>(), p.y = m.y.as<float>(), p.sact = m.sact.as<T>(), p.sy = m.sy.as<float>();
   p.add = into_h;
-  // The tensor cores where an expert gets more rows on average than a gemv tile holds
-  // (each further tile of a gemv reads the expert's weights again).
-  // Under batch invariance one of them at every row count (a row's arithmetic then does not
-  // depend on how many rows its experts get).
-  const bool mma_fits = c.moe_inner % 8 == 0 && c.shared_inner % 8 == 0;
-  p.mma = e->invariant ? mma_fits : (int64_t)f.N * s.s.top_k > (int64_t)kMoeRows * c.experts && mma_fits;
+  p.invariant = e->invariant;  // moe_path: each pass picks its kernels by its rows
   for (int r0 = 0; r0 < f.N; r0 += m.chunk) {
     p.n = std::min(m.chunk, f.N - r0);
     p.x = f.xn + (int64_t)r0 * f.d.H;

@@ -78,7 +78,7 @@ struct MoeBufs {
   DevMem logits;             // [chunk][experts + 1] fp32: the router's, then the shared gate's
   DevMem topi, topw, sgate;  // [P] int32, [P] fp32, [chunk] fp32
   DevMem sorted, pos;        // [P] int32: a slot's row, a pair's slot
-  DevMem tiles, ntiles;      // [moe_max_tiles] int4, one int32
+  DevMem tiles, ntiles;      // [moe_max_tiles] int4, [2] int32 (count, router blocks done)
   DevMem act, y;             // [P][moe_inner] T, [P][hidden] fp32
   DevMem sact, sy;           // the shared expert's: [chunk][shared_inner] T, [chunk][hidden] fp32
   size_t bytes() const {

@@ -23,7 +23,10 @@ size_t create_moe(gollm_engine* e) {
   m.sorted.alloc(P * 4, "rows sorted by expert");
   m.pos.alloc(P * 4, "routed slots");
   m.tiles.alloc((size_t)moe_max_tiles((int)P, (int)E, kMoeRows) * sizeof(int4), "expert tiles");
-  m.ntiles.alloc(4, "expert tile count");
+  // The tile count, then the router's finished blocks (moe_router_kernel's ROUTE: zero
+  // between passes).
+  m.ntiles.alloc(8, "expert tile count");
+  CUDA_CHECK(cudaMemset(m.ntiles.p, 0, 8));
   m.act.alloc(P * c.moe_inner * 2, "expert activations");
   m.y.alloc(P * c.hidden * 4, "expert outputs");
   if (c.shared_inner > 0) {

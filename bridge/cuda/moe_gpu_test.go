@@ -199,3 +199,57 @@ func TestGPUExpertsAcrossGPUs(t *testing.T) {
 		})
 	}
 }
+
+// TestGPUExpertsAtEveryRowCount runs prefixes of the fixtures' golden sequence (the prompt,
+// then the greedy tokens: 30 tokens whose rows transformers gave) as the prompts of one
+// step, so that the experts see one pass of 1 to 1,024 rows (each expert's rows the
+// golden sequence's routes times the copies) and then two passes (1,100 rows): the
+// one-row kernels, gemv tiles, the tensor cores' 16- and 64-row tiles, experts split over
+// several tiles. Every row's logits within moeRelL2's bar of transformers' float32.
+func TestGPUExpertsAtEveryRowCount(t *testing.T) {
+	totals := []int{1, 2, 3, 5, 8, 9, 16, 17, 31, 33, 64, 65, 100, 128, 129, 256, 511, 1024, 1100}
+	for _, name := range moeGPUFixtures {
+		for _, dtype := range []string{"float16", "bfloat16"} {
+			t.Run(name+"/"+dtype, func(t *testing.T) {
+				e := gpuEngineWith(t, name, Options{DType: dtype, NumBlocks: 256, TokensPerBlock: 16, MaxTokens: 1200,
+					MaxSeqs: 64})
+				g := loadMoEGolden(t, name)
+				V := e.Info().VocabSize
+				full := append(slices.Clone(g.prompt), g.greedy...)
+				want := append(slices.Clone(g.promptLogits), g.decoded...)
+				L := len(full)
+				bar := map[string]float64{"float16": 1e-2, "bfloat16": 4e-2}[dtype]
+				for _, total := range totals {
+					var seqs []engine.Sequence
+					for left, i := total, 0; left > 0; i++ {
+						n := min(left, L)
+						left -= n
+						seqs = append(seqs, engine.Sequence{ID: uint64(i + 1), Tokens: full[:n],
+							Blocks: []int32{int32(2 * i), int32(2*i + 1)}, Sample: true, ContextLogits: true,
+							History: slices.Clone(full[:n])})
+					}
+					outs, err := e.Step(&engine.Batch{Seqs: seqs})
+					if err != nil {
+						t.Fatalf("%d rows: %v", total, err)
+					}
+					worst := 0.0
+					for i, s := range seqs {
+						got := outs[i].ContextLogits
+						if len(got) != len(s.Tokens)*V {
+							t.Fatalf("%d rows: sequence %d has %d logits for %d rows", total, i, len(got), len(s.Tokens))
+						}
+						for r := range s.Tokens {
+							d := relL2(got[r*V:(r+1)*V], want[r*V:(r+1)*V])
+							worst = max(worst, d)
+							if d > bar || math.IsNaN(d) {
+								t.Errorf("%d rows: sequence %d row %d: relative L2 %.3g from transformers (bar %g)", total, i,
+									r, d, bar)
+							}
+						}
+					}
+					t.Logf("%d rows (%d sequences): worst relative L2 %.2e", total, len(seqs), worst)
+				}
+			})
+		}
+	}
+}
