@@ -89,7 +89,8 @@ void LtGemms::choose(LtEntry& en, const Key& k, const void* x, const void* w, fl
   cublasLtMatmulHeuristicResult_t res[kLtCandidates] = {};
   int found = 0;
   const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, en.op, en.a, en.b, en.c, en.c, pref.p,
-                                                           timing ? kLtCandidates : 1, res, &found);
+                                                           !timing ? 1 : k[2] <= kLtWideRows ? kLtCandidates : kLtCandidatesWide,
+                                                           res, &found);
   // NOT_SUPPORTED: cuBLASLt has no algorithm for the shape; cublasGemmEx runs it.
   if (hs != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(hs);
   int ok = 0;

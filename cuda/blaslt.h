@@ -22,7 +22,10 @@
 
 namespace gollm {
 
-constexpr int kLtCandidates = 8;
+// kLtCandidates is how many of cuBLASLt's heuristic algorithms the tuning times for a
+// shape of up to kLtWideRows rows (the decode buckets, where the choice matters most and
+// each run is short), kLtCandidatesWide for taller ones (compute-bound, costly to time).
+constexpr int kLtCandidates = 16, kLtCandidatesWide = 4, kLtWideRows = 1024;
 
 // LtEntry is one shape's descriptors and its chosen algorithm (or cublasGemmEx).
 struct LtEntry {
