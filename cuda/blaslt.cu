@@ -127,7 +127,10 @@ void LtGemms::choose(LtEntry& en, const Key& k, const void* x, const void* w, fl
     return ms / reps;
   };
   float best = time(-1);
-  if (best < 0) CUBLAS_CHECK(run(en, k, x, w, y, true, nullptr));  // its failure, reported
+  if (best < 0) {
+    CUBLAS_CHECK(run(en, k, x, w, y, true, nullptr));  // its failure, reported
+    best = 3.4e38f;
+  }
   en.gemmex = true;
   for (int i = 0; i < ok; i++) {
     const float ms = time(i);
