@@ -71,6 +71,21 @@ if [ $rc = 0 ]; then
   rc=$?
   cat "$out/gemmbench.txt"
   check "gemmbench runs ($((SECONDS - t0)) s)" "[ $rc = 0 ]"
+  # A decode step's projections (every layer's four, the LM head once) per impl.
+  python3 - "$out/gemmbench.jsonl" <<'PY'
+import collections, json, sys
+layers = {"llama2-7B": 32, "llama3.1-8B": 32, "tinyllama-1.1B": 22, "qwen3-8B": 36, "gemma3-4B": 34}
+t = collections.defaultdict(float)
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    proj, m = r["workload"].split("_m")[0][5:], int(r["workload"].split("_m")[1].split("_")[0])
+    t[(r["model"], m, r["impl"])] += r["value"] * (1 if proj == "lm_head" else layers[r["model"]])
+print("a step's projection GEMMs, ms (all layers):")
+print(f"{'model':15} {'rows':>5} {'gemmex':>8} {'heur':>8} {'tuned':>8} {'floor':>8} {'tuned/gemmex':>13}")
+for (m, rows) in sorted({k[:2] for k in t}):
+    g, h, b, f = (t[(m, rows, i)] / 1e3 for i in ("cublas-gemmex", "cublaslt-heuristic", "gollm-blaslt", "floor"))
+    print(f"{m:15} {rows:5} {g:8.3f} {h:8.3f} {b:8.3f} {f:8.3f} {b / g:13.3f}")
+PY
 else
   tail -20 "$out/gemmbench-build.log"
 fi
