@@ -58,7 +58,8 @@ type Options struct {
 	// steps' by batch bucket, prompt steps' by padded shape).
 	DisableCUDAGraphs bool
 	// SkipWarmup returns the engine without its warm-up (every padded cuBLAS shape called
-	// once, every decode graph captured; well under a second). Served engines warm up:
+	// once, its cuBLASLt algorithms timed where the process has not timed them, up to 4 s;
+	// every decode graph captured). Served engines warm up:
 	// otherwise the first step of each new token count or batch bucket pays milliseconds.
 	SkipWarmup bool
 	// BatchInvariant makes a sequence's logits bitwise independent of the rest of its
