@@ -209,6 +209,8 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->blas_ws.alloc(ws, "cuBLAS workspace");
   CUBLAS_CHECK(cublasSetWorkspace(e->blas, e->blas_ws.p, ws));
   CUBLAS_CHECK(cublasSetMathMode(e->blas, CUBLAS_DEFAULT_MATH));
+  e->gemms.init(e->device, e->blas, e->stream, e->blas_ws.p, ws,
+                (p->tuning.off & GOLLM_TUNING_NO_BLASLT) != 0);
 
   const size_t N = e->max_tokens, S = e->max_seqs, R = e->max_logit_rows;
   // GEMM operands hold gemm_rows(max) rows: cuBLAS runs on padded row counts.

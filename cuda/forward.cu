@@ -15,7 +15,8 @@
 //   Tiled   up to tiled_rows rows (16 on models up to 1024 wide): tensor-core projections
 //           over the norm the kernel before wrote, epilogues as the streaming gemv's but
 //           for the residual add;
-//   Blas    the rest: cuBLAS's GEMMs in fp32, each followed by its epilogue's kernel.
+//   Blas    the rest: cuBLASLt's GEMMs in fp32, the algorithm timed per shape by the
+//           warm-up (blaslt.h), each followed by its epilogue's kernel.
 // A projection whose kernel lacks the epilogue a stage after it needs writes fp32 and
 // leaves that stage its own kernel (the rotary and KV write: qkv_kv_write; gate·up:
 // gated_act; the residual add: residual_layernorm, which also computes the next norm).
@@ -56,11 +57,12 @@ namespace gollm {
 namespace {
 
 // gemm is a projection's cuBLAS GEMM over m rows (gemm_rows of the step's; the rows past
-// the step's are never read): y [m][out] fp32 = x [m][in] · w [out][in]ᵀ. The dispatchers
-// and the warm-up both call it, so that the warm-up meets exactly a step's shapes.
+// the step's are never read): y [m][out] fp32 = x [m][in] · w [out][in]ᵀ, on cuBLASLt with
+// the algorithm chosen for the shape (blaslt.h). The dispatchers and the warm-up both call
+// it, so that the warm-up meets, and times, exactly a step's shapes.
 template <typename T>
 void gemm(gollm_engine* e, const void* x, const void* w, float* y, int m, int in, int out) {
-  matmul_xwt<T>(e->blas, static_cast<const T*>(x), static_cast<const T*>(w), y, m, in, out);
+  e->gemms.xwt(cuda_type<T>(), x, w, y, m, in, out);
 }
 
 // proj is a projection stage's GEMM in the format of its weights: the FP8 kernels over the
@@ -117,8 +119,7 @@ template <typename T>
 void gemm_lm_head(gollm_engine* e, int m) {
   const Dims d(e->w->cfg);
   float* y = e->logits_pad.p ? e->logits_pad.as<float>() : e->logits.as<float>();
-  matmul_xwt<T>(e->blas, e->xf.as<T>(), static_cast<const T*>(e->w->lm_head), y, m, d.H,
-                lm_head_ld(d.V));
+  e->gemms.xwt(cuda_type<T>(), e->xf.p, e->w->lm_head, y, m, d.H, lm_head_ld(d.V));
 }
 
 // stream_rows is the most rows a step takes the streaming gemv for, on a model of hidden
@@ -646,17 +647,29 @@ void forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool c
 
 // warmup_gemms_t calls cuBLAS once on every padded row count a step can use (layer 0's
 // QKV and output GEMMs, the first dense MLP's two — none where every MLP is experts —,
-// the LM head), so that no step of a served model pays a shape's first call.
+// the LM head), so that no step of a served model pays a shape's first call, and times
+// each shape's cuBLASLt candidates on the real weights (blaslt.h) as it goes.
 template <typename T>
 int warmup_gemms_t(gollm_engine* e) {
+  struct Tuning {  // tuning ends with the warm-up's GEMMs, thrown out of or not
+    LtGemms& g;
+    explicit Tuning(LtGemms& g_) : g(g_) { g.tune = true; }
+    ~Tuning() { g.tune = false, g.tune_w.clear(); }
+  } tuning(e->gemms);
   const Dims d(e->w->cfg);
   const Stage *qkv = nullptr, *out = nullptr, *mlp = nullptr;
+  // Every layer's weights of each projection, which the tuning's timed runs take in turn.
+  std::vector<const void*> qkv_w, out_w, up_w, down_w;
   for (const Stage& s : e->w->recipe) {
+    if (s.s.kind == GOLLM_STAGE_QKV) qkv_w.push_back(s.w);
+    if (s.s.kind == GOLLM_STAGE_OUT) out_w.push_back(s.w);
+    if (s.s.kind == GOLLM_STAGE_MLP) up_w.push_back(s.w), down_w.push_back(s.w2);
     if (s.s.kind == GOLLM_STAGE_MLP && !mlp) mlp = &s;
     if (s.s.layer != 0) continue;
     if (s.s.kind == GOLLM_STAGE_QKV) qkv = &s;
     if (s.s.kind == GOLLM_STAGE_OUT) out = &s;
   }
+  LtGemms& g = e->gemms;
   // Inputs zeroed: the calls compute on them.
   CUDA_CHECK(cudaMemsetAsync(e->xn.p, 0, e->xn.bytes, e->stream));
   CUDA_CHECK(cudaMemsetAsync(e->att.p, 0, e->att.bytes, e->stream));
@@ -675,19 +688,24 @@ int warmup_gemms_t(gollm_engine* e) {
     }
   }
   const int top = e->w->fp8 ? 0 : gemm_rows(e->max_tokens);  // FP8 projections: no cuBLAS
-  for (int m = 16; m <= top; m = gemm_rows(m + 1)) {
+  const int rtop = gemm_rows(e->max_logit_rows);
+  // Fewest rows first, the LM head's among them: the tuning's budget goes to the decode
+  // buckets before the long prompt chunks.
+  for (int m = 16; m <= std::max(top, rtop); m = gemm_rows(m + 1)) {
+    g.tune_w.clear();
+    if (m <= rtop) gemm_lm_head<T>(e, m), shapes++;
+    if (m > top) continue;
+    g.tune_w = qkv_w;
     gemm<T>(e, e->xn.p, qkv->w, e->qkv.as<float>(), m, d.H, d.qkv);
+    g.tune_w = out_w;
     gemm<T>(e, e->att.p, out->w, e->tmp.as<float>(), m, d.att, d.H);
     shapes += 2;
     if (!mlp) continue;
+    g.tune_w = up_w;
     gemm<T>(e, e->xn.p, mlp->w, e->fc.as<float>(), m, d.H, d.up);
+    g.tune_w = down_w;
     gemm<T>(e, e->fch.p, mlp->w2, e->tmp.as<float>(), m, d.I, d.H);
     shapes += 2;
-  }
-  const int rtop = gemm_rows(e->max_logit_rows);
-  for (int m = 16; m <= rtop; m = gemm_rows(m + 1)) {
-    gemm_lm_head<T>(e, m);
-    shapes++;
   }
   return shapes;
 }

@@ -280,12 +280,16 @@ enum gollm_tuning_off {
   GOLLM_TUNING_NO_CTX_MMA = 128,      /* context attention on mma.sync (the WMMA kernel then) */
   GOLLM_TUNING_NO_CUSTOM_AR = 256,    /* tensor parallelism's custom all-reduce over peer
                                          access (NCCL then, in fp32, for every all-reduce) */
-  GOLLM_TUNING_NO_INVARIANT = 512     /* batch invariance (cuda/README.md): the kernels then
+  GOLLM_TUNING_NO_INVARIANT = 512,    /* batch invariance (cuda/README.md): the kernels then
                                          follow the step's row count (the streaming and staged
                                          gemv, the fused MLP, cuBLAS; decode attention's splits
                                          by batch), and a row's results depend within rounding
                                          on the rows beside it. bridge/cuda sets it unless
                                          the model asks for invariance (batch_invariant) */
+  GOLLM_TUNING_NO_BLASLT = 1024       /* the projections of steps past the tiled rows on
+                                         cuBLASLt, an algorithm timed per shape at the
+                                         warm-up (cublasGemmEx's default algorithm then;
+                                         ABI 15) */
 };
 
 /* gollm_tuning chooses among kernel paths that give the same results within rounding, to
@@ -359,6 +363,8 @@ typedef struct gollm_engine_info {
   int32_t warmup_graphs;      /* decode graphs it captured */
   float warmup_ms;            /* its wall time */
   int32_t max_seq_len;        /* the longest sequence the engine serves */
+  int32_t warmup_gemm_tuned;  /* GEMM shapes whose cuBLASLt algorithms it timed (ABI 15) */
+  float warmup_gemm_tune_ms;  /* the wall time that timing took, part of warmup_ms */
 } gollm_engine_info;
 
 /* Flags of gollm_seq.flags. */

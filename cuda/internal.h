@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "blaslt.h"
 #include "comm.h"
 #include "common.cuh"
 #include "gollm.h"
@@ -298,6 +299,7 @@ struct gollm_engine {
   cudaStream_t stream = nullptr;  // all work of the engine
   cublasHandle_t blas = nullptr;  // bound to stream
   gollm::DevMem blas_ws;          // cuBLAS workspace, fixed so that capture allocates nothing
+  gollm::LtGemms gemms;           // the Blas path's GEMMs (cuBLASLt, algorithms per shape)
   gollm::KVGeom geom{};           // pool geometry
   int num_blocks = 0;             // usable KV blocks; block num_blocks is the padding block
   gollm::DevMem kv;               // the pool

@@ -1,4 +1,6 @@
-// matmul.cuh — the GEMMs through cuBLAS: T inputs, fp32 accumulation and fp32 output.
+// matmul.cuh — GEMMs through cuBLAS: T inputs, fp32 accumulation and fp32 output. The
+// projections of the Blas path run through LtGemms (blaslt.h), which falls back to the
+// same cublasGemmEx call.
 #pragma once
 #include "common.cuh"
 

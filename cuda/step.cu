@@ -377,6 +377,8 @@ void warmup(gollm_engine* e, gollm_engine_info& inf) {
   const auto t0 = std::chrono::steady_clock::now();
   DeviceGuard dg(e->device);
   inf.warmup_gemm_shapes = warmup_gemms(e);
+  inf.warmup_gemm_tuned = e->gemms.tuned;
+  inf.warmup_gemm_tune_ms = e->gemms.tune_ms;
   const int T = e->geom.tokens_per_block;
   std::vector<gollm_seq> seqs;
   std::vector<int32_t> tokens, blocks;

@@ -283,6 +283,7 @@ what="tritonserver 2.51.0, perf_analyzer, tritonclient, tokenizers, openai, json
 if [ "$cuda" = 1 ]; then
   "$deps/cuda/nvidia/cu13/bin/nvcc" --version >/dev/null
   test -f "$deps/cuda/nvidia/cu13/lib/libcublas.so.13"
+  test -f "$deps/cuda/nvidia/cu13/lib/libcublasLt.so.13"
   what="$what, CUDA 13.0"
 elif [ "${GOLLM_CUDA:-auto}" = 0 ]; then
   what="$what; CUDA not asked for (GOLLM_CUDA=0)"

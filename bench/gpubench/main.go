@@ -216,9 +216,9 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 		}
 		fmt.Fprintf(os.Stderr, "gpubench: %s on %s, weights %.1f MB, ready in %.1f s\n", name, e.DeviceName,
 			float64(e.WeightBytes)/1e6, time.Since(start).Seconds())
-		fmt.Fprintf(os.Stderr, "gpubench: at most %d sequences a step: scratch %.2f GB, KV pool %.2f GB (%d blocks); warm-up %d GEMM shapes and %d decode graphs in %.1f s\n",
+		fmt.Fprintf(os.Stderr, "gpubench: at most %d sequences a step: scratch %.2f GB, KV pool %.2f GB (%d blocks); warm-up %d GEMM shapes (%d timed in %.1f s) and %d decode graphs in %.1f s\n",
 			opts.MaxSeqs, float64(e.ScratchBytes)/1e9, float64(e.KVBytes)/1e9, e.Info().NumBlocks,
-			e.WarmupGEMMShapes, e.WarmupGraphs, e.WarmupTime.Seconds())
+			e.WarmupGEMMShapes, e.WarmupGEMMTuned, e.WarmupTuneTime.Seconds(), e.WarmupGraphs, e.WarmupTime.Seconds())
 		eng = e
 	}
 	defer eng.Close()

@@ -58,7 +58,8 @@ type Options struct {
 	// steps' by batch bucket, prompt steps' by padded shape).
 	DisableCUDAGraphs bool
 	// SkipWarmup returns the engine without its warm-up (every padded cuBLAS shape called
-	// once, every decode graph captured; well under a second). Served engines warm up:
+	// once, its cuBLASLt algorithms timed where the process has not timed them, up to 4 s;
+	// every decode graph captured). Served engines warm up:
 	// otherwise the first step of each new token count or batch bucket pays milliseconds.
 	SkipWarmup bool
 	// BatchInvariant makes a sequence's logits bitwise independent of the rest of its
@@ -117,6 +118,9 @@ type Tuning struct {
 	// DecodeParts splits decode attention that many ways at every batch size (1..16); 0
 	// splits by the rows and their lengths.
 	DecodeParts int
+	// NoBLASLt runs the GEMMs of steps past the tiled rows through cublasGemmEx's default
+	// algorithm instead of cuBLASLt with an algorithm timed per shape at the warm-up.
+	NoBLASLt bool
 	// NoCustomAllReduce all-reduces tensor parallelism's sums with NCCL in fp32 instead of
 	// the custom all-reduce over peer access (fused with the residual add and the norm).
 	NoCustomAllReduce bool
@@ -142,7 +146,8 @@ func (opts Options) tuning() Tuning {
 // TuningFromEnv reads the measuring switches, so that benchmarks and the GPU checks can
 // compare kernel paths without a rebuild: GOLLM_CUDA_PDL=0, GOLLM_CUDA_BULK=0,
 // GOLLM_CUDA_FUSED=0, GOLLM_CUDA_GROUPED=0, GOLLM_CUDA_STREAM=0, GOLLM_CUDA_TILED=0,
-// GOLLM_CUDA_PROMPT_GRAPHS=0, GOLLM_CUDA_CTX_MMA=0, GOLLM_CUDA_INVARIANT=0 and GOLLM_CUDA_CUSTOM_AR=0
+// GOLLM_CUDA_PROMPT_GRAPHS=0, GOLLM_CUDA_CTX_MMA=0, GOLLM_CUDA_INVARIANT=0, GOLLM_CUDA_CUSTOM_AR=0
+// and GOLLM_CUDA_BLASLT=0
 // turn a path off; GOLLM_CUDA_AR_BYTES=n sets the custom all-reduce's largest payload;
 // GOLLM_CUDA_GEMV_ROWS=n and GOLLM_CUDA_TILED_ROWS=n (0: off), GOLLM_CUDA_TILE_BLOCKS=k,
 // GOLLM_CUDA_DECODE_PARTS=n and GOLLM_CUDA_SKIP=bits set the numbers. The backend never
@@ -165,7 +170,8 @@ func TuningFromEnv() Tuning {
 		NoCtxMMA: off("GOLLM_CUDA_CTX_MMA"), NoInvariant: off("GOLLM_CUDA_INVARIANT"), GemvRows: num("GOLLM_CUDA_GEMV_ROWS", -1),
 		TiledRows: num("GOLLM_CUDA_TILED_ROWS", -1), TileBlocks: num("GOLLM_CUDA_TILE_BLOCKS", 0),
 		DecodeParts: num("GOLLM_CUDA_DECODE_PARTS", 0), Skip: num("GOLLM_CUDA_SKIP", 0),
-		NoCustomAllReduce: off("GOLLM_CUDA_CUSTOM_AR"), AllReduceBytes: num("GOLLM_CUDA_AR_BYTES", 0)}
+		NoCustomAllReduce: off("GOLLM_CUDA_CUSTOM_AR"), AllReduceBytes: num("GOLLM_CUDA_AR_BYTES", 0),
+		NoBLASLt: off("GOLLM_CUDA_BLASLT")}
 }
 
 // c is t as gollm_tuning.
@@ -179,7 +185,7 @@ func (t Tuning) c() C.gollm_tuning {
 		{t.NoGrouped, C.GOLLM_TUNING_NO_GROUPED}, {t.NoStream, C.GOLLM_TUNING_NO_STREAM},
 		{t.NoTiled, C.GOLLM_TUNING_NO_TILED}, {t.NoPromptGraphs, C.GOLLM_TUNING_NO_PROMPT_GRAPHS},
 		{t.NoCtxMMA, C.GOLLM_TUNING_NO_CTX_MMA}, {t.NoCustomAllReduce, C.GOLLM_TUNING_NO_CUSTOM_AR},
-		{t.NoInvariant, C.GOLLM_TUNING_NO_INVARIANT}} {
+		{t.NoInvariant, C.GOLLM_TUNING_NO_INVARIANT}, {t.NoBLASLt, C.GOLLM_TUNING_NO_BLASLT}} {
 		if b.on {
 			out.off |= b.bit
 		}
@@ -495,9 +501,11 @@ type Engine struct {
 	Device DeviceInfo
 	// WeightBytes, KVBytes and ScratchBytes are the device memory in use.
 	WeightBytes, KVBytes, ScratchBytes int64
-	// WarmupGEMMShapes and WarmupGraphs count what the warm-up readied, in WarmupTime.
-	WarmupGEMMShapes, WarmupGraphs int
-	WarmupTime                     time.Duration
+	// WarmupGEMMShapes and WarmupGraphs count what the warm-up readied, in WarmupTime;
+	// WarmupGEMMTuned counts the shapes whose cuBLASLt algorithms it timed, in
+	// WarmupTuneTime (part of WarmupTime; none where the process had timed them before).
+	WarmupGEMMShapes, WarmupGraphs, WarmupGEMMTuned int
+	WarmupTime, WarmupTuneTime                      time.Duration
 }
 
 // New loads ckpt and makes one engine on it; the weights go with the engine.
@@ -577,6 +585,8 @@ func newEngine(w *Weights, opts Options, comm *C.gollm_comm) (*Engine, error) {
 	e.WeightBytes, e.KVBytes, e.ScratchBytes = int64(info.weight_bytes), int64(info.kv_bytes), int64(info.scratch_bytes)
 	e.WarmupGEMMShapes, e.WarmupGraphs = int(info.warmup_gemm_shapes), int(info.warmup_graphs)
 	e.WarmupTime = time.Duration(float64(info.warmup_ms) * float64(time.Millisecond))
+	e.WarmupGEMMTuned = int(info.warmup_gemm_tuned)
+	e.WarmupTuneTime = time.Duration(float64(info.warmup_gemm_tune_ms) * float64(time.Millisecond))
 	cfg := w.cfg
 	e.info = engine.Info{
 		VocabSize: cfg.VocabSize, MaxSeqLen: int(info.max_seq_len),
@@ -599,7 +609,8 @@ func newEngine(w *Weights, opts Options, comm *C.gollm_comm) (*Engine, error) {
 		zap.Int("tokens_per_block", e.info.TokensPerBlock), zap.Int("max_seq_len", e.info.MaxSeqLen),
 		zap.Int64("weight_bytes", e.WeightBytes), zap.Int64("kv_bytes", e.KVBytes), zap.Int64("scratch_bytes", e.ScratchBytes),
 		zap.Int("warmup_gemm_shapes", e.WarmupGEMMShapes), zap.Int("warmup_graphs", e.WarmupGraphs),
-		zap.Duration("warmup", e.WarmupTime))
+		zap.Duration("warmup", e.WarmupTime), zap.Int("warmup_gemm_tuned", e.WarmupGEMMTuned),
+		zap.Duration("warmup_gemm_tune", e.WarmupTuneTime))
 	return e, nil
 }
 

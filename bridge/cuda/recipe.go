@@ -105,8 +105,12 @@ func abiLayout() map[string]uintptr {
 	var in C.gollm_step_in
 	var ts C.gollm_tensor
 	var wt C.gollm_weight
+	var ei C.gollm_engine_info
 	return map[string]uintptr{
-		"gollm_tensor": unsafe.Sizeof(ts), "gollm_tensor.dtype": unsafe.Offsetof(ts.dtype),
+		"gollm_engine_info": unsafe.Sizeof(ei), "gollm_engine_info.max_seq_len": unsafe.Offsetof(ei.max_seq_len),
+		"gollm_engine_info.warmup_gemm_tuned":   unsafe.Offsetof(ei.warmup_gemm_tuned),
+		"gollm_engine_info.warmup_gemm_tune_ms": unsafe.Offsetof(ei.warmup_gemm_tune_ms),
+		"gollm_tensor":                          unsafe.Sizeof(ts), "gollm_tensor.dtype": unsafe.Offsetof(ts.dtype),
 		"gollm_tensor.scale": unsafe.Offsetof(ts.scale), "gollm_tensor.block_rows": unsafe.Offsetof(ts.block_rows),
 		"gollm_tensor.block_cols": unsafe.Offsetof(ts.block_cols), "gollm_weight": unsafe.Sizeof(wt),
 		"gollm_weight.part": unsafe.Offsetof(wt.part),

@@ -123,6 +123,9 @@ func TestABILayoutIsVersion15(t *testing.T) {
 		t.Fatalf("gollm.h has ABI %d: update this test's layout with the version", v)
 	}
 	want := map[string]uintptr{
+		// ABI 15: what the warm-up's GEMM tuning timed, and how long it took.
+		"gollm_engine_info": 312, "gollm_engine_info.max_seq_len": 300, "gollm_engine_info.warmup_gemm_tuned": 304,
+		"gollm_engine_info.warmup_gemm_tune_ms": 308,
 		// ABI 13: an FP8 tensor's scales and their block.
 		"gollm_tensor": 48, "gollm_tensor.dtype": 24, "gollm_tensor.scale": 32, "gollm_tensor.block_rows": 40,
 		"gollm_tensor.block_cols": 44, "gollm_weight": 56, "gollm_weight.part": 8,
@@ -170,10 +173,10 @@ func TestTuningCrossesAsItSays(t *testing.T) {
 		t.Fatalf("zero Tuning crosses as %+v", z)
 	}
 	all := Tuning{NoPDL: true, NoBulk: true, NoFused: true, NoGrouped: true, NoStream: true, NoTiled: true,
-		NoPromptGraphs: true, NoCtxMMA: true, NoCustomAllReduce: true, GemvRows: -1, TiledRows: 32, TileBlocks: 2,
+		NoPromptGraphs: true, NoCtxMMA: true, NoCustomAllReduce: true, NoBLASLt: true, GemvRows: -1, TiledRows: 32, TileBlocks: 2,
 		DecodeParts: 3, Skip: 1 << 7, AllReduceBytes: 65536, AllReduceTimeout: 1500 * time.Millisecond}
 	c := all.c()
-	if c.off != 511 || c.gemv_rows != 0 || c.tiled_rows != 32 || c.tile_blocks != 2 || c.decode_parts != 3 || c.skip != 128 ||
+	if c.off != 511+1024 || c.gemv_rows != 0 || c.tiled_rows != 32 || c.tile_blocks != 2 || c.decode_parts != 3 || c.skip != 128 ||
 		c.allreduce_bytes != 65536 || c.allreduce_timeout_ms != 1500 {
 		t.Fatalf("%+v crosses as %+v", all, c)
 	}
@@ -184,7 +187,8 @@ func TestTuningCrossesAsItSays(t *testing.T) {
 func TestTuningFromEnv(t *testing.T) {
 	names := []string{"GOLLM_CUDA_PDL", "GOLLM_CUDA_BULK", "GOLLM_CUDA_FUSED", "GOLLM_CUDA_GROUPED", "GOLLM_CUDA_STREAM",
 		"GOLLM_CUDA_TILED", "GOLLM_CUDA_PROMPT_GRAPHS", "GOLLM_CUDA_CTX_MMA", "GOLLM_CUDA_GEMV_ROWS", "GOLLM_CUDA_TILED_ROWS",
-		"GOLLM_CUDA_TILE_BLOCKS", "GOLLM_CUDA_DECODE_PARTS", "GOLLM_CUDA_SKIP", "GOLLM_CUDA_CUSTOM_AR", "GOLLM_CUDA_AR_BYTES"}
+		"GOLLM_CUDA_TILE_BLOCKS", "GOLLM_CUDA_DECODE_PARTS", "GOLLM_CUDA_SKIP", "GOLLM_CUDA_CUSTOM_AR", "GOLLM_CUDA_AR_BYTES",
+		"GOLLM_CUDA_BLASLT"}
 	for _, name := range names {
 		t.Setenv(name, "")
 	}
@@ -194,11 +198,12 @@ func TestTuningFromEnv(t *testing.T) {
 	for k, v := range map[string]string{"GOLLM_CUDA_GROUPED": "0", "GOLLM_CUDA_STREAM": "0", "GOLLM_CUDA_TILED": "0",
 		"GOLLM_CUDA_PDL": "1", "GOLLM_CUDA_GEMV_ROWS": "0", "GOLLM_CUDA_PROMPT_GRAPHS": "0", "GOLLM_CUDA_CTX_MMA": "0",
 		"GOLLM_CUDA_TILED_ROWS": "8", "GOLLM_CUDA_TILE_BLOCKS": "2", "GOLLM_CUDA_DECODE_PARTS": "1", "GOLLM_CUDA_SKIP": "256",
-		"GOLLM_CUDA_CUSTOM_AR": "0", "GOLLM_CUDA_AR_BYTES": "131072"} {
+		"GOLLM_CUDA_CUSTOM_AR": "0", "GOLLM_CUDA_AR_BYTES": "131072", "GOLLM_CUDA_BLASLT": "0"} {
 		t.Setenv(k, v)
 	}
 	want := Tuning{NoGrouped: true, NoStream: true, NoTiled: true, NoPromptGraphs: true, NoCtxMMA: true, GemvRows: -1,
-		TiledRows: 8, TileBlocks: 2, DecodeParts: 1, Skip: 256, NoCustomAllReduce: true, AllReduceBytes: 131072}
+		TiledRows: 8, TileBlocks: 2, DecodeParts: 1, Skip: 256, NoCustomAllReduce: true, AllReduceBytes: 131072,
+		NoBLASLt: true}
 	if got := TuningFromEnv(); got != want {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}

@@ -2,7 +2,8 @@
 # Builds libgollm_cuda.so on the GPU machine from a checkout's cuda/, one nvcc per source
 # file on every core at once (the longest, forward.cu, first), for sm_90 (H100/H200):
 #   bash tests/gpu/build_lib.sh OUT.so [SRC_DIR]
-# Sourced env.sh first puts cuBLAS 13 on the loader's path; the library links that one.
+# Sourced env.sh first puts cuBLAS 13 on the loader's path; the library links that one and
+# cuBLASLt beside it.
 set -uo pipefail
 out=$(realpath -m "$1")
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -12,6 +13,7 @@ nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2> /dev/null)
 cublas=$(ls "${cublas_dir:-/nonexistent}/libcublas.so.13" /usr/local/cuda/lib64/libcublas.so.13 \
   /usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13 2> /dev/null | head -1)
 [ -n "$nvcc" ] && [ -n "$cublas" ] || { echo "FAIL: nvcc ($nvcc) or libcublas.so.13 ($cublas) not found"; exit 1; }
+[ -f "${cublas%/*}/libcublasLt.so.13" ] || { echo "FAIL: libcublasLt.so.13 not beside $cublas"; exit 1; }
 export NVCC=$nvcc FLAGS="-std=c++17 -O3 ${GOLLM_NVCC_EXTRA:-} -gencode=arch=compute_90,code=sm_90 -Xcompiler=-fPIC,-fvisibility=hidden"
 obj=$(mktemp -d)
 t0=$SECONDS
@@ -22,7 +24,6 @@ ls "$src"/forward.cu "$src"/*.cu | awk '!seen[$0]++' |
 mkdir -p "$(dirname "$out")"
 # shellcheck disable=SC2086
 $NVCC $FLAGS -shared -cudart static -Xlinker=-rpath,'$ORIGIN',--exclude-libs,ALL \
-  -o "$out" "$obj"/*.o -Xlinker="$cublas" -Xlinker="$(dirname "$cublas")/libcublasLt.so.13" -ldl ||
-  { echo "FAIL: link $out"; exit 1; }
+  -o "$out" "$obj"/*.o -Xlinker="$cublas" -Xlinker="${cublas%/*}/libcublasLt.so.13" -ldl || { echo "FAIL: link $out"; exit 1; }
 rm -rf "$obj"
 echo "built $out in $((SECONDS - t0)) s"

@@ -56,7 +56,7 @@ build() {
     { echo "FAIL: build $name"; return 1; }
   # shellcheck disable=SC2086
   $NVCC $FLAGS -shared -cudart static -Xlinker=-rpath,'$ORIGIN',--exclude-libs,ALL \
-    -o "$lib" "$b/obj/$name"/*.o -Xlinker="$cublas" -ldl || { echo "FAIL: link $name"; return 1; }
+    -o "$lib" "$b/obj/$name"/*.o -Xlinker="$cublas" -Xlinker="${cublas%/*}/libcublasLt.so.13" -ldl || { echo "FAIL: link $name"; return 1; }
   echo "built $name in $((SECONDS - t0)) s"
 }
 # The 7B checkpoint is written while the libraries build (its own GPU work is brief).

@@ -70,7 +70,7 @@ else
     xargs -P "$(nproc)" -I{} bash -c '$NVCC $FLAGS -c "$1" -o "$2/$(basename "$1" .cu).o"' _ {} "$w/obj" > "$out/build.log" 2>&1 &&
     # shellcheck disable=SC2086
     $NVCC $FLAGS -shared -cudart static -Xlinker=-rpath,'$ORIGIN',--exclude-libs,ALL \
-      -o "$lib" "$w/obj"/*.o -Xlinker="$cublas" -ldl >> "$out/build.log" 2>&1; then
+      -o "$lib" "$w/obj"/*.o -Xlinker="$cublas" -Xlinker="${cublas%/*}/libcublasLt.so.13" -ldl >> "$out/build.log" 2>&1; then
     cp "$lib" "$w/lib/$sum.so"
     pass "build: libgollm_cuda.so in $((SECONDS - t0)) s"
   else

@@ -16,7 +16,7 @@ NV=${GOLLM_CUDA_HOME:-.deps/cuda/nvidia/cu13}
 "$NV/bin/nvcc" -std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 --threads 0 \
   -Xcompiler=-fPIC,-fvisibility=hidden -shared -cudart static \
   -Xlinker=-rpath,'$ORIGIN',--exclude-libs,ALL -o "$out/libgollm_cuda.so" cuda/*.cu \
-  -L"$NV/lib" -Xlinker="$NV/lib/libcublas.so.13" -ldl
+  -L"$NV/lib" -Xlinker="$NV/lib/libcublas.so.13" -Xlinker="$NV/lib/libcublasLt.so.13" -ldl
 go test -c -trimpath -o "$out/cudatest" ./bridge/cuda
 go build -trimpath -ldflags=-s -o "$out/gpubench" ./bench/gpubench
 go build -trimpath -ldflags=-s -o "$out/tritonbench" ./bench/tritonbench

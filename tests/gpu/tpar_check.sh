@@ -70,7 +70,7 @@ if has build; then
       xargs -P "$(nproc)" -I{} bash -c '$NVCC $FLAGS -c "$1" -o "$2/$(basename "$1" .cu).o"' _ {} "$b/obj" > "$out/build.log" 2>&1 &&
       # shellcheck disable=SC2086
       $NVCC $FLAGS -shared -cudart static -Xlinker=-rpath,'$ORIGIN',--exclude-libs,ALL \
-        -o "$lib" "$b/obj"/*.o -Xlinker="$cublas" -ldl >> "$out/build.log" 2>&1; then
+        -o "$lib" "$b/obj"/*.o -Xlinker="$cublas" -Xlinker="${cublas%/*}/libcublasLt.so.13" -ldl >> "$out/build.log" 2>&1; then
       pass "build: libgollm_cuda.so in $((SECONDS - t0)) s"
     else
       fail "build"; tail -20 "$out/build.log"
