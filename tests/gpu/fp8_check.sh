@@ -108,8 +108,11 @@ JSON
 day=$(date -u +%F)
 rows=$out/fp8-bench.jsonl
 rm -f "$rows"
+# A base library of an older ABI needs its own gpubench: GPUBENCH_BASE names it.
 bench() {  # LIB VARIANT QUANT WORKLOADS
-  timeout "${BENCH_S:-170}" "$w/bin/gpubench" -ckpt "$ck" -model llama3.1-8B -random-gb 20 -lib "$1" ${3:+-quantization $3} \
+  local gb=$w/bin/gpubench
+  [ "$2" = base ] && [ -n "${GPUBENCH_BASE:-}" ] && gb=$GPUBENCH_BASE
+  timeout "${BENCH_S:-170}" "$gb" -ckpt "$ck" -model llama3.1-8B -random-gb 20 -lib "$1" ${3:+-quantization $3} \
     -overlap -max-batch 1024 -max-num-tokens 8192 -workloads "$4" -reps 3 2>> "$out/gpubench-$2.err" |
     python3 -c 'import json,sys
 for l in sys.stdin:

@@ -93,7 +93,10 @@ for round in $(seq "${ROUNDS:-2}"); do
     fi
     lib=$base
     [ "$v" = new ] && lib=$new
-    timeout 120 "$w/bin/gpubench" -ckpt "$ck" -model qwen3-30b-a3b -dtype bfloat16 -random-gb 70 -lib "$lib" \
+    # A base library of an older ABI needs its own gpubench: GPUBENCH_BASE names it.
+    gb=$w/bin/gpubench
+    [ "$v" = base ] && [ -n "${GPUBENCH_BASE:-}" ] && gb=$GPUBENCH_BASE
+    timeout 120 "$gb" -ckpt "$ck" -model qwen3-30b-a3b -dtype bfloat16 -random-gb 70 -lib "$lib" \
       -workloads decode_b1_i128_o128,tput_b64_i128_o128 -reps 3 2>> "$out/gpubench.err" |
       python3 -c 'import json,sys
 for l in sys.stdin:
