@@ -450,7 +450,8 @@ void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_
 // queries (each key read whole by its lane, D/8 16-byte pieces), then the warp reads the
 // chunk's value rows, 32/(D/8) rows a load (lane l: row l / (D/8), piece l % (D/8)),
 // weighting them by the probabilities it left in shared memory. The warps' (max, sum,
-// output) are merged last. D is a power of two, 16…128.
+// output) are merged last. D is a power of two, 16…256 (256: a value row a load, a lane
+// its 16-byte piece).
 //   qkv: [N][qkv_width] fp32, queries pre-scaled; att: [N][heads·D] T.
 // GOLLM_GQA_WARPS (-D at build time) builds other block sizes to measure (bench/libab.sh).
 // 4 warps: bench/results/2026-11-27-inplace-h100.jsonl.
@@ -691,8 +692,12 @@ void attention_decode_gqa(const float* qkv, T* att, const T* kv, const int32_t* 
       attention_decode_gqa_d<T, 64>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
                                     layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
       break;
-    default:
+    case 128:
       attention_decode_gqa_d<T, 128>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
+                                     layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
+      break;
+    default:
+      attention_decode_gqa_d<T, 256>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
                                      layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
       break;
   }

@@ -29,8 +29,9 @@ var fewRowModels = []invariantModel{
 // of a post-normed model — the post-norm, residual add and next norm in registers
 // (post_residual_norm4_kernel) and decode attention's short layout (a row's positions in
 // parts of 32, keys read a lane group a position, the parts merged by the last block) —
-// against the batch-invariant engine's (the tiled projections and the per-head decode
-// kernel's thread-a-key layout, parts of 256), in fp16 and bf16: a prompt, then one
+// against the batch-invariant engine's (the tiled projections and, for decode attention,
+// the grouped kernel — Gemma 3's heads of 256 too — or, for Gemma 2's soft-capped scores,
+// the per-head kernel's thread-a-key layout, parts of 256), in fp16 and bf16: a prompt, then one
 // sequence decoded greedily to 120 positions (the fixtures) or 300 (the widened models:
 // several rounds of keys a part at head_dim 256), both engines fed the same tokens, with
 // decode attention split up to 4 ways (gollm_tuning.decode_parts). Every decode step's

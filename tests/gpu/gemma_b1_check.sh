@@ -13,7 +13,9 @@
 #   2. gpubench on random weights (-random-gb, no files) of gemma3-4B (bf16), qwen3-30b-a3b
 #      (bf16) and llama2-7B (fp16), decode b1 and b64, BASE_LIB and PREBUILT_LIB
 #      alternating (base, new, new, base for gemma3-4B; base, new for the others, as time
-#      allows): rows in BENCH.md's format with "variant" base/new and "round" in
+#      allows; then new with GOLLM_CUDA_GROUPED=0, variant new-nogqa: gemma3-4B's b64
+#      decode attention on the per-head kernel, as before the grouped kernel took
+#      head_dim 256): rows in BENCH.md's format with "variant" and "round" in
 #      OUTDIR/gemma-b1.jsonl, and each workload's new/base ratio of the medians (ms per
 #      token: below 1 is faster; tokens/s: above 1 is faster).
 # Prints PASS/FAIL per check and a count; exits 1 on a failure. Logs in OUTDIR.
@@ -73,11 +75,12 @@ PY
 day=$(date -u +%F)
 rows=$out/gemma-b1.jsonl
 rm -f "$rows"
-bench() {  # MODEL DTYPE GB VARIANT ROUND
+bench() {  # MODEL DTYPE GB VARIANT ROUND (VARIANT: base, new, or new-nogqa: GOLLM_CUDA_GROUPED=0)
   [ $((SECONDS - t_all)) -lt "${BUDGET_S:-500}" ] || { echo "skip $1 $4 round $5: out of time"; return; }
-  local t0=$SECONDS
-  timeout "${STAGE_S:-110}" "$w/bin/gpubench" -ckpt "$w/$1" -model "$1" -dtype "$2" -random-gb "$3" \
-    -lib "$w/$4.so" -workloads decode_b1_i128_o128,tput_b64_i128_o128 -reps 3 2>> "$out/gpubench.err" |
+  local t0=$SECONDS envs=()
+  [ "${4#*-}" = nogqa ] && envs=(GOLLM_CUDA_GROUPED=0)
+  env "${envs[@]}" timeout "${STAGE_S:-110}" "$w/bin/gpubench" -ckpt "$w/$1" -model "$1" -dtype "$2" -random-gb "$3" \
+    -lib "$w/${4%%-*}.so" -workloads decode_b1_i128_o128,tput_b64_i128_o128 -reps 3 2>> "$out/gpubench.err" |
     python3 -c 'import json,sys
 d, c, m, v, r = sys.argv[1:6]
 for l in sys.stdin:
@@ -91,6 +94,7 @@ bench qwen3-30b-a3b bfloat16 70 base 1
 bench qwen3-30b-a3b bfloat16 70 new 1
 bench llama2-7B float16 20 base 1
 bench llama2-7B float16 20 new 1
+bench gemma3-4B bfloat16 20 new-nogqa 1
 bench gemma3-4B bfloat16 20 new 2
 bench gemma3-4B bfloat16 20 base 2
 tail -3 "$out/gpubench.err"
@@ -109,14 +113,15 @@ for line in open(sys.argv[1]):
     if k not in order:
         order.append(k)
     t[k + (r["variant"],)].append(r["value"])
-print(f"{'model':14} {'workload':22} {'metric':13} {'base':>10} {'new':>10} new/base")
+print(f"{'model':14} {'workload':22} {'metric':13} {'base':>10} {'new':>10} new/base  new-nogqa/base")
 for k in order:
-    b, n = t[k + ("base",)], t[k + ("new",)]
+    b, n, g = t[k + ("base",)], t[k + ("new",)], t[k + ("new-nogqa",)]
     if not b or not n:
         print(f"{k[0]:14} {k[1]:22} {k[2]:13} (missing a variant)")
         continue
     mb, mn = statistics.median(b), statistics.median(n)
-    print(f"{k[0]:14} {k[1]:22} {k[2]:13} {mb:10.4g} {mn:10.4g} {mn / mb:.3f}")
+    extra = f"  {statistics.median(g) / mb:.3f}" if g else ""
+    print(f"{k[0]:14} {k[1]:22} {k[2]:13} {mb:10.4g} {mn:10.4g} {mn / mb:.3f}{extra}")
 PY
 check "gpubench gemma3-4B both libraries" "grep -q '\"variant\": \"new\"' '$rows' && grep -q '\"variant\": \"base\"' '$rows'"
 echo "total $((SECONDS - t_all)) s"
