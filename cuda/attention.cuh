@@ -179,10 +179,11 @@ __device__ __forceinline__ float merge_parts(const float* partial, const float* 
 // kPre turns that prefetch on: it pays for small grids (decode at small batch, where the
 // kernel is all latency) and costs occupancy (its registers) for large ones. kCap
 // soft-caps the scores at ±softcap (softcap·tanh(s/softcap), Gemma 2's). kShort (with
-// kPre; decode_short_fits(head_dim)) is the layout for small grids: a row's positions
-// split into parts of kDecodeShortPart or more (not kDecodeMinPart), and the keys are
-// read as the values are, a group of head_dim/8 lanes a position (a 16-byte piece a
-// lane, the dot product summed over the group by shuffles), so that a part's keys load
+// kPre; decode_short_fits(head_dim)) adds the short layout for small grids, which a row
+// takes where its parts then need at most two rounds of keys each: its positions split
+// into parts of kDecodeShortPart or more (not kDecodeMinPart), and the keys are read as
+// the values are, a group of head_dim/8 lanes a position (a 16-byte piece a lane, the dot
+// product summed over the group by shuffles), so that a part's first round of keys loads
 // in one round trip — before the wait, but for the newest — at any head_dim, where a
 // thread a key pays a round trip for each 8 of its pieces (head_dim 256: four).
 template <typename T, bool kPre, bool kCap, bool kShort = false>
@@ -201,7 +202,17 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   const int r = dec_rows[i];
   const int len = row_pos[r] + 1;
   const int lo = window > 0 ? max(0, len - window) : 0;  // the first position attended
-  constexpr int min_part = kShort ? kDecodeShortPart : kDecodeMinPart;
+  const int groups = blockDim.x / D8;
+  // kShort: the short layout where a part of it takes at most two rounds of keys (its
+  // rounds are short: kDecodeShortKeys · groups positions); longer rows take the
+  // thread-a-key layout, whose rounds are a block's worth of keys. The row's length
+  // alone decides, so every block of a row and head agrees.
+  bool brief = false;
+  if constexpr (kShort) {
+    const int n = len - lo, a = min(parts, (n + kDecodeShortPart - 1) / kDecodeShortPart);
+    brief = (n + a - 1) / a <= 2 * kDecodeShortKeys * groups;
+  }
+  const int min_part = brief ? kDecodeShortPart : kDecodeMinPart;
   const int active = min(parts, (len - lo + min_part - 1) / min_part);
   if (part >= active) return;
   const int share = (len - lo + active - 1) / active;
@@ -223,8 +234,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   // Before the wait: this thread's first key (its first 8 pieces) and its value group's
   // first kDecodeVUnroll value pieces, where they are older than the newest position.
   const int jk = start + threadIdx.x;
-  const bool kpre = kPre && !kShort && jk < end && jk < newest;
-  const int groups = blockDim.x / D8;
+  const bool kpre = kPre && !brief && jk < end && jk < newest;
   const int grp = threadIdx.x / D8, c = threadIdx.x % D8;
   uint4 kfirst[8];
   if (kpre) {
@@ -234,8 +244,8 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   }
   // kShort: the newest position's block, so that its key and value load right after the
   // wait, beside the query (one round trip for all three).
-  const int64_t nblk = kShort ? table[newest / T_] : 0;
-  if constexpr (kShort) {
+  const int64_t nblk = brief ? table[newest / T_] : 0;
+  if (brief) {
     // This group's first kDecodeShortKeys keys, piece c (positions clamped as below).
 #pragma unroll
     for (int u = 0; u < kDecodeShortKeys; u++) {
@@ -252,7 +262,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
     }
   }
   griddep_wait();
-  if constexpr (kShort) {
+  if (brief) {
     // The first round's keys and values at the newest position (clamped positions past
     // it are the newest too), from the previous kernel.
 #pragma unroll
@@ -269,7 +279,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   // Each thread's key row is loaded in pieces of up to 8 16-byte loads issued together,
   // so a row costs one memory round trip instead of one per piece (head_dim 64: one).
   float mx = -INFINITY;
-  if constexpr (kShort) {
+  if (brief) {
     // kDecodeShortKeys positions a group per round, every thread through the same rounds
     // (the shuffles need whole warps): loads clamped to the part's last position, scores
     // past it dropped.
@@ -303,7 +313,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
       }
     }
   }
-  for (int j = kShort ? end : jk; j < end; j += blockDim.x) {
+  for (int j = brief ? end : jk; j < end; j += blockDim.x) {
     const uint4* k = kv_row(0, table[j / T_], j);
     float acc = 0.f;
     for (int c0 = 0; c0 < D8; c0 += 8) {
@@ -357,7 +367,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
 #pragma unroll
       for (int u = 0; u < kDecodeVUnroll; u++) {
         const int j = min(j0 + u * groups, end - 1);
-        if (kPre && j0 == start + grp && (kShort || j < newest))
+        if (kPre && j0 == start + grp && (brief || j < newest))
           v8[u] = vfirst[u];  // loaded before the wait
         else
           v8[u] = kv_row(1, blk[u], j)[c];

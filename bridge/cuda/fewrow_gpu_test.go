@@ -33,7 +33,8 @@ var fewRowModels = []invariantModel{
 // the grouped kernel — Gemma 3's heads of 256 too — or, for Gemma 2's soft-capped scores,
 // the per-head kernel's thread-a-key layout, parts of 256), in fp16 and bf16: a prompt, then one
 // sequence decoded greedily to 120 positions (the fixtures) or 300 (the widened models:
-// several rounds of keys a part at head_dim 256), both engines fed the same tokens, with
+// two rounds of keys a part at head_dim 256 past 128 positions, the thread-a-key layout
+// with its loads before the wait past 256), both engines fed the same tokens, with
 // decode attention split up to 4 ways (gollm_tuning.decode_parts). Every decode step's
 // logits agree within 1.5e-2 (fp16) or 5e-2 (bf16) relative L2 — rounding of two paths,
 // where a wrong position, part or merge errs by far more.
