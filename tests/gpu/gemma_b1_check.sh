@@ -2,6 +2,7 @@
 # Issue 37's Gemma-3-4B decode b1 work on the GPU machine in one call (about 8 minutes, H100
 # or H200), with two libraries built before in the same lease (tests/gpu/build_lib.sh):
 #   BASE_LIB=base.so PREBUILT_LIB=new.so bash tests/gpu/gemma_b1_check.sh CARRY OUTDIR
+# (BASE_COMMIT, default c46cd65, is the base library's commit in its rows)
 # after `bash tests/gpu/gemma_b1_carry.sh CARRY` here (CARRY default .carry/gemmab1). It
 #   1. runs the GPU Go tests with PREBUILT_LIB: TestGPUFewRowDecodeMatchesTheInvariantPath
 #      (the one-row decode kernels of Gemma 2 and 3 — the post-norm residual in
@@ -85,7 +86,7 @@ bench() {  # MODEL DTYPE GB VARIANT ROUND (VARIANT: base, new, or new-nogqa: GOL
 d, c, m, v, r = sys.argv[1:6]
 for l in sys.stdin:
     x = json.loads(l); print(json.dumps({"date": d, "commit": c, "machine": m, **x, "variant": v, "round": int(r)}))' \
-      "$day" "$commit" "$machine" "$4" "$5" >> "$rows"
+      "$day" "$([ "${4%%-*}" = base ] && echo "${BASE_COMMIT:-c46cd65}" || echo "$commit")" "$machine" "$4" "$5" >> "$rows"
   echo "$1 $4 round $5: $((SECONDS - t0)) s"
 }
 bench gemma3-4B bfloat16 20 base 1
