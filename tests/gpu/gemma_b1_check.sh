@@ -55,7 +55,8 @@ gotest() {  # LOG TIMEOUT TEST...
   grep -E '^(\s*--- (FAIL|SKIP)|ok|FAIL|panic)|worst relative' "$log" | tail -40
   local t
   for t in "$@"; do
-    check "$t" "grep -q -- '^--- PASS: $t ' '$log'"
+    # A skipped test or subtest (no library, no GPU) is no pass.
+    check "$t" "grep -q -- '^--- PASS: $t ' '$log' && ! grep -qE -- '^ *--- SKIP: $t( |/)' '$log'"
   done
 }
 gotest gotest.log 200 TestGPUFewRowDecodeMatchesTheInvariantPath TestGPUDenseFamiliesMatchTransformers \
