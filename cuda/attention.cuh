@@ -112,7 +112,8 @@ void qkv_kv_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
 // Decode attention: one query row per sequence (its single new token), attending to the
 // positions 0..pos of its sequence (the last window of them in a layer with a sliding
 // window), through its query head's KV head. Grid (rows, heads, splits): a row of length len uses
-// parts = min(splits, ceil(len / kDecodeMinPart)) of them, each covering an equal share
+// parts = min(splits, ceil(len / kDecodeMinPart)) of them (kDecodeShortPart in the kShort
+// layout of small grids: decode_attend), each covering an equal share
 // of its positions, so short rows take one block and long ones spread over the GPU;
 // blocks past a row's parts exit at once. With one active
 // part the block writes the output; with several, each writes its partial (max, sum,
@@ -132,6 +133,18 @@ void qkv_kv_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
 // 256 and 256: bench/results/2026-11-21-gpu-h100.jsonl.
 constexpr int kDecodeThreads = 256;
 constexpr int kDecodeVUnroll = 8;  // value rows a thread group has in flight
+// The kShort layout's: the fewest positions a part covers, and the keys a group of lanes
+// has in flight (kDecodeShortKeys · kDecodeThreads / (head_dim / 8) positions a round:
+// head_dim 256, 32 — one part of kDecodeShortPart).
+constexpr int kDecodeShortPart = 32;
+constexpr int kDecodeShortKeys = 4;
+
+// decode_short_fits says whether the kShort layout takes head_dim: its groups of
+// head_dim/8 lanes must tile a warp (a power of two, at most 32 pieces).
+inline bool decode_short_fits(int head_dim) {
+  const int d8 = head_dim / 8;
+  return head_dim % 8 == 0 && d8 >= 1 && d8 <= 32 && (d8 & (d8 - 1)) == 0;
+}
 
 // decode_smem: part_len is the most positions one block may cover (max_positions).
 inline size_t decode_smem(int head_dim, int part_len, int threads = kDecodeThreads) {
@@ -165,8 +178,15 @@ __device__ __forceinline__ float merge_parts(const float* partial, const float* 
 // that kernel. Only the query and the newest position's key and value are read after.
 // kPre turns that prefetch on: it pays for small grids (decode at small batch, where the
 // kernel is all latency) and costs occupancy (its registers) for large ones. kCap
-// soft-caps the scores at ±softcap (softcap·tanh(s/softcap), Gemma 2's).
-template <typename T, bool kPre, bool kCap>
+// soft-caps the scores at ±softcap (softcap·tanh(s/softcap), Gemma 2's). kShort (with
+// kPre; decode_short_fits(head_dim)) adds the short layout for small grids, which a row
+// takes where its parts then need at most two rounds of keys each: its positions split
+// into parts of kDecodeShortPart or more (not kDecodeMinPart), and the keys are read as
+// the values are, a group of head_dim/8 lanes a position (a 16-byte piece a lane, the dot
+// product summed over the group by shuffles), so that a part's first round of keys loads
+// in one round trip — before the wait, but for the newest — at any head_dim, where a
+// thread a key pays a round trip for each 8 of its pieces (head_dim 256: four).
+template <typename T, bool kPre, bool kCap, bool kShort = false>
 __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att,
                               const T* __restrict__ kv, const int32_t* __restrict__ dec_rows,
                               const int32_t* __restrict__ row_pos,
@@ -182,7 +202,18 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   const int r = dec_rows[i];
   const int len = row_pos[r] + 1;
   const int lo = window > 0 ? max(0, len - window) : 0;  // the first position attended
-  const int active = min(parts, (len - lo + kDecodeMinPart - 1) / kDecodeMinPart);
+  const int groups = blockDim.x / D8;
+  // kShort: the short layout where a part of it takes at most two rounds of keys (its
+  // rounds are short: kDecodeShortKeys · groups positions); longer rows take the
+  // thread-a-key layout, whose rounds are a block's worth of keys. The row's length
+  // alone decides, so every block of a row and head agrees.
+  bool brief = false;
+  if constexpr (kShort) {
+    const int n = len - lo, a = min(parts, (n + kDecodeShortPart - 1) / kDecodeShortPart);
+    brief = (n + a - 1) / a <= 2 * kDecodeShortKeys * groups;
+  }
+  const int min_part = brief ? kDecodeShortPart : kDecodeMinPart;
+  const int active = min(parts, (len - lo + min_part - 1) / min_part);
   if (part >= active) return;
   const int share = (len - lo + active - 1) / active;
   const int start = lo + part * share;
@@ -203,15 +234,25 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   // Before the wait: this thread's first key (its first 8 pieces) and its value group's
   // first kDecodeVUnroll value pieces, where they are older than the newest position.
   const int jk = start + threadIdx.x;
-  const bool kpre = kPre && jk < end && jk < newest;
+  const bool kpre = kPre && !brief && jk < end && jk < newest;
+  const int grp = threadIdx.x / D8, c = threadIdx.x % D8;
   uint4 kfirst[8];
   if (kpre) {
     const uint4* k = kv_row(0, table[jk / T_], jk);
 #pragma unroll
     for (int u = 0; u < 8; u++) kfirst[u] = k[min(u, D8 - 1)];
   }
-  const int groups = blockDim.x / D8;
-  const int grp = threadIdx.x / D8, c = threadIdx.x % D8;
+  // kShort: the newest position's block, so that its key and value load right after the
+  // wait, beside the query (one round trip for all three).
+  const int64_t nblk = brief ? table[newest / T_] : 0;
+  if (brief) {
+    // This group's first kDecodeShortKeys keys, piece c (positions clamped as below).
+#pragma unroll
+    for (int u = 0; u < kDecodeShortKeys; u++) {
+      const int j = min(start + grp + u * groups, end - 1);
+      if (j < newest) kfirst[u] = kv_row(0, table[j / T_], j)[c];
+    }
+  }
   uint4 vfirst[kDecodeVUnroll];
   if (kPre && grp < groups) {
 #pragma unroll
@@ -221,6 +262,16 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
     }
   }
   griddep_wait();
+  if (brief) {
+    // The first round's keys and values at the newest position (clamped positions past
+    // it are the newest too), from the previous kernel.
+#pragma unroll
+    for (int u = 0; u < kDecodeShortKeys; u++)
+      if (min(start + grp + u * groups, end - 1) >= newest) kfirst[u] = kv_row(0, nblk, newest)[c];
+#pragma unroll
+    for (int u = 0; u < kDecodeVUnroll; u++)
+      if (min(start + grp + u * groups, end - 1) >= newest) vfirst[u] = kv_row(1, nblk, newest)[c];
+  }
   for (int d = threadIdx.x; d < D; d += blockDim.x)
     q[d] = qkv[(int64_t)r * g.qkv_width() + head * D + d];
   __syncthreads();
@@ -228,7 +279,41 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   // Each thread's key row is loaded in pieces of up to 8 16-byte loads issued together,
   // so a row costs one memory round trip instead of one per piece (head_dim 64: one).
   float mx = -INFINITY;
-  for (int j = jk; j < end; j += blockDim.x) {
+  if (brief) {
+    // kDecodeShortKeys positions a group per round, every thread through the same rounds
+    // (the shuffles need whole warps): loads clamped to the part's last position, scores
+    // past it dropped.
+    for (int j0 = start; j0 < end; j0 += kDecodeShortKeys * groups) {
+      uint4 kk[kDecodeShortKeys];
+#pragma unroll
+      for (int u = 0; u < kDecodeShortKeys; u++) {
+        const int j = min(j0 + grp + u * groups, end - 1);
+        if (j0 == start)
+          kk[u] = kfirst[u];  // loaded before the wait (the newest: just after)
+        else
+          kk[u] = kv_row(0, table[j / T_], j)[c];
+      }
+      float qc[8];
+#pragma unroll
+      for (int e = 0; e < 8; e++) qc[e] = q[c * 8 + e];
+#pragma unroll
+      for (int u = 0; u < kDecodeShortKeys; u++) {
+        float kf[8];
+        to_f32x8<T>(kk[u], kf);
+        float acc = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc = fmaf(qc[e], kf[e], acc);
+        for (int o = 1; o < D8; o <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if constexpr (kCap) acc = softcap * tanhf(acc / softcap);
+        const int j = j0 + grp + u * groups;
+        if (j < end) {
+          if (c == 0) s[j - start] = acc;
+          mx = fmaxf(mx, acc);
+        }
+      }
+    }
+  }
+  for (int j = brief ? end : jk; j < end; j += blockDim.x) {
     const uint4* k = kv_row(0, table[j / T_], j);
     float acc = 0.f;
     for (int c0 = 0; c0 < D8; c0 += 8) {
@@ -282,7 +367,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
 #pragma unroll
       for (int u = 0; u < kDecodeVUnroll; u++) {
         const int j = min(j0 + u * groups, end - 1);
-        if (kPre && j0 == start + grp && j < newest)
+        if (kPre && j0 == start + grp && (brief || j < newest))
           v8[u] = vfirst[u];  // loaded before the wait
         else
           v8[u] = kv_row(1, blk[u], j)[c];
@@ -328,7 +413,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
     out[d] = from_f32<T>(merge_parts(partial, part_ml, pi, active, D, d));
 }
 
-template <typename T, bool kPre, bool kCap = false>
+template <typename T, bool kPre, bool kCap = false, bool kShort = false>
 __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
     const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
     const int32_t* __restrict__ dec_rows, const int32_t* __restrict__ row_pos,
@@ -338,7 +423,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
     float softcap) {
   extern __shared__ float smem[];
   griddep_launch();  // decode_attend waits for the previous kernel itself
-  decode_attend<T, kPre, kCap>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer,
+  decode_attend<T, kPre, kCap, kShort>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer,
                                window, max_len, partial, part_ml, tickets, blockIdx.x, blockIdx.y,
                                blockIdx.z, gridDim.z, smem, softcap);
 }
@@ -351,7 +436,9 @@ void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_
                       bool prefetch, Stream stream) {
   if (rows == 0) return;
   dim3 grid(rows, g.heads, splits);
-  auto k = prefetch ? attention_decode_kernel<T, true> : attention_decode_kernel<T, false>;
+  auto k = !prefetch                       ? attention_decode_kernel<T, false>
+           : decode_short_fits(g.head_dim) ? attention_decode_kernel<T, true, false, true>
+                                           : attention_decode_kernel<T, true>;
   launch("attention_decode_kernel", k, grid, kDecodeThreads, decode_smem(g.head_dim, max_len),
          stream, qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer, window, max_len,
          partial, part_ml, tickets, 0.f);
@@ -373,7 +460,8 @@ void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_
 // queries (each key read whole by its lane, D/8 16-byte pieces), then the warp reads the
 // chunk's value rows, 32/(D/8) rows a load (lane l: row l / (D/8), piece l % (D/8)),
 // weighting them by the probabilities it left in shared memory. The warps' (max, sum,
-// output) are merged last. D is a power of two, 16…128.
+// output) are merged last. D is a power of two, 16…256 (256: a value row a load, a lane
+// its 16-byte piece).
 //   qkv: [N][qkv_width] fp32, queries pre-scaled; att: [N][heads·D] T.
 // GOLLM_GQA_WARPS (-D at build time) builds other block sizes to measure (bench/libab.sh).
 // 4 warps: bench/results/2026-11-27-inplace-h100.jsonl.
@@ -614,8 +702,12 @@ void attention_decode_gqa(const float* qkv, T* att, const T* kv, const int32_t* 
       attention_decode_gqa_d<T, 64>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
                                     layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
       break;
-    default:
+    case 128:
       attention_decode_gqa_d<T, 128>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
+                                     layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
+      break;
+    default:
+      attention_decode_gqa_d<T, 256>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
                                      layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
       break;
   }

@@ -82,7 +82,8 @@ void qkv_extra_write(float* qkv, const float* bias, T* kv, const int32_t* row_po
 // post_residual_norm_kernel: RESIDUAL after a POST_NORM, one block per row r.
 //   a:    [n][hidden] fp32, the branch (before its bias); bias [hidden] fp32 or null
 //   h:    [n][hidden] fp32; h += RMSNorm(a + bias) with pg [hidden] fp32 and post_eps
-//   xn:   [n][hidden] T = norm(h), the next NORM, as residual_layernorm_kernel's
+//   xn:   [n][hidden] T = norm(h), the next NORM, as residual_layernorm_kernel's; null
+//         where nothing reads it (the few-row paths' gemv kernels norm h themselves)
 // Dynamic shared memory: hidden floats.
 template <typename T>
 __global__ void post_residual_norm_kernel(float* __restrict__ h, const float* __restrict__ a,
@@ -108,7 +109,95 @@ __global__ void post_residual_norm_kernel(float* __restrict__ h, const float* __
     row[c] = v;
     h[off + c] = v;
   }
-  layernorm_row(row, xn + off, gamma, beta, hidden, eps, rms);
+  if (xn) layernorm_row(row, xn + off, gamma, beta, hidden, eps, rms);
+}
+
+// post_residual_norm4_kernel: post_residual_norm_kernel for hidden % 4 == 0 up to
+// 4 · kPrn4Max · kPrn4Threads, the row in registers (up to kPrn4Max float4 a thread)
+// instead of shared memory: the weights (bias, post-norm and norm gammas, beta) are
+// loaded before the wait, the branch and h together after it, so a row costs one memory
+// round trip and three block reductions rather than a round trip per strided pass. One
+// block of kPrn4Threads threads per row.
+constexpr int kPrn4Threads = 512;
+constexpr int kPrn4Max = 4;
+template <typename T>
+__global__ void __launch_bounds__(kPrn4Threads) post_residual_norm4_kernel(
+    float* __restrict__ h, const float* __restrict__ a, const float* __restrict__ bias,
+    const float* __restrict__ pg, float post_eps, T* __restrict__ xn,
+    const float* __restrict__ gamma, const float* __restrict__ beta, int hidden, float eps,
+    bool rms) {
+  __shared__ float red[32];
+  griddep_launch();
+  const int h4 = hidden / 4;
+  const int64_t off = (int64_t)blockIdx.x * hidden;
+  const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 bv[kPrn4Max], pv[kPrn4Max], gv[kPrn4Max], btv[kPrn4Max];
+#pragma unroll
+  for (int k = 0; k < kPrn4Max; k++) {
+    const int c = threadIdx.x + k * kPrn4Threads;
+    if (c < h4) {
+      bv[k] = bias ? reinterpret_cast<const float4*>(bias)[c] : z;
+      pv[k] = reinterpret_cast<const float4*>(pg)[c];
+      gv[k] = reinterpret_cast<const float4*>(gamma)[c];
+      btv[k] = beta ? reinterpret_cast<const float4*>(beta)[c] : z;
+    }
+  }
+  griddep_wait();
+  float4 x[kPrn4Max], hv[kPrn4Max];
+#pragma unroll
+  for (int k = 0; k < kPrn4Max; k++) {
+    const int c = threadIdx.x + k * kPrn4Threads;
+    if (c < h4) {
+      x[k] = reinterpret_cast<const float4*>(a + off)[c];
+      hv[k] = reinterpret_cast<const float4*>(h + off)[c];
+    }
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kPrn4Max; k++) {
+    const int c = threadIdx.x + k * kPrn4Threads;
+    if (c < h4) {
+      x[k] = make_float4(x[k].x + bv[k].x, x[k].y + bv[k].y, x[k].z + bv[k].z, x[k].w + bv[k].w);
+      ss += (x[k].x * x[k].x + x[k].y * x[k].y) + (x[k].z * x[k].z + x[k].w * x[k].w);
+    }
+  }
+  const float prstd = rsqrtf(block_sum(ss, red) / hidden + post_eps);
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < kPrn4Max; k++) {
+    const int c = threadIdx.x + k * kPrn4Threads;
+    if (c < h4) {
+      x[k] = make_float4(hv[k].x + x[k].x * prstd * pv[k].x, hv[k].y + x[k].y * prstd * pv[k].y,
+                         hv[k].z + x[k].z * prstd * pv[k].z, hv[k].w + x[k].w * prstd * pv[k].w);
+      reinterpret_cast<float4*>(h + off)[c] = x[k];
+      s += (x[k].x + x[k].y) + (x[k].z + x[k].w);
+    }
+  }
+  if (!xn) return;
+  const float mean = rms ? 0.f : block_sum(s, red) / hidden;
+  float v = 0.f;
+#pragma unroll
+  for (int k = 0; k < kPrn4Max; k++) {
+    const int c = threadIdx.x + k * kPrn4Threads;
+    if (c < h4) {
+      const float dx = x[k].x - mean, dy = x[k].y - mean, dz = x[k].z - mean, dw = x[k].w - mean;
+      v += (dx * dx + dy * dy) + (dz * dz + dw * dw);
+    }
+  }
+  const float rstd = rsqrtf(block_sum(v, red) / hidden + eps);
+#pragma unroll
+  for (int k = 0; k < kPrn4Max; k++) {
+    const int c = threadIdx.x + k * kPrn4Threads;
+    if (c < h4)
+      store4(xn + off + 4 * c, (x[k].x - mean) * rstd * gv[k].x + btv[k].x,
+             (x[k].y - mean) * rstd * gv[k].y + btv[k].y, (x[k].z - mean) * rstd * gv[k].z + btv[k].z,
+             (x[k].w - mean) * rstd * gv[k].w + btv[k].w);
+  }
+}
+
+// post_residual_norm4_fits says whether post_residual_norm4_kernel takes a row of hidden.
+inline bool post_residual_norm4_fits(int hidden) {
+  return hidden % 4 == 0 && hidden <= 4 * kPrn4Max * kPrn4Threads;
 }
 
 template <typename T>
@@ -116,6 +205,11 @@ void post_residual_norm(float* h, const float* a, const float* bias, const float
                         float post_eps, T* xn, const float* gamma, const float* beta, int n,
                         int hidden, float eps, bool rms, Stream stream) {
   if (n == 0) return;
+  if (post_residual_norm4_fits(hidden)) {
+    launch("post_residual_norm4_kernel", post_residual_norm4_kernel<T>, n, kPrn4Threads, 0, stream,
+           h, a, bias, pg, post_eps, xn, gamma, beta, hidden, eps, rms);
+    return;
+  }
   launch("post_residual_norm_kernel", post_residual_norm_kernel<T>, n, 256,
          hidden * sizeof(float), stream, h, a, bias, pg, post_eps, xn, gamma, beta, hidden, eps,
          rms);
@@ -150,7 +244,9 @@ void attention_capped(const float* qkv, T* att, const T* kv, const CtxTile* tile
            window, cap);
   if (rows > 0)
     launch("attention_decode_kernel",
-           prefetch ? attention_decode_kernel<T, true, true> : attention_decode_kernel<T, false, true>,
+           !prefetch                       ? attention_decode_kernel<T, false, true>
+           : decode_short_fits(g.head_dim) ? attention_decode_kernel<T, true, true, true>
+                                           : attention_decode_kernel<T, true, true>,
            dim3(rows, g.heads, splits), kDecodeThreads, decode_smem(g.head_dim, max_len), stream, qkv,
            att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer, window, max_len, partial,
            part_ml, tickets, cap);

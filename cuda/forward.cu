@@ -524,8 +524,9 @@ void residual(Flow<T>& f, const Stage& s) {
     return;
   }
   if (const Stage* p = f.post) {
-    post_residual_norm<T>(f.h, f.tmp, f.branch_bias, p->gamma, p->s.eps, f.xn, nx.gamma, nx.beta,
-                          f.N, f.d.H, nx.s.eps, nx.s.norm == GOLLM_NORM_RMS, f.stc);
+    // The few-row paths' kernels norm h themselves: no xn to write.
+    post_residual_norm<T>(f.h, f.tmp, f.branch_bias, p->gamma, p->s.eps, f.small() ? nullptr : f.xn,
+                          nx.gamma, nx.beta, f.N, f.d.H, nx.s.eps, nx.s.norm == GOLLM_NORM_RMS, f.stc);
     f.post = nullptr;
     f.norm = &nx;
     return;
@@ -747,6 +748,7 @@ void setup_kernels_t(gollm_engine* e) {
             e->max_len, ds);
   allow_smem_max(attention_decode_kernel<T, true>, e->device);
   allow_smem_max(attention_decode_kernel<T, false>, e->device);
+  allow_smem_max(attention_decode_kernel<T, true, false, true>, e->device);
   // The soft-capped variants (dense.cuh's attention_capped), for the models that take them.
   bool capped = false;
   for (const Stage& s : e->w->recipe) capped = capped || (s.s.kind == GOLLM_STAGE_ATTENTION && s.s.softcap > 0.f);
@@ -754,6 +756,7 @@ void setup_kernels_t(gollm_engine* e) {
     allow_smem_max(attention_context_kernel<T, true>, e->device);
     allow_smem_max(attention_decode_kernel<T, true, true>, e->device);
     allow_smem_max(attention_decode_kernel<T, false, true>, e->device);
+    allow_smem_max(attention_decode_kernel<T, true, true, true>, e->device);
   }
 }
 

@@ -65,9 +65,9 @@ constexpr int kGqaMaxGroup = GOLLM_GQA_GROUP;
 inline int gqa_group(int G) { return G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : kGqaMaxGroup; }
 
 // gqa_decode_fits says whether grouped decode attention (attention_decode_gqa) takes
-// head_dim: its lanes split a row into 16-byte pieces, a power of two of them, 2 to 16.
+// head_dim: its lanes split a row into 16-byte pieces, a power of two of them, 2 to 32.
 inline bool gqa_decode_fits(int head_dim) {
-  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
+  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
 
 // lm_head_ld is the row stride of the LM head's cuBLAS output for vocab rows: a multiple
