@@ -66,8 +66,11 @@ nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader | tee "$out/gpu.tx
 if [ "$target" = train ]; then
   t0=$SECONDS
   target=$out/austen-target
+  data=${AUSTEN_DATA:?AUSTEN_DATA: the folder of prepare.py}
+  check "the training data is there ($data)" "[ -s '$root/$data/train.txt' -o -s '$data/train.txt' ]"
+  check "python has torch, transformers and tokenizers" "python3 -c 'import torch, transformers, tokenizers' 2>> '$out/train.log'"
   (cd "$root" && timeout 300 python3 demo/austen/train.py "${AUSTEN_DATA:?AUSTEN_DATA: the folder of prepare.py}" \
-    "$target" 220 --layers 8 --hidden 384 --heads 6 --kv-heads 2 --inner 1024 --shard-mb 15) > "$out/train.log" 2>&1
+    "$target" 220 --layers 8 --hidden 384 --heads 6 --kv-heads 2 --inner 1024 --shard-mb 15) >> "$out/train.log" 2>&1
   check "the target trains ($((SECONDS - t0)) s)" "[ -f '$target/config.json' ]"
   tail -3 "$out/train.log"
 fi
