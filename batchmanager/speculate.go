@@ -30,9 +30,10 @@ import (
 // (and below a quarter of a token, only every fourth step);
 // and within the step's budget of generation rows, MaxStepTokens: with g sequences
 // generating, of which s speculate, each proposes at most (MaxStepTokens-g)/s, so
-// proposals shrink as the batch grows and stop once g reaches the budget. They also
-// stop for what the token budget (max_num_tokens) or the KV pool (max_utilization) does
-// not leave.
+// proposals shrink as the batch grows and stop once g reaches the budget; with
+// Speculation.Adaptive, no more than the policy allows at the batch's size, none where
+// proposals do not pay (specpolicy.go). They also stop for what the token budget
+// (max_num_tokens) or the KV pool (max_utilization) does not leave.
 //
 // A request the proposer has nothing for counts as one whose proposals failed. Under the
 // overlap schedule a request that waits out its next step has its steps launched ahead
