@@ -44,9 +44,10 @@ type specPolicy struct {
 	// have speculated; heldNow says the last one was.
 	heldOff uint64
 	heldNow bool
-	// The tuning (specPolicyDefaults): minSamples of each kind before a decision,
+	// The tuning (newSpecPolicy's): minSamples of each kind before a decision,
 	// probeRounds per probe, the iteration counts between probes and plain refreshes, the
-	// gains below which a bucket backs off and above which a probe turns it on.
+	// gains below which a bucket backs off and above which a probe turns it on, and the
+	// running averages' weight of a new sample.
 	minSamples, probeRounds            int
 	probeEvery, probeMax, refreshEvery int
 	lowGain, highGain, weight          float64
@@ -133,7 +134,8 @@ func (p *specPolicy) observe(s specSample) {
 	}
 	prev, prevAsked := p.last, p.lastAsked
 	p.last, p.lastAsked = s.at, s.asked
-	if s.gen == 0 {
+	if s.gen == 0 || s.tokens == 0 {
+		// No generation, or a step that failed: nothing to measure.
 		p.heldNow = false
 		return
 	}
