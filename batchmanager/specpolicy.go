@@ -19,9 +19,9 @@ import (
 // gives each generating sequence (1 without proposals; more as they are accepted). A
 // bucket's gain is yield·plainCost/specCost over running averages; below lowGain its
 // proposals per sequence halve, and at none it is held off; held off, it probes again
-// (probeRounds iterations with proposals) after probeEvery iterations, then twice as long
-// after each probe that does not pay, up to probeMax; a probe above highGain turns it
-// back on. While on, every refreshEvery iterations a few run without proposals to keep
+// (probeRounds iterations with one proposal a sequence) after probeEvery iterations,
+// then twice as long after each probe that does not pay, up to probeMax; a probe above
+// highGain turns it back on at MaxDraft. While on, every refreshEvery iterations a few run without proposals to keep
 // the plain cost current, and a bucket below MaxDraft tries twice as many again. An
 // iteration without proposals right after one with them runs without its successor
 // launched ahead (Config.Overlap), so it is not a plain sample.
@@ -103,7 +103,10 @@ func (p *specPolicy) limit(g int) int {
 		return 0
 	case b.limit == 0:
 		if b.since >= b.wait {
-			return p.max // a probe
+			// A probe, with one proposal: the cheapest that tells whether proposals
+			// pay at all (a draft whose step costs as much as the model's does not
+			// even at one; prompt lookup on a copying prompt does at once).
+			return 1
 		}
 		return 0
 	}

@@ -161,7 +161,8 @@ func count[T any](s []T, f func(T) bool) int {
 // 10 ms, a proposer at 1 ms a token (a verifying step gives up to 5 tokens for 14 ms)
 // stays on — nearly every token comes from steps that verified proposals and nothing
 // is held off; one at 15 ms a token (5 tokens for 70 ms against 50 ms without) is held
-// off within 16 iterations and afterwards proposes only in its probes, fewer and fewer;
+// off within 16 iterations and afterwards proposes only in its probes, one token each,
+// fewer and fewer;
 // and once it gets cheap again the next probe (32 iterations after it was held off)
 // turns it back on. Greedy tokens are those of solo
 // runs throughout, with and without the overlap schedule.
@@ -196,6 +197,9 @@ func TestAdaptiveSpeculationFollowsWhatItGains(t *testing.T) {
 				for i, it := range its[first:] {
 					if it.drafted > 0 {
 						probes = append(probes, first+i)
+					}
+					if it.drafted > 1 {
+						t.Errorf("iteration %d: a probe with %d proposals; want one", first+i, it.drafted)
 					}
 				}
 				t.Logf("held off from iteration %d of %d; iterations with proposals after: %v", first, len(its), probes)
