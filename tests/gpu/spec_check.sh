@@ -7,7 +7,8 @@
 # accepted, the mechanism's cost and ceiling); the trained pair of demo/austen/README.md
 # ("The speculative decoding pair") is TARGET=<its folder> DRAFT=model_repository/austen/1.
 # TARGET=train with AUSTEN_DATA=<prepare.py's folder, carried> trains that target here
-# first (220 s of training: leave the build out with PREBUILT_LIB to stay within a call).
+# first (220 s of training: leave the build out with PREBUILT_LIB, and ONLY=draft keeps
+# the benchmark to the draft workload, to stay within a call).
 # It
 #   1. builds libgollm_cuda.so from cuda/ for sm_90 (tests/gpu/build_lib.sh);
 #   2. runs the Go tests: TestGPUVerifyRowsMatchOneTokenSteps (proposals verified in rows
@@ -89,7 +90,7 @@ check "no GPU test skipped" "! grep -q -- '--- SKIP' '$out/spec-verify.log'"
 
 # 3. The benchmark.
 t0=$SECONDS
-(cd "$root" && GOLLM_CUDA_LIB=$lib timeout 330 "$w/bin/specbench" -engine gpu -lib "$lib" -rounds "${ROUNDS:-5}" -overlap "${OVERLAP:-auto}" \
+(cd "$root" && GOLLM_CUDA_LIB=$lib timeout 330 "$w/bin/specbench" -engine gpu -lib "$lib" -rounds "${ROUNDS:-5}" -overlap "${OVERLAP:-auto}" -only "${ONLY:-}" \
   -model "$target" -draft "$draft" -out "$out" > "$out/spec-bench.log" 2>&1)
 rc=$?
 echo "bench: $((SECONDS - t0)) s"
