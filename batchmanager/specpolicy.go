@@ -15,16 +15,19 @@ import (
 //
 // Cost is wall time between the completions of successive iterations that both generate
 // and run no prompt: under the overlap schedule that is the interval at which steps come
-// out, the host's work and the proposer's included. Yield is the tokens an iteration
-// gives each generating sequence (1 without proposals; more as they are accepted). A
-// bucket's gain is yield·plainCost/specCost over running averages; below lowGain its
-// proposals per sequence halve, and at none it is held off; held off, it probes again
-// (probeRounds iterations with one proposal a sequence) after probeEvery iterations,
-// then twice as long after each probe that does not pay, up to probeMax; a probe above
-// highGain turns it back on at MaxDraft. While on, every refreshEvery iterations a few run without proposals to keep
-// the plain cost current, and a bucket below MaxDraft tries twice as many again. An
-// iteration without proposals right after one with them runs without its successor
-// launched ahead (Config.Overlap), so it is not a plain sample.
+// out, the host's work and the proposer's included (engines that cannot overlap
+// alternate long and short intervals, which the running averages even out). Yield is
+// the tokens an iteration gives each generating sequence (1 without proposals; more as
+// they are accepted). A bucket's gain is yield·plainCost/specCost over running
+// averages; below lowGain its proposals per sequence halve, and at none it is held off;
+// held off, it probes again (probeRounds iterations with one proposal a sequence) after
+// probeEvery iterations, then twice as long after each probe that does not pay, up to
+// probeMax; a probe above highGain turns it back on at MaxDraft. While on, every
+// refreshEvery iterations (a quarter of that until it has 2·minSamples plain samples) a
+// few run without proposals to keep the plain cost current, and a bucket below MaxDraft
+// tries twice as many again. An iteration without proposals right after one with them
+// runs without its successor launched ahead (Config.Overlap), so it is not a plain
+// sample.
 //
 // A policy decision changes only how many tokens are proposed, never a token: greedy
 // output is the same with or without it.
@@ -185,7 +188,9 @@ func (p *specPolicy) observe(s specSample) {
 		}
 		return
 	}
-	if b.since >= p.refreshEvery {
+	if b.since >= p.refreshEvery || b.plainN < 2*p.minSamples && b.since >= p.refreshEvery/4 {
+		// Refreshed sooner while the plain cost rests on few samples: the first ones,
+		// at a cold start or on a busy machine, may be far off.
 		b.refreshing = true
 	}
 	if b.specN < p.minSamples || gain >= p.lowGain {
