@@ -23,7 +23,7 @@ import (
 // held off, it probes again (probeRounds iterations with one proposal a sequence) after
 // probeEvery iterations, then twice as long after each probe that does not pay, up to
 // probeMax; a probe above highGain turns it back on at MaxDraft. While on, every
-// refreshEvery iterations (a quarter of that until it has 2·minSamples plain samples) a
+// refreshEvery iterations (a quarter of that until it has 2·minPlain plain samples) a
 // few run without proposals to keep the plain cost current, and a bucket below MaxDraft
 // tries twice as many again. An iteration without proposals right after one with them
 // runs without its successor launched ahead (Config.Overlap), so it is not a plain
@@ -47,11 +47,12 @@ type specPolicy struct {
 	// have speculated; heldNow says the last one was.
 	heldOff uint64
 	heldNow bool
-	// The tuning (newSpecPolicy's): minSamples of each kind before a decision,
+	// The tuning (newSpecPolicy's): minPlain and minSpec samples before a decision (more
+	// with proposals, whose yield comes in bursts: prompt lookup matches in runs),
 	// probeRounds per probe, the iteration counts between probes and plain refreshes, the
 	// gains below which a bucket backs off and above which a probe turns it on, and the
 	// running averages' weight of a new sample.
-	minSamples, probeRounds            int
+	minPlain, minSpec, probeRounds     int
 	probeEvery, probeMax, refreshEvery int
 	lowGain, highGain, weight          float64
 }
@@ -74,8 +75,8 @@ type specBucket struct {
 
 // newSpecPolicy returns the policy for MaxDraft max with its default tuning.
 func newSpecPolicy(max int) *specPolicy {
-	p := &specPolicy{max: max, minSamples: 3, probeRounds: 3, probeEvery: 32, probeMax: 512, refreshEvery: 64,
-		lowGain: 0.98, highGain: 1.03, weight: 0.25}
+	p := &specPolicy{max: max, minPlain: 3, minSpec: 8, probeRounds: 6, probeEvery: 32, probeMax: 512,
+		refreshEvery: 64, lowGain: 0.98, highGain: 1.03, weight: 0.1}
 	p.reset()
 	return p
 }
@@ -101,7 +102,7 @@ func (p *specPolicy) limit(g int) int {
 	}
 	b := p.bucket(g)
 	switch {
-	case b.plainN < p.minSamples || b.refreshing:
+	case b.plainN < p.minPlain || b.refreshing:
 		// The plain cost first: without it nothing can be compared.
 		return 0
 	case b.limit == 0:
@@ -188,12 +189,12 @@ func (p *specPolicy) observe(s specSample) {
 		}
 		return
 	}
-	if b.since >= p.refreshEvery || b.plainN < 2*p.minSamples && b.since >= p.refreshEvery/4 {
+	if b.since >= p.refreshEvery || b.plainN < 2*p.minPlain && b.since >= p.refreshEvery/4 {
 		// Refreshed sooner while the plain cost rests on few samples: the first ones,
 		// at a cold start or on a busy machine, may be far off.
 		b.refreshing = true
 	}
-	if b.specN < p.minSamples || gain >= p.lowGain {
+	if b.specN < p.minSpec || gain >= p.lowGain {
 		return
 	}
 	b.limit /= 2
