@@ -25,7 +25,7 @@ import (
 // probeMax; a probe above highGain turns it back on at MaxDraft. While on, every
 // refreshEvery iterations (a quarter of that until it has 2·minPlain plain samples) a
 // few run without proposals to keep the plain cost current, and a bucket below MaxDraft
-// tries twice as many again. An iteration without proposals right after one with them
+// tries twice as many again (not within 4·refreshEvery iterations of halving them). An iteration without proposals right after one with them
 // runs without its successor launched ahead (Config.Overlap), so it is not a plain
 // sample.
 //
@@ -71,6 +71,9 @@ type specBucket struct {
 	since, wait int
 	// refreshing says a refresh is running: plain iterations until a sample comes.
 	refreshing bool
+	// raiseIn counts down the iterations after a halving before a refresh may try
+	// twice as many proposals again.
+	raiseIn int
 }
 
 // newSpecPolicy returns the policy for MaxDraft max with its default tuning.
@@ -152,6 +155,7 @@ func (p *specPolicy) observe(s specSample) {
 		p.heldOff++
 	}
 	b.since++
+	b.raiseIn--
 	if prev.IsZero() || s.ctx > 0 {
 		return
 	}
@@ -164,7 +168,7 @@ func (p *specPolicy) observe(s specSample) {
 		b.plainN++
 		if b.refreshing {
 			b.refreshing, b.since = false, 0
-			if b.limit > 0 && b.limit < p.max {
+			if b.limit > 0 && b.limit < p.max && b.raiseIn <= 0 {
 				// Try more proposals again; the next decision halves them back if they do
 				// not pay.
 				b.limit, b.specN = min(p.max, 2*b.limit), 0
@@ -198,7 +202,7 @@ func (p *specPolicy) observe(s specSample) {
 		return
 	}
 	b.limit /= 2
-	b.specN = 0
+	b.specN, b.raiseIn = 0, 4*p.refreshEvery
 	if b.limit == 0 {
 		b.since, b.wait, b.refreshing = 0, p.probeEvery, false
 	}

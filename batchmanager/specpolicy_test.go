@@ -207,7 +207,7 @@ func TestAdaptiveSpeculationFollowsWhatItGains(t *testing.T) {
 				}
 			})
 			t.Run("it pays again", func(t *testing.T) {
-				const switchAt = 70
+				const switchAt = 40
 				its := policyRun(t, overlap, 400, func(i int) time.Duration {
 					if i < switchAt {
 						return 15 * time.Millisecond
