@@ -34,6 +34,8 @@ const (
 	metricSpecAcceptanceRate
 	metricSpecAcceptedLength
 	metricSequencesPerIterationMax
+	metricSpecHeldOff
+	metricSpecHeldOffSteps
 	numMetrics
 )
 
@@ -82,6 +84,10 @@ var metricDefs = [numMetrics]metricDef{
 		"Tokens a sequence gains per step that verifies proposals (accepted ones plus one), since the instance started"},
 	metricSequencesPerIterationMax: {"gollm_sequences_per_iteration_max", triton.MetricGauge,
 		"The most sequences one iteration has run since the instance started (at most max_batch_size)"},
+	metricSpecHeldOff: {"gollm_speculative_held_off", triton.MetricGauge,
+		"1 when the last iteration ran without proposals because speculation does not pay at its batch size (speculative_adaptive); else 0"},
+	metricSpecHeldOffSteps: {"gollm_speculative_held_off_steps", triton.MetricCounter,
+		"Iterations run without proposals, where requests could have speculated, because speculation did not pay at their batch size"},
 }
 
 // metricValues are the values of one instance's series. Counters hold the batch
@@ -118,6 +124,10 @@ func statsValues(s batchmanager.Stats, queued int, prev metricValues) metricValu
 	if s.DraftTokensTotal > 0 {
 		v[metricSpecAcceptanceRate] = float64(s.AcceptedDraftTokensTotal) / float64(s.DraftTokensTotal)
 	}
+	if s.SpeculationHeldOff {
+		v[metricSpecHeldOff] = 1
+	}
+	v[metricSpecHeldOffSteps] = float64(s.SpeculationHeldOffTotal)
 	if s.SpeculativeStepsTotal > 0 {
 		v[metricSpecAcceptedLength] = float64(s.AcceptedDraftTokensTotal+s.SpeculativeStepsTotal) / float64(s.SpeculativeStepsTotal)
 	}

@@ -25,6 +25,7 @@ import (
 //	prompt_lookup_min/max         the n-gram sizes prompt lookup matches (default 2 and 4)
 //	speculative_max_step_tokens   the generation rows a step may hold with proposals
 //	                              (default 32)
+//	speculative_adaptive          false: propose whether or not it pays (default true)
 
 func init() { params = append(params, specParams...) }
 
@@ -58,6 +59,8 @@ type speculationConfig struct {
 	LookupMin, LookupMax int
 	// MaxStepTokens is speculative_max_step_tokens (0: the batch manager's default).
 	MaxStepTokens int
+	// Pinned is speculative_adaptive false: no policy holds proposals back.
+	Pinned bool
 	// set names the speculation parameters given, for the checks.
 	set map[string]bool
 	// inferred says Mode came from speculative_draft_model_path alone: the checkpoint
@@ -92,6 +95,11 @@ var specParams = []paramSpec{
 		c.Speculation.MaxStepTokens, err = intBetween(v, 1, 1<<16)
 		return c.Speculation.mark("speculative_max_step_tokens", err)
 	}},
+	{"speculative_adaptive", func(c *modelConfig, v string) error {
+		on, err := parseBool(v)
+		c.Speculation.Pinned = !on
+		return c.Speculation.mark("speculative_adaptive", err)
+	}},
 }
 
 // mark records that a parameter was given (unless it failed to parse).
@@ -112,7 +120,7 @@ func (s *speculationConfig) finish(c *modelConfig, modelDir string) error {
 		s.Mode, s.inferred = specDraftModel, true
 	}
 	if s.Mode == specNone {
-		for _, name := range []string{"num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "speculative_max_step_tokens"} {
+		for _, name := range []string{"num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "speculative_max_step_tokens", "speculative_adaptive"} {
 			if s.set[name] {
 				return fmt.Errorf(`parameter %q needs speculative decoding: set "speculative_decoding_mode" (prompt_lookup, draft_model or eagle3) or "speculative_draft_model_path"`, name)
 			}
@@ -265,7 +273,7 @@ func (ms *modelState) proposer(eng engine.Engine, kind engines.Kind, device int,
 	if s.NumTokens > info.MaxDraft {
 		return batchmanager.Speculation{}, fmt.Errorf(`parameter "num_speculative_tokens" %d: this instance's engine verifies at most %d per sequence and step`, s.NumTokens, info.MaxDraft)
 	}
-	sp := batchmanager.Speculation{MaxDraft: s.NumTokens, MaxStepTokens: s.MaxStepTokens}
+	sp := batchmanager.Speculation{MaxDraft: s.NumTokens, MaxStepTokens: s.MaxStepTokens, Adaptive: !s.Pinned}
 	switch s.Mode {
 	case specPromptLookup:
 		g, err := speculate.NewNGram(s.LookupMin, s.LookupMax)

@@ -21,7 +21,7 @@ func TestSpeculationParameters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s := c.Speculation; s.Mode != specPromptLookup || s.NumTokens != 4 || s.LookupMin != 2 || s.LookupMax != 4 || s.MaxStepTokens != 0 {
+	if s := c.Speculation; s.Mode != specPromptLookup || s.NumTokens != 4 || s.LookupMin != 2 || s.LookupMax != 4 || s.MaxStepTokens != 0 || s.Pinned {
 		t.Errorf("prompt_lookup's defaults: %+v", s)
 	}
 	c, err = parse(map[string]string{"speculative_draft_model_path": "draft", "num_speculative_tokens": "6", "speculative_max_step_tokens": "48"})
@@ -30,6 +30,10 @@ func TestSpeculationParameters(t *testing.T) {
 	}
 	if s := c.Speculation; s.Mode != specDraftModel || s.DraftPath != "/repo/m/draft" || s.NumTokens != 6 || s.MaxStepTokens != 48 {
 		t.Errorf("a draft path alone: %+v", s)
+	}
+	c, err = parse(map[string]string{"speculative_decoding_mode": "prompt_lookup", "speculative_adaptive": "false"})
+	if err != nil || !c.Speculation.Pinned {
+		t.Errorf("speculative_adaptive false: %+v, %v", c.Speculation, err)
 	}
 	c, err = parse(map[string]string{"speculative_decoding_mode": "prompt_lookup", "prompt_lookup_max": "1"})
 	if err != nil || c.Speculation.LookupMin != 1 || c.Speculation.LookupMax != 1 {
@@ -47,6 +51,8 @@ func TestSpeculationParameters(t *testing.T) {
 		{"k of 0", map[string]string{"speculative_decoding_mode": "prompt_lookup", "num_speculative_tokens": "0"}, `parameter "num_speculative_tokens": 0: want an integer ≥ 1`},
 		{"k above 16", map[string]string{"speculative_decoding_mode": "prompt_lookup", "num_speculative_tokens": "17"}, `parameter "num_speculative_tokens": 17: want at most 16`},
 		{"k without a mode", map[string]string{"num_speculative_tokens": "3"}, `parameter "num_speculative_tokens" needs speculative decoding`},
+		{"adaptive without a mode", map[string]string{"speculative_adaptive": "false"}, `parameter "speculative_adaptive" needs speculative decoding`},
+		{"adaptive not a bool", map[string]string{"speculative_decoding_mode": "prompt_lookup", "speculative_adaptive": "sometimes"}, `"sometimes": want true or false`},
 		{"a draft model without its path", map[string]string{"speculative_decoding_mode": "draft_model"}, `needs "speculative_draft_model_path"`},
 		{"prompt lookup with a draft", map[string]string{"speculative_decoding_mode": "prompt_lookup", "speculative_draft_model_path": "d"}, `prompt_lookup uses no draft model`},
 		{"lookup sizes with a draft", map[string]string{"speculative_draft_model_path": "d", "prompt_lookup_min": "1"}, `"prompt_lookup_min" applies to prompt_lookup`},

@@ -149,6 +149,10 @@ type Manager struct {
 	specCands []*request
 	specReqs  []*speculate.Request
 	specTotal specTotals
+	// policy is the adaptive speculation policy (Speculation.Adaptive); nil without it.
+	// clock times its iterations (time.Now; tests control it).
+	policy *specPolicy
+	clock  func() time.Time
 
 	// statsEnc encodes the stats JSON of ReturnBatchManagerStats.
 	statsEnc statsEncoder
@@ -341,6 +345,10 @@ func newManager(eng engine.Engine, cfg Config, cb Callbacks, log *zap.Logger) (*
 		done:    make(chan struct{}),
 		byID:    map[uint64]*request{},
 		hidden:  hidden,
+		clock:   time.Now,
+	}
+	if cfg.Speculation.Proposer != nil && cfg.Speculation.Adaptive {
+		m.policy = newSpecPolicy(cfg.Speculation.MaxDraft)
 	}
 	if cfg.Overlap {
 		if p, ok := eng.(engine.Pipeliner); ok {
@@ -598,12 +606,14 @@ func (m *Manager) iterate() bool {
 		m.iter++
 		now := time.Now()
 		m.stepAhead()
+		m.observeSpec()
 		m.applyEnds(m.pollEnd())
 		m.applyStops(m.pollStop())
 		m.publishStats(now, true)
 		return true
 	}
 	if m.gathering() {
+		m.policy.idle()
 		m.publishStats(time.Now(), false)
 		return false
 	}
@@ -612,6 +622,7 @@ func (m *Manager) iterate() bool {
 		m.propose()
 	}
 	if len(m.sched) == 0 {
+		m.policy.idle()
 		m.applyEnds(m.pollEnd())
 		m.applyStops(m.pollStop())
 		// Keep Stats current (waiting or cancelled requests) without a stats callback.
@@ -621,6 +632,7 @@ func (m *Manager) iterate() bool {
 	m.iter++
 	now := time.Now()
 	m.step()
+	m.observeSpec()
 	m.applyEnds(m.pollEnd())
 	m.applyStops(m.pollStop())
 	m.publishStats(now, true)

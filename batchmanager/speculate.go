@@ -30,9 +30,10 @@ import (
 // (and below a quarter of a token, only every fourth step);
 // and within the step's budget of generation rows, MaxStepTokens: with g sequences
 // generating, of which s speculate, each proposes at most (MaxStepTokens-g)/s, so
-// proposals shrink as the batch grows and stop once g reaches the budget. They also
-// stop for what the token budget (max_num_tokens) or the KV pool (max_utilization) does
-// not leave.
+// proposals shrink as the batch grows and stop once g reaches the budget; with
+// Speculation.Adaptive, no more than the policy allows at the batch's size, none where
+// proposals do not pay (specpolicy.go). They also stop for what the token budget
+// (max_num_tokens) or the KV pool (max_utilization) does not leave.
 //
 // A request the proposer has nothing for counts as one whose proposals failed. Under the
 // overlap schedule a request that waits out its next step has its steps launched ahead
@@ -58,6 +59,10 @@ type Speculation struct {
 	// MaxStepTokens bounds a step's generation rows with their proposals (default
 	// DefaultMaxStepTokens).
 	MaxStepTokens int
+	// Adaptive measures what proposals gain per batch size and holds them back where
+	// they do not pay (specpolicy.go); off, every request that may speculate proposes
+	// as the rules above allow.
+	Adaptive bool
 }
 
 // lowAcceptance is the running average of accepted proposals per step below which a
@@ -135,7 +140,7 @@ func (m *Manager) perSequenceDraft(g, s int) int {
 	if s == 0 || g >= sp.MaxStepTokens {
 		return 0
 	}
-	return min(sp.MaxDraft, (sp.MaxStepTokens-g)/s)
+	return min(sp.MaxDraft, (sp.MaxStepTokens-g)/s, m.policy.limit(g))
 }
 
 // generating says whether r's scheduled work this iteration is one generation step: its
@@ -206,6 +211,7 @@ func (m *Manager) propose() {
 	if len(reqs) == 0 {
 		return
 	}
+	m.it.asked = true
 	if err := m.callPropose(reqs); err != nil {
 		m.log.Warn("the proposer failed; this step runs without proposals", zap.Error(err))
 		return
@@ -356,6 +362,24 @@ func (m *Manager) acceptDraft(r *request, b *branch, seq *engine.Sequence, out *
 			return
 		}
 	}
+}
+
+// observeSpec hands the iteration that just completed to the adaptive policy.
+func (m *Manager) observeSpec() {
+	if m.policy == nil {
+		return
+	}
+	eligible := false
+	if m.it.genReqs < m.cfg.Speculation.MaxStepTokens {
+		for _, r := range m.sched {
+			if m.speculates(r) {
+				eligible = true
+				break
+			}
+		}
+	}
+	m.policy.observe(specSample{at: m.clock(), gen: m.it.genReqs, ctx: m.it.ctxReqs, tokens: m.it.genTokens,
+		asked: m.it.asked, eligible: eligible})
 }
 
 // closeProposer closes the proposer when the loop ends.

@@ -61,6 +61,11 @@ type Stats struct {
 	// mean accepted length (tokens a speculative step gives a sequence)
 	// (AcceptedDraftTokensTotal + SpeculativeStepsTotal) / SpeculativeStepsTotal.
 	DraftTokensTotal, AcceptedDraftTokensTotal, SpeculativeStepsTotal uint64
+	// SpeculationHeldOff says the adaptive policy (Speculation.Adaptive) held proposals
+	// off in the iteration, where requests could have speculated, because they did not
+	// pay at its batch size; SpeculationHeldOffTotal counts such iterations since start.
+	SpeculationHeldOff      bool
+	SpeculationHeldOffTotal uint64
 	// EngineTime is the wall time of the iteration's Engine.Step; the rest of the
 	// iteration is the manager's and its callbacks'. Not in the JSON (the seed has no
 	// such field); IterationStats callbacks and traces read it.
@@ -225,9 +230,19 @@ func (m *Manager) snapshot(now time.Time) Stats {
 		DraftTokensTotal:         m.specTotal.drafted,
 		AcceptedDraftTokensTotal: m.specTotal.accepted,
 		SpeculativeStepsTotal:    m.specTotal.steps,
+		SpeculationHeldOff:       m.policy != nil && m.policy.heldNow,
+		SpeculationHeldOffTotal:  m.policyHeldOff(),
 		EngineTime:               m.it.engine,
 		V1:                       m.cfg.ModelType == V1,
 	}
+}
+
+// policyHeldOff is the adaptive policy's count of iterations held off.
+func (m *Manager) policyHeldOff() uint64 {
+	if m.policy == nil {
+		return 0
+	}
+	return m.policy.heldOff
 }
 
 // publishStats records the stats and, for an iteration that ran the engine, hands

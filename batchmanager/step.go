@@ -24,6 +24,8 @@ type iterCounts struct {
 	// drafted and accepted count the iteration's proposed tokens and those accepted;
 	// specSteps its sequences that verified proposals.
 	drafted, accepted, specSteps int
+	// asked says the proposer was asked for proposals.
+	asked bool
 	// engine is the wall time of the iteration's Engine.Step.
 	engine time.Duration
 }

@@ -51,8 +51,8 @@ func lastResponse(ctx context.Context, c kserve.GRPCInferenceServiceClient, req 
 }
 
 // TestSpeculativeDecodingThroughTriton: prompt lookup and a draft model (the model as
-// its own draft) give the streamed tokens of the plain model, greedy and (prompt lookup)
-// sampled; their proposals show in the perf outputs and the gollm_speculative_* metrics;
+// its own draft, pinned and under the adaptive policy) give the streamed tokens of the
+// plain model, greedy and (prompt lookup) sampled; their proposals show in the perf outputs and the gollm_speculative_* metrics;
 // a request that opts out proposes nothing; and drafts that do not fit the model —
 // another vocabulary and tokenizer, a bad num_speculative_tokens — are refused at load
 // with a message naming what is wrong, the server serving on.
@@ -68,9 +68,13 @@ func TestSpeculativeDecodingThroughTriton(t *testing.T) {
 	}
 	models := []harness.Model{
 		{Name: "plain", Checkpoint: austenCheckpoint},
+		// Pinned (speculative_adaptive false): these check what proposals do, which the
+		// adaptive policy would hold back where they do not pay on this machine.
 		{Name: "lookup", Checkpoint: austenCheckpoint, Parameters: map[string]string{
-			"speculative_decoding_mode": "prompt_lookup", "num_speculative_tokens": "6"}},
+			"speculative_decoding_mode": "prompt_lookup", "num_speculative_tokens": "6", "speculative_adaptive": "false"}},
 		{Name: "drafted", Checkpoint: austenCheckpoint, Parameters: map[string]string{
+			"speculative_draft_model_path": austen, "num_speculative_tokens": "3", "speculative_adaptive": "false"}},
+		{Name: "adaptive", Checkpoint: austenCheckpoint, Parameters: map[string]string{
 			"speculative_draft_model_path": austen, "num_speculative_tokens": "3"}},
 		{Name: "other-vocabulary", Checkpoint: austenCheckpoint, Parameters: map[string]string{
 			"speculative_draft_model_path": gpt2}},
@@ -78,7 +82,7 @@ func TestSpeculativeDecodingThroughTriton(t *testing.T) {
 			"speculative_decoding_mode": "prompt_lookup", "num_speculative_tokens": "17"}},
 	}
 	s := harness.Start(t, harness.Options{Models: models, Flags: []string{"--model-control-mode=explicit",
-		"--load-model=plain", "--load-model=lookup", "--load-model=drafted"}})
+		"--load-model=plain", "--load-model=lookup", "--load-model=drafted", "--load-model=adaptive"}})
 	c := s.Client(t)
 	ctx := testContext(t, 4*time.Minute)
 	tok, err := tokenizer.Load(filepath.Join(austen, "tokenizer.json"))
@@ -107,7 +111,7 @@ func TestSpeculativeDecodingThroughTriton(t *testing.T) {
 		seed := tensor{"random_seed", "UINT64", []int64{1, 1}, []byte{byte(i + 1), 0, 0, 0, 0, 0, 0, 0}}
 		want := run("plain", fmt.Sprintf("plain-%d", i), ids)
 		wantSampled := run("plain", fmt.Sprintf("plain-s-%d", i), ids, append(slices.Clone(sampled), seed)...)
-		for _, m := range []string{"lookup", "drafted"} {
+		for _, m := range []string{"lookup", "drafted", "adaptive"} {
 			got := run(m, fmt.Sprintf("%s-%d", m, i), ids)
 			if !slices.Equal(got.tokens, want.tokens) || got.withTokens != want.withTokens {
 				t.Errorf("%s, %q: %v in %d responses; want %v in %d", m, p, got.tokens, got.withTokens, want.tokens, want.withTokens)
@@ -156,6 +160,20 @@ func TestSpeculativeDecodingThroughTriton(t *testing.T) {
 		}
 		if d := mustModelMetric(t, ctx, s, "plain", "gollm_speculative_draft_tokens"); d != 0 {
 			t.Errorf("the plain model counts %v proposals", d)
+		}
+		// The adaptive instance measured plain steps first, then proposed (its first
+		// measurements with proposals) and kept them or held them off; the pinned ones
+		// never hold off.
+		drafted := mustModelMetric(t, ctx, s, "adaptive", "gollm_speculative_draft_tokens")
+		held := mustModelMetric(t, ctx, s, "adaptive", "gollm_speculative_held_off_steps")
+		t.Logf("adaptive: %v proposals, %v iterations held off", drafted, held)
+		if drafted == 0 {
+			t.Error("the adaptive instance never proposed")
+		}
+		for _, m := range []string{"lookup", "drafted"} {
+			if h := mustModelMetric(t, ctx, s, m, "gollm_speculative_held_off_steps"); h != 0 {
+				t.Errorf("%s (speculative_adaptive false) held %v iterations off", m, h)
+			}
 		}
 	})
 	for _, b := range []struct{ name, says string }{

@@ -30,6 +30,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -53,6 +54,9 @@ type config struct {
 	// overlap is the batch manager's overlap schedule: "on", "off", or "auto" (on for
 	// the GPU engine, as the backend's overlap_scheduler defaults).
 	overlap string
+	// modes are the runs compared: off, and speculation under the adaptive policy
+	// (speculative_adaptive, as served) and pinned on.
+	modes []string
 }
 
 func main() {
@@ -69,7 +73,17 @@ func main() {
 	flag.StringVar(&c.engine, "engine", "cpu", "cpu or gpu")
 	flag.StringVar(&c.lib, "lib", os.Getenv("GOLLM_CUDA_LIB"), "the CUDA library (-engine gpu; default build/libgollm_cuda.so)")
 	flag.StringVar(&c.overlap, "overlap", "auto", "the overlap schedule, off and on alike: on, off, or auto (on for -engine gpu, as served)")
+	modes := flag.String("modes", "off,adaptive,pinned", "the runs compared, off first: off, adaptive (speculative_adaptive true, as served), pinned (false)")
 	flag.Parse()
+	c.modes = strings.Split(*modes, ",")
+	if c.modes[0] != "off" || len(c.modes) < 2 {
+		log.Fatalf("-modes %q: want off first, then adaptive and/or pinned", *modes)
+	}
+	for _, m := range c.modes[1:] {
+		if m != "adaptive" && m != "pinned" {
+			log.Fatalf("-modes: %q is not adaptive or pinned", m)
+		}
+	}
 	if c.draft == "" {
 		c.draft = c.target
 	}
@@ -92,6 +106,8 @@ type result struct {
 	// cpuMsPerToken is the process's CPU time (user and system) per generated token: on
 	// a machine shared with other work it moves less than the wall time.
 	cpuMsPerToken float64
+	// heldOff counts the measured pass's iterations the adaptive policy held off.
+	heldOff float64
 }
 
 // cpuTime is the process's user and system time so far.
@@ -193,44 +209,52 @@ func run(c config) error {
 			continue
 		}
 		load0 := loadAvg()
-		var off, on []result
+		runs := make([][]result, len(c.modes))
 		desc := ""
 		// A warm-up of each.
-		if _, _, err := measure(c, m, w, false); err != nil {
-			return err
-		}
-		if _, _, err := measure(c, m, w, true); err != nil {
-			return err
+		for _, mode := range c.modes {
+			if _, _, err := measure(c, m, w, mode); err != nil {
+				return err
+			}
 		}
 		for r := range c.rounds {
-			for _, spec := range [][]bool{{false, true}, {true, false}}[r%2] {
-				res, d, err := measure(c, m, w, spec)
+			// The order turns every round.
+			for j := range c.modes {
+				i := (j + r) % len(c.modes)
+				res, d, err := measure(c, m, w, c.modes[i])
 				if err != nil {
 					return err
 				}
 				if c.verbose {
-					log.Printf("%s round %d: %s %.1f tokens/s, %.3f CPU ms/token", w.name, r, d, res.tokensPerS, res.cpuMsPerToken)
+					log.Printf("%s round %d: %s %s %.1f tokens/s, %.3f CPU ms/token", w.name, r, c.modes[i], d, res.tokensPerS, res.cpuMsPerToken)
 				}
-				if spec {
-					on, desc = append(on, res), d
-				} else {
-					off = append(off, res)
+				runs[i] = append(runs[i], res)
+				if i > 0 {
+					desc = d
 				}
 			}
 		}
 		load := fmt.Sprintf("%s → %s", load0, loadAvg())
-		mOff, mOn := medianOf(off, func(r result) float64 { return r.tokensPerS }), medianOf(on, func(r result) float64 { return r.tokensPerS })
-		acc, ml := medianOf(on, func(r result) float64 { return r.acceptance }), medianOf(on, func(r result) float64 { return r.meanLen })
-		log.Printf("%s: off %.1f tokens/s, on (%s) %.1f tokens/s (%.2fx), acceptance %.3f, mean accepted length %.2f; load %s",
-			w.name, mOff, desc, mOn, mOn/mOff, acc, ml, load)
-		cOff, cOn := medianOf(off, func(r result) float64 { return r.cpuMsPerToken }), medianOf(on, func(r result) float64 { return r.cpuMsPerToken })
-		log.Printf("%s: CPU time per token off %.3f ms, on %.3f ms (%.2fx less)", w.name, cOff, cOn, cOff/cOn)
-		for _, row := range []map[string]any{
+		tps := func(r result) float64 { return r.tokensPerS }
+		cpuMs := func(r result) float64 { return r.cpuMsPerToken }
+		mOff, cOff := medianOf(runs[0], tps), medianOf(runs[0], cpuMs)
+		rows := []map[string]any{
 			{"speculation": "off", "value": mOff, "metric": "tokens_per_s"},
-			{"speculation": desc, "value": mOn, "metric": "tokens_per_s", "acceptance_rate": acc, "mean_accepted_length": ml, "speedup": mOn / mOff},
 			{"speculation": "off", "value": cOff, "metric": "cpu_ms_per_token"},
-			{"speculation": desc, "value": cOn, "metric": "cpu_ms_per_token", "acceptance_rate": acc, "mean_accepted_length": ml, "speedup": cOff / cOn},
-		} {
+		}
+		for i, mode := range c.modes[1:] {
+			on := runs[i+1]
+			mOn, cOn := medianOf(on, tps), medianOf(on, cpuMs)
+			acc, ml := medianOf(on, func(r result) float64 { return r.acceptance }), medianOf(on, func(r result) float64 { return r.meanLen })
+			held := medianOf(on, func(r result) float64 { return r.heldOff })
+			log.Printf("%s: off %.1f tokens/s, %s (%s) %.1f tokens/s (%.2fx), acceptance %.3f, mean accepted length %.2f, %.0f iterations held off; load %s",
+				w.name, mOff, mode, desc, mOn, mOn/mOff, acc, ml, held, load)
+			log.Printf("%s: CPU time per token off %.3f ms, %s %.3f ms (%.2fx less)", w.name, cOff, mode, cOn, cOff/cOn)
+			rows = append(rows,
+				map[string]any{"speculation": desc, "policy": mode, "value": mOn, "metric": "tokens_per_s", "acceptance_rate": acc, "mean_accepted_length": ml, "speedup": mOn / mOff, "held_off_iterations": held},
+				map[string]any{"speculation": desc, "policy": mode, "value": cOn, "metric": "cpu_ms_per_token", "acceptance_rate": acc, "mean_accepted_length": ml, "speedup": cOff / cOn, "held_off_iterations": held})
+		}
+		for _, row := range rows {
 			row["impl"], row["date"], row["commit"], row["machine"] = "gollm-manager", date, commit, machine
 			row["model"], row["dtype"], row["workload"] = modelName(c.target), dtype, w.name
 			row["load_avg"], row["rounds"] = load, c.rounds
@@ -238,7 +262,7 @@ func run(c config) error {
 			if w.name == "lookup_copy_b1" {
 				row["copied_tokens"] = copied
 			}
-			row["note"] = "batch manager and " + strings.ToUpper(c.engine) + " engine in one process (no tritonserver), greedy; off and on alternating, median of the rounds; batch 1 (streaming): the decode rate, tokens after the first over the time from the first response to the last, batch 64: generated tokens over the wall time"
+			row["note"] = "batch manager and " + strings.ToUpper(c.engine) + " engine in one process (no tritonserver), greedy; off and on (policy adaptive: speculative_adaptive true, as served; pinned: false) in turn, median of the rounds; each run's manager serves the workload once unmeasured first (the adaptive policy learns as a served instance would), then measured; batch 1 (streaming): the decode rate, tokens after the first over the time from the first response to the last, batch 64: generated tokens over the wall time"
 			if f != nil {
 				line, err := json.Marshal(row)
 				if err != nil {
@@ -339,8 +363,9 @@ func newEngine(c config, dir string, m *model.Float32) (engine.Engine, error) {
 	return cuda.New(ck, cuda.Options{Library: lib, NumBlocks: 256, TokensPerBlock: 64, MaxSeqs: 64})
 }
 
-// measure runs w's requests once, with speculation when spec, on a fresh engine.
-func measure(c config, m *model.Float32, w workload, spec bool) (result, string, error) {
+// measure runs w's requests twice on one manager over a fresh engine — a pass
+// unmeasured, then the measured one — with speculation by mode (off, adaptive, pinned).
+func measure(c config, m *model.Float32, w workload, mode string) (result, string, error) {
 	e, err := newEngine(c, c.target, m)
 	if err != nil {
 		return result{}, "", err
@@ -348,27 +373,31 @@ func measure(c config, m *model.Float32, w workload, spec bool) (result, string,
 	defer e.Close()
 	cfg := batchmanager.Config{Overlap: c.overlap == "on" || c.overlap == "auto" && c.engine == "gpu"}
 	desc := "off"
-	if spec {
+	if mode != "off" {
 		if cfg.Speculation, desc, err = w.spec(); err != nil {
 			return result{}, "", err
 		}
+		cfg.Speculation.Adaptive = mode == "adaptive"
 	}
-	reqs := w.reqs()
-	done := make(chan error, len(reqs))
+	done := make(chan error, 64)
 	generated := 0
 	// A batch-1 request's decode rate: its tokens after the first over the time between
 	// its first response (after the prompt's step) and its last.
 	var first, end time.Time
-	queue := reqs
+	var queue []*batchmanager.InferenceRequest
 	var last batchmanager.Stats
-	start, cpu0 := time.Now(), cpuTime()
+	var mu sync.Mutex
 	mgr, err := batchmanager.New(e, cfg, batchmanager.Callbacks{
 		GetInferenceRequests: func(int) []*batchmanager.InferenceRequest {
+			mu.Lock()
+			defer mu.Unlock()
 			q := queue
 			queue = nil
 			return q
 		},
 		SendResponse: func(_ uint64, res batchmanager.Result, final bool, err error) {
+			mu.Lock()
+			defer mu.Unlock()
 			if first.IsZero() {
 				first = time.Now()
 			}
@@ -378,30 +407,59 @@ func measure(c config, m *model.Float32, w workload, spec bool) (result, string,
 				done <- err
 			}
 		},
-		IterationStats: func(s batchmanager.Stats) { last = s },
+		IterationStats: func(s batchmanager.Stats) {
+			mu.Lock()
+			last = s
+			mu.Unlock()
+		},
 	}, nil)
 	if err != nil {
 		return result{}, "", err
 	}
-	mgr.Wake()
-	for range reqs {
-		if err := <-done; err != nil {
-			mgr.Shutdown()
-			return result{}, "", err
+	defer mgr.Shutdown()
+	pass := func(id0 uint64) (time.Duration, time.Duration, int, error) {
+		reqs := w.reqs()
+		for _, r := range reqs {
+			r.ID += id0
 		}
+		mu.Lock()
+		first, generated, queue = time.Time{}, 0, reqs
+		mu.Unlock()
+		start, cpu0 := time.Now(), cpuTime()
+		mgr.Wake()
+		for range reqs {
+			if err := <-done; err != nil {
+				return 0, 0, 0, err
+			}
+		}
+		return time.Since(start), cpuTime() - cpu0, len(reqs), nil
 	}
-	elapsed, cpuUsed := time.Since(start), cpuTime()-cpu0
-	mgr.Shutdown()
+	if _, _, _, err := pass(0); err != nil {
+		return result{}, "", err
+	}
+	mu.Lock()
+	before := last
+	mu.Unlock()
+	elapsed, cpuUsed, n, err := pass(1000)
+	if err != nil {
+		return result{}, "", err
+	}
+	mu.Lock()
+	defer mu.Unlock()
 	r := result{tokensPerS: float64(generated) / elapsed.Seconds(), cpuMsPerToken: cpuUsed.Seconds() * 1000 / float64(generated)}
-	if len(reqs) == 1 && end.After(first) {
+	if n == 1 && end.After(first) {
 		r.tokensPerS = float64(generated-1) / end.Sub(first).Seconds()
 	}
-	if last.DraftTokensTotal > 0 {
-		r.acceptance = float64(last.AcceptedDraftTokensTotal) / float64(last.DraftTokensTotal)
+	drafted := last.DraftTokensTotal - before.DraftTokensTotal
+	accepted := last.AcceptedDraftTokensTotal - before.AcceptedDraftTokensTotal
+	steps := last.SpeculativeStepsTotal - before.SpeculativeStepsTotal
+	if drafted > 0 {
+		r.acceptance = float64(accepted) / float64(drafted)
 	}
-	if last.SpeculativeStepsTotal > 0 {
-		r.meanLen = float64(last.AcceptedDraftTokensTotal+last.SpeculativeStepsTotal) / float64(last.SpeculativeStepsTotal)
+	if steps > 0 {
+		r.meanLen = float64(accepted+steps) / float64(steps)
 	}
+	r.heldOff = float64(last.SpeculationHeldOffTotal - before.SpeculationHeldOffTotal)
 	return r, desc, nil
 }
 
