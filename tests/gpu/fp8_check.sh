@@ -12,7 +12,7 @@
 #      against the CPU engine on the same quantized weights, 2e-2),
 #      TestGPUFP8RowCountsMatchCPU (the many-row FP8 kernel at 16, 64, 256 and
 #      1,024 rows on widths that are not multiples of 128, against the CPU engine, 2e-2;
-#      the warm-up must have found their algorithms) and the dense families' test as a
+#      the mma kernel's partial blocks and per-channel scales) and the dense families' test as a
 #      regression of the non-FP8 paths;
 #   3. the austen demo's held-out perplexity: GPU FP8 within 2% of GPU fp16, fp16 within
 #      2% of the CPU's float32; greedy agreement reported (TestGPUHeldOutPerplexityFP8);
