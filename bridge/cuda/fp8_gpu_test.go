@@ -154,19 +154,6 @@ func TestGPUQuantizeFP8MatchesCPU(t *testing.T) {
 	t.Logf("worst relative L2 from the CPU engine %.3g; arena %d bytes", worst, bytes)
 }
 
-// gemmRows is cuda/sizes.h's gemm_rows: the padded row counts a step's GEMMs run on.
-func gemmRows(n int) int {
-	if n <= 16 {
-		return 16
-	}
-	p := 16
-	for p*2 <= n {
-		p *= 2
-	}
-	step := max(p/8, 16)
-	return (n + step - 1) / step * step
-}
-
 // TestGPUFP8RowCountsMatchCPU: the many-row FP8 projections (fp8_mma_kernel) give the CPU
 // engine's logits on the same FP8 weights within 2e-2 relative L2 a row, on prompt steps
 // of 16, 64, 256 and 1,024 rows, for three models: llama-fp8-tiny (transformers' 128×128
