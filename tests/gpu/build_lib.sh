@@ -2,6 +2,7 @@
 # Builds libgollm_cuda.so on the GPU machine from a checkout's cuda/, one nvcc per source
 # file on every core at once (the longest, forward.cu, first), for sm_90 (H100/H200):
 #   bash tests/gpu/build_lib.sh OUT.so [SRC_DIR]
+# JOBS (default every core) bounds the nvcc processes, for two builds side by side.
 # Sourced env.sh first puts cuBLAS 13 on the loader's path; the library links that one and
 # cuBLASLt beside it.
 set -uo pipefail
@@ -19,7 +20,7 @@ obj=$(mktemp -d)
 t0=$SECONDS
 # shellcheck disable=SC2016
 ls "$src"/forward.cu "$src"/*.cu | awk '!seen[$0]++' |
-  xargs -P "$(nproc)" -I{} bash -c '$NVCC $FLAGS -c "$1" -o "$2/$(basename "$1" .cu).o"' _ {} "$obj" ||
+  xargs -P "${JOBS:-$(nproc)}" -I{} bash -c '$NVCC $FLAGS -c "$1" -o "$2/$(basename "$1" .cu).o"' _ {} "$obj" ||
   { echo "FAIL: build of $src"; exit 1; }
 mkdir -p "$(dirname "$out")"
 # shellcheck disable=SC2086

@@ -50,33 +50,18 @@ for name in sys.argv[3:]:
     print(f"{name}: {time.time() - t:.0f} s", flush=True)
 PY
 ckpid=$!
-nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2> /dev/null)
-cublas=$(ls "${cublas_dir:-/nonexistent}/libcublas.so.13" /usr/local/cuda/lib64/libcublas.so.13 \
-  /usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13 2> /dev/null | head -1)
 lib=$bin/libgollm_cuda.so
 # A warm machine keeps the library of the same sources from the call before.
 sum=$(cat "$root"/cuda/* 2> /dev/null | sha1sum | cut -c1-12)
 if [ -f "$w/lib/$sum.so" ]; then
   cp "$w/lib/$sum.so" "$lib"
   pass "build: libgollm_cuda.so of these sources from the call before ($sum)"
-elif [ -z "$nvcc" ] || [ -z "$cublas" ]; then
-  fail "build: nvcc ($nvcc) or libcublas.so.13 ($cublas) not found"
+elif bash "$root/tests/gpu/build_lib.sh" "$lib" > "$out/build.log" 2>&1; then
+  cp "$lib" "$w/lib/$sum.so"
+  pass "build: libgollm_cuda.so in $((SECONDS - t0)) s"
 else
-  export NVCC=$nvcc FLAGS="-std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 -Xcompiler=-fPIC,-fvisibility=hidden"
-  rm -rf "$w/obj" && mkdir -p "$w/obj"
-  # forward.cu, the longest, first.
-  # shellcheck disable=SC2016
-  if ls "$root"/cuda/forward.cu "$root"/cuda/*.cu | awk '!seen[$0]++' |
-    xargs -P "$(nproc)" -I{} bash -c '$NVCC $FLAGS -c "$1" -o "$2/$(basename "$1" .cu).o"' _ {} "$w/obj" > "$out/build.log" 2>&1 &&
-    # shellcheck disable=SC2086
-    $NVCC $FLAGS -shared -cudart static -Xlinker=-rpath,'$ORIGIN',--exclude-libs,ALL \
-      -o "$lib" "$w/obj"/*.o -Xlinker="$cublas" -Xlinker="${cublas%/*}/libcublasLt.so.13" -ldl >> "$out/build.log" 2>&1; then
-    cp "$lib" "$w/lib/$sum.so"
-    pass "build: libgollm_cuda.so in $((SECONDS - t0)) s"
-  else
-    fail "build: libgollm_cuda.so (the end of $out/build.log follows)"
-    tail -20 "$out/build.log"
-  fi
+  fail "build: libgollm_cuda.so (the end of $out/build.log follows)"
+  tail -20 "$out/build.log"
 fi
 if [ ! -f "$lib" ]; then
   kill "$ckpid" 2> /dev/null

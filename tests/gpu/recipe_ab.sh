@@ -28,7 +28,7 @@ out=$(cd "$out" && pwd)
 b=$root/build/recipe-ab
 mkdir -p "$b/lib"
 if [ ! -f "$b/commit" ] || ! cmp -s "$b/commit" <(tar xJOf "$carry/bins.tar.xz" commit); then
-  rm -rf "$b/bin" "$b/lib"/* "$b/obj" && mkdir -p "$b/bin"
+  rm -rf "$b/bin" "$b/lib"/* && mkdir -p "$b/bin"
   tar xJf "$carry/bins.tar.xz" -C "$b/bin"
   cp "$b/bin/commit" "$b/commit"
 fi
@@ -37,26 +37,12 @@ echo "commits: $(tr '\n' ' ' < "$b/commit")"
 source "$root/bench/device.sh"
 w=/tmp/gollm-recipe
 mkdir -p "$w"
-nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2> /dev/null)
-cublas=$(ls "${cublas_dir:-/nonexistent}/libcublas.so.13" /usr/local/cuda/lib64/libcublas.so.13 \
-  /usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13 2> /dev/null | head -1)
-[ -n "$nvcc" ] && [ -n "$cublas" ] || { echo "FAIL: nvcc ($nvcc) or libcublas.so.13 ($cublas) not found"; exit 1; }
-export NVCC=$nvcc FLAGS="-std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 -Xcompiler=-fPIC,-fvisibility=hidden"
-# build NAME SRC JOBS: SRC/*.cu into $b/lib/libgollm_cuda_NAME.so, unless built.
+# build NAME SRC JOBS: SRC (a cuda/) into $b/lib/libgollm_cuda_NAME.so with JOBS nvcc
+# processes (tests/gpu/build_lib.sh), unless built.
 build() {
-  local name=$1 src=$2 jobs=$3 lib=$b/lib/libgollm_cuda_$1.so
+  local lib=$b/lib/libgollm_cuda_$1.so
   [ -f "$lib" ] && return 0
-  mkdir -p "$b/obj/$name"
-  local t0=$SECONDS
-  # forward.cu, the longest, first.
-  # shellcheck disable=SC2016,SC2086
-  ls "$src"/forward.cu "$src"/*.cu | awk '!seen[$0]++' |
-    xargs -P "$jobs" -I{} bash -c '$NVCC $FLAGS -c "$1" -o "$2/$(basename "$1" .cu).o"' _ {} "$b/obj/$name" ||
-    { echo "FAIL: build $name"; return 1; }
-  # shellcheck disable=SC2086
-  $NVCC $FLAGS -shared -cudart static -Xlinker=-rpath,'$ORIGIN',--exclude-libs,ALL \
-    -o "$lib" "$b/obj/$name"/*.o -Xlinker="$cublas" -Xlinker="${cublas%/*}/libcublasLt.so.13" -ldl || { echo "FAIL: link $name"; return 1; }
-  echo "built $name in $((SECONDS - t0)) s"
+  JOBS=$3 bash "$root/tests/gpu/build_lib.sh" "$lib" "$2" || { echo "FAIL: build $1"; return 1; }
 }
 build new "$root/cuda" 8 &
 newb=$!

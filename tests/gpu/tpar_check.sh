@@ -41,7 +41,7 @@ fails=0
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1"; fails=$((fails + 1)); }
 b=$root/build/tpar
-mkdir -p "$b/bin" "$b/obj"
+mkdir -p "$b/bin"
 if [ -f "$carry/bins.tar.xz" ]; then tar xJf "$carry/bins.tar.xz" -C "$b/bin"; else cp "$carry"/* "$b/bin/"; fi
 commit=$(head -1 "$b/bin/commit" 2> /dev/null)
 echo "== carry: $commit $(grep -c dirty "$b/bin/commit" 2> /dev/null) dirty files"
@@ -55,26 +55,12 @@ nvidia-smi topo -m > "$out/topo.txt" 2>&1 && head -$((ngpu + 1)) "$out/topo.txt"
 
 if has build; then
   echo "== build"
-  nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2> /dev/null)
-  cublas=$(ls "${cublas_dir:-/nonexistent}/libcublas.so.13" /usr/local/cuda/lib64/libcublas.so.13 \
-    /usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13 2> /dev/null | head -1)
-  if [ -z "$nvcc" ] || [ -z "$cublas" ]; then
-    fail "build: nvcc ($nvcc) or libcublas.so.13 ($cublas) not found"
+  t0=$SECONDS
+  rm -f "$lib"
+  if bash "$root/tests/gpu/build_lib.sh" "$lib" > "$out/build.log" 2>&1; then
+    pass "build: libgollm_cuda.so in $((SECONDS - t0)) s"
   else
-    export NVCC=$nvcc FLAGS="-std=c++17 -O3 -gencode=arch=compute_90,code=sm_90 -Xcompiler=-fPIC,-fvisibility=hidden"
-    t0=$SECONDS
-    rm -f "$b/obj"/*.o "$lib"
-    # forward.cu, the longest, first.
-    # shellcheck disable=SC2016
-    if ls "$root"/cuda/forward.cu "$root"/cuda/*.cu | awk '!seen[$0]++' |
-      xargs -P "$(nproc)" -I{} bash -c '$NVCC $FLAGS -c "$1" -o "$2/$(basename "$1" .cu).o"' _ {} "$b/obj" > "$out/build.log" 2>&1 &&
-      # shellcheck disable=SC2086
-      $NVCC $FLAGS -shared -cudart static -Xlinker=-rpath,'$ORIGIN',--exclude-libs,ALL \
-        -o "$lib" "$b/obj"/*.o -Xlinker="$cublas" -Xlinker="${cublas%/*}/libcublasLt.so.13" -ldl >> "$out/build.log" 2>&1; then
-      pass "build: libgollm_cuda.so in $((SECONDS - t0)) s"
-    else
-      fail "build"; tail -20 "$out/build.log"
-    fi
+    fail "build"; tail -20 "$out/build.log"
   fi
 fi
 [ -f "$lib" ] || { echo "no library: stopping"; echo "== $((fails + 1)) failed"; exit 1; }
