@@ -136,6 +136,20 @@ def hf_child(cfg_dir, workloads, reps):
             print(json.dumps({"workload": w, "metric": metric, "value": value}), flush=True)
 
 
+def write_config(root, name):
+    """root/name/config.json for a shape this file (CONFIGS) or gpu_peers (MODELS) knows, for
+    gpubench's -random-gb; returns root/name."""
+    d = os.path.join(root, name)
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, "config.json")
+    if name in CONFIGS:
+        with open(path, "w") as f:
+            json.dump(CONFIGS[name], f)
+    else:
+        gpu_peers.MODELS[name].to_json_file(path)
+    return d
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpubench", default="")
@@ -149,7 +163,13 @@ def main():
     ap.add_argument("--hf-reps", type=int, default=1, help="transformers' timed repetitions (after a warm-up)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--hf-child", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--write-configs", default="", metavar="DIR",
+                    help="only write DIR/<model>/config.json for each of --models (any shape here or in gpu_peers)")
     args = ap.parse_args()
+    if args.write_configs:
+        for name in args.models.split(","):
+            write_config(args.write_configs, name)
+        return
     if args.hf_child:
         hf_child(args.hf_child, WORKLOADS, args.hf_reps)
         return
@@ -176,10 +196,7 @@ def main():
     for name in args.models.split(","):
         cfg = CONFIGS[name]
         label = name
-        cfg_dir = os.path.join(args.work, name)
-        os.makedirs(cfg_dir, exist_ok=True)
-        with open(os.path.join(cfg_dir, "config.json"), "w") as f:
-            json.dump(cfg, f)
+        cfg_dir = write_config(args.work, name)
         gb = weight_gb(cfg)
         print(f"{name}: {gb:.1f} GB of bf16 weights", flush=True)
         if args.gpubench:

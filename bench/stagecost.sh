@@ -24,17 +24,9 @@ if [ -z "${PREBUILT_LIB:-}" ]; then
 fi
 work=/tmp/gollm-stagecost
 mkdir -p "$work"
-python3 - "$root/bench" "$work" <<'PY'
-import json, os, sys
-sys.path.insert(0, sys.argv[1])
-import gpu_peers, moe_peers
-for name, cfg in gpu_peers.MODELS.items():
-    d = os.path.join(sys.argv[2], name); os.makedirs(d, exist_ok=True)
-    cfg.to_json_file(os.path.join(d, "config.json"))
-for name, cfg in moe_peers.CONFIGS.items():
-    d = os.path.join(sys.argv[2], name); os.makedirs(d, exist_ok=True)
-    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
-PY
+# The configs of the plan's models (bench/gpu_peers.py's or bench/moe_peers.py's shapes).
+python3 "$root/bench/moe_peers.py" --write-configs "$work" \
+  --models "$(grep -v '^#' "$plan" | awk 'NF { print $1 }' | sort -u | paste -sd, -)"
 t0=$SECONDS
 grep -v '^#' "$plan" | while read -r m dt wl skips; do
   [ -n "$m" ] || continue

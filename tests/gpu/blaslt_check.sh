@@ -111,14 +111,7 @@ check "no GPU test skipped" "! grep -q -- '--- SKIP' '$out/gotest.log'"
 t0=$SECONDS
 ck=$w/ckpt
 mkdir -p "$ck"
-python3 - "$root/bench" "$ck" <<'PY'
-import os, sys
-sys.path.insert(0, sys.argv[1])
-import gpu_peers
-for name in ("llama2-7B", "tinyllama-1.1B", "qwen3-8B"):
-    d = os.path.join(sys.argv[2], name); os.makedirs(d, exist_ok=True)
-    gpu_peers.MODELS[name].to_json_file(os.path.join(d, "config.json"))
-PY
+python3 "$root/bench/moe_peers.py" --write-configs "$ck" --models llama2-7B,tinyllama-1.1B,qwen3-8B
 if [ -n "${BASE_LIB:-}" ]; then
   cp "$BASE_LIB" "$w/base.so"
   A=base B=blaslt

@@ -63,17 +63,7 @@ gotest gotest.log 200 TestGPUFewRowDecodeMatchesTheInvariantPath TestGPUDenseFam
   TestGPUExpertsMatchTransformers
 
 # 2. The A/B.
-python3 - "$root/bench" "$w" <<'PY'
-import json, os, sys
-sys.path.insert(0, sys.argv[1])
-import gpu_peers, moe_peers
-for name, cfg in gpu_peers.MODELS.items():
-    if name in ("gemma3-4B", "llama2-7B"):
-        d = os.path.join(sys.argv[2], name); os.makedirs(d, exist_ok=True)
-        cfg.to_json_file(os.path.join(d, "config.json"))
-d = os.path.join(sys.argv[2], "qwen3-30b-a3b"); os.makedirs(d, exist_ok=True)
-json.dump(moe_peers.CONFIGS["qwen3-30b-a3b"], open(os.path.join(d, "config.json"), "w"))
-PY
+python3 "$root/bench/moe_peers.py" --write-configs "$w" --models gemma3-4B,llama2-7B,qwen3-30b-a3b
 day=$(date -u +%F)
 rows=$out/gemma-b1.jsonl
 rm -f "$rows"
