@@ -27,6 +27,16 @@ var (
 	ggufErr  error
 )
 
+// TestMain removes the GGUF fixtures' folder: it lives outside any test's TempDir, being
+// shared by the tests of one binary, and each run would otherwise leave 120 MB in /tmp.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if ggufDir != "" {
+		os.RemoveAll(ggufDir)
+	}
+	os.Exit(code)
+}
+
 // ggufFixtures writes (once per test binary) the austen checkpoint as GGUF files of
 // every kind with testdata/make_gguf.py, each with its weights in safetensors form
 // beside it (KIND-ref/), and returns their folder.
