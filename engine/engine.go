@@ -99,6 +99,11 @@ type KVConfig struct {
 	// MaxSeqLen is the longest sequence the engine serves; 0 means the model's maximum
 	// positions.
 	MaxSeqLen int
+	// DType is the pool's element type.
+	DType KVDType
+	// KScales and VScales, under KVFP8, are each layer's key and value scales (the
+	// checkpoint's k_scale and v_scale); nil means 1 for every layer.
+	KScales, VScales []float32
 }
 
 // Batch is the work of one iteration.
