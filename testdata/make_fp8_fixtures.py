@@ -15,6 +15,13 @@ a multiple of 128 on both sides, so that 128×128 blocks tile it) is written twi
                     (weight_scale [out][1]), dynamic per-token activations, lm_head
                     ignored; the scales from compressed-tensors' calculate_qparams and the
                     file from its ModelCompressor
+  llama-fp8kv-tiny  the same, with an FP8 KV cache scheme (kv_cache_scheme: float8, one
+                    static scale per tensor): each attention module's k_scale and v_scale
+                    (compressed-tensors' KVCacheScaleType names), calibrated as a static
+                    min-max observer would on the prompt: the largest key or value cached
+                    over 448. compressed-tensors 0.20 cannot hook transformers 5's attention
+                    (its forward takes `cache`, not `past_key_values`), so the scales are
+                    measured here and stored under the names the library gives them
 
 The unquantized tensors are bfloat16, as released FP8 checkpoints keep them. Golden files
 as make_llama_fixtures.py writes them (prompt ids and logits, 16 greedy tokens and their
@@ -31,8 +38,8 @@ from transformers import AutoModelForCausalLM, CompressedTensorsConfig, FineGrai
 from transformers.integrations.finegrained_fp8 import Fp8Quantize
 
 from compressed_tensors.compressors import ModelCompressor
-from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
-                                             apply_quantization_config)
+from compressed_tensors.quantization import (KVCacheScaleType, QuantizationArgs, QuantizationConfig,
+                                             QuantizationScheme, apply_quantization_config)
 from compressed_tensors.quantization.utils import calculate_qparams
 
 out = sys.argv[1] if len(sys.argv) > 1 else "testdata"
@@ -88,13 +95,22 @@ def write_fine_grained(name):
     return d
 
 
-def write_compressed_tensors(name):
+def kv_scales(model):
+    """Per layer, the largest cached key and value of the prompt over e4m3's 448."""
+    with torch.no_grad():
+        cache = model(prompt, use_cache=True).past_key_values
+    return [(float(layer.keys.abs().amax()) / 448, float(layer.values.abs().amax()) / 448) for layer in cache.layers]
+
+
+def write_compressed_tensors(name, kv_cache=False):
     model = base_model()
+    scales = kv_scales(model) if kv_cache else None
     weights = QuantizationArgs(num_bits=8, type="float", strategy="channel", symmetric=True, dynamic=False)
     acts = QuantizationArgs(num_bits=8, type="float", strategy="token", symmetric=True, dynamic=True)
+    kv = QuantizationArgs(num_bits=8, type="float", strategy="tensor", symmetric=True, dynamic=False) if kv_cache else None
     qcfg = QuantizationConfig(config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=weights,
                                                                            input_activations=acts)},
-                              ignore=["lm_head"])
+                              ignore=["lm_head"], kv_cache_scheme=kv)
     apply_quantization_config(model, qcfg)
     with torch.no_grad():
         for mname, m in model.named_modules():
@@ -105,6 +121,9 @@ def write_compressed_tensors(name):
     comp = ModelCompressor.from_pretrained_model(model, quantization_format="float-quantized")
     comp.compress_model(model)
     sd = {k: v for k, v in model.state_dict().items() if not k.endswith("zero_point")}
+    for i, (ks, vs) in enumerate(scales or []):
+        for kind, s in ((KVCacheScaleType.KEY, ks), (KVCacheScaleType.VALUE, vs)):
+            sd["model.layers.%d.self_attn.%s" % (i, kind.value)] = torch.tensor([s], dtype=torch.float32)
     d = os.path.join(out, name)
     os.makedirs(d, exist_ok=True)
     model.config.dtype = torch.bfloat16
@@ -115,13 +134,22 @@ def write_compressed_tensors(name):
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(c, f, indent=2, sort_keys=True)
     comp.update_config(d)
+    if kv is not None:
+        # The compressor reads the scheme off hooked attention modules, which there are
+        # none of here (the docstring says why): the config's kv_cache_scheme is the one
+        # applied, as the library serializes it.
+        with open(os.path.join(d, "config.json")) as f:
+            c = json.load(f)
+        c["quantization_config"]["kv_cache_scheme"] = kv.model_dump()
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(c, f, indent=2, sort_keys=True)
     save_file(bf16_rest(sd), os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
     return d
 
 
 def golden(name, d):
     # compressed-tensors' checkpoints stay compressed in transformers unless asked.
-    kw = {"quantization_config": CompressedTensorsConfig(run_compressed=False)} if "fp8ct" in name else {}
+    kw = {"quantization_config": CompressedTensorsConfig(run_compressed=False)} if "fp8ct" in name or "fp8kv" in name else {}
     model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, **kw).eval()
     model.config._attn_implementation = "eager"
     for pname, p in model.named_parameters():
@@ -149,5 +177,6 @@ def golden(name, d):
     print(name, "greedy", toks, "top2 gap min %.3f" % min(gaps))
 
 
-for name, write in (("llama-fp8-tiny", write_fine_grained), ("llama-fp8ct-tiny", write_compressed_tensors)):
+for name, write in (("llama-fp8-tiny", write_fine_grained), ("llama-fp8ct-tiny", write_compressed_tensors),
+                    ("llama-fp8kv-tiny", lambda n: write_compressed_tensors(n, kv_cache=True))):
     golden(name, write(name))
