@@ -44,8 +44,15 @@ func heldOutIDs(t testing.TB) []int32 {
 }
 
 // perplexity is the shipped model's held-out perplexity with its weights stored in
-// format f: 256-token windows, each position predicting the next token.
-func perplexity(t testing.TB, f cpu.WeightFormat, ids []int32) (ppl float64, n int) {
+// format f and its KV cache in kvd: 256-token windows, each position predicting the next
+// token.
+func perplexity(t testing.TB, f cpu.WeightFormat, kvd engine.KVDType, ids []int32) (ppl float64, n int) {
+	ppl, top := perplexityTop(t, f, kvd, ids)
+	return ppl, len(top)
+}
+
+// perplexityTop is perplexity, with each position's most likely next token.
+func perplexityTop(t testing.TB, f cpu.WeightFormat, kvd engine.KVDType, ids []int32) (ppl float64, top []int32) {
 	t.Helper()
 	c, err := model.Open(dir)
 	if err != nil {
@@ -57,7 +64,7 @@ func perplexity(t testing.TB, f cpu.WeightFormat, ids []int32) (ppl float64, n i
 	}
 	defer w.Release()
 	const ctx = 256
-	e, err := cpu.New(w, engine.KVConfig{NumBlocks: ctx / 64, TokensPerBlock: 64})
+	e, err := cpu.New(w, engine.KVConfig{NumBlocks: ctx / 64, TokensPerBlock: 64, DType: kvd})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,19 +79,21 @@ func perplexity(t testing.TB, f cpu.WeightFormat, ids []int32) (ppl float64, n i
 		logits := outs[0].ContextLogits
 		for i := range ctx {
 			row := logits[i*V : (i+1)*V]
-			mx := row[0]
-			for _, v := range row {
-				mx = max(mx, v)
+			mx, best := row[0], 0
+			for j, v := range row {
+				if v > mx {
+					mx, best = v, j
+				}
 			}
+			top = append(top, int32(best))
 			var z float64
 			for _, v := range row {
 				z += math.Exp(float64(v - mx))
 			}
 			nll += float64(mx) + math.Log(z) - float64(row[ids[start+i+1]])
-			n++
 		}
 	}
-	return math.Exp(nll / float64(n)), n
+	return math.Exp(nll / float64(len(top))), top
 }
 
 // quantizedFormats are the CPU weight formats measured against float32, with the most
@@ -99,14 +108,41 @@ var quantizedFormats = []struct {
 // within 2% of float32's perplexity.
 func TestQuantizedPerplexity(t *testing.T) {
 	ids := heldOutIDs(t)
-	base, n := perplexity(t, cpu.FormatF32, ids)
+	base, n := perplexity(t, cpu.FormatF32, engine.KVAuto, ids)
 	t.Logf("fp32: perplexity %.3f over %d tokens", base, n)
 	for _, q := range quantizedFormats {
-		ppl, _ := perplexity(t, q.f, ids)
+		ppl, _ := perplexity(t, q.f, engine.KVAuto, ids)
 		t.Logf("%s: perplexity %.3f, %+.2f%% against fp32", q.f, ppl, 100*(ppl/base-1))
 		if ppl > base*(1+q.bound) {
 			t.Errorf("%s: perplexity %.3f is %.2f%% above fp32's %.3f (allowed %.1f%%)", q.f, ppl, 100*(ppl/base-1), base, 100*q.bound)
 		}
+	}
+}
+
+// TestFP8KVCachePerplexity measures what an FP8 KV cache (kv_cache_dtype fp8, scales of
+// 1: the shipped checkpoint has none) costs on the held-out text: within 2% of the
+// float32 cache's perplexity, and the greedy next token of most positions unchanged.
+func TestFP8KVCachePerplexity(t *testing.T) {
+	ids := heldOutIDs(t)
+	base, baseTop := perplexityTop(t, cpu.FormatF32, engine.KVAuto, ids)
+	ppl, top := perplexityTop(t, cpu.FormatF32, engine.KVFP8, ids)
+	same := 0
+	for i := range top {
+		if top[i] == baseTop[i] {
+			same++
+		}
+	}
+	agree := float64(same) / float64(len(top))
+	t.Logf("KV cache fp32: perplexity %.3f over %d tokens; fp8: %.3f, %+.2f%%; greedy token the same at %.2f%% of positions",
+		base, len(top), ppl, 100*(ppl/base-1), 100*agree)
+	if agree < 0.95 {
+		t.Errorf("FP8 KV cache: the greedy token agrees with the float32 cache's at %.2f%% of positions (want at least 95%%)", 100*agree)
+	}
+	if ppl > base*1.02 {
+		t.Errorf("FP8 KV cache: perplexity %.3f is %.2f%% above the float32 cache's %.3f (allowed 2%%)", ppl, 100*(ppl/base-1), base)
+	}
+	if ppl == base {
+		t.Errorf("FP8 KV cache: perplexity %.6f is the float32 cache's to the last digit: the pool was not rounded", ppl)
 	}
 }
 
@@ -141,7 +177,7 @@ func BenchmarkQuantizedPerplexity(b *testing.B) {
 			return fs
 		}()...)
 		for _, f := range formats {
-			ppl, n := perplexity(b, f, ids)
+			ppl, n := perplexity(b, f, engine.KVAuto, ids)
 			if f == cpu.FormatF32 {
 				base = ppl
 			}

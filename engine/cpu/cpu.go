@@ -42,8 +42,13 @@ type Engine struct {
 	// longFreqs longrope's frequencies of long sequences.
 	freqs, longFreqs map[model.Rope][]float32
 	// kv is the paged KV pool, laid out [block][layer][K,V][kv head][slot][head dim]
-	// so that one head's keys within a block are contiguous for attention.
-	kv []float32
+	// so that one head's keys within a block are contiguous for attention; kv8 is the
+	// same pool of float8_e4m3fn codes under KVConfig.DType KVFP8 (kv is then nil).
+	kv  []float32
+	kv8 []uint8
+	// fp8 holds, under KVFP8, each layer's key and value scales: decode tables (a code's
+	// real value, times the scale) and the inverses that encode.
+	fp8 *kvFP8
 	// s holds the buffers reused across steps.
 	s scratch
 	// check validates each batch's structure before it runs.
@@ -90,6 +95,9 @@ type scratch struct {
 	lastLogits [][]float32
 	// scores are per-worker attention score buffers [MaxSeqLen].
 	scores [][]float32
+	// kvRows are per-worker buffers of one block's keys or values of a head decoded from
+	// an FP8 pool [TokensPerBlock·head_dim].
+	kvRows [][]float32
 	// samplers hold the sampling buffers, one per goroutine.
 	samplers []*engine.Sampler
 	// mm holds the matrix products' buffers.
@@ -161,6 +169,12 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 	if perBlock > maxKVFloats || int64(kv.NumBlocks) > maxKVFloats/perBlock {
 		return nil, fmt.Errorf("cpu: New: KV pool of %d blocks × %d floats exceeds %d floats", kv.NumBlocks, perBlock, int64(maxKVFloats))
 	}
+	if kv.DType != engine.KVAuto && kv.DType != engine.KVFP8 {
+		return nil, fmt.Errorf("cpu: New: KVConfig.DType %d is neither auto nor fp8", kv.DType)
+	}
+	if err := kv.CheckScales(cfg.Layers); err != nil {
+		return nil, fmt.Errorf("cpu: New: %w", err)
+	}
 	recipe := cfg.Recipe()
 	if err := checkRecipe(recipe, cfg); err != nil {
 		return nil, fmt.Errorf("cpu: New: %w", err)
@@ -184,8 +198,13 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 			MaxDraft:       engine.MaxDraftTokens,
 			Hidden:         cfg.Hidden,
 		},
-		w:  w,
-		kv: make([]float32, int64(kv.NumBlocks)*perBlock),
+		w: w,
+	}
+	if kv.DType == engine.KVFP8 {
+		e.fp8 = newKVFP8(kv.KScales, kv.VScales, cfg.Layers)
+		e.kv8 = make([]uint8, int64(kv.NumBlocks)*perBlock)
+	} else {
+		e.kv = make([]float32, int64(kv.NumBlocks)*perBlock)
 	}
 	e.check = engine.NewBatchChecker(e.info, "cpu")
 	return e, nil
@@ -243,7 +262,7 @@ func (e *Engine) Close() error {
 	}
 	e.closed = true
 	err := e.w.release()
-	e.kv, e.w = nil, nil
+	e.kv, e.kv8, e.w = nil, nil, nil
 	e.s = scratch{}
 	return err
 }
@@ -487,7 +506,11 @@ func (e *Engine) copyBlocks(copies []engine.BlockCopy) {
 	size := e.kvBase(1, 0, 0, 0)
 	for _, c := range copies {
 		src, dst := int(c.Src)*size, int(c.Dst)*size
-		copy(e.kv[dst:dst+size], e.kv[src:src+size])
+		if e.kv8 != nil {
+			copy(e.kv8[dst:dst+size], e.kv8[src:src+size])
+		} else {
+			copy(e.kv[dst:dst+size], e.kv[src:src+size])
+		}
 	}
 }
 
@@ -611,8 +634,14 @@ func (e *Engine) writeKV(b *engine.Batch, li int) {
 		for h := range cfg.KVHeads {
 			kb := e.kvBase(blk, li, 0, h) + slot*D
 			vb := e.kvBase(blk, li, 1, h) + slot*D
-			copy(e.kv[kb:kb+D], qkv[kOff+h*D:kOff+(h+1)*D])
-			copy(e.kv[vb:vb+D], qkv[vOff+h*D:vOff+(h+1)*D])
+			k, v := qkv[kOff+h*D:kOff+(h+1)*D], qkv[vOff+h*D:vOff+(h+1)*D]
+			if e.fp8 != nil {
+				e.fp8.encode(e.kv8[kb:kb+D], k, li, 0)
+				e.fp8.encode(e.kv8[vb:vb+D], v, li, 1)
+				continue
+			}
+			copy(e.kv[kb:kb+D], k)
+			copy(e.kv[vb:vb+D], v)
 		}
 	}
 }
@@ -632,10 +661,17 @@ func (e *Engine) attention(b *engine.Batch, st *model.Stage) {
 	for len(s.scores) < workers {
 		s.scores = append(s.scores, make([]float32, e.info.MaxSeqLen))
 	}
+	for e.fp8 != nil && len(s.kvRows) < workers {
+		s.kvRows = append(s.kvRows, make([]float32, T*D))
+	}
 	// The work of a row grows with its position; weigh chunks by a typical length.
 	minItems := max(1, 8192/max(1, D*(s.rows[len(s.rows)-1].pos+1)))
 	parallelFor(len(s.rows)*heads, 1, minItems, func(w, lo, hi int) {
 		scores := s.scores[w]
+		var tmp []float32
+		if e.fp8 != nil {
+			tmp = s.kvRows[w]
+		}
 		for it := lo; it < hi; it++ {
 			r, h := it/heads, it%heads
 			kvh := h / group
@@ -652,7 +688,7 @@ func (e *Engine) attention(b *engine.Batch, st *model.Stage) {
 				base := e.kvBase(int(blocks[t/T]), li, 0, kvh)
 				slot := t % T
 				cnt := min(T-slot, ri.pos+1-t)
-				keys := e.kv[base+slot*D : base+(slot+cnt)*D]
+				keys := e.cached(base+slot*D, cnt*D, li, 0, tmp)
 				for j := range cnt {
 					v := dot(q, keys[j*D:(j+1)*D]) * scale
 					if capped > 0 {
@@ -675,7 +711,7 @@ func (e *Engine) attention(b *engine.Batch, st *model.Stage) {
 				base := e.kvBase(int(blocks[t/T]), li, 1, kvh)
 				slot := t % T
 				cnt := min(T-slot, ri.pos+1-t)
-				vals := e.kv[base+slot*D : base+(slot+cnt)*D]
+				vals := e.cached(base+slot*D, cnt*D, li, 1, tmp)
 				for j := range cnt {
 					axpy(out, sc[t-first+j], vals[j*D:(j+1)*D])
 				}
