@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"gollm/batchmanager"
+	"gollm/engine"
 	"gollm/engines"
 )
 
@@ -61,6 +62,8 @@ type modelConfig struct {
 	// Quantization is quantization: "fp8" quantizes a float checkpoint's projections to
 	// FP8 at load (model.QuantizeFP8); empty serves the weights as stored.
 	Quantization string
+	// KVCacheDType is kv_cache_dtype: the KV pool's element type (engine.ParseKVDType).
+	KVCacheDType engine.KVDType
 	// BatchInvariant is batch_invariant: GPU engines give a sequence's logits bitwise
 	// independent of what runs beside it, at a cost to speed.
 	BatchInvariant bool
@@ -253,6 +256,10 @@ var params = []paramSpec{
 			return fmt.Errorf("%q: want fp8 or none", v)
 		}
 		return nil
+	}},
+	{"kv_cache_dtype", func(c *modelConfig, v string) (err error) {
+		c.KVCacheDType, err = engine.ParseKVDType(v)
+		return err
 	}},
 	{"batch_invariant", func(c *modelConfig, v string) (err error) {
 		c.BatchInvariant, err = parseBool(v)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"gollm/batchmanager"
+	"gollm/engine"
 )
 
 // configJSON builds Triton's JSON model configuration with the given parameters.
@@ -75,6 +76,7 @@ func TestParseModelConfigValues(t *testing.T) {
 		"shutdown_grace_secs":            "2.5",
 		"data_type":                      "BF16",
 		"quantization":                   " FP8",
+		"kv_cache_dtype":                 "fp8_e4m3",
 		"batch_invariant":                "True",
 		"cpu_weight_format":              "Q8_0",
 		"max_queue_delay_microseconds":   "100",
@@ -100,6 +102,7 @@ func TestParseModelConfigValues(t *testing.T) {
 		{"shutdown_grace_secs", c.ShutdownGrace, 2500 * time.Millisecond},
 		{"data_type", c.DataType, "bfloat16"},
 		{"quantization", c.Quantization, "fp8"},
+		{"kv_cache_dtype", c.KVCacheDType, engine.KVFP8},
 		{"batch_invariant", c.BatchInvariant, true},
 		{"cpu_weight_format", c.CPUWeightFormat, "q8_0"},
 		{"max_batch_size", c.MaxBatchSize, 8},
@@ -194,6 +197,10 @@ func TestParseModelConfigErrors(t *testing.T) {
 			`parameter "data_type": "fp8": want fp16 or bf16 (float16, bfloat16): the activations' type; FP8 weights come from an FP8 checkpoint or quantization fp8`},
 		{"an unknown quantization is refused", 8, map[string]string{"quantization": "awq"},
 			`parameter "quantization": "awq": want fp8 or none`},
+		{"an e5m2 KV cache is refused by name", 8, map[string]string{"kv_cache_dtype": "fp8_e5m2"},
+			`parameter "kv_cache_dtype": "fp8_e5m2" is not supported: gollm's FP8 KV cache is float8_e4m3fn`},
+		{"an unknown KV cache type is refused", 8, map[string]string{"kv_cache_dtype": "int8"},
+			`parameter "kv_cache_dtype": "int8": want auto or fp8 (fp8_e4m3)`},
 		{"a batch_invariant that is not a boolean is refused", 8, map[string]string{"batch_invariant": "always"},
 			`parameter "batch_invariant": "always"`},
 		{"an unknown CPU weight format names the allowed ones", 8, map[string]string{"cpu_weight_format": "int4"},

@@ -208,6 +208,7 @@ func (ms *modelState) engineSettings(log *zap.Logger) engines.Settings {
 	return engines.Settings{
 		DataType:          ms.cfg.DataType,
 		Quantization:      ms.cfg.Quantization,
+		KVCacheDType:      ms.cfg.KVCacheDType,
 		BatchInvariant:    ms.cfg.BatchInvariant,
 		CPUWeightFormat:   ms.cfg.CPUWeightFormat,
 		TokensPerBlock:    ms.cfg.TokensPerBlock,

@@ -53,6 +53,9 @@ type Settings struct {
 	// Quantization "fp8" quantizes the projections of a float checkpoint to FP8 at load
 	// (model.QuantizeFP8); empty serves the weights as stored.
 	Quantization string
+	// KVCacheDType is the KV pool's element type (kv_cache_dtype); under engine.KVFP8 the
+	// checkpoint's KV scales, where it has them, scale it.
+	KVCacheDType engine.KVDType
 	// BatchInvariant asks the GPU engine for a sequence's logits bitwise independent of
 	// the rest of its step (batch_invariant; the CPU engine always gives them).
 	BatchInvariant bool
@@ -275,7 +278,7 @@ func (m *Model) newCPU(s Settings) (engine.Engine, error) {
 			weights = m.elems * 4
 		}
 	}
-	kv := int64(blocks) * int64(s.TokensPerBlock) * m.kvBytesPerToken(4)
+	kv := int64(blocks) * int64(s.TokensPerBlock) * m.kvBytesPerToken(cpuKVElem(s.KVCacheDType))
 	if err := fitsHost(weights, string(format), kv, blocks*s.TokensPerBlock, hostmem.Read()); err != nil {
 		m.mu.Unlock()
 		return nil, err
@@ -312,7 +315,13 @@ func (m *Model) newCPU(s Settings) (engine.Engine, error) {
 		s.Logger.Info("CPU weights loaded", fields...)
 	}
 	m.mu.Unlock()
-	e, err := cpu.New(w, engine.KVConfig{NumBlocks: blocks, TokensPerBlock: s.TokensPerBlock, MaxSeqLen: s.MaxSeqLen})
+	kvc := engine.KVConfig{NumBlocks: blocks, TokensPerBlock: s.TokensPerBlock, MaxSeqLen: s.MaxSeqLen, DType: s.KVCacheDType}
+	if s.KVCacheDType == engine.KVFP8 {
+		if kvc.KScales, kvc.VScales, err = m.kvScales(s.Logger); err != nil {
+			return nil, err
+		}
+	}
+	e, err := cpu.New(w, kvc)
 	if err != nil {
 		return nil, err
 	}
@@ -324,13 +333,44 @@ func (m *Model) newCPU(s Settings) (engine.Engine, error) {
 	return fe, nil
 }
 
+// cpuKVElem is the bytes of one element of a CPU engine's KV pool of type d.
+func cpuKVElem(d engine.KVDType) int64 {
+	if d == engine.KVFP8 {
+		return 1
+	}
+	return 4
+}
+
+// kvScales reads the checkpoint's FP8 KV cache scales (nil where it has none: the engines
+// take 1, as vLLM does without calibration) and logs which.
+func (m *Model) kvScales(log *zap.Logger) (k, v []float32, err error) {
+	if m.gguf != "" {
+		log.Info("FP8 KV cache with scales of 1 (a GGUF checkpoint has none)")
+		return nil, nil, nil
+	}
+	c, err := model.Open(m.dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer c.Close()
+	if k, v, err = c.KVScales(); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", m.dir, err)
+	}
+	if k == nil {
+		log.Info("FP8 KV cache with scales of 1: the checkpoint has no k_scale and v_scale tensors", zap.String("path", m.dir))
+	} else {
+		log.Info("FP8 KV cache with the checkpoint's per-layer k_scale and v_scale", zap.String("path", m.dir), zap.Int("layers", len(k)))
+	}
+	return k, v, nil
+}
+
 // defaultCPUTokens sizes a CPU pool that nobody sized: MaxSeqs sequences of MaxSeqLen,
 // but no more than a quarter of the machine's memory (and never less than one longest
 // sequence), so that a model with a long context does not take the machine's memory by
 // default.
 func (m *Model) defaultCPUTokens(s Settings) int {
 	want := int64(s.MaxSeqs) * int64(s.MaxSeqLen)
-	perToken := m.kvBytesPerToken(4)
+	perToken := m.kvBytesPerToken(cpuKVElem(s.KVCacheDType))
 	budget := int64(2 << 30)
 	if total, err := memTotal(); err == nil {
 		budget = total / 4
@@ -380,6 +420,9 @@ func computeType(set, stored string) string {
 func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 	if m.gguf != "" {
 		return nil, fmt.Errorf("%s is a GGUF file, which KIND_CPU instances serve; KIND_GPU instances serve Hugging Face checkpoints (safetensors)", m.gguf)
+	}
+	if s.KVCacheDType == engine.KVFP8 {
+		return nil, errors.New(`parameter "kv_cache_dtype" fp8: KIND_GPU instances do not serve an FP8 KV cache yet; KIND_CPU instances do, and auto keeps the GPU's pool in the compute type`)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
