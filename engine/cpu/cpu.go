@@ -95,9 +95,12 @@ type scratch struct {
 	lastLogits [][]float32
 	// scores are per-worker attention score buffers [MaxSeqLen].
 	scores [][]float32
-	// kvRows are per-worker buffers of one block's keys or values of a head decoded from
-	// an FP8 pool [TokensPerBlock·head_dim].
-	kvRows [][]float32
+	// stage holds, under an FP8 pool, one layer's keys and values of the blocks the step
+	// reads, decoded [staged block][K,V][kv head][slot][head dim]; staged maps a pool
+	// block to its index there (-1: not staged), stageList lists them.
+	stage     []float32
+	staged    []int32
+	stageList []int32
 	// samplers hold the sampling buffers, one per goroutine.
 	samplers []*engine.Sampler
 	// mm holds the matrix products' buffers.
@@ -661,17 +664,17 @@ func (e *Engine) attention(b *engine.Batch, st *model.Stage) {
 	for len(s.scores) < workers {
 		s.scores = append(s.scores, make([]float32, e.info.MaxSeqLen))
 	}
-	for e.fp8 != nil && len(s.kvRows) < workers {
-		s.kvRows = append(s.kvRows, make([]float32, T*D))
+	// at is where (block, kind, kv head)'s slot 0 lies in pool: the float32 pool, or the
+	// FP8 pool's blocks this step reads, decoded once for every row and query head.
+	pool, at := e.kv, func(blk, kind, h int) int { return e.kvBase(blk, li, kind, h) }
+	if e.fp8 != nil {
+		e.stageFP8(b, li, window)
+		pool, at = s.stage, func(blk, kind, h int) int { return ((int(s.staged[blk])*2+kind)*cfg.KVHeads + h) * T * D }
 	}
 	// The work of a row grows with its position; weigh chunks by a typical length.
 	minItems := max(1, 8192/max(1, D*(s.rows[len(s.rows)-1].pos+1)))
 	parallelFor(len(s.rows)*heads, 1, minItems, func(w, lo, hi int) {
 		scores := s.scores[w]
-		var tmp []float32
-		if e.fp8 != nil {
-			tmp = s.kvRows[w]
-		}
 		for it := lo; it < hi; it++ {
 			r, h := it/heads, it%heads
 			kvh := h / group
@@ -685,10 +688,10 @@ func (e *Engine) attention(b *engine.Batch, st *model.Stage) {
 			sc := scores[first : ri.pos+1]
 			best := float32(math.Inf(-1))
 			for t := first; t <= ri.pos; {
-				base := e.kvBase(int(blocks[t/T]), li, 0, kvh)
+				base := at(int(blocks[t/T]), 0, kvh)
 				slot := t % T
 				cnt := min(T-slot, ri.pos+1-t)
-				keys := e.cached(base+slot*D, cnt*D, li, 0, tmp)
+				keys := pool[base+slot*D : base+(slot+cnt)*D]
 				for j := range cnt {
 					v := dot(q, keys[j*D:(j+1)*D]) * scale
 					if capped > 0 {
@@ -708,10 +711,10 @@ func (e *Engine) attention(b *engine.Batch, st *model.Stage) {
 			out := s.att.rows[r][h*D : (h+1)*D]
 			clear(out)
 			for t := first; t <= ri.pos; {
-				base := e.kvBase(int(blocks[t/T]), li, 1, kvh)
+				base := at(int(blocks[t/T]), 1, kvh)
 				slot := t % T
 				cnt := min(T-slot, ri.pos+1-t)
-				vals := e.cached(base+slot*D, cnt*D, li, 1, tmp)
+				vals := pool[base+slot*D : base+(slot+cnt)*D]
 				for j := range cnt {
 					axpy(out, sc[t-first+j], vals[j*D:(j+1)*D])
 				}

@@ -37,16 +37,59 @@ func (f *kvFP8) encode(dst []uint8, x []float32, layer, kind int) {
 	}
 }
 
-// cached returns n consecutive cached floats of layer li's keys (kind 0) or values (1)
-// from pool offset at: a view of the float32 pool, or the FP8 codes decoded into tmp.
-func (e *Engine) cached(at, n, li, kind int, tmp []float32) []float32 {
-	if e.fp8 == nil {
-		return e.kv[at : at+n]
+// stageFP8 decodes into s.stage layer li's keys and values of every block the step's
+// rows read (from window's start, or the sequence's, to the row), each block once
+// whatever the rows and query heads reading it: attention then runs on float32 as over
+// a float32 pool.
+func (e *Engine) stageFP8(b *engine.Batch, li, window int) {
+	s := &e.s
+	T := e.info.TokensPerBlock
+	if len(s.staged) < e.info.NumBlocks {
+		s.staged = make([]int32, e.info.NumBlocks)
+		for i := range s.staged {
+			s.staged[i] = -1
+		}
 	}
-	tab := &e.fp8.decode[li][kind]
-	out := tmp[:n]
-	for i, c := range e.kv8[at : at+n] {
-		out[i] = tab[c]
+	for _, blk := range s.stageList {
+		s.staged[blk] = -1
 	}
-	return out
+	s.stageList = s.stageList[:0]
+	// A sequence's rows are consecutive and in position order: its last row reads the
+	// most blocks, from the earliest start of its rows.
+	for r := 0; r < len(s.rows); {
+		seq, first := s.rows[r].seq, 0
+		if window > 0 {
+			first = max(0, s.rows[r].pos-window+1)
+		}
+		last := r
+		for last+1 < len(s.rows) && s.rows[last+1].seq == seq {
+			last++
+		}
+		blocks := b.Seqs[seq].Blocks
+		for i := first / T; i <= s.rows[last].pos/T; i++ {
+			if blk := blocks[i]; s.staged[blk] < 0 {
+				s.staged[blk] = int32(len(s.stageList))
+				s.stageList = append(s.stageList, blk)
+			}
+		}
+		r = last + 1
+	}
+	cfg := &e.w.cfg
+	per := T * cfg.HeadDim // one (block, kind, kv head)
+	n := len(s.stageList) * 2 * cfg.KVHeads
+	if cap(s.stage) < n*per {
+		s.stage = make([]float32, n*per)
+	}
+	s.stage = s.stage[:n*per]
+	parallelFor(n, 1, 1, func(_, lo, hi int) {
+		for i := lo; i < hi; i++ {
+			blk, kind, h := int(s.stageList[i/(2*cfg.KVHeads)]), i/cfg.KVHeads%2, i%cfg.KVHeads
+			tab := &e.fp8.decode[li][kind]
+			src := e.kv8[e.kvBase(blk, li, kind, h):][:per]
+			dst := s.stage[i*per : (i+1)*per]
+			for j, c := range src {
+				dst[j] = tab[c]
+			}
+		}
+	})
 }
