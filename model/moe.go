@@ -26,6 +26,19 @@ type MoE struct {
 	// Sparse marks the layers whose MLP is the mixture; the others keep the dense MLP of
 	// Config.Inner (Qwen's decoder_sparse_step and mlp_only_layers).
 	Sparse []bool
+	// FirstLocal and Local are the experts whose weights a rank's share holds under
+	// expert parallelism (RankConfig): [FirstLocal, FirstLocal+Local) of Experts. Local 0
+	// means every expert (a whole model, or experts split along their units). The router
+	// still scores every expert.
+	FirstLocal, Local int
+}
+
+// Held is the first expert whose weights the config's share holds and how many.
+func (m *MoE) Held() (first, n int) {
+	if m.Local == 0 {
+		return 0, m.Experts
+	}
+	return m.FirstLocal, m.Local
 }
 
 // maxExperts bounds the experts before anything is sized by them.
@@ -48,9 +61,11 @@ func (c *Config) moeShape(r Role) (rows, cols int, present bool) {
 	case RoleRouter:
 		return m.Experts, H, true
 	case RoleExpertUp:
-		return m.Experts * 2 * m.Inner, H, true
+		_, n := m.Held()
+		return n * 2 * m.Inner, H, true
 	case RoleExpertDown:
-		return m.Experts * H, m.Inner, true
+		_, n := m.Held()
+		return n * H, m.Inner, true
 	case RoleSharedUp:
 		return 2 * m.SharedInner, H, m.SharedInner > 0
 	case RoleSharedDown:
@@ -75,6 +90,8 @@ func (c *Config) checkMoE(field func(string) string) error {
 		return fmt.Errorf("field num_experts_per_tok: %d is outside [1, %s %d]", m.TopK, field("experts"), m.Experts)
 	case m.Inner < 1 || m.Inner > maxInner:
 		return fmt.Errorf("field %s: %d is outside [1, %d]", field("moe_inner"), m.Inner, maxInner)
+	case m.FirstLocal < 0 || m.Local < 0 || m.FirstLocal+m.Local > m.Experts || m.Local == 0 && m.FirstLocal != 0:
+		return fmt.Errorf("field %s: a share's experts [%d, %d) outside the %d", field("experts"), m.FirstLocal, m.FirstLocal+m.Local, m.Experts)
 	case m.SharedInner < 0 || m.SharedInner > maxInner:
 		return fmt.Errorf("field shared_expert_intermediate_size: %d is outside [0, %d]", m.SharedInner, maxInner)
 	case len(m.Sparse) != c.Layers:

@@ -150,7 +150,7 @@ func TestTensorParallelSplitsExperts(t *testing.T) {
 	if err != nil || l.MoEInner != 384 || l.SharedInner != 0 {
 		t.Fatalf("Qwen3-30B-A3B over 2: %+v, %v", l, err)
 	}
-	if rc := c.RankConfig(l); rc.MoE.Inner != 384 || c.MoE.Inner != 768 {
+	if rc := c.RankConfig(l, 1); rc.MoE.Inner != 384 || c.MoE.Inner != 768 {
 		t.Errorf("rank config's experts %d units (the model's now %d)", rc.MoE.Inner, c.MoE.Inner)
 	}
 	for _, tc := range []struct {

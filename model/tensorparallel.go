@@ -16,6 +16,13 @@ import (
 // embedding are whole on every rank; a bias added after an all-reduce is kept by rank 0,
 // zero elsewhere. When there are fewer KV heads than ranks, each KV head is held by the
 // ranks whose query heads read it.
+//
+// Expert parallelism (ExpertParallel) is the same split but for the experts: rank r holds
+// experts [r·E/N, (r+1)·E/N) whole, routes every token alike over all E (its router
+// whole), and computes only the pairs of (token, expert) its experts take, each weighted
+// as the whole top-k says; its partial sum, with its units of the shared expert (split as
+// under tensor parallelism), joins the same all-reduce. Only the experts' weights and the
+// expert range a rank runs differ from tensor parallelism.
 
 // TPLayout is one rank's share of a model split over Size ranks.
 type TPLayout struct {
@@ -28,9 +35,14 @@ type TPLayout struct {
 	KVShare int
 	// Inner is each rank's MLP units.
 	Inner int
-	// MoEInner and SharedInner are each rank's units of every expert and of the shared
-	// expert: experts are split as the dense MLP is, each along its inner width.
+	// MoEInner and SharedInner are each rank's units of every expert it holds and of the
+	// shared expert: under tensor parallelism experts are split as the dense MLP is, each
+	// along its inner width; under expert parallelism MoEInner is an expert's whole width.
 	MoEInner, SharedInner int
+	// Experts, under expert parallelism, is each rank's count of whole experts: rank r
+	// holds experts [r·Experts, (r+1)·Experts). 0: every rank holds its units of every
+	// expert (tensor parallelism).
+	Experts int
 	// VocabRows is each rank's rows of the embedding and the LM head: the vocabulary
 	// divided by Size, rounded up; the last rank's rows past the vocabulary are zero.
 	VocabRows int
@@ -38,7 +50,15 @@ type TPLayout struct {
 
 // TensorParallel checks that the model splits over n ranks and returns the layout.
 // Its errors name the config field that does not divide.
-func (c *Config) TensorParallel(n int) (TPLayout, error) {
+func (c *Config) TensorParallel(n int) (TPLayout, error) { return c.Parallel(n, false) }
+
+// ExpertParallel checks that the model splits over n ranks with its experts spread whole
+// over them (expert parallelism) and returns the layout. It refuses a model without
+// experts, and experts that n does not divide, naming the numbers.
+func (c *Config) ExpertParallel(n int) (TPLayout, error) { return c.Parallel(n, true) }
+
+// Parallel is ExpertParallel(n) when experts, else TensorParallel(n).
+func (c *Config) Parallel(n int, experts bool) (TPLayout, error) {
 	if n < 1 {
 		return TPLayout{}, fmt.Errorf("tensor_parallel_size %d: want at least 1", n)
 	}
@@ -60,7 +80,18 @@ func (c *Config) TensorParallel(n int) (TPLayout, error) {
 		return TPLayout{}, fmt.Errorf("tensor_parallel_size %d does not divide the MLP's %d units (intermediate_size, n_inner)", n, c.Inner)
 	}
 	l.Inner = c.Inner / n
-	if m := c.MoE; m != nil {
+	if experts && c.MoE == nil {
+		return TPLayout{}, fmt.Errorf("expert parallelism over %d ranks: the model has no mixture of experts (its MLPs are dense)", n)
+	}
+	if m := c.MoE; m != nil && experts {
+		if m.Experts%n != 0 {
+			return TPLayout{}, fmt.Errorf("expert parallelism over %d ranks (tensor_parallel_size): %d does not divide the model's %d experts (num_experts, num_local_experts)", n, n, m.Experts)
+		}
+		if m.SharedInner%n != 0 {
+			return TPLayout{}, fmt.Errorf("tensor_parallel_size %d does not divide the shared expert's %d units (shared_expert_intermediate_size)", n, m.SharedInner)
+		}
+		l.Experts, l.MoEInner, l.SharedInner = m.Experts/n, m.Inner, m.SharedInner/n
+	} else if m != nil {
 		if m.Inner%n != 0 {
 			return TPLayout{}, fmt.Errorf("tensor_parallel_size %d does not divide the experts' %d units (moe_intermediate_size, or Mixtral's intermediate_size)", n, m.Inner)
 		}
@@ -72,14 +103,17 @@ func (c *Config) TensorParallel(n int) (TPLayout, error) {
 	return l, nil
 }
 
-// RankConfig is the config of one rank's share: its heads, KV heads, MLP units and
-// vocabulary rows; everything else as c.
-func (c *Config) RankConfig(l TPLayout) Config {
+// RankConfig is the config of rank's share: its heads, KV heads, MLP units, vocabulary
+// rows and, under expert parallelism, its experts; everything else as c.
+func (c *Config) RankConfig(l TPLayout, rank int) Config {
 	r := *c
 	r.Heads, r.KVHeads, r.Inner, r.VocabSize = l.Heads, l.KVHeads, l.Inner, l.VocabRows
 	if c.MoE != nil {
 		m := *c.MoE
 		m.Inner, m.SharedInner = l.MoEInner, l.SharedInner
+		if l.Experts > 0 {
+			m.FirstLocal, m.Local = rank*l.Experts, l.Experts
+		}
 		r.MoE = &m
 	}
 	return r
@@ -106,12 +140,22 @@ func ShardWeights(ws []Weight, c *Config, l TPLayout, rank int) ([]Weight, error
 	}
 	// Each expert's gate and up rows of this rank's units, expert by expert; the shared
 	// expert's likewise.
+	// Under expert parallelism, the rank's experts' rows whole: every row of each, its
+	// down projection's hidden rows.
 	var experts, shared [][2]int
+	var down [2]int
 	if m := c.MoE; m != nil {
 		e0 := rank * l.MoEInner
-		for e := range m.Experts {
-			b := e * 2 * m.Inner
-			experts = append(experts, [2]int{b + e0, b + e0 + l.MoEInner}, [2]int{b + m.Inner + e0, b + m.Inner + e0 + l.MoEInner})
+		switch {
+		case l.Experts > 0:
+			x0, x1 := rank*l.Experts, (rank+1)*l.Experts
+			experts = [][2]int{{x0 * 2 * m.Inner, x1 * 2 * m.Inner}}
+			down = [2]int{x0 * c.Hidden, x1 * c.Hidden}
+		default:
+			for e := range m.Experts {
+				b := e * 2 * m.Inner
+				experts = append(experts, [2]int{b + e0, b + e0 + l.MoEInner}, [2]int{b + m.Inner + e0, b + m.Inner + e0 + l.MoEInner})
+			}
 		}
 		s0 := rank * l.SharedInner
 		shared = [][2]int{{s0, s0 + l.SharedInner}, {m.SharedInner + s0, m.SharedInner + s0 + l.SharedInner}}
@@ -140,7 +184,11 @@ func ShardWeights(ws []Weight, c *Config, l TPLayout, rank int) ([]Weight, error
 		case RoleExpertUp:
 			s, err = w.rowRanges(experts)
 		case RoleExpertDown:
-			s, err = w.colRange(rank*l.MoEInner, (rank+1)*l.MoEInner)
+			if l.Experts > 0 {
+				s, err = w.rowRanges([][2]int{down})
+			} else {
+				s, err = w.colRange(rank*l.MoEInner, (rank+1)*l.MoEInner)
+			}
 		case RoleSharedUp:
 			s, err = w.rowRanges(shared)
 		case RoleSharedDown:

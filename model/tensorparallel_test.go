@@ -76,7 +76,7 @@ func TestShardWeightsComputeTheWholeModel(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s over %d: %v", fixture, n, err)
 			}
-			rc := cfg.RankConfig(l)
+			rc := cfg.RankConfig(l, 0)
 			shares := make([][]Weight, n)
 			for r := range n {
 				if shares[r], err = ShardWeights(ws, cfg, l, r); err != nil {

@@ -347,7 +347,7 @@ func LoadShard(ckpt *model.Checkpoint, size, rank int, opts Options) (*Weights, 
 		if ws, err = shardWeights(ws, &cfg, l, rank); err != nil {
 			return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
 		}
-		rankCfg = cfg.RankConfig(l)
+		rankCfg = cfg.RankConfig(l, rank)
 	}
 	rec, err := recipeOf(&rankCfg)
 	if err != nil {
