@@ -47,9 +47,10 @@ type route struct {
 // moe runs a sparse layer's MLP on the normed residual stream into s.tmp: each row's
 // router probabilities (a float32 softmax over every expert), its TopK experts (the lower
 // index first among equal probabilities) weighted by their probabilities, renormalised
-// over the TopK when the stage says; then expert by expert its rows' gated MLP, each
-// output added to its row's branch times the row's weight, in expert order; then, with a
-// shared expert, its output times sigmoid(shared_gate · x).
+// over the TopK when the stage says; then expert by expert (the experts the weights hold:
+// a rank's under expert parallelism) its rows' gated MLP, each output added to its row's
+// branch times the row's weight, in expert order; then, with a shared expert, its output
+// times sigmoid(shared_gate · x).
 func (e *Engine) moe(st *model.Stage) {
 	w := e.w
 	cfg := &w.cfg
@@ -97,13 +98,16 @@ func (e *Engine) moe(st *model.Stage) {
 		clear(row)
 	}
 	fn := activationOf(st.Act)
-	for x := range E {
+	// A rank of expert parallelism holds experts [x0, x0+held) alone: the pairs of the
+	// others are its peers' (their sum is the all-reduce's).
+	x0, held := cfg.MoE.Held()
+	for x := x0; x < x0+held; x++ {
 		lo, hi := ms.first[x], ms.first[x+1]
 		if lo == hi {
 			continue
 		}
-		up := l.up[x*2*I*H : (x+1)*2*I*H]
-		down := l.down[x*H*I : (x+1)*H*I]
+		up := l.up[(x-x0)*2*I*H : (x-x0+1)*2*I*H]
+		down := l.down[(x-x0)*H*I : (x-x0+1)*H*I]
 		e.expert(fn, ms.rows[lo:hi], up, down, I)
 		for j, i := range ms.which[lo:hi] {
 			axpy(s.tmp.rows[i/K], ms.routes[i].weight, ms.out.rows[j])

@@ -17,7 +17,9 @@ import (
 // ranks one after the other, and adds their partial results where GPUs all-reduce — the
 // embedding's lookups, and the branch at each residual stage (a layer's attention output
 // and MLP output; before its post-norm, where the layer has one) — and joins their
-// vocabulary rows of the LM head's logits where GPUs gather them.
+// vocabulary rows of the LM head's logits where GPUs gather them. Under expert parallelism
+// (NewExpertParallel) each rank's mixture-of-experts stage runs its experts alone and the
+// same sum after the stage joins their partial results.
 type TensorParallel struct {
 	// mu serialises Step and Close.
 	mu sync.Mutex
@@ -45,18 +47,29 @@ type TensorParallel struct {
 // NewTensorParallel builds the engine of weights ws (Checkpoint.Weights) of the model
 // cfg describes over n ranks, each with a KV pool of kv.
 func NewTensorParallel(cfg *model.Config, ws []model.Weight, n int, kv engine.KVConfig) (*TensorParallel, error) {
-	l, err := cfg.TensorParallel(n)
+	return newParallel(cfg, ws, n, false, kv)
+}
+
+// NewExpertParallel is NewTensorParallel with the experts spread whole over the ranks
+// (model.Config.ExpertParallel): each rank's mixture-of-experts stages run its experts'
+// (token, expert) pairs alone, weighted as the whole top-k says, and the all-reduce after
+// the stage adds the ranks' partial sums.
+func NewExpertParallel(cfg *model.Config, ws []model.Weight, n int, kv engine.KVConfig) (*TensorParallel, error) {
+	return newParallel(cfg, ws, n, true, kv)
+}
+
+func newParallel(cfg *model.Config, ws []model.Weight, n int, experts bool, kv engine.KVConfig) (*TensorParallel, error) {
+	l, err := cfg.Parallel(n, experts)
 	if err != nil {
 		return nil, fmt.Errorf("cpu: %w", err)
 	}
 	t := &TensorParallel{layout: l, cfg: *cfg}
-	rc := cfg.RankConfig(l)
 	for r := range n {
 		share, err := model.ShardWeights(ws, cfg, l, r)
 		if err != nil {
 			return nil, fmt.Errorf("cpu: %w", err)
 		}
-		m, err := model.NewFloat32(rc, share)
+		m, err := model.NewFloat32(cfg.RankConfig(l, r), share)
 		if err != nil {
 			return nil, fmt.Errorf("cpu: rank %d: %w", r, err)
 		}

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"gollm/engine"
@@ -105,4 +106,100 @@ func runTP(t *testing.T, eng engine.Engine, steps int) [][]engine.Output {
 		}
 	}
 	return all
+}
+
+// TestExpertParallelMatchesOneEngine runs runTP's batch — three sequences' prompts with
+// their context logits, then greedy and sampled decode steps — on the whole model and
+// over 2 and 4 ranks with the experts spread whole (Mixtral's 8 experts top 2, renormalised;
+// Qwen2-MoE's 8 without norm_topk_prob and its gated shared expert split along its
+// units; Qwen3-MoE's 8 with norm_topk_prob, beside a dense layer): each rank holds its
+// 8/n experts whole (and only those), and the steps give the same tokens and
+// log-probabilities, and logits within float32 rounding of a different summation order,
+// as the whole model.
+func TestExpertParallelMatchesOneEngine(t *testing.T) {
+	for _, fixture := range []string{"mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny"} {
+		ck, err := model.Open(filepath.Join("..", "..", "testdata", fixture))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws, err := ck.Weights()
+		if err != nil {
+			t.Fatal(err)
+		}
+		kv := engine.KVConfig{NumBlocks: 32, TokensPerBlock: 8}
+		whole, err := ck.Float32Weights()
+		if err != nil {
+			t.Fatal(err)
+		}
+		one, err := NewFromModel(whole, kv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := runTP(t, one, 7)
+		m := ck.Config.MoE
+		for _, n := range []int{2, 4} {
+			ep, err := NewExpertParallel(&ck.Config, ws, n, kv)
+			if err != nil {
+				t.Fatalf("%s over %d: %v", fixture, n, err)
+			}
+			for r, e := range ep.ranks {
+				first, held := e.w.cfg.MoE.Held()
+				if first != r*m.Experts/n || held != m.Experts/n {
+					t.Fatalf("%s over %d, rank %d: experts from %d, %d of them", fixture, n, r, first, held)
+				}
+				for li := range e.w.layers {
+					if !ck.Config.Sparse(li) {
+						continue
+					}
+					if got, want := len(e.w.layers[li].moe.up), held*2*m.Inner*ck.Config.Hidden; got != want {
+						t.Fatalf("%s over %d, rank %d, layer %d: %d expert up weights, want %d (its experts whole)", fixture, n, r, li, got, want)
+					}
+				}
+			}
+			got := runTP(t, ep, 7)
+			for k := range want {
+				for i := range want[k] {
+					g, w := &got[k][i], &want[k][i]
+					if g.Token != w.Token || math.Abs(float64(g.LogProb-w.LogProb)) > 1e-4 {
+						t.Fatalf("%s over %d, step %d, sequence %d: token %d (%g), want %d (%g)", fixture, n, k, i, g.Token, g.LogProb, w.Token, w.LogProb)
+					}
+					if e := relL2(g.ContextLogits, w.ContextLogits); e > 1e-5 {
+						t.Fatalf("%s over %d, step %d, sequence %d: context logits off by %.2e", fixture, n, k, i, e)
+					}
+				}
+			}
+			_ = ep.Close()
+		}
+		_ = one.Close()
+		_ = ck.Close()
+	}
+}
+
+// TestExpertParallelRefusals: expert parallelism of a model without experts, or over
+// ranks its heads do not split, is refused naming what does not go.
+func TestExpertParallelRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		fixture string
+		n       int
+		want    string
+	}{
+		{"llama-tiny", 2, "the model has no mixture of experts"},
+		{"mixtral-tiny", 3, "does not divide the model's 4 attention heads"},
+	} {
+		ck, err := model.Open(filepath.Join("..", "..", "testdata", tc.fixture))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws, err := ck.Weights()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e, err := NewExpertParallel(&ck.Config, ws, tc.n, engine.KVConfig{NumBlocks: 8, TokensPerBlock: 8}); err == nil || !strings.Contains(err.Error(), tc.want) {
+			if e != nil {
+				_ = e.Close()
+			}
+			t.Errorf("%s over %d: %v, want an error containing %q", tc.fixture, tc.n, err, tc.want)
+		}
+		_ = ck.Close()
+	}
 }
