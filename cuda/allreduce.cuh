@@ -10,6 +10,7 @@ namespace gollm {
 struct ArArgs {
   char* data[kArMaxRanks];       // each rank's [2][slot] payload (peers' through peer access)
   uint32_t* flags[kArMaxRanks];  // each rank's flags [kArMaxRanks][kArBlocks]
+  uint32_t* flags2[kArMaxRanks]; // each rank's two-shot second flags, the same shape
   uint32_t* counter;             // this rank's epochs [kArBlocks]
   int* err;                      // this rank's error word (pinned host)
   int* abort;                    // the set's abort word (pinned host)
@@ -85,6 +86,63 @@ __device__ bool ar_wait(const ArArgs& a, const uint32_t* flag, uint32_t epoch, i
   }
 }
 
+// ar_residual is four elements of the new residual stream: (h + sum) + bias, or sum + bias
+// without add. ar_norm_acc adds o's squares (RMSNorm) or values (LayerNorm) to s. Both
+// round each operation (no contraction), so that the one-shot and two-shot kernels, which
+// compute them in different places, agree to the bit.
+__device__ __forceinline__ float4 ar_residual(const float* hr, const float* acc, const float* bias, bool add) {
+  float4 o = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  if (add) {
+    const float4 hv = *reinterpret_cast<const float4*>(hr);
+    o = make_float4(__fadd_rn(hv.x, o.x), __fadd_rn(hv.y, o.y), __fadd_rn(hv.z, o.z), __fadd_rn(hv.w, o.w));
+  }
+  if (bias) {
+    const float4 bv = *reinterpret_cast<const float4*>(bias);
+    o = make_float4(__fadd_rn(o.x, bv.x), __fadd_rn(o.y, bv.y), __fadd_rn(o.z, bv.z), __fadd_rn(o.w, bv.w));
+  }
+  return o;
+}
+__device__ __forceinline__ float ar_norm_acc(float s, const float4& o, bool rms) {
+  const float t = rms ? __fmaf_rn(o.w, o.w, __fmaf_rn(o.z, o.z, __fmaf_rn(o.y, o.y, __fmul_rn(o.x, o.x))))
+                      : __fadd_rn(__fadd_rn(__fadd_rn(o.x, o.y), o.z), o.w);
+  return __fadd_rn(s, t);
+}
+
+// ar_norm_row norms row hr ([hidden] fp32, written by this block) into xr, s being each
+// thread's ar_norm_acc over its vectors: RMSNorm when rms, else LayerNorm with beta.
+template <typename T>
+__device__ __forceinline__ void ar_norm_row(const float* hr, T* xr, float s, const float* __restrict__ gamma,
+                                            const float* __restrict__ beta, int hidden, float eps, bool rms,
+                                            float* red) {
+  float mean = 0.f, var;
+  if (rms) {
+    var = block_sum(s, red);
+  } else {
+    mean = block_sum(s, red) / hidden;
+    float d2 = 0.f;
+    for (int c = threadIdx.x * 4; c < hidden; c += blockDim.x * 4) {
+      // The same threads own the same columns as above only when W == 4; read back
+      // through L1 either way (this block wrote them).
+      const float4 q = *reinterpret_cast<const float4*>(hr + c);
+      const float dx = __fsub_rn(q.x, mean), dy = __fsub_rn(q.y, mean), dz = __fsub_rn(q.z, mean),
+                  dw = __fsub_rn(q.w, mean);
+      d2 = __fadd_rn(d2, __fmaf_rn(dw, dw, __fmaf_rn(dz, dz, __fmaf_rn(dy, dy, __fmul_rn(dx, dx)))));
+    }
+    var = block_sum(d2, red);
+  }
+  const float rstd = rsqrtf(var / hidden + eps);
+  for (int c = threadIdx.x * 4; c < hidden; c += blockDim.x * 4) {
+    const float4 q = *reinterpret_cast<const float4*>(hr + c);
+    const float4 g = *reinterpret_cast<const float4*>(gamma + c);
+    float4 be = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (beta) be = *reinterpret_cast<const float4*>(beta + c);
+    store4<T>(xr + c, __fmaf_rn(__fmul_rn(__fsub_rn(q.x, mean), rstd), g.x, be.x),
+              __fmaf_rn(__fmul_rn(__fsub_rn(q.y, mean), rstd), g.y, be.y),
+              __fmaf_rn(__fmul_rn(__fsub_rn(q.z, mean), rstd), g.z, be.z),
+              __fmaf_rn(__fmul_rn(__fsub_rn(q.w, mean), rstd), g.w, be.w));
+  }
+}
+
 // ar_norm_kernel all-reduces part over the ranks and adds it to the residual stream, then
 // norms it — every rank the same sums in the same order (rank 0 to n-1), so that their h
 // and xn agree bit for bit whatever order the peers arrive in.
@@ -157,47 +215,119 @@ __global__ void __launch_bounds__(kArThreads)
 #pragma unroll
       for (int i = 0; i < W; i += 4) {
         const int c = v * W + i;
-        float4 o;
-        if (add) {
-          const float4 hv = *reinterpret_cast<const float4*>(hr + c);
-          o = make_float4(hv.x + acc[i], hv.y + acc[i + 1], hv.z + acc[i + 2], hv.w + acc[i + 3]);
-        } else {
-          o = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
-        }
-        if (bias) {
-          const float4 bv = *reinterpret_cast<const float4*>(bias + c);
-          o.x += bv.x, o.y += bv.y, o.z += bv.z, o.w += bv.w;
-        }
+        const float4 o = ar_residual(hr + c, acc + i, bias ? bias + c : nullptr, add);
         *reinterpret_cast<float4*>(hr + c) = o;
-        s += rms ? o.x * o.x + o.y * o.y + o.z * o.z + o.w * o.w : o.x + o.y + o.z + o.w;
+        s = ar_norm_acc(s, o, rms);
       }
     }
-    // The norm over the row this block wrote (each thread reads back its own stores).
-    float mean = 0.f, var;
-    if (rms) {
-      var = block_sum(s, red);
-    } else {
-      mean = block_sum(s, red) / hidden;
-      float d2 = 0.f;
-      for (int c = threadIdx.x * 4; c < hidden; c += blockDim.x * 4) {
-        // The same threads own the same columns as above only when W == 4; read back
-        // through L1 either way (this block wrote them).
-        const float4 q = *reinterpret_cast<const float4*>(hr + c);
-        d2 += (q.x - mean) * (q.x - mean) + (q.y - mean) * (q.y - mean) + (q.z - mean) * (q.z - mean) +
-              (q.w - mean) * (q.w - mean);
+    ar_norm_row<T>(hr, xn + (int64_t)r * hidden, s, gamma, beta, hidden, eps, rms, red);
+  }
+}
+
+// ar_two_kernel is ar_norm_kernel in two shots, for mid-size payloads on 4 or more ranks:
+// every rank reads 1/n of each peer's payload and sends back sums, where the one-shot reads
+// all of every peer's. Same arguments and grid; block b takes rows b, b + G, … (j-th of them
+// the block's row j). Each row's vectors split into n slices, rank s owning vectors
+// [s·nv/n, (s+1)·nv/n) (nv = hidden / W):
+//   1. the rank's rows, rounded to P, into its region (payload [rpb][hidden] P, rpb =
+//      ceil(n_rows / G)); flag 1 up in every peer, wait for theirs;
+//   2. its slice of each row summed over the ranks' payloads in rank order (fp32), then the
+//      residual add and bias — the one-shot's operations, in its order — into its h and,
+//      fp32, into its region's sums ([rpb][hidden] fp32, after the payload); flag 2 up, wait;
+//   3. the peers' slices of h copied from their sums, then each row normed in full.
+// The sums go back in fp32, not rounded to P, so that h and xn are the one-shot's to the bit
+// (a row's results do not depend on which kernel its step's size chose), at 2(n-1)/n of a
+// payload back against the (n-1) payloads the one-shot reads: a gain from 4 ranks on.
+template <typename T, typename P>
+__global__ void __launch_bounds__(kArThreads)
+    ar_two_kernel(ArArgs a, const float* part, float* h, const float* __restrict__ bias,
+                  T* __restrict__ xn, const float* __restrict__ gamma, const float* __restrict__ beta,
+                  int n_rows, int hidden, float eps, bool rms, bool add) {
+  constexpr int W = ArVec<P>::W;
+  __shared__ float red[32];
+  __shared__ int bad;
+  const int b = blockIdx.x, G = gridDim.x, nv = hidden / W;
+  const int rpb = (n_rows + G - 1) / G;
+  const uint32_t epoch = a.counter[b] + 1;
+  const size_t off = (size_t)(epoch & 1) * a.slot + (size_t)b * (a.slot / kArBlocks);
+  const size_t off_sum = off + (size_t)rpb * hidden * sizeof(P);
+  const int lo = (int)((int64_t)a.rank * nv / a.n), hi = (int)((int64_t)(a.rank + 1) * nv / a.n);
+  if (threadIdx.x == 0) bad = 0;
+  P* mine = reinterpret_cast<P*>(a.data[a.rank] + off);
+  for (int r = b, j = 0; r < n_rows; r += G, j++) {
+    const float* src = part + (int64_t)r * hidden;
+    for (int v = threadIdx.x; v < nv; v += blockDim.x) {
+      float x[W];
+#pragma unroll
+      for (int i = 0; i < W; i += 4) {
+        const float4 q = *reinterpret_cast<const float4*>(src + v * W + i);
+        x[i] = q.x, x[i + 1] = q.y, x[i + 2] = q.z, x[i + 3] = q.w;
       }
-      var = block_sum(d2, red);
+      ar_store<P>(mine + (int64_t)j * hidden + v * W, x);
     }
-    const float rstd = rsqrtf(var / hidden + eps);
-    T* xr = xn + (int64_t)r * hidden;
-    for (int c = threadIdx.x * 4; c < hidden; c += blockDim.x * 4) {
-      const float4 q = *reinterpret_cast<const float4*>(hr + c);
-      const float4 g = *reinterpret_cast<const float4*>(gamma + c);
-      float4 be = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (beta) be = *reinterpret_cast<const float4*>(beta + c);
-      store4<T>(xr + c, (q.x - mean) * rstd * g.x + be.x, (q.y - mean) * rstd * g.y + be.y,
-                (q.z - mean) * rstd * g.z + be.z, (q.w - mean) * rstd * g.w + be.w);
+  }
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t < a.n && t != a.rank) {
+    ar_st_release(a.flags[t] + a.rank * kArBlocks + b, epoch);
+    if (!ar_wait(a, a.flags[a.rank] + t * kArBlocks + b, epoch, t)) bad = 1;
+  }
+  __syncthreads();
+  if (t == 0) a.counter[b] = epoch;
+  if (bad) return;  // the step fails (the host reads the error word); h is left as it is
+  float* sums = reinterpret_cast<float*>(a.data[a.rank] + off_sum);
+  for (int r = b, j = 0; r < n_rows; r += G, j++) {
+    float* hr = h + (int64_t)r * hidden;
+    for (int v = lo + threadIdx.x; v < hi; v += blockDim.x) {
+      uint4 raw[kArMaxRanks];
+#pragma unroll
+      for (int src = 0; src < kArMaxRanks; src++)
+        if (src < a.n)
+          raw[src] = __ldcg(reinterpret_cast<const uint4*>(
+              reinterpret_cast<const P*>(a.data[src] + off) + (int64_t)j * hidden + v * W));
+      float acc[W];
+#pragma unroll
+      for (int i = 0; i < W; i++) acc[i] = 0.f;
+#pragma unroll
+      for (int src = 0; src < kArMaxRanks; src++)
+        if (src < a.n) ar_add<P>(raw[src], acc);
+#pragma unroll
+      for (int i = 0; i < W; i += 4) {
+        const int c = v * W + i;
+        const float4 o = ar_residual(hr + c, acc + i, bias ? bias + c : nullptr, add);
+        *reinterpret_cast<float4*>(hr + c) = o;
+        *reinterpret_cast<float4*>(sums + (int64_t)j * hidden + c) = o;
+      }
     }
+  }
+  // The same handshake on the second flags: the sums before the peers read them.
+  __syncthreads();
+  if (t < a.n && t != a.rank) {
+    ar_st_release(a.flags2[t] + a.rank * kArBlocks + b, epoch);
+    if (!ar_wait(a, a.flags2[a.rank] + t * kArBlocks + b, epoch, t)) bad = 1;
+  }
+  __syncthreads();
+  if (bad) return;
+  for (int r = b, j = 0; r < n_rows; r += G, j++) {
+    float* hr = h + (int64_t)r * hidden;
+    // The peers' slices: vector v of the row comes from the rank whose slice holds it.
+    for (int v = threadIdx.x; v < nv; v += blockDim.x) {
+      if (v >= lo && v < hi) continue;
+      int src = (int)(((int64_t)v * a.n + a.n - 1) / nv);  // a guess, corrected below
+      while (src > 0 && (int64_t)src * nv / a.n > v) src--;
+      while (src + 1 < a.n && (int64_t)(src + 1) * nv / a.n <= v) src++;
+      const float* peer = reinterpret_cast<const float*>(a.data[src] + off_sum) + (int64_t)j * hidden + v * W;
+#pragma unroll
+      for (int i = 0; i < W; i += 4)
+        *reinterpret_cast<float4*>(hr + v * W + i) = __ldcg(reinterpret_cast<const float4*>(peer + i));
+    }
+    __syncthreads();
+    // The norm's sums over the same vectors a thread owns in ar_norm_kernel, in its order.
+    float s = 0.f;
+    for (int v = threadIdx.x; v < nv; v += blockDim.x)
+#pragma unroll
+      for (int i = 0; i < W; i += 4) s = ar_norm_acc(s, *reinterpret_cast<const float4*>(hr + v * W + i), rms);
+    ar_norm_row<T>(hr, xn + (int64_t)r * hidden, s, gamma, beta, hidden, eps, rms, red);
   }
 }
 

@@ -315,6 +315,10 @@ struct gollm_engine {
 #ifdef GOLLM_MEASURE
   int skip = 0;                   // stage kinds left out of every step (gollm_tuning.skip)
 #endif
+  // gollm_tuning.skip's bit for tensor parallelism's all-reduces (GOLLM_MEASURE builds):
+  // NCCL's are left out and the custom one adds and norms the rank's own share alone, so
+  // that a step's time without them says what the communication costs.
+  static constexpr int kSkipAllReduce = 1 << 30;
   int gemv_rows_max = gollm::kFusedRows;  // most rows on the staged gemv (engine.cu)
   int mlp_k[3] = {};              // mlp_kernel's units per block for 1, 2 and 4 rows
   gollm::DevMem acc;              // fixed-point residual additions of fused steps
@@ -370,6 +374,7 @@ struct gollm_engine {
   // ar_timeout_ns.
   bool ar = false;
   size_t ar_bytes = 0;
+  size_t ar_two_bytes = 0;  // payloads from this size on take the two-shot (0: none)
   unsigned long long ar_timeout_ns = 0;
   gollm::MoeBufs moe;             // the mixture-of-experts stage's buffers (moe.cu)
 };
@@ -444,10 +449,14 @@ void tp_graph_launch(gollm_engine* e, cudaGraphExec_t g);
 void tp_check(gollm_engine* e);
 
 // allreduce.cu: ar_fits says whether the engine's custom all-reduce takes rows x hidden of
-// psize-byte payload (within allreduce_bytes counted at 2 bytes an element); tp_reduce_norm enqueues it (allreduce.cuh's ar_norm_kernel: h =
+// psize-byte payload (within allreduce_bytes counted at 2 bytes an element); tp_reduce_norm
+// enqueues it (allreduce.cuh's ar_norm_kernel, or ar_two_kernel from ar_two_bytes on: h =
 // (h + Σ part) + bias, or Σ part without add, and xn its norm; the payload fp32 with f32,
 // else T); ar_error words a rank's error word; allreduce_bench is gollm_allreduce_bench.
 bool ar_fits(const gollm_engine* e, int rows, int hidden, size_t psize);
+// ar_two_bytes is the payload from which ranks take the two-shot under tuning's
+// allreduce_two_bytes (0: never).
+size_t ar_two_bytes(int tuning, int ranks);
 template <typename T>
 void tp_reduce_norm(gollm_engine* e, const float* part, float* h, const float* bias, T* xn,
                     const float* gamma, const float* beta, int rows, int hidden, float eps,

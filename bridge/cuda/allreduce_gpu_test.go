@@ -25,13 +25,14 @@ func arWays(t *testing.T, lib string) []int {
 	return []int{2}
 }
 
-// TestGPUAllReduceMatchesHost runs the custom all-reduce, fused with the residual add and
+// TestGPUAllReduceMatchesHost runs the custom all-reduce, one-shot and two-shot, fused with the residual add and
 // RMSNorm, over 2 and 4 GPUs in fp16 and bf16, at row counts that give a block one row, a
 // block several and fewer rows than blocks, once eagerly and then from a graph of three
 // calls replayed twice (the epochs alternate the buffers' halves across replays): h must
 // be the host's sums — each rank's partial sums rounded to the payload type, added in rank
 // order in fp32 — bit for bit on every rank, and the normed rows within the compute type's
-// rounding. NCCL's fp32 path is checked against the same host sums.
+// rounding. The two-shot is held to the same bars (its sums go back in fp32: the one-shot's
+// bits); NCCL's fp32 path is checked against the same host sums.
 func TestGPUAllReduceMatchesHost(t *testing.T) {
 	lib := tpLibrary(t, 2)
 	for _, n := range arWays(t, lib) {
@@ -42,14 +43,14 @@ func TestGPUAllReduceMatchesHost(t *testing.T) {
 		t.Cleanup(c.Close)
 		for _, dt := range []string{"float16", "bfloat16"} {
 			for _, shape := range [][2]int{{1, 4096}, {1, 64}, {3, 5120}, {64, 4096}, {130, 1024}, {7, 8192}} {
-				for _, m := range []AllReduceMethod{AllReduceCustom, AllReduceNCCLF32} {
+				for _, m := range []AllReduceMethod{AllReduceCustom, AllReduceTwoShot, AllReduceNCCLF32} {
 					t.Run(fmt.Sprintf("tp%d/%s/%dx%d/%s", n, dt, shape[0], shape[1], m), func(t *testing.T) {
 						res, err := c.Run(AllReduceParams{Method: m, DType: dt, Rows: shape[0], Hidden: shape[1], Iters: 4, Reps: 1,
 							Check: true, Timeout: 10 * time.Second})
 						if err != nil {
 							t.Fatal(err)
 						}
-						if m == AllReduceCustom && !res.Custom {
+						if m != AllReduceNCCLF32 && !res.Custom {
 							t.Fatalf("the custom all-reduce did not run: %s", res.Reason)
 						}
 						// The custom one adds what the host adds in the same order; NCCL's
@@ -77,13 +78,23 @@ func TestGPUAllReduceMatchesHost(t *testing.T) {
 // all-reduce for rank 1's flag until the all-reduce's timeout (2 s here) fails its step —
 // no hang — and aborts the communicators, so that Recover says the engine is lost; a new
 // engine then serves. Run with the abort tests (tests/gpu/tpar_check.sh), last.
-func TestGPUTensorParallelFailedRankTimesOut(t *testing.T) {
+func TestGPUTensorParallelFailedRankTimesOut(t *testing.T) { failedRankTimesOut(t, false) }
+
+// TestGPUTensorParallelFailedRankTimesOutTwoShot is TestGPUTensorParallelFailedRankTimesOut with
+// every all-reduce in two shots: rank 0's wait on the first shot's flags ends the same
+// way.
+func TestGPUTensorParallelFailedRankTimesOutTwoShot(t *testing.T) { failedRankTimesOut(t, true) }
+
+func failedRankTimesOut(t *testing.T, two bool) {
 	lib := tpLibrary(t, 2)
 	dir := filepath.Join("..", "..", "testdata", "llama-tiny")
 	t.Setenv("GOLLM_CUDA_FAIL_STEP", "4:early")
 	t.Setenv("GOLLM_CUDA_FAIL_RANK", "1")
 	opts := tpOptions(lib)
 	opts.Tuning.AllReduceTimeout = 2 * time.Second
+	if two {
+		opts.Tuning.AllReduceTwoBytes = 16
+	}
 	e := tpOn(t, dir, 2, opts)
 	e.grace = time.Minute
 	start := time.Now()
