@@ -192,6 +192,43 @@ void tp_greedy(gollm_engine* e, const float* part, const int32_t* samp_seq, cons
          entries, vr, valid, first);
 }
 
+bool tp_cand_row(const DevSeq& sq) {
+  return (sq.flags & GOLLM_SEQ_SAMPLE) && sq.temperature > 0.f && sq.top_k > 1 && sq.top_k <= kTpCandK &&
+         sq.bias_off < 0 && sq.pen_cnt == 0 && sq.mask_cnt == 0 && sq.ret_row < 0 && sq.allow_off < 0;
+}
+
+bool tp_cand_fits(const gollm_engine* e, int entries) {
+  if (!e->tp_cands || entries < 1 || e->vocab <= kTpCandK) return false;
+  const PeerBufs& p = *e->comm->peer;
+  const int G = std::min(entries, kArBlocks);
+  // The records in each block's region; the compact rows, their ids and sums in tp_gather.
+  const size_t nc = (size_t)e->tp_size * kTpCandK;
+  return (size_t)((entries + G - 1) / G) * sizeof(CandRecord) <= p.slot / kArBlocks &&
+         (size_t)entries * (nc * 8 + 8) <= e->tp_gather.bytes;
+}
+
+void tp_sample(gollm_engine* e, const float* part, const int32_t* samp_seq, const int32_t* samp_row,
+               const DevSeq* seqs, int entries, int vr) {
+  if (entries == 0) return;
+  std::shared_lock<std::shared_timed_mutex> lk(e->comm->guard);
+  if (e->comm->aborted.load())
+    throw Error(GOLLM_ERR_NCCL, "tensor parallel rank " + std::to_string(e->tp_rank) +
+                                    ": the communicators were aborted; the engine cannot run again");
+  const ArArgs a = ar_args(*e->comm->peer, e->tp_rank, e->ar_timeout_ns);
+  const int first = e->tp_rank * vr, valid = std::max(0, std::min(vr, e->vocab - first));
+  const int nc = e->tp_size * kTpCandK;
+  // tp_gather (unused by these steps): zfull first (8-byte aligned), then rows and ids.
+  char* base = e->tp_gather.as<char>();
+  double* zfull = reinterpret_cast<double*>(base);
+  float* crow = reinterpret_cast<float*>(base + (size_t)entries * 8);
+  int32_t* cid = reinterpret_cast<int32_t*>(base + (size_t)entries * 8 + (size_t)entries * nc * 4);
+  launch("ar_cand_kernel", ar_cand_kernel, std::min(entries, kArBlocks), kArThreads, 0, Stream(e->stream, false), a,
+         part, samp_seq, samp_row, seqs, crow, cid, zfull, entries, vr, valid, first);
+  launch("ar_cand_sample_kernel", ar_cand_sample_kernel, entries, kSampleThreads, 0, Stream(e->stream, false), crow,
+         cid, static_cast<const double*>(zfull), samp_seq, seqs, e->dtok.as<int32_t>(), e->dlp.as<float>(), nc,
+         e->vocab);
+}
+
 std::string ar_error(const PeerBufs& p, int rank, int word, unsigned long long timeout_ns) {
   const int peer = word >> 8;
   char buf[400];

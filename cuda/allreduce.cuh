@@ -3,6 +3,7 @@
 #pragma once
 #include "common.cuh"
 #include "comm.h"
+#include "sampling.cuh"
 
 namespace gollm {
 
@@ -415,6 +416,194 @@ __global__ void __launch_bounds__(kArThreads)
     out_tok[s] = bi;
     out_lp[s] = -logf(sum);
   }
+}
+
+
+// ar_cand_kernel: the first half of sampling a decode step's rows without gathering the
+// vocabulary, for steps whose rows are all cand_fast or plain greedy. Each rank reduces
+// each row of its vocabulary shard to its first kTpCandK tokens in the sampling order
+// (logit desc, id asc; all of them where the shard is smaller), in id order, with the
+// shard's maximum m and Σ exp((w − m)·scale) (scale 1/temperature, 1 for greedy rows);
+// the custom all-reduce's buffers carry those; every rank then lays the ranks' candidates
+// out in rank order — global id order — as a compact row, and Σ over the whole vocabulary
+// rescaled to the largest maximum (rank order, double). ar_cand_sample_kernel samples the
+// compact rows as sample_kernel samples whole ones. The union holds every token top-k can
+// keep (k ≤ kTpCandK), and top-p and min-p only cut inside it.
+//   part: [rows][vr] fp32, this rank's LM head rows (vocabulary rows first..first+valid)
+//   crow: [entries][n·kTpCandK] fp32 and cid: the same, int32: the compact rows and their
+//         tokens (-1: padding, -inf); zfull: [entries] double
+// Grid: G = min(entries, kArBlocks) blocks of kArThreads (= kSampleThreads); block b
+// takes entries b, b + G, …, staging entry j of them at record j of its region.
+constexpr int kTpCandK = 64;
+static_assert(kArThreads == kSampleThreads, "ar_cand_kernel runs sampling.cuh's searches");
+struct CandRecord {
+  float val[kTpCandK];
+  int32_t id[kTpCandK];
+  float m;
+  float pad_;
+  double z;
+};
+
+__global__ void __launch_bounds__(kArThreads)
+    ar_cand_kernel(ArArgs a, const float* __restrict__ part, const int32_t* __restrict__ samp_seq,
+                   const int32_t* __restrict__ samp_row, const DevSeq* __restrict__ seqs,
+                   float* __restrict__ crow, int32_t* __restrict__ cid, double* __restrict__ zfull,
+                   int entries, int vr, int valid, int first) {
+  __shared__ SampleScratch sm;
+  __shared__ int bad;
+  const int b = blockIdx.x, G = gridDim.x;
+  const uint32_t epoch = a.counter[b] + 1;
+  const size_t off = (size_t)(epoch & 1) * a.slot + (size_t)b * (a.slot / kArBlocks);
+  if (threadIdx.x == 0) bad = 0;
+  CandRecord* mine = reinterpret_cast<CandRecord*>(a.data[a.rank] + off);
+  for (int e = b, j = 0; e < entries; e += G, j++) {
+    CandRecord* rec = mine + j;
+    const int s = samp_seq[e];
+    int n_out = 0;
+    if (s >= 0 && valid > 0) {
+      const DevSeq sq = seqs[s];
+      const bool greedy = sq.temperature == 0.f || sq.top_k == 1;
+      const float scale = greedy ? 1.f : 1.f / sq.temperature;
+      const float* w = part + (int64_t)samp_row[e] * vr;
+      // The shard's maximum and its sum of exponentials.
+      float m = -INFINITY;
+      for (int i = threadIdx.x; i < valid; i += blockDim.x) m = fmaxf(m, w[i]);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      __syncthreads();
+      if ((threadIdx.x & 31) == 0) sm.fred[threadIdx.x >> 5] = m;
+      __syncthreads();
+      m = -INFINITY;
+      for (int q = 0; q < kSampleWarps; q++) m = fmaxf(m, sm.fred[q]);
+      const Weight mass{true, m, scale};
+      const double z = m == -INFINITY ? 0.0 : sum_weight(w, valid, Limit{false, 0u, 0}, mass, sm);
+      // The first kTpCandK in the sampling order, written in id order.
+      Limit lim{false, 0u, 0};
+      if (valid > kTpCandK && find_sorted(w, valid, lim, Weight{false, 0.f, 1.f}, (double)kTpCandK, true, sm))
+        lim = Limit{true, sm.key, sm.id};
+      const int per = (valid + blockDim.x - 1) / blockDim.x;
+      const int lo = min(valid, (int)threadIdx.x * per), hi = min(valid, lo + per);
+      int cnt = 0;
+      for (int i = lo; i < hi; i++) cnt += lim.admits(order_key(w[i]), i);
+      double total;
+      int pos = (int)block_exclusive_scan((double)cnt, sm.red, &total);
+      for (int i = lo; i < hi && pos < kTpCandK; i++)
+        if (lim.admits(order_key(w[i]), i)) rec->val[pos] = w[i], rec->id[pos] = first + i, pos++;
+      n_out = min((int)total, kTpCandK);
+      if (threadIdx.x == 0) rec->m = m, rec->z = z;
+    } else if (threadIdx.x == 0) {
+      rec->m = -INFINITY, rec->z = 0.0;
+    }
+    for (int k = n_out + threadIdx.x; k < kTpCandK; k += blockDim.x) rec->val[k] = -INFINITY, rec->id[k] = -1;
+    __syncthreads();
+  }
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t < a.n && t != a.rank) {
+    ar_st_release(a.flags[t] + a.rank * kArBlocks + b, epoch);
+    if (!ar_wait(a, a.flags[a.rank] + t * kArBlocks + b, epoch, t)) bad = 1;
+  }
+  __syncthreads();
+  if (t == 0) a.counter[b] = epoch;
+  if (bad) return;
+  const int nc = a.n * kTpCandK;
+  for (int e = b, j = 0; e < entries; e += G, j++) {
+    if (samp_seq[e] < 0) continue;
+    for (int k = threadIdx.x; k < nc; k += blockDim.x) {
+      const CandRecord* rec = reinterpret_cast<const CandRecord*>(a.data[k / kTpCandK] + off) + j;
+      crow[(int64_t)e * nc + k] = __ldcg(&rec->val[k % kTpCandK]);
+      cid[(int64_t)e * nc + k] = __ldcg(&rec->id[k % kTpCandK]);
+    }
+    if (threadIdx.x == 0) {
+      const DevSeq sq = seqs[samp_seq[e]];
+      const bool greedy = sq.temperature == 0.f || sq.top_k == 1;
+      const float scale = greedy ? 1.f : 1.f / sq.temperature;  // as the ranks' sums took it
+      float mx = -INFINITY;
+      for (int src = 0; src < a.n; src++)
+        mx = fmaxf(mx, __ldcg(&(reinterpret_cast<const CandRecord*>(a.data[src] + off) + j)->m));
+      double z = 0.0;
+      for (int src = 0; src < a.n; src++) {
+        const CandRecord* rec = reinterpret_cast<const CandRecord*>(a.data[src] + off) + j;
+        const float m = __ldcg(&rec->m);
+        if (m != -INFINITY) z += exp((double)(m - mx) * (double)scale) * __ldcg(&rec->z);
+      }
+      zfull[e] = z;
+    }
+  }
+}
+
+// ar_cand_sample_kernel: sample_kernel's choice over the compact rows of ar_cand_kernel
+// (nc = ranks · kTpCandK tokens a row, in id order), with the whole vocabulary's Σ (zfull)
+// for the log-probability; the token is the compact row's id. One block an entry.
+__global__ void __launch_bounds__(kSampleThreads)
+    ar_cand_sample_kernel(const float* __restrict__ crow, const int32_t* __restrict__ cid,
+                          const double* __restrict__ zfull, const int32_t* __restrict__ samp_seq,
+                          const DevSeq* __restrict__ seqs, int32_t* __restrict__ out_tok,
+                          float* __restrict__ out_lp, int nc, int V) {
+  __shared__ SampleScratch sm;
+  const int s = samp_seq[blockIdx.x];
+  if (s < 0) return;
+  const DevSeq sq = seqs[s];
+  const float* w = crow + (int64_t)blockIdx.x * nc;
+  const int32_t* ids = cid + (int64_t)blockIdx.x * nc;
+  float bv = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int i = threadIdx.x; i < nc; i += blockDim.x) {
+    const float x = w[i];
+    if (x > bv) bv = x, bi = i;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) sm.fred[warp] = bv, sm.ired[warp] = bi;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int q = 1; q < kSampleWarps; q++)
+      if (sm.fred[q] > sm.fred[0] || (sm.fred[q] == sm.fred[0] && sm.ired[q] < sm.ired[0]))
+        sm.fred[0] = sm.fred[q], sm.ired[0] = sm.ired[q];
+  }
+  __syncthreads();
+  const float mx = sm.fred[0];
+  const int best = sm.ired[0];
+  if (mx == -INFINITY || best >= nc) {
+    if (threadIdx.x == 0) out_tok[s] = -2;
+    return;
+  }
+  const bool greedy = sq.temperature == 0.f || sq.top_k == 1;
+  const float scale = greedy ? 1.f : 1.f / sq.temperature;
+  const Limit all{false, 0u, 0};
+  const Weight mass{true, mx, scale};
+  const double zall = zfull[blockIdx.x];
+  int tok = best;
+  if (!greedy) {
+    // cand_fast: 1 < top_k ≤ kTpCandK < V, so top-k always cuts.
+    const int k = sq.top_k;
+    const bool useP = sq.top_p > 0.f && sq.top_p < 1.f;
+    Limit lim = all;
+    double z = zall;
+    const Weight count{false, 0.f, 1.f};
+    if (find_sorted(w, nc, all, count, (double)k, true, sm)) {
+      lim = Limit{true, sm.key, sm.id};
+      z = sum_weight(w, nc, lim, mass, sm);
+    }
+    if (useP && find_sorted(w, nc, lim, mass, (double)sq.top_p * z, true, sm)) {
+      lim = Limit{true, sm.key, sm.id};
+      z = sum_weight(w, nc, lim, mass, sm);
+    }
+    if (sq.min_p > 0.f) {
+      lim = min_p_limit(lim, mx, scale, sq.min_p);
+      z = sum_weight(w, nc, lim, mass, sm);
+    }
+    if (find_sorted(w, nc, lim, mass, sq.uniform * z, false, sm)) tok = sm.id;
+  }
+  if (threadIdx.x == 0) {
+    out_tok[s] = ids[tok];
+    out_lp[s] = (float)((double)(w[tok] - mx) * scale - log(zall));
+  }
+  (void)V;
 }
 
 }  // namespace gollm

@@ -286,10 +286,14 @@ enum gollm_tuning_off {
                                          by batch), and a row's results depend within rounding
                                          on the rows beside it. bridge/cuda sets it unless
                                          the model asks for invariance (batch_invariant) */
-  GOLLM_TUNING_NO_BLASLT = 1024       /* the projections of steps past the tiled rows on
+  GOLLM_TUNING_NO_BLASLT = 1024,      /* the projections of steps past the tiled rows on
                                          cuBLASLt, an algorithm timed per shape at the
                                          warm-up (cublasGemmEx's default algorithm then;
                                          ABI 15) */
+  GOLLM_TUNING_NO_TP_CANDIDATES = 2048 /* tensor parallelism's decode steps sampled from
+                                          each rank's candidates (greedy: its maximum;
+                                          top-k up to 64: its first 64) instead of the
+                                          gathered vocabulary (ABI 16) */
 };
 
 /* gollm_tuning chooses among kernel paths that give the same results within rounding, to

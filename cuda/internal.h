@@ -250,6 +250,9 @@ struct Plan {
   int max_len = 0;             // longest sequence after the step
   bool decode_only = false;    // every sequence: one token, sampled, no logits returned
   bool all_greedy = false;     // every sequence sampled by sample_greedy_kernel alone
+  // Tensor parallelism: every sequence plain greedy or tp_cand_row, none all_greedy takes
+  // (the LM head then samples from the ranks' candidates, tp_sample).
+  bool all_cand = false;
   bool late = false;           // the sampling waits for gollm_supply_allowed (not enqueued)
   bool chained = false;        // a GOLLM_SEQ_CHAINED sequence: attention after every KV write
 };
@@ -339,7 +342,7 @@ struct gollm_engine {
   gollm::HostMem alt_hin, alt_htok, alt_hlp, alt_hlog;
   gollm::Launched launched[2];    // launched steps not waited for, oldest at launched_head
   int launched_head = 0, launched_count = 0;
-  std::map<int, cudaGraphExec_t> graph_execs;  // decode graphs by batch bucket (×2, +1: all greedy; ×2, +1: late_allowed; ×2, +1: chained)
+  std::map<int, cudaGraphExec_t> graph_execs;  // decode graphs by batch bucket (×2, +1: all greedy; ×2, +1: late_allowed; ×2, +1: chained; ×2, +1: all_cand)
   // late_padded says the last late step's LM head left its rows padded (lm_head's
   // keep_padded) for the sampling gollm_supply_allowed enqueues; late_padded_keys the
   // same for each late decode graph, captured or replayed.
@@ -373,6 +376,7 @@ struct gollm_engine {
   // the tuning leaves it on, for payloads up to ar_bytes; a peer's flag waited for up to
   // ar_timeout_ns.
   bool ar = false;
+  bool tp_cands = false;  // decode steps sample from the ranks' candidates (tp_greedy, tp_sample)
   size_t ar_bytes = 0;
   size_t ar_two_bytes = 0;  // payloads from this size on take the two-shot (0: none)
   unsigned long long ar_timeout_ns = 0;
@@ -465,6 +469,15 @@ void tp_reduce_norm(gollm_engine* e, const float* part, float* h, const float* b
 // [entries' rows][vr]) without gathering them (allreduce.cuh's ar_greedy_kernel).
 void tp_greedy(gollm_engine* e, const float* part, const int32_t* samp_seq, const int32_t* samp_row,
                int entries, int vr);
+// tp_cand_row says whether a sequence's row may be sampled from the ranks' candidates
+// (sampled, 1 < top_k ≤ 64, nothing that reads the whole row: bias, penalties, masks,
+// guided decoding, returned logits); tp_cand_fits whether a step of entries rows may;
+// tp_sample samples such a decode step (allreduce.cuh's ar_cand_kernel and
+// ar_cand_sample_kernel), greedy rows among them too.
+bool tp_cand_row(const DevSeq& sq);
+bool tp_cand_fits(const gollm_engine* e, int entries);
+void tp_sample(gollm_engine* e, const float* part, const int32_t* samp_seq, const int32_t* samp_row,
+               const DevSeq* seqs, int entries, int vr);
 std::string ar_error(const PeerBufs& p, int rank, int word, unsigned long long timeout_ns);
 void allreduce_bench(gollm_comm* c, const gollm_allreduce_params* p, gollm_allreduce_result* out);
 

@@ -3,8 +3,10 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -122,5 +124,92 @@ func failedRankTimesOut(t *testing.T, two bool) {
 	s := engine.Sequence{ID: 2, Tokens: []int32{1, 2, 3}, Blocks: []int32{1}, Sample: true, History: []int32{1, 2, 3}}
 	if outs, err := again.Step(&engine.Batch{Seqs: []engine.Sequence{s}}); err != nil || outs[0].Token < 0 {
 		t.Fatalf("a new engine after the timeout: %v, %v", outs, err)
+	}
+}
+
+// TestGPUTensorParallelSampledCandidates decodes rows sampled with top-k up to 64 (with
+// top-p, min-p and temperatures, and a greedy row beside them) over 2 and 4 GPUs, where
+// each rank sends only its first 64 tokens of a row and its sum of exponentials, and again
+// with the same seeds from the gathered vocabulary (NoTPCandidates): every step's tokens
+// must be the same and their log-probabilities within 1e-5 (the whole vocabulary's sum is
+// added in another order). Both engines are fed the candidates' tokens.
+func TestGPUTensorParallelSampledCandidates(t *testing.T) {
+	lib := tpLibrary(t, 2)
+	dir := filepath.Join("..", "..", "testdata", "llama-tiny")
+	type row struct {
+		temp       float32
+		k          int
+		p, minP    float32
+		seed       uint64
+		promptSeed int
+	}
+	rows := []row{{0.8, 40, 0, 0, 1, 3}, {1.3, 64, 0.9, 0, 2, 5}, {0.7, 5, 0, 0.05, 3, 17}, {1, 64, 0.95, 0.02, 4, 9},
+		{0, 0, 0, 0, 5, 4}, {2, 2, 0, 0, 6, 1}}
+	for _, n := range arWays(t, lib) {
+		t.Run(fmt.Sprintf("tp%d", n), func(t *testing.T) {
+			// tokens[k][i], lps[k][i]: step k's token and log-probability of row i, with
+			// the candidates (0) and the gathered vocabulary (1).
+			var tokens [2][][]int32
+			var lps [2][][]float32
+			for pass := range 2 {
+				opts := tpOptions(lib)
+				opts.Tuning.NoTPCandidates = pass == 1
+				e := tpOn(t, dir, n, opts)
+				seqs := make([]engine.Sequence, len(rows))
+				for i, r := range rows {
+					p := make([]int32, r.promptSeed)
+					for j := range p {
+						p[j] = int32(7*i + 13*j + 1)
+					}
+					seqs[i] = engine.Sequence{ID: uint64(i + 1), Tokens: p, Sample: true, History: slices.Clone(p),
+						Sampling: engine.SamplingParams{Temperature: r.temp, TopK: r.k, TopP: r.p, MinP: r.minP, Seed: r.seed},
+						Blocks:   []int32{int32(8 * i), int32(8*i + 1), int32(8*i + 2), int32(8*i + 3)}}
+				}
+				for k := range 24 {
+					outs, err := e.Step(&engine.Batch{Seqs: seqs})
+					if err != nil {
+						t.Fatalf("pass %d, step %d: %v", pass, k, err)
+					}
+					tk, lp := make([]int32, len(seqs)), make([]float32, len(seqs))
+					for i := range seqs {
+						tk[i], lp[i] = outs[i].Token, outs[i].LogProb
+					}
+					tokens[pass] = append(tokens[pass], tk)
+					lps[pass] = append(lps[pass], lp)
+					// Both passes continue with the first pass's tokens.
+					for i := range seqs {
+						s := &seqs[i]
+						next := tokens[0][k][i]
+						if next < 0 {
+							t.Fatalf("pass %d, step %d, row %d: token %d", pass, k, i, next)
+						}
+						s.Pos += len(s.Tokens)
+						s.Tokens = []int32{next}
+						s.History = append(slices.Clone(s.History), next)
+						s.NumGenerated++
+					}
+				}
+				if err := e.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			distinct := map[int32]bool{}
+			for k := range tokens[0] {
+				for i := range rows {
+					a, b := tokens[0][k][i], tokens[1][k][i]
+					distinct[a] = true
+					if a != b {
+						t.Fatalf("step %d, row %d (%+v): token %d from the candidates, %d from the gathered vocabulary", k, i, rows[i], a, b)
+					}
+					if d := math.Abs(float64(lps[0][k][i] - lps[1][k][i])); d > 1e-5 {
+						t.Fatalf("step %d, row %d: log-probability %.7f from the candidates, %.7f gathered", k, i, lps[0][k][i], lps[1][k][i])
+					}
+				}
+			}
+			// The draws must have drawn: a sampler stuck on one token would pass trivially.
+			if len(distinct) < 20 {
+				t.Fatalf("%d distinct tokens over %d steps of %d rows", len(distinct), len(tokens[0]), len(rows))
+			}
+		})
 	}
 }

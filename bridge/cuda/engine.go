@@ -130,6 +130,10 @@ type Tuning struct {
 	// AllReduceTimeout is how long the custom all-reduce waits for a peer before the step
 	// fails and the communicators are aborted (1 ms to 10 min); 0 keeps 20 s.
 	AllReduceTimeout time.Duration
+	// NoTPCandidates samples tensor parallelism's decode steps from the gathered
+	// vocabulary instead of each rank's candidates (greedy rows: its maximum; sampled rows
+	// with top-k up to 64 and nothing else that reads the whole row: its first 64).
+	NoTPCandidates bool
 	// AllReduceTwoBytes is the payload (rows × hidden × 2 bytes) from which the custom
 	// all-reduce runs in two shots (each rank sums a slice of the rows, then gathers the
 	// others' sums; up to 4 MiB); 0 keeps 256 KiB at 4 or more ranks and never at fewer,
@@ -151,8 +155,8 @@ func (opts Options) tuning() Tuning {
 // TuningFromEnv reads the measuring switches, so that benchmarks and the GPU checks can
 // compare kernel paths without a rebuild: GOLLM_CUDA_PDL=0, GOLLM_CUDA_BULK=0,
 // GOLLM_CUDA_FUSED=0, GOLLM_CUDA_GROUPED=0, GOLLM_CUDA_STREAM=0, GOLLM_CUDA_TILED=0,
-// GOLLM_CUDA_PROMPT_GRAPHS=0, GOLLM_CUDA_CTX_MMA=0, GOLLM_CUDA_INVARIANT=0, GOLLM_CUDA_CUSTOM_AR=0
-// and GOLLM_CUDA_BLASLT=0
+// GOLLM_CUDA_PROMPT_GRAPHS=0, GOLLM_CUDA_CTX_MMA=0, GOLLM_CUDA_INVARIANT=0, GOLLM_CUDA_CUSTOM_AR=0,
+// GOLLM_CUDA_BLASLT=0 and GOLLM_CUDA_TP_CANDIDATES=0
 // turn a path off; GOLLM_CUDA_AR_BYTES=n sets the custom all-reduce's largest payload and
 // GOLLM_CUDA_AR_TWO_BYTES=n the payload from which it runs in two shots (-1: never);
 // GOLLM_CUDA_GEMV_ROWS=n and GOLLM_CUDA_TILED_ROWS=n (0: off), GOLLM_CUDA_TILE_BLOCKS=k,
@@ -177,7 +181,8 @@ func TuningFromEnv() Tuning {
 		TiledRows: num("GOLLM_CUDA_TILED_ROWS", -1), TileBlocks: num("GOLLM_CUDA_TILE_BLOCKS", 0),
 		DecodeParts: num("GOLLM_CUDA_DECODE_PARTS", 0), Skip: num("GOLLM_CUDA_SKIP", 0),
 		NoCustomAllReduce: off("GOLLM_CUDA_CUSTOM_AR"), AllReduceBytes: num("GOLLM_CUDA_AR_BYTES", 0),
-		NoBLASLt: off("GOLLM_CUDA_BLASLT"), AllReduceTwoBytes: num("GOLLM_CUDA_AR_TWO_BYTES", 0)}
+		NoBLASLt: off("GOLLM_CUDA_BLASLT"), AllReduceTwoBytes: num("GOLLM_CUDA_AR_TWO_BYTES", 0),
+		NoTPCandidates: off("GOLLM_CUDA_TP_CANDIDATES")}
 }
 
 // c is t as gollm_tuning.
@@ -191,7 +196,8 @@ func (t Tuning) c() C.gollm_tuning {
 		{t.NoGrouped, C.GOLLM_TUNING_NO_GROUPED}, {t.NoStream, C.GOLLM_TUNING_NO_STREAM},
 		{t.NoTiled, C.GOLLM_TUNING_NO_TILED}, {t.NoPromptGraphs, C.GOLLM_TUNING_NO_PROMPT_GRAPHS},
 		{t.NoCtxMMA, C.GOLLM_TUNING_NO_CTX_MMA}, {t.NoCustomAllReduce, C.GOLLM_TUNING_NO_CUSTOM_AR},
-		{t.NoInvariant, C.GOLLM_TUNING_NO_INVARIANT}, {t.NoBLASLt, C.GOLLM_TUNING_NO_BLASLT}} {
+		{t.NoInvariant, C.GOLLM_TUNING_NO_INVARIANT}, {t.NoBLASLt, C.GOLLM_TUNING_NO_BLASLT},
+		{t.NoTPCandidates, C.GOLLM_TUNING_NO_TP_CANDIDATES}} {
 		if b.on {
 			out.off |= b.bit
 		}

@@ -174,11 +174,11 @@ func TestTuningCrossesAsItSays(t *testing.T) {
 		t.Fatalf("zero Tuning crosses as %+v", z)
 	}
 	all := Tuning{NoPDL: true, NoBulk: true, NoFused: true, NoGrouped: true, NoStream: true, NoTiled: true,
-		NoPromptGraphs: true, NoCtxMMA: true, NoCustomAllReduce: true, NoBLASLt: true, GemvRows: -1, TiledRows: 32, TileBlocks: 2,
-		DecodeParts: 3, Skip: 1 << 7, AllReduceBytes: 65536, AllReduceTimeout: 1500 * time.Millisecond,
-		AllReduceTwoBytes: -5}
+		NoPromptGraphs: true, NoCtxMMA: true, NoCustomAllReduce: true, NoBLASLt: true, NoTPCandidates: true, GemvRows: -1,
+		TiledRows: 32, TileBlocks: 2, DecodeParts: 3, Skip: 1 << 7, AllReduceBytes: 65536,
+		AllReduceTimeout: 1500 * time.Millisecond, AllReduceTwoBytes: -5}
 	c := all.c()
-	if c.off != 511+1024 || c.gemv_rows != 0 || c.tiled_rows != 32 || c.tile_blocks != 2 || c.decode_parts != 3 || c.skip != 128 ||
+	if c.off != 511|1024|2048 || c.gemv_rows != 0 || c.tiled_rows != 32 || c.tile_blocks != 2 || c.decode_parts != 3 || c.skip != 128 ||
 		c.allreduce_bytes != 65536 || c.allreduce_timeout_ms != 1500 || c.allreduce_two_bytes != -1 {
 		t.Fatalf("%+v crosses as %+v", all, c)
 	}
@@ -190,7 +190,7 @@ func TestTuningFromEnv(t *testing.T) {
 	names := []string{"GOLLM_CUDA_PDL", "GOLLM_CUDA_BULK", "GOLLM_CUDA_FUSED", "GOLLM_CUDA_GROUPED", "GOLLM_CUDA_STREAM",
 		"GOLLM_CUDA_TILED", "GOLLM_CUDA_PROMPT_GRAPHS", "GOLLM_CUDA_CTX_MMA", "GOLLM_CUDA_GEMV_ROWS", "GOLLM_CUDA_TILED_ROWS",
 		"GOLLM_CUDA_TILE_BLOCKS", "GOLLM_CUDA_DECODE_PARTS", "GOLLM_CUDA_SKIP", "GOLLM_CUDA_CUSTOM_AR", "GOLLM_CUDA_AR_BYTES",
-		"GOLLM_CUDA_BLASLT", "GOLLM_CUDA_AR_TWO_BYTES"}
+		"GOLLM_CUDA_BLASLT", "GOLLM_CUDA_AR_TWO_BYTES", "GOLLM_CUDA_TP_CANDIDATES"}
 	for _, name := range names {
 		t.Setenv(name, "")
 	}
@@ -200,12 +200,13 @@ func TestTuningFromEnv(t *testing.T) {
 	for k, v := range map[string]string{"GOLLM_CUDA_GROUPED": "0", "GOLLM_CUDA_STREAM": "0", "GOLLM_CUDA_TILED": "0",
 		"GOLLM_CUDA_PDL": "1", "GOLLM_CUDA_GEMV_ROWS": "0", "GOLLM_CUDA_PROMPT_GRAPHS": "0", "GOLLM_CUDA_CTX_MMA": "0",
 		"GOLLM_CUDA_TILED_ROWS": "8", "GOLLM_CUDA_TILE_BLOCKS": "2", "GOLLM_CUDA_DECODE_PARTS": "1", "GOLLM_CUDA_SKIP": "256",
-		"GOLLM_CUDA_CUSTOM_AR": "0", "GOLLM_CUDA_AR_BYTES": "131072", "GOLLM_CUDA_BLASLT": "0", "GOLLM_CUDA_AR_TWO_BYTES": "-1"} {
+		"GOLLM_CUDA_CUSTOM_AR": "0", "GOLLM_CUDA_AR_BYTES": "131072", "GOLLM_CUDA_BLASLT": "0", "GOLLM_CUDA_AR_TWO_BYTES": "-1",
+		"GOLLM_CUDA_TP_CANDIDATES": "0"} {
 		t.Setenv(k, v)
 	}
 	want := Tuning{NoGrouped: true, NoStream: true, NoTiled: true, NoPromptGraphs: true, NoCtxMMA: true, GemvRows: -1,
 		TiledRows: 8, TileBlocks: 2, DecodeParts: 1, Skip: 256, NoCustomAllReduce: true, AllReduceBytes: 131072,
-		NoBLASLt: true, AllReduceTwoBytes: -1}
+		NoBLASLt: true, AllReduceTwoBytes: -1, NoTPCandidates: true}
 	if got := TuningFromEnv(); got != want {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}

@@ -12,7 +12,9 @@
 #   ar      TestGPUAllReduceMatchesHost: the custom all-reduce, one-shot and two-shot
 #           (fused with the residual add and RMSNorm), over 2 and 4 GPUs, fp16 and bf16,
 #           eager and replayed from a graph, against the host's sums — bit for bit in h on
-#           every rank — and NCCL's fp32 path against the same sums
+#           every rank — and NCCL's fp32 path against the same sums;
+#           TestGPUTensorParallelSampledCandidates: sampled decode rows (top-k ≤ 64, top-p,
+#           min-p) drawn from the ranks' candidates give the gathered vocabulary's tokens
 #   tp      tests/gpu/tp_check.sh's tests (TP_SKIP_BENCH=1 TP_SKIP_1GPU=1): TP 2 and 4
 #           against one GPU on the tiny fixtures (llama-tiny with NCCL alone too,
 #           llama-tiny and gpt2-tiny with every all-reduce in two shots), the batch
@@ -102,8 +104,8 @@ gotests() {
 }
 
 if has ar; then
-  echo "== ar: the custom all-reduce against the host's sums"
-  gotests ar 'TestGPUAllReduceMatchesHost' "$out/ar.log"
+  echo "== ar: the custom all-reduce against the host's sums; sampling from candidates"
+  gotests ar 'TestGPUAllReduceMatchesHost|TestGPUTensorParallelSampledCandidates' "$out/ar.log"
 fi
 
 if has tp; then
