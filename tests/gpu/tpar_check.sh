@@ -33,7 +33,8 @@
 #           targets (a missed target is reported, not failed)
 #   stagecost bench/stagecost.sh with bench/stagecost_tp.plan on the GOLLM_MEASURE
 #           library: each stage's cost in a Llama-2-7B step at TP 1 and 4 (and the
-#           all-reduces' own, skip bit 30), into OUTDIR/stagecost/
+#           all-reduces' own, skip bit 30), into OUTDIR/stagecost/ and BENCH.md's rows
+#           into OUTDIR/tpar-stagecost.jsonl
 # TPAR_STAGES (default "build ar tp arbench decode") picks stages: everything takes more
 # than one call's 10 minutes, so run "build ar tp arbench" (about 7 minutes), then
 # "decode" (about 6; the libraries stay built while the machine is warm), then
@@ -245,6 +246,9 @@ if has stagecost; then
     if [ -s "$out/stagecost/stagecost.txt" ]; then
       pass "stagecost: $(($(wc -l < "$out/stagecost/stagecost.txt") - 1)) rows"
       column -t "$out/stagecost/stagecost.txt"
+      # BENCH.md's rows: date, commit and machine added.
+      rm -f "$out/tpar-stagecost.jsonl"
+      tag "$out/tpar-stagecost.jsonl" < "$out/stagecost/stagecost.jsonl"
     else
       fail "stagecost"; tail -8 "$out/stagecost.log"
     fi
