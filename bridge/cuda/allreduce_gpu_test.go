@@ -33,8 +33,9 @@ func arWays(t *testing.T, lib string) []int {
 // calls replayed twice (the epochs alternate the buffers' halves across replays): h must
 // be the host's sums — each rank's partial sums rounded to the payload type, added in rank
 // order in fp32 — bit for bit on every rank, and the normed rows within the compute type's
-// rounding. The two-shot is held to the same bars (its sums go back in fp32: the one-shot's
-// bits); NCCL's fp32 path is checked against the same host sums.
+// rounding. The two-shot is held to the same bars, and its normed rows' largest error
+// must be the one-shot's to the bit (its sums go back in fp32 and it norms in the
+// one-shot's order: the same bits); NCCL's fp32 path is checked against the same sums.
 func TestGPUAllReduceMatchesHost(t *testing.T) {
 	lib := tpLibrary(t, 2)
 	for _, n := range arWays(t, lib) {
@@ -45,6 +46,7 @@ func TestGPUAllReduceMatchesHost(t *testing.T) {
 		t.Cleanup(c.Close)
 		for _, dt := range []string{"float16", "bfloat16"} {
 			for _, shape := range [][2]int{{1, 4096}, {1, 64}, {3, 5120}, {64, 4096}, {130, 1024}, {7, 8192}} {
+				oneShotXn := -1.0
 				for _, m := range []AllReduceMethod{AllReduceCustom, AllReduceTwoShot, AllReduceNCCLF32} {
 					t.Run(fmt.Sprintf("tp%d/%s/%dx%d/%s", n, dt, shape[0], shape[1], m), func(t *testing.T) {
 						res, err := c.Run(AllReduceParams{Method: m, DType: dt, Rows: shape[0], Hidden: shape[1], Iters: 4, Reps: 1,
@@ -67,6 +69,14 @@ func TestGPUAllReduceMatchesHost(t *testing.T) {
 						if res.MaxErrH > barH || res.MaxErrXn > barXn || res.RanksDiffer != 0 {
 							t.Fatalf("h off the host's sums by %.3g (bar %g), xn by %.3g (bar %g), %d elements differ between ranks",
 								res.MaxErrH, barH, res.MaxErrXn, barXn, res.RanksDiffer)
+						}
+						switch m {
+						case AllReduceCustom:
+							oneShotXn = res.MaxErrXn
+						case AllReduceTwoShot:
+							if oneShotXn >= 0 && res.MaxErrXn != oneShotXn {
+								t.Fatalf("xn off the host's norm by %.9g, the one-shot's by %.9g: the two kernels' rows differ", res.MaxErrXn, oneShotXn)
+							}
 						}
 					})
 				}
