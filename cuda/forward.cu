@@ -502,8 +502,9 @@ void residual(Flow<T>& f, const Stage& s) {
 
 // LM_HEAD, per chunk of logit rows: the head (a gemv with the final norm on the few-row
 // paths, else cuBLAS over the normed rows gathered), the gather and join of the ranks'
-// vocabulary rows (or, on a tensor-parallel decode step of plain greedy rows, the ranks'
-// candidates merged), the sampling, and (eager mode) the logits copies.
+// vocabulary rows (or, on a tensor-parallel decode step of plain greedy rows or rows with
+// top-k up to 64, the ranks' candidates merged), the sampling, and (eager mode) the logits
+// copies.
 template <typename T>
 void lm_head(Flow<T>& f, const Stage& s, bool capture) {
   gollm_engine* e = f.e;
