@@ -40,7 +40,8 @@
 # "decode" (about 6; the libraries stay built while the machine is warm), then
 # "stagecost" (about 7). TPAR_MODELS (default "llama2-7B llama2-13B") and TPAR_TP
 # (default "1 2 4" for 7B, "1 4" for 13B, cut to the GPUs there are) narrow the decode
-# benchmark; TPAR_REPS its repetitions (default 2).
+# benchmark; TPAR_REPS its repetitions (default 2); TPAR_STAGECOST_PLAN another plan for
+# stagecost (a part of bench/stagecost_tp.plan, where the whole takes too long).
 set -uo pipefail
 carry=$(cd "$1" && pwd) out=$2
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -242,7 +243,7 @@ if has stagecost; then
   if [ -f "$mlib" ]; then
     rm -rf "$out/stagecost"
     PREBUILT_LIB=$mlib GPUBENCH=$b/bin/gpubench RANDOM_GB=15 REPS=${TPAR_REPS:-2} STAGE_S=90 \
-      bash "$root/bench/stagecost.sh" "$out/stagecost" "$root/bench/stagecost_tp.plan" > /dev/null 2> "$out/stagecost.log"
+      bash "$root/bench/stagecost.sh" "$out/stagecost" "${TPAR_STAGECOST_PLAN:-$root/bench/stagecost_tp.plan}" > /dev/null 2> "$out/stagecost.log"
     if [ -s "$out/stagecost/stagecost.txt" ]; then
       pass "stagecost: $(($(wc -l < "$out/stagecost/stagecost.txt") - 1)) rows"
       column -t "$out/stagecost/stagecost.txt"
