@@ -350,7 +350,8 @@ __device__ __forceinline__ void ar_greedy_combine(float& bv, int& bi, float& sum
 // reduces its rows of the vocabulary to (maximum, first index of it, Σ exp(w - maximum)),
 // the custom all-reduce's buffers carry those 16 bytes a row, and every rank merges them
 // in rank order (vocabulary order) into the token and its log-probability, -log Σ — alike
-// on every rank. For decode steps whose rows are all greedy_fast and return no logits.
+// on every rank. For decode steps whose rows are all greedy_fast without guided decoding's
+// mask (it reads none) and return no logits.
 //   part: [rows][vr] fp32, this rank's LM head rows (vocabulary rows first..first+valid)
 //   samp_seq, samp_row: entry e's sequence (< 0: padding) and its row of part
 //   out_tok, out_lp: [sequences]; -2 where every logit is -inf

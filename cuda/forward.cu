@@ -518,9 +518,10 @@ void lm_head(Flow<T>& f, const Stage& s, bool capture) {
   float* hlog = e->hlog.as<float>();
   // A tensor-parallel decode step of plain greedy rows (no logits returned: every rank
   // decides alike) samples from the ranks' candidates instead of the joined logits.
-  const bool candidates = f.tp && e->tp_cands && pl.decode_only && pl.all_greedy && !(s.s.softcap > 0.f);
+  // Guided decoding's masks keep the gather (ar_greedy_kernel reads none).
+  const bool candidates = f.tp && pl.all_cand && pl.decode_only && pl.all_greedy && !(s.s.softcap > 0.f);
   // Sampled rows too, from each rank's first 64 (tp_sample).
-  const bool sampled = f.tp && pl.decode_only && pl.all_cand && !pl.late && !(s.s.softcap > 0.f);
+  const bool sampled = f.tp && pl.all_cand && pl.decode_only && !pl.all_greedy && !(s.s.softcap > 0.f);
   for (size_t ci = 0; ci < pl.chunks.size(); ci++) {
     const Chunk& ch = pl.chunks[ci];
     const float* padded = nullptr;  // the LM head's padded rows, when sampling reads them

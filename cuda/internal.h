@@ -250,8 +250,9 @@ struct Plan {
   int max_len = 0;             // longest sequence after the step
   bool decode_only = false;    // every sequence: one token, sampled, no logits returned
   bool all_greedy = false;     // every sequence sampled by sample_greedy_kernel alone
-  // Tensor parallelism: every sequence plain greedy or tp_cand_row, none all_greedy takes
-  // (the LM head then samples from the ranks' candidates, tp_sample).
+  // Tensor parallelism: every sequence plain greedy without guided decoding's mask, or
+  // tp_cand_row (the LM head then samples from the ranks' candidates: tp_greedy where
+  // all_greedy too, else tp_sample).
   bool all_cand = false;
   bool late = false;           // the sampling waits for gollm_supply_allowed (not enqueued)
   bool chained = false;        // a GOLLM_SEQ_CHAINED sequence: attention after every KV write

@@ -189,7 +189,7 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
     // Steps whose rows are all plain greedy skip the general sampling kernel's launch.
     pl.all_greedy = true;
     for (int s = 0; s < pl.s; s++) pl.all_greedy = pl.all_greedy && greedy_fast(pl.seqs[s]);
-    pl.all_cand = e->tp_cands && !pl.all_greedy && !late;
+    pl.all_cand = e->tp_cands && !late;
     for (int s = 0; s < pl.s && pl.all_cand; s++)
       pl.all_cand = (greedy_fast(pl.seqs[s]) && pl.seqs[s].allow_off < 0) || tp_cand_row(pl.seqs[s]);
     // fill_var ran after the descriptors were sized; the layout's fixed part is unchanged.

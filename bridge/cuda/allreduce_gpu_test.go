@@ -223,3 +223,47 @@ func TestGPUTensorParallelSampledCandidates(t *testing.T) {
 		})
 	}
 }
+
+// TestGPUTensorParallelGuidedGreedy decodes plain greedy rows under guided decoding's
+// masks over 2 GPUs, beside unmasked greedy rows: a masked row's every token must be one
+// its mask allows (the decode steps of greedy rows sample from the ranks' candidates only
+// where no row has a mask, which those candidates do not read).
+func TestGPUTensorParallelGuidedGreedy(t *testing.T) {
+	lib := tpLibrary(t, 2)
+	dir := filepath.Join("..", "..", "testdata", "llama-tiny")
+	e := tpOn(t, dir, 2, tpOptions(lib))
+	V := e.Info().VocabSize
+	// Row 0 may take only tokens 3, 500 and V-1 (one in each rank's half and the last);
+	// row 1 none but 777; row 2 is free.
+	allow := func(toks ...int) []uint64 {
+		m := make([]uint64, engine.MaskWords(V))
+		for _, tk := range toks {
+			m[tk/64] |= 1 << (tk % 64)
+		}
+		return m
+	}
+	masks := [][]uint64{allow(3, 500, V-1), allow(777), nil}
+	ok := []map[int32]bool{{3: true, 500: true, int32(V - 1): true}, {777: true}, nil}
+	seqs := make([]engine.Sequence, len(masks))
+	for i := range seqs {
+		p := []int32{int32(11*i + 2), int32(5*i + 9)}
+		seqs[i] = engine.Sequence{ID: uint64(i + 1), Tokens: p, Sample: true, History: slices.Clone(p), Allowed: masks[i],
+			Blocks: []int32{int32(4 * i), int32(4*i + 1)}}
+	}
+	for k := range 12 {
+		outs, err := e.Step(&engine.Batch{Seqs: seqs})
+		if err != nil {
+			t.Fatalf("step %d: %v", k, err)
+		}
+		for i := range seqs {
+			if tk := outs[i].Token; tk < 0 || (ok[i] != nil && !ok[i][tk]) {
+				t.Fatalf("step %d, row %d: token %d, its mask allows %v", k, i, tk, ok[i])
+			}
+			s := &seqs[i]
+			s.Pos += len(s.Tokens)
+			s.Tokens = []int32{outs[i].Token}
+			s.History = append(slices.Clone(s.History), outs[i].Token)
+			s.NumGenerated++
+		}
+	}
+}

@@ -14,7 +14,8 @@
 #           eager and replayed from a graph, against the host's sums — bit for bit in h on
 #           every rank — and NCCL's fp32 path against the same sums;
 #           TestGPUTensorParallelSampledCandidates: sampled decode rows (top-k ≤ 64, top-p,
-#           min-p) drawn from the ranks' candidates give the gathered vocabulary's tokens
+#           min-p) drawn from the ranks' candidates give the gathered vocabulary's tokens;
+#           TestGPUTensorParallelGuidedGreedy: greedy rows with guided masks keep to them
 #   tp      tests/gpu/tp_check.sh's tests (TP_SKIP_BENCH=1 TP_SKIP_1GPU=1): TP 2 and 4
 #           against one GPU on the tiny fixtures (llama-tiny with NCCL alone too,
 #           llama-tiny and gpt2-tiny with every all-reduce in two shots), the batch
@@ -107,7 +108,7 @@ gotests() {
 
 if has ar; then
   echo "== ar: the custom all-reduce against the host's sums; sampling from candidates"
-  gotests ar 'TestGPUAllReduceMatchesHost|TestGPUTensorParallelSampledCandidates' "$out/ar.log"
+  gotests ar 'TestGPUAllReduceMatchesHost|TestGPUTensorParallel(SampledCandidates|GuidedGreedy)' "$out/ar.log"
 fi
 
 if has tp; then
