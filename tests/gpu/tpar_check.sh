@@ -60,6 +60,8 @@ commit=$(head -1 "$b/bin/commit" 2> /dev/null)
 echo "== carry: $commit $(grep -c dirty "$b/bin/commit" 2> /dev/null) dirty files"
 # env.sh: cuBLAS and NCCL on the loader's path ($cublas_dir, $nccl_dir).
 source "$root/tests/gpu/env.sh"
+# NCCL never on NVLink multicast (KINDS.md).
+export NCCL_NVLS_ENABLE=0
 lib=$b/libgollm_cuda.so
 ngpu=$(nvidia-smi -L | grep -c '^GPU')
 machine=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
