@@ -156,9 +156,9 @@ func (opts Options) tuning() Tuning {
 // compare kernel paths without a rebuild: GOLLM_CUDA_PDL=0, GOLLM_CUDA_BULK=0,
 // GOLLM_CUDA_FUSED=0, GOLLM_CUDA_GROUPED=0, GOLLM_CUDA_STREAM=0, GOLLM_CUDA_TILED=0,
 // GOLLM_CUDA_PROMPT_GRAPHS=0, GOLLM_CUDA_CTX_MMA=0, GOLLM_CUDA_INVARIANT=0, GOLLM_CUDA_CUSTOM_AR=0,
-// GOLLM_CUDA_BLASLT=0 and GOLLM_CUDA_TP_CANDIDATES=0
-// turn a path off; GOLLM_CUDA_AR_BYTES=n sets the custom all-reduce's largest payload and
-// GOLLM_CUDA_AR_TWO_BYTES=n the payload from which it runs in two shots (-1: never);
+// GOLLM_CUDA_BLASLT=0 and GOLLM_CUDA_TP_CANDIDATES=0 turn a path off; GOLLM_CUDA_AR_BYTES=n
+// sets the custom all-reduce's largest payload and GOLLM_CUDA_AR_TWO_BYTES=n the payload
+// from which it runs in two shots (-1: never);
 // GOLLM_CUDA_GEMV_ROWS=n and GOLLM_CUDA_TILED_ROWS=n (0: off), GOLLM_CUDA_TILE_BLOCKS=k,
 // GOLLM_CUDA_DECODE_PARTS=n and GOLLM_CUDA_SKIP=bits set the numbers. The backend never
 // reads them.
