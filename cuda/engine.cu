@@ -73,8 +73,10 @@ void check_tuning(const gollm_tuning& t) {
     invalid("tuning.tile_blocks %d must be in [0, 4]", t.tile_blocks);
   if (t.decode_parts < 0 || t.decode_parts > 16)
     invalid("tuning.decode_parts %d must be in [0, 16]", t.decode_parts);
-  if (t.allreduce_bytes < 0 || (size_t)t.allreduce_bytes > kArSlotBytes)
-    invalid("tuning.allreduce_bytes %d must be in [0, %zu]", t.allreduce_bytes, kArSlotBytes);
+  if (t.allreduce_bytes < 0 || (size_t)t.allreduce_bytes > kArMaxBytes)
+    invalid("tuning.allreduce_bytes %d must be in [0, %zu]", t.allreduce_bytes, kArMaxBytes);
+  if (t.allreduce_two_bytes > 0 && (size_t)t.allreduce_two_bytes > kArMaxBytes)
+    invalid("tuning.allreduce_two_bytes %d must be at most %zu (negative: never)", t.allreduce_two_bytes, kArMaxBytes);
   if (t.allreduce_timeout_ms < 0 || t.allreduce_timeout_ms > 600000)
     invalid("tuning.allreduce_timeout_ms %d must be in [0, 600000]", t.allreduce_timeout_ms);
 #ifndef GOLLM_MEASURE
@@ -197,6 +199,8 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     // all-reduces pair up.
     e->ar = tp && comm->peer && !(tn.off & GOLLM_TUNING_NO_CUSTOM_AR) && c.hidden % 8 == 0;
     e->ar_bytes = tn.allreduce_bytes > 0 ? (size_t)tn.allreduce_bytes : kArDefaultBytes;
+    e->ar_two_bytes = ar_two_bytes(tn.allreduce_two_bytes, e->tp_size);
+    e->tp_cands = e->ar && !(tn.off & GOLLM_TUNING_NO_TP_CANDIDATES);
     e->ar_timeout_ns = (unsigned long long)(tn.allreduce_timeout_ms > 0 ? tn.allreduce_timeout_ms : kArTimeoutMs) * 1000000ull;
     // The staged gemv wins over cuBLAS on narrow models only, up to 4 rows
     // (bench/results/2026-11-21-gpu-h200.jsonl); wider ones take the streaming gemv.

@@ -502,8 +502,9 @@ void residual(Flow<T>& f, const Stage& s) {
 
 // LM_HEAD, per chunk of logit rows: the head (a gemv with the final norm on the few-row
 // paths, else cuBLAS over the normed rows gathered), the gather and join of the ranks'
-// vocabulary rows (or, on a tensor-parallel decode step of plain greedy rows, the ranks'
-// candidates merged), the sampling, and (eager mode) the logits copies.
+// vocabulary rows (or, on a tensor-parallel decode step of plain greedy rows or rows with
+// top-k up to 64, the ranks' candidates merged), the sampling, and (eager mode) the logits
+// copies.
 template <typename T>
 void lm_head(Flow<T>& f, const Stage& s, bool capture) {
   gollm_engine* e = f.e;
@@ -517,7 +518,10 @@ void lm_head(Flow<T>& f, const Stage& s, bool capture) {
   float* hlog = e->hlog.as<float>();
   // A tensor-parallel decode step of plain greedy rows (no logits returned: every rank
   // decides alike) samples from the ranks' candidates instead of the joined logits.
-  const bool candidates = f.tp && e->ar && pl.decode_only && pl.all_greedy && !(s.s.softcap > 0.f);
+  // Guided decoding's masks keep the gather (ar_greedy_kernel reads none).
+  const bool candidates = f.tp && pl.all_cand && pl.decode_only && pl.all_greedy && !(s.s.softcap > 0.f);
+  // Sampled rows too, from each rank's first 64 (tp_sample).
+  const bool sampled = f.tp && pl.all_cand && pl.decode_only && !pl.all_greedy && !(s.s.softcap > 0.f);
   for (size_t ci = 0; ci < pl.chunks.size(); ci++) {
     const Chunk& ch = pl.chunks[ci];
     const float* padded = nullptr;  // the LM head's padded rows, when sampling reads them
@@ -549,6 +553,11 @@ void lm_head(Flow<T>& f, const Stage& s, bool capture) {
       // Each rank's maximum, its index and its sum of exponentials, merged: no logits leave
       // a rank.
       tp_greedy(e, part, f.I32(f.L.samp_seq) + ch.samp_first, f.I32(f.L.samp_row) + ch.samp_first,
+                ch.samp_count, VR);
+      continue;
+    }
+    if (sampled && tp_cand_fits(e, ch.samp_count)) {
+      tp_sample(e, part, f.I32(f.L.samp_seq) + ch.samp_first, f.I32(f.L.samp_row) + ch.samp_first, f.seqs,
                 ch.samp_count, VR);
       continue;
     }

@@ -45,7 +45,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 15
+#define GOLLM_ABI_VERSION 16
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -286,10 +286,14 @@ enum gollm_tuning_off {
                                          by batch), and a row's results depend within rounding
                                          on the rows beside it. bridge/cuda sets it unless
                                          the model asks for invariance (batch_invariant) */
-  GOLLM_TUNING_NO_BLASLT = 1024       /* the projections of steps past the tiled rows on
+  GOLLM_TUNING_NO_BLASLT = 1024,      /* the projections of steps past the tiled rows on
                                          cuBLASLt, an algorithm timed per shape at the
                                          warm-up (cublasGemmEx's default algorithm then;
                                          ABI 15) */
+  GOLLM_TUNING_NO_TP_CANDIDATES = 2048 /* tensor parallelism's decode steps sampled from
+                                          each rank's candidates (greedy: its maximum;
+                                          top-k up to 64: its first 64) instead of the
+                                          gathered vocabulary (ABI 16) */
 };
 
 /* gollm_tuning chooses among kernel paths that give the same results within rounding, to
@@ -307,13 +311,18 @@ typedef struct gollm_tuning {
   int32_t skip;         /* libraries built with GOLLM_MEASURE only: stage kinds (bit
                            1 << gollm_stage_kind) left out of every step, so that a step's
                            time without them says what they cost in place (the results are
-                           wrong); other builds refuse a nonzero value */
+                           wrong), and bit 30 tensor parallelism's all-reduces (each rank's
+                           own share added alone); other builds refuse a nonzero value */
   int32_t allreduce_bytes;      /* tensor parallelism: the largest all-reduce (rows x hidden
                                    x 2 bytes) the custom all-reduce takes, 1 to 4 MiB; 0:
                                    1 MiB. Larger ones go to NCCL (ABI 12) */
   int32_t allreduce_timeout_ms; /* how long the custom all-reduce waits for a peer before the
                                    step fails (the communicators are then aborted), 1 to
                                    600000; 0: 20000 */
+  int32_t allreduce_two_bytes;  /* the payload (rows x hidden x 2 bytes) from which the custom
+                                   all-reduce runs in two shots (reduce-scatter, then
+                                   all-gather of the sums), up to 4 MiB; 0: 256 KiB at 4 or
+                                   more ranks, never at fewer; negative: never (ABI 16) */
 } gollm_tuning;
 
 /* gollm_engine_params sizes an engine. */
@@ -561,7 +570,9 @@ enum gollm_allreduce_method {
                              the payload in the compute type (dtype) */
   GOLLM_AR_NCCL_F32 = 1,  /* ncclAllReduce of the fp32 sums, then the residual add and
                              RMSNorm's kernel: what a step without the custom one runs */
-  GOLLM_AR_NCCL = 2       /* ncclAllReduce of rows x hidden elements of dtype alone */
+  GOLLM_AR_NCCL = 2,      /* ncclAllReduce of rows x hidden elements of dtype alone */
+  GOLLM_AR_TWO_SHOT = 3   /* GOLLM_AR_CUSTOM in two shots: each rank sums its slice of the
+                             rows, then gathers the others' (ABI 16) */
 };
 typedef struct gollm_allreduce_params {
   int32_t method;   /* gollm_allreduce_method */

@@ -130,6 +130,15 @@ type Tuning struct {
 	// AllReduceTimeout is how long the custom all-reduce waits for a peer before the step
 	// fails and the communicators are aborted (1 ms to 10 min); 0 keeps 20 s.
 	AllReduceTimeout time.Duration
+	// NoTPCandidates samples tensor parallelism's decode steps from the gathered
+	// vocabulary instead of each rank's candidates (greedy rows: its maximum; sampled rows
+	// with top-k up to 64 and nothing else that reads the whole row: its first 64).
+	NoTPCandidates bool
+	// AllReduceTwoBytes is the payload (rows × hidden × 2 bytes) from which the custom
+	// all-reduce runs in two shots (each rank sums a slice of the rows, then gathers the
+	// others' sums; up to 4 MiB); 0 keeps 256 KiB at 4 or more ranks and never at fewer,
+	// a negative value never.
+	AllReduceTwoBytes int
 	// Skip leaves the stage kinds of its bits (1 << model.StageKind) out of every step, so
 	// that a step's time without them says what they cost in place; the results are
 	// wrong. Only a library built with GOLLM_MEASURE takes it.
@@ -146,9 +155,10 @@ func (opts Options) tuning() Tuning {
 // TuningFromEnv reads the measuring switches, so that benchmarks and the GPU checks can
 // compare kernel paths without a rebuild: GOLLM_CUDA_PDL=0, GOLLM_CUDA_BULK=0,
 // GOLLM_CUDA_FUSED=0, GOLLM_CUDA_GROUPED=0, GOLLM_CUDA_STREAM=0, GOLLM_CUDA_TILED=0,
-// GOLLM_CUDA_PROMPT_GRAPHS=0, GOLLM_CUDA_CTX_MMA=0, GOLLM_CUDA_INVARIANT=0, GOLLM_CUDA_CUSTOM_AR=0
-// and GOLLM_CUDA_BLASLT=0
-// turn a path off; GOLLM_CUDA_AR_BYTES=n sets the custom all-reduce's largest payload;
+// GOLLM_CUDA_PROMPT_GRAPHS=0, GOLLM_CUDA_CTX_MMA=0, GOLLM_CUDA_INVARIANT=0, GOLLM_CUDA_CUSTOM_AR=0,
+// GOLLM_CUDA_BLASLT=0 and GOLLM_CUDA_TP_CANDIDATES=0 turn a path off; GOLLM_CUDA_AR_BYTES=n
+// sets the custom all-reduce's largest payload and GOLLM_CUDA_AR_TWO_BYTES=n the payload
+// from which it runs in two shots (-1: never);
 // GOLLM_CUDA_GEMV_ROWS=n and GOLLM_CUDA_TILED_ROWS=n (0: off), GOLLM_CUDA_TILE_BLOCKS=k,
 // GOLLM_CUDA_DECODE_PARTS=n and GOLLM_CUDA_SKIP=bits set the numbers. The backend never
 // reads them.
@@ -171,7 +181,8 @@ func TuningFromEnv() Tuning {
 		TiledRows: num("GOLLM_CUDA_TILED_ROWS", -1), TileBlocks: num("GOLLM_CUDA_TILE_BLOCKS", 0),
 		DecodeParts: num("GOLLM_CUDA_DECODE_PARTS", 0), Skip: num("GOLLM_CUDA_SKIP", 0),
 		NoCustomAllReduce: off("GOLLM_CUDA_CUSTOM_AR"), AllReduceBytes: num("GOLLM_CUDA_AR_BYTES", 0),
-		NoBLASLt: off("GOLLM_CUDA_BLASLT")}
+		NoBLASLt: off("GOLLM_CUDA_BLASLT"), AllReduceTwoBytes: num("GOLLM_CUDA_AR_TWO_BYTES", 0),
+		NoTPCandidates: off("GOLLM_CUDA_TP_CANDIDATES")}
 }
 
 // c is t as gollm_tuning.
@@ -185,7 +196,8 @@ func (t Tuning) c() C.gollm_tuning {
 		{t.NoGrouped, C.GOLLM_TUNING_NO_GROUPED}, {t.NoStream, C.GOLLM_TUNING_NO_STREAM},
 		{t.NoTiled, C.GOLLM_TUNING_NO_TILED}, {t.NoPromptGraphs, C.GOLLM_TUNING_NO_PROMPT_GRAPHS},
 		{t.NoCtxMMA, C.GOLLM_TUNING_NO_CTX_MMA}, {t.NoCustomAllReduce, C.GOLLM_TUNING_NO_CUSTOM_AR},
-		{t.NoInvariant, C.GOLLM_TUNING_NO_INVARIANT}, {t.NoBLASLt, C.GOLLM_TUNING_NO_BLASLT}} {
+		{t.NoInvariant, C.GOLLM_TUNING_NO_INVARIANT}, {t.NoBLASLt, C.GOLLM_TUNING_NO_BLASLT},
+		{t.NoTPCandidates, C.GOLLM_TUNING_NO_TP_CANDIDATES}} {
 		if b.on {
 			out.off |= b.bit
 		}
@@ -201,6 +213,7 @@ func (t Tuning) c() C.gollm_tuning {
 	}
 	out.gemv_rows, out.tiled_rows = rows(t.GemvRows), rows(t.TiledRows)
 	out.allreduce_bytes = C.int32_t(min(max(t.AllReduceBytes, 0), 1<<30))
+	out.allreduce_two_bytes = C.int32_t(min(max(t.AllReduceTwoBytes, -1), 1<<30))
 	if t.AllReduceTimeout > 0 {
 		out.allreduce_timeout_ms = C.int32_t(min(max(t.AllReduceTimeout.Milliseconds(), 1), 1<<30))
 	}

@@ -92,7 +92,7 @@ func cbool(v bool) C.int32_t {
 }
 
 // abiLayout reports the size of each ABI struct this package fills and the offset of
-// each field, by the names gollm.h gives them, for the test that pins them to ABI 15.
+// each field, by the names gollm.h gives them, for the test that pins them to ABI 16.
 func abiLayout() map[string]uintptr {
 	var st C.gollm_stage
 	var f C.gollm_faults
@@ -134,6 +134,7 @@ func abiLayout() map[string]uintptr {
 		"gollm_tuning.tile_blocks": unsafe.Offsetof(tn.tile_blocks), "gollm_tuning.decode_parts": unsafe.Offsetof(tn.decode_parts),
 		"gollm_tuning.skip": unsafe.Offsetof(tn.skip), "gollm_tuning.allreduce_bytes": unsafe.Offsetof(tn.allreduce_bytes),
 		"gollm_tuning.allreduce_timeout_ms": unsafe.Offsetof(tn.allreduce_timeout_ms),
+		"gollm_tuning.allreduce_two_bytes":  unsafe.Offsetof(tn.allreduce_two_bytes),
 		"gollm_allreduce_params":            unsafe.Sizeof(ap), "gollm_allreduce_params.timeout_ms": unsafe.Offsetof(ap.timeout_ms),
 		"gollm_allreduce_result": unsafe.Sizeof(ar), "gollm_allreduce_result.reason": unsafe.Offsetof(ar.reason),
 		"gollm_model_config": unsafe.Sizeof(mc), "gollm_model_config.norm": unsafe.Offsetof(mc.norm),
