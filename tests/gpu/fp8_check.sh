@@ -10,7 +10,7 @@
 #      2e-2/0.12 of transformers' dequantized float32 on prompt, decode, mixed steps and
 #      graph-replayed greedy decoding), TestGPUQuantizeFP8MatchesCPU (quantization fp8
 #      against the CPU engine on the same quantized weights, 2e-2),
-#      TestGPUFP8RowCountsMatchCPU (the many-row FP8 kernel at 16, 64, 256 and
+#      TestGPUFP8RowCountsMatchCPU (cuBLASLt's block-scaled FP8 GEMMs at 16, 64, 256 and
 #      1,024 rows on widths that are not multiples of 128, against the CPU engine, 2e-2;
 #      the mma kernel's partial blocks and per-channel scales) and the dense families' test as a
 #      regression of the non-FP8 paths;
@@ -65,7 +65,7 @@ t0=$SECONDS
   -test.run 'TestGPUFP8CheckpointsMatchTransformers|TestGPUQuantizeFP8MatchesCPU|TestGPUFP8RowCountsMatchCPU|TestGPUDenseFamiliesMatchTransformers' \
   > "$out/gotest.log" 2>&1)
 echo "Go GPU tests: $((SECONDS - t0)) s"
-grep -E '^(\s*--- |ok|FAIL|PASS|panic)|worst relative' "$out/gotest.log" | tail -40
+grep -E '^(\s*--- |ok|FAIL|PASS|panic)|worst relative|warm-up GEMM|^gollm: cuBLASLt' "$out/gotest.log" | tail -40
 for t in TestGPUFP8CheckpointsMatchTransformers TestGPUQuantizeFP8MatchesCPU TestGPUFP8RowCountsMatchCPU TestGPUDenseFamiliesMatchTransformers; do
   check "$t" "grep -q -- '^--- PASS: $t ' '$out/gotest.log'"
 done
