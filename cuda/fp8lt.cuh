@@ -14,6 +14,9 @@
 //     checkpoints; per-channel scales differ within a block: those weights keep fp8.cuh's
 //     kernels).
 //   B's groups [ceil(in/128)][m]: group (r, kb) at kb · m + r (row index fastest).
+// cuBLAS's docs ("128-element 1D and 128x128 2D block scaling") allow either operand
+// either mode (not both 128×128) and D in fp32, bf16 or fp16; the heuristic needs both
+// scale pointers set before it is asked (bench/fp8probe checks all this on a GPU).
 // Each shape (rows m of gemm_rows' set, in, out) gets its algorithm at the warm-up: the
 // heuristic's first candidates and fp8.cuh's mma kernel timed, the fastest kept, so that a
 // graph capture meets a fixed algorithm and the engine's fixed workspace. Shapes the
@@ -121,9 +124,12 @@ __global__ void fp8_widen_kernel(const __nv_bfloat16* __restrict__ yb, float* __
 }
 
 // fp8lt_describe builds shape (m, in, out)'s descriptors into p (D in fp32, or bf16 where
-// p.bf16); false where this cuBLASLt does not know the attributes (older than block
+// p.bf16), with the scale pointers sa (A's blocks) and xs (B's groups) already set: cuBLASLt
+// 13's heuristic refuses a block-scaled descriptor whose scale pointers are unset
+// (CUBLAS_STATUS_INVALID_VALUE, "requires a custom pointer"), and fp8lt_run sets them again
+// for each weight. false where this cuBLASLt does not know the attributes (older than block
 // scaling).
-inline bool fp8lt_describe(Fp8Lt::Plan& p, int m, int in, int out) {
+inline bool fp8lt_describe(Fp8Lt::Plan& p, int m, int in, int out, const float* sa, const float* xs) {
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   const int32_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
   return fp8lt_ok(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
@@ -131,6 +137,8 @@ inline bool fp8lt_describe(Fp8Lt::Plan& p, int m, int in, int out) {
          fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) &&
          fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma)) &&
          fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb)) &&
+         fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa)) &&
+         fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs)) &&
          fp8lt_ok(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, in, out, in)) &&
          fp8lt_ok(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, in, m, in)) &&
          fp8lt_ok(cublasLtMatrixLayoutCreate(&p.d, p.bf16 ? CUDA_R_16BF : CUDA_R_32F, out, m, out));
@@ -178,20 +186,25 @@ const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, con
   Fp8Lt::Plan& p = lt.plans[key];
   cublasLtMatmulHeuristicResult_t res[kFp8LtCandidates] = {};
   int found = 0;
-  // FP8 operands need 16-byte rows; the fp32 output 16-byte rows too. Where cuBLASLt has
-  // no fp32 D for block scaling, a bf16 D widened after (while the warm-up may still
+  cublasStatus_t why = CUBLAS_STATUS_SUCCESS;  // the heuristic's status of the last try, for the report
+  // cuBLASLt's block-scaled FP8 (cuBLAS docs, cublasLtMatmul and "128-element 1D and
+  // 128x128 2D block scaling"): TN only on Hopper, compute 32F, scale type 32F, D fp32,
+  // bf16 or fp16, M and N multiples of 4, 16-byte aligned operands: in a multiple of 16,
+  // out of 4 (fp32 D) or 8 (bf16 D). A bf16 D is widened after (while the warm-up may still
   // allocate its buffer: not inside a capture).
   for (int bf = 0; bf < 2 && found <= 0; bf++) {
     Fp8Lt::drop(p);
     p.bf16 = bf == 1;
     if (p.bf16 && !lt.yb.p && !timed) break;
-    if (in % 16 != 0 || out % 8 != 0 || !fp8lt_describe(p, m, in, out)) continue;
+    if (in % 16 != 0 || out % (p.bf16 ? 8 : 4) != 0 || m % 4 != 0 || !fp8lt_describe(p, m, in, out, sa, lt.xs.as<float>()))
+      continue;
     cublasLtMatmulPreference_t pref = nullptr;
     if (fp8lt_ok(cublasLtMatmulPreferenceCreate(&pref))) {
       const size_t wsb = lt.ws_bytes;
-      if (!fp8lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb)) ||
-          !fp8lt_ok(cublasLtMatmulAlgoGetHeuristic(lt.lt, p.desc, p.a, p.b, p.d, p.d, pref, kFp8LtCandidates, res, &found)))
-        found = 0;
+      why = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+      if (fp8lt_ok(why))
+        why = cublasLtMatmulAlgoGetHeuristic(lt.lt, p.desc, p.a, p.b, p.d, p.d, pref, kFp8LtCandidates, res, &found);
+      if (!fp8lt_ok(why)) found = 0;
       cublasLtMatmulPreferenceDestroy(pref);
     }
   }
@@ -207,9 +220,9 @@ const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, con
     if (!lt.reported) {
       lt.reported = true;
       std::fprintf(stderr,
-                   "gollm: cuBLASLt has no block-scaled FP8 algorithm for %d rows × %d → %d; FP8 "
-                   "projections of such shapes keep gollm's own kernels\n",
-                   m, in, out);
+                   "gollm: cuBLASLt has no block-scaled FP8 algorithm for %d rows × %d → %d (heuristic: "
+                   "%s); FP8 projections of such shapes keep gollm's own kernels\n",
+                   m, in, out, why == CUBLAS_STATUS_SUCCESS ? "no candidate" : cublas_name(why));
     }
     return p;
   }
