@@ -74,18 +74,18 @@ void proj(gollm_engine* e, const void* x, const void* w, const float* ws, float*
     gemm<T>(e, x, w, y, gemm_rows(n), in, out);
     return;
   }
-  // Many rows: FP8 tensor cores through cuBLASLt (fp8lt.cuh) where the weight's scales are
-  // blocks and the shape has an algorithm that beat the kernels below at the warm-up.
+  // Many rows: FP8 tensor cores through cuBLASLt (fp8lt.cuh) where the weight has a scale
+  // table there and the shape has an algorithm that beat the kernels below at the warm-up.
   if (n > kFp8GemvRows && e->fp8lt) {
     Fp8Lt& lt = *e->fp8lt;
     const auto b = lt.blocks.find(ws);
-    if (b != lt.blocks.end() && b->second) {
+    if (b != lt.blocks.end() && b->second.p) {
       const int m = gemm_rows(n);
       const Fp8Lt::Plan& p = fp8lt_plan<T>(lt, m, in, out, static_cast<const T*>(x), static_cast<const uint8_t*>(w),
-                                           b->second, y, st.st, false, [] {});
+                                           b->second.p, b->second.vec, y, st.st, false, [] {});
       if (p.use_lt) {
         fp8lt_quant<T>(lt, static_cast<const T*>(x), n, m, in, st);
-        fp8lt_run(lt, p, p.algo, static_cast<const uint8_t*>(w), b->second, y, st.st);
+        fp8lt_run(lt, p, p.algo, static_cast<const uint8_t*>(w), b->second.p, y, st.st);
         if (p.bf16) fp8lt_widen(lt, y, m, out, st);
         return;
       }
@@ -103,10 +103,10 @@ bool fp8lt_warm(gollm_engine* e, const void* x, const void* w, const float* ws, 
   if (!e->fp8lt || !ws) return false;
   Fp8Lt& lt = *e->fp8lt;
   const auto b = lt.blocks.find(ws);
-  if (b == lt.blocks.end() || !b->second) return false;
+  if (b == lt.blocks.end() || !b->second.p) return false;
   const T* xt = static_cast<const T*>(x);
   const uint8_t* wq = static_cast<const uint8_t*>(w);
-  return fp8lt_plan<T>(lt, m, in, out, xt, wq, b->second, y, e->stream, true, [&] {
+  return fp8lt_plan<T>(lt, m, in, out, xt, wq, b->second.p, b->second.vec, y, e->stream, true, [&] {
            fp8_proj<T>(xt, wq, ws, y, m, in, out, e->sms, e->fp8_part.as<float>(), e->fp8_part.bytes / 4,
                        Stream(e->stream, false));
          }).found;

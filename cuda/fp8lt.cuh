@@ -11,8 +11,10 @@
 //   A's blocks [ceil(out/128)][round_up(ceil(in/128), 4)]: block (ob, kb) at
 //     ob · round_up(Kb, 4) + kb — built at set-up from the arena's per-row scales, for
 //     weights whose 128-row blocks share one scale (128×128 block and per-tensor
-//     checkpoints; per-channel scales differ within a block: those weights keep fp8.cuh's
-//     kernels).
+//     checkpoints);
+//   or, for weights whose rows within a block differ (compressed-tensors' per-channel
+//     scales), A in VEC128_32F too: its groups [ceil(in/128)][out], (o, kb) at
+//     kb · out + o, the arena's scales transposed.
 //   B's groups [ceil(in/128)][m]: group (r, kb) at kb · m + r (row index fastest).
 // cuBLAS's docs ("128-element 1D and 128x128 2D block scaling") allow either operand
 // either mode (not both 128×128) and D in fp32, bf16 or fp16; the heuristic needs both
@@ -87,7 +89,12 @@ struct Fp8Lt {
   DevMem yb;      // bf16 products [NG][widest out], where cuBLASLt takes no fp32 D (the warm-up allocates it)
   size_t yb_need = 0;  // its bytes
   int sms = 1;         // the device's multiprocessors
-  std::map<const float*, const float*> blocks;  // arena scales (Stage.ws) → their blocks
+  // Scales is a weight's table for cuBLASLt: p null where it has none.
+  struct Scales {
+    const float* p = nullptr;
+    bool vec = false;  // VEC128_32F groups (per-channel weights), else BLK128x128_32F blocks
+  };
+  std::map<const float*, Scales> blocks;  // arena scales (Stage.ws) → their table
   // A shape's plan: use_lt false keeps fp8.cuh's kernels.
   struct Plan {
     bool use_lt = false;
@@ -97,7 +104,7 @@ struct Fp8Lt {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  std::map<std::tuple<int, int, int>, Plan> plans;  // (m, in, out)
+  std::map<std::tuple<int, int, int, bool>, Plan> plans;  // (m, in, out, weights in VEC128)
   bool reported = false;  // a shape without an algorithm was reported
   static void drop(Plan& p) {
     if (p.d) cublasLtMatrixLayoutDestroy(p.d);
@@ -124,14 +131,16 @@ __global__ void fp8_widen_kernel(const __nv_bfloat16* __restrict__ yb, float* __
 }
 
 // fp8lt_describe builds shape (m, in, out)'s descriptors into p (D in fp32, or bf16 where
-// p.bf16), with the scale pointers sa (A's blocks) and xs (B's groups) already set: cuBLASLt
+// p.bf16; A's scales VEC128 where vec, else BLK128x128), with the scale pointers sa (A's
+// table) and xs (B's groups) already set: cuBLASLt
 // 13's heuristic refuses a block-scaled descriptor whose scale pointers are unset
 // (CUBLAS_STATUS_INVALID_VALUE, "requires a custom pointer"), and fp8lt_run sets them again
 // for each weight. false where this cuBLASLt does not know the attributes (older than block
 // scaling).
-inline bool fp8lt_describe(Fp8Lt::Plan& p, int m, int in, int out, const float* sa, const float* xs) {
+inline bool fp8lt_describe(Fp8Lt::Plan& p, int m, int in, int out, const float* sa, const float* xs, bool vec) {
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  const int32_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  const int32_t ma = vec ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
   return fp8lt_ok(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
          fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) &&
          fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) &&
@@ -172,15 +181,16 @@ void fp8lt_quant(Fp8Lt& lt, const T* x, int n, int m, int in, Stream st) {
          lt.xs.as<float>(), n, m, in);
 }
 
-// fp8lt_plan returns shape (m, in, out)'s plan, choosing it on its first call: timed where
+// fp8lt_plan returns shape (m, in, out)'s plan for weights whose table is sa (VEC128
+// groups where vec, else 128×128 blocks), choosing it on its first call: timed where
 // timed (the warm-up), else the heuristic's first candidate (a shape met first inside a
 // graph capture, where nothing may synchronize). w, sa: a weight of the shape to time on;
 // x: rows to time on (the quantization is part of the cuBLASLt path's cost); mma runs
 // fp8.cuh's kernels on the same operands.
 template <typename T, typename Mma>
 const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, const uint8_t* w, const float* sa,
-                              float* y, cudaStream_t st, bool timed, Mma mma) {
-  const auto key = std::make_tuple(m, in, out);
+                              bool vec, float* y, cudaStream_t st, bool timed, Mma mma) {
+  const auto key = std::make_tuple(m, in, out, vec);
   auto it = lt.plans.find(key);
   if (it != lt.plans.end()) return it->second;
   Fp8Lt::Plan& p = lt.plans[key];
@@ -196,7 +206,7 @@ const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, con
     Fp8Lt::drop(p);
     p.bf16 = bf == 1;
     if (p.bf16 && !lt.yb.p && !timed) break;
-    if (in % 16 != 0 || out % (p.bf16 ? 8 : 4) != 0 || m % 4 != 0 || !fp8lt_describe(p, m, in, out, sa, lt.xs.as<float>()))
+    if (in % 16 != 0 || out % (p.bf16 ? 8 : 4) != 0 || m % 4 != 0 || !fp8lt_describe(p, m, in, out, sa, lt.xs.as<float>(), vec))
       continue;
     cublasLtMatmulPreference_t pref = nullptr;
     if (fp8lt_ok(cublasLtMatmulPreferenceCreate(&pref))) {
@@ -220,9 +230,9 @@ const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, con
     if (!lt.reported) {
       lt.reported = true;
       std::fprintf(stderr,
-                   "gollm: cuBLASLt has no block-scaled FP8 algorithm for %d rows × %d → %d (heuristic: "
-                   "%s); FP8 projections of such shapes keep gollm's own kernels\n",
-                   m, in, out, why == CUBLAS_STATUS_SUCCESS ? "no candidate" : cublas_name(why));
+                   "gollm: cuBLASLt has no block-scaled FP8 algorithm for %d rows × %d → %d (weights %s, "
+                   "heuristic: %s); FP8 projections of such shapes keep gollm's own kernels\n",
+                   m, in, out, vec ? "VEC128" : "BLK128x128", why == CUBLAS_STATUS_SUCCESS ? "no candidate" : cublas_name(why));
     }
     return p;
   }
@@ -277,12 +287,14 @@ const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, con
   return p;
 }
 
-// fp8lt_blocks builds the block-scale tables of the engine's FP8 weights (each Stage's w
-// and w2 with their scales ws, ws2 [rows][ceil(cols/128)]) into lt.blk, for those whose
-// 128-row blocks share their scales.
+// fp8lt_blocks builds the scale tables of the engine's FP8 weights (each Stage's w and w2
+// with their scales ws, ws2 [rows][ceil(cols/128)]) into lt.blk: 128×128 blocks for those
+// whose 128-row blocks share their scales, else the scales transposed into VEC128 groups
+// (rows a multiple of 4, as cuBLASLt's M; other weights keep fp8.cuh's kernels). Each
+// table starts 16-byte aligned.
 inline void fp8lt_blocks(Fp8Lt& lt, const std::vector<std::tuple<const float*, int, int>>& weights, cudaStream_t st) {
   std::vector<float> host, all;
-  std::vector<std::pair<const float*, size_t>> at;  // arena scales → offset in all
+  std::vector<std::tuple<const float*, size_t, bool>> at;  // arena scales → offset in all, VEC128
   for (const auto& wt : weights) {
     const float* ws = std::get<0>(wt);
     const int rows = std::get<1>(wt), cols = std::get<2>(wt);
@@ -294,19 +306,25 @@ inline void fp8lt_blocks(Fp8Lt& lt, const std::vector<std::tuple<const float*, i
     bool uniform = true;
     for (int r = 0; r < rows && uniform; r++)
       for (int g = 0; g < G && uniform; g++) uniform = host[(size_t)r * G + g] == host[(size_t)(r / 128 * 128) * G + g];
-    lt.blocks[ws] = nullptr;
-    if (!uniform) continue;
-    at.emplace_back(ws, all.size());
+    lt.blocks[ws] = Fp8Lt::Scales{};
+    if (!uniform && rows % 4 != 0) continue;
     const size_t base = all.size();
-    all.resize(base + (size_t)RB * G4, 1.f);
-    for (int b = 0; b < RB; b++)
-      for (int g = 0; g < G; g++) all[base + (size_t)b * G4 + g] = host[(size_t)b * 128 * G + g];
+    at.emplace_back(ws, base, !uniform);
+    if (uniform) {
+      all.resize(base + (size_t)RB * G4, 1.f);
+      for (int b = 0; b < RB; b++)
+        for (int g = 0; g < G; g++) all[base + (size_t)b * G4 + g] = host[(size_t)b * 128 * G + g];
+    } else {
+      all.resize(base + (size_t)G * rows, 1.f);  // G · rows: a multiple of 4
+      for (int r = 0; r < rows; r++)
+        for (int g = 0; g < G; g++) all[base + (size_t)g * rows + r] = host[(size_t)r * G + g];
+    }
   }
   if (all.empty()) return;
-  lt.blk.alloc(all.size() * 4, "FP8 block scales (cuBLASLt)");
+  lt.blk.alloc(all.size() * 4, "FP8 weight scales (cuBLASLt)");
   CUDA_CHECK(cudaMemcpyAsync(lt.blk.p, all.data(), all.size() * 4, cudaMemcpyHostToDevice, st));
   CUDA_CHECK(cudaStreamSynchronize(st));
-  for (const auto& a : at) lt.blocks[a.first] = lt.blk.as<float>() + a.second;
+  for (const auto& a : at) lt.blocks[std::get<0>(a)] = Fp8Lt::Scales{lt.blk.as<float>() + std::get<1>(a), std::get<2>(a)};
 }
 
 }  // namespace gollm

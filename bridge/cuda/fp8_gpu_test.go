@@ -177,7 +177,8 @@ func gemmRows(n int) int {
 // head's, so that the steps cannot have passed on the older kernels alone), llama-tiny
 // quantized at load (inputs 64 and 160 wide, outputs 128, 320 and 64: partial 128-column
 // groups and 128-row blocks, whichever kernel takes them) and llama-fp8ct-tiny
-// (per-channel scales: fp8_mma_kernel).
+// (per-channel scales: cuBLASLt with VEC128 weight scales where faster, else
+// fp8_mma_kernel).
 func TestGPUFP8RowCountsMatchCPU(t *testing.T) {
 	const maxTokens, seqLen, perSeq = 1024, 128, 16
 	sizes := 0
