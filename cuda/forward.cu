@@ -41,6 +41,7 @@
 #include "dense.cuh"
 #include "embedding.cuh"
 #include "fp8.cuh"
+#include "fp8lt.cuh"
 #include "fused.cuh"
 #include "gemv.cuh"
 #include "internal.h"
@@ -69,11 +70,46 @@ void gemm(gollm_engine* e, const void* x, const void* w, float* y, int m, int in
 template <typename T>
 void proj(gollm_engine* e, const void* x, const void* w, const float* ws, float* y, int n, int in,
           int out, Stream st) {
-  if (ws)
-    fp8_proj<T>(static_cast<const T*>(x), static_cast<const uint8_t*>(w), ws, y, n, in, out, e->sms,
-                e->fp8_part.as<float>(), e->fp8_part.bytes / 4, st);
-  else
+  if (!ws) {
     gemm<T>(e, x, w, y, gemm_rows(n), in, out);
+    return;
+  }
+  // Many rows: FP8 tensor cores through cuBLASLt (fp8lt.cuh) where the weight has a scale
+  // table there and the shape has an algorithm that beat the kernels below at the warm-up.
+  if (n > kFp8GemvRows && e->fp8lt) {
+    Fp8Lt& lt = *e->fp8lt;
+    const auto b = lt.blocks.find(ws);
+    if (b != lt.blocks.end() && b->second.p) {
+      const int m = gemm_rows(n);
+      const Fp8Lt::Plan& p = fp8lt_plan<T>(lt, m, in, out, static_cast<const T*>(x), static_cast<const uint8_t*>(w),
+                                           b->second.p, b->second.vec, y, st.st, false, [] {});
+      if (p.use_lt) {
+        fp8lt_quant<T>(lt, static_cast<const T*>(x), n, m, in, st);
+        fp8lt_run(lt, p, p.algo, static_cast<const uint8_t*>(w), b->second.p, y, st.st);
+        if (p.bf16) fp8lt_widen(lt, y, m, out, st);
+        return;
+      }
+    }
+  }
+  fp8_proj<T>(static_cast<const T*>(x), static_cast<const uint8_t*>(w), ws, y, n, in, out, e->sms,
+              e->fp8_part.as<float>(), e->fp8_part.bytes / 4, st);
+}
+
+// fp8lt_warm chooses shape (m, in, out)'s FP8 GEMM at the warm-up (fp8lt.cuh's
+// fp8lt_plan, timed) on weight w with scales ws and input rows x; true where cuBLASLt has
+// an algorithm for it (counted in the warm-up's GEMM shapes).
+template <typename T>
+bool fp8lt_warm(gollm_engine* e, const void* x, const void* w, const float* ws, float* y, int m, int in, int out) {
+  if (!e->fp8lt || !ws) return false;
+  Fp8Lt& lt = *e->fp8lt;
+  const auto b = lt.blocks.find(ws);
+  if (b == lt.blocks.end() || !b->second.p) return false;
+  const T* xt = static_cast<const T*>(x);
+  const uint8_t* wq = static_cast<const uint8_t*>(w);
+  return fp8lt_plan<T>(lt, m, in, out, xt, wq, b->second.p, b->second.vec, y, e->stream, true, [&] {
+           fp8_proj<T>(xt, wq, ws, y, m, in, out, e->sms, e->fp8_part.as<float>(), e->fp8_part.bytes / 4,
+                       Stream(e->stream, false));
+         }).found;
 }
 
 // The LM head's GEMM runs over lm_head_ld(V) rows of weights (zero past V), so that cuBLAS
@@ -650,6 +686,17 @@ int warmup_gemms_t(gollm_engine* e) {
   CUDA_CHECK(cudaMemsetAsync(e->fch.p, 0, e->fch.bytes, e->stream));
   CUDA_CHECK(cudaMemsetAsync(e->xf.p, 0, e->xf.bytes, e->stream));
   int shapes = 0;
+  // FP8 projections: no cuBLAS, but cuBLASLt's FP8 GEMMs above the gemv's rows, each
+  // shape's algorithm chosen here.
+  if (e->w->fp8 && e->fp8lt) {
+    for (int m = gemm_rows(kFp8GemvRows + 1); m <= gemm_rows(e->max_tokens); m = gemm_rows(m + 1)) {
+      shapes += fp8lt_warm<T>(e, e->xn.p, qkv->w, qkv->ws, e->qkv.as<float>(), m, d.H, d.qkv);
+      shapes += fp8lt_warm<T>(e, e->att.p, out->w, out->ws, e->tmp.as<float>(), m, d.att, d.H);
+      if (!mlp) continue;
+      shapes += fp8lt_warm<T>(e, e->xn.p, mlp->w, mlp->ws, e->fc.as<float>(), m, d.H, d.up);
+      shapes += fp8lt_warm<T>(e, e->fch.p, mlp->w2, mlp->ws2, e->tmp.as<float>(), m, d.I, d.H);
+    }
+  }
   const int top = e->w->fp8 ? 0 : gemm_rows(e->max_tokens);  // FP8 projections: no cuBLAS
   const int rtop = gemm_rows(e->max_logit_rows);
   // Fewest rows first, the LM head's among them: the tuning's budget goes to the decode
@@ -735,6 +782,40 @@ int warmup_gemms(gollm_engine* e) {
   return e->w->dtype == GOLLM_DTYPE_BF16 ? warmup_gemms_t<__nv_bfloat16>(e) : warmup_gemms_t<__half>(e);
 }
 
+size_t create_fp8lt(gollm_engine* e) {
+  const gollm_weights* w = e->w;
+  if (!w->fp8) return 0;
+  int major = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, e->device));
+  // Block-scaled FP8 matmuls: cuBLASLt 12.9 and later, on Hopper.
+  if (major != 9 || cublasLtGetVersion() < 120900) {
+    std::fprintf(stderr, "gollm: cuBLASLt %zu on sm_%d0 has no block-scaled FP8 GEMMs; FP8 projections keep gollm's own kernels\n",
+                 cublasLtGetVersion(), major);
+    return 0;
+  }
+  e->fp8lt.reset(new Fp8Lt);
+  Fp8Lt& lt = *e->fp8lt;
+  CUBLAS_CHECK(cublasLtCreate(&lt.lt));
+  lt.ws = e->blas_ws.p, lt.ws_bytes = e->blas_ws.bytes, lt.sms = e->sms;
+  const Dims d(w->cfg);
+  const size_t NG = gemm_rows(e->max_tokens);
+  const size_t K = std::max({d.H, d.att, d.I}), G = (K + kFp8Group - 1) / kFp8Group;
+  lt.xq.alloc(NG * K, "FP8 quantized activations");
+  lt.xs.alloc(G * NG * 4, "FP8 activation scales");
+  lt.yb_need = NG * std::max({d.qkv, d.up, d.H}) * 2;
+  std::vector<std::tuple<const float*, int, int>> ws;
+  for (const Stage& s : w->recipe) {
+    if (s.s.kind == GOLLM_STAGE_QKV) ws.emplace_back(s.ws, d.qkv, d.H);
+    if (s.s.kind == GOLLM_STAGE_OUT) ws.emplace_back(s.ws, d.H, d.att);
+    if (s.s.kind == GOLLM_STAGE_MLP) {
+      ws.emplace_back(s.ws, d.up, d.H);
+      ws.emplace_back(s.ws2, d.H, d.I);
+    }
+  }
+  fp8lt_blocks(lt, ws, e->stream);
+  return lt.xq.bytes + lt.xs.bytes + lt.blk.bytes;
+}
+
 void feed_tokens(gollm_engine* e, const Layout& L, size_t pairs_off, int n) {
   if (n == 0) return;
   char* din = e->din.as<char>();
@@ -780,3 +861,5 @@ template void residual_norm<__nv_bfloat16>(float*, const float*, const float*, _
                                            const float*, int, int, float, cudaStream_t);
 
 }  // namespace gollm
+
+void Fp8LtFree::operator()(gollm::Fp8Lt* lt) const { delete lt; }

@@ -19,6 +19,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -287,6 +288,14 @@ struct Launched {
 
 }  // namespace gollm
 
+namespace gollm {
+struct Fp8Lt;  // fp8lt.cuh: cuBLASLt's FP8 GEMMs
+}  // namespace gollm
+// Fp8LtFree deletes an engine's Fp8Lt (forward.cu, where the type is complete).
+struct Fp8LtFree {
+  void operator()(gollm::Fp8Lt* lt) const;
+};
+
 // gollm_engine: everything one model instance needs besides the weights.
 struct gollm_engine {
   gollm_weights* w = nullptr;     // shared weights (one reference held)
@@ -327,6 +336,7 @@ struct gollm_engine {
   int mlp_k[3] = {};              // mlp_kernel's units per block for 1, 2 and 4 rows
   gollm::DevMem acc;              // fixed-point residual additions of fused steps
   gollm::DevMem fp8_part;         // FP8 projections' split partial sums (fp8.cuh), FP8 models only
+  std::unique_ptr<gollm::Fp8Lt, Fp8LtFree> fp8lt;  // many-row FP8 GEMMs by cuBLASLt (fp8lt.cuh), or null
   gollm::DevMem h, xn, qkv, att, tmp, fc, fch, xf, logits, retlog;  // activations
   gollm::DevMem logits_pad;  // the LM head's output rows, 16-byte aligned, where vocab % 4 != 0
   gollm::DevMem partial, part_ml, tickets;      // decode attention split-K
@@ -418,6 +428,9 @@ void stage(gollm_engine* e, const Plan& pl, const Layout& L);
 void run_forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool capture);
 int attention_splits(const gollm_engine* e, int rows, int max_len);
 int warmup_gemms(gollm_engine* e);
+// forward.cu: create_fp8lt sets up cuBLASLt's FP8 GEMMs for an FP8 model on Hopper (none
+// elsewhere), returning the bytes it allocated.
+size_t create_fp8lt(gollm_engine* e);
 // feed_tokens writes the fed rows' tokens (n (row, previous sequence) pairs at pairs_off
 // of the device inputs) from the previous step's sampled tokens.
 void feed_tokens(gollm_engine* e, const Layout& L, size_t pairs_off, int n);

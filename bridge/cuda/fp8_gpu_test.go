@@ -154,19 +154,50 @@ func TestGPUQuantizeFP8MatchesCPU(t *testing.T) {
 	t.Logf("worst relative L2 from the CPU engine %.3g; arena %d bytes", worst, bytes)
 }
 
-// TestGPUFP8RowCountsMatchCPU: the many-row FP8 projections (fp8_mma_kernel) give the CPU
-// engine's logits on the same FP8 weights within 2e-2 relative L2 a row, on prompt steps
-// of 16, 64, 256 and 1,024 rows, for three models: llama-fp8-tiny (transformers' 128×128
-// blocks), llama-tiny quantized at load (inputs 64 and 160 wide, outputs 128, 320 and 64:
-// partial 128-column groups and 128-row blocks) and llama-fp8ct-tiny (per-channel scales).
+// gemmRows is cuda/sizes.h's gemm_rows: the padded row counts a step's GEMMs run on.
+func gemmRows(n int) int {
+	if n <= 16 {
+		return 16
+	}
+	p := 16
+	for p*2 <= n {
+		p *= 2
+	}
+	step := max(p/8, 16)
+	return (n + step - 1) / step * step
+}
+
+// TestGPUFP8RowCountsMatchCPU: the many-row FP8 projections (fp8lt.cuh: activations
+// quantized a row and 128 columns at a time, cuBLASLt's block-scaled FP8 GEMMs, or
+// fp8_mma_kernel where cuBLASLt takes no such shape or weight) give the CPU engine's
+// logits on the same FP8 weights within 2e-2 relative L2 a row, on prompt steps of 16,
+// 64, 256 and 1,024 rows, for three models: llama-fp8-tiny (transformers' 128×128 blocks,
+// widths multiples of 128: the warm-up must have found cuBLASLt algorithms for its four
+// projections at every padded row count, four GEMM shapes a row count beyond the LM
+// head's, so that the steps cannot have passed on the older kernels alone), llama-tiny
+// quantized at load (inputs 64 and 160 wide, outputs 128, 320 and 64: partial 128-column
+// groups and 128-row blocks, whichever kernel takes them) and llama-fp8ct-tiny
+// (per-channel scales: cuBLASLt with VEC128 weight scales where faster, else
+// fp8_mma_kernel).
 func TestGPUFP8RowCountsMatchCPU(t *testing.T) {
 	const maxTokens, seqLen, perSeq = 1024, 128, 16
+	sizes := 0
+	for m := gemmRows(9); m <= gemmRows(maxTokens); m = gemmRows(m + 1) {
+		sizes++
+	}
 	for _, tc := range []struct {
 		fixture, quant string
-	}{{"llama-fp8-tiny", ""}, {"llama-tiny", "fp8"}, {"llama-fp8ct-tiny", ""}} {
+		lt             bool // every projection shape must take cuBLASLt
+	}{{"llama-fp8-tiny", "", true}, {"llama-tiny", "fp8", false}, {"llama-fp8ct-tiny", "", false}} {
 		t.Run(tc.fixture, func(t *testing.T) {
 			e, _ := fp8Engine(t, tc.fixture, Options{NumBlocks: 8*perSeq + 8, TokensPerBlock: 8, MaxTokens: maxTokens,
 				MaxSeqs: 8, DType: "float16", Quantization: tc.quant})
+			t.Logf("warm-up GEMM shapes %d (4 FP8 projections × %d row counts = %d, then the LM head's)",
+				e.WarmupGEMMShapes, sizes, 4*sizes)
+			if tc.lt && e.WarmupGEMMShapes < 4*sizes {
+				t.Errorf("the warm-up readied %d GEMM shapes, fewer than the %d FP8 projection shapes cuBLASLt "+
+					"should take (4 projections × %d row counts)", e.WarmupGEMMShapes, 4*sizes, sizes)
+			}
 			m, err := model.LoadFloat32FP8(filepath.Join("..", "..", "testdata", tc.fixture))
 			if err != nil {
 				t.Fatal(err)
