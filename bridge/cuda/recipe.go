@@ -92,7 +92,7 @@ func cbool(v bool) C.int32_t {
 }
 
 // abiLayout reports the size of each ABI struct this package fills and the offset of
-// each field, by the names gollm.h gives them, for the test that pins them to ABI 15.
+// each field, by the names gollm.h gives them, for the test that pins them to ABI 16.
 func abiLayout() map[string]uintptr {
 	var st C.gollm_stage
 	var f C.gollm_faults
@@ -149,6 +149,7 @@ func abiLayout() map[string]uintptr {
 		"gollm_engine_params": unsafe.Sizeof(ep), "gollm_engine_params.tuning": unsafe.Offsetof(ep.tuning),
 		"gollm_engine_params.faults": unsafe.Offsetof(ep.faults), "gollm_engine_params.mem_budget": unsafe.Offsetof(ep.mem_budget),
 		"gollm_engine_params.comm": unsafe.Offsetof(ep.comm), "gollm_engine_params.tp_vocab": unsafe.Offsetof(ep.tp_vocab),
+		"gollm_engine_params.kv_dtype": unsafe.Offsetof(ep.kv_dtype), "gollm_engine_params.kv_scales": unsafe.Offsetof(ep.kv_scales),
 	}
 }
 

@@ -114,12 +114,12 @@ func TestRecipeOfCarriesEveryStage(t *testing.T) {
 	}
 }
 
-// TestABILayoutIsVersion15 pins the structs this package fills to gollm.h's ABI 15 — sizes
+// TestABILayoutIsVersion16 pins the structs this package fills to gollm.h's ABI 16 — sizes
 // and field offsets as x86-64 and arm64 C compilers lay them out —, so that a field added,
 // moved or resized without bumping GOLLM_ABI_VERSION fails here rather than in a library
 // built from another header.
-func TestABILayoutIsVersion15(t *testing.T) {
-	if v := headerABI(); v != 15 {
+func TestABILayoutIsVersion16(t *testing.T) {
+	if v := headerABI(); v != 16 {
 		t.Fatalf("gollm.h has ABI %d: update this test's layout with the version", v)
 	}
 	want := map[string]uintptr{
@@ -148,14 +148,16 @@ func TestABILayoutIsVersion15(t *testing.T) {
 		"gollm_weights_params.stages": 80, "gollm_weights_params.num_rope_freqs": 88,
 		"gollm_weights_params.rope_freqs": 96, "gollm_weights_params.num_weights": 104,
 		"gollm_weights_params.weights": 112, "gollm_weights_params.faults": 120,
-		"gollm_engine_params": 120, "gollm_engine_params.tuning": 36, "gollm_engine_params.faults": 72,
+		// ABI 16: the KV pool's element type and an FP8 pool's scales.
+		"gollm_engine_params": 136, "gollm_engine_params.tuning": 36, "gollm_engine_params.faults": 72,
 		"gollm_engine_params.mem_budget": 96, "gollm_engine_params.comm": 104, "gollm_engine_params.tp_vocab": 116,
+		"gollm_engine_params.kv_dtype": 120, "gollm_engine_params.kv_scales": 128,
 		"gollm_step_in": 152, "gollm_step_in.num_allowed": 120, "gollm_step_in.feed": 136, "gollm_step_in.late_allowed": 144,
 	}
 	got := abiLayout()
 	for k, w := range want {
 		if g, ok := got[k]; !ok || g != w {
-			t.Errorf("%s: %d, ABI 15 has %d", k, g, w)
+			t.Errorf("%s: %d, ABI 16 has %d", k, g, w)
 		}
 	}
 	if len(got) != len(want) {
