@@ -275,7 +275,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
       if (min(start + grp + u * groups, end - 1) >= newest) vfirst[u] = kv_row(1, nblk, newest)[c];
   }
   for (int d = threadIdx.x; d < D; d += blockDim.x)
-    q[d] = qkv[(int64_t)r * g.qkv_width() + head * D + d];
+    q[d] = kv_qscale<K>(qkv[(int64_t)r * g.qkv_width() + head * D + d], g);
   __syncthreads();
 
   // Each thread's key row is loaded in pieces of up to 8 16-byte loads issued together,
@@ -301,7 +301,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
 #pragma unroll
       for (int u = 0; u < kDecodeShortKeys; u++) {
         float kf[8];
-        kv_f32x8<K>(kk[u], kf, g.kscale);
+        kv_f32x8<K>(kk[u], kf);
         float acc = 0.f;
 #pragma unroll
         for (int e = 0; e < 8; e++) acc = fmaf(qc[e], kf[e], acc);
@@ -331,7 +331,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
       for (int u = 0; u < 8; u++) {
         if (c0 + u >= D8) break;
         float kf[8];
-        kv_f32x8<K>(kk[u], kf, g.kscale);
+        kv_f32x8<K>(kk[u], kf);
         const float* qc = q + (c0 + u) * 8;
 #pragma unroll
         for (int e = 0; e < 8; e++) acc = fmaf(qc[e], kf[e], acc);
@@ -376,7 +376,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
 #pragma unroll
       for (int u = 0; u < kDecodeVUnroll; u++) {
         float vf[8];
-        kv_f32x8<K>(v8[u], vf, g.vscale);
+        kv_f32x8<K>(v8[u], vf);
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[e] = fmaf(p[u], vf[e], acc[e]);
       }
@@ -390,7 +390,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
       float o = 0.f;
       for (int w = 0; w < groups; w++) o += red[w * D + d];
-      out[d] = from_f32<T>(o / sum);
+      out[d] = from_f32<T>(kv_vscale<K>(o / sum, g));
     }
     return;
   }
@@ -406,7 +406,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   }
   if (!last_block_of(tickets + (int64_t)i * g.heads + head, active)) return;
   for (int d = threadIdx.x; d < D; d += blockDim.x)
-    out[d] = from_f32<T>(merge_parts(partial, part_ml, pi, active, D, d));
+    out[d] = from_f32<T>(kv_vscale<K>(merge_parts(partial, part_ml, pi, active, D, d), g));
 }
 
 template <typename T, typename K, bool kPre, bool kCap = false, bool kShort = false>
@@ -506,7 +506,7 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
   griddep_wait();
   for (int t = threadIdx.x; t < GB * D; t += kGqaThreads) {
     const int gg = t / D;
-    qs[gg][t % D] = gg < nh ? qkv[(int64_t)r * g.qkv_width() + (int64_t)h0 * D + t] : 0.f;
+    qs[gg][t % D] = gg < nh ? kv_qscale<K>(qkv[(int64_t)r * g.qkv_width() + (int64_t)h0 * D + t], g) : 0.f;
   }
   __syncthreads();
 
@@ -546,7 +546,7 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
 #pragma unroll
         for (int u = 0; u < PB; u++) {
           float kf[8];
-          kv_f32x8<K>(kk[u], kf, g.kscale);
+          kv_f32x8<K>(kk[u], kf);
 #pragma unroll
           for (int gg = 0; gg < GB; gg++) {
             const float4 qa = *reinterpret_cast<const float4*>(&qs[gg][(c0 + u) * 8]);
@@ -592,7 +592,7 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
         for (int u = 0; u < PB; u++) {
           const int row = vrow + KPL * (u0 + u);  // past the end: probability 0
           float vf[8];
-          kv_f32x8<K>(vv[u], vf, g.vscale);
+          kv_f32x8<K>(vv[u], vf);
 #pragma unroll
           for (int gg = 0; gg < GB; gg++) {
             const float p = ps[warp][gg][row];
@@ -637,7 +637,7 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
         O += wo[w][gg][d] * f;
       }
       if (active == 1) {
-        att[(int64_t)r * g.q_width() + (int64_t)head * D + d] = from_f32<T>(O / L);
+        att[(int64_t)r * g.q_width() + (int64_t)head * D + d] = from_f32<T>(kv_vscale<K>(O / L, g));
       } else {
         const int64_t pi = ((int64_t)i * g.heads + head) * parts + part;
         partial[pi * D + d] = O;
@@ -653,7 +653,7 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
     const int gg = t / D, d = t % D, head = h0 + gg;
     const int64_t pi = ((int64_t)i * g.heads + head) * parts;
     att[(int64_t)r * g.q_width() + (int64_t)head * D + d] =
-        from_f32<T>(merge_parts(partial, part_ml, pi, active, D, d));
+        from_f32<T>(kv_vscale<K>(merge_parts(partial, part_ml, pi, active, D, d), g));
   }
 }
 

@@ -465,8 +465,10 @@ struct KVGeom {
 // The KV pool's element types: the compute type T, or kv8 — float8_e4m3fn codes of x /
 // scale (the layer's key or value scale), rounded to nearest even and saturated at ±448,
 // as model.Float32ToE4M3 rounds them. The readers take 8 elements a piece (KVPiece: 16
-// bytes of T, 8 of kv8) and widen them to fp32 times the scale (kv_f32x8), as the CPU
-// engine's decode table does; the writers go through kv_put.
+// bytes of T, 8 of kv8) and widen them to fp32 (kv_f32x8: codes exactly); the scales fold
+// into the sums — the query times the key scale (kv_qscale) before the dot products, the
+// output times the value scale (kv_vscale) after the weighted sum —, so that no element
+// pays a multiply. The writers go through kv_put.
 using kv8 = __nv_fp8_e4m3;
 template <typename K> struct KVPiece { using type = uint4; };
 template <> struct KVPiece<kv8> { using type = uint2; };
@@ -484,20 +486,37 @@ __device__ __forceinline__ float2 kv_decode2(uint16_t v) {
   return __half22float2(__half2(h));
 }
 
-// kv_f32x8 widens a piece of 8 pool elements to fp32: T's exactly, kv8's times scale.
+// kv_f32x8 widens a piece of 8 pool elements to fp32, exactly (kv8: the codes' values).
 template <typename K>
-__device__ __forceinline__ void kv_f32x8(const typename KVPiece<K>::type& v, float (&f)[8],
-                                         float scale) {
+__device__ __forceinline__ void kv_f32x8(const typename KVPiece<K>::type& v, float (&f)[8]) {
   if constexpr (kv_is_fp8<K>) {
     const uint16_t* p = reinterpret_cast<const uint16_t*>(&v);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
       const float2 q = kv_decode2(p[i]);
-      f[2 * i] = q.x * scale, f[2 * i + 1] = q.y * scale;
+      f[2 * i] = q.x, f[2 * i + 1] = q.y;
     }
   } else {
     to_f32x8<K>(v, f);
   }
+}
+
+// kv_qscale is a query element as dot products with a pool's keys take it: times the
+// layer's key scale in an FP8 pool, else as it is. kv_vscale is an output element of the
+// weighted sum of a pool's values: times the value scale in an FP8 pool.
+template <typename K>
+__device__ __forceinline__ float kv_qscale(float q, const KVGeom& g) {
+  if constexpr (kv_is_fp8<K>)
+    return q * g.kscale;
+  else
+    return q;
+}
+template <typename K>
+__device__ __forceinline__ float kv_vscale(float o, const KVGeom& g) {
+  if constexpr (kv_is_fp8<K>)
+    return o * g.vscale;
+  else
+    return o;
 }
 
 // kv_put stores v as element i of the pool kv: in T, or in an FP8 pool (g.fp8) as the code
