@@ -396,6 +396,18 @@ func TestGPUFP8KVCacheTensorParallel(t *testing.T) {
 				t.Fatalf("%s over %d GPUs with an FP8 pool: %v", name, n, err)
 			}
 			defer e.Close()
+			// Each rank's pool: its KV heads' codes, a byte each.
+			l, err := ck.Config.TensorParallel(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rc := ck.Config.RankConfig(l)
+			for rank := range n {
+				_, kv, _ := e.Memory(rank)
+				if want := int64(e.Info().NumBlocks+1) * 16 * int64(rc.Layers*2*rc.KVHeads*rc.HeadDim); kv != want {
+					t.Fatalf("rank %d's pool takes %d bytes, want %d (a byte an element)", rank, kv, want)
+				}
+			}
 			c8, c32 := cpuKVEngines(t, ck, ks, vs, 96, 16)
 			r := &kvFP8Run{g: e, c8: c8, c32: c32, dtype: "float16"}
 			seqs := randomSeqs(4, 1, 33, 4, ck.Config.VocabSize, 20)
