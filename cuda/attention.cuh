@@ -480,6 +480,7 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
   constexpr int D8 = D / 8;                   // pieces of a key or value row
   constexpr int KPL = 32 / D8;                // value rows a warp reads per load
   constexpr int PB = D8 < 8 ? D8 : 8;         // pieces loaded together
+  static_assert(!kv_is_fp8<K> || PB % 2 == 0, "an FP8 key row loads two pieces at a time");
   __shared__ __align__(16) float qs[GB][D];   // the block's queries (zeros past nh)
   __shared__ float ps[kGqaWarps][GB][32];     // a chunk's probabilities, per warp
   __shared__ float wm[kGqaWarps][GB], wl[kGqaWarps][GB];
@@ -541,8 +542,18 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
 #pragma unroll
       for (int c0 = 0; c0 < D8; c0 += PB) {
         P kk[PB];
+        if constexpr (kv_is_fp8<K>) {
+          // Two pieces of codes a 16-byte load (PB is even: D ≥ 16; a key row starts at a
+          // multiple of D bytes).
 #pragma unroll
-        for (int u = 0; u < PB; u++) kk[u] = kp[c0 + u];
+          for (int u = 0; u < PB; u += 2) {
+            const uint4 x = reinterpret_cast<const uint4*>(kp + c0 + u)[0];
+            kk[u] = make_uint2(x.x, x.y), kk[u + 1] = make_uint2(x.z, x.w);
+          }
+        } else {
+#pragma unroll
+          for (int u = 0; u < PB; u++) kk[u] = kp[c0 + u];
+        }
 #pragma unroll
         for (int u = 0; u < PB; u++) {
           float kf[8];
