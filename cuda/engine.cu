@@ -1,6 +1,7 @@
 // engine.cu — creating an engine on shared weights (stream, cuBLAS, scratch buffers sized
 // for the step limits, the paged KV pool, the kernels' shared-memory limits, the warm-up)
 // and destroying it.
+#include <cmath>
 #include <exception>
 #include <memory>
 
@@ -104,6 +105,17 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     invalid("max_seq_len %d must be in [0, min(max_positions %d, 32768)]", p->max_seq_len,
             c.max_positions);
   check_tuning(p->tuning);
+  if (p->kv_dtype != 0 && p->kv_dtype != w->dtype && p->kv_dtype != GOLLM_DTYPE_F8E4M3)
+    invalid("kv_dtype %d must be 0 or the weights' dtype %d (the compute type) or "
+            "GOLLM_DTYPE_F8E4M3 (%d)",
+            p->kv_dtype, w->dtype, GOLLM_DTYPE_F8E4M3);
+  if (p->kv_dtype == GOLLM_DTYPE_F8E4M3 && p->kv_scales)
+    for (int i = 0; i < 2 * c.layers; i++) {
+      const float v = p->kv_scales[i];
+      if (!(v > 0.f) || !std::isfinite(v))
+        invalid("kv_scales[%d] (layer %d's %s scale) %g is not a finite positive number", i, i / 2,
+                i % 2 ? "value" : "key", v);
+    }
   if (p->mem_budget < 0) invalid("mem_budget %lld must not be negative", (long long)p->mem_budget);
   gollm_comm* comm = p->comm;
   if (comm) {
@@ -155,6 +167,13 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->max_logit_rows = std::max(p->max_logit_rows, p->max_seqs);
   e->max_len = p->max_seq_len > 0 ? p->max_seq_len : std::min(c.max_positions, 8192);
   e->geom = KVGeom{c.layers, c.heads, c.kv_heads, c.head_dim, p->tokens_per_block};
+  if (p->kv_dtype == GOLLM_DTYPE_F8E4M3) {
+    // Scales by value: each layer's pair travels in its launches' KVGeom (layer_geom), so
+    // graphs capture them; nothing on the device.
+    e->kv_fp8 = true;
+    e->kv_scales.assign(2 * (size_t)c.layers, 1.f);
+    if (p->kv_scales) e->kv_scales.assign(p->kv_scales, p->kv_scales + 2 * (size_t)c.layers);
+  }
   e->max_parts = 16;
   {
     int sms = 0;
@@ -287,9 +306,10 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
                    e->dtok.bytes + e->dlp.bytes + e->blas_ws.bytes + e->acc.bytes + e->fp8_part.bytes +
                    e->tp_gather.bytes + e->tp_logits.bytes;
 
-  // A block holds, for every layer, the keys and values of the KV heads only.
+  // A block holds, for every layer, the keys and values of the KV heads only: two bytes
+  // an element, one in an FP8 pool (twice the blocks from the same memory).
   const size_t block_bytes =
-      (size_t)p->tokens_per_block * c.layers * 2 * c.kv_heads * c.head_dim * 2;
+      (size_t)p->tokens_per_block * c.layers * 2 * c.kv_heads * c.head_dim * kv_elem_bytes(e.get());
   int64_t nb = p->num_blocks;
   if (nb == 0 && p->mem_budget > 0) {
     // gpu_memory_utilization: the pool gets what the scratch leaves of the budget.

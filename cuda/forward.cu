@@ -155,7 +155,7 @@ struct Flow {
   float* tmp;
   float* fc;
   T* fch;
-  T* kv;
+  void* kv;  // the pool: T, or FP8 codes (e->kv_fp8)
   unsigned long long* acc = nullptr;  // the fused MLP's fixed-point additions to h
   const Stage* norm = nullptr;        // the last NORM walked: what reads x reads its norm of h
   const Stage* post = nullptr;        // a POST_NORM walked since the branch: RESIDUAL's
@@ -173,7 +173,7 @@ struct Flow {
         seqs(reinterpret_cast<const DevSeq*>(din + L_.seqs)),
         tiles(reinterpret_cast<const CtxTile*>(din + L_.tiles)), h(e_->h.as<float>()),
         xn(e_->xn.as<T>()), qkv(e_->qkv.as<float>()), att(e_->att.as<T>()),
-        tmp(e_->tmp.as<float>()), fc(e_->fc.as<float>()), fch(e_->fch.as<T>()), kv(e_->kv.as<T>()) {
+        tmp(e_->tmp.as<float>()), fc(e_->fc.as<float>()), fch(e_->fch.as<T>()), kv(e_->kv.p) {
     const int H = d.H;
     const bool chunks_ok =
         pl.chunks.size() <= 1 && (pl.chunks.empty() || pl.chunks[0].count <= kGemvMaxRows);
@@ -279,7 +279,7 @@ void qkv(Flow<T>& f, const Stage& s) {
   GemvArgs a = f.args(f.N);
   a.w = s.w, a.bias = s.b, a.in = f.d.H, a.out = f.d.qkv, a.y = f.qkv;
   a.kv = f.kv, a.row_pos = f.I32(f.L.row_pos), a.row_seq = f.I32(f.L.row_seq);
-  a.seqs = f.seqs, a.blocks = f.words, a.geom = e->geom, a.layer = s.s.layer;
+  a.seqs = f.seqs, a.blocks = f.words, a.geom = layer_geom(e, s.s.layer), a.layer = s.s.layer;
   a.qscale = s.qscale, a.inv_freq = s.inv_freq;
   // whole: the streaming and tiled kernels' rotary epilogue serves; apart: the epilogue
   // needs KV_WRITE's kernel on the paths that lack it (rotary on the staged gemv) and on
@@ -322,47 +322,57 @@ void qkv(Flow<T>& f, const Stage& s) {
 template <typename T>
 void kv_write(Flow<T>& f, const Stage& s) {
   if (f.kv_written) return;
+  const KVGeom g = layer_geom(f.e, s.s.layer);
   if (s.extra)
     qkv_extra_write<T>(f.qkv, f.qkv_bias, f.kv, f.I32(f.L.row_pos), f.I32(f.L.row_seq), f.seqs,
-                       f.words, f.e->geom, s.s.layer, f.N, s.inv_freq, s.rope_dim, s.qscale, s.qkx,
-                       f.st);
+                       f.words, g, s.s.layer, f.N, s.inv_freq, s.rope_dim, s.qscale, s.qkx, f.st);
   else
     qkv_kv_write<T>(f.qkv, f.qkv_bias, f.kv, f.I32(f.L.row_pos), f.I32(f.L.row_seq), f.seqs,
-                    f.words, f.e->geom, s.s.layer, f.N, s.inv_freq, s.rope_dim, s.qscale, f.st);
+                    f.words, g, s.s.layer, f.N, s.inv_freq, s.rope_dim, s.qscale, f.st);
   f.kv_written = true;
 }
 
 // ATTENTION: the prompt rows' tiles, then the decode rows — steps of few decode rows keep
 // the per-head kernel with its loads before the wait (tiny grids: all latency); more read
-// each KV head once for all its query heads.
-template <typename T>
-void attention(Flow<T>& f, const Stage& s) {
+// each KV head once for all its query heads. K is the pool's element type.
+template <typename T, typename K>
+void attention_k(Flow<T>& f, const Stage& s) {
   gollm_engine* e = f.e;
+  const K* kv = static_cast<const K*>(f.kv);
   const int l = s.s.layer, window = s.s.window, rows = (int)f.pl.dec_rows.size();
+  const KVGeom g = layer_geom(e, l);
   // Chained decode rows read keys and values other rows of the step write, which the
   // kernels load before their dependent-launch wait: they start after the writes instead.
   const Stream& st = f.pl.chained ? f.st0 : f.st;
   // The per-head kernel's grid is its split count: under invariance the fixed one.
   if (s.s.softcap > 0.f) {
-    attention_capped<T>(f.qkv, f.att, f.kv, f.tiles, f.I32(f.L.dec_rows), f.I32(f.L.row_pos),
-                        f.I32(f.L.row_seq), f.seqs, f.words, e->geom, l, window,
+    attention_capped<T, K>(f.qkv, f.att, kv, f.tiles, f.I32(f.L.dec_rows), f.I32(f.L.row_pos),
+                        f.I32(f.L.row_seq), f.seqs, f.words, g, l, window,
                         (int)f.pl.tiles.size(), rows, f.cap, e->max_len, e->partial.as<float>(),
                         e->part_ml.as<float>(), e->tickets.as<int>(), f.small() || f.few_dec,
                         s.s.softcap, st);
     return;
   }
-  attention_context<T>(f.qkv, f.att, f.kv, f.tiles, f.seqs, f.words, e->geom, l, window,
+  attention_context<T, K>(f.qkv, f.att, kv, f.tiles, f.seqs, f.words, g, l, window,
                        (int)f.pl.tiles.size(), e->ctx_mma, e->sms, st);
   if (e->grouped && !f.few_dec)
-    attention_decode_gqa<T>(f.qkv, f.att, f.kv, f.I32(f.L.dec_rows), f.I32(f.L.row_pos),
-                            f.I32(f.L.row_seq), f.seqs, f.words, e->geom, l, window, rows,
+    attention_decode_gqa<T, K>(f.qkv, f.att, kv, f.I32(f.L.dec_rows), f.I32(f.L.row_pos),
+                            f.I32(f.L.row_seq), f.seqs, f.words, g, l, window, rows,
                             std::min(f.parts, f.cap), f.cap, e->partial.as<float>(),
                             e->part_ml.as<float>(), e->tickets.as<int>(), st);
   else
-    attention_decode<T>(f.qkv, f.att, f.kv, f.I32(f.L.dec_rows), f.I32(f.L.row_pos), f.I32(f.L.row_seq),
-                        f.seqs, f.words, e->geom, l, window, rows, f.cap, e->max_len,
+    attention_decode<T, K>(f.qkv, f.att, kv, f.I32(f.L.dec_rows), f.I32(f.L.row_pos), f.I32(f.L.row_seq),
+                        f.seqs, f.words, g, l, window, rows, f.cap, e->max_len,
                         e->partial.as<float>(), e->part_ml.as<float>(), e->tickets.as<int>(),
                         f.small() || f.few_dec, st);
+}
+
+template <typename T>
+void attention(Flow<T>& f, const Stage& s) {
+  if (f.e->kv_fp8)
+    attention_k<T, kv8>(f, s);
+  else
+    attention_k<T, T>(f, s);
 }
 
 // tp_share leaves a rank's share of the branch in tmp to RESIDUAL's custom all-reduce
@@ -731,6 +741,36 @@ void allow_smem_max(K k, int device) {
   allow_dynamic_smem(k, device);
 }
 
+// setup_attention raises the attention kernels' dynamic shared-memory limits, for a pool
+// of element type K.
+template <typename T, typename K>
+void setup_attention(gollm_engine* e) {
+  const gollm_model_config& c = e->w->cfg;
+  allow_smem_max(attention_context_tc_kernel<T, K>, e->device);
+  allow_smem_max(attention_context_mma_kernel<T, K, 64>, e->device);
+  allow_smem_max(attention_context_mma_kernel<T, K, 80>, e->device);
+  allow_smem_max(attention_context_mma_kernel<T, K, 128>, e->device);
+  allow_smem_max(attention_context_kernel<T, K>, e->device);
+  // Decode attention holds a row's scores: what it needs follows the longest sequence.
+  const size_t ds = decode_smem(c.head_dim, e->max_len);
+  if (ds > dynamic_smem_max(attention_decode_kernel<T, K, true>, e->device))
+    invalid("max_seq_len %d: decode attention needs %zu bytes of shared memory, more than the "
+            "device allows a block",
+            e->max_len, ds);
+  allow_smem_max(attention_decode_kernel<T, K, true>, e->device);
+  allow_smem_max(attention_decode_kernel<T, K, false>, e->device);
+  allow_smem_max(attention_decode_kernel<T, K, true, false, true>, e->device);
+  // The soft-capped variants (dense.cuh's attention_capped), for the models that take them.
+  bool capped = false;
+  for (const Stage& s : e->w->recipe) capped = capped || (s.s.kind == GOLLM_STAGE_ATTENTION && s.s.softcap > 0.f);
+  if (capped) {
+    allow_smem_max(attention_context_kernel<T, K, true>, e->device);
+    allow_smem_max(attention_decode_kernel<T, K, true, true>, e->device);
+    allow_smem_max(attention_decode_kernel<T, K, false, true>, e->device);
+    allow_smem_max(attention_decode_kernel<T, K, true, true, true>, e->device);
+  }
+}
+
 // setup_kernels_t raises the dynamic shared-memory limits of the kernels that may need
 // more than 48 KB and sizes the fused MLP for the model (turning it off where it cannot
 // run).
@@ -743,30 +783,11 @@ void setup_kernels_t(gollm_engine* e) {
   // The fused MLP adds to h itself: a post-normed MLP output cannot take it.
   if (e->fused)
     e->fused = !c.post_norms && fused_setup<T>(c.hidden, c.inner, c.gated_mlp != 0, e->sms, e->device, e->mlp_k);
-  allow_smem_max(attention_context_tc_kernel<T>, e->device);
-  allow_smem_max(attention_context_mma_kernel<T, 64>, e->device);
-  allow_smem_max(attention_context_mma_kernel<T, 80>, e->device);
-  allow_smem_max(attention_context_mma_kernel<T, 128>, e->device);
-  allow_smem_max(attention_context_kernel<T>, e->device);
   if (e->moe.chunk > 0) moe_allow_smem(e->device);
-  // Decode attention holds a row's scores: what it needs follows the longest sequence.
-  const size_t ds = decode_smem(c.head_dim, e->max_len);
-  if (ds > dynamic_smem_max(attention_decode_kernel<T, true>, e->device))
-    invalid("max_seq_len %d: decode attention needs %zu bytes of shared memory, more than the "
-            "device allows a block",
-            e->max_len, ds);
-  allow_smem_max(attention_decode_kernel<T, true>, e->device);
-  allow_smem_max(attention_decode_kernel<T, false>, e->device);
-  allow_smem_max(attention_decode_kernel<T, true, false, true>, e->device);
-  // The soft-capped variants (dense.cuh's attention_capped), for the models that take them.
-  bool capped = false;
-  for (const Stage& s : e->w->recipe) capped = capped || (s.s.kind == GOLLM_STAGE_ATTENTION && s.s.softcap > 0.f);
-  if (capped) {
-    allow_smem_max(attention_context_kernel<T, true>, e->device);
-    allow_smem_max(attention_decode_kernel<T, true, true>, e->device);
-    allow_smem_max(attention_decode_kernel<T, false, true>, e->device);
-    allow_smem_max(attention_decode_kernel<T, true, true, true>, e->device);
-  }
+  if (e->kv_fp8)
+    setup_attention<T, kv8>(e);
+  else
+    setup_attention<T, T>(e);
 }
 
 }  // namespace

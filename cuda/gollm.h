@@ -13,7 +13,8 @@
  *   gollm_weights  a model's weights on one GPU, converted once to fp16 or bf16. Refcounted:
  *                  every engine made on it holds a reference, so instances of a model on one
  *                  GPU share one copy (AITemplate's ModelContainer constants).
- *   gollm_engine   a paged KV pool, scratch buffers, a stream, a cuBLAS handle and the CUDA
+ *   gollm_engine   a paged KV pool (fp16/bf16 as the weights, or float8_e4m3fn with per-layer
+ *                  scales), scratch buffers, a stream, a cuBLAS handle and the CUDA
  *                  graphs of decode steps; runs one iteration per gollm_step call.
  *   gollm_comm     tensor parallelism: the NCCL communicators of the GPUs one instance
  *                  spreads a model over, one rank a GPU (ABI 7). Each rank's engine runs on
@@ -358,6 +359,13 @@ typedef struct gollm_engine_params {
   int32_t tp_vocab;           /* the whole model's vocabulary (tokens, logits and sampling);
                                  the weights' config holds this rank's ceil(tp_vocab / ranks)
                                  rows of the embedding and LM head. 0 without comm. */
+  /* The KV pool's element type (ABI 16). 0, or the weights' dtype: the compute type (two
+     bytes an element). GOLLM_DTYPE_F8E4M3: float8_e4m3fn (one byte) — layer l's keys are
+     stored divided by kv_scales[2l] and its values by kv_scales[2l + 1], rounded to nearest
+     even and saturated at ±448, and attention reads them back times the scale. */
+  int32_t kv_dtype;
+  const float* kv_scales;     /* F8E4M3: [layers][2] (key, value), each finite and positive;
+                                 NULL: 1 for every layer. Copied at creation. */
 } gollm_engine_params;
 
 /* gollm_engine_info describes a created engine. */

@@ -304,9 +304,11 @@ struct gollm_engine {
   cublasHandle_t blas = nullptr;  // bound to stream
   gollm::DevMem blas_ws;          // cuBLAS workspace, fixed so that capture allocates nothing
   gollm::LtGemms gemms;           // the Blas path's GEMMs (cuBLASLt, algorithms per shape)
-  gollm::KVGeom geom{};           // pool geometry
+  gollm::KVGeom geom{};           // pool geometry (scales 1: layer_geom gives a layer's)
   int num_blocks = 0;             // usable KV blocks; block num_blocks is the padding block
   gollm::DevMem kv;               // the pool
+  bool kv_fp8 = false;            // the pool holds float8_e4m3fn codes (gollm::kv8)
+  std::vector<float> kv_scales;   // FP8: [layers][2] key and value scales
   int max_tokens = 0, max_seqs = 0, max_logit_rows = 0;  // step limits
   int max_len = 0;                // longest sequence served (max_seq_len)
   int sms = 1;                    // multiprocessors, for sizing grids
@@ -393,6 +395,25 @@ struct gollm_engine {
   unsigned long long ar_timeout_ns = 0;
   gollm::MoeBufs moe;             // the mixture-of-experts stage's buffers (moe.cu)
 };
+
+namespace gollm {
+
+// layer_geom is the pool's geometry with layer's key and value scales (an FP8 pool's), as
+// the kernels that write or read that layer's keys and values take it.
+inline KVGeom layer_geom(const gollm_engine* e, int layer) {
+  KVGeom g = e->geom;
+  if (e->kv_fp8) {
+    g.fp8 = 1;
+    g.kscale = e->kv_scales[2 * (size_t)layer];
+    g.vscale = e->kv_scales[2 * (size_t)layer + 1];
+  }
+  return g;
+}
+
+// kv_elem_bytes is the bytes of one element of e's pool.
+inline size_t kv_elem_bytes(const gollm_engine* e) { return e->kv_fp8 ? 1 : 2; }
+
+}  // namespace gollm
 
 namespace gollm {
 

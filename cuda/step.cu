@@ -37,8 +37,9 @@ void copy_blocks(gollm_engine* e, const gollm_step_in* in) {
     if (id < 0 || id >= e->num_blocks)
       invalid("step: block copy %d: block %d outside the pool [0, %d)", i / 2, id, e->num_blocks);
   }
-  // A block is page(1, 0, 0, 0) elements of 2 bytes (fp16 or bf16), as engine.cu sizes it.
-  const size_t bytes = (size_t)e->geom.page(1, 0, 0, 0) * 2;
+  // A block is page(1, 0, 0, 0) elements of 2 bytes (fp16 or bf16) or 1 (FP8), as
+  // engine.cu sizes it.
+  const size_t bytes = (size_t)e->geom.page(1, 0, 0, 0) * kv_elem_bytes(e);
   char* kv = static_cast<char*>(e->kv.p);
   for (int i = 0; i < n; i++) {
     const size_t src = (size_t)in->block_copies[2 * i], dst = (size_t)in->block_copies[2 * i + 1];

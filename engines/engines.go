@@ -421,14 +421,20 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 	if m.gguf != "" {
 		return nil, fmt.Errorf("%s is a GGUF file, which KIND_CPU instances serve; KIND_GPU instances serve Hugging Face checkpoints (safetensors)", m.gguf)
 	}
+	// An FP8 pool takes the checkpoint's per-layer scales (1 where it has none), the same
+	// on every tensor-parallel rank.
+	var ks, vs []float32
 	if s.KVCacheDType == engine.KVFP8 {
-		return nil, errors.New(`parameter "kv_cache_dtype" fp8: KIND_GPU instances do not serve an FP8 KV cache yet; KIND_CPU instances do, and auto keeps the GPU's pool in the compute type`)
+		var err error
+		if ks, vs, err = m.kvScales(s.Logger); err != nil {
+			return nil, err
+		}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	dtype := computeType(s.DataType, m.cfg.DType)
 	if s.TensorParallel > 1 {
-		return m.newGPUTP(device, dtype, s)
+		return m.newGPUTP(device, dtype, s, ks, vs)
 	}
 	w := m.gpu[gpuKey{device: device, dtype: dtype, tp: 1, quant: s.Quantization}]
 	if w == nil {
@@ -453,7 +459,7 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 	}
 	opts := cuda.Options{Device: device, DType: dtype, TokensPerBlock: s.TokensPerBlock,
 		KVFreeFraction: s.KVFreeFraction, MaxSeqs: s.MaxSeqs, MaxSeqLen: s.MaxSeqLen,
-		BatchInvariant: s.BatchInvariant, Logger: s.Logger}
+		BatchInvariant: s.BatchInvariant, KVDType: s.KVCacheDType, KScales: ks, VScales: vs, Logger: s.Logger}
 	switch {
 	case s.KVTokens > 0:
 		opts.NumBlocks = (s.KVTokens + s.TokensPerBlock - 1) / s.TokensPerBlock
@@ -485,8 +491,8 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 
 // newGPUTP makes a tensor-parallel engine over GPUs device … device+n-1 (n =
 // s.TensorParallel), loading each rank's share of the weights there unless an instance
-// before it did (m.mu held).
-func (m *Model) newGPUTP(device int, dtype string, s Settings) (engine.Engine, error) {
+// before it did (m.mu held); ks and vs are an FP8 pool's scales.
+func (m *Model) newGPUTP(device int, dtype string, s Settings, ks, vs []float32) (engine.Engine, error) {
 	n := s.TensorParallel
 	if _, err := m.cfg.TensorParallel(n); err != nil {
 		return nil, err
@@ -532,7 +538,8 @@ func (m *Model) newGPUTP(device int, dtype string, s Settings) (engine.Engine, e
 		shares[r] = w
 	}
 	opts := cuda.Options{DType: dtype, TokensPerBlock: s.TokensPerBlock, KVFreeFraction: s.KVFreeFraction,
-		MaxSeqs: s.MaxSeqs, MaxSeqLen: s.MaxSeqLen, BatchInvariant: s.BatchInvariant, Logger: s.Logger}
+		MaxSeqs: s.MaxSeqs, MaxSeqLen: s.MaxSeqLen, BatchInvariant: s.BatchInvariant,
+		KVDType: s.KVCacheDType, KScales: ks, VScales: vs, Logger: s.Logger}
 	switch {
 	case s.KVTokens > 0:
 		opts.NumBlocks = (s.KVTokens + s.TokensPerBlock - 1) / s.TokensPerBlock

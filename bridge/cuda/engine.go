@@ -31,6 +31,15 @@ type Options struct {
 	// Quantization "fp8" quantizes a float checkpoint's projections to FP8 at load
 	// (model.QuantizeFP8), as an FP8 checkpoint's are stored; empty loads them as stored.
 	Quantization string
+	// KVDType is the KV pool's element type: engine.KVAuto keeps the compute type (two
+	// bytes an element); engine.KVFP8 stores float8_e4m3fn codes (one byte: twice the
+	// blocks from the same memory), each layer's keys divided by KScales[layer] and its
+	// values by VScales[layer], rounded to nearest even and saturated at ±448, as the CPU
+	// engine stores them.
+	KVDType engine.KVDType
+	// KScales and VScales are each layer's KV scales under KVFP8 (the checkpoint's k_scale
+	// and v_scale); nil means 1 for every layer.
+	KScales, VScales []float32
 	// TokensPerBlock is the number of positions per KV block (default 64).
 	TokensPerBlock int
 	// NumBlocks sets the KV pool's size in blocks; 0 sizes it from KVFreeFraction.
@@ -303,6 +312,16 @@ var (
 	_ [int(model.FirstLayerRole) - int(C.GOLLM_FIRST_LAYER_ROLE)]struct{}
 )
 
+// kvScales lays k and v (one a layer, or nil: 1) out as gollm_engine_params.kv_scales
+// takes them: [layers][2], key then value.
+func kvScales(k, v []float32, layers int) []C.float {
+	out := make([]C.float, 2*layers)
+	for l := range layers {
+		out[2*l], out[2*l+1] = C.float(engine.Scale(k, l)), C.float(engine.Scale(v, l))
+	}
+	return out
+}
+
 // descriptor translates the model's shapes into gollm_model_config.
 func descriptor(c *model.Config) C.gollm_model_config {
 	d := C.gollm_model_config{
@@ -558,6 +577,12 @@ func newEngine(w *Weights, opts Options, comm *C.gollm_comm) (*Engine, error) {
 		return nil, fmt.Errorf("cuda: NewEngine: MaxSeqLen %d must not be negative", opts.MaxSeqLen)
 	case opts.MemBudget < 0:
 		return nil, fmt.Errorf("cuda: NewEngine: MemBudget %d must not be negative", opts.MemBudget)
+	case opts.KVDType != engine.KVAuto && opts.KVDType != engine.KVFP8:
+		return nil, fmt.Errorf("cuda: NewEngine: KVDType %d is neither auto nor fp8", opts.KVDType)
+	}
+	kv := engine.KVConfig{KScales: opts.KScales, VScales: opts.VScales}
+	if err := kv.CheckScales(w.cfg.Layers); err != nil {
+		return nil, fmt.Errorf("cuda: NewEngine: %w", err)
 	}
 	e := &Engine{lib: w.lib, opts: opts}
 	p := C.gollm_engine_params{
@@ -570,6 +595,17 @@ func newEngine(w *Weights, opts Options, comm *C.gollm_comm) (*Engine, error) {
 	if comm != nil {
 		p.comm, p.tp_rank, p.tp_vocab = comm, C.int32_t(w.tpRank), C.int32_t(w.cfg.VocabSize)
 		e.rank = w.tpRank
+	}
+	// The library copies the scales at creation: Go memory, pinned for the call.
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	if opts.KVDType == engine.KVFP8 {
+		p.kv_dtype = C.GOLLM_DTYPE_F8E4M3
+		if opts.KScales != nil || opts.VScales != nil {
+			scales := kvScales(opts.KScales, opts.VScales, w.cfg.Layers)
+			pin.Pin(&scales[0])
+			p.kv_scales = &scales[0]
+		}
 	}
 	if !opts.DisableCUDAGraphs {
 		p.cuda_graphs = 1
@@ -619,6 +655,7 @@ func newEngine(w *Weights, opts Options, comm *C.gollm_comm) (*Engine, error) {
 	e.preps[1].init(cfg.VocabSize)
 	e.check = engine.NewBatchChecker(e.info, "cuda")
 	opts.Logger.Info("gpu engine ready", zap.String("device", e.DeviceName), zap.String("uuid", e.Device.UUID), zap.Int("kv_blocks", e.info.NumBlocks),
+		zap.Stringer("kv_cache_dtype", opts.KVDType),
 		zap.Int("tokens_per_block", e.info.TokensPerBlock), zap.Int("max_seq_len", e.info.MaxSeqLen),
 		zap.Int64("weight_bytes", e.WeightBytes), zap.Int64("kv_bytes", e.KVBytes), zap.Int64("scratch_bytes", e.ScratchBytes),
 		zap.Int("warmup_gemm_shapes", e.WarmupGEMMShapes), zap.Int("warmup_graphs", e.WarmupGraphs),

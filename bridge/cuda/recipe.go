@@ -150,6 +150,7 @@ func abiLayout() map[string]uintptr {
 		"gollm_engine_params": unsafe.Sizeof(ep), "gollm_engine_params.tuning": unsafe.Offsetof(ep.tuning),
 		"gollm_engine_params.faults": unsafe.Offsetof(ep.faults), "gollm_engine_params.mem_budget": unsafe.Offsetof(ep.mem_budget),
 		"gollm_engine_params.comm": unsafe.Offsetof(ep.comm), "gollm_engine_params.tp_vocab": unsafe.Offsetof(ep.tp_vocab),
+		"gollm_engine_params.kv_dtype": unsafe.Offsetof(ep.kv_dtype), "gollm_engine_params.kv_scales": unsafe.Offsetof(ep.kv_scales),
 	}
 }
 

@@ -149,8 +149,10 @@ func TestABILayoutIsVersion16(t *testing.T) {
 		"gollm_weights_params.stages": 80, "gollm_weights_params.num_rope_freqs": 88,
 		"gollm_weights_params.rope_freqs": 96, "gollm_weights_params.num_weights": 104,
 		"gollm_weights_params.weights": 112, "gollm_weights_params.faults": 120,
-		"gollm_engine_params": 120, "gollm_engine_params.tuning": 36, "gollm_engine_params.faults": 72,
+		// ABI 16: the KV pool's element type and an FP8 pool's scales.
+		"gollm_engine_params": 136, "gollm_engine_params.tuning": 36, "gollm_engine_params.faults": 72,
 		"gollm_engine_params.mem_budget": 96, "gollm_engine_params.comm": 104, "gollm_engine_params.tp_vocab": 116,
+		"gollm_engine_params.kv_dtype": 120, "gollm_engine_params.kv_scales": 128,
 		"gollm_step_in": 152, "gollm_step_in.num_allowed": 120, "gollm_step_in.feed": 136, "gollm_step_in.late_allowed": 144,
 	}
 	got := abiLayout()
