@@ -484,6 +484,8 @@ void mlp(Flow<T>& f, const Stage& s) {
 // parallelism, for RESIDUAL.
 // The few-row paths norm inside their gemv kernels and leave xn unwritten: the router's
 // kernel norms h itself and writes xn for the experts (an RMSNorm: every MoE family's).
+// Under expert parallelism the rank's weights hold experts [expert_first, + local_experts):
+// its pass sums their pairs alone, and the all-reduce adds the ranks' (tp_share).
 template <typename T>
 void moe(Flow<T>& f, const Stage& s) {
   gollm_engine* e = f.e;
@@ -496,8 +498,9 @@ void moe(Flow<T>& f, const Stage& s) {
   MoePass<T> p{};
   p.s = &s, p.H = f.d.H, p.E = c.experts, p.K = s.s.top_k, p.MI = c.moe_inner, p.SI = c.shared_inner;
   p.logits = m.logits.as<float>();
-  p.rt = MoeRoute{m.topi.as<int>(),    m.topw.as<float>(), m.sgate.as<float>(), m.sorted.as<int>(),
-                  m.pos.as<int>(), m.tiles.as<int4>(), m.ntiles.as<int>()};
+  p.rt = MoeRoute{m.topi.as<int>(), m.topw.as<float>(), m.sgate.as<float>(), m.sorted.as<int>(),
+                  m.pos.as<int>(),  m.tiles.as<int4>(), m.ntiles.as<int>(),  c.expert_first,
+                  held_experts(c)};
   p.act = m.act.as<T>(), p.y = m.y.as<float>(), p.sact = m.sact.as<T>(), p.sy = m.sy.as<float>();
   p.add = into_h;
   p.invariant = e->invariant;  // moe_path: each pass picks its kernels by its rows

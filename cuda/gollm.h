@@ -109,6 +109,13 @@ typedef struct gollm_model_config {
   int32_t experts;           /* experts of a sparse layer, at most 4096 */
   int32_t moe_inner;         /* an expert's units (its gate's and up-projection's each) */
   int32_t shared_inner;      /* the shared expert's units; 0: none */
+  /* Expert parallelism (ABI 16): the weights hold experts [expert_first, expert_first +
+   * local_experts) of the router's experts, whole (EXPERT_UP and EXPERT_DOWN have
+   * local_experts experts' rows); the pairs routed to the others add nothing here (another
+   * rank's share, added by the all-reduce after the stage). local_experts 0: every expert
+   * (expert_first 0). */
+  int32_t expert_first;
+  int32_t local_experts;
 } gollm_model_config;
 
 /* gollm_stage_kind is what a stage of the recipe does (model.StageKind in Go, the same
@@ -190,7 +197,8 @@ typedef struct gollm_stage {
  *   POST_ATTN_NORM, POST_MLP_NORM [hidden] (post_norms);
  *   a sparse layer (a MOE stage) instead of UP, DOWN and their biases: ROUTER
  *   [experts][hidden]; EXPERT_UP [experts·2·moe_inner][hidden] (expert by expert, its gate's
- *   rows, then its up-projection's); EXPERT_DOWN [experts·hidden][moe_inner]; with a shared
+ *   rows, then its up-projection's); EXPERT_DOWN [experts·hidden][moe_inner] (both of the
+ *   local_experts held, where the config says); with a shared
  *   expert SHARED_UP [2·shared_inner][hidden] (gate's rows first), SHARED_DOWN
  *   [hidden][shared_inner], SHARED_GATE [1][hidden].
  * The *_NORM_BIAS roles exist under LayerNorm only; a bias role is absent when the model

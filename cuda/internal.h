@@ -171,6 +171,10 @@ struct Dims {
 bool role_shape(const gollm_model_config& c, int role, int64_t& rows, int64_t& cols);
 bool layer_role_shape(const gollm_model_config& c, bool sparse, int role, int64_t& rows, int64_t& cols);
 
+// held_experts is how many experts' weights a share holds: local_experts under expert
+// parallelism (from expert_first), else every expert.
+inline int held_experts(const gollm_model_config& c) { return c.local_experts > 0 ? c.local_experts : c.experts; }
+
 }  // namespace gollm
 
 // gollm_weights: one device arena holding every weight, shared by engines (refcounted).

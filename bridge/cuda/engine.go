@@ -40,6 +40,10 @@ type Options struct {
 	// KScales and VScales are each layer's KV scales under KVFP8 (the checkpoint's k_scale
 	// and v_scale); nil means 1 for every layer.
 	KScales, VScales []float32
+	// ExpertParallel spreads a mixture of experts' experts whole over the ranks of a
+	// tensor-parallel split (LoadShard, NewTensorParallel), E/N a rank, rather than each
+	// rank's units of every expert (model.Config.ExpertParallel).
+	ExpertParallel bool
 	// TokensPerBlock is the number of positions per KV block (default 64).
 	TokensPerBlock int
 	// NumBlocks sets the KV pool's size in blocks; 0 sizes it from KVFreeFraction.
@@ -298,8 +302,10 @@ type Weights struct {
 	// dir is the checkpoint folder they were read from.
 	dir string
 	// tpSize and tpRank place a share of a tensor-parallel split (LoadShard): rank tpRank
-	// of tpSize; tpSize is 1 for a whole model.
+	// of tpSize; tpSize is 1 for a whole model. ep says the split's experts are whole, a
+	// rank's E/tpSize of them (Options.ExpertParallel).
 	tpSize, tpRank int
+	ep             bool
 	// once makes Release idempotent.
 	once sync.Once
 }
@@ -336,6 +342,7 @@ func descriptor(c *model.Config) C.gollm_model_config {
 	}
 	if m := c.MoE; m != nil {
 		d.experts, d.moe_inner, d.shared_inner = C.int32_t(m.Experts), C.int32_t(m.Inner), C.int32_t(m.SharedInner)
+		d.expert_first, d.local_experts = C.int32_t(m.FirstLocal), C.int32_t(m.Local)
 	}
 	return d
 }
@@ -352,7 +359,8 @@ func LoadWeights(ckpt *model.Checkpoint, opts Options) (*Weights, error) {
 // ranks onto opts.Device, as LoadWeights copies the whole (size 1): model.ShardWeights'
 // split — its heads, KV heads, MLP units and vocabulary rows — except that every rank
 // holds the whole attention-output and MLP-down biases, which the GPU adds once, after
-// the all-reduce of the ranks' partial sums. NewTensorParallelEngine runs the shares.
+// the all-reduce of the ranks' partial sums; with opts.ExpertParallel its E/size experts
+// whole (model.Config.ExpertParallel). NewTensorParallelEngine runs the shares.
 func LoadShard(ckpt *model.Checkpoint, size, rank int, opts Options) (*Weights, error) {
 	opts = opts.withDefaults()
 	if ckpt == nil {
@@ -372,7 +380,7 @@ func LoadShard(ckpt *model.Checkpoint, size, rank int, opts Options) (*Weights, 
 	}
 	rankCfg := cfg
 	if size != 1 {
-		l, err := cfg.TensorParallel(size)
+		l, err := cfg.Parallel(size, opts.ExpertParallel)
 		if err != nil {
 			return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
 		}
@@ -425,8 +433,9 @@ func LoadShard(ckpt *model.Checkpoint, size, rank int, opts Options) (*Weights, 
 	}
 	opts.Logger.Info("gpu weights loaded", zap.String("checkpoint", ckpt.Dir), zap.Int("device", opts.Device),
 		zap.String("dtype", opts.DType), zap.String("family", cfg.Family), zap.String("library", l.path),
-		zap.Int("tensor_parallel_rank", rank), zap.Int("tensor_parallel_size", size))
-	return &Weights{lib: l, ptr: w, cfg: cfg, device: opts.Device, dtype: opts.DType, dir: ckpt.Dir, tpSize: size, tpRank: rank}, nil
+		zap.Int("tensor_parallel_rank", rank), zap.Int("tensor_parallel_size", size), zap.Bool("expert_parallel", opts.ExpertParallel))
+	return &Weights{lib: l, ptr: w, cfg: cfg, device: opts.Device, dtype: opts.DType, dir: ckpt.Dir, tpSize: size, tpRank: rank,
+		ep: opts.ExpertParallel && size != 1}, nil
 }
 
 // createWeights calls gollm_weights_create with the shapes of cfg, its recipe rec, the
@@ -481,6 +490,9 @@ func shardWeights(ws []model.Weight, cfg *model.Config, l model.TPLayout, rank i
 // Shard returns the tensor-parallel split the weights are a share of: size ranks (1 for a
 // whole model) and their rank.
 func (w *Weights) Shard() (size, rank int) { return w.tpSize, w.tpRank }
+
+// ExpertParallel says the split's experts are whole, E/size a rank (Options.ExpertParallel).
+func (w *Weights) ExpertParallel() bool { return w.ep }
 
 // Config returns the model's configuration.
 func (w *Weights) Config() model.Config { return w.cfg }

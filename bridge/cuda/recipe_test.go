@@ -123,6 +123,12 @@ func TestABILayoutIsVersion16(t *testing.T) {
 		t.Fatalf("gollm.h has ABI %d: update this test's layout with the version", v)
 	}
 	want := map[string]uintptr{
+		// ABI 16: a share's experts under expert parallelism.
+		"gollm_model_config": 76, "gollm_model_config.expert_first": 68, "gollm_model_config.local_experts": 72,
+		"gollm_weights_params": 152, "gollm_weights_params.config": 8, "gollm_weights_params.num_stages": 84,
+		"gollm_weights_params.stages": 88, "gollm_weights_params.num_rope_freqs": 96,
+		"gollm_weights_params.rope_freqs": 104, "gollm_weights_params.num_weights": 112,
+		"gollm_weights_params.weights": 120, "gollm_weights_params.faults": 128,
 		// ABI 15: what the warm-up's GEMM tuning timed, and how long it took.
 		"gollm_engine_info": 312, "gollm_engine_info.max_seq_len": 300, "gollm_engine_info.warmup_gemm_tuned": 304,
 		"gollm_engine_info.warmup_gemm_tune_ms": 308,
@@ -142,13 +148,9 @@ func TestABILayoutIsVersion16(t *testing.T) {
 		"gollm_tuning.allreduce_two_bytes": 32, // ABI 16: the two-shot's smallest payload
 		"gollm_allreduce_params":           32, "gollm_allreduce_params.timeout_ms": 28,
 		"gollm_allreduce_result": 276, "gollm_allreduce_result.reason": 20,
-		"gollm_model_config": 68, "gollm_model_config.norm": 32, "gollm_model_config.tied_head": 44,
+		"gollm_model_config.norm": 32, "gollm_model_config.tied_head": 44,
 		"gollm_model_config.qk_norm": 48, "gollm_model_config.post_norms": 52, "gollm_model_config.experts": 56,
 		"gollm_model_config.shared_inner": 64,
-		"gollm_weights_params":            144, "gollm_weights_params.config": 8, "gollm_weights_params.num_stages": 76,
-		"gollm_weights_params.stages": 80, "gollm_weights_params.num_rope_freqs": 88,
-		"gollm_weights_params.rope_freqs": 96, "gollm_weights_params.num_weights": 104,
-		"gollm_weights_params.weights": 112, "gollm_weights_params.faults": 120,
 		// ABI 16: the KV pool's element type and an FP8 pool's scales.
 		"gollm_engine_params": 136, "gollm_engine_params.tuning": 36, "gollm_engine_params.faults": 72,
 		"gollm_engine_params.mem_budget": 96, "gollm_engine_params.comm": 104, "gollm_engine_params.tp_vocab": 116,
