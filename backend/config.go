@@ -447,11 +447,8 @@ func parseModelConfig(raw []byte, modelDir string, version uint64) (*modelConfig
 				tp, a, b, b, tp-1, tp, starts[0])
 		}
 	}
-	if c.ExpertParallel {
-		if tp < 2 {
-			return nil, fmt.Errorf(`parameter "expert_parallel": spreads a mixture of experts' experts over the GPUs of a tensor-parallel instance, and needs tensor_parallel_size above 1 (it is %d)`, tp)
-		}
-		return nil, fmt.Errorf(`parameter "expert_parallel": not yet on KIND_GPU instances (the GPU engine splits every expert along its units under tensor_parallel_size %d); set it false`, tp)
+	if c.ExpertParallel && tp < 2 {
+		return nil, fmt.Errorf(`parameter "expert_parallel": spreads a mixture of experts' experts over the GPUs of a tensor-parallel instance, and needs tensor_parallel_size above 1 (it is %d)`, tp)
 	}
 	if c.ModelType == batchmanager.V1 && c.EnableChunkedContext {
 		return nil, fmt.Errorf(`parameter "enable_chunked_context": chunked context needs in-flight batching, but gpt_model_type is V1`)

@@ -223,6 +223,7 @@ func (ms *modelState) engineSettings(log *zap.Logger) engines.Settings {
 		MaxSeqs:           ms.cfg.MaxBatchSize,
 		MaxSeqLen:         ms.lim.MaxSeqLen,
 		TensorParallel:    ms.cfg.TensorParallelSize,
+		ExpertParallel:    ms.cfg.ExpertParallel,
 		Logger:            log,
 	}
 }

@@ -86,6 +86,9 @@ type Settings struct {
 	// over GPUs d, d+1, …, d+TensorParallel-1 (0 and 1: one GPU). The CPU engine runs a
 	// model whole.
 	TensorParallel int
+	// ExpertParallel is expert_parallel: under TensorParallel > 1, each GPU holds E/N of a
+	// mixture of experts' experts whole (model.Config.ExpertParallel).
+	ExpertParallel bool
 	// Logger receives load messages.
 	Logger *zap.Logger
 }
@@ -126,6 +129,8 @@ type gpuKey struct {
 	tp, rank int
 	// quant is the weights' Settings.Quantization.
 	quant string
+	// ep is the split's Settings.ExpertParallel.
+	ep bool
 }
 
 var (
@@ -494,7 +499,7 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 // before it did (m.mu held); ks and vs are an FP8 pool's scales.
 func (m *Model) newGPUTP(device int, dtype string, s Settings, ks, vs []float32) (engine.Engine, error) {
 	n := s.TensorParallel
-	if _, err := m.cfg.TensorParallel(n); err != nil {
+	if _, err := m.cfg.Parallel(n, s.ExpertParallel); err != nil {
 		return nil, err
 	}
 	count, err := cuda.DeviceCount("")
@@ -513,7 +518,7 @@ func (m *Model) newGPUTP(device int, dtype string, s Settings, ks, vs []float32)
 		}
 	}()
 	for r := range n {
-		key := gpuKey{device: device + r, dtype: dtype, tp: n, rank: r, quant: s.Quantization}
+		key := gpuKey{device: device + r, dtype: dtype, tp: n, rank: r, quant: s.Quantization, ep: s.ExpertParallel}
 		if w := m.gpu[key]; w != nil {
 			shares[r] = w
 			continue
@@ -527,7 +532,8 @@ func (m *Model) newGPUTP(device int, dtype string, s Settings, ks, vs []float32)
 				return nil, err
 			}
 		}
-		w, err := cuda.LoadShard(ckpt, n, r, cuda.Options{Device: device + r, DType: dtype, Quantization: s.Quantization, Logger: s.Logger})
+		w, err := cuda.LoadShard(ckpt, n, r, cuda.Options{Device: device + r, DType: dtype, Quantization: s.Quantization,
+			ExpertParallel: s.ExpertParallel, Logger: s.Logger})
 		if err != nil {
 			return nil, fmt.Errorf("tensor_parallel_size %d: rank %d on GPU %d: %w", n, r, device+r, err)
 		}
