@@ -401,8 +401,8 @@ func TestGPUFP8KVCacheTensorParallel(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rc := ck.Config.RankConfig(l)
 			for rank := range n {
+				rc := ck.Config.RankConfig(l, rank)
 				_, kv, _ := e.Memory(rank)
 				if want := int64(e.Info().NumBlocks+1) * 16 * int64(rc.Layers*2*rc.KVHeads*rc.HeadDim); kv != want {
 					t.Fatalf("rank %d's pool takes %d bytes, want %d (a byte an element)", rank, kv, want)
