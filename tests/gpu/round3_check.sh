@@ -70,8 +70,10 @@
 #   4. "tp ep arbench"                       ~9 (R3_TP_ROUNDS=1 for ~7)
 # R3_BUDGET_S (default 480): no test group or benchmark run starts past this many seconds
 # of the call (each reported as not run, so that a later call can take it up; benchmark
-# rounds can be picked with R3_ROUNDS etc.). Timeouts: R3_TEST_S per Go test group
-# (default 300), R3_CHECK_S (480), R3_BENCH_S per gpubench run (150).
+# rounds can be picked with R3_ROUNDS etc.); R3_DEADLINE_S (default 540): every timeout
+# below is cut to end by then, so that the reports print inside a 600 s call. Timeouts:
+# R3_TEST_S per Go test group (default 300), R3_CHECK_S (480), R3_BENCH_S per gpubench run
+# (150).
 set -uo pipefail
 carry=$(cd "$1" && pwd) out=$2
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -88,7 +90,7 @@ stages=${stages/ tests / new rest }
 stages=${stages/ new / kv fp8lt tpnew epnew }
 stages=${stages/ rest / rest1a rest1b resttp }
 has() { [[ "$stages" == *" $1 "* ]]; }
-budget=${R3_BUDGET_S:-480}
+budget=${R3_BUDGET_S:-480} deadline=${R3_DEADLINE_S:-540}
 b=$root/build/round3
 mkdir -p "$b/bin" "$b/lib" "$b/rows"
 logs=$(mktemp -d)
@@ -113,7 +115,11 @@ passes=0 fails=0 failed=() skipped=()
 pass() { echo "PASS $1"; passes=$((passes + 1)); }
 fail() { echo "FAIL $1"; fails=$((fails + 1)); failed+=("${1:0:220}"); }
 skip() { echo "SKIP $1"; skipped+=("${1:0:220}"); }
-past_budget() { [ $((SECONDS - T0)) -gt "$budget" ]; }
+past_budget() { [ $((SECONDS - T0)) -gt "$budget" ] || [ "$(left)" -lt 45 ]; }
+# left: seconds to R3_DEADLINE_S; cap LIMIT: LIMIT or what is left, the smaller, so that
+# the reports print before the call's limit.
+left() { echo $((deadline - (SECONDS - T0))); }
+cap() { local l; l=$(left); echo $(($1 < l ? $1 : l)); }
 
 finish() {
   echo
@@ -202,7 +208,7 @@ group() {
   local name=$1 bin=$2 dir=$3 re=$4
   [ -z "$re" ] && { echo "no tests" > "$logs/go-$name.log"; echo 0 > "$logs/go-$name.rc"; return; }
   if past_budget; then echo budget > "$logs/go-$name.rc"; return; fi
-  (cd "$dir" && GOLLM_CUDA_LIB=$lib timeout "${R3_TEST_S:-300}" "$bin" -test.run "^($re)\$" -test.v -test.count=1 \
+  (cd "$dir" && GOLLM_CUDA_LIB=$lib timeout "$(cap "${R3_TEST_S:-300}")" "$bin" -test.run "^($re)\$" -test.v -test.count=1 \
     > "$logs/go-$name.log" 2>&1)
   echo $? > "$logs/go-$name.rc"
 }
@@ -233,13 +239,13 @@ report() {
     /^[ \t]*--- SKIP: / { n = $3; print n "\t" why[n] }' "$log")
   grep -E '_test\.go:[0-9]+: ' "$log" | grep -iE 'error|want|differ|mismatch|exceed|panic' | head -8 | sed 's/^/    /'
   if [ "$rc" != 0 ]; then
-    fail "$name: exit $rc$([ "$rc" = 124 ] && echo " (timed out after ${R3_TEST_S:-300} s)")"
+    fail "$name: exit $rc$([ "$rc" = 124 ] && echo " (timed out: R3_TEST_S or R3_DEADLINE_S)")"
     tail -12 "$log" | sed 's/^/    /'
   fi
 }
 run_check() {
   if past_budget; then echo budget > "$logs/check.rc"; return; fi
-  CUDA_VISIBLE_DEVICES=$((ngpu - 1)) timeout "${R3_CHECK_S:-480}" python3 "$root/tests/gpu/check.py" \
+  CUDA_VISIBLE_DEVICES=$((ngpu - 1)) timeout "$(cap "${R3_CHECK_S:-480}")" python3 "$root/tests/gpu/check.py" \
     --bin "$b/bin/new/gollm-gpucheck" --lib "$lib" --work /tmp/gollm-round3-check --json "$logs/check.json" \
     --dtypes "${R3_CHECK_DTYPES:-float16,bfloat16}" ${CHECK_ONLY:+--only "$CHECK_ONLY"} > "$logs/check.log" 2>&1
   echo $? > "$logs/check.rc"
@@ -348,7 +354,7 @@ bench() {
   [ -f "$l" ] || { fail "bench $tag: no library $l (run the build stage)"; return; }
   [ -f "$ckpts/$model/config.json" ] || writeconfig "$model"
   local t0=$SECONDS
-  timeout "${R3_BENCH_S:-150}" "$gbin" -ckpt "$ckpts/$model" -model "$model" -lib "$l" -random-gb "$gb" -tp "$tp" \
+  timeout "$(cap "${R3_BENCH_S:-150}")" "$gbin" -ckpt "$ckpts/$model" -model "$model" -lib "$l" -random-gb "$gb" -tp "$tp" \
     -workloads "$wl" -reps "${R3_REPS:-3}" "$@" 2> "$logs/bench-$tag.log" |
     python3 -c 'import json, sys
 day, commit, machine, variant, rnd = sys.argv[1:6]
@@ -421,7 +427,7 @@ if has arbench; then
     echo "== arbench: the all-reduces alone on round3's library"
     ways=2
     [ "$ngpu" -ge 4 ] && ways=2,4
-    timeout 240 "$b/bin/new/arbench" -lib "$lib" -tp $ways 2> "$logs/arbench.log" |
+    timeout "$(cap 240)" "$b/bin/new/arbench" -lib "$lib" -tp $ways 2> "$logs/arbench.log" |
       python3 -c 'import json, sys
 for l in sys.stdin:
     if l.startswith("{"):
