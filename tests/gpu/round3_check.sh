@@ -219,7 +219,7 @@ group() {
 report() {
   local name=$1 from=${2:+ ($2)} log=$logs/go-$1.log rc t why
   rc=$(cat "$logs/go-$name.rc" 2> /dev/null || echo missing)
-  if [ "$rc" = budget ]; then fail "$name: not run (past R3_BUDGET_S=$budget s): run the stage again"; return; fi
+  if [ "$rc" = budget ]; then fail "$name: not run (past R3_BUDGET_S=$budget s or near R3_DEADLINE_S=$deadline s): run the stage again"; return; fi
   for t in $(echo "${3:-}" | tr '|' ' '); do
     grep -qE "^--- (PASS|FAIL|SKIP): $t " "$log" || fail "$name$from: $t did not run (renamed? see go-$name.log)"
   done
@@ -253,7 +253,7 @@ run_check() {
 report_check() {
   local rc
   rc=$(cat "$logs/check.rc" 2> /dev/null || echo missing)
-  if [ "$rc" = budget ]; then fail "check: not run (past R3_BUDGET_S=$budget s)"; return; fi
+  if [ "$rc" = budget ]; then fail "check: not run (past R3_BUDGET_S=$budget s or near R3_DEADLINE_S=$deadline s)"; return; fi
   grep -v '^ *$' "$logs/check.log" | tail -50
   if [ "$rc" = 0 ]; then pass "check: check.py ${R3_CHECK_DTYPES:-float16,bfloat16} on round3's library"; else
     fail "check: check.py exit $rc$([ "$rc" = 124 ] && echo ' (timed out)')"
@@ -350,7 +350,7 @@ bench() {
   local gbin=$b/bin/new/gpubench l=$lib c=$newc
   [ "$variant" = base ] && gbin=$b/bin/base/gpubench l=$base c=$basec
   local tag="$stage-r$round-$variant-$model-tp$tp"
-  if past_budget; then fail "bench $tag: not run (past R3_BUDGET_S=$budget s): run it again (R3_ROUNDS etc.)"; return; fi
+  if past_budget; then fail "bench $tag: not run (past R3_BUDGET_S=$budget s or near R3_DEADLINE_S=$deadline s): run it again (R3_ROUNDS etc.)"; return; fi
   [ -f "$l" ] || { fail "bench $tag: no library $l (run the build stage)"; return; }
   [ -f "$ckpts/$model/config.json" ] || writeconfig "$model"
   local t0=$SECONDS
@@ -422,7 +422,7 @@ if has ep; then
 fi
 if has arbench; then
   if [ "$ngpu" -lt 2 ]; then skip "arbench: the all-reduce needs 2 GPUs"; elif past_budget; then
-    fail "arbench: not run (past R3_BUDGET_S=$budget s)"
+    fail "arbench: not run (past R3_BUDGET_S=$budget s or near R3_DEADLINE_S=$deadline s)"
   else
     echo "== arbench: the all-reduces alone on round3's library"
     ways=2
