@@ -97,7 +97,7 @@ func loadModel(m triton.Model, log *zap.Logger) (any, error) {
 func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logger) (*modelState, error) {
 	// The config and the tensors' names, dtypes and shapes only: the weights wait for an
 	// instance.
-	weights, err := engines.Open(cfg.ModelPath)
+	weights, shared, err := engines.OpenShared(cfg.ModelPath)
 	if err != nil {
 		return nil, fmt.Errorf("model %q: %w", name, err)
 	}
@@ -107,9 +107,9 @@ func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logg
 			weights.Release()
 		}
 	}()
-	if n := weights.Users(); n > 1 {
+	if shared {
 		log.Info("the checkpoint is open for another model too: its weights are shared, not loaded again",
-			zap.String("gpt_model_path", cfg.ModelPath), zap.Int("models", n))
+			zap.String("gpt_model_path", cfg.ModelPath), zap.Int("models", weights.Users()))
 	}
 	mc := weights.Config()
 	maxLen := min(mc.MaxPositions, defaultMaxSeqLen)

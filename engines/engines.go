@@ -189,31 +189,39 @@ func CheckCPUWeightFormat(s string) error {
 // wait for the first instance of each kind. A folder already open is shared (Model);
 // each Open needs its Release.
 func Open(dir string) (*Model, error) {
+	m, _, err := OpenShared(dir)
+	return m, err
+}
+
+// OpenShared is Open, and says whether this Open found the folder open already (by
+// another model): read under the lock Open takes, so that of two models opening one
+// folder at once exactly one is told it shares, where Users read afterwards tells both.
+func OpenShared(dir string) (_ *Model, shared bool, _ error) {
 	key, err := fingerprint(dir)
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint folder %s: %w", dir, err)
+		return nil, false, fmt.Errorf("checkpoint folder %s: %w", dir, err)
 	}
 	openMu.Lock()
 	defer openMu.Unlock()
 	if m := opened[key]; m != nil {
 		m.refs++
-		return m, nil
+		return m, true, nil
 	}
 	c, err := model.Open(dir)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	ws, werr := c.Weights()
 	cerr := c.Close()
 	if werr != nil {
-		return nil, fmt.Errorf("%s: %w", dir, werr)
+		return nil, false, fmt.Errorf("%s: %w", dir, werr)
 	}
 	if cerr != nil {
-		return nil, fmt.Errorf("%s: close: %w", dir, cerr)
+		return nil, false, fmt.Errorf("%s: close: %w", dir, cerr)
 	}
 	m := &Model{dir: dir, key: key, refs: 1, cfg: c.Config, gguf: c.GGUF, elems: weightElements(ws), stored: storedBytes(ws)}
 	opened[key] = m
-	return m, nil
+	return m, false, nil
 }
 
 // Users is the number of Opens of the model's folder not yet released: above 1, the

@@ -260,3 +260,46 @@ func TestComputeTypeFollowsTheCheckpoint(t *testing.T) {
 		}
 	}
 }
+
+// TestOneOfManyOpensIsTheFirst opens one folder from eight goroutines at once: exactly one
+// Open finds it closed, the rest share it, and the last Release frees it.
+func TestOneOfManyOpensIsTheFirst(t *testing.T) {
+	const n = 8
+	models := make([]*Model, n)
+	shared := make([]bool, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			models[i], shared[i], errs[i] = OpenShared("../testdata/llama-tiny")
+		}()
+	}
+	wg.Wait()
+	first := 0
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		if models[i] != models[0] {
+			t.Fatalf("Open %d got another Model", i)
+		}
+		if !shared[i] {
+			first++
+		}
+	}
+	if first != 1 || models[0].Users() != n {
+		t.Errorf("%d Opens found the folder closed (want 1), %d users (want %d)", first, models[0].Users(), n)
+	}
+	for _, m := range models {
+		m.Release()
+	}
+	m, shared0, err := OpenShared("../testdata/llama-tiny")
+	if err != nil || shared0 {
+		t.Errorf("after every Release: shared %v, %v; want a fresh Model", shared0, err)
+	}
+	if m != nil {
+		m.Release()
+	}
+}

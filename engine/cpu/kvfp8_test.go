@@ -150,3 +150,27 @@ func TestFP8KVCacheRefusesBadConfigs(t *testing.T) {
 		}
 	}
 }
+
+// TestFP8KVCacheChunkedPromptIsTheWholeOne checks that a prompt's rows read the rounded
+// keys and values of their own step too: a prompt in chunks gives bitwise the logits of
+// the prompt at once, and so does the decode step after it.
+func TestFP8KVCacheChunkedPromptIsTheWholeOne(t *testing.T) {
+	m := loadModel(t, "../../testdata/llama-tiny")
+	prompt := []int32{5, 9, 2, 7, 7, 1, 3, 8, 4, 6, 2, 11, 12}
+	blocks := []int32{3, 6, 1, 4}
+	whole := newFP8KV(t, m, 8, 4, nil, nil)
+	one := mustStep(t, whole, Sequence{ID: 1, Tokens: prompt, Blocks: blocks, ContextLogits: true})[0]
+	chunked := newFP8KV(t, m, 8, 4, nil, nil)
+	var ctx []float32
+	for _, c := range [][2]int{{0, 5}, {5, 9}, {9, 13}} {
+		out := mustStep(t, chunked, Sequence{ID: 1, Tokens: prompt[c[0]:c[1]], Pos: c[0], Blocks: blocks, ContextLogits: true})[0]
+		ctx = append(ctx, out.ContextLogits...)
+	}
+	if !slices.Equal(ctx, one.ContextLogits) {
+		t.Errorf("FP8 KV cache: chunked context logits differ from one step's by %g", maxAbsDiff(ctx, one.ContextLogits))
+	}
+	next := Sequence{ID: 1, Tokens: []int32{4}, Pos: len(prompt), Blocks: blocks, ReturnLogits: true}
+	if a, b := mustStep(t, whole, next)[0], mustStep(t, chunked, next)[0]; !slices.Equal(a.Logits, b.Logits) {
+		t.Errorf("FP8 KV cache: decode after the chunked prompt differs by %g", maxAbsDiff(a.Logits, b.Logits))
+	}
+}

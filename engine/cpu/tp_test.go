@@ -26,24 +26,7 @@ import (
 func TestTensorParallelMatchesOneEngine(t *testing.T) {
 	for _, fixture := range []string{"gpt2-tiny", "llama-tiny", "qwen2-tiny", "phi3-tiny", "phi3-longrope-tiny",
 		"qwen3-tiny", "gemma2-tiny", "gemma3-tiny", "mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny"} {
-		ck, err := model.Open(filepath.Join("..", "..", "testdata", fixture))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ws, err := ck.Weights()
-		if err != nil {
-			t.Fatal(err)
-		}
-		kv := engine.KVConfig{NumBlocks: 32, TokensPerBlock: 8}
-		whole, err := ck.Float32Weights()
-		if err != nil {
-			t.Fatal(err)
-		}
-		one, err := NewFromModel(whole, kv)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := runTP(t, one, 7)
+		ck, ws, kv, want := wholeModelRun(t, fixture)
 		for _, n := range []int{2, 4} {
 			if ck.Config.Heads%n != 0 {
 				continue
@@ -66,9 +49,33 @@ func TestTensorParallelMatchesOneEngine(t *testing.T) {
 			}
 			_ = tp.Close()
 		}
-		_ = one.Close()
 		_ = ck.Close()
 	}
+}
+
+// wholeModelRun opens a fixture and runs runTP's seven steps on one engine over the whole
+// model: the checkpoint, its weights, the KV pool the ranks get too, and the outputs.
+func wholeModelRun(t *testing.T, fixture string) (*model.Checkpoint, []model.Weight, engine.KVConfig, [][]engine.Output) {
+	t.Helper()
+	ck, err := model.Open(filepath.Join("..", "..", "testdata", fixture))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, err := ck.Weights()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := engine.KVConfig{NumBlocks: 32, TokensPerBlock: 8}
+	whole, err := ck.Float32Weights()
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, err := NewFromModel(whole, kv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	return ck, ws, kv, runTP(t, one, 7)
 }
 
 // runTP runs three sequences through eng: their prompts (context logits asked) and
@@ -118,24 +125,7 @@ func runTP(t *testing.T, eng engine.Engine, steps int) [][]engine.Output {
 // as the whole model.
 func TestExpertParallelMatchesOneEngine(t *testing.T) {
 	for _, fixture := range []string{"mixtral-tiny", "qwen2moe-tiny", "qwen3moe-tiny"} {
-		ck, err := model.Open(filepath.Join("..", "..", "testdata", fixture))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ws, err := ck.Weights()
-		if err != nil {
-			t.Fatal(err)
-		}
-		kv := engine.KVConfig{NumBlocks: 32, TokensPerBlock: 8}
-		whole, err := ck.Float32Weights()
-		if err != nil {
-			t.Fatal(err)
-		}
-		one, err := NewFromModel(whole, kv)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := runTP(t, one, 7)
+		ck, ws, kv, want := wholeModelRun(t, fixture)
 		m := ck.Config.MoE
 		for _, n := range []int{2, 4} {
 			ep, err := NewExpertParallel(&ck.Config, ws, n, kv)
@@ -170,7 +160,6 @@ func TestExpertParallelMatchesOneEngine(t *testing.T) {
 			}
 			_ = ep.Close()
 		}
-		_ = one.Close()
 		_ = ck.Close()
 	}
 }
