@@ -133,6 +133,10 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   } else if (p->tp_rank != 0 || (p->tp_vocab != 0 && p->tp_vocab != c.vocab_size)) {
     invalid("tp_rank %d and tp_vocab %d need a communicator (comm is NULL)", p->tp_rank, p->tp_vocab);
   }
+  // A share of the experts alone would sum only its own experts into every MoE layer.
+  if (held_experts(c) != c.experts && !(comm && comm->n > 1))
+    invalid("config: local_experts %d of %d experts needs a communicator of 2 or more ranks",
+            c.local_experts, c.experts);
   const FailStep fail = fail_step_of(p->faults);
   AllocFault af(p->faults.fail_alloc);
   DeviceGuard dg(w->device);
