@@ -265,6 +265,17 @@ func TestComputeTypeFollowsTheCheckpoint(t *testing.T) {
 // Open finds it closed, the rest share it, and the last Release frees it.
 func TestOneOfManyOpensIsTheFirst(t *testing.T) {
 	const n = 8
+	// A copy of its own, which no other test holds open.
+	dir := t.TempDir()
+	for _, f := range []string{"config.json", "model.safetensors"} {
+		raw, err := os.ReadFile(filepath.Join("../testdata/llama-tiny", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	models := make([]*Model, n)
 	shared := make([]bool, n)
 	errs := make([]error, n)
@@ -273,7 +284,7 @@ func TestOneOfManyOpensIsTheFirst(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			models[i], shared[i], errs[i] = OpenShared("../testdata/llama-tiny")
+			models[i], shared[i], errs[i] = OpenShared(dir)
 		}()
 	}
 	wg.Wait()
@@ -295,7 +306,7 @@ func TestOneOfManyOpensIsTheFirst(t *testing.T) {
 	for _, m := range models {
 		m.Release()
 	}
-	m, shared0, err := OpenShared("../testdata/llama-tiny")
+	m, shared0, err := OpenShared(dir)
 	if err != nil || shared0 {
 		t.Errorf("after every Release: shared %v, %v; want a fresh Model", shared0, err)
 	}
