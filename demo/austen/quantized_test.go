@@ -146,9 +146,10 @@ func TestFP8KVCachePerplexity(t *testing.T) {
 	}
 }
 
-// BenchmarkQuantizedPerplexity measures the same and appends the figures to
+// BenchmarkQuantizedPerplexity measures the same, and the float32 weights over an FP8 KV
+// cache (workload …_kvfp8), and appends the figures to
 // bench/results/<date>-perplexity-cpu.jsonl (BENCH.md's format): perplexity per format
-// and its ratio to float32's, with the load time.
+// and its ratio to float32's.
 func BenchmarkQuantizedPerplexity(b *testing.B) {
 	ids := heldOutIDs(b)
 	type row struct {
@@ -188,6 +189,14 @@ func BenchmarkQuantizedPerplexity(b *testing.B) {
 			rows = append(rows, r)
 			b.ReportMetric(ppl, string(f)+"-ppl")
 		}
+		// The float32 weights over an FP8 KV cache (kv_cache_dtype fp8, scales of 1).
+		ppl, n := perplexity(b, cpu.FormatF32, engine.KVFP8, ids)
+		wl := fmt.Sprintf("heldout_ppl_%d_kvfp8", n)
+		r := row{date, strings.TrimSpace(string(commit)), machine, "austen-4.2M", string(cpu.FormatF32), wl, "gollm-engine", "perplexity", math.Round(ppl*1e4) / 1e4}
+		rows = append(rows, r)
+		r.Metric, r.Value = "perplexity_ratio_vs_fp32", math.Round(ppl/base*1e5)/1e5
+		rows = append(rows, r)
+		b.ReportMetric(ppl, "kvfp8-ppl")
 	}
 	path := filepath.Join("..", "..", "bench", "results", date+"-perplexity-cpu.jsonl")
 	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
