@@ -747,21 +747,15 @@ void moe_pass(const MoePass<T>& p, Stream st) {
   const T* sgate = static_cast<const T*>(s.shared_gate);
   int* done = p.rt.ntiles + 1;
   const int norm = s.s.norm_topk;
+  auto route = [&](auto kernel) {
+    launch("moe_router_kernel", kernel, rgrid, 256, 0, st, p.x, p.nm, router, sgate, p.logits, n, p.H, E, G,
+           p.rt, done, K, norm);
+  };
   // One row is routed by the router's last block; more go through moe_route_kernel.
   if (n == 1) {
-    if (p.nm.h)
-      launch("moe_router_kernel", moe_router_kernel<T, true, true>, rgrid, 256, 0, st, p.x, p.nm, router, sgate,
-             p.logits, n, p.H, E, G, p.rt, done, K, norm);
-    else
-      launch("moe_router_kernel", moe_router_kernel<T, false, true>, rgrid, 256, 0, st, p.x, p.nm, router, sgate,
-             p.logits, n, p.H, E, G, p.rt, done, K, norm);
+    p.nm.h ? route(moe_router_kernel<T, true, true>) : route(moe_router_kernel<T, false, true>);
   } else {
-    if (p.nm.h)
-      launch("moe_router_kernel", moe_router_kernel<T, true, false>, rgrid, 256, 0, st, p.x, p.nm, router, sgate,
-             p.logits, n, p.H, E, G, p.rt, done, K, norm);
-    else
-      launch("moe_router_kernel", moe_router_kernel<T, false, false>, rgrid, 256, 0, st, p.x, p.nm, router, sgate,
-             p.logits, n, p.H, E, G, p.rt, done, K, norm);
+    p.nm.h ? route(moe_router_kernel<T, true, false>) : route(moe_router_kernel<T, false, false>);
     const int threads = n * K <= 256 && E <= 2048 ? 256 : kMoeSortThreads;
     launch("moe_route_kernel", moe_route_kernel, 1, threads, (size_t)3 * p.rt.el * sizeof(int), st,
            static_cast<const float*>(p.logits), n, E, G, K, norm, R, p.rt);

@@ -35,18 +35,7 @@ func TestTensorParallelMatchesOneEngine(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s over %d: %v", fixture, n, err)
 			}
-			got := runTP(t, tp, 7)
-			for k := range want {
-				for i := range want[k] {
-					g, w := &got[k][i], &want[k][i]
-					if g.Token != w.Token || math.Abs(float64(g.LogProb-w.LogProb)) > 1e-4 {
-						t.Fatalf("%s over %d, step %d, sequence %d: token %d (%g), want %d (%g)", fixture, n, k, i, g.Token, g.LogProb, w.Token, w.LogProb)
-					}
-					if e := relL2(g.ContextLogits, w.ContextLogits); e > 1e-5 {
-						t.Fatalf("%s over %d, step %d, sequence %d: context logits off by %.2e", fixture, n, k, i, e)
-					}
-				}
-			}
+			sameAsWhole(t, fixture, n, runTP(t, tp, 7), want)
 			_ = tp.Close()
 		}
 		_ = ck.Close()
@@ -76,6 +65,23 @@ func wholeModelRun(t *testing.T, fixture string) (*model.Checkpoint, []model.Wei
 	}
 	defer one.Close()
 	return ck, ws, kv, runTP(t, one, 7)
+}
+
+// sameAsWhole fails t unless the steps of fixture over n ranks gave the whole model's
+// tokens, log-probabilities within 1e-4 and context logits within 1e-5 relative L2.
+func sameAsWhole(t *testing.T, fixture string, n int, got, want [][]engine.Output) {
+	t.Helper()
+	for k := range want {
+		for i := range want[k] {
+			g, w := &got[k][i], &want[k][i]
+			if g.Token != w.Token || math.Abs(float64(g.LogProb-w.LogProb)) > 1e-4 {
+				t.Fatalf("%s over %d, step %d, sequence %d: token %d (%g), want %d (%g)", fixture, n, k, i, g.Token, g.LogProb, w.Token, w.LogProb)
+			}
+			if e := relL2(g.ContextLogits, w.ContextLogits); e > 1e-5 {
+				t.Fatalf("%s over %d, step %d, sequence %d: context logits off by %.2e", fixture, n, k, i, e)
+			}
+		}
+	}
 }
 
 // runTP runs three sequences through eng: their prompts (context logits asked) and
@@ -146,18 +152,7 @@ func TestExpertParallelMatchesOneEngine(t *testing.T) {
 					}
 				}
 			}
-			got := runTP(t, ep, 7)
-			for k := range want {
-				for i := range want[k] {
-					g, w := &got[k][i], &want[k][i]
-					if g.Token != w.Token || math.Abs(float64(g.LogProb-w.LogProb)) > 1e-4 {
-						t.Fatalf("%s over %d, step %d, sequence %d: token %d (%g), want %d (%g)", fixture, n, k, i, g.Token, g.LogProb, w.Token, w.LogProb)
-					}
-					if e := relL2(g.ContextLogits, w.ContextLogits); e > 1e-5 {
-						t.Fatalf("%s over %d, step %d, sequence %d: context logits off by %.2e", fixture, n, k, i, e)
-					}
-				}
-			}
+			sameAsWhole(t, fixture, n, runTP(t, ep, 7), want)
 			_ = ep.Close()
 		}
 		_ = ck.Close()
