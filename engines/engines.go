@@ -119,6 +119,11 @@ type Model struct {
 	cpu map[cpuKey]*cpu.Weights
 	// gpu holds the model's reference to its weights on each device, by compute type.
 	gpu map[gpuKey]*cuda.Weights
+	// kScales and vScales are the checkpoint's KV cache scales (nil: none), read at Open
+	// with the rest of it; kvScaleErr is why they could not be, returned only to an
+	// engine that asks for an FP8 KV cache.
+	kScales, vScales []float32
+	kvScaleErr       error
 }
 
 // gpuKey names one device copy of the weights: the whole model (tp 1), or rank's share of
@@ -212,6 +217,7 @@ func OpenShared(dir string) (_ *Model, shared bool, _ error) {
 		return nil, false, err
 	}
 	ws, werr := c.Weights()
+	ks, vs, kerr := c.KVScales()
 	cerr := c.Close()
 	if werr != nil {
 		return nil, false, fmt.Errorf("%s: %w", dir, werr)
@@ -219,7 +225,8 @@ func OpenShared(dir string) (_ *Model, shared bool, _ error) {
 	if cerr != nil {
 		return nil, false, fmt.Errorf("%s: close: %w", dir, cerr)
 	}
-	m := &Model{dir: dir, key: key, refs: 1, cfg: c.Config, gguf: c.GGUF, elems: weightElements(ws), stored: storedBytes(ws)}
+	m := &Model{dir: dir, key: key, refs: 1, cfg: c.Config, gguf: c.GGUF, elems: weightElements(ws), stored: storedBytes(ws),
+		kScales: ks, vScales: vs, kvScaleErr: kerr}
 	opened[key] = m
 	return m, false, nil
 }
@@ -354,27 +361,18 @@ func cpuKVElem(d engine.KVDType) int64 {
 	return 4
 }
 
-// kvScales reads the checkpoint's FP8 KV cache scales (nil where it has none: the engines
-// take 1, as vLLM does without calibration) and logs which.
+// kvScales returns the checkpoint's FP8 KV cache scales (nil where it has none: the
+// engines take 1, as vLLM does without calibration) and logs which.
 func (m *Model) kvScales(log *zap.Logger) (k, v []float32, err error) {
-	if m.gguf != "" {
-		log.Info("FP8 KV cache with scales of 1 (a GGUF checkpoint has none)")
-		return nil, nil, nil
+	if m.kvScaleErr != nil {
+		return nil, nil, fmt.Errorf("%s: %w", m.dir, m.kvScaleErr)
 	}
-	c, err := model.Open(m.dir)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer c.Close()
-	if k, v, err = c.KVScales(); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", m.dir, err)
-	}
-	if k == nil {
+	if m.kScales == nil {
 		log.Info("FP8 KV cache with scales of 1: the checkpoint has no k_scale and v_scale tensors", zap.String("path", m.dir))
 	} else {
-		log.Info("FP8 KV cache with the checkpoint's per-layer k_scale and v_scale", zap.String("path", m.dir), zap.Int("layers", len(k)))
+		log.Info("FP8 KV cache with the checkpoint's per-layer k_scale and v_scale", zap.String("path", m.dir), zap.Int("layers", len(m.kScales)))
 	}
-	return k, v, nil
+	return m.kScales, m.vScales, nil
 }
 
 // defaultCPUTokens sizes a CPU pool that nobody sized: MaxSeqs sequences of MaxSeqLen,

@@ -1,8 +1,10 @@
 package engines
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +12,7 @@ import (
 
 	"gollm/engine"
 	"gollm/engine/cpu"
+	"gollm/model"
 )
 
 // settings are small CPU engine settings.
@@ -312,5 +315,53 @@ func TestOneOfManyOpensIsTheFirst(t *testing.T) {
 	}
 	if m != nil {
 		m.Release()
+	}
+}
+
+// TestBadKVScalesFailOnlyAnFP8Cache gives a checkpoint per-head KV scales, which gollm does
+// not read: the model opens and serves a float cache, and only an engine that asks for an
+// FP8 cache is refused, naming the tensor.
+func TestBadKVScalesFailOnlyAnFP8Cache(t *testing.T) {
+	src, err := model.Open("../testdata/llama-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tensors []*model.Tensor
+	for _, name := range src.Names() {
+		tn, _ := src.Tensor(name)
+		tensors = append(tensors, &model.Tensor{Name: tn.Name, DType: tn.DType, Shape: tn.Shape, Data: slices.Clone(tn.Data)})
+	}
+	for l := range src.Config.Layers {
+		for _, kind := range []string{"k_scale", "v_scale"} {
+			tensors = append(tensors, &model.Tensor{Name: fmt.Sprintf("model.layers.%d.self_attn.%s", l, kind), DType: "F32",
+				Shape: []int{2}, Data: make([]byte, 8)})
+		}
+	}
+	src.Close()
+	dir := t.TempDir()
+	raw, err := os.ReadFile("../testdata/llama-tiny/config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := model.WriteSafetensors(filepath.Join(dir, "model.safetensors"), tensors, nil); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Open(dir)
+	if err != nil {
+		t.Fatalf("Open with per-head KV scales: %v", err)
+	}
+	defer m.Release()
+	e, err := m.NewEngine(CPU, 0, settings)
+	if err != nil {
+		t.Fatalf("a float KV cache: %v", err)
+	}
+	_ = e.Close()
+	s := settings
+	s.KVCacheDType = engine.KVFP8
+	if _, err := m.NewEngine(CPU, 0, s); err == nil || !strings.Contains(err.Error(), "self_attn.k_scale: shape [2]") {
+		t.Errorf("an FP8 KV cache over per-head scales: %v; want the tensor named", err)
 	}
 }

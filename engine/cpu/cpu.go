@@ -46,8 +46,8 @@ type Engine struct {
 	// same pool of float8_e4m3fn codes under KVConfig.DType KVFP8 (kv is then nil).
 	kv  []float32
 	kv8 []uint8
-	// fp8 holds, under KVFP8, each layer's key and value scales: decode tables (a code's
-	// real value, times the scale) and the inverses that encode.
+	// fp8 holds, under KVFP8, each layer's key and value scales and their decode tables
+	// (each code's real value, times the scale).
 	fp8 *kvFP8
 	// s holds the buffers reused across steps.
 	s scratch
