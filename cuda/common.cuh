@@ -29,6 +29,9 @@ struct Error : std::runtime_error {
 
 inline void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
   if (e == cudaSuccess) return;
+  // The failure is reported here: take it off the thread's last error too, so that a
+  // later launch check (another engine on this thread, say) is not blamed for it.
+  cudaGetLastError();
   int32_t code = e == cudaErrorMemoryAllocation ? GOLLM_ERR_OUT_OF_MEMORY : GOLLM_ERR_CUDA;
   char buf[512];
   std::snprintf(buf, sizeof buf, "%s: %s (%s, %s:%d)", what, cudaGetErrorString(e),

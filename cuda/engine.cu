@@ -300,7 +300,8 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->alt_hin.alloc(in_bytes, "step inputs (host)");
   e->alt_htok.alloc(S * 4, "sampled tokens (host)");
   e->alt_hlp.alloc(S * 4, "log-probabilities (host)");
-  const size_t moe_bytes = create_moe(e.get()) + create_fp8lt(e.get());
+  const size_t moe_bytes = create_moe(e.get()) +
+                           create_fp8lt(e.get(), (p->tuning.off & GOLLM_TUNING_NO_BLASLT) != 0);
   setup_kernels(e.get());
   size_t scratch = moe_bytes + e->h.bytes + e->xn.bytes + e->qkv.bytes + e->att.bytes + e->tmp.bytes +
                    e->fc.bytes + e->fch.bytes + e->xf.bytes + e->logits.bytes +

@@ -82,7 +82,7 @@ void proj(gollm_engine* e, const void* x, const void* w, const float* ws, float*
     if (b != lt.blocks.end() && b->second.p) {
       const int m = gemm_rows(n);
       const Fp8Lt::Plan& p = fp8lt_plan<T>(lt, m, in, out, static_cast<const T*>(x), static_cast<const uint8_t*>(w),
-                                           b->second.p, b->second.vec, y, st.st, false, [] {});
+                                           b->second.p, b->second.vec, y, st.st, false);
       if (p.use_lt) {
         fp8lt_quant<T>(lt, static_cast<const T*>(x), n, m, in, st);
         fp8lt_run(lt, p, p.algo, static_cast<const uint8_t*>(w), b->second.p, y, st.st);
@@ -106,10 +106,7 @@ bool fp8lt_warm(gollm_engine* e, const void* x, const void* w, const float* ws, 
   if (b == lt.blocks.end() || !b->second.p) return false;
   const T* xt = static_cast<const T*>(x);
   const uint8_t* wq = static_cast<const uint8_t*>(w);
-  return fp8lt_plan<T>(lt, m, in, out, xt, wq, b->second.p, b->second.vec, y, e->stream, true, [&] {
-           fp8_proj<T>(xt, wq, ws, y, m, in, out, e->sms, e->fp8_part.as<float>(), e->fp8_part.bytes / 4,
-                       Stream(e->stream, false));
-         }).found;
+  return fp8lt_plan<T>(lt, m, in, out, xt, wq, b->second.p, b->second.vec, y, e->stream, true).found;
 }
 
 // The LM head's GEMM runs over lm_head_ld(V) rows of weights (zero past V), so that cuBLAS
@@ -806,9 +803,9 @@ int warmup_gemms(gollm_engine* e) {
   return e->w->dtype == GOLLM_DTYPE_BF16 ? warmup_gemms_t<__nv_bfloat16>(e) : warmup_gemms_t<__half>(e);
 }
 
-size_t create_fp8lt(gollm_engine* e) {
+size_t create_fp8lt(gollm_engine* e, bool off) {
   const gollm_weights* w = e->w;
-  if (!w->fp8) return 0;
+  if (!w->fp8 || off) return 0;
   int major = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, e->device));
   // Block-scaled FP8 matmuls: cuBLASLt 12.9 and later, on Hopper.

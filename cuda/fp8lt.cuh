@@ -19,9 +19,13 @@
 // cuBLAS's docs ("128-element 1D and 128x128 2D block scaling") allow either operand
 // either mode (not both 128×128) and D in fp32, bf16 or fp16; the heuristic needs both
 // scale pointers set before it is asked (bench/fp8probe checks all this on a GPU).
-// Each shape (rows m of gemm_rows' set, in, out) gets its algorithm at the warm-up: the
-// heuristic's first candidates and fp8.cuh's mma kernel timed, the fastest kept, so that a
-// graph capture meets a fixed algorithm and the engine's fixed workspace. Shapes the
+// Unlike fp8.cuh's weight-only kernels, this path rounds the activations to e4m3 (W8A8, as
+// transformers' fine-grained FP8 and TensorRT-LLM do): every step of more than
+// kFp8GemvRows rows whose shape has an algorithm takes it, whatever is faster, so that
+// the numerics of a shape never hang on a timing. Each shape (rows m of gemm_rows' set,
+// in, out) gets its algorithm at the warm-up: the heuristic's first candidates timed, the
+// fastest kept, so that a graph capture meets a fixed algorithm and the engine's fixed
+// workspace. Shapes the
 // library has no algorithm for (an older cuBLASLt, another architecture, widths that are
 // not multiples of 16) keep fp8.cuh's kernels; the first such shape is reported once on
 // stderr.
@@ -99,7 +103,7 @@ struct Fp8Lt {
   struct Plan {
     bool use_lt = false;
     bool bf16 = false;   // D in bf16 (lt.yb), widened into y by fp8_widen_kernel
-    bool found = false;  // the heuristic had an algorithm (use_lt false: the mma kernel was faster)
+    bool found = false;  // the heuristic had an algorithm (use_lt false: none of them would run)
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
@@ -185,11 +189,12 @@ void fp8lt_quant(Fp8Lt& lt, const T* x, int n, int m, int in, Stream st) {
 // groups where vec, else 128×128 blocks), choosing it on its first call: timed where
 // timed (the warm-up), else the heuristic's first candidate (a shape met first inside a
 // graph capture, where nothing may synchronize). w, sa: a weight of the shape to time on;
-// x: rows to time on (the quantization is part of the cuBLASLt path's cost); mma runs
-// fp8.cuh's kernels on the same operands.
-template <typename T, typename Mma>
+// x: rows to time on (the quantization is part of the cuBLASLt path's cost). fp8.cuh's
+// kernels are not among the candidates: they keep the activations in T while this path
+// rounds them to e4m3, so a shape's numerics would hang on a timing.
+template <typename T>
 const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, const uint8_t* w, const float* sa,
-                              bool vec, float* y, cudaStream_t st, bool timed, Mma mma) {
+                              bool vec, float* y, cudaStream_t st, bool timed) {
   const auto key = std::make_tuple(m, in, out, vec);
   auto it = lt.plans.find(key);
   if (it != lt.plans.end()) return it->second;
@@ -239,23 +244,19 @@ const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, con
   p.use_lt = p.found = true;
   p.algo = res[0].algo;
   if (!timed || found == 1) return p;
-  // Time each candidate and the mma kernel, a few runs each after one untimed run.
+  // Time each candidate, a few runs each after one untimed run.
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
   CUDA_CHECK(cudaEventCreate(&e1));
   float best = 1e30f;
-  int pick = -1;  // -1: the mma kernel
+  int pick = -1;  // -1: every candidate refused to run (fp8.cuh's kernels then)
   constexpr int kReps = 5;
   try {
-    for (int c = -1; c < found; c++) {
+    for (int c = 0; c < found; c++) {
       auto once = [&]() {
-        if (c < 0) {
-          mma();
-        } else {
-          fp8lt_quant<T>(lt, x, m, m, in, Stream(st, false));
-          fp8lt_run(lt, p, res[c].algo, w, sa, y, st);
-          if (p.bf16) fp8lt_widen(lt, y, m, out, Stream(st, false));
-        }
+        fp8lt_quant<T>(lt, x, m, m, in, Stream(st, false));
+        fp8lt_run(lt, p, res[c].algo, w, sa, y, st);
+        if (p.bf16) fp8lt_widen(lt, y, m, out, Stream(st, false));
       };
       try {
         once();

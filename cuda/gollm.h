@@ -298,7 +298,9 @@ enum gollm_tuning_off {
   GOLLM_TUNING_NO_BLASLT = 1024,      /* the projections of steps past the tiled rows on
                                          cuBLASLt, an algorithm timed per shape at the
                                          warm-up (cublasGemmEx's default algorithm then;
-                                         ABI 15) */
+                                         ABI 15), and FP8 weights' on its block-scaled
+                                         FP8 GEMMs (gollm's weight-only kernels then;
+                                         ABI 16) */
   GOLLM_TUNING_NO_TP_CANDIDATES = 2048 /* tensor parallelism's decode steps sampled from
                                           each rank's candidates (greedy: its maximum;
                                           top-k up to 64: its first 64) instead of the

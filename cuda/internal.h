@@ -454,8 +454,8 @@ void run_forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bo
 int attention_splits(const gollm_engine* e, int rows, int max_len);
 int warmup_gemms(gollm_engine* e);
 // forward.cu: create_fp8lt sets up cuBLASLt's FP8 GEMMs for an FP8 model on Hopper (none
-// elsewhere), returning the bytes it allocated.
-size_t create_fp8lt(gollm_engine* e);
+// elsewhere, nor where off: GOLLM_TUNING_NO_BLASLT), returning the bytes it allocated.
+size_t create_fp8lt(gollm_engine* e, bool off);
 // feed_tokens writes the fed rows' tokens (n (row, previous sequence) pairs at pairs_off
 // of the device inputs) from the previous step's sampled tokens.
 void feed_tokens(gollm_engine* e, const Layout& L, size_t pairs_off, int n);

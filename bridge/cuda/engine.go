@@ -132,7 +132,9 @@ type Tuning struct {
 	// splits by the rows and their lengths.
 	DecodeParts int
 	// NoBLASLt runs the GEMMs of steps past the tiled rows through cublasGemmEx's default
-	// algorithm instead of cuBLASLt with an algorithm timed per shape at the warm-up.
+	// algorithm instead of cuBLASLt with an algorithm timed per shape at the warm-up, and
+	// FP8 weights' projections on gollm's weight-only kernels at every row count instead
+	// of cuBLASLt's block-scaled FP8 GEMMs, which round the activations to e4m3 too.
 	NoBLASLt bool
 	// NoCustomAllReduce all-reduces tensor parallelism's sums with NCCL in fp32 instead of
 	// the custom all-reduce over peer access (fused with the residual add and the norm).

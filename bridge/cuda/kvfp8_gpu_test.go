@@ -91,6 +91,8 @@ type kvFP8Run struct {
 	dtype   string
 	rows    []kvFP8Row
 	ties    int
+	// routed: the model has experts, whose choice a small difference can flip for a token.
+	routed bool
 }
 
 // kvFP8Row is one compared row: its name, its distance e from c8's and c8's e8 from c32's.
@@ -116,6 +118,11 @@ func cpuKVEngines(t *testing.T, ck *model.Checkpoint, k, v []float32, blocks, pe
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c8.Close(); _ = c32.Close() })
+	if ck.Quant() != nil {
+		// FP8 weights: the GPU's many-row steps round the activations too.
+		c8.QuantizeActivationsFP8(fp8GemvRows)
+		c32.QuantizeActivationsFP8(fp8GemvRows)
+	}
 	return c8, c32
 }
 
@@ -148,13 +155,31 @@ func (r *kvFP8Run) judge(t *testing.T) {
 	if rms > bar+rms8 {
 		t.Errorf("relative L2 from the CPU engine's FP8 pool: rms %.3g over %d rows, above %g + the FP8 pool's own rms %.3g", rms, len(r.rows), bar, rms8)
 	}
-	bad := 0
+	// A model with experts may part from the CPU's routing on a few rows: a token whose top
+	// experts are near a tie goes elsewhere on either engine (the CPU's own FP8 pool does
+	// so against its float32 one, e8 up to 0.7 on mixtral-tiny's rows), and its logits
+	// with it. So many rows past the bar are let through, listed; more are a fault.
+	allowed := 0
+	if r.routed {
+		allowed = max(2, len(r.rows)*3/100)
+	}
+	var bad []string
 	for _, x := range r.rows {
 		if lim := bar + 2*max(x.e8, rms8); x.e > lim {
-			if bad++; bad <= 10 {
-				t.Errorf("%s: relative L2 %.3g from the CPU engine's FP8 pool (bar %.3g: %g + twice the larger of its own e8 %.3g and the rms %.3g)", x.what, x.e, lim, bar, x.e8, rms8)
-			}
+			bad = append(bad, fmt.Sprintf("%s: relative L2 %.3g from the CPU engine's FP8 pool (bar %.3g: %g + twice the larger of its own e8 %.3g and the rms %.3g)", x.what, x.e, lim, bar, x.e8, rms8))
 		}
+	}
+	if len(bad) <= allowed {
+		for _, b := range bad {
+			t.Logf("%s — let through: routed (%d such rows allowed)", b, allowed)
+		}
+		return
+	}
+	for _, b := range bad[:min(len(bad), 10)] {
+		t.Error(b)
+	}
+	if allowed > 0 {
+		t.Errorf("%d rows past their bar, more than the %d a routed model may part by", len(bad), allowed)
 	}
 }
 
@@ -271,7 +296,7 @@ func TestGPUFP8KVCacheMatchesCPU(t *testing.T) {
 						t.Fatalf("the pool takes %d bytes, want %d (a byte an element)", g.KVBytes, want)
 					}
 					c8, c32 := cpuKVEngines(t, ck, ks, vs, n*blocksPer, perBlock)
-					r := &kvFP8Run{g: g, c8: c8, c32: c32, dtype: dtype}
+					r := &kvFP8Run{g: g, c8: c8, c32: c32, dtype: dtype, routed: cfg.MoE != nil}
 					V := cfg.VocabSize
 					if n == 1 {
 						r.steps(t, randomSeqs(1, 100, 100, blocksPer, V, 3), 12, true)
