@@ -10,7 +10,7 @@
 # another checkout (the lead's main), OUT/overlay.tar.xz — every file this tree changed or
 # added since BASE — and OUT/run.sh, which lays BASE's checkout (the call's working tree)
 # and the overlay into /tmp/gollm-round3/tree once per commit and runs the check there:
-#   bash tests/gpu/round3_carry.sh [OUT] [BASE]          # BASE default ae32bb3 (main)
+#   [R3_LIBS=DIR] bash tests/gpu/round3_carry.sh [OUT] [BASE]   # BASE default ae32bb3
 # then on the GPU machine, from the repository root, carrying OUT:
 #   R3_STAGES="..." bash .carry/round3/run.sh $OUT
 # (or, from a checkout of this tree itself: bash tests/gpu/round3_check.sh .carry/round3 $OUT).
@@ -37,6 +37,15 @@ cp -r "$stage/base-tree/cuda" "$stage/base/cuda"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 (cd "$stage" && XZ_OPT=-6 tar cJf "$out/bins.tar.xz" new base commit)
+# Libraries built elsewhere from exactly these sources (R3_LIBS: a folder with new.so and
+# base.so, from tests/gpu/build_lib.sh with a local nvcc, say): the GPU machine then builds
+# neither.
+rm -rf "$out/libs"
+if [ -n "${R3_LIBS:-}" ]; then
+  mkdir -p "$out/libs"
+  for v in new base; do xz -T2 -6 -c "$R3_LIBS/$v.so" > "$out/libs/$v.so.xz"; done
+  cp "$stage/commit" "$out/libs/commit"
+fi
 # The overlay: this tree's version of every file that differs from the base (committed or
 # not), and the paths the base has that this tree deleted.
 { git diff --name-only --diff-filter=d "$base"; git ls-files --others --exclude-standard; } | sort -u |

@@ -100,6 +100,13 @@ if ! cmp -s "$b/commit" <(tar xJOf "$carry/bins.tar.xz" commit); then
   tar xJf "$carry/bins.tar.xz" -C "$b/bin"
   cp "$b/bin/commit" "$b/commit"
 fi
+# Libraries the carry brings for exactly this commit (round3_carry.sh's R3_LIBS): the build
+# stage keeps them.
+if [ -f "$carry/libs/commit" ] && cmp -s "$carry/libs/commit" "$b/commit"; then
+  for v in new base; do
+    [ -f "$b/lib/$v.so" ] || xz -dc "$carry/libs/$v.so.xz" > "$b/lib/$v.so" || rm -f "$b/lib/$v.so"
+  done
+fi
 newc=$(awk '$1 == "new" {print $2}' "$b/commit") basec=$(awk '$1 == "base" {print $2}' "$b/commit")
 echo "== round3: new $newc, base $basec; stages:$stages"
 source "$root/tests/gpu/env.sh"
