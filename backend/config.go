@@ -94,6 +94,10 @@ type modelConfig struct {
 	// Above 1, the instance groups' GPUs must start disjoint runs and no group may be
 	// KIND_CPU (the CPU engine runs a model whole).
 	TensorParallelSize int
+	// ExpertParallel is expert_parallel: under tensor_parallel_size N, each GPU holds E/N
+	// of a mixture of experts' experts whole rather than its share of every expert's units
+	// (model.Config.ExpertParallel). It needs N > 1 and a model with experts.
+	ExpertParallel bool
 	// OverlapScheduler is overlap_scheduler: launch each iteration before the previous
 	// one's outputs are read (batchmanager.Config.Overlap); nil means on for engines
 	// that overlap on their own (the GPU engine), off for the others.
@@ -269,6 +273,10 @@ var params = []paramSpec{
 		c.TensorParallelSize, err = intAtLeast(v, 1)
 		return err
 	}},
+	{"expert_parallel", func(c *modelConfig, v string) (err error) {
+		c.ExpertParallel, err = parseBool(v)
+		return err
+	}},
 	{"max_seq_len", func(c *modelConfig, v string) (err error) {
 		c.MaxSeqLen, err = intAtLeast(v, 2)
 		return err
@@ -438,6 +446,9 @@ func parseModelConfig(raw []byte, modelDir string, version uint64) (*modelConfig
 			return nil, fmt.Errorf(`parameter "tensor_parallel_size" %d: the instances on GPUs %d and %d would both drive GPU %d (an instance on GPU d drives GPUs d to d+%d); list the first GPU of each group of %d in the KIND_GPU instance group's gpus, as gpus: [%d] — Triton puts an instance on every GPU when gpus is not given`,
 				tp, a, b, b, tp-1, tp, starts[0])
 		}
+	}
+	if c.ExpertParallel && tp < 2 {
+		return nil, fmt.Errorf(`parameter "expert_parallel": spreads a mixture of experts' experts over the GPUs of a tensor-parallel instance, and needs tensor_parallel_size above 1 (it is %d)`, tp)
 	}
 	if c.ModelType == batchmanager.V1 && c.EnableChunkedContext {
 		return nil, fmt.Errorf(`parameter "enable_chunked_context": chunked context needs in-flight batching, but gpt_model_type is V1`)

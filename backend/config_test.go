@@ -171,6 +171,10 @@ func TestParseModelConfigErrors(t *testing.T) {
 			`parameter "overlap_scheduler": "on": want true or false`},
 		{"a zero tensor_parallel_size is refused", 8, map[string]string{"tensor_parallel_size": "0"},
 			`parameter "tensor_parallel_size": 0: want an integer ≥ 1`},
+		{"a bad expert_parallel is refused", 8, map[string]string{"expert_parallel": "maybe"},
+			`parameter "expert_parallel": "maybe": want true or false`},
+		{"expert_parallel without tensor parallelism is refused", 8, map[string]string{"expert_parallel": "true"},
+			`parameter "expert_parallel": spreads a mixture of experts' experts over the GPUs of a tensor-parallel instance, and needs tensor_parallel_size above 1 (it is 1)`},
 		{"a negative token limit is refused", 8, map[string]string{"max_num_tokens": "-1"},
 			`parameter "max_num_tokens": -1: want an integer ≥ 0`},
 		{"a zero KV pool is refused", 8, map[string]string{"max_tokens_in_paged_kv_cache": "0"},
@@ -294,6 +298,14 @@ func TestTensorParallelInstanceGroups(t *testing.T) {
 		want := `parameter "tensor_parallel_size" 2: the instances on GPUs 0 and 1 would both drive GPU 1 (an instance on GPU d drives GPUs d to d+1); list the first GPU of each group of 2 in the KIND_GPU instance group's gpus, as gpus: [0]`
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("got %v, want %q", err, want)
+		}
+	})
+	t.Run("expert_parallel rides on it", func(t *testing.T) {
+		raw := []byte(`{"name": "m", "max_batch_size": 4, "instance_group": [{"kind": "KIND_GPU", "count": 1, "gpus": [0]}],
+			"parameters": {"tensor_parallel_size": {"string_value": "2"}, "expert_parallel": {"string_value": "true"}}}`)
+		c, err := parseModelConfig(raw, "/repo/m", 1)
+		if err != nil || !c.ExpertParallel || c.TensorParallelSize != 2 {
+			t.Errorf("got %+v, %v", c, err)
 		}
 	})
 	t.Run("KIND_CPU is refused", func(t *testing.T) {

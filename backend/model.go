@@ -122,8 +122,12 @@ func loadCheckpoint(cfg *modelConfig, name string, version uint64, log *zap.Logg
 	if n := cfg.TensorParallelSize; n > 1 {
 		// Said now, naming what does not divide, rather than after a long load. The GPUs
 		// themselves are counted when an instance starts (engines).
-		if _, err := mc.TensorParallel(n); err != nil {
-			return nil, triton.WithCode(triton.CodeInvalidArg, fmt.Errorf("model %q: parameter \"tensor_parallel_size\": %w", name, err))
+		param := "tensor_parallel_size"
+		if cfg.ExpertParallel {
+			param = "expert_parallel"
+		}
+		if _, err := mc.Parallel(n, cfg.ExpertParallel); err != nil {
+			return nil, triton.WithCode(triton.CodeInvalidArg, fmt.Errorf("model %q: parameter %q: %w", name, param, err))
 		}
 	}
 	gen, err := model.LoadGeneration(cfg.ModelPath, mc.VocabSize)
@@ -219,6 +223,7 @@ func (ms *modelState) engineSettings(log *zap.Logger) engines.Settings {
 		MaxSeqs:           ms.cfg.MaxBatchSize,
 		MaxSeqLen:         ms.lim.MaxSeqLen,
 		TensorParallel:    ms.cfg.TensorParallelSize,
+		ExpertParallel:    ms.cfg.ExpertParallel,
 		Logger:            log,
 	}
 }

@@ -85,7 +85,7 @@ namespace {
 
 ArArgs ar_args(const PeerBufs& p, int rank, unsigned long long timeout_ns) {
   ArArgs a{};
-  for (int r = 0; r < p.n; r++) a.data[r] = p.mem[r], a.flags[r] = p.flags(r);
+  for (int r = 0; r < p.n; r++) a.data[r] = p.mem[r], a.flags[r] = p.flags(r), a.flags2[r] = p.flags2(r);
   a.counter = p.counters(rank);
   a.err = p.herr + rank;
   a.abort = p.herr + kArMaxRanks;
@@ -103,21 +103,51 @@ bool fits(const PeerBufs& p, int rows, int hidden, size_t psize) {
   return (size_t)((rows + G - 1) / G) * hidden * psize <= p.slot / kArBlocks;
 }
 
+// fits_two says the same of the two-shot, whose block regions hold the fp32 sums beside
+// the payload.
+bool fits_two(const PeerBufs& p, int rows, int hidden, size_t psize) {
+  if (rows < 1 || hidden % 8 != 0) return false;
+  const int G = std::min(rows, kArBlocks);
+  return (size_t)((rows + G - 1) / G) * hidden * (psize + 4) <= p.slot / kArBlocks;
+}
+
+// two_bytes is the payload from which n ranks take the two-shot (0: never) under tuning's
+// allreduce_two_bytes t.
+size_t two_bytes(int t, int n) {
+  if (t < 0) return 0;
+  if (t > 0) return (size_t)t;
+  return n >= 4 ? kArTwoShotBytes : 0;
+}
+
 template <typename T, typename P>
 void launch_ar(const ArArgs& a, const float* part, float* h, const float* bias, T* xn,
                const float* gamma, const float* beta, int rows, int hidden, float eps, bool rms,
-               bool add, cudaStream_t st) {
-  launch("ar_norm_kernel", ar_norm_kernel<T, P>, std::min(rows, kArBlocks), kArThreads, 0,
-         Stream(st, false), a, part, h, bias, xn, gamma, beta, rows, hidden, eps, rms, add);
+               bool add, bool two, cudaStream_t st) {
+  if (two)
+    launch("ar_two_kernel", ar_two_kernel<T, P>, std::min(rows, kArBlocks), kArThreads, 0,
+           Stream(st, false), a, part, h, bias, xn, gamma, beta, rows, hidden, eps, rms, add);
+  else
+    launch("ar_norm_kernel", ar_norm_kernel<T, P>, std::min(rows, kArBlocks), kArThreads, 0,
+           Stream(st, false), a, part, h, bias, xn, gamma, beta, rows, hidden, eps, rms, add);
+}
+
+// ar_kind is 0 where the engine's custom all-reduce does not take rows x hidden of psize,
+// 1 where its one-shot does, 2 where its two-shot does. Every rank decides alike.
+int ar_kind(const gollm_engine* e, int rows, int hidden, size_t psize) {
+  // The limits count 2-byte elements whatever the payload, so that the embedding's fp32
+  // sum goes where the layers' sums of its rows go.
+  const size_t bytes = (size_t)rows * hidden * 2;
+  if (!e->ar || bytes > e->ar_bytes) return 0;
+  const PeerBufs& p = *e->comm->peer;
+  if (e->ar_two_bytes > 0 && bytes >= e->ar_two_bytes && fits_two(p, rows, hidden, psize)) return 2;
+  return fits(p, rows, hidden, psize) ? 1 : 0;
 }
 
 }  // namespace
 
-bool ar_fits(const gollm_engine* e, int rows, int hidden, size_t psize) {
-  // The limit counts 2-byte elements whatever the payload, so that the embedding's fp32
-  // sum goes where the layers' sums of its rows go.
-  return e->ar && (size_t)rows * hidden * 2 <= e->ar_bytes && fits(*e->comm->peer, rows, hidden, psize);
-}
+bool ar_fits(const gollm_engine* e, int rows, int hidden, size_t psize) { return ar_kind(e, rows, hidden, psize) != 0; }
+
+size_t ar_two_bytes(int tuning, int ranks) { return two_bytes(tuning, ranks); }
 
 template <typename T>
 void tp_reduce_norm(gollm_engine* e, const float* part, float* h, const float* bias, T* xn,
@@ -127,11 +157,19 @@ void tp_reduce_norm(gollm_engine* e, const float* part, float* h, const float* b
   if (e->comm->aborted.load())
     throw Error(GOLLM_ERR_NCCL, "tensor parallel rank " + std::to_string(e->tp_rank) +
                                     ": the communicators were aborted; the engine cannot run again");
-  const ArArgs a = ar_args(*e->comm->peer, e->tp_rank, e->ar_timeout_ns);
+  ArArgs a = ar_args(*e->comm->peer, e->tp_rank, e->ar_timeout_ns);
+  bool two = ar_kind(e, rows, hidden, f32 ? 4 : sizeof(T)) == 2;
+#ifdef GOLLM_MEASURE
+  if (e->skip & gollm_engine::kSkipAllReduce) {
+    // A set of one: the one-shot with no peers, this rank's share added and normed alone.
+    a.data[0] = a.data[a.rank], a.flags[0] = a.flags[a.rank], a.flags2[0] = a.flags2[a.rank];
+    a.rank = 0, a.n = 1, two = false;
+  }
+#endif
   if (f32)
-    launch_ar<T, float>(a, part, h, bias, xn, gamma, beta, rows, hidden, eps, rms, add, e->stream);
+    launch_ar<T, float>(a, part, h, bias, xn, gamma, beta, rows, hidden, eps, rms, add, two, e->stream);
   else
-    launch_ar<T, T>(a, part, h, bias, xn, gamma, beta, rows, hidden, eps, rms, add, e->stream);
+    launch_ar<T, T>(a, part, h, bias, xn, gamma, beta, rows, hidden, eps, rms, add, two, e->stream);
 }
 
 template void tp_reduce_norm<__half>(gollm_engine*, const float*, float*, const float*, __half*,
@@ -152,6 +190,43 @@ void tp_greedy(gollm_engine* e, const float* part, const int32_t* samp_seq, cons
   launch("ar_greedy_kernel", ar_greedy_kernel, std::min(entries, kArBlocks), kArThreads, 0,
          Stream(e->stream, false), a, part, samp_seq, samp_row, e->dtok.as<int32_t>(), e->dlp.as<float>(),
          entries, vr, valid, first);
+}
+
+bool tp_cand_row(const DevSeq& sq) {
+  return (sq.flags & GOLLM_SEQ_SAMPLE) && sq.temperature > 0.f && sq.top_k > 1 && sq.top_k <= kTpCandK &&
+         sq.bias_off < 0 && sq.pen_cnt == 0 && sq.mask_cnt == 0 && sq.ret_row < 0 && sq.allow_off < 0;
+}
+
+bool tp_cand_fits(const gollm_engine* e, int entries) {
+  if (!e->tp_cands || entries < 1 || e->vocab <= kTpCandK) return false;
+  const PeerBufs& p = *e->comm->peer;
+  const int G = std::min(entries, kArBlocks);
+  // The records in each block's region; the compact rows, their ids and sums in tp_gather.
+  const size_t nc = (size_t)e->tp_size * kTpCandK;
+  return (size_t)((entries + G - 1) / G) * sizeof(CandRecord) <= p.slot / kArBlocks &&
+         (size_t)entries * (nc * 8 + 8) <= e->tp_gather.bytes;
+}
+
+void tp_sample(gollm_engine* e, const float* part, const int32_t* samp_seq, const int32_t* samp_row,
+               const DevSeq* seqs, int entries, int vr) {
+  if (entries == 0) return;
+  std::shared_lock<std::shared_timed_mutex> lk(e->comm->guard);
+  if (e->comm->aborted.load())
+    throw Error(GOLLM_ERR_NCCL, "tensor parallel rank " + std::to_string(e->tp_rank) +
+                                    ": the communicators were aborted; the engine cannot run again");
+  const ArArgs a = ar_args(*e->comm->peer, e->tp_rank, e->ar_timeout_ns);
+  const int first = e->tp_rank * vr, valid = std::max(0, std::min(vr, e->vocab - first));
+  const int nc = e->tp_size * kTpCandK;
+  // tp_gather (unused by these steps): zfull first (8-byte aligned), then rows and ids.
+  char* base = e->tp_gather.as<char>();
+  double* zfull = reinterpret_cast<double*>(base);
+  float* crow = reinterpret_cast<float*>(base + (size_t)entries * 8);
+  int32_t* cid = reinterpret_cast<int32_t*>(base + (size_t)entries * 8 + (size_t)entries * nc * 4);
+  launch("ar_cand_kernel", ar_cand_kernel, std::min(entries, kArBlocks), kArThreads, 0, Stream(e->stream, false), a,
+         part, samp_seq, samp_row, seqs, crow, cid, zfull, entries, vr, valid, first);
+  launch("ar_cand_sample_kernel", ar_cand_sample_kernel, entries, kSampleThreads, 0, Stream(e->stream, false), crow,
+         cid, static_cast<const double*>(zfull), samp_seq, seqs, e->dtok.as<int32_t>(), e->dlp.as<float>(), nc,
+         e->vocab);
 }
 
 std::string ar_error(const PeerBufs& p, int rank, int word, unsigned long long timeout_ns) {
@@ -271,9 +346,9 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
   DevMem recv;
   if (p.method == GOLLM_AR_NCCL_F32) recv.alloc(n * 4, "bench fp32 sums");
   auto one = [&] {
-    if (p.method == GOLLM_AR_CUSTOM) {
+    if (p.method == GOLLM_AR_CUSTOM || p.method == GOLLM_AR_TWO_SHOT) {
       launch_ar<T, T>(ar_args(*peer, r, tmo), part.as<float>(), h.as<float>(), bias.as<float>(), xn.as<T>(),
-                      gamma.as<float>(), nullptr, rows, H, 1e-5f, true, true, st);
+                      gamma.as<float>(), nullptr, rows, H, 1e-5f, true, true, p.method == GOLLM_AR_TWO_SHOT, st);
       return;
     }
     nccl::result_t res;
@@ -375,14 +450,18 @@ void reference(const gollm_allreduce_params& p, int ranks, int calls, bool custo
 template <typename T>
 void bench_t(gollm_comm* c, const gollm_allreduce_params& p, gollm_allreduce_result* out) {
   std::unique_ptr<PeerBufs> peer;
-  if (p.method == GOLLM_AR_CUSTOM) {
+  const bool custom = p.method == GOLLM_AR_CUSTOM || p.method == GOLLM_AR_TWO_SHOT;
+  if (custom) {
     if (!c->peer) {
       out->custom = 0;
       std::snprintf(out->reason, sizeof out->reason, "%s", c->peer_why.c_str());
       return;
     }
-    // Buffers of its own, sized for the message (the engines' stay as they are).
-    const size_t need = (size_t)((p.rows + kArBlocks - 1) / kArBlocks) * p.hidden * sizeof(T) * kArBlocks;
+    // Buffers of its own, sized for the message (the engines' stay as they are); the
+    // two-shot's regions hold the fp32 sums too.
+    const size_t per = p.method == GOLLM_AR_TWO_SHOT ? sizeof(T) + 4 : sizeof(T);
+    const int G = std::min(p.rows, kArBlocks);
+    const size_t need = (size_t)((p.rows + G - 1) / G) * p.hidden * per * kArBlocks;
     peer = make_peer_bufs(c->n, c->devices.data(), std::max(need, kArSlotBytes));
     out->custom = 1;
   }
@@ -417,7 +496,6 @@ void bench_t(gollm_comm* c, const gollm_allreduce_params& p, gollm_allreduce_res
   out->us_per_call = worst.empty() ? 0.f : 1000.f * worst[worst.size() / 2];
   if (!p.check || p.method == GOLLM_AR_NCCL) return;
   const size_t sz = (size_t)p.rows * p.hidden;
-  const bool custom = p.method == GOLLM_AR_CUSTOM;
   for (int k = 0; k < 2; k++) {
     std::vector<float> ref;
     reference<T>(p, n, k == 0 ? 1 : 7, custom, ref);
@@ -440,7 +518,7 @@ void bench_t(gollm_comm* c, const gollm_allreduce_params& p, gollm_allreduce_res
 void allreduce_bench(gollm_comm* c, const gollm_allreduce_params* p, gollm_allreduce_result* out) {
   if (!c || !p || !out) invalid("gollm_allreduce_bench: comm, params and out must not be NULL");
   *out = gollm_allreduce_result{};
-  if (p->method < GOLLM_AR_CUSTOM || p->method > GOLLM_AR_NCCL)
+  if (p->method < GOLLM_AR_CUSTOM || p->method > GOLLM_AR_TWO_SHOT)
     invalid("gollm_allreduce_bench: method %d is not a gollm_allreduce_method", p->method);
   if (p->dtype != GOLLM_DTYPE_F16 && p->dtype != GOLLM_DTYPE_BF16)
     invalid("gollm_allreduce_bench: dtype %d (want GOLLM_DTYPE_F16 or GOLLM_DTYPE_BF16)", p->dtype);

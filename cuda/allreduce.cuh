@@ -3,6 +3,7 @@
 #pragma once
 #include "common.cuh"
 #include "comm.h"
+#include "sampling.cuh"
 
 namespace gollm {
 
@@ -10,6 +11,7 @@ namespace gollm {
 struct ArArgs {
   char* data[kArMaxRanks];       // each rank's [2][slot] payload (peers' through peer access)
   uint32_t* flags[kArMaxRanks];  // each rank's flags [kArMaxRanks][kArBlocks]
+  uint32_t* flags2[kArMaxRanks]; // each rank's two-shot second flags, the same shape
   uint32_t* counter;             // this rank's epochs [kArBlocks]
   int* err;                      // this rank's error word (pinned host)
   int* abort;                    // the set's abort word (pinned host)
@@ -85,6 +87,63 @@ __device__ bool ar_wait(const ArArgs& a, const uint32_t* flag, uint32_t epoch, i
   }
 }
 
+// ar_residual is four elements of the new residual stream: (h + sum) + bias, or sum + bias
+// without add. ar_norm_acc adds o's squares (RMSNorm) or values (LayerNorm) to s. Both
+// round each operation (no contraction), so that the one-shot and two-shot kernels, which
+// compute them in different places, agree to the bit.
+__device__ __forceinline__ float4 ar_residual(const float* hr, const float* acc, const float* bias, bool add) {
+  float4 o = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  if (add) {
+    const float4 hv = *reinterpret_cast<const float4*>(hr);
+    o = make_float4(__fadd_rn(hv.x, o.x), __fadd_rn(hv.y, o.y), __fadd_rn(hv.z, o.z), __fadd_rn(hv.w, o.w));
+  }
+  if (bias) {
+    const float4 bv = *reinterpret_cast<const float4*>(bias);
+    o = make_float4(__fadd_rn(o.x, bv.x), __fadd_rn(o.y, bv.y), __fadd_rn(o.z, bv.z), __fadd_rn(o.w, bv.w));
+  }
+  return o;
+}
+__device__ __forceinline__ float ar_norm_acc(float s, const float4& o, bool rms) {
+  const float t = rms ? __fmaf_rn(o.w, o.w, __fmaf_rn(o.z, o.z, __fmaf_rn(o.y, o.y, __fmul_rn(o.x, o.x))))
+                      : __fadd_rn(__fadd_rn(__fadd_rn(o.x, o.y), o.z), o.w);
+  return __fadd_rn(s, t);
+}
+
+// ar_norm_row norms row hr ([hidden] fp32, written by this block) into xr, s being each
+// thread's ar_norm_acc over its vectors: RMSNorm when rms, else LayerNorm with beta.
+template <typename T>
+__device__ __forceinline__ void ar_norm_row(const float* hr, T* xr, float s, const float* __restrict__ gamma,
+                                            const float* __restrict__ beta, int hidden, float eps, bool rms,
+                                            float* red) {
+  float mean = 0.f, var;
+  if (rms) {
+    var = block_sum(s, red);
+  } else {
+    mean = block_sum(s, red) / hidden;
+    float d2 = 0.f;
+    for (int c = threadIdx.x * 4; c < hidden; c += blockDim.x * 4) {
+      // The same threads own the same columns as above only when W == 4; read back
+      // through L1 either way (this block wrote them).
+      const float4 q = *reinterpret_cast<const float4*>(hr + c);
+      const float dx = __fsub_rn(q.x, mean), dy = __fsub_rn(q.y, mean), dz = __fsub_rn(q.z, mean),
+                  dw = __fsub_rn(q.w, mean);
+      d2 = __fadd_rn(d2, __fmaf_rn(dw, dw, __fmaf_rn(dz, dz, __fmaf_rn(dy, dy, __fmul_rn(dx, dx)))));
+    }
+    var = block_sum(d2, red);
+  }
+  const float rstd = rsqrtf(var / hidden + eps);
+  for (int c = threadIdx.x * 4; c < hidden; c += blockDim.x * 4) {
+    const float4 q = *reinterpret_cast<const float4*>(hr + c);
+    const float4 g = *reinterpret_cast<const float4*>(gamma + c);
+    float4 be = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (beta) be = *reinterpret_cast<const float4*>(beta + c);
+    store4<T>(xr + c, __fmaf_rn(__fmul_rn(__fsub_rn(q.x, mean), rstd), g.x, be.x),
+              __fmaf_rn(__fmul_rn(__fsub_rn(q.y, mean), rstd), g.y, be.y),
+              __fmaf_rn(__fmul_rn(__fsub_rn(q.z, mean), rstd), g.z, be.z),
+              __fmaf_rn(__fmul_rn(__fsub_rn(q.w, mean), rstd), g.w, be.w));
+  }
+}
+
 // ar_norm_kernel all-reduces part over the ranks and adds it to the residual stream, then
 // norms it — every rank the same sums in the same order (rank 0 to n-1), so that their h
 // and xn agree bit for bit whatever order the peers arrive in.
@@ -157,47 +216,119 @@ __global__ void __launch_bounds__(kArThreads)
 #pragma unroll
       for (int i = 0; i < W; i += 4) {
         const int c = v * W + i;
-        float4 o;
-        if (add) {
-          const float4 hv = *reinterpret_cast<const float4*>(hr + c);
-          o = make_float4(hv.x + acc[i], hv.y + acc[i + 1], hv.z + acc[i + 2], hv.w + acc[i + 3]);
-        } else {
-          o = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
-        }
-        if (bias) {
-          const float4 bv = *reinterpret_cast<const float4*>(bias + c);
-          o.x += bv.x, o.y += bv.y, o.z += bv.z, o.w += bv.w;
-        }
+        const float4 o = ar_residual(hr + c, acc + i, bias ? bias + c : nullptr, add);
         *reinterpret_cast<float4*>(hr + c) = o;
-        s += rms ? o.x * o.x + o.y * o.y + o.z * o.z + o.w * o.w : o.x + o.y + o.z + o.w;
+        s = ar_norm_acc(s, o, rms);
       }
     }
-    // The norm over the row this block wrote (each thread reads back its own stores).
-    float mean = 0.f, var;
-    if (rms) {
-      var = block_sum(s, red);
-    } else {
-      mean = block_sum(s, red) / hidden;
-      float d2 = 0.f;
-      for (int c = threadIdx.x * 4; c < hidden; c += blockDim.x * 4) {
-        // The same threads own the same columns as above only when W == 4; read back
-        // through L1 either way (this block wrote them).
-        const float4 q = *reinterpret_cast<const float4*>(hr + c);
-        d2 += (q.x - mean) * (q.x - mean) + (q.y - mean) * (q.y - mean) + (q.z - mean) * (q.z - mean) +
-              (q.w - mean) * (q.w - mean);
+    ar_norm_row<T>(hr, xn + (int64_t)r * hidden, s, gamma, beta, hidden, eps, rms, red);
+  }
+}
+
+// ar_two_kernel is ar_norm_kernel in two shots, for mid-size payloads on 4 or more ranks:
+// every rank reads 1/n of each peer's payload and sends back sums, where the one-shot reads
+// all of every peer's. Same arguments and grid; block b takes rows b, b + G, … (j-th of them
+// the block's row j). Each row's vectors split into n slices, rank s owning vectors
+// [s·nv/n, (s+1)·nv/n) (nv = hidden / W):
+//   1. the rank's rows, rounded to P, into its region (payload [rpb][hidden] P, rpb =
+//      ceil(n_rows / G)); flag 1 up in every peer, wait for theirs;
+//   2. its slice of each row summed over the ranks' payloads in rank order (fp32), then the
+//      residual add and bias — the one-shot's operations, in its order — into its h and,
+//      fp32, into its region's sums ([rpb][hidden] fp32, after the payload); flag 2 up, wait;
+//   3. the peers' slices of h copied from their sums, then each row normed in full.
+// The sums go back in fp32, not rounded to P, so that h and xn are the one-shot's to the bit
+// (a row's results do not depend on which kernel its step's size chose), at 2(n-1)/n of a
+// payload back against the (n-1) payloads the one-shot reads: a gain from 4 ranks on.
+template <typename T, typename P>
+__global__ void __launch_bounds__(kArThreads)
+    ar_two_kernel(ArArgs a, const float* part, float* h, const float* __restrict__ bias,
+                  T* __restrict__ xn, const float* __restrict__ gamma, const float* __restrict__ beta,
+                  int n_rows, int hidden, float eps, bool rms, bool add) {
+  constexpr int W = ArVec<P>::W;
+  __shared__ float red[32];
+  __shared__ int bad;
+  const int b = blockIdx.x, G = gridDim.x, nv = hidden / W;
+  const int rpb = (n_rows + G - 1) / G;
+  const uint32_t epoch = a.counter[b] + 1;
+  const size_t off = (size_t)(epoch & 1) * a.slot + (size_t)b * (a.slot / kArBlocks);
+  const size_t off_sum = off + (size_t)rpb * hidden * sizeof(P);
+  const int lo = (int)((int64_t)a.rank * nv / a.n), hi = (int)((int64_t)(a.rank + 1) * nv / a.n);
+  if (threadIdx.x == 0) bad = 0;
+  P* mine = reinterpret_cast<P*>(a.data[a.rank] + off);
+  for (int r = b, j = 0; r < n_rows; r += G, j++) {
+    const float* src = part + (int64_t)r * hidden;
+    for (int v = threadIdx.x; v < nv; v += blockDim.x) {
+      float x[W];
+#pragma unroll
+      for (int i = 0; i < W; i += 4) {
+        const float4 q = *reinterpret_cast<const float4*>(src + v * W + i);
+        x[i] = q.x, x[i + 1] = q.y, x[i + 2] = q.z, x[i + 3] = q.w;
       }
-      var = block_sum(d2, red);
+      ar_store<P>(mine + (int64_t)j * hidden + v * W, x);
     }
-    const float rstd = rsqrtf(var / hidden + eps);
-    T* xr = xn + (int64_t)r * hidden;
-    for (int c = threadIdx.x * 4; c < hidden; c += blockDim.x * 4) {
-      const float4 q = *reinterpret_cast<const float4*>(hr + c);
-      const float4 g = *reinterpret_cast<const float4*>(gamma + c);
-      float4 be = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (beta) be = *reinterpret_cast<const float4*>(beta + c);
-      store4<T>(xr + c, (q.x - mean) * rstd * g.x + be.x, (q.y - mean) * rstd * g.y + be.y,
-                (q.z - mean) * rstd * g.z + be.z, (q.w - mean) * rstd * g.w + be.w);
+  }
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t < a.n && t != a.rank) {
+    ar_st_release(a.flags[t] + a.rank * kArBlocks + b, epoch);
+    if (!ar_wait(a, a.flags[a.rank] + t * kArBlocks + b, epoch, t)) bad = 1;
+  }
+  __syncthreads();
+  if (t == 0) a.counter[b] = epoch;
+  if (bad) return;  // the step fails (the host reads the error word); h is left as it is
+  float* sums = reinterpret_cast<float*>(a.data[a.rank] + off_sum);
+  for (int r = b, j = 0; r < n_rows; r += G, j++) {
+    float* hr = h + (int64_t)r * hidden;
+    for (int v = lo + threadIdx.x; v < hi; v += blockDim.x) {
+      uint4 raw[kArMaxRanks];
+#pragma unroll
+      for (int src = 0; src < kArMaxRanks; src++)
+        if (src < a.n)
+          raw[src] = __ldcg(reinterpret_cast<const uint4*>(
+              reinterpret_cast<const P*>(a.data[src] + off) + (int64_t)j * hidden + v * W));
+      float acc[W];
+#pragma unroll
+      for (int i = 0; i < W; i++) acc[i] = 0.f;
+#pragma unroll
+      for (int src = 0; src < kArMaxRanks; src++)
+        if (src < a.n) ar_add<P>(raw[src], acc);
+#pragma unroll
+      for (int i = 0; i < W; i += 4) {
+        const int c = v * W + i;
+        const float4 o = ar_residual(hr + c, acc + i, bias ? bias + c : nullptr, add);
+        *reinterpret_cast<float4*>(hr + c) = o;
+        *reinterpret_cast<float4*>(sums + (int64_t)j * hidden + c) = o;
+      }
     }
+  }
+  // The same handshake on the second flags: the sums before the peers read them.
+  __syncthreads();
+  if (t < a.n && t != a.rank) {
+    ar_st_release(a.flags2[t] + a.rank * kArBlocks + b, epoch);
+    if (!ar_wait(a, a.flags2[a.rank] + t * kArBlocks + b, epoch, t)) bad = 1;
+  }
+  __syncthreads();
+  if (bad) return;
+  for (int r = b, j = 0; r < n_rows; r += G, j++) {
+    float* hr = h + (int64_t)r * hidden;
+    // The peers' slices: vector v of the row comes from the rank whose slice holds it.
+    for (int v = threadIdx.x; v < nv; v += blockDim.x) {
+      if (v >= lo && v < hi) continue;
+      int src = (int)(((int64_t)v * a.n + a.n - 1) / nv);  // a guess, corrected below
+      while (src > 0 && (int64_t)src * nv / a.n > v) src--;
+      while (src + 1 < a.n && (int64_t)(src + 1) * nv / a.n <= v) src++;
+      const float* peer = reinterpret_cast<const float*>(a.data[src] + off_sum) + (int64_t)j * hidden + v * W;
+#pragma unroll
+      for (int i = 0; i < W; i += 4)
+        *reinterpret_cast<float4*>(hr + v * W + i) = __ldcg(reinterpret_cast<const float4*>(peer + i));
+    }
+    __syncthreads();
+    // The norm's sums over the same vectors a thread owns in ar_norm_kernel, in its order.
+    float s = 0.f;
+    for (int v = threadIdx.x; v < nv; v += blockDim.x)
+#pragma unroll
+      for (int i = 0; i < W; i += 4) s = ar_norm_acc(s, *reinterpret_cast<const float4*>(hr + v * W + i), rms);
+    ar_norm_row<T>(hr, xn + (int64_t)r * hidden, s, gamma, beta, hidden, eps, rms, red);
   }
 }
 
@@ -219,7 +350,8 @@ __device__ __forceinline__ void ar_greedy_combine(float& bv, int& bi, float& sum
 // reduces its rows of the vocabulary to (maximum, first index of it, Σ exp(w - maximum)),
 // the custom all-reduce's buffers carry those 16 bytes a row, and every rank merges them
 // in rank order (vocabulary order) into the token and its log-probability, -log Σ — alike
-// on every rank. For decode steps whose rows are all greedy_fast and return no logits.
+// on every rank. For decode steps whose rows are all greedy_fast without guided decoding's
+// mask (it reads none) and return no logits.
 //   part: [rows][vr] fp32, this rank's LM head rows (vocabulary rows first..first+valid)
 //   samp_seq, samp_row: entry e's sequence (< 0: padding) and its row of part
 //   out_tok, out_lp: [sequences]; -2 where every logit is -inf
@@ -285,6 +417,194 @@ __global__ void __launch_bounds__(kArThreads)
     out_tok[s] = bi;
     out_lp[s] = -logf(sum);
   }
+}
+
+
+// ar_cand_kernel: the first half of sampling a decode step's rows without gathering the
+// vocabulary, for steps whose rows are all cand_fast or plain greedy. Each rank reduces
+// each row of its vocabulary shard to its first kTpCandK tokens in the sampling order
+// (logit desc, id asc; all of them where the shard is smaller), in id order, with the
+// shard's maximum m and Σ exp((w − m)·scale) (scale 1/temperature, 1 for greedy rows);
+// the custom all-reduce's buffers carry those; every rank then lays the ranks' candidates
+// out in rank order — global id order — as a compact row, and Σ over the whole vocabulary
+// rescaled to the largest maximum (rank order, double). ar_cand_sample_kernel samples the
+// compact rows as sample_kernel samples whole ones. The union holds every token top-k can
+// keep (k ≤ kTpCandK), and top-p and min-p only cut inside it.
+//   part: [rows][vr] fp32, this rank's LM head rows (vocabulary rows first..first+valid)
+//   crow: [entries][n·kTpCandK] fp32 and cid: the same, int32: the compact rows and their
+//         tokens (-1: padding, -inf); zfull: [entries] double
+// Grid: G = min(entries, kArBlocks) blocks of kArThreads (= kSampleThreads); block b
+// takes entries b, b + G, …, staging entry j of them at record j of its region.
+constexpr int kTpCandK = 64;
+static_assert(kArThreads == kSampleThreads, "ar_cand_kernel runs sampling.cuh's searches");
+struct CandRecord {
+  float val[kTpCandK];
+  int32_t id[kTpCandK];
+  float m;
+  float pad_;
+  double z;
+};
+
+__global__ void __launch_bounds__(kArThreads)
+    ar_cand_kernel(ArArgs a, const float* __restrict__ part, const int32_t* __restrict__ samp_seq,
+                   const int32_t* __restrict__ samp_row, const DevSeq* __restrict__ seqs,
+                   float* __restrict__ crow, int32_t* __restrict__ cid, double* __restrict__ zfull,
+                   int entries, int vr, int valid, int first) {
+  __shared__ SampleScratch sm;
+  __shared__ int bad;
+  const int b = blockIdx.x, G = gridDim.x;
+  const uint32_t epoch = a.counter[b] + 1;
+  const size_t off = (size_t)(epoch & 1) * a.slot + (size_t)b * (a.slot / kArBlocks);
+  if (threadIdx.x == 0) bad = 0;
+  CandRecord* mine = reinterpret_cast<CandRecord*>(a.data[a.rank] + off);
+  for (int e = b, j = 0; e < entries; e += G, j++) {
+    CandRecord* rec = mine + j;
+    const int s = samp_seq[e];
+    int n_out = 0;
+    if (s >= 0 && valid > 0) {
+      const DevSeq sq = seqs[s];
+      const bool greedy = sq.temperature == 0.f || sq.top_k == 1;
+      const float scale = greedy ? 1.f : 1.f / sq.temperature;
+      const float* w = part + (int64_t)samp_row[e] * vr;
+      // The shard's maximum and its sum of exponentials.
+      float m = -INFINITY;
+      for (int i = threadIdx.x; i < valid; i += blockDim.x) m = fmaxf(m, w[i]);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      __syncthreads();
+      if ((threadIdx.x & 31) == 0) sm.fred[threadIdx.x >> 5] = m;
+      __syncthreads();
+      m = -INFINITY;
+      for (int q = 0; q < kSampleWarps; q++) m = fmaxf(m, sm.fred[q]);
+      const Weight mass{true, m, scale};
+      const double z = m == -INFINITY ? 0.0 : sum_weight(w, valid, Limit{false, 0u, 0}, mass, sm);
+      // The first kTpCandK in the sampling order, written in id order.
+      Limit lim{false, 0u, 0};
+      if (valid > kTpCandK && find_sorted(w, valid, lim, Weight{false, 0.f, 1.f}, (double)kTpCandK, true, sm))
+        lim = Limit{true, sm.key, sm.id};
+      const int per = (valid + blockDim.x - 1) / blockDim.x;
+      const int lo = min(valid, (int)threadIdx.x * per), hi = min(valid, lo + per);
+      int cnt = 0;
+      for (int i = lo; i < hi; i++) cnt += lim.admits(order_key(w[i]), i);
+      double total;
+      int pos = (int)block_exclusive_scan((double)cnt, sm.red, &total);
+      for (int i = lo; i < hi && pos < kTpCandK; i++)
+        if (lim.admits(order_key(w[i]), i)) rec->val[pos] = w[i], rec->id[pos] = first + i, pos++;
+      n_out = min((int)total, kTpCandK);
+      if (threadIdx.x == 0) rec->m = m, rec->z = z;
+    } else if (threadIdx.x == 0) {
+      rec->m = -INFINITY, rec->z = 0.0;
+    }
+    for (int k = n_out + threadIdx.x; k < kTpCandK; k += blockDim.x) rec->val[k] = -INFINITY, rec->id[k] = -1;
+    __syncthreads();
+  }
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t < a.n && t != a.rank) {
+    ar_st_release(a.flags[t] + a.rank * kArBlocks + b, epoch);
+    if (!ar_wait(a, a.flags[a.rank] + t * kArBlocks + b, epoch, t)) bad = 1;
+  }
+  __syncthreads();
+  if (t == 0) a.counter[b] = epoch;
+  if (bad) return;
+  const int nc = a.n * kTpCandK;
+  for (int e = b, j = 0; e < entries; e += G, j++) {
+    if (samp_seq[e] < 0) continue;
+    for (int k = threadIdx.x; k < nc; k += blockDim.x) {
+      const CandRecord* rec = reinterpret_cast<const CandRecord*>(a.data[k / kTpCandK] + off) + j;
+      crow[(int64_t)e * nc + k] = __ldcg(&rec->val[k % kTpCandK]);
+      cid[(int64_t)e * nc + k] = __ldcg(&rec->id[k % kTpCandK]);
+    }
+    if (threadIdx.x == 0) {
+      const DevSeq sq = seqs[samp_seq[e]];
+      const bool greedy = sq.temperature == 0.f || sq.top_k == 1;
+      const float scale = greedy ? 1.f : 1.f / sq.temperature;  // as the ranks' sums took it
+      float mx = -INFINITY;
+      for (int src = 0; src < a.n; src++)
+        mx = fmaxf(mx, __ldcg(&(reinterpret_cast<const CandRecord*>(a.data[src] + off) + j)->m));
+      double z = 0.0;
+      for (int src = 0; src < a.n; src++) {
+        const CandRecord* rec = reinterpret_cast<const CandRecord*>(a.data[src] + off) + j;
+        const float m = __ldcg(&rec->m);
+        if (m != -INFINITY) z += exp((double)(m - mx) * (double)scale) * __ldcg(&rec->z);
+      }
+      zfull[e] = z;
+    }
+  }
+}
+
+// ar_cand_sample_kernel: sample_kernel's choice over the compact rows of ar_cand_kernel
+// (nc = ranks · kTpCandK tokens a row, in id order), with the whole vocabulary's Σ (zfull)
+// for the log-probability; the token is the compact row's id. One block an entry.
+__global__ void __launch_bounds__(kSampleThreads)
+    ar_cand_sample_kernel(const float* __restrict__ crow, const int32_t* __restrict__ cid,
+                          const double* __restrict__ zfull, const int32_t* __restrict__ samp_seq,
+                          const DevSeq* __restrict__ seqs, int32_t* __restrict__ out_tok,
+                          float* __restrict__ out_lp, int nc, int V) {
+  __shared__ SampleScratch sm;
+  const int s = samp_seq[blockIdx.x];
+  if (s < 0) return;
+  const DevSeq sq = seqs[s];
+  const float* w = crow + (int64_t)blockIdx.x * nc;
+  const int32_t* ids = cid + (int64_t)blockIdx.x * nc;
+  float bv = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int i = threadIdx.x; i < nc; i += blockDim.x) {
+    const float x = w[i];
+    if (x > bv) bv = x, bi = i;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) sm.fred[warp] = bv, sm.ired[warp] = bi;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int q = 1; q < kSampleWarps; q++)
+      if (sm.fred[q] > sm.fred[0] || (sm.fred[q] == sm.fred[0] && sm.ired[q] < sm.ired[0]))
+        sm.fred[0] = sm.fred[q], sm.ired[0] = sm.ired[q];
+  }
+  __syncthreads();
+  const float mx = sm.fred[0];
+  const int best = sm.ired[0];
+  if (mx == -INFINITY || best >= nc) {
+    if (threadIdx.x == 0) out_tok[s] = -2;
+    return;
+  }
+  const bool greedy = sq.temperature == 0.f || sq.top_k == 1;
+  const float scale = greedy ? 1.f : 1.f / sq.temperature;
+  const Limit all{false, 0u, 0};
+  const Weight mass{true, mx, scale};
+  const double zall = zfull[blockIdx.x];
+  int tok = best;
+  if (!greedy) {
+    // cand_fast: 1 < top_k ≤ kTpCandK < V, so top-k always cuts.
+    const int k = sq.top_k;
+    const bool useP = sq.top_p > 0.f && sq.top_p < 1.f;
+    Limit lim = all;
+    double z = zall;
+    const Weight count{false, 0.f, 1.f};
+    if (find_sorted(w, nc, all, count, (double)k, true, sm)) {
+      lim = Limit{true, sm.key, sm.id};
+      z = sum_weight(w, nc, lim, mass, sm);
+    }
+    if (useP && find_sorted(w, nc, lim, mass, (double)sq.top_p * z, true, sm)) {
+      lim = Limit{true, sm.key, sm.id};
+      z = sum_weight(w, nc, lim, mass, sm);
+    }
+    if (sq.min_p > 0.f) {
+      lim = min_p_limit(lim, mx, scale, sq.min_p);
+      z = sum_weight(w, nc, lim, mass, sm);
+    }
+    if (find_sorted(w, nc, lim, mass, sq.uniform * z, false, sm)) tok = sm.id;
+  }
+  if (threadIdx.x == 0) {
+    out_tok[s] = ids[tok];
+    out_lp[s] = (float)((double)(w[tok] - mx) * scale - log(zall));
+  }
+  (void)V;
 }
 
 }  // namespace gollm

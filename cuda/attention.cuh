@@ -16,11 +16,12 @@ namespace gollm {
 //         [qkv_width] fp32 (or null) is added here, and the queries are scaled by the
 //         attention's scale (1/sqrt(head_dim)) in place for the attention kernels.
 //   keys and values go to the pool at the row's position: block blocks[seq.blk_off + pos/T],
-//   slot pos%T, page geom.page(block, layer, 0|1, kv head), [slot][head_dim] within it.
+//   slot pos%T, page geom.page(block, layer, 0|1, kv head), [slot][head_dim] within it —
+//   in T, or as FP8 codes (kv_put4; 4-byte stores) where geom.fp8.
 // The bias and the row's block-table lookups come before the wait for the GEMM.
 template <typename T>
 __global__ void qkv_kv_write_kernel(float* __restrict__ qkv, const float* __restrict__ bias,
-                                    T* __restrict__ kv, const int32_t* __restrict__ row_pos,
+                                    void* __restrict__ kv, const int32_t* __restrict__ row_pos,
                                     const int32_t* __restrict__ row_seq,
                                     const DevSeq* __restrict__ seqs,
                                     const int32_t* __restrict__ blocks, KVGeom g, int layer,
@@ -40,8 +41,8 @@ __global__ void qkv_kv_write_kernel(float* __restrict__ qkv, const float* __rest
     *rp = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
     return;
   }
-  store4(kv + g.at(block, layer, 0, 0, pos % g.tokens_per_block) + g.kv_col(c), v.x, v.y, v.z,
-         v.w);
+  kv_put4<T>(kv, g.at(block, layer, 0, 0, pos % g.tokens_per_block) + g.kv_col(c), v.x, v.y, v.z,
+             v.w, g, g.kv_kind(c));
 }
 
 // qkv_rope_write_kernel: the QKV epilogue with rotary positions. Grid (n, heads + 2 ·
@@ -58,7 +59,7 @@ __global__ void qkv_kv_write_kernel(float* __restrict__ qkv, const float* __rest
 constexpr int kRopeThreads = 64;
 template <typename T>
 __global__ void __launch_bounds__(kRopeThreads) qkv_rope_write_kernel(
-    float* __restrict__ qkv, const float* __restrict__ bias, T* __restrict__ kv,
+    float* __restrict__ qkv, const float* __restrict__ bias, void* __restrict__ kv,
     const int32_t* __restrict__ row_pos, const int32_t* __restrict__ row_seq,
     const DevSeq* __restrict__ seqs, const int32_t* __restrict__ blocks, KVGeom g, int layer,
     float scale, const float* __restrict__ inv_freq, int rope_dim) {
@@ -76,7 +77,7 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_write_kernel(
     if (query)
       row[c] = v * scale;
     else
-      kv[base + g.kv_col(c)] = from_f32<T>(v);
+      kv_put<T>(kv, base + g.kv_col(c), v, g, rotated ? 0 : 1);
   };
   if (rotated) {
     for (int i = threadIdx.x; i < half; i += kRopeThreads) {
@@ -94,7 +95,7 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_write_kernel(
 // qkv_kv_write is the QKV epilogue as a kernel of its own: bias, queries times scale,
 // rotary over rope_dim dimensions of each head where inv_freq is given, the KV write.
 template <typename T>
-void qkv_kv_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
+void qkv_kv_write(float* qkv, const float* bias, void* kv, const int32_t* row_pos,
                   const int32_t* row_seq, const DevSeq* seqs, const int32_t* blocks, KVGeom g,
                   int layer, int n, const float* inv_freq, int rope_dim, float scale,
                   Stream stream) {
@@ -186,9 +187,9 @@ __device__ __forceinline__ float merge_parts(const float* partial, const float* 
 // product summed over the group by shuffles), so that a part's first round of keys loads
 // in one round trip — before the wait, but for the newest — at any head_dim, where a
 // thread a key pays a round trip for each 8 of its pieces (head_dim 256: four).
-template <typename T, bool kPre, bool kCap, bool kShort = false>
+template <typename T, typename K, bool kPre, bool kCap, bool kShort = false>
 __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att,
-                              const T* __restrict__ kv, const int32_t* __restrict__ dec_rows,
+                              const K* __restrict__ kv, const int32_t* __restrict__ dec_rows,
                               const int32_t* __restrict__ row_pos,
                               const int32_t* __restrict__ row_seq,
                               const DevSeq* __restrict__ seqs, const int32_t* __restrict__ blocks,
@@ -196,7 +197,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
                               float* __restrict__ partial, float* __restrict__ part_ml,
                               int* __restrict__ tickets, int i, int head, int part, int parts,
                               float* smem, float softcap) {
-  using T2 = typename Pair<T>::type;
+  using P = typename KVPiece<K>::type;  // 8 pool elements
   const int D = g.head_dim, D8 = D / 8;
   const int kvh = g.kv_head(head);
   const int r = dec_rows[i];
@@ -226,9 +227,10 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   float* red = s + max_len;   // [groups][D]
   __shared__ float stat[32];
   const int newest = len - 1;  // the position the previous kernel wrote
-  // kv_row: position j's key (kind 0) or value (kind 1) for this head, in 16-byte pieces.
+  // kv_row: position j's key (kind 0) or value (kind 1) for this head, in pieces of 8
+  // elements (16 bytes of T, 8 of an FP8 pool).
   auto kv_row = [&](int kind, int64_t blk, int j) {
-    return reinterpret_cast<const uint4*>(kv + g.at(blk, layer, kind, kvh, j % T_));
+    return reinterpret_cast<const P*>(kv + g.at(blk, layer, kind, kvh, j % T_));
   };
 
   // Before the wait: this thread's first key (its first 8 pieces) and its value group's
@@ -236,9 +238,9 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   const int jk = start + threadIdx.x;
   const bool kpre = kPre && !brief && jk < end && jk < newest;
   const int grp = threadIdx.x / D8, c = threadIdx.x % D8;
-  uint4 kfirst[8];
+  P kfirst[8];
   if (kpre) {
-    const uint4* k = kv_row(0, table[jk / T_], jk);
+    const P* k = kv_row(0, table[jk / T_], jk);
 #pragma unroll
     for (int u = 0; u < 8; u++) kfirst[u] = k[min(u, D8 - 1)];
   }
@@ -253,7 +255,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
       if (j < newest) kfirst[u] = kv_row(0, table[j / T_], j)[c];
     }
   }
-  uint4 vfirst[kDecodeVUnroll];
+  P vfirst[kDecodeVUnroll];
   if (kPre && grp < groups) {
 #pragma unroll
     for (int u = 0; u < kDecodeVUnroll; u++) {
@@ -273,7 +275,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
       if (min(start + grp + u * groups, end - 1) >= newest) vfirst[u] = kv_row(1, nblk, newest)[c];
   }
   for (int d = threadIdx.x; d < D; d += blockDim.x)
-    q[d] = qkv[(int64_t)r * g.qkv_width() + head * D + d];
+    q[d] = kv_qscale<K>(qkv[(int64_t)r * g.qkv_width() + head * D + d], g);
   __syncthreads();
 
   // Each thread's key row is loaded in pieces of up to 8 16-byte loads issued together,
@@ -284,7 +286,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
     // (the shuffles need whole warps): loads clamped to the part's last position, scores
     // past it dropped.
     for (int j0 = start; j0 < end; j0 += kDecodeShortKeys * groups) {
-      uint4 kk[kDecodeShortKeys];
+      P kk[kDecodeShortKeys];
 #pragma unroll
       for (int u = 0; u < kDecodeShortKeys; u++) {
         const int j = min(j0 + grp + u * groups, end - 1);
@@ -299,7 +301,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
 #pragma unroll
       for (int u = 0; u < kDecodeShortKeys; u++) {
         float kf[8];
-        to_f32x8<T>(kk[u], kf);
+        kv_f32x8<K>(kk[u], kf);
         float acc = 0.f;
 #pragma unroll
         for (int e = 0; e < 8; e++) acc = fmaf(qc[e], kf[e], acc);
@@ -314,10 +316,10 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
     }
   }
   for (int j = brief ? end : jk; j < end; j += blockDim.x) {
-    const uint4* k = kv_row(0, table[j / T_], j);
+    const P* k = kv_row(0, table[j / T_], j);
     float acc = 0.f;
     for (int c0 = 0; c0 < D8; c0 += 8) {
-      uint4 kk[8];
+      P kk[8];
       if (c0 == 0 && j == jk && kpre) {
 #pragma unroll
         for (int u = 0; u < 8; u++) kk[u] = kfirst[u];
@@ -328,14 +330,11 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
 #pragma unroll
       for (int u = 0; u < 8; u++) {
         if (c0 + u >= D8) break;
-        const T2* k2 = reinterpret_cast<const T2*>(&kk[u]);
+        float kf[8];
+        kv_f32x8<K>(kk[u], kf);
         const float* qc = q + (c0 + u) * 8;
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          float2 f = to_f32x2(k2[e]);
-          acc = fmaf(qc[2 * e], f.x, acc);
-          acc = fmaf(qc[2 * e + 1], f.y, acc);
-        }
+        for (int e = 0; e < 8; e++) acc = fmaf(qc[e], kf[e], acc);
       }
     }
     if constexpr (kCap) acc = softcap * tanhf(acc / softcap);
@@ -359,7 +358,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
       // Indices clamped, so every load is issued unconditionally (no branch between
       // them): first the block-table entries, then the value pieces; keys past the end
       // weigh 0.
-      uint4 v8[kDecodeVUnroll];
+      P v8[kDecodeVUnroll];
       float p[kDecodeVUnroll];
       int64_t blk[kDecodeVUnroll];
 #pragma unroll
@@ -376,13 +375,10 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
       }
 #pragma unroll
       for (int u = 0; u < kDecodeVUnroll; u++) {
-        const T2* v2 = reinterpret_cast<const T2*>(&v8[u]);
+        float vf[8];
+        kv_f32x8<K>(v8[u], vf);
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          float2 f = to_f32x2(v2[e]);
-          acc[2 * e] = fmaf(p[u], f.x, acc[2 * e]);
-          acc[2 * e + 1] = fmaf(p[u], f.y, acc[2 * e + 1]);
-        }
+        for (int e = 0; e < 8; e++) acc[e] = fmaf(p[u], vf[e], acc[e]);
       }
     }
 #pragma unroll
@@ -394,7 +390,7 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
       float o = 0.f;
       for (int w = 0; w < groups; w++) o += red[w * D + d];
-      out[d] = from_f32<T>(o / sum);
+      out[d] = from_f32<T>(kv_vscale<K>(o / sum, g));
     }
     return;
   }
@@ -410,12 +406,12 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
   }
   if (!last_block_of(tickets + (int64_t)i * g.heads + head, active)) return;
   for (int d = threadIdx.x; d < D; d += blockDim.x)
-    out[d] = from_f32<T>(merge_parts(partial, part_ml, pi, active, D, d));
+    out[d] = from_f32<T>(kv_vscale<K>(merge_parts(partial, part_ml, pi, active, D, d), g));
 }
 
-template <typename T, bool kPre, bool kCap = false, bool kShort = false>
+template <typename T, typename K, bool kPre, bool kCap = false, bool kShort = false>
 __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
-    const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
+    const float* __restrict__ qkv, T* __restrict__ att, const K* __restrict__ kv,
     const int32_t* __restrict__ dec_rows, const int32_t* __restrict__ row_pos,
     const int32_t* __restrict__ row_seq, const DevSeq* __restrict__ seqs,
     const int32_t* __restrict__ blocks, KVGeom g, int layer, int window, int max_len,
@@ -423,22 +419,22 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
     float softcap) {
   extern __shared__ float smem[];
   griddep_launch();  // decode_attend waits for the previous kernel itself
-  decode_attend<T, kPre, kCap, kShort>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer,
+  decode_attend<T, K, kPre, kCap, kShort>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer,
                                window, max_len, partial, part_ml, tickets, blockIdx.x, blockIdx.y,
                                blockIdx.z, gridDim.z, smem, softcap);
 }
 
-template <typename T>
-void attention_decode(const float* qkv, T* att, const T* kv, const int32_t* dec_rows,
+template <typename T, typename K>
+void attention_decode(const float* qkv, T* att, const K* kv, const int32_t* dec_rows,
                       const int32_t* row_pos, const int32_t* row_seq, const DevSeq* seqs,
                       const int32_t* blocks, KVGeom g, int layer, int window, int rows,
                       int splits, int max_len, float* partial, float* part_ml, int* tickets,
                       bool prefetch, Stream stream) {
   if (rows == 0) return;
   dim3 grid(rows, g.heads, splits);
-  auto k = !prefetch                       ? attention_decode_kernel<T, false>
-           : decode_short_fits(g.head_dim) ? attention_decode_kernel<T, true, false, true>
-                                           : attention_decode_kernel<T, true>;
+  auto k = !prefetch                       ? attention_decode_kernel<T, K, false>
+           : decode_short_fits(g.head_dim) ? attention_decode_kernel<T, K, true, false, true>
+                                           : attention_decode_kernel<T, K, true>;
   launch("attention_decode_kernel", k, grid, kDecodeThreads, decode_smem(g.head_dim, max_len),
          stream, qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer, window, max_len,
          partial, part_ml, tickets, 0.f);
@@ -473,16 +469,18 @@ constexpr int kGqaThreads = 32 * kGqaWarps;
 constexpr int kGqaMinPart = 32 * kGqaWarps;  // a chunk for every warp
 
 
-template <typename T, int D, int GB>
+template <typename T, typename K, int D, int GB>
 __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
-    const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
+    const float* __restrict__ qkv, T* __restrict__ att, const K* __restrict__ kv,
     const int32_t* __restrict__ dec_rows, const int32_t* __restrict__ row_pos,
     const int32_t* __restrict__ row_seq, const DevSeq* __restrict__ seqs,
     const int32_t* __restrict__ blocks, KVGeom g, int layer, int window,
     float* __restrict__ partial, float* __restrict__ part_ml, int* __restrict__ tickets, int cap) {
-  constexpr int D8 = D / 8;                   // 16-byte pieces of a key or value row
+  using P = typename KVPiece<K>::type;        // 8 pool elements (16 bytes of T, 8 of FP8)
+  constexpr int D8 = D / 8;                   // pieces of a key or value row
   constexpr int KPL = 32 / D8;                // value rows a warp reads per load
   constexpr int PB = D8 < 8 ? D8 : 8;         // pieces loaded together
+  static_assert(!kv_is_fp8<K> || PB % 2 == 0, "an FP8 key row loads two pieces at a time");
   __shared__ __align__(16) float qs[GB][D];   // the block's queries (zeros past nh)
   __shared__ float ps[kGqaWarps][GB][32];     // a chunk's probabilities, per warp
   __shared__ float wm[kGqaWarps][GB], wl[kGqaWarps][GB];
@@ -509,7 +507,7 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
   griddep_wait();
   for (int t = threadIdx.x; t < GB * D; t += kGqaThreads) {
     const int gg = t / D;
-    qs[gg][t % D] = gg < nh ? qkv[(int64_t)r * g.qkv_width() + (int64_t)h0 * D + t] : 0.f;
+    qs[gg][t % D] = gg < nh ? kv_qscale<K>(qkv[(int64_t)r * g.qkv_width() + (int64_t)h0 * D + t], g) : 0.f;
   }
   __syncthreads();
 
@@ -531,25 +529,35 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
       const int jn = j0 + kGqaWarps * 32;
       if (jn < end) blk = table[min(jn + lane, end - 1) / TB];
       // Value rows of this chunk: row vrow + KPL·u sits at lane (vrow + KPL·u)'s key slot.
-      uint4 vv[PB];
+      P vv[PB];
 #pragma unroll
       for (int u = 0; u < PB; u++) {
         const int64_t vb = __shfl_sync(0xffffffffu, kbase, vrow + KPL * u);
-        vv[u] = reinterpret_cast<const uint4*>(kv + vb + kstride)[vc];
+        vv[u] = reinterpret_cast<const P*>(kv + vb + kstride)[vc];
       }
       float s[GB];
 #pragma unroll
       for (int gg = 0; gg < GB; gg++) s[gg] = 0.f;
-      const uint4* kp = reinterpret_cast<const uint4*>(kv + kbase);
+      const P* kp = reinterpret_cast<const P*>(kv + kbase);
 #pragma unroll
       for (int c0 = 0; c0 < D8; c0 += PB) {
-        uint4 kk[PB];
+        P kk[PB];
+        if constexpr (kv_is_fp8<K>) {
+          // Two pieces of codes a 16-byte load (PB is even: D ≥ 16; a key row starts at a
+          // multiple of D bytes).
 #pragma unroll
-        for (int u = 0; u < PB; u++) kk[u] = kp[c0 + u];
+          for (int u = 0; u < PB; u += 2) {
+            const uint4 x = reinterpret_cast<const uint4*>(kp + c0 + u)[0];
+            kk[u] = make_uint2(x.x, x.y), kk[u + 1] = make_uint2(x.z, x.w);
+          }
+        } else {
+#pragma unroll
+          for (int u = 0; u < PB; u++) kk[u] = kp[c0 + u];
+        }
 #pragma unroll
         for (int u = 0; u < PB; u++) {
           float kf[8];
-          to_f32x8<T>(kk[u], kf);
+          kv_f32x8<K>(kk[u], kf);
 #pragma unroll
           for (int gg = 0; gg < GB; gg++) {
             const float4 qa = *reinterpret_cast<const float4*>(&qs[gg][(c0 + u) * 8]);
@@ -588,14 +596,14 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
 #pragma unroll
           for (int u = 0; u < PB; u++) {
             const int64_t vb = __shfl_sync(0xffffffffu, kbase, vrow + KPL * (u0 + u));
-            vv[u] = reinterpret_cast<const uint4*>(kv + vb + kstride)[vc];
+            vv[u] = reinterpret_cast<const P*>(kv + vb + kstride)[vc];
           }
         }
 #pragma unroll
         for (int u = 0; u < PB; u++) {
           const int row = vrow + KPL * (u0 + u);  // past the end: probability 0
           float vf[8];
-          to_f32x8<T>(vv[u], vf);
+          kv_f32x8<K>(vv[u], vf);
 #pragma unroll
           for (int gg = 0; gg < GB; gg++) {
             const float p = ps[warp][gg][row];
@@ -640,7 +648,7 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
         O += wo[w][gg][d] * f;
       }
       if (active == 1) {
-        att[(int64_t)r * g.q_width() + (int64_t)head * D + d] = from_f32<T>(O / L);
+        att[(int64_t)r * g.q_width() + (int64_t)head * D + d] = from_f32<T>(kv_vscale<K>(O / L, g));
       } else {
         const int64_t pi = ((int64_t)i * g.heads + head) * parts + part;
         partial[pi * D + d] = O;
@@ -656,12 +664,12 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
     const int gg = t / D, d = t % D, head = h0 + gg;
     const int64_t pi = ((int64_t)i * g.heads + head) * parts;
     att[(int64_t)r * g.q_width() + (int64_t)head * D + d] =
-        from_f32<T>(merge_parts(partial, part_ml, pi, active, D, d));
+        from_f32<T>(kv_vscale<K>(merge_parts(partial, part_ml, pi, active, D, d), g));
   }
 }
 
-template <typename T, int D>
-void attention_decode_gqa_d(const float* qkv, T* att, const T* kv, const int32_t* dec_rows,
+template <typename T, typename K, int D>
+void attention_decode_gqa_d(const float* qkv, T* att, const K* kv, const int32_t* dec_rows,
                             const int32_t* row_pos, const int32_t* row_seq, const DevSeq* seqs,
                             const int32_t* blocks, KVGeom g, int layer, int window, int rows,
                             int parts, int cap, float* partial, float* part_ml, int* tickets,
@@ -669,7 +677,7 @@ void attention_decode_gqa_d(const float* qkv, T* att, const T* kv, const int32_t
   const int G = g.heads / g.kv_heads, GB = gqa_group(G);
   const dim3 grid(rows, g.kv_heads * ((G + GB - 1) / GB), parts);
 #define GOLLM_GQA_LAUNCH(gb)                                                                   \
-  launch("attention_decode_gqa_kernel", attention_decode_gqa_kernel<T, D, gb>, grid,         \
+  launch("attention_decode_gqa_kernel", attention_decode_gqa_kernel<T, K, D, gb>, grid,         \
          kGqaThreads, 0, stream, qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, \
          layer, window, partial, part_ml, tickets, cap)
   switch (GB) {
@@ -682,8 +690,8 @@ void attention_decode_gqa_d(const float* qkv, T* att, const T* kv, const int32_t
 }
 
 // attention_decode_gqa runs the grouped kernel for head_dim D (gqa_decode_fits).
-template <typename T>
-void attention_decode_gqa(const float* qkv, T* att, const T* kv, const int32_t* dec_rows,
+template <typename T, typename K>
+void attention_decode_gqa(const float* qkv, T* att, const K* kv, const int32_t* dec_rows,
                           const int32_t* row_pos, const int32_t* row_seq, const DevSeq* seqs,
                           const int32_t* blocks, KVGeom g, int layer, int window, int rows,
                           int parts, int cap, float* partial, float* part_ml, int* tickets,
@@ -691,23 +699,23 @@ void attention_decode_gqa(const float* qkv, T* att, const T* kv, const int32_t* 
   if (rows == 0) return;
   switch (g.head_dim) {
     case 16:
-      attention_decode_gqa_d<T, 16>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
+      attention_decode_gqa_d<T, K, 16>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
                                     layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
       break;
     case 32:
-      attention_decode_gqa_d<T, 32>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
+      attention_decode_gqa_d<T, K, 32>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
                                     layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
       break;
     case 64:
-      attention_decode_gqa_d<T, 64>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
+      attention_decode_gqa_d<T, K, 64>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
                                     layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
       break;
     case 128:
-      attention_decode_gqa_d<T, 128>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
+      attention_decode_gqa_d<T, K, 128>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
                                      layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
       break;
     default:
-      attention_decode_gqa_d<T, 256>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
+      attention_decode_gqa_d<T, K, 256>(qkv, att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g,
                                      layer, window, rows, parts, cap, partial, part_ml, tickets, stream);
       break;
   }
@@ -734,10 +742,11 @@ inline size_t ctx_smem(int head_dim) {
 //   qkv: [N][qkv_width] fp32, queries pre-scaled; att: [N][heads·head_dim] T output.
 // Shared memory layout in ctx_smem; rows of keys and values are padded by one pair so
 // that lanes reading different keys hit different banks. kCap soft-caps the scores at
-// ±softcap, as decode_attend does.
-template <typename T, bool kCap = false>
+// ±softcap, as decode_attend does. An FP8 pool's (K kv8) codes are staged as T (exact) and
+// its scales folded into the fp32 scores (before the cap) and the output.
+template <typename T, typename K, bool kCap = false>
 __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
-    const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
+    const float* __restrict__ qkv, T* __restrict__ att, const K* __restrict__ kv,
     const CtxTile* __restrict__ tiles, const DevSeq* __restrict__ seqs,
     const int32_t* __restrict__ blocks, KVGeom g, int layer, int window, float softcap) {
   extern __shared__ float smem[];
@@ -777,8 +786,8 @@ __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
       const int j = idx / D, d = idx % D, kp = c0 + j;
       const int64_t blk = table[kp / g.tokens_per_block];
       const int slot = kp % g.tokens_per_block;
-      ks[j * KD + d] = kv[g.at(blk, layer, 0, kvh, slot) + d];
-      vs[j * KD + d] = kv[g.at(blk, layer, 1, kvh, slot) + d];
+      ks[j * KD + d] = kv_widen<T>(kv[g.at(blk, layer, 0, kvh, slot) + d]);
+      vs[j * KD + d] = kv_widen<T>(kv[g.at(blk, layer, 1, kvh, slot) + d]);
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < Q * kCtxKeys; idx += blockDim.x) {
@@ -797,6 +806,7 @@ __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
           s3 = fmaf(qi[d + 3], to_f32(kj[d + 3]), s3);
         }
         sc = (s0 + s1) + (s2 + s3);
+        if constexpr (kv_is_fp8<K>) sc *= g.kscale;
         if constexpr (kCap) sc = softcap * tanhf(sc / softcap);
       }
       ss[i * (kCtxKeys + 1) + j] = sc;
@@ -838,7 +848,8 @@ __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
   __syncthreads();
   for (int idx = threadIdx.x; idx < tile.n * D; idx += blockDim.x) {
     int i = idx / D, d = idx % D;
-    att[(int64_t)(tile.row0 + i) * g.q_width() + head * D + d] = from_f32<T>(os[idx] / l[i]);
+    const float o = kv_is_fp8<K> ? os[idx] * g.vscale : os[idx];
+    att[(int64_t)(tile.row0 + i) * g.q_width() + head * D + d] = from_f32<T>(o / l[i]);
   }
 }
 
@@ -852,16 +863,21 @@ __global__ void __launch_bounds__(kCtxThreads) attention_context_kernel(
 //   output rescaled and added in fp32.
 // Shared rows are padded by 8 elements (16 bytes) so that WMMA's row loads spread over
 // the banks; layout in ctx_tc_smem.
+// An FP8 pool's chunks are copied (cp.async, double-buffered) as codes into a staging
+// area [2][KC][D] bytes of keys, then of values, and widened to T (exact) into one buffer
+// of keys and one of values before the chunk is computed; the key scale multiplies the
+// fp32 scores, the value scale the output.
 constexpr int kCtxTcThreads = 128;
 constexpr int kCtxTcKeys = 64;
 
 // ctx_tc_fits: WMMA's 16-wide steps, and the 16-query tiles the step plan makes.
 inline bool ctx_tc_fits(int head_dim) { return head_dim % 16 == 0 && ctx_queries(head_dim) == 16; }
 
-inline size_t ctx_tc_smem(int head_dim) {
+inline size_t ctx_tc_smem(int head_dim, bool fp8 = false) {
   const int DP = head_dim + 8, Q = 16, KC = kCtxTcKeys;
   return 2 * (size_t)Q * DP                 // queries (T)
-         + 2 * 2 * 2 * (size_t)KC * DP      // keys and values, two buffers (T)
+         + (fp8 ? 2 * 2 * (size_t)KC * DP + 2 * 2 * (size_t)KC * head_dim  // one T buffer, staged codes
+                : 2 * 2 * 2 * (size_t)KC * DP)                           // two T buffers
          + 4 * (size_t)Q * (KC + 4)         // scores (fp32)
          + 2 * (size_t)Q * (KC + 8)         // probabilities (T)
          + 4 * (size_t)Q * (head_dim + 4)   // this chunk's P·V (fp32)
@@ -890,9 +906,41 @@ __device__ __forceinline__ void ctx_kv_load(const T* __restrict__ kv, const int3
   cp_async_commit();
 }
 
+// ctx_kv_load8 is ctx_kv_load for an FP8 pool: the codes of keys and values c0 …
+// c0+keys-1 into kd and vd ([keys][D] bytes; D % 16 == 0), 16-byte pieces, zeros past kend.
+__device__ __forceinline__ void ctx_kv_load8(const kv8* __restrict__ kv, const int32_t* table,
+                                             KVGeom g, int layer, int kvh, int c0, int kend,
+                                             int keys, int D, uint8_t* kd, uint8_t* vd, int t,
+                                             int nthreads) {
+  const int P = D / 16;
+  for (int idx = t; idx < keys * P; idx += nthreads) {
+    const int j = idx / P, p = idx % P, kp = c0 + j;
+    const bool ok = kp < kend;
+    const int kq = ok ? kp : c0;
+    const int64_t blk = table[kq / g.tokens_per_block];
+    const int slot = kq % g.tokens_per_block;
+    cp_async16_zfill(kd + j * D + p * 16, kv + g.at(blk, layer, 0, kvh, slot) + p * 16, ok ? 16 : 0);
+    cp_async16_zfill(vd + j * D + p * 16, kv + g.at(blk, layer, 1, kvh, slot) + p * 16, ok ? 16 : 0);
+  }
+  cp_async_commit();
+}
+
+// ctx_kv_widen widens a staged FP8 chunk (kd8, vd8: [keys][D] codes) into kd and vd
+// ([keys][D + 8] T): thread t of nthreads takes pieces of 8 t, t + nthreads, …
 template <typename T>
+__device__ __forceinline__ void ctx_kv_widen(const uint8_t* kd8, const uint8_t* vd8, int keys,
+                                             int D, T* kd, T* vd, int t, int nthreads) {
+  const int P = D / 8, DP = D + 8, n = keys * P;
+  for (int idx = t; idx < 2 * n; idx += nthreads) {
+    const int kind = idx >= n, i = idx - kind * n, j = i / P, p = i % P;
+    const uint2 c = *reinterpret_cast<const uint2*>((kind ? vd8 : kd8) + j * D + p * 8);
+    *reinterpret_cast<uint4*>((kind ? vd : kd) + j * DP + p * 8) = kv_widen8<T>(c);
+  }
+}
+
+template <typename T, typename K>
 __global__ void __launch_bounds__(kCtxTcThreads) attention_context_tc_kernel(
-    const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
+    const float* __restrict__ qkv, T* __restrict__ att, const K* __restrict__ kv,
     const CtxTile* __restrict__ tiles, const DevSeq* __restrict__ seqs,
     const int32_t* __restrict__ blocks, KVGeom g, int layer, int window) {
   namespace wm = nvcuda::wmma;
@@ -900,6 +948,8 @@ __global__ void __launch_bounds__(kCtxTcThreads) attention_context_tc_kernel(
   griddep_launch();
   griddep_wait();
   constexpr int Q = 16, KC = kCtxTcKeys;
+  constexpr bool F8 = kv_is_fp8<K>;
+  constexpr int NB = F8 ? 1 : 2;  // T buffers: an FP8 chunk is widened into one
   const int D = g.head_dim, DP = D + 8;
   const CtxTile tile = tiles[blockIdx.x];
   const int head = blockIdx.y, kvh = g.kv_head(head);
@@ -907,9 +957,11 @@ __global__ void __launch_bounds__(kCtxTcThreads) attention_context_tc_kernel(
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = kCtxTcThreads / 32;
 
   T* qs = reinterpret_cast<T*>(ctx_tc_smem_buf);  // [Q][DP]
-  T* kbuf = qs + Q * DP;                           // [2][KC][DP]
-  T* vbuf = kbuf + 2 * KC * DP;                    // [2][KC][DP]
-  float* ss = reinterpret_cast<float*>(vbuf + 2 * KC * DP);  // [Q][KC+4]
+  T* kbuf = qs + Q * DP;                           // [NB][KC][DP]
+  T* vbuf = kbuf + NB * KC * DP;                   // [NB][KC][DP]
+  uint8_t* k8 = reinterpret_cast<uint8_t*>(vbuf + NB * KC * DP);  // FP8: [2][KC][D] codes
+  uint8_t* v8 = k8 + (F8 ? 2 * KC * D : 0);                        // FP8: [2][KC][D]
+  float* ss = reinterpret_cast<float*>(v8 + (F8 ? 2 * KC * D : 0));  // [Q][KC+4]
   T* ps = reinterpret_cast<T*>(ss + Q * (KC + 4));           // [Q][KC+8]
   float* pv = reinterpret_cast<float*>(ps + Q * (KC + 8));   // [Q][D+4]
   float* os = pv + Q * (D + 4);                              // [Q][D]
@@ -920,7 +972,10 @@ __global__ void __launch_bounds__(kCtxTcThreads) attention_context_tc_kernel(
   const int kend = tile.pos0 + tile.n;
   const int kstart = window > 0 ? max(0, tile.pos0 - window + 1) : 0;
   const int nchunks = (kend - kstart + KC - 1) / KC;
-  ctx_kv_load<T>(kv, table, g, layer, kvh, kstart, kend, KC, D, kbuf, vbuf, threadIdx.x, blockDim.x);
+  if constexpr (F8)
+    ctx_kv_load8(kv, table, g, layer, kvh, kstart, kend, KC, D, k8, v8, threadIdx.x, blockDim.x);
+  else
+    ctx_kv_load<T>(kv, table, g, layer, kvh, kstart, kend, KC, D, kbuf, vbuf, threadIdx.x, blockDim.x);
   for (int idx = threadIdx.x; idx < Q * D; idx += blockDim.x) {
     const int i = idx / D, d = idx % D;
     qs[i * DP + d] = from_f32<T>(
@@ -933,16 +988,25 @@ __global__ void __launch_bounds__(kCtxTcThreads) attention_context_tc_kernel(
   }
   for (int ch = 0; ch < nchunks; ch++) {
     const int c0 = kstart + ch * KC, kc = min(KC, kend - c0);
-    T* ks = kbuf + (ch & 1) * KC * DP;
-    T* vs = vbuf + (ch & 1) * KC * DP;
+    T* ks = kbuf + (F8 ? 0 : (ch & 1) * KC * DP);
+    T* vs = vbuf + (F8 ? 0 : (ch & 1) * KC * DP);
     if (ch + 1 < nchunks) {
-      ctx_kv_load<T>(kv, table, g, layer, kvh, c0 + KC, kend, KC, D, kbuf + ((ch + 1) & 1) * KC * DP,
-                     vbuf + ((ch + 1) & 1) * KC * DP, threadIdx.x, blockDim.x);
+      if constexpr (F8)
+        ctx_kv_load8(kv, table, g, layer, kvh, c0 + KC, kend, KC, D, k8 + ((ch + 1) & 1) * KC * D,
+                     v8 + ((ch + 1) & 1) * KC * D, threadIdx.x, blockDim.x);
+      else
+        ctx_kv_load<T>(kv, table, g, layer, kvh, c0 + KC, kend, KC, D, kbuf + ((ch + 1) & 1) * KC * DP,
+                       vbuf + ((ch + 1) & 1) * KC * DP, threadIdx.x, blockDim.x);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();  // this chunk's keys and values (and, first, the queries) are in
+    if constexpr (F8) {
+      ctx_kv_widen<T>(k8 + (ch & 1) * KC * D, v8 + (ch & 1) * KC * D, KC, D, ks, vs, threadIdx.x,
+                      blockDim.x);
+      __syncthreads();
+    }
     // S = Q·Kᵀ: warp w takes keys 16w…16w+15.
     for (int f = warp; f < KC / 16; f += nwarps) {
       wm::fragment<wm::accumulator, 16, 16, 16, float> acc;
@@ -966,7 +1030,7 @@ __global__ void __launch_bounds__(kCtxTcThreads) attention_context_tc_kernel(
         const int j = lane + 32 * u;
         const bool ok = i < tile.n && j < kc && c0 + j <= tile.pos0 + i &&
                         (window <= 0 || c0 + j > tile.pos0 + i - window);
-        sc[u] = ok ? ss[i * (KC + 4) + j] : -INFINITY;
+        sc[u] = ok ? (F8 ? ss[i * (KC + 4) + j] * g.kscale : ss[i * (KC + 4) + j]) : -INFINITY;
         mx = fmaxf(mx, sc[u]);
       }
       mx = warp_max(mx);
@@ -1011,7 +1075,8 @@ __global__ void __launch_bounds__(kCtxTcThreads) attention_context_tc_kernel(
   __syncthreads();
   for (int idx = threadIdx.x; idx < tile.n * D; idx += blockDim.x) {
     const int i = idx / D, d = idx % D;
-    att[(int64_t)(tile.row0 + i) * g.q_width() + head * D + d] = from_f32<T>(os[idx] / l[i]);
+    const float o = F8 ? os[idx] * g.vscale : os[idx];
+    att[(int64_t)(tile.row0 + i) * g.q_width() + head * D + d] = from_f32<T>(o / l[i]);
   }
 }
 
@@ -1031,12 +1096,17 @@ __global__ void __launch_bounds__(kCtxTcThreads) attention_context_tc_kernel(
 //   max), P rounded to T becomes P·V's A fragment as it lies, and V's B fragments come from
 //   ldmatrix.trans. The output [16][D] is rescaled in registers and divided by each row's
 //   sum (the quad's partial sums added) at the end.
-// Shared memory: CtxMma<D>::warp_bytes a warp ([2][KC][D + 8] keys, then values, T).
+// An FP8 pool's chunks are staged as codes and widened into one T buffer, as the WMMA
+// kernel's are; the key scale multiplies the scores, the value scale the output.
+// Shared memory: CtxMma<D>::bytes(fp8) a warp ([2][KC][D + 8] keys, then values, T; FP8:
+// [KC][D + 8] keys, values, then [2][KC][D] codes of keys, of values).
 template <int D>
 struct CtxMma {
   static constexpr int KC = D <= 64 ? 32 : 16;  // keys a chunk: 16-18 KB a warp
   static constexpr int DP = D + 8;
   static constexpr size_t warp_bytes = 2 * 2 * (size_t)KC * DP * 2;
+  static constexpr size_t warp_bytes8 = 2 * (size_t)KC * DP * 2 + 2 * 2 * (size_t)KC * D;
+  __host__ __device__ static constexpr size_t bytes(bool fp8) { return fp8 ? warp_bytes8 : warp_bytes; }
 };
 
 inline bool ctx_mma_fits(int head_dim) {
@@ -1046,12 +1116,13 @@ inline bool ctx_mma_fits(int head_dim) {
 // ctx_mma_chunk is one chunk of attention_context_mma_kernel for one warp: keys and values
 // c0…c0+KC-1 (kb, vb: [KC][DP] in shared memory) against the tile's queries qa, masked for
 // the tile (causal, its window, its rows), into the running row maxima mrow, partial row
-// sums lrow (this lane's share) and outputs o.
-template <typename T, int D>
+// sums lrow (this lane's share) and outputs o. kScaled: the keys are FP8 codes, the scores
+// times kscale.
+template <typename T, int D, bool kScaled = false>
 __device__ __forceinline__ void ctx_mma_chunk(const T* kb, const T* vb, int c0, const CtxTile& tile,
                                               int window, const uint32_t (&qa)[D / 16][4],
                                               float (&o)[D / 8][4], float (&mrow)[2],
-                                              float (&lrow)[2], int lane) {
+                                              float (&lrow)[2], int lane, float kscale = 1.f) {
   constexpr int KC = CtxMma<D>::KC, DP = CtxMma<D>::DP, NT = KC / 8, DT = D / 8;
   const int gq = lane >> 2, tq = lane & 3;
   const int mi = lane >> 3, mr = lane & 7;  // ldmatrix: this lane's matrix and row
@@ -1079,7 +1150,7 @@ __device__ __forceinline__ void ctx_mma_chunk(const T* kb, const T* vb, int c0, 
     for (int e = 0; e < 4; e++) {
       const int r = gq + (e >> 1) * 8, kp = c0 + n * 8 + 2 * tq + (e & 1), qp = tile.pos0 + r;
       const bool ok = r < tile.n && kp < kend && kp <= qp && (window <= 0 || kp > qp - window);
-      s[n][e] = ok ? s[n][e] : -INFINITY;
+      s[n][e] = ok ? (kScaled ? s[n][e] * kscale : s[n][e]) : -INFINITY;
       mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
     }
   }
@@ -1121,12 +1192,14 @@ __device__ __forceinline__ void ctx_mma_chunk(const T* kb, const T* vb, int c0, 
   }
 }
 
-template <typename T, int D>
+template <typename T, typename K, int D>
 __global__ void __launch_bounds__(128) attention_context_mma_kernel(
-    const float* __restrict__ qkv, T* __restrict__ att, const T* __restrict__ kv,
+    const float* __restrict__ qkv, T* __restrict__ att, const K* __restrict__ kv,
     const CtxTile* __restrict__ tiles, const DevSeq* __restrict__ seqs,
     const int32_t* __restrict__ blocks, KVGeom g, int layer, int window, int ntiles) {
   constexpr int KC = CtxMma<D>::KC, DP = CtxMma<D>::DP, DT = D / 8, W = 4;
+  constexpr bool F8 = kv_is_fp8<K>;
+  constexpr int NB = F8 ? 1 : 2;  // T buffers: an FP8 chunk is widened into one
   extern __shared__ __align__(128) unsigned char ctx_mma_smem_buf[];
   griddep_launch();
   griddep_wait();
@@ -1190,9 +1263,12 @@ __global__ void __launch_bounds__(128) attention_context_mma_kernel(
   // whichever tiles share its block and wherever its tile starts (batch and prefix
   // invariance under a sliding window; keys before a query's window weigh exactly zero).
   const int lo = (shared ? ks_all : kstart) / KC * KC, hi = shared ? ke_all : kend;
-  // [2][KC][DP] keys, then [2][KC][DP] values: the block's, or warp w's at w · 4 · KC · DP.
-  T* kbuf = reinterpret_cast<T*>(ctx_mma_smem_buf) + (shared ? 0 : (size_t)warp * (4 * KC * DP));
-  T* vbuf = kbuf + 2 * KC * DP;
+  // [NB][KC][DP] keys, then [NB][KC][DP] values (FP8: then [2][KC][D] codes of each): the
+  // block's, or warp w's at w · CtxMma<D>::bytes(F8).
+  T* kbuf = reinterpret_cast<T*>(ctx_mma_smem_buf + (shared ? 0 : (size_t)warp * CtxMma<D>::bytes(F8)));
+  T* vbuf = kbuf + NB * KC * DP;
+  uint8_t* k8 = reinterpret_cast<uint8_t*>(vbuf + NB * KC * DP);  // FP8 only
+  uint8_t* v8 = k8 + 2 * KC * D;
   const int ct = shared ? (int)threadIdx.x : lane, cn = shared ? (int)blockDim.x : 32;
   auto sync = [shared] {
     if (shared)
@@ -1201,20 +1277,32 @@ __global__ void __launch_bounds__(128) attention_context_mma_kernel(
       __syncwarp();
   };
   const int nch = (hi - lo + KC - 1) / KC;
-  if (nch > 0) ctx_kv_load<T>(kv, table, g, layer, kvh, lo, hi, KC, D, kbuf, vbuf, ct, cn);
+  // load copies chunk c (keys from position c) into buffer b.
+  auto load = [&](int c, int b) {
+    if constexpr (F8)
+      ctx_kv_load8(kv, table, g, layer, kvh, c, hi, KC, D, k8 + b * KC * D, v8 + b * KC * D, ct, cn);
+    else
+      ctx_kv_load<T>(kv, table, g, layer, kvh, c, hi, KC, D, kbuf + b * KC * DP, vbuf + b * KC * DP,
+                     ct, cn);
+  };
+  if (nch > 0) load(lo, 0);
   for (int ch = 0; ch < nch; ch++) {
     const int c0 = lo + ch * KC;
     if (ch + 1 < nch) {
-      ctx_kv_load<T>(kv, table, g, layer, kvh, c0 + KC, hi, KC, D, kbuf + ((ch + 1) & 1) * KC * DP,
-                     vbuf + ((ch + 1) & 1) * KC * DP, ct, cn);
+      load(c0 + KC, (ch + 1) & 1);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     sync();  // every copier's pieces of this chunk are in
+    if constexpr (F8) {
+      ctx_kv_widen<T>(k8 + (ch & 1) * KC * D, v8 + (ch & 1) * KC * D, KC, D, kbuf, vbuf, ct, cn);
+      sync();
+    }
+    const int b = F8 ? 0 : ch & 1;
     if (c0 < kend && c0 + KC > kstart)
-      ctx_mma_chunk<T, D>(kbuf + (ch & 1) * KC * DP, vbuf + (ch & 1) * KC * DP, c0, tile, window, qa, o,
-                          mrow, lrow, lane);
+      ctx_mma_chunk<T, D, F8>(kbuf + b * KC * DP, vbuf + b * KC * DP, c0, tile, window, qa, o,
+                              mrow, lrow, lane, g.kscale);
     sync();  // this buffer's readers are done before the next chunk's copies
   }
   using T2 = typename std::conditional<std::is_same<T, __half>::value, __half2, __nv_bfloat162>::type;
@@ -1225,7 +1313,7 @@ __global__ void __launch_bounds__(128) attention_context_mma_kernel(
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const int row = gq + 8 * r;
     if (row >= tile.n) continue;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = l > 0.f ? (F8 ? g.vscale / l : 1.f / l) : 0.f;
     T* out = att + (int64_t)(tile.row0 + row) * g.q_width() + head * D + 2 * tq;
 #pragma unroll
     for (int d = 0; d < DT; d++) {
@@ -1244,38 +1332,38 @@ inline int ctx_mma_warps(int ntiles, int heads, int sms) {
   return (int64_t)ntiles * heads >= 8LL * sms ? 4 : 1;
 }
 
-template <typename T, int D>
-void attention_context_mma(const float* qkv, T* att, const T* kv, const CtxTile* tiles,
+template <typename T, typename K, int D>
+void attention_context_mma(const float* qkv, T* att, const K* kv, const CtxTile* tiles,
                            const DevSeq* seqs, const int32_t* blocks, KVGeom g, int layer,
                            int window, int ntiles, int sms, Stream stream) {
   const int w = ctx_mma_warps(ntiles, g.heads, sms);
-  launch("attention_context_mma_kernel", attention_context_mma_kernel<T, D>,
-         dim3((ntiles + w - 1) / w, g.heads), 32 * w, w * CtxMma<D>::warp_bytes, stream, qkv, att,
-         kv, tiles, seqs, blocks, g, layer, window, ntiles);
+  launch("attention_context_mma_kernel", attention_context_mma_kernel<T, K, D>,
+         dim3((ntiles + w - 1) / w, g.heads), 32 * w, w * CtxMma<D>::bytes(kv_is_fp8<K>), stream,
+         qkv, att, kv, tiles, seqs, blocks, g, layer, window, ntiles);
 }
 
-template <typename T>
-void attention_context(const float* qkv, T* att, const T* kv, const CtxTile* tiles,
+template <typename T, typename K>
+void attention_context(const float* qkv, T* att, const K* kv, const CtxTile* tiles,
                        const DevSeq* seqs, const int32_t* blocks, KVGeom g, int layer,
                        int window, int ntiles, bool mma, int sms, Stream stream) {
   if (ntiles == 0) return;
   if (mma && ctx_mma_fits(g.head_dim)) {
     switch (g.head_dim) {
       case 64:
-        return attention_context_mma<T, 64>(qkv, att, kv, tiles, seqs, blocks, g, layer, window, ntiles, sms, stream);
+        return attention_context_mma<T, K, 64>(qkv, att, kv, tiles, seqs, blocks, g, layer, window, ntiles, sms, stream);
       case 80:
-        return attention_context_mma<T, 80>(qkv, att, kv, tiles, seqs, blocks, g, layer, window, ntiles, sms, stream);
+        return attention_context_mma<T, K, 80>(qkv, att, kv, tiles, seqs, blocks, g, layer, window, ntiles, sms, stream);
       default:
-        return attention_context_mma<T, 128>(qkv, att, kv, tiles, seqs, blocks, g, layer, window, ntiles, sms, stream);
+        return attention_context_mma<T, K, 128>(qkv, att, kv, tiles, seqs, blocks, g, layer, window, ntiles, sms, stream);
     }
   }
   dim3 grid(ntiles, g.heads);
   if (ctx_tc_fits(g.head_dim)) {
-    launch("attention_context_tc_kernel", attention_context_tc_kernel<T>, grid, kCtxTcThreads,
-           ctx_tc_smem(g.head_dim), stream, qkv, att, kv, tiles, seqs, blocks, g, layer, window);
+    launch("attention_context_tc_kernel", attention_context_tc_kernel<T, K>, grid, kCtxTcThreads,
+           ctx_tc_smem(g.head_dim, kv_is_fp8<K>), stream, qkv, att, kv, tiles, seqs, blocks, g, layer, window);
     return;
   }
-  launch("attention_context_kernel", attention_context_kernel<T>, grid, kCtxThreads,
+  launch("attention_context_kernel", attention_context_kernel<T, K>, grid, kCtxThreads,
          ctx_smem(g.head_dim), stream, qkv, att, kv, tiles, seqs, blocks, g, layer, window, 0.f);
 }
 

@@ -315,6 +315,9 @@ void comm_barrier(gollm_comm* c, int rank) {
 // Collectives of an engine's step, on its stream (captured into its graphs in graph mode).
 
 void tp_all_reduce(gollm_engine* e, float* buf, size_t count, const char* what, int layer) {
+#ifdef GOLLM_MEASURE
+  if (e->skip & gollm_engine::kSkipAllReduce) return;
+#endif
   std::shared_lock<std::shared_timed_mutex> lk(e->comm->guard);
   if (e->comm->aborted.load()) aborted_error(e);
   const nccl::Lib& L = nccl::lib();

@@ -65,16 +65,22 @@ const Lib& lib(const char* path = nullptr);
 // picks the slot, so that a rank one call ahead writes the other one.
 constexpr int kArMaxRanks = 8;
 constexpr int kArBlocks = 64;
-constexpr size_t kArSlotBytes = 4u << 20;  // a parity slot of the engines' buffers
+constexpr size_t kArMaxBytes = 4u << 20;      // the largest payload tuning.allreduce_bytes allows
+// A parity slot of the engines' buffers: the largest payload, and the two-shot's fp32 sums
+// of it beside it.
+constexpr size_t kArSlotBytes = 3 * kArMaxBytes;
 constexpr size_t kArDefaultBytes = 1u << 20;  // the largest payload a call sends by default
+// The payload (rows x hidden x 2 bytes) from which 4 or more ranks take the two-shot by
+// default (tuning.allreduce_two_bytes).
+constexpr size_t kArTwoShotBytes = 256u << 10;
 constexpr unsigned kArTimeoutMs = 20000;      // a flag's wait before the step fails
 // Error words (PeerBufs.herr): what a rank's kernel met, with the peer it waited for in
 // bits 8 and up.
 constexpr int kArTimedOut = 1, kArAborted = 2;
 
 // PeerBufs are the custom all-reduce's buffers on every rank: each rank's device memory
-// ([2][slot] payload, then flags [kArMaxRanks][kArBlocks] and counters [kArBlocks],
-// uint32), the peers' mapped into each other's address space, and pinned host words the
+// ([2][slot] payload, then flags [kArMaxRanks][kArBlocks], counters [kArBlocks] and the
+// two-shot's second flags [kArMaxRanks][kArBlocks], uint32), the peers' mapped into each other's address space, and pinned host words the
 // kernels write their errors to (herr[rank]) and read the abort from (herr[kArMaxRanks]).
 struct PeerBufs {
   int n = 0;
@@ -88,7 +94,8 @@ struct PeerBufs {
   ~PeerBufs();
   uint32_t* flags(int r) const { return reinterpret_cast<uint32_t*>(mem[r] + 2 * slot); }
   uint32_t* counters(int r) const { return flags(r) + kArMaxRanks * kArBlocks; }
-  size_t bytes() const { return 2 * slot + (kArMaxRanks + 1) * kArBlocks * 4; }
+  uint32_t* flags2(int r) const { return counters(r) + kArBlocks; }
+  size_t bytes() const { return 2 * slot + (2 * kArMaxRanks + 1) * kArBlocks * 4; }
 };
 
 // peer_access says why n devices cannot take the custom all-reduce ("" when they can: every

@@ -3,6 +3,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 
@@ -28,6 +29,9 @@ struct Error : std::runtime_error {
 
 inline void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
   if (e == cudaSuccess) return;
+  // The failure is reported here: take it off the thread's last error too, so that a
+  // later launch check (another engine on this thread, say) is not blamed for it.
+  cudaGetLastError();
   int32_t code = e == cudaErrorMemoryAllocation ? GOLLM_ERR_OUT_OF_MEMORY : GOLLM_ERR_CUDA;
   char buf[512];
   std::snprintf(buf, sizeof buf, "%s: %s (%s, %s:%d)", what, cudaGetErrorString(e),
@@ -418,9 +422,15 @@ struct QkvExtra {
 
 // KVGeom locates a (block, layer, K|V, kv head) page of the pool, laid out
 // [block][layer][2][kv_heads][tokens_per_block][head_dim] so that one head's keys within a
-// block are contiguous. Query head h reads KV head h / (heads / kv_heads).
+// block are contiguous (offsets in elements: two bytes, or one in an FP8 pool). Query head
+// h reads KV head h / (heads / kv_heads). In an FP8 pool (fp8) it also carries the layer's
+// key and value scales, which the dispatchers set for the layer they launch (layer_geom),
+// so that graphs capture them with the launch.
 struct KVGeom {
   int layers, heads, kv_heads, head_dim, tokens_per_block;
+  int fp8 = 0;                          // nonzero: float8_e4m3fn codes (kv8)
+  float kscale = 1.f, vscale = 1.f;     // the launch's layer's scales (fp8)
+  __host__ __device__ __forceinline__ float scale(int kind) const { return kind ? vscale : kscale; }
   __host__ __device__ __forceinline__ int64_t page(int64_t block, int layer, int kind,
                                                    int head) const {
     return (block * layers + layer) * 2 * kv_heads * (int64_t)tokens_per_block * head_dim +
@@ -449,6 +459,121 @@ struct KVGeom {
     const int k = cc - kind * kvw;
     return head_off(kind, k / head_dim) + k % head_dim;
   }
+  // kv_kind is 0 for a key column of a QKV row, 1 for a value column.
+  __host__ __device__ __forceinline__ int kv_kind(int c) const {
+    return c - q_width() < kv_heads * head_dim ? 0 : 1;
+  }
 };
+
+// The KV pool's element types: the compute type T, or kv8 — float8_e4m3fn codes of x /
+// scale (the layer's key or value scale), rounded to nearest even and saturated at ±448,
+// as model.Float32ToE4M3 rounds them. The readers take 8 elements a piece (KVPiece: 16
+// bytes of T, 8 of kv8) and widen them to fp32 (kv_f32x8: codes exactly); the scales fold
+// into the sums — the query times the key scale (kv_qscale) before the dot products, the
+// output times the value scale (kv_vscale) after the weighted sum —, so that no element
+// pays a multiply. The writers go through kv_put.
+using kv8 = __nv_fp8_e4m3;
+template <typename K> struct KVPiece { using type = uint4; };
+template <> struct KVPiece<kv8> { using type = uint2; };
+template <typename K> constexpr bool kv_is_fp8 = std::is_same<K, kv8>::value;
+
+// kv_encode is v's code in an FP8 pool of scale s.
+__device__ __forceinline__ uint8_t kv_encode(float v, float s) {
+  return (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(v, s), __NV_SATFINITE, __NV_E4M3);
+}
+
+// kv_decode2 widens two codes (the lower byte first) to fp32, exactly (every e4m3 value is
+// an fp16 value).
+__device__ __forceinline__ float2 kv_decode2(uint16_t v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), __NV_E4M3);
+  return __half22float2(__half2(h));
+}
+
+// kv_f32x8 widens a piece of 8 pool elements to fp32, exactly (kv8: the codes' values).
+template <typename K>
+__device__ __forceinline__ void kv_f32x8(const typename KVPiece<K>::type& v, float (&f)[8]) {
+  if constexpr (kv_is_fp8<K>) {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const float2 q = kv_decode2(p[i]);
+      f[2 * i] = q.x, f[2 * i + 1] = q.y;
+    }
+  } else {
+    to_f32x8<K>(v, f);
+  }
+}
+
+// kv_qscale is a query element as dot products with a pool's keys take it: times the
+// layer's key scale in an FP8 pool, else as it is. kv_vscale is an output element of the
+// weighted sum of a pool's values: times the value scale in an FP8 pool.
+template <typename K>
+__device__ __forceinline__ float kv_qscale(float q, const KVGeom& g) {
+  if constexpr (kv_is_fp8<K>)
+    return q * g.kscale;
+  else
+    return q;
+}
+template <typename K>
+__device__ __forceinline__ float kv_vscale(float o, const KVGeom& g) {
+  if constexpr (kv_is_fp8<K>)
+    return o * g.vscale;
+  else
+    return o;
+}
+
+// kv_put stores v as element i of the pool kv: in T, or in an FP8 pool (g.fp8) as the code
+// of v over the kind's scale (kind 0: keys, 1: values).
+template <typename T>
+__device__ __forceinline__ void kv_put(void* kv, int64_t i, float v, const KVGeom& g, int kind) {
+  if (g.fp8)
+    static_cast<uint8_t*>(kv)[i] = kv_encode(v, g.scale(kind));
+  else
+    static_cast<T*>(kv)[i] = from_f32<T>(v);
+}
+
+// kv_put4 stores four consecutive elements of one kind from i (8-byte aligned in T, 4 in
+// an FP8 pool) with one store.
+template <typename T>
+__device__ __forceinline__ void kv_put4(void* kv, int64_t i, float a, float b, float c, float d,
+                                        const KVGeom& g, int kind) {
+  if (g.fp8) {
+    const float s = g.scale(kind);
+    const uint32_t w = (uint32_t)kv_encode(a, s) | (uint32_t)kv_encode(b, s) << 8 |
+                       (uint32_t)kv_encode(c, s) << 16 | (uint32_t)kv_encode(d, s) << 24;
+    *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(kv) + i) = w;
+  } else {
+    store4(static_cast<T*>(kv) + i, a, b, c, d);
+  }
+}
+
+// kv_widen8 widens a piece of 8 FP8 codes to 8 T (exact), in one 16-byte word.
+template <typename T>
+__device__ __forceinline__ uint4 kv_widen8(const uint2& v) {
+  const uint16_t* p = reinterpret_cast<const uint16_t*>(&v);
+  uint32_t r[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(p[i]), __NV_E4M3);
+    if constexpr (std::is_same<T, __half>::value) {
+      memcpy(&r[i], &h, 4);
+    } else {
+      const float2 f = __half22float2(__half2(h));
+      const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+      memcpy(&r[i], &b, 4);
+    }
+  }
+  return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
+// kv_widen is a pool element in T: T's as it is, kv8's code exactly (the scale is the
+// tensor-core kernels' to fold into their fp32 sums).
+template <typename T, typename K>
+__device__ __forceinline__ T kv_widen(K x) {
+  if constexpr (kv_is_fp8<K>)
+    return from_f32<T>(__half2float(__half(__nv_cvt_fp8_to_halfraw(x.__x, __NV_E4M3))));
+  else
+    return x;
+}
 
 }  // namespace gollm

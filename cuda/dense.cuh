@@ -20,7 +20,7 @@ namespace gollm {
 // head in shared memory). inv_freq null: no rotation.
 template <typename T>
 __global__ void __launch_bounds__(kRopeThreads) qkv_extra_write_kernel(
-    float* __restrict__ qkv, const float* __restrict__ bias, T* __restrict__ kv,
+    float* __restrict__ qkv, const float* __restrict__ bias, void* __restrict__ kv,
     const int32_t* __restrict__ row_pos, const int32_t* __restrict__ row_seq,
     const DevSeq* __restrict__ seqs, const int32_t* __restrict__ blocks, KVGeom g, int layer,
     float scale, const float* __restrict__ inv_freq, int rope_dim, QkvExtra x) {
@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_extra_write_kernel(
     if (query)
       row[c] = val * scale;
     else
-      kv[base + g.kv_col(c)] = from_f32<T>(val);
+      kv_put<T>(kv, base + g.kv_col(c), val, g, rotated ? 0 : 1);
   };
   const bool rope = rotated && freq != nullptr;
   if (rope) {
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_extra_write_kernel(
 // qkv_extra_write is the QKV epilogue as a kernel of its own for a layer with QkvExtra's
 // additions (qkv_kv_write's, otherwise).
 template <typename T>
-void qkv_extra_write(float* qkv, const float* bias, T* kv, const int32_t* row_pos,
+void qkv_extra_write(float* qkv, const float* bias, void* kv, const int32_t* row_pos,
                      const int32_t* row_seq, const DevSeq* seqs, const int32_t* blocks, KVGeom g,
                      int layer, int n, const float* inv_freq, int rope_dim, float scale,
                      const QkvExtra& x, Stream stream) {
@@ -232,21 +232,21 @@ inline void softcap(float* x, int64_t n, float cap, Stream stream) {
 // tiles on the CUDA-core context kernel and the decode rows on the per-head decode kernel,
 // each in its kCap variant (the tensor-core context kernels and the grouped decode kernel
 // have none).
-template <typename T>
-void attention_capped(const float* qkv, T* att, const T* kv, const CtxTile* tiles,
+template <typename T, typename K>
+void attention_capped(const float* qkv, T* att, const K* kv, const CtxTile* tiles,
                       const int32_t* dec_rows, const int32_t* row_pos, const int32_t* row_seq,
                       const DevSeq* seqs, const int32_t* blocks, KVGeom g, int layer, int window,
                       int ntiles, int rows, int splits, int max_len, float* partial,
                       float* part_ml, int* tickets, bool prefetch, float cap, Stream stream) {
   if (ntiles > 0)
-    launch("attention_context_kernel", attention_context_kernel<T, true>, dim3(ntiles, g.heads),
+    launch("attention_context_kernel", attention_context_kernel<T, K, true>, dim3(ntiles, g.heads),
            kCtxThreads, ctx_smem(g.head_dim), stream, qkv, att, kv, tiles, seqs, blocks, g, layer,
            window, cap);
   if (rows > 0)
     launch("attention_decode_kernel",
-           !prefetch                       ? attention_decode_kernel<T, false, true>
-           : decode_short_fits(g.head_dim) ? attention_decode_kernel<T, true, true, true>
-                                           : attention_decode_kernel<T, true, true>,
+           !prefetch                       ? attention_decode_kernel<T, K, false, true>
+           : decode_short_fits(g.head_dim) ? attention_decode_kernel<T, K, true, true, true>
+                                           : attention_decode_kernel<T, K, true, true>,
            dim3(rows, g.heads, splits), kDecodeThreads, decode_smem(g.head_dim, max_len), stream, qkv,
            att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer, window, max_len, partial,
            part_ml, tickets, cap);

@@ -1,6 +1,7 @@
 // engine.cu — creating an engine on shared weights (stream, cuBLAS, scratch buffers sized
 // for the step limits, the paged KV pool, the kernels' shared-memory limits, the warm-up)
 // and destroying it.
+#include <cmath>
 #include <exception>
 #include <memory>
 
@@ -73,8 +74,10 @@ void check_tuning(const gollm_tuning& t) {
     invalid("tuning.tile_blocks %d must be in [0, 4]", t.tile_blocks);
   if (t.decode_parts < 0 || t.decode_parts > 16)
     invalid("tuning.decode_parts %d must be in [0, 16]", t.decode_parts);
-  if (t.allreduce_bytes < 0 || (size_t)t.allreduce_bytes > kArSlotBytes)
-    invalid("tuning.allreduce_bytes %d must be in [0, %zu]", t.allreduce_bytes, kArSlotBytes);
+  if (t.allreduce_bytes < 0 || (size_t)t.allreduce_bytes > kArMaxBytes)
+    invalid("tuning.allreduce_bytes %d must be in [0, %zu]", t.allreduce_bytes, kArMaxBytes);
+  if (t.allreduce_two_bytes > 0 && (size_t)t.allreduce_two_bytes > kArMaxBytes)
+    invalid("tuning.allreduce_two_bytes %d must be at most %zu (negative: never)", t.allreduce_two_bytes, kArMaxBytes);
   if (t.allreduce_timeout_ms < 0 || t.allreduce_timeout_ms > 600000)
     invalid("tuning.allreduce_timeout_ms %d must be in [0, 600000]", t.allreduce_timeout_ms);
 #ifndef GOLLM_MEASURE
@@ -102,6 +105,17 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     invalid("max_seq_len %d must be in [0, min(max_positions %d, 32768)]", p->max_seq_len,
             c.max_positions);
   check_tuning(p->tuning);
+  if (p->kv_dtype != 0 && p->kv_dtype != w->dtype && p->kv_dtype != GOLLM_DTYPE_F8E4M3)
+    invalid("kv_dtype %d must be 0 or the weights' dtype %d (the compute type) or "
+            "GOLLM_DTYPE_F8E4M3 (%d)",
+            p->kv_dtype, w->dtype, GOLLM_DTYPE_F8E4M3);
+  if (p->kv_dtype == GOLLM_DTYPE_F8E4M3 && p->kv_scales)
+    for (int i = 0; i < 2 * c.layers; i++) {
+      const float v = p->kv_scales[i];
+      if (!(v > 0.f) || !std::isfinite(v))
+        invalid("kv_scales[%d] (layer %d's %s scale) %g is not a finite positive number", i, i / 2,
+                i % 2 ? "value" : "key", v);
+    }
   if (p->mem_budget < 0) invalid("mem_budget %lld must not be negative", (long long)p->mem_budget);
   gollm_comm* comm = p->comm;
   if (comm) {
@@ -119,6 +133,10 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   } else if (p->tp_rank != 0 || (p->tp_vocab != 0 && p->tp_vocab != c.vocab_size)) {
     invalid("tp_rank %d and tp_vocab %d need a communicator (comm is NULL)", p->tp_rank, p->tp_vocab);
   }
+  // A share of the experts alone would sum only its own experts into every MoE layer.
+  if (held_experts(c) != c.experts && !(comm && comm->n > 1))
+    invalid("config: local_experts %d of %d experts needs a communicator of 2 or more ranks",
+            c.local_experts, c.experts);
   const FailStep fail = fail_step_of(p->faults);
   AllocFault af(p->faults.fail_alloc);
   DeviceGuard dg(w->device);
@@ -153,6 +171,13 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->max_logit_rows = std::max(p->max_logit_rows, p->max_seqs);
   e->max_len = p->max_seq_len > 0 ? p->max_seq_len : std::min(c.max_positions, 8192);
   e->geom = KVGeom{c.layers, c.heads, c.kv_heads, c.head_dim, p->tokens_per_block};
+  if (p->kv_dtype == GOLLM_DTYPE_F8E4M3) {
+    // Scales by value: each layer's pair travels in its launches' KVGeom (layer_geom), so
+    // graphs capture them; nothing on the device.
+    e->kv_fp8 = true;
+    e->kv_scales.assign(2 * (size_t)c.layers, 1.f);
+    if (p->kv_scales) e->kv_scales.assign(p->kv_scales, p->kv_scales + 2 * (size_t)c.layers);
+  }
   e->max_parts = 16;
   {
     int sms = 0;
@@ -197,6 +222,8 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     // all-reduces pair up.
     e->ar = tp && comm->peer && !(tn.off & GOLLM_TUNING_NO_CUSTOM_AR) && c.hidden % 8 == 0;
     e->ar_bytes = tn.allreduce_bytes > 0 ? (size_t)tn.allreduce_bytes : kArDefaultBytes;
+    e->ar_two_bytes = ar_two_bytes(tn.allreduce_two_bytes, e->tp_size);
+    e->tp_cands = e->ar && !(tn.off & GOLLM_TUNING_NO_TP_CANDIDATES);
     e->ar_timeout_ns = (unsigned long long)(tn.allreduce_timeout_ms > 0 ? tn.allreduce_timeout_ms : kArTimeoutMs) * 1000000ull;
     // The staged gemv wins over cuBLAS on narrow models only, up to 4 rows
     // (bench/results/2026-11-21-gpu-h200.jsonl); wider ones take the streaming gemv.
@@ -273,7 +300,8 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
   e->alt_hin.alloc(in_bytes, "step inputs (host)");
   e->alt_htok.alloc(S * 4, "sampled tokens (host)");
   e->alt_hlp.alloc(S * 4, "log-probabilities (host)");
-  const size_t moe_bytes = create_moe(e.get());
+  const size_t moe_bytes = create_moe(e.get()) +
+                           create_fp8lt(e.get(), (p->tuning.off & GOLLM_TUNING_NO_BLASLT) != 0);
   setup_kernels(e.get());
   size_t scratch = moe_bytes + e->h.bytes + e->xn.bytes + e->qkv.bytes + e->att.bytes + e->tmp.bytes +
                    e->fc.bytes + e->fch.bytes + e->xf.bytes + e->logits.bytes +
@@ -283,9 +311,10 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
                    e->dtok.bytes + e->dlp.bytes + e->blas_ws.bytes + e->acc.bytes + e->fp8_part.bytes +
                    e->tp_gather.bytes + e->tp_logits.bytes;
 
-  // A block holds, for every layer, the keys and values of the KV heads only.
+  // A block holds, for every layer, the keys and values of the KV heads only: two bytes
+  // an element, one in an FP8 pool (twice the blocks from the same memory).
   const size_t block_bytes =
-      (size_t)p->tokens_per_block * c.layers * 2 * c.kv_heads * c.head_dim * 2;
+      (size_t)p->tokens_per_block * c.layers * 2 * c.kv_heads * c.head_dim * kv_elem_bytes(e.get());
   int64_t nb = p->num_blocks;
   if (nb == 0 && p->mem_budget > 0) {
     // gpu_memory_utilization: the pool gets what the scratch leaves of the budget.

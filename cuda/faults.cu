@@ -71,6 +71,7 @@ void maybe_fail_alloc(size_t n, const char* what) {
   // of a step looks like.
   cudaError_t err = cudaMemcpyAsync(nullptr, nullptr, 4, cudaMemcpyDeviceToHost, e->stream);
   if (err == cudaSuccess) err = cudaErrorInvalidValue;
+  cudaGetLastError();  // reported below, as check_cuda would
   std::snprintf(buf, sizeof buf,
                 "step %lld: cudaMemcpyAsync failed: %s (injected: GOLLM_CUDA_FAIL_STEP=%d%s)",
                 (long long)e->steps, cudaGetErrorString(err), e->fail.step, e->fail.early ? ":early" : "");

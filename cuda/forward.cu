@@ -41,6 +41,7 @@
 #include "dense.cuh"
 #include "embedding.cuh"
 #include "fp8.cuh"
+#include "fp8lt.cuh"
 #include "fused.cuh"
 #include "gemv.cuh"
 #include "internal.h"
@@ -69,11 +70,43 @@ void gemm(gollm_engine* e, const void* x, const void* w, float* y, int m, int in
 template <typename T>
 void proj(gollm_engine* e, const void* x, const void* w, const float* ws, float* y, int n, int in,
           int out, Stream st) {
-  if (ws)
-    fp8_proj<T>(static_cast<const T*>(x), static_cast<const uint8_t*>(w), ws, y, n, in, out, e->sms,
-                e->fp8_part.as<float>(), e->fp8_part.bytes / 4, st);
-  else
+  if (!ws) {
     gemm<T>(e, x, w, y, gemm_rows(n), in, out);
+    return;
+  }
+  // Many rows: FP8 tensor cores through cuBLASLt (fp8lt.cuh) where the weight has a scale
+  // table there and the shape has an algorithm that beat the kernels below at the warm-up.
+  if (n > kFp8GemvRows && e->fp8lt) {
+    Fp8Lt& lt = *e->fp8lt;
+    const auto b = lt.blocks.find(ws);
+    if (b != lt.blocks.end() && b->second.p) {
+      const int m = gemm_rows(n);
+      const Fp8Lt::Plan& p = fp8lt_plan<T>(lt, m, in, out, static_cast<const T*>(x), static_cast<const uint8_t*>(w),
+                                           b->second.p, b->second.vec, y, st.st, false);
+      if (p.use_lt) {
+        fp8lt_quant<T>(lt, static_cast<const T*>(x), n, m, in, st);
+        fp8lt_run(lt, p, p.algo, static_cast<const uint8_t*>(w), b->second.p, y, st.st);
+        if (p.bf16) fp8lt_widen(lt, y, m, out, st);
+        return;
+      }
+    }
+  }
+  fp8_proj<T>(static_cast<const T*>(x), static_cast<const uint8_t*>(w), ws, y, n, in, out, e->sms,
+              e->fp8_part.as<float>(), e->fp8_part.bytes / 4, st);
+}
+
+// fp8lt_warm chooses shape (m, in, out)'s FP8 GEMM at the warm-up (fp8lt.cuh's
+// fp8lt_plan, timed) on weight w with scales ws and input rows x; true where cuBLASLt has
+// an algorithm for it (counted in the warm-up's GEMM shapes).
+template <typename T>
+bool fp8lt_warm(gollm_engine* e, const void* x, const void* w, const float* ws, float* y, int m, int in, int out) {
+  if (!e->fp8lt || !ws) return false;
+  Fp8Lt& lt = *e->fp8lt;
+  const auto b = lt.blocks.find(ws);
+  if (b == lt.blocks.end() || !b->second.p) return false;
+  const T* xt = static_cast<const T*>(x);
+  const uint8_t* wq = static_cast<const uint8_t*>(w);
+  return fp8lt_plan<T>(lt, m, in, out, xt, wq, b->second.p, b->second.vec, y, e->stream, true).found;
 }
 
 // The LM head's GEMM runs over lm_head_ld(V) rows of weights (zero past V), so that cuBLAS
@@ -119,7 +152,7 @@ struct Flow {
   float* tmp;
   float* fc;
   T* fch;
-  T* kv;
+  void* kv;  // the pool: T, or FP8 codes (e->kv_fp8)
   unsigned long long* acc = nullptr;  // the fused MLP's fixed-point additions to h
   const Stage* norm = nullptr;        // the last NORM walked: what reads x reads its norm of h
   const Stage* post = nullptr;        // a POST_NORM walked since the branch: RESIDUAL's
@@ -137,7 +170,7 @@ struct Flow {
         seqs(reinterpret_cast<const DevSeq*>(din + L_.seqs)),
         tiles(reinterpret_cast<const CtxTile*>(din + L_.tiles)), h(e_->h.as<float>()),
         xn(e_->xn.as<T>()), qkv(e_->qkv.as<float>()), att(e_->att.as<T>()),
-        tmp(e_->tmp.as<float>()), fc(e_->fc.as<float>()), fch(e_->fch.as<T>()), kv(e_->kv.as<T>()) {
+        tmp(e_->tmp.as<float>()), fc(e_->fc.as<float>()), fch(e_->fch.as<T>()), kv(e_->kv.p) {
     const int H = d.H;
     const bool chunks_ok =
         pl.chunks.size() <= 1 && (pl.chunks.empty() || pl.chunks[0].count <= kGemvMaxRows);
@@ -243,7 +276,7 @@ void qkv(Flow<T>& f, const Stage& s) {
   GemvArgs a = f.args(f.N);
   a.w = s.w, a.bias = s.b, a.in = f.d.H, a.out = f.d.qkv, a.y = f.qkv;
   a.kv = f.kv, a.row_pos = f.I32(f.L.row_pos), a.row_seq = f.I32(f.L.row_seq);
-  a.seqs = f.seqs, a.blocks = f.words, a.geom = e->geom, a.layer = s.s.layer;
+  a.seqs = f.seqs, a.blocks = f.words, a.geom = layer_geom(e, s.s.layer), a.layer = s.s.layer;
   a.qscale = s.qscale, a.inv_freq = s.inv_freq;
   // whole: the streaming and tiled kernels' rotary epilogue serves; apart: the epilogue
   // needs KV_WRITE's kernel on the paths that lack it (rotary on the staged gemv) and on
@@ -286,47 +319,57 @@ void qkv(Flow<T>& f, const Stage& s) {
 template <typename T>
 void kv_write(Flow<T>& f, const Stage& s) {
   if (f.kv_written) return;
+  const KVGeom g = layer_geom(f.e, s.s.layer);
   if (s.extra)
     qkv_extra_write<T>(f.qkv, f.qkv_bias, f.kv, f.I32(f.L.row_pos), f.I32(f.L.row_seq), f.seqs,
-                       f.words, f.e->geom, s.s.layer, f.N, s.inv_freq, s.rope_dim, s.qscale, s.qkx,
-                       f.st);
+                       f.words, g, s.s.layer, f.N, s.inv_freq, s.rope_dim, s.qscale, s.qkx, f.st);
   else
     qkv_kv_write<T>(f.qkv, f.qkv_bias, f.kv, f.I32(f.L.row_pos), f.I32(f.L.row_seq), f.seqs,
-                    f.words, f.e->geom, s.s.layer, f.N, s.inv_freq, s.rope_dim, s.qscale, f.st);
+                    f.words, g, s.s.layer, f.N, s.inv_freq, s.rope_dim, s.qscale, f.st);
   f.kv_written = true;
 }
 
 // ATTENTION: the prompt rows' tiles, then the decode rows — steps of few decode rows keep
 // the per-head kernel with its loads before the wait (tiny grids: all latency); more read
-// each KV head once for all its query heads.
-template <typename T>
-void attention(Flow<T>& f, const Stage& s) {
+// each KV head once for all its query heads. K is the pool's element type.
+template <typename T, typename K>
+void attention_k(Flow<T>& f, const Stage& s) {
   gollm_engine* e = f.e;
+  const K* kv = static_cast<const K*>(f.kv);
   const int l = s.s.layer, window = s.s.window, rows = (int)f.pl.dec_rows.size();
+  const KVGeom g = layer_geom(e, l);
   // Chained decode rows read keys and values other rows of the step write, which the
   // kernels load before their dependent-launch wait: they start after the writes instead.
   const Stream& st = f.pl.chained ? f.st0 : f.st;
   // The per-head kernel's grid is its split count: under invariance the fixed one.
   if (s.s.softcap > 0.f) {
-    attention_capped<T>(f.qkv, f.att, f.kv, f.tiles, f.I32(f.L.dec_rows), f.I32(f.L.row_pos),
-                        f.I32(f.L.row_seq), f.seqs, f.words, e->geom, l, window,
+    attention_capped<T, K>(f.qkv, f.att, kv, f.tiles, f.I32(f.L.dec_rows), f.I32(f.L.row_pos),
+                        f.I32(f.L.row_seq), f.seqs, f.words, g, l, window,
                         (int)f.pl.tiles.size(), rows, f.cap, e->max_len, e->partial.as<float>(),
                         e->part_ml.as<float>(), e->tickets.as<int>(), f.small() || f.few_dec,
                         s.s.softcap, st);
     return;
   }
-  attention_context<T>(f.qkv, f.att, f.kv, f.tiles, f.seqs, f.words, e->geom, l, window,
+  attention_context<T, K>(f.qkv, f.att, kv, f.tiles, f.seqs, f.words, g, l, window,
                        (int)f.pl.tiles.size(), e->ctx_mma, e->sms, st);
   if (e->grouped && !f.few_dec)
-    attention_decode_gqa<T>(f.qkv, f.att, f.kv, f.I32(f.L.dec_rows), f.I32(f.L.row_pos),
-                            f.I32(f.L.row_seq), f.seqs, f.words, e->geom, l, window, rows,
+    attention_decode_gqa<T, K>(f.qkv, f.att, kv, f.I32(f.L.dec_rows), f.I32(f.L.row_pos),
+                            f.I32(f.L.row_seq), f.seqs, f.words, g, l, window, rows,
                             std::min(f.parts, f.cap), f.cap, e->partial.as<float>(),
                             e->part_ml.as<float>(), e->tickets.as<int>(), st);
   else
-    attention_decode<T>(f.qkv, f.att, f.kv, f.I32(f.L.dec_rows), f.I32(f.L.row_pos), f.I32(f.L.row_seq),
-                        f.seqs, f.words, e->geom, l, window, rows, f.cap, e->max_len,
+    attention_decode<T, K>(f.qkv, f.att, kv, f.I32(f.L.dec_rows), f.I32(f.L.row_pos), f.I32(f.L.row_seq),
+                        f.seqs, f.words, g, l, window, rows, f.cap, e->max_len,
                         e->partial.as<float>(), e->part_ml.as<float>(), e->tickets.as<int>(),
                         f.small() || f.few_dec, st);
+}
+
+template <typename T>
+void attention(Flow<T>& f, const Stage& s) {
+  if (f.e->kv_fp8)
+    attention_k<T, kv8>(f, s);
+  else
+    attention_k<T, T>(f, s);
 }
 
 // tp_share leaves a rank's share of the branch in tmp to RESIDUAL's custom all-reduce
@@ -438,6 +481,8 @@ void mlp(Flow<T>& f, const Stage& s) {
 // parallelism, for RESIDUAL.
 // The few-row paths norm inside their gemv kernels and leave xn unwritten: the router's
 // kernel norms h itself and writes xn for the experts (an RMSNorm: every MoE family's).
+// Under expert parallelism the rank's weights hold experts [expert_first, + local_experts):
+// its pass sums their pairs alone, and the all-reduce adds the ranks' (tp_share).
 template <typename T>
 void moe(Flow<T>& f, const Stage& s) {
   gollm_engine* e = f.e;
@@ -450,8 +495,9 @@ void moe(Flow<T>& f, const Stage& s) {
   MoePass<T> p{};
   p.s = &s, p.H = f.d.H, p.E = c.experts, p.K = s.s.top_k, p.MI = c.moe_inner, p.SI = c.shared_inner;
   p.logits = m.logits.as<float>();
-  p.rt = MoeRoute{m.topi.as<int>(),    m.topw.as<float>(), m.sgate.as<float>(), m.sorted.as<int>(),
-                  m.pos.as<int>(), m.tiles.as<int4>(), m.ntiles.as<int>()};
+  p.rt = MoeRoute{m.topi.as<int>(), m.topw.as<float>(), m.sgate.as<float>(), m.sorted.as<int>(),
+                  m.pos.as<int>(),  m.tiles.as<int4>(), m.ntiles.as<int>(),  c.expert_first,
+                  held_experts(c)};
   p.act = m.act.as<T>(), p.y = m.y.as<float>(), p.sact = m.sact.as<T>(), p.sy = m.sy.as<float>();
   p.add = into_h;
   p.invariant = e->invariant;  // moe_path: each pass picks its kernels by its rows
@@ -502,8 +548,9 @@ void residual(Flow<T>& f, const Stage& s) {
 
 // LM_HEAD, per chunk of logit rows: the head (a gemv with the final norm on the few-row
 // paths, else cuBLAS over the normed rows gathered), the gather and join of the ranks'
-// vocabulary rows (or, on a tensor-parallel decode step of plain greedy rows, the ranks'
-// candidates merged), the sampling, and (eager mode) the logits copies.
+// vocabulary rows (or, on a tensor-parallel decode step of plain greedy rows or rows with
+// top-k up to 64, the ranks' candidates merged), the sampling, and (eager mode) the logits
+// copies.
 template <typename T>
 void lm_head(Flow<T>& f, const Stage& s, bool capture) {
   gollm_engine* e = f.e;
@@ -517,7 +564,10 @@ void lm_head(Flow<T>& f, const Stage& s, bool capture) {
   float* hlog = e->hlog.as<float>();
   // A tensor-parallel decode step of plain greedy rows (no logits returned: every rank
   // decides alike) samples from the ranks' candidates instead of the joined logits.
-  const bool candidates = f.tp && e->ar && pl.decode_only && pl.all_greedy && !(s.s.softcap > 0.f);
+  // Guided decoding's masks keep the gather (ar_greedy_kernel reads none).
+  const bool candidates = f.tp && pl.all_cand && pl.decode_only && pl.all_greedy && !(s.s.softcap > 0.f);
+  // Sampled rows too, from each rank's first 64 (tp_sample).
+  const bool sampled = f.tp && pl.all_cand && pl.decode_only && !pl.all_greedy && !(s.s.softcap > 0.f);
   for (size_t ci = 0; ci < pl.chunks.size(); ci++) {
     const Chunk& ch = pl.chunks[ci];
     const float* padded = nullptr;  // the LM head's padded rows, when sampling reads them
@@ -549,6 +599,11 @@ void lm_head(Flow<T>& f, const Stage& s, bool capture) {
       // Each rank's maximum, its index and its sum of exponentials, merged: no logits leave
       // a rank.
       tp_greedy(e, part, f.I32(f.L.samp_seq) + ch.samp_first, f.I32(f.L.samp_row) + ch.samp_first,
+                ch.samp_count, VR);
+      continue;
+    }
+    if (sampled && tp_cand_fits(e, ch.samp_count)) {
+      tp_sample(e, part, f.I32(f.L.samp_seq) + ch.samp_first, f.I32(f.L.samp_row) + ch.samp_first, f.seqs,
                 ch.samp_count, VR);
       continue;
     }
@@ -641,6 +696,17 @@ int warmup_gemms_t(gollm_engine* e) {
   CUDA_CHECK(cudaMemsetAsync(e->fch.p, 0, e->fch.bytes, e->stream));
   CUDA_CHECK(cudaMemsetAsync(e->xf.p, 0, e->xf.bytes, e->stream));
   int shapes = 0;
+  // FP8 projections: no cuBLAS, but cuBLASLt's FP8 GEMMs above the gemv's rows, each
+  // shape's algorithm chosen here.
+  if (e->w->fp8 && e->fp8lt) {
+    for (int m = gemm_rows(kFp8GemvRows + 1); m <= gemm_rows(e->max_tokens); m = gemm_rows(m + 1)) {
+      shapes += fp8lt_warm<T>(e, e->xn.p, qkv->w, qkv->ws, e->qkv.as<float>(), m, d.H, d.qkv);
+      shapes += fp8lt_warm<T>(e, e->att.p, out->w, out->ws, e->tmp.as<float>(), m, d.att, d.H);
+      if (!mlp) continue;
+      shapes += fp8lt_warm<T>(e, e->xn.p, mlp->w, mlp->ws, e->fc.as<float>(), m, d.H, d.up);
+      shapes += fp8lt_warm<T>(e, e->fch.p, mlp->w2, mlp->ws2, e->tmp.as<float>(), m, d.I, d.H);
+    }
+  }
   const int top = e->w->fp8 ? 0 : gemm_rows(e->max_tokens);  // FP8 projections: no cuBLAS
   const int rtop = gemm_rows(e->max_logit_rows);
   // Fewest rows first, the LM head's among them: the tuning's budget goes to the decode
@@ -675,6 +741,36 @@ void allow_smem_max(K k, int device) {
   allow_dynamic_smem(k, device);
 }
 
+// setup_attention raises the attention kernels' dynamic shared-memory limits, for a pool
+// of element type K.
+template <typename T, typename K>
+void setup_attention(gollm_engine* e) {
+  const gollm_model_config& c = e->w->cfg;
+  allow_smem_max(attention_context_tc_kernel<T, K>, e->device);
+  allow_smem_max(attention_context_mma_kernel<T, K, 64>, e->device);
+  allow_smem_max(attention_context_mma_kernel<T, K, 80>, e->device);
+  allow_smem_max(attention_context_mma_kernel<T, K, 128>, e->device);
+  allow_smem_max(attention_context_kernel<T, K>, e->device);
+  // Decode attention holds a row's scores: what it needs follows the longest sequence.
+  const size_t ds = decode_smem(c.head_dim, e->max_len);
+  if (ds > dynamic_smem_max(attention_decode_kernel<T, K, true>, e->device))
+    invalid("max_seq_len %d: decode attention needs %zu bytes of shared memory, more than the "
+            "device allows a block",
+            e->max_len, ds);
+  allow_smem_max(attention_decode_kernel<T, K, true>, e->device);
+  allow_smem_max(attention_decode_kernel<T, K, false>, e->device);
+  allow_smem_max(attention_decode_kernel<T, K, true, false, true>, e->device);
+  // The soft-capped variants (dense.cuh's attention_capped), for the models that take them.
+  bool capped = false;
+  for (const Stage& s : e->w->recipe) capped = capped || (s.s.kind == GOLLM_STAGE_ATTENTION && s.s.softcap > 0.f);
+  if (capped) {
+    allow_smem_max(attention_context_kernel<T, K, true>, e->device);
+    allow_smem_max(attention_decode_kernel<T, K, true, true>, e->device);
+    allow_smem_max(attention_decode_kernel<T, K, false, true>, e->device);
+    allow_smem_max(attention_decode_kernel<T, K, true, true, true>, e->device);
+  }
+}
+
 // setup_kernels_t raises the dynamic shared-memory limits of the kernels that may need
 // more than 48 KB and sizes the fused MLP for the model (turning it off where it cannot
 // run).
@@ -687,30 +783,11 @@ void setup_kernels_t(gollm_engine* e) {
   // The fused MLP adds to h itself: a post-normed MLP output cannot take it.
   if (e->fused)
     e->fused = !c.post_norms && fused_setup<T>(c.hidden, c.inner, c.gated_mlp != 0, e->sms, e->device, e->mlp_k);
-  allow_smem_max(attention_context_tc_kernel<T>, e->device);
-  allow_smem_max(attention_context_mma_kernel<T, 64>, e->device);
-  allow_smem_max(attention_context_mma_kernel<T, 80>, e->device);
-  allow_smem_max(attention_context_mma_kernel<T, 128>, e->device);
-  allow_smem_max(attention_context_kernel<T>, e->device);
   if (e->moe.chunk > 0) moe_allow_smem(e->device);
-  // Decode attention holds a row's scores: what it needs follows the longest sequence.
-  const size_t ds = decode_smem(c.head_dim, e->max_len);
-  if (ds > dynamic_smem_max(attention_decode_kernel<T, true>, e->device))
-    invalid("max_seq_len %d: decode attention needs %zu bytes of shared memory, more than the "
-            "device allows a block",
-            e->max_len, ds);
-  allow_smem_max(attention_decode_kernel<T, true>, e->device);
-  allow_smem_max(attention_decode_kernel<T, false>, e->device);
-  allow_smem_max(attention_decode_kernel<T, true, false, true>, e->device);
-  // The soft-capped variants (dense.cuh's attention_capped), for the models that take them.
-  bool capped = false;
-  for (const Stage& s : e->w->recipe) capped = capped || (s.s.kind == GOLLM_STAGE_ATTENTION && s.s.softcap > 0.f);
-  if (capped) {
-    allow_smem_max(attention_context_kernel<T, true>, e->device);
-    allow_smem_max(attention_decode_kernel<T, true, true>, e->device);
-    allow_smem_max(attention_decode_kernel<T, false, true>, e->device);
-    allow_smem_max(attention_decode_kernel<T, true, true, true>, e->device);
-  }
+  if (e->kv_fp8)
+    setup_attention<T, kv8>(e);
+  else
+    setup_attention<T, T>(e);
 }
 
 }  // namespace
@@ -724,6 +801,40 @@ void run_forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bo
 
 int warmup_gemms(gollm_engine* e) {
   return e->w->dtype == GOLLM_DTYPE_BF16 ? warmup_gemms_t<__nv_bfloat16>(e) : warmup_gemms_t<__half>(e);
+}
+
+size_t create_fp8lt(gollm_engine* e, bool off) {
+  const gollm_weights* w = e->w;
+  if (!w->fp8 || off) return 0;
+  int major = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, e->device));
+  // Block-scaled FP8 matmuls: cuBLASLt 12.9 and later, on Hopper.
+  if (major != 9 || cublasLtGetVersion() < 120900) {
+    std::fprintf(stderr, "gollm: cuBLASLt %zu on sm_%d0 has no block-scaled FP8 GEMMs; FP8 projections keep gollm's own kernels\n",
+                 cublasLtGetVersion(), major);
+    return 0;
+  }
+  e->fp8lt.reset(new Fp8Lt);
+  Fp8Lt& lt = *e->fp8lt;
+  CUBLAS_CHECK(cublasLtCreate(&lt.lt));
+  lt.ws = e->blas_ws.p, lt.ws_bytes = e->blas_ws.bytes, lt.sms = e->sms;
+  const Dims d(w->cfg);
+  const size_t NG = gemm_rows(e->max_tokens);
+  const size_t K = std::max({d.H, d.att, d.I}), G = (K + kFp8Group - 1) / kFp8Group;
+  lt.xq.alloc(NG * K, "FP8 quantized activations");
+  lt.xs.alloc(G * NG * 4, "FP8 activation scales");
+  lt.yb_need = NG * std::max({d.qkv, d.up, d.H}) * 2;
+  std::vector<std::tuple<const float*, int, int>> ws;
+  for (const Stage& s : w->recipe) {
+    if (s.s.kind == GOLLM_STAGE_QKV) ws.emplace_back(s.ws, d.qkv, d.H);
+    if (s.s.kind == GOLLM_STAGE_OUT) ws.emplace_back(s.ws, d.H, d.att);
+    if (s.s.kind == GOLLM_STAGE_MLP) {
+      ws.emplace_back(s.ws, d.up, d.H);
+      ws.emplace_back(s.ws2, d.H, d.I);
+    }
+  }
+  fp8lt_blocks(lt, ws, e->stream);
+  return lt.xq.bytes + lt.xs.bytes + lt.blk.bytes;
 }
 
 void feed_tokens(gollm_engine* e, const Layout& L, size_t pairs_off, int n) {
@@ -771,3 +882,5 @@ template void residual_norm<__nv_bfloat16>(float*, const float*, const float*, _
                                            const float*, int, int, float, cudaStream_t);
 
 }  // namespace gollm
+
+void Fp8LtFree::operator()(gollm::Fp8Lt* lt) const { delete lt; }

@@ -72,7 +72,8 @@ struct GemvArgs {
   float* hout;           // GEMV_OUT_RESID: [n][out]
   void* y;               // GEMV_OUT_ACT / GATED: [n][out] T; GEMV_OUT_F32 / QKV: [n][out] fp32
   int act;               // GEMV_OUT_ACT / GATED: gollm_activation
-  // GEMV_OUT_QKV: the KV pool and where each row's position lives.
+  // GEMV_OUT_QKV: the KV pool (T, or FP8 codes where geom.fp8) and where each row's
+  // position lives.
   void* kv;
   const int32_t* row_pos;
   const int32_t* row_seq;
@@ -132,7 +133,7 @@ __device__ __forceinline__ void gemv_store(const GemvArgs& a, const int64_t* kvr
       return;
     }
     qkv[o] = v;
-    static_cast<T*>(a.kv)[kvrow[r] + a.geom.kv_col(o)] = from_f32<T>(v);
+    kv_put<T>(a.kv, kvrow[r] + a.geom.kv_col(o), v, a.geom, a.geom.kv_kind(o));
   }
 }
 
@@ -181,9 +182,9 @@ __device__ __forceinline__ void gemv_rope_store(const GemvArgs& a, const RopeUni
     q[ru.c0] = x0 * a.qscale;
     q[ru.c1] = x1 * a.qscale;
   } else {
-    T* kv = static_cast<T*>(a.kv) + kvr;
-    kv[g.kv_col(ru.c0)] = from_f32<T>(x0);
-    kv[g.kv_col(ru.c1)] = from_f32<T>(x1);
+    const int kind = ru.h < g.heads + g.kv_heads ? 0 : 1;
+    kv_put<T>(a.kv, kvr + g.kv_col(ru.c0), x0, g, kind);
+    kv_put<T>(a.kv, kvr + g.kv_col(ru.c1), x1, g, kind);
   }
 }
 

@@ -13,7 +13,8 @@
  *   gollm_weights  a model's weights on one GPU, converted once to fp16 or bf16. Refcounted:
  *                  every engine made on it holds a reference, so instances of a model on one
  *                  GPU share one copy (AITemplate's ModelContainer constants).
- *   gollm_engine   a paged KV pool, scratch buffers, a stream, a cuBLAS handle and the CUDA
+ *   gollm_engine   a paged KV pool (fp16/bf16 as the weights, or float8_e4m3fn with per-layer
+ *                  scales), scratch buffers, a stream, a cuBLAS handle and the CUDA
  *                  graphs of decode steps; runs one iteration per gollm_step call.
  *   gollm_comm     tensor parallelism: the NCCL communicators of the GPUs one instance
  *                  spreads a model over, one rank a GPU (ABI 7). Each rank's engine runs on
@@ -45,7 +46,7 @@ extern "C" {
 #endif
 
 /* GOLLM_ABI_VERSION changes whenever a struct or function below changes. */
-#define GOLLM_ABI_VERSION 15
+#define GOLLM_ABI_VERSION 16
 
 enum gollm_code {
   GOLLM_OK = 0,
@@ -108,6 +109,13 @@ typedef struct gollm_model_config {
   int32_t experts;           /* experts of a sparse layer, at most 4096 */
   int32_t moe_inner;         /* an expert's units (its gate's and up-projection's each) */
   int32_t shared_inner;      /* the shared expert's units; 0: none */
+  /* Expert parallelism (ABI 16): the weights hold experts [expert_first, expert_first +
+   * local_experts) of the router's experts, whole (EXPERT_UP and EXPERT_DOWN have
+   * local_experts experts' rows); the pairs routed to the others add nothing here (another
+   * rank's share, added by the all-reduce after the stage). local_experts 0: every expert
+   * (expert_first 0). */
+  int32_t expert_first;
+  int32_t local_experts;
 } gollm_model_config;
 
 /* gollm_stage_kind is what a stage of the recipe does (model.StageKind in Go, the same
@@ -189,7 +197,8 @@ typedef struct gollm_stage {
  *   POST_ATTN_NORM, POST_MLP_NORM [hidden] (post_norms);
  *   a sparse layer (a MOE stage) instead of UP, DOWN and their biases: ROUTER
  *   [experts][hidden]; EXPERT_UP [experts·2·moe_inner][hidden] (expert by expert, its gate's
- *   rows, then its up-projection's); EXPERT_DOWN [experts·hidden][moe_inner]; with a shared
+ *   rows, then its up-projection's); EXPERT_DOWN [experts·hidden][moe_inner] (both of the
+ *   local_experts held, where the config says); with a shared
  *   expert SHARED_UP [2·shared_inner][hidden] (gate's rows first), SHARED_DOWN
  *   [hidden][shared_inner], SHARED_GATE [1][hidden].
  * The *_NORM_BIAS roles exist under LayerNorm only; a bias role is absent when the model
@@ -286,10 +295,16 @@ enum gollm_tuning_off {
                                          by batch), and a row's results depend within rounding
                                          on the rows beside it. bridge/cuda sets it unless
                                          the model asks for invariance (batch_invariant) */
-  GOLLM_TUNING_NO_BLASLT = 1024       /* the projections of steps past the tiled rows on
+  GOLLM_TUNING_NO_BLASLT = 1024,      /* the projections of steps past the tiled rows on
                                          cuBLASLt, an algorithm timed per shape at the
                                          warm-up (cublasGemmEx's default algorithm then;
-                                         ABI 15) */
+                                         ABI 15), and FP8 weights' on its block-scaled
+                                         FP8 GEMMs (gollm's weight-only kernels then;
+                                         ABI 16) */
+  GOLLM_TUNING_NO_TP_CANDIDATES = 2048 /* tensor parallelism's decode steps sampled from
+                                          each rank's candidates (greedy: its maximum;
+                                          top-k up to 64: its first 64) instead of the
+                                          gathered vocabulary (ABI 16) */
 };
 
 /* gollm_tuning chooses among kernel paths that give the same results within rounding, to
@@ -307,13 +322,18 @@ typedef struct gollm_tuning {
   int32_t skip;         /* libraries built with GOLLM_MEASURE only: stage kinds (bit
                            1 << gollm_stage_kind) left out of every step, so that a step's
                            time without them says what they cost in place (the results are
-                           wrong); other builds refuse a nonzero value */
+                           wrong), and bit 30 tensor parallelism's all-reduces (each rank's
+                           own share added alone); other builds refuse a nonzero value */
   int32_t allreduce_bytes;      /* tensor parallelism: the largest all-reduce (rows x hidden
                                    x 2 bytes) the custom all-reduce takes, 1 to 4 MiB; 0:
                                    1 MiB. Larger ones go to NCCL (ABI 12) */
   int32_t allreduce_timeout_ms; /* how long the custom all-reduce waits for a peer before the
                                    step fails (the communicators are then aborted), 1 to
                                    600000; 0: 20000 */
+  int32_t allreduce_two_bytes;  /* the payload (rows x hidden x 2 bytes) from which the custom
+                                   all-reduce runs in two shots (reduce-scatter, then
+                                   all-gather of the sums), up to 4 MiB; 0: 256 KiB at 4 or
+                                   more ranks, never at fewer; negative: never (ABI 16) */
 } gollm_tuning;
 
 /* gollm_engine_params sizes an engine. */
@@ -349,6 +369,13 @@ typedef struct gollm_engine_params {
   int32_t tp_vocab;           /* the whole model's vocabulary (tokens, logits and sampling);
                                  the weights' config holds this rank's ceil(tp_vocab / ranks)
                                  rows of the embedding and LM head. 0 without comm. */
+  /* The KV pool's element type (ABI 16). 0, or the weights' dtype: the compute type (two
+     bytes an element). GOLLM_DTYPE_F8E4M3: float8_e4m3fn (one byte) — layer l's keys are
+     stored divided by kv_scales[2l] and its values by kv_scales[2l + 1], rounded to nearest
+     even and saturated at ±448, and attention reads them back times the scale. */
+  int32_t kv_dtype;
+  const float* kv_scales;     /* F8E4M3: [layers][2] (key, value), each finite and positive;
+                                 NULL: 1 for every layer. Copied at creation. */
 } gollm_engine_params;
 
 /* gollm_engine_info describes a created engine. */
@@ -561,7 +588,9 @@ enum gollm_allreduce_method {
                              the payload in the compute type (dtype) */
   GOLLM_AR_NCCL_F32 = 1,  /* ncclAllReduce of the fp32 sums, then the residual add and
                              RMSNorm's kernel: what a step without the custom one runs */
-  GOLLM_AR_NCCL = 2       /* ncclAllReduce of rows x hidden elements of dtype alone */
+  GOLLM_AR_NCCL = 2,      /* ncclAllReduce of rows x hidden elements of dtype alone */
+  GOLLM_AR_TWO_SHOT = 3   /* GOLLM_AR_CUSTOM in two shots: each rank sums its slice of the
+                             rows, then gathers the others' (ABI 16) */
 };
 typedef struct gollm_allreduce_params {
   int32_t method;   /* gollm_allreduce_method */

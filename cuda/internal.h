@@ -19,6 +19,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -170,6 +171,10 @@ struct Dims {
 bool role_shape(const gollm_model_config& c, int role, int64_t& rows, int64_t& cols);
 bool layer_role_shape(const gollm_model_config& c, bool sparse, int role, int64_t& rows, int64_t& cols);
 
+// held_experts is how many experts' weights a share holds: local_experts under expert
+// parallelism (from expert_first), else every expert.
+inline int held_experts(const gollm_model_config& c) { return c.local_experts > 0 ? c.local_experts : c.experts; }
+
 }  // namespace gollm
 
 // gollm_weights: one device arena holding every weight, shared by engines (refcounted).
@@ -250,6 +255,10 @@ struct Plan {
   int max_len = 0;             // longest sequence after the step
   bool decode_only = false;    // every sequence: one token, sampled, no logits returned
   bool all_greedy = false;     // every sequence sampled by sample_greedy_kernel alone
+  // Tensor parallelism: every sequence plain greedy without guided decoding's mask, or
+  // tp_cand_row (the LM head then samples from the ranks' candidates: tp_greedy where
+  // all_greedy too, else tp_sample).
+  bool all_cand = false;
   bool late = false;           // the sampling waits for gollm_supply_allowed (not enqueued)
   bool chained = false;        // a GOLLM_SEQ_CHAINED sequence: attention after every KV write
 };
@@ -283,6 +292,14 @@ struct Launched {
 
 }  // namespace gollm
 
+namespace gollm {
+struct Fp8Lt;  // fp8lt.cuh: cuBLASLt's FP8 GEMMs
+}  // namespace gollm
+// Fp8LtFree deletes an engine's Fp8Lt (forward.cu, where the type is complete).
+struct Fp8LtFree {
+  void operator()(gollm::Fp8Lt* lt) const;
+};
+
 // gollm_engine: everything one model instance needs besides the weights.
 struct gollm_engine {
   gollm_weights* w = nullptr;     // shared weights (one reference held)
@@ -291,9 +308,11 @@ struct gollm_engine {
   cublasHandle_t blas = nullptr;  // bound to stream
   gollm::DevMem blas_ws;          // cuBLAS workspace, fixed so that capture allocates nothing
   gollm::LtGemms gemms;           // the Blas path's GEMMs (cuBLASLt, algorithms per shape)
-  gollm::KVGeom geom{};           // pool geometry
+  gollm::KVGeom geom{};           // pool geometry (scales 1: layer_geom gives a layer's)
   int num_blocks = 0;             // usable KV blocks; block num_blocks is the padding block
   gollm::DevMem kv;               // the pool
+  bool kv_fp8 = false;            // the pool holds float8_e4m3fn codes (gollm::kv8)
+  std::vector<float> kv_scales;   // FP8: [layers][2] key and value scales
   int max_tokens = 0, max_seqs = 0, max_logit_rows = 0;  // step limits
   int max_len = 0;                // longest sequence served (max_seq_len)
   int sms = 1;                    // multiprocessors, for sizing grids
@@ -315,10 +334,15 @@ struct gollm_engine {
 #ifdef GOLLM_MEASURE
   int skip = 0;                   // stage kinds left out of every step (gollm_tuning.skip)
 #endif
+  // gollm_tuning.skip's bit for tensor parallelism's all-reduces (GOLLM_MEASURE builds):
+  // NCCL's are left out and the custom one adds and norms the rank's own share alone, so
+  // that a step's time without them says what the communication costs.
+  static constexpr int kSkipAllReduce = 1 << 30;
   int gemv_rows_max = gollm::kFusedRows;  // most rows on the staged gemv (engine.cu)
   int mlp_k[3] = {};              // mlp_kernel's units per block for 1, 2 and 4 rows
   gollm::DevMem acc;              // fixed-point residual additions of fused steps
   gollm::DevMem fp8_part;         // FP8 projections' split partial sums (fp8.cuh), FP8 models only
+  std::unique_ptr<gollm::Fp8Lt, Fp8LtFree> fp8lt;  // many-row FP8 GEMMs by cuBLASLt (fp8lt.cuh), or null
   gollm::DevMem h, xn, qkv, att, tmp, fc, fch, xf, logits, retlog;  // activations
   gollm::DevMem logits_pad;  // the LM head's output rows, 16-byte aligned, where vocab % 4 != 0
   gollm::DevMem partial, part_ml, tickets;      // decode attention split-K
@@ -335,7 +359,7 @@ struct gollm_engine {
   gollm::HostMem alt_hin, alt_htok, alt_hlp, alt_hlog;
   gollm::Launched launched[2];    // launched steps not waited for, oldest at launched_head
   int launched_head = 0, launched_count = 0;
-  std::map<int, cudaGraphExec_t> graph_execs;  // decode graphs by batch bucket (×2, +1: all greedy; ×2, +1: late_allowed; ×2, +1: chained)
+  std::map<int, cudaGraphExec_t> graph_execs;  // decode graphs by batch bucket (×2, +1: all greedy; ×2, +1: late_allowed; ×2, +1: chained; ×2, +1: all_cand)
   // late_padded says the last late step's LM head left its rows padded (lm_head's
   // keep_padded) for the sampling gollm_supply_allowed enqueues; late_padded_keys the
   // same for each late decode graph, captured or replayed.
@@ -369,10 +393,31 @@ struct gollm_engine {
   // the tuning leaves it on, for payloads up to ar_bytes; a peer's flag waited for up to
   // ar_timeout_ns.
   bool ar = false;
+  bool tp_cands = false;  // decode steps sample from the ranks' candidates (tp_greedy, tp_sample)
   size_t ar_bytes = 0;
+  size_t ar_two_bytes = 0;  // payloads from this size on take the two-shot (0: none)
   unsigned long long ar_timeout_ns = 0;
   gollm::MoeBufs moe;             // the mixture-of-experts stage's buffers (moe.cu)
 };
+
+namespace gollm {
+
+// layer_geom is the pool's geometry with layer's key and value scales (an FP8 pool's), as
+// the kernels that write or read that layer's keys and values take it.
+inline KVGeom layer_geom(const gollm_engine* e, int layer) {
+  KVGeom g = e->geom;
+  if (e->kv_fp8) {
+    g.fp8 = 1;
+    g.kscale = e->kv_scales[2 * (size_t)layer];
+    g.vscale = e->kv_scales[2 * (size_t)layer + 1];
+  }
+  return g;
+}
+
+// kv_elem_bytes is the bytes of one element of e's pool.
+inline size_t kv_elem_bytes(const gollm_engine* e) { return e->kv_fp8 ? 1 : 2; }
+
+}  // namespace gollm
 
 namespace gollm {
 
@@ -408,6 +453,9 @@ void stage(gollm_engine* e, const Plan& pl, const Layout& L);
 void run_forward(gollm_engine* e, const Plan& pl, const Layout& L, int parts, bool capture);
 int attention_splits(const gollm_engine* e, int rows, int max_len);
 int warmup_gemms(gollm_engine* e);
+// forward.cu: create_fp8lt sets up cuBLASLt's FP8 GEMMs for an FP8 model on Hopper (none
+// elsewhere, nor where off: GOLLM_TUNING_NO_BLASLT), returning the bytes it allocated.
+size_t create_fp8lt(gollm_engine* e, bool off);
 // feed_tokens writes the fed rows' tokens (n (row, previous sequence) pairs at pairs_off
 // of the device inputs) from the previous step's sampled tokens.
 void feed_tokens(gollm_engine* e, const Layout& L, size_t pairs_off, int n);
@@ -444,10 +492,14 @@ void tp_graph_launch(gollm_engine* e, cudaGraphExec_t g);
 void tp_check(gollm_engine* e);
 
 // allreduce.cu: ar_fits says whether the engine's custom all-reduce takes rows x hidden of
-// psize-byte payload (within allreduce_bytes counted at 2 bytes an element); tp_reduce_norm enqueues it (allreduce.cuh's ar_norm_kernel: h =
+// psize-byte payload (within allreduce_bytes counted at 2 bytes an element); tp_reduce_norm
+// enqueues it (allreduce.cuh's ar_norm_kernel, or ar_two_kernel from ar_two_bytes on: h =
 // (h + Σ part) + bias, or Σ part without add, and xn its norm; the payload fp32 with f32,
 // else T); ar_error words a rank's error word; allreduce_bench is gollm_allreduce_bench.
 bool ar_fits(const gollm_engine* e, int rows, int hidden, size_t psize);
+// ar_two_bytes is the payload from which ranks take the two-shot under tuning's
+// allreduce_two_bytes (0: never).
+size_t ar_two_bytes(int tuning, int ranks);
 template <typename T>
 void tp_reduce_norm(gollm_engine* e, const float* part, float* h, const float* bias, T* xn,
                     const float* gamma, const float* beta, int rows, int hidden, float eps,
@@ -456,6 +508,15 @@ void tp_reduce_norm(gollm_engine* e, const float* part, float* h, const float* b
 // [entries' rows][vr]) without gathering them (allreduce.cuh's ar_greedy_kernel).
 void tp_greedy(gollm_engine* e, const float* part, const int32_t* samp_seq, const int32_t* samp_row,
                int entries, int vr);
+// tp_cand_row says whether a sequence's row may be sampled from the ranks' candidates
+// (sampled, 1 < top_k ≤ 64, nothing that reads the whole row: bias, penalties, masks,
+// guided decoding, returned logits); tp_cand_fits whether a step of entries rows may;
+// tp_sample samples such a decode step (allreduce.cuh's ar_cand_kernel and
+// ar_cand_sample_kernel), greedy rows among them too.
+bool tp_cand_row(const DevSeq& sq);
+bool tp_cand_fits(const gollm_engine* e, int entries);
+void tp_sample(gollm_engine* e, const float* part, const int32_t* samp_seq, const int32_t* samp_row,
+               const DevSeq* seqs, int entries, int vr);
 std::string ar_error(const PeerBufs& p, int rank, int word, unsigned long long timeout_ns);
 void allreduce_bench(gollm_comm* c, const gollm_allreduce_params* p, gollm_allreduce_result* out);
 

@@ -15,6 +15,12 @@
 //      same way over every row;
 //   4. moe_combine_kernel (passes of more than one row): each row's experts' outputs
 //      weighted by its routing, in slot order, plus the gated shared expert's.
+// Under expert parallelism a rank's weights hold experts [e0, e0 + el) of the E its router
+// scores (MoeRoute): every row is routed over all E alike on every rank, but only the pairs
+// of its own experts get slots and tiles (their pos; the others' pos is -1), so its sum is
+// its experts' share of each row's, weighted as the whole top-k says; the tensor-parallel
+// all-reduce after the stage adds the ranks'. A tile's expert is its index in the rank's
+// weights (e − e0).
 // A row's arithmetic does not depend on which rows share its tile or its expert's slots;
 // the path does depend on the pass's rows, except under batch invariance (64-row tiles at
 // every count).
@@ -42,9 +48,10 @@ struct MoeRoute {
   float* topw;     // [n·K]: its weight
   float* sgate;    // [n]: sigmoid of the shared expert's gate logit (shared only)
   int* sorted;     // [n·K]: the row of each slot (pairs sorted by expert)
-  int* pos;        // [n·K]: each pair's slot
-  int4* tiles;     // [moe_max_tiles(n·K, E, R)]: (expert, first slot, rows, 0)
+  int* pos;        // [n·K]: each pair's slot; -1 for a pair of an expert not held here
+  int4* tiles;     // [moe_max_tiles(n·K, E, R)]: (held expert e − e0, first slot, rows, 0)
   int* ntiles;     // the tiles listed
+  int e0, el;      // the experts whose weights are held: [e0, e0 + el) (all: 0, E)
 };
 
 // moe_route_row: a warp routes row r (logits lg [E + G] fp32, read past L1: another
@@ -93,16 +100,21 @@ __device__ __forceinline__ void moe_route_row(const float* __restrict__ lg, int 
   if (G && lane == 0) rt.sgate[r] = 1.f / (1.f + expf(-__ldcg(lg + E)));
 }
 
-// moe_one_row_tiles: warp 0 lists a one-row pass's pairs (distinct experts) as a tile each,
-// in its routing order.
+// moe_one_row_tiles: warp 0 lists a one-row pass's pairs of held experts (distinct) as a
+// tile each, in its routing order; pair k's slot is k (-1: an expert not held here).
 __device__ __forceinline__ void moe_one_row_tiles(int K, const MoeRoute& rt) {
   const int lane = threadIdx.x & 31;
   __syncwarp();
-  for (int k = lane; k < K; k += 32) {
-    rt.sorted[k] = 0, rt.pos[k] = k;
-    rt.tiles[k] = make_int4(rt.topi[k], k, 1, 0);
+  int listed = 0;
+  for (int k0 = 0; k0 < K; k0 += 32) {
+    const int k = k0 + lane, e = k < K ? rt.topi[k] - rt.e0 : -1;
+    const bool held = k < K && e >= 0 && e < rt.el;
+    const unsigned b = __ballot_sync(0xffffffffu, held);
+    if (k < K) rt.sorted[k] = 0, rt.pos[k] = held ? k : -1;
+    if (held) rt.tiles[listed + __popc(b & ((1u << lane) - 1))] = make_int4(e, k, 1, 0);
+    listed += __popc(b);
   }
-  if (lane == 0) *rt.ntiles = K;
+  if (lane == 0) *rt.ntiles = listed;
 }
 
 // moe_router_kernel: logits[r][j] = x[r] · W[j] fp32 [n][E + G], for the n rows of x
@@ -227,21 +239,23 @@ __device__ __forceinline__ void block_scan2(int& a, int& b, int& ta, int& tb, in
 // [n][E + G] fp32). Warp w routes rows w, w + 32, …: the softmax of the row's E logits,
 // its K most probable experts (the lower index first among equals; lane l holds experts
 // l, l + 32, …), their probabilities renormalised to sum to 1 when norm; with a shared
-// expert sgate[row] = sigmoid(logit E). Then the n·K pairs are counted by expert (their
-// rank within it from shared-memory atomics, so a pair's slot among its expert's may vary
-// from run to run — nothing computed depends on it), the counts scanned into first slots,
-// pos and sorted filled, and each expert's slots listed in tiles of at most R rows; a
-// single row's pairs are a tile each, in its routing order.
-// Dynamic shared memory: 3·E ints (counts, first slots, first tiles).
+// expert sgate[row] = sigmoid(logit E). Then the n·K pairs of held experts (rt.e0, rt.el;
+// the others' pos -1) are counted by expert (their rank within it from shared-memory
+// atomics, so a pair's slot among its expert's may vary from run to run — nothing computed
+// depends on it), the counts scanned into first slots, pos and sorted filled, and each
+// expert's slots listed in tiles of at most R rows; a single row's pairs are a tile each,
+// in its routing order.
+// Dynamic shared memory: 3·rt.el ints (counts, first slots, first tiles).
 __global__ void __launch_bounds__(kMoeSortThreads) moe_route_kernel(const float* __restrict__ logits, int n, int E,
                                                                     int G, int K, int norm, int R, MoeRoute rt) {
   extern __shared__ int moe_sm[];
   __shared__ int scan[64];
   griddep_launch();
+  const int EL = rt.el;
   int* cnt = moe_sm;
-  int* first = moe_sm + E;
-  int* tfirst = moe_sm + 2 * E;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  int* first = moe_sm + EL;
+  int* tfirst = moe_sm + 2 * EL;
+  for (int e = threadIdx.x; e < EL; e += blockDim.x) cnt[e] = 0;
   const int warp = threadIdx.x >> 5;
   griddep_wait();
   for (int r = warp; r < n; r += blockDim.x / 32) moe_route_row(logits + (int64_t)r * (E + G), r, E, G, K, norm, rt);
@@ -252,10 +266,13 @@ __global__ void __launch_bounds__(kMoeSortThreads) moe_route_kernel(const float*
   }
   __syncthreads();
   const int P = n * K;
-  for (int p = threadIdx.x; p < P; p += blockDim.x) rt.pos[p] = atomicAdd(&cnt[rt.topi[p]], 1);
+  for (int p = threadIdx.x; p < P; p += blockDim.x) {
+    const int e = rt.topi[p] - rt.e0;
+    rt.pos[p] = e >= 0 && e < EL ? atomicAdd(&cnt[e], 1) : -1;
+  }
   __syncthreads();
-  // Thread t scans its run of experts [e0, e1): first slots and first tiles.
-  const int per = (E + blockDim.x - 1) / blockDim.x, e0 = min(E, (int)threadIdx.x * per), e1 = min(E, e0 + per);
+  // Thread t scans its run of held experts [e0, e1): first slots and first tiles.
+  const int per = (EL + blockDim.x - 1) / blockDim.x, e0 = min(EL, (int)threadIdx.x * per), e1 = min(EL, e0 + per);
   int a = 0, b = 0, ta, tb;
   for (int e = e0; e < e1; e++) a += cnt[e], b += (cnt[e] + R - 1) / R;
   block_scan2(a, b, ta, tb, scan);
@@ -265,11 +282,12 @@ __global__ void __launch_bounds__(kMoeSortThreads) moe_route_kernel(const float*
   }
   __syncthreads();
   for (int p = threadIdx.x; p < P; p += blockDim.x) {
-    const int slot = first[rt.topi[p]] + rt.pos[p];
+    if (rt.pos[p] < 0) continue;
+    const int slot = first[rt.topi[p] - rt.e0] + rt.pos[p];
     rt.pos[p] = slot;
     rt.sorted[slot] = p / K;
   }
-  for (int e = threadIdx.x; e < E; e += blockDim.x)
+  for (int e = threadIdx.x; e < EL; e += blockDim.x)
     for (int t = 0; t * R < cnt[e]; t++)
       rt.tiles[tfirst[e] + t] = make_int4(e, first[e] + t * R, min(R, cnt[e] - t * R), 0);
   if (threadIdx.x == 0) *rt.ntiles = tb;
@@ -534,9 +552,10 @@ __global__ void __launch_bounds__(256) moe_mma_kernel(MoeProj a) {
 }
 
 // moe_down1_kernel: one row's down projections and their combination in one kernel, for a
-// pass of a single row (decode at batch 1): out[o] (+)= Σ_k topw[k] · (W2_{topi[k]}[o] ·
-// act[pos[k]]) (k in order), plus sgate · (SW2[o] · sact) with a shared expert (sw2 not
-// null): W2 = w2 + e · H·MI [H][MI], SW2 [H][SI], act [K][MI] and sact [SI] in T, out fp32
+// pass of a single row (decode at batch 1): out[o] (+)= Σ_k topw[k] · (W2_{topi[k] − e0}[o]
+// · act[pos[k]]) (k in order, the pairs of held experts: pos[k] ≥ 0), plus sgate · (SW2[o] ·
+// sact) with a shared expert (sw2 not null): W2 = w2 + e · H·MI [H][MI] (e a held expert's
+// index), SW2 [H][SI], act [K][MI] and sact [SI] in T, out fp32
 // [H], added to when add. Warp w of block b takes output column o = 8·b + w: lanes along
 // the concatenation of its K (+1) weight rows in 16-byte pieces (MI % 8 == 0, SI % 8 == 0),
 // each piece's dot weighted by its expert's routing weight into the lane's sum (then the
@@ -549,14 +568,14 @@ __global__ void __launch_bounds__(256) moe_down1_kernel(const T* __restrict__ w2
                                                         const int* __restrict__ pos, const T* __restrict__ sw2,
                                                         const T* __restrict__ sact, const float* __restrict__ sgate,
                                                         float* __restrict__ out, int H, int MI, int SI, int K,
-                                                        int add) {
+                                                        int e0, int add) {
   griddep_launch();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int o = blockIdx.x * 8 + warp;
   griddep_wait();
   __shared__ int se[kMoeMaxTopK], sp[kMoeMaxTopK];
   __shared__ float sw[kMoeMaxTopK];
-  for (int k = threadIdx.x; k < K; k += blockDim.x) se[k] = topi[k], sp[k] = pos[k], sw[k] = topw[k];
+  for (int k = threadIdx.x; k < K; k += blockDim.x) se[k] = topi[k] - e0, sp[k] = pos[k], sw[k] = topw[k];
   __syncthreads();
   if (o >= H) return;
   // Eight pieces a lane in flight at once: their loads first, then their dots.
@@ -568,9 +587,9 @@ __global__ void __launch_bounds__(256) moe_down1_kernel(const T* __restrict__ w2
     float rw[B];
 #pragma unroll
     for (int u = 0; u < B; u++) {
-      const int i = i0 + 32 * u;
-      if (i < KP) {
-        const int k = i / P, c = (i - k * P) * 8;
+      const int i = i0 + 32 * u, k = i / P;
+      if (i < KP && sp[k] >= 0) {
+        const int c = (i - k * P) * 8;
         wv[u] = __ldg(reinterpret_cast<const uint4*>(w2 + ((int64_t)se[k] * H + o) * MI + c));
         xv[u] = *reinterpret_cast<const uint4*>(act + (int64_t)sp[k] * MI + c);
         rw[u] = sw[k];
@@ -598,7 +617,8 @@ __global__ void __launch_bounds__(256) moe_down1_kernel(const T* __restrict__ w2
   if (lane == 0) out[o] = add ? out[o] + acc : acc;
 }
 
-// moe_combine_kernel: out[r] = Σ_k topw[r·K + k] · y[pos[r·K + k]] (k in order), plus
+// moe_combine_kernel: out[r] = Σ_k topw[r·K + k] · y[pos[r·K + k]] (k in order, the pairs
+// of held experts: pos ≥ 0), plus
 // sgate[r] · sy[r] with a shared expert, for the pass's rows r: [n][H] fp32 added to out
 // when add (the residual stream), else written (the branch). Grid n, 256 threads, four
 // columns a thread (H % 4 == 0).
@@ -612,8 +632,10 @@ __global__ void __launch_bounds__(256) moe_combine_kernel(const float* __restric
   for (int c = threadIdx.x * 4; c < H; c += 1024) {
     float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int k = 0; k < K; k++) {
+      const int slot = pos[r * K + k];
+      if (slot < 0) continue;
       const float w = topw[r * K + k];
-      const float4 v = *reinterpret_cast<const float4*>(y + (int64_t)pos[r * K + k] * H + c);
+      const float4 v = *reinterpret_cast<const float4*>(y + (int64_t)slot * H + c);
       s.x = fmaf(w, v.x, s.x), s.y = fmaf(w, v.y, s.y), s.z = fmaf(w, v.z, s.z), s.w = fmaf(w, v.w, s.w);
     }
     if (sy) {
@@ -735,11 +757,11 @@ void moe_pass(const MoePass<T>& p, Stream st) {
   } else {
     p.nm.h ? route(moe_router_kernel<T, true, false>) : route(moe_router_kernel<T, false, false>);
     const int threads = n * K <= 256 && E <= 2048 ? 256 : kMoeSortThreads;
-    launch("moe_route_kernel", moe_route_kernel, 1, threads, (size_t)3 * E * sizeof(int), st,
+    launch("moe_route_kernel", moe_route_kernel, 1, threads, (size_t)3 * p.rt.el * sizeof(int), st,
            static_cast<const float*>(p.logits), n, E, G, K, norm, R, p.rt);
   }
   // One row's pairs are a tile each (moe_route_kernel).
-  const int tiles = n == 1 ? K : moe_max_tiles(n * K, E, R);
+  const int tiles = n == 1 ? K : moe_max_tiles(n * K, p.rt.el, R);
   MoeProj up{s.w, (int64_t)2 * p.MI * p.H, p.x, p.rt.sorted, p.rt.tiles, p.rt.ntiles, p.act, p.H, p.MI,
              s.s.activation, n * K};
   moe_project<T, true>(up, tiles, path, st);
@@ -753,7 +775,7 @@ void moe_pass(const MoePass<T>& p, Stream st) {
            static_cast<const T*>(p.act), static_cast<const int*>(p.rt.topi), static_cast<const float*>(p.rt.topw),
            static_cast<const int*>(p.rt.pos), static_cast<const T*>(G ? s.shared_w2 : nullptr),
            static_cast<const T*>(p.sact), static_cast<const float*>(p.rt.sgate), p.out, p.H, p.MI, p.SI, K,
-           (int)p.add);
+           p.rt.e0, (int)p.add);
     return;
   }
   MoeProj down{s.w2, (int64_t)p.H * p.MI, p.act, nullptr, p.rt.tiles, p.rt.ntiles, p.y, p.MI, p.H, 0, n * K};

@@ -115,7 +115,7 @@ __device__ int find_in_id_order(const float* w, int V, Admit admit, Weight wt, d
 // find_sorted finds the first element of the sorted order (logit desc, id asc), among
 // those lim admits, whose running weight crosses thr. On success it returns true and sets
 // sm.key and sm.id.
-__device__ bool find_sorted(const float* w, int V, Limit lim, Weight wt, double thr,
+static __device__ bool find_sorted(const float* w, int V, Limit lim, Weight wt, double thr,
                             bool inclusive, SampleScratch& sm) {
   const int warp = threadIdx.x >> 5;
   uint32_t prefix = 0, mask = 0;
@@ -183,7 +183,7 @@ __device__ __forceinline__ Limit min_p_limit(Limit lim, float mx, float scale, f
 }
 
 // sum_weight returns the total weight of the elements lim admits.
-__device__ double sum_weight(const float* w, int V, Limit lim, Weight wt, SampleScratch& sm) {
+static __device__ double sum_weight(const float* w, int V, Limit lim, Weight wt, SampleScratch& sm) {
   double s = 0;
   for (int i = threadIdx.x; i < V; i += blockDim.x) {
     float x = w[i];
@@ -233,7 +233,7 @@ __device__ __forceinline__ void greedy_merge(float& bv, int& bi, float& sum) {
 //   logits: rows of V fp32 at a stride of ld floats (the LM head's padded rows, or V).
 //   words: the step's input words (bit i%32 of words[allow_off + i/32] allows token i).
 //   part: [entries][splits][3] fp32 scratch; tickets: [entries] int, zero between.
-__global__ void __launch_bounds__(kGreedyThreads) sample_greedy_kernel(
+static __global__ void __launch_bounds__(kGreedyThreads) sample_greedy_kernel(
     const float* __restrict__ logits, const int32_t* __restrict__ samp_seq,
     const int32_t* __restrict__ samp_row, const DevSeq* __restrict__ seqs,
     const uint32_t* __restrict__ words, float* __restrict__ part, int* __restrict__ tickets,
@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(kGreedyThreads) sample_greedy_kernel(
 //   retlog: [*][V] fp32, the biased logits of sequences with ret_row >= 0.
 //   out_tok[seq], out_lp[seq]: the token (-1: none asked, -2: every token masked) and its
 //   log-probability under the distribution it was drawn from.
-__global__ void __launch_bounds__(kSampleThreads) sample_kernel(
+static __global__ void __launch_bounds__(kSampleThreads) sample_kernel(
     float* __restrict__ logits, const int32_t* __restrict__ samp_seq,
     const int32_t* __restrict__ samp_row, const DevSeq* __restrict__ seqs,
     const int32_t* __restrict__ pen, const int32_t* __restrict__ masks, const float* __restrict__ bias,

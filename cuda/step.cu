@@ -37,8 +37,9 @@ void copy_blocks(gollm_engine* e, const gollm_step_in* in) {
     if (id < 0 || id >= e->num_blocks)
       invalid("step: block copy %d: block %d outside the pool [0, %d)", i / 2, id, e->num_blocks);
   }
-  // A block is page(1, 0, 0, 0) elements of 2 bytes (fp16 or bf16), as engine.cu sizes it.
-  const size_t bytes = (size_t)e->geom.page(1, 0, 0, 0) * 2;
+  // A block is page(1, 0, 0, 0) elements of 2 bytes (fp16 or bf16) or 1 (FP8), as
+  // engine.cu sizes it.
+  const size_t bytes = (size_t)e->geom.page(1, 0, 0, 0) * kv_elem_bytes(e);
   char* kv = static_cast<char*>(e->kv.p);
   for (int i = 0; i < n; i++) {
     const size_t src = (size_t)in->block_copies[2 * i], dst = (size_t)in->block_copies[2 * i + 1];
@@ -189,6 +190,9 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
     // Steps whose rows are all plain greedy skip the general sampling kernel's launch.
     pl.all_greedy = true;
     for (int s = 0; s < pl.s; s++) pl.all_greedy = pl.all_greedy && greedy_fast(pl.seqs[s]);
+    pl.all_cand = e->tp_cands && !late;
+    for (int s = 0; s < pl.s && pl.all_cand; s++)
+      pl.all_cand = (greedy_fast(pl.seqs[s]) && pl.seqs[s].allow_off < 0) || tp_cand_row(pl.seqs[s]);
     // fill_var ran after the descriptors were sized; the layout's fixed part is unchanged.
     bool grew = L.total > e->din.bytes || L.total > e->hin.bytes;
     ensure_inputs(e, L.total);
@@ -221,9 +225,11 @@ void launch(gollm_engine* e, const gollm_step_in* in, int64_t logits_len, bool i
     feed_tokens(e, L, pairs_off, nfeed);
     if (use_graph) {
       // Chained rows (a sequence's proposals) replay a graph whose attention waits for
-      // every row's keys and values (forward.cu).
-      const int key =
-          ((bucket * 2 + (pl.all_greedy ? 1 : 0)) * 2 + (late ? 1 : 0)) * 2 + (pl.chained ? 1 : 0);
+      // every row's keys and values (forward.cu); all_cand rows one that samples from the
+      // ranks' candidates.
+      const int key = (((bucket * 2 + (pl.all_greedy ? 1 : 0)) * 2 + (late ? 1 : 0)) * 2 +
+                       (pl.chained ? 1 : 0)) * 2 +
+                      (pl.all_cand ? 1 : 0);
       auto it = e->graph_execs.find(key);
       if (it == e->graph_execs.end()) {
         // Replays see other lengths: size the splits for the longest possible row.

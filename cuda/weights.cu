@@ -75,8 +75,9 @@ bool role_shape(const gollm_model_config& c, int role, int64_t& rows, int64_t& c
     case GOLLM_ROLE_POST_ATTN_NORM: case GOLLM_ROLE_POST_MLP_NORM: rows = d.H; return c.post_norms != 0;
     // The experts' roles (a sparse layer's: layer_role_shape).
     case GOLLM_ROLE_ROUTER: rows = c.experts, cols = d.H; return c.experts > 0;
-    case GOLLM_ROLE_EXPERT_UP: rows = (int64_t)c.experts * 2 * c.moe_inner, cols = d.H; return c.experts > 0;
-    case GOLLM_ROLE_EXPERT_DOWN: rows = (int64_t)c.experts * d.H, cols = c.moe_inner; return c.experts > 0;
+    // Under expert parallelism the experts held (local_experts); the router scores all.
+    case GOLLM_ROLE_EXPERT_UP: rows = (int64_t)held_experts(c) * 2 * c.moe_inner, cols = d.H; return c.experts > 0;
+    case GOLLM_ROLE_EXPERT_DOWN: rows = (int64_t)held_experts(c) * d.H, cols = c.moe_inner; return c.experts > 0;
     case GOLLM_ROLE_SHARED_UP: rows = 2 * (int64_t)c.shared_inner, cols = d.H; return c.experts > 0 && c.shared_inner > 0;
     case GOLLM_ROLE_SHARED_DOWN: rows = d.H, cols = c.shared_inner; return c.experts > 0 && c.shared_inner > 0;
     case GOLLM_ROLE_SHARED_GATE: rows = 1, cols = d.H; return c.experts > 0 && c.shared_inner > 0;
@@ -153,6 +154,10 @@ void check_config(const gollm_model_config& c) {
     invalid("config: experts %d (at most %d), moe_inner %d and shared_inner %d (at most 262144) do not "
             "describe experts, or their absence",
             c.experts, kMoeMaxExperts, c.moe_inner, c.shared_inner);
+  if (c.local_experts < 0 || c.expert_first < 0 || (int64_t)c.expert_first + c.local_experts > c.experts ||
+      (c.local_experts == 0 && c.expert_first != 0))
+    invalid("config: expert_first %d and local_experts %d do not name a run of the %d experts", c.expert_first,
+            c.local_experts, c.experts);
 }
 
 const char* stage_name(int kind) {

@@ -86,6 +86,9 @@ type Settings struct {
 	// over GPUs d, d+1, …, d+TensorParallel-1 (0 and 1: one GPU). The CPU engine runs a
 	// model whole.
 	TensorParallel int
+	// ExpertParallel is expert_parallel: under TensorParallel > 1, each GPU holds E/N of a
+	// mixture of experts' experts whole (model.Config.ExpertParallel).
+	ExpertParallel bool
 	// Logger receives load messages.
 	Logger *zap.Logger
 }
@@ -131,6 +134,8 @@ type gpuKey struct {
 	tp, rank int
 	// quant is the weights' Settings.Quantization.
 	quant string
+	// ep is the split's Settings.ExpertParallel.
+	ep bool
 }
 
 var (
@@ -427,14 +432,20 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 	if m.gguf != "" {
 		return nil, fmt.Errorf("%s is a GGUF file, which KIND_CPU instances serve; KIND_GPU instances serve Hugging Face checkpoints (safetensors)", m.gguf)
 	}
+	// An FP8 pool takes the checkpoint's per-layer scales (1 where it has none), the same
+	// on every tensor-parallel rank.
+	var ks, vs []float32
 	if s.KVCacheDType == engine.KVFP8 {
-		return nil, errors.New(`parameter "kv_cache_dtype" fp8: KIND_GPU instances do not serve an FP8 KV cache yet; KIND_CPU instances do, and auto keeps the GPU's pool in the compute type`)
+		var err error
+		if ks, vs, err = m.kvScales(s.Logger); err != nil {
+			return nil, err
+		}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	dtype := computeType(s.DataType, m.cfg.DType)
 	if s.TensorParallel > 1 {
-		return m.newGPUTP(device, dtype, s)
+		return m.newGPUTP(device, dtype, s, ks, vs)
 	}
 	w := m.gpu[gpuKey{device: device, dtype: dtype, tp: 1, quant: s.Quantization}]
 	if w == nil {
@@ -459,7 +470,7 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 	}
 	opts := cuda.Options{Device: device, DType: dtype, TokensPerBlock: s.TokensPerBlock,
 		KVFreeFraction: s.KVFreeFraction, MaxSeqs: s.MaxSeqs, MaxSeqLen: s.MaxSeqLen,
-		BatchInvariant: s.BatchInvariant, Logger: s.Logger}
+		BatchInvariant: s.BatchInvariant, KVDType: s.KVCacheDType, KScales: ks, VScales: vs, Logger: s.Logger}
 	switch {
 	case s.KVTokens > 0:
 		opts.NumBlocks = (s.KVTokens + s.TokensPerBlock - 1) / s.TokensPerBlock
@@ -491,10 +502,10 @@ func (m *Model) newGPU(device int, s Settings) (engine.Engine, error) {
 
 // newGPUTP makes a tensor-parallel engine over GPUs device … device+n-1 (n =
 // s.TensorParallel), loading each rank's share of the weights there unless an instance
-// before it did (m.mu held).
-func (m *Model) newGPUTP(device int, dtype string, s Settings) (engine.Engine, error) {
+// before it did (m.mu held); ks and vs are an FP8 pool's scales.
+func (m *Model) newGPUTP(device int, dtype string, s Settings, ks, vs []float32) (engine.Engine, error) {
 	n := s.TensorParallel
-	if _, err := m.cfg.TensorParallel(n); err != nil {
+	if _, err := m.cfg.Parallel(n, s.ExpertParallel); err != nil {
 		return nil, err
 	}
 	count, err := cuda.DeviceCount("")
@@ -513,7 +524,7 @@ func (m *Model) newGPUTP(device int, dtype string, s Settings) (engine.Engine, e
 		}
 	}()
 	for r := range n {
-		key := gpuKey{device: device + r, dtype: dtype, tp: n, rank: r, quant: s.Quantization}
+		key := gpuKey{device: device + r, dtype: dtype, tp: n, rank: r, quant: s.Quantization, ep: s.ExpertParallel}
 		if w := m.gpu[key]; w != nil {
 			shares[r] = w
 			continue
@@ -527,7 +538,8 @@ func (m *Model) newGPUTP(device int, dtype string, s Settings) (engine.Engine, e
 				return nil, err
 			}
 		}
-		w, err := cuda.LoadShard(ckpt, n, r, cuda.Options{Device: device + r, DType: dtype, Quantization: s.Quantization, Logger: s.Logger})
+		w, err := cuda.LoadShard(ckpt, n, r, cuda.Options{Device: device + r, DType: dtype, Quantization: s.Quantization,
+			ExpertParallel: s.ExpertParallel, Logger: s.Logger})
 		if err != nil {
 			return nil, fmt.Errorf("tensor_parallel_size %d: rank %d on GPU %d: %w", n, r, device+r, err)
 		}
@@ -538,7 +550,8 @@ func (m *Model) newGPUTP(device int, dtype string, s Settings) (engine.Engine, e
 		shares[r] = w
 	}
 	opts := cuda.Options{DType: dtype, TokensPerBlock: s.TokensPerBlock, KVFreeFraction: s.KVFreeFraction,
-		MaxSeqs: s.MaxSeqs, MaxSeqLen: s.MaxSeqLen, BatchInvariant: s.BatchInvariant, Logger: s.Logger}
+		MaxSeqs: s.MaxSeqs, MaxSeqLen: s.MaxSeqLen, BatchInvariant: s.BatchInvariant,
+		KVDType: s.KVCacheDType, KScales: ks, VScales: vs, Logger: s.Logger}
 	switch {
 	case s.KVTokens > 0:
 		opts.NumBlocks = (s.KVTokens + s.TokensPerBlock - 1) / s.TokensPerBlock

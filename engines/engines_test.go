@@ -230,10 +230,23 @@ func TestTensorParallelGPUEngineSaysWhatItNeeds(t *testing.T) {
 	if _, err := m.NewEngine(GPU, 0, s); err == nil || !strings.Contains(err.Error(), "does not divide the model's 4 attention heads") {
 		t.Errorf("3 ranks over 4 heads: %v", err)
 	}
+	s.TensorParallel, s.ExpertParallel = 2, true
+	if _, err := m.NewEngine(GPU, 0, s); err == nil || !strings.Contains(err.Error(), "the model has no mixture of experts") {
+		t.Errorf("expert parallelism of a dense model: %v", err)
+	}
+	s.ExpertParallel = false
 	t.Setenv("GOLLM_CUDA_LIB", "/nonexistent/libgollm_cuda.so")
-	s.TensorParallel = 2
 	if _, err := m.NewEngine(GPU, 1, s); err == nil || !strings.Contains(err.Error(), "tensor_parallel_size 2 on GPU 1") {
 		t.Errorf("without the library: %v", err)
+	}
+	mx, err := Open("../testdata/mixtral-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mx.Release()
+	s.TensorParallel, s.ExpertParallel = 2, true
+	if _, err := mx.NewEngine(GPU, 1, s); err == nil || !strings.Contains(err.Error(), "tensor_parallel_size 2 on GPU 1") {
+		t.Errorf("expert parallelism of Mixtral's 8 experts over 2, without the library: %v", err)
 	}
 }
 

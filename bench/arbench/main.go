@@ -5,9 +5,10 @@
 //	arbench -lib libgollm_cuda.so -tp 2,4 -bytes 2048,8192,...,8388608
 //
 // A message of B bytes is rows × hidden fp16 values (hidden 4096, or B/2 below 8 KB); each
-// rank holds its partial sums in fp32, as a projection leaves them. Three methods:
+// rank holds its partial sums in fp32, as a projection leaves them. Four methods:
 // gollm-custom-ar (the custom all-reduce fused with the residual add and RMSNorm, fp16 on
-// the wire), nccl-f32 (ncclAllReduce of the fp32 sums then the residual add and RMSNorm's
+// the wire), gollm-custom-ar-2shot (the same in two shots: each rank sums its slice of
+// the rows, then gathers the others' fp32 sums), nccl-f32 (ncclAllReduce of the fp32 sums then the residual add and RMSNorm's
 // kernel: the step without the custom one) and nccl-fp16 (ncclAllReduce of the B bytes
 // alone). Each is a CUDA graph of -iters calls replayed -reps times after one untimed
 // replay; the figure is the median over the replays of the slowest rank's time a call,
@@ -28,7 +29,7 @@ import (
 func main() {
 	lib := flag.String("lib", "", "libgollm_cuda.so (default: the library search)")
 	tps := flag.String("tp", "2,4", "rank counts, comma-separated (GPUs 0..n-1)")
-	sizes := flag.String("bytes", "2048,8192,32768,131072,524288,2097152,8388608", "message sizes in bytes (fp16 payload)")
+	sizes := flag.String("bytes", "2048,8192,32768,131072,262144,524288,1048576,2097152,8388608", "message sizes in bytes (fp16 payload)")
 	dtype := flag.String("dtype", "float16", "float16 or bfloat16")
 	iters := flag.Int("iters", 200, "calls in the timed graph")
 	reps := flag.Int("reps", 5, "timed replays")
@@ -87,14 +88,15 @@ func run(lib, tps, sizes, dtype string, iters, reps int) error {
 			for _, m := range []struct {
 				method cuda.AllReduceMethod
 				impl   string
-			}{{cuda.AllReduceCustom, "gollm-custom-ar"}, {cuda.AllReduceNCCLF32, "nccl-f32"}, {cuda.AllReduceNCCL, "nccl-" + short}} {
+			}{{cuda.AllReduceCustom, "gollm-custom-ar"}, {cuda.AllReduceTwoShot, "gollm-custom-ar-2shot"},
+				{cuda.AllReduceNCCLF32, "nccl-f32"}, {cuda.AllReduceNCCL, "nccl-" + short}} {
 				res, err := c.Run(cuda.AllReduceParams{Method: m.method, DType: dtype, Rows: rows, Hidden: hidden,
 					Iters: iters, Reps: reps, Check: m.method != cuda.AllReduceNCCL})
 				if err != nil {
 					c.Close()
 					return err
 				}
-				if m.method == cuda.AllReduceCustom && !res.Custom {
+				if (m.method == cuda.AllReduceCustom || m.method == cuda.AllReduceTwoShot) && !res.Custom {
 					fmt.Fprintf(os.Stderr, "arbench: tp %d: no custom all-reduce: %s\n", n, res.Reason)
 					continue
 				}

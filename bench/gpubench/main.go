@@ -22,7 +22,9 @@
 // previous one is read, fed on the GPU (engine.Pipeliner), and the batch manager's
 // workloads with its overlap schedule (guided steps launched without their masks, which
 // come while the forward pass runs: engine.LateMasker). -tp N splits the model over GPUs 0..N-1 (tensor
-// parallelism, NCCL); its figures carry "tp" and an impl ending in -tpN. -random-gb N
+// parallelism, NCCL); its figures carry "tp" and an impl ending in -tpN; with
+// -expert-parallel each GPU holds its share of a mixture's experts whole (impl -tpN-ep,
+// "expert_parallel": true). -random-gb N
 // gives the model of -ckpt's config.json random weights in memory (at most N GB; no
 // weight files read), for full-size shapes whose files would not fit the disk.
 //
@@ -38,7 +40,9 @@
 // workload the KV pool is sized from the free memory (-kv-fraction), not from the
 // workloads.
 // -quantization fp8 loads the projections in FP8 (128×128 block scales, quantized at
-// load); its figures carry dtype "fp8" (the activations in -dtype).
+// load); its figures carry dtype "fp8" (the activations in -dtype). -kv-cache-dtype fp8
+// stores the KV cache as float8_e4m3fn (kv_cache_dtype: the checkpoint's k_scale and
+// v_scale, 1 where it has none, as random weights); its figures' impl ends in -kvfp8.
 package main
 
 import (
@@ -79,6 +83,12 @@ var (
 
 // quantization is -quantization: "fp8" loads the projections in FP8.
 var quantization string
+
+// kvDType is -kv-cache-dtype.
+var kvDType string
+
+// expertParallel is -expert-parallel: under -tp, the experts whole, E/tp a GPU.
+var expertParallel bool
 
 // benchEngine is what the workloads run on: a GPU engine, or a tensor-parallel one.
 type benchEngine interface {
@@ -136,7 +146,13 @@ func main() {
 	flag.IntVar(&maxNumTokens, "max-num-tokens", 8192, "load workloads: the most tokens a step (chunked prompts fill what decode leaves)")
 	flag.Float64Var(&kvFraction, "kv-fraction", 0.9, "load workloads: the share of the free GPU memory the KV pool takes")
 	flag.StringVar(&quantization, "quantization", "", "fp8: the projections in FP8, quantized at load")
+	flag.StringVar(&kvDType, "kv-cache-dtype", "auto", "the KV cache's element type: auto (the compute type) or fp8 (float8_e4m3fn)")
+	flag.BoolVar(&expertParallel, "expert-parallel", false, "with -tp: expert parallelism (each GPU E/tp experts whole)")
 	flag.Parse()
+	if expertParallel && *tp < 2 {
+		fmt.Fprintln(os.Stderr, "gpubench: -expert-parallel needs -tp 2 or more")
+		os.Exit(2)
+	}
 	if err := run(*ckptDir, *name, *list, *reps, *dtype, *lib, *graphs, *warmup, *tp, *randomGB); err != nil {
 		fmt.Fprintln(os.Stderr, "gpubench:", err)
 		os.Exit(1)
@@ -177,13 +193,24 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 		return err
 	}
 	defer ckpt.Close()
+	kvd, err := engine.ParseKVDType(kvDType)
+	if err != nil {
+		return fmt.Errorf("-kv-cache-dtype: %w", err)
+	}
+	var ks, vs []float32
+	if kvd == engine.KVFP8 {
+		if ks, vs, err = ckpt.KVScales(); err != nil {
+			return err
+		}
+	}
 	const T = 64
 	perSeq := (maxLen + T - 1) / T
 	// Twice the blocks of maxSeqs sequences: a beam writes into a copy of a block it
 	// shares with its siblings.
 	opts := cuda.Options{DType: dtype, Quantization: quantization, Library: lib, TokensPerBlock: T,
 		NumBlocks: 2 * perSeq * maxSeqs, MaxTokens: max(maxTok, 8192), MaxSeqs: max(maxSeqs, 64),
-		DisableCUDAGraphs: !graphs, SkipWarmup: !warmup, BatchInvariant: batchInvariant, Tuning: cuda.TuningFromEnv()}
+		DisableCUDAGraphs: !graphs, SkipWarmup: !warmup, BatchInvariant: batchInvariant, ExpertParallel: expertParallel,
+		Tuning: cuda.TuningFromEnv(), KVDType: kvd, KScales: ks, VScales: vs}
 	if len(loads) > 0 {
 		// As a server sizes it: what the weights and scratch leave. The batch manager
 		// admits what fits.
@@ -206,8 +233,12 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 			w, _, _ := t.Memory(r)
 			weights += w
 		}
-		fmt.Fprintf(os.Stderr, "gpubench: %s over %d × %s (tensor parallel), weights %.1f MB in all, ready in %.1f s\n",
-			name, tp, t.DeviceName(), float64(weights)/1e6, time.Since(start).Seconds())
+		split := "tensor parallel"
+		if expertParallel {
+			split += ", experts whole"
+		}
+		fmt.Fprintf(os.Stderr, "gpubench: %s over %d × %s (%s), weights %.1f MB in all, ready in %.1f s\n",
+			name, tp, t.DeviceName(), split, float64(weights)/1e6, time.Since(start).Seconds())
 		eng = t
 	} else {
 		e, err := cuda.New(ckpt, opts)
@@ -235,6 +266,12 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 	}
 	if tp > 1 {
 		impl += fmt.Sprintf("-tp%d", tp)
+	}
+	if expertParallel {
+		impl += "-ep"
+	}
+	if kvd == engine.KVFP8 {
+		impl += "-kvfp8"
 	}
 	short := map[string]string{"float16": "fp16", "bfloat16": "bf16"}[dtype]
 	if quantization != "" {
@@ -287,6 +324,9 @@ func run(ckptDir, name, list string, reps int, dtype, lib string, graphs, warmup
 		out := map[string]any{"model": name, "dtype": short, "workload": w.name, "impl": impl}
 		if tp > 1 {
 			out["tp"] = tp
+		}
+		if expertParallel {
+			out["expert_parallel"] = true
 		}
 		switch w.kind {
 		case "decode":

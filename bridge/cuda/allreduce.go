@@ -23,6 +23,9 @@ const (
 	AllReduceNCCLF32 AllReduceMethod = C.GOLLM_AR_NCCL_F32
 	// AllReduceNCCL is ncclAllReduce of the payload in the compute type alone.
 	AllReduceNCCL AllReduceMethod = C.GOLLM_AR_NCCL
+	// AllReduceTwoShot is AllReduceCustom in two shots: each rank sums its slice of every
+	// row over the ranks, then gathers the others' sums; the results are the one-shot's.
+	AllReduceTwoShot AllReduceMethod = C.GOLLM_AR_TWO_SHOT
 )
 
 func (m AllReduceMethod) String() string {
@@ -33,6 +36,8 @@ func (m AllReduceMethod) String() string {
 		return "nccl-f32"
 	case AllReduceNCCL:
 		return "nccl"
+	case AllReduceTwoShot:
+		return "two-shot"
 	}
 	return fmt.Sprintf("method %d", int(m))
 }

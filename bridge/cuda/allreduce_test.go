@@ -15,7 +15,8 @@ func TestAllReduceRejectsBadInput(t *testing.T) {
 	if _, err := c.Run(AllReduceParams{DType: "float32", Rows: 1, Hidden: 8}); err == nil || !strings.Contains(err.Error(), `"float32"`) {
 		t.Fatalf("Run with float32 = %v", err)
 	}
-	for m, want := range map[AllReduceMethod]string{AllReduceCustom: "custom", AllReduceNCCLF32: "nccl-f32", AllReduceNCCL: "nccl", 7: "method 7"} {
+	for m, want := range map[AllReduceMethod]string{AllReduceCustom: "custom", AllReduceNCCLF32: "nccl-f32", AllReduceNCCL: "nccl",
+		AllReduceTwoShot: "two-shot", 7: "method 7"} {
 		if m.String() != want {
 			t.Errorf("%d.String() = %q, want %q", int(m), m.String(), want)
 		}

@@ -31,6 +31,19 @@ type Options struct {
 	// Quantization "fp8" quantizes a float checkpoint's projections to FP8 at load
 	// (model.QuantizeFP8), as an FP8 checkpoint's are stored; empty loads them as stored.
 	Quantization string
+	// KVDType is the KV pool's element type: engine.KVAuto keeps the compute type (two
+	// bytes an element); engine.KVFP8 stores float8_e4m3fn codes (one byte: twice the
+	// blocks from the same memory), each layer's keys divided by KScales[layer] and its
+	// values by VScales[layer], rounded to nearest even and saturated at ±448, as the CPU
+	// engine stores them.
+	KVDType engine.KVDType
+	// KScales and VScales are each layer's KV scales under KVFP8 (the checkpoint's k_scale
+	// and v_scale); nil means 1 for every layer.
+	KScales, VScales []float32
+	// ExpertParallel spreads a mixture of experts' experts whole over the ranks of a
+	// tensor-parallel split (LoadShard, NewTensorParallel), E/N a rank, rather than each
+	// rank's units of every expert (model.Config.ExpertParallel).
+	ExpertParallel bool
 	// TokensPerBlock is the number of positions per KV block (default 64).
 	TokensPerBlock int
 	// NumBlocks sets the KV pool's size in blocks; 0 sizes it from KVFreeFraction.
@@ -119,7 +132,9 @@ type Tuning struct {
 	// splits by the rows and their lengths.
 	DecodeParts int
 	// NoBLASLt runs the GEMMs of steps past the tiled rows through cublasGemmEx's default
-	// algorithm instead of cuBLASLt with an algorithm timed per shape at the warm-up.
+	// algorithm instead of cuBLASLt with an algorithm timed per shape at the warm-up, and
+	// FP8 weights' projections on gollm's weight-only kernels at every row count instead
+	// of cuBLASLt's block-scaled FP8 GEMMs, which round the activations to e4m3 too.
 	NoBLASLt bool
 	// NoCustomAllReduce all-reduces tensor parallelism's sums with NCCL in fp32 instead of
 	// the custom all-reduce over peer access (fused with the residual add and the norm).
@@ -130,6 +145,15 @@ type Tuning struct {
 	// AllReduceTimeout is how long the custom all-reduce waits for a peer before the step
 	// fails and the communicators are aborted (1 ms to 10 min); 0 keeps 20 s.
 	AllReduceTimeout time.Duration
+	// NoTPCandidates samples tensor parallelism's decode steps from the gathered
+	// vocabulary instead of each rank's candidates (greedy rows: its maximum; sampled rows
+	// with top-k up to 64 and nothing else that reads the whole row: its first 64).
+	NoTPCandidates bool
+	// AllReduceTwoBytes is the payload (rows × hidden × 2 bytes) from which the custom
+	// all-reduce runs in two shots (each rank sums a slice of the rows, then gathers the
+	// others' sums; up to 4 MiB); 0 keeps 256 KiB at 4 or more ranks and never at fewer,
+	// a negative value never.
+	AllReduceTwoBytes int
 	// Skip leaves the stage kinds of its bits (1 << model.StageKind) out of every step, so
 	// that a step's time without them says what they cost in place; the results are
 	// wrong. Only a library built with GOLLM_MEASURE takes it.
@@ -146,9 +170,10 @@ func (opts Options) tuning() Tuning {
 // TuningFromEnv reads the measuring switches, so that benchmarks and the GPU checks can
 // compare kernel paths without a rebuild: GOLLM_CUDA_PDL=0, GOLLM_CUDA_BULK=0,
 // GOLLM_CUDA_FUSED=0, GOLLM_CUDA_GROUPED=0, GOLLM_CUDA_STREAM=0, GOLLM_CUDA_TILED=0,
-// GOLLM_CUDA_PROMPT_GRAPHS=0, GOLLM_CUDA_CTX_MMA=0, GOLLM_CUDA_INVARIANT=0, GOLLM_CUDA_CUSTOM_AR=0
-// and GOLLM_CUDA_BLASLT=0
-// turn a path off; GOLLM_CUDA_AR_BYTES=n sets the custom all-reduce's largest payload;
+// GOLLM_CUDA_PROMPT_GRAPHS=0, GOLLM_CUDA_CTX_MMA=0, GOLLM_CUDA_INVARIANT=0, GOLLM_CUDA_CUSTOM_AR=0,
+// GOLLM_CUDA_BLASLT=0 and GOLLM_CUDA_TP_CANDIDATES=0 turn a path off; GOLLM_CUDA_AR_BYTES=n
+// sets the custom all-reduce's largest payload and GOLLM_CUDA_AR_TWO_BYTES=n the payload
+// from which it runs in two shots (-1: never);
 // GOLLM_CUDA_GEMV_ROWS=n and GOLLM_CUDA_TILED_ROWS=n (0: off), GOLLM_CUDA_TILE_BLOCKS=k,
 // GOLLM_CUDA_DECODE_PARTS=n and GOLLM_CUDA_SKIP=bits set the numbers. The backend never
 // reads them.
@@ -171,7 +196,8 @@ func TuningFromEnv() Tuning {
 		TiledRows: num("GOLLM_CUDA_TILED_ROWS", -1), TileBlocks: num("GOLLM_CUDA_TILE_BLOCKS", 0),
 		DecodeParts: num("GOLLM_CUDA_DECODE_PARTS", 0), Skip: num("GOLLM_CUDA_SKIP", 0),
 		NoCustomAllReduce: off("GOLLM_CUDA_CUSTOM_AR"), AllReduceBytes: num("GOLLM_CUDA_AR_BYTES", 0),
-		NoBLASLt: off("GOLLM_CUDA_BLASLT")}
+		NoBLASLt: off("GOLLM_CUDA_BLASLT"), AllReduceTwoBytes: num("GOLLM_CUDA_AR_TWO_BYTES", 0),
+		NoTPCandidates: off("GOLLM_CUDA_TP_CANDIDATES")}
 }
 
 // c is t as gollm_tuning.
@@ -185,7 +211,8 @@ func (t Tuning) c() C.gollm_tuning {
 		{t.NoGrouped, C.GOLLM_TUNING_NO_GROUPED}, {t.NoStream, C.GOLLM_TUNING_NO_STREAM},
 		{t.NoTiled, C.GOLLM_TUNING_NO_TILED}, {t.NoPromptGraphs, C.GOLLM_TUNING_NO_PROMPT_GRAPHS},
 		{t.NoCtxMMA, C.GOLLM_TUNING_NO_CTX_MMA}, {t.NoCustomAllReduce, C.GOLLM_TUNING_NO_CUSTOM_AR},
-		{t.NoInvariant, C.GOLLM_TUNING_NO_INVARIANT}, {t.NoBLASLt, C.GOLLM_TUNING_NO_BLASLT}} {
+		{t.NoInvariant, C.GOLLM_TUNING_NO_INVARIANT}, {t.NoBLASLt, C.GOLLM_TUNING_NO_BLASLT},
+		{t.NoTPCandidates, C.GOLLM_TUNING_NO_TP_CANDIDATES}} {
 		if b.on {
 			out.off |= b.bit
 		}
@@ -201,6 +228,7 @@ func (t Tuning) c() C.gollm_tuning {
 	}
 	out.gemv_rows, out.tiled_rows = rows(t.GemvRows), rows(t.TiledRows)
 	out.allreduce_bytes = C.int32_t(min(max(t.AllReduceBytes, 0), 1<<30))
+	out.allreduce_two_bytes = C.int32_t(min(max(t.AllReduceTwoBytes, -1), 1<<30))
 	if t.AllReduceTimeout > 0 {
 		out.allreduce_timeout_ms = C.int32_t(min(max(t.AllReduceTimeout.Milliseconds(), 1), 1<<30))
 	}
@@ -276,8 +304,10 @@ type Weights struct {
 	// dir is the checkpoint folder they were read from.
 	dir string
 	// tpSize and tpRank place a share of a tensor-parallel split (LoadShard): rank tpRank
-	// of tpSize; tpSize is 1 for a whole model.
+	// of tpSize; tpSize is 1 for a whole model. ep says the split's experts are whole, a
+	// rank's E/tpSize of them (Options.ExpertParallel).
 	tpSize, tpRank int
+	ep             bool
 	// once makes Release idempotent.
 	once sync.Once
 }
@@ -289,6 +319,16 @@ var (
 	_ [int(C.GOLLM_FIRST_LAYER_ROLE) - int(model.FirstLayerRole)]struct{}
 	_ [int(model.FirstLayerRole) - int(C.GOLLM_FIRST_LAYER_ROLE)]struct{}
 )
+
+// kvScales lays k and v (one a layer, or nil: 1) out as gollm_engine_params.kv_scales
+// takes them: [layers][2], key then value.
+func kvScales(k, v []float32, layers int) []C.float {
+	out := make([]C.float, 2*layers)
+	for l := range layers {
+		out[2*l], out[2*l+1] = C.float(engine.Scale(k, l)), C.float(engine.Scale(v, l))
+	}
+	return out
+}
 
 // descriptor translates the model's shapes into gollm_model_config.
 func descriptor(c *model.Config) C.gollm_model_config {
@@ -304,6 +344,7 @@ func descriptor(c *model.Config) C.gollm_model_config {
 	}
 	if m := c.MoE; m != nil {
 		d.experts, d.moe_inner, d.shared_inner = C.int32_t(m.Experts), C.int32_t(m.Inner), C.int32_t(m.SharedInner)
+		d.expert_first, d.local_experts = C.int32_t(m.FirstLocal), C.int32_t(m.Local)
 	}
 	return d
 }
@@ -320,7 +361,8 @@ func LoadWeights(ckpt *model.Checkpoint, opts Options) (*Weights, error) {
 // ranks onto opts.Device, as LoadWeights copies the whole (size 1): model.ShardWeights'
 // split — its heads, KV heads, MLP units and vocabulary rows — except that every rank
 // holds the whole attention-output and MLP-down biases, which the GPU adds once, after
-// the all-reduce of the ranks' partial sums. NewTensorParallelEngine runs the shares.
+// the all-reduce of the ranks' partial sums; with opts.ExpertParallel its E/size experts
+// whole (model.Config.ExpertParallel). NewTensorParallelEngine runs the shares.
 func LoadShard(ckpt *model.Checkpoint, size, rank int, opts Options) (*Weights, error) {
 	opts = opts.withDefaults()
 	if ckpt == nil {
@@ -340,7 +382,7 @@ func LoadShard(ckpt *model.Checkpoint, size, rank int, opts Options) (*Weights, 
 	}
 	rankCfg := cfg
 	if size != 1 {
-		l, err := cfg.TensorParallel(size)
+		l, err := cfg.Parallel(size, opts.ExpertParallel)
 		if err != nil {
 			return nil, fmt.Errorf("cuda: load %s: %w", ckpt.Dir, err)
 		}
@@ -393,8 +435,9 @@ func LoadShard(ckpt *model.Checkpoint, size, rank int, opts Options) (*Weights, 
 	}
 	opts.Logger.Info("gpu weights loaded", zap.String("checkpoint", ckpt.Dir), zap.Int("device", opts.Device),
 		zap.String("dtype", opts.DType), zap.String("family", cfg.Family), zap.String("library", l.path),
-		zap.Int("tensor_parallel_rank", rank), zap.Int("tensor_parallel_size", size))
-	return &Weights{lib: l, ptr: w, cfg: cfg, device: opts.Device, dtype: opts.DType, dir: ckpt.Dir, tpSize: size, tpRank: rank}, nil
+		zap.Int("tensor_parallel_rank", rank), zap.Int("tensor_parallel_size", size), zap.Bool("expert_parallel", opts.ExpertParallel))
+	return &Weights{lib: l, ptr: w, cfg: cfg, device: opts.Device, dtype: opts.DType, dir: ckpt.Dir, tpSize: size, tpRank: rank,
+		ep: opts.ExpertParallel && size != 1}, nil
 }
 
 // createWeights calls gollm_weights_create with the shapes of cfg, its recipe rec, the
@@ -449,6 +492,9 @@ func shardWeights(ws []model.Weight, cfg *model.Config, l model.TPLayout, rank i
 // Shard returns the tensor-parallel split the weights are a share of: size ranks (1 for a
 // whole model) and their rank.
 func (w *Weights) Shard() (size, rank int) { return w.tpSize, w.tpRank }
+
+// ExpertParallel says the split's experts are whole, E/size a rank (Options.ExpertParallel).
+func (w *Weights) ExpertParallel() bool { return w.ep }
 
 // Config returns the model's configuration.
 func (w *Weights) Config() model.Config { return w.cfg }
@@ -545,6 +591,12 @@ func newEngine(w *Weights, opts Options, comm *C.gollm_comm) (*Engine, error) {
 		return nil, fmt.Errorf("cuda: NewEngine: MaxSeqLen %d must not be negative", opts.MaxSeqLen)
 	case opts.MemBudget < 0:
 		return nil, fmt.Errorf("cuda: NewEngine: MemBudget %d must not be negative", opts.MemBudget)
+	case opts.KVDType != engine.KVAuto && opts.KVDType != engine.KVFP8:
+		return nil, fmt.Errorf("cuda: NewEngine: KVDType %d is neither auto nor fp8", opts.KVDType)
+	}
+	kv := engine.KVConfig{KScales: opts.KScales, VScales: opts.VScales}
+	if err := kv.CheckScales(w.cfg.Layers); err != nil {
+		return nil, fmt.Errorf("cuda: NewEngine: %w", err)
 	}
 	e := &Engine{lib: w.lib, opts: opts}
 	p := C.gollm_engine_params{
@@ -557,6 +609,17 @@ func newEngine(w *Weights, opts Options, comm *C.gollm_comm) (*Engine, error) {
 	if comm != nil {
 		p.comm, p.tp_rank, p.tp_vocab = comm, C.int32_t(w.tpRank), C.int32_t(w.cfg.VocabSize)
 		e.rank = w.tpRank
+	}
+	// The library copies the scales at creation: Go memory, pinned for the call.
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	if opts.KVDType == engine.KVFP8 {
+		p.kv_dtype = C.GOLLM_DTYPE_F8E4M3
+		if opts.KScales != nil || opts.VScales != nil {
+			scales := kvScales(opts.KScales, opts.VScales, w.cfg.Layers)
+			pin.Pin(&scales[0])
+			p.kv_scales = &scales[0]
+		}
 	}
 	if !opts.DisableCUDAGraphs {
 		p.cuda_graphs = 1
@@ -606,6 +669,7 @@ func newEngine(w *Weights, opts Options, comm *C.gollm_comm) (*Engine, error) {
 	e.preps[1].init(cfg.VocabSize)
 	e.check = engine.NewBatchChecker(e.info, "cuda")
 	opts.Logger.Info("gpu engine ready", zap.String("device", e.DeviceName), zap.String("uuid", e.Device.UUID), zap.Int("kv_blocks", e.info.NumBlocks),
+		zap.Stringer("kv_cache_dtype", opts.KVDType),
 		zap.Int("tokens_per_block", e.info.TokensPerBlock), zap.Int("max_seq_len", e.info.MaxSeqLen),
 		zap.Int64("weight_bytes", e.WeightBytes), zap.Int64("kv_bytes", e.KVBytes), zap.Int64("scratch_bytes", e.ScratchBytes),
 		zap.Int("warmup_gemm_shapes", e.WarmupGEMMShapes), zap.Int("warmup_graphs", e.WarmupGraphs),

@@ -253,3 +253,57 @@ func TestGPUExpertsAtEveryRowCount(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUExpertParallelMatchesOneGPU runs the golden prompt and continuation with the
+// experts spread whole over 2 GPUs (and 4 where the machine has them: Options.
+// ExpertParallel, each rank E/N experts, only its own (token, expert) pairs computed, the
+// shared expert split along its units) beside one GPU: alone (decode at batch 1: the
+// router's one-row routing, the fused down projection and combination), beside a filler
+// of 8 rows (decode steps of 2 rows: gemv tiles) and beside fillers of 100 rows (the
+// routing kernel, the tensor-core grouped GEMMs, the combination; prompts in chunks of
+// 40 rows). The golden sequence's logits agree within tpRelL2 and its tokens exactly, as
+// TestGPUExpertsAcrossGPUs asks of tensor parallelism: a rank that computed another's
+// pairs with its own weights, dropped its own, or renormalised over its local experts
+// would be O(1) off. It skips with fewer than 2 GPUs.
+func TestGPUExpertParallelMatchesOneGPU(t *testing.T) {
+	lib := tpLibrary(t, 2)
+	ranks := []int{2}
+	if n, _ := DeviceCount(lib); n >= 4 {
+		ranks = append(ranks, 4)
+	}
+	for _, name := range moeGPUFixtures {
+		for _, n := range ranks {
+			// The two engines of a fixture run its three batches (an engine keeps nothing of
+			// a sequence but its KV blocks, which each run writes from position 0).
+			t.Run(fmt.Sprintf("%s/ep%d", name, n), func(t *testing.T) {
+				dir := filepath.Join("..", "..", "testdata", name)
+				opts := tpOptions(lib)
+				g := loadMoEGolden(t, name)
+				one := oneOn(t, dir, opts)
+				opts.ExpertParallel = true
+				ep := tpOn(t, dir, n, opts)
+				for _, fill := range []int{0, 8, 100} {
+					t.Run(fmt.Sprintf("fill%d", fill), func(t *testing.T) {
+						p1, s1, t1 := goldenRun(t, one, g, fill)
+						pn, sn, tn := goldenRun(t, ep, g, fill)
+						if !slices.Equal(t1, tn) {
+							t.Errorf("tokens %v with the experts over %d GPUs, %v on one", tn, n, t1)
+						}
+						V := len(g.promptLogits) / len(g.prompt)
+						worst := 0.0
+						for _, pair := range [][2][]float32{{pn, p1}, {sn, s1}} {
+							for r := 0; r+V <= len(pair[1]); r += V {
+								e := relL2(pair[0][r:r+V], pair[1][r:r+V])
+								worst = max(worst, e)
+								if e > tpRelL2 || math.IsNaN(e) {
+									t.Errorf("logits row %d: relative L2 %.3g with the experts over %d GPUs from one GPU's", r/V, e, n)
+								}
+							}
+						}
+						t.Logf("%s, experts over %d GPUs, beside %d rows: worst relative L2 %.2e from one GPU", name, n, fill, worst)
+					})
+				}
+			})
+		}
+	}
+}

@@ -92,7 +92,7 @@ func cbool(v bool) C.int32_t {
 }
 
 // abiLayout reports the size of each ABI struct this package fills and the offset of
-// each field, by the names gollm.h gives them, for the test that pins them to ABI 15.
+// each field, by the names gollm.h gives them, for the test that pins them to ABI 16.
 func abiLayout() map[string]uintptr {
 	var st C.gollm_stage
 	var f C.gollm_faults
@@ -134,13 +134,16 @@ func abiLayout() map[string]uintptr {
 		"gollm_tuning.tile_blocks": unsafe.Offsetof(tn.tile_blocks), "gollm_tuning.decode_parts": unsafe.Offsetof(tn.decode_parts),
 		"gollm_tuning.skip": unsafe.Offsetof(tn.skip), "gollm_tuning.allreduce_bytes": unsafe.Offsetof(tn.allreduce_bytes),
 		"gollm_tuning.allreduce_timeout_ms": unsafe.Offsetof(tn.allreduce_timeout_ms),
+		"gollm_tuning.allreduce_two_bytes":  unsafe.Offsetof(tn.allreduce_two_bytes),
 		"gollm_allreduce_params":            unsafe.Sizeof(ap), "gollm_allreduce_params.timeout_ms": unsafe.Offsetof(ap.timeout_ms),
 		"gollm_allreduce_result": unsafe.Sizeof(ar), "gollm_allreduce_result.reason": unsafe.Offsetof(ar.reason),
 		"gollm_model_config": unsafe.Sizeof(mc), "gollm_model_config.norm": unsafe.Offsetof(mc.norm),
 		"gollm_model_config.tied_head": unsafe.Offsetof(mc.tied_head),
 		"gollm_model_config.qk_norm":   unsafe.Offsetof(mc.qk_norm), "gollm_model_config.post_norms": unsafe.Offsetof(mc.post_norms),
 		"gollm_model_config.experts": unsafe.Offsetof(mc.experts), "gollm_model_config.shared_inner": unsafe.Offsetof(mc.shared_inner),
-		"gollm_weights_params": unsafe.Sizeof(wp), "gollm_weights_params.config": unsafe.Offsetof(wp.config),
+		"gollm_model_config.expert_first":  unsafe.Offsetof(mc.expert_first),
+		"gollm_model_config.local_experts": unsafe.Offsetof(mc.local_experts),
+		"gollm_weights_params":             unsafe.Sizeof(wp), "gollm_weights_params.config": unsafe.Offsetof(wp.config),
 		"gollm_weights_params.num_stages": unsafe.Offsetof(wp.num_stages), "gollm_weights_params.stages": unsafe.Offsetof(wp.stages),
 		"gollm_weights_params.num_rope_freqs": unsafe.Offsetof(wp.num_rope_freqs),
 		"gollm_weights_params.rope_freqs":     unsafe.Offsetof(wp.rope_freqs),
@@ -149,6 +152,7 @@ func abiLayout() map[string]uintptr {
 		"gollm_engine_params": unsafe.Sizeof(ep), "gollm_engine_params.tuning": unsafe.Offsetof(ep.tuning),
 		"gollm_engine_params.faults": unsafe.Offsetof(ep.faults), "gollm_engine_params.mem_budget": unsafe.Offsetof(ep.mem_budget),
 		"gollm_engine_params.comm": unsafe.Offsetof(ep.comm), "gollm_engine_params.tp_vocab": unsafe.Offsetof(ep.tp_vocab),
+		"gollm_engine_params.kv_dtype": unsafe.Offsetof(ep.kv_dtype), "gollm_engine_params.kv_scales": unsafe.Offsetof(ep.kv_scales),
 	}
 }
 

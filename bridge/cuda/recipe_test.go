@@ -114,15 +114,21 @@ func TestRecipeOfCarriesEveryStage(t *testing.T) {
 	}
 }
 
-// TestABILayoutIsVersion15 pins the structs this package fills to gollm.h's ABI 15 — sizes
+// TestABILayoutIsVersion16 pins the structs this package fills to gollm.h's ABI 16 — sizes
 // and field offsets as x86-64 and arm64 C compilers lay them out —, so that a field added,
 // moved or resized without bumping GOLLM_ABI_VERSION fails here rather than in a library
 // built from another header.
-func TestABILayoutIsVersion15(t *testing.T) {
-	if v := headerABI(); v != 15 {
+func TestABILayoutIsVersion16(t *testing.T) {
+	if v := headerABI(); v != 16 {
 		t.Fatalf("gollm.h has ABI %d: update this test's layout with the version", v)
 	}
 	want := map[string]uintptr{
+		// ABI 16: a share's experts under expert parallelism.
+		"gollm_model_config": 76, "gollm_model_config.expert_first": 68, "gollm_model_config.local_experts": 72,
+		"gollm_weights_params": 152, "gollm_weights_params.config": 8, "gollm_weights_params.num_stages": 84,
+		"gollm_weights_params.stages": 88, "gollm_weights_params.num_rope_freqs": 96,
+		"gollm_weights_params.rope_freqs": 104, "gollm_weights_params.num_weights": 112,
+		"gollm_weights_params.weights": 120, "gollm_weights_params.faults": 128,
 		// ABI 15: what the warm-up's GEMM tuning timed, and how long it took.
 		"gollm_engine_info": 312, "gollm_engine_info.max_seq_len": 300, "gollm_engine_info.warmup_gemm_tuned": 304,
 		"gollm_engine_info.warmup_gemm_tune_ms": 308,
@@ -136,26 +142,25 @@ func TestABILayoutIsVersion15(t *testing.T) {
 		"gollm_stage.experts": 56, "gollm_stage.top_k": 60, "gollm_stage.norm_topk": 64, "gollm_stage.shared": 68,
 		"gollm_faults": 24, "gollm_faults.fail_step": 0, "gollm_faults.fail_mode": 4, "gollm_faults.fail_rank": 8,
 		"gollm_faults.fail_alloc": 16,
-		"gollm_tuning":            32, "gollm_tuning.off": 0, "gollm_tuning.gemv_rows": 4, "gollm_tuning.tiled_rows": 8,
+		"gollm_tuning":            36, "gollm_tuning.off": 0, "gollm_tuning.gemv_rows": 4, "gollm_tuning.tiled_rows": 8,
 		"gollm_tuning.tile_blocks": 12, "gollm_tuning.decode_parts": 16, "gollm_tuning.skip": 20,
 		"gollm_tuning.allreduce_bytes": 24, "gollm_tuning.allreduce_timeout_ms": 28,
-		"gollm_allreduce_params": 32, "gollm_allreduce_params.timeout_ms": 28,
+		"gollm_tuning.allreduce_two_bytes": 32, // ABI 16: the two-shot's smallest payload
+		"gollm_allreduce_params":           32, "gollm_allreduce_params.timeout_ms": 28,
 		"gollm_allreduce_result": 276, "gollm_allreduce_result.reason": 20,
-		"gollm_model_config": 68, "gollm_model_config.norm": 32, "gollm_model_config.tied_head": 44,
+		"gollm_model_config.norm": 32, "gollm_model_config.tied_head": 44,
 		"gollm_model_config.qk_norm": 48, "gollm_model_config.post_norms": 52, "gollm_model_config.experts": 56,
 		"gollm_model_config.shared_inner": 64,
-		"gollm_weights_params":            144, "gollm_weights_params.config": 8, "gollm_weights_params.num_stages": 76,
-		"gollm_weights_params.stages": 80, "gollm_weights_params.num_rope_freqs": 88,
-		"gollm_weights_params.rope_freqs": 96, "gollm_weights_params.num_weights": 104,
-		"gollm_weights_params.weights": 112, "gollm_weights_params.faults": 120,
-		"gollm_engine_params": 120, "gollm_engine_params.tuning": 36, "gollm_engine_params.faults": 72,
+		// ABI 16: the KV pool's element type and an FP8 pool's scales.
+		"gollm_engine_params": 136, "gollm_engine_params.tuning": 36, "gollm_engine_params.faults": 72,
 		"gollm_engine_params.mem_budget": 96, "gollm_engine_params.comm": 104, "gollm_engine_params.tp_vocab": 116,
+		"gollm_engine_params.kv_dtype": 120, "gollm_engine_params.kv_scales": 128,
 		"gollm_step_in": 152, "gollm_step_in.num_allowed": 120, "gollm_step_in.feed": 136, "gollm_step_in.late_allowed": 144,
 	}
 	got := abiLayout()
 	for k, w := range want {
 		if g, ok := got[k]; !ok || g != w {
-			t.Errorf("%s: %d, ABI 15 has %d", k, g, w)
+			t.Errorf("%s: %d, ABI 16 has %d", k, g, w)
 		}
 	}
 	if len(got) != len(want) {
@@ -169,15 +174,16 @@ func TestABILayoutIsVersion15(t *testing.T) {
 func TestTuningCrossesAsItSays(t *testing.T) {
 	z := Tuning{}.c()
 	if z.off != 0 || z.gemv_rows != -1 || z.tiled_rows != -1 || z.tile_blocks != 0 || z.decode_parts != 0 || z.skip != 0 ||
-		z.allreduce_bytes != 0 || z.allreduce_timeout_ms != 0 {
+		z.allreduce_bytes != 0 || z.allreduce_timeout_ms != 0 || z.allreduce_two_bytes != 0 {
 		t.Fatalf("zero Tuning crosses as %+v", z)
 	}
 	all := Tuning{NoPDL: true, NoBulk: true, NoFused: true, NoGrouped: true, NoStream: true, NoTiled: true,
-		NoPromptGraphs: true, NoCtxMMA: true, NoCustomAllReduce: true, NoBLASLt: true, GemvRows: -1, TiledRows: 32, TileBlocks: 2,
-		DecodeParts: 3, Skip: 1 << 7, AllReduceBytes: 65536, AllReduceTimeout: 1500 * time.Millisecond}
+		NoPromptGraphs: true, NoCtxMMA: true, NoCustomAllReduce: true, NoBLASLt: true, NoTPCandidates: true, GemvRows: -1,
+		TiledRows: 32, TileBlocks: 2, DecodeParts: 3, Skip: 1 << 7, AllReduceBytes: 65536,
+		AllReduceTimeout: 1500 * time.Millisecond, AllReduceTwoBytes: -5}
 	c := all.c()
-	if c.off != 511+1024 || c.gemv_rows != 0 || c.tiled_rows != 32 || c.tile_blocks != 2 || c.decode_parts != 3 || c.skip != 128 ||
-		c.allreduce_bytes != 65536 || c.allreduce_timeout_ms != 1500 {
+	if c.off != 511|1024|2048 || c.gemv_rows != 0 || c.tiled_rows != 32 || c.tile_blocks != 2 || c.decode_parts != 3 || c.skip != 128 ||
+		c.allreduce_bytes != 65536 || c.allreduce_timeout_ms != 1500 || c.allreduce_two_bytes != -1 {
 		t.Fatalf("%+v crosses as %+v", all, c)
 	}
 }
@@ -188,7 +194,7 @@ func TestTuningFromEnv(t *testing.T) {
 	names := []string{"GOLLM_CUDA_PDL", "GOLLM_CUDA_BULK", "GOLLM_CUDA_FUSED", "GOLLM_CUDA_GROUPED", "GOLLM_CUDA_STREAM",
 		"GOLLM_CUDA_TILED", "GOLLM_CUDA_PROMPT_GRAPHS", "GOLLM_CUDA_CTX_MMA", "GOLLM_CUDA_GEMV_ROWS", "GOLLM_CUDA_TILED_ROWS",
 		"GOLLM_CUDA_TILE_BLOCKS", "GOLLM_CUDA_DECODE_PARTS", "GOLLM_CUDA_SKIP", "GOLLM_CUDA_CUSTOM_AR", "GOLLM_CUDA_AR_BYTES",
-		"GOLLM_CUDA_BLASLT"}
+		"GOLLM_CUDA_BLASLT", "GOLLM_CUDA_AR_TWO_BYTES", "GOLLM_CUDA_TP_CANDIDATES"}
 	for _, name := range names {
 		t.Setenv(name, "")
 	}
@@ -198,12 +204,13 @@ func TestTuningFromEnv(t *testing.T) {
 	for k, v := range map[string]string{"GOLLM_CUDA_GROUPED": "0", "GOLLM_CUDA_STREAM": "0", "GOLLM_CUDA_TILED": "0",
 		"GOLLM_CUDA_PDL": "1", "GOLLM_CUDA_GEMV_ROWS": "0", "GOLLM_CUDA_PROMPT_GRAPHS": "0", "GOLLM_CUDA_CTX_MMA": "0",
 		"GOLLM_CUDA_TILED_ROWS": "8", "GOLLM_CUDA_TILE_BLOCKS": "2", "GOLLM_CUDA_DECODE_PARTS": "1", "GOLLM_CUDA_SKIP": "256",
-		"GOLLM_CUDA_CUSTOM_AR": "0", "GOLLM_CUDA_AR_BYTES": "131072", "GOLLM_CUDA_BLASLT": "0"} {
+		"GOLLM_CUDA_CUSTOM_AR": "0", "GOLLM_CUDA_AR_BYTES": "131072", "GOLLM_CUDA_BLASLT": "0", "GOLLM_CUDA_AR_TWO_BYTES": "-1",
+		"GOLLM_CUDA_TP_CANDIDATES": "0"} {
 		t.Setenv(k, v)
 	}
 	want := Tuning{NoGrouped: true, NoStream: true, NoTiled: true, NoPromptGraphs: true, NoCtxMMA: true, GemvRows: -1,
 		TiledRows: 8, TileBlocks: 2, DecodeParts: 1, Skip: 256, NoCustomAllReduce: true, AllReduceBytes: 131072,
-		NoBLASLt: true}
+		NoBLASLt: true, AllReduceTwoBytes: -1, NoTPCandidates: true}
 	if got := TuningFromEnv(); got != want {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}

@@ -217,7 +217,7 @@ func NewTensorParallel(ckpt *model.Checkpoint, devices []int, opts Options) (*TP
 	if ckpt == nil {
 		return nil, errors.New("cuda: NewTensorParallel: nil checkpoint")
 	}
-	if _, err := ckpt.Config.TensorParallel(len(devices)); err != nil {
+	if _, err := ckpt.Config.Parallel(len(devices), opts.ExpertParallel); err != nil {
 		return nil, fmt.Errorf("cuda: %s: %w", ckpt.Dir, err)
 	}
 	ws := make([]*Weights, len(devices))
@@ -266,6 +266,8 @@ func NewTensorParallelEngine(ws []*Weights, opts Options) (*TPEngine, error) {
 			return nil, errors.New("cuda: NewTensorParallelEngine: the shares were loaded through different libraries")
 		case w.dir != ws[0].dir || w.dtype != ws[0].dtype:
 			return nil, fmt.Errorf("cuda: NewTensorParallelEngine: share %d is of %s (%s), share 0 of %s (%s)", r, w.dir, w.dtype, ws[0].dir, ws[0].dtype)
+		case w.ep != ws[0].ep:
+			return nil, fmt.Errorf("cuda: NewTensorParallelEngine: share %d's experts are split with expert parallelism %v, share 0's %v", r, w.ep, ws[0].ep)
 		}
 		devices[r] = w.device
 	}

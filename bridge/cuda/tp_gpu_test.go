@@ -240,6 +240,9 @@ func TestGPUTensorParallelMatchesOneGPU(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/tp%d%s", name, n, v.suffix), func(t *testing.T) {
 				opts := tpOptions(lib)
 				opts.Tuning.NoCustomAllReduce = v.nccl
+				if v.two {
+					opts.Tuning.AllReduceTwoBytes = 16
+				}
 				tp, one, ref := tpOn(t, dir, n, opts), oneOn(t, dir, opts), cpuOn(t, dir)
 				V := one.Info().VocabSize
 				if tp.Info().VocabSize != V || tp.Info().NumBlocks < 64 {
@@ -313,15 +316,17 @@ func TestGPUTensorParallelMatchesOneGPU(t *testing.T) {
 }
 
 // tpVariant is a rank count, and whether NCCL all-reduces everything (the custom
-// all-reduce off).
+// all-reduce off) or the custom all-reduce runs every call in two shots.
 type tpVariant struct {
-	n      int
-	nccl   bool
-	suffix string
+	n         int
+	nccl, two bool
+	suffix    string
 }
 
-// tpVariants are each rank count with the custom all-reduce, and for llama-tiny the most
-// ranks with NCCL alone too, so that both paths stay checked.
+// tpVariants are each rank count with the custom all-reduce, for llama-tiny the most
+// ranks with NCCL alone too, and for llama-tiny (RMSNorm) and gpt2-tiny (LayerNorm,
+// biases) the most ranks with every all-reduce in two shots, so that every path stays
+// checked.
 func tpVariants(name string, ways []int) []tpVariant {
 	var out []tpVariant
 	for _, n := range ways {
@@ -329,6 +334,9 @@ func tpVariants(name string, ways []int) []tpVariant {
 	}
 	if n := ways[len(ways)-1]; n > 1 && name == "llama-tiny" {
 		out = append(out, tpVariant{n: n, nccl: true, suffix: "/nccl"})
+	}
+	if n := ways[len(ways)-1]; n > 1 && (name == "llama-tiny" || name == "gpt2-tiny") {
+		out = append(out, tpVariant{n: n, two: true, suffix: "/two-shot"})
 	}
 	return out
 }

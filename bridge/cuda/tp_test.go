@@ -258,3 +258,24 @@ func TestShutLeavesEverythingAfterAStuckAbort(t *testing.T) {
 		t.Fatal("rank 1's worker did not run a job after shut")
 	}
 }
+
+// TestExpertParallelIsRefusedBeforeLoading: expert parallelism of a model without experts,
+// or of shares that disagree on it, is refused naming why, before any GPU is touched.
+func TestExpertParallelIsRefusedBeforeLoading(t *testing.T) {
+	ck, err := model.Open(filepath.Join("..", "..", "testdata", "llama-tiny"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	opts := Options{ExpertParallel: true, Library: "/nonexistent/libgollm_cuda.so"}
+	if _, err := NewTensorParallel(ck, []int{0, 1}, opts); err == nil || !strings.Contains(err.Error(), "the model has no mixture of experts") {
+		t.Errorf("NewTensorParallel of a dense model: %v", err)
+	}
+	if _, err := LoadShard(ck, 2, 0, opts); err == nil || !strings.Contains(err.Error(), "the model has no mixture of experts") {
+		t.Errorf("LoadShard of a dense model: %v", err)
+	}
+	a, b := &Weights{tpSize: 2, tpRank: 0, ep: true}, &Weights{tpSize: 2, tpRank: 1, ep: false}
+	if _, err := NewTensorParallelEngine([]*Weights{a, b}, Options{}); err == nil || !strings.Contains(err.Error(), "expert parallelism") {
+		t.Errorf("shares that disagree: %v", err)
+	}
+}

@@ -53,6 +53,8 @@ type Engine struct {
 	s scratch
 	// check validates each batch's structure before it runs.
 	check *engine.BatchChecker
+	// actFP8 is QuantizeActivationsFP8's row count (-1: off).
+	actFP8 int
 }
 
 // rowInfo places one new token of the batch.
@@ -189,6 +191,7 @@ func New(w *Weights, kv engine.KVConfig) (*Engine, error) {
 		recipe:    recipe,
 		freqs:     ropeFreqs(recipe),
 		longFreqs: longRopeFreqs(recipe),
+		actFP8:    -1,
 		info: engine.Info{
 			VocabSize:      cfg.VocabSize,
 			MaxSeqLen:      maxLen,
@@ -450,6 +453,7 @@ func (e *Engine) stage(b *engine.Batch, st *model.Stage) {
 	case model.StageQKV:
 		l := &w.layers[st.Layer]
 		e.normRows(s.xn.rows, s.h.rows)
+		e.quantFP8Rows(s.xn.rows)
 		l.qkv.mul(s.qkv.rows, s.xn.rows, l.qkvB, &s.mm)
 	case model.StageRotary:
 		e.rotate(b, st)
@@ -463,6 +467,7 @@ func (e *Engine) stage(b *engine.Batch, st *model.Stage) {
 		e.attention(b, st)
 	case model.StageOut:
 		l := &w.layers[st.Layer]
+		e.quantFP8Rows(s.att.rows)
 		l.out.mul(s.tmp.rows, s.att.rows, l.outB, &s.mm)
 	case model.StageMLP:
 		e.mlp(st)
@@ -487,6 +492,7 @@ func (e *Engine) mlp(st *model.Stage) {
 	}
 	fn := activationOf(st.Act)
 	e.normRows(s.xn.rows, s.h.rows)
+	e.quantFP8Rows(s.xn.rows)
 	l.up.mul(s.up.rows, s.xn.rows, l.upB, &s.mm)
 	parallelFor(n, 1, max(1, 4096/cfg.Inner), func(_, lo, hi int) {
 		for r := lo; r < hi; r++ {
@@ -497,6 +503,7 @@ func (e *Engine) mlp(st *model.Stage) {
 			}
 		}
 	})
+	e.quantFP8Rows(act)
 	l.down.mul(s.tmp.rows, act, l.downB, &s.mm)
 }
 

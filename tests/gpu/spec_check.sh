@@ -16,7 +16,7 @@
 #      host-verified), TestGPUSpeculationKeepsGreedyOutput (prompt lookup and a draft model,
 #      chained, give the greedy output through the batch manager, overlap on and off), and
 #      the host-side tests of the rows' layout and the ABI (TestCertainProposals…,
-#      TestProposalsComeBack…, TestABILayoutIsVersion15);
+#      TestProposalsComeBack…, TestABILayoutIsVersion16);
 #   3. bench/specbench -engine gpu (overlap schedule on, as served; OVERLAP=off as the rows
 #      of 2026-11-27-speculative-gpu-h200.jsonl ran), speculation off, adaptive
 #      (speculative_adaptive true, as served) and pinned (false) in turn, ROUNDS (5)
@@ -78,7 +78,7 @@ fi
 
 # 2. Correctness.
 t0=$SECONDS
-tests='TestGPUVerifyRowsMatchOneTokenSteps|TestGPUSpeculationKeepsGreedyOutput|TestCertainProposalsAreSampledInRowsOnTheGPU|TestProposalsComeBackAsRowsAndAreVerifiedOnTheHost|TestRowsBesideALateMask|TestABILayoutIsVersion15'
+tests='TestGPUVerifyRowsMatchOneTokenSteps|TestGPUSpeculationKeepsGreedyOutput|TestCertainProposalsAreSampledInRowsOnTheGPU|TestProposalsComeBackAsRowsAndAreVerifiedOnTheHost|TestRowsBesideALateMask|TestABILayoutIsVersion16'
 (cd "$root/bridge/cuda" && GOLLM_CUDA_LIB=$lib timeout 240 "$w/bin/cudatest" -test.count=1 -test.v -test.run "$tests" \
   > "$out/spec-verify.log" 2>&1)
 echo "Go tests: $((SECONDS - t0)) s"

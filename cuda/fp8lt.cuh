@@ -1,0 +1,331 @@
+// fp8lt.cuh — many-row FP8 projections on FP8 tensor cores through cuBLASLt's block
+// scaling (cuBLASLt ≥ 12.9, Hopper): y [m][out] fp32 = dequant(xq) · dequant(W)ᵀ, where
+//   W   float8_e4m3fn [out][in] (the arena's, fp8.cuh) with a scale a 128×128 block,
+//   xq  float8_e4m3fn [m][in], x quantized a row at a time in 1×128 groups along in by
+//       fp8_quant_rows_kernel, each group's scale amax / 448 (dynamic, fp32).
+// In cuBLASLt's column-major terms the product is D [out × m] = Wᵀ·x: A = W (transposed,
+// lda = in, scale mode BLK128x128_32F), B = xq (lda = in, VEC128_32F), D fp32 (ld = out),
+// or, where this cuBLASLt has no fp32 D for block scaling, bf16 into a buffer that
+// fp8_widen_kernel widens into y (the Blas path's epilogues read fp32).
+// Scale layouts (cuBLASLt's, as PyTorch's _scaled_mm checks them for this recipe):
+//   A's blocks [ceil(out/128)][round_up(ceil(in/128), 4)]: block (ob, kb) at
+//     ob · round_up(Kb, 4) + kb — built at set-up from the arena's per-row scales, for
+//     weights whose 128-row blocks share one scale (128×128 block and per-tensor
+//     checkpoints);
+//   or, for weights whose rows within a block differ (compressed-tensors' per-channel
+//     scales), A in VEC128_32F too: its groups [ceil(in/128)][out], (o, kb) at
+//     kb · out + o, the arena's scales transposed.
+//   B's groups [ceil(in/128)][m]: group (r, kb) at kb · m + r (row index fastest).
+// cuBLAS's docs ("128-element 1D and 128x128 2D block scaling") allow either operand
+// either mode (not both 128×128) and D in fp32, bf16 or fp16; the heuristic needs both
+// scale pointers set before it is asked (bench/fp8probe checks all this on a GPU).
+// Unlike fp8.cuh's weight-only kernels, this path rounds the activations to e4m3 (W8A8, as
+// transformers' fine-grained FP8 and TensorRT-LLM do): every step of more than
+// kFp8GemvRows rows whose shape has an algorithm takes it, whatever is faster, so that
+// the numerics of a shape never hang on a timing. Each shape (rows m of gemm_rows' set,
+// in, out) gets its algorithm at the warm-up: the heuristic's first candidates timed, the
+// fastest kept, so that a graph capture meets a fixed algorithm and the engine's fixed
+// workspace. Shapes the
+// library has no algorithm for (an older cuBLASLt, another architecture, widths that are
+// not multiples of 16) keep fp8.cuh's kernels; the first such shape is reported once on
+// stderr.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_fp8.h>
+
+#include <cstdio>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "common.cuh"
+#include "fp8.cuh"
+#include "internal.h"
+#include "sizes.h"
+
+namespace gollm {
+
+constexpr float kFp8Max = 448.f;  // the largest finite e4m3 value
+constexpr int kFp8LtCandidates = 4;  // heuristic candidates timed a shape
+
+// fp8_quant_rows_kernel: grid ceil(m · G / 8), block 256, a warp a (row, 128-group) pair:
+// xq [m][in] e4m3 = x / s, s [G][m] = amax / 448 of the group (1 where the group is all
+// zeros). Rows n…m − 1 (gemm_rows' padding) are written as zeros, so that whatever the
+// input buffer holds there cannot make the product's padding rows Inf or NaN.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    fp8_quant_rows_kernel(const T* __restrict__ x, uint8_t* __restrict__ xq, float* __restrict__ s, int n,
+                          int m, int in) {
+  griddep_wait();
+  const int G = (in + kFp8Group - 1) / kFp8Group;
+  const int wid = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+  if (wid >= m * G) return;
+  const int r = wid / G, g = wid % G;
+  const int k = g * kFp8Group + lane * 4;  // four columns a lane (in is a multiple of 16)
+  float v[4] = {0.f, 0.f, 0.f, 0.f};
+  if (r < n && k < in) {
+    const uint2 u = *reinterpret_cast<const uint2*>(x + (size_t)r * in + k);
+    const T* p = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[i] = to_f32(p[i]);
+  }
+  float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));
+  const float sc = a > 0.f ? a / kFp8Max : 1.f;
+  const float inv = a > 0.f ? kFp8Max / a : 0.f;
+  if (k < in) {
+    const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[0] * inv, v[1] * inv), __NV_SATFINITE, __NV_E4M3);
+    const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[2] * inv, v[3] * inv), __NV_SATFINITE, __NV_E4M3);
+    *reinterpret_cast<uint32_t*>(xq + (size_t)r * in + k) = (uint32_t)lo | ((uint32_t)hi << 16);
+  }
+  if (lane == 0) s[(size_t)g * m + r] = sc;
+}
+
+// Fp8Lt is an engine's cuBLASLt state for its FP8 projections.
+struct Fp8Lt {
+  cublasLtHandle_t lt = nullptr;
+  void* ws = nullptr;  // the engine's cuBLAS workspace (one stream: never in use twice at once)
+  size_t ws_bytes = 0;
+  DevMem xq, xs;  // quantized rows [NG][max in] and their scales [max G][NG]
+  DevMem blk;     // every weight's block scales (the file's comment), one allocation
+  DevMem yb;      // bf16 products [NG][widest out], where cuBLASLt takes no fp32 D (the warm-up allocates it)
+  size_t yb_need = 0;  // its bytes
+  int sms = 1;         // the device's multiprocessors
+  // Scales is a weight's table for cuBLASLt: p null where it has none.
+  struct Scales {
+    const float* p = nullptr;
+    bool vec = false;  // VEC128_32F groups (per-channel weights), else BLK128x128_32F blocks
+  };
+  std::map<const float*, Scales> blocks;  // arena scales (Stage.ws) → their table
+  // A shape's plan: use_lt false keeps fp8.cuh's kernels.
+  struct Plan {
+    bool use_lt = false;
+    bool bf16 = false;   // D in bf16 (lt.yb), widened into y by fp8_widen_kernel
+    bool found = false;  // the heuristic had an algorithm (use_lt false: none of them would run)
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  std::map<std::tuple<int, int, int, bool>, Plan> plans;  // (m, in, out, weights in VEC128)
+  bool reported = false;  // a shape without an algorithm was reported
+  static void drop(Plan& p) {
+    if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+    if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+    if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+    if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+    p.d = p.b = p.a = nullptr, p.desc = nullptr;
+  }
+  ~Fp8Lt() {
+    for (auto& kv : plans) drop(kv.second);
+    if (lt) cublasLtDestroy(lt);
+  }
+};
+
+// fp8lt_status wraps a cuBLASLt call whose failure means "no such algorithm here" rather
+// than a broken step (descriptor set-up, the heuristic): false instead of an error.
+inline bool fp8lt_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
+
+// fp8_widen_kernel: y [count] fp32 = yb [count] bf16 (grid-stride).
+__global__ void fp8_widen_kernel(const __nv_bfloat16* __restrict__ yb, float* __restrict__ y, size_t count) {
+  griddep_wait();
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x)
+    y[i] = __bfloat162float(yb[i]);
+}
+
+// fp8lt_describe builds shape (m, in, out)'s descriptors into p (D in fp32, or bf16 where
+// p.bf16; A's scales VEC128 where vec, else BLK128x128), with the scale pointers sa (A's
+// table) and xs (B's groups) already set: cuBLASLt
+// 13's heuristic refuses a block-scaled descriptor whose scale pointers are unset
+// (CUBLAS_STATUS_INVALID_VALUE, "requires a custom pointer"), and fp8lt_run sets them again
+// for each weight. false where this cuBLASLt does not know the attributes (older than block
+// scaling).
+inline bool fp8lt_describe(Fp8Lt::Plan& p, int m, int in, int out, const float* sa, const float* xs, bool vec) {
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const int32_t ma = vec ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  return fp8lt_ok(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
+         fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) &&
+         fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) &&
+         fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma)) &&
+         fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb)) &&
+         fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa)) &&
+         fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs)) &&
+         fp8lt_ok(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, in, out, in)) &&
+         fp8lt_ok(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, in, m, in)) &&
+         fp8lt_ok(cublasLtMatrixLayoutCreate(&p.d, p.bf16 ? CUDA_R_16BF : CUDA_R_32F, out, m, out));
+}
+
+// fp8lt_run enqueues plan p on (m rows of xq, weights w with blocks sa) into y.
+inline void fp8lt_run(Fp8Lt& lt, const Fp8Lt::Plan& p, const cublasLtMatmulAlgo_t& algo, const uint8_t* w,
+                      const float* sa, float* y, cudaStream_t st) {
+  const void* xs = lt.xs.p;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs));
+  const float one = 1.f, zero = 0.f;
+  void* d = p.bf16 ? lt.yb.p : static_cast<void*>(y);
+  CUBLAS_CHECK(cublasLtMatmul(lt.lt, p.desc, &one, w, p.a, lt.xq.p, p.b, &zero, d, p.d, d, p.d, &algo, lt.ws,
+                              lt.ws_bytes, st));
+}
+
+// fp8lt_widen enqueues the bf16 products' widening into y (plans with p.bf16).
+inline void fp8lt_widen(Fp8Lt& lt, float* y, int m, int out, Stream st) {
+  const size_t count = (size_t)m * out;
+  const int blocks = (int)std::min<size_t>((count + 255) / 256, (size_t)lt.sms * 8);
+  launch("fp8_widen_kernel", fp8_widen_kernel, blocks, 256, 0, st, (const __nv_bfloat16*)lt.yb.p, y, count);
+}
+
+// fp8lt_quant enqueues the quantization of x's n rows (padded to m) into lt.xq, lt.xs.
+template <typename T>
+void fp8lt_quant(Fp8Lt& lt, const T* x, int n, int m, int in, Stream st) {
+  const int G = (in + kFp8Group - 1) / kFp8Group;
+  const int blocks = (int)(((size_t)m * G * 32 + 255) / 256);
+  launch("fp8_quant_rows_kernel", fp8_quant_rows_kernel<T>, blocks, 256, 0, st, x, lt.xq.as<uint8_t>(),
+         lt.xs.as<float>(), n, m, in);
+}
+
+// fp8lt_plan returns shape (m, in, out)'s plan for weights whose table is sa (VEC128
+// groups where vec, else 128×128 blocks), choosing it on its first call: timed where
+// timed (the warm-up), else the heuristic's first candidate (a shape met first inside a
+// graph capture, where nothing may synchronize). w, sa: a weight of the shape to time on;
+// x: rows to time on (the quantization is part of the cuBLASLt path's cost). fp8.cuh's
+// kernels are not among the candidates: they keep the activations in T while this path
+// rounds them to e4m3, so a shape's numerics would hang on a timing.
+template <typename T>
+const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, const uint8_t* w, const float* sa,
+                              bool vec, float* y, cudaStream_t st, bool timed) {
+  const auto key = std::make_tuple(m, in, out, vec);
+  auto it = lt.plans.find(key);
+  if (it != lt.plans.end()) return it->second;
+  Fp8Lt::Plan& p = lt.plans[key];
+  cublasLtMatmulHeuristicResult_t res[kFp8LtCandidates] = {};
+  int found = 0;
+  cublasStatus_t why = CUBLAS_STATUS_SUCCESS;  // the heuristic's status of the last try, for the report
+  // cuBLASLt's block-scaled FP8 (cuBLAS docs, cublasLtMatmul and "128-element 1D and
+  // 128x128 2D block scaling"): TN only on Hopper, compute 32F, scale type 32F, D fp32,
+  // bf16 or fp16, M and N multiples of 4, 16-byte aligned operands: in a multiple of 16,
+  // out of 4 (fp32 D) or 8 (bf16 D). A bf16 D is widened after (while the warm-up may still
+  // allocate its buffer: not inside a capture).
+  for (int bf = 0; bf < 2 && found <= 0; bf++) {
+    Fp8Lt::drop(p);
+    p.bf16 = bf == 1;
+    if (p.bf16 && !lt.yb.p && !timed) break;
+    if (in % 16 != 0 || out % (p.bf16 ? 8 : 4) != 0 || m % 4 != 0 || !fp8lt_describe(p, m, in, out, sa, lt.xs.as<float>(), vec))
+      continue;
+    cublasLtMatmulPreference_t pref = nullptr;
+    if (fp8lt_ok(cublasLtMatmulPreferenceCreate(&pref))) {
+      const size_t wsb = lt.ws_bytes;
+      why = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+      if (fp8lt_ok(why))
+        why = cublasLtMatmulAlgoGetHeuristic(lt.lt, p.desc, p.a, p.b, p.d, p.d, pref, kFp8LtCandidates, res, &found);
+      if (!fp8lt_ok(why)) found = 0;
+      cublasLtMatmulPreferenceDestroy(pref);
+    }
+  }
+  if (found > 0 && p.bf16 && !lt.yb.p) {
+    try {
+      lt.yb.alloc(lt.yb_need, "FP8 GEMM bf16 products");
+    } catch (const Error&) {
+      cudaGetLastError();  // no room beside the KV pool: the mma kernel instead
+      found = 0;
+    }
+  }
+  if (found <= 0) {
+    if (!lt.reported) {
+      lt.reported = true;
+      std::fprintf(stderr,
+                   "gollm: cuBLASLt has no block-scaled FP8 algorithm for %d rows × %d → %d (weights %s, "
+                   "heuristic: %s); FP8 projections of such shapes keep gollm's own kernels\n",
+                   m, in, out, vec ? "VEC128" : "BLK128x128", why == CUBLAS_STATUS_SUCCESS ? "no candidate" : cublas_name(why));
+    }
+    return p;
+  }
+  p.use_lt = p.found = true;
+  p.algo = res[0].algo;
+  if (!timed || found == 1) return p;
+  // Time each candidate, a few runs each after one untimed run.
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  float best = 1e30f;
+  int pick = -1;  // -1: every candidate refused to run (fp8.cuh's kernels then)
+  constexpr int kReps = 5;
+  try {
+    for (int c = 0; c < found; c++) {
+      auto once = [&]() {
+        fp8lt_quant<T>(lt, x, m, m, in, Stream(st, false));
+        fp8lt_run(lt, p, res[c].algo, w, sa, y, st);
+        if (p.bf16) fp8lt_widen(lt, y, m, out, Stream(st, false));
+      };
+      try {
+        once();
+      } catch (const Error& err) {
+        // A candidate cublasLtMatmul refuses (its status, returned at once) is left out; a
+        // CUDA error is the engine's.
+        if (err.code != GOLLM_ERR_CUBLAS) throw;
+        continue;
+      }
+      CUDA_CHECK(cudaEventRecord(e0, st));
+      for (int r = 0; r < kReps; r++) once();
+      CUDA_CHECK(cudaEventRecord(e1, st));
+      CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0.f;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      if (ms < best) best = ms, pick = c;
+    }
+  } catch (...) {
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    throw;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  if (pick < 0)
+    p.use_lt = false;
+  else
+    p.algo = res[pick].algo;
+  return p;
+}
+
+// fp8lt_blocks builds the scale tables of the engine's FP8 weights (each Stage's w and w2
+// with their scales ws, ws2 [rows][ceil(cols/128)]) into lt.blk: 128×128 blocks for those
+// whose 128-row blocks share their scales, else the scales transposed into VEC128 groups
+// (rows a multiple of 4, as cuBLASLt's M; other weights keep fp8.cuh's kernels). Each
+// table starts 16-byte aligned.
+inline void fp8lt_blocks(Fp8Lt& lt, const std::vector<std::tuple<const float*, int, int>>& weights, cudaStream_t st) {
+  std::vector<float> host, all;
+  std::vector<std::tuple<const float*, size_t, bool>> at;  // arena scales → offset in all, VEC128
+  for (const auto& wt : weights) {
+    const float* ws = std::get<0>(wt);
+    const int rows = std::get<1>(wt), cols = std::get<2>(wt);
+    if (!ws || lt.blocks.count(ws)) continue;
+    const int G = (cols + kFp8Group - 1) / kFp8Group, G4 = (G + 3) / 4 * 4, RB = (rows + 127) / 128;
+    host.resize((size_t)rows * G);
+    CUDA_CHECK(cudaMemcpyAsync(host.data(), ws, host.size() * 4, cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    bool uniform = true;
+    for (int r = 0; r < rows && uniform; r++)
+      for (int g = 0; g < G && uniform; g++) uniform = host[(size_t)r * G + g] == host[(size_t)(r / 128 * 128) * G + g];
+    lt.blocks[ws] = Fp8Lt::Scales{};
+    if (!uniform && rows % 4 != 0) continue;
+    const size_t base = all.size();
+    at.emplace_back(ws, base, !uniform);
+    if (uniform) {
+      all.resize(base + (size_t)RB * G4, 1.f);
+      for (int b = 0; b < RB; b++)
+        for (int g = 0; g < G; g++) all[base + (size_t)b * G4 + g] = host[(size_t)b * 128 * G + g];
+    } else {
+      all.resize(base + (size_t)G * rows, 1.f);  // G · rows: a multiple of 4
+      for (int r = 0; r < rows; r++)
+        for (int g = 0; g < G; g++) all[base + (size_t)g * rows + r] = host[(size_t)r * G + g];
+    }
+  }
+  if (all.empty()) return;
+  lt.blk.alloc(all.size() * 4, "FP8 weight scales (cuBLASLt)");
+  CUDA_CHECK(cudaMemcpyAsync(lt.blk.p, all.data(), all.size() * 4, cudaMemcpyHostToDevice, st));
+  CUDA_CHECK(cudaStreamSynchronize(st));
+  for (const auto& a : at) lt.blocks[std::get<0>(a)] = Fp8Lt::Scales{lt.blk.as<float>() + std::get<1>(a), std::get<2>(a)};
+}
+
+}  // namespace gollm
