@@ -41,6 +41,21 @@ for name in sys.argv[3:]:
 PY
 }
 
+# write_config NAME...: only the config.json of write_checkpoint's shapes, in $w/NAME,
+# for gpubench -random-gb (random weights made in GPU memory: nothing written or read).
+write_config() {
+  python3 - "$root/bench" "$w" "$@" <<'PY'
+import os
+import sys
+sys.path.insert(0, sys.argv[1])
+import gpu_peers
+for name in sys.argv[3:]:
+    d = os.path.join(sys.argv[2], name)
+    os.makedirs(d, exist_ok=True)
+    gpu_peers.MODELS[name].to_json_file(os.path.join(d, "config.json"))
+PY
+}
+
 # gpt2_model NAME CHECKPOINT KIND [KEY VALUE]...: the Triton model $w/repo/NAME, the
 # shipped model_repository/gpt2/config.pbtxt pointed at CHECKPOINT, with instance kind
 # KIND (KIND_GPU or KIND_CPU) and the given parameters added.

@@ -6,7 +6,10 @@
 # times (default 2).
 #   RUNS="gpt2-124M:decode_b1_i128_o128,tput_b64_i128_o128 tinyllama-1.1B:decode_b1_i128_o128" \
 #   VARIANTS="GOLLM_CUDA_DECODE_PARTS=1" bash bench/libab.sh CARRY OUTDIR
-# CARRY holds gpubench and the libraries (loose or in bins.tar.xz). Rows go to
+# CARRY holds gpubench and the libraries (loose or in bins.tar.xz), and beside a library
+# libgollm_cuda_NAME.so of another ABI its own gpubench_NAME (bench/libab_points.sh builds
+# such a carry from commits). RANDOM_GB=n gives the models random weights in GPU memory
+# (gpubench -random-gb n, config.json alone) instead of checkpoint files. Rows go to
 # OUTDIR/libab.jsonl with "variant" added (base, the library's NAME, or the setting); a
 # table of the medians per variant is printed last.
 set -uo pipefail
@@ -17,8 +20,15 @@ device_unpack libab "$carry"
 mkdir -p "$out"
 runs=${RUNS:-"gpt2-124M:decode_b1_i128_o128,tput_b64_i128_o128 tinyllama-1.1B:decode_b1_i128_o128,tput_b64_i128_o128"}
 models=$(for r in $runs; do echo "${r%%:*}"; done | sort -u)
-# shellcheck disable=SC2086
-write_checkpoint $models
+rg=()
+if [ -n "${RANDOM_GB:-}" ]; then
+  # shellcheck disable=SC2086
+  write_config $models
+  rg=(-random-gb "$RANDOM_GB")
+else
+  # shellcheck disable=SC2086
+  write_checkpoint $models
+fi
 lim=${STAGE_S:-120}
 variants="base"
 for l in $(cd "$w/bin" && ls libgollm_cuda_*.so 2> /dev/null); do
@@ -28,16 +38,16 @@ done
 variants="$variants ${VARIANTS:-}"
 for round in $(seq "${ROUNDS:-2}"); do
   for v in $variants; do
-    lib=libgollm_cuda.so envs=()
+    lib=libgollm_cuda.so envs=() gb=$w/bin/gpubench
     case $v in
       base) ;;
       *=*) IFS=+ read -ra envs <<< "$v" ;;
-      *) lib=libgollm_cuda_$v.so ;;
+      *) lib=libgollm_cuda_$v.so && [ -x "$w/bin/gpubench_$v" ] && gb=$w/bin/gpubench_$v ;;
     esac
     for r in $runs; do
       m=${r%%:*} wl=${r#*:}
-      env "${envs[@]}" timeout "$lim" "$w/bin/gpubench" -ckpt "$w/$m" -model "$m" -lib "$w/bin/$lib" \
-        -workloads "$wl" -reps 3 2> /dev/null | tag_rows variant "$v" round "$round" >> "$out/libab.jsonl"
+      env ${envs[@]+"${envs[@]}"} timeout "$lim" "$gb" -ckpt "$w/$m" -model "$m" -lib "$w/bin/$lib" \
+        -workloads "$wl" -reps 3 ${rg[@]+"${rg[@]}"} 2> /dev/null | tag_rows variant "$v" round "$round" >> "$out/libab.jsonl"
     done
   done
 done
