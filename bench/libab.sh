@@ -9,7 +9,8 @@
 # CARRY holds gpubench and the libraries (loose or in bins.tar.xz), and beside a library
 # libgollm_cuda_NAME.so of another ABI its own gpubench_NAME (bench/libab_points.sh builds
 # such a carry from commits). RANDOM_GB=n gives the models random weights in GPU memory
-# (gpubench -random-gb n, config.json alone) instead of checkpoint files. Rows go to
+# (gpubench -random-gb n, config.json alone) instead of checkpoint files;
+# GPUBENCH_FLAGS are added to every gpubench run (-quantization fp8, say). Rows go to
 # OUTDIR/libab.jsonl with "variant" added (base, the library's NAME, or the setting); a
 # table of the medians per variant is printed last.
 set -uo pipefail
@@ -47,7 +48,7 @@ for round in $(seq "${ROUNDS:-2}"); do
     for r in $runs; do
       m=${r%%:*} wl=${r#*:}
       env ${envs[@]+"${envs[@]}"} timeout "$lim" "$gb" -ckpt "$w/$m" -model "$m" -lib "$w/bin/$lib" \
-        -workloads "$wl" -reps 3 ${rg[@]+"${rg[@]}"} 2> /dev/null | tag_rows variant "$v" round "$round" >> "$out/libab.jsonl"
+        -workloads "$wl" -reps 3 ${rg[@]+"${rg[@]}"} ${GPUBENCH_FLAGS:-} 2> /dev/null | tag_rows variant "$v" round "$round" >> "$out/libab.jsonl"
     done
   done
 done

@@ -8,6 +8,8 @@
 #   bash bench/libab_points.sh OUT BASE POINT...
 # then on the GPU machine, carrying OUT:
 #   RANDOM_GB=16 RUNS="llama2-7B:decode_b1_i128_o128" bash bench/libab.sh OUT OUTDIR
+#   GPUBENCH_FLAGS="-quantization fp8" RANDOM_GB=20 RUNS="llama3.1-8B:decode_b1_i128_o128" \
+#     bash bench/libab.sh OUT OUTDIR
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$1 base=$2
