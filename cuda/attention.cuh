@@ -409,8 +409,12 @@ __device__ void decode_attend(const float* __restrict__ qkv, T* __restrict__ att
     out[d] = from_f32<T>(kv_vscale<K>(merge_parts(partial, part_ml, pi, active, D, d), g));
 }
 
+// Two blocks a multiprocessor (at most 128 registers a thread): decode_splits sizes a
+// small step's grid at up to four blocks a multiprocessor, and at one block resident a
+// batch-1 step's grid runs in two waves. Templated on the pool's type, the short layout
+// otherwise took 171 registers.
 template <typename T, typename K, bool kPre, bool kCap = false, bool kShort = false>
-__global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(
+__global__ void __launch_bounds__(kDecodeThreads, 2) attention_decode_kernel(
     const float* __restrict__ qkv, T* __restrict__ att, const K* __restrict__ kv,
     const int32_t* __restrict__ dec_rows, const int32_t* __restrict__ row_pos,
     const int32_t* __restrict__ row_seq, const DevSeq* __restrict__ seqs,
