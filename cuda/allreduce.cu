@@ -131,6 +131,20 @@ void launch_ar(const ArArgs& a, const float* part, float* h, const float* bias, 
            Stream(st, false), a, part, h, bias, xn, gamma, beta, rows, hidden, eps, rms, add);
 }
 
+// ar_enter holds the communicators' guard for the caller's launch, refusing an engine
+// whose communicators were aborted.
+std::shared_lock<std::shared_timed_mutex> ar_enter(gollm_engine* e) {
+  std::shared_lock<std::shared_timed_mutex> lk(e->comm->guard);
+  if (e->comm->aborted.load())
+    throw Error(GOLLM_ERR_NCCL, "tensor parallel rank " + std::to_string(e->tp_rank) +
+                                    ": the communicators were aborted; the engine cannot run again");
+  return lk;
+}
+
+// vocab_share is how many of this rank's vr LM head rows are vocabulary (the last rank's
+// shard may run past it).
+int vocab_share(const gollm_engine* e, int vr) { return std::max(0, std::min(vr, e->vocab - e->tp_rank * vr)); }
+
 // ar_kind is 0 where the engine's custom all-reduce does not take rows x hidden of psize,
 // 1 where its one-shot does, 2 where its two-shot does. Every rank decides alike.
 int ar_kind(const gollm_engine* e, int rows, int hidden, size_t psize) {
@@ -153,10 +167,7 @@ template <typename T>
 void tp_reduce_norm(gollm_engine* e, const float* part, float* h, const float* bias, T* xn,
                     const float* gamma, const float* beta, int rows, int hidden, float eps,
                     bool rms, bool add, bool f32) {
-  std::shared_lock<std::shared_timed_mutex> lk(e->comm->guard);
-  if (e->comm->aborted.load())
-    throw Error(GOLLM_ERR_NCCL, "tensor parallel rank " + std::to_string(e->tp_rank) +
-                                    ": the communicators were aborted; the engine cannot run again");
+  const auto lk = ar_enter(e);
   ArArgs a = ar_args(*e->comm->peer, e->tp_rank, e->ar_timeout_ns);
   bool two = ar_kind(e, rows, hidden, f32 ? 4 : sizeof(T)) == 2;
 #ifdef GOLLM_MEASURE
@@ -181,12 +192,9 @@ template void tp_reduce_norm<__nv_bfloat16>(gollm_engine*, const float*, float*,
 void tp_greedy(gollm_engine* e, const float* part, const int32_t* samp_seq, const int32_t* samp_row,
                int entries, int vr) {
   if (entries == 0) return;
-  std::shared_lock<std::shared_timed_mutex> lk(e->comm->guard);
-  if (e->comm->aborted.load())
-    throw Error(GOLLM_ERR_NCCL, "tensor parallel rank " + std::to_string(e->tp_rank) +
-                                    ": the communicators were aborted; the engine cannot run again");
+  const auto lk = ar_enter(e);
   const ArArgs a = ar_args(*e->comm->peer, e->tp_rank, e->ar_timeout_ns);
-  const int first = e->tp_rank * vr, valid = std::max(0, std::min(vr, e->vocab - first));
+  const int first = e->tp_rank * vr, valid = vocab_share(e, vr);
   launch("ar_greedy_kernel", ar_greedy_kernel, std::min(entries, kArBlocks), kArThreads, 0,
          Stream(e->stream, false), a, part, samp_seq, samp_row, e->dtok.as<int32_t>(), e->dlp.as<float>(),
          entries, vr, valid, first);
@@ -210,12 +218,9 @@ bool tp_cand_fits(const gollm_engine* e, int entries) {
 void tp_sample(gollm_engine* e, const float* part, const int32_t* samp_seq, const int32_t* samp_row,
                const DevSeq* seqs, int entries, int vr) {
   if (entries == 0) return;
-  std::shared_lock<std::shared_timed_mutex> lk(e->comm->guard);
-  if (e->comm->aborted.load())
-    throw Error(GOLLM_ERR_NCCL, "tensor parallel rank " + std::to_string(e->tp_rank) +
-                                    ": the communicators were aborted; the engine cannot run again");
+  const auto lk = ar_enter(e);
   const ArArgs a = ar_args(*e->comm->peer, e->tp_rank, e->ar_timeout_ns);
-  const int first = e->tp_rank * vr, valid = std::max(0, std::min(vr, e->vocab - first));
+  const int first = e->tp_rank * vr, valid = vocab_share(e, vr);
   const int nc = e->tp_size * kTpCandK;
   // tp_gather (unused by these steps): zfull first (8-byte aligned), then rows and ids.
   char* base = e->tp_gather.as<char>();

@@ -87,6 +87,50 @@ __device__ bool ar_wait(const ArArgs& a, const uint32_t* flag, uint32_t epoch, i
   }
 }
 
+// ar_meet is block b's handshake with the peers on flags (ArArgs.flags, or flags2 for the
+// two-shot's second): thread t < n raises this block's flag in rank t's memory, then waits
+// for rank t's in this rank's. The release orders the block's stores (ordered before it by
+// the barrier) before the flag; the acquire and the barrier after order the peers' stores
+// before the block's loads. bad, the block's shared word (0 at the kernel's start), is set
+// where a peer never came (ar_wait set the error word): the step fails.
+__device__ __forceinline__ void ar_meet(const ArArgs& a, uint32_t* const* flags, int b, uint32_t epoch, int& bad) {
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t < a.n && t != a.rank) {
+    ar_st_release(flags[t] + a.rank * kArBlocks + b, epoch);
+    if (!ar_wait(a, flags[a.rank] + t * kArBlocks + b, epoch, t)) bad = 1;
+  }
+  __syncthreads();
+}
+
+// ar_meet_first is ar_meet on ArArgs.flags, the block's epoch then recorded whether or not
+// every peer came; false where one did not.
+__device__ __forceinline__ bool ar_meet_first(const ArArgs& a, int b, uint32_t epoch, int& bad) {
+  ar_meet(a, a.flags, b, epoch, bad);
+  if (threadIdx.x == 0) a.counter[b] = epoch;
+  return !bad;
+}
+
+// ar_put_rows writes block b's rows of part (rows b, b + G, …: the j-th of them at row j)
+// into mine, the block's region of this rank's buffer, rounded to the payload type P.
+template <typename P>
+__device__ __forceinline__ void ar_put_rows(P* mine, const float* part, int n_rows, int hidden, int b, int G) {
+  constexpr int W = ArVec<P>::W;
+  const int nv = hidden / W;
+  for (int r = b, j = 0; r < n_rows; r += G, j++) {
+    const float* src = part + (int64_t)r * hidden;
+    for (int v = threadIdx.x; v < nv; v += blockDim.x) {
+      float x[W];
+#pragma unroll
+      for (int i = 0; i < W; i += 4) {
+        const float4 q = *reinterpret_cast<const float4*>(src + v * W + i);
+        x[i] = q.x, x[i + 1] = q.y, x[i + 2] = q.z, x[i + 3] = q.w;
+      }
+      ar_store<P>(mine + (int64_t)j * hidden + v * W, x);
+    }
+  }
+}
+
 // ar_residual is four elements of the new residual stream: (h + sum) + bias, or sum + bias
 // without add. ar_norm_acc adds o's squares (RMSNorm) or values (LayerNorm) to s. Both
 // round each operation (no contraction), so that the one-shot and two-shot kernels, which
@@ -168,33 +212,9 @@ __global__ void __launch_bounds__(kArThreads)
   const uint32_t epoch = a.counter[b] + 1;
   const size_t off = (size_t)(epoch & 1) * a.slot + (size_t)b * (a.slot / kArBlocks);
   if (threadIdx.x == 0) bad = 0;
-  // This rank's rows into its own buffer, rounded to the payload type.
-  P* mine = reinterpret_cast<P*>(a.data[a.rank] + off);
-  for (int r = b, j = 0; r < n_rows; r += G, j++) {
-    const float* src = part + (int64_t)r * hidden;
-    for (int v = threadIdx.x; v < nv; v += blockDim.x) {
-      float x[W];
-#pragma unroll
-      for (int i = 0; i < W; i += 4) {
-        const float4 q = *reinterpret_cast<const float4*>(src + v * W + i);
-        x[i] = q.x, x[i + 1] = q.y, x[i + 2] = q.z, x[i + 3] = q.w;
-      }
-      ar_store<P>(mine + (int64_t)j * hidden + v * W, x);
-    }
-  }
-  __syncthreads();
-  // Thread t < n raises this block's flag in rank t's memory, then waits for rank t's in
-  // this rank's: the release orders the block's stores (ordered before it by the barrier)
-  // before the flag; the acquire and the barrier after order the peers' payload before
-  // this block's loads.
-  const int t = threadIdx.x;
-  if (t < a.n && t != a.rank) {
-    ar_st_release(a.flags[t] + a.rank * kArBlocks + b, epoch);
-    if (!ar_wait(a, a.flags[a.rank] + t * kArBlocks + b, epoch, t)) bad = 1;
-  }
-  __syncthreads();
-  if (t == 0) a.counter[b] = epoch;
-  if (bad) return;  // the step fails (the host reads the error word); h is left as it is
+  ar_put_rows<P>(reinterpret_cast<P*>(a.data[a.rank] + off), part, n_rows, hidden, b, G);
+  // A peer that never came fails the step (the host reads the error word); h stays.
+  if (!ar_meet_first(a, b, epoch, bad)) return;
   for (int r = b, j = 0; r < n_rows; r += G, j++) {
     float* hr = h + (int64_t)r * hidden;
     float s = 0.f;
@@ -254,28 +274,9 @@ __global__ void __launch_bounds__(kArThreads)
   const size_t off_sum = off + (size_t)rpb * hidden * sizeof(P);
   const int lo = (int)((int64_t)a.rank * nv / a.n), hi = (int)((int64_t)(a.rank + 1) * nv / a.n);
   if (threadIdx.x == 0) bad = 0;
-  P* mine = reinterpret_cast<P*>(a.data[a.rank] + off);
-  for (int r = b, j = 0; r < n_rows; r += G, j++) {
-    const float* src = part + (int64_t)r * hidden;
-    for (int v = threadIdx.x; v < nv; v += blockDim.x) {
-      float x[W];
-#pragma unroll
-      for (int i = 0; i < W; i += 4) {
-        const float4 q = *reinterpret_cast<const float4*>(src + v * W + i);
-        x[i] = q.x, x[i + 1] = q.y, x[i + 2] = q.z, x[i + 3] = q.w;
-      }
-      ar_store<P>(mine + (int64_t)j * hidden + v * W, x);
-    }
-  }
-  __syncthreads();
-  const int t = threadIdx.x;
-  if (t < a.n && t != a.rank) {
-    ar_st_release(a.flags[t] + a.rank * kArBlocks + b, epoch);
-    if (!ar_wait(a, a.flags[a.rank] + t * kArBlocks + b, epoch, t)) bad = 1;
-  }
-  __syncthreads();
-  if (t == 0) a.counter[b] = epoch;
-  if (bad) return;  // the step fails (the host reads the error word); h is left as it is
+  ar_put_rows<P>(reinterpret_cast<P*>(a.data[a.rank] + off), part, n_rows, hidden, b, G);
+  // A peer that never came fails the step (the host reads the error word); h stays.
+  if (!ar_meet_first(a, b, epoch, bad)) return;
   float* sums = reinterpret_cast<float*>(a.data[a.rank] + off_sum);
   for (int r = b, j = 0; r < n_rows; r += G, j++) {
     float* hr = h + (int64_t)r * hidden;
@@ -302,12 +303,7 @@ __global__ void __launch_bounds__(kArThreads)
     }
   }
   // The same handshake on the second flags: the sums before the peers read them.
-  __syncthreads();
-  if (t < a.n && t != a.rank) {
-    ar_st_release(a.flags2[t] + a.rank * kArBlocks + b, epoch);
-    if (!ar_wait(a, a.flags2[a.rank] + t * kArBlocks + b, epoch, t)) bad = 1;
-  }
-  __syncthreads();
+  ar_meet(a, a.flags2, b, epoch, bad);
   if (bad) return;
   for (int r = b, j = 0; r < n_rows; r += G, j++) {
     float* hr = h + (int64_t)r * hidden;
@@ -391,16 +387,9 @@ __global__ void __launch_bounds__(kArThreads)
       mine[j] = make_float4(bv, __int_as_float(bi), sum, 0.f);
     }
   }
-  __syncthreads();
-  const int t = threadIdx.x;
-  if (t < a.n && t != a.rank) {
-    ar_st_release(a.flags[t] + a.rank * kArBlocks + b, epoch);
-    if (!ar_wait(a, a.flags[a.rank] + t * kArBlocks + b, epoch, t)) bad = 1;
-  }
-  __syncthreads();
-  if (t == 0) a.counter[b] = epoch;
-  if (bad) return;
+  if (!ar_meet_first(a, b, epoch, bad)) return;
   // A thread an entry: the ranks' triples merged in rank order.
+  const int t = threadIdx.x;
   for (int e = b + G * t, j = t; e < entries; e += G * blockDim.x, j += blockDim.x) {
     const int s = samp_seq[e];
     if (s < 0) continue;
@@ -498,15 +487,7 @@ __global__ void __launch_bounds__(kArThreads)
     for (int k = n_out + threadIdx.x; k < kTpCandK; k += blockDim.x) rec->val[k] = -INFINITY, rec->id[k] = -1;
     __syncthreads();
   }
-  __syncthreads();
-  const int t = threadIdx.x;
-  if (t < a.n && t != a.rank) {
-    ar_st_release(a.flags[t] + a.rank * kArBlocks + b, epoch);
-    if (!ar_wait(a, a.flags[a.rank] + t * kArBlocks + b, epoch, t)) bad = 1;
-  }
-  __syncthreads();
-  if (t == 0) a.counter[b] = epoch;
-  if (bad) return;
+  if (!ar_meet_first(a, b, epoch, bad)) return;
   const int nc = a.n * kTpCandK;
   for (int e = b, j = 0; e < entries; e += G, j++) {
     if (samp_seq[e] < 0) continue;
@@ -547,58 +528,20 @@ __global__ void __launch_bounds__(kSampleThreads)
   const DevSeq sq = seqs[s];
   const float* w = crow + (int64_t)blockIdx.x * nc;
   const int32_t* ids = cid + (int64_t)blockIdx.x * nc;
-  float bv = -INFINITY;
-  int bi = 0x7fffffff;
-  for (int i = threadIdx.x; i < nc; i += blockDim.x) {
-    const float x = w[i];
-    if (x > bv) bv = x, bi = i;
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) sm.fred[warp] = bv, sm.ired[warp] = bi;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int q = 1; q < kSampleWarps; q++)
-      if (sm.fred[q] > sm.fred[0] || (sm.fred[q] == sm.fred[0] && sm.ired[q] < sm.ired[0]))
-        sm.fred[0] = sm.fred[q], sm.ired[0] = sm.ired[q];
-  }
-  __syncthreads();
-  const float mx = sm.fred[0];
-  const int best = sm.ired[0];
+  float mx;
+  const int best = first_max(w, nc, sm, mx);
   if (mx == -INFINITY || best >= nc) {
     if (threadIdx.x == 0) out_tok[s] = -2;
     return;
   }
   const bool greedy = sq.temperature == 0.f || sq.top_k == 1;
   const float scale = greedy ? 1.f : 1.f / sq.temperature;
-  const Limit all{false, 0u, 0};
   const Weight mass{true, mx, scale};
   const double zall = zfull[blockIdx.x];
   int tok = best;
   if (!greedy) {
-    // cand_fast: 1 < top_k ≤ kTpCandK < V, so top-k always cuts.
-    const int k = sq.top_k;
-    const bool useP = sq.top_p > 0.f && sq.top_p < 1.f;
-    Limit lim = all;
-    double z = zall;
-    const Weight count{false, 0.f, 1.f};
-    if (find_sorted(w, nc, all, count, (double)k, true, sm)) {
-      lim = Limit{true, sm.key, sm.id};
-      z = sum_weight(w, nc, lim, mass, sm);
-    }
-    if (useP && find_sorted(w, nc, lim, mass, (double)sq.top_p * z, true, sm)) {
-      lim = Limit{true, sm.key, sm.id};
-      z = sum_weight(w, nc, lim, mass, sm);
-    }
-    if (sq.min_p > 0.f) {
-      lim = min_p_limit(lim, mx, scale, sq.min_p);
-      z = sum_weight(w, nc, lim, mass, sm);
-    }
-    if (find_sorted(w, nc, lim, mass, sq.uniform * z, false, sm)) tok = sm.id;
+    // cand_fast: 1 < top_k ≤ kTpCandK < nc (two ranks or more), so top-k always cuts.
+    tok = cut_draw<true>(w, nc, sq.top_k, sq.top_p > 0.f && sq.top_p < 1.f, sq, mx, scale, mass, zall, sm, tok);
   }
   if (threadIdx.x == 0) {
     out_tok[s] = ids[tok];

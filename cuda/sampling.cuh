@@ -192,6 +192,63 @@ static __device__ double sum_weight(const float* w, int V, Limit lim, Weight wt,
   return block_sum(s, sm.red);
 }
 
+// first_max is the block's search of w [0, n) for its largest value (mx) and the first
+// index holding it (returned): ids rise within a thread, so a thread's first wins its ties,
+// and the lower index wins between threads. Every thread gets both.
+__device__ __forceinline__ int first_max(const float* w, int n, SampleScratch& sm, float& mx) {
+  float bv = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float x = w[i];
+    if (x > bv) bv = x, bi = i;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) sm.fred[warp] = bv, sm.ired[warp] = bi;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int q = 1; q < kSampleWarps; q++)
+      if (sm.fred[q] > sm.fred[0] || (sm.fred[q] == sm.fred[0] && sm.ired[q] < sm.ired[0]))
+        sm.fred[0] = sm.fred[q], sm.ired[0] = sm.ired[q];
+  }
+  __syncthreads();
+  mx = sm.fred[0];
+  return sm.ired[0];
+}
+
+// cut_draw draws from w [0, n) by weight mass (zall: the whole row's) inside sq's cuts, in
+// turn: top-k where k < n (always where kKCuts: the caller knows it), top-p where useP,
+// min-p; each cut's kept weight the next's total. The drawn index, or tok where the draw
+// finds none.
+template <bool kKCuts = false>
+__device__ __forceinline__ int cut_draw(const float* w, int n, int k, bool useP, const DevSeq& sq, float mx,
+                                        float scale, const Weight& mass, double zall, SampleScratch& sm,
+                                        int tok) {
+  const Limit all{false, 0u, 0};
+  Limit lim = all;
+  double z = zall;
+  if (kKCuts || k < n) {
+    const Weight count{false, 0.f, 1.f};
+    if (find_sorted(w, n, all, count, (double)k, true, sm)) {
+      lim = Limit{true, sm.key, sm.id};
+      z = sum_weight(w, n, lim, mass, sm);
+    }
+  }
+  if (useP && find_sorted(w, n, lim, mass, (double)sq.top_p * z, true, sm)) {
+    lim = Limit{true, sm.key, sm.id};
+    z = sum_weight(w, n, lim, mass, sm);
+  }
+  if (sq.min_p > 0.f) {
+    lim = min_p_limit(lim, mx, scale, sq.min_p);
+    z = sum_weight(w, n, lim, mass, sm);
+  }
+  return find_sorted(w, n, lim, mass, sq.uniform * z, false, sm) ? sm.id : tok;
+}
+
 constexpr int kGreedyThreads = 256;
 constexpr int kGreedyUnroll = 8;
 
@@ -377,40 +434,8 @@ static __global__ void __launch_bounds__(kSampleThreads) sample_kernel(
   }
   __syncthreads();
 
-  // First maximum.
-  float bv = -INFINITY;
-  int bi = 0x7fffffff;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) {
-    float x = w[i];
-    if (x > bv) {  // ids rise within a thread, so the first wins ties
-      bv = x;
-      bi = i;
-    }
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > bv || (ov == bv && oi < bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) {
-    sm.fred[warp] = bv;
-    sm.ired[warp] = bi;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int q = 1; q < kSampleWarps; q++)
-      if (sm.fred[q] > sm.fred[0] || (sm.fred[q] == sm.fred[0] && sm.ired[q] < sm.ired[0])) {
-        sm.fred[0] = sm.fred[q];
-        sm.ired[0] = sm.ired[q];
-      }
-  }
-  __syncthreads();
-  const float mx = sm.fred[0];
-  const int best = sm.ired[0];
+  float mx;
+  const int best = first_max(w, V, sm, mx);
   if (mx == -INFINITY || best >= V) {
     if (threadIdx.x == 0) out_tok[s] = -2;
     return;
@@ -431,24 +456,7 @@ static __global__ void __launch_bounds__(kSampleThreads) sample_kernel(
                                false, sm);
       if (t >= 0) tok = t;
     } else {
-      Limit lim = all;
-      double z = zall;
-      if (k < V) {
-        const Weight count{false, 0.f, 1.f};
-        if (find_sorted(w, V, all, count, (double)k, true, sm)) {
-          lim = Limit{true, sm.key, sm.id};
-          z = sum_weight(w, V, lim, mass, sm);
-        }
-      }
-      if (useP && find_sorted(w, V, lim, mass, (double)sq.top_p * z, true, sm)) {
-        lim = Limit{true, sm.key, sm.id};
-        z = sum_weight(w, V, lim, mass, sm);
-      }
-      if (sq.min_p > 0.f) {
-        lim = min_p_limit(lim, mx, scale, sq.min_p);
-        z = sum_weight(w, V, lim, mass, sm);
-      }
-      if (find_sorted(w, V, lim, mass, sq.uniform * z, false, sm)) tok = sm.id;
+      tok = cut_draw(w, V, k, useP, sq, mx, scale, mass, zall, sm, tok);
     }
   }
   if (threadIdx.x == 0) {
