@@ -106,19 +106,6 @@ func TestGPUPromptGraphsPastTheirBounds(t *testing.T) {
 		MaxSeqs: 16, DisableCUDAGraphs: true})
 	vocab := graphs.Info().VocabSize
 	rng := rand.New(rand.NewPCG(23, 23))
-	// shape is the library's padding of a prompt step (plan.cu's prompt_pad), so that the
-	// batches below are of distinct shapes.
-	gemmRows := func(n int) int {
-		if n <= 16 {
-			return 16
-		}
-		p := 16
-		for p*2 <= n {
-			p *= 2
-		}
-		step := max(p/8, 16)
-		return (n + step - 1) / step * step
-	}
 	pow2 := func(v int) int {
 		b := 1
 		for b < v {
