@@ -111,14 +111,6 @@ bool fits_two(const PeerBufs& p, int rows, int hidden, size_t psize) {
   return (size_t)((rows + G - 1) / G) * hidden * (psize + 4) <= p.slot / kArBlocks;
 }
 
-// two_bytes is the payload from which n ranks take the two-shot (0: never) under tuning's
-// allreduce_two_bytes t.
-size_t two_bytes(int t, int n) {
-  if (t < 0) return 0;
-  if (t > 0) return (size_t)t;
-  return n >= 4 ? kArTwoShotBytes : 0;
-}
-
 template <typename T, typename P>
 void launch_ar(const ArArgs& a, const float* part, float* h, const float* bias, T* xn,
                const float* gamma, const float* beta, int rows, int hidden, float eps, bool rms,
@@ -161,7 +153,10 @@ int ar_kind(const gollm_engine* e, int rows, int hidden, size_t psize) {
 
 bool ar_fits(const gollm_engine* e, int rows, int hidden, size_t psize) { return ar_kind(e, rows, hidden, psize) != 0; }
 
-size_t ar_two_bytes(int tuning, int ranks) { return two_bytes(tuning, ranks); }
+// Only where tuning asks for it: the one-shot measured faster at every payload up to 8 MiB at
+// 2 and 4 ranks (bench/results/2026-11-28-tp-h200x4.jsonl), so the two-shot is an option,
+// not a default.
+size_t ar_two_bytes(int tuning) { return tuning > 0 ? (size_t)tuning : 0; }
 
 template <typename T>
 void tp_reduce_norm(gollm_engine* e, const float* part, float* h, const float* bias, T* xn,

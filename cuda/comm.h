@@ -70,9 +70,6 @@ constexpr size_t kArMaxBytes = 4u << 20;      // the largest payload tuning.allr
 // of it beside it.
 constexpr size_t kArSlotBytes = 3 * kArMaxBytes;
 constexpr size_t kArDefaultBytes = 1u << 20;  // the largest payload a call sends by default
-// The payload (rows x hidden x 2 bytes) from which 4 or more ranks take the two-shot by
-// default (tuning.allreduce_two_bytes).
-constexpr size_t kArTwoShotBytes = 256u << 10;
 constexpr unsigned kArTimeoutMs = 20000;      // a flag's wait before the step fails
 // Error words (PeerBufs.herr): what a rank's kernel met, with the peer it waited for in
 // bits 8 and up.

@@ -222,7 +222,7 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     // all-reduces pair up.
     e->ar = tp && comm->peer && !(tn.off & GOLLM_TUNING_NO_CUSTOM_AR) && c.hidden % 8 == 0;
     e->ar_bytes = tn.allreduce_bytes > 0 ? (size_t)tn.allreduce_bytes : kArDefaultBytes;
-    e->ar_two_bytes = ar_two_bytes(tn.allreduce_two_bytes, e->tp_size);
+    e->ar_two_bytes = ar_two_bytes(tn.allreduce_two_bytes);
     e->tp_cands = e->ar && !(tn.off & GOLLM_TUNING_NO_TP_CANDIDATES);
     e->ar_timeout_ns = (unsigned long long)(tn.allreduce_timeout_ms > 0 ? tn.allreduce_timeout_ms : kArTimeoutMs) * 1000000ull;
     // The staged gemv wins over cuBLAS on narrow models only, up to 4 rows

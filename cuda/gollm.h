@@ -332,8 +332,8 @@ typedef struct gollm_tuning {
                                    600000; 0: 20000 */
   int32_t allreduce_two_bytes;  /* the payload (rows x hidden x 2 bytes) from which the custom
                                    all-reduce runs in two shots (reduce-scatter, then
-                                   all-gather of the sums), up to 4 MiB; 0: 256 KiB at 4 or
-                                   more ranks, never at fewer; negative: never (ABI 16) */
+                                   all-gather of the sums), up to 4 MiB; 0 or negative:
+                                   never (ABI 16) */
 } gollm_tuning;
 
 /* gollm_engine_params sizes an engine. */

@@ -499,7 +499,7 @@ void tp_check(gollm_engine* e);
 bool ar_fits(const gollm_engine* e, int rows, int hidden, size_t psize);
 // ar_two_bytes is the payload from which ranks take the two-shot under tuning's
 // allreduce_two_bytes (0: never).
-size_t ar_two_bytes(int tuning, int ranks);
+size_t ar_two_bytes(int tuning);
 template <typename T>
 void tp_reduce_norm(gollm_engine* e, const float* part, float* h, const float* bias, T* xn,
                     const float* gamma, const float* beta, int rows, int hidden, float eps,

@@ -158,7 +158,7 @@ for tp, b in sorted({(r["tp"], r["bytes"]) for r in rows}):
     best = min((fig[(tp, b, k)], k) for k in cols if (tp, b, k) in fig)[1] if any((tp, b, k) in fig for k in cols) else "—"
     print(f"| {tp} | {b:,} | {f('one-shot')} | {f('two-shot')} | {f('nccl-f32')} | {f('nccl')} | {best} |")
 # Where the two-shot starts to win at each TP: the smallest size from which it beats the
-# one-shot at every larger size measured (tuning.allreduce_two_bytes; 256 KiB at TP 4 by
+# one-shot at every larger size measured (tuning.allreduce_two_bytes, off by
 # default).
 for tp in sorted({r["tp"] for r in rows}):
     sizes = sorted(b for (t_, b, k) in fig if t_ == tp and k == "two-shot" and (t_, b, "one-shot") in fig)
