@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <thread>
 
 #include "allreduce.cuh"
@@ -254,6 +255,12 @@ float input(uint32_t r, uint32_t i, uint32_t salt) {
   return (float)(x >> 8) / (float)(1 << 23) - 1.f;
 }
 
+// The salts of the three sets of partial sums (bench_rank's parts), and of the checks'
+// calls: one eager call of the first, then a graph of the second, third and first replayed
+// twice — so that every call's sums differ from those of the two calls before it.
+constexpr uint32_t kSalts[3] = {1, 5, 6};
+constexpr uint32_t kCheckSalts[] = {1, 5, 6, 1, 5, 6, 1};
+
 template <typename T> float round_host(float v);
 template <> float round_host<__half>(float v) { return __half2float(__float2half_rn(v)); }
 template <> float round_host<__nv_bfloat16>(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
@@ -324,17 +331,24 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
   } res;
   CUDA_CHECK(cudaStreamCreateWithFlags(&res.st, cudaStreamNonBlocking));
   cudaStream_t st = res.st;
-  DevMem part, h, xn, gamma, bias, payload;
-  part.alloc(n * 4, "bench partial sums");
+  // The checks' calls cycle through three sets of partial sums (kSalts), so that a call
+  // that read a peer's payload of an earlier call (its buffer half's last, two calls back)
+  // or of a region not yet written gets other sums than the host's; the timing sends the
+  // first alone.
+  DevMem parts[3], h, xn, gamma, bias, payload;
+  for (DevMem& m : parts) m.alloc(n * 4, "bench partial sums");
   h.alloc(n * 4, "bench residual");
   xn.alloc(n * sizeof(T), "bench normed rows");
   gamma.alloc(H * 4, "bench gamma");
   bias.alloc(H * 4, "bench bias");
   payload.alloc(n * sizeof(T), "bench payload");
   std::vector<float> hp(n), hh(n), hg(H), hb(H);
-  for (size_t i = 0; i < n; i++) hp[i] = input(r, (uint32_t)i, 1), hh[i] = input(0, (uint32_t)i, 2);
+  for (int s = 0; s < 3; s++) {
+    for (size_t i = 0; i < n; i++) hp[i] = input(r, (uint32_t)i, kSalts[s]);
+    CUDA_CHECK(cudaMemcpy(parts[s].p, hp.data(), n * 4, cudaMemcpyHostToDevice));
+  }
+  for (size_t i = 0; i < n; i++) hh[i] = input(0, (uint32_t)i, 2);
   for (int i = 0; i < H; i++) hg[i] = 1.f + 0.5f * input(0, i, 3), hb[i] = 0.1f * input(0, i, 4);
-  CUDA_CHECK(cudaMemcpy(part.p, hp.data(), n * 4, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(h.p, hh.data(), n * 4, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(gamma.p, hg.data(), H * 4, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(bias.p, hb.data(), H * 4, cudaMemcpyHostToDevice));
@@ -342,18 +356,18 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
   const nccl::Lib& L = nccl::lib();
   const unsigned long long tmo = (unsigned long long)(p.timeout_ms > 0 ? p.timeout_ms : kArTimeoutMs) * 1000000ull;
   const int dt = std::is_same<T, __half>::value ? nccl::kFloat16 : nccl::kBfloat16;
-  // NCCL_F32's sums land apart from part, which every call sends again.
+  // NCCL_F32's sums land apart from the partial sums, which every call sends again.
   DevMem recv;
   if (p.method == GOLLM_AR_NCCL_F32) recv.alloc(n * 4, "bench fp32 sums");
-  auto one = [&] {
+  auto one = [&](const DevMem& src) {
     if (p.method == GOLLM_AR_CUSTOM || p.method == GOLLM_AR_TWO_SHOT) {
-      launch_ar<T, T>(ar_args(*peer, r, tmo), part.as<float>(), h.as<float>(), bias.as<float>(), xn.as<T>(),
+      launch_ar<T, T>(ar_args(*peer, r, tmo), src.as<float>(), h.as<float>(), bias.as<float>(), xn.as<T>(),
                       gamma.as<float>(), nullptr, rows, H, 1e-5f, true, true, p.method == GOLLM_AR_TWO_SHOT, st);
       return;
     }
     nccl::result_t res;
     if (p.method == GOLLM_AR_NCCL_F32) {
-      res = L.AllReduce(part.p, recv.p, n, nccl::kFloat32, nccl::kSum, c->comms[r], st);
+      res = L.AllReduce(src.p, recv.p, n, nccl::kFloat32, nccl::kSum, c->comms[r], st);
       if (res == nccl::kSuccess)
         residual_norm<T>(h.as<float>(), recv.as<float>(), bias.as<float>(), xn.as<T>(), gamma.as<float>(), rows,
                          H, 1e-5f, st);
@@ -371,11 +385,12 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
     CUDA_CHECK(cudaMemcpy(x.data(), xn.p, n * sizeof(T), cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < n; i++) dst[n + i] = to_host<T>(x[i]);
   };
-  auto graph_of = [&](int k) {
+  // graph_of captures k calls: of the first partial sums alone, or cycling from the second.
+  auto graph_of = [&](int k, bool cycle) {
     cudaGraph_t g = nullptr;
     cudaGraphExec_t ex = nullptr;
     CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < k; i++) one();
+    for (int i = 0; i < k; i++) one(parts[cycle ? (i + 1) % 3 : 0]);
     CUDA_CHECK(cudaStreamEndCapture(st, &g));
     CUDA_CHECK(cudaGraphInstantiate(&ex, g, 0));
     CUDA_CHECK(cudaGraphDestroy(g));
@@ -383,16 +398,16 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
   };
   // NCCL sets up on a collective's first use: once eagerly, every rank.
   bar.wait();
-  one();
+  one(parts[0]);
   CUDA_CHECK(cudaStreamSynchronize(st));
   if (p.check && p.method != GOLLM_AR_NCCL) {
-    // Fresh inputs, then one call (eager) and 3 + 3 in a graph replayed twice.
+    // Fresh inputs, then one call (eager) and 3 + 3 in a graph replayed twice: kCheckSalts.
     CUDA_CHECK(cudaMemcpy(h.p, hh.data(), n * 4, cudaMemcpyHostToDevice));
     bar.wait();
-    one();
+    one(parts[0]);
     read_back((*checks)[0 * c->n + r]);
     bar.wait();
-    res.ex = graph_of(3);
+    res.ex = graph_of(3, true);
     bar.wait();
     for (int k = 0; k < 2; k++) CUDA_CHECK(cudaGraphLaunch(res.ex, st));
     read_back((*checks)[1 * c->n + r]);
@@ -403,7 +418,7 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
   // start each replay together.
   CUDA_CHECK(cudaMemcpy(h.p, hh.data(), n * 4, cudaMemcpyHostToDevice));
   bar.wait();
-  res.ex = graph_of(p.iters);
+  res.ex = graph_of(p.iters, false);
   CUDA_CHECK(cudaEventCreate(&res.e0));
   CUDA_CHECK(cudaEventCreate(&res.e1));
   for (int k = 0; k <= p.reps; k++) {
@@ -419,23 +434,25 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
   if (peer && peer->herr[r] != 0) out.err = ar_error(*peer, r, peer->herr[r], tmo);
 }
 
-// The host's h and xn after calls of the custom or NCCL_F32 path from h0.
+// The host's h and xn after the first calls of kCheckSalts (the custom or NCCL_F32 path)
+// from h0: each call's partial sums added in rank order.
 template <typename T>
 void reference(const gollm_allreduce_params& p, int ranks, int calls, bool custom, std::vector<float>& out) {
   const int rows = p.rows, H = p.hidden;
   const size_t n = (size_t)rows * H;
   out.assign(2 * n, 0.f);
-  std::vector<float> hg(H), hb(H), sum(n);
+  std::vector<float> hg(H), hb(H);
   for (int i = 0; i < H; i++) hg[i] = 1.f + 0.5f * input(0, i, 3), hb[i] = 0.1f * input(0, i, 4);
   for (size_t i = 0; i < n; i++) {
-    float acc = 0.f;
-    for (int r = 0; r < ranks; r++) {
-      const float v = input(r, (uint32_t)i, 1);
-      acc += custom ? round_host<T>(v) : v;
-    }
-    sum[i] = acc;
     float h = input(0, (uint32_t)i, 2);
-    for (int k = 0; k < calls; k++) h = h + acc + hb[i % H];
+    for (int k = 0; k < calls; k++) {
+      float acc = 0.f;
+      for (int r = 0; r < ranks; r++) {
+        const float v = input(r, (uint32_t)i, kCheckSalts[k]);
+        acc += custom ? round_host<T>(v) : v;
+      }
+      h = h + acc + hb[i % H];
+    }
     out[i] = h;
   }
   for (int row = 0; row < rows; row++) {
@@ -498,7 +515,7 @@ void bench_t(gollm_comm* c, const gollm_allreduce_params& p, gollm_allreduce_res
   const size_t sz = (size_t)p.rows * p.hidden;
   for (int k = 0; k < 2; k++) {
     std::vector<float> ref;
-    reference<T>(p, n, k == 0 ? 1 : 7, custom, ref);
+    reference<T>(p, n, k == 0 ? 1 : (int)std::size(kCheckSalts), custom, ref);
     for (int r = 0; r < n; r++) {
       const std::vector<float>& got = checks[k * n + r];
       for (size_t i = 0; i < sz; i++) {

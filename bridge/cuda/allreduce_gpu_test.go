@@ -30,7 +30,9 @@ func arWays(t *testing.T, lib string) []int {
 // TestGPUAllReduceMatchesHost runs the custom all-reduce, one-shot and two-shot, fused with the residual add and
 // RMSNorm, over 2 and 4 GPUs in fp16 and bf16, at row counts that give a block one row, a
 // block several and fewer rows than blocks, once eagerly and then from a graph of three
-// calls replayed twice (the epochs alternate the buffers' halves across replays): h must
+// calls replayed twice (the epochs alternate the buffers' halves across replays), the calls
+// cycling through three sets of partial sums (a call that read a peer's payload of one of
+// the two calls before it, or a region not yet written, gets other sums): h must
 // be the host's sums — each rank's partial sums rounded to the payload type, added in rank
 // order in fp32 — bit for bit on every rank, and the normed rows within the compute type's
 // rounding. The two-shot is held to the same bars, and its normed rows' largest error
