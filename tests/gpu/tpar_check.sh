@@ -249,7 +249,8 @@ if has stagecost; then
       bash "$root/bench/stagecost.sh" "$out/stagecost" "${TPAR_STAGECOST_PLAN:-$root/bench/stagecost_tp.plan}" > /dev/null 2> "$out/stagecost.log"
     if [ -s "$out/stagecost/stagecost.txt" ]; then
       pass "stagecost: $(($(wc -l < "$out/stagecost/stagecost.txt") - 1)) rows"
-      column -t "$out/stagecost/stagecost.txt"
+      # The GPU machines have no column(1).
+      awk '{ printf "%-12s %-22s", $1, $2; for (i = 3; i <= NF; i++) printf " %-10s", $i; print "" }' "$out/stagecost/stagecost.txt"
       # BENCH.md's rows: date, commit and machine added.
       rm -f "$out/tpar-stagecost.jsonl"
       tag "$out/tpar-stagecost.jsonl" < "$out/stagecost/stagecost.jsonl"
