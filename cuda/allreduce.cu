@@ -154,11 +154,6 @@ int ar_kind(const gollm_engine* e, int rows, int hidden, size_t psize) {
 
 bool ar_fits(const gollm_engine* e, int rows, int hidden, size_t psize) { return ar_kind(e, rows, hidden, psize) != 0; }
 
-// Only where tuning asks for it: the one-shot measured faster at every payload up to 8 MiB at
-// 2 and 4 ranks (bench/results/2026-11-28-tp-h200x4.jsonl), so the two-shot is an option,
-// not a default.
-size_t ar_two_bytes(int tuning) { return tuning > 0 ? (size_t)tuning : 0; }
-
 template <typename T>
 void tp_reduce_norm(gollm_engine* e, const float* part, float* h, const float* bias, T* xn,
                     const float* gamma, const float* beta, int rows, int hidden, float eps,
@@ -255,11 +250,11 @@ float input(uint32_t r, uint32_t i, uint32_t salt) {
   return (float)(x >> 8) / (float)(1 << 23) - 1.f;
 }
 
-// The salts of the three sets of partial sums (bench_rank's parts), and of the checks'
-// calls: one eager call of the first, then a graph of the second, third and first replayed
-// twice — so that every call's sums differ from those of the two calls before it.
-constexpr uint32_t kSalts[3] = {1, 5, 6};
-constexpr uint32_t kCheckSalts[] = {1, 5, 6, 1, 5, 6, 1};
+// The salts of the three sets of partial sums (bench_rank's parts). The checks' call k
+// sends set k % kSets — one eager call, then a graph of kSets calls replayed twice —, so
+// that every call's sums differ from those of the two calls before it.
+constexpr uint32_t kSalts[] = {1, 5, 6};
+constexpr int kSets = (int)std::size(kSalts), kCheckCalls = 1 + 2 * kSets;
 
 template <typename T> float round_host(float v);
 template <> float round_host<__half>(float v) { return __half2float(__float2half_rn(v)); }
@@ -331,11 +326,11 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
   } res;
   CUDA_CHECK(cudaStreamCreateWithFlags(&res.st, cudaStreamNonBlocking));
   cudaStream_t st = res.st;
-  // The checks' calls cycle through three sets of partial sums (kSalts), so that a call
-  // that read a peer's payload of an earlier call (its buffer half's last, two calls back)
-  // or of a region not yet written gets other sums than the host's; the timing sends the
-  // first alone.
-  DevMem parts[3], h, xn, gamma, bias, payload;
+  // The checks' calls cycle through the sets of partial sums (kSalts), so that a call that
+  // read a peer's payload of an earlier call (its buffer half's last, two calls back) or of
+  // a region not yet written gets other sums than the host's; the timing sends the first
+  // alone.
+  DevMem parts[kSets], h, xn, gamma, bias, payload;
   for (DevMem& m : parts) m.alloc(n * 4, "bench partial sums");
   h.alloc(n * 4, "bench residual");
   xn.alloc(n * sizeof(T), "bench normed rows");
@@ -343,7 +338,7 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
   bias.alloc(H * 4, "bench bias");
   payload.alloc(n * sizeof(T), "bench payload");
   std::vector<float> hp(n), hh(n), hg(H), hb(H);
-  for (int s = 0; s < 3; s++) {
+  for (int s = 0; s < kSets; s++) {
     for (size_t i = 0; i < n; i++) hp[i] = input(r, (uint32_t)i, kSalts[s]);
     CUDA_CHECK(cudaMemcpy(parts[s].p, hp.data(), n * 4, cudaMemcpyHostToDevice));
   }
@@ -385,12 +380,13 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
     CUDA_CHECK(cudaMemcpy(x.data(), xn.p, n * sizeof(T), cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < n; i++) dst[n + i] = to_host<T>(x[i]);
   };
-  // graph_of captures k calls: of the first partial sums alone, or cycling from the second.
+  // graph_of captures k calls: of the first partial sums alone, or, as the checks' calls
+  // 1 … k, cycling from the second.
   auto graph_of = [&](int k, bool cycle) {
     cudaGraph_t g = nullptr;
     cudaGraphExec_t ex = nullptr;
     CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < k; i++) one(parts[cycle ? (i + 1) % 3 : 0]);
+    for (int i = 0; i < k; i++) one(parts[cycle ? (i + 1) % kSets : 0]);
     CUDA_CHECK(cudaStreamEndCapture(st, &g));
     CUDA_CHECK(cudaGraphInstantiate(&ex, g, 0));
     CUDA_CHECK(cudaGraphDestroy(g));
@@ -401,13 +397,13 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
   one(parts[0]);
   CUDA_CHECK(cudaStreamSynchronize(st));
   if (p.check && p.method != GOLLM_AR_NCCL) {
-    // Fresh inputs, then one call (eager) and 3 + 3 in a graph replayed twice: kCheckSalts.
+    // Fresh inputs, then one call (eager) and kSets + kSets in a graph replayed twice.
     CUDA_CHECK(cudaMemcpy(h.p, hh.data(), n * 4, cudaMemcpyHostToDevice));
     bar.wait();
     one(parts[0]);
     read_back((*checks)[0 * c->n + r]);
     bar.wait();
-    res.ex = graph_of(3, true);
+    res.ex = graph_of(kSets, true);
     bar.wait();
     for (int k = 0; k < 2; k++) CUDA_CHECK(cudaGraphLaunch(res.ex, st));
     read_back((*checks)[1 * c->n + r]);
@@ -434,8 +430,8 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
   if (peer && peer->herr[r] != 0) out.err = ar_error(*peer, r, peer->herr[r], tmo);
 }
 
-// The host's h and xn after the first calls of kCheckSalts (the custom or NCCL_F32 path)
-// from h0: each call's partial sums added in rank order.
+// The host's h and xn after the checks' first calls (the custom or NCCL_F32 path) from
+// h0: call k's partial sums (set k % kSets) added in rank order.
 template <typename T>
 void reference(const gollm_allreduce_params& p, int ranks, int calls, bool custom, std::vector<float>& out) {
   const int rows = p.rows, H = p.hidden;
@@ -448,7 +444,7 @@ void reference(const gollm_allreduce_params& p, int ranks, int calls, bool custo
     for (int k = 0; k < calls; k++) {
       float acc = 0.f;
       for (int r = 0; r < ranks; r++) {
-        const float v = input(r, (uint32_t)i, kCheckSalts[k]);
+        const float v = input(r, (uint32_t)i, kSalts[k % kSets]);
         acc += custom ? round_host<T>(v) : v;
       }
       h = h + acc + hb[i % H];
@@ -515,7 +511,7 @@ void bench_t(gollm_comm* c, const gollm_allreduce_params& p, gollm_allreduce_res
   const size_t sz = (size_t)p.rows * p.hidden;
   for (int k = 0; k < 2; k++) {
     std::vector<float> ref;
-    reference<T>(p, n, k == 0 ? 1 : (int)std::size(kCheckSalts), custom, ref);
+    reference<T>(p, n, k == 0 ? 1 : kCheckCalls, custom, ref);
     for (int r = 0; r < n; r++) {
       const std::vector<float>& got = checks[k * n + r];
       for (size_t i = 0; i < sz; i++) {

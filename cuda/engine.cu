@@ -222,7 +222,9 @@ void create_engine(gollm_weights* w, const gollm_engine_params* p, gollm_engine*
     // all-reduces pair up.
     e->ar = tp && comm->peer && !(tn.off & GOLLM_TUNING_NO_CUSTOM_AR) && c.hidden % 8 == 0;
     e->ar_bytes = tn.allreduce_bytes > 0 ? (size_t)tn.allreduce_bytes : kArDefaultBytes;
-    e->ar_two_bytes = ar_two_bytes(tn.allreduce_two_bytes);
+    // The two-shot only where tuning asks for it: the one-shot measured faster at every
+    // payload up to 8 MiB at 2 and 4 ranks (bench/results/2026-11-28-tp-h200x4.jsonl).
+    e->ar_two_bytes = tn.allreduce_two_bytes > 0 ? (size_t)tn.allreduce_two_bytes : 0;
     e->tp_cands = e->ar && !(tn.off & GOLLM_TUNING_NO_TP_CANDIDATES);
     e->ar_timeout_ns = (unsigned long long)(tn.allreduce_timeout_ms > 0 ? tn.allreduce_timeout_ms : kArTimeoutMs) * 1000000ull;
     // The staged gemv wins over cuBLAS on narrow models only, up to 4 rows

@@ -497,9 +497,6 @@ void tp_check(gollm_engine* e);
 // (h + Σ part) + bias, or Σ part without add, and xn its norm; the payload fp32 with f32,
 // else T); ar_error words a rank's error word; allreduce_bench is gollm_allreduce_bench.
 bool ar_fits(const gollm_engine* e, int rows, int hidden, size_t psize);
-// ar_two_bytes is the payload from which ranks take the two-shot under tuning's
-// allreduce_two_bytes (0: never).
-size_t ar_two_bytes(int tuning);
 template <typename T>
 void tp_reduce_norm(gollm_engine* e, const float* part, float* h, const float* bias, T* xn,
                     const float* gamma, const float* beta, int rows, int hidden, float eps,
