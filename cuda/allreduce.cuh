@@ -89,14 +89,11 @@ __device__ bool ar_wait(const ArArgs& a, const uint32_t* flag, uint32_t epoch, i
 
 // ar_meet is block b's handshake with the peers on flags (ArArgs.flags, or flags2 for the
 // two-shot's second): thread t < n raises this block's flag in rank t's memory, then waits
-// for rank t's in this rank's. Every thread fences its own stores out to system scope
-// before the barrier: one thread's release after the barrier did not carry the others'
-// stores to the peers (TestGPUAllReduceMatchesHost, repeated, read stale payload on 2
-// H200s). The acquire and the barrier after order the peers' stores before the block's
-// loads. bad, the block's shared word (0 at the kernel's start), is set where a peer never
-// came (ar_wait set the error word): the step fails.
+// for rank t's in this rank's. The release orders the block's stores (ordered before it by
+// the barrier) before the flag; the acquire and the barrier after order the peers' stores
+// before the block's loads. bad, the block's shared word (0 at the kernel's start), is set
+// where a peer never came (ar_wait set the error word): the step fails.
 __device__ __forceinline__ void ar_meet(const ArArgs& a, uint32_t* const* flags, int b, uint32_t epoch, int& bad) {
-  __threadfence_system();
   __syncthreads();
   const int t = threadIdx.x;
   if (t < a.n && t != a.rank) {
