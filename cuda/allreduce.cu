@@ -337,17 +337,23 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
   gamma.alloc(H * 4, "bench gamma");
   bias.alloc(H * 4, "bench bias");
   payload.alloc(n * sizeof(T), "bench payload");
+  // Copies on st, waited for: a cudaMemcpy from pageable memory may return before its DMA
+  // lands, and st (non-blocking) does not wait for the legacy stream's copies.
+  auto upload = [&](void* dst, const void* src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+  };
   std::vector<float> hp(n), hh(n), hg(H), hb(H);
   for (int s = 0; s < kSets; s++) {
     for (size_t i = 0; i < n; i++) hp[i] = input(r, (uint32_t)i, kSalts[s]);
-    CUDA_CHECK(cudaMemcpy(parts[s].p, hp.data(), n * 4, cudaMemcpyHostToDevice));
+    upload(parts[s].p, hp.data(), n * 4);
   }
   for (size_t i = 0; i < n; i++) hh[i] = input(0, (uint32_t)i, 2);
   for (int i = 0; i < H; i++) hg[i] = 1.f + 0.5f * input(0, i, 3), hb[i] = 0.1f * input(0, i, 4);
-  CUDA_CHECK(cudaMemcpy(h.p, hh.data(), n * 4, cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(gamma.p, hg.data(), H * 4, cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(bias.p, hb.data(), H * 4, cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemset(payload.p, 0, payload.bytes));
+  upload(h.p, hh.data(), n * 4);
+  upload(gamma.p, hg.data(), H * 4);
+  upload(bias.p, hb.data(), H * 4);
+  CUDA_CHECK(cudaMemsetAsync(payload.p, 0, payload.bytes, st));
   const nccl::Lib& L = nccl::lib();
   const unsigned long long tmo = (unsigned long long)(p.timeout_ms > 0 ? p.timeout_ms : kArTimeoutMs) * 1000000ull;
   const int dt = std::is_same<T, __half>::value ? nccl::kFloat16 : nccl::kBfloat16;
@@ -375,9 +381,9 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
   auto read_back = [&](std::vector<float>& dst) {
     std::vector<T> x(n);
     dst.resize(2 * n);
+    CUDA_CHECK(cudaMemcpyAsync(dst.data(), h.p, n * 4, cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaMemcpyAsync(x.data(), xn.p, n * sizeof(T), cudaMemcpyDeviceToHost, st));
     CUDA_CHECK(cudaStreamSynchronize(st));
-    CUDA_CHECK(cudaMemcpy(dst.data(), h.p, n * 4, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(x.data(), xn.p, n * sizeof(T), cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < n; i++) dst[n + i] = to_host<T>(x[i]);
   };
   // graph_of captures k calls: of the first partial sums alone, or, as the checks' calls
@@ -398,7 +404,7 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
   CUDA_CHECK(cudaStreamSynchronize(st));
   if (p.check && p.method != GOLLM_AR_NCCL) {
     // Fresh inputs, then one call (eager) and kSets + kSets in a graph replayed twice.
-    CUDA_CHECK(cudaMemcpy(h.p, hh.data(), n * 4, cudaMemcpyHostToDevice));
+    upload(h.p, hh.data(), n * 4);
     bar.wait();
     one(parts[0]);
     read_back((*checks)[0 * c->n + r]);
@@ -412,7 +418,7 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
   }
   // Timing: a graph of iters calls, replayed once untimed and reps times timed; the ranks
   // start each replay together.
-  CUDA_CHECK(cudaMemcpy(h.p, hh.data(), n * 4, cudaMemcpyHostToDevice));
+  upload(h.p, hh.data(), n * 4);
   bar.wait();
   res.ex = graph_of(p.iters, false);
   CUDA_CHECK(cudaEventCreate(&res.e0));

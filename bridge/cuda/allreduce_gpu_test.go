@@ -27,6 +27,11 @@ func arWays(t *testing.T, lib string) []int {
 	return []int{2}
 }
 
+// arRounds is how many times TestGPUAllReduceMatchesHost checks each custom case: the
+// check's own copies racing its kernels (cudaMemcpy from pageable memory returns before
+// its DMA lands) failed one run in two at 64x4096 on 2 H200s, some rounds only.
+const arRounds = 8
+
 // TestGPUAllReduceMatchesHost runs the custom all-reduce, one-shot and two-shot, fused with the residual add and
 // RMSNorm, over 2 and 4 GPUs in fp16 and bf16, at row counts that give a block one row, a
 // block several and fewer rows than blocks, once eagerly and then from a graph of three
@@ -51,10 +56,24 @@ func TestGPUAllReduceMatchesHost(t *testing.T) {
 				oneShotXn := -1.0
 				for _, m := range []AllReduceMethod{AllReduceCustom, AllReduceTwoShot, AllReduceNCCLF32} {
 					t.Run(fmt.Sprintf("tp%d/%s/%dx%d/%s", n, dt, shape[0], shape[1], m), func(t *testing.T) {
-						res, err := c.Run(AllReduceParams{Method: m, DType: dt, Rows: shape[0], Hidden: shape[1], Iters: 4, Reps: 1,
-							Check: true, Timeout: 10 * time.Second})
-						if err != nil {
-							t.Fatal(err)
+						// A race shows in some runs only: the custom methods' checks run
+						// arRounds times, the first failure failing the test.
+						rounds := 1
+						if m != AllReduceNCCLF32 {
+							rounds = arRounds
+						}
+						var res AllReduceResult
+						var err error
+						for k := 0; k < rounds; k++ {
+							res, err = c.Run(AllReduceParams{Method: m, DType: dt, Rows: shape[0], Hidden: shape[1], Iters: 4, Reps: 1,
+								Check: true, Timeout: 10 * time.Second})
+							if err != nil {
+								t.Fatal(err)
+							}
+							if res.MaxErrH > 0 || res.RanksDiffer != 0 {
+								t.Logf("round %d of %d", k+1, rounds)
+								break
+							}
 						}
 						if m != AllReduceNCCLF32 && !res.Custom {
 							t.Fatalf("the custom all-reduce did not run: %s", res.Reason)
