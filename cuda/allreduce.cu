@@ -115,13 +115,13 @@ bool fits_two(const PeerBufs& p, int rows, int hidden, size_t psize) {
 template <typename T, typename P>
 void launch_ar(const ArArgs& a, const float* part, float* h, const float* bias, T* xn,
                const float* gamma, const float* beta, int rows, int hidden, float eps, bool rms,
-               bool add, bool two, cudaStream_t st) {
+               bool add, bool two, Stream st) {
   if (two)
     launch("ar_two_kernel", ar_two_kernel<T, P>, std::min(rows, kArBlocks), kArThreads, 0,
-           Stream(st, false), a, part, h, bias, xn, gamma, beta, rows, hidden, eps, rms, add);
+           st, a, part, h, bias, xn, gamma, beta, rows, hidden, eps, rms, add);
   else
     launch("ar_norm_kernel", ar_norm_kernel<T, P>, std::min(rows, kArBlocks), kArThreads, 0,
-           Stream(st, false), a, part, h, bias, xn, gamma, beta, rows, hidden, eps, rms, add);
+           st, a, part, h, bias, xn, gamma, beta, rows, hidden, eps, rms, add);
 }
 
 // ar_enter holds the communicators' guard for the caller's launch, refusing an engine
@@ -168,10 +168,13 @@ void tp_reduce_norm(gollm_engine* e, const float* part, float* h, const float* b
     a.rank = 0, a.n = 1, two = false;
   }
 #endif
+  // With PDL the call launches under the previous kernel's tail and the next kernel's
+  // prologue (its weight prefetch) overlaps the wait for the peers.
+  const Stream st(e->stream, e->pdl);
   if (f32)
-    launch_ar<T, float>(a, part, h, bias, xn, gamma, beta, rows, hidden, eps, rms, add, two, e->stream);
+    launch_ar<T, float>(a, part, h, bias, xn, gamma, beta, rows, hidden, eps, rms, add, two, st);
   else
-    launch_ar<T, T>(a, part, h, bias, xn, gamma, beta, rows, hidden, eps, rms, add, two, e->stream);
+    launch_ar<T, T>(a, part, h, bias, xn, gamma, beta, rows, hidden, eps, rms, add, two, st);
 }
 
 template void tp_reduce_norm<__half>(gollm_engine*, const float*, float*, const float*, __half*,
@@ -363,7 +366,8 @@ void bench_rank(gollm_comm* c, PeerBufs* peer, const gollm_allreduce_params& p, 
   auto one = [&](const DevMem& src) {
     if (p.method == GOLLM_AR_CUSTOM || p.method == GOLLM_AR_TWO_SHOT) {
       launch_ar<T, T>(ar_args(*peer, r, tmo), src.as<float>(), h.as<float>(), bias.as<float>(), xn.as<T>(),
-                      gamma.as<float>(), nullptr, rows, H, 1e-5f, true, true, p.method == GOLLM_AR_TWO_SHOT, st);
+                      gamma.as<float>(), nullptr, rows, H, 1e-5f, true, true, p.method == GOLLM_AR_TWO_SHOT,
+                      Stream(st, false));
       return;
     }
     nccl::result_t res;

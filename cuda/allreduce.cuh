@@ -198,7 +198,9 @@ __device__ __forceinline__ void ar_norm_row(const float* hr, T* xr, float s, con
 //          ([hidden] fp32 or null); gamma [hidden] fp32
 // Grid: G = min(n_rows, kArBlocks) blocks of kArThreads; block b reduces rows b, b + G, …,
 // which it stages in region b (slot / kArBlocks bytes) of its epoch's slot. hidden % 8 == 0.
-// Launched without PDL: part is complete when it starts.
+// Under PDL it waits for the previous kernel before anything (the counter too: that kernel's
+// completion is every earlier call's), then lets the next one launch, whose prologue then
+// overlaps the wait for the peers.
 template <typename T, typename P>
 __global__ void __launch_bounds__(kArThreads)
     ar_norm_kernel(ArArgs a, const float* part, float* h, const float* __restrict__ bias,
@@ -208,6 +210,8 @@ __global__ void __launch_bounds__(kArThreads)
   constexpr int W = ArVec<P>::W;
   __shared__ float red[32];
   __shared__ int bad;
+  griddep_wait();
+  griddep_launch();
   const int b = blockIdx.x, G = gridDim.x, nv = hidden / W;
   const uint32_t epoch = a.counter[b] + 1;
   const size_t off = (size_t)(epoch & 1) * a.slot + (size_t)b * (a.slot / kArBlocks);
@@ -267,6 +271,8 @@ __global__ void __launch_bounds__(kArThreads)
   constexpr int W = ArVec<P>::W;
   __shared__ float red[32];
   __shared__ int bad;
+  griddep_wait();
+  griddep_launch();
   const int b = blockIdx.x, G = gridDim.x, nv = hidden / W;
   const int rpb = (n_rows + G - 1) / G;
   const uint32_t epoch = a.counter[b] + 1;
