@@ -59,6 +59,25 @@ __device__ __forceinline__ void ar_add(const uint4& u, float* acc) {
   for (int i = 0; i < W; i++) acc[i] += to_f32(p[i]);
 }
 
+// ar_sum adds vector v of row j of every rank's payload (region off of each buffer) in
+// rank order into acc, in fp32. Every rank's vector is loaded before any is added: the
+// peers' loads cross NVLink together.
+template <typename P>
+__device__ __forceinline__ void ar_sum(const ArArgs& a, size_t off, int j, int hidden, int v, float* acc) {
+  constexpr int W = ArVec<P>::W;
+  uint4 raw[kArMaxRanks];
+#pragma unroll
+  for (int src = 0; src < kArMaxRanks; src++)
+    if (src < a.n)
+      raw[src] = __ldcg(reinterpret_cast<const uint4*>(reinterpret_cast<const P*>(a.data[src] + off) +
+                                                       (int64_t)j * hidden + v * W));
+#pragma unroll
+  for (int i = 0; i < W; i++) acc[i] = 0.f;
+#pragma unroll
+  for (int src = 0; src < kArMaxRanks; src++)
+    if (src < a.n) ar_add<P>(raw[src], acc);
+}
+
 // ar_wait spins until the flag reaches epoch (wrapping compare: a peer is at most one call
 // ahead), checking the abort word and the clock every 256 polls; false, with the error word
 // set, when the set was aborted or timeout_ns passed. A timeout sets the abort word too:
@@ -223,20 +242,8 @@ __global__ void __launch_bounds__(kArThreads)
     float* hr = h + (int64_t)r * hidden;
     float s = 0.f;
     for (int v = threadIdx.x; v < nv; v += blockDim.x) {
-      // Every rank's vector loaded before any is added: the peers' loads cross NVLink
-      // together.
-      uint4 raw[kArMaxRanks];
-#pragma unroll
-      for (int src = 0; src < kArMaxRanks; src++)
-        if (src < a.n)
-          raw[src] = __ldcg(reinterpret_cast<const uint4*>(
-              reinterpret_cast<const P*>(a.data[src] + off) + (int64_t)j * hidden + v * W));
       float acc[W];
-#pragma unroll
-      for (int i = 0; i < W; i++) acc[i] = 0.f;
-#pragma unroll
-      for (int src = 0; src < kArMaxRanks; src++)
-        if (src < a.n) ar_add<P>(raw[src], acc);
+      ar_sum<P>(a, off, j, hidden, v, acc);
 #pragma unroll
       for (int i = 0; i < W; i += 4) {
         const int c = v * W + i;
@@ -287,18 +294,8 @@ __global__ void __launch_bounds__(kArThreads)
   for (int r = b, j = 0; r < n_rows; r += G, j++) {
     float* hr = h + (int64_t)r * hidden;
     for (int v = lo + threadIdx.x; v < hi; v += blockDim.x) {
-      uint4 raw[kArMaxRanks];
-#pragma unroll
-      for (int src = 0; src < kArMaxRanks; src++)
-        if (src < a.n)
-          raw[src] = __ldcg(reinterpret_cast<const uint4*>(
-              reinterpret_cast<const P*>(a.data[src] + off) + (int64_t)j * hidden + v * W));
       float acc[W];
-#pragma unroll
-      for (int i = 0; i < W; i++) acc[i] = 0.f;
-#pragma unroll
-      for (int src = 0; src < kArMaxRanks; src++)
-        if (src < a.n) ar_add<P>(raw[src], acc);
+      ar_sum<P>(a, off, j, hidden, v, acc);
 #pragma unroll
       for (int i = 0; i < W; i += 4) {
         const int c = v * W + i;
