@@ -5,15 +5,22 @@
 Writes a fine-grained FP8 checkpoint (LLaMA, hidden 1024, 4 layers, 16 heads of 64, 4 KV
 heads, FFN 2816, vocab 32000; random weights spread as check.py's, every projection
 quantized by transformers' own Fp8Quantize in 128×128 blocks, the rest bfloat16), runs
-gollm-gpucheck on it in float16 (8 prompts of 1 to 200 tokens, 16 greedy steps each:
-the FP8 projections kept in FP8, fp8_mma_kernel on prompts, fp8_gemv_kernel on decode
-steps), and compares the logits with transformers on the same checkpoint fed gollm's
-tokens:
-  ref  transformers dequantized to float32 (the checkpoint's exact weights): gollm's
+gollm-gpucheck on it in float16 (8 prompts of 1 to 200 tokens, each alone, 16 greedy
+steps each: the FP8 projections kept in FP8; prompts of more than 8 rows on cuBLASLt's
+W8A8 GEMMs, which round the projections' inputs to e4m3 a row at a time in groups of 128
+columns, scale amax / 448; prompts of up to 8 rows and decode steps on fp8.cuh's
+weight-only kernels), and compares the logits with transformers on the same checkpoint
+fed gollm's tokens:
+  ref  transformers dequantized to float32 (the checkpoint's exact weights), the inputs of
+       its q/k/v/o/gate/up/down projections rounded as gollm rounds them, at the prompt's
+       positions where gollm's prompt step takes W8A8 (the rounding is a row's own, so one
+       forward over prompt and generated tokens gives what gollm's steps give): gollm's
        largest per-row relative L2 must stay within 2e-2, and its greedy tokens must be
        the reference's argmax wherever the reference's top-2 gap exceeds 1e-2;
+  deq  the same without the rounding: what W8A8 itself moves the logits, reported;
   fp8  transformers' own FP8 path on this GPU (FP8Linear: activations quantized per
-       128-block, W8A8), reported beside, with its own distance from ref.
+       128-block, W8A8), reported beside where its kernels load, with its own distance
+       from ref.
 Prints PASS/FAIL lines and a JSON row per comparison into --json.
 """
 import argparse
@@ -34,6 +41,9 @@ except ImportError:  # an older transformers: the same 128×128 block quantizati
 
 STEPS = 16
 LENGTHS = [1, 7, 16, 33, 64, 100, 128, 200]
+# cuda/fp8.cuh's kFp8GemvRows: steps of more rows take the W8A8 GEMMs.
+FP8_GEMV_ROWS = 8
+PROJS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def make_checkpoint(d):
@@ -80,10 +90,44 @@ def quantize_blocks(k, w):
     return {k: q, k[:-len("weight")] + "weight_scale_inv": scale.float()}
 
 
-def logits(model, prompts, gen):
+def quant_rows(x):
+    """gollm's W8A8 input rounding (fp8_quant_rows_kernel, the CPU engine's quantFP8Row):
+    each row in groups of 128 columns, x · (448 / amax) to the nearest e4m3 (saturating),
+    times amax / 448."""
+    shape = x.shape
+    g = x.float().reshape(*shape[:-1], shape[-1] // 128, 128)
+    amax = g.abs().amax(dim=-1, keepdim=True)
+    safe = torch.where(amax > 0, amax, torch.ones_like(amax))
+    q = (g * (448.0 / safe)).clamp(-448, 448).to(torch.float8_e4m3fn).float() * (safe / 448.0)
+    return torch.where(amax > 0, q, g).reshape(shape).to(x.dtype)
+
+
+class W8A8Inputs:
+    """Forward pre-hooks on the projections: the inputs at positions [0, rows) rounded as
+    gollm's W8A8 GEMMs round them (rows: the prompt's length where its step takes them,
+    else 0)."""
+
+    def __init__(self, model):
+        self.rows = 0
+        self.handles = [m.register_forward_pre_hook(self.hook) for n, m in model.named_modules()
+                        if n.rsplit(".", 1)[-1] in PROJS]
+        if not self.handles:
+            raise RuntimeError("no projection modules to hook")
+
+    def hook(self, _mod, args):
+        if self.rows == 0:
+            return None
+        x = args[0].clone()
+        x[:, :self.rows] = quant_rows(x[:, :self.rows])
+        return (x,) + tuple(args[1:])
+
+
+def logits(model, prompts, gen, w8a8=None):
     out = []
     with torch.no_grad():
         for p, g in zip(prompts, gen):
+            if w8a8 is not None:
+                w8a8.rows = len(p) if len(p) > FP8_GEMV_ROWS else 0
             ids = torch.tensor([p + g[:STEPS]], device="cuda")
             out.append(model(ids).logits[0].float().cpu())
     return out
@@ -133,7 +177,8 @@ def main():
         ckpt, dtype=torch.float32, attn_implementation="eager",
         quantization_config=FineGrainedFP8Config(weight_block_size=(128, 128), dequantize=True,
                                                  modules_to_not_convert=["lm_head"])).cuda().eval()
-    ref = logits(ref_model, prompts, gen)
+    deq = logits(ref_model, prompts, gen)
+    ref = logits(ref_model, prompts, gen, W8A8Inputs(ref_model))
     del ref_model
     torch.cuda.empty_cache()
     fp8, fp8_err = None, ""
@@ -147,6 +192,7 @@ def main():
     except Exception as e:  # noqa: BLE001 — reported, not fatal: the check is gollm's
         fp8_err = f"{type(e).__name__}: {e}"[:300]
     worst = {"prompt": 0.0, "decode": 0.0}
+    worst_deq = {"prompt": 0.0, "decode": 0.0}
     worst_fp8 = {"prompt": 0.0, "decode": 0.0}
     hf8 = 0.0
     agree = total = 0
@@ -155,6 +201,9 @@ def main():
         r = ref[i]
         worst["prompt"] = max(worst["prompt"], float(rel_rows(gout[f"single.prompt_logits.{i}"], r[:P]).max()))
         worst["decode"] = max(worst["decode"], float(rel_rows(gout[f"single.decode_logits.{i}"], r[P:P + STEPS]).max()))
+        d = deq[i]
+        worst_deq["prompt"] = max(worst_deq["prompt"], float(rel_rows(gout[f"single.prompt_logits.{i}"], d[:P]).max()))
+        worst_deq["decode"] = max(worst_deq["decode"], float(rel_rows(gout[f"single.decode_logits.{i}"], d[P:P + STEPS]).max()))
         if fp8 is not None:
             f = fp8[i]
             worst_fp8["prompt"] = max(worst_fp8["prompt"], float(rel_rows(gout[f"single.prompt_logits.{i}"], f[:P]).max()))
@@ -169,12 +218,16 @@ def main():
                 agree += int(int(top.indices[0]) == gen[i][k])
     tol = 2e-2
     ok = worst["prompt"] <= tol and worst["decode"] <= tol and agree == total and in_fp8
-    rows = [{"check": "fp8 gollm fp16-activations vs transformers fp32-dequantized",
+    rows = [{"check": "fp8 gollm vs transformers fp32-dequantized, W8A8 inputs rounded alike",
              "prompt_relL2_max": round(worst["prompt"], 5), "decode_relL2_max": round(worst["decode"], 5),
-             "tokens_agree": f"{agree}/{total}", "tol": tol, "pass": ok}]
-    print(f"{'PASS' if ok else 'FAIL'} FP8 checkpoint: gollm vs transformers (fp32, dequantized) "
-          f"prompt relL2 {worst['prompt']:.2e}, decode {worst['decode']:.2e} (bound {tol}); "
-          f"greedy tokens agree {agree}/{total} where the top-2 gap exceeds 1e-2")
+             "tokens_agree": f"{agree}/{total}", "tol": tol, "pass": ok},
+            {"check": "fp8 gollm vs transformers fp32-dequantized, inputs unrounded",
+             "prompt_relL2_max": round(worst_deq["prompt"], 5), "decode_relL2_max": round(worst_deq["decode"], 5)}]
+    print(f"{'PASS' if ok else 'FAIL'} FP8 checkpoint: gollm vs transformers (fp32, dequantized, the W8A8 "
+          f"prompts' inputs rounded as gollm's) prompt relL2 {worst['prompt']:.2e}, decode {worst['decode']:.2e} "
+          f"(bound {tol}); greedy tokens agree {agree}/{total} where the top-2 gap exceeds 1e-2")
+    print(f"INFO without that rounding (what W8A8 itself moves): prompt relL2 {worst_deq['prompt']:.2e}, "
+          f"decode {worst_deq['decode']:.2e}")
     if fp8 is not None:
         rows.append({"check": "fp8 gollm vs transformers' own FP8 (W8A8)",
                      "prompt_relL2_max": round(worst_fp8["prompt"], 5),
