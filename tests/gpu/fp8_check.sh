@@ -18,8 +18,9 @@
 #   3. the austen demo's held-out perplexity: GPU FP8 within 2% of GPU fp16, fp16 within
 #      2% of the CPU's float32; greedy agreement reported (TestGPUHeldOutPerplexityFP8);
 #   4. tests/gpu/fp8_check.py: a 1024-wide FP8 checkpoint written by transformers'
-#      quantizer, gollm against transformers on it (dequantized fp32: within 2e-2, greedy
-#      tokens; transformers' own FP8 path reported beside);
+#      quantizer, gollm against transformers on it (dequantized fp32, the W8A8 prompts'
+#      inputs rounded as gollm rounds them: within 2e-2, greedy tokens; unrounded and
+#      transformers' own FP8 path reported beside);
 #   5. gpubench on the Llama-3.1-8B shape (random weights, quantization fp8), this tree's
 #      library and BASE_LIB's alternating (ROUNDS, default 1): decode b1 (ms/token, target
 #      <= 3.0), b64 and max load i128/o128 (tokens/s, target >= 28,000); fp16's max load
