@@ -10,6 +10,8 @@ import os
 import re
 import sys
 
+import svgplot
+
 W, H, L, R, T, B = 860, 330, 80, 250, 40, 50  # size and margins of one panel
 
 
@@ -28,34 +30,11 @@ def load(path):
 
 
 def panel(out, y0, title, ylabel, lines, ymin, ymax):
-    xs = [1, 2, 4, 8, 16, 32, 64]
-    px = lambda c: L + (math.log2(c) / 6) * (W - L - R)
-    py = lambda v: y0 + T + (1 - (math.log10(v) - math.log10(ymin)) / (math.log10(ymax) - math.log10(ymin))) * (H - T - B)
-    out.append(f'<text x="{L}" y="{y0 + 22}" font-family="sans-serif" font-size="13">{title}</text>')
-    out.append(f'<rect x="{L}" y="{y0 + T}" width="{W - L - R}" height="{H - T - B}" fill="none" stroke="#999"/>')
-    for c in xs:
-        out.append(f'<line x1="{px(c):.1f}" y1="{y0 + T}" x2="{px(c):.1f}" y2="{y0 + H - B}" stroke="#eee"/>')
-        out.append(f'<text x="{px(c):.1f}" y="{y0 + H - B + 16}" font-family="sans-serif" font-size="11" text-anchor="middle">{c}</text>')
-    e = math.floor(math.log10(ymin))
-    while 10 ** e <= ymax:
-        for k in (1, 2, 5):
-            v = k * 10 ** e
-            if ymin <= v <= ymax:
-                out.append(f'<line x1="{L}" y1="{py(v):.1f}" x2="{W - R}" y2="{py(v):.1f}" stroke="#eee"/>')
-                out.append(f'<text x="{L - 6}" y="{py(v) + 4:.1f}" font-family="sans-serif" font-size="11" text-anchor="end">{v:g}</text>')
-        e += 1
-    out.append(f'<text x="{(L + W - R) / 2}" y="{y0 + H - 12}" font-family="sans-serif" font-size="11" text-anchor="middle">concurrency (gollm) / batch size (transformers)</text>')
-    out.append(f'<text x="16" y="{y0 + H / 2}" font-family="sans-serif" font-size="11" transform="rotate(-90 16 {y0 + H / 2})" text-anchor="middle">{ylabel}</text>')
-    for i, (label, color, dash, pts) in enumerate(lines):
-        if not pts:
-            continue
-        d = " ".join(f"{px(c):.1f},{py(v):.1f}" for c, v in pts)
-        out.append(f'<polyline points="{d}" fill="none" stroke="{color}" stroke-width="2" stroke-dasharray="{dash}"/>')
-        for c, v in pts:
-            out.append(f'<circle cx="{px(c):.1f}" cy="{py(v):.1f}" r="3" fill="{color}"/>')
-        ly = y0 + T + 14 + 18 * i
-        out.append(f'<line x1="{W - R + 12}" y1="{ly - 4}" x2="{W - R + 34}" y2="{ly - 4}" stroke="{color}" stroke-width="2" stroke-dasharray="{dash}"/>')
-        out.append(f'<text x="{W - R + 40}" y="{ly}" font-family="sans-serif" font-size="11">{label}</text>')
+    x = lambda c: math.log2(c) / 6
+    svgplot.panel(out, (W, H, L, R, T, B), y0, title, ylabel, "concurrency (gollm) / batch size (transformers)",
+                  [(x(c), c) for c in (1, 2, 4, 8, 16, 32, 64)],
+                  [(label, color, dash, [(x(c), v) for c, v in pts]) for label, color, dash, pts in lines],
+                  ymin, ymax, legend_gap=18)
 
 
 def main():

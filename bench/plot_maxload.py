@@ -7,10 +7,11 @@ library only.
     python3 bench/plot_maxload.py bench/results/2026-11-27-maxload-h100.jsonl
 """
 import json
-import math
 import os
 import re
 import sys
+
+import svgplot
 
 W, H, L, R, T, B = 760, 300, 80, 230, 40, 50  # size and margins of one panel
 XS = ["1", "8", "64", "256", "max"]
@@ -40,35 +41,10 @@ def panel(out, y0, title, ylabel, lines):
     vals = [v for _, _, _, pts in lines for _, v in pts if v > 0]
     if not vals:
         return
-    ymin, ymax = min(vals) / 1.5, max(vals) * 1.5
-    px = lambda i: L + i / (len(XS) - 1) * (W - L - R)
-    py = lambda v: y0 + T + (1 - (math.log10(v) - math.log10(ymin)) / (math.log10(ymax) - math.log10(ymin))) * (H - T - B)
-    out.append(f'<text x="{L}" y="{y0 + 22}" font-family="sans-serif" font-size="13">{title}</text>')
-    out.append(f'<rect x="{L}" y="{y0 + T}" width="{W - L - R}" height="{H - T - B}" fill="none" stroke="#999"/>')
-    for i, x in enumerate(XS):
-        out.append(f'<line x1="{px(i):.1f}" y1="{y0 + T}" x2="{px(i):.1f}" y2="{y0 + H - B}" stroke="#eee"/>')
-        out.append(f'<text x="{px(i):.1f}" y="{y0 + H - B + 16}" font-family="sans-serif" font-size="11" text-anchor="middle">{x}</text>')
-    e = math.floor(math.log10(ymin))
-    while 10 ** e <= ymax:
-        for k in (1, 2, 5):
-            v = k * 10 ** e
-            if ymin <= v <= ymax:
-                out.append(f'<line x1="{L}" y1="{py(v):.1f}" x2="{W - R}" y2="{py(v):.1f}" stroke="#eee"/>')
-                out.append(f'<text x="{L - 6}" y="{py(v) + 4:.1f}" font-family="sans-serif" font-size="11" text-anchor="end">{v:g}</text>')
-        e += 1
-    out.append(f'<text x="{(L + W - R) / 2}" y="{y0 + H - 12}" font-family="sans-serif" font-size="11" text-anchor="middle">concurrency (max: every request offered at once)</text>')
-    out.append(f'<text x="16" y="{y0 + H / 2}" font-family="sans-serif" font-size="11" transform="rotate(-90 16 {y0 + H / 2})" text-anchor="middle">{ylabel}</text>')
-    for n, (label, color, dash, pts) in enumerate(lines):
-        pts = sorted(p for p in pts if p[1] > 0)
-        if not pts:
-            continue
-        d = " ".join(f"{px(i):.1f},{py(v):.1f}" for i, v in pts)
-        out.append(f'<polyline points="{d}" fill="none" stroke="{color}" stroke-width="2" stroke-dasharray="{dash}"/>')
-        for i, v in pts:
-            out.append(f'<circle cx="{px(i):.1f}" cy="{py(v):.1f}" r="3" fill="{color}"/>')
-        ly = y0 + T + 14 + 16 * n
-        out.append(f'<line x1="{W - R + 12}" y1="{ly - 4}" x2="{W - R + 34}" y2="{ly - 4}" stroke="{color}" stroke-width="2" stroke-dasharray="{dash}"/>')
-        out.append(f'<text x="{W - R + 40}" y="{ly}" font-family="sans-serif" font-size="11">{label}</text>')
+    svgplot.panel(out, (W, H, L, R, T, B), y0, title, ylabel, "concurrency (max: every request offered at once)",
+                  [(i / (len(XS) - 1), x) for i, x in enumerate(XS)],
+                  [(label, color, dash, [(i / (len(XS) - 1), v) for i, v in pts]) for label, color, dash, pts in lines],
+                  min(vals) / 1.5, max(vals) * 1.5)
 
 
 def main(path):
