@@ -21,38 +21,16 @@
 #      OUTDIR/blaslt-ab.jsonl with "variant", medians and ratios printed.
 # Prints PASS/FAIL per check and a count; exits 1 on a failure. Logs in OUTDIR.
 set -uo pipefail
-carry=$(cd "${1:-.carry/blaslt}" && pwd) out=$2
-root=$(cd "$(dirname "$0")/../.." && pwd)
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-source "$root/tests/gpu/env.sh"
-w=/tmp/gollm-blaslt
-mkdir -p "$w/bin"
-tar xJf "$carry/bins.tar.xz" -C "$w/bin"
-commit=$(cat "$w/bin/commit")
+source "$(dirname "$0")/checks.sh"
+check_begin blaslt "${1:-.carry/blaslt}" "$2"
 base_commit=$(cat "$w/bin/base_commit")
-echo "commit $commit (base $base_commit)"
-fails=0 checks=0 failed=()
-check() {
-  checks=$((checks + 1))
-  if eval "$2"; then echo "PASS $1"; else echo "FAIL $1"; fails=$((fails + 1)); failed+=("$1"); fi
-}
+echo "base $base_commit"
 T0=$SECONDS
 
 # 1. The library.
 lib=$w/libgollm_cuda.so
-t0=$SECONDS
-if [ -n "${PREBUILT_LIB:-}" ]; then
-  cp "$PREBUILT_LIB" "$lib" && rc=0 || rc=1
-  echo "prebuilt $PREBUILT_LIB" > "$out/build.log"
-else
-  bash "$root/tests/gpu/build_lib.sh" "$lib" > "$out/build.log" 2>&1
-  rc=$?
-fi
-check "libgollm_cuda.so ($((SECONDS - t0)) s)" "[ $rc = 0 ]"
-[ $rc = 0 ] || { tail -30 "$out/build.log"; exit 1; }
-nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader | tee "$out/gpu.txt"
-machine=$(head -1 "$out/gpu.txt" | cut -d, -f1)
+check_library "$lib"
+check_gpu
 day=$(date -u +%F)
 
 # 2. The micro-benchmark.
@@ -172,6 +150,4 @@ PY
 check "gpubench rows for both variants" "grep -q '\"variant\": \"$A\"' '$rows' && grep -q '\"variant\": \"$B\"' '$rows'"
 
 echo "total $((SECONDS - T0)) s"
-echo "$((checks - fails)) passed, $fails failed"
-for f in "${failed[@]}"; do echo "  failed: $f"; done
-[ "$fails" = 0 ]
+check_end

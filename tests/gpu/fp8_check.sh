@@ -31,37 +31,13 @@
 # also fits tests/gpu/fp8probe.sh.
 # Prints PASS/FAIL per check and a count; exits 1 on a failure. Logs in OUTDIR.
 set -uo pipefail
-carry=$(cd "${1:-.carry/fp8}" && pwd) out=$2
-root=$(cd "$(dirname "$0")/../.." && pwd)
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-source "$root/tests/gpu/env.sh"
-w=/tmp/gollm-fp8
-mkdir -p "$w/bin"
-tar xJf "$carry/bins.tar.xz" -C "$w/bin"
-commit=$(cat "$w/bin/commit")
-echo "commit $commit"
-fails=0 checks=0 failed=()
-check() {
-  checks=$((checks + 1))
-  if eval "$2"; then echo "PASS $1"; else echo "FAIL $1"; fails=$((fails + 1)); failed+=("$1"); fi
-}
+source "$(dirname "$0")/checks.sh"
+check_begin fp8 "${1:-.carry/fp8}" "$2"
 
-# 1. The library.
+# 1. The library (PREBUILT_LIB: one another check of the same tree built in this lease).
 lib=$w/libgollm_cuda.so
-t0=$SECONDS
-if [ -n "${PREBUILT_LIB:-}" ]; then
-  # A library another check of the same tree built in this lease (sm_90).
-  cp "$PREBUILT_LIB" "$lib" && rc=0 || rc=1
-  echo "prebuilt $PREBUILT_LIB" > "$out/build.log"
-else
-  bash "$root/tests/gpu/build_lib.sh" "$lib" > "$out/build.log" 2>&1
-  rc=$?
-fi
-check "libgollm_cuda.so builds ($((SECONDS - t0)) s)" "[ $rc = 0 ]"
-[ $rc = 0 ] || { tail -30 "$out/build.log"; exit 1; }
-nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader | tee "$out/gpu.txt"
-machine=$(head -1 "$out/gpu.txt" | cut -d, -f1)
+check_library "$lib"
+check_gpu
 
 # 2. The GPU Go tests.
 t0=$SECONDS
@@ -190,6 +166,4 @@ for dt, target in (("fp8", 28000), ("fp16", 14000)):
         print(f"{'PASS' if ml[0] >= target else 'MISS'} target: Llama-3.1-8B shape {dt} max load i128/o128 {ml[0]:.0f} tokens/s (target >= {target})")
 PY
 
-echo "$((checks - fails)) passed, $fails failed"
-for f in "${failed[@]}"; do echo "  failed: $f"; done
-[ "$fails" = 0 ]
+check_end

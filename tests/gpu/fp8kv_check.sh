@@ -29,38 +29,14 @@
 # Prints PASS/FAIL per check and a count; exits 1 on a failure. Stage limits: TEST_S
 # (default 240), BENCH_S (default 120 a gpubench run); SKIP_TESTS=1, SKIP_BENCH=1.
 set -uo pipefail
-carry=$(cd "${1:-.carry/fp8kv}" && pwd) out=$2
-root=$(cd "$(dirname "$0")/../.." && pwd)
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-source "$root/tests/gpu/env.sh"
-w=/tmp/gollm-fp8kv
-mkdir -p "$w/bin"
-tar xJf "$carry/bins.tar.xz" -C "$w/bin"
-commit=$(cat "$w/bin/commit")
-echo "commit $commit"
-fails=0 checks=0 failed=()
-check() {
-  checks=$((checks + 1))
-  if eval "$2"; then echo "PASS $1"; else echo "FAIL $1"; fails=$((fails + 1)); failed+=("$1"); fi
-}
+source "$(dirname "$0")/checks.sh"
+check_begin fp8kv "${1:-.carry/fp8kv}" "$2"
 
-# 1. The library.
+# 1. The library (PREBUILT_LIB: one of the same tree built before in this lease — this
+# script's own path below, which a warm machine keeps).
 lib=$w/libgollm_cuda.so
-t0=$SECONDS
-if [ -n "${PREBUILT_LIB:-}" ]; then
-  # A library of the same tree built before in this lease (this script's own: the path
-  # below, which a warm machine keeps).
-  { [ "$PREBUILT_LIB" -ef "$lib" ] || cp "$PREBUILT_LIB" "$lib"; } && rc=0 || rc=1
-  echo "prebuilt $PREBUILT_LIB" > "$out/build.log"
-else
-  bash "$root/tests/gpu/build_lib.sh" "$lib" > "$out/build.log" 2>&1
-  rc=$?
-fi
-check "libgollm_cuda.so builds ($((SECONDS - t0)) s)" "[ $rc = 0 ]"
-[ $rc = 0 ] || { tail -30 "$out/build.log"; exit 1; }
-nvidia-smi --query-gpu=name,compute_cap,memory.total --format=csv,noheader | tee "$out/gpu.txt"
-machine=$(head -1 "$out/gpu.txt" | cut -d, -f1)
+check_library "$lib"
+check_gpu
 
 # 2. The GPU Go tests: the FP8 KV cache's, then the auto pool's attention paths.
 if [ -z "${SKIP_TESTS:-}" ]; then
@@ -136,6 +112,4 @@ for (wl, m), v in sorted(cells.items()):
 PY
 fi
 
-echo "$((checks - fails)) passed, $fails failed"
-for f in "${failed[@]}"; do echo "  failed: $f"; done
-[ "$fails" = 0 ]
+check_end

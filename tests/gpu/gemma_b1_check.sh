@@ -21,26 +21,12 @@
 #      token: below 1 is faster; tokens/s: above 1 is faster).
 # Prints PASS/FAIL per check and a count; exits 1 on a failure. Logs in OUTDIR.
 set -uo pipefail
-carry=$(cd "${1:-.carry/gemmab1}" && pwd) out=$2
-root=$(cd "$(dirname "$0")/../.." && pwd)
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-source "$root/tests/gpu/env.sh"
 [ -f "${BASE_LIB:-}" ] && [ -f "${PREBUILT_LIB:-}" ] ||
-  { echo "FAIL: BASE_LIB ($BASE_LIB) and PREBUILT_LIB ($PREBUILT_LIB) must name built libraries"; exit 1; }
-w=/tmp/gollm-gemmab1
-rm -rf "$w" && mkdir -p "$w/bin"
-tar xJf "$carry/bins.tar.xz" -C "$w/bin"
-commit=$(cat "$w/bin/commit")
-echo "commit $commit"
+  { echo "FAIL: BASE_LIB (${BASE_LIB:-}) and PREBUILT_LIB (${PREBUILT_LIB:-}) must name built libraries"; exit 1; }
+source "$(dirname "$0")/checks.sh"
+check_begin gemmab1 "${1:-.carry/gemmab1}" "$2"
 cp "$BASE_LIB" "$w/base.so" && cp "$PREBUILT_LIB" "$w/new.so"
-fails=0 checks=0 failed=()
-check() {
-  checks=$((checks + 1))
-  if eval "$2"; then echo "PASS $1"; else echo "FAIL $1"; fails=$((fails + 1)); failed+=("$1"); fi
-}
-nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader | tee "$out/gpu.txt"
-machine=$(head -1 "$out/gpu.txt" | cut -d, -f1)
+check_gpu
 t_all=$SECONDS
 
 # 1. The GPU Go tests (TestGPUBatchInvariance last, after the A/B, as time allows: the
@@ -117,6 +103,4 @@ for k in order:
 PY
 check "gpubench gemma3-4B both libraries" "grep -q '\"variant\": \"new\"' '$rows' && grep -q '\"variant\": \"base\"' '$rows'"
 echo "total $((SECONDS - t_all)) s"
-echo "$((checks - fails)) passed, $fails failed"
-for f in "${failed[@]}"; do echo "  failed: $f"; done
-[ "$fails" = 0 ]
+check_end

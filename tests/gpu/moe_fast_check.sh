@@ -21,26 +21,12 @@
 #      variant's runs and new/base of their medians (for ms, below 1 is faster).
 # Prints PASS/FAIL per check and a count; exits 1 on a failure. Logs in OUTDIR.
 set -uo pipefail
-carry=$(cd "${1:-.carry/moefast}" && pwd) out=$2
-root=$(cd "$(dirname "$0")/../.." && pwd)
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-source "$root/tests/gpu/env.sh" > /dev/null
-w=/tmp/gollm-moefast
-mkdir -p "$w/bin"
-tar xJf "$carry/bins.tar.xz" -C "$w/bin"
-commit=$(cat "$w/bin/commit")
-echo "commit $commit"
-fails=0 checks=0 failed=()
-check() {
-  checks=$((checks + 1))
-  if eval "$2"; then echo "PASS $1"; else echo "FAIL $1"; fails=$((fails + 1)); failed+=("$1"); fi
-}
 [ -f "${PREBUILT_LIB:-}" ] && [ -f "${BASE_LIB:-}" ] ||
-  { echo "FAIL: PREBUILT_LIB ($PREBUILT_LIB) and BASE_LIB (${BASE_LIB:-}) must name the built libraries"; exit 1; }
+  { echo "FAIL: PREBUILT_LIB (${PREBUILT_LIB:-}) and BASE_LIB (${BASE_LIB:-}) must name the built libraries"; exit 1; }
 new=$(realpath "$PREBUILT_LIB") base=$(realpath "$BASE_LIB")
-nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader | tee "$out/gpu.txt"
-machine=$(head -1 "$out/gpu.txt" | cut -d, -f1)
+source "$(dirname "$0")/checks.sh"
+check_begin moefast "${1:-.carry/moefast}" "$2"
+check_gpu
 
 # 1. The GPU Go tests.
 t0=$SECONDS
@@ -128,6 +114,4 @@ for k in order:
     print(f"{k[0]:22} {k[1]:13} {f(b):>24} {f(n):>24} {ratio:.3f}")
 PY
 
-echo "$((checks - fails)) passed, $fails failed"
-for f in "${failed[@]}"; do echo "  failed: $f"; done
-[ "$fails" = 0 ]
+check_end

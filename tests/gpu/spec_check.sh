@@ -30,38 +30,16 @@
 # Prints PASS/FAIL per check and a count; exits 1 on a failed check (a MISS is a number,
 # not a failure). Logs in OUTDIR.
 set -uo pipefail
-carry=$(cd "${1:-.carry/spec}" && pwd) out=$2
-root=$(cd "$(dirname "$0")/../.." && pwd)
 target=${3:-model_repository/austen/1}
 draft=${4:-model_repository/austen/1}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-source "$root/tests/gpu/env.sh"
-w=/tmp/gollm-spec
-mkdir -p "$w/bin"
-tar xJf "$carry/bins.tar.xz" -C "$w/bin"
-echo "commit $(cat "$w/bin/commit")"
-fails=0 checks=0 failed=()
-check() {
-  checks=$((checks + 1))
-  if eval "$2"; then echo "PASS $1"; else echo "FAIL $1"; fails=$((fails + 1)); failed+=("$1"); fi
-}
+source "$(dirname "$0")/checks.sh"
+check_begin spec "${1:-.carry/spec}" "$2"
 
 # 1. The library, under build/ (kept on a warm machine: PREBUILT_LIB=build/spec/libgollm_cuda.so
 # in a later call of the same tree skips the build).
 lib=$root/build/spec/libgollm_cuda.so
-mkdir -p "$(dirname "$lib")"
-t0=$SECONDS
-if [ -n "${PREBUILT_LIB:-}" ]; then
-  { [ "$(realpath "$PREBUILT_LIB")" = "$lib" ] || cp "$PREBUILT_LIB" "$lib"; } && rc=0 || rc=1
-  echo "prebuilt $PREBUILT_LIB" > "$out/build.log"
-else
-  bash "$root/tests/gpu/build_lib.sh" "$lib" > "$out/build.log" 2>&1
-  rc=$?
-fi
-check "libgollm_cuda.so builds ($((SECONDS - t0)) s)" "[ $rc = 0 ]"
-[ $rc = 0 ] || { tail -30 "$out/build.log"; exit 1; }
-nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader | tee "$out/gpu.txt"
+check_library "$lib"
+check_gpu
 
 # Optionally, the trained target.
 if [ "$target" = train ]; then
@@ -127,6 +105,4 @@ PY
 cat "$out/spec-summary.txt"
 check "adaptive speculation is never below 0.95x of off" "grep -q '^ADAPTIVE OK' '$out/spec-summary.txt'"
 
-echo "$((checks - fails)) passed, $fails failed"
-for f in "${failed[@]}"; do echo "  failed: $f"; done
-[ "$fails" = 0 ]
+check_end
