@@ -24,9 +24,10 @@ size_t create_moe(gollm_engine* e) {
   m.pos.alloc(P * 4, "routed slots");
   m.tiles.alloc((size_t)moe_max_tiles((int)P, (int)E, kMoeRows) * sizeof(int4), "expert tiles");
   // The tile count, then the router's finished blocks (moe_router_kernel's ROUTE: zero
-  // between passes).
+  // between passes), zeroed on the stream the router runs on: the engine's stream does not
+  // wait for the legacy one.
   m.ntiles.alloc(8, "expert tile count");
-  CUDA_CHECK(cudaMemset(m.ntiles.p, 0, 8));
+  CUDA_CHECK(cudaMemsetAsync(m.ntiles.p, 0, 8, e->stream));
   m.act.alloc(P * c.moe_inner * 2, "expert activations");
   m.y.alloc(P * c.hidden * 4, "expert outputs");
   if (c.shared_inner > 0) {

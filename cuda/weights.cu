@@ -585,6 +585,10 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
       e->extra = qk || (rot && (rot->rope_long > 0 || rot->rope_scale != 1.f));
     }
   }
+  // The FP8 parts, the LM head's padding and the rope frequencies went by the legacy stream,
+  // whose copies from pageable memory may return before their DMA lands and whose memsets do
+  // not wait at all; an engine's stream (non-blocking) would not wait for them either.
+  CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   *out = w.release();
 }
 
