@@ -334,8 +334,9 @@ bool fp8_role(int role) {
 }
 
 // upload_fp8 copies an F8E4M3 part's bytes to dst ([rows][cols]) and its scales, each
-// repeated over its block, to sdst ([rows][ceil(cols/128)], fp8.cuh's layout).
-void upload_fp8(const gollm_tensor& t, const char* what, uint8_t* dst, float* sdst) {
+// repeated over its block, to sdst ([rows][ceil(cols/128)], fp8.cuh's layout), on stream as
+// upload does.
+void upload_fp8(const gollm_tensor& t, const char* what, uint8_t* dst, float* sdst, cudaStream_t stream) {
   if (!t.data || !t.scale) invalid("%s: F8E4M3 without %s", what, t.data ? "scales" : "data");
   const int64_t G = (t.cols + kFp8Group - 1) / kFp8Group;
   const int64_t bc = std::min<int64_t>(t.block_cols, t.cols), sc = (t.cols + t.block_cols - 1) / t.block_cols;
@@ -346,8 +347,10 @@ void upload_fp8(const gollm_tensor& t, const char* what, uint8_t* dst, float* sd
       if (!(v > 0.f) || !std::isfinite(v)) invalid("%s: scale of row %lld, column %lld is %g", what, (long long)r, (long long)(g * kFp8Group), v);
       sv[(size_t)(r * G + g)] = v;
     }
-  CUDA_CHECK(cudaMemcpy(dst, t.data, (size_t)(t.rows * t.cols), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(sdst, sv.data(), sv.size() * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpyAsync(dst, t.data, (size_t)(t.rows * t.cols), cudaMemcpyHostToDevice, stream));
+  CUDA_CHECK(cudaMemcpyAsync(sdst, sv.data(), sv.size() * 4, cudaMemcpyHostToDevice, stream));
+  // sv goes, and the host data may be unmapped.
+  CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 }  // namespace
@@ -497,7 +500,8 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
     if (wt.part.dtype == GOLLM_DTYPE_F8E4M3) {
       const int64_t G = (wt.part.cols + kFp8Group - 1) / kFp8Group;
       upload_fp8(wt.part, what, static_cast<uint8_t*>(at(slot, wt.role)) + (size_t)(row * wt.part.cols),
-                 reinterpret_cast<float*>(base + where_s[(size_t)slot * GOLLM_ROLES + wt.role]) + (size_t)(row * G));
+                 reinterpret_cast<float*>(base + where_s[(size_t)slot * GOLLM_ROLES + wt.role]) + (size_t)(row * G),
+                 stream);
       row += wt.part.rows;
       continue;
     }
@@ -508,13 +512,16 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
   for (int r = 0; r < GOLLM_FIRST_LAYER_ROLE; r++) {
     int64_t rows, cols;
     if (!at(0, r) || !head_role(r) || !role_shape(c, r, rows, cols)) continue;
-    CUDA_CHECK(cudaMemset(static_cast<char*>(at(0, r)) + (size_t)(rows * cols) * es, 0,
-                          (size_t)((lm_head_ld((int)rows) - rows) * cols) * es));
+    CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(at(0, r)) + (size_t)(rows * cols) * es, 0,
+                               (size_t)((lm_head_ld((int)rows) - rows) * cols) * es, stream));
   }
   const float* freqs = reinterpret_cast<const float*>(base + freq_off);
   if (p->num_rope_freqs > 0)
-    CUDA_CHECK(cudaMemcpy(base + freq_off, p->rope_freqs, (size_t)p->num_rope_freqs * 4,
-                          cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpyAsync(base + freq_off, p->rope_freqs, (size_t)p->num_rope_freqs * 4,
+                               cudaMemcpyHostToDevice, stream));
+  // Every copy and memset of the load went on stream, which an engine's stream does not
+  // wait for: done before the weights are handed out.
+  CUDA_CHECK(cudaStreamSynchronize(stream));
 
   w->embed = at(0, GOLLM_ROLE_EMBED);
   w->pos = at(0, GOLLM_ROLE_POS_EMBED);
@@ -585,10 +592,6 @@ void create_weights(const gollm_weights_params* p, gollm_weights** out) {
       e->extra = qk || (rot && (rot->rope_long > 0 || rot->rope_scale != 1.f));
     }
   }
-  // The FP8 parts, the LM head's padding and the rope frequencies went by the legacy stream,
-  // whose copies from pageable memory may return before their DMA lands and whose memsets do
-  // not wait at all; an engine's stream (non-blocking) would not wait for them either.
-  CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   *out = w.release();
 }
 
