@@ -14,10 +14,18 @@ fed gollm's tokens:
   ref  transformers dequantized to float32 (the checkpoint's exact weights), the inputs of
        its q/k/v/o/gate/up/down projections rounded as gollm rounds them, at the prompt's
        positions where gollm's prompt step takes W8A8 (the rounding is a row's own, so one
-       forward over prompt and generated tokens gives what gollm's steps give): gollm's
-       largest per-row relative L2 must stay within 2e-2, and its greedy tokens must be
-       the reference's argmax wherever the reference's top-2 gap exceeds 1e-2;
-  deq  the same without the rounding: what W8A8 itself moves the logits, reported;
+       forward over prompt and generated tokens gives what gollm's steps give);
+  deq  the same without the rounding: eq, a row's distance between ref and deq, is what
+       the rounding itself moves it;
+       gollm is judged as bridge/cuda's w8a8Rows judges the GPU against the CPU engine: the
+       two cannot round alike (their activations differ by the compute type before each
+       rounding, which moves some elements across an e4m3 boundary, and after a layer or
+       two the roundings are all but independent), so each row's relative L2 from ref must
+       stay within 2e-2 + 3 × the larger of its eq and eq's rms, the rms over the rows
+       within 2e-2 + 1.5 × eq's rms (rows without W8A8 anywhere before them have eq 0: 2e-2,
+       the weight-only bar); gollm's greedy tokens must be ref's argmax wherever ref's
+       top-2 gap exceeds 1e-2 + 2 × the largest logit move of the row's rounding
+       (|ref − deq|);
   fp8  transformers' own FP8 path on this GPU (FP8Linear: activations quantized per
        128-block, W8A8), reported beside where its kernels load, with its own distance
        from ref.
@@ -193,6 +201,7 @@ def main():
         fp8_err = f"{type(e).__name__}: {e}"[:300]
     worst = {"prompt": 0.0, "decode": 0.0}
     worst_deq = {"prompt": 0.0, "decode": 0.0}
+    es, eqs = [], []  # every row's distance from ref, and its eq
     worst_fp8 = {"prompt": 0.0, "decode": 0.0}
     hf8 = 0.0
     agree = total = 0
@@ -202,6 +211,9 @@ def main():
         worst["prompt"] = max(worst["prompt"], float(rel_rows(gout[f"single.prompt_logits.{i}"], r[:P]).max()))
         worst["decode"] = max(worst["decode"], float(rel_rows(gout[f"single.decode_logits.{i}"], r[P:P + STEPS]).max()))
         d = deq[i]
+        es.append(torch.cat([rel_rows(gout[f"single.prompt_logits.{i}"], r[:P]),
+                             rel_rows(gout[f"single.decode_logits.{i}"], r[P:P + STEPS])]))
+        eqs.append(rel_rows(r[:P + STEPS], d[:P + STEPS]))
         worst_deq["prompt"] = max(worst_deq["prompt"], float(rel_rows(gout[f"single.prompt_logits.{i}"], d[:P]).max()))
         worst_deq["decode"] = max(worst_deq["decode"], float(rel_rows(gout[f"single.decode_logits.{i}"], d[P:P + STEPS]).max()))
         if fp8 is not None:
@@ -213,19 +225,27 @@ def main():
         for k in range(STEPS):
             row = r[P - 1 + k]
             top = row.topk(2)
-            if float(top.values[0] - top.values[1]) > 1e-2:
+            moved = float((row - d[P - 1 + k]).abs().max())
+            if float(top.values[0] - top.values[1]) > 1e-2 + 2 * moved:
                 total += 1
                 agree += int(int(top.indices[0]) == gen[i][k])
     tol = 2e-2
-    ok = worst["prompt"] <= tol and worst["decode"] <= tol and agree == total and in_fp8
+    e, eq = torch.cat(es), torch.cat(eqs)
+    rms, rmsq = float(e.pow(2).mean().sqrt()), float(eq.pow(2).mean().sqrt())
+    lim = tol + 3 * torch.maximum(eq, torch.full_like(eq, rmsq))
+    over = int((e > lim).sum())
+    ok = rms <= tol + 1.5 * rmsq and over == 0 and agree == total and in_fp8
     rows = [{"check": "fp8 gollm vs transformers fp32-dequantized, W8A8 inputs rounded alike",
              "prompt_relL2_max": round(worst["prompt"], 5), "decode_relL2_max": round(worst["decode"], 5),
-             "tokens_agree": f"{agree}/{total}", "tol": tol, "pass": ok},
+             "relL2_rms": round(rms, 5), "rounding_relL2_rms": round(rmsq, 5), "rows_over_bar": over,
+             "rows": int(e.numel()), "tokens_agree": f"{agree}/{total}", "tol": tol, "pass": ok},
             {"check": "fp8 gollm vs transformers fp32-dequantized, inputs unrounded",
              "prompt_relL2_max": round(worst_deq["prompt"], 5), "decode_relL2_max": round(worst_deq["decode"], 5)}]
     print(f"{'PASS' if ok else 'FAIL'} FP8 checkpoint: gollm vs transformers (fp32, dequantized, the W8A8 "
-          f"prompts' inputs rounded as gollm's) prompt relL2 {worst['prompt']:.2e}, decode {worst['decode']:.2e} "
-          f"(bound {tol}); greedy tokens agree {agree}/{total} where the top-2 gap exceeds 1e-2")
+          f"prompts' inputs rounded as gollm's) relL2 rms {rms:.2e} over {e.numel()} rows (bar {tol} + 1.5 × the "
+          f"rounding's own rms {rmsq:.2e}), worst prompt {worst['prompt']:.2e}, decode {worst['decode']:.2e}, "
+          f"{over} rows over their bar (2e-2 + 3 × max(own rounding, its rms)); greedy tokens agree "
+          f"{agree}/{total} where the top-2 gap exceeds 1e-2 + 2 × the rounding's move")
     print(f"INFO without that rounding (what W8A8 itself moves): prompt relL2 {worst_deq['prompt']:.2e}, "
           f"decode {worst_deq['decode']:.2e}")
     if fp8 is not None:
