@@ -8,15 +8,16 @@
 // Without it a step's rows decide its path, which every projection dispatcher follows:
 //   Stream  1–2 rows (up to 4 on models up to 1024 wide): the streaming gemv, its input norm
 //           and its epilogue (bias, activation, gate·up, QKV's rotary and KV write, the
-//           residual add) in the kernel;
+//           residual add) in the kernel; FP8 weights too;
 //   Gemv    up to gemv_rows_max rows (4 on models up to 1024 wide): the staged gemv, the same
 //           fusions but gate·up and rotary, which follow as kernels of their own; a
 //           decode-only step's MLP in one kernel (fused.cuh);
 //   Tiled   up to tiled_rows rows (16 on models up to 1024 wide): tensor-core projections
 //           over the norm the kernel before wrote, epilogues as the streaming gemv's but
 //           for the residual add;
-//   Blas    the rest: cuBLASLt's GEMMs in fp32, the algorithm timed per shape by the
-//           warm-up (blaslt.h), each followed by its epilogue's kernel.
+//   Blas    the rest, and FP8 weights off the Stream path: cuBLASLt's GEMMs in fp32, the
+//           algorithm timed per shape by the warm-up (blaslt.h), or the FP8 kernels
+//           (proj), each followed by its epilogue's kernel.
 // A projection whose kernel lacks the epilogue a stage after it needs writes fp32 and
 // leaves that stage its own kernel (the rotary and KV write: qkv_kv_write; gate·up:
 // gated_act; the residual add: residual_layernorm, which also computes the next norm).
@@ -186,9 +187,10 @@ struct Flow {
       path = Path::Gemv;
     else if (e->tiled && N <= e->tiled_rows && tiled_fits(N, H))
       path = Path::Tiled;
-    // FP8 weights take their own kernels (proj), which write fp32 as cuBLAS does: the Blas
-    // path's epilogue kernels follow them.
-    if (e->w->fp8) path = Path::Blas;
+    // FP8 weights stream like T's (every FP8 width is a multiple of 16); on the other paths
+    // they take their own kernels (proj), which write fp32 as cuBLAS does: the Blas path's
+    // epilogue kernels follow them.
+    if (e->w->fp8 && path != Path::Stream) path = Path::Blas;
     fused = path == Path::Gemv && e->fused && pl.tiles.empty() && (int)pl.dec_rows.size() == N &&
             N <= kFusedRows;
     if (fused) acc = e->acc.as<unsigned long long>();
@@ -274,7 +276,7 @@ template <typename T>
 void qkv(Flow<T>& f, const Stage& s) {
   gollm_engine* e = f.e;
   GemvArgs a = f.args(f.N);
-  a.w = s.w, a.bias = s.b, a.in = f.d.H, a.out = f.d.qkv, a.y = f.qkv;
+  a.w = s.w, a.ws = s.ws, a.bias = s.b, a.in = f.d.H, a.out = f.d.qkv, a.y = f.qkv;
   a.kv = f.kv, a.row_pos = f.I32(f.L.row_pos), a.row_seq = f.I32(f.L.row_seq);
   a.seqs = f.seqs, a.blocks = f.words, a.geom = layer_geom(e, s.s.layer), a.layer = s.s.layer;
   a.qscale = s.qscale, a.inv_freq = s.inv_freq;
@@ -394,7 +396,7 @@ void branch(Flow<T>& f, const void* w, const float* ws, const float* bias, int i
             const char* what, int layer, bool post) {
   gollm_engine* e = f.e;
   GemvArgs a = f.args(f.N);
-  a.w = w, a.in = in, a.out = f.d.H, a.x = x, a.y = f.tmp;
+  a.w = w, a.ws = ws, a.in = in, a.out = f.d.H, a.x = x, a.y = f.tmp;
   switch (f.path) {
     case Path::Stream:
     case Path::Gemv:
@@ -441,7 +443,7 @@ void mlp(Flow<T>& f, const Stage& s) {
     return;
   }
   GemvArgs a = f.args(f.N);
-  a.w = s.w, a.bias = s.b, a.in = f.d.H, a.out = f.d.up, a.act = act;
+  a.w = s.w, a.ws = s.ws, a.bias = s.b, a.in = f.d.H, a.out = f.d.up, a.act = act;
   switch (f.path) {
     case Path::Stream:
     case Path::Gemv:

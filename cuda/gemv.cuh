@@ -8,6 +8,7 @@
 #pragma once
 #include "activation.cuh"
 #include "common.cuh"
+#include "fp8.cuh"
 
 namespace gollm {
 
@@ -55,6 +56,9 @@ __device__ __forceinline__ void fix_add(unsigned long long* p, float v) {
 // GemvArgs gathers a gemv launch's operands.
 struct GemvArgs {
   const void* w;         // [out][in] T, row-major (transposed Conv1D weight); GATED [2·out][in]
+  // FP8 weights (gemv_stream_kernel only): w holds float8_e4m3fn codes in the same layout,
+  // ws their scales [rows of w][ceil(in / 128)] (fp8.cuh's layout); null for T weights.
+  const float* ws;
   const float* bias;     // [out] fp32, or null; GATED [2·out]
   int n, in, out;        // rows, input width, output width
   // Input.
@@ -789,12 +793,18 @@ __host__ __device__ __forceinline__ int64_t gemv_stream_units(const GemvArgs& a)
 // few outputs (the output and down projections: 384–1,024 units) has twice the warps
 // streaming; the odd warp hands its sums to the even one through shared memory (a barrier
 // of the pair's own), which adds them and finishes the unit.
+// F8: the weights are e4m3 codes with a.ws's scales, so a 16-byte chunk holds 16 weights
+// (in / 16 chunks a row, in % 16 == 0) against two chunks of the input row; a step's
+// chunks span 4·U 128-column groups, whose scales lane g loads for both rows with the
+// step's weights (group g of the step) and the lanes fetch by shuffle. Each chunk's sum is
+// scaled once, in fp32, as fp8_gemv_kernel does.
 // Dynamic shared memory: the input rows xs, [R][in] T.
-template <typename T, int R, int IN, int OUT, int KS = 1>
+template <typename T, int R, int IN, int OUT, int KS = 1, bool F8 = false>
 __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
     gemv_stream_kernel(GemvArgs a) {
   static_assert(KS == 1 || KS == 2, "a unit's reduction is split one or two ways");
   constexpr int U = kGemvStreamUnroll;
+  static_assert(!F8 || (4 * U <= 32 && kFp8Group == 128), "a step's scale groups, one a lane");
   constexpr bool kGated = OUT == GEMV_OUT_GATED;
   constexpr bool kRope = OUT == GEMV_OUT_ROPE;
   extern __shared__ __align__(16) unsigned char gemv_smem[];
@@ -805,7 +815,9 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
   const int n = a.n, lane = threadIdx.x & 31;
   // A row's chunks, and this warp's share of them, [kbeg, kend): all of them, or with KS = 2
   // the first or second share, in whole steps of 32.
-  const int chunks = a.in / 8;
+  const int chunks = F8 ? a.in / 16 : a.in / 8;
+  const int xchunks = a.in / 8;  // an input row's 16-byte pieces
+  const int groups = (a.in + kFp8Group - 1) / kFp8Group;
   const int part = KS == 2 ? (threadIdx.x >> 5) & 1 : 0;
   const int share = (chunks + 63) / 64 * 32;
   const int kbeg = part * share;
@@ -816,27 +828,38 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
   // The unit's rows: w0 and w1 point at their first chunk (w1 = w0 for an absent second).
   int64_t u = ((int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5)) / KS;
   const uint4 *w0 = nullptr, *w1 = nullptr;
+  const float *s0 = nullptr, *s1 = nullptr;  // F8: the rows' scales
   bool has1 = false;
   auto rows_of = [&](int64_t unit) {
+    int64_t r0, r1;
     if (kRope) {
       // A rotary unit is the pair of rows (i, i + D/2) of one head (query, key or value).
       const RopeUnit ru = rope_unit(a.geom, unit);
       has1 = true;
-      w0 = w + (int64_t)ru.c0 * chunks;
-      w1 = w + (int64_t)ru.c1 * chunks;
-      return;
+      r0 = ru.c0, r1 = ru.c1;
+    } else {
+      r0 = kGated ? unit : 2 * unit;
+      has1 = kGated || r0 + 1 < a.out;
+      r1 = has1 ? (kGated ? a.out + unit : r0 + 1) : r0;
     }
-    const int64_t r0 = kGated ? unit : 2 * unit;
-    has1 = kGated || r0 + 1 < a.out;
-    w0 = w + r0 * chunks;
-    w1 = has1 ? w + (kGated ? a.out + unit : r0 + 1) * chunks : w0;
+    w0 = w + r0 * chunks, w1 = w + r1 * chunks;
+    if (F8) s0 = a.ws + r0 * groups, s1 = a.ws + r1 * groups;
   };
   uint4 wv[2][U];
   int k0 = kbeg;  // the step's first chunk (the same for the whole warp)
+  float sv[2] = {0.f, 0.f};  // F8: the scales of this lane's group of the step, both rows
+  // F8: row j's scales for the step at k0 (its groups k0 / 8 + lane for lanes < 4·U).
+  auto load_scales = [&](int j) {
+    if (F8) {
+      const int g = k0 / 8 + lane;
+      sv[j] = lane < 4 * U && g < groups && (j == 0 || has1) ? __ldg((j ? s1 : s0) + g) : 0.f;
+    }
+  };
   if (u < units) {
     rows_of(u);
     gemv_stream_load(wv[0], w0, true, k0 + lane, kend);
     gemv_stream_prefetch(w1, has1, k0 + lane, kend);
+    load_scales(0), load_scales(1);
   }
   const LnParams lp = gemv_ln_params<IN>(a);
   gemv_kv_rows(a, OUT == GEMV_OUT_QKV || kRope, kvrow, rows);
@@ -854,7 +877,45 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
 #pragma unroll
     for (int i = 0; i < U; i++) {
       const int c = k0 + lane + 32 * i;
-      if (c < kend) {
+      if constexpr (F8) {
+        // Chunk c's group is the step's (lane + 32i) / 8th: lane lane / 8 + 4i holds it.
+        const float sc0 = __shfl_sync(0xffffffffu, sv[0], (lane >> 3) + 4 * i);
+        const float sc1 = __shfl_sync(0xffffffffu, sv[1], (lane >> 3) + 4 * i);
+        if (c < kend) {
+          // Each half chunk's 8 weights decoded once for every input row.
+          float d0[R], d1[R];
+#pragma unroll
+          for (int r = 0; r < R; r++) d0[r] = 0.f, d1[r] = 0.f;
+#pragma unroll
+          for (int hh = 0; hh < 2; hh++) {
+            float wa[8], wb[8];
+            const uint16_t* p0 = reinterpret_cast<const uint16_t*>(&wv[0][i]) + 4 * hh;
+            const uint16_t* p1 = reinterpret_cast<const uint16_t*>(&wv[1][i]) + 4 * hh;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+              const float2 fa = fp8x2_to_float2(p0[e]), fb = fp8x2_to_float2(p1[e]);
+              wa[2 * e] = fa.x, wa[2 * e + 1] = fa.y, wb[2 * e] = fb.x, wb[2 * e + 1] = fb.y;
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+              if (r < n) {
+                float x[8];
+                to_f32x8<T>(xw[r * xchunks + 2 * c + hh], x);
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                  d0[r] = fmaf(wa[e], x[e], d0[r]);
+                  d1[r] = fmaf(wb[e], x[e], d1[r]);
+                }
+              }
+            }
+          }
+#pragma unroll
+          for (int r = 0; r < R; r++) {
+            acc[0][r] = fmaf(d0[r], sc0, acc[0][r]);
+            acc[1][r] = fmaf(d1[r], sc1, acc[1][r]);
+          }
+        }
+      } else if (c < kend) {
         // The input pieces once per chunk, for both rows; each piece converted to fp32
         // once (the same products in the same order as dot8, with fewer conversions).
         uint4 xv[R];
@@ -898,6 +959,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvStreamBlocks)
     if (u < units) {
       gemv_stream_load(wv[0], w0, true, k0 + lane, kend);
       gemv_stream_load(wv[1], w1, has1, k0 + lane, kend);
+      load_scales(0), load_scales(1);
     }
     if (!last) continue;
 #pragma unroll
@@ -983,11 +1045,11 @@ inline bool gemv_stream_fits(int n, int in) {
 // stream take it (the output and down projections).
 template <int IN, int OUT>
 inline bool gemv_stream_split(const GemvArgs& a, int sms) {
-  return IN == GEMV_IN_T && OUT == GEMV_OUT_RESID && a.in / 8 >= 64 &&
+  return IN == GEMV_IN_T && OUT == GEMV_OUT_RESID && a.in / (a.ws ? 16 : 8) >= 64 &&
          2 * gemv_stream_units<OUT>(a) <= (int64_t)kGemvStreamBlocks * sms * kGemvWarps;
 }
 
-template <typename T, int R, int IN, int OUT>
+template <typename T, int R, int IN, int OUT, bool F8>
 void gemv_stream_launch(const GemvArgs& a, int sms, Stream stream) {
   // Every block resident at once (kGemvStreamBlocks a multiprocessor: 16 warps, each with
   // 16 loads of 512 bytes a warp in flight); the warps stride over the units.
@@ -997,15 +1059,23 @@ void gemv_stream_launch(const GemvArgs& a, int sms, Stream stream) {
   if constexpr (IN == GEMV_IN_T && OUT == GEMV_OUT_RESID) {
     if (gemv_stream_split<IN, OUT>(a, sms)) {
       const int64_t grid = (2 * units + kGemvWarps - 1) / kGemvWarps;
-      launch("gemv_stream_kernel", gemv_stream_kernel<T, R, IN, OUT, 2>, (int)grid, kGemvThreads,
+      launch("gemv_stream_kernel", gemv_stream_kernel<T, R, IN, OUT, 2, F8>, (int)grid, kGemvThreads,
              smem, stream, a);
       return;
     }
   }
   const int64_t grid = std::min<int64_t>((units + kGemvWarps - 1) / kGemvWarps,
                                          (int64_t)kGemvStreamBlocks * sms);
-  launch("gemv_stream_kernel", gemv_stream_kernel<T, R, IN, OUT>, (int)grid, kGemvThreads,
+  launch("gemv_stream_kernel", gemv_stream_kernel<T, R, IN, OUT, 1, F8>, (int)grid, kGemvThreads,
          smem, stream, a);
+}
+
+template <typename T, int R, int IN, int OUT>
+void gemv_stream_launch(const GemvArgs& a, int sms, Stream stream) {
+  if (a.ws)
+    gemv_stream_launch<T, R, IN, OUT, true>(a, sms, stream);
+  else
+    gemv_stream_launch<T, R, IN, OUT, false>(a, sms, stream);
 }
 
 // gemv_stream is gemv for the rows gemv_stream_fits allows (n <= 4), and also takes
@@ -1021,19 +1091,17 @@ void gemv_stream(const GemvArgs& a, int sms, Stream stream) {
 
 // gemv_stream_allow_smem lets every streaming kernel gemv_stream launches use up to
 // kGemvStreamMaxSmem of dynamic shared memory, or what the device allows it.
-template <typename T, int IN, int OUT>
+template <typename T, int IN, int OUT, int KS = 1>
 void gemv_stream_allow_smem_one(int device) {
-  void (*ks[3])(GemvArgs) = {gemv_stream_kernel<T, 1, IN, OUT>, gemv_stream_kernel<T, 2, IN, OUT>,
-                             gemv_stream_kernel<T, 4, IN, OUT>};
+  void (*ks[6])(GemvArgs) = {gemv_stream_kernel<T, 1, IN, OUT, KS>,       gemv_stream_kernel<T, 2, IN, OUT, KS>,
+                             gemv_stream_kernel<T, 4, IN, OUT, KS>,       gemv_stream_kernel<T, 1, IN, OUT, KS, true>,
+                             gemv_stream_kernel<T, 2, IN, OUT, KS, true>, gemv_stream_kernel<T, 4, IN, OUT, KS, true>};
   for (auto k : ks) allow_dynamic_smem(k, device, kGemvStreamMaxSmem);
 }
 
 template <typename T>
 void gemv_stream_allow_smem(int device) {
-  void (*split[3])(GemvArgs) = {gemv_stream_kernel<T, 1, GEMV_IN_T, GEMV_OUT_RESID, 2>,
-                                gemv_stream_kernel<T, 2, GEMV_IN_T, GEMV_OUT_RESID, 2>,
-                                gemv_stream_kernel<T, 4, GEMV_IN_T, GEMV_OUT_RESID, 2>};
-  for (auto k : split) allow_dynamic_smem(k, device, kGemvStreamMaxSmem);
+  gemv_stream_allow_smem_one<T, GEMV_IN_T, GEMV_OUT_RESID, 2>(device);
   gemv_stream_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_F32>(device);
   gemv_stream_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_QKV>(device);
   gemv_stream_allow_smem_one<T, GEMV_IN_LN, GEMV_OUT_GATED>(device);
