@@ -77,7 +77,7 @@ func fp8Bound(t *testing.T, fixture string) int64 {
 // 128×128 blocks, compressed-tensors' channels) load with their projections in FP8 — the
 // arena holds a byte a projection weight — and give transformers' logits of the same
 // checkpoint (dequantized, float32) on every kind of step as the dense families do: the
-// prompt's (fp8_mma_kernel), decode steps (fp8_gemv_kernel), a longer prompt beside a
+// prompt's (fp8_mma_kernel), decode steps (gemv_stream_kernel's F8), a longer prompt beside a
 // decode row, greedy generation from decode graphs; 2e-2 relative L2 a row in float16,
 // 0.12 in bfloat16 (the families' bars: the weights are exact, the activations rounded).
 // The weight-only kernels at every row count (NoBLASLt), as the goldens were computed:
@@ -320,5 +320,93 @@ func TestGPUFP8RowCountsMatchCPU(t *testing.T) {
 				t.Errorf("rms %.3g from the unrounded CPU engine's: the many-row steps did not round their activations (cuBLASLt's FP8 GEMMs did not run)", rms16)
 			}
 		})
+	}
+}
+
+// TestGPUFP8FewRowsMatchCPU: the few-row FP8 projections — the streaming gemv over e4m3
+// weights (gemv_stream_kernel's F8: steps of up to stream_rows rows, 4 on these models,
+// with its fused norm, rotary and KV write, gate·up and residual add) and fp8_gemv_kernel
+// (5-8 rows, the Blas path's epilogue kernels after it) — give the CPU engine's logits
+// on the same FP8 weights (weight-only: neither rounds its activations at up to 8 rows),
+// for prompts of 1 to 8 rows and then decode steps of 1 to 8 sequences over them, on the
+// three FP8 models of TestGPUFP8RowCountsMatchCPU (128×128 blocks; partial 128-column
+// groups; per-channel scales), float16 and bfloat16 against the families' bars. A scale
+// read for the wrong group or row, or a weight decoded out of place, errs by far more.
+func TestGPUFP8FewRowsMatchCPU(t *testing.T) {
+	const perSeq = 4
+	for _, tc := range []struct{ fixture, quant string }{{"llama-fp8-tiny", ""}, {"llama-tiny", "fp8"}, {"llama-fp8ct-tiny", ""}} {
+		for _, dtype := range []string{"float16", "bfloat16"} {
+			t.Run(tc.fixture+" "+dtype, func(t *testing.T) {
+				e, _ := fp8Engine(t, tc.fixture, Options{NumBlocks: 8*perSeq + 8, TokensPerBlock: 8, MaxTokens: 64,
+					MaxSeqs: 8, DType: dtype, Quantization: tc.quant})
+				m, err := model.LoadFloat32FP8(filepath.Join("..", "..", "testdata", tc.fixture))
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, c := w8a8CPUs(t, m, 8*perSeq+8)
+				V := m.Config.VocabSize
+				bar := map[string]float64{"float16": 2e-2, "bfloat16": 0.12}[dtype]
+				rng := rand.New(rand.NewPCG(34, 8))
+				var worst, se float64
+				var count int
+				prompts := make([][]int32, 9)
+				judge := func(what string, got, want []float32) {
+					t.Helper()
+					d := enginetest.RelL2(got, want)
+					if math.IsNaN(d) || d > bar {
+						t.Errorf("%s: relative L2 %.3g from the CPU engine's (bar %.3g)", what, d, bar)
+					}
+					worst, se, count = max(worst, d), se+d*d, count+1
+				}
+				for rows := 1; rows <= 8; rows++ {
+					// A prompt of rows tokens: one step of rows rows.
+					id := uint64(100 * rows)
+					toks := make([]int32, rows)
+					for j := range toks {
+						toks[j] = int32(rng.IntN(V))
+					}
+					prompts[rows] = toks
+					blocks := []int32{int32(rows-1) * perSeq, int32(rows-1)*perSeq + 1}
+					s := engine.Sequence{ID: id, Tokens: toks, Blocks: blocks, History: slices.Clone(toks), ContextLogits: true, Sample: true}
+					b := engine.Batch{Seqs: []engine.Sequence{s}}
+					want, err := c.Step(&b)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got, err := e.Step(&b)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for r := range rows {
+						at := func(x []float32) []float32 { return x[r*V : (r+1)*V] }
+						judge(fmt.Sprintf("prompt of %d rows, row %d", rows, r), at(got[0].ContextLogits), at(want[0].ContextLogits))
+					}
+				}
+				// Decode steps of 1 to 8 rows: the first k prompts' sequences, one token each.
+				for k := 1; k <= 8; k++ {
+					var b engine.Batch
+					for rows := 1; rows <= k; rows++ {
+						tok := int32(rng.IntN(V))
+						hist := append(slices.Clone(prompts[rows]), tok)
+						b.Seqs = append(b.Seqs, engine.Sequence{ID: uint64(100 * rows), Tokens: []int32{tok}, Pos: rows,
+							Blocks: []int32{int32(rows-1) * perSeq, int32(rows-1)*perSeq + 1}, Sample: true,
+							History: hist, NumGenerated: 1, ReturnLogits: true})
+					}
+					want, err := c.Step(&b)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got, err := e.Step(&b)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for i := range b.Seqs {
+						judge(fmt.Sprintf("decode step of %d rows, row %d", k, i), got[i].Logits, want[i].Logits)
+					}
+					// Each row wrote its sequence's position rows; the next step writes it again.
+				}
+				t.Logf("%d rows: relative L2 from the CPU engine rms %.3g, worst %.3g (bar %.3g)", count, math.Sqrt(se/float64(count)), worst, bar)
+			})
+		}
 	}
 }

@@ -13,8 +13,9 @@
 #      TestGPUFP8RowCountsMatchCPU (cuBLASLt's block-scaled FP8 GEMMs at 16, 64, 256 and
 #      1,024 rows, against the CPU engine, 2e-2: every shape of llama-fp8-tiny on
 #      cuBLASLt; widths that are not multiples of 128 and per-channel scales on whichever
-#      kernel the warm-up chose) and the dense families' test as a
-#      regression of the non-FP8 paths;
+#      kernel the warm-up chose), TestGPUFP8FewRowsMatchCPU (steps of 1-8 rows: the
+#      streaming gemv over FP8 weights and fp8_gemv_kernel, against the CPU engine) and the
+#      dense families' test as a regression of the non-FP8 paths;
 #   3. the austen demo's held-out perplexity: GPU FP8 within 2% of GPU fp16, fp16 within
 #      2% of the CPU's float32; greedy agreement reported (TestGPUHeldOutPerplexityFP8);
 #   4. tests/gpu/fp8_check.py: a 1024-wide FP8 checkpoint written by transformers'
@@ -42,11 +43,12 @@ check_gpu
 # 2. The GPU Go tests.
 t0=$SECONDS
 (cd "$root/bridge/cuda" && GOLLM_CUDA_LIB=$lib timeout 300 "$w/bin/cudatest" -test.count=1 -test.v \
-  -test.run 'TestGPUFP8CheckpointsMatchTransformers|TestGPUQuantizeFP8MatchesCPU|TestGPUFP8RowCountsMatchCPU|TestGPUDenseFamiliesMatchTransformers' \
+  -test.run 'TestGPUFP8CheckpointsMatchTransformers|TestGPUQuantizeFP8MatchesCPU|TestGPUFP8RowCountsMatchCPU|TestGPUFP8FewRowsMatchCPU|TestGPUDenseFamiliesMatchTransformers' \
   > "$out/gotest.log" 2>&1)
 echo "Go GPU tests: $((SECONDS - t0)) s"
 grep -E '^(\s*--- |ok|FAIL|PASS|panic)|worst relative|warm-up GEMM|^gollm: cuBLASLt' "$out/gotest.log" | tail -40
-for t in TestGPUFP8CheckpointsMatchTransformers TestGPUQuantizeFP8MatchesCPU TestGPUFP8RowCountsMatchCPU TestGPUDenseFamiliesMatchTransformers; do
+for t in TestGPUFP8CheckpointsMatchTransformers TestGPUQuantizeFP8MatchesCPU TestGPUFP8RowCountsMatchCPU TestGPUFP8FewRowsMatchCPU \
+  TestGPUDenseFamiliesMatchTransformers; do
   check "$t" "grep -q -- '^--- PASS: $t ' '$out/gotest.log'"
 done
 
