@@ -169,6 +169,20 @@ func w8a8CPUs(t *testing.T, m *model.Float32, blocks int) (c8, c16 *cpu.Engine) 
 	return c8, c16
 }
 
+// stepEach runs b on each engine in turn, failing the test on an error: outs[i] is
+// engines[i]'s outputs.
+func stepEach(t *testing.T, b *engine.Batch, engines ...engine.Engine) (outs [][]engine.Output) {
+	t.Helper()
+	for _, e := range engines {
+		o, err := e.Step(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		outs = append(outs, o)
+	}
+	return outs
+}
+
 // w8a8Rows judges the GPU's logits where its FP8 GEMMs round the activations to e4m3
 // (W8A8) against the CPU engine's rounding them alike. The two cannot agree as closely as
 // weight-only steps do: the engines' activations differ by their compute types before
@@ -294,18 +308,8 @@ func TestGPUFP8RowCountsMatchCPU(t *testing.T) {
 					b.Seqs = append(b.Seqs, engine.Sequence{ID: uint64(rows*10 + i), Tokens: toks, Blocks: blocks,
 						History: slices.Clone(toks), ContextLogits: true, Sample: true})
 				}
-				want, err := c8.Step(&b)
-				if err != nil {
-					t.Fatal(err)
-				}
-				want16, err := c16.Step(&b)
-				if err != nil {
-					t.Fatal(err)
-				}
-				got, err := e.Step(&b)
-				if err != nil {
-					t.Fatal(err)
-				}
+				outs := stepEach(t, &b, c8, c16, e)
+				want, want16, got := outs[0], outs[1], outs[2]
 				for i, s := range b.Seqs {
 					for r := range s.Tokens {
 						at := func(x []float32) []float32 { return x[r*V : (r+1)*V] }
@@ -368,15 +372,8 @@ func TestGPUFP8FewRowsMatchCPU(t *testing.T) {
 					prompts[rows] = toks
 					blocks := []int32{int32(rows-1) * perSeq, int32(rows-1)*perSeq + 1}
 					s := engine.Sequence{ID: id, Tokens: toks, Blocks: blocks, History: slices.Clone(toks), ContextLogits: true, Sample: true}
-					b := engine.Batch{Seqs: []engine.Sequence{s}}
-					want, err := c.Step(&b)
-					if err != nil {
-						t.Fatal(err)
-					}
-					got, err := e.Step(&b)
-					if err != nil {
-						t.Fatal(err)
-					}
+					outs := stepEach(t, &engine.Batch{Seqs: []engine.Sequence{s}}, c, e)
+					want, got := outs[0], outs[1]
 					for r := range rows {
 						at := func(x []float32) []float32 { return x[r*V : (r+1)*V] }
 						judge(fmt.Sprintf("prompt of %d rows, row %d", rows, r), at(got[0].ContextLogits), at(want[0].ContextLogits))
@@ -392,14 +389,8 @@ func TestGPUFP8FewRowsMatchCPU(t *testing.T) {
 							Blocks: []int32{int32(rows-1) * perSeq, int32(rows-1)*perSeq + 1}, Sample: true,
 							History: hist, NumGenerated: 1, ReturnLogits: true})
 					}
-					want, err := c.Step(&b)
-					if err != nil {
-						t.Fatal(err)
-					}
-					got, err := e.Step(&b)
-					if err != nil {
-						t.Fatal(err)
-					}
+					outs := stepEach(t, &b, c, e)
+					want, got := outs[0], outs[1]
 					for i := range b.Seqs {
 						judge(fmt.Sprintf("decode step of %d rows, row %d", k, i), got[i].Logits, want[i].Logits)
 					}
