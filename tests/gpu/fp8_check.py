@@ -208,11 +208,12 @@ def main():
     for i, p in enumerate(prompts):
         P = len(p)
         r = ref[i]
-        worst["prompt"] = max(worst["prompt"], float(rel_rows(gout[f"single.prompt_logits.{i}"], r[:P]).max()))
-        worst["decode"] = max(worst["decode"], float(rel_rows(gout[f"single.decode_logits.{i}"], r[P:P + STEPS]).max()))
+        ep = rel_rows(gout[f"single.prompt_logits.{i}"], r[:P])
+        ed = rel_rows(gout[f"single.decode_logits.{i}"], r[P:P + STEPS])
+        worst["prompt"] = max(worst["prompt"], float(ep.max()))
+        worst["decode"] = max(worst["decode"], float(ed.max()))
+        es.append(torch.cat([ep, ed]))
         d = deq[i]
-        es.append(torch.cat([rel_rows(gout[f"single.prompt_logits.{i}"], r[:P]),
-                             rel_rows(gout[f"single.decode_logits.{i}"], r[P:P + STEPS])]))
         eqs.append(rel_rows(r[:P + STEPS], d[:P + STEPS]))
         worst_deq["prompt"] = max(worst_deq["prompt"], float(rel_rows(gout[f"single.prompt_logits.{i}"], d[:P]).max()))
         worst_deq["decode"] = max(worst_deq["decode"], float(rel_rows(gout[f"single.decode_logits.{i}"], d[P:P + STEPS]).max()))
