@@ -92,14 +92,101 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_write_kernel(
     put(c0 + d, row[c0 + d] + (bias ? bias[c0 + d] : 0.f));
 }
 
+// qkv_rope_heads_kernel: qkv_rope_write_kernel's arithmetic, bit for bit, for many rows.
+// Grid (n, S): block (r, s) takes heads [s·hb, min((s + 1)·hb, H)) of row r, H = heads + 2 ·
+// kv_heads, its row's position and pool slot looked up once. A thread takes four pairs
+// (4j + t, 4j + t + rope_dim/2), t < 4, j = threadIdx.x mod Q, Q = rope_dim / 8, in every
+// rotated head of the block threadIdx.x / Q, + blockDim.x / Q, …, so that it computes its
+// eight sines and cosines once, before the wait; then the unrotated dimensions and value
+// heads, four at a time. blockDim.x is a multiple of Q; 16-byte loads of qkv and bias
+// (rope_dim a multiple of 8, head_dim of 4), 16-byte query and 8- or 4-byte pool stores.
+template <typename T>
+__global__ void __launch_bounds__(128) qkv_rope_heads_kernel(
+    float* __restrict__ qkv, const float* __restrict__ bias, void* __restrict__ kv,
+    const int32_t* __restrict__ row_pos, const int32_t* __restrict__ row_seq,
+    const DevSeq* __restrict__ seqs, const int32_t* __restrict__ blocks, KVGeom g, int layer,
+    float scale, const float* __restrict__ inv_freq, int rope_dim, int hb) {
+  griddep_launch();
+  const int r = blockIdx.x, D = g.head_dim, half = rope_dim / 2, Q = rope_dim / 8;
+  const int H = g.heads + 2 * g.kv_heads, rot_end = g.heads + g.kv_heads;
+  const int h0 = blockIdx.y * hb, h1 = min(h0 + hb, H);
+  const int pos = row_pos[r];
+  const int64_t base =
+      g.at(blocks[seqs[row_seq[r]].blk_off + pos / g.tokens_per_block], layer, 0, 0,
+           pos % g.tokens_per_block);
+  const int j = threadIdx.x % Q, i0 = 4 * j;
+  float cs[4], sn[4];
+#pragma unroll
+  for (int t = 0; t < 4; t++) sincosf(inv_freq[i0 + t] * (float)pos, &sn[t], &cs[t]);
+  griddep_wait();
+  float* row = qkv + (int64_t)r * g.qkv_width();
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+  auto ld = [](const float* p) { return *reinterpret_cast<const float4*>(p); };
+  // Rotated pairs of the block's query and key heads.
+  const int r1 = min(h1, rot_end);
+  for (int h = h0 + (int)threadIdx.x / Q; h < r1; h += blockDim.x / Q) {
+    const int c = h * D + i0;
+    float4 a = ld(row + c), b = ld(row + c + half);
+    if (bias) {
+      const float4 ba = ld(bias + c), bb = ld(bias + c + half);
+      a.x += ba.x, a.y += ba.y, a.z += ba.z, a.w += ba.w;
+      b.x += bb.x, b.y += bb.y, b.z += bb.z, b.w += bb.w;
+    }
+    const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+    float x0[4], x1[4];
+#pragma unroll
+    for (int t = 0; t < 4; t++) x0[t] = av[t] * cs[t] - bv[t] * sn[t], x1[t] = bv[t] * cs[t] + av[t] * sn[t];
+    if (h < g.heads) {
+      *reinterpret_cast<float4*>(row + c) = make_float4(x0[0] * scale, x0[1] * scale, x0[2] * scale, x0[3] * scale);
+      *reinterpret_cast<float4*>(row + c + half) =
+          make_float4(x1[0] * scale, x1[1] * scale, x1[2] * scale, x1[3] * scale);
+    } else {
+      kv_put4<T>(kv, base + g.kv_col(c), x0[0], x0[1], x0[2], x0[3], g, 0);
+      kv_put4<T>(kv, base + g.kv_col(c + half), x1[0], x1[1], x1[2], x1[3], g, 0);
+    }
+  }
+  // Four unrotated elements at a time: dimensions rope_dim… of rotated heads, then whole
+  // value heads.
+  const int qr = (D - rope_dim) / 4, qv = D / 4;
+  const int nr = max(r1 - h0, 0), vr0 = max(h0, rot_end);
+  const int units = nr * qr + max(h1 - vr0, 0) * qv;
+  for (int u = threadIdx.x; u < units; u += blockDim.x) {
+    int h, d;
+    if (u < nr * qr)
+      h = h0 + u / qr, d = rope_dim + 4 * (u % qr);
+    else
+      h = vr0 + (u - nr * qr) / qv, d = 4 * ((u - nr * qr) % qv);
+    const int c = h * D + d;
+    float4 v = ld(row + c);
+    const float4 b = bias ? ld(bias + c) : zero;
+    v.x += b.x, v.y += b.y, v.z += b.z, v.w += b.w;
+    if (h < g.heads)
+      *reinterpret_cast<float4*>(row + c) = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
+    else
+      kv_put4<T>(kv, base + g.kv_col(c), v.x, v.y, v.z, v.w, g, h < rot_end ? 0 : 1);
+  }
+}
+
 // qkv_kv_write is the QKV epilogue as a kernel of its own: bias, queries times scale,
 // rotary over rope_dim dimensions of each head where inv_freq is given, the KV write.
+// Rows with rotary go a row (and share of its heads) a block where rope_dim allows the
+// four-pair layout: one block a row and head spent most of its time looking the row up
+// (bench/results/2026-11-28-ropeheads-h200.jsonl).
 template <typename T>
 void qkv_kv_write(float* qkv, const float* bias, void* kv, const int32_t* row_pos,
                   const int32_t* row_seq, const DevSeq* seqs, const int32_t* blocks, KVGeom g,
                   int layer, int n, const float* inv_freq, int rope_dim, float scale,
                   Stream stream) {
   if (n == 0) return;
+  const int H = g.heads + 2 * g.kv_heads;
+  if (inv_freq && rope_dim % 8 == 0 && g.head_dim % 4 == 0 && rope_dim / 8 <= 128) {
+    // About a thousand blocks: few rows split their heads, many take them whole.
+    const int S = std::min(H, std::max(1, (1024 + n - 1) / n)), hb = (H + S - 1) / S;
+    const int Q = rope_dim / 8, threads = Q * std::max(1, 128 / Q);
+    launch("qkv_rope_heads_kernel", qkv_rope_heads_kernel<T>, dim3(n, (H + hb - 1) / hb), threads, 0, stream, qkv,
+           bias, kv, row_pos, row_seq, seqs, blocks, g, layer, scale, inv_freq, rope_dim, hb);
+    return;
+  }
   if (inv_freq) {
     launch("qkv_rope_write_kernel", qkv_rope_write_kernel<T>, dim3(n, g.heads + 2 * g.kv_heads),
            kRopeThreads, 0, stream, qkv, bias, kv, row_pos, row_seq, seqs, blocks, g, layer, scale,

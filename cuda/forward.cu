@@ -66,14 +66,32 @@ void gemm(gollm_engine* e, const void* x, const void* w, float* y, int m, int in
   e->gemms.xwt(cuda_type<T>(), x, w, y, m, in, out);
 }
 
+// fp8lt_takes says whether proj runs an FP8 weight (scales ws) over n rows on cuBLASLt's
+// W8A8 GEMM: many rows, a scale table there, and an algorithm for the shape (with its
+// product in T where tout).
+template <typename T>
+bool fp8lt_takes(gollm_engine* e, const void* x, const void* w, const float* ws, void* y, int n, int in, int out,
+                 Stream st, bool tout = false) {
+  if (!ws || n <= kFp8GemvRows || !e->fp8lt) return false;
+  Fp8Lt& lt = *e->fp8lt;
+  const auto b = lt.blocks.find(ws);
+  if (b == lt.blocks.end() || !b->second.p) return false;
+  return fp8lt_plan<T>(lt, gemm_rows(n), in, out, static_cast<const T*>(x), static_cast<const uint8_t*>(w),
+                       b->second.p, b->second.vec, y, st.st, false, tout)
+      .use_lt;
+}
+
 // proj is a projection stage's GEMM in the format of its weights: the FP8 kernels over the
 // step's n rows where the weights are FP8 (scales ws), else cuBLAS over gemm_rows(n).
+// quantized: x's rows are already in the FP8 GEMM's input (fp8lt_gated_quant; only where
+// fp8lt_takes). tout: y [m][out] in T rather than fp32 where cuBLASLt's FP8 GEMM has the
+// shape so (fp8lt_takes with tout); true where it wrote T.
 template <typename T>
-void proj(gollm_engine* e, const void* x, const void* w, const float* ws, float* y, int n, int in,
-          int out, Stream st) {
+bool proj(gollm_engine* e, const void* x, const void* w, const float* ws, float* y, int n, int in,
+          int out, Stream st, bool quantized = false, bool tout = false) {
   if (!ws) {
     gemm<T>(e, x, w, y, gemm_rows(n), in, out);
-    return;
+    return false;
   }
   // Many rows: FP8 tensor cores through cuBLASLt (fp8lt.cuh) where the weight has a scale
   // table there and the shape has an algorithm that beat the kernels below at the warm-up.
@@ -82,32 +100,40 @@ void proj(gollm_engine* e, const void* x, const void* w, const float* ws, float*
     const auto b = lt.blocks.find(ws);
     if (b != lt.blocks.end() && b->second.p) {
       const int m = gemm_rows(n);
-      const Fp8Lt::Plan& p = fp8lt_plan<T>(lt, m, in, out, static_cast<const T*>(x), static_cast<const uint8_t*>(w),
-                                           b->second.p, b->second.vec, y, st.st, false);
-      if (p.use_lt) {
-        fp8lt_quant<T>(lt, static_cast<const T*>(x), n, m, in, st);
-        fp8lt_run(lt, p, p.algo, static_cast<const uint8_t*>(w), b->second.p, y, st.st);
-        if (p.bf16) fp8lt_widen(lt, y, m, out, st);
-        return;
+      const Fp8Lt::Plan* p = &fp8lt_plan<T>(lt, m, in, out, static_cast<const T*>(x),
+                                            static_cast<const uint8_t*>(w), b->second.p, b->second.vec, y, st.st, false);
+      if (tout) {
+        const Fp8Lt::Plan& pt = fp8lt_plan<T>(lt, m, in, out, static_cast<const T*>(x),
+                                              static_cast<const uint8_t*>(w), b->second.p, b->second.vec, y, st.st,
+                                              false, true);
+        if (pt.use_lt) p = &pt;
+      }
+      if (p->use_lt) {
+        if (!quantized) fp8lt_quant<T>(lt, static_cast<const T*>(x), n, m, in, st);
+        fp8lt_run(lt, *p, p->algo, static_cast<const uint8_t*>(w), b->second.p, y, st.st);
+        if (p->bf16) fp8lt_widen(lt, y, m, out, st);
+        return p->tout;
       }
     }
   }
   fp8_proj<T>(static_cast<const T*>(x), static_cast<const uint8_t*>(w), ws, y, n, in, out, e->sms,
               e->fp8_part.as<float>(), e->fp8_part.bytes / 4, st);
+  return false;
 }
 
 // fp8lt_warm chooses shape (m, in, out)'s FP8 GEMM at the warm-up (fp8lt.cuh's
 // fp8lt_plan, timed) on weight w with scales ws and input rows x; true where cuBLASLt has
 // an algorithm for it (counted in the warm-up's GEMM shapes).
 template <typename T>
-bool fp8lt_warm(gollm_engine* e, const void* x, const void* w, const float* ws, float* y, int m, int in, int out) {
+bool fp8lt_warm(gollm_engine* e, const void* x, const void* w, const float* ws, float* y, int m, int in, int out,
+                bool tout = false) {
   if (!e->fp8lt || !ws) return false;
   Fp8Lt& lt = *e->fp8lt;
   const auto b = lt.blocks.find(ws);
   if (b == lt.blocks.end() || !b->second.p) return false;
   const T* xt = static_cast<const T*>(x);
   const uint8_t* wq = static_cast<const uint8_t*>(w);
-  return fp8lt_plan<T>(lt, m, in, out, xt, wq, b->second.p, b->second.vec, y, e->stream, true).found;
+  return fp8lt_plan<T>(lt, m, in, out, xt, wq, b->second.p, b->second.vec, y, e->stream, true, tout).found;
 }
 
 // The LM head's GEMM runs over lm_head_ld(V) rows of weights (zero past V), so that cuBLAS
@@ -393,7 +419,7 @@ void tp_share(Flow<T>& f, const char* what, int layer, bool post) {
 // all-reduced there, its bias (the whole one, on every rank) left for after.
 template <typename T>
 void branch(Flow<T>& f, const void* w, const float* ws, const float* bias, int in, const T* x,
-            const char* what, int layer, bool post) {
+            const char* what, int layer, bool post, bool quantized = false) {
   gollm_engine* e = f.e;
   GemvArgs a = f.args(f.N);
   a.w = w, a.ws = ws, a.in = in, a.out = f.d.H, a.x = x, a.y = f.tmp;
@@ -414,7 +440,7 @@ void branch(Flow<T>& f, const void* w, const float* ws, const float* bias, int i
       if (!f.tp) bias = nullptr;
       break;
     case Path::Blas:
-      proj<T>(e, x, w, ws, f.tmp, f.N, in, f.d.H, f.st);
+      proj<T>(e, x, w, ws, f.tmp, f.N, in, f.d.H, f.st, quantized);
       break;
   }
   if (f.tp) tp_share(f, what, layer, post);
@@ -467,6 +493,19 @@ void mlp(Flow<T>& f, const Stage& s) {
         tiled_proj<T, GEMV_OUT_ACT>(a, e->tile_blocks, e->tile_smem, e->tile_part.as<float>(), e->tile_tickets.as<int>(), f.st);
       break;
     case Path::Blas:
+      // Where the down projection quantizes its input for cuBLASLt, the gate·up product
+      // comes in T (half the bytes of fp32, where cuBLASLt has the shape so) and the gated
+      // units go straight into that input: their T rows never pass through memory.
+      if (gated && f.d.I % 16 == 0 && fp8lt_takes<T>(e, f.fch, s.w2, s.ws2, f.tmp, f.N, f.d.I, f.d.H, f.st)) {
+        Fp8Lt& lt = *e->fp8lt;
+        const int m = gemm_rows(f.N);
+        if (proj<T>(e, f.xn, s.w, s.ws, f.fc, f.N, f.d.H, f.d.up, f.st, false, true))
+          fp8lt_gated_quant<T>(lt, reinterpret_cast<const T*>(f.fc), s.b, f.N, m, f.d.I, act, f.st);
+        else
+          fp8lt_gated_quant<T>(lt, static_cast<const float*>(f.fc), s.b, f.N, m, f.d.I, act, f.st);
+        branch(f, s.w2, s.ws2, s.b2, f.d.I, f.fch, "the MLP output", s.s.layer, s.post != nullptr, true);
+        return;
+      }
       proj<T>(e, f.xn, s.w, s.ws, f.fc, f.N, f.d.H, f.d.up, f.st);
       if (gated)
         gated_act<T>(f.fc, s.b, f.fch, f.N, f.d.I, act, f.st);
@@ -706,6 +745,7 @@ int warmup_gemms_t(gollm_engine* e) {
       shapes += fp8lt_warm<T>(e, e->att.p, out->w, out->ws, e->tmp.as<float>(), m, d.att, d.H);
       if (!mlp) continue;
       shapes += fp8lt_warm<T>(e, e->xn.p, mlp->w, mlp->ws, e->fc.as<float>(), m, d.H, d.up);
+      if (mlp->s.gated) fp8lt_warm<T>(e, e->xn.p, mlp->w, mlp->ws, e->fc.as<float>(), m, d.H, d.up, true);
       shapes += fp8lt_warm<T>(e, e->fch.p, mlp->w2, mlp->ws2, e->tmp.as<float>(), m, d.I, d.H);
     }
   }

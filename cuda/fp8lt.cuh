@@ -39,15 +39,36 @@
 #include <tuple>
 #include <vector>
 
+#include "activation.cuh"
 #include "common.cuh"
 #include "fp8.cuh"
 #include "internal.h"
+#include "matmul.cuh"
 #include "sizes.h"
 
 namespace gollm {
 
 constexpr float kFp8Max = 448.f;  // the largest finite e4m3 value
 constexpr int kFp8LtCandidates = 4;  // heuristic candidates timed a shape
+
+// fp8_quant_group quantizes one (row r, 128-group g) pair held by a warp, four columns
+// k… a lane (v; zeros past the row's end or n): xq[r][k…] = v / s and, from lane 0,
+// s[g][m-major r] = amax / 448 of the group (1 where it is all zeros). Both quantizing
+// kernels end in it, so that their codes are the same for the same values.
+__device__ __forceinline__ void fp8_quant_group(const float (&v)[4], uint8_t* __restrict__ xq, float* __restrict__ s,
+                                                int r, int g, int k, int m, int in, int lane) {
+  float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));
+  const float sc = a > 0.f ? a / kFp8Max : 1.f;
+  const float inv = a > 0.f ? kFp8Max / a : 0.f;
+  if (k < in) {
+    const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[0] * inv, v[1] * inv), __NV_SATFINITE, __NV_E4M3);
+    const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[2] * inv, v[3] * inv), __NV_SATFINITE, __NV_E4M3);
+    *reinterpret_cast<uint32_t*>(xq + (size_t)r * in + k) = (uint32_t)lo | ((uint32_t)hi << 16);
+  }
+  if (lane == 0) s[(size_t)g * m + r] = sc;
+}
 
 // fp8_quant_rows_kernel: grid ceil(m · G / 8), block 256, a warp a (row, 128-group) pair:
 // xq [m][in] e4m3 = x / s, s [G][m] = amax / 448 of the group (1 where the group is all
@@ -70,17 +91,46 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int i = 0; i < 4; i++) v[i] = to_f32(p[i]);
   }
-  float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+  fp8_quant_group(v, xq, s, r, g, k, m, in, lane);
+}
+
+// fp8_gated_quant_kernel: the gated MLP's units quantized for the down projection in one
+// pass — gated_act_kernel's y = T(act(gate + bg) · (up + bu)) for y [n][in] from the
+// gate·up product x [n][2·in] (gates, then ups; in fp32, or in T where cuBLASLt wrote the
+// product in the compute type; bias [2·in] fp32 or null), then fp8_quant_rows_kernel's
+// codes of y — bit for bit, for an fp32 x — without y going through memory. Grid and
+// layout as fp8_quant_rows_kernel's (in a multiple of 16); rows n…m − 1 zeros.
+template <typename T, typename X>
+__global__ void __launch_bounds__(256)
+    fp8_gated_quant_kernel(const X* __restrict__ x, const float* __restrict__ bias, uint8_t* __restrict__ xq,
+                           float* __restrict__ s, int n, int m, int in, int act) {
+  griddep_wait();
+  const int G = (in + kFp8Group - 1) / kFp8Group;
+  const int wid = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+  if (wid >= m * G) return;
+  const int r = wid / G, g = wid % G;
+  const int k = g * kFp8Group + lane * 4;
+  float v[4] = {0.f, 0.f, 0.f, 0.f};
+  if (r < n && k < in) {
+    const X* xr = x + (size_t)r * 2 * in;
+    float gv[4], uv[4];
+    if constexpr (std::is_same<X, float>::value) {
+      const float4 gt = *reinterpret_cast<const float4*>(xr + k), up = *reinterpret_cast<const float4*>(xr + in + k);
+      gv[0] = gt.x, gv[1] = gt.y, gv[2] = gt.z, gv[3] = gt.w, uv[0] = up.x, uv[1] = up.y, uv[2] = up.z, uv[3] = up.w;
+    } else {
+      const uint2 gt = *reinterpret_cast<const uint2*>(xr + k), up = *reinterpret_cast<const uint2*>(xr + in + k);
+      const X* gp = reinterpret_cast<const X*>(&gt);
+      const X* upp = reinterpret_cast<const X*>(&up);
 #pragma unroll
-  for (int d = 16; d > 0; d /= 2) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));
-  const float sc = a > 0.f ? a / kFp8Max : 1.f;
-  const float inv = a > 0.f ? kFp8Max / a : 0.f;
-  if (k < in) {
-    const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[0] * inv, v[1] * inv), __NV_SATFINITE, __NV_E4M3);
-    const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[2] * inv, v[3] * inv), __NV_SATFINITE, __NV_E4M3);
-    *reinterpret_cast<uint32_t*>(xq + (size_t)r * in + k) = (uint32_t)lo | ((uint32_t)hi << 16);
+      for (int i = 0; i < 4; i++) gv[i] = to_f32(gp[i]), uv[i] = to_f32(upp[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const float bg = bias ? bias[k + i] : 0.f, bu = bias ? bias[in + k + i] : 0.f;
+      v[i] = to_f32(from_f32<T>(activate(gv[i] + bg, act) * (uv[i] + bu)));
+    }
   }
-  if (lane == 0) s[(size_t)g * m + r] = sc;
+  fp8_quant_group(v, xq, s, r, g, k, m, in, lane);
 }
 
 // Fp8Lt is an engine's cuBLASLt state for its FP8 projections.
@@ -103,12 +153,13 @@ struct Fp8Lt {
   struct Plan {
     bool use_lt = false;
     bool bf16 = false;   // D in bf16 (lt.yb), widened into y by fp8_widen_kernel
+    bool tout = false;   // D in the compute type, straight into the caller's T rows
     bool found = false;  // the heuristic had an algorithm (use_lt false: none of them would run)
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  std::map<std::tuple<int, int, int, bool>, Plan> plans;  // (m, in, out, weights in VEC128)
+  std::map<std::tuple<int, int, int, bool, bool>, Plan> plans;  // (m, in, out, weights in VEC128, D in T)
   bool reported = false;  // a shape without an algorithm was reported
   static void drop(Plan& p) {
     if (p.d) cublasLtMatrixLayoutDestroy(p.d);
@@ -134,14 +185,15 @@ __global__ void fp8_widen_kernel(const __nv_bfloat16* __restrict__ yb, float* __
     y[i] = __bfloat162float(yb[i]);
 }
 
-// fp8lt_describe builds shape (m, in, out)'s descriptors into p (D in fp32, or bf16 where
-// p.bf16; A's scales VEC128 where vec, else BLK128x128), with the scale pointers sa (A's
+// fp8lt_describe builds shape (m, in, out)'s descriptors into p (D of type dt; A's scales
+// VEC128 where vec, else BLK128x128), with the scale pointers sa (A's
 // table) and xs (B's groups) already set: cuBLASLt
 // 13's heuristic refuses a block-scaled descriptor whose scale pointers are unset
 // (CUBLAS_STATUS_INVALID_VALUE, "requires a custom pointer"), and fp8lt_run sets them again
 // for each weight. false where this cuBLASLt does not know the attributes (older than block
 // scaling).
-inline bool fp8lt_describe(Fp8Lt::Plan& p, int m, int in, int out, const float* sa, const float* xs, bool vec) {
+inline bool fp8lt_describe(Fp8Lt::Plan& p, int m, int in, int out, const float* sa, const float* xs, bool vec,
+                           cudaDataType_t dt) {
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   const int32_t ma = vec ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
                 mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
@@ -154,17 +206,18 @@ inline bool fp8lt_describe(Fp8Lt::Plan& p, int m, int in, int out, const float* 
          fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs)) &&
          fp8lt_ok(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, in, out, in)) &&
          fp8lt_ok(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, in, m, in)) &&
-         fp8lt_ok(cublasLtMatrixLayoutCreate(&p.d, p.bf16 ? CUDA_R_16BF : CUDA_R_32F, out, m, out));
+         fp8lt_ok(cublasLtMatrixLayoutCreate(&p.d, dt, out, m, out));
 }
 
-// fp8lt_run enqueues plan p on (m rows of xq, weights w with blocks sa) into y.
+// fp8lt_run enqueues plan p on (m rows of xq, weights w with blocks sa) into y (fp32, or T
+// where p.tout).
 inline void fp8lt_run(Fp8Lt& lt, const Fp8Lt::Plan& p, const cublasLtMatmulAlgo_t& algo, const uint8_t* w,
-                      const float* sa, float* y, cudaStream_t st) {
+                      const float* sa, void* y, cudaStream_t st) {
   const void* xs = lt.xs.p;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs));
   const float one = 1.f, zero = 0.f;
-  void* d = p.bf16 ? lt.yb.p : static_cast<void*>(y);
+  void* d = p.bf16 ? lt.yb.p : y;
   CUBLAS_CHECK(cublasLtMatmul(lt.lt, p.desc, &one, w, p.a, lt.xq.p, p.b, &zero, d, p.d, d, p.d, &algo, lt.ws,
                               lt.ws_bytes, st));
 }
@@ -185,6 +238,17 @@ void fp8lt_quant(Fp8Lt& lt, const T* x, int n, int m, int in, Stream st) {
          lt.xs.as<float>(), n, m, in);
 }
 
+// fp8lt_gated_quant enqueues the gated units of the gate·up product x's n rows (padded to
+// m; X fp32 or T), quantized into lt.xq, lt.xs for the down projection
+// (fp8_gated_quant_kernel).
+template <typename T, typename X>
+void fp8lt_gated_quant(Fp8Lt& lt, const X* x, const float* bias, int n, int m, int in, int act, Stream st) {
+  const int G = (in + kFp8Group - 1) / kFp8Group;
+  const int blocks = (int)(((size_t)m * G * 32 + 255) / 256);
+  launch("fp8_gated_quant_kernel", fp8_gated_quant_kernel<T, X>, blocks, 256, 0, st, x, bias, lt.xq.as<uint8_t>(),
+         lt.xs.as<float>(), n, m, in, act);
+}
+
 // fp8lt_plan returns shape (m, in, out)'s plan for weights whose table is sa (VEC128
 // groups where vec, else 128×128 blocks), choosing it on its first call: timed where
 // timed (the warm-up), else the heuristic's first candidate (a shape met first inside a
@@ -194,8 +258,8 @@ void fp8lt_quant(Fp8Lt& lt, const T* x, int n, int m, int in, Stream st) {
 // rounds them to e4m3, so a shape's numerics would hang on a timing.
 template <typename T>
 const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, const uint8_t* w, const float* sa,
-                              bool vec, float* y, cudaStream_t st, bool timed) {
-  const auto key = std::make_tuple(m, in, out, vec);
+                              bool vec, void* y, cudaStream_t st, bool timed, bool tout = false) {
+  const auto key = std::make_tuple(m, in, out, vec, tout);
   auto it = lt.plans.find(key);
   if (it != lt.plans.end()) return it->second;
   Fp8Lt::Plan& p = lt.plans[key];
@@ -207,11 +271,14 @@ const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, con
   // bf16 or fp16, M and N multiples of 4, 16-byte aligned operands: in a multiple of 16,
   // out of 4 (fp32 D) or 8 (bf16 D). A bf16 D is widened after (while the warm-up may still
   // allocate its buffer: not inside a capture).
-  for (int bf = 0; bf < 2 && found <= 0; bf++) {
+  // D: fp32, else bf16 widened after; or, asked for tout, the compute type alone.
+  for (int d = tout ? 2 : 0; d < (tout ? 3 : 2) && found <= 0; d++) {
     Fp8Lt::drop(p);
-    p.bf16 = bf == 1;
+    p.bf16 = d == 1, p.tout = d == 2;
     if (p.bf16 && !lt.yb.p && !timed) break;
-    if (in % 16 != 0 || out % (p.bf16 ? 8 : 4) != 0 || m % 4 != 0 || !fp8lt_describe(p, m, in, out, sa, lt.xs.as<float>(), vec))
+    const cudaDataType_t dt = d == 0 ? CUDA_R_32F : d == 1 ? CUDA_R_16BF : cuda_type<T>();
+    if (in % 16 != 0 || out % (d > 0 ? 8 : 4) != 0 || m % 4 != 0 ||
+        !fp8lt_describe(p, m, in, out, sa, lt.xs.as<float>(), vec, dt))
       continue;
     cublasLtMatmulPreference_t pref = nullptr;
     if (fp8lt_ok(cublasLtMatmulPreferenceCreate(&pref))) {
@@ -232,6 +299,7 @@ const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, con
     }
   }
   if (found <= 0) {
+    if (tout) return p;  // the caller keeps the fp32 product
     if (!lt.reported) {
       lt.reported = true;
       std::fprintf(stderr,
@@ -256,7 +324,7 @@ const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, con
       auto once = [&]() {
         fp8lt_quant<T>(lt, x, m, m, in, Stream(st, false));
         fp8lt_run(lt, p, res[c].algo, w, sa, y, st);
-        if (p.bf16) fp8lt_widen(lt, y, m, out, Stream(st, false));
+        if (p.bf16) fp8lt_widen(lt, static_cast<float*>(y), m, out, Stream(st, false));
       };
       try {
         once();
