@@ -26,6 +26,9 @@
 #   PORT     tritonserver's HTTP port, gRPC and metrics the next two [8000]
 #   KIND     the tritonserver model's instance kind [KIND_GPU]; KIND_CPU tries the script
 #            on a machine without a GPU (IMPL=triton, a small checkpoint in CKPTS/SHAPE)
+#   QUANT    fp8: the projections quantized at load (gpubench -quantization, the model's
+#            quantization parameter) [none]
+#   KV_DTYPE fp8: an FP8 KV cache (-kv-cache-dtype, kv_cache_dtype) [the compute type]
 # A cell's request count keeps it to seconds on an H100 for the 8B shape: under max load
 # 1,024 requests of input 128 (256 of input 2,048 or output 2,048); at concurrency C, 2C
 # (at least 4) of input and output 128, C (at least 4) of input 2,048, C of output 2,048. The default grid (2 shapes × 2 impls × 10
@@ -112,6 +115,7 @@ for shape in $SHAPES; do
       echo "== $shape: engine alone (gpubench)"
       timeout "$share" "$bins/gpubench" -ckpt "$ckpt" -model "$shape" -lib "$bins/libgollm_cuda.so" -overlap \
         -max-batch 1024 -max-num-tokens 8192 -reps 3 -workloads "$list" \
+        ${QUANT:+-quantization "$QUANT"} ${KV_DTYPE:+-kv-cache-dtype "$KV_DTYPE"} \
         > "$w/engine-$shape.jsonl" 2> "$out/gpubench-$shape.log"
       rc=$?
       grep '^gpubench: ' "$out/gpubench-$shape.log" | sed 's/^/   /'
@@ -121,7 +125,10 @@ for shape in $SHAPES; do
       repo="$w/repo-$shape" && rm -rf "$repo" && mkdir -p "$repo/m/1"
       sed -e "s/kind: KIND_CPU/kind: ${KIND:-KIND_GPU}/" -e 's/^name: "gpt2"/name: "m"/' -e 's/^max_batch_size: .*/max_batch_size: 1024/' \
         "$root/model_repository/gpt2/config.pbtxt" > "$repo/m/config.pbtxt"
-      for kv in "gpt_model_path $ckpt" "enable_chunked_context true" "max_num_tokens 8192"; do
+      settings=("gpt_model_path $ckpt" "enable_chunked_context true" "max_num_tokens 8192")
+      [ -n "${QUANT:-}" ] && settings+=("quantization $QUANT")
+      [ -n "${KV_DTYPE:-}" ] && settings+=("kv_cache_dtype $KV_DTYPE")
+      for kv in "${settings[@]}"; do
         set -- $kv
         sed -i "/key: \"$1\"/d" "$repo/m/config.pbtxt"
         printf 'parameters { key: "%s" value: { string_value: "%s" } }\n' "$1" "$2" >> "$repo/m/config.pbtxt"
@@ -134,6 +141,8 @@ for shape in $SHAPES; do
       pid=$!
       remaining=$((share - (SECONDS - t0)))
       timeout "$remaining" "$bins/tritonbench" -addr 127.0.0.1:$((port + 1)) -model m -name "$shape" -conns 8 \
+        -dtype "${QUANT:-fp16}" -kv-fp8="$([ "${KV_DTYPE:-}" = fp8 ] && echo true || echo false)" \
+        -vocab "$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$ckpt/config.json")" \
         -wait 150s -workloads "$(cells | paste -sd, -)" > "$w/triton-$shape.jsonl" 2> "$out/tritonbench-$shape.log"
       rc=$?
       grep '^tritonbench: ' "$out/tritonbench-$shape.log" | sed 's/^/   /'
@@ -188,8 +197,9 @@ for r in rows:
     if "concurrency" not in r:
         print(f"{r['model']:<13} {r['workload']:<22} {r['impl']:<21} {r['metric']} {r['value']:.1f}")
 for (m, wl, impl), c in sorted(cells.items()):
-    e = cells.get((m, wl, "gollm-engine-overlap"))
-    if impl == "gollm-triton" and e and "tokens_per_s" in c and "tokens_per_s" in e:
+    # The engine's cell of the same settings: gollm-triton[-kvfp8] beside gollm-engine-overlap[-kvfp8].
+    e = cells.get((m, wl, impl.replace("gollm-triton", "gollm-engine-overlap", 1)))
+    if impl in ("gollm-triton", "gollm-triton-kvfp8") and e and "tokens_per_s" in c and "tokens_per_s" in e:
         print(f"{m} {wl}: through tritonserver {c['tokens_per_s'] / e['tokens_per_s']:.2f}× the engine")
 PY
 echo "rows: $rows"

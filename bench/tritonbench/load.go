@@ -33,11 +33,7 @@ func runLoadWorkload(cs []kserve.GRPCInferenceServiceClient, modelName, name, w 
 		return fmt.Errorf("%d tokens streamed, want %d", s.Tokens, want)
 	}
 	fmt.Fprintf(os.Stderr, "tritonbench: %s: %d requests in %.1f s\n", w, l.Requests, time.Since(start).Seconds())
-	impl := "gollm-triton"
-	if !opts.streaming {
-		impl += "-nostream"
-	}
-	base := map[string]any{"model": name, "dtype": "fp16", "impl": impl, "conns": len(cs)}
+	base := map[string]any{"model": name, "dtype": opts.dtype, "impl": opts.impl(), "conns": len(cs)}
 	for _, r := range s.Rows(l, base) {
 		j, _ := json.Marshal(r)
 		fmt.Println(string(j))

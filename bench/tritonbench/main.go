@@ -71,12 +71,15 @@ func main() {
 	preopen := flag.Bool("preopen", false, "open every stream before the clock starts (a client that keeps its streams)")
 	against := flag.String("against", "", "model whose greedy streams -model's must equal (tensor parallel against one GPU)")
 	minSame := flag.Float64("min-same", 0.9, "with -against: the fraction of identical streams that passes")
+	dtype := flag.String("dtype", "fp16", "the served model's weights as the rows name them (fp16, bf16, fp8): a label only")
+	kvFP8 := flag.Bool("kv-fp8", false, "the served model's KV cache is FP8 (kv_cache_dtype): the rows' impl ends in -kvfp8")
 	flag.Parse()
 	if *conns < 1 {
 		fmt.Fprintln(os.Stderr, "tritonbench: -conns must be at least 1")
 		os.Exit(2)
 	}
-	opts := options{conns: *conns, streaming: *streaming, preopen: *preopen, against: *against, minSame: *minSame, gaps: *gaps}
+	opts := options{conns: *conns, streaming: *streaming, preopen: *preopen, against: *against, minSame: *minSame, gaps: *gaps,
+		dtype: *dtype, kvFP8: *kvFP8}
 	if err := run(*addr, *modelName, *name, *check, *expect, *list, *reps, *vocab, *wait, opts); err != nil {
 		fmt.Fprintln(os.Stderr, "tritonbench:", err)
 		os.Exit(1)
@@ -97,6 +100,22 @@ type options struct {
 	minSame float64
 	// gaps is check.py's file of top-2 gaps for -check ("": every difference fails).
 	gaps string
+	// dtype and kvFP8 label the rows: the server's model settings, which the client cannot see.
+	dtype string
+	kvFP8 bool
+}
+
+// impl is the rows' impl: gollm-triton, -nostream without streaming, -kvfp8 over an FP8
+// KV cache (as gpubench names its own).
+func (o options) impl() string {
+	impl := "gollm-triton"
+	if !o.streaming {
+		impl += "-nostream"
+	}
+	if o.kvFP8 {
+		impl += "-kvfp8"
+	}
+	return impl
 }
 
 func run(addr, modelName, name, check, expect, list string, reps, vocab int, wait time.Duration, opts options) error {
@@ -529,11 +548,7 @@ func runWorkload(cs []kserve.GRPCInferenceServiceClient, modelName, name, w stri
 	slices.Sort(gaps)
 	slices.Sort(ttfts)
 	wall := walls[len(walls)/2]
-	impl := "gollm-triton"
-	if !opts.streaming {
-		impl += "-nostream"
-	}
-	o := map[string]any{"model": name, "dtype": "fp16", "workload": w, "impl": impl}
+	o := map[string]any{"model": name, "dtype": opts.dtype, "workload": w, "impl": opts.impl()}
 	if len(cs) > 1 {
 		o["conns"] = len(cs)
 	}
