@@ -44,6 +44,17 @@ func runLoadWorkload(eng benchEngine, l loadstat.Load, name, dtype, impl string)
 		rows[0]["seqs_per_iteration_mean"] = float64(it.seqs) / float64(it.n)
 		rows[0]["seqs_per_iteration_max"] = it.most
 		rows[0]["engine_ms_per_iteration"] = it.engine.Seconds() * 1e3 / float64(it.n)
+		// Steps with prompt tokens apart from decode-only ones: how many, and the time
+		// from each one's start to the next's (the last one's is not known).
+		for _, k := range []struct {
+			name string
+			kind *iterKind
+		}{{"context", &it.ctx}, {"decode", &it.gen}} {
+			rows[0]["iterations_"+k.name] = k.kind.n
+			if k.kind.timed > 0 {
+				rows[0]["wall_ms_per_iteration_"+k.name] = k.kind.wall.Seconds() * 1e3 / float64(k.kind.timed)
+			}
+		}
 	}
 	for _, r := range rows {
 		j, _ := json.Marshal(r)
@@ -56,6 +67,36 @@ func runLoadWorkload(eng benchEngine, l loadstat.Load, name, dtype, impl string)
 type iterations struct {
 	n, seqs, most int
 	engine        time.Duration
+	// ctx and gen: the iterations with prompt (context) tokens and the decode-only ones.
+	ctx, gen iterKind
+	// last is the previous iteration's start and kind (nil before the first).
+	last     time.Time
+	lastKind *iterKind
+}
+
+// iterKind sums one kind of iteration: how many, and over the timed ones (those another
+// iteration followed) their wall time from start to the next's start.
+type iterKind struct {
+	n, timed int
+	wall     time.Duration
+}
+
+// add records one iteration's stats.
+func (it *iterations) add(st batchmanager.Stats) {
+	it.n++
+	it.seqs += st.ScheduledRequests
+	it.most = max(it.most, st.ScheduledRequests)
+	it.engine += st.EngineTime
+	if it.lastKind != nil {
+		it.lastKind.timed++
+		it.lastKind.wall += st.Time.Sub(it.last)
+	}
+	k := &it.gen
+	if st.TotalContextTokens > 0 {
+		k = &it.ctx
+	}
+	k.n++
+	it.last, it.lastKind = st.Time, k
 }
 
 // runLoad offers l's requests to a batch manager (random prompts, greedy, no end token,
@@ -129,10 +170,7 @@ func runLoad(eng benchEngine, l loadstat.Load, it *iterations) ([]loadstat.Reque
 				return
 			}
 			mu.Lock()
-			it.n++
-			it.seqs += st.ScheduledRequests
-			it.most = max(it.most, st.ScheduledRequests)
-			it.engine += st.EngineTime
+			it.add(st)
 			mu.Unlock()
 		},
 	}, nil)

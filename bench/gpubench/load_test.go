@@ -56,5 +56,11 @@ func TestRunLoad(t *testing.T) {
 		if e.most != tc.most || it.most != tc.most {
 			t.Errorf("%s: at most %d sequences a step (%d by the stats), want %d", tc.name, e.most, it.most, tc.most)
 		}
+		// Every iteration is of one kind; every one but the last is timed; the first
+		// carries the prompts.
+		if it.ctx.n+it.gen.n != it.n || it.ctx.timed+it.gen.timed != it.n-1 || it.ctx.n == 0 || it.gen.n == 0 {
+			t.Errorf("%s: %d iterations, %d with prompt tokens and %d decode-only (%d and %d timed)", tc.name, it.n,
+				it.ctx.n, it.gen.n, it.ctx.timed, it.gen.timed)
+		}
 	}
 }

@@ -38,7 +38,10 @@
 // maxload_i<I>_o<O> or load_c<C>_i<I>_o<O>. It runs once, after a short warm-up load of
 // its own shape (every decode bucket is captured at engine creation), and with any load
 // workload the KV pool is sized from the free memory (-kv-fraction), not from the
-// workloads.
+// workloads. A run's tokens/s row also says how its steps went: how many and how full,
+// the engine's time a step, and the steps with prompt tokens apart from decode-only ones
+// (iterations_context, iterations_decode and each kind's wall time from one step's start
+// to the next's, wall_ms_per_iteration_context and _decode).
 // -quantization fp8 loads the projections in FP8 (128×128 block scales, quantized at
 // load); its figures carry dtype "fp8" (the activations in -dtype). -kv-cache-dtype fp8
 // stores the KV cache as float8_e4m3fn (kv_cache_dtype: the checkpoint's k_scale and
