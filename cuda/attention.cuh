@@ -135,7 +135,10 @@ __global__ void __launch_bounds__(128) qkv_rope_heads_kernel(
     const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
     float x0[4], x1[4];
 #pragma unroll
-    for (int t = 0; t < 4; t++) x0[t] = av[t] * cs[t] - bv[t] * sn[t], x1[t] = bv[t] * cs[t] + av[t] * sn[t];
+    for (int t = 0; t < 4; t++) {
+      const float2 x = rotate_cs(av[t], bv[t], cs[t], sn[t]);
+      x0[t] = x.x, x1[t] = x.y;
+    }
     if (h < g.heads) {
       *reinterpret_cast<float4*>(row + c) = make_float4(x0[0] * scale, x0[1] * scale, x0[2] * scale, x0[3] * scale);
       *reinterpret_cast<float4*>(row + c + half) =
@@ -179,7 +182,9 @@ void qkv_kv_write(float* qkv, const float* bias, void* kv, const int32_t* row_po
                   Stream stream) {
   if (n == 0) return;
   const int H = g.heads + 2 * g.kv_heads;
-  if (inv_freq && rope_dim % 8 == 0 && g.head_dim % 4 == 0 && rope_dim / 8 <= 128) {
+  // head_dim is a multiple of 8 up to 256 (weights.cu), so Q = rope_dim / 8 ≤ 32 divides
+  // a block of at most 128 threads.
+  if (inv_freq && rope_dim % 8 == 0) {
     // About a thousand blocks: few rows split their heads, many take them whole.
     const int S = std::min(H, std::max(1, (1024 + n - 1) / n)), hb = (H + S - 1) / S;
     const int Q = rope_dim / 8, threads = Q * std::max(1, 128 / Q);
@@ -188,7 +193,7 @@ void qkv_kv_write(float* qkv, const float* bias, void* kv, const int32_t* row_po
     return;
   }
   if (inv_freq) {
-    launch("qkv_rope_write_kernel", qkv_rope_write_kernel<T>, dim3(n, g.heads + 2 * g.kv_heads),
+    launch("qkv_rope_write_kernel", qkv_rope_write_kernel<T>, dim3(n, H),
            kRopeThreads, 0, stream, qkv, bias, kv, row_pos, row_seq, seqs, blocks, g, layer, scale,
            inv_freq, rope_dim);
     return;

@@ -113,13 +113,19 @@ __device__ __forceinline__ void to_f32x8(const uint4& v, float (&f)[8]) {
   }
 }
 
+// rotate_cs rotates the pair (a, b) by the angle whose cosine and sine are cs and sn:
+// (a·cos − b·sin, b·cos + a·sin). Every rotary kernel ends in it, so that they round alike.
+__device__ __forceinline__ float2 rotate_cs(float a, float b, float cs, float sn) {
+  return make_float2(a * cs - b * sn, b * cs + a * sn);
+}
+
 // rotate_pair is rotary's rotation of the pair (a, b) — dimensions i and i + rope_dim/2 of
 // a query or key head (rotate_half's pairing) — by the angle freq · pos, computed in fp32 as
-// transformers does: (a·cos − b·sin, b·cos + a·sin).
+// transformers does.
 __device__ __forceinline__ float2 rotate_pair(float a, float b, float freq, int pos) {
   float sn, cs;
   sincosf(freq * (float)pos, &sn, &cs);
-  return make_float2(a * cs - b * sn, b * cs + a * sn);
+  return rotate_cs(a, b, cs, sn);
 }
 
 // last_block_of counts the calling block's arrival on ticket, one of count blocks that

@@ -66,19 +66,24 @@ void gemm(gollm_engine* e, const void* x, const void* w, float* y, int m, int in
   e->gemms.xwt(cuda_type<T>(), x, w, y, m, in, out);
 }
 
+// fp8lt_table is cuBLASLt's scale table of the FP8 weight whose scales are ws, or null
+// where the engine has no cuBLASLt FP8 path or the weight no table there.
+inline const Fp8Lt::Scales* fp8lt_table(gollm_engine* e, const float* ws) {
+  if (!ws || !e->fp8lt) return nullptr;
+  const auto b = e->fp8lt->blocks.find(ws);
+  return b != e->fp8lt->blocks.end() && b->second.p ? &b->second : nullptr;
+}
+
 // fp8lt_takes says whether proj runs an FP8 weight (scales ws) over n rows on cuBLASLt's
 // W8A8 GEMM: many rows, a scale table there, and an algorithm for the shape (with its
 // product in T where tout).
 template <typename T>
 bool fp8lt_takes(gollm_engine* e, const void* x, const void* w, const float* ws, void* y, int n, int in, int out,
                  Stream st, bool tout = false) {
-  if (!ws || n <= kFp8GemvRows || !e->fp8lt) return false;
-  Fp8Lt& lt = *e->fp8lt;
-  const auto b = lt.blocks.find(ws);
-  if (b == lt.blocks.end() || !b->second.p) return false;
-  return fp8lt_plan<T>(lt, gemm_rows(n), in, out, static_cast<const T*>(x), static_cast<const uint8_t*>(w),
-                       b->second.p, b->second.vec, y, st.st, false, tout)
-      .use_lt;
+  const Fp8Lt::Scales* t = n > kFp8GemvRows ? fp8lt_table(e, ws) : nullptr;
+  return t && fp8lt_plan<T>(*e->fp8lt, gemm_rows(n), in, out, static_cast<const T*>(x),
+                            static_cast<const uint8_t*>(w), t->p, t->vec, y, st.st, false, tout)
+                  .use_lt;
 }
 
 // proj is a projection stage's GEMM in the format of its weights: the FP8 kernels over the
@@ -95,25 +100,21 @@ bool proj(gollm_engine* e, const void* x, const void* w, const float* ws, float*
   }
   // Many rows: FP8 tensor cores through cuBLASLt (fp8lt.cuh) where the weight has a scale
   // table there and the shape has an algorithm that beat the kernels below at the warm-up.
-  if (n > kFp8GemvRows && e->fp8lt) {
+  if (const Fp8Lt::Scales* t = n > kFp8GemvRows ? fp8lt_table(e, ws) : nullptr) {
     Fp8Lt& lt = *e->fp8lt;
-    const auto b = lt.blocks.find(ws);
-    if (b != lt.blocks.end() && b->second.p) {
-      const int m = gemm_rows(n);
-      const Fp8Lt::Plan* p = &fp8lt_plan<T>(lt, m, in, out, static_cast<const T*>(x),
-                                            static_cast<const uint8_t*>(w), b->second.p, b->second.vec, y, st.st, false);
-      if (tout) {
-        const Fp8Lt::Plan& pt = fp8lt_plan<T>(lt, m, in, out, static_cast<const T*>(x),
-                                              static_cast<const uint8_t*>(w), b->second.p, b->second.vec, y, st.st,
-                                              false, true);
-        if (pt.use_lt) p = &pt;
-      }
-      if (p->use_lt) {
-        if (!quantized) fp8lt_quant<T>(lt, static_cast<const T*>(x), n, m, in, st);
-        fp8lt_run(lt, *p, p->algo, static_cast<const uint8_t*>(w), b->second.p, y, st.st);
-        if (p->bf16) fp8lt_widen(lt, y, m, out, st);
-        return p->tout;
-      }
+    const int m = gemm_rows(n);
+    const T* xt = static_cast<const T*>(x);
+    const uint8_t* wq = static_cast<const uint8_t*>(w);
+    const Fp8Lt::Plan* p = &fp8lt_plan<T>(lt, m, in, out, xt, wq, t->p, t->vec, y, st.st, false);
+    if (tout) {
+      const Fp8Lt::Plan& pt = fp8lt_plan<T>(lt, m, in, out, xt, wq, t->p, t->vec, y, st.st, false, true);
+      if (pt.use_lt) p = &pt;
+    }
+    if (p->use_lt) {
+      if (!quantized) fp8lt_quant<T>(lt, xt, n, m, in, st);
+      fp8lt_run(lt, *p, p->algo, wq, t->p, y, st.st);
+      if (p->bf16) fp8lt_widen(lt, y, m, out, st);
+      return p->tout;
     }
   }
   fp8_proj<T>(static_cast<const T*>(x), static_cast<const uint8_t*>(w), ws, y, n, in, out, e->sms,
@@ -127,13 +128,10 @@ bool proj(gollm_engine* e, const void* x, const void* w, const float* ws, float*
 template <typename T>
 bool fp8lt_warm(gollm_engine* e, const void* x, const void* w, const float* ws, float* y, int m, int in, int out,
                 bool tout = false) {
-  if (!e->fp8lt || !ws) return false;
-  Fp8Lt& lt = *e->fp8lt;
-  const auto b = lt.blocks.find(ws);
-  if (b == lt.blocks.end() || !b->second.p) return false;
-  const T* xt = static_cast<const T*>(x);
-  const uint8_t* wq = static_cast<const uint8_t*>(w);
-  return fp8lt_plan<T>(lt, m, in, out, xt, wq, b->second.p, b->second.vec, y, e->stream, true, tout).found;
+  const Fp8Lt::Scales* t = fp8lt_table(e, ws);
+  return t && fp8lt_plan<T>(*e->fp8lt, m, in, out, static_cast<const T*>(x), static_cast<const uint8_t*>(w), t->p,
+                            t->vec, y, e->stream, true, tout)
+                  .found;
 }
 
 // The LM head's GEMM runs over lm_head_ld(V) rows of weights (zero past V), so that cuBLAS
