@@ -817,6 +817,228 @@ void attention_decode_gqa(const float* qkv, T* att, const K* kv, const int32_t* 
   }
 }
 
+// Tensor-core decode attention for many rows: attention_decode_gqa_kernel's result (one
+// part a row), its dot products and weighted sums on mma.sync m16n8k16 with fp32
+// accumulators. Grid (rows, kv_heads), kTcWarps warps; warp w takes the tiles of 16
+// positions w, w + kTcWarps, … of its row's [lo, len). M is the operands' type: fp16 over an
+// FP8 pool (its codes exact in fp16, the queries times the key scale rounded to fp16), else T.
+// Each operand goes from memory straight into its fragment registers by permuting the MMA's
+// k and n indices, which sum and label alike on both sides (lane (g, t) = (lane / 4, lane % 4)):
+//   scores S[pos][head] = K[pos][·] · q[head][·]: A = the tile's keys (rows pos), B = the
+//     G ≤ 8 query heads (columns; zeros past G). In k-step s lane t's k pairs (2t, 2t+1) and
+//     (2t + 8, 2t + 9) stand for dimensions D/4·t + 4s + (0, 1) and (2, 3): a lane reads one
+//     contiguous quarter of its two key rows and of its query head, 16-byte loads.
+//   output O[head][d] = P[head][pos] · V[pos][d]: A = P (rows = heads, 8 of 16 used), B = the
+//     tile's values, k = pos permuted by σ (2t, 2t + 1, 2t + 8, 2t + 9 → 2t, 2t + 8, 2t + 1,
+//     2t + 9) so that lane (g, t)'s probabilities come whole from two lanes of the scores'
+//     layout (four shuffles), n = d = D/8·n + j for n-tile j: a lane reads one contiguous
+//     eighth of its four value rows, and ends holding head g's dimensions D/8·2t + j and
+//     D/8·(2t + 1) + j.
+// The online softmax runs in fp32 on the scores' layout (heads 2t, 2t + 1 a lane); each tile's
+// rescale reaches the output's layout (head g a lane) by shuffle. The warps merge as in the
+// grouped kernel.
+//   qkv: [N][qkv_width] fp32, queries pre-scaled; att: [N][heads·D] T.
+constexpr int kTcWarps = 4;
+constexpr int kTcThreads = 32 * kTcWarps;
+
+// tc_decode_fits says whether attention_decode_tc takes a layer: head_dim 64 or 128, at most
+// 8 query heads a KV head.
+inline bool tc_decode_fits(const KVGeom& g) {
+  return (g.head_dim == 64 || g.head_dim == 128) && g.kv_heads > 0 && g.heads % g.kv_heads == 0 &&
+         g.heads / g.kv_heads <= 8;
+}
+
+// tc_load loads NB bytes (a multiple of 8) at p into w, 16 bytes a load where they divide.
+template <int NB>
+__device__ __forceinline__ void tc_load(const void* p, uint32_t (&w)[NB / 4]) {
+  if constexpr (NB % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < NB / 16; i++) {
+      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < NB / 8; i++) {
+      const uint2 v = reinterpret_cast<const uint2*>(p)[i];
+      w[2 * i] = v.x, w[2 * i + 1] = v.y;
+    }
+  }
+}
+
+// tc_fp8_pair widens two e4m3 codes (the low 16 bits of c, the lower byte first) to an M pair.
+template <typename M>
+__device__ __forceinline__ uint32_t tc_fp8_pair(uint32_t c) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(c & 0xffffu), __NV_E4M3);
+  uint32_t r;
+  if constexpr (std::is_same<M, __half>::value) {
+    memcpy(&r, &h, 4);
+  } else {
+    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(__half2(h)));
+    memcpy(&r, &b, 4);
+  }
+  return r;
+}
+
+template <typename T, typename K, int D>
+__global__ void __launch_bounds__(kTcThreads) attention_decode_tc_kernel(
+    const float* __restrict__ qkv, T* __restrict__ att, const K* __restrict__ kv,
+    const int32_t* __restrict__ dec_rows, const int32_t* __restrict__ row_pos,
+    const int32_t* __restrict__ row_seq, const DevSeq* __restrict__ seqs,
+    const int32_t* __restrict__ blocks, KVGeom g, int layer, int window) {
+  using M = typename std::conditional<kv_is_fp8<K>, __half, T>::type;
+  constexpr int QD = D / 4;                 // dimensions a lane takes of a key row and its query
+  constexpr int S = D / 16;                 // k-steps of the scores
+  constexpr int VD = D / 8;                 // dimensions a lane takes of a value row; n-tiles
+  constexpr int KB = QD * (int)sizeof(K);   // bytes of them
+  constexpr int VB = VD * (int)sizeof(K);
+  __shared__ float wm[kTcWarps][8], wl[kTcWarps][8];
+  __shared__ float wo[kTcWarps][8][D];
+  griddep_launch();
+  const int i = blockIdx.x, kvh = blockIdx.y;
+  const int G = g.heads / g.kv_heads, h0 = kvh * G;
+  const int r = dec_rows[i];
+  const int len = row_pos[r] + 1;
+  const int lo = window > 0 ? max(0, len - window) : 0;
+  const int32_t* table = blocks + seqs[row_seq[r]].blk_off;
+  const int TB = g.tokens_per_block;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gq = lane >> 2, tq = lane & 3;
+  const int64_t kstride = g.at(0, layer, 1, kvh, 0) - g.at(0, layer, 0, kvh, 0);  // K → V
+  // The pool element of position p's key row (clamped into the row: masked positions read
+  // real memory and weigh zero).
+  auto key_at = [&](int p) {
+    p = min(p, len - 1);
+    return g.at(table[p / TB], layer, 0, kvh, p % TB);
+  };
+  griddep_wait();
+  // Query head gq's quarter as B fragments.
+  uint32_t qb[S][2];
+  {
+    const float* qr = qkv + (int64_t)r * g.qkv_width() + (int64_t)(h0 + gq) * D + QD * tq;
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (gq < G) v = *reinterpret_cast<const float4*>(qr + 4 * s);
+      qb[s][0] = pack2<M>(kv_qscale<K>(v.x, g), kv_qscale<K>(v.y, g));
+      qb[s][1] = pack2<M>(kv_qscale<K>(v.z, g), kv_qscale<K>(v.w, g));
+    }
+  }
+  float m2[2] = {-INFINITY, -INFINITY}, l2[2] = {0.f, 0.f};  // heads 2tq, 2tq + 1
+  float o[VD][2];
+#pragma unroll
+  for (int j = 0; j < VD; j++) o[j][0] = o[j][1] = 0.f;
+  const int src1 = 4 * (2 * tq) + (gq >> 1), src2 = src1 + 4;  // lanes (2tq, gq/2), (2tq + 1, gq/2)
+  for (int p0 = lo + 16 * warp; p0 < len; p0 += 16 * kTcWarps) {
+    // Keys at positions p0 + gq and p0 + gq + 8, quarter tq; values at p0 + σ: 2tq,
+    // 2tq + 8, 2tq + 1, 2tq + 9, eighth gq.
+    uint32_t ka[KB / 4], kb[KB / 4], va[VB / 4], vb[VB / 4], vc[VB / 4], vd[VB / 4];
+    tc_load<KB>(kv + key_at(p0 + gq) + QD * tq, ka);
+    tc_load<KB>(kv + key_at(p0 + gq + 8) + QD * tq, kb);
+    tc_load<VB>(kv + key_at(p0 + 2 * tq) + kstride + VD * gq, va);
+    tc_load<VB>(kv + key_at(p0 + 2 * tq + 8) + kstride + VD * gq, vb);
+    tc_load<VB>(kv + key_at(p0 + 2 * tq + 1) + kstride + VD * gq, vc);
+    tc_load<VB>(kv + key_at(p0 + 2 * tq + 9) + kstride + VD * gq, vd);
+    float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+      uint32_t a0, a1, a2, a3;
+      if constexpr (kv_is_fp8<K>) {
+        a0 = tc_fp8_pair<M>(ka[s]), a2 = tc_fp8_pair<M>(ka[s] >> 16);
+        a1 = tc_fp8_pair<M>(kb[s]), a3 = tc_fp8_pair<M>(kb[s] >> 16);
+      } else {
+        a0 = ka[2 * s], a2 = ka[2 * s + 1], a1 = kb[2 * s], a3 = kb[2 * s + 1];
+      }
+      mma_16816<M>(sc, a0, a1, a2, a3, qb[s][0], qb[s][1]);
+    }
+    // sc: positions gq (0, 1) and gq + 8 (2, 3), heads 2tq (0, 2) and 2tq + 1 (1, 3).
+    const bool va_ = p0 + gq < len, vb_ = p0 + gq + 8 < len;
+    float pr[4], scale[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+      const float x = va_ ? sc[j] : -INFINITY, y = vb_ ? sc[2 + j] : -INFINITY;
+      float mx = fmaxf(x, y);
+#pragma unroll
+      for (int d = 4; d < 32; d <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
+      const float mn = fmaxf(m2[j], mx);  // finite: the tile has a position
+      scale[j] = __expf(m2[j] - mn);
+      pr[j] = __expf(x - mn), pr[2 + j] = __expf(y - mn);
+      l2[j] = l2[j] * scale[j] + pr[j] + pr[2 + j];  // this lane's share; summed at the end
+      m2[j] = mn;
+    }
+    // Head gq's rescale, from a lane holding it in the scores' layout.
+    const float s0 = __shfl_sync(0xffffffffu, scale[0], gq >> 1), s1 = __shfl_sync(0xffffffffu, scale[1], gq >> 1);
+    const float rs = (gq & 1) ? s1 : s0;
+#pragma unroll
+    for (int j = 0; j < VD; j++) o[j][0] *= rs, o[j][1] *= rs;
+    // P's A fragment: head gq at positions (2tq, 2tq + 8) and (2tq + 1, 2tq + 9).
+    const uint32_t h0p = pack2<M>(pr[0], pr[2]), h1p = pack2<M>(pr[1], pr[3]);
+    const uint32_t x0 = __shfl_sync(0xffffffffu, h0p, src1), x1 = __shfl_sync(0xffffffffu, h1p, src1);
+    const uint32_t y0 = __shfl_sync(0xffffffffu, h0p, src2), y1 = __shfl_sync(0xffffffffu, h1p, src2);
+    const uint32_t pa0 = (gq & 1) ? x1 : x0, pa2 = (gq & 1) ? y1 : y0;
+#pragma unroll
+    for (int j = 0; j < VD; j++) {
+      uint32_t b0, b1;
+      if constexpr (kv_is_fp8<K>) {
+        // Codes j of rows (σ(2t), σ(2t + 1)) and (σ(2t + 8), σ(2t + 9)).
+        const int w = j / 4, sh = 8 * (j % 4);
+        b0 = tc_fp8_pair<M>(((va[w] >> sh) & 0xffu) | ((vb[w] >> sh) & 0xffu) << 8);
+        b1 = tc_fp8_pair<M>(((vc[w] >> sh) & 0xffu) | ((vd[w] >> sh) & 0xffu) << 8);
+      } else {
+        const int w = j / 2;
+        const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;
+        b0 = __byte_perm(va[w], vb[w], sel), b1 = __byte_perm(vc[w], vd[w], sel);
+      }
+      float c[4] = {o[j][0], o[j][1], 0.f, 0.f};
+      mma_16816<M>(c, pa0, 0u, pa2, 0u, b0, b1);
+      o[j][0] = c[0], o[j][1] = c[1];
+    }
+  }
+  // The warp's totals: sums over the lanes of a head, then the block's merge.
+#pragma unroll
+  for (int j = 0; j < 2; j++)
+#pragma unroll
+    for (int d = 4; d < 32; d <<= 1) l2[j] += __shfl_xor_sync(0xffffffffu, l2[j], d);
+  if (gq == 0) {
+#pragma unroll
+    for (int j = 0; j < 2; j++) wm[warp][2 * tq + j] = m2[j], wl[warp][2 * tq + j] = l2[j];
+  }
+  if (gq < G) {
+#pragma unroll
+    for (int j = 0; j < VD; j++) wo[warp][gq][VD * 2 * tq + j] = o[j][0], wo[warp][gq][VD * (2 * tq + 1) + j] = o[j][1];
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < G * D; t += kTcThreads) {
+    const int gg = t / D, d = t % D;
+    float Mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kTcWarps; w++) Mx = fmaxf(Mx, wm[w][gg]);
+    float L = 0.f, O = 0.f;
+#pragma unroll
+    for (int w = 0; w < kTcWarps; w++) {
+      const float f = __expf(wm[w][gg] - Mx);
+      L += wl[w][gg] * f;
+      O += wo[w][gg][d] * f;
+    }
+    att[(int64_t)r * g.q_width() + (int64_t)(h0 + gg) * D + d] = from_f32<T>(kv_vscale<K>(O / L, g));
+  }
+}
+
+// attention_decode_tc runs the tensor-core decode kernel (tc_decode_fits; one part a row).
+template <typename T, typename K>
+void attention_decode_tc(const float* qkv, T* att, const K* kv, const int32_t* dec_rows, const int32_t* row_pos,
+                         const int32_t* row_seq, const DevSeq* seqs, const int32_t* blocks, KVGeom g, int layer,
+                         int window, int rows, Stream stream) {
+  if (rows == 0) return;
+  const dim3 grid(rows, g.kv_heads);
+  if (g.head_dim == 64)
+    launch("attention_decode_tc_kernel", attention_decode_tc_kernel<T, K, 64>, grid, kTcThreads, 0, stream, qkv,
+           att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer, window);
+  else
+    launch("attention_decode_tc_kernel", attention_decode_tc_kernel<T, K, 128>, grid, kTcThreads, 0, stream, qkv,
+           att, kv, dec_rows, row_pos, row_seq, seqs, blocks, g, layer, window);
+}
+
 constexpr int kCtxThreads = 256;
 constexpr int kCtxKeys = 32;  // keys per shared-memory chunk: one per lane in the softmax
 

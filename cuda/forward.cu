@@ -378,7 +378,12 @@ void attention_k(Flow<T>& f, const Stage& s) {
   }
   attention_context<T, K>(f.qkv, f.att, kv, f.tiles, f.seqs, f.words, g, l, window,
                        (int)f.pl.tiles.size(), e->ctx_mma, e->sms, st);
-  if (e->grouped && !f.few_dec)
+  // Many rows, one part each: the tensor-core kernel (not under invariance, whose one
+  // kernel at every batch is the grouped one).
+  if (e->grouped && !f.few_dec && !e->invariant && std::min(f.parts, f.cap) == 1 && tc_decode_fits(g))
+    attention_decode_tc<T, K>(f.qkv, f.att, kv, f.I32(f.L.dec_rows), f.I32(f.L.row_pos), f.I32(f.L.row_seq),
+                              f.seqs, f.words, g, l, window, rows, st);
+  else if (e->grouped && !f.few_dec)
     attention_decode_gqa<T, K>(f.qkv, f.att, kv, f.I32(f.L.dec_rows), f.I32(f.L.row_pos),
                             f.I32(f.L.row_seq), f.seqs, f.words, g, l, window, rows,
                             std::min(f.parts, f.cap), f.cap, e->partial.as<float>(),
