@@ -51,47 +51,62 @@ namespace gollm {
 constexpr float kFp8Max = 448.f;  // the largest finite e4m3 value
 constexpr int kFp8LtCandidates = 4;  // heuristic candidates timed a shape
 
-// fp8_quant_group quantizes one (row r, 128-group g) pair held by a warp, four columns
-// k… a lane (v; zeros past the row's end or n): xq[r][k…] = v / s and, from lane 0,
-// s[g][m-major r] = amax / 448 of the group (1 where it is all zeros). Both quantizing
-// kernels end in it, so that their codes are the same for the same values.
-__device__ __forceinline__ void fp8_quant_group(const float (&v)[4], uint8_t* __restrict__ xq, float* __restrict__ s,
-                                                int r, int g, int k, int m, int in, int lane) {
-  float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+// Both quantizing kernels give a warp two 128-column groups of a row: lane l takes
+// columns k = 256·p + 8·l … + 7 of group pair p, lanes 0–15 group 2p, 16–31 group 2p + 1
+// (16-byte loads of T; in is a multiple of 16, so a lane's 8 columns are all in the row or
+// all past it). Grid ceil(m · ceil(G / 2) / 8) blocks of 256.
+// fp8_quant_group8 quantizes a lane's 8 values v (zeros past the row's end or n) of row r:
+// xq[r][k…k + 7] = v / s, and, from the group's first lane, s[g][m-major r] = amax / 448 of
+// the group (1 where it is all zeros); g past G writes nothing.
+__device__ __forceinline__ void fp8_quant_group8(const float (&v)[8], uint8_t* __restrict__ xq, float* __restrict__ s,
+                                                 int r, int g, int G, int k, int m, int in, int lane) {
+  float a = 0.f;
 #pragma unroll
-  for (int d = 16; d > 0; d /= 2) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));
+  for (int i = 0; i < 8; i++) a = fmaxf(a, fabsf(v[i]));
+#pragma unroll
+  for (int d = 8; d > 0; d /= 2) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));  // within the 16 lanes
   const float sc = a > 0.f ? a / kFp8Max : 1.f;
   const float inv = a > 0.f ? kFp8Max / a : 0.f;
   if (k < in) {
-    const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[0] * inv, v[1] * inv), __NV_SATFINITE, __NV_E4M3);
-    const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[2] * inv, v[3] * inv), __NV_SATFINITE, __NV_E4M3);
-    *reinterpret_cast<uint32_t*>(xq + (size_t)r * in + k) = (uint32_t)lo | ((uint32_t)hi << 16);
+    uint32_t w[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const __nv_fp8x2_storage_t lo =
+          __nv_cvt_float2_to_fp8x2(make_float2(v[4 * h] * inv, v[4 * h + 1] * inv), __NV_SATFINITE, __NV_E4M3);
+      const __nv_fp8x2_storage_t hi =
+          __nv_cvt_float2_to_fp8x2(make_float2(v[4 * h + 2] * inv, v[4 * h + 3] * inv), __NV_SATFINITE, __NV_E4M3);
+      w[h] = (uint32_t)lo | ((uint32_t)hi << 16);
+    }
+    *reinterpret_cast<uint2*>(xq + (size_t)r * in + k) = make_uint2(w[0], w[1]);
   }
-  if (lane == 0) s[(size_t)g * m + r] = sc;
+  if ((lane & 15) == 0 && g < G) s[(size_t)g * m + r] = sc;
 }
 
-// fp8_quant_rows_kernel: grid ceil(m · G / 8), block 256, a warp a (row, 128-group) pair:
-// xq [m][in] e4m3 = x / s, s [G][m] = amax / 448 of the group (1 where the group is all
-// zeros). Rows n…m − 1 (gemm_rows' padding) are written as zeros, so that whatever the
-// input buffer holds there cannot make the product's padding rows Inf or NaN.
+// fp8_widen8 widens 8 T (16 bytes) to fp32.
+template <typename T>
+__device__ __forceinline__ void fp8_widen8(const uint4& u, float (&v)[8]) {
+  const T* p = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; i++) v[i] = to_f32(p[i]);
+}
+
+// fp8_quant_rows_kernel: xq [m][in] e4m3 = x / s, s [G][m] = amax / 448 of each 1×128
+// group (1 where the group is all zeros), x [n][in] T. Rows n…m − 1 (gemm_rows' padding) are
+// written as zeros, so that whatever the input buffer holds there cannot make the
+// product's padding rows Inf or NaN. Layout: the comment above fp8_quant_group8.
 template <typename T>
 __global__ void __launch_bounds__(256)
     fp8_quant_rows_kernel(const T* __restrict__ x, uint8_t* __restrict__ xq, float* __restrict__ s, int n,
                           int m, int in) {
   griddep_wait();
-  const int G = (in + kFp8Group - 1) / kFp8Group;
+  const int G = (in + kFp8Group - 1) / kFp8Group, G2 = (G + 1) / 2;
   const int wid = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
-  if (wid >= m * G) return;
-  const int r = wid / G, g = wid % G;
-  const int k = g * kFp8Group + lane * 4;  // four columns a lane (in is a multiple of 16)
-  float v[4] = {0.f, 0.f, 0.f, 0.f};
-  if (r < n && k < in) {
-    const uint2 u = *reinterpret_cast<const uint2*>(x + (size_t)r * in + k);
-    const T* p = reinterpret_cast<const T*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; i++) v[i] = to_f32(p[i]);
-  }
-  fp8_quant_group(v, xq, s, r, g, k, m, in, lane);
+  if (wid >= m * G2) return;
+  const int r = wid / G2, gp = wid % G2;
+  const int k = 2 * kFp8Group * gp + 8 * lane;
+  float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if (r < n && k < in) fp8_widen8<T>(*reinterpret_cast<const uint4*>(x + (size_t)r * in + k), v);
+  fp8_quant_group8(v, xq, s, r, 2 * gp + (lane >> 4), G, k, m, in, lane);
 }
 
 // fp8_gated_quant_kernel: the gated MLP's units quantized for the down projection in one
@@ -105,32 +120,34 @@ __global__ void __launch_bounds__(256)
     fp8_gated_quant_kernel(const X* __restrict__ x, const float* __restrict__ bias, uint8_t* __restrict__ xq,
                            float* __restrict__ s, int n, int m, int in, int act) {
   griddep_wait();
-  const int G = (in + kFp8Group - 1) / kFp8Group;
+  const int G = (in + kFp8Group - 1) / kFp8Group, G2 = (G + 1) / 2;
   const int wid = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
-  if (wid >= m * G) return;
-  const int r = wid / G, g = wid % G;
-  const int k = g * kFp8Group + lane * 4;
-  float v[4] = {0.f, 0.f, 0.f, 0.f};
+  if (wid >= m * G2) return;
+  const int r = wid / G2, gp = wid % G2;
+  const int k = 2 * kFp8Group * gp + 8 * lane;
+  float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   if (r < n && k < in) {
     const X* xr = x + (size_t)r * 2 * in;
-    float gv[4], uv[4];
+    float gv[8], uv[8];
     if constexpr (std::is_same<X, float>::value) {
-      const float4 gt = *reinterpret_cast<const float4*>(xr + k), up = *reinterpret_cast<const float4*>(xr + in + k);
-      gv[0] = gt.x, gv[1] = gt.y, gv[2] = gt.z, gv[3] = gt.w, uv[0] = up.x, uv[1] = up.y, uv[2] = up.z, uv[3] = up.w;
-    } else {
-      const uint2 gt = *reinterpret_cast<const uint2*>(xr + k), up = *reinterpret_cast<const uint2*>(xr + in + k);
-      const X* gp = reinterpret_cast<const X*>(&gt);
-      const X* upp = reinterpret_cast<const X*>(&up);
+      const float4* gp4 = reinterpret_cast<const float4*>(xr + k);
+      const float4* up4 = reinterpret_cast<const float4*>(xr + in + k);
+      const float4 g0 = gp4[0], g1 = gp4[1], u0 = up4[0], u1 = up4[1];
+      const float ga[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+      const float ua[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
 #pragma unroll
-      for (int i = 0; i < 4; i++) gv[i] = to_f32(gp[i]), uv[i] = to_f32(upp[i]);
+      for (int i = 0; i < 8; i++) gv[i] = ga[i], uv[i] = ua[i];
+    } else {
+      fp8_widen8<X>(*reinterpret_cast<const uint4*>(xr + k), gv);
+      fp8_widen8<X>(*reinterpret_cast<const uint4*>(xr + in + k), uv);
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 8; i++) {
       const float bg = bias ? bias[k + i] : 0.f, bu = bias ? bias[in + k + i] : 0.f;
       v[i] = to_f32(from_f32<T>(activate(gv[i] + bg, act) * (uv[i] + bu)));
     }
   }
-  fp8_quant_group(v, xq, s, r, g, k, m, in, lane);
+  fp8_quant_group8(v, xq, s, r, 2 * gp + (lane >> 4), G, k, m, in, lane);
 }
 
 // Fp8Lt is an engine's cuBLASLt state for its FP8 projections.
@@ -232,8 +249,8 @@ inline void fp8lt_widen(Fp8Lt& lt, float* y, int m, int out, Stream st) {
 // fp8lt_quant enqueues the quantization of x's n rows (padded to m) into lt.xq, lt.xs.
 template <typename T>
 void fp8lt_quant(Fp8Lt& lt, const T* x, int n, int m, int in, Stream st) {
-  const int G = (in + kFp8Group - 1) / kFp8Group;
-  const int blocks = (int)(((size_t)m * G * 32 + 255) / 256);
+  const int G2 = ((in + kFp8Group - 1) / kFp8Group + 1) / 2;
+  const int blocks = (int)(((size_t)m * G2 * 32 + 255) / 256);
   launch("fp8_quant_rows_kernel", fp8_quant_rows_kernel<T>, blocks, 256, 0, st, x, lt.xq.as<uint8_t>(),
          lt.xs.as<float>(), n, m, in);
 }
@@ -243,8 +260,8 @@ void fp8lt_quant(Fp8Lt& lt, const T* x, int n, int m, int in, Stream st) {
 // (fp8_gated_quant_kernel).
 template <typename T, typename X>
 void fp8lt_gated_quant(Fp8Lt& lt, const X* x, const float* bias, int n, int m, int in, int act, Stream st) {
-  const int G = (in + kFp8Group - 1) / kFp8Group;
-  const int blocks = (int)(((size_t)m * G * 32 + 255) / 256);
+  const int G2 = ((in + kFp8Group - 1) / kFp8Group + 1) / 2;
+  const int blocks = (int)(((size_t)m * G2 * 32 + 255) / 256);
   launch("fp8_gated_quant_kernel", fp8_gated_quant_kernel<T, X>, blocks, 256, 0, st, x, bias, lt.xq.as<uint8_t>(),
          lt.xs.as<float>(), n, m, in, act);
 }
