@@ -565,6 +565,25 @@ constexpr int kGqaThreads = 32 * kGqaWarps;
 constexpr int kGqaMinPart = 32 * kGqaWarps;  // a chunk for every warp
 
 
+// warp_merge merges W warps' online-softmax partials of head gg, dimension d — each
+// warp's max wm, sum wl and output wo (a warp with no positions: max -inf, sum 0) — into
+// (M, L, O) at their common max.
+template <int W, int GB, int D>
+__device__ __forceinline__ void warp_merge(const float (&wm)[W][GB], const float (&wl)[W][GB],
+                                           const float (&wo)[W][GB][D], int gg, int d, float& M, float& L,
+                                           float& O) {
+  M = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < W; w++) M = fmaxf(M, wm[w][gg]);
+  L = 0.f, O = 0.f;
+#pragma unroll
+  for (int w = 0; w < W; w++) {
+    const float f = __expf(wm[w][gg] - M);
+    L += wl[w][gg] * f;
+    O += wo[w][gg][d] * f;
+  }
+}
+
 template <typename T, typename K, int D, int GB>
 __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
     const float* __restrict__ qkv, T* __restrict__ att, const K* __restrict__ kv,
@@ -733,16 +752,8 @@ __global__ void __launch_bounds__(kGqaThreads) attention_decode_gqa_kernel(
     // Merge the warps (a warp with no chunk holds max -inf, sum 0).
     for (int t = threadIdx.x; t < nh * D; t += kGqaThreads) {
       const int gg = t / D, d = t % D, head = h0 + gg;
-      float M = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < kGqaWarps; w++) M = fmaxf(M, wm[w][gg]);
-      float L = 0.f, O = 0.f;
-#pragma unroll
-      for (int w = 0; w < kGqaWarps; w++) {
-        const float f = __expf(wm[w][gg] - M);
-        L += wl[w][gg] * f;
-        O += wo[w][gg][d] * f;
-      }
+      float M, L, O;
+      warp_merge(wm, wl, wo, gg, d, M, L, O);
       if (active == 1) {
         att[(int64_t)r * g.q_width() + (int64_t)head * D + d] = from_f32<T>(kv_vscale<K>(O / L, g));
       } else {
@@ -1010,16 +1021,8 @@ __global__ void __launch_bounds__(kTcThreads) attention_decode_tc_kernel(
   __syncthreads();
   for (int t = threadIdx.x; t < G * D; t += kTcThreads) {
     const int gg = t / D, d = t % D;
-    float Mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kTcWarps; w++) Mx = fmaxf(Mx, wm[w][gg]);
-    float L = 0.f, O = 0.f;
-#pragma unroll
-    for (int w = 0; w < kTcWarps; w++) {
-      const float f = __expf(wm[w][gg] - Mx);
-      L += wl[w][gg] * f;
-      O += wo[w][gg][d] * f;
-    }
+    float Mx, L, O;
+    warp_merge(wm, wl, wo, gg, d, Mx, L, O);
     att[(int64_t)r * g.q_width() + (int64_t)(h0 + gg) * D + d] = from_f32<T>(kv_vscale<K>(O / L, g));
   }
 }
