@@ -249,8 +249,177 @@ static const Combo kCombos[] = {
     {"x=A:VEC W=B:BLK bf16", true, kVec, kBlk, CUDA_R_16BF, "NVIDIA sample, D = yT"},
 };
 
+// ---- part 3 (--speed): scale recipes at max load's row counts ----
+// Times the recipes the projections could take at 1,024 and 8,192 rows: fp8lt.cuh's
+// block scaling (D fp32 and bf16), per-channel groups, per-row outer vectors (weights a
+// scale an output row, x a scale a row: OUTER_VEC on both, D bf16/fp16/fp32, with and
+// without FAST_ACCUM) and per-tensor scalars, beside bf16. Each the fastest of the
+// heuristic's first 8 algorithms (median of 10). The outer-vector products are checked
+// against a dequantized fp32 reference (relative L2 on 16 sampled rows).
+struct SpeedCombo {
+  const char* name;
+  int ma, mb;
+  cudaDataType_t dt;
+  bool fast;
+};
+static const SpeedCombo kSpeed[] = {
+    {"BLK/VEC fp32", kBlk, kVec, CUDA_R_32F, false},     {"BLK/VEC bf16", kBlk, kVec, CUDA_R_16BF, false},
+    {"VEC/VEC bf16", kVec, kVec, CUDA_R_16BF, false},    {"OUTER bf16", kOuter, kOuter, CUDA_R_16BF, false},
+    {"OUTER fp16", kOuter, kOuter, CUDA_R_16F, false},   {"OUTER fp32", kOuter, kOuter, CUDA_R_32F, false},
+    {"OUTER bf16 fast", kOuter, kOuter, CUDA_R_16BF, true}, {"SCALAR bf16", kScalar, kScalar, CUDA_R_16BF, false},
+    {"SCALAR bf16 fast", kScalar, kScalar, CUDA_R_16BF, true},
+};
+
+static void speed(cublasLtHandle_t h, void* ws, const std::string& outdir) {
+  FILE* t = std::fopen((outdir + "/fp8probe-speed.tsv").c_str(), "w");
+  if (t) std::fprintf(t, "combo\tK\tout\trows\tstatus\tus\ttflops\trel_l2\n");
+  cudaStream_t stream;
+  CK(cudaStreamCreate(&stream));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  auto timeit = [&](auto&& f) {
+    for (int i = 0; i < 3; i++) f();
+    std::vector<float> v;
+    for (int i = 0; i < 10; i++) {
+      CK(cudaEventRecord(e0, stream));
+      f();
+      CK(cudaEventRecord(e1, stream));
+      CK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      v.push_back(ms);
+    }
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2] * 1000.f;
+  };
+  const int kSpeedRows[] = {1024, 8192};
+  std::printf("\n== part 3: scale recipes at max load's row counts (us, TFLOP/s; rel L2 for OUTER) ==\n");
+  for (int si = 0; si < 4; si++) {
+    const int K = kShapes[si].K, out = kShapes[si].N, L = cdiv(K, 128), OB = cdiv(out, 128);
+    const int maxrows = 8192;
+    Dev<__nv_fp8_storage_t> w((size_t)out * K), x((size_t)maxrows * K);
+    fill_fp8<<<1024, 256>>>(w.p, w.n, 11u + K + out);
+    fill_fp8<<<1024, 256>>>(x.p, x.n, 23u + K);
+    CK(cudaGetLastError());
+    // Per-row scales (outer vectors), and the same expanded over groups for the reference.
+    std::vector<float> sw(out), sx(maxrows), swg((size_t)out * L), sxg((size_t)maxrows * L);
+    for (int o = 0; o < out; o++) sw[o] = rscale(5, o);
+    for (int r = 0; r < maxrows; r++) sx[r] = rscale(6, r);
+    for (int o = 0; o < out; o++)
+      for (int g = 0; g < L; g++) swg[(size_t)o * L + g] = sw[o];
+    for (int r = 0; r < maxrows; r++)
+      for (int g = 0; g < L; g++) sxg[(size_t)r * L + g] = sx[r];
+    Dev<float> d_sw(sw), d_sx(sx), d_swg(swg), d_sxg(sxg);
+    std::vector<float> blk((size_t)OB * L, 1.f / 448.f);
+    Dev<float> d_blk(pack_blk(blk, out, L)), d_wvec((size_t)L * out), d_xvec((size_t)L * maxrows), one_s(1);
+    const float onef = 1.f;
+    CK(cudaMemcpy(one_s.p, &onef, 4, cudaMemcpyHostToDevice));
+    std::vector<float> fill((size_t)L * std::max(maxrows, out), 1.f / 448.f);
+    CK(cudaMemcpy(d_xvec.p, fill.data(), (size_t)L * maxrows * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_wvec.p, fill.data(), (size_t)L * out * 4, cudaMemcpyHostToDevice));
+    Dev<float> d((size_t)maxrows * out);
+    Dev<__nv_bfloat16> wb((size_t)out * K), xb((size_t)maxrows * K);
+    for (int rows : kSpeedRows) {
+      std::string line;
+      // bf16 baseline.
+      {
+        Desc q{out, rows, K, CUBLAS_OP_T, CUBLAS_OP_N, kScalar, kScalar, CUDA_R_16BF};
+        Lt l;
+        cublasStatus_t st = build(l, q, nullptr, nullptr, CUDA_R_16BF);
+        cublasLtMatmulHeuristicResult_t res[8];
+        int n = st == CUBLAS_STATUS_SUCCESS ? heuristic(h, l, res, 8, &st) : 0;
+        float best = -1;
+        const float one = 1.f, zero = 0.f;
+        for (int a = 0; a < n; a++) {
+          if (cublasLtMatmul(h, l.op, &one, wb.p, l.a, xb.p, l.b, &zero, d.p, l.d, d.p, l.d, &res[a].algo, ws, kWs, stream) !=
+              CUBLAS_STATUS_SUCCESS)
+            continue;
+          const float us = timeit([&] {
+            LK(cublasLtMatmul(h, l.op, &one, wb.p, l.a, xb.p, l.b, &zero, d.p, l.d, d.p, l.d, &res[a].algo, ws, kWs, stream));
+          });
+          if (best < 0 || us < best) best = us;
+        }
+        char buf[64];
+        std::snprintf(buf, sizeof buf, " bf16 %.0f/%.0f", best, best > 0 ? 2.0 * rows * out * (double)K / (best * 1e6) : 0.0);
+        line += buf;
+        if (t) std::fprintf(t, "bf16\t%d\t%d\t%d\t%s\t%.1f\t%.1f\t-1\n", K, out, rows, n ? "ok" : "none", best,
+                            best > 0 ? 2.0 * rows * out * (double)K / (best * 1e6) : 0.0);
+      }
+      for (const SpeedCombo& c : kSpeed) {
+        const void* sa = c.ma == kOuter ? (const void*)d_sw.p : c.ma == kBlk ? (const void*)d_blk.p : c.ma == kVec ? (const void*)d_wvec.p : one_s.p;
+        const void* sb = c.mb == kOuter ? (const void*)d_sx.p : c.mb == kVec ? (const void*)d_xvec.p : one_s.p;
+        Desc q{out, rows, K, CUBLAS_OP_T, CUBLAS_OP_N, c.ma, c.mb, c.dt, c.fast};
+        Lt l;
+        cublasStatus_t st = build(l, q, sa, sb);
+        cublasLtMatmulHeuristicResult_t res[8];
+        int n = st == CUBLAS_STATUS_SUCCESS ? heuristic(h, l, res, 8, &st) : 0;
+        float best = -1;
+        int besta = -1;
+        const float one = 1.f, zero = 0.f;
+        for (int a = 0; a < n; a++) {
+          if (cublasLtMatmul(h, l.op, &one, w.p, l.a, x.p, l.b, &zero, d.p, l.d, d.p, l.d, &res[a].algo, ws, kWs, stream) !=
+              CUBLAS_STATUS_SUCCESS)
+            continue;
+          const float us = timeit([&] {
+            LK(cublasLtMatmul(h, l.op, &one, w.p, l.a, x.p, l.b, &zero, d.p, l.d, d.p, l.d, &res[a].algo, ws, kWs, stream));
+          });
+          if (best < 0 || us < best) best = us, besta = a;
+        }
+        double rel = -1;
+        if (besta >= 0 && c.ma == kOuter) {
+          LK(cublasLtMatmul(h, l.op, &one, w.p, l.a, x.p, l.b, &zero, d.p, l.d, d.p, l.d, &res[besta].algo, ws, kWs, stream));
+          const int S = 16;
+          std::vector<int> rs;
+          for (int i = 0; i < S; i++) rs.push_back((int)((long)i * (rows - 1) / (S - 1)));
+          Dev<int> d_rs(rs);
+          Dev<float> ref((size_t)S * out), got((size_t)S * out);
+          const size_t warps = (size_t)S * out;
+          reference<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, stream>>>(x.p, d_sxg.p, w.p, d_swg.p, d_rs.p, S, K, out, ref.p);
+          if (c.dt == CUDA_R_16F) {
+            // Widen fp16 D through gather's bf16 path is wrong: read it on the host instead.
+            std::vector<__half> hd((size_t)rows * out);
+            CK(cudaMemcpyAsync(hd.data(), d.p, hd.size() * 2, cudaMemcpyDeviceToHost, stream));
+            CK(cudaStreamSynchronize(stream));
+            std::vector<float> hr(warps);
+            CK(cudaMemcpy(hr.data(), ref.p, warps * 4, cudaMemcpyDeviceToHost));
+            double num = 0, den = 0;
+            for (int i = 0; i < S; i++)
+              for (int o = 0; o < out; o++) {
+                const double g = __half2float(hd[(size_t)rs[i] * out + o]), r = hr[(size_t)i * out + o];
+                num += (g - r) * (g - r), den += r * r;
+              }
+            rel = std::sqrt(num / std::max(den, 1e-30));
+          } else {
+            gather<<<256, 256, 0, stream>>>(d.p, c.dt == CUDA_R_16BF, false, d_rs.p, S, rows, out, got.p);
+            std::vector<float> hr(warps), hg(warps);
+            CK(cudaStreamSynchronize(stream));
+            CK(cudaMemcpy(hr.data(), ref.p, warps * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(hg.data(), got.p, warps * 4, cudaMemcpyDeviceToHost));
+            double num = 0, den = 0;
+            for (size_t i = 0; i < warps; i++) num += ((double)hg[i] - hr[i]) * ((double)hg[i] - hr[i]), den += (double)hr[i] * hr[i];
+            rel = std::sqrt(num / std::max(den, 1e-30));
+          }
+        }
+        const double tf = best > 0 ? 2.0 * rows * out * (double)K / (best * 1e6) : 0.0;
+        char buf[96];
+        if (best > 0)
+          std::snprintf(buf, sizeof buf, " | %s %.0f/%.0f%s", c.name, best, tf, rel >= 0 ? (rel < 1e-2 ? "" : " WRONG") : "");
+        else
+          std::snprintf(buf, sizeof buf, " | %s %s", c.name, st != CUBLAS_STATUS_SUCCESS ? stname(st) : "none");
+        line += buf;
+        if (t) std::fprintf(t, "%s\t%d\t%d\t%d\t%s\t%.1f\t%.1f\t%.3g\n", c.name, K, out, rows, best > 0 ? "ok" : "none", best, tf, rel);
+      }
+      std::printf("%5d->%-5d rows %d (us/TFLOPs):%s\n", K, out, rows, line.c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (t) std::fclose(t);
+}
+
 int main(int argc, char** argv) {
   const std::string outdir = argc > 1 ? argv[1] : ".";
+  const bool speed_only = argc > 2 && std::string(argv[2]) == "--speed";
   int dev = 0;
   CK(cudaGetDevice(&dev));
   cudaDeviceProp prop{};
@@ -267,6 +436,10 @@ int main(int argc, char** argv) {
   // Stand-in scale tensors for the heuristic: big enough for any mode of any shape here.
   Dev<float> dummy((size_t)4 << 20);
   CK(cudaMemset(dummy.p, 0, dummy.n * sizeof(float)));
+  if (speed_only) {
+    speed(h, ws, outdir);
+    return 0;
+  }
 
   // ---- part 1: the heuristic ----
   FILE* th = std::fopen((outdir + "/fp8probe-heuristic.tsv").c_str(), "w");

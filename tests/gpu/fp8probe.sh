@@ -14,6 +14,8 @@
 #     with distinct random scales against a dequantized fp32 reference (relative L2 on
 #     sampled rows), timed beside a bf16 cuBLASLt GEMM of the same shape;
 #   verdict: per combination, how many shapes × row counts were right.
+# SPEED=1 runs part 3 alone instead: the scale recipes (block, per-channel groups, outer
+# vectors, per-tensor) timed at 1,024 and 8,192 rows (fp8probe-speed.tsv, .log).
 # OUTDIR gets fp8probe.log (stdout), fp8probe-heuristic.tsv and fp8probe-gemm.tsv. Exits 1
 # when either of fp8lt.cuh's combinations (weights as A in BLK128x128 or, per-channel, in
 # VEC128; activations as B in VEC128; fp32 D) is refused or wrong anywhere.
@@ -32,6 +34,10 @@ t0=$SECONDS
 "$nvcc" -std=c++17 -O2 -gencode=arch=compute_90,code=sm_90 "$root/bench/fp8probe/fp8probe.cu" -o "$bin" \
   -L"$(dirname "$lt")" -Xlinker="$lt" -Xlinker=-rpath,"$(dirname "$lt")" || { echo "FAIL: build of fp8probe"; exit 1; }
 echo "built fp8probe in $((SECONDS - t0)) s with $nvcc against $lt"
+if [ "${SPEED:-0}" = 1 ]; then
+  timeout 300 "$bin" "$out" --speed 2>&1 | tee "$out/fp8probe-speed.log"
+  exit "${PIPESTATUS[0]}"
+fi
 timeout 150 "$bin" "$out" 2>&1 | tee "$out/fp8probe.log"
 rc=${PIPESTATUS[0]}
 [ "$rc" = 0 ] || { echo "FAIL: fp8probe exited $rc"; exit 1; }
