@@ -47,6 +47,10 @@ type Quant struct {
 	Skip []string
 }
 
+// RowScaled says whether each weight row has one scale (per-channel and per-tensor
+// scales), the recipe whose activations the GPU's FP8 GEMMs round a whole row at a time.
+func (q *Quant) RowScaled() bool { return q.BlockCols == 0 }
+
 // String describes the scheme for logs and messages.
 func (q *Quant) String() string {
 	var g string

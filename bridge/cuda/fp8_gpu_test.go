@@ -73,6 +73,22 @@ func fp8Bound(t *testing.T, fixture string) int64 {
 	return 2*all - proj/2
 }
 
+// fp8RowScaled says whether the GPU rounds fixture's activations a whole row at a time
+// in its many-row FP8 GEMMs: weights quantized at load (quant "fp8", a scale a row) or
+// stored with a scale a row (model.Quant.RowScaled).
+func fp8RowScaled(t *testing.T, fixture, quant string) bool {
+	t.Helper()
+	if quant == "fp8" {
+		return true
+	}
+	ckpt, err := model.Open(filepath.Join("..", "..", "testdata", fixture))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ckpt.Close()
+	return ckpt.Quant() != nil && ckpt.Quant().RowScaled()
+}
+
 // TestGPUFP8CheckpointsMatchTransformers: both published FP8 formats (transformers'
 // 128×128 blocks, compressed-tensors' channels) load with their projections in FP8 — the
 // arena holds a byte a projection weight — and give transformers' logits of the same
@@ -119,7 +135,7 @@ func TestGPUQuantizeFP8MatchesCPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c8, c16 := w8a8CPUs(t, m, 32)
+	c8, c16 := w8a8CPUs(t, m, 32, true)
 	V := m.Config.VocabSize
 	prompt := []int32{17, 401, 3, 998, 250, 250, 12, 77, 640, 5, 31, 900}
 	blocks := []int32{5, 1, 7, 2}
@@ -153,8 +169,9 @@ func TestGPUQuantizeFP8MatchesCPU(t *testing.T) {
 }
 
 // w8a8CPUs are two CPU engines on m's weights with blocks blocks of 8 positions: c8
-// rounding its activations as the GPU's many-row FP8 GEMMs do, c16 not.
-func w8a8CPUs(t *testing.T, m *model.Float32, blocks int) (c8, c16 *cpu.Engine) {
+// rounding its activations as the GPU's many-row FP8 GEMMs do (a whole row at a time
+// where rowWise: weights with a scale a row), c16 not.
+func w8a8CPUs(t *testing.T, m *model.Float32, blocks int, rowWise bool) (c8, c16 *cpu.Engine) {
 	t.Helper()
 	c8, err := cpu.NewFromModel(m, engine.KVConfig{NumBlocks: blocks, TokensPerBlock: 8})
 	if err != nil {
@@ -165,7 +182,7 @@ func w8a8CPUs(t *testing.T, m *model.Float32, blocks int) (c8, c16 *cpu.Engine) 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c8.Close(); _ = c16.Close() })
-	c8.QuantizeActivationsFP8(fp8GemvRows)
+	c8.QuantizeActivationsFP8(fp8GemvRows, rowWise)
 	return c8, c16
 }
 
@@ -255,16 +272,17 @@ func gemmRows(n int) int {
 }
 
 // TestGPUFP8RowCountsMatchCPU: the many-row FP8 projections (fp8lt.cuh: activations
-// quantized a row and 128 columns at a time, cuBLASLt's block-scaled FP8 GEMMs) give the
-// logits of the CPU engine on the same FP8 weights rounding its activations alike
+// quantized a row and 128 columns at a time for block-scaled weights, a whole row for
+// weights with a scale a row; cuBLASLt's scaled FP8 GEMMs) give the logits of the CPU
+// engine on the same FP8 weights rounding its activations alike
 // (QuantizeActivationsFP8) within w8a8Rows' bars, on prompt steps of 16,
 // 64, 256 and 1,024 rows, for three models: llama-fp8-tiny (transformers' 128×128 blocks,
 // widths multiples of 128: the warm-up must have found cuBLASLt algorithms for its four
 // projections at every padded row count, four GEMM shapes a row count beyond the LM
 // head's, so that the steps cannot have passed on the older kernels alone), llama-tiny
-// quantized at load (inputs 64 and 160 wide, outputs 128, 320 and 64: partial 128-column
-// groups and 128-row blocks) and llama-fp8ct-tiny (per-channel scales: cuBLASLt with
-// VEC128 weight scales). On llama-fp8-tiny the GPU must also be off the unrounded CPU's
+// quantized at load (a scale a row; inputs 64 and 160 wide, outputs 128, 320 and 64:
+// OUTER_VEC scales over partial 128-column groups) and llama-fp8ct-tiny (per-channel
+// scales, OUTER_VEC too). On llama-fp8-tiny the GPU must also be off the unrounded CPU's
 // logits by 1e-2 or more (rms): the weight-only kernels would be within 1e-3.
 func TestGPUFP8RowCountsMatchCPU(t *testing.T) {
 	const maxTokens, seqLen, perSeq = 1024, 128, 16
@@ -289,7 +307,7 @@ func TestGPUFP8RowCountsMatchCPU(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c8, c16 := w8a8CPUs(t, m, 8*perSeq+8)
+			c8, c16 := w8a8CPUs(t, m, 8*perSeq+8, fp8RowScaled(t, tc.fixture, tc.quant))
 			V := m.Config.VocabSize
 			rng := rand.New(rand.NewPCG(34, 4))
 			var j w8a8Rows
@@ -333,8 +351,8 @@ func TestGPUFP8RowCountsMatchCPU(t *testing.T) {
 // (5-8 rows, the Blas path's epilogue kernels after it) — give the CPU engine's logits
 // on the same FP8 weights (weight-only: neither rounds its activations at up to 8 rows),
 // for prompts of 1 to 8 rows and then decode steps of 1 to 8 sequences over them, on the
-// three FP8 models of TestGPUFP8RowCountsMatchCPU (128×128 blocks; partial 128-column
-// groups; per-channel scales), float16 and bfloat16 against the families' bars. A scale
+// three FP8 models of TestGPUFP8RowCountsMatchCPU (128×128 blocks; a scale a row over
+// partial 128-column groups; per-channel scales), float16 and bfloat16 against the families' bars. A scale
 // read for the wrong group or row, or a weight decoded out of place, errs by far more.
 func TestGPUFP8FewRowsMatchCPU(t *testing.T) {
 	const perSeq = 4
@@ -347,7 +365,7 @@ func TestGPUFP8FewRowsMatchCPU(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				_, c := w8a8CPUs(t, m, 8*perSeq+8)
+				_, c := w8a8CPUs(t, m, 8*perSeq+8, fp8RowScaled(t, tc.fixture, tc.quant))
 				V := m.Config.VocabSize
 				bar := map[string]float64{"float16": 2e-2, "bfloat16": 0.12}[dtype]
 				rng := rand.New(rand.NewPCG(34, 8))

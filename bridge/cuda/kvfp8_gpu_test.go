@@ -120,8 +120,8 @@ func cpuKVEngines(t *testing.T, ck *model.Checkpoint, k, v []float32, blocks, pe
 	t.Cleanup(func() { _ = c8.Close(); _ = c32.Close() })
 	if ck.Quant() != nil {
 		// FP8 weights: the GPU's many-row steps round the activations too.
-		c8.QuantizeActivationsFP8(fp8GemvRows)
-		c32.QuantizeActivationsFP8(fp8GemvRows)
+		c8.QuantizeActivationsFP8(fp8GemvRows, ck.Quant().RowScaled())
+		c32.QuantizeActivationsFP8(fp8GemvRows, ck.Quant().RowScaled())
 	}
 	return c8, c32
 }

@@ -10,9 +10,15 @@ import (
 )
 
 // TestQuantFP8RowRoundsEachGroup: every value of a row becomes an e4m3 value times its
-// 128-column group's scale (amax / 448), the largest magnitude of each group survives
-// exactly, and an all-zero group stays zero.
+// group's scale (amax / 448), for groups of 128 columns and for the whole row (rowWise),
+// the largest magnitude of each group survives exactly, and an all-zero group stays zero.
 func TestQuantFP8RowRoundsEachGroup(t *testing.T) {
+	for _, group := range []int{128, 300} {
+		quantFP8RowCase(t, group)
+	}
+}
+
+func quantFP8RowCase(t *testing.T, group int) {
 	rng := rand.New(rand.NewPCG(7, 1))
 	r := make([]float32, 300) // groups of 128, 128 and 44
 	for i := range r {
@@ -22,9 +28,9 @@ func TestQuantFP8RowRoundsEachGroup(t *testing.T) {
 		r[i] = 0
 	}
 	orig := slices.Clone(r)
-	quantFP8Row(r)
-	for g := 0; g < len(r); g += 128 {
-		x, o := r[g:min(g+128, len(r))], orig[g:min(g+128, len(r))]
+	quantFP8Row(r, group)
+	for g := 0; g < len(r); g += group {
+		x, o := r[g:min(g+group, len(r))], orig[g:min(g+group, len(r))]
 		var a float32
 		for _, v := range o {
 			a = max(a, abs32(v))
@@ -64,7 +70,7 @@ func TestQuantizeActivationsFP8OnlyPastItsRows(t *testing.T) {
 	prompt := []int32{5, 9, 2, 7, 7, 1, 3, 8, 4, 6, 2, 11}
 	run := func(minRows int, tokens []int32) []float32 {
 		e := newCPU(t, m, 4, 8)
-		e.QuantizeActivationsFP8(minRows)
+		e.QuantizeActivationsFP8(minRows, false)
 		out := mustStep(t, e, Sequence{ID: 1, Tokens: tokens, Blocks: []int32{0, 1}, ContextLogits: true})
 		return out[0].ContextLogits
 	}

@@ -53,8 +53,9 @@ type Engine struct {
 	s scratch
 	// check validates each batch's structure before it runs.
 	check *engine.BatchChecker
-	// actFP8 is QuantizeActivationsFP8's row count (-1: off).
-	actFP8 int
+	// actFP8 is QuantizeActivationsFP8's row count (-1: off); actFP8Row its rowWise.
+	actFP8    int
+	actFP8Row bool
 }
 
 // rowInfo places one new token of the batch.
