@@ -82,7 +82,7 @@ bool fp8lt_takes(gollm_engine* e, const void* x, const void* w, const float* ws,
                  Stream st, bool tout = false) {
   const Fp8Lt::Scales* t = n > kFp8GemvRows ? fp8lt_table(e, ws) : nullptr;
   return t && fp8lt_plan<T>(*e->fp8lt, gemm_rows(n), in, out, static_cast<const T*>(x),
-                            static_cast<const uint8_t*>(w), t->p, t->vec, y, st.st, false, tout)
+                            static_cast<const uint8_t*>(w), t->p, t->mode, y, st.st, false, tout)
                   .use_lt;
 }
 
@@ -105,13 +105,13 @@ bool proj(gollm_engine* e, const void* x, const void* w, const float* ws, float*
     const int m = gemm_rows(n);
     const T* xt = static_cast<const T*>(x);
     const uint8_t* wq = static_cast<const uint8_t*>(w);
-    const Fp8Lt::Plan* p = &fp8lt_plan<T>(lt, m, in, out, xt, wq, t->p, t->vec, y, st.st, false);
+    const Fp8Lt::Plan* p = &fp8lt_plan<T>(lt, m, in, out, xt, wq, t->p, t->mode, y, st.st, false);
     if (tout) {
-      const Fp8Lt::Plan& pt = fp8lt_plan<T>(lt, m, in, out, xt, wq, t->p, t->vec, y, st.st, false, true);
+      const Fp8Lt::Plan& pt = fp8lt_plan<T>(lt, m, in, out, xt, wq, t->p, t->mode, y, st.st, false, true);
       if (pt.use_lt) p = &pt;
     }
     if (p->use_lt) {
-      if (!quantized) fp8lt_quant<T>(lt, xt, n, m, in, st);
+      if (!quantized) fp8lt_quant<T>(lt, xt, n, m, in, t->mode, st);
       fp8lt_run(lt, *p, p->algo, wq, t->p, y, st.st);
       if (p->bf16) fp8lt_widen(lt, y, m, out, st);
       return p->tout;
@@ -130,7 +130,7 @@ bool fp8lt_warm(gollm_engine* e, const void* x, const void* w, const float* ws, 
                 bool tout = false) {
   const Fp8Lt::Scales* t = fp8lt_table(e, ws);
   return t && fp8lt_plan<T>(*e->fp8lt, m, in, out, static_cast<const T*>(x), static_cast<const uint8_t*>(w), t->p,
-                            t->vec, y, e->stream, true, tout)
+                            t->mode, y, e->stream, true, tout)
                   .found;
 }
 
@@ -502,10 +502,11 @@ void mlp(Flow<T>& f, const Stage& s) {
       if (gated && f.d.I % 16 == 0 && fp8lt_takes<T>(e, f.fch, s.w2, s.ws2, f.tmp, f.N, f.d.I, f.d.H, f.st)) {
         Fp8Lt& lt = *e->fp8lt;
         const int m = gemm_rows(f.N);
+        const Fp8Lt::Mode mode = fp8lt_table(e, s.ws2)->mode;
         if (proj<T>(e, f.xn, s.w, s.ws, f.fc, f.N, f.d.H, f.d.up, f.st, false, true))
-          fp8lt_gated_quant<T>(lt, reinterpret_cast<const T*>(f.fc), s.b, f.N, m, f.d.I, act, f.st);
+          fp8lt_gated_quant<T>(lt, reinterpret_cast<const T*>(f.fc), s.b, f.N, m, f.d.I, act, mode, f.st);
         else
-          fp8lt_gated_quant<T>(lt, static_cast<const float*>(f.fc), s.b, f.N, m, f.d.I, act, f.st);
+          fp8lt_gated_quant<T>(lt, static_cast<const float*>(f.fc), s.b, f.N, m, f.d.I, act, mode, f.st);
         branch(f, s.w2, s.ws2, s.b2, f.d.I, f.fch, "the MLP output", s.s.layer, s.post != nullptr, true);
         return;
       }

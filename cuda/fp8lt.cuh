@@ -1,26 +1,31 @@
-// fp8lt.cuh — many-row FP8 projections on FP8 tensor cores through cuBLASLt's block
-// scaling (cuBLASLt ≥ 12.9, Hopper): y [m][out] fp32 = dequant(xq) · dequant(W)ᵀ, where
-//   W   float8_e4m3fn [out][in] (the arena's, fp8.cuh) with a scale a 128×128 block,
-//   xq  float8_e4m3fn [m][in], x quantized a row at a time in 1×128 groups along in by
-//       fp8_quant_rows_kernel, each group's scale amax / 448 (dynamic, fp32).
+// fp8lt.cuh — many-row FP8 projections on FP8 tensor cores through cuBLASLt's scaled FP8
+// GEMMs (cuBLASLt ≥ 12.9, Hopper): y [m][out] fp32 = dequant(xq) · dequant(W)ᵀ, where
+//   W   float8_e4m3fn [out][in] (the arena's, fp8.cuh) with its scales, in one of three
+//       recipes (Fp8Lt::Mode, chosen a weight at set-up by fp8lt_blocks):
+//       kRows    a scale a row (per-channel and per-tensor checkpoints, and quantization
+//                fp8 at load): the activations get a scale a row too, and both apply
+//                after the whole sum (OUTER_VEC_32F), the fastest;
+//       kBlocks  a scale a 128×128 block (transformers' fine-grained FP8);
+//       kGroups  rows within a block that differ along the row too (VEC128_32F);
+//   xq  float8_e4m3fn [m][in], x quantized a row at a time — for kRows with the row's
+//       amax / 448 (fp8_quant_row_kernel), else in 1×128 groups along in
+//       (fp8_quant_rows_kernel), each group's amax / 448 (dynamic, fp32).
 // In cuBLASLt's column-major terms the product is D [out × m] = Wᵀ·x: A = W (transposed,
-// lda = in, scale mode BLK128x128_32F), B = xq (lda = in, VEC128_32F), D fp32 (ld = out),
-// or, where this cuBLASLt has no fp32 D for block scaling, bf16 into a buffer that
-// fp8_widen_kernel widens into y (the Blas path's epilogues read fp32).
-// Scale layouts (cuBLASLt's, as PyTorch's _scaled_mm checks them for this recipe):
-//   A's blocks [ceil(out/128)][round_up(ceil(in/128), 4)]: block (ob, kb) at
-//     ob · round_up(Kb, 4) + kb — built at set-up from the arena's per-row scales, for
-//     weights whose 128-row blocks share one scale (128×128 block and per-tensor
-//     checkpoints);
-//   or, for weights whose rows within a block differ (compressed-tensors' per-channel
-//     scales), A in VEC128_32F too: its groups [ceil(in/128)][out], (o, kb) at
-//     kb · out + o, the arena's scales transposed.
-//   B's groups [ceil(in/128)][m]: group (r, kb) at kb · m + r (row index fastest).
-// cuBLAS's docs ("128-element 1D and 128x128 2D block scaling") allow either operand
-// either mode (not both 128×128) and D in fp32, bf16 or fp16; the heuristic needs both
-// scale pointers set before it is asked (bench/fp8probe checks all this on a GPU).
+// lda = in), B = xq (lda = in), D fp32 (ld = out), or, where this cuBLASLt has no fp32 D
+// for the recipe, bf16 into a buffer that fp8_widen_kernel widens into y (the Blas path's
+// epilogues read fp32).
+// Scale layouts (cuBLASLt's, as PyTorch's _scaled_mm checks them):
+//   kRows: A's [out], B's [m].
+//   kBlocks: A's blocks [ceil(out/128)][round_up(ceil(in/128), 4)]: block (ob, kb) at
+//     ob · round_up(Kb, 4) + kb — built at set-up from the arena's per-row scales;
+//   kGroups: A's groups [ceil(in/128)][out], (o, kb) at kb · out + o, the arena's scales
+//     transposed.
+//   B's groups (kBlocks, kGroups) [ceil(in/128)][m]: group (r, kb) at kb · m + r.
+// cuBLAS's docs ("128-element 1D and 128x128 2D block scaling", "outer vector scaling")
+// allow D in fp32, bf16 or fp16; the heuristic needs both scale pointers set before it is
+// asked (bench/fp8probe checks all this on a GPU, and times the recipes).
 // Unlike fp8.cuh's weight-only kernels, this path rounds the activations to e4m3 (W8A8, as
-// transformers' fine-grained FP8 and TensorRT-LLM do): every step of more than
+// transformers' fine-grained FP8, vLLM and TensorRT-LLM do): every step of more than
 // kFp8GemvRows rows whose shape has an algorithm takes it, whatever is faster, so that
 // the numerics of a shape never hang on a timing. Each shape (rows m of gemm_rows' set,
 // in, out) gets its algorithm at the warm-up: the heuristic's first candidates timed, the
@@ -109,12 +114,37 @@ __global__ void __launch_bounds__(256)
   fp8_quant_group8(v, xq, s, r, 2 * gp + (lane >> 4), G, k, m, in, lane);
 }
 
+// fp8_gated8 computes gated_act_kernel's y = T(act(gate + bg) · (up + bu)) for columns
+// k … k + 7 of row xr of the gate·up product ([2·in]: gates, then ups; X fp32 or T; bias
+// [2·in] fp32 or null), widened back to fp32.
+template <typename T, typename X>
+__device__ __forceinline__ void fp8_gated8(const X* __restrict__ xr, const float* __restrict__ bias, int k, int in,
+                                           int act, float (&v)[8]) {
+  float gv[8], uv[8];
+  if constexpr (std::is_same<X, float>::value) {
+    const float4* gp4 = reinterpret_cast<const float4*>(xr + k);
+    const float4* up4 = reinterpret_cast<const float4*>(xr + in + k);
+    const float4 g0 = gp4[0], g1 = gp4[1], u0 = up4[0], u1 = up4[1];
+    const float ga[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+    const float ua[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) gv[i] = ga[i], uv[i] = ua[i];
+  } else {
+    fp8_widen8<X>(*reinterpret_cast<const uint4*>(xr + k), gv);
+    fp8_widen8<X>(*reinterpret_cast<const uint4*>(xr + in + k), uv);
+  }
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    const float bg = bias ? bias[k + i] : 0.f, bu = bias ? bias[in + k + i] : 0.f;
+    v[i] = to_f32(from_f32<T>(activate(gv[i] + bg, act) * (uv[i] + bu)));
+  }
+}
+
 // fp8_gated_quant_kernel: the gated MLP's units quantized for the down projection in one
-// pass — gated_act_kernel's y = T(act(gate + bg) · (up + bu)) for y [n][in] from the
-// gate·up product x [n][2·in] (gates, then ups; in fp32, or in T where cuBLASLt wrote the
-// product in the compute type; bias [2·in] fp32 or null), then fp8_quant_rows_kernel's
-// codes of y — bit for bit, for an fp32 x — without y going through memory. Grid and
-// layout as fp8_quant_rows_kernel's (in a multiple of 16); rows n…m − 1 zeros.
+// pass — fp8_gated8's y for y [n][in] from the gate·up product x [n][2·in], then
+// fp8_quant_rows_kernel's codes of y — bit for bit, for an fp32 x — without y going
+// through memory. Grid and layout as fp8_quant_rows_kernel's (in a multiple of 16); rows
+// n…m − 1 zeros.
 template <typename T, typename X>
 __global__ void __launch_bounds__(256)
     fp8_gated_quant_kernel(const X* __restrict__ x, const float* __restrict__ bias, uint8_t* __restrict__ xq,
@@ -126,28 +156,79 @@ __global__ void __launch_bounds__(256)
   const int r = wid / G2, gp = wid % G2;
   const int k = 2 * kFp8Group * gp + 8 * lane;
   float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  if (r < n && k < in) {
-    const X* xr = x + (size_t)r * 2 * in;
-    float gv[8], uv[8];
-    if constexpr (std::is_same<X, float>::value) {
-      const float4* gp4 = reinterpret_cast<const float4*>(xr + k);
-      const float4* up4 = reinterpret_cast<const float4*>(xr + in + k);
-      const float4 g0 = gp4[0], g1 = gp4[1], u0 = up4[0], u1 = up4[1];
-      const float ga[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
-      const float ua[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-#pragma unroll
-      for (int i = 0; i < 8; i++) gv[i] = ga[i], uv[i] = ua[i];
-    } else {
-      fp8_widen8<X>(*reinterpret_cast<const uint4*>(xr + k), gv);
-      fp8_widen8<X>(*reinterpret_cast<const uint4*>(xr + in + k), uv);
-    }
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      const float bg = bias ? bias[k + i] : 0.f, bu = bias ? bias[in + k + i] : 0.f;
-      v[i] = to_f32(from_f32<T>(activate(gv[i] + bg, act) * (uv[i] + bu)));
-    }
-  }
+  if (r < n && k < in) fp8_gated8<T, X>(x + (size_t)r * 2 * in, bias, k, in, act, v);
   fp8_quant_group8(v, xq, s, r, 2 * gp + (lane >> 4), G, k, m, in, lane);
+}
+
+// Rowwise quantization, for weights with a scale a row (per-channel or per-tensor: the
+// OUTER_VEC_32F recipe): a block of kFp8RowThreads a row r, a thread 8 columns at a time
+// (k = 8·t + 8·kFp8RowThreads·i; in a multiple of 8), twice over the row — its amax, then
+// its codes: xq [m][in] e4m3 = v · 448 / amax, s [m] = amax / 448 (1 for a row of zeros).
+// Rows n…m − 1 are zeros, as the grouped kernels write them. load(k, v) fills v with
+// columns k…k + 7 of row r (r < n).
+constexpr int kFp8RowThreads = 256;
+
+template <typename Load>
+__device__ __forceinline__ void fp8_quant_row(Load load, uint8_t* __restrict__ xq, float* __restrict__ s, int r,
+                                              int n, int in) {
+  __shared__ float red[kFp8RowThreads / 32];
+  const int t = threadIdx.x, lane = t % 32;
+  float v[8], a = 0.f;
+  if (r < n)
+    for (int k = 8 * t; k < in; k += 8 * kFp8RowThreads) {
+      load(k, v);
+#pragma unroll
+      for (int i = 0; i < 8; i++) a = fmaxf(a, fabsf(v[i]));
+    }
+#pragma unroll
+  for (int d = 16; d > 0; d /= 2) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));
+  if (lane == 0) red[t / 32] = a;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kFp8RowThreads / 32; w++) a = fmaxf(a, red[w]);
+  const float inv = a > 0.f ? kFp8Max / a : 0.f;
+  for (int k = 8 * t; k < in; k += 8 * kFp8RowThreads) {
+    if (r < n) {
+      load(k, v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; i++) v[i] = 0.f;
+    }
+    uint32_t w[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const __nv_fp8x2_storage_t lo =
+          __nv_cvt_float2_to_fp8x2(make_float2(v[4 * h] * inv, v[4 * h + 1] * inv), __NV_SATFINITE, __NV_E4M3);
+      const __nv_fp8x2_storage_t hi =
+          __nv_cvt_float2_to_fp8x2(make_float2(v[4 * h + 2] * inv, v[4 * h + 3] * inv), __NV_SATFINITE, __NV_E4M3);
+      w[h] = (uint32_t)lo | ((uint32_t)hi << 16);
+    }
+    *reinterpret_cast<uint2*>(xq + (size_t)r * in + k) = make_uint2(w[0], w[1]);
+  }
+  if (t == 0) s[r] = a > 0.f ? a / kFp8Max : 1.f;
+}
+
+// fp8_quant_row_kernel: fp8_quant_row of x [n][in] T; grid m.
+template <typename T>
+__global__ void __launch_bounds__(kFp8RowThreads)
+    fp8_quant_row_kernel(const T* __restrict__ x, uint8_t* __restrict__ xq, float* __restrict__ s, int n, int in) {
+  griddep_wait();
+  const int r = blockIdx.x;
+  const T* xr = x + (size_t)r * in;
+  fp8_quant_row([&](int k, float(&v)[8]) { fp8_widen8<T>(*reinterpret_cast<const uint4*>(xr + k), v); }, xq, s, r, n,
+                in);
+}
+
+// fp8_gated_row_kernel: fp8_quant_row of fp8_gated8's units of the gate·up product x
+// [n][2·in]; grid m.
+template <typename T, typename X>
+__global__ void __launch_bounds__(kFp8RowThreads)
+    fp8_gated_row_kernel(const X* __restrict__ x, const float* __restrict__ bias, uint8_t* __restrict__ xq,
+                         float* __restrict__ s, int n, int in, int act) {
+  griddep_wait();
+  const int r = blockIdx.x;
+  const X* xr = x + (size_t)r * 2 * in;
+  fp8_quant_row([&](int k, float(&v)[8]) { fp8_gated8<T, X>(xr, bias, k, in, act, v); }, xq, s, r, n, in);
 }
 
 // Fp8Lt is an engine's cuBLASLt state for its FP8 projections.
@@ -161,9 +242,13 @@ struct Fp8Lt {
   size_t yb_need = 0;  // its bytes
   int sms = 1;         // the device's multiprocessors
   // Scales is a weight's table for cuBLASLt: p null where it has none.
+  enum Mode { kBlocks, kGroups, kRows };
   struct Scales {
     const float* p = nullptr;
-    bool vec = false;  // VEC128_32F groups (per-channel weights), else BLK128x128_32F blocks
+    // kBlocks: BLK128x128_32F (128-row blocks share their scales); kGroups: VEC128_32F
+    // (rows differ within a block and along the row); kRows: OUTER_VEC_32F, a scale a
+    // row (per-channel or per-tensor weights), with the activations a scale a row too.
+    Mode mode = kBlocks;
   };
   std::map<const float*, Scales> blocks;  // arena scales (Stage.ws) → their table
   // A shape's plan: use_lt false keeps fp8.cuh's kernels.
@@ -176,7 +261,7 @@ struct Fp8Lt {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  std::map<std::tuple<int, int, int, bool, bool>, Plan> plans;  // (m, in, out, weights in VEC128, D in T)
+  std::map<std::tuple<int, int, int, int, bool>, Plan> plans;  // (m, in, out, Mode, D in T)
   bool reported = false;  // a shape without an algorithm was reported
   static void drop(Plan& p) {
     if (p.d) cublasLtMatrixLayoutDestroy(p.d);
@@ -203,18 +288,28 @@ __global__ void fp8_widen_kernel(const __nv_bfloat16* __restrict__ yb, float* __
 }
 
 // fp8lt_describe builds shape (m, in, out)'s descriptors into p (D of type dt; A's scales
-// VEC128 where vec, else BLK128x128), with the scale pointers sa (A's
-// table) and xs (B's groups) already set: cuBLASLt
+// in mode's layout, B's VEC128 groups or, for kRows, a scale a row as A's), with the
+// scale pointers sa (A's table) and xs (B's) already set: cuBLASLt
 // 13's heuristic refuses a block-scaled descriptor whose scale pointers are unset
 // (CUBLAS_STATUS_INVALID_VALUE, "requires a custom pointer"), and fp8lt_run sets them again
 // for each weight. false where this cuBLASLt does not know the attributes (older than block
 // scaling).
-inline bool fp8lt_describe(Fp8Lt::Plan& p, int m, int in, int out, const float* sa, const float* xs, bool vec,
-                           cudaDataType_t dt) {
+inline bool fp8lt_describe(Fp8Lt::Plan& p, int m, int in, int out, const float* sa, const float* xs,
+                           Fp8Lt::Mode mode, cudaDataType_t dt) {
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  const int32_t ma = vec ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
-                mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  const bool rows = mode == Fp8Lt::kRows;
+  const int32_t ma = rows                   ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                     : mode == Fp8Lt::kGroups ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                              : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                mb = rows ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  // Outer-vector scales apply after the whole sum, so the tensor cores may keep it
+  // (FAST_ACCUM) rather than promote it to fp32 registers every few k-steps: 10-15%
+  // faster (bench/results/2026-11-28-fp8recipes-h200.jsonl), as TensorRT-LLM's and vLLM's
+  // per-tensor and rowwise FP8 GEMMs do. Block scales must be applied a 128-group at a
+  // time, which the promotion does.
+  const int8_t fast = rows ? 1 : 0;
   return fp8lt_ok(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
+         fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast)) &&
          fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) &&
          fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) &&
          fp8lt_ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma)) &&
@@ -246,9 +341,15 @@ inline void fp8lt_widen(Fp8Lt& lt, float* y, int m, int out, Stream st) {
   launch("fp8_widen_kernel", fp8_widen_kernel, blocks, 256, 0, st, (const __nv_bfloat16*)lt.yb.p, y, count);
 }
 
-// fp8lt_quant enqueues the quantization of x's n rows (padded to m) into lt.xq, lt.xs.
+// fp8lt_quant enqueues the quantization of x's n rows (padded to m) into lt.xq, lt.xs: a
+// scale a row for mode kRows, else a 1×128 group.
 template <typename T>
-void fp8lt_quant(Fp8Lt& lt, const T* x, int n, int m, int in, Stream st) {
+void fp8lt_quant(Fp8Lt& lt, const T* x, int n, int m, int in, Fp8Lt::Mode mode, Stream st) {
+  if (mode == Fp8Lt::kRows) {
+    launch("fp8_quant_row_kernel", fp8_quant_row_kernel<T>, m, kFp8RowThreads, 0, st, x, lt.xq.as<uint8_t>(),
+           lt.xs.as<float>(), n, in);
+    return;
+  }
   const int G2 = ((in + kFp8Group - 1) / kFp8Group + 1) / 2;
   const int blocks = (int)(((size_t)m * G2 * 32 + 255) / 256);
   launch("fp8_quant_rows_kernel", fp8_quant_rows_kernel<T>, blocks, 256, 0, st, x, lt.xq.as<uint8_t>(),
@@ -256,18 +357,24 @@ void fp8lt_quant(Fp8Lt& lt, const T* x, int n, int m, int in, Stream st) {
 }
 
 // fp8lt_gated_quant enqueues the gated units of the gate·up product x's n rows (padded to
-// m; X fp32 or T), quantized into lt.xq, lt.xs for the down projection
-// (fp8_gated_quant_kernel).
+// m; X fp32 or T), quantized into lt.xq, lt.xs for the down projection, whose weights'
+// mode says how (fp8_gated_row_kernel for kRows, else fp8_gated_quant_kernel).
 template <typename T, typename X>
-void fp8lt_gated_quant(Fp8Lt& lt, const X* x, const float* bias, int n, int m, int in, int act, Stream st) {
+void fp8lt_gated_quant(Fp8Lt& lt, const X* x, const float* bias, int n, int m, int in, int act, Fp8Lt::Mode mode,
+                       Stream st) {
+  if (mode == Fp8Lt::kRows) {
+    launch("fp8_gated_row_kernel", fp8_gated_row_kernel<T, X>, m, kFp8RowThreads, 0, st, x, bias,
+           lt.xq.as<uint8_t>(), lt.xs.as<float>(), n, in, act);
+    return;
+  }
   const int G2 = ((in + kFp8Group - 1) / kFp8Group + 1) / 2;
   const int blocks = (int)(((size_t)m * G2 * 32 + 255) / 256);
   launch("fp8_gated_quant_kernel", fp8_gated_quant_kernel<T, X>, blocks, 256, 0, st, x, bias, lt.xq.as<uint8_t>(),
          lt.xs.as<float>(), n, m, in, act);
 }
 
-// fp8lt_plan returns shape (m, in, out)'s plan for weights whose table is sa (VEC128
-// groups where vec, else 128×128 blocks), choosing it on its first call: timed where
+// fp8lt_plan returns shape (m, in, out)'s plan for weights whose table is sa (in mode's
+// layout), choosing it on its first call: timed where
 // timed (the warm-up), else the heuristic's first candidate (a shape met first inside a
 // graph capture, where nothing may synchronize). w, sa: a weight of the shape to time on;
 // x: rows to time on (the quantization is part of the cuBLASLt path's cost). fp8.cuh's
@@ -275,8 +382,8 @@ void fp8lt_gated_quant(Fp8Lt& lt, const X* x, const float* bias, int n, int m, i
 // rounds them to e4m3, so a shape's numerics would hang on a timing.
 template <typename T>
 const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, const uint8_t* w, const float* sa,
-                              bool vec, void* y, cudaStream_t st, bool timed, bool tout = false) {
-  const auto key = std::make_tuple(m, in, out, vec, tout);
+                              Fp8Lt::Mode mode, void* y, cudaStream_t st, bool timed, bool tout = false) {
+  const auto key = std::make_tuple(m, in, out, (int)mode, tout);
   auto it = lt.plans.find(key);
   if (it != lt.plans.end()) return it->second;
   Fp8Lt::Plan& p = lt.plans[key];
@@ -295,7 +402,7 @@ const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, con
     if (p.bf16 && !lt.yb.p && !timed) break;
     const cudaDataType_t dt = d == 0 ? CUDA_R_32F : d == 1 ? CUDA_R_16BF : cuda_type<T>();
     if (in % 16 != 0 || out % (d > 0 ? 8 : 4) != 0 || m % 4 != 0 ||
-        !fp8lt_describe(p, m, in, out, sa, lt.xs.as<float>(), vec, dt))
+        !fp8lt_describe(p, m, in, out, sa, lt.xs.as<float>(), mode, dt))
       continue;
     cublasLtMatmulPreference_t pref = nullptr;
     if (fp8lt_ok(cublasLtMatmulPreferenceCreate(&pref))) {
@@ -322,7 +429,7 @@ const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, con
       std::fprintf(stderr,
                    "gollm: cuBLASLt has no block-scaled FP8 algorithm for %d rows × %d → %d (weights %s, "
                    "heuristic: %s); FP8 projections of such shapes keep gollm's own kernels\n",
-                   m, in, out, vec ? "VEC128" : "BLK128x128", why == CUBLAS_STATUS_SUCCESS ? "no candidate" : cublas_name(why));
+                   m, in, out, mode == Fp8Lt::kRows ? "OUTER_VEC" : mode == Fp8Lt::kGroups ? "VEC128" : "BLK128x128", why == CUBLAS_STATUS_SUCCESS ? "no candidate" : cublas_name(why));
     }
     return p;
   }
@@ -339,7 +446,7 @@ const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, con
   try {
     for (int c = 0; c < found; c++) {
       auto once = [&]() {
-        fp8lt_quant<T>(lt, x, m, m, in, Stream(st, false));
+        fp8lt_quant<T>(lt, x, m, m, in, mode, Stream(st, false));
         fp8lt_run(lt, p, res[c].algo, w, sa, y, st);
         if (p.bf16) fp8lt_widen(lt, static_cast<float*>(y), m, out, Stream(st, false));
       };
@@ -374,13 +481,14 @@ const Fp8Lt::Plan& fp8lt_plan(Fp8Lt& lt, int m, int in, int out, const T* x, con
 }
 
 // fp8lt_blocks builds the scale tables of the engine's FP8 weights (each Stage's w and w2
-// with their scales ws, ws2 [rows][ceil(cols/128)]) into lt.blk: 128×128 blocks for those
-// whose 128-row blocks share their scales, else the scales transposed into VEC128 groups
-// (rows a multiple of 4, as cuBLASLt's M; other weights keep fp8.cuh's kernels). Each
-// table starts 16-byte aligned.
+// with their scales ws, ws2 [rows][ceil(cols/128)]) into lt.blk, each table 16-byte
+// aligned: a scale a row (kRows) for weights whose rows each have one, the fastest
+// recipe; else 128×128 blocks (kBlocks) for those whose 128-row blocks share their
+// scales; else the scales transposed into VEC128 groups (kGroups; rows a multiple of 4,
+// as cuBLASLt's M; other weights keep fp8.cuh's kernels).
 inline void fp8lt_blocks(Fp8Lt& lt, const std::vector<std::tuple<const float*, int, int>>& weights, cudaStream_t st) {
   std::vector<float> host, all;
-  std::vector<std::tuple<const float*, size_t, bool>> at;  // arena scales → offset in all, VEC128
+  std::vector<std::tuple<const float*, size_t, Fp8Lt::Mode>> at;  // arena scales → offset in all, mode
   for (const auto& wt : weights) {
     const float* ws = std::get<0>(wt);
     const int rows = std::get<1>(wt), cols = std::get<2>(wt);
@@ -389,14 +497,22 @@ inline void fp8lt_blocks(Fp8Lt& lt, const std::vector<std::tuple<const float*, i
     host.resize((size_t)rows * G);
     CUDA_CHECK(cudaMemcpyAsync(host.data(), ws, host.size() * 4, cudaMemcpyDeviceToHost, st));
     CUDA_CHECK(cudaStreamSynchronize(st));
-    bool uniform = true;
-    for (int r = 0; r < rows && uniform; r++)
-      for (int g = 0; g < G && uniform; g++) uniform = host[(size_t)r * G + g] == host[(size_t)(r / 128 * 128) * G + g];
+    bool by_row = true, by_block = true;
+    for (int r = 0; r < rows; r++)
+      for (int g = 0; g < G; g++) {
+        const float v = host[(size_t)r * G + g];
+        by_row = by_row && v == host[(size_t)r * G];
+        by_block = by_block && v == host[(size_t)(r / 128 * 128) * G + g];
+      }
+    const Fp8Lt::Mode mode = by_row ? Fp8Lt::kRows : by_block ? Fp8Lt::kBlocks : Fp8Lt::kGroups;
     lt.blocks[ws] = Fp8Lt::Scales{};
-    if (!uniform && rows % 4 != 0) continue;
+    if (mode != Fp8Lt::kBlocks && rows % 4 != 0) continue;
     const size_t base = all.size();
-    at.emplace_back(ws, base, !uniform);
-    if (uniform) {
+    at.emplace_back(ws, base, mode);
+    if (mode == Fp8Lt::kRows) {
+      all.resize(base + (size_t)rows, 1.f);  // a multiple of 4
+      for (int r = 0; r < rows; r++) all[base + r] = host[(size_t)r * G];
+    } else if (mode == Fp8Lt::kBlocks) {
       all.resize(base + (size_t)RB * G4, 1.f);
       for (int b = 0; b < RB; b++)
         for (int g = 0; g < G; g++) all[base + (size_t)b * G4 + g] = host[(size_t)b * 128 * G + g];
