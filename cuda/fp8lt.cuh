@@ -56,6 +56,21 @@ namespace gollm {
 constexpr float kFp8Max = 448.f;  // the largest finite e4m3 value
 constexpr int kFp8LtCandidates = 4;  // heuristic candidates timed a shape
 
+// fp8_store8 writes the e4m3 codes of v · inv (nearest, saturating) to dst (8 bytes,
+// 8-byte aligned): both quantizations' codes come from it.
+__device__ __forceinline__ void fp8_store8(const float (&v)[8], float inv, uint8_t* __restrict__ dst) {
+  uint32_t w[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const __nv_fp8x2_storage_t lo =
+        __nv_cvt_float2_to_fp8x2(make_float2(v[4 * h] * inv, v[4 * h + 1] * inv), __NV_SATFINITE, __NV_E4M3);
+    const __nv_fp8x2_storage_t hi =
+        __nv_cvt_float2_to_fp8x2(make_float2(v[4 * h + 2] * inv, v[4 * h + 3] * inv), __NV_SATFINITE, __NV_E4M3);
+    w[h] = (uint32_t)lo | ((uint32_t)hi << 16);
+  }
+  *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+}
+
 // Both quantizing kernels give a warp two 128-column groups of a row: lane l takes
 // columns k = 256·p + 8·l … + 7 of group pair p, lanes 0–15 group 2p, 16–31 group 2p + 1
 // (16-byte loads of T; in is a multiple of 16, so a lane's 8 columns are all in the row or
@@ -72,18 +87,7 @@ __device__ __forceinline__ void fp8_quant_group8(const float (&v)[8], uint8_t* _
   for (int d = 8; d > 0; d /= 2) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, d));  // within the 16 lanes
   const float sc = a > 0.f ? a / kFp8Max : 1.f;
   const float inv = a > 0.f ? kFp8Max / a : 0.f;
-  if (k < in) {
-    uint32_t w[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const __nv_fp8x2_storage_t lo =
-          __nv_cvt_float2_to_fp8x2(make_float2(v[4 * h] * inv, v[4 * h + 1] * inv), __NV_SATFINITE, __NV_E4M3);
-      const __nv_fp8x2_storage_t hi =
-          __nv_cvt_float2_to_fp8x2(make_float2(v[4 * h + 2] * inv, v[4 * h + 3] * inv), __NV_SATFINITE, __NV_E4M3);
-      w[h] = (uint32_t)lo | ((uint32_t)hi << 16);
-    }
-    *reinterpret_cast<uint2*>(xq + (size_t)r * in + k) = make_uint2(w[0], w[1]);
-  }
+  if (k < in) fp8_store8(v, inv, xq + (size_t)r * in + k);
   if ((lane & 15) == 0 && g < G) s[(size_t)g * m + r] = sc;
 }
 
@@ -194,16 +198,7 @@ __device__ __forceinline__ void fp8_quant_row(Load load, uint8_t* __restrict__ x
 #pragma unroll
       for (int i = 0; i < 8; i++) v[i] = 0.f;
     }
-    uint32_t w[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const __nv_fp8x2_storage_t lo =
-          __nv_cvt_float2_to_fp8x2(make_float2(v[4 * h] * inv, v[4 * h + 1] * inv), __NV_SATFINITE, __NV_E4M3);
-      const __nv_fp8x2_storage_t hi =
-          __nv_cvt_float2_to_fp8x2(make_float2(v[4 * h + 2] * inv, v[4 * h + 3] * inv), __NV_SATFINITE, __NV_E4M3);
-      w[h] = (uint32_t)lo | ((uint32_t)hi << 16);
-    }
-    *reinterpret_cast<uint2*>(xq + (size_t)r * in + k) = make_uint2(w[0], w[1]);
+    fp8_store8(v, inv, xq + (size_t)r * in + k);
   }
   if (t == 0) s[r] = a > 0.f ? a / kFp8Max : 1.f;
 }
