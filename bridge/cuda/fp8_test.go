@@ -12,8 +12,8 @@ import (
 
 // TestFP8WeightsForTheArena: what the bridge hands the arena — an FP8 checkpoint's
 // projections as stored, FP8 everywhere else dequantized; everything dequantized under
-// tensor parallelism; quantization fp8 quantizes a float checkpoint's projections and is
-// refused where they could not stay FP8.
+// tensor parallelism; quantization fp8 quantizes a float checkpoint's projections, a scale
+// a row, and is refused where they could not stay FP8.
 func TestFP8WeightsForTheArena(t *testing.T) {
 	load := func(fixture string) (*model.Checkpoint, []model.Weight) {
 		t.Helper()
@@ -52,6 +52,14 @@ func TestFP8WeightsForTheArena(t *testing.T) {
 	got, err = fp8Weights(ws, c, 1, q)
 	if err != nil || !fp8Only(got, true) {
 		t.Fatalf("quantization fp8: %v; want the projections alone in FP8", err)
+	}
+	// A scale a row: the GPU's many-row GEMMs take the rowwise recipe (fp8lt.cuh's kRows).
+	for _, w := range got {
+		for _, p := range w.Parts {
+			if p.Scale != nil && (p.BlockRows != 1 || p.BlockCols < w.Cols) {
+				t.Fatalf("quantization fp8: %s has scale blocks of %d×%d; want one a row", &w, p.BlockRows, p.BlockCols)
+			}
+		}
 	}
 	c, ws = load("llama-tiny")
 	if _, err := fp8Weights(ws, c, 2, q); err == nil || !strings.Contains(err.Error(), "quantization fp8: tensor parallelism") {
