@@ -298,8 +298,8 @@ inline bool fp8lt_describe(Fp8Lt::Plan& p, int m, int in, int out, const float* 
                                               : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
                 mb = rows ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
   // Outer-vector scales apply after the whole sum, so the tensor cores may keep it
-  // (FAST_ACCUM) rather than promote it to fp32 registers every few k-steps: 10-15%
-  // faster (bench/results/2026-11-28-fp8recipes-h200.jsonl), as TensorRT-LLM's and vLLM's
+  // (FAST_ACCUM) rather than promote it to fp32 registers every few k-steps
+  // (bench/results/2026-11-28-fp8recipes-h200.jsonl), as TensorRT-LLM's and vLLM's
   // per-tensor and rowwise FP8 GEMMs do. Block scales must be applied a 128-group at a
   // time, which the promotion does.
   const int8_t fast = rows ? 1 : 0;

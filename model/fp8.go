@@ -380,7 +380,7 @@ func dequantizeFP8(dst []float32, p *Part, cols int) error {
 // embeddings, the LM head or the router) quantized to float8_e4m3fn with one scale a row
 // (per channel), each the row's largest magnitude over 448, as compressed-tensors'
 // FP8-dynamic releases are: with the activations' scale a row, the GPU's FP8 GEMMs then
-// apply both after the whole sum (OUTER_VEC_32F), 10-20% faster than 128×128 blocks, whose
+// apply both after the whole sum (OUTER_VEC_32F), faster than 128×128 blocks, whose
 // scales must be applied along the sum (bench/results/2026-11-28-fp8recipes-h200.jsonl).
 // A row of e4m3 keeps its relative precision at any scale short of subnormals, 2^-6 of
 // the row's largest magnitude. The result owns the quantized weights; the others still
