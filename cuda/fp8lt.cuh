@@ -103,19 +103,30 @@ __device__ __forceinline__ void fp8_widen8(const uint4& u, float (&v)[8]) {
 // group (1 where the group is all zeros), x [n][in] T. Rows n…m − 1 (gemm_rows' padding) are
 // written as zeros, so that whatever the input buffer holds there cannot make the
 // product's padding rows Inf or NaN. Layout: the comment above fp8_quant_group8.
-template <typename T>
-__global__ void __launch_bounds__(256)
-    fp8_quant_rows_kernel(const T* __restrict__ x, uint8_t* __restrict__ xq, float* __restrict__ s, int n,
-                          int m, int in) {
-  griddep_wait();
+// fp8_quant_groups is both grouped kernels' body: the thread's lane of its warp's
+// (row, group pair), its 8 values from load(r, k, v) (rows under n, columns under in; zeros
+// elsewhere), quantized by fp8_quant_group8.
+template <typename Load>
+__device__ __forceinline__ void fp8_quant_groups(Load load, uint8_t* __restrict__ xq, float* __restrict__ s, int n,
+                                                 int m, int in) {
   const int G = (in + kFp8Group - 1) / kFp8Group, G2 = (G + 1) / 2;
   const int wid = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
   if (wid >= m * G2) return;
   const int r = wid / G2, gp = wid % G2;
   const int k = 2 * kFp8Group * gp + 8 * lane;
   float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  if (r < n && k < in) fp8_widen8<T>(*reinterpret_cast<const uint4*>(x + (size_t)r * in + k), v);
+  if (r < n && k < in) load(r, k, v);
   fp8_quant_group8(v, xq, s, r, 2 * gp + (lane >> 4), G, k, m, in, lane);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+    fp8_quant_rows_kernel(const T* __restrict__ x, uint8_t* __restrict__ xq, float* __restrict__ s, int n,
+                          int m, int in) {
+  griddep_wait();
+  fp8_quant_groups(
+      [&](int r, int k, float(&v)[8]) { fp8_widen8<T>(*reinterpret_cast<const uint4*>(x + (size_t)r * in + k), v); },
+      xq, s, n, m, in);
 }
 
 // fp8_gated8 computes gated_act_kernel's y = T(act(gate + bg) · (up + bu)) for columns
@@ -154,14 +165,8 @@ __global__ void __launch_bounds__(256)
     fp8_gated_quant_kernel(const X* __restrict__ x, const float* __restrict__ bias, uint8_t* __restrict__ xq,
                            float* __restrict__ s, int n, int m, int in, int act) {
   griddep_wait();
-  const int G = (in + kFp8Group - 1) / kFp8Group, G2 = (G + 1) / 2;
-  const int wid = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
-  if (wid >= m * G2) return;
-  const int r = wid / G2, gp = wid % G2;
-  const int k = 2 * kFp8Group * gp + 8 * lane;
-  float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  if (r < n && k < in) fp8_gated8<T, X>(x + (size_t)r * 2 * in, bias, k, in, act, v);
-  fp8_quant_group8(v, xq, s, r, 2 * gp + (lane >> 4), G, k, m, in, lane);
+  fp8_quant_groups([&](int r, int k, float(&v)[8]) { fp8_gated8<T, X>(x + (size_t)r * 2 * in, bias, k, in, act, v); },
+                   xq, s, n, m, in);
 }
 
 // Rowwise quantization, for weights with a scale a row (per-channel or per-tensor: the
@@ -336,6 +341,12 @@ inline void fp8lt_widen(Fp8Lt& lt, float* y, int m, int out, Stream st) {
   launch("fp8_widen_kernel", fp8_widen_kernel, blocks, 256, 0, st, (const __nv_bfloat16*)lt.yb.p, y, count);
 }
 
+// fp8_group_blocks is the grouped kernels' grid: a warp a row's group pair, 8 warps a block.
+inline int fp8_group_blocks(int m, int in) {
+  const int G2 = ((in + kFp8Group - 1) / kFp8Group + 1) / 2;
+  return (int)(((size_t)m * G2 * 32 + 255) / 256);
+}
+
 // fp8lt_quant enqueues the quantization of x's n rows (padded to m) into lt.xq, lt.xs: a
 // scale a row for mode kRows, else a 1×128 group.
 template <typename T>
@@ -345,9 +356,7 @@ void fp8lt_quant(Fp8Lt& lt, const T* x, int n, int m, int in, Fp8Lt::Mode mode, 
            lt.xs.as<float>(), n, in);
     return;
   }
-  const int G2 = ((in + kFp8Group - 1) / kFp8Group + 1) / 2;
-  const int blocks = (int)(((size_t)m * G2 * 32 + 255) / 256);
-  launch("fp8_quant_rows_kernel", fp8_quant_rows_kernel<T>, blocks, 256, 0, st, x, lt.xq.as<uint8_t>(),
+  launch("fp8_quant_rows_kernel", fp8_quant_rows_kernel<T>, fp8_group_blocks(m, in), 256, 0, st, x, lt.xq.as<uint8_t>(),
          lt.xs.as<float>(), n, m, in);
 }
 
@@ -362,9 +371,7 @@ void fp8lt_gated_quant(Fp8Lt& lt, const X* x, const float* bias, int n, int m, i
            lt.xq.as<uint8_t>(), lt.xs.as<float>(), n, in, act);
     return;
   }
-  const int G2 = ((in + kFp8Group - 1) / kFp8Group + 1) / 2;
-  const int blocks = (int)(((size_t)m * G2 * 32 + 255) / 256);
-  launch("fp8_gated_quant_kernel", fp8_gated_quant_kernel<T, X>, blocks, 256, 0, st, x, bias, lt.xq.as<uint8_t>(),
+  launch("fp8_gated_quant_kernel", fp8_gated_quant_kernel<T, X>, fp8_group_blocks(m, in), 256, 0, st, x, bias, lt.xq.as<uint8_t>(),
          lt.xs.as<float>(), n, m, in, act);
 }
 
