@@ -233,6 +233,24 @@ struct Dev {
   Dev& operator=(const Dev&) = delete;
 };
 
+// median_us times f on stream: 3 untimed runs, then the median of reps timed ones, in µs.
+template <typename F>
+static float median_us(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1, int reps, F&& f) {
+  for (int i = 0; i < 3; i++) f();
+  std::vector<float> t;
+  for (int i = 0; i < reps; i++) {
+    CK(cudaEventRecord(e0, stream));
+    f();
+    CK(cudaEventRecord(e1, stream));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2] * 1000.f;
+}
+
 // The combinations part 2 runs (all TN).
 struct Combo {
   const char* name;
@@ -278,20 +296,22 @@ static void speed(cublasLtHandle_t h, void* ws, const std::string& outdir) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
-  auto timeit = [&](auto&& f) {
-    for (int i = 0; i < 3; i++) f();
-    std::vector<float> v;
-    for (int i = 0; i < 10; i++) {
-      CK(cudaEventRecord(e0, stream));
-      f();
-      CK(cudaEventRecord(e1, stream));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      v.push_back(ms);
+  // fastest times l's n candidates on (A, B) into d: the best median in µs (-1: none ran),
+  // its index in *pick.
+  auto fastest = [&](const Lt& l, const cublasLtMatmulHeuristicResult_t* res, int n, const void* A, const void* B,
+                     void* d, int* pick) {
+    float best = -1;
+    const float one = 1.f, zero = 0.f;
+    for (int a = 0; a < n; a++) {
+      if (cublasLtMatmul(h, l.op, &one, A, l.a, B, l.b, &zero, d, l.d, d, l.d, &res[a].algo, ws, kWs, stream) !=
+          CUBLAS_STATUS_SUCCESS)
+        continue;
+      const float us = median_us(stream, e0, e1, 10, [&] {
+        LK(cublasLtMatmul(h, l.op, &one, A, l.a, B, l.b, &zero, d, l.d, d, l.d, &res[a].algo, ws, kWs, stream));
+      });
+      if (best < 0 || us < best) best = us, *pick = a;
     }
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2] * 1000.f;
+    return best;
   };
   const int kSpeedRows[] = {1024, 8192};
   std::printf("\n== part 3: scale recipes at max load's row counts (us, TFLOP/s; rel L2 for OUTER) ==\n");
@@ -329,17 +349,8 @@ static void speed(cublasLtHandle_t h, void* ws, const std::string& outdir) {
         cublasStatus_t st = build(l, q, nullptr, nullptr, CUDA_R_16BF);
         cublasLtMatmulHeuristicResult_t res[8];
         int n = st == CUBLAS_STATUS_SUCCESS ? heuristic(h, l, res, 8, &st) : 0;
-        float best = -1;
-        const float one = 1.f, zero = 0.f;
-        for (int a = 0; a < n; a++) {
-          if (cublasLtMatmul(h, l.op, &one, wb.p, l.a, xb.p, l.b, &zero, d.p, l.d, d.p, l.d, &res[a].algo, ws, kWs, stream) !=
-              CUBLAS_STATUS_SUCCESS)
-            continue;
-          const float us = timeit([&] {
-            LK(cublasLtMatmul(h, l.op, &one, wb.p, l.a, xb.p, l.b, &zero, d.p, l.d, d.p, l.d, &res[a].algo, ws, kWs, stream));
-          });
-          if (best < 0 || us < best) best = us;
-        }
+        int pick = -1;
+        const float best = fastest(l, res, n, wb.p, xb.p, d.p, &pick);
         char buf[64];
         std::snprintf(buf, sizeof buf, " bf16 %.0f/%.0f", best, best > 0 ? 2.0 * rows * out * (double)K / (best * 1e6) : 0.0);
         line += buf;
@@ -354,20 +365,11 @@ static void speed(cublasLtHandle_t h, void* ws, const std::string& outdir) {
         cublasStatus_t st = build(l, q, sa, sb);
         cublasLtMatmulHeuristicResult_t res[8];
         int n = st == CUBLAS_STATUS_SUCCESS ? heuristic(h, l, res, 8, &st) : 0;
-        float best = -1;
         int besta = -1;
-        const float one = 1.f, zero = 0.f;
-        for (int a = 0; a < n; a++) {
-          if (cublasLtMatmul(h, l.op, &one, w.p, l.a, x.p, l.b, &zero, d.p, l.d, d.p, l.d, &res[a].algo, ws, kWs, stream) !=
-              CUBLAS_STATUS_SUCCESS)
-            continue;
-          const float us = timeit([&] {
-            LK(cublasLtMatmul(h, l.op, &one, w.p, l.a, x.p, l.b, &zero, d.p, l.d, d.p, l.d, &res[a].algo, ws, kWs, stream));
-          });
-          if (best < 0 || us < best) best = us, besta = a;
-        }
+        const float best = fastest(l, res, n, w.p, x.p, d.p, &besta);
         double rel = -1;
         if (besta >= 0 && c.ma == kOuter) {
+          const float one = 1.f, zero = 0.f;
           LK(cublasLtMatmul(h, l.op, &one, w.p, l.a, x.p, l.b, &zero, d.p, l.d, d.p, l.d, &res[besta].algo, ws, kWs, stream));
           const int S = 16;
           std::vector<int> rs;
@@ -521,21 +523,7 @@ int main(int argc, char** argv) {
   const int maxrows = kRows[sizeof kRows / sizeof kRows[0] - 1];
   std::map<std::string, std::pair<int, double>> verdict;  // combo → (shapes passing, worst rel L2)
   std::map<std::string, int> tried;
-  auto timeit = [&](auto&& f) {
-    for (int i = 0; i < 3; i++) f();
-    std::vector<float> t;
-    for (int i = 0; i < 20; i++) {
-      CK(cudaEventRecord(e0, stream));
-      f();
-      CK(cudaEventRecord(e1, stream));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2] * 1000.f;
-  };
+  auto timeit = [&](auto&& f) { return median_us(stream, e0, e1, 20, f); };
   for (const Shape& sh : kShapes) {
     const int K = sh.K, out = sh.N, L = cdiv(K, 128), OB = cdiv(out, 128);
     Dev<__nv_fp8_storage_t> w((size_t)out * K), x((size_t)maxrows * K);
